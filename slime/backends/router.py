@@ -1,0 +1,179 @@
+"""The real sglang-router, as a supervised child process.
+
+Start-up is probed (`/health` until it answers, with a deadline) rather than slept through;
+workers are registered with `POST /workers` and only counted once the router reports them
+healthy. A watcher thread blocks on the process and restarts it (same port, same workers) if it
+dies, so a router crash costs in-flight requests one retry, not the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from slime.utils.misc import find_free_port
+from slime.utils.proc import die_with_parent
+
+logger = logging.getLogger(__name__)
+
+
+class RouterError(RuntimeError):
+    pass
+
+
+def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None,
+               log_path: Path | None = None, interval: float = 0.05):
+    """Probe `check()` until it returns a truthy value or the deadline passes.
+
+    Readiness of another process has no event to wait on; a short probe interval with a hard
+    deadline is the honest replacement for a fixed sleep. Fails fast if `proc` exits.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except requests.RequestException:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise RouterError(f"{what}: process exited with code {proc.returncode}{log_tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise RouterError(f"{what}: not ready after {timeout:.0f}s{log_tail(log_path)}")
+        time.sleep(interval)
+
+
+def log_tail(path: Path | None, lines: int = 30) -> str:
+    if path is None or not Path(path).exists():
+        return ""
+    text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    return f"\n--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The router fetches a tokenizer from the hub for non-local model paths; never let it.
+    env.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+class Router:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, policy: str = "round_robin",
+                 prometheus_port: int | None = None, health_check_interval: int = 1,
+                 extra_args: list[str] | None = None, log_dir: str | None = None, startup_timeout: float = 60.0):
+        self.host = host
+        self.port = port or find_free_port(host)
+        self.policy = policy
+        self.prometheus_port = prometheus_port or find_free_port("127.0.0.1")
+        self.health_check_interval = health_check_interval
+        self.extra_args = list(extra_args or [])
+        self.startup_timeout = startup_timeout
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-router-")) / f"router-{self.port}.log"
+        self.workers: list[str] = []
+        self.restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.RLock()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
+                "--policy", self.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                str(self.prometheus_port), "--health-check-interval-secs", str(self.health_check_interval),
+                "--health-failure-threshold", "2", "--disable-retries", "--log-level", "warn", *self.extra_args]
+
+    def start(self) -> "Router":
+        self._stopping.clear()
+        self._spawn()
+        self._watcher = threading.Thread(target=self._watch, name=f"router-watch-{self.port}", daemon=True)
+        self._watcher.start()
+        return self
+
+    def _spawn(self) -> None:
+        with self._lock:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "ab")
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=_clean_env(),
+                                          start_new_session=True, preexec_fn=die_with_parent)
+            log.close()
+            wait_until(lambda: requests.get(f"{self.url}/health", timeout=1).status_code == 200,
+                       self.startup_timeout, f"sglang-router at {self.url}", self._proc, self.log_path)
+            for w in self.workers:
+                self._register(w)
+
+    def _watch(self) -> None:
+        """Block on the router process; bring it back if it dies while we still need it."""
+        while not self._stopping.is_set():
+            proc = self._proc
+            proc.wait()
+            if self._stopping.is_set():
+                return
+            self.restarts += 1
+            logger.warning("sglang-router (pid %s) exited with %s; restarting (restart #%d)",
+                           proc.pid, proc.returncode, self.restarts)
+            try:
+                self._spawn()
+            except RouterError as e:
+                logger.error("router restart failed: %s", e)
+                return
+
+    def add_worker(self, url: str, timeout: float = 60.0) -> None:
+        with self._lock:
+            self._register(url)
+            if url not in self.workers:
+                self.workers.append(url)
+
+    def _register(self, url: str, timeout: float = 60.0) -> None:
+        r = requests.post(f"{self.url}/workers", json={"url": url}, timeout=10)
+        if r.status_code not in (200, 201, 202):
+            raise RouterError(f"router refused worker {url}: HTTP {r.status_code} {r.text[:500]}")
+        wait_until(lambda: self.worker_healthy(url), timeout, f"worker {url} healthy in router", self._proc,
+                   self.log_path)
+
+    def list_workers(self) -> list[dict[str, Any]]:
+        body = requests.get(f"{self.url}/workers", timeout=5).json()
+        return body.get("workers", body) if isinstance(body, dict) else body
+
+    def worker_healthy(self, url: str) -> bool:
+        return any(w.get("url") == url and w.get("is_healthy", True) for w in self.list_workers())
+
+    def remove_worker(self, url: str) -> None:
+        with self._lock:
+            for w in self.list_workers():
+                if w.get("url") == url and w.get("id") is not None:
+                    requests.delete(f"{self.url}/workers/{w['id']}", timeout=10)
+            if url in self.workers:
+                self.workers.remove(url)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

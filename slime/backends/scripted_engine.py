@@ -1,0 +1,114 @@
+"""An engine that speaks SGLang's HTTP protocol but answers from a script, not a model.
+
+For tests and benchmarks only: it lets a test choose the exact token ids an "engine" samples
+(multi-turn accounting, truncation, faults) and gives the benchmark a zero-latency engine, while
+the real sglang-router sits in front of it exactly as it does in front of a real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+# script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
+#                          optional "log_probs": [...], "text": str, "matched": ...}
+Script = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def default_log_prob(position: int) -> float:
+    """Deterministic, distinct per position, so tests can check alignment."""
+    return -0.01 * (position + 1)
+
+
+def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str] | None = None,
+              weight_version: str = "default") -> FastAPI:
+    app = FastAPI()
+    app.state.requests = []  # every /generate body received, for assertions
+
+    info = {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
+            "weight_version": weight_version}
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health():
+        return JSONResponse({})
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info():
+        return info
+
+    @app.get("/get_load")
+    async def load():
+        return {"num_reqs": 0}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush():
+        return JSONResponse({})
+
+    @app.post("/abort_request")
+    async def abort(_: Request):
+        return JSONResponse({})
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await request.json()
+        app.state.requests.append(body)
+        out = script(body)
+        if asyncio.iscoroutine(out):
+            out = await out
+        ids = list(out["output_ids"])
+        lps = out.get("log_probs") or [default_log_prob(i) for i in range(len(ids))]
+        meta = {"id": body.get("rid"), "finish_reason": {"type": out.get("finish_type", "stop"),
+                                                         "matched": out.get("matched")},
+                "prompt_tokens": len(body.get("input_ids") or []), "completion_tokens": len(ids),
+                "cached_tokens": 0, "weight_version": weight_version, "e2e_latency": 0.0}
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids)]
+        text = out.get("text")
+        if text is None:
+            text = decode(ids) if decode else ""
+        return {"text": text, "output_ids": ids, "meta_info": meta}
+
+    return app
+
+
+class ScriptedEngine:
+    """Serve `build_app(...)` from a background thread of this process."""
+
+    def __init__(self, script: Script, model_path: str, port: int, host: str = "127.0.0.1",
+                 decode: Callable[[list[int]], str] | None = None):
+        self.app = build_app(script, model_path, decode)
+        self.url = f"http://{host}:{port}"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
+                                                     lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        return self.app.state.requests
+
+    def start(self, timeout: float = 20.0) -> "ScriptedEngine":
+        started = threading.Event()
+        orig = self._server.startup
+
+        async def startup(*a, **kw):
+            await orig(*a, **kw)
+            started.set()
+
+        self._server.startup = startup
+        self._thread.start()
+        if not started.wait(timeout):
+            raise RuntimeError(f"scripted engine at {self.url} did not start within {timeout}s")
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

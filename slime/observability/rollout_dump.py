@@ -1,0 +1,220 @@
+"""Rollout dumps: `{rollout_data_dir}/{rollout_id}.jsonl`, one line per sample.
+
+Lines carry verl's viewer fields (`input`, `output`, `score`, `step`) so verl tooling reads
+them, plus what debugging multi-turn RL needs (token ids, loss-mask spans, turns, tool calls
+and responses, reward details). `DumpRecord` is the schema; bump `SCHEMA_VERSION` on any
+incompatible change. Eval rollouts go to `{rollout_data_dir}/eval/{dataset}/{rollout_id}.jsonl`.
+Files are written to a temp name and renamed, so a reader never sees a half-written dump
+(the viewer still tolerates torn files from other writers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slime.observability.metrics import flatten_samples, reward_value
+from slime.utils.types import Sample
+
+SCHEMA_VERSION = 1
+
+
+class Span(BaseModel):
+    """Half-open `[start, end)` range of response-token offsets."""
+
+    start: int
+    end: int
+
+
+class MaskSpan(Span):
+    mask: int = Field(description="loss-mask value on the span: 1 trained, 0 masked")
+
+
+class TurnSpan(Span):
+    role: str = Field(description="'assistant' (generated, trained) or 'tool' (inserted, masked)")
+
+
+class ToolMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    arguments: Any = None
+    response: Any = None
+    error: Any = None
+
+
+class DumpRecord(BaseModel):
+    """One sample of a rollout dump (one JSONL line)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    # verl-compatible fields
+    input: str = Field(description="the prompt as text (chat messages rendered role: content)")
+    output: str = Field(description="the response text")
+    score: float | None = Field(description="scalar reward (dict rewards: the --reward-key entry)")
+    step: int = Field(description="rollout id")
+    # slime fields
+    evaluation: bool = False
+    dataset: str | None = None
+    group_index: int | None = None
+    index: int | None = None
+    prompt: str | list[dict[str, Any]] = Field(description="the raw prompt: text or chat messages")
+    label: Any = None
+    status: str
+    reward: Any = Field(None, description="the raw reward (float or dict of components)")
+    tokens: list[int] = Field(default_factory=list, description="prompt + response token ids")
+    prompt_length: int = 0
+    response_length: int = 0
+    loss_mask_spans: list[MaskSpan] = Field(default_factory=list,
+                                            description="run-length loss mask over response tokens")
+    turns: int | None = None
+    turn_spans: list[TurnSpan] = Field(default_factory=list)
+    tool_calls: dict[str, int] = Field(default_factory=dict)
+    tool_messages: list[ToolMessage] = Field(default_factory=list)
+    tool_errors: int = 0
+    parse_errors: int = 0
+    tool_rewards: Any = None
+    step_rewards: Any = None
+    weight_versions: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict, description="remaining sample.metadata, JSON-safe")
+    tokenizer: str | None = Field(None, description="tokenizer path the ids belong to (--hf-checkpoint)")
+
+
+_PROMOTED = {"turns", "turn_spans", "tool_calls", "tool_messages", "tool_errors", "parse_errors",
+             "tool_rewards", "step_rewards"}
+
+
+def json_safe(v: Any, depth: int = 0) -> Any:
+    """Builtins only: NaN/inf become None, tensors/arrays become lists, the rest `str()`."""
+    if depth > 20:
+        return str(v)
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): json_safe(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        return [json_safe(x, depth + 1) for x in v]
+    if hasattr(v, "tolist"):
+        return json_safe(v.tolist(), depth + 1)
+    if hasattr(v, "value") and type(v).__module__ != "builtins":  # enums
+        return json_safe(v.value, depth + 1)
+    return str(v)
+
+
+def mask_spans(mask: list[int] | None) -> list[dict[str, int]]:
+    """Run-length encode a loss mask: `[{"start", "end", "mask"}]`."""
+    spans: list[dict[str, int]] = []
+    for i, m in enumerate(mask or []):
+        m = int(m)
+        if spans and spans[-1]["mask"] == m and spans[-1]["end"] == i:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"start": i, "end": i + 1, "mask": m})
+    return spans
+
+
+def render_prompt(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
+                         for m in prompt)
+    return "" if prompt is None else str(prompt)
+
+
+def _int(v: Any) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
+def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool = False,
+                     dataset: str | None = None) -> dict[str, Any]:
+    """The dump line for one sample, as a plain dict validated against `DumpRecord`."""
+    meta = dict(sample.metadata or {})
+    score = reward_value(args, sample) if sample.reward is not None else None
+    tool_calls = meta.get("tool_calls")
+    if not isinstance(tool_calls, dict):
+        tool_calls = {"_all": int(tool_calls)} if isinstance(tool_calls, (int, float)) and tool_calls else {}
+    turns = meta.get("turns")
+    rec = {
+        "schema_version": SCHEMA_VERSION,
+        "input": render_prompt(sample.prompt), "output": sample.response or "",
+        "score": score if score is None or math.isfinite(score) else None, "step": int(step),
+        "evaluation": evaluation,
+        "dataset": dataset or _str_or_none(meta.get("dataset") or meta.get("data_source")),
+        "group_index": sample.group_index, "index": sample.index,
+        "prompt": json_safe(sample.prompt), "label": json_safe(sample.label),
+        "status": sample.status.value if isinstance(sample.status, Sample.Status) else str(sample.status),
+        "reward": json_safe(sample.reward),
+        "tokens": [int(t) for t in sample.tokens or []],
+        "prompt_length": sample.prompt_length, "response_length": sample.response_length,
+        "loss_mask_spans": mask_spans(sample.loss_mask),
+        "turns": int(turns) if isinstance(turns, (int, float)) else None,
+        "turn_spans": [s for s in json_safe(meta.get("turn_spans") or []) if isinstance(s, dict)],
+        "tool_calls": {str(k): _int(v) for k, v in tool_calls.items()},
+        "tool_messages": [m for m in json_safe(meta.get("tool_messages") or []) if isinstance(m, dict)],
+        "tool_errors": _int(meta.get("tool_errors")), "parse_errors": _int(meta.get("parse_errors")),
+        "tool_rewards": json_safe(meta.get("tool_rewards")), "step_rewards": json_safe(meta.get("step_rewards")),
+        "weight_versions": [str(v) for v in sample.weight_versions or []],
+        "metadata": json_safe({k: v for k, v in meta.items() if k not in _PROMOTED}),
+        "tokenizer": getattr(args, "hf_checkpoint", None),
+    }
+    return DumpRecord.model_validate(rec).model_dump(mode="json")
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "_"
+
+
+def dump_path(args: Any, rollout_id: int, evaluation: bool = False, dataset: str | None = None) -> Path | None:
+    root = getattr(args, "rollout_data_dir", None)
+    if not root:
+        return None
+    if evaluation:
+        return Path(root) / "eval" / _safe_name(dataset or "default") / f"{rollout_id}.jsonl"
+    return Path(root) / f"{rollout_id}.jsonl"
+
+
+def dump_rollout(args: Any, rollout_id: int, samples: list, evaluation: bool = False,
+                 dataset: str | None = None) -> Path | None:
+    """Write the dump for one rollout (or one eval dataset); a no-op without --rollout-data-dir."""
+    path = dump_path(args, rollout_id, evaluation, dataset)
+    if path is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for s in flatten_samples(samples):
+            rec = sample_to_record(args, rollout_id, s, evaluation=evaluation, dataset=dataset)
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def dump_eval(args: Any, rollout_id: int, eval_data: dict) -> list[Path]:
+    """Dump every dataset of slime's eval dict to its own file."""
+    out = []
+    for name, data in (eval_data or {}).items():
+        p = dump_rollout(args, rollout_id, (data or {}).get("samples") or [], evaluation=True, dataset=name)
+        if p:
+            out.append(p)
+    return out
+
+
+def validate_line(line: str) -> DumpRecord:
+    """Parse and validate one dump line (raises on malformed or schema-violating input)."""
+    return DumpRecord.model_validate_json(line)
+
+
+def json_schema() -> dict[str, Any]:
+    return DumpRecord.model_json_schema()
+

@@ -1,0 +1,169 @@
+"""RolloutManager: starts the router and the engine pool, creates the controller, and is the
+one handle a trainer (or `slime-rollout`) talks to.
+
+Start-up is all-or-nothing: if any engine fails to start, everything already started is
+stopped and the error carries that engine's log tail.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray.util.placement_group import remove_placement_group
+
+from slime.backends.router import Router
+from slime.ray.box import Box
+from slime.ray.engine_actor import EngineActor
+from slime.ray.placement import bundle_strategy, create_engine_placement_group
+from slime.ray.rollout_controller import RolloutController
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutManager:
+    def __init__(self, args: Any):
+        self.args = args
+        self.router: Router | None = None
+        self.pg = None
+        self.all_engines: list[Any] = []
+        self.engines: list[Any] = []  # node-0 actor of each engine: the ones that take requests
+        self.engine_urls: list[str] = []
+        self.controller = None
+        self.wandb_run_id: str | None = None
+        self._shut = False
+
+    # ---- start-up ----
+    def start(self) -> dict[str, Any]:
+        try:
+            if not self.args.load_debug_rollout_data:
+                self._start_engines()
+                self._start_router()
+            self.wandb_run_id = self._init_wandb()
+            self.controller = ray.remote(RolloutController).options(num_cpus=0, max_concurrency=4).remote(
+                self.args, self.wandb_run_id)
+            ray.get(self.controller.ready.remote())
+        except BaseException:
+            self.shutdown()
+            raise
+        return self.info()
+
+    def _start_engines(self) -> None:
+        args = self.args
+        self.pg = create_engine_placement_group(args)
+        if args.rollout_backend == "sglang":
+            per_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
+            nodes_per_engine = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
+            num_engines = args.rollout_num_gpus // per_node // nodes_per_engine
+            for rank in range(num_engines):
+                for node_rank in range(nodes_per_engine):
+                    actor = ray.remote(EngineActor).options(
+                        num_cpus=0.2, num_gpus=0.2,
+                        scheduling_strategy=bundle_strategy(self.pg, (rank * nodes_per_engine + node_rank) * per_node),
+                    ).remote(args, rank, node_rank, nodes_per_engine, None)
+                    self.all_engines.append(actor)
+            self.engines = self.all_engines[::nodes_per_engine]
+        else:
+            cpus = float(args.rollout_num_cpus_per_engine)
+            for rank in range(args.rollout_num_engines):
+                self.all_engines.append(ray.remote(EngineActor).options(
+                    num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank)).remote(args, rank))
+            self.engines = list(self.all_engines)
+        # Start all engines at once; the first failure is raised (and start() cleans everything up).
+        urls = ray.get([e.start.remote() for e in self.all_engines])
+        nodes_per_engine = len(self.all_engines) // max(1, len(self.engines))
+        self.engine_urls = urls[::nodes_per_engine]
+        args.rollout_engine_urls = list(self.engine_urls)
+
+    def _start_router(self) -> None:
+        args = self.args
+        if args.sglang_router_ip is None:
+            self.router = Router(host="127.0.0.1", policy=args.router_policy,
+                                 prometheus_port=args.router_prometheus_port,
+                                 health_check_interval=args.router_health_check_interval, log_dir=args.log_dir)
+            self.router.start()
+            args.sglang_router_ip, args.sglang_router_port = self.router.host, self.router.port
+            for url in self.engine_urls:
+                self.router.add_worker(url)
+        else:
+            # An existing router: register our engines with it, never start or stop it.
+            self.router = None
+            external = Router(host=args.sglang_router_ip, port=args.sglang_router_port)
+            for url in self.engine_urls:
+                external.add_worker(url)
+
+    def _init_wandb(self) -> str | None:
+        if not getattr(self.args, "use_wandb", False):
+            return None
+        from slime.observability.wandb_logger import init_wandb_primary
+
+        return init_wandb_primary(self.args)
+
+    def info(self) -> dict[str, Any]:
+        return {"router_url": f"http://{self.args.sglang_router_ip}:{self.args.sglang_router_port}"
+                if self.args.sglang_router_ip else None,
+                "router_pid": self.router.pid if self.router else None,
+                "router_restarts": self.router.restarts if self.router else 0,
+                "engine_urls": list(self.engine_urls)}
+
+    # ---- the trainer's API ----
+    def generate(self, rollout_id: int) -> Box:
+        return ray.get(self.controller.generate.remote(rollout_id))
+
+    def eval(self, rollout_id: int) -> dict[str, Any]:
+        return ray.get(self.controller.eval.remote(rollout_id))
+
+    def last_summary(self) -> dict[str, Any] | None:
+        return ray.get(self.controller.get_last_summary.remote())
+
+    def status(self) -> dict[str, Any]:
+        """Answers while a rollout runs (both actors are threaded)."""
+        st = ray.get(self.controller.status.remote()) if self.controller else {"phase": "starting"}
+        return {**st, **self.info()}
+
+    def offload(self) -> list[Any]:
+        return ray.get([e.release_memory_occupation.remote() for e in self.engines])
+
+    def onload(self, tags: list[str] | None = None) -> list[Any]:
+        return ray.get([e.resume_memory_occupation.remote(tags) for e in self.engines])
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> list[Any]:
+        return ray.get([e.update_weights_from_disk.remote(model_path, weight_version) for e in self.engines])
+
+    def abort(self) -> list[Any]:
+        return ray.get([e.abort_all.remote() for e in self.engines])
+
+    def save(self, rollout_id: int) -> None:
+        ray.get(self.controller.save.remote(rollout_id))
+
+    # ---- fault injection, for tests and chaos runs ----
+    def kill_engine(self, index: int) -> int | None:
+        pid = ray.get(self.engines[index].pid.remote())
+        ray.get(self.engines[index].kill.remote())
+        return pid
+
+    def router_pid(self) -> int | None:
+        return self.router.pid if self.router else None
+
+    def router_alive(self) -> bool:
+        return bool(self.router and self.router.alive())
+
+    def shutdown(self) -> None:
+        if self._shut:
+            return
+        self._shut = True
+        if self.router is not None:
+            self.router.stop()
+        if self.all_engines:
+            ray.get([e.stop.remote() for e in self.all_engines], timeout=60)
+            for e in self.all_engines:
+                ray.kill(e)
+        if self.controller is not None:
+            ray.kill(self.controller)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+        if getattr(self.args, "use_wandb", False):
+            from slime.observability.wandb_logger import finish
+
+            finish()

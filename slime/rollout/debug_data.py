@@ -1,0 +1,75 @@
+"""Debug rollout files in slime's format: `torch.save({"rollout_id", "samples": [dict]})`.
+
+Only builtins are written, so a file loads with `torch.load(weights_only=True)`: replaying a
+dump never unpickles arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime.utils.types import Sample
+
+
+class DebugDataError(ValueError):
+    pass
+
+
+def _plain(obj: Any) -> Any:
+    """Builtins only (tuples -> lists, enums -> values, unknown objects -> str)."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "value") and isinstance(getattr(obj, "value"), (str, int)):
+        return obj.value
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def path_for(template: str, rollout_id: int) -> Path:
+    return Path(template.format(rollout_id=rollout_id))
+
+
+def save_debug_rollout(template: str, rollout_id: int, samples: list[Sample]) -> Path:
+    path = path_for(template, rollout_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"rollout_id": rollout_id, "samples": [_plain(s.to_dict()) for s in samples]}, tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_debug_rollout(template: str, rollout_id: int) -> list[Sample]:
+    path = path_for(template, rollout_id)
+    if not path.is_file():
+        raise DebugDataError(f"--load-debug-rollout-data: file not found: {path}")
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - corrupt, truncated or unsafe pickles all land here
+        raise DebugDataError(f"--load-debug-rollout-data: {path} is not a valid slime debug rollout file "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+        raise DebugDataError(f"--load-debug-rollout-data: {path} has no 'samples' list")
+    try:
+        return [Sample.from_dict(d) for d in data["samples"]]
+    except (TypeError, ValueError) as e:
+        raise DebugDataError(f"--load-debug-rollout-data: {path}: bad sample: {e}") from None
+
+
+def save_debug_train_data(template: str, rollout_id: int, batch: dict[str, Any]) -> Path:
+    path = path_for(template, rollout_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"rollout_id": rollout_id, "data": _plain(batch)}, path)
+    return path
+
+
+def to_json(samples: list[Sample]) -> str:
+    return json.dumps([_plain(s.to_dict()) for s in samples])

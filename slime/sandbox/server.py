@@ -1,0 +1,312 @@
+"""Local code sandbox, SandboxFusion-compatible (`POST /run_code`, `GET /v1/ping`).
+
+    slime-sandbox --host 127.0.0.1 --port 8080 [--max-concurrency 4] [--max-queue 64]
+                  [--allow-no-isolation] [--python /usr/bin/python3] [--default-memory-mb 512]
+
+At most ``--max-concurrency`` runs execute at once; up to ``--max-queue`` more wait in FIFO order;
+beyond that the answer is ``429`` with ``Retry-After`` (seconds) and ``retry_after_s`` in the body.
+``GET /v1/stats`` gives running/queued/max-observed/rejected counters (``POST /v1/stats/reset``
+resets the observed maximum). Isolation (see runner.py) is probed at start; without it the server
+refuses to start unless ``--allow-no-isolation`` is given.
+
+`start_local_sandbox()` runs one in a child process for the RolloutManager or the tool
+(``sandbox_fusion_url: local``); the listening socket is bound by the parent and handed over, so
+the URL is valid (connections queue in the backlog) before the child has even started.
+"""
+
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+logger = logging.getLogger("slime.sandbox")
+READY = "SLIME_SANDBOX_READY"
+
+
+class Admission:
+    """FIFO admission: `cap` running, `queue` waiting, the rest refused."""
+
+    def __init__(self, cap: int, queue: int) -> None:
+        self.cap, self.queue_cap = cap, queue
+        self.running = 0
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.max_running = 0
+        self.max_queued = 0
+        self.total = 0
+        self.rejected = 0
+        self.run_time_ewma = 0.05
+
+    def try_enter(self) -> asyncio.Future | bool:
+        if self.running < self.cap and not self.waiters:
+            self._start()
+            return True
+        if len(self.waiters) >= self.queue_cap:
+            self.rejected += 1
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        self.max_queued = max(self.max_queued, len(self.waiters))
+        return fut
+
+    def _start(self) -> None:
+        self.running += 1
+        self.total += 1
+        self.max_running = max(self.max_running, self.running)
+
+    def leave(self, run_time: float) -> None:
+        self.running -= 1
+        self.run_time_ewma = 0.9 * self.run_time_ewma + 0.1 * run_time
+        while self.waiters and self.running < self.cap:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self._start()
+                fut.set_result(None)
+
+    def abandon(self, fut: asyncio.Future) -> None:
+        """A queued client went away."""
+        if fut.done() and not fut.cancelled():
+            self.leave(0.0)  # it had been admitted in the meantime
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiters.remove(fut)
+
+    def retry_after(self) -> float:
+        return max(0.05, self.run_time_ewma * (len(self.waiters) + 1) / self.cap)
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.running, "queued": len(self.waiters), "max_running": self.max_running,
+                "max_queued": self.max_queued, "max_concurrency": self.cap, "max_queue": self.queue_cap,
+                "total": self.total, "rejected": self.rejected}
+
+
+def build_app(cfg, max_queue: int):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    from slime.sandbox.runner import Runner
+
+    runner = Runner(cfg)
+    adm = Admission(cfg.max_concurrency, max_queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if os.environ.get("SLIME_SANDBOX_READY_FD"):
+            fd = int(os.environ["SLIME_SANDBOX_READY_FD"])
+            with contextlib.suppress(OSError):
+                os.write(fd, (READY + "\n").encode())
+                os.close(fd)
+        yield
+        runner.close()
+
+    app = FastAPI(title="slime-sandbox", lifespan=lifespan)
+    app.state.admission = adm
+    app.state.runner = runner
+
+    @app.get("/v1/ping")
+    async def ping():
+        return PlainTextResponse("pong")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages}
+
+    @app.get("/v1/stats")
+    async def stats():
+        return {**adm.stats(), "isolation": cfg.isolate}
+
+    @app.post("/v1/stats/reset")
+    async def reset():
+        adm.max_running = adm.running
+        adm.max_queued = len(adm.waiters)
+        return adm.stats()
+
+    @app.post("/run_code")
+    async def run_code(request: Request):
+        try:
+            body = await request.json()
+        except Exception:  # noqa: BLE001
+            return JSONResponse({"status": "SandboxError", "message": "body is not JSON"}, status_code=400)
+        if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+            return JSONResponse({"status": "SandboxError", "message": "`code` (string) is required"},
+                                status_code=422)
+        ticket = adm.try_enter()
+        if ticket is False:
+            ra = adm.retry_after()
+            return JSONResponse({"status": "SandboxError", "message": "sandbox busy: too many queued runs",
+                                 "retry_after_s": round(ra, 3)},
+                                status_code=429, headers={"Retry-After": str(max(1, math.ceil(ra)))})
+        if ticket is not True:
+            try:
+                await ticket
+            except asyncio.CancelledError:
+                adm.abandon(ticket)
+                raise
+        t0 = time.monotonic()
+        try:
+            return await runner.run(body)
+        except Exception as e:  # noqa: BLE001 - never a bare 500 without a reason
+            logger.exception("run failed")
+            return {"status": "SandboxError", "message": f"{type(e).__name__}: {e}", "compile_result": None,
+                    "run_result": None, "executor_pod_name": None, "files": {}}
+        finally:
+            adm.leave(time.monotonic() - t0)
+
+    return app
+
+
+def _parser() -> argparse.ArgumentParser:
+    from slime.sandbox.runner import SandboxConfig
+
+    d = SandboxConfig()
+    ap = argparse.ArgumentParser("slime-sandbox", description="SandboxFusion-compatible local code sandbox")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--fd", type=int, default=None, help="serve on this already-bound listening socket")
+    ap.add_argument("--max-concurrency", type=int, default=min(8, os.cpu_count() or 2))
+    ap.add_argument("--max-queue", type=int, default=None, help="waiting runs before 429 (default 16x concurrency)")
+    ap.add_argument("--allow-no-isolation", action="store_true",
+                    help="run even when namespaces/uid switching are unavailable (rlimits only): UNSAFE")
+    ap.add_argument("--python", default=None, help="interpreter for `python` runs (default /usr/bin/python3)")
+    ap.add_argument("--uid-base", type=int, default=d.uid_base, help="run i uses uid uid_base+slot")
+    ap.add_argument("--default-memory-mb", type=int, default=d.default_memory_mb)
+    ap.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
+    ap.add_argument("--max-run-timeout", type=float, default=d.max_run_timeout)
+    ap.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes)
+    ap.add_argument("--max-processes", type=int, default=d.max_processes)
+    ap.add_argument("--max-file-mb", type=int, default=d.max_file_mb)
+    ap.add_argument("--log-level", default="warning")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
+
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = SandboxConfig(max_concurrency=args.max_concurrency, python=args.python, uid_base=args.uid_base,
+                        default_memory_mb=args.default_memory_mb, max_memory_mb=args.max_memory_mb,
+                        max_run_timeout=args.max_run_timeout, max_output_bytes=args.max_output_bytes,
+                        max_processes=args.max_processes, max_file_mb=args.max_file_mb)
+    try:
+        probe_isolation(cfg)
+    except IsolationUnavailable as e:
+        if not args.allow_no_isolation:
+            print(f"slime-sandbox: refusing to start: sandbox isolation is unavailable: {e}.\n"
+                  "Run it as root on Linux with util-linux (unshare, setpriv), or pass --allow-no-isolation "
+                  "to run untrusted code with rlimits only (unsafe: network, other files and processes "
+                  "stay reachable).", file=sys.stderr)
+            sys.exit(2)
+        logger.warning("isolation unavailable (%s); running WITHOUT namespaces (--allow-no-isolation)", e)
+        cfg.isolate = False
+    import uvicorn
+
+    app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency)
+    kw: dict[str, Any] = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
+    uvicorn.run(app, log_level=args.log_level, timeout_keep_alive=30, access_log=False, **kw)
+
+
+class LocalSandbox:
+    """Handle of a sandbox server child process."""
+
+    def __init__(self, proc: subprocess.Popen, url: str) -> None:
+        self.proc, self.url = proc, url
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "LocalSandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None = None,
+                        max_queue: int | None = None, allow_no_isolation: bool = False,
+                        extra_args: list[str] | None = None, ready_timeout: float = 60.0
+                        ) -> tuple[str, LocalSandbox]:
+    """Start `slime-sandbox` in a child process; return (url, handle). `handle.stop()` ends it.
+
+    Raises RuntimeError with the server's message if it cannot start (e.g. isolation missing).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    r, w = os.pipe()
+    args = [sys.executable, "-m", "slime.sandbox.server", "--fd", str(sock.fileno())]
+    if max_concurrency:
+        args += ["--max-concurrency", str(max_concurrency)]
+    if max_queue is not None:
+        args += ["--max-queue", str(max_queue)]
+    if allow_no_isolation:
+        args.append("--allow-no-isolation")
+    args += extra_args or []
+    env = dict(os.environ, SLIME_SANDBOX_READY_FD=str(w))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.Popen(args, pass_fds=(sock.fileno(), w), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        os.close(w)
+        sock.close()
+    # wait for the READY line or the child's exit: an event, not a sleep
+    sel = selectors.DefaultSelector()
+    sel.register(r, selectors.EVENT_READ)
+    buf = b""
+    deadline = time.monotonic() + ready_timeout
+    try:
+        while READY.encode() not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                proc.kill()
+                raise RuntimeError(f"slime-sandbox did not become ready in {ready_timeout}s")
+            chunk = os.read(r, 4096)
+            if not chunk:  # the child closed the pipe: it exited
+                proc.wait()
+                err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+                raise RuntimeError(f"slime-sandbox exited with code {proc.returncode}: {err[-2000:]}")
+            buf += chunk
+    finally:
+        sel.close()
+        os.close(r)
+    # from now on the child's stderr is only logs: drain it so it never blocks
+    if proc.stderr is not None:
+        import threading
+
+        def drain(f) -> None:
+            for line in iter(f.readline, b""):
+                logger.info("sandbox: %s", line.decode(errors="replace").rstrip())
+
+        threading.Thread(target=drain, args=(proc.stderr,), daemon=True).start()
+    return f"http://{host}:{port}", LocalSandbox(proc, f"http://{host}:{port}")
+
+
+if __name__ == "__main__":
+    main()

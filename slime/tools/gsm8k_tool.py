@@ -1,0 +1,69 @@
+"""An answer checker in the style of verl's `calc_gsm8k_reward`.
+
+The model submits an answer as often as it likes; each submission is scored against the
+sample's ground truth (given once per trajectory via `create_kwargs`). Step reward: 0 when the
+score improved, a small penalty otherwise, so resubmitting the same answer is discouraged. Final
+reward (`calc_reward`): the best score reached.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from uuid import uuid4
+
+from slime.tools.base_tool import BaseTool
+from slime.tools.schemas import ToolResponse
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def extract_number(text: Any) -> Decimal | None:
+    """The number after the last `####`, or else the last number in the text ($ and commas ignored)."""
+    if text is None:
+        return None
+    text = str(text)
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    found = _NUMBER.findall(text.replace("$", ""))
+    if not found:
+        return None
+    try:
+        return Decimal(found[-1].replace(",", "").rstrip("."))
+    except InvalidOperation:
+        return None
+
+
+def gsm8k_score(answer: Any, ground_truth: Any) -> float:
+    a, g = extract_number(answer), extract_number(ground_truth)
+    return 1.0 if a is not None and g is not None and a == g else 0.0
+
+
+class Gsm8kTool(BaseTool):
+    """config: `penalty` (step reward when an answer does not improve, default -0.05)."""
+
+    def __init__(self, config: dict[str, Any], tool_schema):
+        super().__init__(config, tool_schema)
+        self.penalty = float(self.config.get("penalty", -0.05))
+        self._state: dict[str, dict[str, Any]] = {}
+
+    async def create(self, instance_id: str | None = None, ground_truth: Any = None, **kwargs: Any):
+        instance_id = instance_id or str(uuid4())
+        self._state[instance_id] = {"ground_truth": ground_truth, "reward": 0.0, "answers": []}
+        return instance_id, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
+        state = self._state[instance_id]
+        answer = str(parameters.get("answer", ""))
+        score = gsm8k_score(answer, state["ground_truth"])
+        step = 0.0 if score > state["reward"] else self.penalty
+        state["reward"] = max(state["reward"], score)
+        state["answers"].append(answer)
+        return ToolResponse(text=f"Current parsed answer={answer!r} reward={score}"), step, {"score": score}
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        return self._state[instance_id]["reward"]
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        self._state.pop(instance_id, None)

@@ -1,0 +1,834 @@
+"""Cluster-wide rate limiter: a concurrency cap plus a token rate, held exactly across processes
+and nodes, without a Ray round trip per call in the common case.
+
+Design (compare the seed's `TokenBucketWorker`: a threading semaphore behind a Ray actor, three
+Ray hops per call, no rate, one shared actor name, dies with whichever worker created it):
+
+* `LimiterCore` is the whole arbiter (pure Python, asyncio). It owns ``cap`` permits and a token
+  bucket (``rate_per_second``, ``burst``). Permits are *leased* to clients, a client per process
+  (per event loop) and per resource name. Because permits are conserved (a permit is either free
+  in the core, in transit, or held by exactly one client), the sum of permits in use anywhere is
+  never above ``cap``: the cap holds exactly, whatever the leases.
+* `RateLimiterActor` is the core behind a Ray named actor, one per resource name
+  (``slime_rate_limiter::<name>``), created by the long-lived RolloutManager
+  (`get_or_create_rate_limiter`), never by a worker in passing. Creating it again with another
+  limit raises `RateLimiterConfigError`.
+* `RateLimiter` is the per-process client. Uncontended, ``acquire`` takes a leased idle permit
+  and a leased token locally: no Ray call (a few microseconds). When it runs out it asks the core
+  for more (with prefetch), one batched message per event-loop tick, not per call. Grants come
+  back on a single long-poll per client.
+* Contention: as soon as anybody has to wait, the core recalls idle permits and tokens from every
+  client and switches them to "contended" mode: then every acquire queues at the core (one FIFO
+  across all callers and nodes, batched per client and tick) and every release goes back to the
+  core, so permits are handed out first-come first-served globally. When the queue drains the
+  core switches clients back to local leasing.
+* AIMD: a 429 reported by a caller (``release(throttled=True)``) halves the effective cap and rate
+  (at most once per ``cut_cooldown`` s); successes grow them back additively (+1 permit per
+  ``cap`` successes).
+* No leaks: an acquire that times out or is cancelled gives back its demand (or the permit if it
+  was granted in the race); `RateLimiter.limit()` releases on every exit path; `close()` returns
+  all leases. A client process that dies holding a lease is reclaimed once it has ignored a recall
+  for ``lease_ttl`` seconds (the only case where the core trusts a timeout).
+
+The same client runs against an in-process core (`local_rate_limiter`) when the global limiter is
+disabled, so both paths share one implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import os
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+logger = logging.getLogger(__name__)
+
+ACTOR_PREFIX = "slime_rate_limiter::"
+_owned: dict[tuple[str, str], Any] = {}
+DEFAULT_NAMESPACE = "slime"
+
+
+class RateLimiterConfigError(ValueError):
+    """A limiter of that name already exists with a different configuration."""
+
+
+class RateLimiterUnavailable(RuntimeError):
+    """The global limiter actor is gone (killed, or its node died)."""
+
+
+class RateLimitTimeout(asyncio.TimeoutError):
+    """`acquire(timeout=...)` gave up; nothing is held."""
+
+
+# --------------------------------------------------------------------------------------------
+# The arbiter
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    cid: str
+    perm: int  # permits still needed
+    tok: int  # tokens still needed
+    xperm: int  # prefetch wished for (granted only when nobody else waits)
+    xtok: int
+    t0: float
+
+
+class _ClientState:
+    __slots__ = ("held", "perm", "tok", "recall", "contended", "event", "last_seen", "recall_since",
+                 "inflight", "waiting", "dead")
+
+    def __init__(self) -> None:
+        self.held = 0  # permits leased to this client (in use + idle + in transit)
+        self.perm = 0  # mailbox: permits granted, not yet collected
+        self.tok = 0
+        self.recall = False
+        self.contended = False
+        self.event = asyncio.Event()
+        self.last_seen = time.monotonic()
+        self.recall_since: float | None = None
+        self.inflight = 0  # as last reported by the client
+        self.waiting = 0
+        self.dead = False
+
+
+class LimiterCore:
+    """The arbiter: permits, token bucket, FIFO queue, AIMD, metrics. Single-threaded (asyncio)."""
+
+    def __init__(self, name: str, max_concurrency: int, rate_per_second: float | None = None,
+                 burst: int | None = None, *, min_concurrency: int = 1, lease_ttl: float = 60.0,
+                 cut_cooldown: float = 1.0) -> None:
+        if int(max_concurrency) < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if rate_per_second is not None and rate_per_second <= 0:
+            rate_per_second = None
+        self.name = name
+        self.max_cap = int(max_concurrency)
+        self.min_cap = max(1, min(int(min_concurrency), self.max_cap))
+        self.base_rate = float(rate_per_second) if rate_per_second else None
+        self.burst = int(burst) if burst else (max(1, int(math.ceil(self.base_rate))) if self.base_rate else 0)
+        self.lease_ttl = lease_ttl
+        self.cut_cooldown = cut_cooldown
+        self.factor = 1.0  # AIMD multiplier of cap and rate
+        self.tokens = float(self.burst)
+        self._t = time.monotonic()
+        self.out = 0  # permits held by clients
+        self.clients: dict[str, _ClientState] = {}
+        self.queue: deque[_Entry] = deque()
+        self.contended = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._ttl_timer: asyncio.TimerHandle | None = None
+        self._last_cut = -1e9
+        self._watchers: list[tuple[int, asyncio.Future]] = []
+        # metrics
+        self.granted = 0
+        self.throttled = 0
+        self.cuts = 0
+        self.waits = 0
+        self.wait_total = 0.0
+        self.wait_max = 0.0
+
+    # -- configuration -------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "max_concurrency": self.max_cap, "rate_per_second": self.base_rate,
+                "burst": self.burst if self.base_rate else None}
+
+    @property
+    def cap(self) -> int:
+        return max(self.min_cap, int(self.max_cap * self.factor))
+
+    @property
+    def rate(self) -> float | None:
+        return self.base_rate * self.factor if self.base_rate else None
+
+    # -- token bucket --------------------------------------------------------------------
+    def _refill(self) -> None:
+        now = time.monotonic()
+        if self.base_rate:
+            self.tokens = min(float(self.burst), self.tokens + (now - self._t) * self.rate)
+        self._t = now
+
+    # -- messages from clients -----------------------------------------------------------
+    def _client(self, cid: str) -> _ClientState:
+        c = self.clients.get(cid)
+        if c is None:
+            c = self.clients[cid] = _ClientState()
+            c.contended = self.contended
+        c.last_seen = time.monotonic()
+        c.recall_since = None
+        return c
+
+    def push(self, cid: str, release: int = 0, ret_tok: int = 0, need: int = 0, need_tok: int = 0,
+             want: int = 0, want_tok: int = 0, cancel: int = 0, cancel_tok: int = 0, ok: int = 0,
+             throttled: int = 0, inflight: int | None = None, waiting: int | None = None) -> None:
+        c = self._client(cid)
+        if release:
+            release = min(release, c.held)  # a reclaimed (presumed dead) client cannot free twice
+            c.held -= release
+            self.out -= release
+        self._refill()
+        if ret_tok and self.base_rate:
+            self.tokens = min(float(self.burst), self.tokens + ret_tok)
+        if cancel or cancel_tok:
+            self._cancel(cid, cancel, cancel_tok)
+        if inflight is not None:
+            c.inflight = inflight
+        if waiting is not None:
+            c.waiting = waiting
+        if throttled:
+            self.throttled += throttled
+            now = time.monotonic()
+            if now - self._last_cut >= self.cut_cooldown:
+                self._last_cut = now
+                self.cuts += 1
+                self.factor = max(self.min_cap / self.max_cap, self.factor * 0.5)
+                self.tokens = min(self.tokens, float(self.burst) * self.factor)
+        elif ok and self.factor < 1.0:
+            # additive increase: about +1 permit per `cap` successes
+            self.factor = min(1.0, self.factor + ok / (self.cap * self.max_cap))
+        if need or need_tok or want > need or want_tok > need_tok:
+            if not self.base_rate:
+                need_tok = want_tok = 0
+            self.queue.append(_Entry(cid, need, need_tok, max(0, want - need), max(0, want_tok - need_tok),
+                                     time.monotonic()))
+        self._dispatch()
+
+    def _cancel(self, cid: str, perm: int, tok: int) -> None:
+        for e in reversed(self.queue):
+            if e.cid != cid:
+                continue
+            e.xperm = e.xtok = 0
+            d = min(perm, e.perm)
+            e.perm -= d
+            perm -= d
+            d = min(tok, e.tok)
+            e.tok -= d
+            tok -= d
+        self.queue = deque(e for e in self.queue if e.perm or e.tok or e.xperm or e.xtok)
+
+    def _deliver(self, cid: str, perm: int, tok: int) -> None:
+        c = self.clients[cid]
+        c.perm += perm
+        c.tok += tok
+        c.held += perm
+        self.out += perm
+        self.tokens -= tok
+        self.granted += perm
+        c.event.set()
+
+    def _dispatch(self) -> None:
+        self._reclaim_dead()
+        self._refill()
+        while self.queue:
+            e = self.queue[0]
+            free = max(0, self.cap - self.out)
+            toks = int(self.tokens) if self.base_rate else 0
+            gp = min(e.perm, free)
+            gt = min(e.tok, toks) if self.base_rate else 0
+            if e.perm and gp < e.perm or e.tok and gt < e.tok:
+                # the head cannot be served fully: serve what we can, keep its place
+                if gp or gt:
+                    e.perm -= gp
+                    e.tok -= gt
+                    self._deliver(e.cid, gp, gt)
+                break
+            self.queue.popleft()
+            e.perm -= gp
+            e.tok -= gt
+            waited = time.monotonic() - e.t0
+            if gp:
+                self.waits += 1
+                self.wait_total += waited
+                self.wait_max = max(self.wait_max, waited)
+            if not self.queue:  # nobody else waits: the prefetch is free to take
+                xp = min(e.xperm, max(0, self.cap - self.out - gp))
+                xt = min(e.xtok, max(0, int(self.tokens) - gt)) if self.base_rate else 0
+                gp += xp
+                gt += xt
+            if gp or gt:
+                self._deliver(e.cid, gp, gt)
+        contended = bool(self.queue) or self.out > self.cap
+        if contended != self.contended:
+            self.contended = contended
+            for c in self.clients.values():
+                if c.dead:
+                    continue
+                c.contended = contended
+                if contended and not c.recall:
+                    c.recall = True
+                    c.recall_since = time.monotonic()
+                c.event.set()
+        if self.queue and self.base_rate:
+            head = self.queue[0]
+            if head.tok and self.tokens < 1 and self._timer is None:
+                delay = (1.0 - self.tokens) / self.rate
+                self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        if self.contended and self._ttl_timer is None and any(c.recall_since for c in self.clients.values()):
+            # a client that never answers a recall (its process died) is reclaimed after lease_ttl
+            self._ttl_timer = asyncio.get_running_loop().call_later(self.lease_ttl + 0.01, self._on_ttl)
+        if self._watchers:
+            n_wait = sum(e.perm for e in self.queue)
+            for item in list(self._watchers):
+                if n_wait >= item[0] and not item[1].done():
+                    item[1].set_result(n_wait)
+                    self._watchers.remove(item)
+
+    async def wait_waiting(self, n: int, timeout: float = 30.0) -> int:
+        """Resolve once at least `n` permits are queued (for tests and tooling; event-driven)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._watchers.append((n, fut))
+        self._dispatch()
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._watchers = [w for w in self._watchers if w[1] is not fut]
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _on_ttl(self) -> None:
+        self._ttl_timer = None
+        self._dispatch()
+
+    def _reclaim_dead(self) -> None:
+        if not self.contended:
+            return
+        now = time.monotonic()
+        for cid, c in self.clients.items():
+            if c.held and c.recall_since is not None and now - c.recall_since > self.lease_ttl and not c.dead:
+                logger.warning("rate limiter %s: client %s ignored a recall for %.0fs, reclaiming %d permits",
+                               self.name, cid, self.lease_ttl, c.held)
+                self.out -= c.held
+                c.held = 0
+                c.dead = True
+                self._cancel(cid, 1 << 30, 1 << 30)
+
+    async def poll(self, cid: str) -> tuple[int, int, bool, bool]:
+        """Long-poll: returns (permits, tokens, recall, contended) once there is news."""
+        c = self._client(cid)
+        c.dead = False
+        await c.event.wait()
+        c.event.clear()
+        c.last_seen = time.monotonic()
+        out = (c.perm, c.tok, c.recall, c.contended)
+        c.perm = c.tok = 0
+        if c.recall:
+            c.recall = False
+            c.recall_since = None
+        return out
+
+    def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
+        """Client leaving: give back what it hands in and forget it (its poll returns)."""
+        self.push(cid, release=release, ret_tok=ret_tok)
+        self._cancel(cid, 1 << 30, 1 << 30)
+        c = self.clients.pop(cid, None)
+        if c is not None:
+            if c.held:
+                logger.warning("rate limiter %s: client %s left holding %d permits; reclaimed", self.name, cid, c.held)
+                self.out -= c.held
+            c.event.set()
+        self._dispatch()
+
+    def stats(self) -> dict[str, Any]:
+        self._refill()
+        return {
+            "name": self.name, "cap": self.cap, "max_concurrency": self.max_cap, "rate_per_second": self.rate,
+            "leased": self.out, "in_flight": sum(c.inflight for c in self.clients.values()),
+            "waiting": sum(e.perm for e in self.queue), "queued_requests": len(self.queue),
+            "granted": self.granted, "throttled_429": self.throttled, "aimd_cuts": self.cuts,
+            "aimd_factor": self.factor, "wait_count": self.waits, "wait_time_total_s": self.wait_total,
+            "wait_time_max_s": self.wait_max, "clients": len(self.clients), "contended": self.contended,
+            "tokens": self.tokens if self.base_rate else None,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The Ray actor
+# --------------------------------------------------------------------------------------------
+
+_actor_cls = None
+
+
+def _actor_class():
+    global _actor_cls
+    if _actor_cls is None:
+        import ray
+
+        @ray.remote(num_cpus=0, max_restarts=0)
+        class RateLimiterActor:
+            """`LimiterCore` behind a Ray named actor. All methods are async: one event loop, no locks."""
+
+            def __init__(self, name: str, max_concurrency: int, rate_per_second: float | None = None,
+                         burst: int | None = None, kwargs: dict | None = None) -> None:
+                self.core = LimiterCore(name, max_concurrency, rate_per_second, burst, **(kwargs or {}))
+
+            async def config(self) -> dict[str, Any]:
+                return self.core.config()
+
+            async def push(self, cid: str, kw: dict[str, int]) -> None:
+                self.core.push(cid, **kw)
+
+            async def poll(self, cid: str) -> tuple[int, int, bool, bool]:
+                return await self.core.poll(cid)
+
+            async def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
+                self.core.unregister(cid, release, ret_tok)
+
+            async def stats(self) -> dict[str, Any]:
+                return self.core.stats()
+
+            async def wait_waiting(self, n: int, timeout: float = 30.0) -> int:
+                return await self.core.wait_waiting(n, timeout)
+
+        _actor_cls = RateLimiterActor
+    return _actor_cls
+
+
+def actor_name(name: str) -> str:
+    return ACTOR_PREFIX + name
+
+
+def get_or_create_rate_limiter(name: str, max_concurrency: int, rate_per_second: float | None = None,
+                               burst: int | None = None, *, detached: bool = False,
+                               namespace: str = DEFAULT_NAMESPACE, **core_kwargs: Any):
+    """Create (or get) the global limiter actor for resource `name`; returns the actor handle.
+
+    Call it from the long-lived RolloutManager: by default the actor is owned by the calling
+    process and lives exactly as long as it (it dies with the manager, not with some worker).
+    `detached=True` makes it outlive its creator (until `kill_rate_limiter` or cluster shutdown);
+    the tool uses that as a fallback when a worker finds no limiter the manager created.
+    Asking again with a different limit raises `RateLimiterConfigError`: never silently ignored.
+    """
+    import ray
+
+    want = LimiterCore(name, max_concurrency, rate_per_second, burst).config()
+    opts: dict[str, Any] = dict(name=actor_name(name), namespace=namespace, get_if_exists=True,
+                                max_concurrency=100_000)
+    if detached:
+        opts["lifetime"] = "detached"
+    handle = _actor_class().options(**opts).remote(name, max_concurrency, rate_per_second, burst, core_kwargs)
+    have = ray.get(handle.config.remote())
+    if have != want:
+        raise RateLimiterConfigError(
+            f"rate limiter {name!r} already exists with {have}, asked for {want}; "
+            "give each tool or service its own name, or use the same limits")
+    # Ray garbage-collects a non-detached actor when its last handle goes: keep one here so the
+    # limiter lives exactly as long as the process that created it (the manager).
+    _owned.setdefault((namespace, name), handle)
+    return handle
+
+
+def get_rate_limiter(name: str, namespace: str = DEFAULT_NAMESPACE):
+    """The existing limiter actor for `name`, or None (never creates one)."""
+    import ray
+
+    try:
+        return ray.get_actor(actor_name(name), namespace=namespace)
+    except ValueError as e:
+        logger.debug("no rate limiter %s: %s", name, e)
+        return None
+
+
+def kill_rate_limiter(name: str, namespace: str = DEFAULT_NAMESPACE) -> bool:
+    import ray
+
+    h = get_rate_limiter(name, namespace)
+    if h is None:
+        return False
+    ray.kill(h, no_restart=True)
+    _clients.pop(name, None)
+    _owned.pop((namespace, name), None)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Backends: how a client talks to its core
+# --------------------------------------------------------------------------------------------
+
+
+class _LocalBackend:
+    def __init__(self, core: LimiterCore) -> None:
+        self.core = core
+
+    def push(self, cid: str, kw: dict[str, int]) -> None:
+        self.core.push(cid, **kw)
+
+    async def poll(self, cid: str):
+        return await self.core.poll(cid)
+
+    async def unregister(self, cid: str, release: int, ret_tok: int) -> None:
+        self.core.unregister(cid, release, ret_tok)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.core.stats()
+
+    async def config(self) -> dict[str, Any]:
+        return self.core.config()
+
+
+class _RayBackend:
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self._last = None
+
+    def push(self, cid: str, kw: dict[str, int]) -> None:
+        # Fire and forget: Ray runs one caller's tasks on an actor in submission order. Keep the
+        # last ref so a failure surfaces on the next poll instead of vanishing.
+        self._last = self.handle.push.remote(cid, kw)
+
+    async def poll(self, cid: str):
+        return await self.handle.poll.remote(cid)
+
+    async def unregister(self, cid: str, release: int, ret_tok: int) -> None:
+        await self.handle.unregister.remote(cid, release, ret_tok)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.handle.stats.remote()
+
+    async def config(self) -> dict[str, Any]:
+        return await self.handle.config.remote()
+
+
+# --------------------------------------------------------------------------------------------
+# The per-process client
+# --------------------------------------------------------------------------------------------
+
+
+class RateLimiter:
+    """Per-process (per event loop) client of one limiter. Use `limit()`:
+
+        async with limiter.limit(timeout=30) as permit:
+            resp = await call()
+            if resp.status == 429:
+                permit.throttled()
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, backend, *, name: str = "", rate_limited: bool = True,
+                 prefetch_tokens: int | None = None) -> None:
+        self.backend = backend
+        self.name = name
+        self.cid = f"{os.getpid()}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        self.rate_limited = rate_limited
+        self._prefetch_tokens = prefetch_tokens if prefetch_tokens is not None else 0
+        self.free = 0  # leased idle permits
+        self.tokens = 0  # leased tokens
+        self.inflight = 0
+        self.n_waiting = 0
+        self.waiters: deque[asyncio.Future] = deque()
+        self.asked = 0  # permits requested and not yet received
+        self.asked_tok = 0
+        self.contended = False
+        self.broken: BaseException | None = None
+        self.closed = False
+        self._kw: dict[str, int] = {}
+        self._flush_scheduled = False
+        self._poller: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # metrics
+        self.granted = 0
+        self.throttled_count = 0
+        self.timeouts = 0
+        self.cancelled = 0
+        self.wait_total = 0.0
+        self.wait_max = 0.0
+        self.remote_messages = 0
+
+    # -- public API ----------------------------------------------------------------------
+    async def acquire(self, timeout: float | None = None) -> None:
+        """Take one permit (and one token). Raises `RateLimitTimeout` after `timeout` seconds."""
+        if self.broken is not None:
+            raise RateLimiterUnavailable(f"rate limiter {self.name!r} is unavailable: {self.broken}")
+        if self.closed:
+            raise RuntimeError(f"rate limiter client {self.name!r} is closed")
+        if (not self.n_waiting and self.free > 0 and not self.contended
+                and (self.tokens > 0 or not self.rate_limited)):
+            self.free -= 1
+            if self.rate_limited:
+                self.tokens -= 1
+            self.inflight += 1
+            self.granted += 1
+            return
+        loop = self._ensure_loop()
+        fut = loop.create_future()
+        self.waiters.append(fut)
+        self.n_waiting += 1
+        t0 = time.monotonic()
+        timer = loop.call_later(timeout, self._expire, fut) if timeout is not None else None
+        self._pump()
+        try:
+            await fut
+        except BaseException:
+            if fut.cancelled():  # our task was cancelled while waiting
+                self.n_waiting -= 1
+                self.cancelled += 1
+            elif fut.exception() is None:
+                self.release()  # granted in the race with the cancellation: give it back
+            elif isinstance(fut.exception(), RateLimitTimeout):
+                self.timeouts += 1
+            self._pump()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        waited = time.monotonic() - t0
+        self.wait_total += waited
+        self.wait_max = max(self.wait_max, waited)
+
+    def release(self, throttled: bool = False) -> None:
+        """Give back one permit; `throttled=True` reports a 429 (AIMD cut), else a success."""
+        if self.inflight <= 0:
+            raise RuntimeError("release() without a matching acquire()")
+        self.inflight -= 1
+        if throttled:
+            self.throttled_count += 1
+            self._kw["throttled"] = self._kw.get("throttled", 0) + 1
+            self._schedule_flush()
+        else:
+            self._kw["ok"] = self._kw.get("ok", 0) + 1
+        if self.contended or self.closed or self.broken is not None:
+            self._kw["release"] = self._kw.get("release", 0) + 1
+            self._schedule_flush()
+            if self.n_waiting:
+                self._pump()
+        else:
+            self.free += 1
+            if self.n_waiting:
+                self._pump()
+
+    @contextlib.asynccontextmanager
+    async def limit(self, timeout: float | None = None) -> AsyncIterator["_Permit"]:
+        await self.acquire(timeout)
+        p = _Permit()
+        try:
+            yield p
+        finally:
+            self.release(throttled=p.was_throttled)
+
+    def stats(self) -> dict[str, Any]:
+        return {"in_flight": self.inflight, "waiting": self.n_waiting, "leased_idle": self.free,
+                "tokens": self.tokens if self.rate_limited else None, "granted": self.granted,
+                "throttled_429": self.throttled_count, "timeouts": self.timeouts, "cancelled": self.cancelled,
+                "wait_time_total_s": self.wait_total, "wait_time_max_s": self.wait_max,
+                "contended": self.contended, "remote_messages": self.remote_messages}
+
+    async def global_stats(self) -> dict[str, Any]:
+        return await self.backend.stats()
+
+    async def close(self) -> None:
+        """Return every lease and leave. In-use permits are returned when released."""
+        if self.closed:
+            return
+        self.closed = True
+        for fut in self.waiters:
+            if not fut.done():
+                fut.set_exception(RuntimeError("rate limiter client closed"))
+        self.waiters.clear()
+        self.n_waiting = 0
+        if self._poller is not None:
+            self._poller.cancel()
+        release = self.free + self._kw.pop("release", 0)
+        ret_tok = self.tokens if self.rate_limited else 0
+        self.free = self.tokens = 0
+        self._kw.clear()
+        if self.broken is None:
+            try:
+                await self.backend.unregister(self.cid, release, ret_tok)
+            except Exception as e:  # actor gone: nothing to return to
+                logger.warning("rate limiter %s: unregister failed: %s", self.name, e)
+
+    # -- internals -----------------------------------------------------------------------
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("a RateLimiter client is bound to one event loop; use client_for() per loop")
+        if self._poller is None or self._poller.done():
+            if self.broken is None and not self.closed:
+                self._poller = loop.create_task(self._poll_loop())
+        return loop
+
+    def _expire(self, fut: asyncio.Future) -> None:
+        if not fut.done():
+            self.n_waiting -= 1
+            fut.set_exception(RateLimitTimeout(f"no permit from rate limiter {self.name!r} in time"))
+
+    def _pump(self) -> None:
+        """Serve local waiters from leased permits, then reconcile demand with the core."""
+        while self.waiters and self.free > 0 and (self.tokens > 0 or not self.rate_limited):
+            fut = self.waiters.popleft()
+            if fut.done():  # timed out or cancelled: already uncounted
+                continue
+            self.free -= 1
+            if self.rate_limited:
+                self.tokens -= 1
+            self.inflight += 1
+            self.granted += 1
+            self.n_waiting -= 1
+            fut.set_result(None)
+        while self.waiters and self.waiters[0].done():
+            self.waiters.popleft()
+        live = self.n_waiting
+        if self.closed or self.broken is not None:
+            return
+        need = max(0, live - self.free - self.asked)
+        need_tok = max(0, live - self.tokens - self.asked_tok) if self.rate_limited else 0
+        if need or need_tok:
+            kw = self._kw
+            kw["need"] = kw.get("need", 0) + need
+            kw["need_tok"] = kw.get("need_tok", 0) + need_tok
+            if not self.contended:
+                kw["want"] = kw.get("want", 0) + 2 * need
+                kw["want_tok"] = kw.get("want_tok", 0) + need_tok + (self._prefetch_tokens if need_tok else 0)
+            else:
+                kw["want"] = kw.get("want", 0) + need
+                kw["want_tok"] = kw.get("want_tok", 0) + need_tok
+            self.asked += need
+            self.asked_tok += need_tok
+            self._schedule_flush()
+        # more asked than anybody needs (waiters left): take the demand back
+        surplus = self.asked - max(0, live - self.free)
+        surplus_tok = self.asked_tok - max(0, live - self.tokens) if self.rate_limited else 0
+        if surplus > 0 or surplus_tok > 0:
+            self._kw["cancel"] = self._kw.get("cancel", 0) + max(0, surplus)
+            self._kw["cancel_tok"] = self._kw.get("cancel_tok", 0) + max(0, surplus_tok)
+            self.asked -= max(0, surplus)
+            self.asked_tok -= max(0, surplus_tok)
+            self._schedule_flush()
+        if self.contended and (self.free > live or (self.rate_limited and self.tokens > live)):
+            self._give_back_idle()
+
+    def _give_back_idle(self) -> None:
+        """Return what local waiters do not need (recall / contended mode)."""
+        extra = self.free - self.n_waiting
+        if extra > 0:
+            self._kw["release"] = self._kw.get("release", 0) + extra
+            self.free -= extra
+        if self.rate_limited and self.tokens > self.n_waiting:
+            self._kw["ret_tok"] = self._kw.get("ret_tok", 0) + self.tokens - self.n_waiting
+            self.tokens = self.n_waiting
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._kw:
+            self._flush_scheduled = True
+            try:
+                loop = self._loop or asyncio.get_running_loop()
+            except RuntimeError:  # released outside any loop: flush now
+                self._flush()
+                return
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._kw or self.broken is not None:
+            return
+        kw, self._kw = self._kw, {}
+        kw = {k: v for k, v in kw.items() if v}
+        if not kw:
+            return
+        kw["inflight"] = self.inflight
+        kw["waiting"] = self.n_waiting
+        self.remote_messages += 1
+        try:
+            self.backend.push(self.cid, kw)
+        except Exception as e:
+            self._break(e)
+
+    async def _poll_loop(self) -> None:
+        try:
+            while not self.closed:
+                perm, tok, recall, contended = await self.backend.poll(self.cid)
+                self.remote_messages += 1
+                self.asked = max(0, self.asked - perm)
+                self.asked_tok = max(0, self.asked_tok - tok)
+                self.free += perm
+                self.tokens += tok
+                self.contended = contended
+                self._pump()
+                if recall or contended:
+                    self._give_back_idle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the actor died: fail loudly, never hang callers
+            self._break(e)
+
+    def _break(self, e: BaseException) -> None:
+        logger.error("rate limiter %s unavailable: %r", self.name, e)
+        self.broken = e
+        for fut in self.waiters:
+            if not fut.done():
+                fut.set_exception(RateLimiterUnavailable(f"rate limiter {self.name!r} is unavailable: {e}"))
+        self.waiters.clear()
+        self.n_waiting = 0
+
+
+class _Permit:
+    __slots__ = ("was_throttled",)
+
+    def __init__(self) -> None:
+        self.was_throttled = False
+
+    def throttled(self) -> None:
+        """Report that the guarded call was answered 429 (the limiter cuts its rate)."""
+        self.was_throttled = True
+
+
+# --------------------------------------------------------------------------------------------
+# Factories
+# --------------------------------------------------------------------------------------------
+
+_clients: dict[str, dict[int, RateLimiter]] = {}
+
+
+def local_rate_limiter(max_concurrency: int, rate_per_second: float | None = None, burst: int | None = None,
+                       name: str = "local", **core_kwargs: Any) -> RateLimiter:
+    """A process-local limiter with the same API and semantics (no Ray needed)."""
+    core = LimiterCore(name, max_concurrency, rate_per_second, burst, **core_kwargs)
+    return RateLimiter(_LocalBackend(core), name=name, rate_limited=core.base_rate is not None,
+                       prefetch_tokens=_token_prefetch(core.base_rate))
+
+
+def _token_prefetch(rate: float | None) -> int:
+    # Tokens are leased exactly as needed (batched per tick), so the burst bound is exact: every
+    # token in use left the core's bucket, which never holds more than `burst`. Prefetching
+    # tokens (RateLimiter(prefetch_tokens=k)) saves round trips at very high rates but lets a
+    # process spend up to k tokens above `burst` in a spike.
+    return 0
+
+
+def client_for(name: str, handle=None, namespace: str = DEFAULT_NAMESPACE) -> RateLimiter:
+    """This process's client (one per event loop) of the global limiter `name`.
+
+    `handle` is the actor handle (from `get_or_create_rate_limiter`); without it the actor is
+    looked up by name and must exist.
+    """
+    loop = asyncio.get_running_loop()
+    per_loop = _clients.setdefault(name, {})
+    c = per_loop.get(id(loop))
+    if c is not None and c.broken is None and not c.closed and c._loop in (None, loop):
+        return c
+    if handle is None:
+        handle = get_rate_limiter(name, namespace)
+        if handle is None:
+            raise RateLimiterUnavailable(f"no global rate limiter named {name!r}: the manager creates it "
+                                         "with get_or_create_rate_limiter()")
+    import ray
+
+    cfg = ray.get(handle.config.remote())
+    c = RateLimiter(_RayBackend(handle), name=name, rate_limited=cfg["rate_per_second"] is not None,
+                    prefetch_tokens=_token_prefetch(cfg["rate_per_second"]))
+    c._loop = loop
+    per_loop[id(loop)] = c
+    return c

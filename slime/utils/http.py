@@ -1,0 +1,136 @@
+"""Async HTTP with a deadline on every request and classified, budgeted retries.
+
+Why not blind retries: a 4xx is the caller's bug and retrying it only hides the bug; a
+connection error or 5xx is usually a dying or restarting server (engine crash, router restart)
+and is worth a few tries with back-off. Every retry is counted in `HttpStats` with its reason so
+faults show up in metrics instead of disappearing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+class HttpError(RuntimeError):
+    """A request that failed for good: non-retryable status, or the retry budget is spent."""
+
+    def __init__(self, message: str, status: int | None = None, body: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class HttpStats:
+    """Counters for metrics: requests, retries by reason, failures."""
+
+    requests: int = 0
+    retries: Counter = field(default_factory=Counter)
+    failures: int = 0
+
+    @property
+    def total_retries(self) -> int:
+        return sum(self.retries.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "retries": self.total_retries, "failures": self.failures,
+                **{f"retries_{k}": v for k, v in self.retries.items()}}
+
+
+@dataclass
+class RetryPolicy:
+    max_retries: int = 8
+    base_delay: float = 0.1
+    max_delay: float = 2.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Exponential back-off with full jitter; a server's Retry-After wins when larger."""
+        d = random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
+        return max(d, retry_after or 0.0)
+
+
+_sessions: dict[int, aiohttp.ClientSession] = {}
+
+
+def get_session() -> aiohttp.ClientSession:
+    """One pooled session per event loop (aiohttp sessions are loop-bound)."""
+    loop = asyncio.get_running_loop()
+    s = _sessions.get(id(loop))
+    if s is None or s.closed:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        s = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+        _sessions[id(loop)] = s
+    return s
+
+
+async def close_session() -> None:
+    s = _sessions.pop(id(asyncio.get_running_loop()), None)
+    if s is not None:
+        await s.close()
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        return float(headers.get("Retry-After")) if headers.get("Retry-After") else None
+    except (TypeError, ValueError):
+        return None
+
+
+async def request_json(
+    method: str,
+    url: str,
+    payload: Any = None,
+    *,
+    timeout: float,
+    policy: RetryPolicy | None = None,
+    stats: HttpStats | None = None,
+) -> Any:
+    """Send one JSON request; return the decoded body (or text when it is not JSON).
+
+    `timeout` is the deadline of each attempt. Retried: connection errors, attempt timeouts,
+    429 and 5xx. Not retried: other 4xx (raised at once as HttpError with the body).
+    """
+    policy = policy or RetryPolicy()
+    stats = stats if stats is not None else HttpStats()
+    session = get_session()
+    attempt = 0
+    while True:
+        stats.requests += 1
+        reason, retry_after, last = None, None, ""
+        try:
+            async with session.request(method, url, json=payload,
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                if resp.status < 400:
+                    if resp.content_type == "application/json":
+                        return await resp.json()
+                    return await resp.text()
+                last = (await resp.text())[:2000]
+                if resp.status == 429 or resp.status >= 500:
+                    reason, retry_after = f"http_{resp.status}", _retry_after(resp.headers)
+                else:
+                    stats.failures += 1
+                    raise HttpError(f"{method} {url} -> HTTP {resp.status}: {last}", resp.status, last)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
+            reason, last = "connection", f"{type(e).__name__}: {e}"
+        except asyncio.TimeoutError:
+            reason, last = "timeout", f"no answer within {timeout:.1f}s"
+        if attempt >= policy.max_retries:
+            stats.failures += 1
+            raise HttpError(f"{method} {url} failed after {attempt + 1} attempt(s), last: {reason}: {last}")
+        stats.retries[reason] += 1
+        await asyncio.sleep(policy.delay(attempt, retry_after))
+        attempt += 1
+
+
+async def post(url: str, payload: Any, **kw: Any) -> Any:
+    return await request_json("POST", url, payload, **kw)
+
+
+async def get(url: str, **kw: Any) -> Any:
+    return await request_json("GET", url, None, **kw)

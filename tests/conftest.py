@@ -1,0 +1,64 @@
+"""Shared fixtures: hermetic environment (no hub, offline wandb, loopback only), one Ray
+cluster per test session, and the tiny model."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_WORK = Path(os.environ.get("SLIME_TEST_WORKDIR") or tempfile.mkdtemp(prefix="slime-test-"))
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+for var, sub in (("WANDB_DIR", "wandb"), ("WANDB_CACHE_DIR", "wandb-cache"),
+                 ("WANDB_DATA_DIR", "wandb-data"), ("WANDB_CONFIG_DIR", "wandb-config")):
+    os.environ.setdefault(var, str(_WORK / sub))
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Path:
+    return _WORK
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 with the real Qwen3 chat tokenizer (see slime/utils/tiny_model.py)."""
+    from slime.utils.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for the whole session (ray.init costs ~3 s)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(_ray_tmp()),
+                 runtime_env={"env_vars": _ray_env()}, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _ray_tmp() -> Path:
+    # Ray's socket paths must stay short (AF_UNIX limit ~107 bytes).
+    p = Path(tempfile.gettempdir()) / f"sr{os.getpid()}"
+    p.mkdir(exist_ok=True)
+    return p
+
+
+def _ray_env() -> dict[str, str]:
+    keys = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
+            "WANDB_MODE", "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "PYTHONPATH")
+    env = {k: os.environ[k] for k in keys if k in os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env

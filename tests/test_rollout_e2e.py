@@ -1,0 +1,297 @@
+"""The rollout service end to end on a CPU box: real Ray, the real sglang-router, two embedded
+engines serving the tiny model. Exact tokens and log-probs, group-normalised rewards, debug
+save/load, external router, router restart, engine kill mid-rollout, clean failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import requests
+import torch
+
+from slime.rollout.debug_data import load_debug_rollout
+from slime.utils.args import parse_args
+from slime.utils.types import Sample
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_PROMPTS, N_SAMPLES, MAX_LEN = 3, 2, 12
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}], "label": str(2 * i)}
+            for i in range(8)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    return d
+
+
+def base_argv(tiny_model_dir, data_files, tmp, *extra):
+    return ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(data_files / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
+            "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "1",
+            "--engine-threads", "1", "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt",
+            str(N_SAMPLES), "--rollout-max-response-len", str(MAX_LEN), "--log-dir", str(tmp / "logs"), *extra]
+
+
+@pytest.fixture(scope="module")
+def manager(ray_cluster, tiny_model_dir, data_files, tmp_path_factory):
+    import ray
+
+    from slime.ray.rollout_manager import RolloutManager
+
+    tmp = tmp_path_factory.mktemp("e2e")
+    args = parse_args(base_argv(tiny_model_dir, data_files, tmp, "--custom-rm-path",
+                                "tests.plugins.rewards.token_parity_rm",
+                                "--save-debug-rollout-data", str(tmp / "debug" / "rollout_{rollout_id}.pt"),
+                                "--save-debug-train-data", str(tmp / "debug" / "train_{rollout_id}.pt"),
+                                "--eval-prompt-data", "mini", str(data_files / "eval.jsonl"),
+                                "--n-samples-per-eval-prompt", "2"))
+    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
+    info = ray.get(m.start.remote())
+    yield m, info, tmp, args
+    ray.get(m.shutdown.remote())
+
+
+def teacher_forced_logprobs(model_dir, tokens, prompt_len):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    return [lp[i - 1, tokens[i]].item() for i in range(prompt_len, len(tokens))]
+
+
+def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
+    import ray
+    from transformers import AutoTokenizer
+
+    m, info, tmp, args = manager
+    assert len(info["engine_urls"]) == 2
+    batch = ray.get(ray.get(m.generate.remote(0)).inner)
+    n = N_PROMPTS * N_SAMPLES
+    assert set(batch) >= {"tokens", "response_lengths", "rewards", "raw_reward", "truncated", "sample_indices",
+                          "loss_masks", "rollout_log_probs"}
+    assert all(len(v) == n for v in batch.values())
+    assert sorted(batch["sample_indices"]) == list(range(n))
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    samples = load_debug_rollout(args.save_debug_rollout_data, 0)
+    by_index = {s.index: s for s in samples}
+    for i in range(n):
+        s = by_index[batch["sample_indices"][i]]
+        prompt = tok.apply_chat_template(s.metadata["messages"], tokenize=False, add_generation_prompt=True)
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        tokens, rl = batch["tokens"][i], batch["response_lengths"][i]
+        assert tokens[:len(prompt_ids)] == prompt_ids and len(tokens) == len(prompt_ids) + rl
+        assert batch["loss_masks"][i] == [1] * rl and len(batch["rollout_log_probs"][i]) == rl
+        # the log-probs are the engine's own for exactly these tokens (temperature 1)
+        expect = teacher_forced_logprobs(tiny_model_dir, tokens, len(prompt_ids))
+        assert batch["rollout_log_probs"][i] == pytest.approx(expect, abs=2e-3)
+        # status from finish reason: hitting the length limit is TRUNCATED
+        assert batch["truncated"][i] == (1 if rl == MAX_LEN and s.metadata["finish_reason"] == "length" else 0)
+        assert batch["raw_reward"][i] == float(sum(tokens[len(prompt_ids):]) % 3)
+    # GRPO: normalised within each group, never across the batch
+    groups = {}
+    for i, idx in enumerate(batch["sample_indices"]):
+        groups.setdefault(by_index[idx].group_index, []).append(i)
+    assert len(groups) == N_PROMPTS
+    for members in groups.values():
+        raw = [batch["raw_reward"][i] for i in members]
+        mean = sum(raw) / len(raw)
+        std = (sum((r - mean) ** 2 for r in raw) / (len(raw) - 1)) ** 0.5
+        for i in members:
+            assert batch["rewards"][i] == pytest.approx((batch["raw_reward"][i] - mean) / (std + 1e-6))
+    # both engines served requests through the router
+    for url in info["engine_urls"]:
+        assert requests.get(f"{url}/metrics", timeout=5).text.count("sglang:num_requests_total") >= 1
+        load = requests.get(f"{url}/metrics", timeout=5).text
+        served = [float(line.rsplit(" ", 1)[1]) for line in load.splitlines()
+                  if line.startswith("sglang:num_requests_total")]
+        assert served and served[0] > 0
+    summary = ray.get(m.last_summary.remote())
+    assert summary["samples"] == n and summary["rollout_id"] == 0
+
+
+def test_debug_round_trip_without_engines(manager, ray_cluster, tiny_model_dir, data_files):
+    import ray
+
+    from slime.ray.rollout_manager import RolloutManager
+
+    m, info, tmp, args = manager
+    saved = torch.load(tmp / "debug" / "train_0.pt", weights_only=True)["data"]
+    replay_args = parse_args(base_argv(tiny_model_dir, data_files, tmp, "--custom-rm-path",
+                                       "tests.plugins.rewards.token_parity_rm", "--load-debug-rollout-data",
+                                       args.save_debug_rollout_data))
+    r = ray.remote(RolloutManager).options(num_cpus=0).remote(replay_args)
+    try:
+        replay_info = ray.get(r.start.remote())
+        assert replay_info["engine_urls"] == [] and replay_info["router_url"] is None
+        batch = ray.get(ray.get(r.generate.remote(0)).inner)
+        assert batch == saved
+    finally:
+        ray.get(r.shutdown.remote())
+
+
+def test_status_answers_while_rollout_runs_and_eval(manager):
+    import ray
+
+    m, _, _, _ = manager
+    ref = m.generate.remote(1)
+    seen = set()
+    while True:
+        ready, _ = ray.wait([ref], timeout=0.05)
+        st = ray.get(m.status.remote())
+        seen.add(st["phase"])
+        assert st["router_url"]
+        if ready:
+            break
+    ray.get(ref)
+    assert "rollout" in seen
+    result = ray.get(m.eval.remote(1))
+    assert result["mini"]["samples"] == 4 and 0 <= result["mini"]["truncated_ratio"] <= 1
+
+
+def test_offload_onload_really_release(manager):
+    import ray
+
+    m, info, _, _ = manager
+    ray.get(m.offload.remote())
+    url = info["engine_urls"][0]
+    r = requests.post(f"{url}/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 503
+    ray.get(m.onload.remote())
+    r = requests.post(f"{url}/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 200
+
+
+def test_router_restarts_after_kill(manager):
+    import ray
+
+    m, info, _, _ = manager
+    old = ray.get(m.router_pid.remote())
+    os.kill(old, signal.SIGKILL)
+    batch = ray.get(ray.get(m.generate.remote(2)).inner)
+    assert len(batch["tokens"]) == N_PROMPTS * N_SAMPLES
+    st = ray.get(m.status.remote())
+    assert st["router_restarts"] == 1 and st["router_pid"] != old
+    assert ray.get(m.router_alive.remote())
+
+
+def test_engine_killed_mid_rollout_loses_nothing(manager):
+    """Engine 0 is paused so requests pile up on it, then killed: they are retried on engine 1."""
+    import ray
+
+    m, info, _, _ = manager
+    victim = info["engine_urls"][0]
+    requests.post(f"{victim}/pause_generation", json={}, timeout=10)
+    ref = m.generate.remote(3)
+    deadline = time.monotonic() + 60
+    while requests.get(f"{victim}/get_load", timeout=5).json().get("num_reqs", 0) == 0:
+        assert time.monotonic() < deadline, "no request reached the paused engine"
+        time.sleep(0.05)
+    ray.get(m.kill_engine.remote(0))
+    batch = ray.get(ray.get(ref).inner)
+    n = N_PROMPTS * N_SAMPLES
+    assert len(batch["tokens"]) == n and sorted(batch["sample_indices"]) == sorted(set(batch["sample_indices"]))
+    summary = ray.get(m.last_summary.remote())
+    assert summary["samples"] == n and summary["failed"] == 0 and summary["engine_retries"] >= 1
+
+
+def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path):
+    import ray
+
+    from slime.backends.router import Router
+    from slime.ray.rollout_manager import RolloutManager
+
+    router = Router().start()
+    try:
+        args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact",
+                                    "--rollout-num-engines", "1", "--sglang-router-ip", router.host,
+                                    "--sglang-router-port", str(router.port)))
+        m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+        info = ray.get(m.start.remote())
+        assert info["router_url"] == router.url and info["router_pid"] is None
+        assert [w["url"] for w in router.list_workers()] == info["engine_urls"]
+        batch = ray.get(ray.get(m.generate.remote(0)).inner)
+        assert len(batch["tokens"]) == N_PROMPTS * N_SAMPLES
+        ray.get(m.shutdown.remote())
+        assert router.alive()  # we never stop a router we did not start
+    finally:
+        router.stop()
+
+
+def _procs_with(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in c for c in (p.info["cmdline"] or [])):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_engine_that_fails_to_start_reports_log_and_leaves_nothing(ray_cluster, tmp_path, data_files):
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    from slime.ray.rollout_manager import RolloutManager
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ this is not json")
+    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(broken), "--prompt-data",
+                       str(data_files / "train.jsonl"), "--input-key", "messages", "--rollout-num-engines", "2",
+                       "--engine-startup-timeout", "120", "--log-dir", str(tmp_path / "logs")])
+    before = {pg_id for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"}
+    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+    with pytest.raises(ray.exceptions.RayTaskError) as e:
+        ray.get(m.start.remote())
+    msg = str(e.value)
+    assert "EngineStartError" in msg and "process exited with code" in msg and "--- last" in msg
+    assert str(broken) in msg  # the log tail names what it failed to load
+    assert _procs_with(str(broken)) == []
+    after = {pg_id for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"}
+    assert after <= before
+
+
+def test_ctrl_c_stops_everything(tiny_model_dir, data_files, tmp_path):
+    logs = tmp_path / "ctrlc-logs"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "-m", "slime", *base_argv(tiny_model_dir, data_files, tmp_path,
+                            "--rm-type", "exact", "--num-rollout", "1000", "--log-dir", str(logs))],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("rollout 0:"):
+            break
+    else:
+        pytest.fail("slime never reported a rollout:\n" + "".join(lines[-40:]))
+    started = psutil.Process(proc.pid).children(recursive=True)
+    cmdlines = [" ".join(p.cmdline()) for p in started]
+    assert sum("slime.backends.hf_server" in c for c in cmdlines) == 2
+    assert sum("sglang::router" in c or "sglang_router.launch_router" in c for c in cmdlines) == 1
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines[-20:]) + out[-3000:]
+    assert "interrupted" in out
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert [" ".join(p.cmdline()) for p in alive] == []
+
+
+def test_bad_plugin_path_fails_before_starting_anything(tiny_model_dir, data_files, tmp_path, capsys):
+    from slime.rollout_main import main
+
+    rc = main(base_argv(tiny_model_dir, data_files, tmp_path, "--rollout-function-path", "no_such.module.fn"))
+    err = capsys.readouterr().err
+    assert rc == 1 and "--rollout-function-path 'no_such.module.fn'" in err and "No module named 'no_such'" in err

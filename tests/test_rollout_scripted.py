@@ -1,0 +1,202 @@
+"""The default rollout function against scripted engines behind the real sglang-router:
+exact token accounting, concurrency bound, classified retries, statuses, filters and buffer."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from slime.backends.router import Router
+from slime.backends.scripted_engine import ScriptedEngine, default_log_prob
+from slime.rollout.data_source import DataSource, build_prompt_samples
+from slime.rollout.engine_client import GenerateState
+from slime.rollout.sglang_rollout import generate_rollout
+from slime.utils.args import parse_args
+from slime.utils.misc import find_free_port
+from slime.utils.types import Sample
+
+
+class Script:
+    """Answers each prompt with ids derived from it, so the test can predict every token."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.fail_next = 0
+        self.calls = 0
+
+    @staticmethod
+    def expected(prompt_ids, max_new):
+        n = min(3 + prompt_ids[-1] % 4, max_new)
+        return [100 + (prompt_ids[-1] + i) % 50 for i in range(n)], ("length" if n == max_new else "stop")
+
+    async def __call__(self, body):
+        import asyncio
+
+        from fastapi import HTTPException
+
+        with self.lock:
+            self.calls += 1
+            if self.fail_next:
+                self.fail_next -= 1
+                raise HTTPException(status_code=503, detail="engine restarting")
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            ids, finish = self.expected(body["input_ids"], body["sampling_params"]["max_new_tokens"])
+            return {"output_ids": ids, "finish_type": finish, "text": " ".join(map(str, ids))}
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    script = Script()
+    engines = [ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start() for _ in range(2)]
+    router = Router().start()
+    for e in engines:
+        router.add_worker(e.url)
+    yield router, engines, script
+    router.stop()
+    for e in engines:
+        e.stop()
+
+
+def make_args(tmp_path, router, tiny_model_dir, *extra):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"question number {i}", "label": str(i)}) + "\n"
+                            for i in range(10)))
+    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
+                       "--label-key", "label", "--sglang-router-ip", router.host, "--sglang-router-port",
+                       str(router.port), "--rm-type", "exact", "--rollout-batch-size", "4",
+                       "--n-samples-per-prompt", "3", "--rollout-max-response-len", "5", *extra])
+    return args
+
+
+def data_source(args, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    return DataSource.from_args(args, tok), tok
+
+
+def test_exact_tokens_masks_logprobs_and_statuses(tmp_path, cluster, tiny_model_dir):
+    router, engines, script = cluster
+    args = make_args(tmp_path, router, tiny_model_dir)
+    src, tok = data_source(args, tiny_model_dir)
+    out = generate_rollout(args, 0, src)
+    groups = out.samples
+    assert [len(g) for g in groups] == [3, 3, 3, 3]
+    for g in groups:
+        assert len({s.group_index for s in g}) == 1
+        for s in g:
+            prompt = tok(s.prompt, add_special_tokens=False)["input_ids"]
+            ids, finish = Script.expected(prompt, 5)
+            assert s.tokens == prompt + ids
+            assert s.response_length == len(ids) and s.loss_mask == [1] * len(ids)
+            assert s.rollout_log_probs == [default_log_prob(i) for i in range(len(ids))]
+            assert s.status == (Sample.Status.TRUNCATED if finish == "length" else Sample.Status.COMPLETED)
+            assert s.reward == 0.0 and s.response == " ".join(map(str, ids))
+    assert sorted(s.index for g in groups for s in g) == list(range(12))
+    # both engines served traffic through the router
+    assert all(e.requests for e in engines)
+    assert out.metrics["perf/engine_retries"] == 0
+
+
+def test_concurrency_bound_holds(tmp_path, cluster, tiny_model_dir):
+    router, _, script = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--sglang-server-concurrency", "2",
+                     "--rollout-batch-size", "6")
+    src, _ = data_source(args, tiny_model_dir)
+    script.max_in_flight = 0
+    generate_rollout(args, 0, src)
+    assert script.max_in_flight == 2
+
+
+def test_5xx_retried_and_counted_4xx_not(tmp_path, cluster, tiny_model_dir):
+    router, _, script = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-batch-size", "1", "--n-samples-per-prompt", "1")
+    src, _ = data_source(args, tiny_model_dir)
+    script.fail_next = 2
+    out = generate_rollout(args, 0, src)
+    assert out.metrics["perf/engine_retries"] == 2
+    assert GenerateState.get(args).stats.retries["http_503"] >= 2
+    assert out.samples[0][0].status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+    # a retry budget of 0 turns the same fault into a FAILED sample, reported with its error
+    args.request_max_retries = 0
+    script.fail_next = 1
+    out = generate_rollout(args, 1, src)
+    s = out.samples[0][0]
+    assert s.status == Sample.Status.FAILED and "503" in s.metadata["error"]
+    assert s.response_length == 0 and s.loss_mask == []
+
+
+async def test_4xx_is_not_retried(cluster):
+    from slime.utils.http import HttpError, HttpStats, post
+
+    router, _, _ = cluster
+    stats = HttpStats()
+    with pytest.raises(HttpError) as e:
+        await post(f"{router.url}/generate", {"sampling_params": "not a dict"}, timeout=5, stats=stats)
+    assert 400 <= e.value.status < 500 and stats.total_retries == 0
+
+
+def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir):
+    router, engines, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-max-context-len", "8",
+                     "--rollout-batch-size", "1", "--n-samples-per-prompt", "1")
+    src, tok = data_source(args, tiny_model_dir)
+    for e in engines:
+        e.requests.clear()
+    s = generate_rollout(args, 0, src).samples[0][0]
+    assert len(s.tokens) == 8 and s.status == Sample.Status.TRUNCATED
+    [sent] = [r for e in engines for r in e.requests]
+    assert sent["input_ids"] == s.tokens[:s.prompt_length]
+    assert sent["sampling_params"]["max_new_tokens"] == 8 - s.prompt_length
+
+
+def test_dynamic_filter_keeps_target_and_returns_leftovers(tmp_path, cluster, tiny_model_dir):
+    router, _, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-batch-size", "2", "--over-sampling-batch-size",
+                     "4", "--n-samples-per-prompt", "2", "--dynamic-sampling-filter-path",
+                     "tests.test_rollout_scripted.keep_even_groups")
+    src, _ = data_source(args, tiny_model_dir)
+    out = generate_rollout(args, 0, src)
+    assert len(out.samples) == 2
+    assert all(g[0].group_index % 2 == 0 for g in out.samples)
+    dropped = out.metrics.get("rollout/dropped_groups_odd", 0)
+    # prompts never lost: kept + dropped + buffered = every group handed out
+    handed = src.group_counter
+    assert handed >= 4 and len(out.samples) + dropped + src.get_buffer_length() == handed
+    odd_buffered = sum(g[0].group_index % 2 for g in src.buffer)
+    assert dropped + odd_buffered == handed // 2
+    for g in src.buffer:
+        assert all(s.status == Sample.Status.PENDING and s.response_length == 0 for s in g)
+
+
+def keep_even_groups(args, group):
+    from slime.rollout.base_types import DynamicFilterOutput
+
+    keep = group[0].group_index % 2 == 0
+    return DynamicFilterOutput(keep=keep, reason=None if keep else "odd")
+
+
+def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
+    from slime.ray.rollout_controller import flatten_groups
+    from slime.utils.misc import load_function
+
+    router, _, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-function-path",
+                     "tests.plugins.slime_style_rollout.generate_rollout")
+    src, tok = data_source(args, tiny_model_dir)
+    fn = load_function(args.rollout_function_path, "--rollout-function-path")
+    samples, _ = flatten_groups(fn(args, 0, src))
+    assert len(samples) == 12 and all(s.metadata["custom"] for s in samples)
+    s = samples[0]
+    prompt = tok(s.prompt, add_special_tokens=False)["input_ids"]
+    assert s.tokens == prompt + Script.expected(prompt, 5)[0]

@@ -1,0 +1,236 @@
+"""Tool system without engines: registry, schemas, parser, built-in tools, template checks."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from slime.tools.args import add_tool_arguments, tool_defaults
+from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only
+from slime.tools.example_tools import CalculatorTool, safe_eval
+from slime.tools.gsm8k_tool import Gsm8kTool, extract_number
+from slime.tools.registry import ToolConfigError, ToolSet, get_tool_set, load_tool_config
+from slime.tools.schemas import OpenAIFunctionToolSchema
+from slime.tools.tool_parser import PARSERS, ParseError, ToolCall, get_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NESTED_TOOL = """
+tools:
+  - class_name: slime.tools.example_tools.CalculatorTool
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: search
+        description: nested schema
+        parameters:
+          type: object
+          properties:
+            query: {type: string, description: what to look for}
+            mode: {type: string, enum: [fast, exact], default: fast}
+            filters:
+              type: object
+              properties:
+                year: {type: integer, minimum: 1900}
+                tags: {type: array, items: {type: string}}
+              required: [year]
+          required: [query]
+"""
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from slime.utils.tiny_model import qwen_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+
+
+def write(tmp_path: Path, text: str, name: str = "tools.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+# ---- registry -----------------------------------------------------------------------------------
+def test_tools_registration():
+    tools = load_tool_config(ROOT / "configs" / "gsm8k_tool.yaml")
+    assert tools.names == ["calc_gsm8k_reward"]
+    assert isinstance(tools["calc_gsm8k_reward"], Gsm8kTool)
+    example = load_tool_config(ROOT / "configs" / "example_tool.yaml")
+    assert isinstance(example["calculator"], CalculatorTool)
+    # built once per process and shared
+    a = get_tool_set(ROOT / "configs" / "gsm8k_tool.yaml")
+    assert a is get_tool_set(str(ROOT / "configs" / "gsm8k_tool.yaml"))
+    assert a["calc_gsm8k_reward"] is get_tool_set(ROOT / "configs" / "gsm8k_tool.yaml")["calc_gsm8k_reward"]
+
+
+def test_schema_keeps_full_json_schema(tmp_path):
+    tools = load_tool_config(write(tmp_path, NESTED_TOOL))
+    schema = tools.schemas()[0]["function"]["parameters"]
+    assert schema["properties"]["mode"] == {"type": "string", "enum": ["fast", "exact"], "default": "fast"}
+    filters = schema["properties"]["filters"]
+    assert filters["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
+    assert filters["properties"]["year"] == {"type": "integer", "minimum": 1900}
+    assert filters["required"] == ["year"]
+    # round trip through the pydantic model keeps everything
+    again = OpenAIFunctionToolSchema.model_validate(tools.schemas()[0]).to_openai()
+    assert again == tools.schemas()[0]
+
+
+def test_argument_validation(tmp_path):
+    tools = load_tool_config(write(tmp_path, NESTED_TOOL))
+    ok, err = tools.check_arguments("search", {"query": "x", "filters": {"year": 2000, "tags": ["a"]}})
+    assert err is None and ok["mode"] == "fast"  # default filled
+    for bad, needle in [({}, "'query' is a required property"),
+                        ({"query": 3}, "query: 3 is not of type 'string'"),
+                        ({"query": "x", "mode": "slow"}, "mode: 'slow' is not one of"),
+                        ({"query": "x", "filters": {"year": 1800}}, "filters/year"),
+                        ({"query": "x", "filters": {"year": 2000, "tags": [1]}}, "filters/tags/0"),
+                        ({"query": "x", "timeout": 99}, "Additional properties are not allowed"),
+                        ([1, 2], "must be a JSON object")]:
+        got, err = tools.check_arguments("search", bad)
+        assert got is None and needle in err, (bad, err)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("tools: {}", "expected a top-level 'tools:' list"),
+    ("tools: [{config: {type: native}, tool_schema: {function: {name: a}}}]", "tools[0].class_name: required"),
+    ("tools: [{class_name: nope.Missing, tool_schema: {function: {name: a}}}]", "tools[0].class_name: "),
+    ("tools: [{class_name: slime.tools.schemas.ToolResponse, tool_schema: {function: {name: a}}}]",
+     "not a subclass of slime.tools.BaseTool"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, config: {type: mcp}, "
+     "tool_schema: {function: {name: a}}}]", "tools[0].config.type: 'mcp' is not supported"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool}]", "tools[0].tool_schema: required"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {description: x}}}]",
+     "tools[0].tool_schema.function.name: Field required"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {name: a, "
+     "parameters: {type: object, properties: {x: {type: 5}}}}}}]", "tools[0].tool_schema.function.parameters"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {name: a}}},"
+     " {class_name: slime.tools.gsm8k_tool.Gsm8kTool, tool_schema: {function: {name: a}}}]",
+     "tools[1].tool_schema.function.name: duplicate tool name 'a' (already used by tools[0])"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, config: {key: '${SLIME_NOPE_VAR}'}, "
+     "tool_schema: {function: {name: a}}}]", "tools[0].config.key: environment variable 'SLIME_NOPE_VAR'"),
+    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, extra: 1, tool_schema: {function: {name: a}}}]",
+     "tools[0]: unknown field(s) ['extra']"),
+    ("tools: [", "invalid YAML"),
+])
+def test_registry_errors_name_file_entry_field(tmp_path, body, needle):
+    path = write(tmp_path, body, "bad.yaml")
+    with pytest.raises(ToolConfigError) as e:
+        load_tool_config(path)
+    assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_env_expansion(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLIME_TEST_URL", "http://x")
+    path = write(tmp_path, "tools: [{class_name: slime.tools.example_tools.CalculatorTool, "
+                           "config: {url: '${SLIME_TEST_URL}/run'}, tool_schema: {function: {name: a}}}]")
+    assert load_tool_config(path)["a"].config["url"] == "http://x/run"
+
+
+# ---- parser -------------------------------------------------------------------------------------
+def test_hermes_parser_several_calls_and_errors():
+    p = get_parser("hermes")
+    assert {"hermes", "qwen"} <= set(PARSERS)
+    text = ('I will check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
+            '<tool_call>{"name": "c", "arguments": {"x": }</tool_call>'
+            '<tool_call>{"arguments": {}}</tool_call>'
+            '<tool_call>{"name": "d", "arguments": {"x"')
+    r = p.parse(text, cut_off=True)
+    assert r.content == "I will check."
+    assert [(c.name, c.arguments) for c in r.calls] == [("a", {"x": 1}), ("b", {"y": 2})]
+    assert [e.kind for e in r.errors] == ["malformed_json", "bad_call", "cut_off"]
+    assert [type(i) for i in r.items] == [ToolCall, ToolCall, ParseError, ParseError, ParseError]
+    assert p.parse(text, cut_off=False).errors[-1].kind == "unclosed"
+    assert p.parse("no calls here").items == []
+    assert p.parse("x</tool_call>").errors[0].kind == "unmatched_close"
+    with pytest.raises(ValueError, match="unknown parser"):
+        get_parser("nope")
+
+
+# ---- built-in tools -----------------------------------------------------------------------------
+async def test_gsm8k_tool_lifecycle():
+    tool = load_tool_config(ROOT / "configs" / "gsm8k_tool.yaml")["calc_gsm8k_reward"]
+    iid, resp = await tool.create("i1", ground_truth="Natalia sold ... #### 72")
+    assert iid == "i1" and resp.text is None
+    r, step, _ = await tool.execute(iid, {"answer": "71"})
+    assert step == -0.05 and "reward=0.0" in r.text
+    r, step, _ = await tool.execute(iid, {"answer": "$72.00"})
+    assert step == 0.0 and "reward=1.0" in r.text
+    assert await tool.calc_reward(iid) == 1.0
+    await tool.release(iid)
+    assert iid not in tool._state
+    assert extract_number("#### 1,234") == extract_number("1234.0")
+
+
+async def test_calculator_is_stateless_and_safe():
+    tool = load_tool_config(ROOT / "configs" / "example_tool.yaml")["calculator"]
+    r, _, m = await tool.execute("any", {"expression": "(3 + 4) * 12"})
+    assert r.text == "84" and m == {"ok": 1}
+    r, _, m = await tool.execute("any", {"expression": "__import__('os')"})
+    assert r.text.startswith("error") and m == {"ok": 0}
+    assert (await tool.execute("any", {"expression": "1/0"}))[0].text == "error: division by zero"
+    with pytest.raises(ValueError):
+        safe_eval("9 ** 9999")
+
+
+# ---- chat template checks -----------------------------------------------------------------------
+def test_qwen3_template_append_only_for_thinking_turns(tok):
+    tools = load_tool_config(ROOT / "configs" / "example_tool.yaml").schemas()
+    d = ChatDelta(tok)
+    assert d.eot_text == "<|im_end|>\n" and d.stop_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert check_append_only(d, tools).ok
+
+
+def test_drifting_template_is_reported(tok):
+    # Qwen3 without thinking drops the empty <think> block of past turns: history changes.
+    rep = check_append_only(ChatDelta(tok, {"enable_thinking": False}), [])
+    assert not rep.ok and rep.turn == 1 and "<think>" in rep.detail
+
+
+def test_non_append_only_template_refused_or_warned(tok, caplog):
+    from rollout_plugins.multi_turn import MultiTurnContext
+
+    class Tok:  # a template that numbers messages from the end: every new turn rewrites history
+        def __init__(self, inner):
+            self.inner = inner
+            self.all_special_ids, self.eos_token_id, self.chat_template = inner.all_special_ids, inner.eos_token_id, ""
+
+        def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False, **kw):
+            n = len(messages)
+            out = "".join(f"<|im_start|>{m['role']} {n - i}\n{m['content']}<|im_end|>\n" for i, m in enumerate(messages))
+            return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+        def encode(self, text, add_special_tokens=False):
+            return self.inner.encode(text, add_special_tokens=False)
+
+        def decode(self, ids, **kw):
+            return self.inner.decode(ids, **kw)
+
+    args = argparse.Namespace(**{**tool_defaults(), "hf_checkpoint": "weird-model"})
+    with pytest.raises(TemplateDriftError, match="weird-model.*not append-only.*--chat-template-check warn"):
+        MultiTurnContext(args, tokenizer=Tok(tok))
+    args.chat_template_check = "warn"
+    with caplog.at_level(logging.WARNING):
+        ctx = MultiTurnContext(args, tokenizer=Tok(tok))
+    assert not ctx.template_report.ok and "not append-only" in caplog.text
+    args.chat_template_check = "off"
+    assert MultiTurnContext(args, tokenizer=Tok(tok)).template_report is None
+
+
+def test_tool_flags():
+    p = add_tool_arguments(argparse.ArgumentParser())
+    a = p.parse_args(["--tool-config-path", "x.yaml", "--max-turns", "3", "--tool-reward-mode", "add",
+                      "--tool-response-truncate-side", "left", "--max-tokens-per-turn", "64"])
+    assert (a.tool_config_path, a.max_turns, a.tool_reward_mode, a.max_tokens_per_turn) == ("x.yaml", 3, "add", 64)
+    d = tool_defaults()
+    assert d["tool_call_parser"] == "hermes" and d["chat_template_check"] == "error"
+    assert ToolSet([]).names == []

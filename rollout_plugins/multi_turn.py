@@ -54,6 +54,9 @@ class MultiTurnContext:
         self.parser = get_parser(_arg(args, "tool_call_parser", "hermes"))
         kw = _arg(args, "apply_chat_template_kwargs", {})
         self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
+        if not self.delta.renders_tools and self.tools.names:
+            logger.warning("the chat template ignores `tools`: tool schemas are described in the system message "
+                           "(Hermes format) instead")
         self.check_mode = _arg(args, "chat_template_check", "error")
         self.template_report = None
         if self.check_mode != "off":
@@ -81,6 +84,9 @@ class MultiTurnContext:
             logger.warning(msg)
 
 
+_OPTIONAL_KEYS = ("dropped_tool_tokens", "error", "template_drift_detail", "tool_create_responses", "outcome_reward")
+
+
 class Trajectory:
     """One sample's conversation: token buffers, tool instances and the bookkeeping for metadata."""
 
@@ -95,10 +101,14 @@ class Trajectory:
         self.mask: list[int] = []
         self.logps: list[float] = []
         self.messages: list[dict[str, Any]] | None = None
+        self.schemas: list[dict[str, Any]] = []
         self.kwargs: dict[str, dict[str, Any]] = {}
         self.instances: dict[str, str] = {}
         self.attempted: dict[str, str] = {}  # name -> instance id, for every create tried
         self.status, self.reason = Sample.Status.PENDING, ""
+        for key in _OPTIONAL_KEYS:  # left over from an earlier (aborted, recycled) attempt
+            sample.metadata.pop(key, None)
+        sample.weight_versions = []
         self.meta: dict[str, Any] = {
             "turns": 0, "tool_calls": Counter(), "tool_errors": [], "parse_errors": [], "step_rewards": [],
             "tool_rewards": {}, "non_generation_time": 0.0, "turn_spans": [], "turn_overhead_s": [],
@@ -110,12 +120,19 @@ class Trajectory:
         named = self.sample.metadata.get("tools_kwargs") or {}
         if not isinstance(named, dict):
             raise ValueError(f"tools_kwargs must be a mapping of tool name -> kwargs, got {type(named).__name__}")
+        # Parquet stores tools_kwargs as a struct over all rows' tool names: absent tools come back as None.
+        named = {n: v for n, v in named.items() if v is not None}
         unknown = [n for n in named if n not in self.ctx.tools]
         if unknown:
             raise ValueError(f"tools_kwargs names tool(s) {unknown} that are not in the tool config "
                              f"({self.ctx.tools.source}: {self.ctx.tools.names})")
-        self.kwargs = {n: dict(v or {}) for n, v in named.items()}
+        self.kwargs = {n: dict(v) if isinstance(v, dict) else {} for n, v in named.items()}
         return list(named) if named else self.ctx.tools.names
+
+    def kw(self, name: str, section: str) -> dict[str, Any]:
+        """`tools_kwargs[name][section]` as a dict ({} when absent or null)."""
+        value = self.kwargs.get(name, {}).get(section)
+        return value if isinstance(value, dict) else {}
 
     def build_prompt(self, names: list[str]) -> None:
         s = self.sample
@@ -143,7 +160,7 @@ class Trajectory:
 
         async def one(name: str) -> None:
             self.attempted[name] = iid
-            got, resp = await self.ctx.tools[name].create(iid, **self.kwargs.get(name, {}).get("create_kwargs", {}))
+            got, resp = await self.ctx.tools[name].create(iid, **self.kw(name, "create_kwargs"))
             self.instances[name] = self.attempted[name] = got or iid
             if resp is not None and (resp.text or resp.image or resp.video):
                 self.meta.setdefault("tool_create_responses", {})[name] = resp.text
@@ -158,7 +175,7 @@ class Trajectory:
         async def one(name: str) -> None:
             iid = self.attempted[name]
             try:
-                await self.ctx.tools[name].release(iid, **self.kwargs.get(name, {}).get("release_kwargs", {}))
+                await self.ctx.tools[name].release(iid, **self.kw(name, "release_kwargs"))
             except Exception as e:  # noqa: BLE001 - a failing release must not hide the others
                 self.meta["tool_errors"].append({"turn": None, "tool": name, "kind": "release",
                                                  "message": f"{type(e).__name__}: {e}"})
@@ -208,13 +225,11 @@ class Trajectory:
             model_ids = out.token_ids
             text_ids = model_ids[:-1] if model_ids and model_ids[-1] == self.ctx.delta.stop_id else model_ids
             cut = out.finish_type == "length"
-            parsed = self.ctx.parser.parse(self.ctx.tok.decode(text_ids, skip_special_tokens=False), cut_off=cut)
+            text = self.ctx.tok.decode(text_ids, skip_special_tokens=False)
+            parsed = self.ctx.parser.parse(text, cut_off=cut)
             if self.messages is not None:
-                msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-                if parsed.calls:
-                    msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                         for c in parsed.calls]
-                self.messages.append(msg)
+                self.messages.append(self.ctx.delta.assistant_message(
+                    parsed.content, [(c.name, c.arguments) for c in parsed.calls], text))
             if cut and limit != "turn_cap":
                 self._record_unanswered(parsed, turn, "the response budget ran out")
                 return self._end(Sample.Status.TRUNCATED, f"{limit}_exhausted")
@@ -230,15 +245,25 @@ class Trajectory:
             tool_msgs = await self.run_calls(parsed.items, turn)
             self.meta["non_generation_time"] += time.perf_counter() - t1
             t2 = time.perf_counter()
-            delta = self.ctx.delta.tool_delta_ids(tool_msgs, model_ids)
-            if len(delta) > min(self._budgets())[0]:
-                self.meta["dropped_tool_tokens"] = len(delta)
+            if not self.add_tool_turn(tool_msgs, model_ids, turn):
                 return self._end(Sample.Status.TRUNCATED, "budget_exhausted_in_tool_response")
-            self._append(delta, None, turn, "tool")
-            if self.messages is not None:
-                self.messages.extend(tool_msgs)
             self.meta["turn_overhead_s"].append(prep + time.perf_counter() - t2)
         return self._end(Sample.Status.TRUNCATED, "max_turns")
+
+    def add_tool_turn(self, tool_msgs: list[dict[str, Any]], model_ids: list[int], turn: int) -> bool:
+        """Append the template's tokens for the tool results (mask 0); False when they do not fit.
+
+        A tool response that does not fit the remaining budget is not appended in part: masked
+        tokens at the very end would cost compute and teach nothing.
+        """
+        delta = self.ctx.delta.tool_delta_ids(tool_msgs, model_ids)
+        if len(delta) > min(self._budgets())[0]:
+            self.meta["dropped_tool_tokens"] = len(delta)
+            return False
+        self._append(delta, None, turn, "tool")
+        if self.messages is not None:
+            self.messages.extend(tool_msgs)
+        return True
 
     def _record_unanswered(self, parsed: Any, turn: int, why: str) -> None:
         for item in parsed.items:
@@ -292,7 +317,7 @@ class Trajectory:
         self.meta["tool_calls"][call.name] += 1
         try:
             coro = tool.execute(self.instances[call.name], arguments,
-                                **self.kwargs.get(call.name, {}).get("execute_kwargs", {}))
+                                **self.kw(call.name, "execute_kwargs"))
             resp, step_reward, _metrics = await (asyncio.wait_for(coro, timeout) if timeout else coro)
         except asyncio.TimeoutError:
             msg = f"tool {call.name!r} did not answer within {timeout}s"
@@ -331,7 +356,7 @@ class Trajectory:
         async def one(name: str) -> None:
             try:
                 r = await self.ctx.tools[name].calc_reward(self.instances[name],
-                                                           **self.kwargs.get(name, {}).get("calc_reward_kwargs", {}))
+                                                           **self.kw(name, "calc_reward_kwargs"))
                 self.meta["tool_rewards"][name] = float(r or 0.0)
             except Exception as e:  # noqa: BLE001
                 self.meta["tool_errors"].append({"turn": None, "tool": name, "kind": "calc_reward",
@@ -354,8 +379,11 @@ class Trajectory:
         return s
 
     def check_drift(self) -> None:
-        if self.ctx.check_mode == "off" or self.messages is None or self.status != Sample.Status.COMPLETED:
-            self.meta["template_drift"] = None
+        spans = self.meta["turn_spans"]
+        complete = (spans and spans[-1]["role"] == "assistant" and self.ids[-1] == self.ctx.delta.stop_id
+                    and self.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED))
+        if self.ctx.check_mode == "off" or self.messages is None or not complete:
+            self.meta["template_drift"] = None  # not checked: no complete final turn to compare
             return
         rep = conversation_drift(self.ctx.delta, self.messages, self.schemas, self.ids, self.prompt_len)
         self.meta["template_drift"] = not rep.ok

@@ -106,6 +106,14 @@ def run(args: Any) -> list[dict[str, Any]]:
             if args.eval_datasets and args.eval_interval and (rollout_id + 1) % args.eval_interval == 0 \
                     and not args.load_debug_rollout_data:
                 evaluate(rollout_id + 1)
+        if summaries:
+            n = sum(s["samples"] for s in summaries)
+            mean = sum(s["mean_reward"] * s["samples"] for s in summaries) / max(1, n)
+            print(f"done: {len(summaries)} rollout(s), {n} samples, mean_reward={mean:.4f}, "
+                  f"{sum(s['seconds'] for s in summaries):.1f}s in rollouts"
+                  + "".join(f"; {what} in {where}" for what, where in (
+                      ("dumps", getattr(args, "rollout_data_dir", None)),
+                      ("debug rollouts", args.save_debug_rollout_data)) if where), flush=True)
         return summaries
     finally:
         if manager is not None:

@@ -52,7 +52,8 @@ def run_engine(model_dir: str | Path, *extra_args: str, startup_timeout: float =
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"engine not healthy after {startup_timeout}s:\n{Path(log.name).read_text()[-4000:]}")
+                tail = Path(log.name).read_text()[-4000:]
+                raise TimeoutError(f"engine not healthy after {startup_timeout}s:\n{tail}")
             time.sleep(0.1)
         yield url
     finally:

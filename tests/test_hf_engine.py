@@ -18,7 +18,7 @@ PROMPTS = [[100 + 7 * i + j for j in range(n)] for i, n in enumerate((3, 11, 5, 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    with run_engine(tiny_model_dir, "--max-batch-size", "16", "--num-threads", "2") as url:
+    with run_engine(tiny_model_dir, "--max-batch-size", "16") as url:
         with httpx.Client(base_url=url, timeout=60) as client:
             yield client
 
@@ -105,7 +105,8 @@ def test_concurrent_requests_share_decode_steps_and_match_solo_results(engine):
 
 def test_batch_input_and_text_input(engine, hf):
     _, tok = hf
-    r = engine.post("/generate", json={"input_ids": PROMPTS[:3], "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    sp = {"max_new_tokens": 6, "temperature": 0}
+    r = engine.post("/generate", json={"input_ids": PROMPTS[:3], "sampling_params": sp})
     assert r.status_code == 200
     assert [x["output_ids"] for x in r.json()] == [gen(engine, p, max_new_tokens=6)["output_ids"] for p in PROMPTS[:3]]
     text = "Hello, world! <|im_start|>"
@@ -213,6 +214,14 @@ def test_stream_is_cumulative_and_ends_with_done(engine):
     assert chunks[-1]["output_ids"] == gen(engine, PROMPTS[5], max_new_tokens=6)["output_ids"]
 
 
+def test_stream_client_disconnect_aborts_the_request(engine):
+    body = {"input_ids": PROMPTS[5], "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with engine.stream("POST", "/generate", json=body) as r:
+        lines = r.iter_lines()
+        assert next(ln for ln in lines if ln).startswith("data: {")
+    wait_until(lambda: load(engine)["num_reqs"] == 0)
+
+
 @pytest.mark.parametrize("body, field", [
     ({"sampling_params": {}}, "input_ids or text"),
     ({"input_ids": []}, "input_ids"),
@@ -273,8 +282,15 @@ def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
     assert engine.get("/model_info").json()["model_path"] == str(other)
     bad = engine.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")})
     assert bad.status_code == 400 and not bad.json()["success"]
+    # an in-flight request keeps decoding across the swap and reports the version it finished with
+    results: dict = {}
+    th = threading.Thread(target=_background, args=(engine, PROMPTS[0], results, "r"), kwargs=dict(max_new_tokens=400))
+    th.start()
+    wait_until(lambda: load(engine)["num_running_reqs"] == 1)
     r = engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "7"})
     assert r.json()["success"] and engine.get("/get_weight_version").json()["weight_version"] == "7"
+    th.join(30)
+    assert len(results["r"]["output_ids"]) == 400 and results["r"]["meta_info"]["weight_version"] == "7"
     again = gen(engine, PROMPTS[1], max_new_tokens=8)
     assert again["output_ids"] == before["output_ids"] and lps(again) == pytest.approx(lps(before), abs=1e-5)
 

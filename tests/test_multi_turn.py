@@ -172,7 +172,7 @@ def schemas(args, names):
     return MultiTurnContext.get(args).tools.schemas(names)
 
 
-def released_all(instance_prefix: str | None = None) -> bool:
+def released_all() -> bool:
     created = [(t, i) for t, e, i in EVENTS if e == "create"]
     released = [(t, i) for t, e, i in EVENTS if e == "release"]
     return sorted(created) == sorted(released)
@@ -317,6 +317,20 @@ async def test_max_turns(stack, tok):
     assert md["tool_calls"] == {"calculator": 2}
     assert md["tool_errors"] == [{"turn": 3, "tool": "calculator", "kind": "not_executed",
                                   "message": "not executed: --max-turns was reached"}]
+    assert md["template_drift"] is True  # no <think> blocks: Qwen3 would re-render these turns differently
+
+
+async def test_per_sample_drift_is_recorded(stack, tok):
+    """Compact JSON in a call: the sampled tokens are kept, and the sample says re-rendering would differ."""
+    compact = '<tool_call>\n{"name":"calculator","arguments":{"expression":"3+4"}}\n</tool_call>'
+    outs = [say(tok, think("go") + compact), say(tok, think("done") + "7")]
+    CASES["drift"] = lambda t, b: outs[t]
+    s = await generate(make_args(stack, tok), sample_for("drift", {"calculator": {}}), dict(PARAMS))
+    assert s.status == Sample.Status.COMPLETED and s.metadata["tool_calls"] == {"calculator": 1}
+    assert s.metadata["template_drift"] is True
+    assert 're-rendering has' in s.metadata["template_drift_detail"]
+    assert '{"name": "calculator"' in s.metadata["template_drift_detail"]
+    assert compact in s.response  # what the model sampled, not what the template would write
 
 
 async def test_over_size_case(stack, tok):
@@ -377,18 +391,17 @@ async def test_release_on_every_path(stack, tok):
     CASES["abort"] = lambda t, b: [say(tok, call("track", {})), {"output_ids": [9, 9], "finish_type": "abort"}][t]
     s = await generate(args, sample_for("abort", kw), dict(PARAMS))
     assert s.status == Sample.Status.ABORTED and s.metadata["finish_reason"] == "engine_abort" and released_all()
-    # the engine fails (HTTP 500, retries spent)
-    def broken(t, b):
-        raise RuntimeError("engine down")
-    CASES["down"] = broken
-    s = await generate(args, sample_for("down", kw), dict(PARAMS))
+    # the engine cannot be reached (retries spent)
+    s = await generate(make_args(stack, tok, sglang_router_port=find_free_port()), sample_for("down", kw),
+                       dict(PARAMS))
     assert s.status == Sample.Status.FAILED and s.metadata["finish_reason"] == "engine_error" and released_all()
     # the task is cancelled while a tool runs (rollout abort)
     CASES["cancel"] = lambda t, b: say(tok, call("track", {"mode": "sleep3"}))
     n0, sample = len(EVENTS), sample_for("cancel", kw)
     task = asyncio.ensure_future(generate(args, sample, dict(PARAMS)))
-    while not any(e == "execute" for _, e, _ in EVENTS[n0:]):
+    while not task.done() and not any(e == "execute" for _, e, _ in EVENTS[n0:]):
         await asyncio.sleep(0.01)
+    assert not task.done(), sample.metadata
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -410,10 +423,14 @@ def _write_data(tmp_path: Path, n: int) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    def tools_kwargs(i: int) -> dict:
+        kw = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": str(i + 1)}}}
+        if i % 5 == 0:  # parquet turns the other rows' missing "calculator" into None
+            kw["calculator"] = {"create_kwargs": {"note": "x"}}
+        return kw
+
     rows = [{"prompt": [{"role": "user", "content": f"case:batch#{i} What is {i} + 1?"}],
-             "label": str(i + 1),
-             "extra_info": {"index": i, "tools_kwargs": {"calc_gsm8k_reward": {
-                 "create_kwargs": {"ground_truth": str(i + 1)}}}}} for i in range(n)]
+             "label": str(i + 1), "extra_info": {"index": i, "tools_kwargs": tools_kwargs(i)}} for i in range(n)]
     pq_path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), pq_path)
     jl = tmp_path / "train.jsonl"
@@ -456,7 +473,8 @@ def test_tool_call_batch_case(stack, tok, tmp_path):
         assert s.status == Sample.Status.COMPLETED and s.metadata["turns"] == 2, s.metadata
         assert s.metadata["tool_calls"] == {"calc_gsm8k_reward": 1} and s.metadata["template_drift"] is False
         good = i % 2 == 0
-        assert s.metadata["tool_rewards"] == {"calc_gsm8k_reward": 1.0 if good else 0.0}
+        expected = {"calc_gsm8k_reward": 1.0 if good else 0.0, **({"calculator": 0.0} if i % 5 == 0 else {})}
+        assert s.metadata["tool_rewards"] == expected
         assert s.reward == pytest.approx(2.0 if good else -0.05)
         assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
     # JSONL with a `messages` list

@@ -175,6 +175,23 @@ async def test_aimd_cuts_on_429_and_recovers():
     assert core.cap == 16 and core.factor == 1.0  # recovered additively
 
 
+async def test_close_while_holding_keeps_the_cap():
+    core = LimiterCore("t", 2)
+    a, b = _clients(core, 2)
+    await a.acquire()
+    await a.acquire()
+    await a.close()  # misuse: closing with permits in use; they still count against the cap
+    with pytest.raises(RateLimitTimeout):
+        await b.acquire(timeout=0.05)
+    a.release()
+    await b.acquire(timeout=1)
+    a.release()
+    await asyncio.sleep(0.01)
+    b.release()
+    await b.close()
+    assert core.stats()["leased"] == 0 and "clients" in core.stats() and not core.clients
+
+
 def test_core_rejects_bad_config():
     with pytest.raises(ValueError):
         LimiterCore("t", 0)
@@ -415,6 +432,60 @@ def test_cancellation_does_not_leak_across_processes(ray_env):
 
     asyncio.run(go())
     kill_rate_limiter("cancel")
+
+
+def test_abandoned_event_loop_hands_its_lease_back(ray_env):
+    """One asyncio.run() per step (a common driver pattern) must not strand permits."""
+    ray, _, _ = ray_env
+    from slime.tools.rate_limiter import client_for, get_or_create_rate_limiter, kill_rate_limiter
+
+    h = get_or_create_rate_limiter("abandon", 2)
+
+    async def step(release: bool):
+        lim = client_for("abandon", h)
+        await lim.acquire(timeout=5)
+        await lim.acquire(timeout=5)
+        if release:
+            lim.release()
+            lim.release()
+            await lim.close()
+
+    t0 = time.monotonic()
+    asyncio.run(step(release=False))  # the loop dies with both permits in use
+    asyncio.run(step(release=True))  # a new loop: the dead client's lease is handed back at once
+    assert time.monotonic() - t0 < 5
+    s = ray.get(h.stats.remote())
+    assert s["leased"] == 0 and s["waiting"] == 0, s
+    kill_rate_limiter("abandon")
+
+
+def test_manager_prepares_sandbox_and_limiter(ray_env, monkeypatch):
+    """What the RolloutManager calls for `sandbox_fusion_url: local` + the global limiter."""
+    import requests
+    import yaml
+
+    from slime.tools.rate_limiter import get_rate_limiter, kill_rate_limiter
+    from slime.tools.sandbox_fusion_tool import SandboxFusionTool, prepare_sandbox_services
+    from slime.tools.schemas import OpenAIFunctionToolSchema
+
+    monkeypatch.delenv("SLIME_SANDBOX_URL", raising=False)
+    entries = yaml.safe_load((ROOT / "configs" / "sandbox_fusion_tool.yaml").read_text())["tools"]
+    entries[0]["config"]["limiter_name"] = "prepared"
+    svc = prepare_sandbox_services(entries)
+    try:
+        assert os.environ["SLIME_SANDBOX_URL"] == svc["sandbox_url"]
+        assert requests.get(svc["sandbox_url"] + "/v1/ping").text == "pong"
+        h = svc["limiters"]["prepared"]
+        assert get_rate_limiter("prepared")._actor_id == h._actor_id
+        schema = OpenAIFunctionToolSchema.model_validate(entries[0]["tool_schema"])
+        tool = SandboxFusionTool(entries[0]["config"], schema)  # finds the manager's limiter
+        assert tool._handle._actor_id == h._actor_id and tool._url is None
+        with pytest.raises(RateLimiterConfigError):
+            SandboxFusionTool({**entries[0]["config"], "rate_limit": 99}, schema)
+    finally:
+        svc["sandbox"].stop()
+        kill_rate_limiter("prepared")
+        monkeypatch.delenv("SLIME_SANDBOX_URL", raising=False)
 
 
 MULTINODE = textwrap.dedent("""

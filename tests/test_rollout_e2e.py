@@ -37,7 +37,7 @@ def data_files(tmp_path_factory):
 def base_argv(tiny_model_dir, data_files, tmp, *extra):
     return ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
             "--prompt-data", str(data_files / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
-            "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "1",
+            "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
             "--engine-threads", "1", "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt",
             str(N_SAMPLES), "--rollout-max-response-len", str(MAX_LEN), "--log-dir", str(tmp / "logs"), *extra]
 

@@ -234,3 +234,30 @@ def test_tool_flags():
     d = tool_defaults()
     assert d["tool_call_parser"] == "hermes" and d["chat_template_check"] == "error"
     assert ToolSet([]).names == []
+
+
+def test_template_without_tool_support(tok):
+    """A ChatML template that ignores `tools` and `tool_calls`: schemas go to the system message,
+    model turns are kept as raw text, and the result is still append-only."""
+
+    class Plain:
+        all_special_ids, eos_token_id, chat_template = tok.all_special_ids, tok.eos_token_id, "plain"
+
+        def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False, **kw):
+            out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+        def encode(self, text, add_special_tokens=False):
+            return tok.encode(text, add_special_tokens=False)
+
+        def decode(self, ids, **kw):
+            return tok.decode(ids, **kw)
+
+    d = ChatDelta(Plain())
+    assert not d.renders_tools and not d.renders_tool_calls
+    tools = load_tool_config(ROOT / "configs" / "gsm8k_tool.yaml").schemas()
+    text = tok.decode(d.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+                                   tools))
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and '"calc_gsm8k_reward"' in text
+    assert d.assistant_message("c", [("a", {})], "c\n<tool_call>x</tool_call>")["content"].endswith("</tool_call>")
+    assert check_append_only(d, tools).ok

@@ -17,19 +17,23 @@ Why this shape:
 
 Log-probs: for every sampled token we report log_softmax(logits / T)[token], computed from the
 raw model logits BEFORE top-k / top-p truncation and before the min_new_tokens mask; T = 1 when
-the request is greedy (temperature 0). This is what an RL trainer recomputes with a
+temperature is 0 (greedy). This is what an RL trainer recomputes with a
 teacher-forced forward pass, so the two can be compared directly.
 
 Finish rules (checked after each token, in this order): a stop token (stop_token_ids, plus the
 model's eos ids unless ignore_eos) => "stop" with the token id; a stop string found in the
 decoded output => "stop" with the string (output_ids keep the token that completed it; `text`
-is cut before it unless no_stop_trim); max_new_tokens reached => "length". Stop tokens and
-strings only count once min_new_tokens tokens exist. Abort => "abort" with the tokens so far.
+is cut before it unless no_stop_trim); max_new_tokens reached => "length" (so a stop on the
+last allowed token is reported as "stop"). Stop tokens and strings only count once
+min_new_tokens tokens exist. Abort => "abort" with the tokens so far.
 
 Weights: `release()` drops the model (and aborts in-flight requests, whose KV cache would be
 meaningless) and `resume()` reloads it from `model_path`; `update_weights_from_disk()` loads a
 new checkpoint off the decode thread and swaps it in between steps (in-flight requests continue
 with the new weights, like SGLang's in-place update) and bumps `weight_version`.
+
+Limits: models whose cache is a plain full-attention `DynamicCache` (Llama, Qwen2/3, Mistral
+without sliding window, ...); no prefix cache (`cached_tokens` is always 0).
 """
 
 from __future__ import annotations
@@ -113,9 +117,11 @@ class HFBatcher:
                  weight_version: str = "default", dtype: torch.dtype = torch.float32):
         from transformers import AutoTokenizer
 
-        # Process-wide; the decode thread is the only heavy user. More than ~4 threads do not pay off for
-        # small models, and on a crowded machine 1 thread can beat 2 (busy-waiting OpenMP workers).
-        torch.set_num_threads(num_threads or max(1, min(4, len(os.sched_getaffinity(0)))))
+        # Process-wide; the decode thread is the only heavy user. Default 1: engines share the machine with
+        # trainers and other engines, and once cores are oversubscribed OpenMP's busy-waiting workers made
+        # 2 threads 3-7x SLOWER than 1 on our 2-core boxes (while 2 threads on an idle box gain little:
+        # decoding a 135M model is memory-bound).
+        torch.set_num_threads(max(1, num_threads or 1))
         self.model_path = str(model_path)
         self.tokenizer_path = str(model_path)
         self.max_batch_size = max_batch_size
@@ -173,7 +179,7 @@ class HFBatcher:
     def paused(self) -> bool:
         return self._paused
 
-    def load(self) -> dict[str, int]:
+    def load(self) -> dict[str, Any]:
         waiting = len(self._waiting)
         running = len(self._rows)
         return {"num_running_reqs": running, "num_waiting_reqs": waiting, "num_reqs": running + waiting,
@@ -279,13 +285,10 @@ class HFBatcher:
                     self._admit()
                     if self._rows:
                         self._decode_step()
-                except Exception as exc:  # never let the thread die: fail the affected requests
-                    logger.exception("decode failure")
-                    for req in list(self._rows) + list(self._waiting):
-                        req.loop.call_soon_threadsafe(_reject, req.future, exc)
-                        if req.stream is not None:
-                            req.loop.call_soon_threadsafe(req.stream.put_nowait, None)
-                    self._waiting.clear()
+                except Exception as exc:  # never let the thread die: fail the running batch, keep serving
+                    logger.exception("decode step failed")
+                    for req in self._rows:
+                        self._fail(req, exc)
                     self._reset_batch()
 
     def _handle(self, op: str, arg: Any) -> None:
@@ -336,7 +339,7 @@ class HFBatcher:
         while self._waiting and len(self._rows) < self.max_batch_size:
             req = self._waiting.popleft()
             if not self.weights_loaded:
-                req.loop.call_soon_threadsafe(_reject, req.future, EngineReleasedError("weights are released"))
+                self._fail(req, EngineReleasedError("weights are released"))
                 continue
             p = req.params
             req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
@@ -346,10 +349,14 @@ class HFBatcher:
             if p.max_new_tokens <= 0:
                 self._finish(req, {"type": "length", "length": 0})
                 continue
-            ids = torch.tensor([req.input_ids], dtype=torch.long)
-            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            try:
+                out = self.model(input_ids=torch.tensor([req.input_ids]), use_cache=True, logits_to_keep=1)
+                token = self._sample_row(req, out.logits[0, -1].float())
+            except Exception as exc:  # e.g. out of memory on a huge prompt: only this request fails
+                logger.exception("prefill failed for %s", req.rid)
+                self._fail(req, exc)
+                continue
             self.stats["prefills_total"] += 1
-            token = self._sample_row(req, out.logits[0, -1].float())
             if self._append_token(req, token):
                 continue  # finished on its first token: never joins the batch
             self._merge(req, out.past_key_values, len(req.input_ids), token)
@@ -450,7 +457,8 @@ class HFBatcher:
                 reason = {"type": "stop", "matched": token}
             elif p.stop:
                 window = max(len(s) for s in p.stop) + _STOP_WINDOW_EXTRA_TOKENS
-                tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=p.skip_special_tokens)
+                # special tokens kept, so a stop string such as "<|im_end|>" can match too
+                tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
                 for s in p.stop:
                     if s and s in tail:
                         reason = {"type": "stop", "matched": s}
@@ -476,6 +484,12 @@ class HFBatcher:
         req.loop.call_soon_threadsafe(_resolve, req.future, resp)
         if req.stream is not None:
             req.loop.call_soon_threadsafe(req.stream.put_nowait, resp)
+            req.loop.call_soon_threadsafe(req.stream.put_nowait, None)
+
+    def _fail(self, req: _Request, exc: BaseException) -> None:
+        req.done = True
+        req.loop.call_soon_threadsafe(_reject, req.future, exc)
+        if req.stream is not None:
             req.loop.call_soon_threadsafe(req.stream.put_nowait, None)
 
     def _response(self, req: _Request, reason: dict | None) -> dict:

@@ -3,7 +3,8 @@
 It speaks the subset of SGLang's HTTP API that slime, the sglang-router and our rollout code use,
 with the same paths, bodies and response shapes, so the rest of the system cannot tell it from a
 real SGLang engine. All model work happens in the batcher's decode thread; handlers only
-validate, enqueue and await.
+validate, enqueue and await. `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
+num_reqs, num_tokens, decode_steps_total, max_batch_size_seen, paused, weights_released).
 
     python -m slime.backends.hf_server --model-path DIR --host 127.0.0.1 --port 30000 \
         [--max-batch-size 32] [--num-threads K] [--weight-version V] [--dtype float32] [--log-level info]
@@ -186,8 +187,14 @@ class Server:
             stream = bool(body.get("stream") or False)
             if stream and batch:
                 raise BadRequest("stream is not supported with batch input")
-            submitted = [self.batcher.submit(p, sp, rid=r, return_logprob=bool(lp), stream=stream)
-                         for p, sp, r, lp in zip(prompts, params, rids, logprob)]
+            submitted = []
+            try:
+                for p, sp, r, lp in zip(prompts, params, rids, logprob):
+                    submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=bool(lp), stream=stream))
+            except Exception:  # all or nothing: do not leave half a batch decoding for nobody
+                for r, _, _ in submitted:
+                    self.batcher.abort(r)
+                raise
         except BadRequest as exc:
             return _error(400, str(exc))
         except EngineReleasedError:
@@ -205,6 +212,8 @@ class Server:
             for rid, _, _ in submitted:
                 self.batcher.abort(rid)
             raise
+        except Exception as exc:  # the engine failed this request (logged by the batcher)
+            return _error(500, f"generation failed: {exc}")
         return JSONResponse(results if batch else results[0])
 
     async def _sse(self, rid: str, fut: asyncio.Future, chunks: asyncio.Queue):
@@ -222,7 +231,8 @@ class Server:
         if not self.batcher.weights_loaded:
             return _released()
         try:
-            await self.batcher.generate([0], SamplingParams(max_new_tokens=1, temperature=0), rid=f"health-{time.time_ns()}")
+            one_token = SamplingParams(max_new_tokens=1, temperature=0)
+            await self.batcher.generate([0], one_token, rid=f"health-{time.time_ns()}")
         except EngineReleasedError:
             return _released()
         return Response(status_code=200)
@@ -369,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--max-batch-size", type=int, default=32)
-    ap.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--num-threads", type=int, default=None,
+                    help="torch intra-op threads (default 1: robust when cores are shared)")
     ap.add_argument("--weight-version", default="default")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="bfloat16 roughly halves memory traffic on CPUs with avx512_bf16; float32 is exact")

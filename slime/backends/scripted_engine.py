@@ -112,3 +112,28 @@ class ScriptedEngine:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m slime.backends.scripted_engine --port N --model-path DIR --tokens K`: a
+    zero-latency engine answering every request with K fixed tokens (benchmarks)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--tokens", type=int, default=8)
+    a = p.parse_args(argv)
+    ids = list(range(100, 100 + a.tokens))
+
+    def script(body: dict[str, Any]) -> dict[str, Any]:
+        n = min(len(ids), int(body.get("sampling_params", {}).get("max_new_tokens", len(ids))))
+        return {"output_ids": ids[:n], "finish_type": "length" if n < len(ids) else "stop", "text": ""}
+
+    uvicorn.run(build_app(script, a.model_path), host=a.host, port=a.port, log_level="warning",
+                access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -77,8 +77,10 @@ class RolloutController:
         if wandb_run_id and getattr(args, "use_wandb", False) and self._observability:
             self._observability["wandb"].init_wandb_secondary(args, wandb_run_id)
 
-    def ready(self) -> bool:
-        return True
+    def set_endpoints(self, router_ip: str | None, router_port: int | None, engine_urls: list[str]) -> None:
+        """Router and engines come up while the controller loads data; the manager tells it where."""
+        self.args.sglang_router_ip, self.args.sglang_router_port = router_ip, router_port
+        self.args.rollout_engine_urls = list(engine_urls)
 
     def get_last_summary(self) -> dict[str, Any] | None:
         return self.last_summary

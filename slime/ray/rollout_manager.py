@@ -36,20 +36,28 @@ class RolloutManager:
 
     # ---- start-up ----
     def start(self) -> dict[str, Any]:
+        """Engines, router and controller boot concurrently; returns when all are ready."""
         try:
-            if not self.args.load_debug_rollout_data:
-                self._start_engines()
-                self._start_router()
+            engine_refs = [] if self.args.load_debug_rollout_data else self._launch_engines()
             self.wandb_run_id = self._init_wandb()
             self.controller = ray.remote(RolloutController).options(num_cpus=0, max_concurrency=4).remote(
                 self.args, self.wandb_run_id)
-            ray.get(self.controller.ready.remote())
+            if engine_refs:
+                self._start_router()
+                urls = ray.get(engine_refs)  # the first engine failure is raised here
+                nodes_per_engine = len(self.all_engines) // max(1, len(self.engines))
+                self.engine_urls = urls[::nodes_per_engine]
+                self.args.rollout_engine_urls = list(self.engine_urls)
+                self._register_engines()
+            ray.get(self.controller.set_endpoints.remote(self.args.sglang_router_ip, self.args.sglang_router_port,
+                                                         self.engine_urls))
         except BaseException:
             self.shutdown()
             raise
         return self.info()
 
-    def _start_engines(self) -> None:
+    def _launch_engines(self) -> list[Any]:
+        """Create the engine actors on their bundles and start their servers (not awaited)."""
         args = self.args
         self.pg = create_engine_placement_group(args)
         if args.rollout_backend == "sglang":
@@ -70,11 +78,7 @@ class RolloutManager:
                 self.all_engines.append(ray.remote(EngineActor).options(
                     num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank)).remote(args, rank))
             self.engines = list(self.all_engines)
-        # Start all engines at once; the first failure is raised (and start() cleans everything up).
-        urls = ray.get([e.start.remote() for e in self.all_engines])
-        nodes_per_engine = len(self.all_engines) // max(1, len(self.engines))
-        self.engine_urls = urls[::nodes_per_engine]
-        args.rollout_engine_urls = list(self.engine_urls)
+        return [e.start.remote() for e in self.all_engines]
 
     def _start_router(self) -> None:
         args = self.args
@@ -84,14 +88,12 @@ class RolloutManager:
                                  health_check_interval=args.router_health_check_interval, log_dir=args.log_dir)
             self.router.start()
             args.sglang_router_ip, args.sglang_router_port = self.router.host, self.router.port
-            for url in self.engine_urls:
-                self.router.add_worker(url)
-        else:
-            # An existing router: register our engines with it, never start or stop it.
-            self.router = None
-            external = Router(host=args.sglang_router_ip, port=args.sglang_router_port)
-            for url in self.engine_urls:
-                external.add_worker(url)
+
+    def _register_engines(self) -> None:
+        # With an existing router (--sglang-router-ip): register our engines, never start or stop it.
+        router = self.router or Router(host=self.args.sglang_router_ip, port=self.args.sglang_router_port)
+        for url in self.engine_urls:
+            router.add_worker(url)
 
     def _init_wandb(self) -> str | None:
         if not getattr(self.args, "use_wandb", False):
@@ -150,20 +152,22 @@ class RolloutManager:
         return bool(self.router and self.router.alive())
 
     def shutdown(self) -> None:
+        """Stop everything this manager started; each step runs even if an earlier one fails."""
         if self._shut:
             return
         self._shut = True
-        if self.router is not None:
-            self.router.stop()
-        if self.all_engines:
-            ray.get([e.stop.remote() for e in self.all_engines], timeout=60)
-            for e in self.all_engines:
-                ray.kill(e)
-        if self.controller is not None:
-            ray.kill(self.controller)
-        if self.pg is not None:
-            remove_placement_group(self.pg)
+        steps = [("router", lambda: self.router and self.router.stop())]
+        for i, e in enumerate(self.all_engines):
+            steps.append((f"engine {i}", lambda e=e: ray.get(e.stop.remote(), timeout=60)))
+        steps += [(f"engine actor {i}", lambda e=e: ray.kill(e)) for i, e in enumerate(self.all_engines)]
+        steps.append(("controller", lambda: self.controller is not None and ray.kill(self.controller)))
+        steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
         if getattr(self.args, "use_wandb", False):
             from slime.observability.wandb_logger import finish
 
-            finish()
+            steps.append(("wandb", finish))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - keep stopping the rest
+                logger.warning("shutdown: stopping %s failed: %s", what, e)

@@ -49,6 +49,7 @@ class RolloutProgressState:
 
 
 PROGRESS = RolloutProgressState()
+MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per wanted group is broken
 
 
 def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, Any]:
@@ -186,6 +187,10 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
                     verdict = apply_filter(filter_fn, args, group)
                     if not verdict.keep:
                         dropped[verdict.reason or "filtered"] = dropped.get(verdict.reason or "filtered", 0) + 1
+                        if sum(dropped.values()) > MAX_DROPPED_PER_KEPT * target:
+                            raise RuntimeError(
+                                f"--dynamic-sampling-filter-path dropped {sum(dropped.values())} groups "
+                                f"({dropped}) while collecting {target}; the filter rejects (almost) everything")
                         continue
                 if len(kept) < target:
                     kept.append(group)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -210,10 +211,22 @@ class Runner:
         flooded: list[str] = []
 
         def kill() -> None:
-            try:
+            # Isolated: kill the pid namespace's init (unshare's child). The kernel then kills
+            # every process in the namespace and the init exits only once they are all gone;
+            # unshare reaps it and exits, so proc.wait() returning means the run is really over.
+            if cfg.isolate:
+                try:
+                    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                        kids = [int(x) for x in f.read().split()]
+                except (OSError, ValueError):
+                    kids = []
+                for k in kids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(k, signal.SIGKILL)
+                if kids:
+                    return
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
         async def read(stream: asyncio.StreamReader, name: str) -> bytes:
             buf = bytearray()
@@ -249,9 +262,13 @@ class Runner:
         except asyncio.TimeoutError:
             timed_out = True
         finally:
-            kill()  # the whole group, always: nothing outlives the command
             if proc.returncode is None:
+                kill()
                 await proc.wait()
+            if not cfg.isolate:  # without a pid namespace, stragglers of the group (a pgid is
+                # never reused while a member lives, so this cannot hit a stranger's group)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         elapsed = time.monotonic() - t0
         # every writer is dead now, so the pipes reach EOF promptly
         done, pending = await asyncio.wait(readers, timeout=5)

@@ -212,8 +212,15 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency)
-    kw: dict[str, Any] = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
-    uvicorn.run(app, log_level=args.log_level, timeout_keep_alive=30, access_log=False, **kw)
+    if args.fd is None:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
+                    access_log=False)
+        return
+    # An inherited listening socket. Not uvicorn's `fd=` (it wraps the fd as AF_UNIX, so asyncio
+    # never sets TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK).
+    sock = socket.socket(fileno=args.fd)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=30, access_log=False))
+    asyncio.run(server.serve(sockets=[sock]))
 
 
 class LocalSandbox:

@@ -11,11 +11,23 @@ instead of silently training on tokens the model never saw.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 SENTINEL = "SLIMEDELTASENTINEL"
 _STUB_USER = {"role": "user", "content": "U"}
+_PROBE = "slime_probe_tool_7f3a"
+
+
+def hermes_tools_text(tools: list[dict[str, Any]]) -> str:
+    """Tool schemas described in the Hermes/Qwen convention (for templates that ignore `tools`)."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{listing}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 class TemplateDriftError(RuntimeError):
@@ -45,6 +57,32 @@ class ChatDelta:
         special = set(getattr(tokenizer, "all_special_ids", []) or []) | {getattr(tokenizer, "eos_token_id", None)}
         # The id a model emits to end its turn (its stop token), when the template starts the end with one.
         self.stop_id = self.eot_ids[0] if self.eot_ids and self.eot_ids[0] in special else None
+        # Templates without tool support ignore `tools` and `tool_calls`; find out instead of losing them.
+        probe = {"type": "function", "function": {"name": _PROBE, "description": "", "parameters": {
+            "type": "object", "properties": {}}}}
+        self.renders_tools = _PROBE in self.render([_STUB_USER], [probe], add_generation_prompt=True)
+        self.renders_tool_calls = _PROBE in self.render([_STUB_USER, {
+            "role": "assistant", "content": "A", "tool_calls": [{"type": "function", "function": {
+                "name": _PROBE, "arguments": {}}}]}])
+
+    def assistant_message(self, content: str, calls: list[tuple[str, Any]], raw: str) -> dict[str, Any]:
+        """The chat message for a model turn: structured calls when the template renders them, else
+        the raw text (so re-rendering keeps the calls the model wrote)."""
+        if not self.renders_tool_calls:
+            return {"role": "assistant", "content": raw}
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+        return msg
+
+    def with_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """When the template ignores `tools`, describe them in the system message (Hermes convention)."""
+        if not tools or self.renders_tools:
+            return messages
+        text = hermes_tools_text(tools)
+        if messages and messages[0].get("role") == "system":
+            return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+        return [{"role": "system", "content": text}, *messages]
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = False) -> str:
@@ -55,7 +93,7 @@ class ChatDelta:
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        return self.encode(self.render(self.with_tools(messages, tools), tools, add_generation_prompt=True))
 
     def turn_end_ids(self, model_ids: list[int]) -> list[int]:
         """Template tokens that close an assistant turn after what the model emitted (mask 0)."""
@@ -86,15 +124,14 @@ class ChatDelta:
         return DriftReport(False, detail, turn, j)
 
 
-def _synthetic_conversation(tool_names: list[str], thinking: bool) -> list[dict[str, Any]]:
+def _synthetic_conversation(delta: ChatDelta, tool_names: list[str], thinking: bool) -> list[dict[str, Any]]:
     a, b = (tool_names + ["lookup", "lookup"])[:2] if tool_names else ("lookup", "lookup")
 
     def asst(text: str, calls: list[tuple[str, dict]]) -> dict[str, Any]:
         content = (f"<think>\nI should work on: {text}\n</think>\n\n" if thinking else "") + text
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": args}} for n, args in calls]
-        return msg
+        raw = content + "".join(f"\n<tool_call>\n{json.dumps({'name': n, 'arguments': args})}\n</tool_call>"
+                                for n, args in calls)
+        return delta.assistant_message(content, calls, raw)
 
     return [
         {"role": "system", "content": "You are a helpful assistant."},
@@ -122,7 +159,7 @@ def check_append_only(delta: ChatDelta, tools: list[dict[str, Any]] | None = Non
     Delta method: prompt_0 + outputs + `tool_delta_ids`. Any difference is drift.
     """
     names = [t["function"]["name"] for t in tools or []]
-    msgs = _synthetic_conversation(names, template_thinks(delta))
+    msgs = delta.with_tools(_synthetic_conversation(delta, names, template_thinks(delta)), tools)
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     ours: list[int] = []
     for t, a in enumerate(turns):
@@ -161,7 +198,7 @@ def conversation_drift(delta: ChatDelta, messages: list[dict[str, Any]], tools: 
 
     `ids` must end with a complete assistant turn. The position is relative to the response.
     """
-    ref = delta.encode(delta.render(messages, tools))
+    ref = delta.encode(delta.render(delta.with_tools(messages, tools), tools))
     ours = list(ids) + delta.turn_end_ids(ids)
     rep = delta._compare(ours, ref, None, "re-rendered conversation")
     if rep.position is not None:

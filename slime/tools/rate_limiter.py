@@ -83,13 +83,15 @@ class _Entry:
 
 
 class _ClientState:
-    __slots__ = ("held", "perm", "tok", "recall", "contended", "event", "last_seen", "recall_since",
-                 "inflight", "waiting", "dead")
+    __slots__ = ("held", "perm", "tok", "pn", "tn", "recall", "contended", "event", "last_seen", "recall_since",
+                 "inflight", "waiting", "dead", "closing")
 
     def __init__(self) -> None:
         self.held = 0  # permits leased to this client (in use + idle + in transit)
         self.perm = 0  # mailbox: permits granted, not yet collected
         self.tok = 0
+        self.pn = 0  # ... of which against the client's demand (the rest is prefetch)
+        self.tn = 0
         self.recall = False
         self.contended = False
         self.event = asyncio.Event()
@@ -98,6 +100,7 @@ class _ClientState:
         self.inflight = 0  # as last reported by the client
         self.waiting = 0
         self.dead = False
+        self.closing = False
 
 
 class LimiterCore:
@@ -174,11 +177,11 @@ class LimiterCore:
             release = min(release, c.held)  # a reclaimed (presumed dead) client cannot free twice
             c.held -= release
             self.out -= release
+            if c.closing and c.held <= 0 and not (need or need_tok or want or want_tok):
+                self.clients.pop(cid, None)
         self._refill()
         if ret_tok and self.base_rate:
             self.tokens = min(float(self.burst), self.tokens + ret_tok)
-        if cancel or cancel_tok:
-            self._cancel(cid, cancel, cancel_tok)
         if inflight is not None:
             c.inflight = inflight
         if waiting is not None:
@@ -199,6 +202,8 @@ class LimiterCore:
                 need_tok = want_tok = 0
             self.queue.append(_Entry(cid, need, need_tok, max(0, want - need), max(0, want_tok - need_tok),
                                      time.monotonic()))
+        if cancel or cancel_tok:  # after the append: a message may carry a demand and its withdrawal
+            self._cancel(cid, cancel, cancel_tok)
         self._dispatch()
 
     def _cancel(self, cid: str, perm: int, tok: int) -> None:
@@ -214,10 +219,12 @@ class LimiterCore:
             tok -= d
         self.queue = deque(e for e in self.queue if e.perm or e.tok or e.xperm or e.xtok)
 
-    def _deliver(self, cid: str, perm: int, tok: int) -> None:
+    def _deliver(self, cid: str, perm: int, tok: int, need_perm: int | None = None, need_tok: int | None = None) -> None:
         c = self.clients[cid]
         c.perm += perm
         c.tok += tok
+        c.pn += perm if need_perm is None else need_perm
+        c.tn += tok if need_tok is None else need_tok
         c.held += perm
         self.out += perm
         self.tokens -= tok
@@ -248,21 +255,26 @@ class LimiterCore:
                 self.waits += 1
                 self.wait_total += waited
                 self.wait_max = max(self.wait_max, waited)
+            xp = xt = 0
             if not self.queue:  # nobody else waits: the prefetch is free to take
                 xp = min(e.xperm, max(0, self.cap - self.out - gp))
                 xt = min(e.xtok, max(0, int(self.tokens) - gt)) if self.base_rate else 0
-                gp += xp
-                gt += xt
-            if gp or gt:
-                self._deliver(e.cid, gp, gt)
-        contended = bool(self.queue) or self.out > self.cap
-        if contended != self.contended:
-            self.contended = contended
-            for c in self.clients.values():
-                if c.dead:
-                    continue
-                c.contended = contended
-                if contended and not c.recall:
+            if gp or gt or xp or xt:
+                self._deliver(e.cid, gp + xp, gt + xt, gp, gt)
+        # A client is "contended" when somebody *else* waits (or the cap was cut below what is
+        # out): then it must give idle permits back and route acquires and releases through the
+        # queue, so that permits go first-come first-served across processes. A client whose
+        # own callers are the only ones waiting keeps handing permits over locally (no hop).
+        over = self.out > self.cap
+        owners = {e.cid for e in self.queue}
+        self.contended = bool(owners) or over
+        for cid, c in self.clients.items():
+            if c.dead:
+                continue
+            want = over or len(owners) > (1 if cid in owners else 0)
+            if want != c.contended:
+                c.contended = want
+                if want and not c.recall:
                     c.recall = True
                     c.recall_since = time.monotonic()
                 c.event.set()
@@ -312,30 +324,32 @@ class LimiterCore:
                 c.dead = True
                 self._cancel(cid, 1 << 30, 1 << 30)
 
-    async def poll(self, cid: str) -> tuple[int, int, bool, bool]:
-        """Long-poll: returns (permits, tokens, recall, contended) once there is news."""
+    async def poll(self, cid: str) -> tuple[int, int, bool, bool, int, int]:
+        """Long-poll: returns (permits, tokens, recall, contended, permits against demand,
+        tokens against demand) once there is news."""
         c = self._client(cid)
         c.dead = False
         await c.event.wait()
         c.event.clear()
         c.last_seen = time.monotonic()
-        out = (c.perm, c.tok, c.recall, c.contended)
-        c.perm = c.tok = 0
+        out = (c.perm, c.tok, c.recall, c.contended, c.pn, c.tn)
+        c.perm = c.tok = c.pn = c.tn = 0
         if c.recall:
             c.recall = False
             c.recall_since = None
         return out
 
     def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
-        """Client leaving: give back what it hands in and forget it (its poll returns)."""
+        """Client leaving: take back what it hands in. Permits it still has in use stay counted
+        (the cap must hold) until their releases arrive; then the client is forgotten."""
         self.push(cid, release=release, ret_tok=ret_tok)
         self._cancel(cid, 1 << 30, 1 << 30)
-        c = self.clients.pop(cid, None)
+        c = self.clients.get(cid)
         if c is not None:
-            if c.held:
-                logger.warning("rate limiter %s: client %s left holding %d permits; reclaimed", self.name, cid, c.held)
-                self.out -= c.held
-            c.event.set()
+            c.closing = True
+            c.event.set()  # its poll returns
+            if c.held <= 0:
+                self.clients.pop(cid, None)
         self._dispatch()
 
     def stats(self) -> dict[str, Any]:
@@ -377,7 +391,7 @@ def _actor_class():
             async def push(self, cid: str, kw: dict[str, int]) -> None:
                 self.core.push(cid, **kw)
 
-            async def poll(self, cid: str) -> tuple[int, int, bool, bool]:
+            async def poll(self, cid: str) -> tuple[int, int, bool, bool, int, int]:
                 return await self.core.poll(cid)
 
             async def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
@@ -385,6 +399,9 @@ def _actor_class():
 
             async def stats(self) -> dict[str, Any]:
                 return self.core.stats()
+
+            async def dump(self):
+                return [(e.cid, e.perm, e.xperm) for e in self.core.queue], {k: (c.held, c.contended) for k, c in self.core.clients.items()}
 
             async def wait_waiting(self, n: int, timeout: float = 30.0) -> int:
                 return await self.core.wait_waiting(n, timeout)
@@ -460,7 +477,7 @@ class _LocalBackend:
         self.core = core
 
     def push(self, cid: str, kw: dict[str, int]) -> None:
-        self.core.push(cid, **kw)
+        self.core.push(cid, **kw)  # applied synchronously: nothing in flight
 
     async def poll(self, cid: str):
         return await self.core.poll(cid)
@@ -480,10 +497,10 @@ class _RayBackend:
         self.handle = handle
         self._last = None
 
-    def push(self, cid: str, kw: dict[str, int]) -> None:
-        # Fire and forget: Ray runs one caller's tasks on an actor in submission order. Keep the
-        # last ref so a failure surfaces on the next poll instead of vanishing.
-        self._last = self.handle.push.remote(cid, kw)
+    def push(self, cid: str, kw: dict[str, int]) -> asyncio.Future:
+        """Send; the returned future resolves when the actor has applied it."""
+        ref = self.handle.push.remote(cid, kw)
+        return asyncio.wrap_future(ref.future())
 
     async def poll(self, cid: str):
         return await self.handle.poll.remote(cid)
@@ -533,6 +550,7 @@ class RateLimiter:
         self.closed = False
         self._kw: dict[str, int] = {}
         self._flush_scheduled = False
+        self._push_inflight = False
         self._poller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # metrics
@@ -647,6 +665,21 @@ class RateLimiter:
             except Exception as e:  # actor gone: nothing to return to
                 logger.warning("rate limiter %s: unregister failed: %s", self.name, e)
 
+    def _abandon(self) -> None:
+        """Leave without an event loop (ours is closed): everything we held is given back,
+        in-use permits included, since nothing in a closed loop can still be using them."""
+        if self.closed:
+            return
+        self.closed = True
+        release = self.free + self.inflight + self._kw.pop("release", 0)
+        ret_tok = self.tokens if self.rate_limited else 0
+        self.free = self.tokens = self.inflight = 0
+        if self.broken is None and isinstance(self.backend, _RayBackend):
+            try:
+                self.backend.handle.unregister.remote(self.cid, release, ret_tok)
+            except Exception as e:  # noqa: BLE001
+                logger.warning("rate limiter %s: could not hand back an abandoned lease: %s", self.name, e)
+
     # -- internals -----------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -731,8 +764,11 @@ class RateLimiter:
             loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        """Send what accumulated. At most one message is in flight per client: while one is on
+        its way, releases and demands pile up and leave together when it is acknowledged, so
+        under contention batches grow by themselves (self-clocked, no timer)."""
         self._flush_scheduled = False
-        if not self._kw or self.broken is not None:
+        if not self._kw or self.broken is not None or self._push_inflight:
             return
         kw, self._kw = self._kw, {}
         kw = {k: v for k, v in kw.items() if v}
@@ -742,17 +778,29 @@ class RateLimiter:
         kw["waiting"] = self.n_waiting
         self.remote_messages += 1
         try:
-            self.backend.push(self.cid, kw)
-        except Exception as e:
+            ack = self.backend.push(self.cid, kw)
+        except Exception as e:  # noqa: BLE001
             self._break(e)
+            return
+        if ack is not None:
+            self._push_inflight = True
+            ack.add_done_callback(self._pushed)
+
+    def _pushed(self, ack: asyncio.Future) -> None:
+        self._push_inflight = False
+        if not ack.cancelled() and ack.exception() is not None:
+            self._break(ack.exception())
+            return
+        if self._kw:
+            self._schedule_flush()
 
     async def _poll_loop(self) -> None:
         try:
             while not self.closed:
-                perm, tok, recall, contended = await self.backend.poll(self.cid)
+                perm, tok, recall, contended, need_perm, need_tok = await self.backend.poll(self.cid)
                 self.remote_messages += 1
-                self.asked = max(0, self.asked - perm)
-                self.asked_tok = max(0, self.asked_tok - tok)
+                self.asked = max(0, self.asked - need_perm)  # prefetch does not answer demand
+                self.asked_tok = max(0, self.asked_tok - need_tok)
                 self.free += perm
                 self.tokens += tok
                 self.contended = contended
@@ -819,6 +867,12 @@ def client_for(name: str, handle=None, namespace: str = DEFAULT_NAMESPACE) -> Ra
     c = per_loop.get(id(loop))
     if c is not None and c.broken is None and not c.closed and c._loop in (None, loop):
         return c
+    # A client whose event loop is gone (e.g. one asyncio.run() per step) can never answer a
+    # recall: hand its leases back now instead of letting the core wait for lease_ttl.
+    for key, old in list(per_loop.items()):
+        if old._loop is None or old._loop.is_closed() or old._loop is loop:
+            old._abandon()
+            per_loop.pop(key, None)
     if handle is None:
         handle = get_rate_limiter(name, namespace)
         if handle is None:

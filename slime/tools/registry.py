@@ -22,7 +22,7 @@ from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import OpenAIFunctionToolSchema
 from slime.utils.misc import PluginLoadError, load_function
 
-SUPPORTED_TYPES = ("native",)
+SUPPORTED_TYPES = ("native", "sandbox_fusion")  # both are Python classes named by class_name
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 

@@ -61,6 +61,47 @@ def local_sandbox_url() -> str:
         return _local_sandbox[0]
 
 
+def rate_limiter_spec(config: dict[str, Any], tool_name: str) -> dict[str, Any]:
+    """The global limiter a SandboxFusionTool with this config uses (kwargs of
+    `get_or_create_rate_limiter`), so the manager can create it before any worker touches it."""
+    rps = config.get("rate_limit_per_second")
+    burst = config.get("rate_limit_burst")
+    return {"name": str(config.get("limiter_name") or f"tool:{tool_name}"),
+            "max_concurrency": int(config.get("rate_limit", 10)),
+            "rate_per_second": float(rps) if rps else None, "burst": int(burst) if burst else None}
+
+
+def prepare_sandbox_services(tool_entries: list[dict[str, Any]], *, start_sandbox: bool = True,
+                             create_limiters: bool = True) -> dict[str, Any]:
+    """For the RolloutManager, before workers start: for every SandboxFusionTool entry of a tool
+    YAML (`yaml.safe_load(f)["tools"]`), start the local sandbox once if some entry says
+    `sandbox_fusion_url: local` (and export SLIME_SANDBOX_URL so every tool in this process and
+    in workers started afterwards, given this environment, uses it), and create each global
+    limiter owned by the calling process. Returns {"sandbox_url", "sandbox" (handle with
+    .stop()), "limiters": {name: actor handle}}; keep it alive as long as the rollouts run.
+    """
+    out: dict[str, Any] = {"sandbox_url": None, "sandbox": None, "limiters": {}}
+    for entry in tool_entries or []:
+        if not str(entry.get("class_name", "")).endswith("SandboxFusionTool"):
+            continue
+        cfg = entry.get("config") or {}
+        name = ((entry.get("tool_schema") or {}).get("function") or {}).get("name", "code_interpreter")
+        if start_sandbox and str(cfg.get("sandbox_fusion_url") or "local") == "local" and out["sandbox"] is None:
+            if os.environ.get("SLIME_SANDBOX_URL"):
+                out["sandbox_url"] = os.environ["SLIME_SANDBOX_URL"]
+            else:
+                from slime.sandbox.server import start_local_sandbox
+
+                url, handle = start_local_sandbox()
+                os.environ["SLIME_SANDBOX_URL"] = url
+                out.update(sandbox_url=url, sandbox=handle)
+        if create_limiters and cfg.get("enable_global_rate_limit", True):
+            spec = rate_limiter_spec(cfg, name)
+            n = spec.pop("name")
+            out["limiters"][n] = get_or_create_rate_limiter(n, **spec)
+    return out
+
+
 class _Retryable(Exception):
     def __init__(self, reason: str, retry_after: float | None = None, throttled: bool = False) -> None:
         super().__init__(reason)
@@ -112,15 +153,14 @@ class SandboxFusionTool(BaseTool):
                 return None
         except ImportError:
             return None
-        h = get_rate_limiter(self.limiter_name)
-        if h is None:
-            # The manager normally creates it (and owns it). A worker that finds none creates it
-            # detached, so it does not die with this worker. A mismatching limit raises.
-            h = get_or_create_rate_limiter(self.limiter_name, self.rate_limit, self.rate_per_second, self.burst,
-                                           detached=True)
-        else:
-            get_or_create_rate_limiter(self.limiter_name, self.rate_limit, self.rate_per_second, self.burst)
-        return h
+        spec = rate_limiter_spec(self.config, self.name)
+        assert spec["name"] == self.limiter_name
+        spec.pop("name")
+        # The manager normally created it (prepare_sandbox_services) and owns it. A worker that
+        # finds none creates it detached, so it does not die with this worker. Either way a
+        # different limit under the same name raises RateLimiterConfigError.
+        detached = get_rate_limiter(self.limiter_name) is None
+        return get_or_create_rate_limiter(self.limiter_name, detached=detached, **spec)
 
     def _limiter(self) -> RateLimiter:
         loop_id = id(asyncio.get_running_loop())

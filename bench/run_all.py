@@ -1,0 +1,54 @@
+"""`make bench`: run every benchmark, one after the other on the same machine, and write
+`bench/RESULTS.md` with each one's command and output.
+
+    python -m bench.run_all [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BENCHMARKS = [
+    ("Rollout orchestration overhead (issue 2)", ["-m", "bench.bench_rollout_overhead"]),
+    ("Cold start, two embedded engines (issue 2)", ["-m", "bench.bench_cold_start"]),
+    ("Multi-turn per-turn cost (issue 3)", ["-m", "bench.bench_multi_turn"]),
+    ("Rate limiter and sandbox (issue 4)", ["-m", "bench.bench_rate_limiter"]),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=None, help="substrings of benchmark titles")
+    a = ap.parse_args()
+    out = ["# Benchmark results", "",
+           f"Written by `python -m bench.run_all` (`make bench`) on {time.strftime('%Y-%m-%d')}, "
+           f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}. "
+           "Each section gives the command that produced it; ratios are measured side by side in one run.", ""]
+    failed = []
+    for title, cmd in BENCHMARKS:
+        if a.only and not any(o.lower() in title.lower() for o in a.only):
+            continue
+        print(f"== {title}", flush=True)
+        t = time.monotonic()
+        proc = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True)
+        text = "\n".join(line for line in proc.stdout.splitlines() if line.strip())
+        print(text, flush=True)
+        if proc.returncode:
+            failed.append(title)
+            text += f"\n(exit {proc.returncode})\n" + proc.stderr[-2000:]
+        out += [f"## {title}", "", f"`python {' '.join(cmd)}` ({time.monotonic() - t:.0f} s)", "", "```", text,
+                "```", ""]
+    (ROOT / "bench" / "RESULTS.md").write_text("\n".join(out))
+    if failed:
+        sys.exit(f"benchmarks failed: {failed}")
+
+
+if __name__ == "__main__":
+    main()

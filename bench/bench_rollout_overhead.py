@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from slime.backends.router import Router, wait_until  # noqa: E402
+from slime.backends.router import Router  # noqa: E402
+from slime.utils.proc import wait_until  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.tiny_model import build_tiny_model  # noqa: E402
 

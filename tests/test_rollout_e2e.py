@@ -18,7 +18,6 @@ import torch
 
 from slime.rollout.debug_data import load_debug_rollout
 from slime.utils.args import parse_args
-from slime.utils.types import Sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_PROMPTS, N_SAMPLES, MAX_LEN = 3, 2, 12
@@ -54,7 +53,8 @@ def manager(ray_cluster, tiny_model_dir, data_files, tmp_path_factory):
                                 "--save-debug-rollout-data", str(tmp / "debug" / "rollout_{rollout_id}.pt"),
                                 "--save-debug-train-data", str(tmp / "debug" / "train_{rollout_id}.pt"),
                                 "--eval-prompt-data", "mini", str(data_files / "eval.jsonl"),
-                                "--n-samples-per-eval-prompt", "2"))
+                                "--n-samples-per-eval-prompt", "2", "--use-wandb", "--wandb-dir",
+                                str(tmp / "wandb"), "--rollout-data-dir", str(tmp / "dumps")))
     m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
     info = ray.get(m.start.remote())
     yield m, info, tmp, args
@@ -204,6 +204,27 @@ def test_engine_killed_mid_rollout_loses_nothing(manager):
     assert len(batch["tokens"]) == n and sorted(batch["sample_indices"]) == sorted(set(batch["sample_indices"]))
     summary = ray.get(m.last_summary.remote())
     assert summary["samples"] == n and summary["failed"] == 0 and summary["engine_retries"] >= 1
+
+
+def test_manager_and_controller_share_one_wandb_run(manager):
+    """Run last on the module's manager: shut it down and read back what both actors logged."""
+    import ray
+
+    from slime.observability import wandb_reader
+    from slime.observability.rollout_dump import validate_line
+
+    m, _, tmp, _ = manager
+    ray.get(m.shutdown.remote())
+    [run_dir] = wandb_reader.find_run_dirs(tmp / "wandb")
+    assert wandb_reader.wait_closed(run_dir)
+    keys = set().union(*wandb_reader.read_history(run_dir))
+    assert {"rollout/reward_mean", "rollout/truncated_ratio", "perf/rollout_time", "perf/tokens_per_s",
+            "perf/engine_retries", "eval/mini", "eval/mini-truncated_ratio"} <= keys
+    lines = (tmp / "dumps" / "0.jsonl").read_text().splitlines()
+    assert len(lines) == N_PROMPTS * N_SAMPLES
+    rec = validate_line(lines[0])
+    assert rec.step == 0 and rec.response_length == len(rec.tokens) - rec.prompt_length
+    assert (tmp / "dumps" / "eval" / "mini" / "1.jsonl").exists()
 
 
 def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from slime.backends.router import Router
 from slime.backends.scripted_engine import ScriptedEngine, default_log_prob
-from slime.rollout.data_source import DataSource, build_prompt_samples
+from slime.rollout.data_source import DataSource
 from slime.rollout.engine_client import GenerateState
 from slime.rollout.sglang_rollout import generate_rollout
 from slime.utils.args import parse_args

@@ -18,9 +18,8 @@ from typing import Any
 
 import requests
 
-from slime.backends.router import RouterError, log_tail, wait_until
 from slime.utils.misc import find_free_port
-from slime.utils.proc import die_with_parent
+from slime.utils.proc import ReadinessError, die_with_parent, log_tail, wait_until
 
 
 class EngineStartError(RuntimeError):
@@ -76,7 +75,7 @@ class EngineServer:
         try:
             wait_until(lambda: requests.get(f"{self.url}/health", timeout=2).status_code == 200,
                        self.startup_timeout, f"engine {self.name} at {self.url}", self.proc, self.log_path)
-        except RouterError as e:
+        except ReadinessError as e:
             self.stop()
             raise EngineStartError(str(e)) from None
         return self.url

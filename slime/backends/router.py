@@ -14,49 +14,19 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import requests
 
 from slime.utils.misc import find_free_port
-from slime.utils.proc import die_with_parent
+from slime.utils.proc import ReadinessError, die_with_parent, wait_until
 
 logger = logging.getLogger(__name__)
 
 
 class RouterError(RuntimeError):
-    pass
-
-
-def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None,
-               log_path: Path | None = None, interval: float = 0.05):
-    """Probe `check()` until it returns a truthy value or the deadline passes.
-
-    Readiness of another process has no event to wait on; a short probe interval with a hard
-    deadline is the honest replacement for a fixed sleep. Fails fast if `proc` exits.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except requests.RequestException:
-            pass
-        if proc is not None and proc.poll() is not None:
-            raise RouterError(f"{what}: process exited with code {proc.returncode}{log_tail(log_path)}")
-        if time.monotonic() > deadline:
-            raise RouterError(f"{what}: not ready after {timeout:.0f}s{log_tail(log_path)}")
-        time.sleep(interval)
-
-
-def log_tail(path: Path | None, lines: int = 30) -> str:
-    if path is None or not Path(path).exists():
-        return ""
-    text = Path(path).read_text(errors="replace").splitlines()[-lines:]
-    return f"\n--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+    """The router refused a worker."""
 
 
 def _clean_env() -> dict[str, str]:
@@ -131,7 +101,7 @@ class Router:
                            proc.pid, proc.returncode, self.restarts)
             try:
                 self._spawn()
-            except RouterError as e:
+            except (ReadinessError, requests.RequestException) as e:
                 logger.error("router restart failed: %s", e)
                 return
 

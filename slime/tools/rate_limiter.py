@@ -171,7 +171,8 @@ class LimiterCore:
 
     def push(self, cid: str, release: int = 0, ret_tok: int = 0, need: int = 0, need_tok: int = 0,
              want: int = 0, want_tok: int = 0, cancel: int = 0, cancel_tok: int = 0, ok: int = 0,
-             throttled: int = 0, inflight: int | None = None, waiting: int | None = None) -> None:
+             throttled: int = 0, inflight: int | None = None, waiting: int | None = None) -> dict[str, int]:
+        """Apply one batched message from a client; returns how much of its cancel was applied."""
         c = self._client(cid)
         if release:
             release = min(release, c.held)  # a reclaimed (presumed dead) client cannot free twice
@@ -202,11 +203,16 @@ class LimiterCore:
                 need_tok = want_tok = 0
             self.queue.append(_Entry(cid, need, need_tok, max(0, want - need), max(0, want_tok - need_tok),
                                      time.monotonic()))
+        applied = (0, 0)
         if cancel or cancel_tok:  # after the append: a message may carry a demand and its withdrawal
-            self._cancel(cid, cancel, cancel_tok)
+            applied = self._cancel(cid, cancel, cancel_tok)
         self._dispatch()
+        return {"cancelled": applied[0], "cancelled_tok": applied[1]}
 
-    def _cancel(self, cid: str, perm: int, tok: int) -> None:
+    def _cancel(self, cid: str, perm: int, tok: int) -> tuple[int, int]:
+        """Withdraw up to (perm, tok) of the client's queued demand, newest first; returns what
+        was actually withdrawn (the rest was granted already and is on its way)."""
+        want_p, want_t = perm, tok
         for e in reversed(self.queue):
             if e.cid != cid:
                 continue
@@ -218,6 +224,7 @@ class LimiterCore:
             e.tok -= d
             tok -= d
         self.queue = deque(e for e in self.queue if e.perm or e.tok or e.xperm or e.xtok)
+        return want_p - perm, want_t - tok
 
     def _deliver(self, cid: str, perm: int, tok: int, need_perm: int | None = None, need_tok: int | None = None) -> None:
         c = self.clients[cid]
@@ -388,8 +395,8 @@ def _actor_class():
             async def config(self) -> dict[str, Any]:
                 return self.core.config()
 
-            async def push(self, cid: str, kw: dict[str, int]) -> None:
-                self.core.push(cid, **kw)
+            async def push(self, cid: str, kw: dict[str, int]) -> dict[str, int]:
+                return self.core.push(cid, **kw)
 
             async def poll(self, cid: str) -> tuple[int, int, bool, bool, int, int]:
                 return await self.core.poll(cid)
@@ -400,7 +407,8 @@ def _actor_class():
             async def stats(self) -> dict[str, Any]:
                 return self.core.stats()
 
-            async def dump(self):
+            async def queue_snapshot(self):
+                """Debugging: the queue as (client, permits, prefetch) and each client's (held, contended)."""
                 return [(e.cid, e.perm, e.xperm) for e in self.core.queue], {k: (c.held, c.contended) for k, c in self.core.clients.items()}
 
             async def wait_waiting(self, n: int, timeout: float = 30.0) -> int:
@@ -476,8 +484,8 @@ class _LocalBackend:
     def __init__(self, core: LimiterCore) -> None:
         self.core = core
 
-    def push(self, cid: str, kw: dict[str, int]) -> None:
-        self.core.push(cid, **kw)  # applied synchronously: nothing in flight
+    def push(self, cid: str, kw: dict[str, int]) -> dict[str, int]:
+        return self.core.push(cid, **kw)  # applied synchronously: nothing in flight
 
     async def poll(self, cid: str):
         return await self.core.poll(cid)
@@ -545,6 +553,8 @@ class RateLimiter:
         self.waiters: deque[asyncio.Future] = deque()
         self.asked = 0  # permits requested and not yet received
         self.asked_tok = 0
+        self.cancel_pending = 0  # withdrawals sent, not yet confirmed
+        self.cancel_pending_tok = 0
         self.contended = False
         self.broken: BaseException | None = None
         self.closed = False
@@ -715,8 +725,14 @@ class RateLimiter:
         live = self.n_waiting
         if self.closed or self.broken is not None:
             return
-        need = max(0, live - self.free - self.asked)
-        need_tok = max(0, live - self.tokens - self.asked_tok) if self.rate_limited else 0
+        # `asked` counts demand sent and neither granted nor confirmed withdrawn; withdrawals on
+        # their way (`cancel_pending`) are confirmed by the core with the exact amount applied,
+        # so a withdrawal racing a grant is never counted twice.
+        # (negative while a grant overtook the confirmation of a withdrawal it made moot)
+        eff = max(0, self.asked - self.cancel_pending)
+        eff_tok = max(0, self.asked_tok - self.cancel_pending_tok)
+        need = max(0, live - self.free - eff)
+        need_tok = max(0, live - self.tokens - eff_tok) if self.rate_limited else 0
         if need or need_tok:
             kw = self._kw
             kw["need"] = kw.get("need", 0) + need
@@ -729,15 +745,17 @@ class RateLimiter:
                 kw["want_tok"] = kw.get("want_tok", 0) + need_tok
             self.asked += need
             self.asked_tok += need_tok
+            eff += need
+            eff_tok += need_tok
             self._schedule_flush()
         # more asked than anybody needs (waiters left): take the demand back
-        surplus = self.asked - max(0, live - self.free)
-        surplus_tok = self.asked_tok - max(0, live - self.tokens) if self.rate_limited else 0
+        surplus = eff - max(0, live - self.free)
+        surplus_tok = eff_tok - max(0, live - self.tokens) if self.rate_limited else 0
         if surplus > 0 or surplus_tok > 0:
             self._kw["cancel"] = self._kw.get("cancel", 0) + max(0, surplus)
             self._kw["cancel_tok"] = self._kw.get("cancel_tok", 0) + max(0, surplus_tok)
-            self.asked -= max(0, surplus)
-            self.asked_tok -= max(0, surplus_tok)
+            self.cancel_pending += max(0, surplus)
+            self.cancel_pending_tok += max(0, surplus_tok)
             self._schedule_flush()
         if self.contended and (self.free > live or (self.rate_limited and self.tokens > live)):
             self._give_back_idle()
@@ -782,15 +800,28 @@ class RateLimiter:
         except Exception as e:  # noqa: BLE001
             self._break(e)
             return
-        if ack is not None:
-            self._push_inflight = True
-            ack.add_done_callback(self._pushed)
-
-    def _pushed(self, ack: asyncio.Future) -> None:
-        self._push_inflight = False
-        if not ack.cancelled() and ack.exception() is not None:
-            self._break(ack.exception())
+        sent = (kw.get("cancel", 0), kw.get("cancel_tok", 0))
+        if isinstance(ack, dict):  # applied already (in-process core)
+            self._confirm(sent, ack)
+            if self.asked > self.n_waiting:
+                self._pump()
             return
+        self._push_inflight = True
+        ack.add_done_callback(lambda f: self._pushed(f, sent))
+
+    def _confirm(self, sent: tuple[int, int], result: dict[str, int]) -> None:
+        self.cancel_pending -= sent[0]
+        self.cancel_pending_tok -= sent[1]
+        self.asked = max(0, self.asked - result.get("cancelled", 0))
+        self.asked_tok = max(0, self.asked_tok - result.get("cancelled_tok", 0))
+
+    def _pushed(self, ack: asyncio.Future, sent: tuple[int, int]) -> None:
+        self._push_inflight = False
+        if ack.cancelled() or ack.exception() is not None:
+            self._break(ack.exception() if not ack.cancelled() else RuntimeError("push cancelled"))
+            return
+        self._confirm(sent, ack.result())
+        self._pump()  # the confirmation may leave demand nobody needs any more: withdraw it
         if self._kw:
             self._schedule_flush()
 

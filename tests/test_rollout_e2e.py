@@ -250,6 +250,37 @@ def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path)
         router.stop()
 
 
+def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, tiny_model_dir, data_files, tmp_path):
+    """`sandbox_fusion_url: local`: the manager starts one sandbox and the tool's global limiter;
+    tool calls made inside the controller actor run in that sandbox."""
+    import ray
+
+    from slime.ray.rollout_manager import RolloutManager
+    from slime.tools.rate_limiter import get_rate_limiter
+
+    args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact",
+                                "--rollout-num-engines", "1", "--tool-config-path",
+                                os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
+                                "--custom-generate-function-path", "tests.plugins.sandbox_probe.generate",
+                                "--chat-template-check", "warn", "--max-turns", "1",
+                                "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")))
+    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+    try:
+        info = ray.get(m.start.remote())
+        url = info["sandbox_url"]
+        assert url and requests.get(f"{url}/v1/ping", timeout=5).ok
+        assert info["rate_limiters"] == ["tool:code_interpreter"]
+        ray.get(ray.get(m.generate.remote(0)).inner)
+        samples = load_debug_rollout(args.save_debug_rollout_data, 0)
+        assert len(samples) == N_PROMPTS * N_SAMPLES
+        assert all(s.metadata["probe"] == f"{s.index * 7}\n" for s in samples)
+        assert get_rate_limiter("tool:code_interpreter") is not None
+    finally:
+        ray.get(m.shutdown.remote())
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{url}/v1/ping", timeout=5)
+
+
 def _procs_with(marker: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):

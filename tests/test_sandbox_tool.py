@@ -177,11 +177,10 @@ async def test_local_limit_caps_concurrency():
         await runner.cleanup()
 
 
-async def test_global_limit_without_ray_degrades_to_local():
+async def _degrades_to_local() -> None:
     import ray
 
-    if ray.is_initialized():
-        pytest.skip("Ray is up in this session")
+    assert not ray.is_initialized()
     fake = FakeSandbox()
     runner, url = await serve(fake)
     try:
@@ -189,8 +188,22 @@ async def test_global_limit_without_ray_degrades_to_local():
         iid, _ = await tool.create()
         res = await asyncio.gather(*[tool.execute(iid, {"code": "print(1)"}) for _ in range(10)])
         assert all(r[0].text == "ran python\n" for r in res) and fake.max <= 2
+        assert fake.max == 2  # the local limit was reached, not just respected by accident
     finally:
         await runner.cleanup()
+
+
+def test_global_limit_without_ray_degrades_to_local():
+    """Runs in a fresh interpreter: Ray is up in this test session, and the point is its absence."""
+    import subprocess
+    import sys
+
+    code = ("import asyncio, sys; sys.path.insert(0, sys.argv[1]); "
+            "from tests.test_sandbox_tool import _degrades_to_local; asyncio.run(_degrades_to_local())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 async def test_local_url_uses_managers_sandbox(sandbox_url, monkeypatch):

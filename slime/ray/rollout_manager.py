@@ -32,6 +32,7 @@ class RolloutManager:
         self.engine_urls: list[str] = []
         self.controller = None
         self.wandb_run_id: str | None = None
+        self.tool_services: dict[str, Any] = {"sandbox_url": None, "sandbox": None, "limiters": {}}
         self._shut = False
 
     # ---- start-up ----
@@ -40,8 +41,11 @@ class RolloutManager:
         try:
             engine_refs = [] if self.args.load_debug_rollout_data else self._launch_engines()
             self.wandb_run_id = self._init_wandb()
-            self.controller = ray.remote(RolloutController).options(num_cpus=0, max_concurrency=4).remote(
-                self.args, self.wandb_run_id)
+            self.tool_services = self._prepare_tool_services()
+            env = {"SLIME_SANDBOX_URL": self.tool_services["sandbox_url"]} if self.tool_services["sandbox_url"] else {}
+            self.controller = ray.remote(RolloutController).options(
+                num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env} if env else None,
+            ).remote(self.args, self.wandb_run_id)
             if engine_refs:
                 self._start_router()
                 urls = ray.get(engine_refs)  # the first engine failure is raised here
@@ -95,6 +99,22 @@ class RolloutManager:
         for url in self.engine_urls:
             router.add_worker(url)
 
+    def _prepare_tool_services(self) -> dict[str, Any]:
+        """Long-lived services the tools share, owned here so they outlive any worker: the local
+        sandbox (`sandbox_fusion_url: local`) and one global rate limiter per sandbox tool."""
+        path = getattr(self.args, "tool_config_path", None)
+        if not path:
+            return {"sandbox_url": None, "sandbox": None, "limiters": {}}
+        import yaml
+
+        from slime.tools.sandbox_fusion_tool import prepare_sandbox_services
+
+        try:
+            entries = (yaml.safe_load(open(path)) or {}).get("tools") or []
+        except (OSError, yaml.YAMLError, AttributeError):
+            entries = []  # the controller's tool registry reports what is wrong with the file
+        return prepare_sandbox_services(entries if isinstance(entries, list) else [])
+
     def _init_wandb(self) -> str | None:
         if not getattr(self.args, "use_wandb", False):
             return None
@@ -107,7 +127,9 @@ class RolloutManager:
                 if self.args.sglang_router_ip else None,
                 "router_pid": self.router.pid if self.router else None,
                 "router_restarts": self.router.restarts if self.router else 0,
-                "engine_urls": list(self.engine_urls)}
+                "engine_urls": list(self.engine_urls),
+                "sandbox_url": self.tool_services["sandbox_url"],
+                "rate_limiters": sorted(self.tool_services["limiters"])}
 
     # ---- the trainer's API ----
     def generate(self, rollout_id: int) -> Box:
@@ -161,6 +183,7 @@ class RolloutManager:
             steps.append((f"engine {i}", lambda e=e: ray.get(e.stop.remote(), timeout=60)))
         steps += [(f"engine actor {i}", lambda e=e: ray.kill(e)) for i, e in enumerate(self.all_engines)]
         steps.append(("controller", lambda: self.controller is not None and ray.kill(self.controller)))
+        steps.append(("sandbox", lambda: self.tool_services["sandbox"] and self.tool_services["sandbox"].stop()))
         steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
         if getattr(self.args, "use_wandb", False):
             from slime.observability.wandb_logger import finish

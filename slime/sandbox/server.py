@@ -90,7 +90,7 @@ class Admission:
                 "total": self.total, "rejected": self.rejected}
 
 
-def build_app(cfg, max_queue: int):
+def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -101,6 +101,19 @@ def build_app(cfg, max_queue: int):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if lifeline_fd is not None:
+            # The parent holds the write end: EOF means it is gone (even SIGKILLed), so we go too.
+            def parent_gone() -> None:
+                try:
+                    if os.read(lifeline_fd, 1):
+                        return
+                except OSError:
+                    pass
+                asyncio.get_running_loop().remove_reader(lifeline_fd)
+                logger.warning("parent process gone: shutting down")
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            asyncio.get_running_loop().add_reader(lifeline_fd, parent_gone)
         if os.environ.get("SLIME_SANDBOX_READY_FD"):
             fd = int(os.environ["SLIME_SANDBOX_READY_FD"])
             with contextlib.suppress(OSError):
@@ -173,6 +186,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--fd", type=int, default=None, help="serve on this already-bound listening socket")
+    ap.add_argument("--lifeline-fd", type=int, default=None,
+                    help="read end of a pipe held by the parent: exit when it closes")
     ap.add_argument("--max-concurrency", type=int, default=min(8, os.cpu_count() or 2))
     ap.add_argument("--max-queue", type=int, default=None, help="waiting runs before 429 (default 16x concurrency)")
     ap.add_argument("--allow-no-isolation", action="store_true",
@@ -211,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg.isolate = False
     import uvicorn
 
-    app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency)
+    app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
+                    lifeline_fd=args.lifeline_fd)
     if args.fd is None:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
                     access_log=False)
@@ -226,8 +242,9 @@ def main(argv: list[str] | None = None) -> None:
 class LocalSandbox:
     """Handle of a sandbox server child process."""
 
-    def __init__(self, proc: subprocess.Popen, url: str) -> None:
+    def __init__(self, proc: subprocess.Popen, url: str, lifeline: int | None = None) -> None:
         self.proc, self.url = proc, url
+        self._lifeline = lifeline  # write end; closing it (or our death) stops the server
 
     @property
     def pid(self) -> int:
@@ -237,6 +254,10 @@ class LocalSandbox:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self._lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lifeline)
+            self._lifeline = None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -266,7 +287,8 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
     sock.listen(1024)
     port = sock.getsockname()[1]
     r, w = os.pipe()
-    args = [sys.executable, "-m", "slime.sandbox.server", "--fd", str(sock.fileno())]
+    life_r, life_w = os.pipe()  # non-inheritable: only the server gets the read end
+    args = [sys.executable, "-m", "slime.sandbox.server", "--fd", str(sock.fileno()), "--lifeline-fd", str(life_r)]
     if max_concurrency:
         args += ["--max-concurrency", str(max_concurrency)]
     if max_queue is not None:
@@ -278,16 +300,21 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
-        proc = subprocess.Popen(args, pass_fds=(sock.fileno(), w), env=env, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(args, pass_fds=(sock.fileno(), w, life_r), env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, start_new_session=True)
+    except BaseException:
+        os.close(life_w)
+        raise
     finally:
         os.close(w)
+        os.close(life_r)
         sock.close()
     # wait for the READY line or the child's exit: an event, not a sleep
     sel = selectors.DefaultSelector()
     sel.register(r, selectors.EVENT_READ)
     buf = b""
     deadline = time.monotonic() + ready_timeout
+    ok = False
     try:
         while READY.encode() not in buf:
             left = deadline - time.monotonic()
@@ -300,9 +327,12 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
                 err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
                 raise RuntimeError(f"slime-sandbox exited with code {proc.returncode}: {err[-2000:]}")
             buf += chunk
+        ok = True
     finally:
         sel.close()
         os.close(r)
+        if not ok:
+            os.close(life_w)
     # from now on the child's stderr is only logs: drain it so it never blocks
     if proc.stderr is not None:
         import threading
@@ -312,7 +342,7 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
                 logger.info("sandbox: %s", line.decode(errors="replace").rstrip())
 
         threading.Thread(target=drain, args=(proc.stderr,), daemon=True).start()
-    return f"http://{host}:{port}", LocalSandbox(proc, f"http://{host}:{port}")
+    return f"http://{host}:{port}", LocalSandbox(proc, f"http://{host}:{port}", life_w)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,27 @@ Ray hops per call, no rate, one shared actor name, dies with whichever worker cr
   (`get_or_create_rate_limiter`), never by a worker in passing. Creating it again with another
   limit raises `RateLimiterConfigError`.
 * `RateLimiter` is the per-process client. Uncontended, ``acquire`` takes a leased idle permit
-  and a leased token locally: no Ray call (a few microseconds). When it runs out it asks the core
-  for more (with prefetch), one batched message per event-loop tick, not per call. Grants come
-  back on a single long-poll per client.
-* Contention: as soon as anybody has to wait, the core recalls idle permits and tokens from every
-  client and switches them to "contended" mode: then every acquire queues at the core (one FIFO
-  across all callers and nodes, batched per client and tick) and every release goes back to the
-  core, so permits are handed out first-come first-served globally. When the queue drains the
-  core switches clients back to local leasing.
+  and a leased token locally: no Ray call (about a microsecond). When it runs out it asks the core
+  for more (with prefetch of permits, never of tokens, so the burst bound stays exact). Messages
+  are batched: at most one is in flight per client, and whatever accumulates meanwhile leaves
+  with the next (self-clocked batching, no timer). Grants come back on one long-poll per client.
+* Contention and FIFO: the core keeps one FIFO queue of demand for all callers and nodes. As
+  soon as somebody *else* is queued, it recalls idle permits from a client and switches it to
+  "contended" mode: its releases go back to the core and its acquires queue there, so permits
+  are handed out in arrival order (arrival = when the demand reached the core: once it has, no
+  later caller anywhere is served first). A client whose own callers are the only ones waiting
+  keeps handing permits over locally. When the queue drains, clients lease locally again.
+  Withdrawn demand (timeouts, cancellations) is confirmed by the core with the exact amount
+  withdrawn, so a withdrawal racing a grant is never counted twice.
 * AIMD: a 429 reported by a caller (``release(throttled=True)``) halves the effective cap and rate
   (at most once per ``cut_cooldown`` s); successes grow them back additively (+1 permit per
   ``cap`` successes).
 * No leaks: an acquire that times out or is cancelled gives back its demand (or the permit if it
   was granted in the race); `RateLimiter.limit()` releases on every exit path; `close()` returns
-  all leases. A client process that dies holding a lease is reclaimed once it has ignored a recall
-  for ``lease_ttl`` seconds (the only case where the core trusts a timeout).
+  all leases (permits still in use stay counted until released); a client whose event loop was
+  closed is abandoned and its leases handed back when the process makes a new client. A client
+  process that dies holding a lease is reclaimed once it has ignored a recall for ``lease_ttl``
+  seconds (the only case where the core trusts a timeout).
 
 The same client runs against an in-process core (`local_rate_limiter`) when the global limiter is
 disabled, so both paths share one implementation.
@@ -503,7 +509,6 @@ class _LocalBackend:
 class _RayBackend:
     def __init__(self, handle) -> None:
         self.handle = handle
-        self._last = None
 
     def push(self, cid: str, kw: dict[str, int]) -> asyncio.Future:
         """Send; the returned future resolves when the actor has applied it."""
@@ -803,8 +808,7 @@ class RateLimiter:
         sent = (kw.get("cancel", 0), kw.get("cancel_tok", 0))
         if isinstance(ack, dict):  # applied already (in-process core)
             self._confirm(sent, ack)
-            if self.asked > self.n_waiting:
-                self._pump()
+            self._pump()
             return
         self._push_inflight = True
         ack.add_done_callback(lambda f: self._pushed(f, sent))

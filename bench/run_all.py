@@ -23,6 +23,20 @@ BENCHMARKS = [
 ]
 
 
+def _sections(path: Path) -> dict[str, str]:
+    """`## title` -> body of an existing RESULTS.md, so `--only` reruns keep the other results."""
+    if not path.exists():
+        return {}
+    sections, title = {}, None
+    for line in path.read_text().splitlines(keepends=True):
+        if line.startswith("## "):
+            title = line[3:].strip()
+            sections[title] = ""
+        elif title is not None:
+            sections[title] += line
+    return sections
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", default=None, help="substrings of benchmark titles")
@@ -32,8 +46,11 @@ def main() -> None:
            f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}. "
            "Each section gives the command that produced it; ratios are measured side by side in one run.", ""]
     failed = []
+    previous = _sections(ROOT / "bench" / "RESULTS.md")
     for title, cmd in BENCHMARKS:
         if a.only and not any(o.lower() in title.lower() for o in a.only):
+            if title in previous:  # not rerun: keep its last result
+                out += [f"## {title}", "", previous[title].strip(), ""]
             continue
         print(f"== {title}", flush=True)
         t = time.monotonic()

@@ -22,6 +22,13 @@ class EngineActor:
         else:
             self.server = hf_server(args, rank, host, args.log_dir)
 
+    def rendezvous_address(self) -> str:
+        """`host:port` on this node for a multi-node engine's `--dist-init-addr`."""
+        from slime.utils.misc import find_free_port
+
+        ip = ray.util.get_node_ip_address()
+        return f"{ip}:{find_free_port(ip)}"
+
     def start(self) -> str:
         return self.server.start()
 

@@ -68,12 +68,17 @@ class RolloutManager:
             per_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
             nodes_per_engine = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
             num_engines = args.rollout_num_gpus // per_node // nodes_per_engine
+            actor_cls = ray.remote(EngineActor)
             for rank in range(num_engines):
+                dist_init_addr = None
                 for node_rank in range(nodes_per_engine):
-                    actor = ray.remote(EngineActor).options(
+                    actor = actor_cls.options(
                         num_cpus=0.2, num_gpus=0.2,
                         scheduling_strategy=bundle_strategy(self.pg, (rank * nodes_per_engine + node_rank) * per_node),
-                    ).remote(args, rank, node_rank, nodes_per_engine, None)
+                    ).remote(args, rank, node_rank, nodes_per_engine, dist_init_addr)
+                    if node_rank == 0 and nodes_per_engine > 1:
+                        # the other nodes of this engine join node 0's torch.distributed rendezvous
+                        dist_init_addr = ray.get(actor.rendezvous_address.remote())
                     self.all_engines.append(actor)
             self.engines = self.all_engines[::nodes_per_engine]
         else:

@@ -90,7 +90,7 @@ class _Entry:
 
 class _ClientState:
     __slots__ = ("held", "perm", "tok", "pn", "tn", "recall", "contended", "event", "last_seen", "recall_since",
-                 "inflight", "waiting", "dead", "closing")
+                 "inflight", "waiting", "dead", "closing", "pledged", "pledge_new", "pp", "revoke")
 
     def __init__(self) -> None:
         self.held = 0  # permits leased to this client (in use + idle + in transit)
@@ -107,6 +107,10 @@ class _ClientState:
         self.waiting = 0
         self.dead = False
         self.closing = False
+        self.pledged = 0  # callers of this client at the head of the FIFO it may serve by recycling
+        self.pledge_new = 0  # mailbox: pledge granted, not yet collected
+        self.pp = 0  # mailbox: permits granted against the pledge (included in `perm`)
+        self.revoke = False  # mailbox: the pledge was revoked (AIMD cut below what is out)
 
 
 class LimiterCore:
@@ -132,6 +136,7 @@ class LimiterCore:
         self.out = 0  # permits held by clients
         self.clients: dict[str, _ClientState] = {}
         self.queue: deque[_Entry] = deque()
+        self.pledges: dict[str, None] = {}  # clients holding a pledge, in FIFO order (at most one is created at a time)
         self.contended = False
         self._timer: asyncio.TimerHandle | None = None
         self._ttl_timer: asyncio.TimerHandle | None = None
@@ -177,9 +182,17 @@ class LimiterCore:
 
     def push(self, cid: str, release: int = 0, ret_tok: int = 0, need: int = 0, need_tok: int = 0,
              want: int = 0, want_tok: int = 0, cancel: int = 0, cancel_tok: int = 0, ok: int = 0,
-             throttled: int = 0, inflight: int | None = None, waiting: int | None = None) -> dict[str, int]:
+             throttled: int = 0, inflight: int | None = None, waiting: int | None = None,
+             recycled: int = 0, unpledge: int = 0) -> dict[str, int]:
         """Apply one batched message from a client; returns how much of its cancel was applied."""
         c = self._client(cid)
+        if recycled or unpledge:
+            # before the releases: a release sent after the pledge was used up must go to the
+            # next in line, not back to this client as a stale pledge grant
+            self.granted += recycled
+            c.pledged = max(0, c.pledged - recycled - unpledge)
+            if not c.pledged:
+                self.pledges.pop(cid, None)
         if release:
             release = min(release, c.held)  # a reclaimed (presumed dead) client cannot free twice
             c.held -= release
@@ -207,8 +220,15 @@ class LimiterCore:
         if need or need_tok or want > need or want_tok > need_tok:
             if not self.base_rate:
                 need_tok = want_tok = 0
-            self.queue.append(_Entry(cid, need, need_tok, max(0, want - need), max(0, want_tok - need_tok),
-                                     time.monotonic()))
+            xp, xt = max(0, want - need), max(0, want_tok - need_tok)
+            tail = self.queue[-1] if self.queue else None
+            if tail is not None and tail.cid == cid:  # adjacent demand of one client: one batch
+                tail.perm += need
+                tail.tok += need_tok
+                tail.xperm += xp
+                tail.xtok += xt
+            else:
+                self.queue.append(_Entry(cid, need, need_tok, xp, xt, time.monotonic()))
         applied = (0, 0)
         if cancel or cancel_tok:  # after the append: a message may carry a demand and its withdrawal
             applied = self._cancel(cid, cancel, cancel_tok)
@@ -247,7 +267,36 @@ class LimiterCore:
     def _dispatch(self) -> None:
         self._reclaim_dead()
         self._refill()
-        while self.queue:
+        over = self.out > self.cap
+        if over and self.pledges:  # an AIMD cut: nobody may recycle permits above the new cap
+            for cid in self.pledges:
+                c = self.clients[cid]
+                c.pledged = c.pledge_new = 0
+                c.revoke = True
+                c.event.set()
+            self.pledges.clear()
+        # Pledges are the head of the FIFO (converted from head entries): free permits go there first.
+        for cid in list(self.pledges):
+            free = self.cap - self.out
+            if free <= 0:
+                break
+            c = self.clients[cid]
+            g = min(c.pledged, free)
+            c.pledged -= g
+            c.pp += g
+            self._deliver(cid, g, 0, 0, 0)
+            if not c.pledged:
+                del self.pledges[cid]
+        if len(self.pledges) == 1 and self.queue and not over:
+            cid = next(iter(self.pledges))
+            e = self.queue[0]
+            if e.cid == cid and e.perm:  # the next in line is the pledge holder again: extend it
+                self.queue.popleft()
+                c = self.clients[cid]
+                c.pledged += e.perm
+                c.pledge_new += e.perm
+                c.event.set()
+        while self.queue and not self.pledges:
             e = self.queue[0]
             free = max(0, self.cap - self.out)
             toks = int(self.tokens) if self.base_rate else 0
@@ -259,6 +308,20 @@ class LimiterCore:
                     e.perm -= gp
                     e.tok -= gt
                     self._deliver(e.cid, gp, gt)
+                c = self.clients[e.cid]
+                if not self.base_rate and not over and e.perm and c.held > 0 and not c.dead:
+                    # The head's client holds permits: pledge it the rest of its batch. It serves
+                    # those callers with its own releases (no round trip); until it reports them
+                    # served, every permit freed elsewhere goes to it too, and nobody behind moves.
+                    self.queue.popleft()
+                    c.pledged += e.perm
+                    c.pledge_new += e.perm
+                    self.pledges[e.cid] = None
+                    waited = time.monotonic() - e.t0
+                    self.waits += 1
+                    self.wait_total += waited
+                    self.wait_max = max(self.wait_max, waited)
+                    c.event.set()
                 break
             self.queue.popleft()
             e.perm -= gp
@@ -278,8 +341,7 @@ class LimiterCore:
         # out): then it must give idle permits back and route acquires and releases through the
         # queue, so that permits go first-come first-served across processes. A client whose
         # own callers are the only ones waiting keeps handing permits over locally (no hop).
-        over = self.out > self.cap
-        owners = {e.cid for e in self.queue}
+        owners = {e.cid for e in self.queue} | set(self.pledges)
         self.contended = bool(owners) or over
         for cid, c in self.clients.items():
             if c.dead:
@@ -300,11 +362,14 @@ class LimiterCore:
             # a client that never answers a recall (its process died) is reclaimed after lease_ttl
             self._ttl_timer = asyncio.get_running_loop().call_later(self.lease_ttl + 0.01, self._on_ttl)
         if self._watchers:
-            n_wait = sum(e.perm for e in self.queue)
+            n_wait = self._n_waiting()
             for item in list(self._watchers):
                 if n_wait >= item[0] and not item[1].done():
                     item[1].set_result(n_wait)
                     self._watchers.remove(item)
+
+    def _n_waiting(self) -> int:
+        return sum(e.perm for e in self.queue) + sum(self.clients[cid].pledged for cid in self.pledges)
 
     async def wait_waiting(self, n: int, timeout: float = 30.0) -> int:
         """Resolve once at least `n` permits are queued (for tests and tooling; event-driven)."""
@@ -335,18 +400,23 @@ class LimiterCore:
                 self.out -= c.held
                 c.held = 0
                 c.dead = True
+                c.pledged = 0
+                self.pledges.pop(cid, None)
                 self._cancel(cid, 1 << 30, 1 << 30)
 
-    async def poll(self, cid: str) -> tuple[int, int, bool, bool, int, int]:
-        """Long-poll: returns (permits, tokens, recall, contended, permits against demand,
-        tokens against demand) once there is news."""
+    async def poll(self, cid: str) -> dict[str, Any]:
+        """Long-poll: once there is news, returns the client's mailbox: permits and tokens granted
+        (`perm`, `tok`; `pn`, `tn` of them against demand, `pp` against the pledge), a new pledge,
+        whether its old pledge was revoked, and the recall / contended flags."""
         c = self._client(cid)
         c.dead = False
         await c.event.wait()
         c.event.clear()
         c.last_seen = time.monotonic()
-        out = (c.perm, c.tok, c.recall, c.contended, c.pn, c.tn)
-        c.perm = c.tok = c.pn = c.tn = 0
+        out = {"perm": c.perm, "tok": c.tok, "recall": c.recall, "contended": c.contended, "pn": c.pn,
+               "tn": c.tn, "pledge": c.pledge_new, "pp": c.pp, "revoke": c.revoke}
+        c.perm = c.tok = c.pn = c.tn = c.pledge_new = c.pp = 0
+        c.revoke = False
         if c.recall:
             c.recall = False
             c.recall_since = None
@@ -359,6 +429,8 @@ class LimiterCore:
         self._cancel(cid, 1 << 30, 1 << 30)
         c = self.clients.get(cid)
         if c is not None:
+            c.pledged = 0
+            self.pledges.pop(cid, None)
             c.closing = True
             c.event.set()  # its poll returns
             if c.held <= 0:
@@ -370,7 +442,8 @@ class LimiterCore:
         return {
             "name": self.name, "cap": self.cap, "max_concurrency": self.max_cap, "rate_per_second": self.rate,
             "leased": self.out, "in_flight": sum(c.inflight for c in self.clients.values()),
-            "waiting": sum(e.perm for e in self.queue), "queued_requests": len(self.queue),
+            "waiting": self._n_waiting(), "queued_requests": len(self.queue),
+            "pledged": sum(self.clients[cid].pledged for cid in self.pledges),
             "granted": self.granted, "throttled_429": self.throttled, "aimd_cuts": self.cuts,
             "aimd_factor": self.factor, "wait_count": self.waits, "wait_time_total_s": self.wait_total,
             "wait_time_max_s": self.wait_max, "clients": len(self.clients), "contended": self.contended,
@@ -404,7 +477,7 @@ def _actor_class():
             async def push(self, cid: str, kw: dict[str, int]) -> dict[str, int]:
                 return self.core.push(cid, **kw)
 
-            async def poll(self, cid: str) -> tuple[int, int, bool, bool, int, int]:
+            async def poll(self, cid: str) -> dict[str, Any]:
                 return await self.core.poll(cid)
 
             async def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
@@ -560,6 +633,8 @@ class RateLimiter:
         self.asked_tok = 0
         self.cancel_pending = 0  # withdrawals sent, not yet confirmed
         self.cancel_pending_tok = 0
+        self.pledge = 0  # our oldest waiters the core let us serve with our own releases
+        self.recycled = 0
         self.contended = False
         self.broken: BaseException | None = None
         self.closed = False
@@ -629,6 +704,13 @@ class RateLimiter:
             self._schedule_flush()
         else:
             self._kw["ok"] = self._kw.get("ok", 0) + 1
+        if self.pledge > 0 and not throttled and not self.closed and self.broken is None and self._serve_one():
+            # our callers are at the head of the FIFO (pledged): hand the permit over here
+            self.pledge -= 1
+            self.recycled += 1
+            self._kw["recycled"] = self._kw.get("recycled", 0) + 1
+            self._schedule_flush()
+            return
         if self.contended or self.closed or self.broken is not None:
             self._kw["release"] = self._kw.get("release", 0) + 1
             self._schedule_flush()
@@ -653,7 +735,8 @@ class RateLimiter:
                 "tokens": self.tokens if self.rate_limited else None, "granted": self.granted,
                 "throttled_429": self.throttled_count, "timeouts": self.timeouts, "cancelled": self.cancelled,
                 "wait_time_total_s": self.wait_total, "wait_time_max_s": self.wait_max,
-                "contended": self.contended, "remote_messages": self.remote_messages}
+                "contended": self.contended, "remote_messages": self.remote_messages, "pledged": self.pledge,
+                "recycled": self.recycled}
 
     async def global_stats(self) -> dict[str, Any]:
         return await self.backend.stats()
@@ -668,6 +751,7 @@ class RateLimiter:
                 fut.set_exception(RuntimeError("rate limiter client closed"))
         self.waiters.clear()
         self.n_waiting = 0
+        self.pledge = 0  # the core drops it on unregister
         if self._poller is not None:
             self._poller.cancel()
         release = self.free + self._kw.pop("release", 0)
@@ -712,31 +796,46 @@ class RateLimiter:
             self.n_waiting -= 1
             fut.set_exception(RateLimitTimeout(f"no permit from rate limiter {self.name!r} in time"))
 
-    def _pump(self) -> None:
-        """Serve local waiters from leased permits, then reconcile demand with the core."""
-        while self.waiters and self.free > 0 and (self.tokens > 0 or not self.rate_limited):
+    def _serve_one(self) -> bool:
+        """Wake the oldest live waiter with a permit it now holds; False if nobody waits."""
+        while self.waiters:
             fut = self.waiters.popleft()
             if fut.done():  # timed out or cancelled: already uncounted
                 continue
-            self.free -= 1
-            if self.rate_limited:
-                self.tokens -= 1
             self.inflight += 1
             self.granted += 1
             self.n_waiting -= 1
             fut.set_result(None)
+            return True
+        return False
+
+    def _pump(self) -> None:
+        """Serve local waiters from leased permits, then reconcile demand with the core."""
+        while self.free > 0 and (self.tokens > 0 or not self.rate_limited) and self._serve_one():
+            self.free -= 1
+            if self.rate_limited:
+                self.tokens -= 1
         while self.waiters and self.waiters[0].done():
             self.waiters.popleft()
         live = self.n_waiting
         if self.closed or self.broken is not None:
             return
+        # Waiters beyond the leased idle permits are covered by the pledge first (they are our
+        # oldest), then by demand queued at the core. A pledge nobody needs any more (waiters
+        # timed out or were served by grants) is handed back so the queue behind it moves on.
+        uncovered = max(0, live - self.free)
+        if self.pledge > uncovered:
+            self._kw["unpledge"] = self._kw.get("unpledge", 0) + self.pledge - uncovered
+            self.pledge = uncovered
+            self._schedule_flush()
+        uncovered -= self.pledge
         # `asked` counts demand sent and neither granted nor confirmed withdrawn; withdrawals on
         # their way (`cancel_pending`) are confirmed by the core with the exact amount applied,
         # so a withdrawal racing a grant is never counted twice.
         # (negative while a grant overtook the confirmation of a withdrawal it made moot)
         eff = max(0, self.asked - self.cancel_pending)
         eff_tok = max(0, self.asked_tok - self.cancel_pending_tok)
-        need = max(0, live - self.free - eff)
+        need = max(0, uncovered - eff)
         need_tok = max(0, live - self.tokens - eff_tok) if self.rate_limited else 0
         if need or need_tok:
             kw = self._kw
@@ -754,7 +853,7 @@ class RateLimiter:
             eff_tok += need_tok
             self._schedule_flush()
         # more asked than anybody needs (waiters left): take the demand back
-        surplus = eff - max(0, live - self.free)
+        surplus = eff - uncovered
         surplus_tok = eff_tok - max(0, live - self.tokens) if self.rate_limited else 0
         if surplus > 0 or surplus_tok > 0:
             self._kw["cancel"] = self._kw.get("cancel", 0) + max(0, surplus)
@@ -832,15 +931,29 @@ class RateLimiter:
     async def _poll_loop(self) -> None:
         try:
             while not self.closed:
-                perm, tok, recall, contended, need_perm, need_tok = await self.backend.poll(self.cid)
+                m = await self.backend.poll(self.cid)
                 self.remote_messages += 1
-                self.asked = max(0, self.asked - need_perm)  # prefetch does not answer demand
-                self.asked_tok = max(0, self.asked_tok - need_tok)
+                contended = m["contended"]
+                # prefetch does not answer demand; a pledge does (it is a grant to be served locally)
+                self.asked = max(0, self.asked - m["pn"] - m["pledge"])
+                self.asked_tok = max(0, self.asked_tok - m["tn"])
+                perm = m["perm"]
+                if m["pp"]:  # permits for pledged callers, unless we served them already
+                    take = min(m["pp"], self.pledge)
+                    self.pledge -= take
+                    stale = m["pp"] - take
+                    if stale and contended:  # ours to keep would jump the queue: give them back
+                        perm -= stale
+                        self._kw["release"] = self._kw.get("release", 0) + stale
+                        self._schedule_flush()
+                if m["revoke"]:
+                    self.pledge = 0  # the core dropped it; the waiters queue again
+                self.pledge += m["pledge"]
                 self.free += perm
-                self.tokens += tok
+                self.tokens += m["tok"]
                 self.contended = contended
                 self._pump()
-                if recall or contended:
+                if m["recall"] or contended:
                     self._give_back_idle()
         except asyncio.CancelledError:
             raise

@@ -16,10 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 BENCHMARKS = [
-    ("Rollout orchestration overhead (issue 2)", ["-m", "bench.bench_rollout_overhead"]),
-    ("Cold start, two embedded engines (issue 2)", ["-m", "bench.bench_cold_start"]),
-    ("Multi-turn per-turn cost (issue 3)", ["-m", "bench.bench_multi_turn"]),
-    ("Rate limiter and sandbox (issue 4)", ["-m", "bench.bench_rate_limiter"]),
+    ("Rollout orchestration overhead", ["-m", "bench.bench_rollout_overhead"]),
+    ("Cold start", ["-m", "bench.bench_cold_start"]),
+    ("Multi-turn", ["-m", "bench.bench_multi_turn"]),
+    ("Rate limiter and sandbox", ["-m", "bench.bench_rate_limiter"]),
 ]
 
 

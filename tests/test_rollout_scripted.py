@@ -200,3 +200,21 @@ def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
     s = samples[0]
     prompt = tok(s.prompt, add_special_tokens=False)["input_ids"]
     assert s.tokens == prompt + Script.expected(prompt, 5)[0]
+
+
+def test_failed_rollout_returns_its_prompts_to_the_buffer(tmp_path, cluster, tiny_model_dir):
+    router, _, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--custom-rm-path", "tests.test_rollout_scripted.broken_rm",
+                     "--rollout-batch-size", "3", "--n-samples-per-prompt", "2")
+    src, _ = data_source(args, tiny_model_dir)
+    with pytest.raises(ZeroDivisionError):
+        generate_rollout(args, 0, src)
+    assert src.group_counter == 3 and src.get_buffer_length() == 3
+    assert sorted(g[0].group_index for g in src.buffer) == [0, 1, 2]
+    assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for g in src.buffer for s in g)
+
+
+async def broken_rm(args, sample):
+    if sample.group_index == 1:
+        raise ZeroDivisionError("reward bug")
+    return 1.0

@@ -173,12 +173,15 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     kept: list[list[Sample]] = []
     dropped: dict[str, int] = {}
     pending: dict[asyncio.Task, list[Sample]] = {}
+    handed: dict[asyncio.Task, list[Sample]] = {}  # every group this rollout took from the data source
+    settled: set[asyncio.Task] = set()  # dropped by the filter, or already back in the buffer
     try:
         while len(kept) < target:
             if len(kept) + len(pending) < target:
                 n = args.over_sampling_batch_size if filter_fn else target - len(kept) - len(pending)
                 for g in data_source.get_samples(n):
-                    pending[asyncio.ensure_future(generate_and_rm_group(args, g, params))] = g
+                    task = asyncio.ensure_future(generate_and_rm_group(args, g, params))
+                    pending[task] = handed[task] = g
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 pending.pop(task)
@@ -186,6 +189,7 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
                 if filter_fn is not None and len(kept) < target:
                     verdict = apply_filter(filter_fn, args, group)
                     if not verdict.keep:
+                        settled.add(task)
                         dropped[verdict.reason or "filtered"] = dropped.get(verdict.reason or "filtered", 0) + 1
                         if sum(dropped.values()) > MAX_DROPPED_PER_KEPT * target:
                             raise RuntimeError(
@@ -195,7 +199,13 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
                 if len(kept) < target:
                     kept.append(group)
                 else:
-                    data_source.add_samples([[_reset(s) for s in group]])
+                    settled.add(task)
+                    data_source.add_samples([[_reset(s) for s in handed[task]]])
+    except BaseException:
+        # the rollout failed (e.g. a reward function raised): its prompts go back, not lost
+        back = [g for t, g in handed.items() if t not in settled and t not in pending]
+        data_source.add_samples([[_reset(s) for s in g] for g in back])
+        raise
     finally:
         if pending:
             await abort_engines(args)

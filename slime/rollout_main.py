@@ -50,10 +50,8 @@ def _wait(ref: Any, manager: Any, description: str) -> Any:
     """Wait for an actor call, showing live progress from the manager's status query."""
     import ray
 
-    try:
-        from slime.observability.progress import RolloutProgress
-    except ImportError:
-        return ray.get(ref)
+    from slime.observability.progress import RolloutProgress
+
     with RolloutProgress(total=0, description=description) as bar:
         while True:
             done, _ = ray.wait([ref], timeout=0.5)

@@ -192,6 +192,112 @@ async def test_close_while_holding_keeps_the_cap():
     assert core.stats()["leased"] == 0 and "clients" in core.stats() and not core.clients
 
 
+async def _start_waiters(c: RateLimiter, tags: list[str], order: list[str], hold: float = 0.001) -> list:
+    async def one(tag: str) -> None:
+        async with c.limit(timeout=10):
+            order.append(tag)
+            await asyncio.sleep(hold)
+
+    tasks = []
+    for t in tags:
+        tasks.append(asyncio.ensure_future(one(t)))
+        await asyncio.sleep(0)  # each caller's demand reaches the core before the next one's
+    return tasks
+
+
+async def test_pledge_recycles_locally_in_fifo_order():
+    """The head of the FIFO holds permits: it serves its own queued callers with its releases
+    (no message per hand-over), and callers queued behind it from elsewhere wait their turn."""
+    core = LimiterCore("t", 2)
+    a, b = _clients(core, 2)
+    await a.acquire()
+    await a.acquire()
+    order: list[str] = []
+    tasks = await _start_waiters(a, ["a1", "a2", "a3"], order)
+    await asyncio.sleep(0.001)
+    assert a.stats()["pledged"] == 3 and core.stats()["waiting"] == 3
+    tasks += await _start_waiters(b, ["b1", "b2", "b3"], order)
+    msgs = a.remote_messages
+    a.release()
+    a.release()
+    await asyncio.gather(*tasks)
+    assert order == ["a1", "a2", "a3", "b1", "b2", "b3"]
+    assert a.stats()["recycled"] >= 2 and b.stats()["recycled"] >= 1
+    assert a.remote_messages - msgs <= 4
+    for c in (a, b):
+        await c.close()
+    s = core.stats()
+    assert s["leased"] == 0 and s["waiting"] == 0 and s["pledged"] == 0 and not core.pledges
+
+
+async def test_permits_freed_elsewhere_go_to_the_pledge_first():
+    core = LimiterCore("t", 2)
+    a, b = _clients(core, 2)
+    await a.acquire()
+    await b.acquire()
+    order: list[str] = []
+    tasks = await _start_waiters(a, ["a1", "a2"], order, hold=0.05)  # head of the FIFO, pledged (a holds one)
+    tasks += await _start_waiters(b, ["b1"], order)
+    b.release()  # freed elsewhere: goes to a's pledged callers, not to b1 (who came later)
+    await asyncio.sleep(0.005)
+    assert order == ["a1"]
+    a.release()  # recycled locally to a2
+    await asyncio.gather(*tasks)
+    assert order == ["a1", "a2", "b1"]
+    for c in (a, b):
+        await c.close()
+    s = core.stats()
+    assert s["leased"] == 0 and s["waiting"] == 0 and not core.pledges
+
+
+async def test_pledged_waiter_timeout_and_cancel_do_not_leak():
+    core = LimiterCore("t", 1)
+    a, b = _clients(core, 2)
+    await a.acquire()
+    t1 = asyncio.ensure_future(a.acquire(timeout=0.02))  # pledged, then times out
+    t2 = asyncio.ensure_future(a.acquire())  # pledged, then cancelled
+    await asyncio.sleep(0.001)
+    assert a.stats()["pledged"] == 2
+    tb = asyncio.ensure_future(b.acquire(timeout=5))
+    with pytest.raises(RateLimitTimeout):
+        await t1
+    t2.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t2
+    await asyncio.sleep(0.001)
+    assert a.stats()["pledged"] == 0 and not core.pledges  # handed back: the queue moves on
+    a.release()
+    await tb  # b gets the permit
+    b.release()
+    for c in (a, b):
+        await c.close()
+    s = core.stats()
+    assert s["leased"] == 0 and s["waiting"] == 0
+
+
+async def test_aimd_cut_revokes_the_pledge():
+    core = LimiterCore("t", 4, cut_cooldown=0.0)
+    a, b = _clients(core, 2)
+    for _ in range(4):
+        await a.acquire()
+    tasks = [asyncio.ensure_future(a.acquire(timeout=5)) for _ in range(3)]
+    await asyncio.sleep(0.001)
+    assert a.stats()["pledged"] == 3
+    a.release(throttled=True)  # cap 4 -> 2 while 3 are still in use: stop recycling
+    await asyncio.sleep(0.005)
+    assert core.cap == 2 and a.stats()["pledged"] == 0
+    for _ in range(3):
+        a.release()
+    await asyncio.gather(*tasks)
+    assert a.inflight == 2  # ... a third only once the other two are back
+    for _ in range(2):
+        a.release()
+    await asyncio.sleep(0.005)
+    for c in (a, b):
+        await c.close()
+    assert core.stats()["leased"] == 0
+
+
 def test_core_rejects_bad_config():
     with pytest.raises(ValueError):
         LimiterCore("t", 0)

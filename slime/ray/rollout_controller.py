@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from slime.observability import reporting, rollout_dump, wandb_logger
 from slime.ray.box import Box
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import DataSource
@@ -73,9 +74,8 @@ class RolloutController:
                 load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
         self.phase = "idle"
         self.last_summary: dict[str, Any] | None = None
-        self._observability = _observability()
-        if wandb_run_id and getattr(args, "use_wandb", False) and self._observability:
-            self._observability["wandb"].init_wandb_secondary(args, wandb_run_id)
+        if wandb_run_id and getattr(args, "use_wandb", False):
+            wandb_logger.init_wandb_secondary(args, wandb_run_id)
 
     def set_endpoints(self, router_ip: str | None, router_port: int | None, engine_urls: list[str]) -> None:
         """Router and engines come up while the controller loads data; the manager tells it where."""
@@ -111,8 +111,7 @@ class RolloutController:
                 save_debug_train_data(self.args.save_debug_train_data, rollout_id, batch)
             self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
             self._report(rollout_id, samples, metrics, seconds)
-            if self.args.save and self.data_source is not None:
-                self.data_source.save(self.args.save, rollout_id)
+            self.save(rollout_id)
             return Box(ray.put(batch))
         finally:
             self.phase = "idle"
@@ -125,11 +124,8 @@ class RolloutController:
             if not isinstance(data, dict):
                 raise TypeError(f"--eval-function-path returned {type(data).__name__}; expected "
                                 "{dataset: {'rewards', 'truncated', 'samples'}}")
-            if self._observability:
-                self._observability["reporting"].log_eval(self.args, rollout_id, data)
-                for name, d in data.items():
-                    self._observability["dump"].dump_rollout(self.args, rollout_id, d.get("samples", []),
-                                                             evaluation=True, dataset=name)
+            reporting.log_eval(self.args, rollout_id, data)
+            rollout_dump.dump_eval(self.args, rollout_id, data)
             summary = {}
             for name, d in data.items():
                 rewards, truncated = d.get("rewards", []), d.get("truncated", [])
@@ -140,20 +136,11 @@ class RolloutController:
             self.phase = "idle"
 
     def _report(self, rollout_id: int, samples: list[Sample], metrics: dict[str, Any], seconds: float) -> None:
-        if not self._observability:
-            return
         perf = {**metrics, "perf/rollout_time": metrics.get("perf/rollout_time", seconds)}
-        self._observability["reporting"].log_rollout(self.args, rollout_id, samples, perf)
-        self._observability["dump"].dump_rollout(self.args, rollout_id, samples)
+        reporting.log_rollout(self.args, rollout_id, samples, perf)
+        rollout_dump.dump_rollout(self.args, rollout_id, samples)
 
     def save(self, rollout_id: int) -> None:
         if self.args.save and self.data_source is not None:
             self.data_source.save(self.args.save, rollout_id)
 
-
-def _observability() -> dict[str, Any] | None:
-    try:
-        from slime.observability import reporting, rollout_dump, wandb_logger
-    except ImportError:
-        return None
-    return {"reporting": reporting, "dump": rollout_dump, "wandb": wandb_logger}

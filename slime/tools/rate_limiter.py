@@ -107,10 +107,14 @@ class _ClientState:
         self.waiting = 0
         self.dead = False
         self.closing = False
-        self.pledged = 0  # callers of this client at the head of the FIFO it may serve by recycling
+        # callers of this client at the head of the FIFO it may serve by recycling its releases.
+        # Signed, never clamped: it is a running sum of deltas from both sides (pledges and grants
+        # here, recycles / hand-backs / restores reported by the client), so it equals the
+        # client's own count once their messages cross, whatever order they cross in.
+        self.pledged = 0
         self.pledge_new = 0  # mailbox: pledge granted, not yet collected
         self.pp = 0  # mailbox: permits granted against the pledge (included in `perm`)
-        self.revoke = False  # mailbox: the pledge was revoked (AIMD cut below what is out)
+        self.revoke = False  # mailbox: please hand your pledge back (AIMD cut below what is out)
 
 
 class LimiterCore:
@@ -183,16 +187,14 @@ class LimiterCore:
     def push(self, cid: str, release: int = 0, ret_tok: int = 0, need: int = 0, need_tok: int = 0,
              want: int = 0, want_tok: int = 0, cancel: int = 0, cancel_tok: int = 0, ok: int = 0,
              throttled: int = 0, inflight: int | None = None, waiting: int | None = None,
-             recycled: int = 0, unpledge: int = 0) -> dict[str, int]:
+             recycled: int = 0, unpledge: int = 0, restore: int = 0) -> dict[str, int]:
         """Apply one batched message from a client; returns how much of its cancel was applied."""
         c = self._client(cid)
-        if recycled or unpledge:
+        if recycled or unpledge or restore:
             # before the releases: a release sent after the pledge was used up must go to the
             # next in line, not back to this client as a stale pledge grant
             self.granted += recycled
-            c.pledged = max(0, c.pledged - recycled - unpledge)
-            if not c.pledged:
-                self.pledges.pop(cid, None)
+            self._pledge(cid, c, restore - recycled - unpledge)
         if release:
             release = min(release, c.held)  # a reclaimed (presumed dead) client cannot free twice
             c.held -= release
@@ -252,6 +254,13 @@ class LimiterCore:
         self.queue = deque(e for e in self.queue if e.perm or e.tok or e.xperm or e.xtok)
         return want_p - perm, want_t - tok
 
+    def _pledge(self, cid: str, c: _ClientState, delta: int) -> None:
+        c.pledged += delta
+        if c.pledged > 0:
+            self.pledges.setdefault(cid, None)
+        else:
+            self.pledges.pop(cid, None)
+
     def _deliver(self, cid: str, perm: int, tok: int, need_perm: int | None = None, need_tok: int | None = None) -> None:
         c = self.clients[cid]
         c.perm += perm
@@ -268,13 +277,12 @@ class LimiterCore:
         self._reclaim_dead()
         self._refill()
         over = self.out > self.cap
-        if over and self.pledges:  # an AIMD cut: nobody may recycle permits above the new cap
+        if over:  # an AIMD cut: nobody may keep recycling permits above the new cap
             for cid in self.pledges:
                 c = self.clients[cid]
-                c.pledged = c.pledge_new = 0
-                c.revoke = True
-                c.event.set()
-            self.pledges.clear()
+                if not c.revoke:
+                    c.revoke = True
+                    c.event.set()
         # Pledges are the head of the FIFO (converted from head entries): free permits go there first.
         for cid in list(self.pledges):
             free = self.cap - self.out
@@ -282,19 +290,17 @@ class LimiterCore:
                 break
             c = self.clients[cid]
             g = min(c.pledged, free)
-            c.pledged -= g
             c.pp += g
             self._deliver(cid, g, 0, 0, 0)
-            if not c.pledged:
-                del self.pledges[cid]
+            self._pledge(cid, c, -g)
         if len(self.pledges) == 1 and self.queue and not over:
             cid = next(iter(self.pledges))
             e = self.queue[0]
             if e.cid == cid and e.perm:  # the next in line is the pledge holder again: extend it
                 self.queue.popleft()
                 c = self.clients[cid]
-                c.pledged += e.perm
                 c.pledge_new += e.perm
+                self._pledge(cid, c, e.perm)
                 c.event.set()
         while self.queue and not self.pledges:
             e = self.queue[0]
@@ -314,9 +320,8 @@ class LimiterCore:
                     # those callers with its own releases (no round trip); until it reports them
                     # served, every permit freed elsewhere goes to it too, and nobody behind moves.
                     self.queue.popleft()
-                    c.pledged += e.perm
                     c.pledge_new += e.perm
-                    self.pledges[e.cid] = None
+                    self._pledge(e.cid, c, e.perm)
                     waited = time.monotonic() - e.t0
                     self.waits += 1
                     self.wait_total += waited
@@ -422,13 +427,21 @@ class LimiterCore:
             c.recall_since = None
         return out
 
-    def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
+    def unregister(self, cid: str, release: int = 0, ret_tok: int = 0, in_use: int | None = None) -> None:
         """Client leaving: take back what it hands in. Permits it still has in use stay counted
-        (the cap must hold) until their releases arrive; then the client is forgotten."""
+        (the cap must hold) until their releases arrive; then the client is forgotten.
+
+        `in_use` (what the client still has in use when it leaves) also takes back grants it will
+        never collect: still in its mailbox, or on their way in a poll it has stopped reading.
+        A client's messages are applied in order, so nothing it sent earlier is still pending."""
         self.push(cid, release=release, ret_tok=ret_tok)
         self._cancel(cid, 1 << 30, 1 << 30)
         c = self.clients.get(cid)
         if c is not None:
+            if in_use is not None and c.held > in_use:
+                self.out -= c.held - in_use
+                c.held = in_use
+            c.perm = c.pn = c.pp = c.pledge_new = 0
             c.pledged = 0
             self.pledges.pop(cid, None)
             c.closing = True
@@ -480,8 +493,9 @@ def _actor_class():
             async def poll(self, cid: str) -> dict[str, Any]:
                 return await self.core.poll(cid)
 
-            async def unregister(self, cid: str, release: int = 0, ret_tok: int = 0) -> None:
-                self.core.unregister(cid, release, ret_tok)
+            async def unregister(self, cid: str, release: int = 0, ret_tok: int = 0,
+                                 in_use: int | None = None) -> None:
+                self.core.unregister(cid, release, ret_tok, in_use)
 
             async def stats(self) -> dict[str, Any]:
                 return self.core.stats()
@@ -569,8 +583,8 @@ class _LocalBackend:
     async def poll(self, cid: str):
         return await self.core.poll(cid)
 
-    async def unregister(self, cid: str, release: int, ret_tok: int) -> None:
-        self.core.unregister(cid, release, ret_tok)
+    async def unregister(self, cid: str, release: int, ret_tok: int, in_use: int | None = None) -> None:
+        self.core.unregister(cid, release, ret_tok, in_use)
 
     async def stats(self) -> dict[str, Any]:
         return self.core.stats()
@@ -591,8 +605,8 @@ class _RayBackend:
     async def poll(self, cid: str):
         return await self.handle.poll.remote(cid)
 
-    async def unregister(self, cid: str, release: int, ret_tok: int) -> None:
-        await self.handle.unregister.remote(cid, release, ret_tok)
+    async def unregister(self, cid: str, release: int, ret_tok: int, in_use: int | None = None) -> None:
+        await self.handle.unregister.remote(cid, release, ret_tok, in_use)
 
     async def stats(self) -> dict[str, Any]:
         return await self.handle.stats.remote()
@@ -760,7 +774,7 @@ class RateLimiter:
         self._kw.clear()
         if self.broken is None:
             try:
-                await self.backend.unregister(self.cid, release, ret_tok)
+                await self.backend.unregister(self.cid, release, ret_tok, self.inflight)
             except Exception as e:  # actor gone: nothing to return to
                 logger.warning("rate limiter %s: unregister failed: %s", self.name, e)
 
@@ -775,7 +789,7 @@ class RateLimiter:
         self.free = self.tokens = self.inflight = 0
         if self.broken is None and isinstance(self.backend, _RayBackend):
             try:
-                self.backend.handle.unregister.remote(self.cid, release, ret_tok)
+                self.backend.handle.unregister.remote(self.cid, release, ret_tok, 0)
             except Exception as e:  # noqa: BLE001
                 logger.warning("rate limiter %s: could not hand back an abandoned lease: %s", self.name, e)
 
@@ -938,17 +952,21 @@ class RateLimiter:
                 self.asked = max(0, self.asked - m["pn"] - m["pledge"])
                 self.asked_tok = max(0, self.asked_tok - m["tn"])
                 perm = m["perm"]
+                self.pledge += m["pledge"]
                 if m["pp"]:  # permits for pledged callers, unless we served them already
                     take = min(m["pp"], self.pledge)
                     self.pledge -= take
                     stale = m["pp"] - take
-                    if stale and contended:  # ours to keep would jump the queue: give them back
-                        perm -= stale
-                        self._kw["release"] = self._kw.get("release", 0) + stale
+                    if stale:  # the core counted them against the pledge: undo that
+                        self._kw["restore"] = self._kw.get("restore", 0) + stale
+                        if contended:  # keeping them would jump the queue: give them back
+                            perm -= stale
+                            self._kw["release"] = self._kw.get("release", 0) + stale
                         self._schedule_flush()
-                if m["revoke"]:
-                    self.pledge = 0  # the core dropped it; the waiters queue again
-                self.pledge += m["pledge"]
+                if m["revoke"] and self.pledge:  # the waiters queue again (at the tail)
+                    self._kw["unpledge"] = self._kw.get("unpledge", 0) + self.pledge
+                    self.pledge = 0
+                    self._schedule_flush()
                 self.free += perm
                 self.tokens += m["tok"]
                 self.contended = contended

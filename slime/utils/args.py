@@ -132,16 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _optional_groups(p: argparse.ArgumentParser) -> None:
-    """Flags owned by the tool, sandbox and observability packages."""
-    from importlib import import_module
+    """Flags owned by the tool and observability packages."""
+    from slime.observability.args import add_observability_arguments
+    from slime.tools.args import add_tool_arguments
 
-    for mod, fn in (("slime.tools.args", "add_tool_arguments"),
-                    ("slime.observability.args", "add_observability_arguments")):
-        try:
-            getattr(import_module(mod), fn)(p)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
+    add_tool_arguments(p)
+    add_observability_arguments(p)
 
 
 def _sglang_passthrough(unknown: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, Any]:

@@ -281,6 +281,58 @@ def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, tiny_model_dir,
         requests.get(f"{url}/v1/ping", timeout=5)
 
 
+@pytest.mark.slow
+def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, tmp_path):
+    """The real default model (SmolLM2, greedy) on the embedded engine emits a tool call; it runs in
+    the manager's local sandbox and the result comes back as masked tool tokens."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from slime.backends.default_model import ensure_default_model
+    from slime.ray.rollout_manager import RolloutManager
+
+    model = str(ensure_default_model())
+    call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
+    shots = [{"role": "system", "content": "You call tools. To run code, answer with exactly one <tool_call> block."}]
+    for _ in range(2):
+        shots += [{"role": "user", "content": "Run print(6 * 7)."},
+                  {"role": "assistant", "content": "Running it.\n" + call + "\nDone."}]
+    shots.append({"role": "user", "content": "Run print(6 * 7)."})
+    data = tmp_path / "calls.jsonl"
+    data.write_text(json.dumps({"messages": shots, "label": "42"}) + "\n")
+    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", model, "--prompt-data", str(data),
+                       "--input-key", "messages", "--label-key", "label", "--rollout-num-engines", "1",
+                       "--engine-threads", "1", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
+                       "--rollout-temperature", "0", "--rollout-max-response-len", "96", "--rm-type", "exact",
+                       "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout",
+                       "--tool-config-path", os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
+                       "--chat-template-check", "warn", "--max-turns", "2", "--log-dir", str(tmp_path / "logs"),
+                       "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")])
+    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+    try:
+        info = ray.get(m.start.remote())
+        batch = ray.get(ray.get(m.generate.remote(0)).inner)
+        stats = requests.get(f"{info['sandbox_url']}/v1/stats", timeout=5).json()
+    finally:
+        ray.get(m.shutdown.remote())
+    [s] = load_debug_rollout(args.save_debug_rollout_data, 0)
+    assert s.metadata["tool_calls"] == {"code_interpreter": 1}, s.response
+    assert s.metadata["tool_errors"] == []
+    # turn 1's call ran; whatever the model does in its last turn (another call cut off by the
+    # length limit, say) is recorded, never executed half-way
+    assert all(e["turn"] > 1 for e in s.metadata["parse_errors"])
+    tool_spans = [x for x in s.metadata["turn_spans"] if x["role"] == "tool"]
+    assert len(tool_spans) == 1
+    tok = AutoTokenizer.from_pretrained(model)
+    resp = s.tokens[s.prompt_length:]
+    tool_text = tok.decode(resp[tool_spans[0]["start"]:tool_spans[0]["end"]])
+    assert "42" in tool_text  # what the sandbox printed, rendered as the tool turn
+    assert batch["loss_masks"][0] == s.loss_mask
+    assert set(s.loss_mask[tool_spans[0]["start"]:tool_spans[0]["end"]]) == {0}
+    assert set(s.loss_mask[:tool_spans[0]["start"]]) == {1}
+    assert stats["total"] == 1 and stats["isolation"]  # exactly the one call, run isolated
+
+
 def _procs_with(marker: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):

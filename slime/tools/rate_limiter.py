@@ -18,14 +18,31 @@ Ray hops per call, no rate, one shared actor name, dies with whichever worker cr
   for more (with prefetch of permits, never of tokens, so the burst bound stays exact). Messages
   are batched: at most one is in flight per client, and whatever accumulates meanwhile leaves
   with the next (self-clocked batching, no timer). Grants come back on one long-poll per client.
-* Contention and FIFO: the core keeps one FIFO queue of demand for all callers and nodes. As
-  soon as somebody *else* is queued, it recalls idle permits from a client and switches it to
-  "contended" mode: its releases go back to the core and its acquires queue there, so permits
-  are handed out in arrival order (arrival = when the demand reached the core: once it has, no
-  later caller anywhere is served first). A client whose own callers are the only ones waiting
-  keeps handing permits over locally. When the queue drains, clients lease locally again.
-  Withdrawn demand (timeouts, cancellations) is confirmed by the core with the exact amount
-  withdrawn, so a withdrawal racing a grant is never counted twice.
+* Contention and FIFO: the core keeps one FIFO queue of demand for all callers and nodes
+  (adjacent demand of one client is one entry). As soon as somebody *else* is queued, it recalls
+  idle permits from a client and switches it to "contended" mode: its releases go back to the
+  core and its acquires queue there, so permits are handed out in arrival order. The promise:
+  once a caller's demand has reached the core, no later caller anywhere is served first.
+  A client whose own callers are the only ones waiting keeps handing permits over locally.
+  When the queue drains, clients lease locally again. Withdrawn demand (timeouts,
+  cancellations) is confirmed by the core with the exact amount withdrawn, so a withdrawal
+  racing a grant is never counted twice.
+* Pledges (why contention stays cheap): strict FIFO would otherwise cost a round trip per
+  hand-over even when the permit goes straight back to the process that released it. When the
+  head entry of the queue belongs to a client that holds permits, the core *pledges* it the
+  rest of that entry: the client serves those callers (its oldest waiters) with its own
+  releases, locally, and reports how many it served with its next message. Until the core
+  knows the pledge is used up, the pledge *is* the head of the queue: permits freed anywhere
+  else go to it first and no entry behind it is served, so the order above is exactly what
+  the core alone would produce (this is where the strict FIFO would send each of those permits
+  anyway). The pledge grows when the next entry in line is the same client's. It ends when
+  used up, or handed back (its callers timed out or were cancelled; an AIMD cut below what is
+  out revokes it and its callers queue again). Pledge counts are kept as signed running sums on
+  both sides, so a grant crossing a local hand-over is detected (the permit goes back, the
+  pledge is restored) rather than lost. Only limiters without a token rate pledge: with a rate
+  every call takes a token from the core anyway (so the burst bound stays exact). Under contention a hand-over between processes
+  then costs a round trip per *batch of waiters* (all of one process's callers queued together),
+  not per batch of permits.
 * AIMD: a 429 reported by a caller (``release(throttled=True)``) halves the effective cap and rate
   (at most once per ``cut_cooldown`` s); successes grow them back additively (+1 permit per
   ``cap`` successes).

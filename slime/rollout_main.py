@@ -84,8 +84,9 @@ def run(args: Any) -> list[dict[str, Any]]:
         manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
         info = ray.get(manager.start.remote())
         if info["router_url"]:
+            ready = ", ".join(f"{k} {v:.1f}s" for k, v in info["startup_seconds"].items())
             print(f"router {info['router_url']} with {len(info['engine_urls'])} engine(s): "
-                  f"{', '.join(info['engine_urls'])}", flush=True)
+                  f"{', '.join(info['engine_urls'])} (ready after: {ready})", flush=True)
 
         def evaluate(rollout_id: int) -> None:
             result = _wait(manager.eval.remote(rollout_id), manager, f"eval {rollout_id}")

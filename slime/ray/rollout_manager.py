@@ -8,6 +8,7 @@ stopped and the error carries that engine's log tail.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
@@ -33,11 +34,14 @@ class RolloutManager:
         self.controller = None
         self.wandb_run_id: str | None = None
         self.tool_services: dict[str, Any] = {"sandbox_url": None, "sandbox": None, "limiters": {}}
+        self.startup_timings: dict[str, float] = {}
         self._shut = False
 
     # ---- start-up ----
     def start(self) -> dict[str, Any]:
         """Engines, router and controller boot concurrently; returns when all are ready."""
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
         try:
             engine_refs = [] if self.args.load_debug_rollout_data else self._launch_engines()
             self.wandb_run_id = self._init_wandb()
@@ -48,16 +52,21 @@ class RolloutManager:
             ).remote(self.args, self.wandb_run_id)
             if engine_refs:
                 self._start_router()
+                timings["router"] = time.monotonic() - t0
                 urls = ray.get(engine_refs)  # the first engine failure is raised here
+                timings["engines"] = time.monotonic() - t0
                 nodes_per_engine = len(self.all_engines) // max(1, len(self.engines))
                 self.engine_urls = urls[::nodes_per_engine]
                 self.args.rollout_engine_urls = list(self.engine_urls)
                 self._register_engines()
+                timings["registered"] = time.monotonic() - t0
             ray.get(self.controller.set_endpoints.remote(self.args.sglang_router_ip, self.args.sglang_router_port,
                                                          self.engine_urls))
+            timings["controller"] = time.monotonic() - t0
         except BaseException:
             self.shutdown()
             raise
+        self.startup_timings = timings
         return self.info()
 
     def _launch_engines(self) -> list[Any]:
@@ -134,7 +143,8 @@ class RolloutManager:
                 "router_restarts": self.router.restarts if self.router else 0,
                 "engine_urls": list(self.engine_urls),
                 "sandbox_url": self.tool_services["sandbox_url"],
-                "rate_limiters": sorted(self.tool_services["limiters"])}
+                "rate_limiters": sorted(self.tool_services["limiters"]),
+                "startup_seconds": dict(self.startup_timings)}
 
     # ---- the trainer's API ----
     def generate(self, rollout_id: int) -> Box:

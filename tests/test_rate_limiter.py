@@ -303,6 +303,40 @@ async def test_aimd_cut_revokes_the_pledge():
     assert core.stats()["leased"] == 0
 
 
+async def test_dead_pledge_holder_is_reclaimed():
+    """A process that dies holding a pledge must not hold up the queue forever (even when it
+    was already in contended mode, so it gets no fresh recall)."""
+    core = LimiterCore("t", 2, lease_ttl=0.2)
+    a, b = _clients(core, 2)
+    await a.acquire()
+    await b.acquire()
+    go = asyncio.Event()
+
+    async def b_caller() -> None:
+        async with b.limit():
+            await go.wait()
+
+    tb = asyncio.ensure_future(b_caller())  # b heads the queue: pledged; a turns contended
+    await asyncio.sleep(0.001)
+    ta = asyncio.ensure_future(a.acquire())  # queued behind b's pledge
+    await asyncio.sleep(0.001)
+    t = asyncio.ensure_future(b.acquire(timeout=5))  # queued behind a
+    await asyncio.sleep(0.001)
+    assert b.stats()["pledged"] == 1 and a.contended
+    b.release()  # recycled to b's caller; then a heads the queue and holds a permit: pledged
+    await asyncio.sleep(0.002)
+    assert a.stats()["pledged"] == 1 and core.pledges == {a.cid: None} and a.contended
+    a._poller.cancel()  # a's process "dies": it never answers again
+    await asyncio.sleep(0.001)
+    go.set()  # b's permit goes to the (dead) pledge first ...
+    await asyncio.wait_for(t, 2)  # ... and is reclaimed after lease_ttl
+    await tb
+    assert core.stats()["pledged"] == 0
+    b.release()
+    ta.cancel()
+    await b.close()
+
+
 def test_core_rejects_bad_config():
     with pytest.raises(ValueError):
         LimiterCore("t", 0)

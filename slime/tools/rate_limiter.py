@@ -39,10 +39,12 @@ Ray hops per call, no rate, one shared actor name, dies with whichever worker cr
   used up, or handed back (its callers timed out or were cancelled; an AIMD cut below what is
   out revokes it and its callers queue again). Pledge counts are kept as signed running sums on
   both sides, so a grant crossing a local hand-over is detected (the permit goes back, the
-  pledge is restored) rather than lost. Only limiters without a token rate pledge: with a rate
-  every call takes a token from the core anyway (so the burst bound stays exact). Under contention a hand-over between processes
-  then costs a round trip per *batch of waiters* (all of one process's callers queued together),
-  not per batch of permits.
+  pledge is restored) rather than lost. A pledge holds up the queue, so its holder is probed for
+  liveness and reclaimed after ``lease_ttl`` if dead, like a client that ignores a recall. Only
+  limiters without a token rate pledge: with a rate every call takes a token from the core
+  anyway (so the burst bound stays exact). Under contention a hand-over between processes then
+  costs a round trip per *batch of waiters* (all of one process's callers queued together), not
+  per batch of permits.
 * AIMD: a 429 reported by a caller (``release(throttled=True)``) halves the effective cap and rate
   (at most once per ``cut_cooldown`` s); successes grow them back additively (+1 permit per
   ``cap`` successes).
@@ -275,8 +277,18 @@ class LimiterCore:
         c.pledged += delta
         if c.pledged > 0:
             self.pledges.setdefault(cid, None)
+            if delta > 0:
+                self._probe(c)
         else:
             self.pledges.pop(cid, None)
+
+    def _probe(self, c: _ClientState) -> None:
+        """A pledge holds up the whole queue: make sure its holder is alive. Wake its poll; a
+        live client polls again at once (which clears `recall_since`), a dead one is reclaimed
+        after ``lease_ttl`` like a client that ignores a recall."""
+        if c.recall_since is None:
+            c.recall_since = time.monotonic()
+        c.event.set()
 
     def _deliver(self, cid: str, perm: int, tok: int, need_perm: int | None = None, need_tok: int | None = None) -> None:
         c = self.clients[cid]
@@ -309,6 +321,7 @@ class LimiterCore:
             g = min(c.pledged, free)
             c.pp += g
             self._deliver(cid, g, 0, 0, 0)
+            self._probe(c)
             self._pledge(cid, c, -g)
         if len(self.pledges) == 1 and self.queue and not over:
             cid = next(iter(self.pledges))
@@ -416,13 +429,14 @@ class LimiterCore:
             return
         now = time.monotonic()
         for cid, c in self.clients.items():
-            if c.held and c.recall_since is not None and now - c.recall_since > self.lease_ttl and not c.dead:
+            if ((c.held or c.pledged > 0) and c.recall_since is not None and now - c.recall_since > self.lease_ttl
+                    and not c.dead):
                 logger.warning("rate limiter %s: client %s ignored a recall for %.0fs, reclaiming %d permits",
                                self.name, cid, self.lease_ttl, c.held)
                 self.out -= c.held
                 c.held = 0
                 c.dead = True
-                c.pledged = 0
+                c.pledged = c.perm = c.pn = c.pp = c.pledge_new = 0
                 self.pledges.pop(cid, None)
                 self._cancel(cid, 1 << 30, 1 << 30)
 
@@ -672,6 +686,8 @@ class RateLimiter:
         self._kw: dict[str, int] = {}
         self._flush_scheduled = False
         self._push_inflight = False
+        self._push_ack: asyncio.Future | None = None
+        self._unregistering = False  # close(): no push may overtake (or be overtaken by) unregister
         self._poller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # metrics
@@ -785,15 +801,24 @@ class RateLimiter:
         self.pledge = 0  # the core drops it on unregister
         if self._poller is not None:
             self._poller.cancel()
-        release = self.free + self._kw.pop("release", 0)
-        ret_tok = self.tokens if self.rate_limited else 0
-        self.free = self.tokens = 0
-        self._kw.clear()
-        if self.broken is None:
-            try:
-                await self.backend.unregister(self.cid, release, ret_tok, self.inflight)
-            except Exception as e:  # actor gone: nothing to return to
-                logger.warning("rate limiter %s: unregister failed: %s", self.name, e)
+        # Ray does not promise to run an async actor's calls in submission order, and unregister
+        # trusts `in_use`: let the message in flight land first, and send nothing until it is done.
+        self._unregistering = True
+        try:
+            if self._push_ack is not None and not self._push_ack.done():
+                await asyncio.wait({self._push_ack})
+            release = self.free + self._kw.pop("release", 0)
+            ret_tok = self.tokens if self.rate_limited else 0
+            self.free = self.tokens = 0
+            self._kw.clear()
+            if self.broken is None:
+                try:
+                    await self.backend.unregister(self.cid, release, ret_tok, self.inflight)
+                except Exception as e:  # actor gone: nothing to return to
+                    logger.warning("rate limiter %s: unregister failed: %s", self.name, e)
+        finally:
+            self._unregistering = False
+            self._schedule_flush()  # releases of permits still in use that came in meanwhile
 
     def _abandon(self) -> None:
         """Leave without an event loop (ours is closed): everything we held is given back,
@@ -921,7 +946,7 @@ class RateLimiter:
         its way, releases and demands pile up and leave together when it is acknowledged, so
         under contention batches grow by themselves (self-clocked, no timer)."""
         self._flush_scheduled = False
-        if not self._kw or self.broken is not None or self._push_inflight:
+        if not self._kw or self.broken is not None or self._push_inflight or self._unregistering:
             return
         kw, self._kw = self._kw, {}
         kw = {k: v for k, v in kw.items() if v}
@@ -941,6 +966,7 @@ class RateLimiter:
             self._pump()
             return
         self._push_inflight = True
+        self._push_ack = ack
         ack.add_done_callback(lambda f: self._pushed(f, sent))
 
     def _confirm(self, sent: tuple[int, int], result: dict[str, int]) -> None:

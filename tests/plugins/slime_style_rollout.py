@@ -9,10 +9,7 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 
-async def _one(args, sample: Sample, url: str) -> Sample:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+async def _one(args, sample: Sample, url: str, tok) -> Sample:
     ids = tok(sample.prompt, add_special_tokens=False)["input_ids"]
     out = await post(url, {"input_ids": ids, "return_logprob": True,
                            "sampling_params": {"max_new_tokens": args.rollout_max_response_len, "temperature": 1.0}})
@@ -30,9 +27,12 @@ async def _one(args, sample: Sample, url: str) -> Sample:
 
 
 async def _rollout(args, data_source):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
     groups = data_source.get_samples(args.rollout_batch_size)
-    return [list(await asyncio.gather(*(_one(args, s, url) for s in g))) for g in groups]
+    return [list(await asyncio.gather(*(_one(args, s, url, tok) for s in g))) for g in groups]
 
 
 def generate_rollout(args, rollout_id, data_source, evaluation=False):

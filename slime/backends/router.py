@@ -37,6 +37,25 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def list_workers(router_url: str) -> list[dict[str, Any]]:
+    body = requests.get(f"{router_url}/workers", timeout=5).json()
+    return body.get("workers", body) if isinstance(body, dict) else body
+
+
+def worker_healthy(router_url: str, worker_url: str) -> bool:
+    return any(w.get("url") == worker_url and w.get("is_healthy", True) for w in list_workers(router_url))
+
+
+def register_worker(router_url: str, worker_url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
+                    log_path: Path | None = None) -> None:
+    """`POST /workers` (asynchronous in sglang-router 0.3.x), then wait until it reports the worker healthy."""
+    r = requests.post(f"{router_url}/workers", json={"url": worker_url}, timeout=10)
+    if r.status_code not in (200, 201, 202):
+        raise RouterError(f"router {router_url} refused worker {worker_url}: HTTP {r.status_code} {r.text[:500]}")
+    wait_until(lambda: worker_healthy(router_url, worker_url), timeout, f"worker {worker_url} healthy in router",
+               proc, log_path)
+
+
 class Router:
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, policy: str = "round_robin",
                  prometheus_port: int | None = None, health_check_interval: int = 1,
@@ -107,23 +126,18 @@ class Router:
 
     def add_worker(self, url: str, timeout: float = 60.0) -> None:
         with self._lock:
-            self._register(url)
+            self._register(url, timeout)
             if url not in self.workers:
                 self.workers.append(url)
 
     def _register(self, url: str, timeout: float = 60.0) -> None:
-        r = requests.post(f"{self.url}/workers", json={"url": url}, timeout=10)
-        if r.status_code not in (200, 201, 202):
-            raise RouterError(f"router refused worker {url}: HTTP {r.status_code} {r.text[:500]}")
-        wait_until(lambda: self.worker_healthy(url), timeout, f"worker {url} healthy in router", self._proc,
-                   self.log_path)
+        register_worker(self.url, url, timeout, self._proc, self.log_path)
 
     def list_workers(self) -> list[dict[str, Any]]:
-        body = requests.get(f"{self.url}/workers", timeout=5).json()
-        return body.get("workers", body) if isinstance(body, dict) else body
+        return list_workers(self.url)
 
     def worker_healthy(self, url: str) -> bool:
-        return any(w.get("url") == url and w.get("is_healthy", True) for w in self.list_workers())
+        return worker_healthy(self.url, url)
 
     def remove_worker(self, url: str) -> None:
         with self._lock:

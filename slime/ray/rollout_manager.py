@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.util.placement_group import remove_placement_group
 
-from slime.backends.router import Router
+from slime.backends.router import Router, register_worker
 from slime.ray.box import Box
 from slime.ray.engine_actor import EngineActor
 from slime.ray.placement import bundle_strategy, create_engine_placement_group
@@ -108,10 +109,12 @@ class RolloutManager:
             args.sglang_router_ip, args.sglang_router_port = self.router.host, self.router.port
 
     def _register_engines(self) -> None:
-        # With an existing router (--sglang-router-ip): register our engines, never start or stop it.
-        router = self.router or Router(host=self.args.sglang_router_ip, port=self.args.sglang_router_port)
         for url in self.engine_urls:
-            router.add_worker(url)
+            if self.router is not None:
+                self.router.add_worker(url)  # remembered: re-registered if the router restarts
+            else:
+                # an existing router (--sglang-router-ip): register our engines, never start or stop it
+                register_worker(f"http://{self.args.sglang_router_ip}:{self.args.sglang_router_port}", url)
 
     def _prepare_tool_services(self) -> dict[str, Any]:
         """Long-lived services the tools share, owned here so they outlive any worker: the local
@@ -124,7 +127,7 @@ class RolloutManager:
         from slime.tools.sandbox_fusion_tool import prepare_sandbox_services
 
         try:
-            entries = (yaml.safe_load(open(path)) or {}).get("tools") or []
+            entries = (yaml.safe_load(Path(path).read_text()) or {}).get("tools") or []
         except (OSError, yaml.YAMLError, AttributeError):
             entries = []  # the controller's tool registry reports what is wrong with the file
         return prepare_sandbox_services(entries if isinstance(entries, list) else [])

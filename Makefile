@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m slime.backends.default_model
+	$(PY) -m slime.engine.default_model
 	$(PY) -m slime --debug-rollout-only --rollout-backend hf --rollout-num-engines 2 --engine-threads 1 \
 	  --prompt-data configs/demo/train.jsonl --input-key messages --label-key label --apply-chat-template \
 	  --rm-type gsm8k --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 48 \

@@ -48,11 +48,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     a = ap.parse_args()
     if a.model == "default":
-        from slime.backends.default_model import ensure_default_model
+        from slime.engine.default_model import ensure_default_model
 
         model_dir = str(ensure_default_model())
     else:
-        from slime.utils.tiny_model import build_tiny_model
+        from slime.testing.tiny_model import build_tiny_model
 
         model_dir = str(build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny"))
     data = Path(tempfile.mkdtemp()) / "p.jsonl"

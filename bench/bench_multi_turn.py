@@ -31,12 +31,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rollout_plugins.multi_turn import MultiTurnContext, Trajectory  # noqa: E402
-from slime.backends.router import Router  # noqa: E402
-from slime.backends.scripted_engine import ScriptedEngine  # noqa: E402
+from slime.fleet.router import Router  # noqa: E402
+from slime.testing.scripted_engine import ScriptedEngine  # noqa: E402
 from slime.rollout.engine_client import GenerateState  # noqa: E402
-from slime.tools.args import tool_defaults  # noqa: E402
+from slime.tools.flags import tool_defaults  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
-from slime.utils.tiny_model import qwen_tokenizer_dir  # noqa: E402
+from slime.testing.tiny_model import qwen_tokenizer_dir  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 

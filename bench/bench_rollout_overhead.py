@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from slime.backends.router import Router  # noqa: E402
-from slime.utils.proc import wait_until  # noqa: E402
+from slime.fleet.router import Router  # noqa: E402
+from slime.fleet.process import wait_until  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
-from slime.utils.tiny_model import build_tiny_model  # noqa: E402
+from slime.testing.tiny_model import build_tiny_model  # noqa: E402
 
 PROMPT = list(range(1000, 1032))
 
@@ -74,12 +74,12 @@ def main() -> None:
     a = ap.parse_args()
 
     from slime.rollout.data_source import DataSource
-    from slime.utils.args import parse_args
+    from slime.cli.args import parse_args
     from slime.utils.types import Sample
 
     model_dir = build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny")
     port = find_free_port()
-    stub = subprocess.Popen([sys.executable, "-m", "slime.backends.scripted_engine", "--port", str(port),
+    stub = subprocess.Popen([sys.executable, "-m", "slime.testing.scripted_engine", "--port", str(port),
                              "--model-path", str(model_dir), "--tokens", "8"], cwd=ROOT)
     router = Router().start()
     try:
@@ -110,7 +110,7 @@ def main() -> None:
               f"negative = within run-to-run noise)")
     finally:
         from slime.utils.async_utils import run
-        from slime.utils.http import close_session
+        from slime.utils.http_retry import close_session
 
         run(close_session())
         router.stop()

@@ -28,7 +28,7 @@ from slime.rollout.engine_client import GenerateState, generate_tokens
 from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only, conversation_drift
 from slime.tools.registry import ToolSet, get_tool_set
 from slime.tools.tool_parser import ParseError, ToolCall, get_parser
-from slime.utils.http import HttpError
+from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 import sys
 
-from slime.rollout_main import main
+from slime.cli.rollout import main
 
 sys.exit(main())

@@ -32,7 +32,7 @@ def work_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2 with the real Qwen3 chat tokenizer (see slime/utils/tiny_model.py)."""
-    from slime.utils.tiny_model import build_tiny_model
+    from slime.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -1,4 +1,4 @@
-"""Start the embedded CPU engine (slime.backends.hf_server) as a real subprocess for tests,
+"""Start the embedded CPU engine (slime.engine.hf_server) as a real subprocess for tests,
 through the same `EngineServer` lifecycle the engine actors use (free port, readiness probed with
 a deadline, log tail on failure, process-group shutdown).
 
@@ -11,14 +11,14 @@ import contextlib
 import sys
 from pathlib import Path
 
-from slime.backends.engine_server import EngineServer, engine_env
+from slime.fleet.engine_server import EngineServer, engine_env
 from slime.utils.misc import find_free_port
 
 
 @contextlib.contextmanager
 def run_engine(model_dir: str | Path, *extra_args: str, startup_timeout: float = 120.0):
     port = find_free_port()
-    cmd = [sys.executable, "-m", "slime.backends.hf_server", "--model-path", str(model_dir),
+    cmd = [sys.executable, "-m", "slime.engine.hf_server", "--model-path", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra_args]
     server = EngineServer(cmd, "127.0.0.1", port, f"test-engine-{port}", env=engine_env(),
                           startup_timeout=startup_timeout)

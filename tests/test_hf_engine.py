@@ -268,7 +268,7 @@ def test_release_and_resume_memory(engine):
 
 
 def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
-    from slime.utils.tiny_model import build_tiny_model
+    from slime.testing.tiny_model import build_tiny_model
 
     other = build_tiny_model(tmp_path / "other", seed=1)
     before = gen(engine, PROMPTS[1], max_new_tokens=8)
@@ -296,7 +296,7 @@ def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
 
 
 def test_default_model_conversion_lock_runs_once(tmp_path, monkeypatch):
-    from slime.backends import default_model
+    from slime.engine import default_model
 
     calls = []
 
@@ -317,7 +317,7 @@ def test_ensure_default_model_is_a_real_chat_model():
     """Converts SmolLM2 once per machine (~20 s) into $SLIME_CACHE; later runs reuse it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slime.backends.default_model import ensure_default_model
+    from slime.engine.default_model import ensure_default_model
 
     path = ensure_default_model()
     assert ensure_default_model() == path

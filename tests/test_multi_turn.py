@@ -20,7 +20,7 @@ import pytest
 
 from rollout_plugins.multi_turn import MultiTurnContext, generate
 from slime.rollout.engine_client import GenerateState
-from slime.tools.args import tool_defaults
+from slime.tools.flags import tool_defaults
 from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import ToolResponse
 from slime.utils.misc import find_free_port
@@ -90,7 +90,7 @@ tools:
 def tok():
     from transformers import AutoTokenizer
 
-    from slime.utils.tiny_model import qwen_tokenizer_dir
+    from slime.testing.tiny_model import qwen_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
 
@@ -98,9 +98,9 @@ def tok():
 @pytest.fixture(scope="module")
 def stack(tok, tmp_path_factory):
     """One router + one scripted engine for the module."""
-    from slime.backends.router import Router
-    from slime.backends.scripted_engine import ScriptedEngine
-    from slime.utils.tiny_model import qwen_tokenizer_dir
+    from slime.fleet.router import Router
+    from slime.testing.scripted_engine import ScriptedEngine
+    from slime.testing.tiny_model import qwen_tokenizer_dir
 
     def script(body: dict) -> dict:
         text = tok.decode(body["input_ids"], skip_special_tokens=False)
@@ -441,7 +441,7 @@ def _write_data(tmp_path: Path, n: int) -> tuple[Path, Path]:
 def test_tool_call_batch_case(stack, tok, tmp_path):
     """100 trajectories through the whole rollout (parquet, verl-style tools_kwargs), then JSONL messages."""
     from slime.rollout.data_source import DataSource
-    from slime.utils.args import parse_args
+    from slime.cli.args import parse_args
 
     def batch(t, body):
         text = tok.decode(body["input_ids"])

@@ -16,7 +16,7 @@ import pytest
 
 from slime.observability import metrics as M
 from slime.observability import reporting, rollout_dump
-from slime.observability.args import add_observability_arguments
+from slime.observability.flags import add_observability_arguments
 from slime.observability.metrics_log import read_metrics
 from slime.observability.progress import RolloutProgress
 from slime.utils.types import Sample

@@ -17,7 +17,7 @@ import requests
 import torch
 
 from slime.rollout.debug_data import load_debug_rollout
-from slime.utils.args import parse_args
+from slime.cli.args import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_PROMPTS, N_SAMPLES, MAX_LEN = 3, 2, 12
@@ -230,7 +230,7 @@ def test_manager_and_controller_share_one_wandb_run(manager):
 def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path):
     import ray
 
-    from slime.backends.router import Router
+    from slime.fleet.router import Router
     from slime.ray.rollout_manager import RolloutManager
 
     router = Router().start()
@@ -288,7 +288,7 @@ def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, tmp_path):
     import ray
     from transformers import AutoTokenizer
 
-    from slime.backends.default_model import ensure_default_model
+    from slime.engine.default_model import ensure_default_model
     from slime.ray.rollout_manager import RolloutManager
 
     model = str(ensure_default_model())
@@ -383,7 +383,7 @@ def test_ctrl_c_stops_everything(tiny_model_dir, data_files, tmp_path):
         pytest.fail("slime never reported a rollout:\n" + "".join(lines[-40:]))
     started = psutil.Process(proc.pid).children(recursive=True)
     cmdlines = [" ".join(p.cmdline()) for p in started]
-    assert sum("slime.backends.hf_server" in c for c in cmdlines) == 2
+    assert sum("slime.engine.hf_server" in c for c in cmdlines) == 2
     assert sum("sglang::router" in c or "sglang_router.launch_router" in c for c in cmdlines) == 1
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -394,7 +394,7 @@ def test_ctrl_c_stops_everything(tiny_model_dir, data_files, tmp_path):
 
 
 def test_bad_plugin_path_fails_before_starting_anything(tiny_model_dir, data_files, tmp_path, capsys):
-    from slime.rollout_main import main
+    from slime.cli.rollout import main
 
     rc = main(base_argv(tiny_model_dir, data_files, tmp_path, "--rollout-function-path", "no_such.module.fn"))
     err = capsys.readouterr().err

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from slime.backends.router import Router
-from slime.backends.scripted_engine import ScriptedEngine, default_log_prob
+from slime.fleet.router import Router
+from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
 from slime.rollout.data_source import DataSource
 from slime.rollout.engine_client import GenerateState
 from slime.rollout.sglang_rollout import generate_rollout
-from slime.utils.args import parse_args
+from slime.cli.args import parse_args
 from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
@@ -137,7 +137,7 @@ def test_5xx_retried_and_counted_4xx_not(tmp_path, cluster, tiny_model_dir):
 
 
 async def test_4xx_is_not_retried(cluster):
-    from slime.utils.http import HttpError, HttpStats, post
+    from slime.utils.http_retry import HttpError, HttpStats, post
 
     router, _, _ = cluster
     stats = HttpStats()

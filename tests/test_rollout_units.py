@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slime.backends.engine_server import base_gpu_id, sglang_server_args
+from slime.fleet.engine_server import base_gpu_id, sglang_server_args
 from slime.rollout import rm
 from slime.rollout.data_source import DataError, DataSource, build_prompt_samples
 from slime.rollout.debug_data import DebugDataError, load_debug_rollout, save_debug_rollout
 from slime.rollout.train_data import BatchError, convert_samples_to_train_data
-from slime.utils.args import ArgError, parse_args
+from slime.cli.args import ArgError, parse_args
 from slime.utils.misc import PluginLoadError, load_function
 from slime.utils.types import Sample
 

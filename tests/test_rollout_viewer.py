@@ -10,7 +10,7 @@ import pytest
 from slime.observability import viewer_data as V
 from slime.observability.rollout_dump import dump_eval, dump_rollout
 from slime.observability.viewer import RolloutViewer
-from slime.utils.tiny_model import qwen_tokenizer_dir
+from slime.testing.tiny_model import qwen_tokenizer_dir
 from slime.utils.types import Sample
 
 A1 = 'Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call><|im_end|>\n'

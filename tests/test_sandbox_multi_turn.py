@@ -20,7 +20,7 @@ pytest.importorskip("rollout_plugins.multi_turn")
 
 from rollout_plugins.multi_turn import generate  # noqa: E402
 from slime.rollout.engine_client import GenerateState  # noqa: E402
-from slime.tools.args import tool_defaults  # noqa: E402
+from slime.tools.flags import tool_defaults  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
@@ -53,18 +53,18 @@ tools:
 def tok():
     from transformers import AutoTokenizer
 
-    from slime.utils.tiny_model import qwen_tokenizer_dir
+    from slime.testing.tiny_model import qwen_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
 
 
 @pytest.fixture(scope="module")
 def stack(tok, tmp_path_factory):
-    from slime.backends.router import Router
-    from slime.backends.scripted_engine import ScriptedEngine
+    from slime.fleet.router import Router
+    from slime.testing.scripted_engine import ScriptedEngine
     from slime.sandbox.server import start_local_sandbox
     from tests.test_sandbox import ISOLATED
-    from slime.utils.tiny_model import qwen_tokenizer_dir
+    from slime.testing.tiny_model import qwen_tokenizer_dir
 
     seen: list[str] = []
 

@@ -240,6 +240,6 @@ def test_yaml_config_builds_the_tool(monkeypatch):
 @pytest.fixture(autouse=True)
 async def _close_http_session():
     yield
-    from slime.utils.http import close_session
+    from slime.utils.http_retry import close_session
 
     await close_session()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slime.tools.args import add_tool_arguments, tool_defaults
+from slime.tools.flags import add_tool_arguments, tool_defaults
 from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only
 from slime.tools.example_tools import CalculatorTool, safe_eval
 from slime.tools.gsm8k_tool import Gsm8kTool, extract_number
@@ -47,7 +47,7 @@ tools:
 def tok():
     from transformers import AutoTokenizer
 
-    from slime.utils.tiny_model import qwen_tokenizer_dir
+    from slime.testing.tiny_model import qwen_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
 

@@ -15,10 +15,10 @@ from typing import Any
 import ray
 from ray.util.placement_group import remove_placement_group
 
-from slime.backends.router import Router, register_worker
+from slime.fleet.router import Router, register_worker
 from slime.ray.box import Box
-from slime.ray.engine_actor import EngineActor
-from slime.ray.placement import bundle_strategy, create_engine_placement_group
+from slime.fleet.engine_actor import EngineActor
+from slime.fleet.placement import bundle_strategy, create_engine_placement_group
 from slime.ray.rollout_controller import RolloutController
 
 logger = logging.getLogger(__name__)

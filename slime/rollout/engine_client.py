@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.utils.http import HttpStats, RetryPolicy, post
+from slime.utils.http_retry import HttpStats, RetryPolicy, post
 
 
 @dataclass

@@ -20,7 +20,7 @@ from slime.rollout.engine_client import GenerateState, generate_tokens
 from slime.rollout.filters import apply_filter
 from slime.rollout.rm import async_rm, batched_async_rm
 from slime.utils.async_utils import run
-from slime.utils.http import HttpError, post
+from slime.utils.http_retry import HttpError, post
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 

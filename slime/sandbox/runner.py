@@ -310,7 +310,7 @@ class Runner:
         try:
             os.chown(workdir, uid, uid)
             os.chmod(workdir, 0o700)
-            run = _Run(uid, workdir, env=_clean_env(workdir if not cfg.isolate else "/tmp"))
+            run = _Run(uid, workdir, env=_run_env(workdir if not cfg.isolate else "/tmp"))
             try:
                 for path, b64 in (req.get("files") or {}).items():
                     _write_file(workdir, path, base64.b64decode(b64 or ""), uid)
@@ -359,7 +359,7 @@ def _error(msg: str, status: str = "SandboxError") -> dict[str, Any]:
             "executor_pod_name": None, "files": {}}
 
 
-def _clean_env(home: str) -> dict[str, str]:
+def _run_env(home: str) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -437,7 +437,7 @@ def probe_isolation(cfg: SandboxConfig) -> None:
     try:
         wd = tempfile.mkdtemp(prefix="probe-", dir=r.root)
         os.chown(wd, cfg.uid_base, cfg.uid_base)
-        run = _Run(cfg.uid_base, wd, _clean_env("/tmp"))
+        run = _Run(cfg.uid_base, wd, _run_env("/tmp"))
         script = ("id -u; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\\n' ,; echo; "
                   "echo $$; touch /tmp/probe && echo ok")
         try:

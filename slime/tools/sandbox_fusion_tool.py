@@ -252,7 +252,7 @@ class SandboxFusionTool(BaseTool):
         return self._url
 
     async def _call(self, payload: dict[str, Any], timeout: float, metrics: dict[str, Any]) -> dict[str, Any]:
-        from slime.utils.http import get_session
+        from slime.utils.http_retry import get_session
 
         url = self._url_now() + "/run_code"
         loop_id = id(asyncio.get_running_loop())

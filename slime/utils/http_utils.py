@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slime.utils import http
+from slime.utils import http_retry as http
 
 
 async def post(url: str, payload: Any, max_retries: int = 5, timeout: float = 300.0) -> Any:

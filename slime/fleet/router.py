@@ -20,7 +20,7 @@ from typing import Any
 import requests
 
 from slime.utils.misc import find_free_port
-from slime.utils.proc import ReadinessError, die_with_parent, wait_until
+from slime.fleet.process import ReadinessError, die_with_parent, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class RouterError(RuntimeError):
     """The router refused a worker."""
 
 
-def _clean_env() -> dict[str, str]:
+def _router_env() -> dict[str, str]:
     env = dict(os.environ)
     # The router fetches a tokenizer from the hub for non-local model paths; never let it.
     env.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
@@ -100,7 +100,7 @@ class Router:
         with self._lock:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             log = open(self.log_path, "ab")
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=_clean_env(),
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=_router_env(),
                                           start_new_session=True, preexec_fn=die_with_parent)
             log.close()
             wait_until(lambda: requests.get(f"{self.url}/health", timeout=1).status_code == 200,

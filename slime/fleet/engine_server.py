@@ -19,7 +19,7 @@ from typing import Any
 import requests
 
 from slime.utils.misc import find_free_port
-from slime.utils.proc import ReadinessError, die_with_parent, log_tail, wait_until
+from slime.fleet.process import ReadinessError, die_with_parent, log_tail, wait_until
 
 
 class EngineStartError(RuntimeError):
@@ -126,7 +126,7 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def hf_server(args: Any, rank: int, host: str, log_dir: str | None) -> EngineServer:
     port = find_free_port(host)
-    cmd = [sys.executable, "-m", "slime.backends.hf_server", "--model-path", str(args.hf_checkpoint),
+    cmd = [sys.executable, "-m", "slime.engine.hf_server", "--model-path", str(args.hf_checkpoint),
            "--host", host, "--port", str(port), "--max-batch-size", str(args.engine_max_batch_size)]
     if args.engine_threads:
         cmd += ["--num-threads", str(args.engine_threads)]

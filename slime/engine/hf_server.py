@@ -6,7 +6,7 @@ real SGLang engine. All model work happens in the batcher's decode thread; handl
 validate, enqueue and await. `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
 num_reqs, num_tokens, decode_steps_total, max_batch_size_seen, paused, weights_released).
 
-    python -m slime.backends.hf_server --model-path DIR --host 127.0.0.1 --port 30000 \
+    python -m slime.engine.hf_server --model-path DIR --host 127.0.0.1 --port 30000 \
         [--max-batch-size 32] [--num-threads K] [--weight-version V] [--dtype float32] [--log-level info]
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from slime.backends.hf_batcher import EngineReleasedError, HFBatcher, SamplingParams
+from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
 
 logger = logging.getLogger(__name__)
 BACKEND = "slime-hf"

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from slime.utils.args import ArgError, parse_args
+from slime.cli.args import ArgError, parse_args
 
 logger = logging.getLogger("slime")
 
@@ -74,7 +74,7 @@ def run(args: Any) -> list[dict[str, Any]]:
         if getattr(args, flag, None):
             load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
     if args.hf_checkpoint is None and args.rollout_backend == "hf":
-        from slime.backends.default_model import ensure_default_model
+        from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
     started_ray = _ray_init(args)

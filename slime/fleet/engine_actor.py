@@ -6,7 +6,7 @@ from typing import Any
 
 import ray
 
-from slime.backends.engine_server import EngineServer, hf_server, sglang_server
+from slime.fleet.engine_server import EngineServer, hf_server, sglang_server
 
 
 class EngineActor:

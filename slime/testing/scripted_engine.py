@@ -115,7 +115,7 @@ class ScriptedEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m slime.backends.scripted_engine --port N --model-path DIR --tokens K`: a
+    """`python -m slime.testing.scripted_engine --port N --model-path DIR --tokens K`: a
     zero-latency engine answering every request with K fixed tokens (benchmarks)."""
     import argparse
 

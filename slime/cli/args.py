@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_groups(p: argparse.ArgumentParser) -> None:
     """Flags owned by the tool and observability packages."""
-    from slime.observability.args import add_observability_arguments
-    from slime.tools.args import add_tool_arguments
+    from slime.observability.flags import add_observability_arguments
+    from slime.tools.flags import add_tool_arguments
 
     add_tool_arguments(p)
     add_observability_arguments(p)

@@ -1,4 +1,4 @@
-"""Turn a metrics.jsonl into PNG plots: `python tools/report.py RUN_DIR_OR_METRICS_JSONL [-o OUT]`."""
+"""Turn a metrics.jsonl into PNG plots: `python scripts/report.py RUN_DIR_OR_METRICS_JSONL [-o OUT]`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slime.observability.report import make_report  # noqa: E402
+from slime.observability.plots import make_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

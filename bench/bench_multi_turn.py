@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from rollout_plugins.multi_turn import MultiTurnContext, Trajectory  # noqa: E402
 from slime.fleet.router import Router  # noqa: E402
 from slime.testing.scripted_engine import ScriptedEngine  # noqa: E402
-from slime.rollout.engine_client import GenerateState  # noqa: E402
+from slime.testing.runtime import bind_runtime  # noqa: E402
 from slime.tools.flags import tool_defaults  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.testing.tiny_model import qwen_tokenizer_dir  # noqa: E402
@@ -113,7 +113,7 @@ def main() -> int:
                                      "sglang_server_concurrency": 8, "request_timeout": 30.0,
                                      "request_max_retries": 1, "max_turns": cli.turns + 1,
                                      "tool_config_path": str(ROOT / "configs" / "example_tool.yaml")})
-        GenerateState.get(args)._tokenizer = tok
+        bind_runtime(args, tokenizer=tok)
         curves = asyncio.run(run(args, {"delta": Trajectory, "rerender": RerenderTrajectory}, cli.trajectories))
     finally:
         router.stop()

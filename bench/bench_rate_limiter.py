@@ -37,15 +37,16 @@ def _noop():
 
 @ray.remote(num_cpus=0)
 class Caller:
-    async def run(self, design: str, name: str, cap: int, n_callers: int, start_at: float, duration: float):
+    """One process of callers. `prepare` starts and warms up the design (actor start-up is not
+    measured: under load it can take longer than the measuring window), `run` then measures."""
+
+    async def prepare(self, design: str, name: str, cap: int, n_callers: int) -> None:
         sys.path.insert(0, str(ROOT))
-        lat: list[float] = []
-        stop_at = start_at + duration
+        self.design = design
         if design == "seed":
             from bench.seed_token_bucket import init_seed_pool
 
             pool = init_seed_pool(max(1, n_callers), cap, name)
-            await pool.execute.remote(_noop)  # warm up (actor start)
 
             async def one():
                 t = time.perf_counter()
@@ -54,7 +55,7 @@ class Caller:
         else:
             from slime.tools.rate_limiter import client_for
 
-            lim = client_for(name)
+            self.lim = lim = client_for(name)
 
             async def one():
                 # the guarded call is a no-op that yields once to the event loop, so the permit is
@@ -66,7 +67,13 @@ class Caller:
                 t2 = time.perf_counter()
                 lim.release()
                 return (t1 - t) + (time.perf_counter() - t2)
-            await one()
+        self.one = one
+        await one()
+
+    async def run(self, n_callers: int, start_at: float, duration: float) -> dict:
+        lat: list[float] = []
+        stop_at = start_at + duration
+        one = self.one
 
         async def caller():
             n = 0
@@ -83,9 +90,9 @@ class Caller:
         out = {"calls": sum(counts), "mean_lat": statistics.fmean(lat) if lat else None,
                "p50": statistics.median(lat) if lat else None,
                "p99": sorted(lat)[int(len(lat) * 0.99)] if lat else None}
-        if design != "seed":
-            out["client"] = lim.stats()
-            await lim.close()
+        if self.design != "seed":
+            out["client"] = self.lim.stats()
+            await self.lim.close()
         return out
 
 
@@ -93,13 +100,12 @@ def run_case(design: str, cap: int, conc: int, duration: float, case_id: str) ->
     from slime.tools.rate_limiter import get_or_create_rate_limiter, kill_rate_limiter
 
     name = f"bench-{design}-{case_id}"
-    if design == "slime":
-        get_or_create_rate_limiter(name, cap)
+    handle = get_or_create_rate_limiter(name, cap) if design == "slime" else None  # the actor lives while held
     per = [conc] if conc == 1 else [conc // 2, conc - conc // 2]
     callers = [Caller.remote() for _ in per]
-    ray.get([c.__ray_ready__.remote() for c in callers])
-    start_at = time.time() + 1.5
-    refs = [c.run.remote(design, name, cap, n, start_at, duration) for c, n in zip(callers, per)]
+    ray.get([c.prepare.remote(design, name, cap, n) for c, n in zip(callers, per)], timeout=120)
+    start_at = time.time() + 0.5
+    refs = [c.run.remote(n, start_at, duration) for c, n in zip(callers, per)]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=duration + 60)
     res = ray.get(ready) if len(ready) == len(refs) else []
     calls = sum(r["calls"] for r in res)
@@ -112,8 +118,9 @@ def run_case(design: str, cap: int, conc: int, duration: float, case_id: str) ->
            "p50_ms": 1e3 * statistics.fmean(p50) if p50 else nan, "p99_ms": 1e3 * max(p99) if p99 else nan,
            "stalled": calls == 0, "per_process_calls": [r["calls"] for r in res]}
     if design == "slime":
-        out["remote_messages"] = sum(r["client"]["remote_messages"] for r in res)
+        out["client_stats"] = [r["client"] for r in res]
         kill_rate_limiter(name)
+        del handle
     else:
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(name))

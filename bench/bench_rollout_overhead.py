@@ -30,7 +30,7 @@ os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from slime.fleet.router import Router  # noqa: E402
-from slime.fleet.process import wait_until  # noqa: E402
+from slime.utils.child_process import wait_until  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.testing.tiny_model import build_tiny_model  # noqa: E402
 
@@ -109,10 +109,6 @@ def main() -> None:
         print(f"orchestration per sample     : {overhead_ms:8.3f} ms  (target < 1 ms; 1/slime - 1/raw, "
               f"negative = within run-to-run noise)")
     finally:
-        from slime.utils.async_utils import run
-        from slime.utils.http_retry import close_session
-
-        run(close_session())
         router.stop()
         stub.terminate()
         stub.wait()

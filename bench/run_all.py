@@ -20,6 +20,7 @@ BENCHMARKS = [
     ("Cold start", ["-m", "bench.bench_cold_start"]),
     ("Multi-turn", ["-m", "bench.bench_multi_turn"]),
     ("Rate limiter and sandbox", ["-m", "bench.bench_rate_limiter"]),
+    ("Trainer batches", ["-m", "bench.bench_train_batch"]),
 ]
 
 

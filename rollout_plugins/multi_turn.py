@@ -20,11 +20,12 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
 from typing import Any
 from uuid import uuid4
 
-from slime.rollout.engine_client import GenerateState, generate_tokens
+from slime.rollout.runtime import RolloutRuntime, current
+from slime.utils.trajectory import (ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord,
+                                      TurnSpan)
 from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only, conversation_drift
 from slime.tools.registry import ToolSet, get_tool_set
 from slime.tools.tool_parser import ParseError, ToolCall, get_parser
@@ -44,11 +45,10 @@ def _arg(args: Any, name: str, default: Any = None) -> Any:
 class MultiTurnContext:
     """What all trajectories of a process share: tools, parser, template deltas (built once)."""
 
-    _by_args: dict[int, tuple[Any, "MultiTurnContext"]] = {}
-
-    def __init__(self, args: Any, tokenizer: Any = None):
+    def __init__(self, args: Any, runtime: RolloutRuntime | None = None, tokenizer: Any = None):
         self.args = args
-        self.tok = tokenizer if tokenizer is not None else GenerateState.get(args).tokenizer
+        self.runtime = runtime if runtime is not None or tokenizer is not None else current(args)
+        self.tok = tokenizer if tokenizer is not None else self.runtime.tokenizer
         path = _arg(args, "tool_config_path")
         self.tools: ToolSet = get_tool_set(path) if path else ToolSet([], source="<no --tool-config-path>")
         self.parser = get_parser(_arg(args, "tool_call_parser", "hermes"))
@@ -72,11 +72,10 @@ class MultiTurnContext:
         self._warned: set[str] = set()
 
     @classmethod
-    def get(cls, args: Any) -> "MultiTurnContext":
-        hit = cls._by_args.get(id(args))
-        if hit is None or hit[0] is not args:
-            hit = cls._by_args[id(args)] = (args, cls(args))
-        return hit[1]
+    def get(cls, args: Any, runtime: RolloutRuntime | None = None) -> "MultiTurnContext":
+        """One per runtime (built on first use): tools, parser and template check are shared."""
+        runtime = runtime or current(args)
+        return runtime.shared("multi_turn.MultiTurnContext", lambda: cls(args, runtime))
 
     def warn_once(self, key: str, msg: str) -> None:
         if key not in self._warned:
@@ -84,11 +83,8 @@ class MultiTurnContext:
             logger.warning(msg)
 
 
-_OPTIONAL_KEYS = ("dropped_tool_tokens", "error", "template_drift_detail", "tool_create_responses", "outcome_reward")
-
-
 class Trajectory:
-    """One sample's conversation: token buffers, tool instances and the bookkeeping for metadata."""
+    """One sample's conversation: token buffers, tool instances and its `TrajectoryRecord`."""
 
     def __init__(self, ctx: MultiTurnContext, args: Any, sample: Sample, sampling_params: dict[str, Any]):
         self.ctx, self.args, self.sample = ctx, args, sample
@@ -106,28 +102,18 @@ class Trajectory:
         self.instances: dict[str, str] = {}
         self.attempted: dict[str, str] = {}  # name -> instance id, for every create tried
         self.status, self.reason = Sample.Status.PENDING, ""
-        for key in _OPTIONAL_KEYS:  # left over from an earlier (aborted, recycled) attempt
-            sample.metadata.pop(key, None)
+        TrajectoryRecord.clear(sample)  # left over from an earlier (aborted, recycled) attempt
         sample.weight_versions = []
-        self.meta: dict[str, Any] = {
-            "turns": 0, "tool_calls": Counter(), "tool_errors": [], "parse_errors": [], "step_rewards": [],
-            "tool_rewards": {}, "non_generation_time": 0.0, "turn_spans": [], "turn_overhead_s": [],
-            "truncated_tool_responses": 0,
-        }
+        self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
 
     # ---- set-up -------------------------------------------------------------------------------
     def active_tools(self) -> list[str]:
-        named = self.sample.metadata.get("tools_kwargs") or {}
-        if not isinstance(named, dict):
-            raise ValueError(f"tools_kwargs must be a mapping of tool name -> kwargs, got {type(named).__name__}")
-        # Parquet stores tools_kwargs as a struct over all rows' tool names: absent tools come back as None.
-        named = {n: v for n, v in named.items() if v is not None}
-        unknown = [n for n in named if n not in self.ctx.tools]
-        if unknown:
-            raise ValueError(f"tools_kwargs names tool(s) {unknown} that are not in the tool config "
-                             f"({self.ctx.tools.source}: {self.ctx.tools.names})")
-        self.kwargs = {n: dict(v) if isinstance(v, dict) else {} for n, v in named.items()}
-        return list(named) if named else self.ctx.tools.names
+        """The sample's tools (`--tool-key`: slime's schema list and/or verl's tools_kwargs), their
+        per-sample kwargs and the schemas its prompt shows; every configured tool when it names none."""
+        md = self.sample.metadata
+        chosen = self.ctx.tools.select(md.get("tools"), md.get("tools_kwargs"))
+        self.kwargs, self.schemas = chosen.kwargs, chosen.schemas
+        return chosen.names
 
     def kw(self, name: str, section: str) -> dict[str, Any]:
         """`tools_kwargs[name][section]` as a dict ({} when absent or null)."""
@@ -139,8 +125,7 @@ class Trajectory:
         msgs = s.metadata.get("messages")
         if msgs is None and isinstance(s.prompt, list):
             msgs = s.prompt
-        schemas = self.ctx.tools.schemas(names)
-        self.schemas = schemas
+        schemas = self.schemas
         if msgs is None:
             text = str(s.prompt)
             specials = [t for t in getattr(self.ctx.tok, "all_special_tokens", []) if t and t in text]
@@ -163,7 +148,7 @@ class Trajectory:
             got, resp = await self.ctx.tools[name].create(iid, **self.kw(name, "create_kwargs"))
             self.instances[name] = self.attempted[name] = got or iid
             if resp is not None and (resp.text or resp.image or resp.video):
-                self.meta.setdefault("tool_create_responses", {})[name] = resp.text
+                self.record.tool_create_responses[name] = resp.text
 
         # Wait for every create (even when one fails) so release never races a create still running.
         errors = [r for r in await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
@@ -177,8 +162,8 @@ class Trajectory:
             try:
                 await self.ctx.tools[name].release(iid, **self.kw(name, "release_kwargs"))
             except Exception as e:  # noqa: BLE001 - a failing release must not hide the others
-                self.meta["tool_errors"].append({"turn": None, "tool": name, "kind": "release",
-                                                 "message": f"{type(e).__name__}: {e}"})
+                self.record.tool_errors.append(ToolErrorRecord(turn=None, tool=name, kind="release",
+                                                               message=f"{type(e).__name__}: {e}"))
 
         await asyncio.gather(*(one(n) for n in self.attempted))
 
@@ -199,24 +184,23 @@ class Trajectory:
         self.ids += ids
         self.mask += [1 if logps is not None else 0] * len(ids)
         self.logps += logps if logps is not None else [0.0] * len(ids)
-        self.meta["turn_spans"].append({"turn": turn, "role": role, "start": start, "end": start + len(ids)})
+        self.record.turn_spans.append(TurnSpan(turn=turn, role=role, start=start, end=start + len(ids)))
 
     def _end(self, status: Sample.Status, reason: str) -> None:
         self.status, self.reason = status, reason
 
     async def loop(self) -> None:
         max_turns = int(_arg(self.args, "max_turns", 8))
-        state = GenerateState.get(self.args)
+        client = (self.ctx.runtime or current(self.args)).client
         if self.max_ctx and self.prompt_len >= self.max_ctx:
             return self._end(Sample.Status.TRUNCATED, "prompt_fills_context")
         for turn in range(1, max_turns + 1):
             room, limit = self._room()
             if room <= 0:
                 return self._end(Sample.Status.TRUNCATED, f"{limit}_exhausted")
-            out = await generate_tokens(self.args, self.ids, {**self.params, "max_new_tokens": room},
-                                        rid=state.new_rid())
+            out = await client.generate(self.ids, {**self.params, "max_new_tokens": room})
             t0 = time.perf_counter()
-            self.meta["turns"] = turn
+            self.record.turns = turn
             self._append(out.token_ids, out.log_probs, turn, "assistant")
             if out.weight_version is not None:
                 self.sample.weight_versions.append(str(out.weight_version))
@@ -243,11 +227,11 @@ class Trajectory:
             prep = time.perf_counter() - t0
             t1 = time.perf_counter()
             tool_msgs = await self.run_calls(parsed.items, turn)
-            self.meta["non_generation_time"] += time.perf_counter() - t1
+            self.record.non_generation_time += time.perf_counter() - t1
             t2 = time.perf_counter()
             if not self.add_tool_turn(tool_msgs, model_ids, turn):
                 return self._end(Sample.Status.TRUNCATED, "budget_exhausted_in_tool_response")
-            self.meta["turn_overhead_s"].append(prep + time.perf_counter() - t2)
+            self.record.turn_overhead_s.append(prep + time.perf_counter() - t2)
         return self._end(Sample.Status.TRUNCATED, "max_turns")
 
     def add_tool_turn(self, tool_msgs: list[dict[str, Any]], model_ids: list[int], turn: int) -> bool:
@@ -258,7 +242,7 @@ class Trajectory:
         """
         delta = self.ctx.delta.tool_delta_ids(tool_msgs, model_ids)
         if len(delta) > min(self._budgets())[0]:
-            self.meta["dropped_tool_tokens"] = len(delta)
+            self.record.dropped_tool_tokens = len(delta)
             return False
         self._append(delta, None, turn, "tool")
         if self.messages is not None:
@@ -266,27 +250,33 @@ class Trajectory:
         return True
 
     def _record_unanswered(self, parsed: Any, turn: int, why: str) -> None:
+        rec = self.record
         for item in parsed.items:
             if isinstance(item, ParseError):
-                self.meta["parse_errors"].append({"turn": turn, "kind": item.kind, "message": item.message,
-                                                  "raw": item.raw})
+                rec.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message,
+                                                         raw=item.raw))
+                rec.tool_messages.append(ToolMessage(turn=turn, error=item.message))
             else:
-                self.meta["tool_errors"].append({"turn": turn, "tool": item.name, "kind": "not_executed",
-                                                 "message": f"not executed: {why}"})
+                message = f"not executed: {why}"
+                rec.tool_errors.append(ToolErrorRecord(turn=turn, tool=item.name, kind="not_executed",
+                                                       message=message))
+                rec.tool_messages.append(ToolMessage(turn=turn, name=item.name, arguments=item.arguments,
+                                                     error=message))
 
     # ---- tool calls ---------------------------------------------------------------------------
     async def run_calls(self, items: list[ToolCall | ParseError], turn: int) -> list[dict[str, Any]]:
         """One tool message per call or parse error, in the model's order; valid calls run concurrently."""
         limit = int(_arg(self.args, "max_parallel_calls", 4))
         texts: list[str | None] = [None] * len(items)
+        errors: list[str | None] = [None] * len(items)
         names: list[str] = ["error"] * len(items)
         jobs: list[tuple[int, ToolCall, dict[str, Any]]] = []
         n_calls = 0
         for i, item in enumerate(items):
             if isinstance(item, ParseError):
-                self.meta["parse_errors"].append({"turn": turn, "kind": item.kind, "message": item.message,
-                                                  "raw": item.raw})
-                texts[i] = f"Error: {item.message}. Your output was: {item.raw}"
+                self.record.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message,
+                                                                 raw=item.raw))
+                texts[i], errors[i] = f"Error: {item.message}. Your output was: {item.raw}", item.message
                 continue
             n_calls += 1
             names[i] = item.name
@@ -304,35 +294,44 @@ class Trajectory:
                 else:
                     jobs.append((i, item, arguments))
             if kind:
-                self.meta["tool_errors"].append({"turn": turn, "tool": item.name, "kind": kind, "message": message})
-                texts[i] = f"Error: {message}"
+                self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=item.name, kind=kind, message=message))
+                texts[i], errors[i] = f"Error: {message}", message
         results = await asyncio.gather(*(self._execute(call, arguments, turn) for _, call, arguments in jobs))
-        for (i, _, _), text in zip(jobs, results):
-            texts[i] = text
-        return [{"role": "tool", "name": n, "content": self._truncate(t or "")} for n, t in zip(names, texts)]
+        for (i, _, _), (text, error) in zip(jobs, results):
+            texts[i], errors[i] = text, error
+        executed = {i for i, _, _ in jobs}
+        msgs = []
+        for i, (item, chat_name, text) in enumerate(zip(items, names, texts)):
+            content = self._truncate(text or "")
+            msgs.append({"role": "tool", "name": chat_name, "content": content})
+            name, arguments = (item.name, item.arguments) if isinstance(item, ToolCall) else (None, None)
+            self.record.tool_messages.append(ToolMessage(
+                turn=turn, name=name, arguments=arguments, response=content, error=errors[i],
+                executed=i in executed, truncated=content != (text or "")))
+        return msgs
 
-    async def _execute(self, call: ToolCall, arguments: dict[str, Any], turn: int) -> str:
+    async def _execute(self, call: ToolCall, arguments: dict[str, Any], turn: int) -> tuple[str, str | None]:
+        """(the text answered to the model, the error or None)."""
         tool = self.ctx.tools[call.name]
         timeout = _arg(self.args, "tool_call_timeout")
-        self.meta["tool_calls"][call.name] += 1
         try:
             coro = tool.execute(self.instances[call.name], arguments,
                                 **self.kw(call.name, "execute_kwargs"))
             resp, step_reward, _metrics = await (asyncio.wait_for(coro, timeout) if timeout else coro)
         except asyncio.TimeoutError:
             msg = f"tool {call.name!r} did not answer within {timeout}s"
-            self.meta["tool_errors"].append({"turn": turn, "tool": call.name, "kind": "timeout", "message": msg})
-            return f"Error: {msg}"
+            self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=call.name, kind="timeout", message=msg))
+            return f"Error: {msg}", msg
         except Exception as e:  # noqa: BLE001 - a tool bug becomes a message, not a crashed rollout
             msg = f"tool {call.name!r} failed: {type(e).__name__}: {e}"
-            self.meta["tool_errors"].append({"turn": turn, "tool": call.name, "kind": "exception", "message": msg})
-            return f"Error: {msg}"
-        self.meta["step_rewards"].append({"turn": turn, "tool": call.name, "reward": float(step_reward or 0.0)})
+            self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=call.name, kind="exception", message=msg))
+            return f"Error: {msg}", msg
+        self.record.step_rewards.append(StepReward(turn=turn, tool=call.name, reward=float(step_reward or 0.0)))
         text = resp.text or ""
         media = len(resp.image or []) + len(resp.video or [])
         if media:
             text += f"\n({media} image/video item(s) returned by the tool are not shown to this text model)"
-        return text
+        return text, None
 
     def _truncate(self, text: str) -> str:
         limit = int(_arg(self.args, "max_tool_response_tokens", 0))
@@ -341,7 +340,6 @@ class Trajectory:
         ids = self.ctx.delta.encode(text)
         if len(ids) <= limit:
             return text
-        self.meta["truncated_tool_responses"] += 1
         dec = self.ctx.tok.decode
         side = _arg(self.args, "tool_response_truncate_side", "middle")
         if side == "left":
@@ -357,10 +355,10 @@ class Trajectory:
             try:
                 r = await self.ctx.tools[name].calc_reward(self.instances[name],
                                                            **self.kw(name, "calc_reward_kwargs"))
-                self.meta["tool_rewards"][name] = float(r or 0.0)
+                self.record.tool_rewards[name] = float(r or 0.0)
             except Exception as e:  # noqa: BLE001
-                self.meta["tool_errors"].append({"turn": None, "tool": name, "kind": "calc_reward",
-                                                 "message": f"{type(e).__name__}: {e}"})
+                self.record.tool_errors.append(ToolErrorRecord(turn=None, tool=name, kind="calc_reward",
+                                                               message=f"{type(e).__name__}: {e}"))
 
         await asyncio.gather(*(one(n) for n in self.instances))
 
@@ -371,24 +369,21 @@ class Trajectory:
         s.response = self.ctx.tok.decode(self.ids[self.prompt_len:], skip_special_tokens=False)
         s.loss_mask, s.rollout_log_probs = self.mask, self.logps
         s.status = self.status if self.status != Sample.Status.PENDING else Sample.Status.FAILED
-        self.meta["tool_calls"] = dict(self.meta["tool_calls"])
-        self.meta["finish_reason"] = self.reason
-        self.meta["tool_reward_total"] = (sum(r["reward"] for r in self.meta["step_rewards"])
-                                          + sum(self.meta["tool_rewards"].values()))
-        s.metadata.update(self.meta)
+        self.record.finish_reason = self.reason
+        self.record.store(s)
         return s
 
     def check_drift(self) -> None:
-        spans = self.meta["turn_spans"]
-        complete = (spans and spans[-1]["role"] == "assistant" and self.ids[-1] == self.ctx.delta.stop_id
+        spans = self.record.turn_spans
+        complete = (spans and spans[-1].role == "assistant" and self.ids[-1] == self.ctx.delta.stop_id
                     and self.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED))
         if self.ctx.check_mode == "off" or self.messages is None or not complete:
-            self.meta["template_drift"] = None  # not checked: no complete final turn to compare
+            self.record.template_drift = None  # not checked: no complete final turn to compare
             return
         rep = conversation_drift(self.ctx.delta, self.messages, self.schemas, self.ids, self.prompt_len)
-        self.meta["template_drift"] = not rep.ok
+        self.record.template_drift = not rep.ok
         if not rep.ok:
-            self.meta["template_drift_detail"] = rep.detail
+            self.record.template_drift_detail = rep.detail
 
     async def run(self) -> Sample:
         try:
@@ -402,11 +397,11 @@ class Trajectory:
             self._end(Sample.Status.ABORTED, "cancelled")
             raise
         except HttpError as e:
-            self.meta["error"] = str(e)
+            self.record.error = str(e)
             self._end(Sample.Status.FAILED, "engine_error")
         except Exception as e:  # noqa: BLE001 - one bad sample must not take the batch down
             logger.exception("multi-turn sample %s failed", self.sample.index)
-            self.meta["error"] = f"{type(e).__name__}: {e}"
+            self.record.error = f"{type(e).__name__}: {e}"
             self._end(Sample.Status.FAILED, "exception")
         finally:
             release = asyncio.ensure_future(self.release_tools())
@@ -427,7 +422,7 @@ async def add_tool_reward(args: Any, sample: Sample) -> None:
         MultiTurnContext.get(args).warn_once("group_rm", "--tool-reward-mode add is ignored with --group-rm; "
                                              "tool rewards are in metadata['tool_reward_total']")
         return
-    from slime.rollout.rm import async_rm
+    from slime.rollout.rm_hub import async_rm
 
     if not (_arg(args, "custom_rm_path") or _arg(args, "rm_type")):
         MultiTurnContext.get(args).warn_once("no_rm", "--tool-reward-mode add without --rm-type/--custom-rm-path: "
@@ -435,8 +430,10 @@ async def add_tool_reward(args: Any, sample: Sample) -> None:
         outcome: Any = 0.0
     else:
         outcome = await async_rm(args, sample)
-    extra = sample.metadata["tool_reward_total"]
-    sample.metadata["outcome_reward"] = outcome
+    record = TrajectoryRecord.of(sample)
+    extra = record.tool_reward_total
+    record.outcome_reward = outcome
+    record.store(sample)
     if isinstance(outcome, dict):
         key = _arg(args, "reward_key", "score")
         sample.reward = {**outcome, key: float(outcome[key]) + extra}
@@ -452,7 +449,8 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     return sample
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *,
+                     runtime: RolloutRuntime | None = None):
     """slime's rollout contract: the default rollout with `generate` above as the per-sample step."""
     from slime.rollout import sglang_rollout
 
@@ -461,5 +459,5 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
                          f"generate function; remove --custom-generate-function-path "
                          f"{args.custom_generate_function_path!r}")
     args.custom_generate_function_path = GENERATE_PATH
-    MultiTurnContext.get(args)  # fail fast on a bad tool config or template before any request
-    return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation)
+    MultiTurnContext.get(args, runtime)  # fail fast on a bad tool config or template before any request
+    return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation, runtime=runtime)

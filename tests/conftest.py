@@ -62,3 +62,13 @@ def _ray_env() -> dict[str, str]:
     env = {k: os.environ[k] for k in keys if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rollout_runtime():
+    """Every test starts without a bound rollout runtime, so none sees another's client or counters."""
+    from slime.rollout.runtime import unbind
+
+    unbind()
+    yield
+    unbind()

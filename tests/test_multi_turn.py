@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pytest
 
 from rollout_plugins.multi_turn import MultiTurnContext, generate
-from slime.rollout.engine_client import GenerateState
+from slime.testing.runtime import bind_runtime
 from slime.tools.flags import tool_defaults
 from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import ToolResponse
@@ -131,7 +131,7 @@ def make_args(stack, tok, **kw) -> argparse.Namespace:
             "sglang_server_concurrency": 64, "request_timeout": 30.0, "request_max_retries": 0,
             "tool_config_path": stack["config"], "rm_type": "gsm8k", "custom_rm_path": None, "group_rm": False}
     args = argparse.Namespace(**{**base, **kw})
-    GenerateState.get(args)._tokenizer = tok  # share one tokenizer across tests
+    bind_runtime(args, tokenizer=tok)  # share one tokenizer across tests
     return args
 
 
@@ -395,6 +395,7 @@ async def test_release_on_every_path(stack, tok):
     s = await generate(make_args(stack, tok, sglang_router_port=find_free_port()), sample_for("down", kw),
                        dict(PARAMS))
     assert s.status == Sample.Status.FAILED and s.metadata["finish_reason"] == "engine_error" and released_all()
+    bind_runtime(args, tokenizer=tok)  # back to the reachable router
     # the task is cancelled while a tool runs (rollout abort)
     CASES["cancel"] = lambda t, b: say(tok, call("track", {"mode": "sleep3"}))
     n0, sample = len(EVENTS), sample_for("cancel", kw)
@@ -459,7 +460,7 @@ def test_tool_call_batch_case(stack, tok, tmp_path):
             "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout",
             "--tool-config-path", stack["config"], "--tool-reward-mode", "add", "--rollout-backend", "hf"]
     args = parse_args(argv)
-    GenerateState.get(args)._tokenizer = tok
+    bind_runtime(args, tokenizer=tok)
     from slime.utils.misc import load_function
 
     rollout = load_function(args.rollout_function_path)
@@ -480,7 +481,7 @@ def test_tool_call_batch_case(stack, tok, tmp_path):
     # JSONL with a `messages` list
     args = parse_args(argv[:2] + ["--prompt-data", str(jl), "--input-key", "messages"] + argv[6:])
     args.tool_key = None
-    GenerateState.get(args)._tokenizer = tok
+    bind_runtime(args, tokenizer=tok)
     out = rollout(args, 1, DataSource.from_args(args, tok))
     samples = [s for g in (out.samples if hasattr(out, "samples") else out) for s in g]
     assert len(samples) == 100 and all(s.status == Sample.Status.COMPLETED for s in samples)

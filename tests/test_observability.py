@@ -19,17 +19,44 @@ from slime.observability import reporting, rollout_dump
 from slime.observability.flags import add_observability_arguments
 from slime.observability.metrics_log import read_metrics
 from slime.observability.progress import RolloutProgress
+from slime.utils.trajectory import ParseErrorRecord, ToolErrorRecord, ToolMessage, TrajectoryRecord, TurnSpan
 from slime.utils.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_sample(g: int, i: int, reward, length: int = 4, status=Sample.Status.COMPLETED, **meta) -> Sample:
+def make_sample(g: int, i: int, reward, length: int = 4, status=Sample.Status.COMPLETED,
+                trajectory: TrajectoryRecord | None = None, mask: list[int] | None = None, **meta) -> Sample:
     prompt = [1, 2, 3]
-    mask = meta.pop("mask", None) or [1] * length
-    return Sample(group_index=g, index=i, prompt=f"question {g}", tokens=prompt + list(range(10, 10 + length)),
-                  response=f"answer {g}.{i}", response_length=length, label=str(g), reward=reward,
-                  loss_mask=mask, status=status, metadata=meta)
+    s = Sample(group_index=g, index=i, prompt=f"question {g}", tokens=prompt + list(range(10, 10 + length)),
+               response=f"answer {g}.{i}", response_length=length, label=str(g), reward=reward,
+               loss_mask=mask or [1] * length, status=status, metadata=meta)
+    if trajectory is not None:
+        trajectory.store(s)
+    return s
+
+
+def call(turn: int, name: str, **kw) -> ToolMessage:
+    return ToolMessage(turn=turn, name=name, executed=True, **kw)
+
+
+def tool_trajectory() -> TrajectoryRecord:
+    """3 turns, 3 executed calls (python x2, search), one of which raised."""
+    return TrajectoryRecord(
+        turns=3, finish_reason="no_tool_call", non_generation_time=1.5,
+        turn_spans=[TurnSpan(turn=1, role="assistant", start=0, end=2), TurnSpan(turn=1, role="tool", start=2, end=4),
+                    TurnSpan(turn=2, role="assistant", start=4, end=6)],
+        tool_messages=[call(1, "python", arguments={"code": "1+1"}, response="2"),
+                       call(2, "python", arguments={"code": "1/0"}, response="Error: boom", error="boom"),
+                       call(2, "search", arguments={"q": "x"}, response="found")],
+        tool_errors=[ToolErrorRecord(turn=2, tool="python", kind="exception", message="boom")])
+
+
+def parse_error_trajectory() -> TrajectoryRecord:
+    bad = [ParseErrorRecord(turn=1, kind="malformed_json", message="not JSON", raw="<tool_call>{"),
+           ParseErrorRecord(turn=1, kind="unclosed", message="no </tool_call>", raw="<tool_call>")]
+    return TrajectoryRecord(turns=1, finish_reason="no_tool_call", parse_errors=bad,
+                            tool_messages=[ToolMessage(turn=1, error=e.message) for e in bad])
 
 
 def groups() -> list[list[Sample]]:
@@ -37,12 +64,8 @@ def groups() -> list[list[Sample]]:
     return [
         [make_sample(0, 0, 1.0, 4), make_sample(0, 1, 0.0, 8, Sample.Status.TRUNCATED)],
         [make_sample(1, 2, 0.0, 2), make_sample(1, 3, 0.0, 2)],
-        [make_sample(2, 4, {"score": 1.0, "format": 0.5}, 6, turns=3, tool_calls={"python": 2, "search": 1},
-                     tool_errors=1, parse_errors=0, non_generation_time=1.5, mask=[1, 1, 0, 0, 1, 1],
-                     turn_spans=[{"role": "assistant", "start": 0, "end": 2}, {"role": "tool", "start": 2, "end": 4},
-                                 {"role": "assistant", "start": 4, "end": 6}],
-                     tool_messages=[{"name": "python", "arguments": {"code": "1+1"}, "response": "2", "error": None}]),
-         make_sample(2, 5, {"score": 0.0, "format": 1.0}, 4, turns=1, tool_calls={}, parse_errors=2)],
+        [make_sample(2, 4, {"score": 1.0, "format": 0.5}, 6, trajectory=tool_trajectory(), mask=[1, 1, 0, 0, 1, 1]),
+         make_sample(2, 5, {"score": 0.0, "format": 1.0}, 4, trajectory=parse_error_trajectory())],
     ]
 
 
@@ -130,11 +153,15 @@ def test_dumps_validate_against_schema(tmp_path):
     for key in ("input", "output", "score", "step", "label", "status", "tokens", "loss_mask_spans"):
         assert key in first
     mt = recs[4]
-    assert mt.score == 1.0 and mt.reward == {"score": 1.0, "format": 0.5} and mt.turns == 3
+    assert mt.score == 1.0 and mt.reward == {"score": 1.0, "format": 0.5}
     assert [(s.start, s.end, s.mask) for s in mt.loss_mask_spans] == [(0, 2, 1), (2, 4, 0), (4, 6, 1)]
-    assert [s.role for s in mt.turn_spans] == ["assistant", "tool", "assistant"]
-    assert mt.tool_calls == {"python": 2, "search": 1} and mt.tool_messages[0].response == "2"
-    assert mt.metadata == {"non_generation_time": 1.5} and mt.tokenizer == "/models/x"
+    assert mt.trajectory == tool_trajectory()  # read back as the type the tool loop wrote
+    assert mt.trajectory.tool_calls == {"python": 2, "search": 1} and mt.trajectory.non_generation_time == 1.5
+    assert mt.metadata == {} and mt.tokenizer == "/models/x"  # every trajectory key went into `trajectory`
+    line = json.loads(lines[4])["trajectory"]
+    assert line["tool_errors"] == [{"turn": 2, "tool": "python", "kind": "exception", "message": "boom"}]
+    assert line["tool_calls"] == {"python": 2, "search": 1} and line["round_number"] == 3
+    assert recs[5].trajectory == parse_error_trajectory() and recs[0].trajectory is None
     assert recs[1].status == "truncated" and recs[1].prompt_length == 3
     # eval datasets get their own files
     paths = rollout_dump.dump_eval(args, 7, eval_data())
@@ -167,7 +194,7 @@ def test_metrics_jsonl_and_report(tmp_path):
     sys.argv = ["report.py", str(tmp_path / "metrics.jsonl"), "-o", str(out_dir)]
     try:
         with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(ROOT / "tools" / "report.py"), run_name="__main__")
+            runpy.run_path(str(ROOT / "scripts" / "report.py"), run_name="__main__")
         assert e.value.code == 0
     finally:
         sys.argv = old_argv
@@ -176,11 +203,19 @@ def test_metrics_jsonl_and_report(tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out_dir.glob("*.png"))
 
 
-def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path):
-    args = argparse.Namespace(rollout_data_dir=str(tmp_path))
-    reporting.log_rollout(args, 0, groups(), {})
-    assert (tmp_path / "metrics.jsonl").exists()
-    reporting.log_rollout(argparse.Namespace(), 0, groups(), {})  # nowhere to write: silently off
+def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path, monkeypatch):
+    args = argparse.Namespace(rollout_data_dir=str(tmp_path / "dumps"))
+    out = reporting.log_rollout(args, 0, groups(), {})
+    recs = list(read_metrics(tmp_path / "dumps" / "metrics.jsonl"))
+    assert [(r["kind"], r["step_key"], r["step"]) for r in recs] == [("rollout", "rollout/step", 0),
+                                                                     ("perf", "perf/step", 0)]
+    assert recs[0]["metrics"]["rollout/num_samples"] == 6 and recs[0]["metrics"]["rollout/tool_errors"] == 1
+    assert {**recs[0]["metrics"], **recs[1]["metrics"]} == pytest.approx(out)
+    # no --metrics-dir, --rollout-data-dir or wandb: the same metrics are returned, no file is written
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert reporting.log_rollout(argparse.Namespace(), 0, groups(), {}) == pytest.approx(out)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_progress_plain_log_lines(caplog):

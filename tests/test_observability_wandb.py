@@ -1,4 +1,4 @@
-"""An offline wandb run shared by two processes, read back from its files."""
+"""An offline wandb run, written through `WandbRun` and read back from its files."""
 
 from __future__ import annotations
 
@@ -9,51 +9,46 @@ import sys
 import textwrap
 from pathlib import Path
 
-from slime.observability import reporting, wandb_logger, wandb_reader
+from slime.observability import reporting, wandb_reader
 from slime.observability.metrics_log import read_metrics
+from slime.observability.wandb_logger import WandbRun
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SECONDARY = textwrap.dedent("""
+TRAINER = textwrap.dedent("""
     import argparse, sys
-    sys.path.insert(0, sys.argv[3])
-    from tests.test_observability import eval_data, groups
-    from slime.observability import reporting, wandb_logger
-    args = argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], log_passrate=True,
-                              n_samples_per_eval_prompt=4, wandb_always_use_train_step=True,
-                              rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=4)
-    wandb_logger.init_wandb_secondary(args, sys.argv[2])
-    assert wandb_logger.is_active()
-    reporting.log_eval(args, 1, eval_data())
-    reporting.log_rollout(args, 1, groups(), {"rollout_time": 2.0, "engine": {"retries": 1}})
-    wandb_logger.log(args, {"train/loss": 0.5}, "train/step", step=2)
-    wandb_logger.finish()
+    from slime.observability.wandb_logger import WandbRun
+    args = argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], wandb_project="slime-test")
+    run = WandbRun.join(args, sys.argv[2])
+    assert run.id == sys.argv[2]
+    run.log({"train/loss": 0.5}, "train/step", step=2)
+    run.finish()
 """)
 
 
-def test_offline_run_shared_by_two_processes(tmp_path):
-    wdir = tmp_path / "wb"
-    args = argparse.Namespace(use_wandb=True, wandb_dir=str(wdir), wandb_project="slime-test", wandb_group="g",
+def _args(wdir: Path) -> argparse.Namespace:
+    return argparse.Namespace(use_wandb=True, wandb_dir=str(wdir), wandb_project="slime-test", wandb_group="g",
                               log_passrate=True, n_samples_per_eval_prompt=4, wandb_always_use_train_step=True,
                               rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=4)
+
+
+def test_offline_run_holds_every_namespace_against_its_step(tmp_path):
     from tests.test_observability import eval_data, groups
 
-    run_id = wandb_logger.init_wandb_primary(args)
-    assert run_id and (wdir / f"slime-wandb-{run_id}.json").exists()
-    wandb_logger.init_wandb_secondary(args, run_id)  # same process: a no-op
-    run_dir = Path(wandb_logger.run_dir())
+    wdir = tmp_path / "wb"
+    args = _args(wdir)
+    run = WandbRun.start(args)
+    run_dir = Path(run.dir)
     try:
-        reporting.log_rollout(args, 0, groups(), {"rollout_time": 1.0})
-        # the controller: another process that did not inherit the wandb service address (like a Ray actor)
-        env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-        subprocess.run([sys.executable, "-c", SECONDARY, str(wdir), run_id, str(ROOT)], env=env, check=True,
-                       timeout=120)
-        reporting.log_eval(args, 2, eval_data())
+        reporting.log_rollout(args, 0, groups(), {"rollout_time": 1.0}, run)
+        reporting.log_eval(args, 1, eval_data(), run)
+        reporting.log_rollout(args, 1, groups(), {"rollout_time": 2.0, "engine": {"retries": 1}}, run)
+        reporting.log_eval(args, 2, eval_data(), run)
+        run.log({"train/loss": 0.5}, "train/step", step=2)
     finally:
-        wandb_logger.finish()
-    assert not (wdir / f"slime-wandb-{run_id}.json").exists()
+        run.finish()
 
-    assert wandb_reader.find_run_dirs(wdir) == [run_dir]  # one run directory for both processes
+    assert wandb_reader.find_run_dirs(wdir) == [run_dir]
     rows = wandb_reader.read_history(run_dir)
     keys = set().union(*rows)
     for k in ("rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean", "rollout/response_len_max",
@@ -78,35 +73,36 @@ def test_offline_run_shared_by_two_processes(tmp_path):
     assert table["data"][0][:5] == ["question 0", "answer 0.0", "0", 1.0, "completed"]
     assert any("eval/aime-24-samples" in r for r in rows)
 
-    # both processes also appended to the run's metrics.jsonl
+    # the run's metrics.jsonl has every record too
     recs = list(read_metrics(run_dir / "metrics.jsonl"))
     assert sorted((r["kind"], r["rollout_id"]) for r in recs) == [
         ("eval", 1), ("eval", 2), ("perf", 0), ("perf", 1), ("rollout", 0), ("rollout", 1)]
 
 
-def test_disabled_and_off_are_noops(tmp_path):
-    assert wandb_logger.init_wandb_primary(argparse.Namespace()) is None
-    assert wandb_logger.init_wandb_primary(argparse.Namespace(use_wandb=True, wandb_mode="disabled")) is None
-    wandb_logger.init_wandb_secondary(argparse.Namespace(use_wandb=True, wandb_dir=str(tmp_path)), None)
-    wandb_logger.log(argparse.Namespace(), {"rollout/x": 1}, "rollout/step")
-    wandb_logger.finish()
-    assert not wandb_logger.is_active()
+def test_another_process_joins_the_run_by_id(tmp_path):
+    """A trainer process logs into the same run through wandb's public resume API."""
+    wdir = tmp_path / "wb"
+    run = WandbRun.start(_args(wdir))
+    try:
+        run.log({"rollout/x": 1.0}, "rollout/step", step=0)
+        # like a trainer actor: its own wandb service, not this process's
+        env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        subprocess.run([sys.executable, "-c", TRAINER, str(wdir), run.id], env=env, check=True, timeout=120)
+    finally:
+        run.finish()
+    dirs = wandb_reader.find_run_dirs(wdir)
+    assert len(dirs) == 2 and all(d.name.endswith(run.id) for d in dirs)
+    keys = set().union(*(set().union(*wandb_reader.read_history(d)) for d in dirs))
+    assert {"rollout/x", "train/loss", "train/step"} <= keys
 
 
-def test_secondary_that_cannot_attach_still_writes_metrics_jsonl(tmp_path, caplog):
-    """E.g. the primary's wandb service is gone: warn, keep logging to the run's metrics.jsonl."""
-    import json
-
+def test_off_and_disabled_give_no_run(tmp_path):
+    assert WandbRun.start(argparse.Namespace()) is None
+    assert WandbRun.start(argparse.Namespace(use_wandb=True, wandb_mode="disabled")) is None
+    # without a run, reporting still writes metrics.jsonl where asked
     from tests.test_observability import groups
 
-    run_dir = tmp_path / "wandb" / "offline-run-x-gone"
-    (tmp_path / "slime-wandb-gone.json").write_text(json.dumps(
-        {"run_id": "gone", "attach_id": "gone", "service": None, "run_dir": str(run_dir)}))
-    args = argparse.Namespace(use_wandb=True, wandb_dir=str(tmp_path))
-    try:
-        wandb_logger.init_wandb_secondary(args, "gone")
-        assert not wandb_logger.is_active() and "cannot attach" in caplog.text
-        reporting.log_rollout(args, 0, groups(), {})
-    finally:
-        wandb_logger.finish()
-    assert [r["kind"] for r in read_metrics(run_dir)] == ["rollout", "perf"]
+    args = argparse.Namespace(metrics_dir=str(tmp_path))
+    reporting.log_rollout(args, 0, groups(), {}, None)
+    assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["rollout", "perf"]

@@ -11,7 +11,8 @@ import pytest
 from slime.fleet.router import Router
 from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
 from slime.rollout.data_source import DataSource
-from slime.rollout.engine_client import GenerateState
+from slime.rollout.runtime import unbind
+from slime.rollout.sglang_rollout import GenerateState
 from slime.rollout.sglang_rollout import generate_rollout
 from slime.cli.args import parse_args
 from slime.utils.misc import find_free_port
@@ -129,6 +130,7 @@ def test_5xx_retried_and_counted_4xx_not(tmp_path, cluster, tiny_model_dir):
     assert out.samples[0][0].status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
     # a retry budget of 0 turns the same fault into a FAILED sample, reported with its error
     args.request_max_retries = 0
+    unbind()  # a new runtime picks up the new retry budget
     script.fail_next = 1
     out = generate_rollout(args, 1, src)
     s = out.samples[0][0]
@@ -187,7 +189,7 @@ def keep_even_groups(args, group):
 
 
 def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
-    from slime.ray.rollout_controller import flatten_groups
+    from slime.rollout.controller import flatten_groups
     from slime.utils.misc import load_function
 
     router, _, _ = cluster
@@ -218,3 +220,89 @@ async def broken_rm(args, sample):
     if sample.group_index == 1:
         raise ZeroDivisionError("reward bug")
     return 1.0
+
+
+# ---- slime's rollout hooks, each called where slime calls it ----
+CALLS: dict[str, list] = {}
+
+
+def tag_hook(args, sample, *, rollout_id=None):
+    CALLS.setdefault("hook", []).append((sample.index, rollout_id))
+    sample.metadata["hooked"] = rollout_id
+
+
+def remove_odd_groups(args, groups):
+    CALLS["filter"] = [g[0].group_index for g in groups]
+    for g in groups:
+        for s in g:
+            s.remove_sample = g[0].group_index % 2 == 1
+
+
+def record_all(args, all_groups, data_source):
+    CALLS["all"] = sorted(g[0].group_index for g in all_groups)
+
+
+def take_last(args, rollout_id, buffer, num_groups):
+    taken = buffer[-num_groups:]
+    del buffer[-num_groups:]
+    return taken
+
+
+def custom_log(rollout_id, args, samples, metrics, seconds):
+    CALLS["log"] = (rollout_id, len(samples))
+    return True
+
+
+class CountingSource:
+    """A data source class given by --data-source-path (built as cls(args), as slime does)."""
+
+    def __init__(self, args):
+        from slime.rollout.data_source import DataSource
+
+        self.inner = DataSource.from_args(args, None)
+        CALLS["source"] = True
+
+    def __len__(self):
+        return len(self.inner)
+
+    def get_samples(self, n):
+        return self.inner.get_samples(n)
+
+    def add_samples(self, groups):
+        self.inner.add_samples(groups)
+
+
+def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_model_dir):
+    from slime.rollout.controller import RolloutController
+    from slime.utils.endpoints import Endpoints
+
+    router, engines, _ = cluster
+    me = "tests.test_rollout_scripted."
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-sample-hook-path", me + "tag_hook",
+                     "--rollout-sample-filter-path", me + "remove_odd_groups",
+                     "--rollout-all-samples-process-path", me + "record_all",
+                     "--dynamic-sampling-filter-path", me + "keep_even_groups", "--over-sampling-batch-size", "6",
+                     "--custom-rollout-log-function-path", me + "custom_log",
+                     "--data-source-path", me + "CountingSource", "--rollout-batch-size", "2")
+    CALLS.clear()
+    controller = RolloutController(args, Endpoints(router.url, [e.url for e in engines]))
+    try:
+        batch = controller.generate(5)
+    finally:
+        controller.close()
+    assert CALLS["source"] is True and CALLS["log"] == (5, 6)
+    # the sample hook saw every generated sample, with the rollout id
+    assert len(CALLS["hook"]) >= 6 and {rid for _, rid in CALLS["hook"]} == {5}
+    # the sample filter saw the kept (even) groups; the all-samples hook saw the dropped odd ones too
+    assert CALLS["filter"] == [0, 2] and set(CALLS["all"]) >= {0, 1, 2}
+    assert batch["loss_masks"] == [[1] * n for n in batch["response_lengths"]]  # even groups: kept trainable
+
+
+def test_buffer_filter_path_chooses_from_the_buffer(tmp_path, cluster, tiny_model_dir):
+    router, _, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--buffer-filter-path", "tests.test_rollout_scripted.take_last")
+    src, _ = data_source(args, tiny_model_dir)
+    groups = src.get_samples(3)
+    src.add_samples(groups)
+    assert [g[0].group_index for g in src.get_samples(1)] == [2]
+    assert [g[0].group_index for g in src.get_samples(2)] == [0, 1]

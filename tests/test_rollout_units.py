@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from slime.fleet.engine_server import base_gpu_id, sglang_server_args
-from slime.rollout import rm
+from slime.rollout import rm_hub as rm
 from slime.rollout.data_source import DataError, DataSource, build_prompt_samples
 from slime.rollout.debug_data import DebugDataError, load_debug_rollout, save_debug_rollout
 from slime.rollout.train_data import BatchError, convert_samples_to_train_data
@@ -54,8 +54,8 @@ def test_load_function_errors_name_flag_and_cause():
     with pytest.raises(PluginLoadError, match=r"--rollout-function-path 'no_such_pkg.mod.fn'.*No module named"):
         load_function("no_such_pkg.mod.fn", "--rollout-function-path")
     with pytest.raises(PluginLoadError, match=r"--custom-rm-path .*has no attribute 'nope'"):
-        load_function("slime.rollout.rm.nope", "--custom-rm-path")
-    assert load_function("slime.rollout.rm.f1_reward") is rm.f1_reward
+        load_function("slime.rollout.rm_hub.nope", "--custom-rm-path")
+    assert load_function("slime.rollout.rm_hub.f1_reward") is rm.f1_reward
 
 
 def test_sglang_server_args():
@@ -186,7 +186,7 @@ def test_gsm8k_and_f1():
     assert rm.gsm8k_reward("It is 1,200 dollars", "#### 1200") == 1.0
     assert rm.gsm8k_reward("#### 8", "#### 7") == 0.0
     assert rm.gsm8k_reward("no number", "#### 7") == 0.0
-    assert rm.f1_reward("the cat sat", "the cat ran") == pytest.approx(2 / 3)
+    assert rm.f1_reward("the cat sat", "the cat ran") == pytest.approx(1 / 2)  # slime's f1 drops articles
     assert rm.f1_reward("", "x") == 0.0
 
 
@@ -195,8 +195,8 @@ async def test_async_rm_dispatch_and_errors():
     assert await rm.async_rm(SimpleNamespace(custom_rm_path=None, rm_type="gsm8k"), s) == 1.0
     with pytest.raises(ValueError, match="--rm-type 'nope'"):
         await rm.async_rm(SimpleNamespace(custom_rm_path=None, rm_type="nope"), s)
-    with pytest.raises(ValueError, match="--group-rm needs --custom-rm-path"):
-        await rm.batched_async_rm(SimpleNamespace(group_rm=True, custom_rm_path=None), [s])
+    with pytest.raises(ValueError, match="no reward: set --rm-type"):
+        await rm.batched_async_rm(SimpleNamespace(group_rm=True, custom_rm_path=None, rm_type=None), [s])
 
 
 # ---------------- batch ----------------
@@ -267,5 +267,5 @@ def test_sample_dict_round_trip():
     d = s.to_dict()
     assert d["status"] == "aborted"
     assert Sample.from_dict(d) == s
-    with pytest.raises(ValueError, match="unknown field"):
-        Sample.from_dict({**d, "bogus": 1})
+    # a field from a newer slime is kept aside, not an error
+    assert Sample.from_dict({**d, "bogus": 1}).extra_fields == {"bogus": 1}

@@ -10,6 +10,7 @@ import pytest
 from slime.observability import viewer_data as V
 from slime.observability.rollout_dump import dump_eval, dump_rollout
 from slime.observability.viewer import RolloutViewer
+from slime.utils.trajectory import ToolMessage, TrajectoryRecord, TurnSpan
 from slime.testing.tiny_model import qwen_tokenizer_dir
 from slime.utils.types import Sample
 
@@ -23,16 +24,17 @@ def multi_turn_sample(tok) -> Sample:
     p_ids = tok.encode("<|im_start|>user\nWhat is 6*7? Use python.<|im_end|>\n<|im_start|>assistant\n").ids
     parts = [tok.encode(x).ids for x in (A1, T1, A2)]
     spans, mask, pos = [], [], 0
-    for role, ids in zip(("assistant", "tool", "assistant"), parts):
-        spans.append({"role": role, "start": pos, "end": pos + len(ids)})
+    for turn, role, ids in zip((1, 1, 2), ("assistant", "tool", "assistant"), parts):
+        spans.append(TurnSpan(turn=turn, role=role, start=pos, end=pos + len(ids)))
         mask += [1 if role == "assistant" else 0] * len(ids)
         pos += len(ids)
-    return Sample(group_index=9, index=99, prompt=prompt, tokens=p_ids + sum(parts, []), response=A1 + T1 + A2,
-                  response_length=pos, label="42", reward={"score": 1.0, "format": 1.0}, loss_mask=mask,
-                  status=Sample.Status.COMPLETED,
-                  metadata={"turns": 2, "tool_calls": {"python": 1}, "turn_spans": spans, "tool_errors": 0,
-                            "tool_messages": [{"name": "python", "arguments": {"code": "print(6*7)"},
-                                               "response": "FORTY-TWO-FROM-TOOL", "error": None}]})
+    s = Sample(group_index=9, index=99, prompt=prompt, tokens=p_ids + sum(parts, []), response=A1 + T1 + A2,
+               response_length=pos, label="42", reward={"score": 1.0, "format": 1.0}, loss_mask=mask,
+               status=Sample.Status.COMPLETED)
+    TrajectoryRecord(turns=2, finish_reason="no_tool_call", turn_spans=spans,
+                     tool_messages=[ToolMessage(turn=1, name="python", arguments={"code": "print(6*7)"},
+                                                response="FORTY-TWO-FROM-TOOL", executed=True)]).store(s)
+    return s
 
 
 def simple(i: int, reward: float, status=Sample.Status.COMPLETED, text: str = "") -> Sample:

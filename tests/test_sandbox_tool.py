@@ -237,9 +237,3 @@ def test_yaml_config_builds_the_tool(monkeypatch):
             kill_rate_limiter("tool:code_interpreter")
 
 
-@pytest.fixture(autouse=True)
-async def _close_http_session():
-    yield
-    from slime.utils.http_retry import close_session
-
-    await close_session()

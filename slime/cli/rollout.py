@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
+from slime.cli.errors import describe
 
 logger = logging.getLogger("slime")
 
@@ -136,9 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("slime-rollout: interrupted; everything started was stopped", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - report the cause, not a Ray traceback
-        cause = getattr(e, "cause", None) or e
-        print(f"slime-rollout: error: {type(cause).__name__}: {cause}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - report the cause and the user's frames, not a Ray traceback
+        print(describe(e, "slime-rollout"), file=sys.stderr)
         return 1
     return 0
 

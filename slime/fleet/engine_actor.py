@@ -36,7 +36,7 @@ class EngineActor:
         return self.server.url
 
     def pid(self) -> int | None:
-        return self.server.proc.pid if self.server.proc else None
+        return self.server.pid
 
     def alive(self) -> bool:
         return self.server.alive()

@@ -9,8 +9,6 @@ nothing is left running), control calls over SGLang's HTTP API, clean shutdown.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -18,8 +16,8 @@ from typing import Any
 
 import requests
 
+from slime.utils.child_process import ChildProcess, ReadinessError, http_ok
 from slime.utils.misc import find_free_port
-from slime.fleet.process import ReadinessError, die_with_parent, log_tail, wait_until
 
 
 class EngineStartError(RuntimeError):
@@ -53,53 +51,42 @@ def base_gpu_id(args: Any, rank: int) -> int:
 
 
 class EngineServer:
-    """A server process speaking SGLang's HTTP API."""
+    """A server process speaking SGLang's HTTP API, supervised by `ChildProcess`."""
 
     def __init__(self, command: list[str], host: str, port: int, name: str, log_dir: str | None = None,
                  env: dict[str, str] | None = None, startup_timeout: float = 300.0):
-        self.command, self.host, self.port, self.name = command, host, port, name
-        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-engine-")) / f"{name}.log"
-        self.env = env
-        self.startup_timeout = startup_timeout
-        self.proc: subprocess.Popen | None = None
+        self.host, self.port, self.name = host, port, name
+        log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-engine-")) / f"{name}.log"
+        self.process = ChildProcess(command, name=f"engine {name} at {self.url}", log_path=log_path, env=env,
+                                    ready=http_ok(f"{self.url}/health"), startup_timeout=startup_timeout)
+
+    @property
+    def command(self) -> list[str]:
+        return self.process.command
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
     def start(self) -> str:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=die_with_parent)
         try:
-            wait_until(lambda: requests.get(f"{self.url}/health", timeout=2).status_code == 200,
-                       self.startup_timeout, f"engine {self.name} at {self.url}", self.proc, self.log_path)
+            self.process.start()
         except ReadinessError as e:
-            self.stop()
             raise EngineStartError(str(e)) from None
         return self.url
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process.alive()
 
     def kill(self) -> None:
-        """SIGKILL the whole process group (what a crash looks like to the rest of the system)."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.process.kill()
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+        self.process.stop(timeout)
 
     def call(self, method: str, path: str, payload: dict | None = None, timeout: float = 120.0) -> Any:
         r = requests.request(method, f"{self.url}{path}", json=payload, timeout=timeout)
@@ -110,7 +97,7 @@ class EngineServer:
             return r.text
 
     def log_tail(self) -> str:
-        return log_tail(self.log_path)
+        return self.process.log_tail()
 
 
 def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 import requests
 
 from slime.utils.misc import find_free_port
-from slime.fleet.process import ReadinessError, die_with_parent, wait_until
+from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Router:
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-router-")) / f"router-{self.port}.log"
         self.workers: list[str] = []
         self.restarts = 0
-        self._proc: subprocess.Popen | None = None
+        self._process: ChildProcess | None = None
         self._stopping = threading.Event()
         self._lock = threading.RLock()
         self._watcher: threading.Thread | None = None
@@ -81,7 +81,7 @@ class Router:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._process.pid if self._process else None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
@@ -98,26 +98,22 @@ class Router:
 
     def _spawn(self) -> None:
         with self._lock:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(self.log_path, "ab")
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=_router_env(),
-                                          start_new_session=True, preexec_fn=die_with_parent)
-            log.close()
-            wait_until(lambda: requests.get(f"{self.url}/health", timeout=1).status_code == 200,
-                       self.startup_timeout, f"sglang-router at {self.url}", self._proc, self.log_path)
+            self._process = ChildProcess(self.command(), name=f"sglang-router at {self.url}", log_path=self.log_path,
+                                         env=_router_env(), ready=http_ok(f"{self.url}/health"),
+                                         startup_timeout=self.startup_timeout).start()
             for w in self.workers:
                 self._register(w)
 
     def _watch(self) -> None:
         """Block on the router process; bring it back if it dies while we still need it."""
         while not self._stopping.is_set():
-            proc = self._proc
-            proc.wait()
+            process = self._process
+            code = process.wait()
             if self._stopping.is_set():
                 return
             self.restarts += 1
             logger.warning("sglang-router (pid %s) exited with %s; restarting (restart #%d)",
-                           proc.pid, proc.returncode, self.restarts)
+                           process.pid, code, self.restarts)
             try:
                 self._spawn()
             except (ReadinessError, requests.RequestException) as e:
@@ -131,7 +127,7 @@ class Router:
                 self.workers.append(url)
 
     def _register(self, url: str, timeout: float = 60.0) -> None:
-        register_worker(self.url, url, timeout, self._proc, self.log_path)
+        register_worker(self.url, url, timeout, self._process.proc if self._process else None, self.log_path)
 
     def list_workers(self) -> list[dict[str, Any]]:
         return list_workers(self.url)
@@ -148,16 +144,11 @@ class Router:
                 self.workers.remove(url)
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._process is not None and self._process.alive()
 
     def stop(self) -> None:
         self._stopping.set()
         with self._lock:
-            proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            process = self._process
+        if process is not None:
+            process.stop(timeout=10)

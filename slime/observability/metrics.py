@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
+from slime.utils.trajectory import TrajectoryRecord
 from slime.utils.types import Sample
 
 # --------------------------------------------------------------------------- helpers
@@ -64,18 +65,9 @@ def stats(prefix: str, values: list[float], which: tuple[str, ...] = ("mean", "s
     return {f"{prefix}_{k}": out[k] for k in which}
 
 
-def _meta_num(sample: Sample, key: str) -> float:
-    v = (sample.metadata or {}).get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-
-
-def _tool_call_counts(sample: Sample) -> dict[str, int]:
-    calls = (sample.metadata or {}).get("tool_calls")
-    if isinstance(calls, dict):
-        return {str(k): int(v) for k, v in calls.items() if isinstance(v, (int, float))}
-    if isinstance(calls, (int, float)):
-        return {"_all": int(calls)}
-    return {}
+def trajectories(flat: list[Sample]) -> list[TrajectoryRecord | None]:
+    """The tool loop's record of each sample (None for single-turn samples)."""
+    return [TrajectoryRecord.of(s) for s in flat]
 
 
 def train_step(args: Any, rollout_id: int) -> int:
@@ -107,6 +99,7 @@ def compute_rollout_metrics(args: Any, rollout_id: int, samples: list, perf: dic
     """
     flat = flatten_samples(samples)
     m: dict[str, float] = {"rollout/num_samples": len(flat)}
+    records = trajectories(flat)  # validated once, read by the multi-turn and the perf metrics
     if flat:
         rewards = [reward_value(args, s) for s in flat]
         lengths = [s.response_length for s in flat]
@@ -123,9 +116,9 @@ def compute_rollout_metrics(args: Any, rollout_id: int, samples: list, perf: dic
         masks = [s.loss_mask for s in flat if s.loss_mask]
         if masks:
             m["rollout/trained_token_ratio"] = sum(sum(mk) for mk in masks) / max(1, sum(len(mk) for mk in masks))
-        m.update(_multi_turn_metrics(flat))
+        m.update(_multi_turn_metrics(flat, records))
         m.update(_reward_detail_metrics(flat))
-    m.update(compute_perf_metrics(args, flat, perf or {}))
+    m.update(compute_perf_metrics(args, flat, perf or {}, records))
     return m
 
 
@@ -134,27 +127,29 @@ def _spread(values: Iterable[float]) -> float:
     return (max(vals) - min(vals)) if vals else 0.0
 
 
-def _multi_turn_metrics(flat: list[Sample]) -> dict[str, float]:
-    """Turns, tool calls and error counts from the metadata the multi-turn plugin writes."""
-    if not any("turns" in (s.metadata or {}) or "tool_calls" in (s.metadata or {}) for s in flat):
+def _multi_turn_metrics(flat: list[Sample], recs: list[TrajectoryRecord | None]) -> dict[str, float]:
+    """Turns, tool calls and error counts (the lengths of the error records) from each `TrajectoryRecord`.
+
+    Single-turn samples in the same rollout count as one turn without calls or errors.
+    """
+    if not any(recs):
         return {}
     n = len(flat)
     m: dict[str, float] = {}
-    m.update(stats("rollout/turns", [_meta_num(s, "turns") or 1.0 for s in flat], ("mean", "max")))
+    m.update(stats("rollout/turns", [(r.turns if r else 0) or 1 for r in recs], ("mean", "max")))
     per_tool: dict[str, int] = defaultdict(int)
     total_calls = []
-    for s in flat:
-        counts = _tool_call_counts(s)
+    for r in recs:
+        counts = r.tool_calls if r else {}
         total_calls.append(sum(counts.values()))
         for k, v in counts.items():
-            if k != "_all":
-                per_tool[k] += v
+            per_tool[k] += v
     m["rollout/tool_calls_per_sample"] = sum(total_calls) / n
     m["rollout/samples_with_tool_calls_ratio"] = sum(1 for c in total_calls if c) / n
     for k, v in per_tool.items():
         m[f"rollout/tool_calls/{k}"] = v
     for key in ("tool_errors", "parse_errors"):
-        total = sum(_meta_num(s, key) for s in flat)
+        total = sum(len(getattr(r, key)) for r in recs if r)
         m[f"rollout/{key}"] = total
         m[f"rollout/{key}_per_sample"] = total / n
     return m
@@ -171,7 +166,9 @@ def _reward_detail_metrics(flat: list[Sample]) -> dict[str, float]:
     return {f"rollout/reward/{k}": sum(v) / len(v) for k, v in comps.items() if v}
 
 
-def compute_perf_metrics(args: Any, flat: list[Sample], perf: dict) -> dict[str, float]:
+def compute_perf_metrics(args: Any, flat: list[Sample], perf: dict,
+                         records: list[TrajectoryRecord | None] | None = None) -> dict[str, float]:
+    """`perf/*`: what the loop measured, plus tokens/s and tool time (`records`: `trajectories(flat)`)."""
     m: dict[str, float] = {}
     for k, v in perf.items():
         if isinstance(v, bool):
@@ -190,7 +187,8 @@ def compute_perf_metrics(args: Any, flat: list[Sample], perf: dict) -> dict[str,
         m["perf/tokens_per_s"] = tokens / elapsed
     if flat:
         m["perf/longest_sample_tokens"] = max(s.response_length for s in flat)
-        tool_time = [_meta_num(s, "non_generation_time") for s in flat]
+        records = trajectories(flat) if records is None else records
+        tool_time = [r.non_generation_time if r else 0.0 for r in records]
         if any(tool_time):
             m["perf/tool_time_total"] = sum(tool_time)
             m["perf/tool_time_max"] = max(tool_time)
@@ -248,7 +246,7 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
         if samples:
             m.update(stats(f"eval/{name}-response_len", [s.response_length for s in samples],
                            ("mean", "median", "max", "min")))
-            turns = [_meta_num(s, "turns") for s in samples]
+            turns = [r.turns if r else 0 for r in trajectories(samples)]
             if any(turns):
                 m[f"eval/{name}-turns_mean"] = sum(turns) / len(turns)
         if getattr(args, "log_passrate", False) and rewards:

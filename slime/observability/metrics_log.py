@@ -17,19 +17,13 @@ from typing import Any, Iterator
 FILENAME = "metrics.jsonl"
 
 
-def metrics_dir(args: Any) -> Path | None:
-    """--metrics-dir, else --rollout-data-dir, else the active wandb run directory, else None (off)."""
+def metrics_dir(args: Any, wandb_run: Any = None) -> Path | None:
+    """--metrics-dir, else --rollout-data-dir, else the wandb run's directory, else None (off)."""
     for name in ("metrics_dir", "rollout_data_dir"):
         value = getattr(args, name, None)
         if value:
             return Path(value)
-    if getattr(args, "use_wandb", False):
-        from slime.observability import wandb_logger
-
-        run_dir = wandb_logger.run_dir()
-        if run_dir:
-            return Path(run_dir)
-    return None
+    return Path(wandb_run.dir) if wandb_run is not None else None
 
 
 def _clean(v: Any) -> Any:

@@ -11,7 +11,9 @@ import logging
 from typing import Any
 
 from slime.observability import metrics as M
-from slime.observability import metrics_log, wandb_logger
+from slime.observability import metrics_log
+from slime.observability.wandb_logger import WandbRun
+from slime.utils.trajectory import TrajectoryRecord
 from slime.observability.rollout_dump import render_prompt
 
 logger = logging.getLogger(__name__)
@@ -19,26 +21,28 @@ logger = logging.getLogger(__name__)
 TABLE_COLUMNS = ["prompt", "response", "label", "reward", "status", "turns"]
 
 
-def _emit(args: Any, kind: str, rollout_id: int, metrics: dict, step_key: str, step: int) -> dict:
+def _emit(args: Any, wandb_run: WandbRun | None, kind: str, rollout_id: int, metrics: dict, step_key: str,
+          step: int) -> dict:
     payload = {**metrics, step_key: step}
-    d = metrics_log.metrics_dir(args)
+    d = metrics_log.metrics_dir(args, wandb_run)
     if d is not None:
         metrics_log.append_metrics(d / metrics_log.FILENAME, payload, kind=kind, rollout_id=rollout_id,
                                    step_key=step_key, step=step)
-    if getattr(args, "use_wandb", False):
-        wandb_logger.log(args, payload, step_key)
+    if wandb_run is not None:
+        wandb_run.log(payload, step_key)
     return payload
 
 
-def log_rollout(args: Any, rollout_id: int, samples: list, perf: dict | None = None) -> dict:
+def log_rollout(args: Any, rollout_id: int, samples: list, perf: dict | None = None,
+                wandb_run: WandbRun | None = None) -> dict:
     """Log `rollout/*` against rollout/step and `perf/*` against perf/step; returns all metrics."""
     metrics = M.compute_rollout_metrics(args, rollout_id, samples, perf or {})
     step = M.log_step(args, rollout_id)
     rollout = {k: v for k, v in metrics.items() if k.startswith("rollout/")}
     perf_m = {k: v for k, v in metrics.items() if k.startswith("perf/")}
     out = {}
-    out.update(_emit(args, "rollout", rollout_id, rollout, "rollout/step", step))
-    out.update(_emit(args, "perf", rollout_id, perf_m, "perf/step", step))
+    out.update(_emit(args, wandb_run, "rollout", rollout_id, rollout, "rollout/step", step))
+    out.update(_emit(args, wandb_run, "perf", rollout_id, perf_m, "perf/step", step))
     logger.info("rollout %s: reward %.4f, response_len %.1f, truncated %.3f", rollout_id,
                 metrics.get("rollout/reward_mean", float("nan")), metrics.get("rollout/response_len_mean", 0.0),
                 metrics.get("rollout/truncated_ratio", 0.0))
@@ -48,29 +52,29 @@ def log_rollout(args: Any, rollout_id: int, samples: list, perf: dict | None = N
 def eval_table_rows(args: Any, samples: list, limit: int) -> list[list[Any]]:
     rows = []
     for s in M.flatten_samples(samples)[:limit]:
-        turns = (s.metadata or {}).get("turns")
+        rec = TrajectoryRecord.of(s)
         rows.append([render_prompt(s.prompt), s.response, "" if s.label is None else str(s.label),
-                     M.reward_value(args, s), s.status.value, int(turns) if isinstance(turns, (int, float)) else 1])
+                     M.reward_value(args, s), s.status.value, rec.turns if rec else 1])
     return rows
 
 
-def log_eval(args: Any, rollout_id: int, eval_data: dict) -> dict:
+def log_eval(args: Any, rollout_id: int, eval_data: dict, wandb_run: WandbRun | None = None) -> dict:
     """Log `eval/*` against eval/step, plus one `eval/<name>-samples` wandb.Table per dataset."""
     metrics = M.compute_eval_metrics(args, rollout_id, eval_data)
     step = M.log_step(args, rollout_id)
     payload = {**metrics, "eval/step": step}
-    d = metrics_log.metrics_dir(args)
+    d = metrics_log.metrics_dir(args, wandb_run)
     if d is not None:
         metrics_log.append_metrics(d / metrics_log.FILENAME, payload, kind="eval", rollout_id=rollout_id,
                                    step_key="eval/step", step=step)
-    if getattr(args, "use_wandb", False) and wandb_logger.is_active():
+    if wandb_run is not None:
         limit = int(getattr(args, "wandb_eval_table_rows", None) or 64)
         tables = {}
         for name, data in (eval_data or {}).items():
             rows = eval_table_rows(args, (data or {}).get("samples") or [], limit)
             if rows:
-                tables[f"eval/{name}-samples"] = wandb_logger.make_table(TABLE_COLUMNS, rows)
-        wandb_logger.log(args, {**payload, **tables}, "eval/step")
+                tables[f"eval/{name}-samples"] = WandbRun.table(TABLE_COLUMNS, rows)
+        wandb_run.log({**payload, **tables}, "eval/step")
     for name in eval_data or {}:
         if f"eval/{name}" in metrics:
             logger.info("eval %s @ %s: %.4f", name, rollout_id, metrics[f"eval/{name}"])

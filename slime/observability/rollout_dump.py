@@ -1,11 +1,12 @@
 """Rollout dumps: `{rollout_data_dir}/{rollout_id}.jsonl`, one line per sample.
 
 Lines carry verl's viewer fields (`input`, `output`, `score`, `step`) so verl tooling reads
-them, plus what debugging multi-turn RL needs (token ids, loss-mask spans, turns, tool calls
-and responses, reward details). `DumpRecord` is the schema; bump `SCHEMA_VERSION` on any
-incompatible change. Eval rollouts go to `{rollout_data_dir}/eval/{dataset}/{rollout_id}.jsonl`.
-Files are written to a temp name and renamed, so a reader never sees a half-written dump
-(the viewer still tolerates torn files from other writers).
+them, plus what debugging multi-turn RL needs (token ids, loss-mask spans, reward details, and
+for tool rollouts the sample's `TrajectoryRecord`: turns, spans, tool messages, error records).
+`DumpRecord` is the schema; bump `SCHEMA_VERSION` on any incompatible change. Eval rollouts go
+to `{rollout_data_dir}/eval/{dataset}/{rollout_id}.jsonl`. Files are written to a temp name and
+renamed, so a reader never sees a half-written dump (the viewer still tolerates torn files from
+other writers).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from slime.observability.metrics import flatten_samples, reward_value
+from slime.utils.trajectory import TrajectoryRecord
 from slime.utils.types import Sample
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: multi-turn fields moved into `trajectory`, errors as records (1 held counts)
 
 
 class Span(BaseModel):
@@ -34,18 +36,6 @@ class Span(BaseModel):
 
 class MaskSpan(Span):
     mask: int = Field(description="loss-mask value on the span: 1 trained, 0 masked")
-
-
-class TurnSpan(Span):
-    role: str = Field(description="'assistant' (generated, trained) or 'tool' (inserted, masked)")
-
-
-class ToolMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str | None = None
-    arguments: Any = None
-    response: Any = None
-    error: Any = None
 
 
 class DumpRecord(BaseModel):
@@ -73,21 +63,10 @@ class DumpRecord(BaseModel):
     response_length: int = 0
     loss_mask_spans: list[MaskSpan] = Field(default_factory=list,
                                             description="run-length loss mask over response tokens")
-    turns: int | None = None
-    turn_spans: list[TurnSpan] = Field(default_factory=list)
-    tool_calls: dict[str, int] = Field(default_factory=dict)
-    tool_messages: list[ToolMessage] = Field(default_factory=list)
-    tool_errors: int = 0
-    parse_errors: int = 0
-    tool_rewards: Any = None
-    step_rewards: Any = None
+    trajectory: TrajectoryRecord | None = Field(None, description="the tool loop's record; None for single-turn")
     weight_versions: list[str] = Field(default_factory=list)
-    metadata: dict[str, Any] = Field(default_factory=dict, description="remaining sample.metadata, JSON-safe")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the rest of sample.metadata, JSON-safe")
     tokenizer: str | None = Field(None, description="tokenizer path the ids belong to (--hf-checkpoint)")
-
-
-_PROMOTED = {"turns", "turn_spans", "tool_calls", "tool_messages", "tool_errors", "parse_errors",
-             "tool_rewards", "step_rewards"}
 
 
 def json_safe(v: Any, depth: int = 0) -> Any:
@@ -128,19 +107,14 @@ def render_prompt(prompt: Any) -> str:
     return "" if prompt is None else str(prompt)
 
 
-def _int(v: Any) -> int:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
-
-
 def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool = False,
                      dataset: str | None = None) -> dict[str, Any]:
     """The dump line for one sample, as a plain dict validated against `DumpRecord`."""
     meta = dict(sample.metadata or {})
     score = reward_value(args, sample) if sample.reward is not None else None
-    tool_calls = meta.get("tool_calls")
-    if not isinstance(tool_calls, dict):
-        tool_calls = {"_all": int(tool_calls)} if isinstance(tool_calls, (int, float)) and tool_calls else {}
-    turns = meta.get("turns")
+    trajectory = TrajectoryRecord.of(sample)
+    if trajectory is not None:
+        meta = {k: v for k, v in meta.items() if k not in TrajectoryRecord.keys()}
     rec = {
         "schema_version": SCHEMA_VERSION,
         "input": render_prompt(sample.prompt), "output": sample.response or "",
@@ -154,14 +128,9 @@ def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool =
         "tokens": [int(t) for t in sample.tokens or []],
         "prompt_length": sample.prompt_length, "response_length": sample.response_length,
         "loss_mask_spans": mask_spans(sample.loss_mask),
-        "turns": int(turns) if isinstance(turns, (int, float)) else None,
-        "turn_spans": [s for s in json_safe(meta.get("turn_spans") or []) if isinstance(s, dict)],
-        "tool_calls": {str(k): _int(v) for k, v in tool_calls.items()},
-        "tool_messages": [m for m in json_safe(meta.get("tool_messages") or []) if isinstance(m, dict)],
-        "tool_errors": _int(meta.get("tool_errors")), "parse_errors": _int(meta.get("parse_errors")),
-        "tool_rewards": json_safe(meta.get("tool_rewards")), "step_rewards": json_safe(meta.get("step_rewards")),
+        "trajectory": trajectory,
         "weight_versions": [str(v) for v in sample.weight_versions or []],
-        "metadata": json_safe({k: v for k, v in meta.items() if k not in _PROMOTED}),
+        "metadata": json_safe(meta),
         "tokenizer": getattr(args, "hf_checkpoint", None),
     }
     return DumpRecord.model_validate(rec).model_dump(mode="json")

@@ -1,7 +1,7 @@
 """RolloutViewer: a textual app over a rollout dump directory (JSONL dumps and `.pt` debug files).
 
 Left: the steps (train, eval per dataset, debug). Top: a query box (free text plus
-`status:`, `dataset:`, `tool:`, `score>`, `len<`, `turns>=`). Middle: the samples of the
+`status:`, `dataset:`, `tool:`, `score>`, `len<`, `turns>=`, `errors>`). Middle: the samples of the
 step, sortable. Bottom: the selected sample turn by turn. Keys are listed in the footer.
 """
 
@@ -56,7 +56,8 @@ class RolloutViewer(App):
         with Horizontal():
             yield OptionList(id="steps")
             with Vertical():
-                yield Input(placeholder='search  status:truncated  dataset:x  tool:y  score>0  len<500  "a phrase"',
+                yield Input(placeholder='search  status:truncated  dataset:x  tool:y  score>0  len<500  errors>0  '
+                                        '"a phrase"',
                             id="query")
                 yield DataTable(id="samples", cursor_type="row", zebra_stripes=True)
                 with VerticalScroll(id="detail-box"):
@@ -66,7 +67,7 @@ class RolloutViewer(App):
 
     def on_mount(self) -> None:
         table = self.query_one("#samples", DataTable)
-        table.add_columns("#", "group", "score", "status", "dataset", "len", "turns", "tools", "output")
+        table.add_columns("#", "group", "score", "status", "dataset", "len", "turns", "tools", "errors", "output")
         self.action_reload()
 
     # ------------------------------------------------------------------ data flow
@@ -104,8 +105,8 @@ class RolloutViewer(App):
             preview = (r.get("output") or "").replace("\n", " ")[:80]
             table.add_row(str(r.get("index")), str(r.get("group_index")),
                           "-" if score is None else f"{score:.3g}", str(r.get("status")), r.get("dataset") or "",
-                          str(r.get("response_length")), str(r.get("turns") or 1),
-                          str(sum((r.get("tool_calls") or {}).values())), preview, key=str(n))
+                          str(r.get("response_length")), str(V.turns(r)), str(sum(V.tool_calls(r).values())),
+                          str(V.error_count(r)), preview, key=str(n))
         self.show_sample(0 if self.rows else None)
         src = self.sources[self.step_index].label if 0 <= self.step_index < len(self.sources) else "-"
         msg = f"{src}: {len(self.rows)}/{len(self.loaded.records)} samples · sort {self.sort_mode}"

@@ -1,7 +1,9 @@
 """Everything the rollout viewer does that is not UI: find dumps, load them leniently, filter,
 sort, and render one sample turn by turn as rich Text.
 
-Kept apart from the textual App so it is easy to test and to reuse from a notebook.
+Kept apart from the textual App so it is easy to test and to reuse from a notebook. Records are
+validated against `DumpRecord` on load; a tool rollout's turns, calls and errors are read back
+through `TrajectoryRecord`, the type the tool loop wrote them with.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from rich.text import Text
 
 from slime.observability.rollout_dump import DumpRecord, sample_to_record
+from slime.utils.trajectory import TrajectoryRecord
 
 
 @dataclass
@@ -122,7 +125,7 @@ def _load_pt(src: Source) -> Loaded:
 
 # ------------------------------------------------------------------ query, filter, sort
 
-_CMP = re.compile(r"^(score|len|turns)(>=|<=|!=|>|<|=)(-?[\d.]+(?:e-?\d+)?)$")
+_CMP = re.compile(r"^(score|len|turns|errors)(>=|<=|!=|>|<|=)(-?[\d.]+(?:e-?\d+)?)$")
 SORTS = ("index", "score ↓", "score ↑", "length ↓", "status")
 
 
@@ -135,8 +138,30 @@ class Query:
     numeric: list[tuple[str, str, float]] = field(default_factory=list)
 
 
+def trajectory(rec: dict) -> TrajectoryRecord | None:
+    """The tool loop's record of a dump line (None for single-turn samples)."""
+    data = rec.get("trajectory")
+    return None if data is None else TrajectoryRecord.model_validate(data)
+
+
+def turns(rec: dict) -> int:
+    traj = trajectory(rec)
+    return (traj.turns if traj else 0) or 1
+
+
+def tool_calls(rec: dict) -> dict[str, int]:
+    traj = trajectory(rec)
+    return traj.tool_calls if traj else {}
+
+
+def error_count(rec: dict) -> int:
+    """Tool errors plus parse errors: the number of error records."""
+    traj = trajectory(rec)
+    return len(traj.tool_errors) + len(traj.parse_errors) if traj else 0
+
+
 def parse_query(q: str) -> Query:
-    """`free text "quoted phrase" status:truncated dataset:gsm8k tool:python score>0 len<100 turns>=2`."""
+    """`free text "quoted phrase" status:truncated dataset:gsm8k tool:python score>0 len<100 turns>=2 errors>0`."""
     try:
         words = shlex.split(q)
     except ValueError:
@@ -155,7 +180,11 @@ def parse_query(q: str) -> Query:
 
 
 def _num(rec: dict, key: str) -> float | None:
-    v = {"score": rec.get("score"), "len": rec.get("response_length"), "turns": rec.get("turns") or 1}[key]
+    if key == "turns":
+        return float(turns(rec))
+    if key == "errors":
+        return float(error_count(rec))
+    v = rec.get("score") if key == "score" else rec.get("response_length")
     return None if v is None else float(v)
 
 
@@ -165,9 +194,9 @@ def _ok(a: float, op: str, b: float) -> bool:
 
 def haystack(rec: dict) -> str:
     parts = [rec.get("input", ""), rec.get("output", ""), str(rec.get("label", ""))]
-    for m in rec.get("tool_messages") or []:
-        parts += [str(m.get("name", "")), json.dumps(m.get("arguments"), ensure_ascii=False),
-                  str(m.get("response", "")), str(m.get("error") or "")]
+    traj = trajectory(rec)
+    for m in traj.tool_messages if traj else []:
+        parts += [m.name or "", json.dumps(m.arguments, ensure_ascii=False), m.response or "", m.error or ""]
     return "\n".join(parts).lower()
 
 
@@ -176,7 +205,7 @@ def matches(rec: dict, q: Query) -> bool:
         return False
     if q.dataset and str(rec.get("dataset") or "").lower() not in q.dataset:
         return False
-    if q.tool and not q.tool & {k.lower() for k in (rec.get("tool_calls") or {})}:
+    if q.tool and not q.tool & {k.lower() for k in tool_calls(rec)}:
         return False
     for key, op, val in q.numeric:
         v = _num(rec, key)
@@ -233,11 +262,11 @@ class Decoder:
         return None if tok is None else tok.decode(ids, skip_special_tokens=False)
 
 
-def _turns(rec: dict) -> list[dict]:
-    spans = [s for s in rec.get("turn_spans") or [] if isinstance(s, dict) and "start" in s and "end" in s]
-    if spans:
-        return sorted(spans, key=lambda s: s["start"])
-    return [{"role": "assistant", "start": 0, "end": rec.get("response_length", 0)}]
+def _turn_spans(traj: TrajectoryRecord | None, rec: dict) -> list[tuple[str, int, int]]:
+    """(role, start, end) of each turn; a single-turn sample is one assistant turn."""
+    if traj and traj.turn_spans:
+        return [(s.role, s.start, s.end) for s in sorted(traj.turn_spans, key=lambda s: s.start)]
+    return [("assistant", 0, rec.get("response_length", 0))]
 
 
 def _mask_pieces(rec: dict, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -251,8 +280,9 @@ def _mask_pieces(rec: dict, start: int, end: int) -> list[tuple[int, int, int]]:
 
 
 def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
-    """Header, prompt, the response turn by turn (trained green, masked grey), then tool calls."""
+    """Header, prompt, the response turn by turn (trained green, masked grey), then tool calls and errors."""
     decoder = decoder or Decoder()
+    traj = trajectory(rec)
     t = Text()
     score = rec.get("score")
     t.append(f"step {rec.get('step')}  sample {rec.get('index')}  group {rec.get('group_index')}", style="bold")
@@ -260,19 +290,21 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
         t.append(f"  dataset {rec['dataset']}")
     t.append(f"\nstatus {rec.get('status')}  score {score if score is None else round(score, 4)}"
              f"  label {rec.get('label')!r}  response {rec.get('response_length')} tokens"
-             f"  turns {rec.get('turns') or 1}\n")
+             f"  turns {turns(rec)}\n")
     if isinstance(rec.get("reward"), dict):
         t.append(f"reward {json.dumps(rec['reward'], ensure_ascii=False)}\n")
-    for key in ("tool_calls", "tool_errors", "parse_errors", "tool_rewards", "step_rewards"):
-        if rec.get(key):
-            t.append(f"{key} {json.dumps(rec[key], ensure_ascii=False)}\n", style="yellow" if "error" in key else "")
+    if traj:
+        t.append(f"finish {traj.finish_reason or '-'}  tool calls {json.dumps(traj.tool_calls)}"
+                 f"  tool errors {len(traj.tool_errors)}  parse errors {len(traj.parse_errors)}\n")
+        if traj.tool_rewards or traj.step_rewards:
+            steps = [(s.turn, s.tool, s.reward) for s in traj.step_rewards]
+            t.append(f"tool rewards {json.dumps(traj.tool_rewards)}  step rewards {steps}\n")
     t.append("\n── prompt ──\n", style="bold cyan")
     t.append(rec.get("input", "") + "\n", style="cyan")
     tokens, plen = rec.get("tokens") or [], rec.get("prompt_length", 0)
     resp_ids = tokens[plen:] if tokens else []
     decoded_any = False
-    for i, turn in enumerate(_turns(rec)):
-        role, a, b = turn.get("role", "?"), turn["start"], turn["end"]
+    for i, (role, a, b) in enumerate(_turn_spans(traj, rec)):
         pieces = _mask_pieces(rec, a, b)
         trained = sum(e - s for s, e, m in pieces if m)
         kind = "trained" if trained == b - a else "masked" if trained == 0 else f"trained {trained}/{b - a}"
@@ -289,14 +321,19 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
         t.append("\n── response text (no tokenizer: spans above are token offsets; pass --tokenizer) ──\n",
                  style="bold")
         t.append((rec.get("output") or "") + "\n")
-    msgs = rec.get("tool_messages") or []
-    if msgs:
+    if traj and traj.tool_messages:
         t.append("\n── tool calls ──\n", style="bold magenta")
-        for j, m in enumerate(msgs):
-            t.append(f"[{j + 1}] {m.get('name')}({json.dumps(m.get('arguments'), ensure_ascii=False)})\n",
-                     style="magenta")
-            if m.get("error"):
-                t.append(f"    error: {m['error']}\n", style="red")
-            resp = str(m.get("response") if m.get("response") is not None else "")
+        for j, m in enumerate(traj.tool_messages):
+            call = f"{m.name}({json.dumps(m.arguments, ensure_ascii=False)})" if m.name else "(unparsable call)"
+            t.append(f"[{j + 1}] turn {m.turn} · {call}\n", style="magenta")
+            if m.error:
+                t.append(f"    error: {m.error}\n", style="red")
+            resp = "(not answered)" if m.response is None else m.response
             t.append("    → " + (resp[:4000] + (" …" if len(resp) > 4000 else "")).replace("\n", "\n      ") + "\n")
+    errors = ([(e.turn, e.kind, f"{e.tool}: {e.message}") for e in traj.tool_errors]
+              + [(e.turn, e.kind, f"{e.message}: {e.raw}") for e in traj.parse_errors]) if traj else []
+    if errors:
+        t.append(f"\n── errors ({len(errors)}) ──\n", style="bold red")
+        for turn, kind, message in errors:
+            t.append(f"turn {'-' if turn is None else turn} · {kind} · {message}\n", style="red")
     return t

@@ -1,8 +1,10 @@
-"""RolloutManager: starts the router and the engine pool, creates the controller, and is the
-one handle a trainer (or `slime-rollout`) talks to.
+"""`RolloutManager`: the one Ray actor a trainer (or `slime-rollout`) talks to, as in slime.
 
-Start-up is all-or-nothing: if any engine fails to start, everything already started is
-stopped and the error carries that engine's log tail.
+It composes three plain objects, each with one job: the `Fleet` (router and engines: start,
+health, offload/onload, weights, abort), the tool services (local sandbox, cluster-wide rate
+limiters), and the `RolloutController` (data, plugins, samples -> batch). Rollout functions run in
+this actor's process; its calls are threaded, so `status()` answers while a rollout runs.
+Start-up is all-or-nothing: if any part fails, everything already started is stopped.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import remove_placement_group
 
-from slime.fleet.router import Router, register_worker
+from slime.fleet.fleet import Fleet
+from slime.observability.wandb_logger import WandbRun
 from slime.ray.box import Box
-from slime.fleet.engine_actor import EngineActor
-from slime.fleet.placement import bundle_strategy, create_engine_placement_group
-from slime.ray.rollout_controller import RolloutController
+from slime.rollout.controller import RolloutController
+from slime.tools.services import ToolServices
+from slime.utils.endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 
@@ -27,101 +29,43 @@ logger = logging.getLogger(__name__)
 class RolloutManager:
     def __init__(self, args: Any):
         self.args = args
-        self.router: Router | None = None
-        self.pg = None
-        self.all_engines: list[Any] = []
-        self.engines: list[Any] = []  # node-0 actor of each engine: the ones that take requests
-        self.engine_urls: list[str] = []
-        self.controller = None
-        self.wandb_run_id: str | None = None
-        self.tool_services: dict[str, Any] = {"sandbox_url": None, "sandbox": None, "limiters": {}}
+        self.fleet: Fleet | None = None
+        self.controller: RolloutController | None = None
+        self.wandb_run: WandbRun | None = None
+        self.tool_services = ToolServices()
+        self._tool_handles: dict[str, Any] = {"sandbox": None, "limiters": {}}
         self.startup_timings: dict[str, float] = {}
+        self.train_parallel_config: dict[str, Any] | None = None
         self._shut = False
 
     # ---- start-up ----
     def start(self) -> dict[str, Any]:
-        """Engines, router and controller boot concurrently; returns when all are ready."""
         t0 = time.monotonic()
-        timings: dict[str, float] = {}
         try:
-            engine_refs = [] if self.args.load_debug_rollout_data else self._launch_engines()
-            self.wandb_run_id = self._init_wandb()
-            self.tool_services = self._prepare_tool_services()
-            env = {"SLIME_SANDBOX_URL": self.tool_services["sandbox_url"]} if self.tool_services["sandbox_url"] else {}
-            self.controller = ray.remote(RolloutController).options(
-                num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env} if env else None,
-            ).remote(self.args, self.wandb_run_id)
-            if engine_refs:
-                self._start_router()
-                timings["router"] = time.monotonic() - t0
-                urls = ray.get(engine_refs)  # the first engine failure is raised here
-                timings["engines"] = time.monotonic() - t0
-                nodes_per_engine = len(self.all_engines) // max(1, len(self.engines))
-                self.engine_urls = urls[::nodes_per_engine]
-                self.args.rollout_engine_urls = list(self.engine_urls)
-                self._register_engines()
-                timings["registered"] = time.monotonic() - t0
-            ray.get(self.controller.set_endpoints.remote(self.args.sglang_router_ip, self.args.sglang_router_port,
-                                                         self.engine_urls))
-            timings["controller"] = time.monotonic() - t0
+            self.wandb_run = WandbRun.start(self.args)
+            self._start_tool_services()
+            endpoints = Endpoints()
+            if not self.args.load_debug_rollout_data:
+                self.fleet = Fleet(self.args)
+                endpoints = self.fleet.start()
+                # slime's contract: plugins build URLs from args.sglang_router_ip/port
+                host, _, port = endpoints.router_url.removeprefix("http://").rpartition(":")
+                self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
+                self.startup_timings.update(self.fleet.startup_timings)
+            self.controller = RolloutController(self.args, endpoints, tool_services=self.tool_services,
+                                                wandb_run=self.wandb_run)
+            self.startup_timings["controller"] = time.monotonic() - t0
         except BaseException:
             self.shutdown()
             raise
-        self.startup_timings = timings
         return self.info()
 
-    def _launch_engines(self) -> list[Any]:
-        """Create the engine actors on their bundles and start their servers (not awaited)."""
-        args = self.args
-        self.pg = create_engine_placement_group(args)
-        if args.rollout_backend == "sglang":
-            per_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
-            nodes_per_engine = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
-            num_engines = args.rollout_num_gpus // per_node // nodes_per_engine
-            actor_cls = ray.remote(EngineActor)
-            for rank in range(num_engines):
-                dist_init_addr = None
-                for node_rank in range(nodes_per_engine):
-                    actor = actor_cls.options(
-                        num_cpus=0.2, num_gpus=0.2,
-                        scheduling_strategy=bundle_strategy(self.pg, (rank * nodes_per_engine + node_rank) * per_node),
-                    ).remote(args, rank, node_rank, nodes_per_engine, dist_init_addr)
-                    if node_rank == 0 and nodes_per_engine > 1:
-                        # the other nodes of this engine join node 0's torch.distributed rendezvous
-                        dist_init_addr = ray.get(actor.rendezvous_address.remote())
-                    self.all_engines.append(actor)
-            self.engines = self.all_engines[::nodes_per_engine]
-        else:
-            cpus = float(args.rollout_num_cpus_per_engine)
-            for rank in range(args.rollout_num_engines):
-                self.all_engines.append(ray.remote(EngineActor).options(
-                    num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank)).remote(args, rank))
-            self.engines = list(self.all_engines)
-        return [e.start.remote() for e in self.all_engines]
-
-    def _start_router(self) -> None:
-        args = self.args
-        if args.sglang_router_ip is None:
-            self.router = Router(host="127.0.0.1", policy=args.router_policy,
-                                 prometheus_port=args.router_prometheus_port,
-                                 health_check_interval=args.router_health_check_interval, log_dir=args.log_dir)
-            self.router.start()
-            args.sglang_router_ip, args.sglang_router_port = self.router.host, self.router.port
-
-    def _register_engines(self) -> None:
-        for url in self.engine_urls:
-            if self.router is not None:
-                self.router.add_worker(url)  # remembered: re-registered if the router restarts
-            else:
-                # an existing router (--sglang-router-ip): register our engines, never start or stop it
-                register_worker(f"http://{self.args.sglang_router_ip}:{self.args.sglang_router_port}", url)
-
-    def _prepare_tool_services(self) -> dict[str, Any]:
-        """Long-lived services the tools share, owned here so they outlive any worker: the local
-        sandbox (`sandbox_fusion_url: local`) and one global rate limiter per sandbox tool."""
+    def _start_tool_services(self) -> None:
+        """Services the tools share, owned here so they outlive any rollout: the local sandbox
+        (`sandbox_fusion_url: local`) and one global rate limiter per sandbox tool."""
         path = getattr(self.args, "tool_config_path", None)
         if not path:
-            return {"sandbox_url": None, "sandbox": None, "limiters": {}}
+            return
         import yaml
 
         from slime.tools.sandbox_fusion_tool import prepare_sandbox_services
@@ -129,84 +73,95 @@ class RolloutManager:
         try:
             entries = (yaml.safe_load(Path(path).read_text()) or {}).get("tools") or []
         except (OSError, yaml.YAMLError, AttributeError):
-            entries = []  # the controller's tool registry reports what is wrong with the file
-        return prepare_sandbox_services(entries if isinstance(entries, list) else [])
-
-    def _init_wandb(self) -> str | None:
-        if not getattr(self.args, "use_wandb", False):
-            return None
-        from slime.observability.wandb_logger import init_wandb_primary
-
-        return init_wandb_primary(self.args)
+            entries = []  # the tool registry reports what is wrong with the file
+        out = prepare_sandbox_services(entries if isinstance(entries, list) else [])
+        self._tool_handles = {"sandbox": out["sandbox"], "limiters": out["limiters"]}
+        self.tool_services = ToolServices(sandbox_url=out["sandbox_url"], limiter_names=sorted(out["limiters"]))
 
     def info(self) -> dict[str, Any]:
-        return {"router_url": f"http://{self.args.sglang_router_ip}:{self.args.sglang_router_port}"
-                if self.args.sglang_router_ip else None,
-                "router_pid": self.router.pid if self.router else None,
-                "router_restarts": self.router.restarts if self.router else 0,
-                "engine_urls": list(self.engine_urls),
-                "sandbox_url": self.tool_services["sandbox_url"],
-                "rate_limiters": sorted(self.tool_services["limiters"]),
+        fleet = self.fleet.info() if self.fleet else {"router_url": None, "router_pid": None, "router_restarts": 0,
+                                                      "engine_urls": []}
+        return {**fleet, "sandbox_url": self.tool_services.sandbox_url,
+                "rate_limiters": list(self.tool_services.limiter_names),
                 "startup_seconds": dict(self.startup_timings)}
 
-    # ---- the trainer's API ----
-    def generate(self, rollout_id: int) -> Box:
-        return ray.get(self.controller.generate.remote(rollout_id))
+    # ---- the trainer's API (slime's names) ----
+    def set_train_parallel_config(self, config: dict[str, Any]) -> None:
+        """From then on `generate` returns one Box per data-parallel rank (slime's trainer contract)."""
+        if not isinstance(config, dict) or not isinstance(config.get("dp_size"), int) or config["dp_size"] < 1:
+            raise ValueError(f"set_train_parallel_config: needs {{'dp_size': int >= 1, ...}}, got {config!r}")
+        self.train_parallel_config = dict(config)
+
+    def generate(self, rollout_id: int) -> Box | list[Box]:
+        """`Box(ray.put(batch))`; after `set_train_parallel_config`, one Box per DP rank (one put each)."""
+        out = self.controller.generate(rollout_id, self.train_parallel_config)
+        if self.train_parallel_config is None:
+            return Box(ray.put(out))
+        return [Box(ray.put(rank)) for rank in out]
+
+    def get_num_rollout_per_epoch(self) -> int:
+        source = self.controller.data_source
+        if source is None:
+            raise ValueError("get_num_rollout_per_epoch: no --prompt-data")
+        return len(source) // self.args.rollout_batch_size
 
     def eval(self, rollout_id: int) -> dict[str, Any]:
-        return ray.get(self.controller.eval.remote(rollout_id))
+        return self.controller.eval(rollout_id)
 
     def last_summary(self) -> dict[str, Any] | None:
-        return ray.get(self.controller.get_last_summary.remote())
+        return self.controller.last_summary if self.controller else None
 
     def status(self) -> dict[str, Any]:
-        """Answers while a rollout runs (both actors are threaded)."""
-        st = ray.get(self.controller.status.remote()) if self.controller else {"phase": "starting"}
+        """Answers while a rollout runs (the actor is threaded)."""
+        st = self.controller.status() if self.controller else {"phase": "starting"}
         return {**st, **self.info()}
 
+    def _engines(self, method: str, *a: Any) -> list[Any]:
+        return self.fleet.each(method, *a) if self.fleet else []
+
     def offload(self) -> list[Any]:
-        return ray.get([e.release_memory_occupation.remote() for e in self.engines])
+        return self._engines("release_memory_occupation")
 
     def onload(self, tags: list[str] | None = None) -> list[Any]:
-        return ray.get([e.resume_memory_occupation.remote(tags) for e in self.engines])
+        return self._engines("resume_memory_occupation", tags)
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> list[Any]:
-        return ray.get([e.update_weights_from_disk.remote(model_path, weight_version) for e in self.engines])
+        return self._engines("update_weights_from_disk", model_path, weight_version)
 
     def abort(self) -> list[Any]:
-        return ray.get([e.abort_all.remote() for e in self.engines])
+        return self._engines("abort_all")
 
     def save(self, rollout_id: int) -> None:
-        ray.get(self.controller.save.remote(rollout_id))
+        self.controller.save(rollout_id)
+
+    def load(self, rollout_id: int | None = None) -> int | None:
+        """Restore the data source from `--load` (its latest saved state); returns that rollout id."""
+        source = self.controller.data_source
+        return source.load(self.args.load) if source is not None and self.args.load else None
+
+    def dispose(self) -> None:
+        """slime's end-of-training call: stop everything."""
+        self.shutdown()
 
     # ---- fault injection, for tests and chaos runs ----
     def kill_engine(self, index: int) -> int | None:
-        pid = ray.get(self.engines[index].pid.remote())
-        ray.get(self.engines[index].kill.remote())
-        return pid
+        return self.fleet.kill_engine(index)
 
     def router_pid(self) -> int | None:
-        return self.router.pid if self.router else None
+        return self.fleet.router.pid if self.fleet and self.fleet.router else None
 
     def router_alive(self) -> bool:
-        return bool(self.router and self.router.alive())
+        return bool(self.fleet and self.fleet.router and self.fleet.router.alive())
 
     def shutdown(self) -> None:
         """Stop everything this manager started; each step runs even if an earlier one fails."""
         if self._shut:
             return
         self._shut = True
-        steps = [("router", lambda: self.router and self.router.stop())]
-        for i, e in enumerate(self.all_engines):
-            steps.append((f"engine {i}", lambda e=e: ray.get(e.stop.remote(), timeout=60)))
-        steps += [(f"engine actor {i}", lambda e=e: ray.kill(e)) for i, e in enumerate(self.all_engines)]
-        steps.append(("controller", lambda: self.controller is not None and ray.kill(self.controller)))
-        steps.append(("sandbox", lambda: self.tool_services["sandbox"] and self.tool_services["sandbox"].stop()))
-        steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
-        if getattr(self.args, "use_wandb", False):
-            from slime.observability.wandb_logger import finish
-
-            steps.append(("wandb", finish))
+        steps: list[tuple[str, Any]] = [("controller", lambda: self.controller and self.controller.close())]
+        steps += self.fleet.stop_steps() if self.fleet else []
+        steps.append(("sandbox", lambda: self._tool_handles["sandbox"] and self._tool_handles["sandbox"].stop()))
+        steps.append(("wandb", lambda: self.wandb_run and self.wandb_run.finish()))
         for what, step in steps:
             try:
                 step()

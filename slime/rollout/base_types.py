@@ -1,12 +1,16 @@
-"""What rollout functions may return (newer slime wraps results with metrics; plain lists and
-dicts from older plugins are accepted too)."""
+"""What rollout functions return (newer slime wraps results with metrics; plain lists and
+dicts from older plugins are accepted too). `DynamicFilterOutput` lives in
+`slime.rollout.filter_hub.base_types`, as in slime; it is re-exported here for older imports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.utils.types import Sample
+
+__all__ = ["RolloutFnTrainOutput", "RolloutFnEvalOutput", "DynamicFilterOutput", "call_rollout_fn"]
 
 
 @dataclass
@@ -21,7 +25,10 @@ class RolloutFnEvalOutput:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class DynamicFilterOutput:
-    keep: bool
-    reason: str | None = None
+def call_rollout_fn(fn: Callable[..., Any], *args: Any, evaluation: bool, **kwargs: Any):
+    """Call a rollout function with `evaluation=`; wrap an older plugin's bare list (train) or
+    dict (eval) in RolloutFnTrainOutput / RolloutFnEvalOutput (slime's helper)."""
+    out = fn(*args, **kwargs, evaluation=evaluation)
+    if isinstance(out, (RolloutFnTrainOutput, RolloutFnEvalOutput)):
+        return out
+    return RolloutFnEvalOutput(data=out) if evaluation else RolloutFnTrainOutput(samples=out)

@@ -12,10 +12,11 @@ import copy
 import json
 import logging
 import random
+import re
 from pathlib import Path
 from typing import Any
 
-from slime.utils.misc import get_by_path
+from slime.utils.misc import get_by_path, load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -56,16 +57,63 @@ def _line(path: Path, i: int) -> str:
     return f"{path}:{i + 1}" if path.suffix != ".parquet" else f"{path} row {i}"
 
 
+_SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
+
+
+def parse_path_slice(path: str | Path) -> tuple[str, slice | None]:
+    """slime's `FILE@[start:end]` syntax: the file and the row slice (Python semantics, negatives allowed)."""
+    m = _SLICE.match(str(path))
+    if m is None:
+        return str(path), None
+    start, stop = m.group("start"), m.group("stop")
+    return m.group("path"), slice(int(start) if start else None, int(stop) if stop else None)
+
+
+def _prompt_limit(args: Any) -> tuple[int | None, str]:
+    """Longest prompt kept (tokens) and the flag that sets it; slime keeps len <= max_prompt_len."""
+    if getattr(args, "rollout_max_prompt_len", None) is not None:
+        return args.rollout_max_prompt_len, "--rollout-max-prompt-len"
+    if getattr(args, "rollout_max_context_len", None) is not None:
+        return args.rollout_max_context_len - 1, "--rollout-max-context-len"
+    return None, ""
+
+
+def _row_tools(value: Any, where: str) -> Any:
+    """A `--tool-key` value: a tool-schema list (slime; a JSON string of one too) or verl's tools_kwargs dict."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: --tool-key value is a string but not JSON: {e}") from None
+    if hasattr(value, "tolist"):  # numpy arrays from parquet
+        value = value.tolist()
+    return value
+
+
 def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key: str | None,
                          tokenizer: Any = None) -> tuple[list[Sample], int]:
-    """One template Sample per usable row, and how many rows were filtered as too long."""
-    path = Path(path)
+    """One template Sample per usable row, and how many rows were filtered as too long.
+
+    `path` may end in slime's `@[start:end]` row slice. With --apply-chat-template, the template gets
+    the row's tools (a list under --tool-key) and --apply-chat-template-kwargs, as slime passes them.
+    """
+    file_path, row_slice = parse_path_slice(path)
+    path = Path(file_path)
     rows = read_rows(path)
     if not rows:
         raise DataError(f"{path}: no prompts in file")
-    max_len = getattr(args, "rollout_max_prompt_len", None) or getattr(args, "rollout_max_context_len", None)
+    numbered = list(enumerate(rows))
+    if row_slice is not None:
+        numbered = numbered[row_slice]
+        if not numbered:
+            raise DataError(f"{path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
+                            f"(the file has {len(rows)})")
+    max_len, limit_flag = _prompt_limit(args)
+    template_kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
+    if not isinstance(template_kwargs, dict):
+        raise DataError(f"--apply-chat-template-kwargs must be a JSON object, got {template_kwargs!r}")
     samples, filtered = [], 0
-    for i, row in enumerate(rows):
+    for i, row in numbered:
         try:
             prompt = get_by_path(row, input_key)
         except KeyError as e:
@@ -87,11 +135,16 @@ def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key:
             except KeyError:
                 pass
         tkey = getattr(args, "tool_key", None)
+        tools = None
         if tkey:
             try:
-                metadata["tools_kwargs"] = get_by_path(row, tkey)
+                value = _row_tools(get_by_path(row, tkey), _line(path, i))
             except KeyError:
-                pass
+                value = None
+            if isinstance(value, list):
+                tools = metadata["tools"] = value
+            elif value is not None:
+                metadata["tools_kwargs"] = value
         if isinstance(prompt, list):
             if not all(isinstance(m, dict) and "role" in m for m in prompt):
                 raise DataError(f"{_line(path, i)}: key {input_key!r} is a list but not of chat messages")
@@ -99,17 +152,18 @@ def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key:
             if getattr(args, "apply_chat_template", False):
                 if tokenizer is None:
                     raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
-                prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+                prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                       **template_kwargs)
         elif not isinstance(prompt, str):
             raise DataError(f"{_line(path, i)}: key {input_key!r} must be a string or a message list, "
                             f"got {type(prompt).__name__}")
         sample = Sample(prompt=prompt, label=label, metadata=metadata)
         if tokenizer is not None and isinstance(prompt, str):
             sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            if max_len is not None and len(sample.tokens) >= max_len:
+            if max_len is not None and len(sample.tokens) > max_len:
                 if getattr(args, "over_long_prompt", "filter") == "error":
                     raise DataError(f"{_line(path, i)}: prompt has {len(sample.tokens)} tokens, over the limit "
-                                    f"{max_len} (--rollout-max-context-len); use --over-long-prompt filter")
+                                    f"{max_len} ({limit_flag}); use --over-long-prompt filter")
                 filtered += 1
                 continue
         samples.append(sample)
@@ -118,6 +172,13 @@ def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key:
     if not samples:
         raise DataError(f"{path}: every prompt was filtered as too long ({filtered} rows)")
     return samples, filtered
+
+
+def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_groups: int) -> list[list[Sample]]:
+    """slime's default buffer filter: the oldest groups first, removed from the buffer."""
+    taken = buffer[:num_groups]
+    del buffer[:num_groups]
+    return taken
 
 
 class DataSource:
@@ -136,6 +197,9 @@ class DataSource:
         self.group_counter = 0
         self.sample_counter = 0
         self.buffer: list[list[Sample]] = []
+        path = getattr(args, "buffer_filter_path", None)
+        # --buffer-filter-path: slime's `fn(args, rollout_id, buffer, num_groups) -> groups` (it removes them)
+        self.buffer_filter = load_function(path, "--buffer-filter-path") if path else pop_first
         self._order = self._epoch_order()
 
     @classmethod
@@ -156,8 +220,9 @@ class DataSource:
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
         """`num_groups` groups: from the buffer first, then fresh prompts."""
-        groups = self.buffer[:num_groups]
-        del self.buffer[:num_groups]
+        groups = list(self.buffer_filter(self.args, None, self.buffer, num_groups)) if self.buffer and num_groups else []
+        if len(groups) > num_groups:
+            raise ValueError(f"--buffer-filter-path returned {len(groups)} groups, asked for {num_groups}")
         while len(groups) < num_groups:
             if self.offset >= len(self._order):
                 self.epoch_id += 1
@@ -225,3 +290,7 @@ class DataSource:
         except (OSError, json.JSONDecodeError, KeyError) as e:
             raise DataError(f"cannot load data source state {path}: {e}") from e
         return rollout_id
+
+
+# slime's class names (`--data-source-path` defaults to the second): the same class here
+RolloutDataSource = RolloutDataSourceWithBuffer = DataSource

@@ -1,18 +1,22 @@
 """Debug rollout files in slime's format: `torch.save({"rollout_id", "samples": [dict]})`.
 
 Only builtins are written, so a file loads with `torch.load(weights_only=True)`: replaying a
-dump never unpickles arbitrary objects.
+dump never unpickles arbitrary objects. Files written by slime load too (tensors are allowed by
+`weights_only`); sample fields we do not know are kept, with one warning per file.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from slime.utils.types import Sample
+
+logger = logging.getLogger(__name__)
 
 
 class DebugDataError(ValueError):
@@ -58,10 +62,18 @@ def load_debug_rollout(template: str, rollout_id: int) -> list[Sample]:
                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DebugDataError(f"--load-debug-rollout-data: {path} has no 'samples' list")
-    try:
-        return [Sample.from_dict(d) for d in data["samples"]]
-    except (TypeError, ValueError) as e:
-        raise DebugDataError(f"--load-debug-rollout-data: {path}: bad sample: {e}") from None
+    samples, unknown = [], set()
+    for i, d in enumerate(data["samples"]):
+        try:
+            sample = Sample.from_dict(d, warn_unknown=False)
+        except (TypeError, ValueError) as e:
+            raise DebugDataError(f"--load-debug-rollout-data: {path}: bad sample #{i}: {e}") from None
+        unknown.update(sample.extra_fields)
+        samples.append(sample)
+    if unknown:  # a newer slime wrote fields we do not know: kept (and written back), said once per file
+        logger.warning("--load-debug-rollout-data: %s: keeping unknown sample field(s) %s in sample.extra_fields",
+                       path, sorted(unknown))
+    return samples
 
 
 def save_debug_train_data(template: str, rollout_id: int, batch: dict[str, Any]) -> Path:

@@ -1,9 +1,11 @@
-"""Token-in, token-out calls to the engines through the router.
+"""`EngineClient`: the one way rollout code talks to the engines, token-in and token-out.
 
-Every rollout function (single-turn, multi-turn, custom) sends `input_ids` and receives the
-exact ids the engine sampled with their log-probs; nothing is re-tokenised. The per-process
-`GenerateState` holds what all requests share: the router URL, the in-flight bound
-(`--sglang-server-concurrency`), the tokenizer and the retry counters.
+Every rollout function (single-turn, multi-turn, custom) sends `input_ids` and gets back the
+exact ids the engine sampled with their log-probs; nothing is re-tokenised. The client owns what
+all requests of a controller share: where the router and engines are, the HTTP sessions, the
+in-flight bound (`--sglang-server-concurrency`), the retry policy and its counters, the
+tokenizer, and the controller's `Progress`, which it feeds as requests finish, so a custom
+rollout function reports progress without doing anything.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.utils.http_retry import HttpStats, RetryPolicy, post
+from slime.rollout.progress import Progress
+from slime.utils.endpoints import Endpoints
+from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy
+from slime.utils.processing_utils import load_tokenizer
 
 
 @dataclass
@@ -26,53 +32,6 @@ class EngineOutput:
     matched: Any = None
     weight_version: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
-
-
-class GenerateState:
-    """Process-wide state shared by all generate calls (created on first use)."""
-
-    _instance: "GenerateState | None" = None
-
-    def __init__(self, args: Any):
-        self.args = args
-        self.stats = HttpStats()
-        self._semaphores: dict[int, asyncio.Semaphore] = {}
-        self._tokenizer = None
-        self._rid = itertools.count()
-        self.in_flight = 0
-
-    @classmethod
-    def get(cls, args: Any) -> "GenerateState":
-        if cls._instance is None or cls._instance.args is not args:
-            cls._instance = cls(args)
-        return cls._instance
-
-    @property
-    def router_url(self) -> str:
-        return f"http://{self.args.sglang_router_ip}:{self.args.sglang_router_port}"
-
-    @property
-    def semaphore(self) -> asyncio.Semaphore:
-        loop_id = id(asyncio.get_running_loop())
-        sem = self._semaphores.get(loop_id)
-        if sem is None:
-            sem = self._semaphores[loop_id] = asyncio.Semaphore(max(1, int(self.args.sglang_server_concurrency)))
-        return sem
-
-    @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.args.hf_checkpoint)
-        return self._tokenizer
-
-    def new_rid(self) -> str:
-        return f"slime-{os.getpid()}-{next(self._rid)}"
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def parse_generate_response(body: dict[str, Any]) -> EngineOutput:
@@ -92,18 +51,100 @@ def parse_generate_response(body: dict[str, Any]) -> EngineOutput:
                         meta.get("weight_version"), body)
 
 
-async def generate_tokens(args: Any, input_ids: list[int], sampling_params: dict[str, Any],
-                          *, rid: str | None = None, url: str | None = None) -> EngineOutput:
-    """One `/generate` call with log-probs, bounded by the in-flight semaphore and a deadline."""
-    state = GenerateState.get(args)
-    payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True,
-               "rid": rid or state.new_rid()}
-    policy = RetryPolicy(max_retries=int(getattr(args, "request_max_retries", 8)))
-    async with state.semaphore:
-        state.in_flight += 1
-        try:
-            body = await post(url or f"{state.router_url}/generate", payload,
-                              timeout=float(getattr(args, "request_timeout", 300.0)), policy=policy, stats=state.stats)
-        finally:
-            state.in_flight -= 1
-    return parse_generate_response(body)
+class EngineClient:
+    def __init__(self, endpoints: Endpoints, *, concurrency: int = 512, request_timeout: float = 300.0,
+                 max_retries: int = 8, tokenizer_path: str | None = None, tokenizer: Any = None,
+                 progress: Progress | None = None):
+        self.endpoints = endpoints
+        self.concurrency = max(1, int(concurrency))
+        self.request_timeout = float(request_timeout)
+        self.retry_policy = RetryPolicy(max_retries=int(max_retries))
+        self.stats = HttpStats()
+        self.progress = progress if progress is not None else Progress()
+        self.http = HttpClient()
+        self.in_flight = 0
+        self._tokenizer_path, self._tokenizer = tokenizer_path, tokenizer
+        # asyncio primitives are loop-bound: one bound per loop, keyed by the loop object (weakly)
+        self._bounds: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
+            weakref.WeakKeyDictionary()
+        self._rid = itertools.count()
+        self._background: set[asyncio.Task] = set()  # rid aborts in flight (kept referenced until done)
+
+    @classmethod
+    def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
+        return cls(endpoints, concurrency=args.sglang_server_concurrency,
+                   request_timeout=getattr(args, "request_timeout", 300.0),
+                   max_retries=getattr(args, "request_max_retries", 8),
+                   tokenizer_path=getattr(args, "hf_checkpoint", None), **kw)
+
+    @property
+    def router_url(self) -> str:
+        if not self.endpoints.router_url:
+            raise RuntimeError("no router: this client was created without engines (--load-debug-rollout-data?)")
+        return self.endpoints.router_url
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            if not self._tokenizer_path:
+                raise RuntimeError("no tokenizer: --hf-checkpoint is not set")
+            self._tokenizer = load_tokenizer(self._tokenizer_path)
+        return self._tokenizer
+
+    @property
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._bounds.get(loop)
+        if sem is None:
+            sem = self._bounds[loop] = asyncio.Semaphore(self.concurrency)
+        return sem
+
+    def new_rid(self) -> str:
+        return f"slime-{os.getpid()}-{next(self._rid)}"
+
+    async def post(self, url: str, payload: Any, *, timeout: float | None = None,
+                   policy: RetryPolicy | None = None, headers: dict[str, str] | None = None,
+                   on_retry: Any = None) -> Any:
+        """Any JSON POST, with this client's deadline, retry budget and counters."""
+        return await self.http.post(url, payload, timeout=timeout or self.request_timeout,
+                                    policy=policy or self.retry_policy, stats=self.stats, headers=headers,
+                                    on_retry=on_retry)
+
+    def _renew_rid(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A retried request gets a fresh `rid`; the old one is aborted in case an engine still runs
+        it (a timed-out or router-orphaned request would otherwise answer `400 rid already in flight`
+        and keep the engine busy)."""
+        old = payload["rid"]
+        task = asyncio.ensure_future(self._abort_rid(old))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return {**payload, "rid": self.new_rid()}
+
+    async def _abort_rid(self, rid: str) -> None:
+        once = RetryPolicy(max_retries=0)
+        await asyncio.gather(*(self.http.post(f"{u}/abort_request", {"rid": rid}, timeout=10, policy=once)
+                               for u in self.endpoints.engine_urls), return_exceptions=True)
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
+                       url: str | None = None) -> EngineOutput:
+        """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline."""
+        payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True,
+                   "rid": rid or self.new_rid()}
+        async with self.semaphore:
+            self.in_flight += 1
+            try:
+                body = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid)
+            finally:
+                self.in_flight -= 1
+        out = parse_generate_response(body)
+        self.progress.on_response(len(out.token_ids))
+        return out
+
+    async def abort_all(self) -> None:
+        """Abort every in-flight request on every engine (the router does not proxy abort)."""
+        once = RetryPolicy(max_retries=0)
+        await asyncio.gather(*(self.http.post(f"{u}/abort_request", {"abort_all": True}, timeout=10, policy=once)
+                               for u in self.endpoints.engine_urls), return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.http.close()

@@ -5,22 +5,27 @@ each sample token-in/token-out: `tokens` = prompt ids + exactly the ids the engi
 with their log-probs and a loss mask of ones. Rewards are computed as soon as a group is done.
 With a dynamic filter, more groups are started than needed and the leftovers are aborted on the
 engines and their prompts returned to the buffer, so nothing is lost.
+
+Our functions take the controller's `RolloutRuntime` as `runtime=`; called the slime way (only
+`args`), they use the process's bound runtime (`slime.rollout.runtime.current`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import Any
 
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import DataSource, build_prompt_samples
-from slime.rollout.engine_client import GenerateState, generate_tokens
-from slime.rollout.filters import apply_filter
-from slime.rollout.rm import async_rm, batched_async_rm
+from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
+from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.rollout.runtime import RolloutRuntime, current
+from slime.rollout.sample_hooks import apply_rollout_sample_hooks
 from slime.utils.async_utils import run
-from slime.utils.http_retry import HttpError, post
+from slime.utils.http_retry import HttpError
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -28,28 +33,64 @@ logger = logging.getLogger(__name__)
 
 FINISH_TO_STATUS = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
                     "stop": Sample.Status.COMPLETED}
-
-
-class RolloutProgressState:
-    """Live counters of the running rollout, read by the controller's status query."""
-
-    def __init__(self) -> None:
-        self.reset(0)
-
-    def reset(self, target: int) -> None:
-        self.target, self.done, self.response_tokens, self.started = target, 0, 0, time.monotonic()
-        self.running = target > 0
-
-    def as_dict(self, state: GenerateState | None) -> dict[str, Any]:
-        elapsed = max(1e-9, time.monotonic() - self.started)
-        return {"target": self.target, "done": self.done, "running": self.running,
-                "in_flight": state.in_flight if state else 0, "tokens": self.response_tokens,
-                "tokens_per_s": self.response_tokens / elapsed,
-                "retries": state.stats.total_retries if state else 0}
-
-
-PROGRESS = RolloutProgressState()
 MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per wanted group is broken
+
+
+class GenerateState:
+    """slime's per-process generation state, for plugins that call `GenerateState(args)`.
+
+    A compatibility view, not an owner: every attribute reads the process's `RolloutRuntime`
+    (its engine client's tokenizer, in-flight bound and counters), and the view itself is one per
+    runtime, like slime's singleton.
+    """
+
+    def __new__(cls, args: Any = None) -> "GenerateState":
+        rt = current(args)
+        return rt.shared("sglang_rollout.GenerateState", lambda: cls._create(rt))
+
+    @classmethod
+    def _create(cls, rt: RolloutRuntime) -> "GenerateState":
+        self = object.__new__(cls)
+        self.runtime, self.args = rt, rt.args
+        self.processor = None
+        self.sampling_params = sampling_params_from_args(rt.args)
+        seed = getattr(rt.args, "rollout_seed", None)
+        self.group_sampling_seeds = [(seed or 0) + i for i in range(int(getattr(rt.args, "n_samples_per_prompt", 1)))]
+        self.reset()
+        return self
+
+    def __init__(self, args: Any = None) -> None:  # state is set once in _create
+        pass
+
+    @classmethod
+    def get(cls, args: Any = None) -> "GenerateState":
+        return cls(args)
+
+    @property
+    def tokenizer(self):
+        return self.runtime.client.tokenizer
+
+    @property
+    def semaphore(self) -> asyncio.Semaphore:
+        return self.runtime.client.semaphore
+
+    @property
+    def stats(self):
+        return self.runtime.client.stats
+
+    def reset(self) -> None:
+        self.remaining_batch_size, self.pendings, self.aborted = 0, set(), False
+
+    def submit_generate_tasks(self, groups: list[list[Sample]]) -> None:
+        for group in groups:
+            self.pendings.add(asyncio.ensure_future(
+                generate_and_rm_group(self.args, group, dict(self.sampling_params), runtime=self.runtime)))
+        self.remaining_batch_size += len(groups)
+
+
+def get_model_url(args: Any, model_name: str = "default", endpoint: str = "/generate") -> str:
+    """slime's helper: the router's URL for `endpoint` (one model per router here)."""
+    return f"{current(args).client.router_url}{endpoint}"
 
 
 def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, Any]:
@@ -70,20 +111,22 @@ def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, 
     return params
 
 
-def prompt_ids(args: Any, sample: Sample) -> list[int]:
+def prompt_ids(args: Any, sample: Sample, runtime: RolloutRuntime | None = None) -> list[int]:
     """The prompt's token ids: pre-tokenised by the data source, else tokenised once here."""
     if sample.tokens and sample.response_length == 0:
         return list(sample.tokens)
-    tok = GenerateState.get(args).tokenizer
+    tok = (runtime or current(args)).tokenizer
     prompt = sample.prompt
     if isinstance(prompt, list):
         prompt = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     return tok(prompt, add_special_tokens=False)["input_ids"]
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *,
+                   runtime: RolloutRuntime | None = None) -> Sample:
     """Default per-sample generation: one engine call, token-in/token-out."""
-    ids = prompt_ids(args, sample)
+    runtime = runtime or current(args)
+    ids = prompt_ids(args, sample, runtime)
     params = dict(sampling_params)
     if args.rollout_max_context_len is not None:
         room = args.rollout_max_context_len - len(ids)
@@ -94,7 +137,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
             sample.metadata["finish_reason"] = "prompt_fills_context"
             return sample
         params["max_new_tokens"] = min(params["max_new_tokens"], room)
-    out = await generate_tokens(args, ids, params)
+    out = await runtime.client.generate(ids, params)
     sample.tokens = ids + out.token_ids
     sample.response_length = len(out.token_ids)
     sample.response = out.text
@@ -107,28 +150,43 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     return sample
 
 
-async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample]:
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any], runtime: RolloutRuntime,
+                        evaluation: bool = False) -> list[Sample]:
     fn = load_function(args.custom_generate_function_path, "--custom-generate-function-path") \
         if args.custom_generate_function_path else generate
+    kw: dict[str, Any] = {}
+    if fn is generate:
+        kw["runtime"] = runtime
+    elif evaluation and _accepts(fn, "evaluation"):
+        kw["evaluation"] = True  # slime tells custom generate functions they run for eval
     try:
-        out = await fn(args, sample, dict(sampling_params))
+        out = await fn(args, sample, dict(sampling_params), **kw)
     except HttpError as e:
         # The retry budget is spent: report the sample as FAILED instead of failing the rollout.
         sample.status = Sample.Status.FAILED
         sample.metadata["error"] = str(e)
         sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
-            prompt_ids(args, sample), 0, [], []
+            prompt_ids(args, sample, runtime), 0, [], []
         out = sample
     samples = out if isinstance(out, list) else [out]
-    PROGRESS.done += len(samples)
-    PROGRESS.response_tokens += sum(s.response_length for s in samples)
+    samples = await apply_rollout_sample_hooks(args, samples, rollout_id=runtime.rollout_id, evaluation=evaluation)
+    runtime.progress.on_samples(len(samples))
     return samples
 
 
 async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params: dict[str, Any],
-                                evaluation: bool = False) -> list[Sample]:
+                                evaluation: bool = False, *, runtime: RolloutRuntime | None = None) -> list[Sample]:
     """Generate every sample of a group concurrently, then reward the ones that need it."""
-    results = await asyncio.gather(*(_generate_one(args, s, sampling_params) for s in group))
+    runtime = runtime or current(args)
+    results = await asyncio.gather(*(_generate_one(args, s, sampling_params, runtime, evaluation) for s in group))
     samples = [s for r in results for s in r]
     scorable = [s for s in samples if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED)]
     if getattr(args, "group_rm", False) and not evaluation:
@@ -145,11 +203,21 @@ async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params:
     return samples
 
 
-async def abort_engines(args: Any) -> None:
-    """Ask every engine to abort its in-flight requests (the router does not proxy abort)."""
-    urls = getattr(args, "rollout_engine_urls", None) or []
-    await asyncio.gather(*(post(f"{u}/abort_request", {"abort_all": True}, timeout=10) for u in urls),
-                         return_exceptions=True)
+async def generate_and_rm(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False,
+                          *, runtime: RolloutRuntime | None = None) -> Sample | list[Sample]:
+    """slime's per-sample step: generate (custom function if set), then reward unless aborted/failed."""
+    runtime = runtime or current(args)
+    samples = await _generate_one(args, sample, sampling_params, runtime, evaluation)
+    for s in samples:
+        if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED) and s.reward is None \
+                and not (getattr(args, "group_rm", False) and not evaluation):
+            s.reward = await async_rm(args, s)
+    return samples if len(samples) != 1 else samples[0]
+
+
+async def abort(args: Any, rollout_id: int, *, runtime: RolloutRuntime | None = None) -> None:
+    """slime's name: abort every in-flight request on every engine (the router does not proxy abort)."""
+    await (runtime or current(args)).client.abort_all()
 
 
 def _reset(sample: Sample) -> Sample:
@@ -161,16 +229,18 @@ def _reset(sample: Sample) -> Sample:
     return sample
 
 
-async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSource) -> RolloutFnTrainOutput:
+async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSource,
+                                 runtime: RolloutRuntime | None = None) -> RolloutFnTrainOutput:
+    runtime = runtime or current(args)
     target = args.rollout_batch_size
-    state = GenerateState.get(args)
-    retries_before, failures_before = state.stats.total_retries, state.stats.failures
-    PROGRESS.reset(target * args.n_samples_per_prompt)
+    stats = runtime.client.stats
+    retries_before, failures_before = stats.total_retries, stats.failures
     params = sampling_params_from_args(args)
     filter_fn = load_function(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path") \
         if args.dynamic_sampling_filter_path else None
     start = time.monotonic()
     kept: list[list[Sample]] = []
+    finished: list[list[Sample]] = []  # every group generated this rollout, dropped ones included
     dropped: dict[str, int] = {}
     pending: dict[asyncio.Task, list[Sample]] = {}
     handed: dict[asyncio.Task, list[Sample]] = {}  # every group this rollout took from the data source
@@ -180,15 +250,19 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
             if len(kept) + len(pending) < target:
                 n = args.over_sampling_batch_size if filter_fn else target - len(kept) - len(pending)
                 for g in data_source.get_samples(n):
-                    task = asyncio.ensure_future(generate_and_rm_group(args, g, params))
+                    task = asyncio.ensure_future(generate_and_rm_group(args, g, params, runtime=runtime))
                     pending[task] = handed[task] = g
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 pending.pop(task)
                 group = task.result()
+                finished.append(group)
                 if filter_fn is not None and len(kept) < target:
                     verdict = apply_filter(filter_fn, args, group)
-                    if not verdict.keep:
+                    # slime's keep_when_insufficient: a rejected group is kept when dropping it would
+                    # leave fewer groups (kept + generating + this one) than the rollout needs
+                    if should_drop_dynamic_filter_output(verdict, remaining_batch_size=len(kept) + len(pending) + 1,
+                                                         target_data_size=target):
                         settled.add(task)
                         dropped[verdict.reason or "filtered"] = dropped.get(verdict.reason or "filtered", 0) + 1
                         if sum(dropped.values()) > MAX_DROPPED_PER_KEPT * target:
@@ -208,53 +282,87 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
         raise
     finally:
         if pending:
-            await abort_engines(args)
+            await runtime.client.abort_all()
             leftovers = await asyncio.gather(*pending, return_exceptions=True)
             data_source.add_samples([[_reset(s) for s in g] for g in pending.values()])
             logger.info("rollout %d: %d leftover group(s) aborted and returned to the buffer", rollout_id,
                         len(leftovers))
-        PROGRESS.running = False
+    kept.sort(key=lambda g: g[0].index if g and g[0].index is not None else 0)
+    if getattr(args, "rollout_sample_filter_path", None):  # slime's hook: marks samples remove_sample
+        load_function(args.rollout_sample_filter_path, "--rollout-sample-filter-path")(args, kept)
+    if getattr(args, "rollout_all_samples_process_path", None):  # slime's hook: sees filtered groups too
+        load_function(args.rollout_all_samples_process_path, "--rollout-all-samples-process-path")(
+            args, finished, data_source)
     elapsed = time.monotonic() - start
     samples = [s for g in kept for s in g]
     tokens = sum(s.response_length for s in samples)
     metrics = {"perf/rollout_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
-               "perf/engine_retries": state.stats.total_retries - retries_before,
-               "perf/engine_failures": state.stats.failures - failures_before,
+               "perf/engine_retries": stats.total_retries - retries_before,
+               "perf/engine_failures": stats.failures - failures_before,
                **{f"rollout/dropped_groups_{k}": v for k, v in dropped.items()}}
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
 
-_EVAL_CACHE: dict[str, list[Sample]] = {}
+def _dataset_setting(dataset: Any, field: str, default: Any) -> Any:
+    """A per-dataset setting of `--eval-config` (an `EvalDatasetConfig` attribute), else `default`."""
+    value = getattr(dataset, field, None)
+    return default if value is None else value
 
 
-def eval_prompts(args: Any, name: str, path: str) -> list[Sample]:
-    if name not in _EVAL_CACHE:
-        tok = GenerateState.get(args).tokenizer if args.hf_checkpoint else None
-        _EVAL_CACHE[name], _ = build_prompt_samples(args, path, args.eval_input_key or args.input_key,
-                                                    args.eval_label_key or args.label_key, tok)
-    return _EVAL_CACHE[name]
+def eval_prompts(args: Any, dataset: Any, runtime: RolloutRuntime) -> list[Sample]:
+    """An eval set's prompts, read once per runtime; keyed by everything that shapes them (name, path
+    with its row slice, keys), so two files or two key choices never share an entry."""
+    name, path = dataset[0], dataset[1]
+    input_key = _dataset_setting(dataset, "input_key", args.eval_input_key or args.input_key)
+    label_key = _dataset_setting(dataset, "label_key", args.eval_label_key or args.label_key)
+
+    def read() -> list[Sample]:
+        tok = runtime.tokenizer if args.hf_checkpoint else None
+        prompts, _ = build_prompt_samples(args, path, input_key, label_key, tok)
+        inject = getattr(dataset, "inject_metadata", None)
+        if inject is not None:  # per-dataset rm_type / metadata_overrides
+            for p in prompts:
+                p.metadata = inject(p.metadata)
+        return prompts
+
+    return runtime.shared(f"eval_prompts:{(name, path, input_key, label_key)!r}", read)
 
 
-async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
+def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:
     params = sampling_params_from_args(args, evaluation=True)
+    for field, key in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                       ("max_response_len", "max_new_tokens"), ("stop", "stop"), ("stop_token_ids", "stop_token_ids"),
+                       ("min_new_tokens", "min_new_tokens")):
+        value = getattr(dataset, field, None)
+        if value is not None:
+            params[key] = list(value) if isinstance(value, (list, tuple)) else value
+    return params
+
+
+async def eval_rollout(args: Any, rollout_id: int, *, runtime: RolloutRuntime | None = None) -> RolloutFnEvalOutput:
+    """Every eval dataset (`--eval-prompt-data` / `--eval-config`), each with its own settings."""
+    runtime = runtime or current(args)
     data: dict[str, dict[str, Any]] = {}
     start = time.monotonic()
-    for name, path in args.eval_datasets:
-        prompts = eval_prompts(args, name, path)
-        source = DataSource(args, prompts, args.n_samples_per_eval_prompt)
-        groups = source.get_samples(len(prompts))
-        PROGRESS.reset(len(prompts) * args.n_samples_per_eval_prompt)
-        results = await asyncio.gather(*(generate_and_rm_group(args, g, params, evaluation=True) for g in groups))
+    for dataset in args.eval_datasets:
+        name = dataset[0]
+        prompts = eval_prompts(args, dataset, runtime)
+        n = int(_dataset_setting(dataset, "n_samples_per_eval_prompt", args.n_samples_per_eval_prompt))
+        groups = DataSource(args, prompts, n).get_samples(len(prompts))
+        params = eval_sampling_params(args, dataset)
+        runtime.progress.reset(len(prompts) * n, phase="eval")
+        results = await asyncio.gather(*(generate_and_rm_group(args, g, params, evaluation=True, runtime=runtime)
+                                         for g in groups))
         samples = [s for g in results for s in g]
         data[name] = {"rewards": [s.get_reward_value(args) for s in samples],
                       "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
                       "samples": samples}
-    PROGRESS.running = False
     return RolloutFnEvalOutput(data=data, metrics={"perf/eval_time": time.monotonic() - start})
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *,
+                     runtime: RolloutRuntime | None = None):
     """slime's rollout-function contract (REFERENCE §3)."""
     if evaluation:
-        return run(eval_rollout_async(args, rollout_id))
-    return run(generate_rollout_async(args, rollout_id, data_source))
+        return run(eval_rollout(args, rollout_id, runtime=runtime))
+    return run(generate_rollout_async(args, rollout_id, data_source, runtime))

@@ -91,13 +91,18 @@ class Admission:
 
 
 def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
+    import json
+
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from pydantic import ValidationError
 
     from slime.sandbox.runner import Runner
+    from slime.sandbox.schema import BodyLimit, request_model
 
     runner = Runner(cfg)
     adm = Admission(cfg.max_concurrency, max_queue)
+    Model = request_model(cfg, runner.languages)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -114,13 +119,23 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
                 os.kill(os.getpid(), signal.SIGTERM)
 
             asyncio.get_running_loop().add_reader(lifeline_fd, parent_gone)
+        try:
+            await runner.start()
+        except Exception:
+            runner.close()
+            raise
+        if runner.per_process_only:
+            logger.warning("limits enforced per process only (no cgroup for them): %s",
+                           ", ".join(runner.per_process_only))
         if os.environ.get("SLIME_SANDBOX_READY_FD"):
             fd = int(os.environ["SLIME_SANDBOX_READY_FD"])
             with contextlib.suppress(OSError):
                 os.write(fd, (READY + "\n").encode())
                 os.close(fd)
-        yield
-        runner.close()
+        try:
+            yield
+        finally:
+            runner.close()
 
     app = FastAPI(title="slime-sandbox", lifespan=lifespan)
     app.state.admission = adm
@@ -132,7 +147,9 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages}
+        return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages,
+                "cgroups": runner.cgroups.kind, "per_process_only": runner.per_process_only,
+                "seccomp": runner.seccomp}
 
     @app.get("/v1/stats")
     async def stats():
@@ -144,14 +161,21 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
         adm.max_queued = len(adm.waiters)
         return adm.stats()
 
+    def parse(raw: bytes):
+        try:
+            return Model.model_validate_json(raw).model_dump()
+        except ValidationError as e:
+            return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
+                    for err in e.errors(include_url=False, include_context=False, include_input=False)]
+
     @app.post("/run_code")
     async def run_code(request: Request):
-        try:
-            body = await request.json()
-        except Exception:  # noqa: BLE001
-            return JSONResponse({"status": "SandboxError", "message": "body is not JSON"}, status_code=400)
-        if not isinstance(body, dict) or not isinstance(body.get("code"), str):
-            return JSONResponse({"status": "SandboxError", "message": "`code` (string) is required"},
+        raw = await request.body()
+        body = await asyncio.to_thread(parse, raw) if len(raw) > 65536 else parse(raw)
+        del raw
+        if isinstance(body, list):
+            fields = ", ".join(".".join(str(x) for x in d["loc"][1:]) or "body" for d in body)
+            return JSONResponse({"status": "SandboxError", "message": f"invalid request: {fields}", "detail": body},
                                 status_code=422)
         ticket = adm.try_enter()
         if ticket is False:
@@ -167,15 +191,18 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
                 raise
         t0 = time.monotonic()
         try:
-            return await runner.run(body)
+            res = await runner.run(body)
         except Exception as e:  # noqa: BLE001 - never a bare 500 without a reason
             logger.exception("run failed")
-            return {"status": "SandboxError", "message": f"{type(e).__name__}: {e}", "compile_result": None,
-                    "run_result": None, "executor_pod_name": None, "files": {}}
+            res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}", "compile_result": None,
+                   "run_result": None, "executor_pod_name": None, "files": {}}
         finally:
             adm.leave(time.monotonic() - t0)
+        big = res.get("files") or len((res.get("run_result") or {}).get("stdout") or "") > 65536
+        text = await asyncio.to_thread(json.dumps, res) if big else json.dumps(res)
+        return Response(text, media_type="application/json")
 
-    return app
+    return BodyLimit(app, cfg.max_body_mb << 20)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -200,6 +227,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes)
     ap.add_argument("--max-processes", type=int, default=d.max_processes)
     ap.add_argument("--max-file-mb", type=int, default=d.max_file_mb)
+    ap.add_argument("--disk-mb", type=int, default=d.disk_mb, help="size of a run's tmpfs (/tmp and /dev/shm)")
+    ap.add_argument("--cpus-per-run", type=float, default=d.cpus_per_run, help="cgroup CPU bandwidth of one run")
+    ap.add_argument("--max-body-mb", type=int, default=d.max_body_mb, help="larger request bodies get 413")
+    ap.add_argument("--max-fetch-mb", type=int, default=d.max_fetch_mb, help="total of fetch_files per request")
+    ap.add_argument("--ro-path", action="append", default=[], help="extra host path visible read-only in runs")
     ap.add_argument("--log-level", default="warning")
     return ap
 
@@ -212,7 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = SandboxConfig(max_concurrency=args.max_concurrency, python=args.python, uid_base=args.uid_base,
                         default_memory_mb=args.default_memory_mb, max_memory_mb=args.max_memory_mb,
                         max_run_timeout=args.max_run_timeout, max_output_bytes=args.max_output_bytes,
-                        max_processes=args.max_processes, max_file_mb=args.max_file_mb)
+                        max_processes=args.max_processes, max_file_mb=args.max_file_mb, disk_mb=args.disk_mb,
+                        cpus_per_run=args.cpus_per_run, max_body_mb=args.max_body_mb, max_fetch_mb=args.max_fetch_mb,
+                        ro_paths=args.ro_path)
     try:
         probe_isolation(cfg)
     except IsolationUnavailable as e:
@@ -236,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     # never sets TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK).
     sock = socket.socket(fileno=args.fd)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=30, access_log=False))
-    asyncio.run(server.serve(sockets=[sock]))
+    server.run(sockets=[sock])  # (uvloop and httptools when installed, as uvicorn.run would)
 
 
 class LocalSandbox:

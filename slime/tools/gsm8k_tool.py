@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import uuid4
 
-from slime.tools.base_tool import BaseTool
+from slime.tools.base_tool import BaseTool, create_kwargs_of
 from slime.tools.schemas import ToolResponse
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -48,7 +48,11 @@ class Gsm8kTool(BaseTool):
         self.penalty = float(self.config.get("penalty", -0.05))
         self._state: dict[str, dict[str, Any]] = {}
 
-    async def create(self, instance_id: str | None = None, ground_truth: Any = None, **kwargs: Any):
+    async def create(self, instance_id: str | None = None, ground_truth: Any = None, *,
+                     create_kwargs: dict[str, Any] | None = None, **kwargs: Any):
+        """`create(iid, ground_truth=...)` or verl's `create(create_kwargs={"ground_truth": ...})`."""
+        if ground_truth is None:
+            ground_truth = create_kwargs_of(create_kwargs, kwargs).get("ground_truth")
         instance_id = instance_id or str(uuid4())
         self._state[instance_id] = {"ground_truth": ground_truth, "reward": 0.0, "answers": []}
         return instance_id, ToolResponse()

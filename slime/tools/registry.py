@@ -4,13 +4,22 @@ Why a registry: tools often hold heavy shared resources (HTTP pools, rate limite
 built once and shared by every trajectory (state is kept per `instance_id`), never per sample.
 Config mistakes are reported as `file: tools[i].field: problem` so they can be fixed without
 reading a traceback.
+
+verl's YAMLs load unchanged: `verl.tools.*` class names resolve through
+`slime.tools.verl_compat` (verl's class if installed, else slime's equivalent), classes written
+against verl's BaseTool are wrapped in `VerlToolAdapter`, and `type: mcp` entries (with their
+`mcp:` section) expand into one tool per MCP server tool (`slime.tools.mcp_tool`).
+Per-sample tools (`--tool-key`) are resolved by `ToolSet.select` / `ToolSet.schemas_for`.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +29,13 @@ from pydantic import ValidationError
 
 from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import OpenAIFunctionToolSchema
-from slime.utils.misc import PluginLoadError, load_function
+from slime.tools.verl_compat import TOOL_METHODS, VerlToolAdapter, is_tool_class, resolve_tool_class
+from slime.utils.misc import PluginLoadError
 
-SUPPORTED_TYPES = ("native", "sandbox_fusion")  # both are Python classes named by class_name
+logger = logging.getLogger(__name__)
+
+# native / sandbox_fusion: a Python class named by class_name; mcp: that class once per MCP server tool
+SUPPORTED_TYPES = ("native", "sandbox_fusion", "mcp")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -57,6 +70,44 @@ class ToolSet:
         """OpenAI tool dicts for the chat template, in config order."""
         return [self.tools[n].tool_schema.to_openai() for n in (names if names is not None else self.names)]
 
+    def select(self, tools: Any = None, tools_kwargs: Any = None) -> "SampleTools":
+        """The tools one sample uses, their per-sample kwargs and the schemas its prompt shows.
+
+        `tools` is the value `--tool-key` read: slime's list of OpenAI tool schemas (or tool names,
+        or that list as a JSON string), or verl's `tools_kwargs` mapping (tool name -> {create_kwargs,
+        execute_kwargs, calc_reward_kwargs, release_kwargs}). `tools_kwargs` is verl's mapping when
+        it comes separately (a list there is read as `tools`: either key may hold either form).
+        With neither, the sample uses every configured tool. A sample's own schema for a configured tool is what its prompt shows (slime renders the data's tools as
+        given); arguments are still validated against the configured schema.
+        """
+        if isinstance(tools, dict) and tools_kwargs is None:
+            tools, tools_kwargs = None, tools
+        elif not tools and isinstance(tools_kwargs, (list, tuple, str)):  # slime's list under verl's key
+            tools, tools_kwargs = tools_kwargs, None
+        named = _tools_kwargs(tools_kwargs)
+        unknown = [n for n in named if n not in self.tools]
+        if unknown:
+            raise ValueError(f"tools_kwargs names tool(s) {unknown} that are not in the tool config "
+                             f"({self.source}: {self.names})")
+        if tools is None or tools == []:
+            names = list(named) if named else self.names
+            return SampleTools(names, named, self.schemas(names))
+        given = _parse_sample_tools(tools, self.names)
+        names = [n for n, _ in given]
+        unknown = [n for n in names if n not in self.tools]
+        if unknown:
+            raise ValueError(f"the sample's tools {unknown} are not in the tool config ({self.source}: "
+                             f"{self.names}); the model could call them but nothing would run them")
+        stray = [n for n in named if n not in names]
+        if stray:
+            raise ValueError(f"tools_kwargs names tool(s) {stray} that the sample's tools {names} do not offer")
+        return SampleTools(names, named, [self.tools[n].tool_schema.to_openai() if schema is None else schema
+                                          for n, schema in given])
+
+    def schemas_for(self, tools: Any = None, tools_kwargs: Any = None) -> list[dict[str, Any]]:
+        """The chat template's `tools=` for one sample (see `select`)."""
+        return self.select(tools, tools_kwargs).schemas
+
     def check_arguments(self, name: str, arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
         """(arguments with top-level defaults filled, None) or (None, what is wrong)."""
         if not isinstance(arguments, dict):
@@ -75,6 +126,66 @@ class ToolSet:
             if key not in filled and "default" in extra:
                 filled[key] = extra["default"]
         return filled, None
+
+
+@dataclass
+class SampleTools:
+    """One sample's tools: names (creation order), per-name verl kwargs, OpenAI schemas for `tools=`."""
+
+    names: list[str]
+    kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    schemas: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _tools_kwargs(value: Any) -> dict[str, dict[str, Any]]:
+    """verl's tools_kwargs; tools whose entry is None are not used (Parquet stores the mapping as a
+    struct over every row's tool names, so absent tools come back as None)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"tools_kwargs must be a mapping of tool name -> kwargs, got {type(value).__name__}")
+    return {n: dict(v) if isinstance(v, dict) else {} for n, v in value.items() if v is not None}
+
+
+def sample_tool_schemas(tools: Any) -> list[dict[str, Any]]:
+    """slime's per-sample `tools` (OpenAI tool schemas, bare function dicts, or a JSON string of
+    them) as validated OpenAI tool dicts for `apply_chat_template(tools=...)`."""
+    return [schema for _, schema in _parse_sample_tools(tools, None)]
+
+
+def _parse_sample_tools(tools: Any, names: list[str] | None) -> list[tuple[str, dict[str, Any] | None]]:
+    """(name, schema) per item; a plain-string item names a configured tool (schema None)."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the sample's tools are a string but not JSON: {e}") from e
+    if hasattr(tools, "tolist"):  # numpy arrays from Parquet
+        tools = tools.tolist()
+    if not isinstance(tools, (list, tuple)):
+        raise ValueError(f"the sample's tools must be a list of tool schemas, got {type(tools).__name__}")
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    for i, item in enumerate(tools):
+        if isinstance(item, str) and names is not None:
+            if item not in names:
+                raise ValueError(f"the sample's tools[{i}]: no tool named {item!r} in the tool config ({names})")
+            name, schema = item, None
+        elif isinstance(item, dict):
+            raw = item if "function" in item else {"type": "function", "function": item}
+            try:
+                schema = OpenAIFunctionToolSchema.model_validate(raw).to_openai()
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise ValueError(f"the sample's tools[{i}].{'.'.join(str(p) for p in err['loc'])}: "
+                                 f"{err['msg']}") from e
+            name = schema["function"]["name"]
+        else:
+            raise ValueError(f"the sample's tools[{i}]: expected an OpenAI tool schema (a mapping)"
+                             f"{' or a tool name' if names is not None else ''}, got {type(item).__name__}")
+        if any(name == n for n, _ in out):
+            raise ValueError(f"the sample's tools[{i}]: duplicate tool name {name!r}")
+        out.append((name, schema))
+    return out
 
 
 def argument_schema(tool_schema: OpenAIFunctionToolSchema) -> dict[str, Any]:
@@ -103,33 +214,9 @@ def _expand_env(value: Any, where: str) -> Any:
     return value
 
 
-def build_tool(entry: Any, where: str) -> BaseTool:
-    """One `tools[i]` entry -> a tool object; `where` prefixes every error."""
-    if not isinstance(entry, dict):
-        raise ToolConfigError(f"{where}: expected a mapping with class_name, config, tool_schema")
-    unknown = set(entry) - {"class_name", "config", "tool_schema"}
-    if unknown:
-        raise ToolConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
-    class_name = entry.get("class_name")
-    if not isinstance(class_name, str) or not class_name:
-        raise ToolConfigError(f"{where}.class_name: required, a dotted path like 'pkg.module.Class'")
+def _validate_schema(raw: Any, where: str) -> OpenAIFunctionToolSchema:
     try:
-        cls = load_function(class_name)
-    except PluginLoadError as e:
-        raise ToolConfigError(f"{where}.class_name: {e}") from e
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise ToolConfigError(f"{where}.class_name: {class_name!r} is not a subclass of slime.tools.BaseTool")
-    config = entry.get("config", {}) or {}
-    if not isinstance(config, dict):
-        raise ToolConfigError(f"{where}.config: expected a mapping")
-    config = _expand_env(config, f"{where}.config")
-    kind = config.get("type", "native")
-    if kind not in SUPPORTED_TYPES:
-        raise ToolConfigError(f"{where}.config.type: {kind!r} is not supported (supported: {list(SUPPORTED_TYPES)})")
-    if "tool_schema" not in entry:
-        raise ToolConfigError(f"{where}.tool_schema: required")
-    try:
-        schema = OpenAIFunctionToolSchema.model_validate(entry["tool_schema"])
+        schema = OpenAIFunctionToolSchema.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
@@ -141,10 +228,81 @@ def build_tool(entry: Any, where: str) -> BaseTool:
         path = ".".join(str(p) for p in e.absolute_path)
         raise ToolConfigError(f"{where}.tool_schema.function.parameters{'.' + path if path else ''}: "
                               f"invalid JSON Schema: {e.message}") from e
+    return schema
+
+
+def instantiate(cls: type, config: dict[str, Any], schema: OpenAIFunctionToolSchema | None,
+                class_name: str, where: str) -> BaseTool:
+    """`cls(config=, tool_schema=)`. slime's own tools follow the loop's interface as they are; any
+    other class (verl's, or a user's written verl-style, whichever BaseTool it extends) is wrapped in
+    `VerlToolAdapter`, which accepts every verl calling convention and return shape."""
     try:
-        return cls(config=config, tool_schema=schema)
+        if issubclass(cls, BaseTool) and cls.__module__.split(".", 1)[0] == "slime":
+            return cls(config=config, tool_schema=schema)
+        return VerlToolAdapter.build(cls, config, schema)
     except Exception as e:  # noqa: BLE001 - the tool's own constructor failed; say which entry
+        if schema is None:  # verl lets a class bring its own schema; this one does not
+            raise ToolConfigError(f"{where}.tool_schema: required ({class_name} defines no schema of its own: "
+                                  f"{type(e).__name__}: {e})") from e
         raise ToolConfigError(f"{where}: {class_name}(...) failed: {type(e).__name__}: {e}") from e
+
+
+def build_tools(entry: Any, where: str, base_dir: str | Path | None = None) -> list[BaseTool]:
+    """One `tools[i]` entry -> its tool objects (one, or one per MCP server tool for `type: mcp`).
+
+    `where` prefixes every error; `base_dir` (the YAML's folder) is where relative paths in the
+    entry are also looked for.
+    """
+    if not isinstance(entry, dict):
+        raise ToolConfigError(f"{where}: expected a mapping with class_name, config, tool_schema")
+    unknown = set(entry) - {"class_name", "config", "tool_schema", "mcp"}
+    if unknown:
+        raise ToolConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
+    class_name = entry.get("class_name")
+    if not isinstance(class_name, str) or not class_name:
+        raise ToolConfigError(f"{where}.class_name: required, a dotted path like 'pkg.module.Class'")
+    try:
+        cls, note = resolve_tool_class(class_name)
+    except PluginLoadError as e:
+        raise ToolConfigError(f"{where}.class_name: {e}") from e
+    if note:
+        logger.info("%s: %s", where, note)
+    if not is_tool_class(cls):
+        raise ToolConfigError(f"{where}.class_name: {class_name!r} is not a subclass of slime.tools.BaseTool "
+                              f"nor a verl-style tool class (one with {', '.join(TOOL_METHODS)})")
+    config = entry.get("config", {}) or {}
+    if not isinstance(config, dict):
+        raise ToolConfigError(f"{where}.config: expected a mapping")
+    config = _expand_env(config, f"{where}.config")
+    kind = config.get("type", "native")
+    if kind not in SUPPORTED_TYPES:
+        raise ToolConfigError(f"{where}.config.type: {kind!r} is not supported (supported: {list(SUPPORTED_TYPES)})")
+    if kind == "mcp" or "mcp" in entry:
+        if kind != "mcp":
+            raise ToolConfigError(f"{where}.mcp: only used with config.type: mcp (this entry is {kind!r})")
+        if not isinstance(entry.get("mcp"), dict):
+            raise ToolConfigError(f"{where}.config.type: 'mcp' is not supported without an `mcp:` section "
+                                  f"(mcp_servers_config_path, optional tool_selected_list)")
+        if "tool_schema" in entry:
+            raise ToolConfigError(f"{where}.tool_schema: not used with config.type: mcp (the schemas come from "
+                                  f"the MCP servers); remove it, or use tool_selected_list to pick tools")
+        from slime.tools.mcp_tool import build_mcp_tools
+
+        return build_mcp_tools(cls, class_name, config, _expand_env(entry["mcp"], f"{where}.mcp"), where,
+                               base_dir=base_dir, instantiate=instantiate)
+    schema = _validate_schema(entry["tool_schema"], where) if entry.get("tool_schema") is not None else None
+    tool = instantiate(cls, config, schema, class_name, where)
+    if schema is None:  # the class brought its own: check it like a configured one
+        _validate_schema(tool.tool_schema.model_dump(exclude_none=True), where)
+    return [tool]
+
+
+def build_tool(entry: Any, where: str) -> BaseTool:
+    """One `tools[i]` entry that makes exactly one tool (every type but mcp)."""
+    tools = build_tools(entry, where)
+    if len(tools) != 1:
+        raise ToolConfigError(f"{where}: makes {len(tools)} tools; use build_tools")
+    return tools[0]
 
 
 def load_tool_config(path: str | Path) -> ToolSet:
@@ -161,12 +319,12 @@ def load_tool_config(path: str | Path) -> ToolSet:
         raise ToolConfigError(f"{path}: expected a top-level 'tools:' list")
     tools, seen = [], {}
     for i, entry in enumerate(data["tools"]):
-        tool = build_tool(entry, f"{path}: tools[{i}]")
-        if tool.name in seen:
-            raise ToolConfigError(f"{path}: tools[{i}].tool_schema.function.name: duplicate tool name "
-                                  f"{tool.name!r} (already used by tools[{seen[tool.name]}])")
-        seen[tool.name] = i
-        tools.append(tool)
+        for tool in build_tools(entry, f"{path}: tools[{i}]", base_dir=os.path.dirname(os.path.abspath(path))):
+            if tool.name in seen:
+                raise ToolConfigError(f"{path}: tools[{i}].tool_schema.function.name: duplicate tool name "
+                                      f"{tool.name!r} (already used by tools[{seen[tool.name]}])")
+            seen[tool.name] = i
+            tools.append(tool)
     return ToolSet(tools, source=path)
 
 

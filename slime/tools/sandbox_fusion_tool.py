@@ -39,6 +39,7 @@ from slime.tools.base_tool import BaseTool
 from slime.tools.rate_limiter import (RateLimiter, RateLimiterUnavailable, RateLimitTimeout, client_for,
                                       get_or_create_rate_limiter, get_rate_limiter, local_rate_limiter)
 from slime.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from slime.utils.http_retry import HttpClient
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class _Retryable(Exception):
 class SandboxFusionTool(BaseTool):
     def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema):
         super().__init__(config, tool_schema)
+        self._http = HttpClient()
         c = self.config
         self.url_cfg = str(c.get("sandbox_fusion_url") or "local")
         self._url: str | None = None if self.url_cfg == "local" else self.url_cfg.rstrip("/")
@@ -252,8 +254,6 @@ class SandboxFusionTool(BaseTool):
         return self._url
 
     async def _call(self, payload: dict[str, Any], timeout: float, metrics: dict[str, Any]) -> dict[str, Any]:
-        from slime.utils.http_retry import get_session
-
         url = self._url_now() + "/run_code"
         loop_id = id(asyncio.get_running_loop())
         sem = self._per_process.get(loop_id)
@@ -275,7 +275,7 @@ class SandboxFusionTool(BaseTool):
                 throttled = False
                 try:
                     try:
-                        async with get_session().post(url, json=payload, timeout=http_timeout) as resp:
+                        async with self._http.session().post(url, json=payload, timeout=http_timeout) as resp:
                             if resp.status == 200:
                                 body = await resp.json(content_type=None)
                                 metrics.update(retries=attempt, limiter_wait_s=waited)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
@@ -55,24 +56,40 @@ class RetryPolicy:
         return max(d, retry_after or 0.0)
 
 
-_sessions: dict[int, aiohttp.ClientSession] = {}
+class HttpClient:
+    """Pooled aiohttp sessions, one per event loop (sessions are loop-bound).
 
+    An explicit cache keyed by the loop object itself (weakly), so a loop that is gone takes its
+    session with it and a new loop that happens to reuse an old loop's `id()` never gets a dead one.
+    """
 
-def get_session() -> aiohttp.ClientSession:
-    """One pooled session per event loop (aiohttp sessions are loop-bound)."""
-    loop = asyncio.get_running_loop()
-    s = _sessions.get(id(loop))
-    if s is None or s.closed:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        s = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        _sessions[id(loop)] = s
-    return s
+    def __init__(self) -> None:
+        self._sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
+            weakref.WeakKeyDictionary()
 
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        s = self._sessions.get(loop)
+        if s is None or s.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+            s = self._sessions[loop] = aiohttp.ClientSession(connector=connector,
+                                                             timeout=aiohttp.ClientTimeout(total=None))
+        return s
 
-async def close_session() -> None:
-    s = _sessions.pop(id(asyncio.get_running_loop()), None)
-    if s is not None:
-        await s.close()
+    async def close(self) -> None:
+        """Close the running loop's session (sessions of other loops close with their loop)."""
+        s = self._sessions.pop(asyncio.get_running_loop(), None)
+        if s is not None:
+            await s.close()
+
+    async def request(self, method: str, url: str, payload: Any = None, **kw: Any) -> Any:
+        return await request_json(method, url, payload, session=self.session(), **kw)
+
+    async def post(self, url: str, payload: Any, **kw: Any) -> Any:
+        return await request_json("POST", url, payload, session=self.session(), **kw)
+
+    async def get(self, url: str, **kw: Any) -> Any:
+        return await request_json("GET", url, None, session=self.session(), **kw)
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -90,21 +107,30 @@ async def request_json(
     timeout: float,
     policy: RetryPolicy | None = None,
     stats: HttpStats | None = None,
+    session: aiohttp.ClientSession | None = None,
+    headers: dict[str, str] | None = None,
+    on_retry: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Send one JSON request; return the decoded body (or text when it is not JSON).
 
     `timeout` is the deadline of each attempt. Retried: connection errors, attempt timeouts,
-    429 and 5xx. Not retried: other 4xx (raised at once as HttpError with the body).
+    429 and 5xx. Not retried: other 4xx (raised at once as HttpError with the body). Without a
+    `session` a one-off session is opened and closed around the call. `on_retry(payload)` gives
+    the payload of the next attempt (e.g. a fresh request id: the engine may still be working on
+    the abandoned one).
     """
+    if session is None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
+            return await request_json(method, url, payload, timeout=timeout, policy=policy, stats=stats,
+                                      session=own, headers=headers, on_retry=on_retry)
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
-    session = get_session()
     attempt = 0
     while True:
         stats.requests += 1
         reason, retry_after, last = None, None, ""
         try:
-            async with session.request(method, url, json=payload,
+            async with session.request(method, url, json=payload, headers=headers,
                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status < 400:
                     if resp.content_type == "application/json":
@@ -126,6 +152,8 @@ async def request_json(
         stats.retries[reason] += 1
         await asyncio.sleep(policy.delay(attempt, retry_after))
         attempt += 1
+        if on_retry is not None:
+            payload = on_retry(payload)
 
 
 async def post(url: str, payload: Any, **kw: Any) -> Any:

@@ -6,6 +6,8 @@ import importlib
 import socket
 from typing import Any, Callable
 
+from slime.utils.types import decode_int32_meta_array  # noqa: F401 - slime plugins import it from here
+
 
 class PluginLoadError(ValueError):
     """A `--*-path` flag points at something that cannot be imported."""

@@ -1,4 +1,5 @@
-"""A rollout module written the way slime users write them (imports and signature of slime),
+"""A rollout module written the way slime users write them (imports and signature of slime;
+like most slime plugins it never sets `loss_mask`),
 used to prove it runs unchanged through --rollout-function-path."""
 
 import asyncio
@@ -17,7 +18,6 @@ async def _one(args, sample: Sample, url: str, tok) -> Sample:
     sample.tokens = ids + [p[1] for p in pairs]
     sample.response_length = len(pairs)
     sample.rollout_log_probs = [p[0] for p in pairs]
-    sample.loss_mask = [1] * len(pairs)
     sample.response = out["text"]
     sample.status = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED}.get(
         out["meta_info"]["finish_reason"]["type"], Sample.Status.ABORTED)

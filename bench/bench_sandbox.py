@@ -1,0 +1,125 @@
+"""Sandbox throughput: `print(1)` runs through `slime-sandbox` vs bare `python3 -c 'print(1)'` spawns,
+side by side in one run (interleaved rounds, same concurrency, same interpreter).
+
+    python -m bench.bench_sandbox [--concurrency 8] [--seconds 4] [--rounds 3]
+
+The sandbox path is the whole thing: HTTP request, validation, admission, a fresh isolated run
+(PID/mount/IPC namespaces, tmpfs, cgroup limits, uid, seccomp), the program, the response.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+
+async def _sandbox_rate(url: str, conc: int, seconds: float) -> float:
+    """`conc` keep-alive HTTP/1.1 connections, each posting `print(1)` back to back (a lean load
+    generator, like wrk: the client's own cost should not be what is measured)."""
+    host, port = url.split("//", 1)[1].split(":")
+    body = json.dumps({"code": "print(1)", "language": "python"}).encode()
+    req = (f"POST /run_code HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while time.monotonic() < stop:
+                writer.write(req)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+                res = json.loads(await reader.readexactly(length))
+                if not head.startswith(b"HTTP/1.1 200") or res["run_result"]["stdout"] != "1\n":
+                    raise SystemExit(f"sandbox run failed: {head[:40]!r} {str(res)[:300]}")
+                done += 1
+        finally:
+            writer.close()
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return done / (time.monotonic() - t0)
+
+
+_SPAWNER = """
+import os, sys, time
+py, seconds = sys.argv[1], float(sys.argv[2])
+devnull = os.open(os.devnull, os.O_WRONLY)
+n, stop = 0, time.monotonic() + seconds
+t0 = time.monotonic()
+while time.monotonic() < stop:
+    r, w = os.pipe()
+    pid = os.posix_spawn(py, [py, "-c", "print(1)"], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+    os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 64)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    _, st = os.waitpid(pid, 0)
+    assert out == b"1\\n" and st == 0
+    n += 1
+print(n, time.monotonic() - t0)
+"""
+
+
+def _spawn_rate(python: str, conc: int, seconds: float) -> float:
+    """Bare spawns at the same concurrency: `conc` independent small processes, each spawning
+    `python -c 'print(1)'` and reading its output in a loop (no shared event loop in the way)."""
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-c", _SPAWNER, python, str(seconds)], stdout=subprocess.PIPE,
+                              text=True) for _ in range(conc)]
+    total, longest = 0, 0.0
+    for p in procs:
+        n, el = p.communicate()[0].split()
+        total += int(n)
+        longest = max(longest, float(el))
+    return total / longest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    from slime.sandbox.runner import _find_python
+    from slime.sandbox.server import start_local_sandbox
+
+    python = _find_python() or "python3"
+    isolated = os.geteuid() == 0
+    url, handle = start_local_sandbox(max_concurrency=a.concurrency, max_queue=4 * a.concurrency,
+                                      allow_no_isolation=not isolated)
+    try:
+        import requests
+
+        health = requests.get(f"{url}/health", timeout=10).json()
+        asyncio.run(_sandbox_rate(url, a.concurrency, 0.5))  # warm-up
+        sb, bare = [], []
+        for _ in range(a.rounds):
+            bare.append(_spawn_rate(python, a.concurrency, a.seconds))
+            sb.append(asyncio.run(_sandbox_rate(url, a.concurrency, a.seconds)))
+    finally:
+        handle.stop()
+    ms, mb = statistics.median(sb), statistics.median(bare)
+    print(f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
+          f"interpreter={python} isolation={health['isolation']} cgroups={health['cgroups']} "
+          f"seccomp={health['seccomp']} per-process-only={','.join(health['per_process_only']) or '-'}")
+    print("| path | runs/s (median) | rounds |")
+    print("|---|---:|---|")
+    print(f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns | {mb:.0f} | {', '.join(f'{x:.0f}' for x in bare)} |")
+    print(f"| slime-sandbox `print(1)` (HTTP, isolated, limited) | {ms:.0f} | {', '.join(f'{x:.0f}' for x in sb)} |")
+    print(f"ratio sandbox/bare: {ms / mb:.2f}x (target >= 3x)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Engine side of in-memory weight sync: the model's tensor table, validation of pushed tensors,
+`torch.distributed` update groups (trainer rank 0 + engines) and the weight checker.
+
+Why:
+- A push is validated against the served model BEFORE anything is written: every name must be a
+  parameter (or persistent buffer) of the model with exactly that dtype and shape, else the whole
+  push is refused with a message naming the tensor, and the engine keeps its weights and version.
+- A distributed bucket is received even when it is refused (when its byte size is known), so the
+  trainer's broadcast completes on every rank and the group stays usable; the received bytes are
+  dropped.
+- Groups are plain `ProcessGroupGloo` objects built on a `TCPStore` client with the caller's
+  deadline, bound to the local address that routes to the master, so nothing is registered in
+  torch's global state and a group that cannot rendezvous fails within its deadline and leaves
+  nothing behind. Only `gloo` runs on CPU; `nccl` (SGLang's default) is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from slime.engine.weight_transfer import (
+    WeightFormatError, dtype_name, flatten_bucket, nbytes_of, parse_dtype, unflatten_bucket,
+)
+
+DEFAULT_GROUP_TIMEOUT_S = 120.0
+
+
+class WeightUpdateError(ValueError):
+    """A refused update; the message names the tensor, group or field (the server answers 400)."""
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every name a trainer may push: parameters (tied ones under each of their names) and persistent buffers."""
+    table = dict(model.named_parameters(remove_duplicate=False))
+    modules = dict(model.named_modules())
+    for name, buf in model.named_buffers(remove_duplicate=False):
+        owner, _, local = name.rpartition(".")
+        if local not in getattr(modules.get(owner), "_non_persistent_buffers_set", set()):
+            table[name] = buf
+    return table
+
+
+def check_against_model(table: dict[str, torch.Tensor], names: list[str], dtypes: list[torch.dtype],
+                        shapes: list[list[int]]) -> None:
+    """Raise WeightUpdateError naming the first tensor the model does not have as (name, dtype, shape)."""
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        target = table.get(name)
+        if target is None:
+            raise WeightUpdateError(f"tensor {name!r}: the served model has no such parameter")
+        if target.dtype != dtype:
+            raise WeightUpdateError(f"tensor {name!r}: dtype {dtype_name(dtype)} does not match the served "
+                                    f"model's {dtype_name(target.dtype)}")
+        if list(target.shape) != list(shape):
+            raise WeightUpdateError(f"tensor {name!r}: shape {list(shape)} does not match the served "
+                                    f"model's {list(target.shape)}")
+
+
+def parse_metadata(names, dtypes, shapes) -> tuple[list[str], list[torch.dtype], list[list[int]]]:
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise WeightUpdateError("names must be a list of non-empty strings")
+    if not isinstance(dtypes, list) or not isinstance(shapes, list) or not len(names) == len(dtypes) == len(shapes):
+        raise WeightUpdateError(f"names, dtypes and shapes must be lists of the same length, got "
+                                f"{len(names)}, {len(dtypes) if isinstance(dtypes, list) else dtypes!r}, "
+                                f"{len(shapes) if isinstance(shapes, list) else shapes!r}")
+    parsed_dtypes = []
+    for name, d in zip(names, dtypes):
+        try:
+            parsed_dtypes.append(parse_dtype(d))
+        except WeightFormatError as exc:
+            raise WeightUpdateError(f"tensor {name!r}: {exc}") from None
+    for name, s in zip(names, shapes):
+        if not isinstance(s, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s):
+            raise WeightUpdateError(f"tensor {name!r}: shape must be a list of non-negative integers, got {s!r}")
+    return names, parsed_dtypes, [list(s) for s in shapes]
+
+
+def local_address_for(master_address: str, master_port: int) -> str:
+    """The local IP the kernel would use to reach the master (a UDP connect sends no packet)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master_address, int(master_port)))
+        return s.getsockname()[0]
+
+
+def new_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+                   timeout_s: float, *, is_master: bool = False):
+    """A gloo group on `tcp://master_address:master_port` (keys under `group_name`), bounded by `timeout_s`.
+
+    Returns (process_group, store); the master's store must live as long as the group.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = torch.distributed.TCPStore(master_address, int(master_port), world_size, is_master, timeout=timeout,
+                                       wait_for_workers=False)
+    opts = torch.distributed.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    host = master_address if is_master else local_address_for(master_address, master_port)
+    opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host)]
+    pg = torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore(group_name, store), rank, world_size, opts)
+    return pg, store
+
+
+def broadcast(pg, tensor: torch.Tensor) -> None:
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = 0
+    pg.broadcast([tensor], opts).wait()
+
+
+@dataclass
+class _Group:
+    pg: object
+    store: object
+    rank: int
+    world_size: int
+    master: str
+
+
+@dataclass
+class UpdateGroups:
+    """The engine's weight-update groups by name (one engine may be in several, e.g. after a reconnect)."""
+
+    groups: dict[str, _Group] = field(default_factory=dict)
+    _pending: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def init(self, master_address, master_port, rank_offset, world_size, group_name, backend,
+             timeout_s: float | None = None) -> str:
+        """Blocking (run it off the event loop). Returns a success message; raises WeightUpdateError."""
+        if not isinstance(master_address, str) or not master_address:
+            raise WeightUpdateError("master_address (string) is required")
+        for key, v in (("master_port", master_port), ("rank_offset", rank_offset), ("world_size", world_size)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise WeightUpdateError(f"{key} must be an integer, got {v!r}")
+        if not 0 < master_port < 65536:
+            raise WeightUpdateError(f"master_port must be in 1..65535, got {master_port}")
+        if not 0 < rank_offset < world_size:
+            raise WeightUpdateError(f"rank_offset must be in 1..world_size-1 (rank 0 is the trainer), got "
+                                    f"{rank_offset} with world_size {world_size}")
+        if not isinstance(group_name, str) or not group_name:
+            raise WeightUpdateError("group_name must be a non-empty string")
+        if backend != "gloo":
+            raise WeightUpdateError(f"backend {backend!r} is not available on the embedded CPU engine; use 'gloo' "
+                                    "('nccl' is for SGLang engines on GPUs)")
+        timeout_s = DEFAULT_GROUP_TIMEOUT_S if timeout_s is None else float(timeout_s)
+        if timeout_s <= 0:
+            raise WeightUpdateError(f"timeout must be > 0 seconds, got {timeout_s}")
+        with self._lock:
+            if group_name in self.groups or group_name in self._pending:
+                raise WeightUpdateError(f"weight update group {group_name!r} already exists; destroy it first")
+            self._pending.add(group_name)
+        try:
+            try:
+                pg, store = new_gloo_group(master_address, master_port, rank_offset, world_size, group_name, timeout_s)
+            except Exception as exc:  # noqa: BLE001 - torch raises several types (DistNetworkError, RuntimeError, ...)
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise WeightUpdateError(
+                    f"could not rendezvous with the trainer at {master_address}:{master_port} for group "
+                    f"{group_name!r} (rank {rank_offset} of {world_size}, deadline {timeout_s:g} s): {first_line}"
+                ) from None
+            with self._lock:
+                self.groups[group_name] = _Group(pg, store, rank_offset, world_size, f"{master_address}:{master_port}")
+        finally:
+            with self._lock:
+                self._pending.discard(group_name)
+        return f"Initialized weight update group {group_name!r} (rank {rank_offset} of {world_size}, gloo)."
+
+    def destroy(self, group_name: str) -> str:
+        with self._lock:
+            group = self.groups.pop(group_name, None)
+        if group is None:
+            raise WeightUpdateError(f"weight update group {group_name!r} does not exist")
+        _shutdown(group.pg)
+        return f"Destroyed weight update group {group_name!r}."
+
+    def destroy_all(self) -> None:
+        with self._lock:
+            groups, self.groups = list(self.groups.values()), {}
+        for g in groups:
+            _shutdown(g.pg)
+
+    def receive(self, group_name: str, names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]],
+                load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+        """Blocking: receive one bucket broadcast by rank 0 in the layout `load_format` names."""
+        with self._lock:
+            group = self.groups.get(group_name)
+        if group is None:
+            raise WeightUpdateError(f"weight update group {group_name!r} does not exist; call "
+                                    "init_weights_update_group first")
+        if load_format == "flattened_bucket":
+            if len(set(dtypes)) > 1:
+                raise WeightUpdateError("a flattened_bucket must hold tensors of one dtype, got "
+                                        f"{sorted({dtype_name(d) for d in dtypes})}")
+            numel = sum(nbytes_of(d, s) // torch.empty((), dtype=d).element_size() for d, s in zip(dtypes, shapes))
+            flat = torch.empty(numel, dtype=dtypes[0] if dtypes else torch.uint8)
+            _checked_broadcast(group, group_name, flat)
+            return list(zip(names, unflatten_bucket(flat, shapes)))
+        if load_format is not None:
+            raise WeightUpdateError(f"load_format must be null or 'flattened_bucket', got {load_format!r}")
+        out = []
+        for name, d, s in zip(names, dtypes, shapes):
+            t = torch.empty(s, dtype=d)
+            _checked_broadcast(group, group_name, t)
+            out.append((name, t))
+        return out
+
+
+def _checked_broadcast(group: _Group, group_name: str, t: torch.Tensor) -> None:
+    try:
+        broadcast(group.pg, t)
+    except Exception as exc:  # noqa: BLE001
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"broadcast on group {group_name!r} from {group.master} failed: {first_line}") from None
+
+
+def _shutdown(pg) -> None:
+    try:
+        pg.shutdown()
+    except Exception:  # noqa: BLE001 - already broken groups may refuse; nothing else to release
+        pass
+
+
+def sender_flatten(named_tensors: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """Trainer side of `flattened_bucket` (kept next to the receiver so both layouts stay in step)."""
+    return flatten_bucket([t for _, t in named_tensors])
+
+
+class WeightChecker:
+    """slime's `check_weights(action)`: snapshot / compare / reset, by SHA-256 per tensor."""
+
+    ACTIONS = ("snapshot", "compare", "compare_checksum", "checksum", "reset", "reset_tensors")
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, str] | None = None
+
+    @staticmethod
+    def compare(actual: dict[str, str], expected: dict[str, str]) -> dict:
+        tensors = {name: actual.get(name) == digest for name, digest in expected.items()}
+        mismatched = sorted(n for n, ok in tensors.items() if not ok and n in actual)
+        missing = sorted(n for n in expected if n not in actual)
+        equal = not mismatched and not missing
+        if equal:
+            message = f"all {len(tensors)} tensors are equal"
+        else:
+            parts = []
+            if mismatched:
+                parts.append(f"{len(mismatched)} differ ({', '.join(mismatched[:5])}{', ...' if len(mismatched) > 5 else ''})")
+            if missing:
+                parts.append(f"{len(missing)} missing in the engine ({', '.join(missing[:5])})")
+            message = f"weights differ from the expected checksums: {'; '.join(parts)}"
+        return {"success": equal, "equal": equal, "message": message, "tensors": tensors,
+                "mismatched": mismatched, "missing": missing}

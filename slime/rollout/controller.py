@@ -1,0 +1,192 @@
+"""`RolloutController`: turns a rollout id into samples and a training batch.
+
+It owns the data source, the plugins loaded from their `--*-path` flags, and the
+`RolloutRuntime` (engine client, progress, tool services) the plugins share.
+`generate(rollout_id)`: rollout function -> flatten groups -> optional debug save -> metrics and
+dumps -> convert -> batch. With `--load-debug-rollout-data` the samples come from the file and
+no engine is touched. A plain object: the RolloutManager actor holds it; no Ray here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Any
+
+from slime.observability import reporting, rollout_dump
+from slime.observability.wandb_logger import WandbRun
+from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime.rollout.data_source import DataSource
+from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
+from slime.rollout.engine_client import EngineClient
+from slime.utils.processing_utils import load_tokenizer
+from slime.rollout.runtime import RolloutRuntime, unbind
+from slime.rollout.train_data import convert_samples_to_train_data
+from slime.tools.services import ToolServices
+from slime.train_batch.rank_batches import split_for_data_parallel
+from slime.utils.endpoints import Endpoints
+from slime.utils.misc import load_function
+from slime.utils.types import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def flatten_groups(out: Any) -> tuple[list[Sample], dict[str, Any]]:
+    """Accept `RolloutFnTrainOutput`, `list[list[Sample]]` or `list[Sample]`."""
+    metrics: dict[str, Any] = {}
+    if isinstance(out, RolloutFnTrainOutput):
+        out, metrics = out.samples, dict(out.metrics)
+    if not isinstance(out, list):
+        raise TypeError(f"--rollout-function-path returned {type(out).__name__}; expected list[list[Sample]]")
+    flat: list[Sample] = []
+    for g in out:
+        flat.extend(g if isinstance(g, list) else [g])
+    bad = [type(s).__name__ for s in flat if not isinstance(s, Sample)]
+    if bad:
+        raise TypeError(f"--rollout-function-path returned non-Sample items: {sorted(set(bad))}")
+    return flat, metrics
+
+
+def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: dict[str, Any]) -> dict[str, Any]:
+    n = len(samples)
+    rewards = [s.get_reward_value(args) for s in samples]
+    tokens = sum(s.response_length for s in samples)
+    return {"samples": n, "mean_reward": sum(rewards) / n if n else 0.0,
+            "truncated_ratio": sum(s.status == Sample.Status.TRUNCATED for s in samples) / n if n else 0.0,
+            "failed": sum(s.status == Sample.Status.FAILED for s in samples),
+            "aborted": sum(s.status == Sample.Status.ABORTED for s in samples),
+            "response_tokens": tokens, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds,
+            "engine_retries": metrics.get("perf/engine_retries", 0)}
+
+
+def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool,
+                           runtime: RolloutRuntime) -> Any:
+    """slime's signature; ours also take the runtime explicitly (`runtime=`) when they accept it."""
+    try:
+        accepts = "runtime" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if accepts:
+        return fn(args, rollout_id, data_source, evaluation=evaluation, runtime=runtime)
+    return fn(args, rollout_id, data_source, evaluation=evaluation)
+
+
+def make_data_source(args: Any, tokenizer: Any) -> Any:
+    """`--data-source-path` (slime's: a class built as `cls(args)`); ours by default."""
+    path = getattr(args, "data_source_path", None)
+    cls = load_function(path, "--data-source-path") if path else DataSource
+    return DataSource.from_args(args, tokenizer) if cls is DataSource else cls(args)
+
+
+def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
+    """slime's `--custom-(eval-)rollout-log-function-path`: True means it logged, skip ours."""
+    path = getattr(args, flag, None)
+    return bool(path and load_function(path, "--" + flag.replace("_", "-"))(*call_args))
+
+
+class RolloutController:
+    def __init__(self, args: Any, endpoints: Endpoints, *, tool_services: ToolServices | None = None,
+                 wandb_run: WandbRun | None = None):
+        self.args = args
+        self.wandb_run = wandb_run
+        tokenizer = load_tokenizer(args.hf_checkpoint) if args.hf_checkpoint else None
+        client = EngineClient.from_args(args, endpoints, tokenizer=tokenizer)
+        self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).bind()
+        self.data_source = None
+        if args.prompt_data and not args.load_debug_rollout_data:
+            self.data_source = make_data_source(args, tokenizer)
+            if args.load:
+                self.data_source.load(args.load)
+        self.generate_rollout = load_function(args.rollout_function_path, "--rollout-function-path")
+        self.eval_generate_rollout = load_function(args.eval_function_path, "--eval-function-path")
+        for flag in ("custom_generate_function_path", "custom_rm_path", "dynamic_sampling_filter_path"):
+            if getattr(args, flag, None):
+                load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
+        self.last_summary: dict[str, Any] | None = None
+
+    @property
+    def progress(self):
+        return self.runtime.progress
+
+    def status(self) -> dict[str, Any]:
+        client = self.runtime.client
+        return {**self.progress.as_dict(), "in_flight": client.in_flight, "retries": client.stats.total_retries,
+                "buffer": self.data_source.get_buffer_length() if self.data_source else 0}
+
+    def _samples(self, rollout_id: int) -> tuple[list[Sample], dict[str, Any]]:
+        self.runtime.rollout_id = rollout_id
+        if self.args.load_debug_rollout_data:
+            return load_debug_rollout(self.args.load_debug_rollout_data, rollout_id), {}
+        if self.data_source is None:
+            raise ValueError("--prompt-data is required to generate rollouts")
+        out = _call_rollout_function(self.generate_rollout, self.args, rollout_id, self.data_source, False,
+                                     self.runtime)
+        return flatten_groups(out)
+
+    def generate(self, rollout_id: int, parallel_config: dict[str, Any] | None = None) -> Any:
+        """One rollout. Without a parallel config: the training batch (one dict). With one (slime's
+        `set_train_parallel_config`): one dict per data-parallel rank, scheduled into micro-batches."""
+        start = time.monotonic()
+        self.progress.reset(self.args.rollout_batch_size * self.args.n_samples_per_prompt, phase="rollout")
+        retries_before = self.runtime.client.stats.total_retries
+        try:
+            samples, metrics = self._samples(rollout_id)
+        finally:
+            self.progress.finish()
+        metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
+        seconds = time.monotonic() - start
+        if self.args.save_debug_rollout_data:
+            save_debug_rollout(self.args.save_debug_rollout_data, rollout_id, samples)
+        if parallel_config is None:
+            train = [s for s in samples if s.status != Sample.Status.FAILED]
+        else:
+            # a trainer's steps need every sample in place: a failed one trains nothing (slime's remove_sample)
+            train = list(samples)
+            for s in train:
+                if s.status == Sample.Status.FAILED:
+                    s.remove_sample = True
+        batch = convert_samples_to_train_data(self.args, train)
+        if self.args.save_debug_train_data:
+            save_debug_train_data(self.args.save_debug_train_data, rollout_id, batch)
+        out: Any = batch
+        if parallel_config is not None:
+            out, split_metrics = split_for_data_parallel(self.args, batch, parallel_config)
+            metrics.update(split_metrics)
+        self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
+        perf = {**metrics, "perf/rollout_time": metrics.get("perf/rollout_time", seconds)}
+        if not _custom_log(self.args, "custom_rollout_log_function_path", rollout_id, self.args, samples, metrics,
+                           seconds):
+            reporting.log_rollout(self.args, rollout_id, samples, perf, self.wandb_run)
+        rollout_dump.dump_rollout(self.args, rollout_id, samples)
+        self.save(rollout_id)
+        return out
+
+    def eval(self, rollout_id: int) -> dict[str, Any]:
+        self.runtime.rollout_id = rollout_id
+        try:
+            out = _call_rollout_function(self.eval_generate_rollout, self.args, rollout_id, self.data_source, True,
+                                         self.runtime)
+        finally:
+            self.progress.finish()
+        data = out.data if isinstance(out, RolloutFnEvalOutput) else out
+        if not isinstance(data, dict):
+            raise TypeError(f"--eval-function-path returned {type(data).__name__}; expected "
+                            "{dataset: {'rewards', 'truncated', 'samples'}}")
+        metrics = out.metrics if isinstance(out, RolloutFnEvalOutput) else {}
+        if not _custom_log(self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data, metrics):
+            reporting.log_eval(self.args, rollout_id, data, self.wandb_run)
+        rollout_dump.dump_eval(self.args, rollout_id, data)
+        summary = {}
+        for name, d in data.items():
+            rewards, truncated = d.get("rewards", []), d.get("truncated", [])
+            summary[name] = {"samples": len(rewards), "mean_reward": sum(rewards) / max(1, len(rewards)),
+                             "truncated_ratio": sum(map(bool, truncated)) / max(1, len(truncated))}
+        return summary
+
+    def save(self, rollout_id: int) -> None:
+        if self.args.save and self.data_source is not None:
+            self.data_source.save(self.args.save, rollout_id)
+
+    def close(self) -> None:
+        unbind(self.runtime)

@@ -1,0 +1,78 @@
+"""`RolloutRuntime`: the services the rollout code of one controller shares, as one object.
+
+The controller creates it once (engine client, progress, tool services) and hands it to our
+rollout functions as their `runtime=` argument. Plugins written for slime only receive `args`, so
+they reach the same object through `current()`: the process's one binding, an explicit cache
+keyed by process id (a forked child never talks through its parent's sessions). slime's own
+`GenerateState` is a per-process singleton for the same reason.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from slime.rollout.engine_client import EngineClient
+from slime.utils.endpoints import Endpoints
+from slime.tools.services import ToolServices
+
+
+@dataclass
+class RolloutRuntime:
+    args: Any
+    client: EngineClient
+    tool_services: ToolServices = field(default_factory=ToolServices)
+    rollout_id: int | None = None  # the rollout (or eval) being generated, for hooks that ask
+    _shared: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def progress(self):
+        return self.client.progress
+
+    @property
+    def tokenizer(self):
+        return self.client.tokenizer
+
+    def shared(self, key: str, factory: Callable[[], Any]) -> Any:
+        """State a plugin builds once per runtime (tool sets, template checks), under its own key."""
+        with self._lock:
+            if key not in self._shared:
+                self._shared[key] = factory()
+            return self._shared[key]
+
+    def bind(self) -> "RolloutRuntime":
+        """Make this the runtime that slime-style plugins of this process see."""
+        _bound[os.getpid()] = self
+        return self
+
+
+# The process's binding (see module docstring); key: os.getpid().
+_bound: dict[int, RolloutRuntime] = {}
+
+
+def bound() -> RolloutRuntime | None:
+    """The runtime bound in this process, or None."""
+    return _bound.get(os.getpid())
+
+
+def current(args: Any = None) -> RolloutRuntime:
+    """The runtime bound in this process. Outside a controller (a plugin run by hand, a unit test),
+    one is created from `args` (router at `--sglang-router-ip/--sglang-router-port`) and bound."""
+    rt = _bound.get(os.getpid())
+    if rt is not None:
+        return rt
+    if args is None:
+        raise RuntimeError("no rollout runtime in this process: rollout functions run inside the RolloutManager "
+                           "(or bind one with RolloutRuntime(...).bind())")
+    router = (f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+              if getattr(args, "sglang_router_ip", None) else None)
+    return RolloutRuntime(args, EngineClient.from_args(args, Endpoints(router))).bind()
+
+
+def unbind(runtime: RolloutRuntime | None = None) -> None:
+    """Drop the binding (only if it is `runtime`, when given)."""
+    if runtime is None or _bound.get(os.getpid()) is runtime:
+        _bound.pop(os.getpid(), None)

@@ -1,0 +1,185 @@
+"""Per-slot cgroups: memory (tmpfs included), processes and CPU of a run bounded as a whole.
+
+cgroup v2 (a unified hierarchy with the memory/pids/cpu controllers) or v1 (one hierarchy per
+controller), whichever the host offers. Each server makes ``slime-sandbox-<pid>/slot-<i>``; a
+slot's fork server joins it, so every process of every run of that slot is in it. Leftovers of
+servers that died (SIGKILL) are removed at the next start (they are empty: their runs died with
+them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+PREFIX = "slime-sandbox-"
+
+
+@dataclass
+class SlotCgroup:
+    procs: list[str] = field(default_factory=list)  # cgroup.procs files to join
+    limits: list[str] = field(default_factory=list)  # memory limit files (v1: limit, then memsw)
+    oom: list[str] = field(default_factory=list)  # files with an "oom_kill N" line
+    usage: list[str] = field(default_factory=list)  # current memory usage
+    dirs: list[str] = field(default_factory=list)
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, _src, opts = (right.split() + ["", "", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                out.append((fstype, left.split()[4], set(opts.split(","))))
+    return out
+
+
+def _own_path(controller: str | None) -> str:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _id, ctrls, path = line.rstrip("\n").split(":", 2)
+            if (controller is None and _id == "0") or (controller and controller in ctrls.split(",")):
+                return path
+    return "/"
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+class Cgroups:
+    """Creates and removes the slot cgroups of one server. `kind` is "v2", "v1" or None."""
+
+    def __init__(self, slots: int, max_pids: int, cpus: float) -> None:
+        self.kind: str | None = None
+        self.bases: list[str] = []
+        self.slots: list[SlotCgroup] = [SlotCgroup() for _ in range(slots)]
+        self.missing: list[str] = []
+        if os.geteuid() != 0:
+            self.missing = ["memory", "processes", "cpu"]
+            return
+        try:
+            self._setup(slots, max_pids, cpus)
+        except OSError as e:
+            logger.warning("cgroups unusable (%s)", e)
+            self.close()
+            self.kind, self.slots = None, [SlotCgroup() for _ in range(slots)]
+            self.missing = ["memory", "processes", "cpu"]
+
+    def _setup(self, slots: int, max_pids: int, cpus: float) -> None:
+        mounts = _mounts()
+        v2 = next((m for f, m, _ in mounts if f == "cgroup2"), None)
+        v2_ctrls: set[str] = set()
+        if v2:
+            with contextlib.suppress(OSError), open(os.path.join(v2, "cgroup.controllers")) as f:
+                v2_ctrls = set(f.read().split())
+        if {"memory", "pids"} <= v2_ctrls:
+            self._setup_v2(v2, v2_ctrls, slots, max_pids, cpus)
+            return
+        v1 = {c: m for f, m, opts in mounts if f == "cgroup" for c in ("memory", "pids", "cpu") if c in opts}
+        if not v1:
+            self.missing = ["memory", "processes", "cpu"]
+            return
+        self.kind = "v1"
+        self.missing = [n for c, n in (("memory", "memory"), ("pids", "processes"), ("cpu", "cpu")) if c not in v1]
+        for ctrl, mnt in v1.items():
+            parent = os.path.join(mnt, _own_path(ctrl).lstrip("/"))
+            _clean_stale(parent)
+            base = os.path.join(parent, f"{PREFIX}{os.getpid()}")
+            os.makedirs(base, exist_ok=True)
+            self.bases.append(base)
+            if ctrl == "cpu":  # the group competes for CPU as its N slots would as N processes
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(base, "cpu.shares"), str(1024 * max(1, slots)))
+            for i, sc in enumerate(self.slots):
+                d = os.path.join(base, f"slot-{i}")
+                os.makedirs(d, exist_ok=True)
+                sc.dirs.append(d)
+                sc.procs.append(os.path.join(d, "cgroup.procs"))
+                if ctrl == "memory":
+                    sc.limits.append(os.path.join(d, "memory.limit_in_bytes"))
+                    if os.path.exists(os.path.join(d, "memory.memsw.limit_in_bytes")):
+                        sc.limits.append(os.path.join(d, "memory.memsw.limit_in_bytes"))
+                    sc.oom.append(os.path.join(d, "memory.oom_control"))
+                    sc.usage.append(os.path.join(d, "memory.usage_in_bytes"))
+                elif ctrl == "pids":
+                    _write(os.path.join(d, "pids.max"), str(max_pids))
+                elif ctrl == "cpu" and cpus > 0:
+                    with open(os.path.join(d, "cpu.cfs_period_us")) as f:
+                        period = int(f.read())
+                    _write(os.path.join(d, "cpu.cfs_quota_us"), str(int(period * cpus)))
+
+    def _setup_v2(self, mnt: str, ctrls: set[str], slots: int, max_pids: int, cpus: float) -> None:
+        want = [c for c in ("memory", "pids", "cpu") if c in ctrls]
+        # a v2 cgroup with processes cannot delegate controllers: use ours if it can, else the root
+        last: OSError | None = None
+        for parent in (os.path.join(mnt, _own_path(None).lstrip("/")), mnt):
+            _clean_stale(parent)
+            base = os.path.join(parent, f"{PREFIX}{os.getpid()}")
+            try:
+                _write(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in want))
+                os.makedirs(base, exist_ok=True)
+                _write(os.path.join(base, "cgroup.subtree_control"), " ".join("+" + c for c in want))
+                break
+            except OSError as e:
+                last = e
+                with contextlib.suppress(OSError):
+                    os.rmdir(base)
+        else:
+            raise last or OSError("no usable cgroup v2 parent")
+        self.kind = "v2"
+        self.bases.append(base)
+        if "cpu" in want:  # the group competes for CPU as its N slots would as N processes
+            with contextlib.suppress(OSError):
+                _write(os.path.join(base, "cpu.weight"), str(min(10000, 100 * max(1, slots))))
+        self.missing = [] if "cpu" in want else ["cpu"]
+        for i, sc in enumerate(self.slots):
+            d = os.path.join(base, f"slot-{i}")
+            os.makedirs(d, exist_ok=True)
+            sc.dirs.append(d)
+            sc.procs.append(os.path.join(d, "cgroup.procs"))
+            sc.limits.append(os.path.join(d, "memory.max"))
+            sc.oom.append(os.path.join(d, "memory.events"))
+            sc.usage.append(os.path.join(d, "memory.current"))
+            with contextlib.suppress(OSError):
+                _write(os.path.join(d, "memory.swap.max"), "0")
+            _write(os.path.join(d, "pids.max"), str(max_pids))
+            if "cpu" in want and cpus > 0:
+                _write(os.path.join(d, "cpu.max"), f"{int(100000 * cpus)} 100000")
+
+    def close(self) -> None:
+        """Remove our cgroups (their processes must be gone: the fork servers are stopped first)."""
+        for sc in self.slots:
+            for d in sc.dirs:
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+        for b in self.bases:
+            with contextlib.suppress(OSError):
+                os.rmdir(b)
+        self.bases = []
+
+
+def _clean_stale(parent: str) -> None:
+    """Remove the empty cgroups of sandbox servers that are no longer alive."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for n in names:
+        if not n.startswith(PREFIX) or not n[len(PREFIX):].isdigit():
+            continue
+        pid = int(n[len(PREFIX):])
+        if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
+            continue
+        base = os.path.join(parent, n)
+        with contextlib.suppress(OSError):
+            for s in os.listdir(base):
+                if os.path.isdir(os.path.join(base, s)):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(base, s))
+            os.rmdir(base)

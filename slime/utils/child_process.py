@@ -1,0 +1,131 @@
+"""One supervised child process: the router, every engine server and the local sandbox use it.
+
+Why one class: each of them needs the same five things and got them slightly wrong when they
+were written three times — its own session (a signal to the group reaches all its workers),
+death with its parent (`PR_SET_PDEATHSIG`, so a killed Ray actor leaves nothing behind),
+readiness probed against a deadline (there is no event to wait on in another process; a short
+probe with a hard deadline replaces a fixed sleep), the log's tail in every start-up error, and
+a stop that escalates from SIGTERM to SIGKILL on the whole group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import requests
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """`preexec_fn`: the kernel SIGKILLs this child when the thread that forked it dies."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+class ReadinessError(RuntimeError):
+    """A child did not become ready (it exited, or missed its deadline); carries its log tail."""
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None,
+               log_path: Path | None = None, interval: float = 0.05) -> Any:
+    """Probe `check()` until it returns a truthy value or the deadline passes; fail fast if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except requests.RequestException:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise ReadinessError(f"{what}: process exited with code {proc.returncode}{log_tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise ReadinessError(f"{what}: not ready after {timeout:.0f}s{log_tail(log_path)}")
+        time.sleep(interval)
+
+
+def log_tail(path: Path | None, lines: int = 30) -> str:
+    if path is None or not Path(path).exists():
+        return ""
+    text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    return f"\n--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A readiness check: `GET url` answers 200."""
+    return lambda: requests.get(url, timeout=2).status_code == 200
+
+
+class ChildProcess:
+    """Start, probe, watch and stop one server process; output goes to `log_path`."""
+
+    def __init__(self, command: Sequence[str], *, name: str, log_path: Path, env: dict[str, str] | None = None,
+                 ready: Callable[[], Any] | None = None, startup_timeout: float = 60.0,
+                 pass_fds: Sequence[int] = ()):
+        self.command, self.name, self.log_path = list(command), name, Path(log_path)
+        self.env, self.ready, self.startup_timeout, self.pass_fds = env, ready, startup_timeout, tuple(pass_fds)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True, preexec_fn=die_with_parent, pass_fds=self.pass_fds)
+
+    def start(self) -> "ChildProcess":
+        """Spawn and wait until ready; on failure nothing is left running and the error has the log tail."""
+        self.spawn()
+        if self.ready is not None:
+            try:
+                wait_until(self.ready, self.startup_timeout, f"{self.name}", self.proc, self.log_path)
+            except ReadinessError:
+                self.kill()
+                raise
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self) -> int | None:
+        """Block until the process exits (a watcher thread's way of hearing about a crash)."""
+        return self.proc.wait() if self.proc else None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole group: what a crash looks like to everyone else."""
+        if self.alive():
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the group, SIGKILL it if it is still there after `timeout`."""
+        if not self.alive():
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self) -> str:
+        return log_tail(self.log_path)

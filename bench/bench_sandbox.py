@@ -35,7 +35,8 @@ async def _sandbox_rate(url: str, conc: int, seconds: float) -> float:
             while time.monotonic() < stop:
                 writer.write(req)
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
+                                  if h.lower().startswith(b"content-length")))
                 res = json.loads(await reader.readexactly(length))
                 if not head.startswith(b"HTTP/1.1 200") or res["run_result"]["stdout"] != "1\n":
                     raise SystemExit(f"sandbox run failed: {head[:40]!r} {str(res)[:300]}")
@@ -86,39 +87,62 @@ def _spawn_rate(python: str, conc: int, seconds: float) -> float:
     return total / longest
 
 
+async def _spawn_rate_one_process(python: str, conc: int, seconds: float) -> float:
+    """The same spawns from one asyncio process (how a Python service would spawn them)."""
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.monotonic() < stop:
+            p = await asyncio.create_subprocess_exec(python, "-c", "print(1)", stdout=asyncio.subprocess.PIPE)
+            out, _ = await p.communicate()
+            assert out == b"1\n"
+            done += 1
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return done / (time.monotonic() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=None, help="server --max-concurrency (default: --concurrency)")
     a = ap.parse_args()
     from slime.sandbox.runner import _find_python
     from slime.sandbox.server import start_local_sandbox
 
     python = _find_python() or "python3"
     isolated = os.geteuid() == 0
-    url, handle = start_local_sandbox(max_concurrency=a.concurrency, max_queue=4 * a.concurrency,
+    url, handle = start_local_sandbox(max_concurrency=a.slots or a.concurrency, max_queue=4 * a.concurrency,
                                       allow_no_isolation=not isolated)
     try:
         import requests
 
         health = requests.get(f"{url}/health", timeout=10).json()
         asyncio.run(_sandbox_rate(url, a.concurrency, 0.5))  # warm-up
-        sb, bare = [], []
+        sb, bare, bare1 = [], [], []
         for _ in range(a.rounds):
             bare.append(_spawn_rate(python, a.concurrency, a.seconds))
             sb.append(asyncio.run(_sandbox_rate(url, a.concurrency, a.seconds)))
+            bare1.append(asyncio.run(_spawn_rate_one_process(python, a.concurrency, a.seconds)))
     finally:
         handle.stop()
-    ms, mb = statistics.median(sb), statistics.median(bare)
+    ms, mb, mb1 = statistics.median(sb), statistics.median(bare), statistics.median(bare1)
+    load = os.getloadavg()[0]
     print(f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
           f"interpreter={python} isolation={health['isolation']} cgroups={health['cgroups']} "
-          f"seccomp={health['seccomp']} per-process-only={','.join(health['per_process_only']) or '-'}")
+          f"seccomp={health['seccomp']} per-process-only={','.join(health['per_process_only']) or '-'} "
+          f"load-avg-1min-at-end={load:.1f}")
     print("| path | runs/s (median) | rounds |")
     print("|---|---:|---|")
-    print(f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns | {mb:.0f} | {', '.join(f'{x:.0f}' for x in bare)} |")
+    print(f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns, {a.concurrency} spawner processes | {mb:.0f} | "
+          f"{', '.join(f'{x:.0f}' for x in bare)} |")
+    print(f"| same spawns from one asyncio process | {mb1:.0f} | {', '.join(f'{x:.0f}' for x in bare1)} |")
     print(f"| slime-sandbox `print(1)` (HTTP, isolated, limited) | {ms:.0f} | {', '.join(f'{x:.0f}' for x in sb)} |")
-    print(f"ratio sandbox/bare: {ms / mb:.2f}x (target >= 3x)")
+    print(f"ratio sandbox/bare spawns: {ms / mb:.2f}x (target >= 3x); vs spawns from one process: {ms / mb1:.2f}x")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("Multi-turn", ["-m", "bench.bench_multi_turn"]),
     ("Rate limiter and sandbox", ["-m", "bench.bench_rate_limiter"]),
     ("Trainer batches", ["-m", "bench.bench_train_batch"]),
+    ("Sandbox throughput", ["-m", "bench.bench_sandbox"]),
 ]
 
 

@@ -63,6 +63,7 @@ def test_greedy_is_deterministic_and_logprobs_match_teacher_forcing(engine, hf):
     meta = a["meta_info"]
     assert meta["finish_reason"]["type"] == "length"
     assert meta["prompt_tokens"] == len(PROMPTS[1]) and meta["completion_tokens"] == 12 and meta["cached_tokens"] == 0
+    assert meta["weight_versions"] == [{"version": meta["weight_version"], "start": 0, "end": 12}]
     assert [t for _, t, _ in meta["output_token_logprobs"]] == a["output_ids"]
     ref = teacher_forced_logprobs(model, PROMPTS[1], a["output_ids"], 1.0)
     assert [lp for lp, _, _ in meta["output_token_logprobs"]] == pytest.approx(ref, abs=1e-4)
@@ -282,17 +283,23 @@ def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
     assert engine.get("/model_info").json()["model_path"] == str(other)
     bad = engine.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")})
     assert bad.status_code == 400 and not bad.json()["success"]
-    # an in-flight request keeps decoding across the swap and reports the version it finished with
+    # an in-flight request is restarted on the new weights: its whole answer comes from version 7
     results: dict = {}
     th = threading.Thread(target=_background, args=(engine, PROMPTS[0], results, "r"), kwargs=dict(max_new_tokens=400))
     th.start()
     wait_until(lambda: load(engine)["num_running_reqs"] == 1)
+    restarted = load(engine)["requests_restarted"]
     r = engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "7"})
     assert r.json()["success"] and engine.get("/get_weight_version").json()["weight_version"] == "7"
     th.join(30)
-    assert len(results["r"]["output_ids"]) == 400 and results["r"]["meta_info"]["weight_version"] == "7"
+    assert load(engine)["requests_restarted"] == restarted + 1
+    assert results["r"]["meta_info"]["weight_version"] == "7"
+    assert results["r"]["meta_info"]["weight_versions"] == [{"version": "7", "start": 0, "end": 400}]
+    assert results["r"]["output_ids"] == gen(engine, PROMPTS[0], max_new_tokens=400)["output_ids"]
     again = gen(engine, PROMPTS[1], max_new_tokens=8)
     assert again["output_ids"] == before["output_ids"] and lps(again) == pytest.approx(lps(before), abs=1e-5)
+    # leave the shared engine as the other tests expect it, whatever the order
+    engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "default"})
 
 
 def test_default_model_conversion_lock_runs_once(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import base64
 import concurrent.futures
 import glob
 import os
+import random
 
 import pytest
 import requests
@@ -24,6 +25,7 @@ def _isolation_ok() -> bool:
 
 
 ISOLATED = _isolation_ok()
+UID_BASE = 66000 + 8 * random.randrange(500)  # not shared with a sandbox running concurrently
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason="namespaces/uid switching unavailable here")
 
 
@@ -34,7 +36,8 @@ def sandbox():
     os.environ["SLIME_TEST_SANDBOX_SECRET"] = SECRET  # the server inherits it; runs must not
     try:
         url, handle = start_local_sandbox(max_concurrency=4, max_queue=64, allow_no_isolation=not ISOLATED,
-                                          extra_args=["--max-output-bytes", "65536", "--max-processes", "32"])
+                                          extra_args=["--max-output-bytes", "65536", "--max-processes", "32",
+                                                      "--uid-base", str(UID_BASE)])
     finally:
         os.environ.pop("SLIME_TEST_SANDBOX_SECRET", None)
     yield url, handle
@@ -187,7 +190,7 @@ def test_hostile_code_suite(sandbox):
     assert run(url, "print(1)")["run_result"]["stdout"] == "1\n"
     st = requests.get(f"{url}/v1/stats").json()
     assert st["running"] == 0 and st["max_running"] <= 4
-    assert not _processes_of_uids(range(61000, 61004)), "a sandboxed process outlived its run"
+    assert not _processes_of_uids(range(UID_BASE, UID_BASE + 4)), "a sandboxed process outlived its run"
     leftovers = {p for p in set(glob.glob("/tmp/*")) - before_tmp if "slime-pwned" in p or p.endswith("alive")}
     assert not leftovers
 
@@ -214,5 +217,5 @@ def test_runs_are_isolated_from_each_other(sandbox):
     r = run(url, "import os\nprint(os.getuid(), os.getpid(), os.getcwd(), sorted(os.listdir('/tmp')))\n"
                  "print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
     uid, pid, cwd, *_ = r["run_result"]["stdout"].split()
-    assert int(uid) >= 61000 and int(pid) > 1 and cwd == "/tmp"  # an ordinary process, not PID 1
+    assert UID_BASE <= int(uid) < UID_BASE + 4 and int(pid) > 1 and cwd == "/tmp"  # an ordinary process, not PID 1
     assert int(r["run_result"]["stdout"].splitlines()[1]) <= 3  # only its own pid namespace is visible

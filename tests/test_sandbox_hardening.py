@@ -189,7 +189,8 @@ def test_body_size_limit(url):
 # 11. fetch_files: one resolved file is sent once, whatever its aliases; the total is capped
 def test_fetch_files_aliases_and_cap(url):
     code = ("import os\nopen('out.bin', 'wb').write(b'a' * (1 << 20))\nos.symlink('out.bin', 'link')\n"
-            "os.mkdir('d')\nopen('big1', 'wb').write(b'b' * (1536 << 10))\nopen('big2', 'wb').write(b'c' * (1536 << 10))")
+            "os.mkdir('d')\nopen('big1', 'wb').write(b'b' * (1536 << 10))\n"
+            "open('big2', 'wb').write(b'c' * (1536 << 10))")
     r = run(url, code, fetch_files=["out.bin", "./out.bin", "/tmp/out.bin", "d/../out.bin", "link", "big1", "big2",
                                     "../../etc/passwd", "/etc/passwd"])
     assert list(r["files"]) == ["out.bin", "big1"], list(r["files"])  # big2 would exceed --max-fetch-mb 3

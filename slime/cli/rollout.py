@@ -1,13 +1,16 @@
 """`slime-rollout` / `python -m slime`: run evals and rollouts end to end and print a summary.
 
 This is slime's `--debug-rollout-only` path: no trainer, the batches are built (and optionally
-saved) exactly as a trainer would receive them. Ctrl-C stops everything that was started.
+saved) exactly as a trainer would receive them. Every input is checked before anything starts
+(`preflight`). Ctrl-C and SIGTERM (what schedulers and `timeout` send) stop everything that was
+started, the same orderly way; `--load DIR` resumes at the saved rollout id + 1.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -15,6 +18,7 @@ from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
 from slime.cli.errors import describe
+from slime.cli.preflight import PreflightError, preflight
 
 logger = logging.getLogger("slime")
 
@@ -27,7 +31,7 @@ def _ray_init(args: Any) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return False
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
     env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "HF_ENDPOINT", "WANDB_MODE", "WANDB_DIR", "SLIME_CACHE",
                                       "RAY_AUTH_MODE") if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -42,12 +46,35 @@ def _ray_init(args: Any) -> bool:
 
 
 def _format_summary(s: dict[str, Any]) -> str:
+    reasons = s.get("failure_reasons") or {}
+    failed = f"{s['failed']}" + (f" ({', '.join(f'{k}={v}' for k, v in reasons.items())})" if reasons else "")
+    engines = "".join(f" {k}={s[k]}" for k in ("engine_deaths", "engine_restarts") if s.get(k))
     return (f"rollout {s['rollout_id']}: samples={s['samples']} mean_reward={s['mean_reward']:.4f} "
-            f"truncated_ratio={s['truncated_ratio']:.3f} failed={s['failed']} tokens/s={s['tokens_per_s']:.1f} "
-            f"time={s['seconds']:.2f}s engine_retries={s['engine_retries']}")
+            f"truncated_ratio={s['truncated_ratio']:.3f} failed={failed} tokens/s={s['tokens_per_s']:.1f} "
+            f"time={s['seconds']:.2f}s engine_retries={s['engine_retries']}{engines}")
 
 
-def _wait(ref: Any, manager: Any, description: str) -> Any:
+class EngineStateLog:
+    """Prints a line whenever an engine changes state (dead, restarting, healthy again, failed)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[str, int]] = {}
+
+    def update(self, engines: list[dict[str, Any]]) -> None:
+        for e in engines or []:
+            key = (e["state"], e.get("deaths", 0))
+            before = self.seen.get(e["rank"])
+            self.seen[e["rank"]] = key
+            if before is None or before == key:
+                continue
+            detail = {"dead": f"died (exit code {e.get('last_exit')})",
+                      "restarting": f"died (exit code {e.get('last_exit')}); restarting (restart {e['restarts']})",
+                      "healthy": f"serving again at {e['url']} after {e['restarts']} restart(s)",
+                      "failed": f"failed for good after {e['restarts']} restart(s) (last: {e.get('last_exit')})"}
+            print(f"warning: engine {e['rank']} {detail.get(e['state'], e['state'])}", file=sys.stderr, flush=True)
+
+
+def _wait(ref: Any, manager: Any, description: str, engine_log: EngineStateLog | None = None) -> Any:
     """Wait for an actor call, showing live progress from the manager's status query."""
     import ray
 
@@ -59,28 +86,46 @@ def _wait(ref: Any, manager: Any, description: str) -> Any:
             st = ray.get(manager.status.remote())
             bar.update(total=st.get("target"), done=st.get("done"), in_flight=st.get("in_flight"),
                        tokens=st.get("tokens"), retries=st.get("retries"))
+            if engine_log is not None:
+                engine_log.update(st.get("engines"))
             if done:
                 return ray.get(ref)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so it takes the same way out."""
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM takes Ctrl-C's orderly path (KeyboardInterrupt). Installed again after `ray.init`,
+    whose native crash handler would otherwise turn SIGTERM into an abort with a stack dump; a
+    second signal during the stop is ignored so the stop completes."""
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def run(args: Any) -> list[dict[str, Any]]:
     import ray
 
     from slime.ray.rollout_manager import RolloutManager
-    from slime.utils.misc import load_function
 
-    # Fail on a bad plugin path before anything is started.
-    for flag in ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
-                 "dynamic_sampling_filter_path"):
-        if getattr(args, flag, None):
-            load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
+    # Every input is checked before anything is started (the error names flag, file and line).
+    resolved = preflight(args)
+    if resolved["resumed_after"] is not None:
+        print(f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout "
+              f"{args.start_rollout_id}", flush=True)
     if args.hf_checkpoint is None and args.rollout_backend == "hf":
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
     started_ray = _ray_init(args)
+    _stop_on_sigterm()  # again: ray.init installed its own
     manager = None
     summaries: list[dict[str, Any]] = []
+    engine_log = EngineStateLog()
     try:
         manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
         info = ray.get(manager.start.remote())
@@ -88,9 +133,10 @@ def run(args: Any) -> list[dict[str, Any]]:
             ready = ", ".join(f"{k} {v:.1f}s" for k, v in info["startup_seconds"].items())
             print(f"router {info['router_url']} with {len(info['engine_urls'])} engine(s): "
                   f"{', '.join(info['engine_urls'])} (ready after: {ready})", flush=True)
+        engine_log.update(info.get("engines"))
 
         def evaluate(rollout_id: int) -> None:
-            result = _wait(manager.eval.remote(rollout_id), manager, f"eval {rollout_id}")
+            result = _wait(manager.eval.remote(rollout_id), manager, f"eval {rollout_id}", engine_log)
             for name, r in result.items():
                 print(f"eval {rollout_id} [{name}]: samples={r['samples']} mean_reward={r['mean_reward']:.4f} "
                       f"truncated_ratio={r['truncated_ratio']:.3f}", flush=True)
@@ -98,7 +144,7 @@ def run(args: Any) -> list[dict[str, Any]]:
         if args.eval_datasets and not args.skip_eval_before_train and not args.load_debug_rollout_data:
             evaluate(args.start_rollout_id)
         for rollout_id in range(args.start_rollout_id, args.num_rollout):
-            box = _wait(manager.generate.remote(rollout_id), manager, f"rollout {rollout_id}")
+            box = _wait(manager.generate.remote(rollout_id), manager, f"rollout {rollout_id}", engine_log)
             ray.get(box.inner)  # the batch, as a trainer would fetch it
             summary = ray.get(manager.last_summary.remote())
             summaries.append(summary)
@@ -132,8 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArgError as e:
         print(f"slime-rollout: error: {e}", file=sys.stderr)
         return 2
+    _stop_on_sigterm()
     try:
         run(args)
+    except PreflightError as e:
+        print(f"slime-rollout: error: {e}", file=sys.stderr)
+        return 1
+    except Terminated:
+        print("slime-rollout: terminated; everything started was stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("slime-rollout: interrupted; everything started was stopped", file=sys.stderr)
         return 130

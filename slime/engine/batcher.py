@@ -28,9 +28,17 @@ last allowed token is reported as "stop"). Stop tokens and strings only count on
 min_new_tokens tokens exist. Abort => "abort" with the tokens so far.
 
 Weights: `release()` drops the model (and aborts in-flight requests, whose KV cache would be
-meaningless) and `resume()` reloads it from `model_path`; `update_weights_from_disk()` loads a
-new checkpoint off the decode thread and swaps it in between steps (in-flight requests continue
-with the new weights, like SGLang's in-place update) and bumps `weight_version`.
+meaningless) and `resume()` reloads it from `model_path`. Every weight change
+(`update_weights_from_disk()`, which loads the checkpoint off the decode thread and swaps it in,
+`apply_weights()` for tensors pushed by a trainer, `reset_tensors()`) happens between two decode
+steps, so a step never sees half-updated weights. No answer mixes two versions: a request that
+already has tokens from the old weights is restarted from its prompt with the new ones (its partial
+output is discarded, never returned; the client just waits longer), so every request completes
+entirely with one version, reported as `meta_info.weight_version` (and SGLang's
+`meta_info.weight_versions` spans, always one). A streamed request cannot take back tokens it has
+sent, so it is finished with finish_reason abort instead. Updates are serialised by a lock; a push
+in several buckets should be bracketed by pause/continue (as slime's trainers do), so no request
+runs on a half-pushed model.
 
 Limits: models whose cache is a plain full-attention `DynamicCache` (Llama, Qwen2/3, Mistral
 without sliding window, ...); no prefix cache (`cached_tokens` is always 0).
@@ -98,6 +106,7 @@ class _Request:
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     done: bool = False
+    weight_version: str = ""  # the version the request's tokens come from (set when prefilled)
 
 
 def _resolve(fut: asyncio.Future, value: Any) -> None:
@@ -147,7 +156,8 @@ class HFBatcher:
         self._weights_lock = asyncio.Lock()
         self.stats = {"requests_total": 0, "requests_finished": 0, "requests_aborted": 0, "prompt_tokens_total": 0,
                       "generated_tokens_total": 0, "decode_steps_total": 0, "prefills_total": 0,
-                      "max_batch_size_seen": 0, "last_batch_size": 0}
+                      "max_batch_size_seen": 0, "last_batch_size": 0, "requests_restarted": 0,
+                      "weight_updates_total": 0}
         self._thread = threading.Thread(target=self._run, name="hf-decode", daemon=True)
         self._thread.start()
 
@@ -186,7 +196,9 @@ class HFBatcher:
                 "num_tokens": sum(len(r.input_ids) + len(r.output_ids) for r in list(self._rows)),
                 "decode_steps_total": self.stats["decode_steps_total"],
                 "max_batch_size_seen": self.stats["max_batch_size_seen"], "paused": self._paused,
-                "weights_released": not self.weights_loaded}
+                "weights_released": not self.weights_loaded, "weight_version": self.weight_version,
+                "requests_restarted": self.stats["requests_restarted"],
+                "weight_updates_total": self.stats["weight_updates_total"]}
 
     def submit(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None,
                return_logprob: bool = False, stream: bool = False) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
@@ -259,6 +271,27 @@ class HFBatcher:
             return {"success": True, "message": "Succeeded to update model weights.",
                     "weight_version": self.weight_version, "num_paused_requests": 0}
 
+    @property
+    def weights_lock(self) -> asyncio.Lock:
+        """Held by every weight change (and by a distributed receive), so updates never interleave."""
+        return self._weights_lock
+
+    async def apply_weights(self, named_tensors: list[tuple[str, torch.Tensor]],
+                            weight_version: str | None = None) -> int:
+        """Copy validated tensors into the served model between two decode steps (caller holds
+        `weights_lock`); the version changes only when given. Returns how many requests restarted."""
+        return await self._call("apply", (named_tensors, weight_version))
+
+    async def weight_checksums(self) -> dict[str, str]:
+        """SHA-256 per tensor of the served weights, computed between two decode steps."""
+        return await self._call("checksums")
+
+    async def reset_tensors(self, seed: int | None = None) -> int:
+        """Overwrite every weight with random values (SGLang's `reset_tensors`: proves a later push
+        rewrites everything). The version is kept."""
+        async with self._weights_lock:
+            return await self._call("reset", seed)
+
     def shutdown(self) -> None:
         self._inbox.put(("stop", None))
         self._thread.join(timeout=10)
@@ -323,8 +356,70 @@ class HFBatcher:
         elif op == "swap":
             (model, path, version), fut = arg
             self.model, self.model_path, self.weight_version = model, path, version
+            self._weights_changed()
             gc.collect()
             fut.get_loop().call_soon_threadsafe(_resolve, fut, None)
+        elif op == "apply":
+            (named, version), fut = arg
+            self._reply(fut, self._apply, named, version)
+        elif op == "checksums":
+            _, fut = arg
+            self._reply(fut, self._checksums)
+        elif op == "reset":
+            seed, fut = arg
+            self._reply(fut, self._reset_tensors, seed)
+
+    def _reply(self, fut: asyncio.Future, fn, *args) -> None:
+        try:
+            result = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, the thread keeps serving
+            fut.get_loop().call_soon_threadsafe(_reject, fut, exc)
+        else:
+            fut.get_loop().call_soon_threadsafe(_resolve, fut, result)
+
+    def _tensor_table(self) -> dict[str, torch.Tensor]:
+        from slime.engine.weight_updates import model_tensors
+
+        if self.model is None:
+            raise EngineReleasedError("weights are released (release_memory_occupation)")
+        return model_tensors(self.model)
+
+    def _apply(self, named: list[tuple[str, torch.Tensor]], version: str | None) -> int:
+        table = self._tensor_table()
+        for name, t in named:  # validated by the caller; shapes/dtypes match
+            table[name].copy_(t)
+        if version is not None:
+            self.weight_version = str(version)
+        return self._weights_changed()
+
+    def _checksums(self) -> dict[str, str]:
+        from slime.engine.weight_transfer import tensor_checksum
+
+        return {name: tensor_checksum(t) for name, t in self._tensor_table().items()}
+
+    def _reset_tensors(self, seed: int | None) -> int:
+        gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        for t in {id(t): t for t in self._tensor_table().values()}.values():
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
+        return self._weights_changed()
+
+    def _weights_changed(self) -> int:
+        """Restart every running request from its prompt so none mixes two weight versions."""
+        self.stats["weight_updates_total"] += 1
+        restarted = 0
+        for req in reversed(self._rows):
+            if req.stream is not None:
+                self._finish(req, {"type": "abort", "message": "weights were updated while this streamed request "
+                                                               "was running; its tokens so far came from the old ones"},
+                             aborted=True)
+                continue
+            req.output_ids, req.logprobs, req.generator = [], [], None
+            self._waiting.appendleft(req)
+            restarted += 1
+        self.stats["requests_restarted"] += restarted
+        self._reset_batch()
+        return restarted
 
     def _abort_everything(self, message: str) -> None:
         for req in list(self._rows) + list(self._waiting):
@@ -342,6 +437,7 @@ class HFBatcher:
                 self._fail(req, EngineReleasedError("weights are released"))
                 continue
             p = req.params
+            req.weight_version = self.weight_version
             req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
             seed = p.sampling_seed if p.sampling_seed is not None else int.from_bytes(os.urandom(8), "little")
             req.generator = torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
@@ -495,6 +591,7 @@ class HFBatcher:
     def _response(self, req: _Request, reason: dict | None) -> dict:
         p = req.params
         ids = req.output_ids
+        version = req.weight_version or self.weight_version  # "" only if never prefilled (e.g. aborted while waiting)
         text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
         if reason and reason["type"] == "stop" and not p.no_stop_trim:
             if isinstance(reason["matched"], str):
@@ -503,7 +600,8 @@ class HFBatcher:
             else:
                 text = self.tokenizer.decode(ids[:-1], skip_special_tokens=p.skip_special_tokens)
         meta = {"id": req.rid, "finish_reason": reason, "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": self.weight_version,
+                "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": version,
+                "weight_versions": [{"version": version, "start": 0, "end": len(ids)}],
                 "e2e_latency": time.monotonic() - req.created}
         if req.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.logprobs, ids)]

@@ -4,7 +4,18 @@ It speaks the subset of SGLang's HTTP API that slime, the sglang-router and our 
 with the same paths, bodies and response shapes, so the rest of the system cannot tell it from a
 real SGLang engine. All model work happens in the batcher's decode thread; handlers only
 validate, enqueue and await. `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
-num_reqs, num_tokens, decode_steps_total, max_batch_size_seen, paused, weights_released).
+num_reqs, num_tokens, decode_steps_total, max_batch_size_seen, paused, weights_released,
+weight_version, requests_restarted, weight_updates_total).
+
+Weight sync (SGLang's paths and bodies, answers `{"success", "message", ...}`, 400 on refusal):
+`/update_weights_from_disk`, `/update_weights_from_tensor` (payloads of slime.engine.weight_transfer),
+`/init_weights_update_group` (gloo only; optional `timeout` seconds, default 120),
+`/update_weights_from_distributed`, `/destroy_weights_update_group`, `/get_weight_version`,
+`/weights_checker` (`action`: snapshot | compare [with optional `checksums` {name: sha256}] |
+compare_checksum | checksum | reset/reset_tensors; a compare answers per-tensor equality, 200 when
+all equal, 400 otherwise). `/pause_generation` `mode`: in_place (default here, SGLang's default is
+abort) | retract (same as in_place: a request that has tokens is recomputed if the weights change)
+| abort. See batcher.py for why no answer mixes two weight versions.
 
     python -m slime.engine.hf_server --model-path DIR --host 127.0.0.1 --port 30000 \
         [--max-batch-size 32] [--num-threads K] [--weight-version V] [--dtype float32] [--log-level info]
@@ -24,6 +35,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
+from slime.engine.weight_transfer import WeightFormatError, deserialize_named_tensors
+from slime.engine.weight_updates import (
+    UpdateGroups, WeightChecker, WeightUpdateError, check_against_model, model_tensors, parse_metadata,
+)
 
 logger = logging.getLogger(__name__)
 BACKEND = "slime-hf"
@@ -131,6 +146,8 @@ class Server:
         # Own tokenizer instance: the batcher's one is used concurrently by the decode thread.
         self.tokenizer = AutoTokenizer.from_pretrained(batcher.tokenizer_path)
         self.started = time.time()
+        self.groups = UpdateGroups()
+        self.checker = WeightChecker()
 
     def _prompts(self, body: dict) -> tuple[list[list[int]], bool]:
         ids, text = body.get("input_ids"), body.get("text")
@@ -281,8 +298,154 @@ async def _json_body(request: Request) -> dict:
     return body if isinstance(body, dict) else {}
 
 
+async def _strict_body(request: Request) -> dict:
+    """The JSON object of a weight-sync request (parsed off the event loop: tensor bodies can be large)."""
+    raw = await request.body()
+    try:
+        body = await asyncio.to_thread(json.loads, raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("request body must be JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _version(body: dict) -> str | None:
+    v = body.get("weight_version")
+    if v is not None and not isinstance(v, (str, int)):
+        raise BadRequest(f"weight_version must be a string, got {v!r}")
+    return None if v is None else str(v)
+
+
+def _fail(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=status)
+
+
+class WeightSync:
+    """Handlers of the weight-sync endpoints (SGLang's names and bodies) around one Server."""
+
+    def __init__(self, srv: Server):
+        self.srv, self.batcher = srv, srv.batcher
+
+    def _done(self, restarted: int) -> dict:
+        return {"success": True, "message": "Succeeded to update model weights.",
+                "weight_version": self.batcher.weight_version, "num_restarted_requests": restarted}
+
+    async def update_from_tensor(self, request: Request) -> Response:
+        b = self.batcher
+        try:
+            body = await _strict_body(request)
+            items = body.get("serialized_named_tensors")
+            if not (isinstance(items, list) and len(items) == 1 and isinstance(items[0], str)):
+                raise BadRequest("serialized_named_tensors must be a list of one string (one per TP rank; this "
+                                 "engine has tp_size 1) made by slime.engine.weight_transfer.serialize_named_tensors")
+            if body.get("load_format") not in (None, "flattened_bucket"):
+                raise BadRequest(f"load_format must be null or 'flattened_bucket', got {body.get('load_format')!r}")
+            version = _version(body)
+        except BadRequest as exc:
+            return _fail(400, str(exc))
+        if body.get("abort_all_requests"):
+            b.abort_all()
+        async with b.weights_lock:
+            if not b.weights_loaded:
+                return _fail(503, "model weights are released; call /resume_memory_occupation first")
+            try:
+                named = await asyncio.to_thread(deserialize_named_tensors, items[0])
+                check_against_model(model_tensors(b.model), [n for n, _ in named], [t.dtype for _, t in named],
+                                    [list(t.shape) for _, t in named])
+            except (WeightFormatError, WeightUpdateError) as exc:
+                return _fail(400, str(exc))
+            restarted = await b.apply_weights(named, version)
+        return JSONResponse(self._done(restarted))
+
+    async def init_group(self, request: Request) -> Response:
+        try:
+            body = await _strict_body(request)
+            args = [body.get(k) for k in ("master_address", "master_port", "rank_offset", "world_size")]
+            msg = await asyncio.to_thread(self.srv.groups.init, *args, body.get("group_name", "weight_update_group"),
+                                          body.get("backend", "gloo"), body.get("timeout"))
+        except (BadRequest, WeightUpdateError) as exc:
+            return _fail(400, str(exc))
+        return JSONResponse({"success": True, "message": msg})
+
+    async def destroy_group(self, request: Request) -> Response:
+        try:
+            body = await _strict_body(request)
+            msg = self.srv.groups.destroy(body.get("group_name", "weight_update_group"))
+        except (BadRequest, WeightUpdateError) as exc:
+            return _fail(400, str(exc))
+        return JSONResponse({"success": True, "message": msg})
+
+    async def update_from_distributed(self, request: Request) -> Response:
+        b = self.batcher
+        try:
+            body = await _strict_body(request)
+            names, dtypes, shapes = parse_metadata(body.get("names"), body.get("dtypes"), body.get("shapes"))
+            version = _version(body)
+        except (BadRequest, WeightUpdateError) as exc:
+            return _fail(400, str(exc))
+        if body.get("abort_all_requests"):
+            b.abort_all()
+        group = body.get("group_name", "weight_update_group")
+        async with b.weights_lock:
+            try:
+                # Received even if refused below, so the trainer's broadcast completes on every rank.
+                received = await asyncio.to_thread(self.srv.groups.receive, group, names, dtypes, shapes,
+                                                   body.get("load_format"))
+                if not b.weights_loaded:
+                    return _fail(503, "model weights are released; call /resume_memory_occupation first")
+                check_against_model(model_tensors(b.model), names, dtypes, shapes)
+            except WeightUpdateError as exc:
+                return _fail(400, str(exc))
+            except RuntimeError as exc:  # the broadcast failed or timed out
+                return _fail(500, str(exc))
+            restarted = await b.apply_weights(received, version)
+        return JSONResponse(self._done(restarted))
+
+    async def weights_checker(self, request: Request) -> Response:
+        b, checker = self.batcher, self.srv.checker
+        try:
+            body = dict(request.query_params) if request.method == "GET" else await _strict_body(request)
+        except BadRequest as exc:
+            return _fail(400, str(exc))
+        action = body.get("action")
+        if action not in WeightChecker.ACTIONS:
+            return _fail(400, f"action must be one of {', '.join(WeightChecker.ACTIONS)}, got {action!r}")
+        if not b.weights_loaded:
+            return _fail(503, "model weights are released; call /resume_memory_occupation first")
+        if action in ("reset", "reset_tensors"):
+            seed = body.get("seed")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                return _fail(400, f"seed must be an integer, got {seed!r}")
+            restarted = await b.reset_tensors(seed)
+            return JSONResponse({"success": True, "message": "Weights reset to random values.",
+                                 "num_restarted_requests": restarted})
+        expected = body.get("checksums")
+        if action == "compare_checksum" and expected is None:
+            return _fail(400, "compare_checksum needs checksums: {tensor name: sha256 hex}")
+        if expected is not None and not (isinstance(expected, dict) and expected
+                                         and all(isinstance(k, str) and isinstance(v, str) for k, v in expected.items())):
+            return _fail(400, "checksums must be a non-empty object {tensor name: sha256 hex string}")
+        if action.startswith("compare") and expected is None:
+            if checker.snapshot is None:
+                return _fail(400, "no snapshot to compare with: call check_weights('snapshot') first, or send checksums")
+            expected = checker.snapshot
+        actual = await b.weight_checksums()
+        if action == "snapshot":
+            checker.snapshot = actual
+            return JSONResponse({"success": True, "message": f"Snapshot of {len(actual)} tensors taken.",
+                                 "num_tensors": len(actual), "weight_version": b.weight_version})
+        if action == "checksum":
+            return JSONResponse({"success": True, "message": f"{len(actual)} tensors.", "checksums": actual,
+                                 "weight_version": b.weight_version})
+        result = WeightChecker.compare(actual, expected)
+        result["weight_version"] = b.weight_version
+        return JSONResponse(result, status_code=200 if result["equal"] else 400)
+
+
 def create_app(batcher: HFBatcher) -> FastAPI:
     srv = Server(batcher)
+    sync = WeightSync(srv)
     app = FastAPI(title="slime embedded CPU engine (SGLang protocol)")
     app.state.server = srv
 
@@ -333,8 +496,10 @@ def create_app(batcher: HFBatcher) -> FastAPI:
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request):
-        body = await _json_body(request)
-        if body.get("mode") == "abort":  # SGLang's other mode: drop in-flight requests, then pause
+        mode = (await _json_body(request)).get("mode")
+        if mode not in (None, "in_place", "retract", "abort"):
+            return _fail(400, f"mode must be 'in_place', 'retract' or 'abort', got {mode!r}")
+        if mode == "abort":  # drop in-flight requests (answered with finish_reason abort), then pause
             batcher.abort_all()
         await batcher.pause()
         return {"success": True, "message": "Generation paused."}
@@ -370,6 +535,12 @@ def create_app(batcher: HFBatcher) -> FastAPI:
         result = await batcher.update_weights_from_disk(body["model_path"], None if version is None else str(version))
         return JSONResponse(result, status_code=200 if result["success"] else 400)
 
+    app.add_api_route("/update_weights_from_tensor", sync.update_from_tensor, methods=["POST"])
+    app.add_api_route("/init_weights_update_group", sync.init_group, methods=["POST"])
+    app.add_api_route("/update_weights_from_distributed", sync.update_from_distributed, methods=["POST"])
+    app.add_api_route("/destroy_weights_update_group", sync.destroy_group, methods=["POST"])
+    app.add_api_route("/weights_checker", sync.weights_checker, methods=["GET", "POST"])
+
     return app
 
 
@@ -401,6 +572,7 @@ def main(argv: list[str] | None = None) -> None:
         # Bounded graceful shutdown: a paused request would otherwise keep uvicorn waiting forever.
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=3)
     finally:
+        app.state.server.groups.destroy_all()
         batcher.shutdown()
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from slime.engine.weight_transfer import (
-    WeightFormatError, dtype_name, flatten_bucket, nbytes_of, parse_dtype, unflatten_bucket,
+    WeightFormatError, dtype_name, nbytes_of, parse_dtype, unflatten_bucket,
 )
 
 DEFAULT_GROUP_TIMEOUT_S = 120.0
@@ -220,11 +220,6 @@ def _shutdown(pg) -> None:
         pg.shutdown()
     except Exception:  # noqa: BLE001 - already broken groups may refuse; nothing else to release
         pass
-
-
-def sender_flatten(named_tensors: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
-    """Trainer side of `flattened_bucket` (kept next to the receiver so both layouts stay in step)."""
-    return flatten_bucket([t for _, t in named_tensors])
 
 
 class WeightChecker:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+import requests
 
 from slime.fleet.engine_server import EngineServer, hf_server, sglang_server
+
+WEIGHT_PUSH_TIMEOUT_S = 600.0  # one bucket of a large model, or a rendezvous, may take minutes on a busy box
 
 
 class EngineActor:
@@ -16,6 +19,7 @@ class EngineActor:
         if host == "auto":
             host = ray.util.get_node_ip_address()
         self.rank = rank
+        self.backend = args.rollout_backend
         if args.rollout_backend == "sglang":
             self.server: EngineServer = sglang_server(args, rank, host, args.log_dir, node_rank=node_rank,
                                                       nnodes=nnodes, dist_init_addr=dist_init_addr)
@@ -63,8 +67,9 @@ class EngineActor:
     def abort_all(self) -> Any:
         return self.server.call("POST", "/abort_request", {"abort_all": True})
 
-    def pause_generation(self) -> Any:
-        return self.server.call("POST", "/pause_generation", {})
+    def pause_generation(self, mode: str | None = None) -> Any:
+        """`mode` None = the engine's default (embedded: in_place; SGLang: abort), or in_place/retract/abort."""
+        return self.server.call("POST", "/pause_generation", {} if mode is None else {"mode": mode})
 
     def continue_generation(self) -> Any:
         return self.server.call("POST", "/continue_generation", {})
@@ -72,8 +77,77 @@ class EngineActor:
     def flush_cache(self) -> Any:
         return self.server.call("POST", "/flush_cache", {})
 
+    # ---- weight sync: slime's SGLangEngine names and payloads; the same bodies reach SGLang or the embedded engine
+    def get_weight_version(self) -> str:
+        return self.server.call("GET", "/get_weight_version", timeout=30)["weight_version"]
+
+    def update_weights_from_tensor(self, serialized_named_tensors: list[str], load_format: str | None = None,
+                                   flush_cache: bool = False, weight_version: str | None = None) -> Any:
+        body = {"serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
+                "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        return self.server.call("POST", "/update_weights_from_tensor", body, timeout=WEIGHT_PUSH_TIMEOUT_S)
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str, timeout: float | None = None) -> Any:
+        """Join the trainer's group; `backend` is passed through (SGLang: nccl; embedded engine: gloo only).
+        `timeout` (seconds, embedded engine only) bounds the rendezvous."""
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "group_name": group_name, "backend": backend}
+        if timeout is not None and self.backend != "sglang":  # SGLang's request has no such field
+            body["timeout"] = timeout
+        return self.server.call("POST", "/init_weights_update_group", body,
+                                timeout=(timeout or WEIGHT_PUSH_TIMEOUT_S) + 30)
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[Any], shapes: list[list[int]],
+                                        group_name: str, flush_cache: bool = False, weight_version: str | None = None,
+                                        load_format: str | None = None) -> Any:
+        body = {"names": names, "dtypes": [str(d).replace("torch.", "") for d in dtypes],
+                "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        if load_format is not None:
+            body["load_format"] = load_format
+        return self.server.call("POST", "/update_weights_from_distributed", body, timeout=WEIGHT_PUSH_TIMEOUT_S)
+
+    def destroy_weights_update_group(self, group_name: str) -> Any:
+        """Like slime: an engine that never had the group (e.g. just restarted) is not an error."""
+        try:
+            return self.server.call("POST", "/destroy_weights_update_group", {"group_name": group_name})
+        except requests.RequestException as exc:
+            return {"success": False, "message": str(exc)}
+
+    def check_weights(self, action: str, checksums: dict[str, str] | None = None) -> dict:
+        """snapshot | compare (against the snapshot, or `checksums` {name: sha256}) | reset_tensors ...
+        A compare that finds differences answers `{"success": False, "equal": False, "tensors": {...}}`
+        (HTTP 400, as SGLang) instead of raising, so the caller sees which tensors differ."""
+        body: dict[str, Any] = {"action": action}
+        if checksums is not None:
+            body["checksums"] = checksums
+        answer = self.server.call("POST", "/weights_checker", body, timeout=WEIGHT_PUSH_TIMEOUT_S,
+                                  answer_statuses=(400,))
+        if isinstance(answer, dict) and not answer.get("success", False) and "equal" not in answer:
+            raise RuntimeError(f"check_weights({action!r}) on {self.server.url}: {answer.get('message', answer)}")
+        return answer
+
     def kill(self) -> None:
         self.server.kill()
 
     def stop(self) -> None:
         self.server.stop()
+
+
+class RemoteEngine:
+    """An `EngineActor` handle with blocking methods, for slime.engine.weight_sync (which calls engines in threads):
+    `WeightUpdateGroup([RemoteEngine(a) for a in actors])`."""
+
+    def __init__(self, actor: Any, timeout: float = WEIGHT_PUSH_TIMEOUT_S + 60):
+        self.actor, self.timeout = actor, timeout
+
+    def __repr__(self) -> str:
+        return f"RemoteEngine({self.actor})"
+
+    def __getattr__(self, name: str):
+        method = getattr(self.actor, name)
+        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs), timeout=self.timeout)

@@ -24,13 +24,34 @@ class EngineStartError(RuntimeError):
     pass
 
 
+# SGLang flags slime sets itself from its own flags: a `--sglang-<name>` passthrough may not override them
+# (the engine would disagree with its placement or its router registration).
+MANAGED_SGLANG_FLAGS = {
+    "model_path": "--hf-checkpoint", "model": "--hf-checkpoint", "host": "--engine-host", "port": "(a free port)",
+    "tp_size": "--rollout-num-gpus-per-engine", "tensor_parallel_size": "--rollout-num-gpus-per-engine",
+    "base_gpu_id": "(placement)", "nnodes": "(placement)", "node_rank": "(placement)",
+    "dist_init_addr": "(placement)", "random_seed": "--rollout-seed", "enable_memory_saver": "--offload",
+    "mem_fraction_static": "--sglang-mem-fraction-static", "pp_size": "--sglang-pp-size",
+}
+
+
 def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_size: int,
                        nnodes: int = 1, node_rank: int = 0, dist_init_addr: str | None = None) -> list[str]:
-    """Arguments for `python -m sglang.launch_server` (SGLang's documented CLI)."""
+    """Arguments for `python -m sglang.launch_server` (checked against SGLang's own parser in
+    tests/test_sglang_contract.py). `tp_size` is the engine's GPU count; with `--sglang-pp-size P` the
+    engine runs tensor parallel `tp_size // P` times pipeline parallel `P`, as slime does."""
+    pp = int(getattr(args, "sglang_pp_size", None) or 1)
+    if pp < 1 or tp_size % pp:
+        raise ValueError(f"--sglang-pp-size {pp} must divide the engine's {tp_size} GPUs "
+                         f"(--rollout-num-gpus-per-engine)")
     cmd = ["--model-path", str(args.hf_checkpoint), "--host", host, "--port", str(port),
-           "--tp-size", str(tp_size), "--base-gpu-id", str(base_gpu_id), "--skip-server-warmup",
+           "--tp-size", str(tp_size // pp), "--base-gpu-id", str(base_gpu_id), "--skip-server-warmup",
            "--trust-remote-code"]
+    if pp > 1:
+        cmd += ["--pp-size", str(pp)]
     if nnodes > 1:
+        if not dist_init_addr:
+            raise ValueError(f"an SGLang engine over {nnodes} nodes needs dist_init_addr (host:port of node 0)")
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--dist-init-addr", str(dist_init_addr)]
     if getattr(args, "sglang_mem_fraction_static", None) is not None:
         cmd += ["--mem-fraction-static", str(args.sglang_mem_fraction_static)]
@@ -38,9 +59,19 @@ def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_
         cmd += ["--enable-memory-saver"]
     if getattr(args, "rollout_seed", None) is not None:
         cmd += ["--random-seed", str(args.rollout_seed)]
+    if getattr(args, "sglang_config", None):
+        cmd += ["--config", str(args.sglang_config)]
     for name, value in sorted((getattr(args, "sglang_extra_args", None) or {}).items()):
+        if name in MANAGED_SGLANG_FLAGS:
+            raise ValueError(f"--sglang-{name.replace('_', '-')} is set by slime; use "
+                             f"{MANAGED_SGLANG_FLAGS[name]} instead")
         flag = "--" + name.replace("_", "-")
-        cmd += [flag] if value is True else [flag, str(value)]
+        if value is True:
+            cmd += [flag]
+        elif isinstance(value, (list, tuple)):
+            cmd += [flag, *map(str, value)]
+        else:
+            cmd += [flag, str(value)]
     return cmd
 
 
@@ -88,13 +119,21 @@ class EngineServer:
     def stop(self, timeout: float = 15.0) -> None:
         self.process.stop(timeout)
 
-    def call(self, method: str, path: str, payload: dict | None = None, timeout: float = 120.0) -> Any:
+    def call(self, method: str, path: str, payload: dict | None = None, timeout: float = 120.0,
+             answer_statuses: tuple[int, ...] = ()) -> Any:
+        """The JSON (or text) answer. An error status raises `requests.HTTPError` carrying the engine's own
+        message (e.g. the tensor a weight push got wrong), unless it is in `answer_statuses`."""
         r = requests.request(method, f"{self.url}{path}", json=payload, timeout=timeout)
-        r.raise_for_status()
         try:
-            return r.json()
+            answer = r.json()
         except ValueError:
-            return r.text
+            answer = r.text
+        if r.status_code >= 400 and r.status_code not in answer_statuses:
+            msg = answer
+            if isinstance(answer, dict):
+                msg = answer.get("message") or (answer.get("error") or {}).get("message") or answer
+            raise requests.HTTPError(f"{self.name}: {method} {path} -> HTTP {r.status_code}: {msg}", response=r)
+        return answer
 
     def log_tail(self) -> str:
         return self.process.log_tail()

@@ -1,14 +1,25 @@
-"""`Fleet`: the router and the engine pool, started together and controlled as one.
+"""`Fleet`: the router and the engine pool, started together, controlled and healed as one.
 
 Start-up is all-or-nothing: if any engine fails to start, everything already started is stopped
 and the error carries that engine's log tail. Engines are Ray actors on a placement group, each
 owning its server process; the router is a supervised child process restarted if it dies.
+
+Engines are supervised like the router. A watcher thread per engine blocks on a call that only
+returns when the engine's server process exits (or its actor dies): an event, not a poll. A dead
+engine is reported at once (a warning and the `engine_deaths` counter), taken out of the router
+and of the shared `Endpoints` (so requests stop going there), and replaced: its actor is killed
+and a new one created on the same placement-group bundle, started, given the latest weights the
+fleet was told to load, and registered. `--engine-max-restarts` bounds the restarts per engine;
+after that the engine is `failed` and the pool runs without it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -16,10 +27,51 @@ from ray.util.placement_group import remove_placement_group
 
 from slime.fleet.engine_actor import EngineActor
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
-from slime.fleet.router import Router, register_worker
+from slime.fleet.router import Router, register_worker, unregister_worker
 from slime.utils.endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_ENGINE_MAX_RESTARTS = 3
+ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "failed", "stopped")
+# control calls whose effect a replacement engine must get too (replayed before it takes requests)
+_REPLAYED = ("update_weights_from_disk",)
+
+
+class SupervisedEngineActor(EngineActor):
+    """An `EngineActor` that can be waited on. `wait_exit` runs in its own concurrency group, so it
+    blocks there while every other call of the actor goes on as before."""
+
+    @ray.method(concurrency_group="watch")
+    def wait_exit(self) -> int | None:
+        """Block until the server process exits; its exit code."""
+        return self.server.process.wait()
+
+
+_EngineRemote = ray.remote(concurrency_groups={"watch": 1})(SupervisedEngineActor)
+
+
+@dataclass
+class EngineSlot:
+    """One engine of the pool: its actors (one per node), where it serves, and its life so far."""
+
+    rank: int
+    actors: list[Any]
+    bundles: list[int]
+    url: str | None = None
+    state: str = "starting"
+    restarts: int = 0
+    deaths: int = 0
+    last_exit: Any = None
+    history: list[str] = field(default_factory=list)
+
+    @property
+    def actor(self) -> Any:
+        return self.actors[0]  # node 0 takes the requests
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "url": self.url, "state": self.state, "restarts": self.restarts,
+                "deaths": self.deaths, "last_exit": self.last_exit}
 
 
 class Fleet:
@@ -27,11 +79,29 @@ class Fleet:
         self.args = args
         self.router: Router | None = None
         self.pg = None
-        self.all_engines: list[Any] = []
-        self.engines: list[Any] = []  # node-0 actor of each engine: the ones that take requests
+        self.slots: list[EngineSlot] = []
         self.endpoints = Endpoints()
         self.startup_timings: dict[str, float] = {}
+        self.counters: Counter = Counter()  # engine_deaths, engine_restarts, engine_failed
+        self.max_restarts = int(getattr(args, "engine_max_restarts", DEFAULT_ENGINE_MAX_RESTARTS))
+        self._stopping = threading.Event()
+        self._lock = threading.RLock()  # slot replacement vs. control calls (see `each`)
+        self._replay: dict[str, tuple[Any, ...]] = {}
+        # fn(actor) run on a replacement engine before it takes requests (e.g. push the trainer's weights)
+        self.replacement_hooks: list[Any] = []
+        self._watchers: list[threading.Thread] = []
 
+    # ---- views kept for callers of the old attributes ----
+    @property
+    def engines(self) -> list[Any]:
+        """Node-0 actor of each engine: the ones that take requests."""
+        return [s.actor for s in self.slots]
+
+    @property
+    def all_engines(self) -> list[Any]:
+        return [a for s in self.slots for a in s.actors]
+
+    # ---- start-up ----
     def start(self) -> Endpoints:
         """Engines boot while the router starts; returns when every engine is registered."""
         t0 = time.monotonic()
@@ -40,45 +110,54 @@ class Fleet:
         self.startup_timings["router"] = time.monotonic() - t0
         urls = ray.get(refs)  # the first engine failure is raised here
         self.startup_timings["engines"] = time.monotonic() - t0
-        nodes_per_engine = len(self.all_engines) // max(1, len(self.engines))
-        self.endpoints.engine_urls = urls[::nodes_per_engine]
-        for url in self.endpoints.engine_urls:
-            if self.router is not None:
-                self.router.add_worker(url)  # remembered: re-registered if the router restarts
-            else:
-                # an existing router (--sglang-router-ip): register our engines, never start or stop it
-                register_worker(self.endpoints.router_url, url)
+        per = len(urls) // max(1, len(self.slots))
+        for slot, url in zip(self.slots, urls[::per]):
+            slot.url = url
+            self._register(url)
+            slot.state = "healthy"
+        self._publish()
         self.startup_timings["registered"] = time.monotonic() - t0
+        for slot in self.slots:
+            t = threading.Thread(target=self._watch, args=(slot,), name=f"engine-watch-{slot.rank}", daemon=True)
+            t.start()
+            self._watchers.append(t)
         return self.endpoints
+
+    def _engine_layout(self) -> tuple[int, int, int]:
+        """(engines, nodes per engine, bundles per node of an engine)."""
+        args = self.args
+        if args.rollout_backend != "sglang":
+            return args.rollout_num_engines, 1, 1
+        per_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
+        nodes = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
+        return args.rollout_num_gpus // per_node // nodes, nodes, per_node
+
+    def _new_actor(self, rank: int, bundle: int, node_rank: int = 0, nnodes: int = 1,
+                   dist_init_addr: str | None = None) -> Any:
+        args = self.args
+        if args.rollout_backend == "sglang":
+            return _EngineRemote.options(num_cpus=0.2, num_gpus=0.2,
+                                         scheduling_strategy=bundle_strategy(self.pg, bundle)
+                                         ).remote(args, rank, node_rank, nnodes, dist_init_addr)
+        return _EngineRemote.options(num_cpus=float(args.rollout_num_cpus_per_engine),
+                                     scheduling_strategy=bundle_strategy(self.pg, bundle)).remote(args, rank)
 
     def _launch_engines(self) -> list[Any]:
         """Create the engine actors on their bundles and start their servers (not awaited)."""
-        args = self.args
-        self.pg = create_engine_placement_group(args)
-        if args.rollout_backend == "sglang":
-            per_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
-            nodes_per_engine = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
-            num_engines = args.rollout_num_gpus // per_node // nodes_per_engine
-            actor_cls = ray.remote(EngineActor)
-            for rank in range(num_engines):
-                dist_init_addr = None
-                for node_rank in range(nodes_per_engine):
-                    actor = actor_cls.options(
-                        num_cpus=0.2, num_gpus=0.2,
-                        scheduling_strategy=bundle_strategy(self.pg, (rank * nodes_per_engine + node_rank) * per_node),
-                    ).remote(args, rank, node_rank, nodes_per_engine, dist_init_addr)
-                    if node_rank == 0 and nodes_per_engine > 1:
-                        # the other nodes of this engine join node 0's torch.distributed rendezvous
-                        dist_init_addr = ray.get(actor.rendezvous_address.remote())
-                    self.all_engines.append(actor)
-            self.engines = self.all_engines[::nodes_per_engine]
-        else:
-            cpus = float(args.rollout_num_cpus_per_engine)
-            for rank in range(args.rollout_num_engines):
-                self.all_engines.append(ray.remote(EngineActor).options(
-                    num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank)).remote(args, rank))
-            self.engines = list(self.all_engines)
-        return [e.start.remote() for e in self.all_engines]
+        self.pg = create_engine_placement_group(self.args)
+        num_engines, nodes, per_node = self._engine_layout()
+        for rank in range(num_engines):
+            actors, bundles, dist_init_addr = [], [], None
+            for node_rank in range(nodes):
+                bundle = (rank * nodes + node_rank) * per_node
+                actor = self._new_actor(rank, bundle, node_rank, nodes, dist_init_addr)
+                if node_rank == 0 and nodes > 1:
+                    # the other nodes of this engine join node 0's torch.distributed rendezvous
+                    dist_init_addr = ray.get(actor.rendezvous_address.remote())
+                actors.append(actor)
+                bundles.append(bundle)
+            self.slots.append(EngineSlot(rank, actors, bundles))
+        return [a.start.remote() for a in self.all_engines]
 
     def _start_router(self) -> None:
         args = self.args
@@ -91,28 +170,145 @@ class Fleet:
         else:
             self.endpoints.router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
 
+    def _register(self, url: str) -> None:
+        if self.router is not None:
+            self.router.add_worker(url)  # remembered: re-registered if the router restarts
+        else:
+            # an existing router (--sglang-router-ip): register our engines, never start or stop it
+            register_worker(self.endpoints.router_url, url)
+
+    def _unregister(self, url: str) -> None:
+        try:
+            if self.router is not None:
+                self.router.remove_worker(url)
+            else:
+                unregister_worker(self.endpoints.router_url, url)
+        except Exception as e:  # noqa: BLE001 - the router's health check drops it anyway
+            logger.warning("could not remove dead engine %s from the router: %s", url, e)
+
+    def _publish(self) -> None:
+        """Swap in the URLs of the engines that take requests (one assignment: readers never see half)."""
+        self.endpoints.engine_urls = [s.url for s in self.slots if s.state == "healthy" and s.url]
+
+    # ---- supervision ----
+    def _watch(self, slot: EngineSlot) -> None:
+        """Block until this engine's server exits; then report it and bring a new one up."""
+        while not self._stopping.is_set():
+            actor = slot.actor
+            try:
+                code: Any = ray.get(actor.wait_exit.remote())
+            except ray.exceptions.RayActorError as e:
+                code = f"actor died ({type(e).__name__})"
+            except Exception as e:  # noqa: BLE001 - anything else also means we lost the engine
+                code = f"{type(e).__name__}: {e}"
+            if self._stopping.is_set() or slot.actor is not actor:
+                return
+            self._on_death(slot, code)
+            if slot.state != "healthy":
+                return
+
+    def _on_death(self, slot: EngineSlot, code: Any) -> None:
+        with self._lock:
+            slot.state, slot.last_exit = "dead", code
+            slot.deaths += 1
+            self.counters["engine_deaths"] += 1
+            self._publish()
+        logger.warning("engine %d at %s died (exit code %s); %s", slot.rank, slot.url, code,
+                       "restarting it" if slot.restarts < self.max_restarts and len(slot.actors) == 1
+                       else "not restarting it")
+        if slot.url:
+            self._unregister(slot.url)
+        while not self._stopping.is_set():
+            if len(slot.actors) > 1:
+                self._fail(slot, "a multi-node engine is not restarted")
+                return
+            if slot.restarts >= self.max_restarts:
+                self._fail(slot, f"restart budget spent (--engine-max-restarts {self.max_restarts})")
+                return
+            slot.restarts += 1
+            self.counters["engine_restarts"] += 1
+            slot.state = "restarting"
+            try:
+                self._replace(slot)
+                return
+            except Exception as e:  # noqa: BLE001 - try again while the budget lasts
+                slot.last_exit = f"restart failed: {type(e).__name__}"
+                logger.warning("engine %d: restart %d/%d failed: %s", slot.rank, slot.restarts,
+                               self.max_restarts, str(e)[:2000])
+
+    def _fail(self, slot: EngineSlot, why: str) -> None:
+        slot.state = "failed"
+        self.counters["engine_failed"] += 1
+        logger.error("engine %d is gone for the rest of the run: %s; %d engine(s) left", slot.rank, why,
+                     sum(s.state == "healthy" for s in self.slots))
+
+    def _replace(self, slot: EngineSlot) -> None:
+        """Kill the dead engine's actor and start a new one on the same bundle."""
+        old = slot.actor
+        try:
+            ray.kill(old)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        actor = self._new_actor(slot.rank, slot.bundles[0])
+        slot.actors = [actor]  # from here on, stop() stops the new one
+        timeout = float(getattr(self.args, "engine_startup_timeout", 300.0)) + 60.0
+        url = ray.get(actor.start.remote(), timeout=timeout)
+        if self._stopping.is_set():
+            return
+        with self._lock:
+            for method, call_args in self._replay.items():
+                ray.get(getattr(actor, method).remote(*call_args), timeout=600)
+            for hook in self.replacement_hooks:
+                hook(actor)
+            slot.url = url
+            self._register(url)
+            slot.state = "healthy"
+            self._publish()
+        logger.warning("engine %d replaced: serving at %s (restart %d/%d)", slot.rank, url, slot.restarts,
+                       self.max_restarts)
+
+    # ---- status ----
+    def engine_status(self) -> list[dict[str, Any]]:
+        return [s.as_dict() for s in self.slots]
+
     def info(self) -> dict[str, Any]:
         return {"router_url": self.endpoints.router_url,
                 "router_pid": self.router.pid if self.router else None,
                 "router_restarts": self.router.restarts if self.router else 0,
                 "engine_urls": list(self.endpoints.engine_urls),
+                "engines": self.engine_status(),
+                "engine_deaths": self.counters["engine_deaths"],
+                "engine_restarts": self.counters["engine_restarts"],
                 "startup_seconds": dict(self.startup_timings)}
 
-    # ---- control: every call goes to each engine's node-0 actor ----
+    # ---- control: every call goes to each serving engine's node-0 actor ----
     def each(self, method: str, *a: Any) -> list[Any]:
-        return ray.get([getattr(e, method).remote(*a) for e in self.engines])
+        """Engines being replaced are skipped; a weight update is replayed on them before they serve."""
+        with self._lock:
+            if method in _REPLAYED:
+                self._replay[method] = a
+            targets = [s.actor for s in self.slots if s.state == "healthy"]
+            skipped = [s.rank for s in self.slots if s.state != "healthy"]
+        if skipped:
+            logger.warning("%s: skipping engine(s) %s (%s)", method, skipped,
+                           ", ".join(self.slots[i].state for i in skipped))
+        return ray.get([getattr(e, method).remote(*a) for e in targets])
 
     def kill_engine(self, index: int) -> int | None:
         """Fault injection for tests and chaos runs: SIGKILL one engine's server."""
-        pid = ray.get(self.engines[index].pid.remote())
-        ray.get(self.engines[index].kill.remote())
+        actor = self.slots[index].actor
+        pid = ray.get(actor.pid.remote())
+        ray.get(actor.kill.remote())
         return pid
 
     def stop_steps(self) -> list[tuple[str, Any]]:
-        """Each stop as its own step, so the caller can keep going when one fails."""
-        steps: list[tuple[str, Any]] = [("router", lambda: self.router and self.router.stop())]
-        steps += [(f"engine {i}", lambda e=e: ray.get(e.stop.remote(), timeout=60))
-                  for i, e in enumerate(self.all_engines)]
-        steps += [(f"engine actor {i}", lambda e=e: ray.kill(e)) for i, e in enumerate(self.all_engines)]
+        """Each stop as its own step, so the caller can keep going when one fails. Actors are looked
+        up when the step runs, so an engine replaced meanwhile is the one stopped."""
+        steps: list[tuple[str, Any]] = [("engine supervision", self._stopping.set),
+                                        ("router", lambda: self.router and self.router.stop())]
+        steps += [(f"engine {s.rank}", lambda s=s: ray.get([a.stop.remote() for a in s.actors], timeout=60))
+                  for s in self.slots]
+        steps += [(f"engine actor {s.rank}", lambda s=s: [ray.kill(a) for a in s.actors]) for s in self.slots]
         steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
+        steps.append(("engine states", lambda: [setattr(s, "state", "stopped") for s in self.slots]))
         return steps

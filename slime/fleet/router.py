@@ -56,6 +56,16 @@ def register_worker(router_url: str, worker_url: str, timeout: float = 60.0, pro
                proc, log_path)
 
 
+def unregister_worker(router_url: str, worker_url: str) -> bool:
+    """Remove a worker (a dead engine) so no request is routed to it; True if the router had it."""
+    found = False
+    for w in list_workers(router_url):
+        if w.get("url") == worker_url and w.get("id") is not None:
+            requests.delete(f"{router_url}/workers/{w['id']}", timeout=10).raise_for_status()
+            found = True
+    return found
+
+
 class Router:
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, policy: str = "round_robin",
                  prometheus_port: int | None = None, health_check_interval: int = 1,
@@ -136,12 +146,11 @@ class Router:
         return worker_healthy(self.url, url)
 
     def remove_worker(self, url: str) -> None:
+        """Forget the worker (not re-registered after a restart) and remove it from the router."""
         with self._lock:
-            for w in self.list_workers():
-                if w.get("url") == url and w.get("id") is not None:
-                    requests.delete(f"{self.url}/workers/{w['id']}", timeout=10)
             if url in self.workers:
                 self.workers.remove(url)
+            unregister_worker(self.url, url)
 
     def alive(self) -> bool:
         return self._process is not None and self._process.alive()

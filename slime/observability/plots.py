@@ -2,7 +2,9 @@
 
 Produces `eval_<dataset>.png` (mean reward, pass@k, truncation per dataset over eval steps),
 `reward.png` (reward mean ± std, zero-variance groups over rollouts), `response_length.png`
-(mean/median/p90/max and truncation) and `perf.png` (tokens/s, rollout time) when present.
+(mean/median/p90/max and truncation), `perf.png` (tokens/s, rollout time) and, for a training run
+(`slime-train`), `train.png` (reward per rollout and the trainer/engine log-prob gap per step, log
+scale, next to the loss terms) when present.
 """
 
 from __future__ import annotations
@@ -117,4 +119,37 @@ def make_report(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
             a.set_xlabel("perf/step")
             a.legend(fontsize=7)
         save(fig, "perf.png")
+    tr = _series(records, "train/step")
+    if tr:
+        plot_training(ro, tr, pf, save)
     return written
+
+
+def plot_training(ro: dict, tr: dict, pf: dict, save: Any) -> None:
+    """`train.png`: reward over rollouts (what the policy learns), the mean |trainer - engine| log-prob
+    per step (log scale; should stay at float32 noise), the loss terms, and the time split."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    a_reward, a_diff, a_loss, a_time = axes.flat
+    if not _plot(a_reward, ro, "rollout/raw_reward", "raw reward (trainer)"):
+        _plot(a_reward, ro, "rollout/reward_mean", "reward mean")
+    a_reward.set_title("reward over rollouts")
+    a_reward.set_xlabel("rollout")
+    if _plot(a_diff, tr, "train/train_rollout_logprob_abs_diff", "mean |trainer - engine| log-prob"):
+        _plot(a_diff, tr, "train/train_rollout_logprob_abs_diff_max", "max", linestyle=":")
+        a_diff.set_yscale("log")
+    a_diff.set_title("train/rollout log-prob difference")
+    a_diff.set_xlabel("train/step")
+    for key in ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/grad_norm"):
+        _plot(a_loss, tr, key, key.split("/", 1)[1])
+    a_loss.set_title("loss terms")
+    a_loss.set_xlabel("train/step")
+    for key in ("perf/rollout_time", "perf/train_time", "perf/update_weights_time"):
+        _plot(a_time, pf, key, key.split("/", 1)[1] + " (s)")
+    a_time.set_title("time per rollout")
+    a_time.set_xlabel("rollout")
+    for a in axes.flat:
+        if a.lines:
+            a.legend(fontsize=7)
+    save(fig, "train.png")

@@ -52,8 +52,11 @@ class RolloutManager:
                 host, _, port = endpoints.router_url.removeprefix("http://").rpartition(":")
                 self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
                 self.startup_timings.update(self.fleet.startup_timings)
-            self.controller = RolloutController(self.args, endpoints, tool_services=self.tool_services,
-                                                wandb_run=self.wandb_run)
+            fleet = self.fleet
+            self.controller = RolloutController(
+                self.args, endpoints, tool_services=self.tool_services, wandb_run=self.wandb_run,
+                fleet_counters=(lambda: {k: fleet.counters[k] for k in ("engine_deaths", "engine_restarts")})
+                if fleet else None)
             self.startup_timings["controller"] = time.monotonic() - t0
         except BaseException:
             self.shutdown()
@@ -80,7 +83,8 @@ class RolloutManager:
 
     def info(self) -> dict[str, Any]:
         fleet = self.fleet.info() if self.fleet else {"router_url": None, "router_pid": None, "router_restarts": 0,
-                                                      "engine_urls": []}
+                                                      "engine_urls": [], "engines": [], "engine_deaths": 0,
+                                                      "engine_restarts": 0}
         return {**fleet, "sandbox_url": self.tool_services.sandbox_url,
                 "rate_limiters": list(self.tool_services.limiter_names),
                 "startup_seconds": dict(self.startup_timings)}
@@ -112,7 +116,8 @@ class RolloutManager:
         return self.controller.last_summary if self.controller else None
 
     def status(self) -> dict[str, Any]:
-        """Answers while a rollout runs (the actor is threaded)."""
+        """Answers while a rollout runs (the actor is threaded): the running rollout's progress and
+        retries, the router, and each engine with its state (starting/healthy/dead/restarting/failed)."""
         st = self.controller.status() if self.controller else {"phase": "starting"}
         return {**st, **self.info()}
 

@@ -4,7 +4,10 @@ It owns the data source, the plugins loaded from their `--*-path` flags, and the
 `RolloutRuntime` (engine client, progress, tool services) the plugins share.
 `generate(rollout_id)`: rollout function -> flatten groups -> optional debug save -> metrics and
 dumps -> convert -> batch. With `--load-debug-rollout-data` the samples come from the file and
-no engine is touched. A plain object: the RolloutManager actor holds it; no Ray here.
+no engine is touched. A rollout in which every sample failed raises `RolloutFailedError` whose
+message counts the failures by reason with one example each (not a bare "no samples" from the
+batch). Counters in `status()` are the running rollout's, as in its summary. A plain object: the
+RolloutManager actor holds it; no Ray here.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from typing import Any
+from collections import Counter
+from typing import Any, Callable
 
 from slime.observability import reporting, rollout_dump
 from slime.observability.wandb_logger import WandbRun
@@ -25,11 +29,46 @@ from slime.rollout.runtime import RolloutRuntime, unbind
 from slime.rollout.train_data import convert_samples_to_train_data
 from slime.tools.services import ToolServices
 from slime.train_batch.rank_batches import split_for_data_parallel
+from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
+
+
+class RolloutFailedError(RuntimeError):
+    """Every sample of a rollout failed; the message says why, by reason, with one example each."""
+
+    def __init__(self, message: str, reasons: dict[str, int] | None = None):
+        super().__init__(message)
+        self.reasons = dict(reasons or {})
+
+    def __reduce__(self):  # crosses the Ray actor boundary with its counts
+        return type(self), (str(self), self.reasons)
+
+
+def failure_reasons(samples: list[Sample]) -> tuple[dict[str, int], dict[str, str]]:
+    """FAILED samples counted by reason (`metadata['failure_reason']`), and one error text per reason."""
+    counts: Counter = Counter()
+    examples: dict[str, str] = {}
+    for s in samples:
+        if s.status != Sample.Status.FAILED:
+            continue
+        meta = s.metadata if isinstance(s.metadata, dict) else {}
+        reason = str(meta.get("failure_reason") or "unknown")
+        counts[reason] += 1
+        examples.setdefault(reason, f"sample {s.index}: {meta.get('error') or 'no error recorded'}")
+    return dict(counts.most_common()), examples
+
+
+def describe_failures(rollout_id: int, samples: list[Sample]) -> str:
+    counts, examples = failure_reasons(samples)
+    lines = [f"rollout {rollout_id}: all {len(samples)} sample(s) failed; reasons:"]
+    for reason, n in counts.items():
+        example = examples[reason]
+        lines.append(f"  {reason}: {n} (e.g. {example[:600]}{'...' if len(example) > 600 else ''})")
+    return "\n".join(lines)
 
 
 def flatten_groups(out: Any) -> tuple[list[Sample], dict[str, Any]]:
@@ -57,7 +96,10 @@ def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: d
             "failed": sum(s.status == Sample.Status.FAILED for s in samples),
             "aborted": sum(s.status == Sample.Status.ABORTED for s in samples),
             "response_tokens": tokens, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds,
-            "engine_retries": metrics.get("perf/engine_retries", 0)}
+            "engine_retries": metrics.get("perf/engine_retries", 0),
+            "engine_deaths": metrics.get("perf/engine_deaths", 0),
+            "engine_restarts": metrics.get("perf/engine_restarts", 0),
+            "failure_reasons": failure_reasons(samples)[0]}
 
 
 def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool,
@@ -87,17 +129,21 @@ def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
 
 class RolloutController:
     def __init__(self, args: Any, endpoints: Endpoints, *, tool_services: ToolServices | None = None,
-                 wandb_run: WandbRun | None = None):
+                 wandb_run: WandbRun | None = None, fleet_counters: Callable[[], dict[str, int]] | None = None):
         self.args = args
         self.wandb_run = wandb_run
+        # the fleet's cumulative counters (engine deaths, restarts); each rollout reports its own share
+        self.fleet_counters = fleet_counters or (lambda: {})
+        self._retries_base = 0
         tokenizer = load_tokenizer(args.hf_checkpoint) if args.hf_checkpoint else None
         client = EngineClient.from_args(args, endpoints, tokenizer=tokenizer)
         self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).bind()
         self.data_source = None
+        self.loaded_rollout_id: int | None = None  # the rollout whose saved state `--load` restored
         if args.prompt_data and not args.load_debug_rollout_data:
             self.data_source = make_data_source(args, tokenizer)
             if args.load:
-                self.data_source.load(args.load)
+                self.loaded_rollout_id = self.data_source.load(args.load)
         self.generate_rollout = load_function(args.rollout_function_path, "--rollout-function-path")
         self.eval_generate_rollout = load_function(args.eval_function_path, "--eval-function-path")
         for flag in ("custom_generate_function_path", "custom_rm_path", "dynamic_sampling_filter_path"):
@@ -111,7 +157,9 @@ class RolloutController:
 
     def status(self) -> dict[str, Any]:
         client = self.runtime.client
-        return {**self.progress.as_dict(), "in_flight": client.in_flight, "retries": client.stats.total_retries,
+        # retries of the rollout (or eval) that is running: the same count its summary reports
+        return {**self.progress.as_dict(), "in_flight": client.in_flight,
+                "retries": client.stats.total_retries - self._retries_base,
                 "buffer": self.data_source.get_buffer_length() if self.data_source else 0}
 
     def _samples(self, rollout_id: int) -> tuple[list[Sample], dict[str, Any]]:
@@ -129,15 +177,21 @@ class RolloutController:
         `set_train_parallel_config`): one dict per data-parallel rank, scheduled into micro-batches."""
         start = time.monotonic()
         self.progress.reset(self.args.rollout_batch_size * self.args.n_samples_per_prompt, phase="rollout")
-        retries_before = self.runtime.client.stats.total_retries
+        retries_before = self._retries_base = self.runtime.client.stats.total_retries
+        fleet_before = dict(self.fleet_counters())
         try:
             samples, metrics = self._samples(rollout_id)
         finally:
             self.progress.finish()
         metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
+        for key, value in self.fleet_counters().items():
+            metrics.setdefault(f"perf/{key}", value - fleet_before.get(key, 0))
         seconds = time.monotonic() - start
         if self.args.save_debug_rollout_data:
             save_debug_rollout(self.args.save_debug_rollout_data, rollout_id, samples)
+        if samples and all(s.status == Sample.Status.FAILED for s in samples):
+            self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
+            raise RolloutFailedError(describe_failures(rollout_id, samples), self.last_summary["failure_reasons"])
         if parallel_config is None:
             train = [s for s in samples if s.status != Sample.Status.FAILED]
         else:
@@ -164,6 +218,7 @@ class RolloutController:
 
     def eval(self, rollout_id: int) -> dict[str, Any]:
         self.runtime.rollout_id = rollout_id
+        self._retries_base = self.runtime.client.stats.total_retries
         try:
             out = _call_rollout_function(self.eval_generate_rollout, self.args, rollout_id, self.data_source, True,
                                          self.runtime)
@@ -189,4 +244,6 @@ class RolloutController:
             self.data_source.save(self.args.save, rollout_id)
 
     def close(self) -> None:
+        """Unbind the runtime and close its HTTP sessions (rollouts ran on the process's background loop)."""
         unbind(self.runtime)
+        run(self.runtime.client.close())

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from slime.tools.registry import decode_tools_value
 from slime.utils.misc import get_by_path, load_function
 from slime.utils.types import Sample
 
@@ -80,14 +81,10 @@ def _prompt_limit(args: Any) -> tuple[int | None, str]:
 
 def _row_tools(value: Any, where: str) -> Any:
     """A `--tool-key` value: a tool-schema list (slime; a JSON string of one too) or verl's tools_kwargs dict."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: --tool-key value is a string but not JSON: {e}") from None
-    if hasattr(value, "tolist"):  # numpy arrays from parquet
-        value = value.tolist()
-    return value
+    try:
+        return decode_tools_value(value)
+    except ValueError as e:
+        raise DataError(f"{where}: --tool-key: {e}") from None
 
 
 def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key: str | None,

@@ -22,6 +22,10 @@ from slime.utils.endpoints import Endpoints
 from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy
 from slime.utils.processing_utils import load_tokenizer
 
+# seconds a failing request keeps being retried: a router restart (~1 s), an engine restart
+# (model load), or a frozen engine the router marked unhealthy for a while
+DEFAULT_RETRY_WINDOW = 60.0
+
 
 @dataclass
 class EngineOutput:
@@ -53,12 +57,14 @@ def parse_generate_response(body: dict[str, Any]) -> EngineOutput:
 
 class EngineClient:
     def __init__(self, endpoints: Endpoints, *, concurrency: int = 512, request_timeout: float = 300.0,
-                 max_retries: int = 8, tokenizer_path: str | None = None, tokenizer: Any = None,
-                 progress: Progress | None = None):
+                 max_retries: int = 8, retry_window: float | None = DEFAULT_RETRY_WINDOW,
+                 tokenizer_path: str | None = None, tokenizer: Any = None, progress: Progress | None = None):
         self.endpoints = endpoints
         self.concurrency = max(1, int(concurrency))
         self.request_timeout = float(request_timeout)
-        self.retry_policy = RetryPolicy(max_retries=int(max_retries))
+        # the budget is a time window (a brief outage of every engine is waited out), capped by a count
+        self.retry_policy = RetryPolicy(max_retries=int(max_retries),
+                                        window=None if retry_window is None else float(retry_window))
         self.stats = HttpStats()
         self.progress = progress if progress is not None else Progress()
         self.http = HttpClient()
@@ -75,6 +81,7 @@ class EngineClient:
         return cls(endpoints, concurrency=args.sglang_server_concurrency,
                    request_timeout=getattr(args, "request_timeout", 300.0),
                    max_retries=getattr(args, "request_max_retries", 8),
+                   retry_window=getattr(args, "request_retry_window", DEFAULT_RETRY_WINDOW),
                    tokenizer_path=getattr(args, "hf_checkpoint", None), **kw)
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from typing import Any
 
@@ -171,8 +172,7 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
         out = await fn(args, sample, dict(sampling_params), **kw)
     except HttpError as e:
         # The retry budget is spent: report the sample as FAILED instead of failing the rollout.
-        sample.status = Sample.Status.FAILED
-        sample.metadata["error"] = str(e)
+        mark_failed(sample, e.reason, str(e))
         sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
             prompt_ids(args, sample, runtime), 0, [], []
         out = sample
@@ -182,24 +182,97 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
     return samples
 
 
+def mark_failed(sample: Sample, reason: str, error: str) -> Sample:
+    """FAILED, with a short reason (counted in the rollout's failure summary) and the full error."""
+    sample.status = Sample.Status.FAILED
+    sample.metadata["failure_reason"] = reason
+    sample.metadata["error"] = error
+    return sample
+
+
+def _reward_flag(args: Any, sample: Sample) -> str:
+    """The flag (or per-sample setting) that chose this sample's reward function."""
+    if getattr(sample, "custom_rm_path", None):
+        return f"Sample.custom_rm_path {sample.custom_rm_path!r}"
+    if getattr(args, "custom_rm_path", None):
+        return f"--custom-rm-path {args.custom_rm_path!r}"
+    meta = sample.metadata if isinstance(sample.metadata, dict) else {}
+    if meta.get("rm_type"):
+        return f"metadata['rm_type'] {meta['rm_type']!r}"
+    return f"--rm-type {getattr(args, 'rm_type', None)!r}"
+
+
+def _sample_name(sample: Sample) -> str:
+    return f"sample {sample.index} (group {sample.group_index})"
+
+
+def reward_problem(args: Any, reward: Any) -> str | None:
+    """Why `reward` cannot go into a training batch (not a number, NaN/inf), or None when it can."""
+    value = reward
+    if isinstance(reward, dict):
+        key = getattr(args, "reward_key", None) or "score"
+        if key not in reward:
+            return f"returned a dict without the key {key!r} (--reward-key)"
+        value = reward[key]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        return f"returned {value!r} ({type(value).__name__}), not a number"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return f"returned {value!r} ({type(value).__name__}), not a number"
+    if not math.isfinite(number):
+        return f"returned {number}, not a finite number"
+    return None
+
+
+def _set_reward(args: Any, sample: Sample, reward: Any) -> None:
+    """Keep a usable reward; anything else (an exception, a string, NaN) fails this sample alone."""
+    if isinstance(reward, BaseException):
+        error = f"{_reward_flag(args, sample)} raised on {_sample_name(sample)}: {type(reward).__name__}: {reward}"
+        mark_failed(sample, "reward_error", error)
+        logger.warning("%s", error)
+        return
+    problem = reward_problem(args, reward)
+    if problem is not None:
+        error = f"{_reward_flag(args, sample)} {problem} for {_sample_name(sample)}"
+        mark_failed(sample, "reward_invalid", error)
+        logger.warning("%s", error)
+        return
+    sample.reward = reward
+
+
+async def _guarded(coro: Any) -> Any:
+    """The coroutine's result, or the exception it raised (a reward bug costs one sample, not the rollout)."""
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - handed to _set_reward, which names the flag and sample
+        return e
+
+
 async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params: dict[str, Any],
                                 evaluation: bool = False, *, runtime: RolloutRuntime | None = None) -> list[Sample]:
-    """Generate every sample of a group concurrently, then reward the ones that need it."""
+    """Generate every sample of a group concurrently, then reward the ones that need it. A reward
+    that raises, is not a number or is NaN marks its sample FAILED (flag and sample named)."""
     runtime = runtime or current(args)
     results = await asyncio.gather(*(_generate_one(args, s, sampling_params, runtime, evaluation) for s in group))
     samples = [s for r in results for s in r]
     scorable = [s for s in samples if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED)]
     if getattr(args, "group_rm", False) and not evaluation:
         if scorable:
-            for s, r in zip(scorable, await batched_async_rm(args, scorable)):
-                s.reward = r
+            rewards = await _guarded(batched_async_rm(args, scorable))
+            if isinstance(rewards, BaseException):
+                rewards = [rewards] * len(scorable)  # one call for the group: each of its samples failed
+            for s, r in zip(scorable, rewards):
+                _set_reward(args, s, r)
     else:
         todo = [s for s in scorable if s.reward is None]
-        for s, r in zip(todo, await asyncio.gather(*(async_rm(args, s) for s in todo))):
-            s.reward = r
+        for s, r in zip(todo, await asyncio.gather(*(_guarded(async_rm(args, s)) for s in todo))):
+            _set_reward(args, s, r)
     for s in samples:
-        if s.reward is None:
-            s.reward = 0.0
+        if s.reward is None or s.status == Sample.Status.FAILED:
+            s.reward = 0.0  # never None or NaN in a batch; FAILED samples train nothing anyway
     return samples
 
 

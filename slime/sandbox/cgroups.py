@@ -60,6 +60,8 @@ class Cgroups:
         self.bases: list[str] = []
         self.slots: list[SlotCgroup] = [SlotCgroup() for _ in range(slots)]
         self.missing: list[str] = []
+        if slots == 0:  # (runs without isolation: nothing to create)
+            return
         if os.geteuid() != 0:
             self.missing = ["memory", "processes", "cpu"]
             return

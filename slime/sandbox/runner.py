@@ -312,7 +312,8 @@ class Runner:
                                                                                         TMPDIR=workdir),
                "disk_mb": cfg.disk_mb, "files": files, "source": src_name, "code_size": len(code),
                "stdin_size": len(stdin_b) if stdin_b is not None else -1, "steps": steps, "fetch": fetch,
-               "fetch_max_file": min(cfg.max_file_mb, cfg.max_fetch_mb) << 20, "fetch_max_total": cfg.max_fetch_mb << 20,
+               "fetch_max_file": min(cfg.max_file_mb, cfg.max_fetch_mb) << 20,
+               "fetch_max_total": cfg.max_fetch_mb << 20,
                "max_output": cfg.max_output_bytes, "max_processes": cfg.max_processes,
                "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files}
         head = json.dumps(hdr).encode()

@@ -2,6 +2,11 @@
 
     slime-sandbox --host 127.0.0.1 --port 8080 [--max-concurrency 4] [--max-queue 64]
                   [--allow-no-isolation] [--python /usr/bin/python3] [--default-memory-mb 512]
+                  [--disk-mb 256] [--cpus-per-run 1] [--max-body-mb 32] [--max-fetch-mb 64]
+
+Requests are validated (`schema.py`): a wrong type, an unknown language or an out-of-range limit
+answers ``422`` naming the field; a body over ``--max-body-mb`` answers ``413``. Large bodies are
+parsed, and large answers encoded, off the event loop.
 
 At most ``--max-concurrency`` runs execute at once; up to ``--max-queue`` more wait in FIFO order;
 beyond that the answer is ``429`` with ``Retry-After`` (seconds) and ``retry_after_s`` in the body.
@@ -127,6 +132,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
         if runner.per_process_only:
             logger.warning("limits enforced per process only (no cgroup for them): %s",
                            ", ".join(runner.per_process_only))
+        if cfg.isolate and not runner.seccomp:
+            logger.warning("no seccomp filter on this architecture: runs rely on no_new_privs and their uid")
         if os.environ.get("SLIME_SANDBOX_READY_FD"):
             fd = int(os.environ["SLIME_SANDBOX_READY_FD"])
             with contextlib.suppress(OSError):

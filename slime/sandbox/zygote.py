@@ -39,7 +39,8 @@ import time
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 SYS_PIVOT_ROOT = 155  # x86_64
@@ -238,6 +239,7 @@ class Slot:
         self.base_ns = []
         self.vm_bytes = 0
         self.child = None
+        self.mem_limit = None
         self.wake_r = self.sel = None
         # signals with a handler here (Python's, ours): reset to default in the program's process
         self.handled_signals = [signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM,
@@ -376,7 +378,6 @@ class _Init:
             result["input_error"] = "bad input file: %s" % (e.strerror or e)
             send_frame(sock, result)
             return
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         for step in hdr["steps"]:
             st, out, err = self._step(hdr, work, step, stdin if step.get("stdin") else None)
             result["steps"].append(st)
@@ -461,6 +462,9 @@ class _Init:
             os.close(fd)
 
     def _set_memory(self, limit_bytes):
+        if limit_bytes == self.slot.mem_limit:
+            return
+        self.slot.mem_limit = limit_bytes
         # memsw (v1) must stay >= the limit: write it, the limit, and it again (works both ways)
         fds = self.slot.cg_limit_fds
         for fd in fds[1:] + fds + fds[1:]:

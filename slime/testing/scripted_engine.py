@@ -3,12 +3,17 @@
 For tests and benchmarks only: it lets a test choose the exact token ids an "engine" samples
 (multi-turn accounting, truncation, faults) and gives the benchmark a zero-latency engine, while
 the real sglang-router sits in front of it exactly as it does in front of a real engine.
+
+Like SGLang it refuses a `rid` that is already in flight (`400`) and honours `/abort_request`
+by rid or `abort_all` (the aborted request answers at once with finish reason `abort`). A
+`freeze(seconds)` knob makes every endpoint, health included, hang for that long: a stuck engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, Callable
 
 import uvicorn
@@ -29,6 +34,14 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
               weight_version: str = "default") -> FastAPI:
     app = FastAPI()
     app.state.requests = []  # every /generate body received, for assertions
+    app.state.aborts = []  # every /abort_request body received
+    app.state.in_flight = {}  # rid -> asyncio.Event set by an abort
+    app.state.frozen_until = 0.0  # time.monotonic() before which every endpoint hangs
+
+    async def thawed() -> None:
+        """Hang while frozen (sleeping exactly until the thaw; a freeze may be extended meanwhile)."""
+        while (left := app.state.frozen_until - time.monotonic()) > 0:
+            await asyncio.sleep(left)
 
     info = {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
             "weight_version": weight_version}
@@ -36,6 +49,7 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
     @app.get("/health")
     @app.get("/health_generate")
     async def health():
+        await thawed()
         return JSONResponse({})
 
     @app.get("/server_info")
@@ -54,16 +68,45 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
         return JSONResponse({})
 
     @app.post("/abort_request")
-    async def abort(_: Request):
+    async def abort(request: Request):
+        await thawed()
+        body = await request.json()
+        app.state.aborts.append(body)
+        for rid, event in list(app.state.in_flight.items()):
+            if body.get("abort_all") or body.get("rid") == rid:
+                event.set()
         return JSONResponse({})
+
+    async def run_script(body: dict[str, Any], aborted: asyncio.Event) -> dict[str, Any] | None:
+        """The script's answer, or None when the request was aborted first."""
+        out = script(body)
+        if not asyncio.iscoroutine(out):
+            return out
+        work = asyncio.ensure_future(out)
+        stop = asyncio.ensure_future(aborted.wait())
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not work.done():
+            work.cancel()
+            return None
+        return work.result()
 
     @app.post("/generate")
     async def generate(request: Request):
         body = await request.json()
+        await thawed()
         app.state.requests.append(body)
-        out = script(body)
-        if asyncio.iscoroutine(out):
-            out = await out
+        rid = body.get("rid")
+        if rid is not None and rid in app.state.in_flight:
+            return JSONResponse({"error": {"message": f"rid {rid} is already in flight"}}, status_code=400)
+        key = rid if rid is not None else object()  # requests without a rid only abort with abort_all
+        aborted = app.state.in_flight[key] = asyncio.Event()
+        try:
+            out = await run_script(body, aborted)
+        finally:
+            app.state.in_flight.pop(key, None)
+        if out is None:
+            out = {"output_ids": [], "finish_type": "abort", "text": ""}
         ids = list(out["output_ids"])
         lps = out.get("log_probs") or [default_log_prob(i) for i in range(len(ids))]
         meta = {"id": body.get("rid"), "finish_reason": {"type": out.get("finish_type", "stop"),
@@ -94,6 +137,14 @@ class ScriptedEngine:
     @property
     def requests(self) -> list[dict[str, Any]]:
         return self.app.state.requests
+
+    @property
+    def aborts(self) -> list[dict[str, Any]]:
+        return self.app.state.aborts
+
+    def freeze(self, seconds: float) -> None:
+        """Every endpoint (health included) hangs for `seconds` from now, as a stuck engine does."""
+        self.app.state.frozen_until = time.monotonic() + seconds
 
     def start(self, timeout: float = 20.0) -> "ScriptedEngine":
         started = threading.Event()

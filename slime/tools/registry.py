@@ -153,15 +153,19 @@ def sample_tool_schemas(tools: Any) -> list[dict[str, Any]]:
     return [schema for _, schema in _parse_sample_tools(tools, None)]
 
 
-def _parse_sample_tools(tools: Any, names: list[str] | None) -> list[tuple[str, dict[str, Any] | None]]:
-    """(name, schema) per item; a plain-string item names a configured tool (schema None)."""
-    if isinstance(tools, str):
+def decode_tools_value(value: Any) -> Any:
+    """A per-sample tools value as plain data: a JSON string decoded, a numpy array (Parquet) as a list."""
+    if isinstance(value, str):
         try:
-            tools = json.loads(tools)
+            value = json.loads(value)
         except json.JSONDecodeError as e:
             raise ValueError(f"the sample's tools are a string but not JSON: {e}") from e
-    if hasattr(tools, "tolist"):  # numpy arrays from Parquet
-        tools = tools.tolist()
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _parse_sample_tools(tools: Any, names: list[str] | None) -> list[tuple[str, dict[str, Any] | None]]:
+    """(name, schema) per item; a plain-string item names a configured tool (schema None)."""
+    tools = decode_tools_value(tools)
     if not isinstance(tools, (list, tuple)):
         raise ValueError(f"the sample's tools must be a list of tool schemas, got {type(tools).__name__}")
     out: list[tuple[str, dict[str, Any] | None]] = []

@@ -2,14 +2,18 @@
 
 Why not blind retries: a 4xx is the caller's bug and retrying it only hides the bug; a
 connection error or 5xx is usually a dying or restarting server (engine crash, router restart)
-and is worth a few tries with back-off. Every retry is counted in `HttpStats` with its reason so
-faults show up in metrics instead of disappearing.
+and is worth retrying with back-off. The budget is a time window with a count cap, not a bare
+count: a router that marks a frozen engine unhealthy answers 503 at once, and a count alone is
+spent in seconds on those instant refusals although the engine comes back moments later. Every
+retry is counted in `HttpStats` with its reason so faults show up in metrics instead of
+disappearing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,10 +25,12 @@ import aiohttp
 class HttpError(RuntimeError):
     """A request that failed for good: non-retryable status, or the retry budget is spent."""
 
-    def __init__(self, message: str, status: int | None = None, body: str = ""):
+    def __init__(self, message: str, status: int | None = None, body: str = "", reason: str | None = None):
         super().__init__(message)
         self.status = status
         self.body = body
+        # short and stable, for counting failures by kind: "timeout", "connection", "http_503", "http_400"
+        self.reason = reason or (f"http_{status}" if status is not None else "error")
 
 
 @dataclass
@@ -46,7 +52,11 @@ class HttpStats:
 
 @dataclass
 class RetryPolicy:
+    """Retry while `window` seconds (from the first attempt) have not passed, at most `max_retries`
+    times; `window=None` is a pure count. The next attempt must start inside the window."""
+
     max_retries: int = 8
+    window: float | None = None
     base_delay: float = 0.1
     max_delay: float = 2.0
 
@@ -54,6 +64,12 @@ class RetryPolicy:
         """Exponential back-off with full jitter; a server's Retry-After wins when larger."""
         d = random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
         return max(d, retry_after or 0.0)
+
+    def gives_up(self, attempt: int, elapsed: float, delay: float) -> bool:
+        """True when retry number `attempt + 1` (after sleeping `delay`) is outside the budget."""
+        if attempt >= self.max_retries:
+            return True
+        return self.window is not None and elapsed + delay > self.window
 
 
 class HttpClient:
@@ -126,6 +142,7 @@ async def request_json(
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     attempt = 0
+    started = time.monotonic()
     while True:
         stats.requests += 1
         reason, retry_after, last = None, None, ""
@@ -146,11 +163,15 @@ async def request_json(
             reason, last = "connection", f"{type(e).__name__}: {e}"
         except asyncio.TimeoutError:
             reason, last = "timeout", f"no answer within {timeout:.1f}s"
-        if attempt >= policy.max_retries:
+        delay = policy.delay(attempt, retry_after)
+        elapsed = time.monotonic() - started
+        if policy.gives_up(attempt, elapsed, delay):
             stats.failures += 1
-            raise HttpError(f"{method} {url} failed after {attempt + 1} attempt(s), last: {reason}: {last}")
+            status = int(reason[5:]) if reason.startswith("http_") else None
+            raise HttpError(f"{method} {url} failed after {attempt + 1} attempt(s) in {elapsed:.1f}s, "
+                            f"last: {reason}: {last}", status, last if status else "", reason=reason)
         stats.retries[reason] += 1
-        await asyncio.sleep(policy.delay(attempt, retry_after))
+        await asyncio.sleep(delay)
         attempt += 1
         if on_retry is not None:
             payload = on_retry(payload)

@@ -61,12 +61,11 @@ class RateLimiter:
         timer = loop.call_later(timeout, self._expire, fut) if timeout is not None else None
         self._pump()
         try:
-            await asyncio.shield(fut)  # only we cancel it: `n_waiting` stays exact
+            await fut
         except asyncio.CancelledError:
-            if not fut.done():
-                fut.cancel()
+            if fut.cancelled():  # by our task's cancellation (`n_waiting` counts it until here)
                 self.n_waiting -= 1
-            elif not fut.cancelled() and fut.exception() is None:
+            elif fut.exception() is None:
                 self.release()  # served in the tick it was cancelled: give it back
             self._pump()  # withdraw the ticket nobody needs now
             raise
@@ -138,19 +137,20 @@ class RateLimiter:
             self.n_waiting -= 1
             fut.set_exception(RateLimitTimeout(f"no permit from rate limiter {self.name!r} in time"))
 
-    def _serve_oldest(self) -> bool:
-        while self.waiters and self.waiters[0].done():  # timed out, cancelled: uncounted already
+    def _oldest_waiter(self) -> asyncio.Future | None:
+        while self.waiters and self.waiters[0].done():  # timed out or cancelled
             self.waiters.popleft()
-        if not self.waiters:
-            return False
+        return self.waiters[0] if self.waiters else None
+
+    def _serve(self, fut: asyncio.Future) -> None:
+        self.waiters.popleft()
         self.n_waiting, self.inflight = self.n_waiting - 1, self.inflight + 1
-        self.waiters.popleft().set_result(None)
-        return True
+        fut.set_result(None)
 
     def _pump(self) -> None:
         """Serve waiters from idle permits where the core allows it, give back what must go back,
         and hold as many tickets as there are waiters."""
-        while self.idle and self.n_waiting:
+        while self.idle and (fut := self._oldest_waiter()) is not None:
             if not self.lease:
                 if not (self.hand_over and self.tickets and self.tickets[0] == self.frontier):
                     break
@@ -159,7 +159,7 @@ class RateLimiter:
                 self.handed_over += 1
                 self._outbox["served_through"] = self.frontier
             self.idle -= 1
-            self._serve_oldest()
+            self._serve(fut)
         if self.broken is not None:
             return
         if self.idle and (self.closed or not self.lease):
@@ -186,7 +186,8 @@ class RateLimiter:
             for ticket in mail["grants"]:
                 if self.tickets and self.tickets[0] == ticket:
                     self.tickets.popleft()
-                    if self._serve_oldest():
+                    if (fut := self._oldest_waiter()) is not None:
+                        self._serve(fut)
                         continue
                 self.idle += 1  # a spare: its ticket was handed over here already, or withdrawn
             self.frontier = max(self.frontier, mail["frontier"])
@@ -217,7 +218,10 @@ class RateLimiter:
 
     async def _poll_forever(self) -> None:
         try:
-            while not ((mail := await self.backend.poll(self.cid)).get("gone") and self.closed):
+            while True:
+                mail = await self.backend.poll(self.cid)
+                if mail.get("gone") and self.closed:  # we left and the core let us go
+                    return
                 self._on_mail(mail)
         except Exception as e:  # noqa: BLE001 - the actor died: fail loudly, never hang callers
             self._break(e)
@@ -231,6 +235,6 @@ class RateLimiter:
     def _fail_waiters(self, e: BaseException) -> None:
         for fut in self.waiters:
             if not fut.done():
+                self.n_waiting -= 1
                 fut.set_exception(e)
         self.waiters.clear()
-        self.n_waiting = 0

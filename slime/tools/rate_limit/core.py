@@ -166,8 +166,8 @@ class LimiterCore:
                 self.tokens -= 1
             c.grants.append(ticket)
             self._wake(c)
-        if self._modes() != self.modes:
-            self.modes = self._modes()
+        if (modes := self._modes()) != self.modes:
+            self.modes = modes
             for c in self.clients.values():
                 self._wake(c)
         if (owner := self.queue[0][1] if self.queue else None) != self._head_owner:

@@ -1,0 +1,81 @@
+"""`slime-train` / `python -m slime.train`: slime's training loop with the reference trainer.
+
+Takes every flag `slime-rollout` takes (slime's and Megatron-LM's names) plus the trainer's own
+(`slime.train.flags`: --actor-num-workers, --actor-num-cpus-per-worker, --train-threads,
+--weight-sync). Prints one line per rollout; Ctrl-C stops trainers, engines, router and actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Sequence
+
+from slime.cli.args import ArgError, parse_args
+from slime.cli.errors import describe
+
+PROG = "slime-train"
+
+
+def parse_train_args(argv: Sequence[str] | None = None) -> Any:
+    """parse_args, plus the trainer's flags when the main parser does not define them yet."""
+    from slime.train.flags import split_train_argv
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_flags, rest = split_train_argv(argv)
+    args = parse_args(rest, prog=PROG)
+    for name, value in vars(train_flags).items():  # taken out of argv above, so these are the user's values
+        setattr(args, name, value)
+    if args.debug_rollout_only:
+        raise ArgError("--debug-rollout-only: nothing to train; use slime-rollout")
+    if args.actor_num_workers < 1:
+        raise ArgError(f"--actor-num-workers must be >= 1, got {args.actor_num_workers}")
+    if args.save_interval is not None and not args.save:
+        raise ArgError("--save-interval needs --save DIR")
+    return args
+
+
+def run(args: Any) -> list[Any]:
+    from slime.cli.ray_session import ray_session
+    from slime.train.loop import train
+    from slime.utils.misc import load_function
+
+    for flag in ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
+                 "dynamic_sampling_filter_path"):
+        if getattr(args, flag, None):
+            load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if args.hf_checkpoint is None:
+        from slime.engine.default_model import ensure_default_model
+
+        args.hf_checkpoint = str(ensure_default_model())
+    with ray_session(args):
+        return train(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args = parse_train_args(argv)
+    except ArgError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        records = run(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; trainers, engines, router and actors were stopped", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the cause and the user's frames, not a Ray traceback
+        print(describe(e, PROG), file=sys.stderr)
+        return 1
+    if records:
+        rewards = [r.raw_reward for r in records if r.raw_reward is not None]
+        diffs = [r.rollout.get("train_rollout_logprob_abs_diff") for r in records
+                 if r.rollout.get("train_rollout_logprob_abs_diff") is not None]
+        print(f"done: {len(records)} rollout(s) trained"
+              + (f", reward {rewards[0]:.4f} -> {rewards[-1]:.4f}" if rewards else "")
+              + (f", max train/rollout log-prob diff {max(diffs):.2e}" if diffs else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

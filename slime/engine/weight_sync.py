@@ -1,0 +1,279 @@
+"""Trainer side of weight sync: push a model's named tensors to every engine, by shared memory /
+value (`push_tensors`) or by a `torch.distributed` broadcast in buckets (`WeightUpdateGroup`).
+
+An *engine* here is anything with slime's engine methods (`update_weights_from_tensor`,
+`init_weights_update_group`, `update_weights_from_distributed`, `destroy_weights_update_group`,
+`pause_generation`, `continue_generation`, `check_weights`), called with keyword arguments and
+returning the engine's JSON answer or raising: `HttpEngine(url)` from a plain process (tests,
+benchmarks), `slime.fleet.engine_actor.RemoteEngine(actor)` for Ray engine actors.
+
+Every engine is called concurrently (one thread each) while rank 0 broadcasts, as slime's Megatron
+trainer does; every wait is bounded (`timeout`), and a failure names the engine and the tensor.
+A push in several buckets should run inside `paused(engines)` (pause → push → continue, slime's
+order), so no request decodes on a half-pushed model.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import requests
+import torch
+
+from slime.engine.weight_transfer import (
+    bucket_named_tensors, dtype_name, flatten_bucket, named_checksums, serialize_named_tensors,
+)
+from slime.engine.weight_updates import broadcast, model_tensors, new_gloo_group
+
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # slime's --update-weight-buffer-size default
+
+
+class WeightSyncError(RuntimeError):
+    """A push or group operation failed; the message names the engine and what it said."""
+
+
+class HttpEngine:
+    """slime's engine weight API over HTTP against one engine server (no Ray needed)."""
+
+    def __init__(self, url: str, timeout: float = 600.0):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def __repr__(self) -> str:
+        return f"HttpEngine({self.url})"
+
+    def _post(self, path: str, body: dict, timeout: float | None = None) -> dict:
+        r = requests.post(f"{self.url}{path}", json=body, timeout=timeout or self.timeout)
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = {"message": r.text}
+        if r.status_code >= 400:
+            msg = answer.get("message") or (answer.get("error") or {}).get("message") or r.text
+            raise WeightSyncError(f"{self.url}{path}: HTTP {r.status_code}: {msg}")
+        return answer
+
+    def update_weights_from_tensor(self, serialized_named_tensors, load_format=None, flush_cache=False,
+                                   weight_version=None) -> dict:
+        return self._post("/update_weights_from_tensor", {
+            "serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
+            "flush_cache": flush_cache, "weight_version": weight_version})
+
+    def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name,
+                                  backend, timeout: float | None = None) -> dict:
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "group_name": group_name, "backend": backend}
+        if timeout is not None:
+            body["timeout"] = timeout
+        return self._post("/init_weights_update_group", body, timeout=(timeout or self.timeout) + 30)
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache=False,
+                                        weight_version=None, load_format=None) -> dict:
+        return self._post("/update_weights_from_distributed", {
+            "names": names, "dtypes": [dtype_name(d) if isinstance(d, torch.dtype) else d for d in dtypes],
+            "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache,
+            "weight_version": weight_version, "load_format": load_format})
+
+    def destroy_weights_update_group(self, group_name) -> dict:
+        return self._post("/destroy_weights_update_group", {"group_name": group_name})
+
+    def pause_generation(self, mode: str | None = None) -> dict:
+        return self._post("/pause_generation", {} if mode is None else {"mode": mode})
+
+    def continue_generation(self) -> dict:
+        return self._post("/continue_generation", {})
+
+    def check_weights(self, action: str, checksums: dict[str, str] | None = None) -> dict:
+        """The checker's answer; a compare that finds differences is an answer too (`equal` false)."""
+        body: dict[str, Any] = {"action": action}
+        if checksums is not None:
+            body["checksums"] = checksums
+        r = requests.post(f"{self.url}/weights_checker", json=body, timeout=self.timeout)
+        answer = r.json()
+        if r.status_code >= 400 and "equal" not in answer:
+            raise WeightSyncError(f"{self.url}/weights_checker: HTTP {r.status_code}: {answer.get('message')}")
+        return answer
+
+    def get_weight_version(self) -> str:
+        r = requests.get(f"{self.url}/get_weight_version", timeout=self.timeout)
+        r.raise_for_status()
+        return r.json()["weight_version"]
+
+
+def _in_thread(fn, *args, **kwargs) -> cf.Future:
+    """Run fn in a daemon thread (a stuck call never blocks interpreter exit; every call has its own deadline)."""
+    fut: cf.Future = cf.Future()
+
+    def run():
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name=f"weight-sync-{getattr(fn, '__name__', 'call')}").start()
+    return fut
+
+
+def _gather(engines: Sequence[Any], futures: list[cf.Future], what: str, timeout: float) -> list[Any]:
+    """Every engine's answer, or WeightSyncError listing every engine that failed."""
+    done, pending = cf.wait(futures, timeout=timeout)
+    errors = [f"{e!r}: no answer within {timeout:g} s" for e, f in zip(engines, futures) if f in pending]
+    errors += [f"{e!r}: {f.exception()}" for e, f in zip(engines, futures) if f in done and f.exception()]
+    if errors:
+        raise WeightSyncError(f"{what} failed on {len(errors)} of {len(engines)} engines: " + "; ".join(errors))
+    return [f.result() for f in futures]
+
+
+def on_all_engines(engines: Sequence[Any], method: str, timeout: float = 600.0, **kwargs) -> list[Any]:
+    """Call `method(**kwargs)` on every engine concurrently; every answer, or one error naming each failure."""
+    return _gather(engines, [_in_thread(getattr(e, method), **kwargs) for e in engines], method, timeout)
+
+
+@contextlib.contextmanager
+def paused(engines: Sequence[Any], timeout: float = 600.0) -> Iterator[None]:
+    """pause_generation on every engine, then continue_generation on every engine whatever happens."""
+    on_all_engines(engines, "pause_generation", timeout)
+    try:
+        yield
+    finally:
+        on_all_engines(engines, "continue_generation", timeout)
+
+
+def trainer_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """What a push sends: parameters and persistent buffers, each tied tensor once (under its first name)."""
+    seen: set[int] = set()
+    out = []
+    for name, t in model_tensors(model).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t.detach()))
+    return out
+
+
+def model_checksums(model: torch.nn.Module) -> dict[str, str]:
+    """`check_weights("compare", checksums=...)` argument for the trainer's current weights."""
+    return named_checksums(trainer_named_tensors(model))
+
+
+def push_tensors(engines: Sequence[Any], named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                 weight_version: str | None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, transport: str = "shm",
+                 flush_cache: bool = False, timeout: float = 600.0) -> list[dict]:
+    """`update_weights_from_tensor` bucket by bucket; each bucket is serialised once for all engines."""
+    answers: list[dict] = []
+    for bucket in bucket_named_tensors(named_tensors, bucket_bytes):
+        with serialize_named_tensors(bucket, transport=transport) as payload:
+            answers = on_all_engines(engines, "update_weights_from_tensor", timeout,
+                                     serialized_named_tensors=[payload.serialized], load_format=None,
+                                     flush_cache=flush_cache, weight_version=weight_version)
+    return answers
+
+
+class WeightUpdateGroup:
+    """Trainer rank 0 of a gloo group with every engine (engine i is rank i + 1); pushes in buckets.
+
+        group = WeightUpdateGroup(engines, group_name="slime")
+        group.connect()
+        with paused(engines):
+            group.push(model.named_parameters(), weight_version="3")
+        group.close()
+
+    `timeout` bounds the rendezvous and every broadcast: an engine that never joins makes
+    `connect()` raise within it, and nothing keeps waiting after it.
+    """
+
+    def __init__(self, engines: Sequence[Any], *, group_name: str = "slime", master_address: str = "127.0.0.1",
+                 master_port: int | None = None, backend: str = "gloo", timeout: float = 60.0):
+        if backend != "gloo":
+            raise WeightSyncError(f"the CPU trainer side supports backend 'gloo' only, got {backend!r}")
+        self.engines, self.group_name, self.backend, self.timeout = list(engines), group_name, backend, timeout
+        self.master_address, self.master_port = master_address, master_port
+        self._pg = self._store = None
+
+    @property
+    def connected(self) -> bool:
+        return self._pg is not None
+
+    def connect(self) -> None:
+        if self._pg is not None:
+            raise WeightSyncError(f"group {self.group_name!r} is already connected")
+        from slime.utils.misc import find_free_port
+
+        port = self.master_port or find_free_port(self.master_address)
+        world = len(self.engines) + 1
+        mine = _in_thread(new_gloo_group, self.master_address, port, 0, world, self.group_name, self.timeout,
+                          is_master=True)
+        theirs = [_in_thread(e.init_weights_update_group, master_address=self.master_address, master_port=port,
+                             rank_offset=i + 1, world_size=world, group_name=self.group_name, backend=self.backend,
+                             timeout=self.timeout)
+                  for i, e in enumerate(self.engines)]
+        # Fail at the first engine that refuses; the others (and rank 0) give up on their own at the deadline.
+        deadline = self.timeout + 30
+        done, pending = cf.wait(theirs, timeout=deadline, return_when=cf.FIRST_EXCEPTION)
+        errors = [f"{e!r}: {f.exception()}" for e, f in zip(self.engines, theirs) if f in done and f.exception()]
+        if errors or pending:
+            errors += [f"{e!r}: no answer within {deadline:g} s" for e, f in zip(self.engines, theirs) if f in pending]
+            raise WeightSyncError(f"init_weights_update_group {self.group_name!r} failed: " + "; ".join(errors))
+        try:
+            self._pg, self._store = mine.result(timeout=deadline)
+        except Exception as exc:  # noqa: BLE001
+            on_all_engines_quietly(self.engines, "destroy_weights_update_group", group_name=self.group_name)
+            raise WeightSyncError(f"trainer rank 0 could not form group {self.group_name!r} on "
+                                  f"{self.master_address}:{port}: {str(exc).strip().splitlines()[0]}") from None
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str | None,
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES, load_format: str | None = "flattened_bucket",
+             flush_cache: bool = False) -> list[dict]:
+        """Broadcast every tensor, one bucket at a time: each engine is told the bucket's names, dtypes and
+        shapes (concurrently), rank 0 broadcasts it (one flat buffer, or one broadcast per tensor when
+        `load_format` is None), then every engine's answer is awaited."""
+        if self._pg is None:
+            raise WeightSyncError(f"group {self.group_name!r} is not connected; call connect() first")
+        answers: list[dict] = []
+        for bucket in bucket_named_tensors(((n, t.detach().cpu().contiguous()) for n, t in named_tensors),
+                                           bucket_bytes):
+            tensors = [t for _, t in bucket]
+            futures = [_in_thread(e.update_weights_from_distributed, names=[n for n, _ in bucket],
+                                  dtypes=[dtype_name(t.dtype) for t in tensors], shapes=[list(t.shape) for t in tensors],
+                                  group_name=self.group_name, flush_cache=flush_cache, weight_version=weight_version,
+                                  load_format=load_format) for e in self.engines]
+            try:
+                if load_format == "flattened_bucket":
+                    broadcast(self._pg, flatten_bucket(tensors))
+                else:
+                    for t in tensors:
+                        broadcast(self._pg, t)
+            except Exception as exc:  # noqa: BLE001 - report what the engines said, they know why
+                said = [f"{e!r}: {f.exception()}" for e, f in zip(self.engines, futures) if f.done() and f.exception()]
+                raise WeightSyncError(f"broadcast of bucket starting at {bucket[0][0]!r} on group {self.group_name!r} "
+                                      f"failed: {str(exc).strip().splitlines()[0]}"
+                                      + (f"; engines said: {'; '.join(said)}" if said else "")) from None
+            answers = _gather(self.engines, futures, f"update_weights_from_distributed (bucket starting at "
+                                                     f"{bucket[0][0]!r})", self.timeout + 60)
+        return answers
+
+    def close(self) -> None:
+        """destroy_weights_update_group on every engine, then release rank 0's side."""
+        if self._pg is None:
+            return
+        on_all_engines_quietly(self.engines, "destroy_weights_update_group", group_name=self.group_name)
+        pg, self._pg, self._store = self._pg, None, None
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> WeightUpdateGroup:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def on_all_engines_quietly(engines: Sequence[Any], method: str, timeout: float = 30.0, **kwargs) -> None:
+    """Best-effort cleanup call (an engine that is gone or never had the group is not an error here)."""
+    with contextlib.suppress(WeightSyncError):
+        on_all_engines(engines, method, timeout, **kwargs)

@@ -1,0 +1,5 @@
+import sys
+
+from slime.cli.train import main
+
+sys.exit(main())

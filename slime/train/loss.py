@@ -1,0 +1,176 @@
+"""slime's policy loss on plain tensors: advantages, PPO/GRPO clipping, TIS, KL, entropy, and the
+per-rollout mean that makes a rollout count once however its samples were split.
+
+Everything works on flat per-token tensors (the samples' response tokens concatenated in order)
+plus the per-sample `response_lengths`, `loss_masks` and denominators, as slime's Megatron loss
+does. Pure torch: no Ray, no model, so each formula is unit-testable.
+
+Reduction (`sum_of_sample_mean`): sample i contributes `sum(x_i * mask_i) / max(denom_i, 1)` where
+`denom_i` is `rollout_mask_sums[i]`, the loss-mask total of the sample's whole rollout. Summed over
+every micro-batch and rank of a step and divided by the step's rollout count, that is the mean over
+rollouts of each rollout's token mean, whatever the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+SUPPORTED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+class LossConfigError(ValueError):
+    """A flag combination the reference trainer cannot train; the message names the flag."""
+
+
+def check_loss_args(args: Any) -> None:
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    if getattr(args, "custom_advantage_function_path", None) is None and estimator not in SUPPORTED_ESTIMATORS:
+        raise LossConfigError(f"--advantage-estimator {estimator}: the reference trainer supports "
+                              f"{', '.join(SUPPORTED_ESTIMATORS)} (ppo needs a critic)")
+    if getattr(args, "loss_type", "policy_loss") != "policy_loss":
+        raise LossConfigError(f"--loss-type {args.loss_type}: the reference trainer trains policy_loss only")
+    if getattr(args, "calculate_per_token_loss", False):
+        raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
+    if getattr(args, "kl_loss_type", "k1") not in ("k1", "k2", "k3", "low_var_kl"):
+        raise LossConfigError(f"--kl-loss-type {args.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
+
+
+def needs_reference(args: Any) -> bool:
+    """A frozen reference model is needed for the KL loss or a KL-shaped reward."""
+    return bool(getattr(args, "use_kl_loss", False)) or (
+        float(getattr(args, "kl_coef", 0.0) or 0.0) != 0.0
+        and getattr(args, "advantage_estimator", "grpo") in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+
+
+def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str,
+              importance_ratio: torch.Tensor | None = None) -> torch.Tensor:
+    """Schulman's estimators of KL(pi || ref) per token (slime's `compute_approx_kl`)."""
+    log_ratio = log_probs.float() - ref_log_probs.float()
+    if kind == "k1":
+        kl = log_ratio
+    elif kind == "k2":
+        kl = log_ratio ** 2 / 2.0
+    elif kind in ("k3", "low_var_kl"):
+        kl = torch.expm1(-log_ratio) + log_ratio
+    else:
+        raise LossConfigError(f"--kl-loss-type {kind}: expected k1, k2, k3 or low_var_kl")
+    if importance_ratio is not None:
+        kl = importance_ratio * kl
+    return kl.clamp(-10, 10) if kind == "low_var_kl" else kl
+
+
+def sample_reducer(response_lengths: list[int], loss_masks: list[torch.Tensor],
+                   denominators: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`x` (flat per-token) -> sum over samples of `sum(x_i * mask_i) / max(denom_i, 1)`."""
+    masks = [m.to(torch.float32) for m in loss_masks]
+    denoms = denominators.to(torch.float32).clamp_min(1.0)
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        parts = x.split(list(response_lengths), dim=0)
+        total = x.new_zeros(())
+        for part, mask, denom in zip(parts, masks, denoms):
+            total = total + (part * mask).sum() / denom
+        return total
+
+    return reduce
+
+
+def advantages_for(args: Any, rewards: list[float], loss_masks: list[torch.Tensor],
+                   kl: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """Per-token advantages from the batch's (already group-normalised) rewards, as slime computes them
+    for `--advantage-estimator` (GRPO family: the sample's reward on every token; REINFORCE++: the
+    discounted return of the KL-shaped token rewards; REINFORCE++-baseline: reward minus KL penalty)."""
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    kl_coef = float(getattr(args, "kl_coef", 0.0) or 0.0)
+    out = []
+    for i, (reward, mask) in enumerate(zip(rewards, loss_masks)):
+        n = mask.numel()
+        sample_kl = kl[i] if kl is not None else torch.zeros(n)
+        if estimator in ("grpo", "gspo", "cispo"):
+            out.append(torch.full((n,), float(reward)))
+        elif estimator == "reinforce_plus_plus_baseline":
+            out.append(torch.full((n,), float(reward)) - kl_coef * sample_kl * mask)
+        elif estimator == "reinforce_plus_plus":
+            token_rewards = -kl_coef * sample_kl * mask
+            nz = mask.nonzero()
+            if len(nz):
+                token_rewards[int(nz[-1])] += float(reward)
+            gamma = float(getattr(args, "gamma", 1.0) or 1.0)
+            returns = torch.zeros(n)
+            running = 0.0
+            for t in range(n - 1, -1, -1):
+                running = float(token_rewards[t]) + gamma * running
+                returns[t] = running
+            out.append(returns)
+        else:
+            raise LossConfigError(f"--advantage-estimator {estimator} is not supported by the reference trainer")
+    return out
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor]  # each a detached sum over samples (see module doc)
+
+
+def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
+                advantages: torch.Tensor, rollout_log_probs: torch.Tensor | None,
+                ref_log_probs: torch.Tensor | None, response_lengths: list[int], loss_masks: list[torch.Tensor],
+                reduce: Callable[[torch.Tensor], torch.Tensor]) -> PolicyLossOutput:
+    """slime's `policy_loss_function` for one micro-batch (flat per-token tensors, `reduce` from
+    `sample_reducer`). The returned loss is the micro-batch's share of the step loss before the step's
+    scaling (1 / rollouts in the step)."""
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    if estimator == "gspo":
+        # sequence-level ratio: every token of a sample gets the sample's mean log-ratio
+        parts = []
+        for lp, olp, m in zip(log_probs.split(response_lengths), old_log_probs.split(response_lengths), loss_masks):
+            mf = m.to(lp.dtype)
+            seq = ((olp - lp) * mf).sum() / mf.sum().clamp_min(1)
+            parts.append(seq.expand_as(lp))
+        ppo_kl = torch.cat(parts) if parts else old_log_probs - log_probs
+    else:
+        ppo_kl = old_log_probs - log_probs
+    ratio = torch.exp(-ppo_kl)
+    eps_low, eps_high = float(args.eps_clip), float(getattr(args, "eps_clip_high", None) or args.eps_clip)
+    if estimator == "cispo":
+        clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+        pg_losses = -clipped.detach() * advantages * log_probs
+        clipfrac = (clipped != ratio).float()
+    else:
+        loss1 = -ratio * advantages
+        loss2 = -ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
+        pg_losses = torch.maximum(loss1, loss2)
+        clipfrac = (loss2 > loss1).float()
+        eps_c = getattr(args, "eps_clip_c", None)
+        if eps_c is not None:
+            if eps_c <= 1.0:
+                raise LossConfigError(f"--eps-clip-c must be > 1.0 for dual-clip PPO, got {eps_c}")
+            pg_losses = torch.where(advantages < 0, torch.minimum(-eps_c * advantages, pg_losses), pg_losses)
+    metrics: dict[str, torch.Tensor] = {}
+    if getattr(args, "use_tis", False):
+        if rollout_log_probs is None:
+            raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
+        # truncated importance sampling: pi_train(old) / pi_rollout, clipped (slime's vanilla TIS)
+        tis = torch.exp(old_log_probs - rollout_log_probs)
+        weights = tis.clamp(float(getattr(args, "tis_clip_low", 0.0) or 0.0), float(getattr(args, "tis_clip", 2.0)))
+        metrics["tis"] = reduce(tis).detach()
+        metrics["tis_clipfrac"] = reduce((weights != tis).float()).detach()
+        metrics["ois"] = reduce(ratio.detach()).detach()
+        pg_losses = pg_losses * weights
+    pg_loss = reduce(pg_losses)
+    entropy_loss = reduce(entropy)
+    loss = pg_loss - float(getattr(args, "entropy_coef", 0.0) or 0.0) * entropy_loss
+    if getattr(args, "use_kl_loss", False):
+        if ref_log_probs is None:
+            raise LossConfigError("--use-kl-loss needs reference log-probs")
+        ratio_for_kl = torch.exp(log_probs - old_log_probs) if getattr(args, "use_unbiased_kl", False) else None
+        kl_loss = reduce(approx_kl(log_probs, ref_log_probs, args.kl_loss_type, ratio_for_kl))
+        loss = loss + float(getattr(args, "kl_loss_coef", 0.0) or 0.0) * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    metrics.update({"loss": loss.detach(), "pg_loss": pg_loss.detach(), "entropy_loss": entropy_loss.detach(),
+                    "pg_clipfrac": reduce(clipfrac).detach(), "ppo_kl": reduce(ppo_kl.detach()).detach()})
+    return PolicyLossOutput(loss, metrics)

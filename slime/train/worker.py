@@ -1,0 +1,349 @@
+"""`TrainWorker`: one data-parallel rank of the reference trainer (a Ray actor on a CPU bundle).
+
+Plain torch + transformers: the HF model the engines serve, in float32, wrapped in DDP over gloo.
+Per rollout (`train`): fetch this rank's Box, recompute the log-probs of the current weights
+(slime's "old" policy; also the measured trainer/engine log-prob gap) and of the frozen reference
+when a KL term needs it, compute advantages, then run the schedule's steps: each step is exactly
+the Box's micro-batches (`micro_batch_indices`, `num_microbatches`), gradients accumulated locally
+and all-reduced once (DDP `no_sync` on all but the last), clipped, one optimizer step. The loss of
+a micro-batch is its per-rollout sums (`rollout_mask_sums` as denominators) divided by the step's
+rollout count, times the DP size (DDP averages), so a rollout counts once however it was split.
+
+Rank 0 also pushes the weights to the engines (`update_weights`) and writes checkpoints: every
+rank holds identical parameters and optimizer state after each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from slime.train.loss import advantages_for, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer
+from slime.train.model import PolicyModel, pack
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name for the newest checkpoint
+GROUP_NAME = "slime-pp_0"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def checkpoint_dir(root: str | Path, rollout_id: int) -> Path:
+    return Path(root) / f"iter_{rollout_id:07d}"
+
+
+def latest_checkpoint(root: str | Path, step: int | None = None) -> int | None:
+    """The rollout id of the checkpoint `--load` resumes from (`--ckpt-step`, else the newest)."""
+    root = Path(root)
+    if step is not None:
+        if not (checkpoint_dir(root, step) / "model").is_dir():
+            raise CheckpointError(f"--ckpt-step {step}: no checkpoint {checkpoint_dir(root, step)} under --load {root}")
+        return step
+    tracker = root / CHECKPOINT_TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"--load {root}: {CHECKPOINT_TRACKER} holds {text!r}, expected a rollout id")
+    return int(text)
+
+
+class TrainWorker:
+    def __init__(self, args: Any, world_size: int, rank: int):
+        self.args, self.world_size, self.rank = args, world_size, rank
+        self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = None
+        self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
+        self._group_engines: list[Any] = []
+        self.global_step = 0
+        threads = getattr(args, "train_threads", None) or max(
+            1, (os.cpu_count() or 1) // max(1, int(getattr(args, "actor_num_workers", 1) or 1)))
+        torch.set_num_threads(int(threads))
+
+    # ---- set-up ----
+    def master_address(self) -> tuple[str, int]:
+        from slime.utils.misc import find_free_port
+
+        host = "127.0.0.1" if getattr(self.args, "engine_host", "127.0.0.1") == "127.0.0.1" \
+            else ray.util.get_node_ip_address()
+        return host, find_free_port(host)
+
+    def init(self, master_addr: str, master_port: int, timeout: float = 300.0) -> dict[str, Any]:
+        """Join the gloo group, build model / reference / optimizer, resume from `--load`. Returns
+        `{"start_rollout_id", "loaded_rollout_id"}`."""
+        from transformers import AutoModelForCausalLM
+
+        args = self.args
+        check_loss_args(args)
+        torch.manual_seed(int(getattr(args, "seed", 1234) or 0))
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                                    world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout))
+        loaded = latest_checkpoint(args.load, getattr(args, "ckpt_step", None)) if args.load else None
+        source = str(checkpoint_dir(args.load, loaded) / "model") if loaded is not None else args.hf_checkpoint
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        self.model.eval()  # no dropout: the trainer's log-probs must be the engine's
+        self.policy = PolicyModel(self.model, getattr(args, "rollout_temperature", 1.0))
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.ddp = DistributedDataParallel(self.policy, broadcast_buffers=False)
+        if needs_reference(args):
+            ref_path = getattr(args, "ref_load", None) or args.hf_checkpoint
+            if ref_path and not (Path(ref_path) / "config.json").is_file():
+                ref_path = args.hf_checkpoint  # a Megatron --ref-load dir: the HF model is the reference
+            ref_model = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32).eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
+            self.ref = PolicyModel(ref_model, getattr(args, "rollout_temperature", 1.0))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=float(args.lr), betas=(args.adam_beta1, args.adam_beta2),
+                                           eps=args.adam_eps, weight_decay=float(args.weight_decay or 0.0))
+        warmup = int(getattr(args, "lr_warmup_iters", 0) or 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda it: min(1.0, (it + 1) / warmup) if warmup > 0 else 1.0)
+        start = int(getattr(args, "start_rollout_id", 0) or 0)
+        if loaded is not None:
+            self._load_state(checkpoint_dir(args.load, loaded))
+            start = loaded + 1
+        return {"start_rollout_id": start, "loaded_rollout_id": loaded}
+
+    def _load_state(self, ckpt: Path) -> None:
+        state_path = ckpt / "trainer_state.json"
+        if state_path.is_file():
+            self.global_step = int(json.loads(state_path.read_text()).get("global_step", 0))
+        if getattr(self.args, "no_load_optim", False):
+            return
+        optim_path = ckpt / "optimizer.pt"
+        if not optim_path.is_file():
+            raise CheckpointError(f"--load: {optim_path} is missing (use --no-load-optim to start a fresh optimizer)")
+        state = torch.load(optim_path, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    # ---- one rollout ----
+    def train(self, rollout_id: int, boxes: list[Any]) -> dict[str, Any]:
+        """Train on this rank's Box of rollout `rollout_id`; rank 0 returns the metrics (others None)."""
+        t0 = time.monotonic()
+        data = ray.get(boxes[self.rank].inner)
+        args = self.args
+        tokens, lengths = data["tokens"], list(data["response_lengths"])
+        masks = [m.to(torch.float32) for m in data["loss_masks"]]
+        denoms = data["rollout_mask_sums"]
+        rollout_lp = data.get("rollout_log_probs")
+        mb_indices = data["micro_batch_indices"]
+        packed = [pack([tokens[i] for i in mb], [lengths[i] for i in mb]) for mb in mb_indices]
+        total_rollouts = float(sum(data["global_batch_sizes"]))
+
+        # the current weights' log-probs ("old" policy) and the reference's, before any update
+        old_lp: list[torch.Tensor] = [torch.empty(0)] * len(tokens)
+        ref_lp: list[torch.Tensor] | None = [torch.empty(0)] * len(tokens) if self.ref is not None else None
+        with torch.no_grad():
+            for mb, batch in zip(mb_indices, packed):
+                lp, _ = self.policy.run(batch, with_entropy=False)
+                for i, part in zip(mb, lp.split([lengths[i] for i in mb])):
+                    old_lp[i] = part
+                if self.ref is not None:
+                    rlp, _ = self.ref.run(batch, with_entropy=False)
+                    for i, part in zip(mb, rlp.split([lengths[i] for i in mb])):
+                        ref_lp[i] = part
+        rank_stats = defaultdict(float)
+        if rollout_lp is not None:
+            reduce_all = sample_reducer(lengths, masks, denoms)
+            diff = torch.cat(old_lp) - torch.cat(rollout_lp) if lengths else torch.zeros(0)
+            rank_stats["train_rollout_logprob_abs_diff"] = float(reduce_all(diff.abs()))
+            masked = diff.abs()[torch.cat(masks) > 0] if lengths else diff
+            rank_stats["train_rollout_logprob_abs_diff_max"] = float(masked.max()) if masked.numel() else 0.0
+        kl = None
+        if self.ref is not None:
+            kl = [approx_kl(o, r, args.kl_loss_type) for o, r in zip(old_lp, ref_lp)]
+        advantages = advantages_for(args, list(data["rewards"]), masks, kl)
+        if getattr(args, "normalize_advantages", False):
+            advantages = self._whiten(advantages, masks)
+
+        # the schedule's steps
+        steps_out: list[dict[str, float]] = []
+        cursor = 0
+        for n_mb, n_rollouts in zip(data["num_microbatches"], data["global_batch_sizes"]):
+            step_mbs = list(range(cursor, cursor + n_mb))
+            cursor += n_mb
+            self.optimizer.zero_grad(set_to_none=True)
+            sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(()))
+            for k, j in enumerate(step_mbs):
+                mb, batch = mb_indices[j], packed[j]
+                sync = contextlib.nullcontext() if k == n_mb - 1 else self.ddp.no_sync()
+                with sync:
+                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets)
+                    reduce = sample_reducer([lengths[i] for i in mb], [masks[i] for i in mb], denoms[mb])
+                    out = policy_loss(
+                        args, log_probs=lp, entropy=ent,
+                        old_log_probs=(torch.cat([rollout_lp[i] for i in mb])
+                                       if getattr(args, "use_rollout_logprobs", False) else
+                                       torch.cat([old_lp[i] for i in mb])),
+                        advantages=torch.cat([advantages[i] for i in mb]),
+                        rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
+                        ref_log_probs=torch.cat([ref_lp[i] for i in mb]) if ref_lp is not None else None,
+                        response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce)
+                    (out.loss * (self.world_size / n_rollouts)).backward()
+                for key, value in out.metrics.items():
+                    sums[key] = sums[key] + value
+            max_norm = float(getattr(args, "clip_grad", 0.0) or 0.0)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.global_step += 1
+            keys = sorted(sums)
+            vec = torch.stack([sums[k] for k in keys]).to(torch.float64)
+            dist.all_reduce(vec)
+            step_metrics = {k: float(v) / n_rollouts for k, v in zip(keys, vec)}
+            step_metrics["entropy"] = step_metrics.get("entropy_loss", 0.0)
+            step_metrics["grad_norm"] = float(grad_norm)
+            step_metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+            step_metrics["step"] = self.global_step
+            steps_out.append(step_metrics)
+
+        keys = sorted(k for k in rank_stats if not k.endswith("_max"))
+        vec = torch.tensor([rank_stats[k] for k in keys], dtype=torch.float64)
+        if keys:
+            dist.all_reduce(vec)
+        worst = torch.tensor([rank_stats.get("train_rollout_logprob_abs_diff_max", 0.0)], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        if self.rank != 0:
+            return None
+        rollout_metrics = {k: float(v) / total_rollouts for k, v in zip(keys, vec)}
+        if rollout_lp is not None:
+            rollout_metrics["train_rollout_logprob_abs_diff_max"] = float(worst[0])
+        raw = data.get("raw_reward") or []
+        return {"rollout_id": rollout_id, "steps": steps_out, "rollout": rollout_metrics,
+                "raw_reward": sum(raw) / len(raw) if raw else None, "seconds": time.monotonic() - t0,
+                "weight_versions": sorted({v for vs in data.get("weight_versions", []) for v in vs})}
+
+    def _whiten(self, advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Masked whitening over every rank's tokens (slime's --normalize-advantages)."""
+        flat, m = torch.cat(advantages), torch.cat(masks)
+        stats = torch.stack([(flat * m).sum(), m.sum(), (flat * flat * m).sum()]).to(torch.float64)
+        dist.all_reduce(stats)
+        n = max(float(stats[1]), 1.0)
+        mean = float(stats[0]) / n
+        var = max(float(stats[2]) / n - mean * mean, 0.0)
+        out = (flat - mean) / math.sqrt(var + 1e-8)
+        return list(out.split([a.numel() for a in advantages]))
+
+    # ---- weights ----
+    def weight_checksums(self) -> dict[str, str]:
+        from slime.engine.weight_sync import model_checksums
+
+        return model_checksums(self.model)
+
+    def update_weights(self, manager: Any, weight_version: str, mode: str) -> dict[str, Any] | None:
+        """Rank 0: push the weights to every updatable engine (slime's order: recover dead engines,
+        take the engines and the lock, pause, push, continue, release). Other ranks: nothing."""
+        if self.rank != 0:
+            return None
+        from slime.engine.weight_sync import paused, push_tensors, trainer_named_tensors
+        from slime.fleet.engine_actor import RemoteEngine
+
+        t0 = time.monotonic()
+        with contextlib.suppress(AttributeError):  # a manager without recovery: nothing to recover
+            ray.get(manager.recover_updatable_engines.remote())
+        engines, lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
+        named = trainer_named_tensors(self.model)
+        nbytes = sum(t.numel() * t.element_size() for _, t in named)
+        if not engines:
+            return {"engines": 0, "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}
+        if not ray.get(lock.acquire.remote(600.0)):
+            raise TimeoutError("update_weights: the engines' weight lock was not released within 600 s")
+        try:
+            remote = [RemoteEngine(e) for e in engines]
+            if mode == "disk":
+                path = self._save_hf(Path(self.args.save or os.environ.get("TMPDIR", "/tmp"))
+                                     / f"weights_for_engines_{os.getpid()}")
+                ray.get(manager.update_weights_from_disk.remote(str(path), weight_version))
+            else:
+                with paused(remote):
+                    if mode == "tensor":
+                        push_tensors(remote, named, weight_version=weight_version,
+                                     bucket_bytes=int(self.args.update_weight_buffer_size))
+                    else:
+                        self._connect(remote, engines, num_new)
+                        self.weight_group.push(named, weight_version=weight_version,
+                                               bucket_bytes=int(self.args.update_weight_buffer_size))
+            with contextlib.suppress(AttributeError):
+                ray.get(manager.clear_updatable_num_new_engines.remote())
+        finally:
+            ray.get(lock.release.remote())
+        return {"engines": len(engines), "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}
+
+    def _connect(self, remote: list[Any], engines: list[Any], num_new: int) -> None:
+        """(Re)form the gloo group with the engines when it is new or the engines changed."""
+        from slime.engine.weight_sync import WeightUpdateGroup
+
+        ids = [e._actor_id.hex() for e in engines]  # noqa: SLF001 - identity of the actor, not its handle
+        if self.weight_group is not None and (ids != self._group_engines or num_new):
+            self.weight_group.close()
+            self.weight_group = None
+        if self.weight_group is None:
+            host, _ = self.master_address()
+            group = WeightUpdateGroup(remote, group_name=GROUP_NAME, master_address=host, timeout=120.0)
+            group.connect()
+            self.weight_group, self._group_engines = group, ids
+
+    def close_weight_group(self) -> None:
+        if self.weight_group is not None:
+            self.weight_group.close()
+            self.weight_group = None
+
+    # ---- checkpoints ----
+    def _save_hf(self, directory: Path) -> Path:
+        tmp = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(str(tmp), safe_serialization=True)
+        src = Path(self.args.hf_checkpoint)
+        for name in os.listdir(src):  # tokenizer and generation config, so the dir serves as is
+            if name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges",
+                                "chat_template")) and (src / name).is_file():
+                shutil.copy(src / name, tmp / name)
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.replace(directory)
+        return directory
+
+    def save_model(self, rollout_id: int) -> str | None:
+        """Rank 0 writes `{--save}/iter_{rollout_id:07d}/{model (HF), optimizer.pt, trainer_state.json}` and
+        then moves `latest_checkpointed_iteration.txt` (a crash mid-save leaves the previous one current)."""
+        dist.barrier()
+        if self.rank != 0:
+            return None
+        ckpt = checkpoint_dir(self.args.save, rollout_id)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        self._save_hf(ckpt / "model")
+        if not getattr(self.args, "no_save_optim", False):
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                       ckpt / "optimizer.pt")
+        (ckpt / "trainer_state.json").write_text(json.dumps({"rollout_id": rollout_id,
+                                                             "global_step": self.global_step}))
+        tracker = Path(self.args.save) / CHECKPOINT_TRACKER
+        tmp = tracker.with_suffix(".tmp")
+        tmp.write_text(str(rollout_id))
+        tmp.replace(tracker)
+        return str(ckpt)
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close_weight_group()
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()

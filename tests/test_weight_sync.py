@@ -1,0 +1,424 @@
+"""Weight sync on the embedded engine: slime's engine API (EngineActor methods, here as plain objects
+around real engine processes) and the trainer-side helpers, on the tiny model.
+
+Model A is what the engines load; model B is the same architecture with another seed. A push of B
+must make an engine answer exactly what an engine serving B answers (greedy and seeded sampling),
+and every request must come entirely from one weight version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import requests
+import torch
+
+from slime.engine.weight_sync import (
+    HttpEngine, WeightSyncError, WeightUpdateGroup, model_checksums, paused, push_tensors, trainer_named_tensors,
+)
+from slime.engine.weight_transfer import named_checksums, serialize_named_tensors
+from slime.fleet.engine_actor import EngineActor
+from slime.utils.misc import find_free_port
+
+PROMPTS = [[100 + 7 * i + j for j in range(n)] for i, n in enumerate((3, 11, 5, 17, 8, 2))]
+LONG = 128  # tokens per request: long enough to still be running when an update arrives
+SHORT = 24  # tokens when only the weights matter (a prefix of the LONG answer: same computation)
+
+
+def _kind(i: int) -> dict:
+    """Even prompts greedy, odd ones seeded sampling (the tiny model's greedy output repeats itself)."""
+    return {} if i % 2 == 0 else {"temperature": 1.0, "sampling_seed": 1000 + i}
+
+
+def gen(url: str, ids: list[int], max_new_tokens: int = LONG, **sp) -> dict:
+    body = {"input_ids": ids, "return_logprob": True,
+            "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": max_new_tokens, **sp}}
+    r = requests.post(f"{url}/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def load(url: str) -> dict:
+    return requests.get(f"{url}/get_load", timeout=30).json()
+
+
+def wait_until(pred, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def actor(model_dir, tmp_path, rank: int = 0) -> EngineActor:
+    args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", hf_checkpoint=str(model_dir),
+                           engine_max_batch_size=16, engine_threads=1, engine_startup_timeout=120,
+                           log_dir=str(tmp_path))
+    return EngineActor(args, rank=rank)
+
+
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def model_b_dir(tmp_path_factory):
+    from slime.testing.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-b"), seed=1)
+
+
+def _all(fn, items) -> list:
+    with cf.ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(fn, items))
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir, model_b_dir, tmp_path_factory):
+    """Two engines serving A, plus what an engine serving B answers (then stopped)."""
+    logs = tmp_path_factory.mktemp("engine-logs")
+    a1, a2, b = actors = [actor(tiny_model_dir, logs, 0), actor(tiny_model_dir, logs, 1),
+                                 actor(model_b_dir, logs, 2)]
+    with contextlib.ExitStack() as stack:
+        for x in actors:
+            stack.callback(x.stop)
+        for x in actors:  # from this thread: engines die with the thread that started them (PR_SET_PDEATHSIG)
+            x.start()
+        # concurrent requests are answered exactly as solo ones (tests/test_hf_engine.py)
+        answers = _all(lambda job: gen(job[0].url(), PROMPTS[job[1]], **_kind(job[1])),
+                       [(x, i) for x in (a1, b) for i in range(len(PROMPTS))])
+        b.stop()
+        yield [a1, a2], {"A": answers[:len(PROMPTS)], "B": answers[len(PROMPTS):]}
+
+
+@pytest.fixture(scope="module")
+def engines(cluster) -> list[EngineActor]:
+    return cluster[0]
+
+
+@pytest.fixture(scope="module")
+def refs(cluster) -> dict[str, list[dict]]:
+    return cluster[1]
+
+
+@pytest.fixture(scope="module")
+def tensors_b(model_b_dir):
+    return trainer_named_tensors(hf_model(model_b_dir))
+
+
+@pytest.fixture(scope="module")
+def tensors_a(tiny_model_dir):
+    return trainer_named_tensors(hf_model(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def ck_a(tensors_a):
+    return named_checksums(tensors_a)
+
+
+@pytest.fixture(scope="module")
+def ck_b(tensors_b):
+    return named_checksums(tensors_b)
+
+
+@pytest.fixture(autouse=True)
+def base_weights(engines, tiny_model_dir, refs):
+    """Every test starts with both engines serving A as version "base", running, with no snapshot left over."""
+    for e in engines:
+        e.continue_generation()
+        e.update_weights_from_disk(str(tiny_model_dir), "base")
+        assert e.get_weight_version() == "base"
+    yield
+
+
+def outputs(r: dict) -> tuple[list[int], list[float]]:
+    return r["output_ids"], [x[0] for x in r["meta_info"]["output_token_logprobs"]]
+
+
+def assert_answer_of(r: dict, ref: dict) -> None:
+    ids, lps = outputs(r)
+    ref_ids, ref_lps = outputs(ref)
+    assert ids == ref_ids[:len(ids)] and len(ids) in (SHORT, LONG)
+    assert lps == pytest.approx(ref_lps[:len(ids)], abs=1e-4)
+
+
+def assert_serves(url: str, refs_of_model: list[dict], version: str, prompts=(0, 1)) -> None:
+    for i in prompts:
+        r = gen(url, PROMPTS[i], SHORT, **_kind(i))
+        assert_answer_of(r, refs_of_model[i])
+        assert r["meta_info"]["weight_version"] == version
+        assert r["meta_info"]["weight_versions"] == [{"version": version, "start": 0, "end": SHORT}]
+
+
+# ---------------------------------------------------------------------------------------------- tensor path
+@pytest.mark.parametrize("transport", ["shm", "inline"])
+def test_update_weights_from_tensor_serves_the_pushed_model(engines, refs, tensors_a, tensors_b, transport):
+    e = engines[0]
+    assert_serves(e.url(), refs["A"], "base")
+    with serialize_named_tensors(tensors_b, transport=transport) as payload:
+        answer = e.update_weights_from_tensor([payload.serialized], weight_version="v1")
+    assert answer["success"] and answer["weight_version"] == "v1"
+    assert e.get_weight_version() == "v1"
+    assert_serves(e.url(), refs["B"], "v1")
+    assert_serves(engines[1].url(), refs["A"], "base")  # the other engine was not touched
+    # several buckets, both engines at once, through the trainer helper (each bucket serialised once)
+    answers = push_tensors(engines, tensors_a, weight_version="v2", bucket_bytes=1 << 20, transport=transport)
+    assert [a["weight_version"] for a in answers] == ["v2", "v2"]
+    for x in engines:
+        assert_serves(x.url(), refs["A"], "v2")
+    # the version is SGLang's: unchanged when a push does not give one
+    push_tensors(engines[:1], tensors_b, weight_version=None)
+    assert e.get_weight_version() == "v2"
+    assert_serves(e.url(), refs["B"], "v2", prompts=(0,))
+
+
+def test_shared_memory_payload_is_removed_and_confined():
+    t = [("w", torch.arange(6, dtype=torch.float32).view(2, 3))]
+    with serialize_named_tensors(t) as payload:
+        path = payload.path
+        assert path.exists()
+    assert not path.exists()
+    from slime.engine.weight_transfer import WeightFormatError, deserialize_named_tensors
+
+    forged = payload.serialized.replace(str(path), "/etc/passwd")
+    with pytest.raises(WeightFormatError, match="must be a slime-weights-"):
+        deserialize_named_tensors(forged)
+
+
+@pytest.mark.parametrize("name, tensor, message", [
+    ("model.no_such_layer.weight", torch.zeros(3), "no such parameter"),
+    ("model.norm.weight", torch.zeros(64, dtype=torch.float64), "dtype float64 does not match"),
+    ("model.norm.weight", torch.zeros(65), "shape [65] does not match"),
+])
+def test_bad_tensor_is_refused_naming_it_and_nothing_changes(engines, refs, tensors_b, name, tensor, message):
+    e = engines[0]
+    before = e.check_weights("checksum")["checksums"]
+    # a good tensor first, then the bad one: the push is all or nothing
+    with serialize_named_tensors([tensors_b[0], (name, tensor)]) as payload:
+        with pytest.raises(requests.HTTPError) as err:
+            e.update_weights_from_tensor([payload.serialized], weight_version="bad")
+    assert err.value.response.status_code == 400
+    assert name in str(err.value) and message in str(err.value)
+    assert e.get_weight_version() == "base"
+    assert e.check_weights("checksum")["checksums"] == before
+    assert_serves(e.url(), refs["A"], "base", prompts=(0,))
+
+
+def test_malformed_tensor_requests_are_400(engines):
+    url = engines[0].url()
+    for body, field in [({}, "serialized_named_tensors"), ({"serialized_named_tensors": ["{}", "{}"]}, "tp_size 1"),
+                        ({"serialized_named_tensors": ["not json"]}, "JSON payload"),
+                        ({"serialized_named_tensors": ["{}"], "load_format": "direct"}, "load_format")]:
+        r = requests.post(f"{url}/update_weights_from_tensor", json=body, timeout=30)
+        assert r.status_code == 400 and field in r.json()["message"], (body, r.text)
+    assert engines[0].get_weight_version() == "base"
+
+
+# ----------------------------------------------------------------------------------------- distributed path
+def test_distributed_push_in_buckets_to_two_engines(engines, refs, tensors_a, tensors_b, ck_b):
+    group = WeightUpdateGroup(engines, group_name="g-test", timeout=60)
+    group.connect()
+    try:
+        with paused(engines):
+            answers = group.push(tensors_b, weight_version="v1", bucket_bytes=1 << 20)  # many flat buckets
+        assert [a["weight_version"] for a in answers] == ["v1", "v1"]
+        for e in engines:
+            assert_serves(e.url(), refs["B"], "v1")
+            check = e.check_weights("compare", checksums=ck_b)
+            assert check["equal"] and check["success"] and all(check["tensors"].values())
+        # SGLang's other layout: one broadcast per tensor
+        group.push(tensors_a, weight_version="v2", load_format=None)
+        for e in engines:
+            assert_serves(e.url(), refs["A"], "v2", prompts=(0,))
+        # a tensor the model does not have: refused by name, the broadcast still completes, nothing changes
+        bad = [tensors_b[0], ("model.norm.weight", torch.zeros(65))]
+        with pytest.raises(WeightSyncError, match=r"'model.norm.weight': shape \[65\] does not match"):
+            group.push(bad, weight_version="bad")
+        for e in engines:
+            assert e.get_weight_version() == "v2"
+            assert_serves(e.url(), refs["A"], "v2", prompts=(0,))
+        group.push(tensors_b, weight_version="v3")  # the group is still usable
+        assert [e.get_weight_version() for e in engines] == ["v3", "v3"]
+    finally:
+        group.close()
+    with pytest.raises(requests.HTTPError, match="'g-test' does not exist"):
+        engines[0].update_weights_from_distributed(["model.norm.weight"], ["float32"], [[64]], "g-test")
+    assert engines[0].destroy_weights_update_group("g-test")["success"] is False  # tolerated, like slime
+
+
+def test_distributed_push_over_http_helper(engines, refs, tensors_b):
+    clients = [HttpEngine(e.url()) for e in engines]
+    with WeightUpdateGroup(clients, group_name="g-http", timeout=60) as group, paused(clients):
+        group.push(tensors_b, weight_version="7")
+    assert [c.get_weight_version() for c in clients] == ["7", "7"]
+    assert_serves(engines[1].url(), refs["B"], "7", prompts=(1,))
+
+
+def test_group_that_cannot_rendezvous_fails_within_its_deadline(engines, refs):
+    e = engines[0]
+    port = find_free_port()  # nobody listens there
+    with pytest.raises(requests.HTTPError) as err:  # the actor call's own deadline is timeout + 30 s
+        e.init_weights_update_group("127.0.0.1", port, 1, 2, "g-nobody", "gloo", timeout=2)
+    assert err.value.response.status_code == 400
+    assert f"could not rendezvous with the trainer at 127.0.0.1:{port}" in str(err.value)
+    assert "deadline 2 s" in str(err.value)
+    # the engine keeps serving, and the name is free again
+    assert_serves(e.url(), refs["A"], "base", prompts=(0,))
+    with WeightUpdateGroup([e], group_name="g-nobody", timeout=30):
+        pass
+    # trainer side: an engine that cannot join makes connect() fail at once, naming it
+    dead = HttpEngine(f"http://127.0.0.1:{find_free_port()}", timeout=5)
+    group = WeightUpdateGroup([engines[1], dead], group_name="g-dead", timeout=3)
+    with pytest.raises(WeightSyncError, match=r"init_weights_update_group 'g-dead' failed: HttpEngine\(http://"):
+        group.connect()
+    assert not group.connected
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"backend": "nccl"}, "backend 'nccl' is not available"),
+    ({"rank_offset": 0}, "rank_offset must be in 1..world_size-1"),
+    ({"master_port": "x"}, "master_port must be an integer"),
+])
+def test_bad_group_requests_are_400(engines, body, message):
+    full = {"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 1, "world_size": 2,
+            "group_name": "g-bad", "backend": "gloo", **body}
+    r = requests.post(f"{engines[0].url()}/init_weights_update_group", json=full, timeout=30)
+    assert r.status_code == 400 and message in r.json()["message"]
+
+
+# ------------------------------------------------------------------------------------------- weight checker
+def test_check_weights_snapshot_compare_reset(engines, tiny_model_dir, tensors_b, ck_a, ck_b):
+    e = engines[0]
+    assert model_checksums(hf_model(tiny_model_dir)) == ck_a
+    assert e.check_weights("compare", checksums=ck_a)["equal"]
+    assert e.check_weights("snapshot")["success"]
+    same = e.check_weights("compare")
+    assert same["equal"] and same["success"] and set(same["tensors"]) >= set(ck_a)
+    push_tensors([e], tensors_b, weight_version="v1")
+    diff = e.check_weights("compare")  # against the engine's own snapshot: per tensor
+    assert not diff["equal"] and not diff["success"]
+    assert {n: diff["tensors"][n] for n in ck_a} == {n: ck_a[n] == ck_b[n] for n in ck_a}
+    assert sum(not v for v in diff["tensors"].values()) > 5 and "differ" in diff["message"]
+    assert e.check_weights("compare_checksum", checksums=ck_b)["equal"]
+    tampered = {**ck_b, "model.norm.weight": "0" * 64, "model.extra.weight": "0" * 64}
+    answer = e.check_weights("compare", checksums=tampered)
+    assert answer["mismatched"] == ["model.norm.weight"] and answer["missing"] == ["model.extra.weight"]
+    assert [n for n, ok in answer["tensors"].items() if not ok] == ["model.norm.weight", "model.extra.weight"]
+    assert e.check_weights("reset_tensors")["success"]
+    after_reset = e.check_weights("compare", checksums=ck_b)
+    assert not any(after_reset["tensors"].values())
+    assert e.get_weight_version() == "v1"  # reset keeps the version, like SGLang
+    with pytest.raises(RuntimeError, match="action must be one of"):
+        e.check_weights("explode")
+    with pytest.raises(RuntimeError, match="compare_checksum needs checksums"):
+        e.check_weights("compare_checksum")
+
+
+# -------------------------------------------------------------------------- updates with requests in flight
+def _start_requests(url: str, results: dict, indices) -> list[threading.Thread]:
+    threads = []
+    for i in indices:
+        th = threading.Thread(target=lambda i=i: results.__setitem__(i, gen(url, PROMPTS[i], **_kind(i))))
+        th.start()
+        threads.append(th)
+    return threads
+
+
+def _assert_each_answer_is_one_version(results: dict, refs, versions: dict[str, str]) -> dict[int, str]:
+    """Every answer equals, token for token, what the model of its reported version answers alone."""
+    seen = {}
+    for i, r in results.items():
+        v = r["meta_info"]["weight_version"]
+        assert r["meta_info"]["weight_versions"] == [{"version": v, "start": 0, "end": LONG}]
+        assert r["meta_info"]["finish_reason"]["type"] == "length"
+        assert_answer_of(r, refs[versions[v]][i])
+        seen[i] = v
+    return seen
+
+
+def test_pause_update_continue_with_requests_in_flight(engines, refs, tensors_b):
+    e = engines[0]
+    url = e.url()
+    results: dict = {}
+    restarted0 = load(url)["requests_restarted"]
+    threads = _start_requests(url, results, range(4))
+    wait_until(lambda: load(url)["num_running_reqs"] == 4)
+    steps = load(url)["decode_steps_total"]
+    wait_until(lambda: load(url)["decode_steps_total"] >= steps + 3)  # every row has tokens from A
+    e.pause_generation()
+    running = load(url)["num_running_reqs"]
+    assert running >= 1
+    threads += _start_requests(url, results, (4, 5))  # arrive while paused: must run on the new weights
+    wait_until(lambda: load(url)["num_waiting_reqs"] == 2)
+    push_tensors([e], tensors_b, weight_version="v1")
+    e.continue_generation()
+    for th in threads:
+        th.join(120)
+    assert sorted(results) == list(range(6))  # nothing lost
+    seen = _assert_each_answer_is_one_version(results, refs, {"base": "A", "v1": "B"})
+    assert seen[4] == seen[5] == "v1"
+    assert list(seen.values()).count("v1") >= running + 2
+    assert load(url)["requests_restarted"] - restarted0 == running
+
+
+@pytest.mark.parametrize("path", ["tensor", "distributed", "disk"])
+def test_update_without_pause_never_mixes_versions(engines, refs, tensors_b, model_b_dir, path):
+    e = engines[1]
+    url = e.url()
+    results: dict = {}
+    with contextlib.ExitStack() as stack:
+        if path == "distributed":
+            group = stack.enter_context(WeightUpdateGroup([e], group_name="g-live", timeout=60))
+        restarted0 = load(url)["requests_restarted"]
+        threads = _start_requests(url, results, range(4))
+        wait_until(lambda: load(url)["num_running_reqs"] == 4 and load(url)["decode_steps_total"] > 0)
+        if path == "tensor":
+            push_tensors([e], tensors_b, weight_version="v1")
+        elif path == "disk":
+            e.update_weights_from_disk(str(model_b_dir), "v1")
+        else:
+            group.push(tensors_b, weight_version="v1")  # one bucket: a single atomic update
+        for th in threads:
+            th.join(120)
+    assert sorted(results) == list(range(4))
+    seen = _assert_each_answer_is_one_version(results, refs, {"base": "A", "v1": "B"})
+    assert list(seen.values()).count("v1") == load(url)["requests_restarted"] - restarted0  # restarted ones only
+    assert_serves(url, refs["B"], "v1", prompts=(0,))
+
+
+def test_streamed_request_in_flight_is_aborted_not_mixed(engines, tensors_b):
+    url = engines[0].url()
+    body = {"input_ids": PROMPTS[2], "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+    with requests.post(f"{url}/generate", json=body, stream=True, timeout=120) as r:
+        lines = (ln for ln in r.iter_lines(decode_unicode=True) if ln)
+        assert next(lines).startswith("data: {")
+        push_tensors([engines[0]], tensors_b, weight_version="v1")
+        chunks = list(lines)
+    last = json.loads(chunks[-2][len("data: "):])
+    assert chunks[-1] == "data: [DONE]"
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "weights were updated" in last["meta_info"]["finish_reason"]["message"]
+    assert last["meta_info"]["weight_version"] == "base"
+
+
+def test_pause_modes(engines):
+    url = engines[0].url()
+    r = requests.post(f"{url}/pause_generation", json={"mode": "sideways"}, timeout=30)
+    assert r.status_code == 400 and "mode must be" in r.json()["message"]
+    results: dict = {}
+    threads = _start_requests(url, results, (0,))
+    wait_until(lambda: load(url)["num_running_reqs"] == 1)
+    engines[0].pause_generation("abort")
+    threads[0].join(60)
+    assert results[0]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert load(url)["paused"]
+    engines[0].continue_generation()
+    assert not load(url)["paused"]

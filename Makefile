@@ -15,7 +15,7 @@ export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
 export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
 export SLIME_CACHE ?= $(HOME)/.cache/slime
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo train-demo test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -40,6 +40,17 @@ demo: setup
 	  --rollout-function-path rollout_plugins.multi_turn.generate_rollout --tool-config-path configs/gsm8k_tool.yaml \
 	  --rm-type gsm8k --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-response-len 96 \
 	  --max-turns 3 --num-rollout 1 --rollout-data-dir outputs/rollouts-multi-turn
+
+# GRPO on SmolLM2-135M-Instruct ("answer in one short sentence"), one line per step, reward curve PNG.
+train-demo: setup
+	$(PY) -m slime.engine.default_model
+	$(PY) -m slime.train --rollout-backend hf --rollout-num-engines 1 --rollout-num-cpus-per-engine 0.5 --engine-threads 2 \
+	  --actor-num-workers 1 --actor-num-cpus-per-worker 1 --prompt-data configs/train_demo/train.jsonl \
+	  --input-key messages --label-key label --apply-chat-template --custom-rm-path configs.train_demo.reward.concise_answer \
+	  --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 40 --num-rollout 10 --lr 3e-5 \
+	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/train-demo \
+	  --use-wandb --wandb-project slime-train-demo
+	$(PY) scripts/report.py outputs/train-demo -o outputs/train-demo/report
 
 test: setup
 	$(PY) -m pytest -q

@@ -3,7 +3,8 @@ engines, through each path side by side in one run (rounds interleaved):
 
 - tensor (shm):    update_weights_from_tensor, buckets packed once into /dev/shm, engines map and copy
 - tensor (inline): the same by value (base64 in the HTTP body), 64 MB buckets
-- distributed:     update_weights_from_distributed, gloo broadcast of flat 512 MB buckets (group set up once)
+- distributed:     update_weights_from_distributed, gloo broadcast per tensor straight into the engines'
+                   parameters (SGLang's default layout); "(flat)": 512 MB flattened buckets. Group set up once.
 - disk:            trainer save_pretrained (safetensors) + update_weights_from_disk on both engines
 
 Every push is bracketed by pause/continue (slime's order) and verified afterwards by
@@ -57,7 +58,8 @@ def main() -> None:
     args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", hf_checkpoint=str(model_dir),
                            engine_max_batch_size=8, engine_threads=1, engine_startup_timeout=300, log_dir=str(work))
     engines = [EngineActor(args, rank=i) for i in range(2)]
-    times: dict[str, list[float]] = {"tensor (shm)": [], "tensor (inline)": [], "distributed": [], "disk": []}
+    times: dict[str, list[float]] = {"tensor (shm)": [], "tensor (inline)": [], "distributed": [],
+                                     "distributed (flat)": [], "disk": []}
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
         for e in engines:
@@ -79,8 +81,9 @@ def main() -> None:
                     on_all_engines(engines, "update_weights_from_disk", model_path=str(ckpt), weight_version=str(version))
                 else:
                     with paused(engines):
-                        if path == "distributed":
-                            group.push(named, weight_version=str(version))
+                        if path.startswith("distributed"):
+                            group.push(named, weight_version=str(version),
+                                       load_format="flattened_bucket" if "flat" in path else None)
                         else:
                             inline = path == "tensor (inline)"
                             push_tensors(engines, named, weight_version=str(version),

@@ -51,6 +51,8 @@ class MultiTurnContext:
         self.tok = tokenizer if tokenizer is not None else self.runtime.tokenizer
         path = _arg(args, "tool_config_path")
         self.tools: ToolSet = get_tool_set(path) if path else ToolSet([], source="<no --tool-config-path>")
+        if self.runtime is not None:
+            self.tools.use_services(self.runtime.tool_services)  # e.g. the manager's sandbox URL
         self.parser = get_parser(_arg(args, "tool_call_parser", "hermes"))
         kw = _arg(args, "apply_chat_template_kwargs", {})
         self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)

@@ -182,14 +182,34 @@ def test_offload_onload_really_release(manager):
 
 
 def test_router_restarts_after_kill(manager):
+    """The router is SIGKILLed while requests wait on the (paused) engines: it is restarted, the
+    orphaned requests are re-sent with fresh rids (the old ones aborted) and nothing fails."""
     import ray
 
     m, info, _, _ = manager
     old = ray.get(m.router_pid.remote())
     restarts = ray.get(m.status.remote())["router_restarts"]
-    os.kill(old, signal.SIGKILL)
-    batch = ray.get(ray.get(m.generate.remote(2)).inner)
+    urls = info["engine_urls"]
+    for url in urls:
+        requests.post(f"{url}/pause_generation", json={}, timeout=10)
+    try:
+        ref = m.generate.remote(2)
+        deadline = time.monotonic() + 60
+        while sum(requests.get(f"{u}/get_load", timeout=5).json().get("num_reqs", 0) for u in urls) == 0:
+            assert time.monotonic() < deadline, "no request reached the paused engines"
+            time.sleep(0.05)
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while ray.get(m.status.remote())["router_restarts"] == restarts:
+            assert time.monotonic() < deadline, "the router was not restarted"
+            time.sleep(0.05)
+    finally:
+        for url in urls:
+            requests.post(f"{url}/continue_generation", json={}, timeout=10)
+    batch = ray.get(ray.get(ref).inner)
     assert len(batch["tokens"]) == N_PROMPTS * N_SAMPLES
+    summary = ray.get(m.last_summary.remote())
+    assert summary["failed"] == 0 and summary["engine_retries"] >= 1
     st = ray.get(m.status.remote())
     assert st["router_restarts"] == restarts + 1 and st["router_pid"] != old
     assert ray.get(m.router_alive.remote())
@@ -212,7 +232,8 @@ def own_manager(ray_cluster, tiny_model_dir, data_files, tmp_path):
 
 
 def test_engine_killed_mid_rollout_loses_nothing(own_manager):
-    """Engine 0 is paused so requests pile up on it, then killed: they are retried on engine 1."""
+    """Engine 0 is paused so requests pile up on it, then killed: they are retried on engine 1, the
+    death is reported, and engine 0 is replaced (new actor, new URL) and serves again."""
     import ray
 
     m, info = own_manager
@@ -223,12 +244,30 @@ def test_engine_killed_mid_rollout_loses_nothing(own_manager):
     while requests.get(f"{victim}/get_load", timeout=5).json().get("num_reqs", 0) == 0:
         assert time.monotonic() < deadline, "no request reached the paused engine"
         time.sleep(0.05)
-    ray.get(m.kill_engine.remote(0))
+    old_pid = ray.get(m.kill_engine.remote(0))
     batch = ray.get(ray.get(ref).inner)
     n = N_PROMPTS * N_SAMPLES
     assert len(batch["tokens"]) == n and sorted(batch["sample_indices"]) == sorted(set(batch["sample_indices"]))
     summary = ray.get(m.last_summary.remote())
     assert summary["samples"] == n and summary["failed"] == 0 and summary["engine_retries"] >= 1
+    assert summary["engine_deaths"] == 1
+    # replaced while the run goes on: a new server on a new port, registered with the router
+    deadline = time.monotonic() + 180
+    while (st := ray.get(m.status.remote()))["engines"][0]["state"] != "healthy":
+        assert st["engines"][0]["state"] in ("dead", "restarting"), st["engines"]
+        assert time.monotonic() < deadline, f"engine 0 was not replaced: {st['engines']}"
+        time.sleep(0.1)
+    engine0 = st["engines"][0]
+    assert engine0["restarts"] == 1 and engine0["deaths"] == 1 and engine0["url"] != victim
+    assert sorted(st["engine_urls"]) == sorted([engine0["url"], info["engine_urls"][1]])
+    assert st["engine_deaths"] == 1 and st["engine_restarts"] == 1
+    assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
+    ray.get(ray.get(m.generate.remote(4)).inner)
+    served = requests.get(f"{engine0['url']}/metrics", timeout=5).text
+    assert any(line.startswith("sglang:num_requests_total") and float(line.rsplit(" ", 1)[1]) > 0
+               for line in served.splitlines())
+    summary = ray.get(m.last_summary.remote())
+    assert summary["failed"] == 0 and summary["engine_deaths"] == 0
 
 
 def test_rollout_and_eval_metrics_reach_the_wandb_run(ray_cluster, tiny_model_dir, data_files, tmp_path):
@@ -422,6 +461,7 @@ def test_ctrl_c_stops_everything(tiny_model_dir, data_files, tmp_path):
     cmdlines = [" ".join(p.cmdline()) for p in started]
     assert sum("slime.engine.hf_server" in c for c in cmdlines) == 2
     assert sum("sglang::router" in c or "sglang_router.launch_router" in c for c in cmdlines) == 1
+    assert any("raylet" in c for c in cmdlines) and any("gcs_server" in c for c in cmdlines)  # Ray's own too
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(lines[-20:]) + out[-3000:]

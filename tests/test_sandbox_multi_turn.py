@@ -20,6 +20,7 @@ pytest.importorskip("rollout_plugins.multi_turn")
 
 from rollout_plugins.multi_turn import generate  # noqa: E402
 from slime.testing.runtime import bind_runtime  # noqa: E402
+from slime.tools.services import ToolServices  # noqa: E402
 from slime.tools.flags import tool_defaults  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
@@ -77,7 +78,6 @@ def stack(tok, tmp_path_factory):
 
     url, sandbox = start_local_sandbox(max_concurrency=2, allow_no_isolation=not ISOLATED)
     mp = pytest.MonkeyPatch()
-    mp.setenv("SLIME_SANDBOX_URL", url)  # what the manager exports after starting its sandbox
     mp.setenv("SLIME_MT_SECRET", "should-not-leak")
     model_dir = str(qwen_tokenizer_dir())
     engine = ScriptedEngine(script, model_dir, find_free_port()).start()
@@ -98,7 +98,7 @@ async def test_multi_turn_rollout_runs_code_in_the_sandbox(stack, tok):
         "hf_checkpoint": stack["model"], "rollout_max_response_len": 2048, "rollout_max_context_len": None,
         "sglang_server_concurrency": 8, "request_timeout": 60.0, "request_max_retries": 0,
         "tool_config_path": stack["config"], "rm_type": "gsm8k", "custom_rm_path": None, "group_rm": False})
-    bind_runtime(args, tokenizer=tok)
+    bind_runtime(args, tokenizer=tok, tool_services=ToolServices(sandbox_url=stack["sandbox"]))  # the manager's
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 0+1+...+9? Use code."}], label="45")
     sample = await generate(args, sample, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512,
                                            "skip_special_tokens": False, "no_stop_trim": True})

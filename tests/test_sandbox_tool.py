@@ -206,17 +206,18 @@ def test_global_limit_without_ray_degrades_to_local():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-async def test_local_url_uses_managers_sandbox(sandbox_url, monkeypatch):
-    monkeypatch.setenv("SLIME_SANDBOX_URL", sandbox_url)
+async def test_local_url_uses_managers_sandbox(sandbox_url):
+    from slime.tools.services import ToolServices
+
     tool = make("local")
+    tool.use_services(ToolServices(sandbox_url=sandbox_url))  # what the manager hands down
     text, _ = await ex(tool, {"code": "print('via local')"})
     assert text == "via local\n" and tool._url == sandbox_url
 
 
-def test_yaml_config_builds_the_tool(monkeypatch):
+def test_yaml_config_builds_the_tool():
     from slime.tools.registry import load_tool_config
 
-    monkeypatch.setenv("SLIME_SANDBOX_URL", "http://127.0.0.1:9")
     cfg = yaml.safe_load((ROOT / "configs" / "sandbox_fusion_tool.yaml").read_text())
     entry = cfg["tools"][0]
     assert entry["class_name"] == "slime.tools.sandbox_fusion_tool.SandboxFusionTool"

@@ -227,23 +227,25 @@ def test_distributed_push_in_buckets_to_two_engines(engines, refs, tensors_a, te
     group.connect()
     try:
         with paused(engines):
-            answers = group.push(tensors_b, weight_version="v1", bucket_bytes=1 << 20)  # many flat buckets
+            answers = group.push(tensors_b, weight_version="v1", bucket_bytes=1 << 20,  # many flat buckets
+                                 load_format="flattened_bucket")
         assert [a["weight_version"] for a in answers] == ["v1", "v1"]
         for e in engines:
             assert_serves(e.url(), refs["B"], "v1")
             check = e.check_weights("compare", checksums=ck_b)
             assert check["equal"] and check["success"] and all(check["tensors"].values())
-        # SGLang's other layout: one broadcast per tensor
+        # SGLang's default layout: one broadcast per tensor, received straight into the parameters
         group.push(tensors_a, weight_version="v2", load_format=None)
         for e in engines:
             assert_serves(e.url(), refs["A"], "v2", prompts=(0,))
         # a tensor the model does not have: refused by name, the broadcast still completes, nothing changes
         bad = [tensors_b[0], ("model.norm.weight", torch.zeros(65))]
-        with pytest.raises(WeightSyncError, match=r"'model.norm.weight': shape \[65\] does not match"):
-            group.push(bad, weight_version="bad")
-        for e in engines:
-            assert e.get_weight_version() == "v2"
-            assert_serves(e.url(), refs["A"], "v2", prompts=(0,))
+        for load_format in (None, "flattened_bucket"):
+            with pytest.raises(WeightSyncError, match=r"'model.norm.weight': shape \[65\] does not match"):
+                group.push(bad, weight_version="bad", load_format=load_format)
+            for e in engines:
+                assert e.get_weight_version() == "v2"
+                assert_serves(e.url(), refs["A"], "v2", prompts=(0,))
         group.push(tensors_b, weight_version="v3")  # the group is still usable
         assert [e.get_weight_version() for e in engines] == ["v3", "v3"]
     finally:

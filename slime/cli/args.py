@@ -155,12 +155,14 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
 
 
 def _optional_groups(p: argparse.ArgumentParser) -> None:
-    """Flags owned by the tool and observability packages."""
+    """Flags owned by the tool, observability and reference-trainer packages."""
     from slime.observability.flags import add_observability_arguments
     from slime.tools.flags import add_tool_arguments
+    from slime.train.flags import add_train_arguments
 
     add_tool_arguments(p)
     add_observability_arguments(p)
+    add_train_arguments(p)
 
 
 def _router_groups(p: argparse.ArgumentParser) -> None:

@@ -108,9 +108,10 @@ def _stop_on_sigterm() -> None:
 
 
 def run(args: Any) -> list[dict[str, Any]]:
-    import ray
+    import importlib
+    from concurrent.futures import ThreadPoolExecutor
 
-    from slime.ray.rollout_manager import RolloutManager
+    import ray
 
     # Every input is checked before anything is started (the error names flag, file and line).
     resolved = preflight(args)
@@ -121,7 +122,11 @@ def run(args: Any) -> list[dict[str, Any]]:
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
-    started_ray = _ray_init(args)
+    # Cold start: the manager's module (torch, transformers: seconds) is imported while Ray starts
+    with ThreadPoolExecutor(1, thread_name_prefix="import-manager") as pool:
+        manager_module = pool.submit(importlib.import_module, "slime.ray.rollout_manager")
+        started_ray = _ray_init(args)
+        RolloutManager = manager_module.result().RolloutManager  # noqa: N806 - a class
     _stop_on_sigterm()  # again: ray.init installed its own
     manager = None
     summaries: list[dict[str, Any]] = []
@@ -172,6 +177,15 @@ def run(args: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command. With `argv` None (a real command line) it also makes sure nothing it started
+    outlives it (`lifeline`); called with a list (tests, scripts) it leaves the process alone."""
+    lifeline_pid = None
+    if argv is None:
+        from slime.cli import lifeline
+
+        if lifeline.own_process_group():
+            lifeline_pid = lifeline.start_lifeline()
+        lifeline.become_subreaper()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         args = parse_args(argv)
@@ -193,6 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - report the cause and the user's frames, not a Ray traceback
         print(describe(e, "slime-rollout"), file=sys.stderr)
         return 1
+    finally:
+        if argv is None:
+            from slime.cli import lifeline
+
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop is under way: let it finish
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            left = lifeline.reap_descendants(keep=(lifeline_pid,) if lifeline_pid else ())
+            if left:
+                logger.warning("stopped %d leftover process(es) at exit: %s", len(left), left)
     return 0
 
 

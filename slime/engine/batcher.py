@@ -282,6 +282,12 @@ class HFBatcher:
         `weights_lock`); the version changes only when given. Returns how many requests restarted."""
         return await self._call("apply", (named_tensors, weight_version))
 
+    async def write_weights(self, writer, weight_version: str | None = None) -> int:
+        """Run `writer(tensor_table)` in the decode thread between two steps, so it can write the served
+        parameters in place (e.g. receive a broadcast straight into them) while nothing decodes (caller
+        holds `weights_lock`). In-flight requests restart; the version changes only if the writer succeeds."""
+        return await self._call("write", (writer, weight_version))
+
     async def weight_checksums(self) -> dict[str, str]:
         """SHA-256 per tensor of the served weights, computed between two decode steps."""
         return await self._call("checksums")
@@ -362,6 +368,9 @@ class HFBatcher:
         elif op == "apply":
             (named, version), fut = arg
             self._reply(fut, self._apply, named, version)
+        elif op == "write":
+            (writer, version), fut = arg
+            self._reply(fut, self._write, writer, version)
         elif op == "checksums":
             _, fut = arg
             self._reply(fut, self._checksums)
@@ -388,6 +397,16 @@ class HFBatcher:
         table = self._tensor_table()
         for name, t in named:  # validated by the caller; shapes/dtypes match
             table[name].copy_(t)
+        if version is not None:
+            self.weight_version = str(version)
+        return self._weights_changed()
+
+    def _write(self, writer, version: str | None) -> int:
+        try:
+            writer(self._tensor_table())
+        except BaseException:
+            self._weights_changed()  # possibly half-written: nothing may keep decoding on it unnoticed
+            raise
         if version is not None:
             self.weight_version = str(version)
         return self._weights_changed()

@@ -386,19 +386,32 @@ class WeightSync:
             return _fail(400, str(exc))
         if body.get("abort_all_requests"):
             b.abort_all()
-        group = body.get("group_name", "weight_update_group")
+        group, load_format = body.get("group_name", "weight_update_group"), body.get("load_format")
+        groups = self.srv.groups
         async with b.weights_lock:
+            refusal = None
             try:
-                # Received even if refused below, so the trainer's broadcast completes on every rank.
-                received = await asyncio.to_thread(self.srv.groups.receive, group, names, dtypes, shapes,
-                                                   body.get("load_format"))
                 if not b.weights_loaded:
-                    return _fail(503, "model weights are released; call /resume_memory_occupation first")
-                check_against_model(model_tensors(b.model), names, dtypes, shapes)
+                    refusal = _fail(503, "model weights are released; call /resume_memory_occupation first")
+                else:
+                    check_against_model(model_tensors(b.model), names, dtypes, shapes)
+            except WeightUpdateError as exc:
+                refusal = _fail(400, str(exc))
+            try:
+                if refusal is None and load_format is None:
+                    # straight into the parameters, in the decode thread: no copy, and nothing decodes meanwhile
+                    restarted = await b.write_weights(
+                        lambda table: groups.receive(group, names, dtypes, shapes, None, [table[n] for n in names]),
+                        version)
+                    return JSONResponse(self._done(restarted))
+                # A refused bucket is still received (and dropped), so the broadcast completes on every rank.
+                received = await asyncio.to_thread(groups.receive, group, names, dtypes, shapes, load_format)
             except WeightUpdateError as exc:
                 return _fail(400, str(exc))
             except RuntimeError as exc:  # the broadcast failed or timed out
-                return _fail(500, str(exc))
+                return _fail(500, f"{exc}; the weights may be partly updated (version kept): push them again")
+            if refusal is not None:
+                return refusal
             restarted = await b.apply_weights(received, version)
         return JSONResponse(self._done(restarted))
 

@@ -25,7 +25,7 @@ import requests
 import torch
 
 from slime.engine.weight_transfer import (
-    bucket_named_tensors, dtype_name, flatten_bucket, named_checksums, serialize_named_tensors,
+    bucket_named_tensors, dtype_name, named_checksums, serialize_named_tensors,
 )
 from slime.engine.weight_updates import broadcast, model_tensors, new_gloo_group
 
@@ -191,6 +191,7 @@ class WeightUpdateGroup:
         self.engines, self.group_name, self.backend, self.timeout = list(engines), group_name, backend, timeout
         self.master_address, self.master_port = master_address, master_port
         self._pg = self._store = None
+        self._scratch: torch.Tensor | None = None  # reused flat send buffer (no page faults after the first push)
 
     @property
     def connected(self) -> bool:
@@ -223,12 +224,24 @@ class WeightUpdateGroup:
             raise WeightSyncError(f"trainer rank 0 could not form group {self.group_name!r} on "
                                   f"{self.master_address}:{port}: {str(exc).strip().splitlines()[0]}") from None
 
+    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        numel = sum(t.numel() for t in tensors)
+        size = numel * tensors[0].element_size()
+        if self._scratch is None or self._scratch.numel() < size:
+            self._scratch = torch.empty(size, dtype=torch.uint8)
+        flat = self._scratch[:size].view(tensors[0].dtype)
+        torch.cat([t.reshape(-1) for t in tensors], out=flat)
+        return flat
+
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str | None,
-             bucket_bytes: int = DEFAULT_BUCKET_BYTES, load_format: str | None = "flattened_bucket",
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES, load_format: str | None = None,
              flush_cache: bool = False) -> list[dict]:
         """Broadcast every tensor, one bucket at a time: each engine is told the bucket's names, dtypes and
-        shapes (concurrently), rank 0 broadcasts it (one flat buffer, or one broadcast per tensor when
-        `load_format` is None), then every engine's answer is awaited."""
+        shapes (concurrently), rank 0 broadcasts it, then every engine's answer is awaited.
+
+        `load_format` None (SGLang's default): one broadcast per tensor, received by the embedded engine
+        straight into its parameters (no copy on either side). "flattened_bucket": one broadcast of the
+        bucket concatenated (fewer collectives, one copy on each side)."""
         if self._pg is None:
             raise WeightSyncError(f"group {self.group_name!r} is not connected; call connect() first")
         answers: list[dict] = []
@@ -241,7 +254,7 @@ class WeightUpdateGroup:
                                   load_format=load_format) for e in self.engines]
             try:
                 if load_format == "flattened_bucket":
-                    broadcast(self._pg, flatten_bucket(tensors))
+                    broadcast(self._pg, self._flat(tensors))
                 else:
                     for t in tensors:
                         broadcast(self._pg, t)
@@ -259,7 +272,7 @@ class WeightUpdateGroup:
         if self._pg is None:
             return
         on_all_engines_quietly(self.engines, "destroy_weights_update_group", group_name=self.group_name)
-        pg, self._pg, self._store = self._pg, None, None
+        pg, self._pg, self._store, self._scratch = self._pg, None, None, None
         try:
             pg.shutdown()
         except Exception:  # noqa: BLE001

@@ -96,12 +96,6 @@ def bucket_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]],
         yield bucket
 
 
-def flatten_bucket(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One 1-D tensor holding a single-dtype bucket's tensors in order (SGLang's flattened layout)."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors]) if len(tensors) > 1 else \
-        tensors[0].detach().reshape(-1).contiguous()
-
-
 def unflatten_bucket(flat: torch.Tensor, shapes: list[list[int]]) -> list[torch.Tensor]:
     out, start = [], 0
     for shape in shapes:

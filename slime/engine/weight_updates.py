@@ -116,6 +116,13 @@ class _Group:
     rank: int
     world_size: int
     master: str
+    scratch: torch.Tensor | None = None  # flat receive buffer, reused so later pushes do not page-fault
+
+    def flat_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        size = numel * torch.empty((), dtype=dtype).element_size()
+        if self.scratch is None or self.scratch.numel() < size:
+            self.scratch = torch.empty(-(-size // 64) * 64, dtype=torch.uint8)
+        return self.scratch[:size].view(dtype)
 
 
 @dataclass
@@ -182,8 +189,12 @@ class UpdateGroups:
             _shutdown(g.pg)
 
     def receive(self, group_name: str, names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]],
-                load_format: str | None) -> list[tuple[str, torch.Tensor]]:
-        """Blocking: receive one bucket broadcast by rank 0 in the layout `load_format` names."""
+                load_format: str | None, into: list[torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+        """Blocking: receive one bucket broadcast by rank 0 in the layout `load_format` names.
+
+        With `into` (per-tensor layout only) each tensor is received straight into its target (the
+        model's parameters: no extra copy). A flattened bucket lands in the group's reused buffer: copy
+        it out before the next receive."""
         with self._lock:
             group = self.groups.get(group_name)
         if group is None:
@@ -194,14 +205,14 @@ class UpdateGroups:
                 raise WeightUpdateError("a flattened_bucket must hold tensors of one dtype, got "
                                         f"{sorted({dtype_name(d) for d in dtypes})}")
             numel = sum(nbytes_of(d, s) // torch.empty((), dtype=d).element_size() for d, s in zip(dtypes, shapes))
-            flat = torch.empty(numel, dtype=dtypes[0] if dtypes else torch.uint8)
+            flat = group.flat_buffer(dtypes[0] if dtypes else torch.uint8, numel)
             _checked_broadcast(group, group_name, flat)
             return list(zip(names, unflatten_bucket(flat, shapes)))
         if load_format is not None:
             raise WeightUpdateError(f"load_format must be null or 'flattened_bucket', got {load_format!r}")
         out = []
-        for name, d, s in zip(names, dtypes, shapes):
-            t = torch.empty(s, dtype=d)
+        for i, (name, d, s) in enumerate(zip(names, dtypes, shapes)):
+            t = into[i] if into is not None else torch.empty(s, dtype=d)
             _checked_broadcast(group, group_name, t)
             out.append((name, t))
         return out

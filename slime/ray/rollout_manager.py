@@ -4,14 +4,15 @@ It composes three plain objects, each with one job: the `Fleet` (router and engi
 health, offload/onload, weights, abort), the tool services (local sandbox, cluster-wide rate
 limiters), and the `RolloutController` (data, plugins, samples -> batch). Rollout functions run in
 this actor's process; its calls are threaded, so `status()` answers while a rollout runs.
-Start-up is all-or-nothing: if any part fails, everything already started is stopped.
+Start-up is all-or-nothing: if any part fails, everything already started is stopped; the
+controller is built while the engines boot (cold start).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -33,7 +34,7 @@ class RolloutManager:
         self.controller: RolloutController | None = None
         self.wandb_run: WandbRun | None = None
         self.tool_services = ToolServices()
-        self._tool_handles: dict[str, Any] = {"sandbox": None, "limiters": {}}
+        self._tool_handles: list[Any] = []  # what the tools' shared services need kept (and stopped)
         self.startup_timings: dict[str, float] = {}
         self.train_parallel_config: dict[str, Any] | None = None
         self._shut = False
@@ -44,42 +45,41 @@ class RolloutManager:
         try:
             self.wandb_run = WandbRun.start(self.args)
             self._start_tool_services()
-            endpoints = Endpoints()
-            if not self.args.load_debug_rollout_data:
-                self.fleet = Fleet(self.args)
-                endpoints = self.fleet.start()
-                # slime's contract: plugins build URLs from args.sglang_router_ip/port
-                host, _, port = endpoints.router_url.removeprefix("http://").rpartition(":")
-                self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
-                self.startup_timings.update(self.fleet.startup_timings)
-            fleet = self.fleet
-            self.controller = RolloutController(
-                self.args, endpoints, tool_services=self.tool_services, wandb_run=self.wandb_run,
-                fleet_counters=(lambda: {k: fleet.counters[k] for k in ("engine_deaths", "engine_restarts")})
-                if fleet else None)
-            self.startup_timings["controller"] = time.monotonic() - t0
+            fleet = self.fleet = None if self.args.load_debug_rollout_data else Fleet(self.args)
+            # the controller (tokenizer, data, plugins) is built while the engines boot: it only needs
+            # the fleet's Endpoints object, which the fleet fills in as engines register
+            with ThreadPoolExecutor(1, thread_name_prefix="controller-init") as pool:
+                controller = pool.submit(self._build_controller, fleet.endpoints if fleet else Endpoints(), t0)
+                if fleet is not None:
+                    endpoints = fleet.start()
+                    # slime's contract: plugins build URLs from args.sglang_router_ip/port
+                    host, _, port = endpoints.router_url.removeprefix("http://").rpartition(":")
+                    self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
+                    self.startup_timings.update(fleet.startup_timings)
+                self.controller = controller.result()
+            self.startup_timings["ready"] = time.monotonic() - t0
         except BaseException:
             self.shutdown()
             raise
         return self.info()
 
+    def _build_controller(self, endpoints: Endpoints, t0: float) -> RolloutController:
+        fleet = self.fleet
+        controller = RolloutController(
+            self.args, endpoints, tool_services=self.tool_services, wandb_run=self.wandb_run,
+            fleet_counters=(lambda: {k: fleet.counters[k] for k in ("engine_deaths", "engine_restarts")})
+            if fleet else None)
+        self.startup_timings["controller"] = time.monotonic() - t0
+        return controller
+
     def _start_tool_services(self) -> None:
-        """Services the tools share, owned here so they outlive any rollout: the local sandbox
-        (`sandbox_fusion_url: local`) and one global rate limiter per sandbox tool."""
+        """Services the tools share, owned here so they outlive any rollout: each tool class of
+        `--tool-config-path` starts its own (the local sandbox, its global rate limiter)."""
         path = getattr(self.args, "tool_config_path", None)
-        if not path:
-            return
-        import yaml
+        if path:
+            from slime.tools.registry import start_shared_services
 
-        from slime.tools.sandbox_fusion_tool import prepare_sandbox_services
-
-        try:
-            entries = (yaml.safe_load(Path(path).read_text()) or {}).get("tools") or []
-        except (OSError, yaml.YAMLError, AttributeError):
-            entries = []  # the tool registry reports what is wrong with the file
-        out = prepare_sandbox_services(entries if isinstance(entries, list) else [])
-        self._tool_handles = {"sandbox": out["sandbox"], "limiters": out["limiters"]}
-        self.tool_services = ToolServices(sandbox_url=out["sandbox_url"], limiter_names=sorted(out["limiters"]))
+            self.tool_services, self._tool_handles = start_shared_services(path)
 
     def info(self) -> dict[str, Any]:
         fleet = self.fleet.info() if self.fleet else {"router_url": None, "router_pid": None, "router_restarts": 0,
@@ -165,7 +165,8 @@ class RolloutManager:
         self._shut = True
         steps: list[tuple[str, Any]] = [("controller", lambda: self.controller and self.controller.close())]
         steps += self.fleet.stop_steps() if self.fleet else []
-        steps.append(("sandbox", lambda: self._tool_handles["sandbox"] and self._tool_handles["sandbox"].stop()))
+        steps += [(f"tool service {type(h).__name__}", h.stop) for h in self._tool_handles
+                  if callable(getattr(h, "stop", None))]
         steps.append(("wandb", lambda: self.wandb_run and self.wandb_run.finish()))
         for what, step in steps:
             try:

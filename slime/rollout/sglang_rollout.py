@@ -17,6 +17,8 @@ import inspect
 import logging
 import math
 import time
+import weakref
+from contextlib import contextmanager
 from typing import Any
 
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
@@ -40,9 +42,11 @@ MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per 
 class GenerateState:
     """slime's per-process generation state, for plugins that call `GenerateState(args)`.
 
-    A compatibility view, not an owner: every attribute reads the process's `RolloutRuntime`
-    (its engine client's tokenizer, in-flight bound and counters), and the view itself is one per
-    runtime, like slime's singleton.
+    A compatibility view, not an owner: one per `RolloutRuntime` (like slime's singleton), kept in
+    the runtime under "sglang_rollout.GenerateState". The tokenizer is the engine client's; the
+    processor, sampling parameters and dp-rank counters are slime's; the semaphore is the plugin's
+    own bound (`--sglang-server-concurrency` x engines, one per event loop), separate from the
+    client's request bound, so a plugin that holds it and calls our `generate` never waits on itself.
     """
 
     def __new__(cls, args: Any = None) -> "GenerateState":
@@ -51,12 +55,20 @@ class GenerateState:
 
     @classmethod
     def _create(cls, rt: RolloutRuntime) -> "GenerateState":
+        from slime.utils.http_utils import get_rollout_num_engines
+
         self = object.__new__(cls)
         self.runtime, self.args = rt, rt.args
-        self.processor = None
-        self.sampling_params = sampling_params_from_args(rt.args)
+        # slime's keys, `stop`/`stop_token_ids` included (None when unset), as plugins read them
+        self.sampling_params = {"stop": None, "stop_token_ids": None, **sampling_params_from_args(rt.args)}
         seed = getattr(rt.args, "rollout_seed", None)
         self.group_sampling_seeds = [(seed or 0) + i for i in range(int(getattr(rt.args, "n_samples_per_prompt", 1)))]
+        self.plugin_concurrency = max(1, int(getattr(rt.args, "sglang_server_concurrency", 512) or 512)
+                                      * max(1, get_rollout_num_engines(rt.args)))
+        self._semaphores: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
+            weakref.WeakKeyDictionary()
+        self.dp_counts = [0] * int(getattr(rt.args, "sglang_dp_size", None) or 1)
+        self.dp_rank = 0
         self.reset()
         return self
 
@@ -72,12 +84,36 @@ class GenerateState:
         return self.runtime.client.tokenizer
 
     @property
+    def processor(self):
+        """slime's `load_processor(--hf-checkpoint)`: None for text-only models; loaded once."""
+        from slime.utils.processing_utils import load_processor
+
+        path = getattr(self.args, "hf_checkpoint", None)
+        return self.runtime.shared("sglang_rollout.processor",
+                                   lambda: load_processor(path, trust_remote_code=True) if path else None)
+
+    @property
     def semaphore(self) -> asyncio.Semaphore:
-        return self.runtime.client.semaphore
+        loop = asyncio.get_running_loop()  # asyncio primitives are loop-bound
+        sem = self._semaphores.get(loop)
+        if sem is None:
+            sem = self._semaphores[loop] = asyncio.Semaphore(self.plugin_concurrency)
+        return sem
 
     @property
     def stats(self):
         return self.runtime.client.stats
+
+    @contextmanager
+    def dp_rank_context(self):
+        """slime's dp-rank balancing: yields the least-loaded data-parallel rank (ties: lowest)."""
+        rank = min(range(len(self.dp_counts)), key=lambda i: (self.dp_counts[i], i))
+        self.dp_counts[rank] += 1
+        self.dp_rank = rank
+        try:
+            yield rank
+        finally:
+            self.dp_counts[rank] -= 1
 
     def reset(self) -> None:
         self.remaining_batch_size, self.pendings, self.aborted = 0, set(), False
@@ -90,7 +126,12 @@ class GenerateState:
 
 
 def get_model_url(args: Any, model_name: str = "default", endpoint: str = "/generate") -> str:
-    """slime's helper: the router's URL for `endpoint` (one model per router here)."""
+    """slime's helper: the URL of `endpoint` on `model_name`'s router (`args.sglang_model_routers`
+    {name: (ip, port)} when set), else on the process's router."""
+    routers = getattr(args, "sglang_model_routers", None)
+    if routers and model_name in routers:
+        ip, port = routers[model_name]
+        return f"http://{ip}:{port}{endpoint}"
     return f"{current(args).client.router_url}{endpoint}"
 
 

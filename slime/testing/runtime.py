@@ -6,12 +6,14 @@ from typing import Any
 
 from slime.rollout.engine_client import EngineClient
 from slime.rollout.runtime import RolloutRuntime
+from slime.tools.services import ToolServices
 from slime.utils.endpoints import Endpoints
 
 
-def bind_runtime(args: Any, *, tokenizer: Any = None, engine_urls: list[str] | None = None) -> RolloutRuntime:
+def bind_runtime(args: Any, *, tokenizer: Any = None, engine_urls: list[str] | None = None,
+                 tool_services: ToolServices | None = None) -> RolloutRuntime:
     """Bind a fresh runtime for `args` (router at --sglang-router-ip/--sglang-router-port)."""
     router = (f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
               if getattr(args, "sglang_router_ip", None) else None)
     client = EngineClient.from_args(args, Endpoints(router, list(engine_urls or [])), tokenizer=tokenizer)
-    return RolloutRuntime(args, client).bind()
+    return RolloutRuntime(args, client, tool_services or ToolServices()).bind()

@@ -17,6 +17,7 @@ from typing import Any
 from uuid import uuid4
 
 from slime.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from slime.tools.services import ToolServices
 
 
 def create_kwargs_of(create_kwargs: dict[str, Any] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +38,17 @@ class BaseTool:
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema | None:
         return getattr(self, "tool_schema", None)
+
+    @classmethod
+    def start_shared_services(cls, name: str, config: dict[str, Any], services: ToolServices,
+                              handles: list[Any]) -> None:
+        """Start, once per run and in the RolloutManager, what every instance of this tool in the
+        cluster shares (a sandbox, a global limiter); record it in `services`, and append what
+        must stay referenced (and be `.stop()`ped at shutdown, when it has that method) to `handles`.
+        Default: nothing."""
+
+    def use_services(self, services: ToolServices) -> None:
+        """Receive the run's shared services before the first call (default: none needed)."""
 
     async def create(self, instance_id: str | None = None, *, create_kwargs: dict[str, Any] | None = None,
                      **kwargs: Any) -> tuple[str, ToolResponse]:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from slime.tools.rate_limit.client import Permit, RateLimiter  # noqa: F401 - public API
-from slime.tools.rate_limit.core import (LimiterCore, RateLimiterConfigError, RateLimiterUnavailable,  # noqa: F401
-                                         RateLimitTimeout)
+from slime.tools.rate_limit.client import Permit, RateLimiter
+from slime.tools.rate_limit.core import LimiterCore, RateLimiterConfigError, RateLimiterUnavailable, RateLimitTimeout
+
+__all__ = ["LimiterCore", "Permit", "RateLimiter", "RateLimiterConfigError", "RateLimiterUnavailable",
+           "RateLimitTimeout", "client_for", "get_or_create_rate_limiter", "get_rate_limiter", "kill_rate_limiter",
+           "local_rate_limiter"]
 
 ACTOR_PREFIX, DEFAULT_NAMESPACE = "slime_rate_limiter::", "slime"
 

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import OpenAIFunctionToolSchema
+from slime.tools.services import ToolServices
 from slime.tools.verl_compat import TOOL_METHODS, VerlToolAdapter, is_tool_class, resolve_tool_class
 from slime.utils.misc import PluginLoadError
 
@@ -65,6 +66,13 @@ class ToolSet:
     @property
     def names(self) -> list[str]:
         return list(self.tools)
+
+    def use_services(self, services: ToolServices) -> None:
+        """Hand the run's shared services (sandbox URL, limiters) to every tool that wants them."""
+        for tool in self.tools.values():
+            hook = getattr(tool, "use_services", None)
+            if callable(hook):
+                hook(services)
 
     def schemas(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """OpenAI tool dicts for the chat template, in config order."""
@@ -332,6 +340,32 @@ def load_tool_config(path: str | Path) -> ToolSet:
     return ToolSet(tools, source=path)
 
 
+def start_shared_services(path: str | Path) -> tuple[ToolServices, list[Any]]:
+    """For the RolloutManager, before any rollout: each tool class of the config starts what its
+    instances share across the cluster (`BaseTool.start_shared_services`). Returns the services to
+    hand down and the handles to keep (and stop) for the run. A config that cannot be read yields
+    nothing here: loading it for the rollout reports what is wrong, naming the file and entry."""
+    services, handles = ToolServices(), []
+    try:
+        with open(path) as f:
+            entries = (yaml.safe_load(f) or {}).get("tools") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return services, handles
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+            continue
+        try:
+            cls, _ = resolve_tool_class(entry["class_name"])
+        except PluginLoadError:
+            continue
+        start = getattr(cls, "start_shared_services", None)
+        if callable(start):
+            name = ((entry.get("tool_schema") or {}).get("function") or {}).get("name") or cls.__name__
+            start(name, entry.get("config") or {}, services, handles)
+    return services, handles
+
+
+# Explicit cache: the tools of each config file, keyed by its absolute path (one set per process).
 _cache: dict[str, ToolSet] = {}
 _lock = threading.Lock()
 

@@ -1,8 +1,9 @@
 """`code_interpreter`: run the model's code in a SandboxFusion-compatible sandbox.
 
 Config (verl keys first):
-  sandbox_fusion_url        URL of the sandbox, or `local` (a `slime-sandbox` started on demand:
-                            the manager's one when it exported SLIME_SANDBOX_URL, else one per process)
+  sandbox_fusion_url        URL of the sandbox, or `local` (the `slime-sandbox` the RolloutManager
+                            started for the run, handed over in ToolServices; without a manager,
+                            one started on demand for this process)
   num_workers               concurrent executions per process (default 32)
   rate_limit                global concurrent executions (default 10)
   default_timeout           run timeout in seconds (default 30)
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import random
 import threading
 import time
@@ -39,19 +39,20 @@ from slime.tools.base_tool import BaseTool
 from slime.tools.rate_limiter import (RateLimiter, RateLimiterUnavailable, RateLimitTimeout, client_for,
                                       get_or_create_rate_limiter, get_rate_limiter, local_rate_limiter)
 from slime.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from slime.tools.services import ToolServices
 from slime.utils.http_retry import HttpClient
 
 logger = logging.getLogger(__name__)
 
+# Without a manager (a tool used by hand, a unit test) the process starts its own sandbox on first use.
+# Explicit per-process cache: key is the process; cleared when that sandbox dies.
 _local_lock = threading.Lock()
 _local_sandbox: tuple[str, Any] | None = None
 
 
 def local_sandbox_url() -> str:
-    """The sandbox for `sandbox_fusion_url: local`: the manager's (SLIME_SANDBOX_URL) or our own."""
+    """This process's own sandbox for `sandbox_fusion_url: local`, started on first use."""
     global _local_sandbox
-    if os.environ.get("SLIME_SANDBOX_URL"):
-        return os.environ["SLIME_SANDBOX_URL"]
     with _local_lock:
         if _local_sandbox is None or not _local_sandbox[1].alive():
             from slime.sandbox.server import start_local_sandbox
@@ -72,37 +73,6 @@ def rate_limiter_spec(config: dict[str, Any], tool_name: str) -> dict[str, Any]:
             "rate_per_second": float(rps) if rps else None, "burst": int(burst) if burst else None}
 
 
-def prepare_sandbox_services(tool_entries: list[dict[str, Any]], *, start_sandbox: bool = True,
-                             create_limiters: bool = True) -> dict[str, Any]:
-    """For the RolloutManager, before workers start: for every SandboxFusionTool entry of a tool
-    YAML (`yaml.safe_load(f)["tools"]`), start the local sandbox once if some entry says
-    `sandbox_fusion_url: local` (and export SLIME_SANDBOX_URL so every tool in this process and
-    in workers started afterwards, given this environment, uses it), and create each global
-    limiter owned by the calling process. Returns {"sandbox_url", "sandbox" (handle with
-    .stop()), "limiters": {name: actor handle}}; keep it alive as long as the rollouts run.
-    """
-    out: dict[str, Any] = {"sandbox_url": None, "sandbox": None, "limiters": {}}
-    for entry in tool_entries or []:
-        if not str(entry.get("class_name", "")).endswith("SandboxFusionTool"):
-            continue
-        cfg = entry.get("config") or {}
-        name = ((entry.get("tool_schema") or {}).get("function") or {}).get("name", "code_interpreter")
-        if start_sandbox and str(cfg.get("sandbox_fusion_url") or "local") == "local" and out["sandbox"] is None:
-            if os.environ.get("SLIME_SANDBOX_URL"):
-                out["sandbox_url"] = os.environ["SLIME_SANDBOX_URL"]
-            else:
-                from slime.sandbox.server import start_local_sandbox
-
-                url, handle = start_local_sandbox()
-                os.environ["SLIME_SANDBOX_URL"] = url
-                out.update(sandbox_url=url, sandbox=handle)
-        if create_limiters and cfg.get("enable_global_rate_limit", True):
-            spec = rate_limiter_spec(cfg, name)
-            n = spec.pop("name")
-            out["limiters"][n] = get_or_create_rate_limiter(n, **spec)
-    return out
-
-
 class _Retryable(Exception):
     def __init__(self, reason: str, retry_after: float | None = None, throttled: bool = False) -> None:
         super().__init__(reason)
@@ -110,6 +80,26 @@ class _Retryable(Exception):
 
 
 class SandboxFusionTool(BaseTool):
+    @classmethod
+    def start_shared_services(cls, name: str, config: dict[str, Any], services: ToolServices,
+                              handles: list[Any]) -> None:
+        """The run's local sandbox (once, for `sandbox_fusion_url: local`) and this tool's global limiter."""
+        if str(config.get("sandbox_fusion_url") or "local") == "local" and services.sandbox_url is None:
+            from slime.sandbox.server import start_local_sandbox
+
+            services.sandbox_url, handle = start_local_sandbox()
+            handles.append(handle)
+        if config.get("enable_global_rate_limit", True):
+            spec = rate_limiter_spec(config, name)
+            limiter = spec.pop("name")
+            if limiter not in services.limiter_names:
+                handles.append(get_or_create_rate_limiter(limiter, **spec))  # kept referenced: Ray keeps it alive
+                services.limiter_names.append(limiter)
+
+    def use_services(self, services: ToolServices) -> None:
+        if self.url_cfg == "local" and services.sandbox_url:
+            self._url = services.sandbox_url.rstrip("/")
+
     def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema):
         super().__init__(config, tool_schema)
         self._http = HttpClient()
@@ -158,7 +148,7 @@ class SandboxFusionTool(BaseTool):
         spec = rate_limiter_spec(self.config, self.name)
         assert spec["name"] == self.limiter_name
         spec.pop("name")
-        # The manager normally created it (prepare_sandbox_services) and owns it. A worker that
+        # The manager normally created it (start_shared_services) and owns it. A worker that
         # finds none creates it detached, so it does not die with this worker. Either way a
         # different limit under the same name raises RateLimiterConfigError.
         detached = get_rate_limiter(self.limiter_name) is None

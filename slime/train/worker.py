@@ -101,7 +101,7 @@ class TrainWorker:
         self.policy = PolicyModel(self.model, getattr(args, "rollout_temperature", 1.0))
         from torch.nn.parallel import DistributedDataParallel
 
-        self.ddp = DistributedDataParallel(self.policy, broadcast_buffers=False)
+        self.ddp = DistributedDataParallel(self.policy)
         if needs_reference(args):
             ref_path = getattr(args, "ref_load", None) or args.hf_checkpoint
             if ref_path and not (Path(ref_path) / "config.json").is_file():

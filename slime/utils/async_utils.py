@@ -1,15 +1,32 @@
 """One background event loop per process, so sync entry points (slime's
 `generate_rollout(args, rollout_id, data_source)`) can run async code and keep the HTTP
-connection pool alive across rollouts."""
+connection pool alive across rollouts.
+
+`run(coro)` can be watched: inside `with watched(watch):` (a context variable of the calling
+thread, set by whoever calls the rollout function), `run` returns as soon as either the coroutine
+finishes or `watch.tripped` (a `concurrent.futures.Future`) is given an exception; then the
+coroutine is cancelled and that exception raised. This is how a rollout function that cannot
+make progress is failed from outside, without polling and without knowing the function.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from typing import Any, Coroutine
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Coroutine, Iterator, Protocol
 
 _loop: asyncio.AbstractEventLoop | None = None
 _lock = threading.Lock()
+
+
+class Watch(Protocol):
+    tripped: concurrent.futures.Future  # set_exception(...) fails the watched `run`
+
+
+_watch: ContextVar[Watch | None] = ContextVar("slime_async_utils_watch", default=None)
 
 
 def get_loop() -> asyncio.AbstractEventLoop:
@@ -21,6 +38,27 @@ def get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+@contextmanager
+def watched(watch: Watch) -> Iterator[Watch]:
+    """`run` calls made by this thread inside the block end early when `watch` trips."""
+    token = _watch.set(watch)
+    try:
+        yield watch
+    finally:
+        _watch.reset(token)
+
+
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run `coro` on the background loop and wait for its result (slime's `async_utils.run`)."""
-    return asyncio.run_coroutine_threadsafe(coro, get_loop()).result()
+    future = asyncio.run_coroutine_threadsafe(coro, get_loop())
+    watch = _watch.get()
+    if watch is None:
+        return future.result()
+    concurrent.futures.wait([future, watch.tripped], return_when=concurrent.futures.FIRST_COMPLETED)
+    if future.done() or not watch.tripped.done():
+        return future.result()
+    future.cancel()  # the coroutine gets CancelledError on its loop
+    error = watch.tripped.exception()
+    if error is None:
+        raise RuntimeError("async_utils.run: the watch tripped without an error")
+    raise error

@@ -8,6 +8,7 @@ Outside a controller (a plugin run by hand) each call opens its own session.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from slime.utils import http_retry
 
@@ -25,11 +26,41 @@ def _client() -> Any:
 
 async def post(url: str, payload: Any, max_retries: int = 60, headers: dict[str, str] | None = None, *,
                timeout: float | None = None) -> Any:
+    """slime's `post`. Inside a controller, a `/generate` call counts as engine traffic: it waits for
+    the client's in-flight bound (`--sglang-server-concurrency`) and feeds the rollout's progress
+    (in flight, responses, tokens), exactly as our own generation does."""
     policy = http_retry.RetryPolicy(max_retries=max_retries)
     client = _client()
-    if client is not None:
+    if client is None:
+        return await http_retry.post(url, payload, timeout=timeout or DEFAULT_TIMEOUT, policy=policy, headers=headers)
+    if not is_generate_url(url):
         return await client.post(url, payload, timeout=timeout, policy=policy, headers=headers)
-    return await http_retry.post(url, payload, timeout=timeout or DEFAULT_TIMEOUT, policy=policy, headers=headers)
+    async with client.semaphore:
+        client.in_flight += 1
+        try:
+            body = await client.post(url, payload, timeout=timeout, policy=policy, headers=headers)
+        finally:
+            client.in_flight -= 1
+    client.progress.on_response(output_token_count(body))
+    return body
+
+
+def is_generate_url(url: str) -> bool:
+    return urlsplit(url).path.rstrip("/").endswith("/generate")
+
+
+def output_token_count(body: Any) -> int:
+    """Tokens an SGLang `/generate` answer carries (0 for anything else; a list answers a batch)."""
+    if isinstance(body, list):
+        return sum(output_token_count(b) for b in body)
+    if not isinstance(body, dict):
+        return 0
+    meta = body.get("meta_info") or {}
+    for items in (meta.get("output_token_logprobs"), body.get("output_ids")):
+        if isinstance(items, list):
+            return len(items)
+    n = meta.get("completion_tokens")
+    return n if isinstance(n, int) else 0
 
 
 async def get(url: str, max_retries: int = 5, timeout: float = 60.0) -> Any:

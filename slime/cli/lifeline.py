@@ -1,0 +1,106 @@
+"""Nothing the command started outlives it: Ray's own processes included, whatever ends it.
+
+Three measures, each for a way things leaked:
+- The command leads its own process group when it is not an interactive foreground job. `timeout`
+  and job runners signal their whole group: Ray's raylet died of that SIGTERM before our orderly
+  stop could reach the engines through it. Now only the command gets the signal and stops
+  everything in order (an interactive shell's Ctrl-C still reaches it as before).
+- It is a child subreaper: a Ray agent whose parent died is re-parented to the command instead of
+  init, and the command kills whatever of its descendants is still there when it ends.
+- A lifeline process, forked before anything else, blocks on a pipe only the command holds: when
+  the command dies by any means (SIGKILL included) the pipe closes and the lifeline kills the
+  command's process group. It is only used when the command leads that group, so it never
+  touches a pipeline it shares with others.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _interactive_foreground() -> bool:
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def own_process_group() -> bool:
+    """Lead a process group of our own (see module docstring); True if we lead one now."""
+    if os.getpgrp() == os.getpid():
+        return True
+    if _interactive_foreground():
+        return False
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        return False
+    return True
+
+
+def become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
+def start_lifeline() -> int | None:
+    """Fork the lifeline (call before any thread starts); its pid, or None when we do not lead our group."""
+    if os.getpgrp() != os.getpid():
+        return None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the lifeline: no Python clean-up of the parent's state, ever
+        try:
+            os.close(write_end)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            while os.read(read_end, 1):
+                pass
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # the command is gone: so is all it started
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    os.set_inheritable(write_end, False)  # only this process holds the lifeline
+    return pid
+
+
+def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int]:
+    """SIGTERM every descendant still alive (then SIGKILL after `grace` seconds); their pids."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with Ray
+        return []
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
+    except psutil.Error:
+        return []
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:  # reap zombies re-parented to us
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    return [p.pid for p in procs]

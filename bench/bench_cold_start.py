@@ -1,8 +1,10 @@
 """Cold start: seconds from the `slime-rollout` command to the first sample served, with two
 embedded engines (Ray start, placement group, engine processes loading the model, router,
-registration, first rollout of one sample).
+registration, first rollout of one sample). Before and after side by side in one run: the
+"before" tree is a git commit exported to a temp dir (default: the last one measured before the
+fleet hardening), the "after" tree is this checkout; runs alternate so both see the same load.
 
-    python -m bench.bench_cold_start [--model default|tiny] [--runs 2]
+    python -m bench.bench_cold_start [--model default|tiny] [--runs 2] [--before REF|none]
 """
 
 from __future__ import annotations
@@ -19,33 +21,74 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+BEFORE_DEFAULT = "7390f02"  # README: benchmarks (18-19 s to the first sample)
 
 
-def one_run(model_dir: str, data: Path) -> tuple[float, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+def settle(started: list, timeout: float = 30.0) -> int:
+    """Wait for every process a run started to be gone (the next run must not share the CPUs with
+    its leftovers); kill the stragglers. Returns how many outlived their command."""
+    import psutil
+
+    _, alive = psutil.wait_procs(started, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return len(alive)
+
+
+def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, int]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "HF_ENDPOINT": "http://127.0.0.1:9"}
     cmd = [sys.executable, "-m", "slime", "--debug-rollout-only", "--rollout-backend", "hf", "--hf-checkpoint",
            model_dir, "--rollout-num-engines", "2", "--engine-threads", "1", "--prompt-data", str(data),
            "--rm-type", "exact", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
            "--rollout-max-response-len", "1", "--num-rollout", "1"]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tree)
     ready = first = None
+    phases = ""
+    started: list = []
     for line in proc.stdout:
         if line.startswith("router ") and ready is None:
             ready = time.perf_counter() - t0
+            phases = line.split("(ready after: ", 1)[-1].rstrip(")\n")
         if line.startswith("rollout 0:"):
             first = time.perf_counter() - t0
+            import psutil
+
+            started = psutil.Process(proc.pid).children(recursive=True)
     proc.wait()
+    leftovers = settle(started)
     if first is None or proc.returncode != 0:
-        raise SystemExit(f"cold start run failed (exit {proc.returncode})")
-    return ready, first
+        raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode})")
+    return ready, first, phases, leftovers
+
+
+def export_tree(ref: str) -> Path:
+    """`git archive REF` into a temp dir (read-only on the repository)."""
+    out = Path(tempfile.mkdtemp(prefix=f"slime-cold-{ref}-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def report(name: str, runs: list[tuple[float, float, str]]) -> None:
+    print(f"{name:<7} command -> router+engines ready : {statistics.median(r[0] for r in runs):6.1f} s  "
+          f"(runs: {', '.join(f'{r[0]:.1f}' for r in runs)})")
+    print(f"{name:<7} command -> first sample served  : {statistics.median(r[1] for r in runs):6.1f} s  "
+          f"(runs: {', '.join(f'{r[1]:.1f}' for r in runs)})")
+    if runs[-1][2]:
+        print(f"{name:<7} manager start-up phases (last run) : {runs[-1][2]}")
+    print(f"{name:<7} processes alive 30 s after exit    : {', '.join(str(r[3]) for r in runs)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["default", "tiny"], default="default")
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--before", default=BEFORE_DEFAULT, help="git ref to compare against, or 'none'")
     a = ap.parse_args()
     if a.model == "default":
         from slime.engine.default_model import ensure_default_model
@@ -57,12 +100,17 @@ def main() -> None:
         model_dir = str(build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny"))
     data = Path(tempfile.mkdtemp()) / "p.jsonl"
     data.write_text(json.dumps({"input": "Hello"}) + "\n")
-    runs = [one_run(model_dir, data) for _ in range(a.runs)]
-    print(f"model={a.model} ({model_dir}) engines=2 runs={a.runs}")
-    print(f"command -> router+engines ready : {statistics.median(r[0] for r in runs):6.1f} s  "
-          f"(runs: {', '.join(f'{r[0]:.1f}' for r in runs)})")
-    print(f"command -> first sample served  : {statistics.median(r[1] for r in runs):6.1f} s  "
-          f"(runs: {', '.join(f'{r[1]:.1f}' for r in runs)})")
+    trees = {"after": ROOT}
+    if a.before != "none":
+        trees = {"before": export_tree(a.before), **trees}
+    results: dict[str, list] = {name: [] for name in trees}
+    for _ in range(a.runs):  # alternate, so both trees see the same machine load
+        for name, tree in trees.items():
+            results[name].append(one_run(tree, model_dir, data))
+    print(f"model={a.model} ({model_dir}) engines=2 runs={a.runs} cpus={os.cpu_count()} "
+          f"before={a.before} after=working tree")
+    for name, runs in results.items():
+        report(name, runs)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A zero-latency engine stub (same HTTP protocol) sits behind the real sglang-router. We compare
 samples/s of (a) a raw aiohttp client posting the same requests to the router with the same
 concurrency, and (b) slime's full rollout path: data source -> default rollout function
-(GenerateState, concurrency bound, deadlines, retries, statuses, rewards) -> training batch.
+(the engine client: concurrency bound, deadlines, retries; statuses, rewards) -> training batch.
 Rounds alternate (raw, slime, raw, slime, ...) and the median of each is reported.
 
     python -m bench.bench_rollout_overhead [--samples 2000] [--concurrency 64] [--rounds 5]
@@ -53,12 +53,12 @@ async def raw_client(url: str, n: int, concurrency: int) -> float:
         return n / (time.perf_counter() - t)
 
 
-def slime_path(args, n: int, source) -> float:
+def slime_path(args, n: int, source, runtime) -> float:
     from slime.rollout.sglang_rollout import generate_rollout
     from slime.rollout.train_data import convert_samples_to_train_data
 
     t = time.perf_counter()
-    out = generate_rollout(args, 0, source)
+    out = generate_rollout(args, 0, source, runtime=runtime)
     samples = [s for g in out.samples for s in g]
     batch = convert_samples_to_train_data(args, samples)
     rate = n / (time.perf_counter() - t)
@@ -73,8 +73,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
 
-    from slime.rollout.data_source import DataSource
     from slime.cli.args import parse_args
+    from slime.rollout.data_source import DataSource
+    from slime.testing.runtime import bind_runtime
+    from slime.utils.async_utils import run
     from slime.utils.types import Sample
 
     model_dir = build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny")
@@ -94,12 +96,13 @@ def main() -> None:
         prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(a.samples // n_per_prompt)]
         n = (a.samples // n_per_prompt) * n_per_prompt
         url = f"{router.url}/generate"
+        runtime = bind_runtime(args)  # what the controller creates: one engine client for every round
         asyncio.run(raw_client(url, 200, a.concurrency))  # warm-up both paths
-        slime_path(args, n, DataSource(args, prompts, n_per_prompt))
+        slime_path(args, n, DataSource(args, prompts, n_per_prompt), runtime)
         raw, ours = [], []
         for _ in range(a.rounds):
             raw.append(asyncio.run(raw_client(url, n, a.concurrency)))
-            ours.append(slime_path(args, n, DataSource(args, prompts, n_per_prompt)))
+            ours.append(slime_path(args, n, DataSource(args, prompts, n_per_prompt), runtime))
         r, o = statistics.median(raw), statistics.median(ours)
         overhead_ms = (1 / o - 1 / r) * 1000  # negative: slime was faster in this run (noise)
         print(f"samples={n} concurrency={a.concurrency} rounds={a.rounds}")
@@ -108,6 +111,7 @@ def main() -> None:
         print(f"ratio slime/raw              : {o / r:8.2f}x   (target >= 0.5x)")
         print(f"orchestration per sample     : {overhead_ms:8.3f} ms  (target < 1 ms; 1/slime - 1/raw, "
               f"negative = within run-to-run noise)")
+        run(runtime.client.close())
     finally:
         router.stop()
         stub.terminate()

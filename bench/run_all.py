@@ -22,6 +22,7 @@ BENCHMARKS = [
     ("Rate limiter and sandbox", ["-m", "bench.bench_rate_limiter"]),
     ("Trainer batches", ["-m", "bench.bench_train_batch"]),
     ("Sandbox throughput", ["-m", "bench.bench_sandbox"]),
+    ("Weight sync", ["-m", "bench.bench_weight_sync"]),
 ]
 
 

@@ -212,6 +212,29 @@ def test_retry_window_bounds_a_dead_fleet(tmp_path, fleet_of, tiny_model_dir):
     assert runtime.client.stats.failures == 1 and 1 <= runtime.client.stats.retries["http_503"] < 1000
 
 
+# ---- item 13: status() counts the running rollout's retries, as its summary does ----
+def test_status_retries_are_per_rollout_and_match_the_summary(tmp_path, fleet_of, tiny_model_dir):
+    failures = [503, 503]
+
+    async def script(body):
+        if failures:
+            from fastapi import HTTPException
+
+            raise HTTPException(status_code=failures.pop(), detail="engine restarting")
+        return {"output_ids": [7, 8, 9], "finish_type": "stop", "text": "7 8 9"}
+
+    router, engines = fleet_of(script, 1)
+    args = make_args(tmp_path, router, tiny_model_dir)
+    controller = RolloutController(args, Endpoints(router.url, [e.url for e in engines]))
+    try:
+        controller.generate(0)
+        assert controller.last_summary["engine_retries"] == 2 == controller.status()["retries"]
+        controller.generate(1)
+        assert controller.last_summary["engine_retries"] == 0 == controller.status()["retries"]
+    finally:
+        controller.close()
+
+
 # ---- item 16: every sample failing ends with a summary ----
 def test_every_sample_failing_ends_with_a_summary(tmp_path, fleet_of, tiny_model_dir):
     router, engines = fleet_of(Steady(status=400), 1)
@@ -432,3 +455,39 @@ def test_sigterm_stops_everything_after_engine_replaced(tiny_model_dir, tmp_path
     _, alive = psutil.wait_procs(started, timeout=30)
     assert [" ".join(p.cmdline()) for p in alive] == []
     assert not psutil.pid_exists(killed_pid) or psutil.Process(killed_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigkill_of_the_command_leaves_nothing(tiny_model_dir, tmp_path):
+    """Even SIGKILL (no clean-up code runs): the lifeline takes Ray (agents included), the router and
+    the engines with it."""
+    data = write_prompts(tmp_path / "p.jsonl", 4)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint",
+                             str(tiny_model_dir), "--prompt-data", str(data), "--rm-type", "exact",
+                             "--rollout-num-engines", "1", "--engine-threads", "1", "--rollout-batch-size", "1",
+                             "--rollout-max-response-len", "2", "--num-rollout", "100000",
+                             "--log-dir", str(tmp_path / "logs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    watchdog = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("rollout 1:"):
+                break
+        else:
+            pytest.fail("slime never reported rollout 1:\n" + "".join(lines[-40:]))
+        started = _descendants(proc.pid)
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "raylet" in names and "slime.engine.hf_server" in names and "router" in names
+        proc.kill()
+        proc.wait(30)
+    finally:
+        watchdog.cancel()
+    _, alive = psutil.wait_procs(started, timeout=30)
+    leftover = [" ".join(p.cmdline()) for p in alive]
+    for p in alive:
+        p.kill()
+    assert leftover == []

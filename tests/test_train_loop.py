@@ -148,8 +148,6 @@ def test_resume_from_a_checkpoint_continues_exactly(first_run, tiny_model_dir, p
     assert {c["weight_version"] for c in initial["weight_check"]} == {str(CKPT_STEP + 1)}
 
 
-@pytest.mark.xfail(strict=True, reason="the embedded engine refuses a weight push after resuming only its weights "
-                   "(batcher.weights_loaded needs every tag back); SGLang accepts it, slime's colocated order needs it")
 def test_colocated_offloads_engines_while_training(ray_cluster, tiny_model_dir, prompts, tmp_path):
     """--colocate: engines released after generate, weights resumed, pushed (tensor path), KV resumed."""
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",

@@ -111,8 +111,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-skip-special-tokens", action="store_true")
     g.add_argument("--sglang-server-concurrency", type=int, default=512, help="in-flight requests per process")
     g.add_argument("--request-timeout", type=float, default=300.0, help="deadline of one engine request, seconds")
-    g.add_argument("--request-max-retries", type=int, default=8,
-                   help="retries of one request on connection errors, 429 and 5xx (with back-off)")
+    g.add_argument("--request-max-retries", type=int, default=100,
+                   help="cap on the retries of one request (connection errors, timeouts, 429, 5xx); the budget "
+                        "is --request-retry-window seconds")
     g.add_argument("--dynamic-sampling-filter-path", default=None)
     g.add_argument("--partial-rollout", action="store_true", help="aborted partial samples go back to the buffer")
     g.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout")
@@ -155,13 +156,15 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
 
 
 def _optional_groups(p: argparse.ArgumentParser) -> None:
-    """Flags owned by the tool, observability and reference-trainer packages."""
+    """Flags owned by the tool, observability, fleet and reference-trainer packages."""
     from slime.observability.flags import add_observability_arguments
     from slime.tools.flags import add_tool_arguments
+    from slime.fleet.flags import add_fleet_arguments
     from slime.train.flags import add_train_arguments
 
     add_tool_arguments(p)
     add_observability_arguments(p)
+    add_fleet_arguments(p)
     add_train_arguments(p)
 
 

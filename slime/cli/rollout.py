@@ -9,40 +9,16 @@ started, the same orderly way; `--load DIR` resumes at the saved rollout id + 1.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
 from slime.cli.errors import describe
 from slime.cli.preflight import PreflightError, preflight
+from slime.ray.session import ray_init as _ray_init
 
 logger = logging.getLogger("slime")
-
-
-def _ray_init(args: Any) -> bool:
-    """Join `--ray-address`, or start a private local Ray; returns True when we started it."""
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if ray.is_initialized():
-        return False
-    root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
-    env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "HF_ENDPOINT", "WANDB_MODE", "WANDB_DIR", "SLIME_CACHE",
-                                      "RAY_AUTH_MODE") if k in os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    if args.ray_address:
-        ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
-        return False
-    tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
-    tmp.mkdir(exist_ok=True)
-    ray.init(include_dashboard=False, _temp_dir=str(tmp), runtime_env={"env_vars": env}, log_to_driver=True,
-             configure_logging=True, logging_level=logging.WARNING)
-    return True
 
 
 def _format_summary(s: dict[str, Any]) -> str:
@@ -116,8 +92,10 @@ def run(args: Any) -> list[dict[str, Any]]:
     # Every input is checked before anything is started (the error names flag, file and line).
     resolved = preflight(args)
     if resolved["resumed_after"] is not None:
+        left = "" if args.start_rollout_id < args.num_rollout else f" (nothing left to do: --num-rollout " \
+            f"{args.num_rollout})"
         print(f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout "
-              f"{args.start_rollout_id}", flush=True)
+              f"{args.start_rollout_id}{left}", flush=True)
     if args.hf_checkpoint is None and args.rollout_backend == "hf":
         from slime.engine.default_model import ensure_default_model
 

@@ -36,19 +36,19 @@ def parse_train_args(argv: Sequence[str] | None = None) -> Any:
 
 
 def run(args: Any) -> list[Any]:
-    from slime.cli.ray_session import ray_session
+    from slime.cli.preflight import preflight
+    from slime.cli.rollout import _stop_on_sigterm
+    from slime.ray.session import ray_session
     from slime.train.loop import train
-    from slime.utils.misc import load_function
 
-    for flag in ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
-                 "dynamic_sampling_filter_path"):
-        if getattr(args, flag, None):
-            load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
+    preflight(args)  # every input checked before anything starts (plugins, data, tools, --load)
     if args.hf_checkpoint is None:
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
+    _stop_on_sigterm()
     with ray_session(args):
+        _stop_on_sigterm()  # again: ray.init installs its own handler (SIGTERM takes Ctrl-C's way out)
         return train(args)
 
 

@@ -183,6 +183,13 @@ class HFBatcher:
     # ------------------------------------------------------------------ asyncio-side API
     @property
     def weights_loaded(self) -> bool:
+        """The weights are in memory: they can be updated (slime's colocated order resumes
+        `weights`, pushes new ones, and only then resumes `kv_cache`)."""
+        return "weights" not in self.released_tags
+
+    @property
+    def serving(self) -> bool:
+        """Everything released has been resumed: requests are admitted."""
         return not self.released_tags
 
     @property
@@ -206,8 +213,9 @@ class HFBatcher:
 
         A stream queue receives cumulative response dicts after each token and `None` at the end.
         """
-        if not self.weights_loaded:
-            raise EngineReleasedError("weights are released (release_memory_occupation); call resume_memory_occupation")
+        if not self.serving:
+            raise EngineReleasedError(f"{sorted(self.released_tags)} released (release_memory_occupation); "
+                                      "call resume_memory_occupation")
         rid = rid or uuid.uuid4().hex
         if rid in self._rids:
             raise ValueError(f"rid {rid!r} is already in flight")
@@ -452,8 +460,8 @@ class HFBatcher:
     def _admit(self) -> None:
         while self._waiting and len(self._rows) < self.max_batch_size:
             req = self._waiting.popleft()
-            if not self.weights_loaded:
-                self._fail(req, EngineReleasedError("weights are released"))
+            if not self.serving:
+                self._fail(req, EngineReleasedError(f"{sorted(self.released_tags)} released"))
                 continue
             p = req.params
             req.weight_version = self.weight_version

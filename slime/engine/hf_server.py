@@ -186,7 +186,7 @@ class Server:
             return _error(400, "request body must be JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
-        if not self.batcher.weights_loaded:
+        if not self.batcher.serving:
             return _released()
         try:
             prompts, batch = self._prompts(body)
@@ -245,7 +245,7 @@ class Server:
                 self.batcher.abort(rid)
 
     async def health_generate(self) -> Response:
-        if not self.batcher.weights_loaded:
+        if not self.batcher.serving:
             return _released()
         try:
             one_token = SamplingParams(max_new_tokens=1, temperature=0)

@@ -256,8 +256,7 @@ class WeightUpdateGroup:
                 if load_format == "flattened_bucket":
                     broadcast(self._pg, self._flat(tensors))
                 else:
-                    for t in tensors:
-                        broadcast(self._pg, t)
+                    broadcast(self._pg, *tensors)
             except Exception as exc:  # noqa: BLE001 - report what the engines said, they know why
                 said = [f"{e!r}: {f.exception()}" for e, f in zip(self.engines, futures) if f.done() and f.exception()]
                 raise WeightSyncError(f"broadcast of bucket starting at {bucket[0][0]!r} on group {self.group_name!r} "

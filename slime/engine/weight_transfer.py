@@ -3,11 +3,11 @@
 Why these choices:
 - Tensor path (`update_weights_from_tensor`, colocated trainers): on GPUs SGLang passes CUDA IPC
   handles; on CPU we pass **shared memory** by default. The trainer packs a bucket's tensors into
-  one file under /dev/shm (one memcpy), every engine on the host maps it copy-on-write and copies
+  one file under /dev/shm (one memcpy), every engine on the host maps it read-only and copies
   straight into its parameters (one memcpy each); the JSON body carries only names, dtypes, shapes
   and offsets. By value (`transport="inline"`: the same bytes base64-encoded in the body) also
-  works across hosts, but costs base64 + JSON + an HTTP body of 4/3 the model size per engine, so it
-  is the fallback, not the default. Both are plain bytes plus JSON: nothing is unpickled, unlike
+  works across hosts, but costs base64 + JSON + an HTTP body of 4/3 the model size per engine
+  (measured ~12x slower for SmolLM2-135M, bench/bench_weight_sync.py), so it is the fallback. Both are plain bytes plus JSON: nothing is unpickled, unlike
   SGLang's `MultiprocessingSerializer`, so a request can never run code in the engine.
 - The engine only maps files named `slime-weights-*` directly inside the shared-memory directory,
   so a request cannot make it read arbitrary files. The sender owns the file and unlinks it when the
@@ -30,6 +30,7 @@ import mmap
 import os
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ import torch
 FORMAT = "slime-tensors-v1"
 SHM_PREFIX = "slime-weights-"
 _ALIGN = 64  # every tensor starts on a 64-byte boundary, so typed views of the buffer are legal
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 _DTYPES = {name: getattr(torch, name) for name in (
     "float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
@@ -166,7 +168,8 @@ def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], *
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, max(total, 1))
-        with mmap.mmap(fd, max(total, 1)) as mm:
+        # MAP_POPULATE: the kernel allocates all pages at once (page-faulting 4 KB at a time is several x slower)
+        with mmap.mmap(fd, max(total, 1), flags=mmap.MAP_SHARED | _POPULATE) as mm:
             buf = torch.frombuffer(mm, dtype=torch.uint8)
             _write(buf, named, entries)
             del buf
@@ -180,8 +183,8 @@ def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], *
 
 
 def deserialize_named_tensors(serialized: str) -> list[tuple[str, torch.Tensor]]:
-    """Engine side: the named tensors of a payload (views of a private copy-on-write mapping or of the
-    decoded bytes; copy them into the model, do not keep them)."""
+    """Engine side: the named tensors of a payload (views of a read-only mapping or of the decoded
+    bytes: copy them into the model, never write them)."""
     try:
         header = json.loads(serialized)
     except (TypeError, json.JSONDecodeError) as exc:
@@ -239,7 +242,9 @@ def _map_shm(path: object, total: int) -> torch.Tensor:
             raise WeightFormatError(f"shm payload {path} has {size} bytes, header says {total}")
         if total == 0:
             return torch.empty(0, dtype=torch.uint8)
-        mm = mmap.mmap(fd, total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mm = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
-    return torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the mapping alive
+    with warnings.catch_warnings():  # read-only on purpose: the engine only copies out of it
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the mapping alive

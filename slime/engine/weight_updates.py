@@ -103,10 +103,12 @@ def new_gloo_group(master_address: str, master_port: int, rank: int, world_size:
     return pg, store
 
 
-def broadcast(pg, tensor: torch.Tensor) -> None:
+def broadcast(pg, *tensors: torch.Tensor) -> None:
+    """Broadcast from rank 0, one collective per tensor, all in flight at once (pipelined, then awaited)."""
     opts = torch.distributed.BroadcastOptions()
     opts.rootRank = 0
-    pg.broadcast([tensor], opts).wait()
+    for work in [pg.broadcast([t], opts) for t in tensors]:
+        work.wait()
 
 
 @dataclass
@@ -210,17 +212,14 @@ class UpdateGroups:
             return list(zip(names, unflatten_bucket(flat, shapes)))
         if load_format is not None:
             raise WeightUpdateError(f"load_format must be null or 'flattened_bucket', got {load_format!r}")
-        out = []
-        for i, (name, d, s) in enumerate(zip(names, dtypes, shapes)):
-            t = into[i] if into is not None else torch.empty(s, dtype=d)
-            _checked_broadcast(group, group_name, t)
-            out.append((name, t))
-        return out
+        tensors = into if into is not None else [torch.empty(s, dtype=d) for d, s in zip(dtypes, shapes)]
+        _checked_broadcast(group, group_name, *tensors)
+        return list(zip(names, tensors))
 
 
-def _checked_broadcast(group: _Group, group_name: str, t: torch.Tensor) -> None:
+def _checked_broadcast(group: _Group, group_name: str, *t: torch.Tensor) -> None:
     try:
-        broadcast(group.pg, t)
+        broadcast(group.pg, *t)
     except Exception as exc:  # noqa: BLE001
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeError(f"broadcast on group {group_name!r} from {group.master} failed: {first_line}") from None

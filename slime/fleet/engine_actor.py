@@ -7,6 +7,7 @@ from typing import Any
 import ray
 import requests
 
+from slime.fleet import sglang_payloads as payloads
 from slime.fleet.engine_server import EngineServer, hf_server, sglang_server
 
 WEIGHT_PUSH_TIMEOUT_S = 600.0  # one bucket of a large model, or a rendezvous, may take minutes on a busy box
@@ -53,29 +54,27 @@ class EngineActor:
             return False
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> Any:
-        return self.server.call("POST", "/release_memory_occupation", {"tags": tags} if tags else {})
+        return self.server.call("POST", "/release_memory_occupation", payloads.release_memory_occupation(tags))
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> Any:
-        return self.server.call("POST", "/resume_memory_occupation", {"tags": tags} if tags else {})
+        return self.server.call("POST", "/resume_memory_occupation", payloads.resume_memory_occupation(tags))
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> Any:
-        body = {"model_path": model_path}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        return self.server.call("POST", "/update_weights_from_disk", body, timeout=600)
+        return self.server.call("POST", "/update_weights_from_disk",
+                                payloads.update_weights_from_disk(model_path, weight_version=weight_version), timeout=600)
 
     def abort_all(self) -> Any:
-        return self.server.call("POST", "/abort_request", {"abort_all": True})
+        return self.server.call("POST", "/abort_request", payloads.abort_request(abort_all=True))
 
     def pause_generation(self, mode: str | None = None) -> Any:
         """`mode` None = the engine's default (embedded: in_place; SGLang: abort), or in_place/retract/abort."""
-        return self.server.call("POST", "/pause_generation", {} if mode is None else {"mode": mode})
+        return self.server.call("POST", "/pause_generation", payloads.pause_generation(mode))
 
     def continue_generation(self) -> Any:
-        return self.server.call("POST", "/continue_generation", {})
+        return self.server.call("POST", "/continue_generation", payloads.continue_generation())
 
     def flush_cache(self) -> Any:
-        return self.server.call("POST", "/flush_cache", {})
+        return self.server.call("POST", "/flush_cache", payloads.flush_cache())
 
     # ---- weight sync: slime's SGLangEngine names and payloads; the same bodies reach SGLang or the embedded engine
     def get_weight_version(self) -> str:
@@ -83,18 +82,17 @@ class EngineActor:
 
     def update_weights_from_tensor(self, serialized_named_tensors: list[str], load_format: str | None = None,
                                    flush_cache: bool = False, weight_version: str | None = None) -> Any:
-        body = {"serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
-                "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
+        body = payloads.update_weights_from_tensor(serialized_named_tensors, load_format=load_format,
+                                                   flush_cache=flush_cache,
+                                                   weight_version=None if weight_version is None else str(weight_version))
         return self.server.call("POST", "/update_weights_from_tensor", body, timeout=WEIGHT_PUSH_TIMEOUT_S)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str, backend: str, timeout: float | None = None) -> Any:
         """Join the trainer's group; `backend` is passed through (SGLang: nccl; embedded engine: gloo only).
         `timeout` (seconds, embedded engine only) bounds the rendezvous."""
-        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-                "world_size": world_size, "group_name": group_name, "backend": backend}
+        body = payloads.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name,
+                                                  backend)
         if timeout is not None and self.backend != "sglang":  # SGLang's request has no such field
             body["timeout"] = timeout
         return self.server.call("POST", "/init_weights_update_group", body,
@@ -103,18 +101,16 @@ class EngineActor:
     def update_weights_from_distributed(self, names: list[str], dtypes: list[Any], shapes: list[list[int]],
                                         group_name: str, flush_cache: bool = False, weight_version: str | None = None,
                                         load_format: str | None = None) -> Any:
-        body = {"names": names, "dtypes": [str(d).replace("torch.", "") for d in dtypes],
-                "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
-        if load_format is not None:
-            body["load_format"] = load_format
+        body = payloads.update_weights_from_distributed(
+            names, dtypes, shapes, group_name, flush_cache=flush_cache, load_format=load_format,
+            weight_version=None if weight_version is None else str(weight_version))
         return self.server.call("POST", "/update_weights_from_distributed", body, timeout=WEIGHT_PUSH_TIMEOUT_S)
 
     def destroy_weights_update_group(self, group_name: str) -> Any:
         """Like slime: an engine that never had the group (e.g. just restarted) is not an error."""
         try:
-            return self.server.call("POST", "/destroy_weights_update_group", {"group_name": group_name})
+            return self.server.call("POST", "/destroy_weights_update_group",
+                                    payloads.destroy_weights_update_group(group_name))
         except requests.RequestException as exc:
             return {"success": False, "message": str(exc)}
 
@@ -122,8 +118,9 @@ class EngineActor:
         """snapshot | compare (against the snapshot, or `checksums` {name: sha256}) | reset_tensors ...
         A compare that finds differences answers `{"success": False, "equal": False, "tensors": {...}}`
         (HTTP 400, as SGLang) instead of raising, so the caller sees which tensors differ."""
-        body: dict[str, Any] = {"action": action}
-        if checksums is not None:
+        body: dict[str, Any] = payloads.check_weights(action) if action in payloads.CHECK_WEIGHTS_ACTIONS \
+            else {"action": action}  # the embedded engine's extra actions (compare_checksum, checksum, ...)
+        if checksums is not None:  # embedded engine only: the trainer's checksums to compare against
             body["checksums"] = checksums
         answer = self.server.call("POST", "/weights_checker", body, timeout=WEIGHT_PUSH_TIMEOUT_S,
                                   answer_statuses=(400,))

@@ -19,20 +19,20 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.placement_group import remove_placement_group
 
 from slime.fleet.engine_actor import EngineActor
+from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
 from slime.fleet.router import Router, register_worker, unregister_worker
 from slime.utils.endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ENGINE_MAX_RESTARTS = 3
 ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "failed", "stopped")
 # control calls whose effect a replacement engine must get too (replayed before it takes requests)
 _REPLAYED = ("update_weights_from_disk",)
@@ -63,7 +63,6 @@ class EngineSlot:
     restarts: int = 0
     deaths: int = 0
     last_exit: Any = None
-    history: list[str] = field(default_factory=list)
 
     @property
     def actor(self) -> Any:

@@ -13,16 +13,19 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from slime.fleet.fleet import Fleet
 from slime.observability.wandb_logger import WandbRun
+from slime.ray import weight_sync
 from slime.ray.box import Box
-from slime.rollout.controller import RolloutController
 from slime.tools.services import ToolServices
 from slime.utils.endpoints import Endpoints
+
+if TYPE_CHECKING:  # imported where it is built: torch and transformers load while the engines boot
+    from slime.rollout.controller import RolloutController
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ class RolloutManager:
         self._tool_handles: list[Any] = []  # what the tools' shared services need kept (and stopped)
         self.startup_timings: dict[str, float] = {}
         self.train_parallel_config: dict[str, Any] | None = None
+        self._engine_lock: Any = None  # held by a trainer while it pushes weights (made on first use)
+        self._restarts_pushed = 0  # engine restarts the trainer has already pushed weights to
         self._shut = False
 
     # ---- start-up ----
@@ -64,6 +69,8 @@ class RolloutManager:
         return self.info()
 
     def _build_controller(self, endpoints: Endpoints, t0: float) -> RolloutController:
+        from slime.rollout.controller import RolloutController
+
         fleet = self.fleet
         controller = RolloutController(
             self.args, endpoints, tool_services=self.tool_services, wandb_run=self.wandb_run,
@@ -140,9 +147,55 @@ class RolloutManager:
         self.controller.save(rollout_id)
 
     def load(self, rollout_id: int | None = None) -> int | None:
-        """Restore the data source from `--load` (its latest saved state); returns that rollout id."""
-        source = self.controller.data_source
-        return source.load(self.args.load) if source is not None and self.args.load else None
+        """Restore the data source from `--load`: the state saved at `rollout_id` (a trainer resuming
+        from its checkpoint of that rollout), else the newest; returns that rollout id."""
+        source = self.controller.data_source if self.controller else None
+        return source.load(self.args.load, rollout_id) if source is not None and self.args.load else None
+
+    # ---- weights (slime's names; the engines' side is slime/engine/weight_updates.py) ----
+    def get_updatable_engines_and_lock(self) -> tuple:
+        """(engine actors, the weight lock, engines restarted since the last push, gpu counts, offsets, configs)."""
+        if self._engine_lock is None:
+            self._engine_lock = weight_sync.make_engine_lock()
+        return weight_sync.get_updatable_engines_and_lock(self.fleet, self._engine_lock, self._new_engines())
+
+    def _new_engines(self) -> int:
+        return self.fleet.counters["engine_restarts"] - self._restarts_pushed if self.fleet else 0
+
+    def recover_updatable_engines(self) -> int:
+        """Return once no engine is dead or restarting (the fleet restarts them by itself; a
+        restart has no event here, so this probes with a deadline); the count of new engines."""
+        if self.fleet is not None:
+            deadline = time.monotonic() + float(self.args.engine_startup_timeout)
+            while any(s["state"] in ("dead", "restarting", "starting") for s in self.fleet.engine_status()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"recover_updatable_engines: engines not back after "
+                                       f"{self.args.engine_startup_timeout:.0f}s (--engine-startup-timeout)")
+                time.sleep(0.2)
+        return self._new_engines()
+
+    def clear_updatable_num_new_engines(self) -> None:
+        """The trainer pushed its weights to the restarted engines too."""
+        if self.fleet is not None:
+            self._restarts_pushed = self.fleet.counters["engine_restarts"]
+
+    def onload_weights(self) -> list[Any]:
+        return weight_sync.onload_weights(self.fleet)
+
+    def onload_kv(self) -> list[Any]:
+        return weight_sync.onload_kv(self.fleet)
+
+    def check_weights(self, action: str, checksums: dict[str, str] | None = None) -> list[dict]:
+        return weight_sync.check_weights(self.fleet, action, checksums)
+
+    def wandb_run_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def metrics_dir(self) -> str | None:
+        from slime.observability.metrics_log import metrics_dir
+
+        d = metrics_dir(self.args, self.wandb_run)
+        return str(d) if d is not None else None
 
     def dispose(self) -> None:
         """slime's end-of-training call: stop everything."""

@@ -26,6 +26,7 @@ from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, sav
 from slime.rollout.engine_client import EngineClient
 from slime.utils.processing_utils import load_tokenizer
 from slime.rollout.runtime import RolloutRuntime, unbind
+from slime.rollout.stall_guard import StallGuard
 from slime.rollout.train_data import convert_samples_to_train_data
 from slime.tools.services import ToolServices
 from slime.train_batch.rank_batches import split_for_data_parallel
@@ -104,14 +105,16 @@ def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: d
 
 def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool,
                            runtime: RolloutRuntime) -> Any:
-    """slime's signature; ours also take the runtime explicitly (`runtime=`) when they accept it."""
+    """slime's signature; ours also take the runtime explicitly (`runtime=`) when they accept it. A
+    function that only repeats the same error without progress fails with it (`StallGuard`)."""
     try:
         accepts = "runtime" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         accepts = False
-    if accepts:
-        return fn(args, rollout_id, data_source, evaluation=evaluation, runtime=runtime)
-    return fn(args, rollout_id, data_source, evaluation=evaluation)
+    with StallGuard(runtime.progress).installed():
+        if accepts:
+            return fn(args, rollout_id, data_source, evaluation=evaluation, runtime=runtime)
+        return fn(args, rollout_id, data_source, evaluation=evaluation)
 
 
 def make_data_source(args: Any, tokenizer: Any) -> Any:

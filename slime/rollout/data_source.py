@@ -275,12 +275,18 @@ class DataSource:
         (Path(directory) / "latest_rollout_id.txt").write_text(str(rollout_id))
         return path
 
-    def load(self, directory: str | Path) -> int | None:
-        """Restore the newest saved state; returns its rollout id (None when nothing was saved)."""
-        latest = Path(directory) / "latest_rollout_id.txt"
-        if not latest.exists():
-            return None
-        rollout_id = int(latest.read_text().strip())
+    def load(self, directory: str | Path, rollout_id: int | None = None) -> int | None:
+        """Restore the state saved after `rollout_id`, else the newest one; returns its rollout id
+        (None when nothing was saved)."""
+        if rollout_id is None:
+            latest = Path(directory) / "latest_rollout_id.txt"
+            if not latest.exists():
+                return None
+            try:
+                rollout_id = int(latest.read_text().strip())
+            except ValueError:
+                raise DataError(f"--load {directory}: {latest} does not hold a rollout id: "
+                                f"{latest.read_text()[:40]!r}") from None
         path = Path(directory) / f"rollout_state_{rollout_id}.json"
         try:
             self.load_state_dict(json.loads(path.read_text()))

@@ -17,13 +17,15 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime.fleet import sglang_payloads as payloads
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints
 from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy
+from slime.utils.http_utils import get_rollout_num_engines
 from slime.utils.processing_utils import load_tokenizer
 
 # seconds a failing request keeps being retried: a router restart (~1 s), an engine restart
-# (model load), or a frozen engine the router marked unhealthy for a while
+# (model load), or a frozen engine the router marked unhealthy for a while (--request-retry-window)
 DEFAULT_RETRY_WINDOW = 60.0
 
 
@@ -78,7 +80,8 @@ class EngineClient:
 
     @classmethod
     def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
-        return cls(endpoints, concurrency=args.sglang_server_concurrency,
+        # slime's bound: --sglang-server-concurrency per engine
+        return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, get_rollout_num_engines(args)),
                    request_timeout=getattr(args, "request_timeout", 300.0),
                    max_retries=getattr(args, "request_max_retries", 8),
                    retry_window=getattr(args, "request_retry_window", DEFAULT_RETRY_WINDOW),
@@ -129,14 +132,13 @@ class EngineClient:
 
     async def _abort_rid(self, rid: str) -> None:
         once = RetryPolicy(max_retries=0)
-        await asyncio.gather(*(self.http.post(f"{u}/abort_request", {"rid": rid}, timeout=10, policy=once)
+        await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(rid=rid), timeout=10, policy=once)
                                for u in self.endpoints.engine_urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
                        url: str | None = None) -> EngineOutput:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline."""
-        payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True,
-                   "rid": rid or self.new_rid()}
+        payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
         async with self.semaphore:
             self.in_flight += 1
             try:
@@ -150,7 +152,8 @@ class EngineClient:
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine (the router does not proxy abort)."""
         once = RetryPolicy(max_retries=0)
-        await asyncio.gather(*(self.http.post(f"{u}/abort_request", {"abort_all": True}, timeout=10, policy=once)
+        await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(abort_all=True), timeout=10,
+                                              policy=once)
                                for u in self.endpoints.engine_urls), return_exceptions=True)
 
     async def close(self) -> None:

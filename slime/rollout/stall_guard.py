@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 from slime.utils.async_utils import watched
 
 DEFAULT_REPEATS = 5
-DEFAULT_MIN_SECONDS = 3.0
+DEFAULT_MIN_SECONDS = 10.0
 
 
 class RolloutStalledError(RuntimeError):

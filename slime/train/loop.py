@@ -125,14 +125,14 @@ class MetricsSink:
 def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
           manager_cls: Any = None) -> list[TrainRecord]:
     """Run the loop; returns one record per trained rollout. Stops everything it started, always."""
-    from slime.cli.ray_session import format_startup, start_manager, stop_manager
-    from slime.train.manager_methods import manager_class
+    from slime.ray.rollout_manager import RolloutManager
+    from slime.ray.session import format_startup, start_manager, stop_manager
 
     mode = weight_sync_mode(args)
     manager, group, sink = None, None, None
     records: list[TrainRecord] = []
     try:
-        manager, info = start_manager(args, manager_cls or manager_class())
+        manager, info = start_manager(args, manager_cls or RolloutManager)
         startup = format_startup(info)
         if startup:
             print(startup, flush=True)

@@ -258,8 +258,7 @@ class TrainWorker:
         from slime.fleet.engine_actor import RemoteEngine
 
         t0 = time.monotonic()
-        with contextlib.suppress(AttributeError):  # a manager without recovery: nothing to recover
-            ray.get(manager.recover_updatable_engines.remote())
+        ray.get(manager.recover_updatable_engines.remote())
         engines, lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
         named = trainer_named_tensors(self.model)
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
@@ -282,8 +281,7 @@ class TrainWorker:
                         self._connect(remote, engines, num_new)
                         self.weight_group.push(named, weight_version=weight_version,
                                                bucket_bytes=int(self.args.update_weight_buffer_size))
-            with contextlib.suppress(AttributeError):
-                ray.get(manager.clear_updatable_num_new_engines.remote())
+            ray.get(manager.clear_updatable_num_new_engines.remote())
         finally:
             ray.get(lock.release.remote())
         return {"engines": len(engines), "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}

@@ -25,7 +25,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """`preexec_fn`: the kernel SIGKILLs this child when the thread that forked it dies."""
+    """`preexec_fn`: the kernel SIGKILLs this child when the *thread* that forked it dies, so spawn
+    from a thread that lives as long as the child (an actor's main thread, a watcher), never from a
+    short-lived pool thread."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -26,7 +26,7 @@ def ray_init(args: Any) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return False
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     if args.ray_address:
@@ -34,8 +34,11 @@ def ray_init(args: Any) -> bool:
         return False
     tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
-    ray.init(include_dashboard=False, _temp_dir=str(tmp), runtime_env={"env_vars": env}, log_to_driver=True,
-             configure_logging=True, logging_level=logging.WARNING)
+    # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
+    # serve our actors at once instead of new ones being started for a runtime env (cold start)
+    os.environ.update(env)
+    ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
+             logging_level=logging.WARNING)
     return True
 
 

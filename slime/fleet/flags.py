@@ -1,0 +1,25 @@
+"""Flags of the fleet's self-healing: engine restarts and the request retry window.
+
+`add_fleet_arguments(parser)` is meant for `slime.cli.args.build_parser` (`_optional_groups`).
+Until it is called there, the code reads these with their defaults (`getattr(args, name, DEFAULT)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_ENGINE_MAX_RESTARTS = 3
+# seconds a failing engine request keeps being retried: a router restart (~1 s), an engine restart
+# (model load), or a frozen engine the router marked unhealthy for a while
+DEFAULT_REQUEST_RETRY_WINDOW = 60.0
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    g = parser.add_argument_group("fleet faults")
+    g.add_argument("--engine-max-restarts", type=int, default=DEFAULT_ENGINE_MAX_RESTARTS,
+                   help="restarts of each engine whose server died; after that it is 'failed' and the pool "
+                        "goes on without it")
+    g.add_argument("--request-retry-window", type=float, default=DEFAULT_REQUEST_RETRY_WINDOW,
+                   help="seconds a request failing with a connection error, timeout, 429 or 5xx keeps being "
+                        "retried (back-off up to 2 s, fresh rid each time); --request-max-retries caps the count")
+    return parser

@@ -47,19 +47,9 @@ def run(url: str, code: str, language: str = "python", **kw) -> dict:
 
 
 def _uid_procs(uids) -> list[int]:
-    uids = {str(u) for u in uids}
-    out = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(f"{d}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if line.split()[1] in uids:
-                            out.append(int(d.rsplit("/", 1)[1]))
-                        break
-        except OSError:
-            pass
-    return out
+    from tests.test_sandbox import _processes_of_uids
+
+    return _processes_of_uids(uids)
 
 
 def _until(pred, timeout: float = 30.0):

@@ -32,7 +32,7 @@ ENDPOINTS: Mapping[str, tuple[str, str]] = MappingProxyType({
 })
 
 PAUSE_MODES = ("abort", "retract", "in_place")
-MEMORY_TAGS = ("weights", "kv_cache")
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants GPU_MEMORY_TYPE_*
 CHECK_WEIGHTS_ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
 
 

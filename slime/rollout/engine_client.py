@@ -19,9 +19,8 @@ from typing import Any
 
 from slime.fleet import sglang_payloads as payloads
 from slime.rollout.progress import Progress
-from slime.utils.endpoints import Endpoints
+from slime.utils.endpoints import Endpoints, rollout_num_engines
 from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy
-from slime.utils.http_utils import get_rollout_num_engines
 from slime.utils.processing_utils import load_tokenizer
 
 # seconds a failing request keeps being retried: a router restart (~1 s), an engine restart
@@ -81,7 +80,7 @@ class EngineClient:
     @classmethod
     def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
         # slime's bound: --sglang-server-concurrency per engine
-        return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, get_rollout_num_engines(args)),
+        return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
                    request_timeout=getattr(args, "request_timeout", 300.0),
                    max_retries=getattr(args, "request_max_retries", 8),
                    retry_window=getattr(args, "request_retry_window", DEFAULT_RETRY_WINDOW),

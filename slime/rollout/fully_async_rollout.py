@@ -27,7 +27,7 @@ from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import generate_and_rm_group, generate_rollout, sampling_params_from_args
 from slime.utils.async_utils import run
-from slime.utils.http_utils import get_rollout_num_engines
+from slime.utils.endpoints import rollout_num_engines as get_rollout_num_engines
 from slime.utils.types import Sample
 
 __all__ = ["AsyncRolloutWorker", "generate_rollout_fully_async"]

@@ -55,7 +55,7 @@ class GenerateState:
 
     @classmethod
     def _create(cls, rt: RolloutRuntime) -> "GenerateState":
-        from slime.utils.http_utils import get_rollout_num_engines
+        from slime.utils.endpoints import rollout_num_engines as get_rollout_num_engines
 
         self = object.__new__(cls)
         self.runtime, self.args = rt, rt.args

@@ -20,6 +20,10 @@ from slime.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from slime.tools.services import ToolServices
 
 
+class ToolConfigError(ValueError):
+    """A tool YAML that cannot be loaded; the message names file, entry and field."""
+
+
 def create_kwargs_of(create_kwargs: dict[str, Any] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The per-sample create arguments, given either way (`create_kwargs=` wins on a clash)."""
     if create_kwargs is not None and not isinstance(create_kwargs, dict):

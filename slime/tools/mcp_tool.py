@@ -31,7 +31,7 @@ def mcp_client_available() -> bool:
 
 
 def _error(message: str) -> Exception:
-    from slime.tools.registry import ToolConfigError  # registry imports us lazily; no cycle at import
+    from slime.tools.base_tool import ToolConfigError
 
     return ToolConfigError(message)
 

@@ -27,7 +27,7 @@ import jsonschema
 import yaml
 from pydantic import ValidationError
 
-from slime.tools.base_tool import BaseTool
+from slime.tools.base_tool import BaseTool, ToolConfigError
 from slime.tools.schemas import OpenAIFunctionToolSchema
 from slime.tools.services import ToolServices
 from slime.tools.verl_compat import TOOL_METHODS, VerlToolAdapter, is_tool_class, resolve_tool_class
@@ -38,10 +38,6 @@ logger = logging.getLogger(__name__)
 # native / sandbox_fusion: a Python class named by class_name; mcp: that class once per MCP server tool
 SUPPORTED_TYPES = ("native", "sandbox_fusion", "mcp")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class ToolConfigError(ValueError):
-    """A tool YAML that cannot be loaded; the message names file, entry and field."""
 
 
 class ToolSet:

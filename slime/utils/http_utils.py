@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slime.utils import http_retry
+from slime.utils.endpoints import rollout_num_engines
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -71,12 +72,7 @@ async def get(url: str, max_retries: int = 5, timeout: float = 60.0) -> Any:
     return await http_retry.get(url, timeout=timeout, policy=policy)
 
 
-def get_rollout_num_engines(args: Any) -> int:
-    """Engines behind the router (slime's helper)."""
-    if getattr(args, "rollout_num_engines", None) is not None:
-        return int(args.rollout_num_engines)
-    gpus = getattr(args, "rollout_num_gpus", None) or 0
-    return max(1, gpus // (getattr(args, "rollout_num_gpus_per_engine", None) or 1)) if gpus > 0 else 0
+get_rollout_num_engines = rollout_num_engines  # slime's name
 
 
 def init_http_client(args: Any) -> None:

@@ -24,7 +24,6 @@ from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
-from slime.utils.processing_utils import load_tokenizer
 from slime.rollout.runtime import RolloutRuntime, unbind
 from slime.rollout.stall_guard import StallGuard
 from slime.rollout.train_data import convert_samples_to_train_data
@@ -33,6 +32,7 @@ from slime.train_batch.rank_batches import split_for_data_parallel
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.utils.misc import load_function
+from slime.utils.processing_utils import load_tokenizer
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)

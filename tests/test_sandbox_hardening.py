@@ -13,16 +13,7 @@ import time
 import pytest
 import requests
 
-from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
-
-
-def _isolation_ok() -> bool:
-    try:
-        probe_isolation(SandboxConfig())
-        return True
-    except IsolationUnavailable:
-        return False
-
+from tests.test_sandbox import _isolation_ok, _processes_of_uids
 
 pytestmark = pytest.mark.skipif(not _isolation_ok(), reason="namespaces/uid switching unavailable here")
 UID_BASE = 62000 + 8 * random.randrange(500)  # not shared with a concurrently running sandbox
@@ -46,10 +37,7 @@ def run(url: str, code: str, language: str = "python", **kw) -> dict:
     return r.json()
 
 
-def _uid_procs(uids) -> list[int]:
-    from tests.test_sandbox import _processes_of_uids
-
-    return _processes_of_uids(uids)
+_uid_procs = _processes_of_uids
 
 
 def _until(pred, timeout: float = 30.0):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from slime.observability import reporting, rollout_dump
 from slime.observability.wandb_logger import WandbRun
-from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
@@ -105,16 +105,16 @@ def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: d
 
 def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool,
                            runtime: RolloutRuntime) -> Any:
-    """slime's signature; ours also take the runtime explicitly (`runtime=`) when they accept it. A
-    function that only repeats the same error without progress fails with it (`StallGuard`)."""
+    """slime's signature through slime's `call_rollout_fn` (bare lists and dicts come back wrapped);
+    ours also take the runtime explicitly (`runtime=`) when they name it. A function that only
+    repeats the same error without progress fails with it (`StallGuard`)."""
     try:
         accepts = "runtime" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         accepts = False
     with StallGuard(runtime.progress).installed():
-        if accepts:
-            return fn(args, rollout_id, data_source, evaluation=evaluation, runtime=runtime)
-        return fn(args, rollout_id, data_source, evaluation=evaluation)
+        return call_rollout_fn(fn, args, rollout_id, data_source, evaluation=evaluation,
+                               **({"runtime": runtime} if accepts else {}))
 
 
 def make_data_source(args: Any, tokenizer: Any) -> Any:
@@ -227,12 +227,12 @@ class RolloutController:
                                          self.runtime)
         finally:
             self.progress.finish()
-        data = out.data if isinstance(out, RolloutFnEvalOutput) else out
+        data = out.data
         if not isinstance(data, dict):
             raise TypeError(f"--eval-function-path returned {type(data).__name__}; expected "
                             "{dataset: {'rewards', 'truncated', 'samples'}}")
-        metrics = out.metrics if isinstance(out, RolloutFnEvalOutput) else {}
-        if not _custom_log(self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data, metrics):
+        if not _custom_log(self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data,
+                           out.metrics):
             reporting.log_eval(self.args, rollout_id, data, self.wandb_run)
         rollout_dump.dump_eval(self.args, rollout_id, data)
         summary = {}

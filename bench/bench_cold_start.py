@@ -5,6 +5,10 @@ registration, first rollout of one sample). Before and after side by side in one
 fleet hardening), the "after" tree is this checkout; runs alternate so both see the same load.
 
     python -m bench.bench_cold_start [--model default|tiny] [--runs 2] [--before REF|none]
+
+Each run also prints its timeline: the milestones the run's processes write to
+SLIME_STARTUP_TRACE (Ray started, engine fork server preloaded, engines forked and loaded; see
+slime.utils.startup_trace) next to what the command printed.
 """
 
 from __future__ import annotations
@@ -21,31 +25,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from slime.utils.startup_trace import read as read_trace  # noqa: E402
 BEFORE_DEFAULT = "7390f02"  # README: benchmarks (18-19 s to the first sample)
 
 
 def settle(started: list, timeout: float = 30.0) -> int:
     """Wait for every process a run started to be gone (the next run must not share the CPUs with
     its leftovers); kill the stragglers. Returns how many outlived their command."""
-    import psutil
+    from slime.cli.lifeline import kill_survivors
 
-    _, alive = psutil.wait_procs(started, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    return len(alive)
+    return len(kill_survivors(started, timeout))
 
 
-def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, int]:
+def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, int, list]:
+    trace = Path(tempfile.mkdtemp(prefix="slime-cold-trace-")) / "trace.jsonl"
     env = {**os.environ, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-           "HF_ENDPOINT": "http://127.0.0.1:9"}
+           "HF_ENDPOINT": "http://127.0.0.1:9", "SLIME_STARTUP_TRACE": str(trace)}
     cmd = [sys.executable, "-m", "slime", "--debug-rollout-only", "--rollout-backend", "hf", "--hf-checkpoint",
            model_dir, "--rollout-num-engines", "2", "--engine-threads", "1", "--prompt-data", str(data),
            "--rm-type", "exact", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
            "--rollout-max-response-len", "1", "--num-rollout", "1"]
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tree)
     ready = first = None
     phases = ""
@@ -63,7 +63,9 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, 
     leftovers = settle(started)
     if first is None or proc.returncode != 0:
         raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode})")
-    return ready, first, phases, leftovers
+    timeline = [(e["t"] - wall0, e["event"]) for e in read_trace(str(trace))]  # old trees write none
+    timeline += [(ready, "CLI: router + engines ready line"), (first, "CLI: first sample served")]
+    return ready, first, phases, leftovers, sorted(timeline)
 
 
 def export_tree(ref: str) -> Path:
@@ -74,7 +76,7 @@ def export_tree(ref: str) -> Path:
     return out
 
 
-def report(name: str, runs: list[tuple[float, float, str]]) -> None:
+def report(name: str, runs: list[tuple]) -> None:
     print(f"{name:<7} command -> router+engines ready : {statistics.median(r[0] for r in runs):6.1f} s  "
           f"(runs: {', '.join(f'{r[0]:.1f}' for r in runs)})")
     print(f"{name:<7} command -> first sample served  : {statistics.median(r[1] for r in runs):6.1f} s  "
@@ -82,6 +84,9 @@ def report(name: str, runs: list[tuple[float, float, str]]) -> None:
     if runs[-1][2]:
         print(f"{name:<7} manager start-up phases (last run) : {runs[-1][2]}")
     print(f"{name:<7} processes alive 30 s after exit    : {', '.join(str(r[3]) for r in runs)}")
+    print(f"{name:<7} timeline of the last run (s after the command started):")
+    for t, event in runs[-1][4]:
+        print(f"          {t:6.2f}  {event}")
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ class Caller:
                "p99": sorted(lat)[int(len(lat) * 0.99)] if lat else None}
         if self.design != "seed":
             out["client"] = self.lim.stats()
-            await self.lim.close()
+            self.lim.close()
         return out
 
 
@@ -160,8 +160,8 @@ def bench_sandbox(concurrency: int = 8, total: int = 200) -> dict:
                 t0 = time.perf_counter()
                 await asyncio.gather(*[one() for _ in range(total)])
                 dt = time.perf_counter() - t0
-                return {"concurrency": concurrency, "executions": total, "exec_per_s": total / dt, "isolation": isolation,
-                        "p50_ms": 1e3 * statistics.median(lat)}
+                return {"concurrency": concurrency, "executions": total, "exec_per_s": total / dt,
+                        "isolation": isolation, "p50_ms": 1e3 * statistics.median(lat)}
         return asyncio.run(go())
     finally:
         handle.stop()

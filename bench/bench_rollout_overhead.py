@@ -6,7 +6,12 @@ concurrency, and (b) slime's full rollout path: data source -> default rollout f
 (the engine client: concurrency bound, deadlines, retries; statuses, rewards) -> training batch.
 Rounds alternate (raw, slime, raw, slime, ...) and the median of each is reported.
 
+slime's path runs in a worker process per source tree, so `--before-tree DIR` measures another
+tree (e.g. `git archive 7390f02 | tar -x -C /tmp/before`, or a copy of this one with a change
+undone) against this one in the same run, rounds interleaved: raw, this tree, before tree, ...
+
     python -m bench.bench_rollout_overhead [--samples 2000] [--concurrency 64] [--rounds 5]
+                                           [--before-tree DIR ...]
 """
 
 from __future__ import annotations
@@ -25,19 +30,26 @@ import aiohttp
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+TREE = os.environ.get("SLIME_BENCH_TREE", str(ROOT))  # a worker imports slime from the tree it measures
+sys.path.insert(0, TREE)
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from slime.fleet.router import Router  # noqa: E402
-from slime.utils.child_process import wait_until  # noqa: E402
-from slime.utils.misc import find_free_port  # noqa: E402
-from slime.testing.tiny_model import build_tiny_model  # noqa: E402
-
 PROMPT = list(range(1000, 1032))
+N_PER_PROMPT = 8
 
 
-async def raw_client(url: str, n: int, concurrency: int) -> float:
+def timed(fn):
+    """(samples/s, CPU ms per sample of this process): CPU time is the cost itself, which the
+    other processes sharing the machine do not inflate the way they inflate wall time."""
+    def wrapper(*args, n: int, **kw):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn(*args, n=n, **kw)
+        return n / (time.perf_counter() - wall), (time.process_time() - cpu) * 1000 / n
+    return wrapper
+
+
+async def raw_client(url: str, n: int, concurrency: int) -> None:
     sem = asyncio.Semaphore(concurrency)
     payload = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
                "return_logprob": True}
@@ -48,22 +60,81 @@ async def raw_client(url: str, n: int, concurrency: int) -> float:
                     body = await r.json()
                     assert body["meta_info"]["output_token_logprobs"]
 
-        t = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(n)))
-        return n / (time.perf_counter() - t)
 
 
-def slime_path(args, n: int, source, runtime) -> float:
+@timed
+def raw_round(url: str, concurrency: int, *, n: int) -> None:
+    asyncio.run(raw_client(url, n, concurrency))
+
+
+@timed
+def slime_path(args, source, runtime, *, n: int) -> None:
     from slime.rollout.sglang_rollout import generate_rollout
     from slime.rollout.train_data import convert_samples_to_train_data
 
-    t = time.perf_counter()
-    out = generate_rollout(args, 0, source, runtime=runtime)
-    samples = [s for g in out.samples for s in g]
+    # trees before the explicit runtime (e.g. 7390f02) take no runtime argument
+    out = generate_rollout(args, 0, source) if runtime is None else generate_rollout(args, 0, source, runtime=runtime)
+    samples = [s for g in (out.samples if hasattr(out, "samples") else out) for s in g]
     batch = convert_samples_to_train_data(args, samples)
-    rate = n / (time.perf_counter() - t)
     assert len(batch["tokens"]) == n and all(len(x) == 8 for x in batch["loss_masks"])
-    return rate
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One source tree's slime path: warm up, then one measured rollout per `run` line on stdin."""
+    try:
+        from slime.cli.args import parse_args
+    except ImportError:  # trees before cli/
+        from slime.utils.args import parse_args
+    from slime.rollout.data_source import DataSource
+    from slime.utils.types import Sample
+
+    n_prompts = a.samples // N_PER_PROMPT
+    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", a.model_dir, "--sglang-router-ip",
+                       a.router_host, "--sglang-router-port", str(a.router_port), "--rm-type", "exact",
+                       "--rollout-batch-size", str(n_prompts), "--n-samples-per-prompt", str(N_PER_PROMPT),
+                       "--rollout-max-response-len", "8", "--sglang-server-concurrency", str(a.concurrency)])
+    prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n_prompts)]
+    try:  # what the controller creates: one engine client for every round
+        from slime.testing.runtime import bind_runtime
+        runtime = bind_runtime(args)
+    except ImportError:
+        runtime = None
+    n = n_prompts * N_PER_PROMPT
+    slime_path(args, DataSource(args, prompts, N_PER_PROMPT), runtime, n=n)  # warm-up
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        print(*slime_path(args, DataSource(args, prompts, N_PER_PROMPT), runtime, n=n), flush=True)
+    if runtime is not None:
+        from slime.utils.async_utils import run
+
+        run(runtime.client.close())
+
+
+class Worker:
+    def __init__(self, tree: Path, a: argparse.Namespace, model_dir: Path, router) -> None:
+        env = {**os.environ, "SLIME_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", "--model-dir", str(model_dir),
+             "--router-host", router.host, "--router-port", str(router.port), "--samples", str(a.samples),
+             "--concurrency", str(a.concurrency)], cwd=tree, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"worker for {tree} did not start (exit code {self.proc.poll()})")
+
+    def run(self) -> tuple[float, float]:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        rate, cpu_ms = self.proc.stdout.readline().split()
+        return float(rate), float(cpu_ms)
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def main() -> None:
@@ -71,48 +142,58 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--before-tree", type=Path, action="append", default=[],
+                    help="another source tree measured in the same run (its slime/ package is imported); repeatable")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--router-host", help=argparse.SUPPRESS)
+    ap.add_argument("--router-port", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker:
+        return worker(a)
 
-    from slime.cli.args import parse_args
-    from slime.rollout.data_source import DataSource
-    from slime.testing.runtime import bind_runtime
-    from slime.utils.async_utils import run
-    from slime.utils.types import Sample
+    from slime.fleet.router import Router
+    from slime.testing.tiny_model import build_tiny_model
+    from slime.utils.child_process import wait_until
+    from slime.utils.misc import find_free_port
 
     model_dir = build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny")
     port = find_free_port()
     stub = subprocess.Popen([sys.executable, "-m", "slime.testing.scripted_engine", "--port", str(port),
                              "--model-path", str(model_dir), "--tokens", "8"], cwd=ROOT)
     router = Router().start()
+    workers: dict[str, Worker] = {}
     try:
         wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok, 30, "stub engine")
         router.add_worker(f"http://127.0.0.1:{port}")
-        n_per_prompt = 8
-        args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model_dir), "--sglang-router-ip",
-                           router.host, "--sglang-router-port", str(router.port), "--rm-type", "exact",
-                           "--rollout-batch-size", str(a.samples // n_per_prompt), "--n-samples-per-prompt",
-                           str(n_per_prompt), "--rollout-max-response-len", "8", "--sglang-server-concurrency",
-                           str(a.concurrency)])
-        prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(a.samples // n_per_prompt)]
-        n = (a.samples // n_per_prompt) * n_per_prompt
+        n = (a.samples // N_PER_PROMPT) * N_PER_PROMPT
         url = f"{router.url}/generate"
-        runtime = bind_runtime(args)  # what the controller creates: one engine client for every round
-        asyncio.run(raw_client(url, 200, a.concurrency))  # warm-up both paths
-        slime_path(args, n, DataSource(args, prompts, n_per_prompt), runtime)
-        raw, ours = [], []
+        raw_round(url, a.concurrency, n=200)  # warm-up (the workers warm up as they start)
+        workers["slime rollout path"] = Worker(ROOT, a, model_dir, router)
+        for tree in a.before_tree:
+            workers[f"before ({tree})"] = Worker(tree.resolve(), a, model_dir, router)
+        raw: list[tuple[float, float]] = []
+        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in workers}
         for _ in range(a.rounds):
-            raw.append(asyncio.run(raw_client(url, n, a.concurrency)))
-            ours.append(slime_path(args, n, DataSource(args, prompts, n_per_prompt), runtime))
-        r, o = statistics.median(raw), statistics.median(ours)
-        overhead_ms = (1 / o - 1 / r) * 1000  # negative: slime was faster in this run (noise)
+            raw.append(raw_round(url, a.concurrency, n=n))
+            for name, w in workers.items():
+                rounds[name].append(w.run())
+        r, r_cpu = (statistics.median(x) for x in zip(*raw))
         print(f"samples={n} concurrency={a.concurrency} rounds={a.rounds}")
-        print(f"raw aiohttp -> router -> stub : {r:8.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x in raw)})")
-        print(f"slime rollout path           : {o:8.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x in ours)})")
-        print(f"ratio slime/raw              : {o / r:8.2f}x   (target >= 0.5x)")
-        print(f"orchestration per sample     : {overhead_ms:8.3f} ms  (target < 1 ms; 1/slime - 1/raw, "
-              f"negative = within run-to-run noise)")
-        run(runtime.client.close())
+        print(f"raw aiohttp -> router -> stub : {r:8.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})"
+              f"; CPU {r_cpu:.3f} ms/sample")
+        for name, xs in rounds.items():
+            o, o_cpu = (statistics.median(x) for x in zip(*xs))
+            overhead_ms = (1 / o - 1 / r) * 1000  # negative: slime was faster in this run (noise)
+            print(f"{name:<29}: {o:8.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x, _ in xs)})")
+            print(f"  ratio to raw               : {o / r:8.2f}x   (target >= 0.75x)")
+            print(f"  orchestration per sample   : {overhead_ms:8.3f} ms  (1/slime - 1/raw, negative = within "
+                  "run-to-run noise)")
+            print(f"  CPU per sample             : {o_cpu:8.3f} ms  (raw client {r_cpu:.3f}; rounds: "
+                  f"{', '.join(f'{c:.3f}' for _, c in xs)})")
     finally:
+        for w in workers.values():
+            w.stop()
         router.stop()
         stub.terminate()
         stub.wait()

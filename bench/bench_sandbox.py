@@ -1,7 +1,10 @@
 """Sandbox throughput: `print(1)` runs through `slime-sandbox` vs bare `python3 -c 'print(1)'` spawns,
 side by side in one run (interleaved rounds, same concurrency, same interpreter).
 
-    python -m bench.bench_sandbox [--concurrency 8] [--seconds 4] [--rounds 3]
+    python -m bench.bench_sandbox [--concurrency 8] [--seconds 4] [--rounds 3] [--compare-tree DIR]
+
+`--compare-tree DIR` runs another checkout's sandbox in the same rounds (before/after side by side),
+e.g. DIR from `mkdir DIR && git archive <commit> slime | tar -x -C DIR`.
 
 The sandbox path is the whole thing: HTTP request, validation, admission, a fresh isolated run
 (PID/mount/IPC namespaces, tmpfs, cgroup limits, uid, seccomp), the program, the response.
@@ -104,32 +107,63 @@ async def _spawn_rate_one_process(python: str, conc: int, seconds: float) -> flo
     return done / (time.monotonic() - t0)
 
 
+def _start_server(tree: str | None, slots: int, queue: int, isolated: bool, uid_base: int):
+    """This tree's sandbox server, or the one of another checkout (`tree`: its root, e.g. an
+    unpacked `git archive` of an earlier commit) for a before/after comparison in one run."""
+    if tree is None:
+        from slime.sandbox.server import start_local_sandbox
+    else:
+        import importlib.util
+
+        path = os.path.join(tree, "slime", "sandbox", "server.py")
+        spec = importlib.util.spec_from_file_location("_compared_sandbox_server", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        start_local_sandbox = mod.start_local_sandbox  # (it starts `python -m slime.sandbox.server` from `tree`)
+    here = os.getcwd()
+    os.chdir(tree or here)  # (`python -m` puts the working directory first on sys.path: `tree`'s slime)
+    try:
+        return start_local_sandbox(max_concurrency=slots, max_queue=queue, allow_no_isolation=not isolated,
+                                   extra_args=["--uid-base", str(uid_base)])
+    finally:
+        os.chdir(here)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--slots", type=int, default=None, help="server --max-concurrency (default: --concurrency)")
+    ap.add_argument("--compare-tree", default=None,
+                    help="root of another checkout: its sandbox runs in the same rounds (before/after)")
     a = ap.parse_args()
     from slime.sandbox.runner import _find_python
-    from slime.sandbox.server import start_local_sandbox
 
     python = _find_python() or "python3"
     isolated = os.geteuid() == 0
-    url, handle = start_local_sandbox(max_concurrency=a.slots or a.concurrency, max_queue=4 * a.concurrency,
-                                      allow_no_isolation=not isolated)
+    slots = a.slots or a.concurrency
+    url, handle = _start_server(None, slots, 4 * a.concurrency, isolated, 61000)
+    other = _start_server(a.compare_tree, slots, 4 * a.concurrency, isolated, 61000 + slots) \
+        if a.compare_tree else None
     try:
         import requests
 
         health = requests.get(f"{url}/health", timeout=10).json()
         asyncio.run(_sandbox_rate(url, a.concurrency, 0.5))  # warm-up
-        sb, bare, bare1 = [], [], []
+        if other:
+            asyncio.run(_sandbox_rate(other[0], a.concurrency, 0.5))
+        sb, bare, bare1, sb_other = [], [], [], []
         for _ in range(a.rounds):
             bare.append(_spawn_rate(python, a.concurrency, a.seconds))
             sb.append(asyncio.run(_sandbox_rate(url, a.concurrency, a.seconds)))
+            if other:
+                sb_other.append(asyncio.run(_sandbox_rate(other[0], a.concurrency, a.seconds)))
             bare1.append(asyncio.run(_spawn_rate_one_process(python, a.concurrency, a.seconds)))
     finally:
         handle.stop()
+        if other:
+            other[1].stop()
     ms, mb, mb1 = statistics.median(sb), statistics.median(bare), statistics.median(bare1)
     load = os.getloadavg()[0]
     print(f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
@@ -142,6 +176,11 @@ def main() -> None:
           f"{', '.join(f'{x:.0f}' for x in bare)} |")
     print(f"| same spawns from one asyncio process | {mb1:.0f} | {', '.join(f'{x:.0f}' for x in bare1)} |")
     print(f"| slime-sandbox `print(1)` (HTTP, isolated, limited) | {ms:.0f} | {', '.join(f'{x:.0f}' for x in sb)} |")
+    if other:
+        mo = statistics.median(sb_other)
+        rounds = ", ".join(f"{x:.0f}" for x in sb_other)
+        print(f"| slime-sandbox `print(1)` of {a.compare_tree} | {mo:.0f} | {rounds} |")
+        print(f"ratio {a.compare_tree}/bare spawns: {mo / mb:.2f}x")
     print(f"ratio sandbox/bare spawns: {ms / mb:.2f}x (target >= 3x); vs spawns from one process: {ms / mb1:.2f}x")
 
 

@@ -23,6 +23,7 @@ BENCHMARKS = [
     ("Trainer batches", ["-m", "bench.bench_train_batch"]),
     ("Sandbox throughput", ["-m", "bench.bench_sandbox"]),
     ("Weight sync", ["-m", "bench.bench_weight_sync"]),
+    ("Asynchronous rollout", ["-m", "bench.bench_async_rollout"]),
 ]
 
 

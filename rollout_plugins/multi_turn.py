@@ -12,6 +12,17 @@ Why it is built this way:
   tool message saying what was wrong and recorded on the sample; nothing is dropped silently.
 - Tool instances are created once per trajectory and released on every path (errors, abort,
   cancellation). Tool calls run concurrently and outside the engine concurrency slot.
+
+Partial rollout (`--partial-rollout`) continues a trajectory at turn granularity. While a rollout
+aborts, a tool call in flight finishes first (within `--abort-timeout`), its tool turn is appended,
+and the loop stops before the next engine turn. An engine turn that was aborted keeps the tokens it
+sampled (mask 1, their log-probs). The trajectory (tokens, mask, log-probs, conversation, record) is
+stored on the sample, and the next rollout resumes it where it stopped: inside the aborted turn
+(the engine continues from prompt + everything so far; the turn is parsed as a whole once it ends)
+or at the next turn. Budgets count the whole trajectory. Tool instances do not outlive a rollout
+(they are released when the sample leaves it, so none leaks if it never comes back): a resumed
+trajectory creates them again with the same create_kwargs; per-instance tool state from before the
+interruption is not carried over, the step rewards already earned are.
 """
 
 from __future__ import annotations
@@ -23,18 +34,20 @@ import time
 from typing import Any
 from uuid import uuid4
 
+from slime.rollout import partial_rollout
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.utils.trajectory import (ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord,
                                       TurnSpan)
-from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only, conversation_drift
+from slime.tools.chat_format import (ChatDelta, ParseError, TemplateDriftError, ToolCall, check_append_only,
+                                     conversation_drift, get_parser)
 from slime.tools.registry import ToolSet, get_tool_set
-from slime.tools.tool_parser import ParseError, ToolCall, get_parser
 from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
 GENERATE_PATH = "rollout_plugins.multi_turn.generate"
+RESUME_KEY = "multi_turn_resume"  # sample.metadata: what a partial trajectory needs to resume
 
 
 def _arg(args: Any, name: str, default: Any = None) -> Any:
@@ -104,9 +117,18 @@ class Trajectory:
         self.instances: dict[str, str] = {}
         self.attempted: dict[str, str] = {}  # name -> instance id, for every create tried
         self.status, self.reason = Sample.Status.PENDING, ""
-        TrajectoryRecord.clear(sample)  # left over from an earlier (aborted, recycled) attempt
-        sample.weight_versions = []
-        self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
+        self.rollout_id = ctx.runtime.rollout_id if ctx.runtime is not None else None
+        self.resumed = partial_rollout.is_continuation(args, sample) and RESUME_KEY in sample.metadata \
+            and TrajectoryRecord.of(sample) is not None
+        if self.resumed:
+            self.record = TrajectoryRecord.of(sample)
+        else:  # a fresh start: drop what an earlier (aborted, recycled) attempt left
+            TrajectoryRecord.clear(sample)
+            for key in (RESUME_KEY, *partial_rollout.SEGMENT_KEYS):
+                sample.metadata.pop(key, None)
+            sample.weight_versions, sample.reward = [], None
+            self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
+        self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
 
     # ---- set-up -------------------------------------------------------------------------------
     def active_tools(self) -> list[str]:
@@ -121,6 +143,13 @@ class Trajectory:
         """`tools_kwargs[name][section]` as a dict ({} when absent or null)."""
         value = self.kwargs.get(name, {}).get(section)
         return value if isinstance(value, dict) else {}
+
+    def resume(self) -> None:
+        """Pick the trajectory up where an abort left it (see the module docstring)."""
+        s, state = self.sample, self.sample.metadata[RESUME_KEY]
+        self.ids, self.prompt_len = list(s.tokens), s.prompt_length
+        self.mask, self.logps = list(s.loss_mask or []), list(s.rollout_log_probs or [])
+        self.messages = state.get("messages")
 
     def build_prompt(self, names: list[str]) -> None:
         s = self.sample
@@ -186,7 +215,20 @@ class Trajectory:
         self.ids += ids
         self.mask += [1 if logps is not None else 0] * len(ids)
         self.logps += logps if logps is not None else [0.0] * len(ids)
-        self.record.turn_spans.append(TurnSpan(turn=turn, role=role, start=start, end=start + len(ids)))
+        spans = self.record.turn_spans
+        if spans and spans[-1].turn == turn and spans[-1].role == role and spans[-1].end == start:
+            spans[-1].end = start + len(ids)  # the rest of a turn that was aborted and resumed
+        else:
+            spans.append(TurnSpan(turn=turn, role=role, start=start, end=start + len(ids)))
+
+    def _resume_point(self) -> tuple[int, list[int], bool]:
+        """(turn to run next, the ids that turn sampled before an abort, whether it resumes inside a turn)."""
+        if not self.resumed or not self.record.turn_spans:
+            return 1, [], False
+        last = self.record.turn_spans[-1]
+        if last.role == "assistant" and self.sample.metadata[RESUME_KEY].get("aborted_turn"):
+            return last.turn, self.ids[self.prompt_len + last.start:self.prompt_len + last.end], True
+        return last.turn + 1, [], False
 
     def _end(self, status: Sample.Status, reason: str) -> None:
         self.status, self.reason = status, reason
@@ -196,19 +238,26 @@ class Trajectory:
         client = (self.ctx.runtime or current(self.args)).client
         if self.max_ctx and self.prompt_len >= self.max_ctx:
             return self._end(Sample.Status.TRUNCATED, "prompt_fills_context")
-        for turn in range(1, max_turns + 1):
+        first, carried, inside = self._resume_point()
+        gate = partial_rollout.abort_gate(self.ctx.runtime) if self.ctx.runtime is not None else None
+        for turn in range(first, max_turns + 1):
             room, limit = self._room()
             if room <= 0:
                 return self._end(Sample.Status.TRUNCATED, f"{limit}_exhausted")
+            if gate is not None and gate.closed:  # the rollout is aborting: stop at this turn boundary
+                self.aborted_turn = inside
+                return self._end(Sample.Status.ABORTED, "rollout_abort")
             out = await client.generate(self.ids, {**self.params, "max_new_tokens": room})
             t0 = time.perf_counter()
             self.record.turns = turn
+            start = len(self.ids) - self.prompt_len
             self._append(out.token_ids, out.log_probs, turn, "assistant")
-            if out.weight_version is not None:
-                self.sample.weight_versions.append(str(out.weight_version))
+            partial_rollout.record_segment(self.sample, start, start + len(out.token_ids), out.weight_version,
+                                           self.rollout_id)
+            model_ids, carried, inside = carried + list(out.token_ids), [], False
             if out.finish_type == "abort":
+                self.aborted_turn = True
                 return self._end(Sample.Status.ABORTED, "engine_abort")
-            model_ids = out.token_ids
             text_ids = model_ids[:-1] if model_ids and model_ids[-1] == self.ctx.delta.stop_id else model_ids
             cut = out.finish_type == "length"
             text = self.ctx.tok.decode(text_ids, skip_special_tokens=False)
@@ -373,6 +422,11 @@ class Trajectory:
         s.status = self.status if self.status != Sample.Status.PENDING else Sample.Status.FAILED
         self.record.finish_reason = self.reason
         self.record.store(s)
+        s.metadata.pop(RESUME_KEY, None)
+        if s.status == Sample.Status.ABORTED and self.reason in ("engine_abort", "rollout_abort") \
+                and _arg(self.args, "partial_rollout", False):
+            # a clean stop (not a cancellation mid tool call): resumable by a later rollout
+            s.metadata[RESUME_KEY] = {"messages": self.messages, "aborted_turn": self.aborted_turn}
         return s
 
     def check_drift(self) -> None:
@@ -390,7 +444,11 @@ class Trajectory:
     async def run(self) -> Sample:
         try:
             names = self.active_tools()
-            self.build_prompt(names)
+            if self.resumed:
+                self.resume()
+                self.sample.metadata["continuations"] = int(self.sample.metadata.get("continuations", 0)) + 1
+            else:
+                self.build_prompt(names)
             await self.create_tools(names)
             await self.loop()
             await self.final_rewards()
@@ -444,11 +502,15 @@ async def add_tool_reward(args: Any, sample: Sample) -> None:
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    """slime's per-sample generate contract: one multi-turn trajectory with tools."""
+    """slime's per-sample generate contract: one multi-turn trajectory with tools (resumed when it is
+    an aborted partial trajectory and --partial-rollout is on)."""
     ctx = MultiTurnContext.get(args)
     sample = await Trajectory(ctx, args, sample, sampling_params).run()
     await add_tool_reward(args, sample)
     return sample
+
+
+generate.supports_partial_rollout = True  # resumes at turn granularity (module docstring)
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *,

@@ -28,7 +28,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 OUT = Path(__file__).resolve().parents[1] / "slime" / "cli" / "upstream_flags.json"
 
@@ -174,6 +174,28 @@ def call_options_kwargs(call: ast.Call) -> tuple[list[str], dict[str, ast.AST]] 
     return opts, {k.arg: k.value for k in call.keywords if k.arg}
 
 
+def argument_calls(fn: ast.AST, origin: str, group: str,
+                   skipped: list[str] | None = None) -> Iterator[tuple[str, ast.Call, dict[str, Any] | None]]:
+    """Every call under `fn` as (dotted name, call, flag entry): the entry is set for an
+    `add_argument` call with literal options (one whose options are not literal goes to `skipped`),
+    None for other calls, which the caller may read (`reset_arg`, `ArgumentGroupFactory`)."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        name = dotted(node.func) or ""
+        entry = None
+        if name.endswith("add_argument"):
+            parsed = call_options_kwargs(node)
+            if parsed is None:
+                if skipped is not None:
+                    skipped.append(ast.unparse(node)[:80])
+                continue
+            entry = flag_entry(parsed[0], parsed[1], origin, group)
+            if entry is None:
+                continue
+        yield name, node, entry
+
+
 # ------------------------------------------------------------------ slime
 
 def slime_flags(tree: Tree) -> tuple[list[dict], list[dict]]:
@@ -187,16 +209,9 @@ def slime_flags(tree: Tree) -> tuple[list[dict], list[dict]]:
                 continue
             group = fn.name.removeprefix("add_").removesuffix("_arguments") if fn.name.startswith("add_") \
                 else default_group
-            for node in ast.walk(fn):
-                if not isinstance(node, ast.Call):
-                    continue
-                name = dotted(node.func) or ""
-                if name.endswith("add_argument"):
-                    parsed = call_options_kwargs(node)
-                    if parsed:
-                        e = flag_entry(parsed[0], parsed[1], "slime", group)
-                        if e:
-                            flags.append(e)
+            for name, node, entry in argument_calls(fn, "slime", group):
+                if entry is not None:
+                    flags.append(entry)
                 elif name == "reset_arg" and len(node.args) >= 2:
                     opt = literal(node.args[1])
                     kw = {k.arg: k.value for k in node.keywords if k.arg}
@@ -376,18 +391,9 @@ def megatron_flags(tree: Tree) -> tuple[list[dict], list[str]]:
                 v = literal(node.value)
                 if isinstance(v, list):
                     lists[node.targets[0].id] = v
-        for node in ast.walk(fn):
-            if not isinstance(node, ast.Call):
-                continue
-            name = dotted(node.func) or ""
-            if name.endswith("add_argument"):
-                parsed = call_options_kwargs(node)
-                if parsed is None:
-                    skipped.append(ast.unparse(node)[:80])
-                    continue
-                e = flag_entry(parsed[0], parsed[1], "megatron", group)
-                if e:
-                    flags.append(e)
+        for name, node, entry in argument_calls(fn, "megatron", group, skipped):
+            if entry is not None:
+                flags.append(entry)
             elif name.split(".")[-1] == "ArgumentGroupFactory" and node.args:
                 cls = (dotted(node.args[0]) or "").split(".")[-1]
                 excl_node = {k.arg: k.value for k in node.keywords}.get("exclude")

@@ -37,6 +37,30 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture
+def fleet_of(tiny_model_dir):
+    """`fleet_of(script, n)`: n scripted engines behind a real router of their own; stopped after the test."""
+    from slime.fleet.router import Router
+    from slime.testing.scripted_engine import ScriptedEngine
+    from slime.utils.misc import find_free_port
+
+    started = []
+
+    def make(script, n=1):
+        engines = [ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start() for _ in range(n)]
+        router = Router().start()
+        for e in engines:
+            router.add_worker(e.url)
+        started.append((router, engines))
+        return router, engines
+
+    yield make
+    for router, engines in started:
+        router.stop()
+        for e in engines:
+            e.stop()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray instance for the whole session (ray.init costs ~3 s)."""

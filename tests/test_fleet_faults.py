@@ -21,16 +21,13 @@ import psutil
 import pytest
 
 from slime.cli.args import parse_args
-from slime.fleet.router import Router
 from slime.rollout.controller import RolloutController, RolloutFailedError
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout
 from slime.rollout.engine_client import EngineClient
 from slime.rollout.runtime import RolloutRuntime
 from slime.rollout.sglang_rollout import generate_rollout
-from slime.testing.scripted_engine import ScriptedEngine
 from slime.utils.endpoints import Endpoints
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,26 +65,6 @@ class Steady:
         finally:
             self.in_flight -= 1
         return {"output_ids": [7, 8, 9], "finish_type": "stop", "text": "7 8 9"}
-
-
-@pytest.fixture
-def fleet_of(tiny_model_dir):
-    """`fleet_of(script, n)`: n scripted engines behind a real router of their own; stopped after the test."""
-    started = []
-
-    def make(script, n=1):
-        engines = [ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start() for _ in range(n)]
-        router = Router().start()
-        for e in engines:
-            router.add_worker(e.url)
-        started.append((router, engines))
-        return router, engines
-
-    yield make
-    for router, engines in started:
-        router.stop()
-        for e in engines:
-            e.stop()
 
 
 def write_prompts(path, n=6):

@@ -12,7 +12,6 @@ import asyncio
 import json
 import re
 import textwrap
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +28,12 @@ from slime.utils.types import Sample
 ROOT = Path(__file__).resolve().parents[1]
 CASES: dict[str, Callable[[int, dict], dict]] = {}
 EVENTS: list[tuple[str, str, str]] = []  # (tool, event, instance_id)
+RUNNING_TOGETHER: list[str] = []  # instance ids of "together<N>" executions that started
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)  # the caller's wait_for is the deadline
 _CASE = re.compile(r"case:(\S+)")
 
 
@@ -48,6 +53,9 @@ class TrackingTool(BaseTool):
             raise ValueError("boom")
         if mode.startswith("sleep"):
             await asyncio.sleep(float(mode[5:]))
+        if mode.startswith("together"):  # returns once N executions run at the same time (else fails)
+            RUNNING_TOGETHER.append(instance_id)
+            await asyncio.wait_for(_until(lambda: len(RUNNING_TOGETHER) >= int(mode[8:])), 20)
         return ToolResponse(text=f"done {mode} {json.dumps(kw, sort_keys=True)}"), 0.25, {}
 
     async def calc_reward(self, instance_id, **kw):
@@ -243,30 +251,32 @@ async def test_tool_call_basic_case(stack, tok):
 
 async def test_parallel_calls(stack, tok):
     """Several calls in one turn run concurrently; calls beyond --max-parallel-calls get an error message."""
-    many = "".join(call("track", {"mode": "sleep0.4"}) for _ in range(3))
+    many = "".join(call("track", {"mode": "together2"}) for _ in range(3))
     outs = [say(tok, think("go") + many), say(tok, think("ok") + "done")]
     CASES["parallel"] = lambda t, b: outs[t]
     args = make_args(stack, tok, max_parallel_calls=2)
-    t0 = time.perf_counter()
+    RUNNING_TOGETHER.clear()
     s = await generate(args, sample_for("parallel", {"track": {"execute_kwargs": {"k": 1}}}), dict(PARAMS))
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.75, elapsed  # two 0.4 s calls ran side by side
+    assert len(RUNNING_TOGETHER) == 2  # the two calls ran side by side (each waited for the other)
     assert s.metadata["tool_calls"] == {"track": 2}
     assert [e["kind"] for e in s.metadata["tool_errors"]] == ["too_many_calls"]
-    assert 0.4 <= s.metadata["non_generation_time"] < 0.75
+    assert s.metadata["non_generation_time"] > 0
     text = s.response
-    assert text.index('done sleep0.4 {"k": 1}') < text.index("at most 2 tool calls are executed per turn; call #3")
+    assert text.count('done together2 {"k": 1}') == 2
+    assert text.index('done together2 {"k": 1}') < text.index("at most 2 tool calls are executed per turn; call #3")
     assert text.count("<tool_response>") == 3 and s.status == Sample.Status.COMPLETED
 
 
 async def test_tools_do_not_hold_the_engine_slot(stack, tok):
-    outs = [say(tok, call("track", {"mode": "sleep0.4"})), say(tok, "done")]
+    """With one engine slot, three samples' tool calls run at the same time: each call returns only
+    once all three are executing, which a loop holding the slot during its tool call never reaches."""
+    outs = [say(tok, call("track", {"mode": "together3"})), say(tok, "done")]
     CASES["slot"] = lambda t, b: outs[t]
     args = make_args(stack, tok, sglang_server_concurrency=1)
-    t0 = time.perf_counter()
+    RUNNING_TOGETHER.clear()
     res = await asyncio.gather(*(generate(args, sample_for(f"slot#{i}", index=i), dict(PARAMS)) for i in range(3)))
-    assert time.perf_counter() - t0 < 1.0  # the three 0.4 s tool calls overlapped with one engine slot
-    assert all(s.status == Sample.Status.COMPLETED for s in res)
+    assert len(RUNNING_TOGETHER) == 3 and all(s.status == Sample.Status.COMPLETED for s in res)
+    assert all(s.metadata["tool_errors"] == [] and "done together3" in s.response for s in res)
 
 
 @pytest.mark.parametrize("bad,kind,needle", [

@@ -1,4 +1,4 @@
-"""The cluster-wide rate limiter: exact cap, FIFO, rate, AIMD, timeouts, no leaks, a dead actor.
+"""The cluster-wide rate limiter: exact cap, FIFO, rate, AIMD, timeouts, close, dead clients, a dead actor.
 
 Synchronisation is by events (a gate the holders wait on) or by polling state with a deadline,
 never by sleeping; no assertion is about speed.
@@ -69,9 +69,9 @@ async def test_cap_is_exact_across_clients_of_one_core():
     await asyncio.gather(*gated)
     await asyncio.gather(*[h.hold(cs[i % 3], gated=False) for i in range(600)])
     assert h.max == 5 and h.total == 612
-    assert all(c.inflight == 0 and c.n_waiting == 0 for c in cs)
+    assert all(c.inflight == 0 and not c.waiters for c in cs)
     for c in cs:
-        await c.close()
+        c.close()
     assert core.stats()["leased"] == 0 and not core.clients
 
 
@@ -114,7 +114,7 @@ async def test_timeout_leaves_nothing_held():
     await a.acquire()
     with pytest.raises(RateLimitTimeout):
         await b.acquire(timeout=0.05)
-    assert b.n_waiting == 0 and b.inflight == 0
+    assert not b.waiters and b.inflight == 0
     await eventually(lambda: core.stats()["waiting"] == 0, "the timed-out ticket withdrawn")
     a.release()
     a.release()
@@ -132,21 +132,21 @@ async def test_cancellation_leaves_nothing_held():
     t.cancel()
     with pytest.raises(asyncio.CancelledError):
         await t
-    assert b.n_waiting == 0 and b.inflight == 0
+    assert not b.waiters and b.inflight == 0
     # served in the same tick as the cancellation: the permit is given back, not lost
     a.release()
     await b.acquire(timeout=5)
     t = asyncio.ensure_future(b.acquire())
-    await eventually(lambda: b.tickets and b.tickets[0] == b.frontier and b.hand_over, "b's ticket at the head")
+    await eventually(lambda: b.tickets and b.tickets[0] == b.head and b.hand_over, "b's ticket at the head")
     b.release()  # handed over to the waiter right here ...
     t.cancel()  # ... which is cancelled before it runs
     with pytest.raises(asyncio.CancelledError):
         await t
-    assert b.inflight == 0 and b.n_waiting == 0
+    assert b.inflight == 0 and not b.waiters
     await a.acquire(timeout=5)
     a.release()
     for c in (a, b):
-        await c.close()
+        c.close()
     assert core.stats()["leased"] == 0 and core.stats()["waiting"] == 0
 
 
@@ -160,7 +160,7 @@ async def test_errors_inside_release_the_permit():
 
     res = await asyncio.gather(*[rotten(i) for i in range(50)], return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in res)
-    assert lim.inflight == 0 and lim.n_waiting == 0
+    assert lim.inflight == 0 and not lim.waiters
     for _ in range(3):
         await lim.acquire(timeout=5)
 
@@ -191,20 +191,23 @@ async def test_aimd_halves_on_429_and_recovers_additively():
     await gated_phase(24, 16)  # recovered
 
 
-async def test_close_while_holding_keeps_the_cap():
+async def test_close_gives_everything_back_and_fails_waiters():
     core = LimiterCore("t", 2)
     a, b = clients(core, 2)
     await a.acquire()
     await a.acquire()
-    await a.close()  # closing with permits in use: they still count
-    with pytest.raises(RateLimitTimeout):
-        await b.acquire(timeout=0.05)
-    a.release()
+    waiting = asyncio.ensure_future(a.acquire())
+    await eventually(lambda: core.stats()["waiting"] == 1, "a's third caller queued")
+    a.close()  # e.g. its event loop is gone: the permits in use go back too
+    with pytest.raises(RateLimiterUnavailable):
+        await waiting
+    assert core.stats()["leased"] == 0 and core.stats()["waiting"] == 0 and a.cid not in core.clients
     await b.acquire(timeout=5)
-    a.release()
-    b.release()
-    await b.close()
-    await eventually(lambda: core.stats()["leased"] == 0 and not core.clients, "everything back")
+    await b.acquire(timeout=5)  # the whole cap
+    with pytest.raises(RateLimiterUnavailable):
+        await a.acquire()
+    a.release()  # a late release of a closed client changes nothing
+    assert core.stats()["leased"] == 2
 
 
 async def test_silent_client_is_reaped_after_lease_ttl():
@@ -212,9 +215,23 @@ async def test_silent_client_is_reaped_after_lease_ttl():
     a, b = clients(core, 2)
     await a.acquire()
     await a.acquire()
-    a._poller.cancel()  # its process "dies" holding both permits
+    a.poller.cancel()  # it stops reading its mail, as if its process had died holding both permits
     await b.acquire(timeout=10)  # b queues, a is woken, never answers, is reaped
     assert core.stats()["leased"] == 1 and a.cid not in core.clients
+    # a was only asleep: it learns its permits were taken, and fails its callers instead of hanging them
+    a.poller = asyncio.ensure_future(a._poll_forever())
+    await eventually(lambda: a.broken is not None, "a learns it was reaped")
+    with pytest.raises(RateLimiterUnavailable):
+        await a.acquire()
+
+
+async def test_calls_of_a_client_that_left_are_void():
+    """Ray may run one client's calls out of order: a message overtaken by its `leave` must not revive it."""
+    core = LimiterCore("t", 2)
+    core.push("c1", {"leave": True})
+    core.push("c1", {"need": 2})
+    assert await core.poll("c1") == {"gone": True}
+    assert core.stats()["waiting"] == 0 and core.stats()["leased"] == 0 and not core.clients
 
 
 def test_bad_config_is_rejected():
@@ -380,7 +397,7 @@ def test_fifo_across_processes(ray_env):
             await eventually(queued, f"waiter {i} queued")
         lim.release()
         await asyncio.gather(*refs)
-        await lim.close()
+        lim.close()
 
     try:
         asyncio.run(go())
@@ -400,7 +417,7 @@ def test_timeout_across_processes(ray_env):
         await lim.acquire()
         assert await workers[0].acquire_outcome.remote("rl-timeout", 0.2) == "RateLimitTimeout"
         lim.release()
-        await lim.close()
+        lim.close()
         assert await workers[1].acquire_outcome.remote("rl-timeout", 30) == "ok"  # nothing leaked
         await eventually(lambda: _stats_match(h, waiting=0), "queue empty")
 
@@ -452,7 +469,7 @@ def test_abandoned_event_loop_hands_its_lease_back(ray_env):
         if finish:
             lim.release()
             lim.release()
-            await lim.close()
+            lim.close()
 
     try:
         asyncio.run(step(finish=False))  # the loop dies with both permits in use

@@ -191,6 +191,29 @@ def test_large_file_list_does_not_block_ping(url):
     assert pings_during >= 1
 
 
+# no namespace can be joined or made from a run (setns fails for want of CAP_SYS_ADMIN, unshare by seccomp)
+def test_namespaces_cannot_be_joined_or_made(url):
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
+            "for ns in ('mnt', 'net', 'pid', 'ipc', 'uts', 'cgroup'):\n"
+            "    fd = os.open('/proc/self/ns/' + ns, os.O_RDONLY)\n"
+            "    out.append((libc.setns(fd, 0), ctypes.get_errno()))\n"
+            "out.append((libc.unshare(0x10000000), ctypes.get_errno()))\nprint(out)")
+    r = run(url, code)
+    assert r["run_result"]["stdout"] == str([(-1, 1)] * 7) + "\n", r
+
+
+# the run's limits are cgroup limits here: v2 where the host offers it (memory, pids), else v1
+def test_health_names_the_cgroups_in_use(url):
+    from slime.sandbox.cgroups import CgroupHost
+    from tests.test_sandbox_cgroups import REAL_V2_MISSING
+
+    h = requests.get(f"{url}/health", timeout=10).json()
+    v1_memory = any(f == "cgroup" and "memory" in opts for f, _, opts in CgroupHost.current().mounts)
+    assert h["cgroups"] == ("v2" if not REAL_V2_MISSING else "v1" if v1_memory else None), h
+    if h["cgroups"]:
+        assert "memory" not in h["per_process_only"] and "processes" not in h["per_process_only"], h
+
+
 # 13. killing the server with SIGKILL leaves no process and no files of its runs
 def test_server_sigkill_leaves_nothing():
     from slime.sandbox.server import start_local_sandbox

@@ -1,4 +1,5 @@
-"""Tool system without engines: registry, schemas, parser, built-in tools, template checks."""
+"""Tool system without engines: registry, schemas, built-in tools, the template check at start-up
+(the chat format itself: tests/test_chat_format.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from slime.tools.flags import add_tool_arguments, tool_defaults
-from slime.tools.chat_delta import ChatDelta, TemplateDriftError, check_append_only
+from slime.tools.chat_format import TemplateDriftError
 from slime.tools.example_tools import CalculatorTool, safe_eval
 from slime.tools.gsm8k_tool import Gsm8kTool, extract_number
 from slime.tools.registry import ToolConfigError, ToolSet, get_tool_set, load_tool_config
 from slime.tools.schemas import OpenAIFunctionToolSchema
-from slime.tools.tool_parser import PARSERS, ParseError, ToolCall, get_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,27 +135,6 @@ def test_env_expansion(tmp_path, monkeypatch):
     assert load_tool_config(path)["a"].config["url"] == "http://x/run"
 
 
-# ---- parser -------------------------------------------------------------------------------------
-def test_hermes_parser_several_calls_and_errors():
-    p = get_parser("hermes")
-    assert {"hermes", "qwen"} <= set(PARSERS)
-    text = ('I will check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
-            '<tool_call>{"name": "c", "arguments": {"x": }</tool_call>'
-            '<tool_call>{"arguments": {}}</tool_call>'
-            '<tool_call>{"name": "d", "arguments": {"x"')
-    r = p.parse(text, cut_off=True)
-    assert r.content == "I will check."
-    assert [(c.name, c.arguments) for c in r.calls] == [("a", {"x": 1}), ("b", {"y": 2})]
-    assert [e.kind for e in r.errors] == ["malformed_json", "bad_call", "cut_off"]
-    assert [type(i) for i in r.items] == [ToolCall, ToolCall, ParseError, ParseError, ParseError]
-    assert p.parse(text, cut_off=False).errors[-1].kind == "unclosed"
-    assert p.parse("no calls here").items == []
-    assert p.parse("x</tool_call>").errors[0].kind == "unmatched_close"
-    with pytest.raises(ValueError, match="unknown parser"):
-        get_parser("nope")
-
-
 # ---- built-in tools -----------------------------------------------------------------------------
 async def test_gsm8k_tool_lifecycle():
     tool = load_tool_config(ROOT / "configs" / "gsm8k_tool.yaml")["calc_gsm8k_reward"]
@@ -182,20 +161,7 @@ async def test_calculator_is_stateless_and_safe():
         safe_eval("9 ** 9999")
 
 
-# ---- chat template checks -----------------------------------------------------------------------
-def test_qwen3_template_append_only_for_thinking_turns(tok):
-    tools = load_tool_config(ROOT / "configs" / "example_tool.yaml").schemas()
-    d = ChatDelta(tok)
-    assert d.eot_text == "<|im_end|>\n" and d.stop_id == tok.convert_tokens_to_ids("<|im_end|>")
-    assert check_append_only(d, tools).ok
-
-
-def test_drifting_template_is_reported(tok):
-    # Qwen3 without thinking drops the empty <think> block of past turns: history changes.
-    rep = check_append_only(ChatDelta(tok, {"enable_thinking": False}), [])
-    assert not rep.ok and rep.turn == 1 and "<think>" in rep.detail
-
-
+# ---- chat template checks through the multi-turn context ------------------------------------------
 def test_non_append_only_template_refused_or_warned(tok, caplog):
     from rollout_plugins.multi_turn import MultiTurnContext
 
@@ -234,30 +200,3 @@ def test_tool_flags():
     d = tool_defaults()
     assert d["tool_call_parser"] == "hermes" and d["chat_template_check"] == "error"
     assert ToolSet([]).names == []
-
-
-def test_template_without_tool_support(tok):
-    """A ChatML template that ignores `tools` and `tool_calls`: schemas go to the system message,
-    model turns are kept as raw text, and the result is still append-only."""
-
-    class Plain:
-        all_special_ids, eos_token_id, chat_template = tok.all_special_ids, tok.eos_token_id, "plain"
-
-        def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False, **kw):
-            out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-            return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-        def encode(self, text, add_special_tokens=False):
-            return tok.encode(text, add_special_tokens=False)
-
-        def decode(self, ids, **kw):
-            return tok.decode(ids, **kw)
-
-    d = ChatDelta(Plain())
-    assert not d.renders_tools and not d.renders_tool_calls
-    tools = load_tool_config(ROOT / "configs" / "gsm8k_tool.yaml").schemas()
-    text = tok.decode(d.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
-                                   tools))
-    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and '"calc_gsm8k_reward"' in text
-    assert d.assistant_message("c", [("a", {})], "c\n<tool_call>x</tool_call>")["content"].endswith("</tool_call>")
-    assert check_append_only(d, tools).ok

@@ -367,7 +367,7 @@ async def test_verl_style_tools_in_the_multi_turn_loop(tmp_path):
     from rollout_plugins.multi_turn import MultiTurnContext, Trajectory
     from slime.testing.tiny_model import qwen_tokenizer_dir
     from slime.tools.flags import tool_defaults
-    from slime.tools.tool_parser import ToolCall
+    from slime.tools.chat_format import ToolCall
     from slime.utils.types import Sample
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
@@ -516,7 +516,7 @@ def test_sample_schemas_reach_the_chat_template(verl_style):
     from transformers import AutoTokenizer
 
     from slime.testing.tiny_model import qwen_tokenizer_dir
-    from slime.tools.chat_delta import ChatDelta
+    from slime.tools.chat_format import ChatDelta
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     schemas = verl_style.schemas_for([{"name": "echo", "description": "say it back",

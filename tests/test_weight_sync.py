@@ -424,3 +424,34 @@ def test_pause_modes(engines):
     assert load(url)["paused"]
     engines[0].continue_generation()
     assert not load(url)["paused"]
+
+
+def test_actor_counts_a_push_only_when_it_completes(engines, tensors_b):
+    """What the fleet waits for before a restarted engine takes requests: a push counts at its
+    continue_generation (slime's pause -> buckets -> continue), an update from disk at once, and a
+    push with a refused bucket not at all."""
+    e = engines[0]
+    start = e.push_count()  # the fixture's update from disk counted already
+    e.pause_generation()
+    with serialize_named_tensors(tensors_b[:1]) as payload:
+        e.update_weights_from_tensor([payload.serialized], weight_version="b1")
+    assert e.push_count() == start  # half a push: not yet
+    e.continue_generation()
+    assert e.pushes_after(start, timeout=0) == (start + 1, "b1")
+    e.pause_generation()
+    with serialize_named_tensors(tensors_b[:1]) as payload:
+        e.update_weights_from_tensor([payload.serialized], weight_version="b2")
+    with serialize_named_tensors([("model.no_such_layer.weight", torch.zeros(3))]) as payload:
+        with pytest.raises(requests.HTTPError):
+            e.update_weights_from_tensor([payload.serialized], weight_version="bad")
+    e.continue_generation()
+    assert e.push_count() == start + 1  # the failed push completed nothing
+    e.continue_generation()  # a continue without a push: nothing either
+    assert e.pushes_after(start + 1, timeout=0) == (start + 1, "b2")
+
+
+def test_actor_counts_an_update_from_disk_as_a_push(engines, tiny_model_dir):
+    e = engines[1]
+    start = e.push_count()
+    e.update_weights_from_disk(str(tiny_model_dir), "disk")
+    assert e.pushes_after(start, timeout=0) == (start + 1, "disk")

@@ -98,7 +98,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-batch-size", type=int, default=4,
                    help="prompts (groups) per rollout (required by slime; 4 here)")
     g.add_argument("--n-samples-per-prompt", type=int, default=1)
-    g.add_argument("--over-sampling-batch-size", type=int, default=None)
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="groups started per sampling step (>= --rollout-batch-size; default equal): the extra "
+                        "groups over-provision, the rollout stops once its target is met and aborts the rest")
     g.add_argument("--global-batch-size", type=int, default=None)
     g.add_argument("--rollout-max-response-len", type=int, default=64,
                    help="slime's default is None (up to the context length); the embedded engine needs a bound")
@@ -115,7 +117,17 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
                    help="cap on the retries of one request (connection errors, timeouts, 429, 5xx); the budget "
                         "is --request-retry-window seconds")
     g.add_argument("--dynamic-sampling-filter-path", default=None)
-    g.add_argument("--partial-rollout", action="store_true", help="aborted partial samples go back to the buffer")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="aborted samples keep their partial response and are continued by a later rollout")
+    g.add_argument("--mask-offpolicy-in-partial-rollout", action="store_true",
+                   help="with --partial-rollout: loss mask 0 on tokens sampled by another weight version than "
+                        "the one that finished the sample")
+    g.add_argument("--abort-timeout", type=float, default=5.0,
+                   help="seconds a rollout waits for the engines' answers to its abort before cancelling the "
+                        "groups still running (returned to the buffer as they were handed out)")
+    g.add_argument("--max-staleness", type=int, default=None,
+                   help="fully-async rollout: samples whose oldest segment is more than this many weight versions "
+                        "behind are dropped (continued with --partial-rollout); default: no bound")
     g.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout")
     g.add_argument("--eval-function-path", default=None, help="default: --rollout-function-path")
     g.add_argument("--custom-generate-function-path", default=None)
@@ -422,6 +434,11 @@ def validate_args(args: argparse.Namespace) -> None:
     need(0 < args.rollout_top_p <= 1, "--rollout-top-p", f"must be in (0, 1], got {args.rollout_top_p}")
     need(args.rollout_temperature >= 0, "--rollout-temperature", "must be >= 0")
     need(args.request_timeout > 0, "--request-timeout", "must be > 0")
+    need(args.abort_timeout >= 0, "--abort-timeout", f"must be >= 0 seconds, got {args.abort_timeout}")
+    if args.max_staleness is not None:
+        need(args.max_staleness >= 0, "--max-staleness", f"must be >= 0 weight versions, got {args.max_staleness}")
+    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+        logger.warning("--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
     if args.num_steps_per_rollout is not None:
         need(args.num_steps_per_rollout >= 1, "--num-steps-per-rollout", "must be >= 1")
     if args.num_epoch is not None:
@@ -478,6 +495,20 @@ def validate_args(args: argparse.Namespace) -> None:
         need(args.hf_checkpoint is not None, "--hf-checkpoint", "required with --rollout-backend sglang")
         need((args.rollout_num_gpus or 0) >= 1, "--rollout-num-gpus", "required with --rollout-backend sglang")
     _check_rm_type(args)
+    _check_partial_rollout(args)
+
+
+def _check_partial_rollout(args: argparse.Namespace) -> None:
+    """--partial-rollout with a custom generate function that cannot continue a sample: refused at start."""
+    if not (args.partial_rollout and args.custom_generate_function_path):
+        return
+    from slime.rollout.partial_rollout import check_generate_function
+
+    try:
+        check_generate_function(args)
+    except (ValueError, ImportError, AttributeError) as e:
+        msg = str(e)
+        raise ArgError(msg if msg.startswith("--") else f"--custom-generate-function-path: {msg}") from None
 
 
 def default_cache_dir() -> Path:

@@ -74,6 +74,20 @@ def start_lifeline() -> int | None:
     return pid
 
 
+def kill_survivors(procs: list, timeout: float) -> list:
+    """Wait up to `timeout` seconds for the psutil processes `procs` to end, SIGKILL the ones still
+    alive and return those (the caller may wait for them to be reaped)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return alive
+
+
 def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int]:
     """SIGTERM every descendant still alive (then SIGKILL after `grace` seconds); their pids."""
     try:
@@ -89,13 +103,7 @@ def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(kill_survivors(procs, grace), timeout=grace)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:  # reap zombies re-parented to us
         try:

@@ -67,6 +67,10 @@ def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key
 
 
 def check_data(args: Any) -> None:
+    if not args.prompt_data and not args.load_debug_rollout_data and args.start_rollout_id < args.num_rollout:
+        raise PreflightError(f"--prompt-data: required to generate rollouts {args.start_rollout_id}.."
+                             f"{args.num_rollout - 1} (or replay them with --load-debug-rollout-data; "
+                             "--num-rollout 0 runs the evals alone)")
     if args.prompt_data and not args.load_debug_rollout_data:
         path = getattr(args, "data_source_path", None)
         if path and load_function(path, "--data-source-path") is not DataSource:

@@ -9,13 +9,11 @@ started, the same orderly way; `--load DIR` resumes at the saved rollout id + 1.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from typing import Any, Sequence
 
-from slime.cli.args import ArgError, parse_args
-from slime.cli.errors import describe
-from slime.cli.preflight import PreflightError, preflight
+from slime.cli.args import parse_args
+from slime.cli.command import run_cli, stop_on_sigterm
 from slime.ray.session import ray_init as _ray_init
 
 logger = logging.getLogger("slime")
@@ -68,34 +66,13 @@ def _wait(ref: Any, manager: Any, description: str, engine_log: EngineStateLog |
                 return ray.get(ref)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so it takes the same way out."""
-
-
-def _stop_on_sigterm() -> None:
-    """SIGTERM takes Ctrl-C's orderly path (KeyboardInterrupt). Installed again after `ray.init`,
-    whose native crash handler would otherwise turn SIGTERM into an abort with a stack dump; a
-    second signal during the stop is ignored so the stop completes."""
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def run(args: Any) -> list[dict[str, Any]]:
+    """Start the manager, run the evals and rollouts, stop everything (inputs already checked)."""
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
     import ray
 
-    # Every input is checked before anything is started (the error names flag, file and line).
-    resolved = preflight(args)
-    if resolved["resumed_after"] is not None:
-        left = "" if args.start_rollout_id < args.num_rollout else f" (nothing left to do: --num-rollout " \
-            f"{args.num_rollout})"
-        print(f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout "
-              f"{args.start_rollout_id}{left}", flush=True)
     if args.hf_checkpoint is None and args.rollout_backend == "hf":
         from slime.engine.default_model import ensure_default_model
 
@@ -105,7 +82,7 @@ def run(args: Any) -> list[dict[str, Any]]:
         manager_module = pool.submit(importlib.import_module, "slime.ray.rollout_manager")
         started_ray = _ray_init(args)
         RolloutManager = manager_module.result().RolloutManager  # noqa: N806 - a class
-    _stop_on_sigterm()  # again: ray.init installed its own
+    stop_on_sigterm()  # again: ray.init installed its own
     manager = None
     summaries: list[dict[str, Any]] = []
     engine_log = EngineStateLog()
@@ -155,46 +132,8 @@ def run(args: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command. With `argv` None (a real command line) it also makes sure nothing it started
-    outlives it (`lifeline`); called with a list (tests, scripts) it leaves the process alone."""
-    lifeline_pid = None
-    if argv is None:
-        from slime.cli import lifeline
-
-        if lifeline.own_process_group():
-            lifeline_pid = lifeline.start_lifeline()
-        lifeline.become_subreaper()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        args = parse_args(argv)
-    except ArgError as e:
-        print(f"slime-rollout: error: {e}", file=sys.stderr)
-        return 2
-    _stop_on_sigterm()
-    try:
-        run(args)
-    except PreflightError as e:
-        print(f"slime-rollout: error: {e}", file=sys.stderr)
-        return 1
-    except Terminated:
-        print("slime-rollout: terminated; everything started was stopped", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print("slime-rollout: interrupted; everything started was stopped", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - report the cause and the user's frames, not a Ray traceback
-        print(describe(e, "slime-rollout"), file=sys.stderr)
-        return 1
-    finally:
-        if argv is None:
-            from slime.cli import lifeline
-
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop is under way: let it finish
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            left = lifeline.reap_descendants(keep=(lifeline_pid,) if lifeline_pid else ())
-            if left:
-                logger.warning("stopped %d leftover process(es) at exit: %s", len(left), left)
-    return 0
+    """The command (`run_cli`: preflight, lifeline, signals, exit codes)."""
+    return run_cli("slime-rollout", argv, parse_args, run)
 
 
 if __name__ == "__main__":

@@ -2,24 +2,24 @@
 
 Takes every flag `slime-rollout` takes (slime's and Megatron-LM's names) plus the trainer's own
 (`slime.train.flags`: --actor-num-workers, --actor-num-cpus-per-worker, --train-threads,
---weight-sync). Prints one line per rollout; Ctrl-C stops trainers, engines, router and actors.
+--weight-sync). Prints one line per rollout. Starts, fails and stops exactly as `slime-rollout` does
+(`command.run_cli`): nothing it started outlives it, and SIGTERM takes Ctrl-C's orderly stop.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
-from slime.cli.errors import describe
+from slime.cli.command import run_cli, stop_on_sigterm
 
 PROG = "slime-train"
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> Any:
     """parse_args, plus the trainer's flags when the main parser does not define them yet."""
-    from slime.train.flags import split_train_argv
+    from slime.train.flags import check_train_arguments, split_train_argv
 
     argv = list(sys.argv[1:] if argv is None else argv)
     train_flags, rest = split_train_argv(argv)
@@ -32,41 +32,25 @@ def parse_train_args(argv: Sequence[str] | None = None) -> Any:
         raise ArgError(f"--actor-num-workers must be >= 1, got {args.actor_num_workers}")
     if args.save_interval is not None and not args.save:
         raise ArgError("--save-interval needs --save DIR")
+    try:
+        check_train_arguments(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from e
     return args
 
 
 def run(args: Any) -> list[Any]:
-    from slime.cli.preflight import preflight
-    from slime.cli.rollout import _stop_on_sigterm
+    """Train (inputs already checked by `run_cli`) and print one closing line."""
     from slime.ray.session import ray_session
     from slime.train.loop import train
 
-    preflight(args)  # every input checked before anything starts (plugins, data, tools, --load)
     if args.hf_checkpoint is None:
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
-    _stop_on_sigterm()
     with ray_session(args):
-        _stop_on_sigterm()  # again: ray.init installs its own handler (SIGTERM takes Ctrl-C's way out)
-        return train(args)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        args = parse_train_args(argv)
-    except ArgError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        records = run(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; trainers, engines, router and actors were stopped", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - the cause and the user's frames, not a Ray traceback
-        print(describe(e, PROG), file=sys.stderr)
-        return 1
+        stop_on_sigterm()  # again: ray.init installs its own handler (SIGTERM takes Ctrl-C's way out)
+        records = train(args)
     if records:
         rewards = [r.raw_reward for r in records if r.raw_reward is not None]
         diffs = [r.rollout.get("train_rollout_logprob_abs_diff") for r in records
@@ -74,7 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"done: {len(records)} rollout(s) trained"
               + (f", reward {rewards[0]:.4f} -> {rewards[-1]:.4f}" if rewards else "")
               + (f", max train/rollout log-prob diff {max(diffs):.2e}" if diffs else ""), flush=True)
-    return 0
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command (`run_cli`: preflight, lifeline, signals, exit codes)."""
+    return run_cli(PROG, argv, parse_train_args, run)
 
 
 if __name__ == "__main__":

@@ -119,11 +119,39 @@ def _reject(fut: asyncio.Future, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+def load_model(path: str, dtype: torch.dtype):
+    """The checkpoint as an inference-only module (eval mode, no grads)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+@dataclass
+class PreloadedModel:
+    """A checkpoint loaded once before the engine processes exist (slime.engine.warm_start): each
+    engine forked from that process starts with it, sharing the pages until it writes its own."""
+
+    model_path: str
+    dtype: torch.dtype
+    model: Any
+    tokenizer: Any  # the decode thread's
+    server_tokenizer: Any  # the HTTP handlers' own instance (a tokenizer is not shared across threads)
+
+    def matches(self, model_path: str, dtype: torch.dtype) -> bool:
+        return os.path.realpath(model_path) == os.path.realpath(self.model_path) and dtype == self.dtype
+
+
 class HFBatcher:
     """Owns the model, the running batch and the decode thread. Async methods are called from the server's loop."""
 
     def __init__(self, model_path: str, *, max_batch_size: int = 32, num_threads: int | None = None,
-                 weight_version: str = "default", dtype: torch.dtype = torch.float32):
+                 weight_version: str = "default", dtype: torch.dtype = torch.float32,
+                 preloaded: "PreloadedModel | None" = None):
+        """`preloaded`: model and tokenizer already in memory (a warm start), used when it is the
+        same checkpoint and dtype; otherwise both are loaded from `model_path`."""
         from transformers import AutoTokenizer
 
         # Process-wide; the decode thread is the only heavy user. Default 1: engines share the machine with
@@ -136,8 +164,11 @@ class HFBatcher:
         self.max_batch_size = max_batch_size
         self.weight_version = str(weight_version)
         self.dtype = dtype
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)  # used only by the decode thread
-        self.model = self._load_model(self.model_path)
+        if preloaded is not None and preloaded.matches(self.model_path, dtype):
+            self.tokenizer, self.model = preloaded.tokenizer, preloaded.model
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)  # used only by the decode thread
+            self.model = self._load_model(self.model_path)
         cfg = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.context_length = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
@@ -163,12 +194,7 @@ class HFBatcher:
 
     # ------------------------------------------------------------------ loading
     def _load_model(self, path: str):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
-        model.eval()
-        model.requires_grad_(False)
-        return model
+        return load_model(path, self.dtype)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

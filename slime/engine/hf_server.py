@@ -34,11 +34,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
+from slime.engine.batcher import EngineReleasedError, HFBatcher, PreloadedModel, SamplingParams
 from slime.engine.weight_transfer import WeightFormatError, deserialize_named_tensors
 from slime.engine.weight_updates import (
     UpdateGroups, WeightChecker, WeightUpdateError, check_against_model, model_tensors, parse_metadata,
 )
+from slime.utils.startup_trace import mark
 
 logger = logging.getLogger(__name__)
 BACKEND = "slime-hf"
@@ -139,12 +140,12 @@ def _per_item(value: Any, n: int, name: str, is_item) -> list:
 class Server:
     """Request handling around one HFBatcher (kept as a class so tests can build apps in-process)."""
 
-    def __init__(self, batcher: HFBatcher):
+    def __init__(self, batcher: HFBatcher, tokenizer: Any = None):
         from transformers import AutoTokenizer
 
         self.batcher = batcher
         # Own tokenizer instance: the batcher's one is used concurrently by the decode thread.
-        self.tokenizer = AutoTokenizer.from_pretrained(batcher.tokenizer_path)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(batcher.tokenizer_path)
         self.started = time.time()
         self.groups = UpdateGroups()
         self.checker = WeightChecker()
@@ -456,8 +457,9 @@ class WeightSync:
         return JSONResponse(result, status_code=200 if result["equal"] else 400)
 
 
-def create_app(batcher: HFBatcher) -> FastAPI:
-    srv = Server(batcher)
+def create_app(batcher: HFBatcher, tokenizer: Any = None) -> FastAPI:
+    """`tokenizer`: the handlers' own instance if one is already loaded (else loaded here)."""
+    srv = Server(batcher, tokenizer)
     sync = WeightSync(srv)
     app = FastAPI(title="slime embedded CPU engine (SGLang protocol)")
     app.state.server = srv
@@ -557,7 +559,9 @@ def create_app(batcher: HFBatcher) -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None) -> None:
+    """`preloaded`: set when this engine was forked warm (slime.engine.warm_start); used if it is
+    the checkpoint and dtype asked for."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--host", default="127.0.0.1")
@@ -571,15 +575,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
 
+    mark("engine: main" + (" (forked warm)" if preloaded is not None else ""))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
     import uvicorn
 
+    dtype = getattr(torch, args.dtype)
+    warm = preloaded if preloaded is not None and preloaded.matches(args.model_path, dtype) else None
     batcher = HFBatcher(args.model_path, max_batch_size=args.max_batch_size, num_threads=args.num_threads,
-                        weight_version=args.weight_version, dtype=getattr(torch, args.dtype))
-    app = create_app(batcher)
+                        weight_version=args.weight_version, dtype=dtype, preloaded=warm)
+    app = create_app(batcher, warm.server_tokenizer if warm else None)
+    if warm is not None:
+        logger.info("warm start: model and tokenizers preloaded by the fork server")
+    mark("engine: model loaded")
     logger.info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     try:
         # Bounded graceful shutdown: a paused request would otherwise keep uvicorn waiting forever.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -192,6 +193,8 @@ class WeightUpdateGroup:
         self.master_address, self.master_port = master_address, master_port
         self._pg = self._store = None
         self._scratch: torch.Tensor | None = None  # reused flat send buffer (no page faults after the first push)
+        # where the last push's time went (bench/bench_weight_sync.py prints it): rank 0's broadcasts vs the rest
+        self.last_push_seconds: dict[str, float] = {}
 
     @property
     def connected(self) -> bool:
@@ -245,6 +248,8 @@ class WeightUpdateGroup:
         if self._pg is None:
             raise WeightSyncError(f"group {self.group_name!r} is not connected; call connect() first")
         answers: list[dict] = []
+        spent = {"broadcast": 0.0, "answers": 0.0, "total": 0.0, "buckets": 0}
+        t_push = time.perf_counter()
         for bucket in bucket_named_tensors(((n, t.detach().cpu().contiguous()) for n, t in named_tensors),
                                            bucket_bytes):
             tensors = [t for _, t in bucket]
@@ -252,6 +257,7 @@ class WeightUpdateGroup:
                                   dtypes=[dtype_name(t.dtype) for t in tensors], shapes=[list(t.shape) for t in tensors],
                                   group_name=self.group_name, flush_cache=flush_cache, weight_version=weight_version,
                                   load_format=load_format) for e in self.engines]
+            t0 = time.perf_counter()
             try:
                 if load_format == "flattened_bucket":
                     broadcast(self._pg, self._flat(tensors))
@@ -262,8 +268,14 @@ class WeightUpdateGroup:
                 raise WeightSyncError(f"broadcast of bucket starting at {bucket[0][0]!r} on group {self.group_name!r} "
                                       f"failed: {str(exc).strip().splitlines()[0]}"
                                       + (f"; engines said: {'; '.join(said)}" if said else "")) from None
+            t1 = time.perf_counter()
             answers = _gather(self.engines, futures, f"update_weights_from_distributed (bucket starting at "
                                                      f"{bucket[0][0]!r})", self.timeout + 60)
+            spent["broadcast"] += t1 - t0
+            spent["answers"] += time.perf_counter() - t1
+            spent["buckets"] += 1
+        spent["total"] = time.perf_counter() - t_push
+        self.last_push_seconds = spent
         return answers
 
     def close(self) -> None:

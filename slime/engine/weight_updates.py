@@ -17,6 +17,7 @@ Why:
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from slime.engine.weight_transfer import (
 )
 
 DEFAULT_GROUP_TIMEOUT_S = 120.0
+DEFAULT_GLOO_THREADS = 8
+GLOO_THREADS_ENV = "SLIME_WEIGHT_SYNC_GLOO_THREADS"
 
 
 class WeightUpdateError(ValueError):
@@ -86,6 +89,19 @@ def local_address_for(master_address: str, master_port: int) -> str:
         return s.getsockname()[0]
 
 
+def gloo_threads() -> int:
+    """Worker threads of a weight-update group: `SLIME_WEIGHT_SYNC_GLOO_THREADS`, else 8 (gloo's default
+    is 2). Local to each process (peers need not agree; the wire protocol is the same): each thread
+    carries one tensor's broadcast at a time, so with one broadcast per tensor more of them in flight
+    keep the link busy through every per-tensor handshake. Measured in bench/bench_weight_sync.py."""
+    value = os.environ.get(GLOO_THREADS_ENV, "").strip()
+    if not value:
+        return DEFAULT_GLOO_THREADS
+    if not value.isdigit() or int(value) < 1:
+        raise WeightUpdateError(f"{GLOO_THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def new_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
                    timeout_s: float, *, is_master: bool = False):
     """A gloo group on `tcp://master_address:master_port` (keys under `group_name`), bounded by `timeout_s`.
@@ -99,6 +115,7 @@ def new_gloo_group(master_address: str, master_port: int, rank: int, world_size:
     opts._timeout = timeout
     host = master_address if is_master else local_address_for(master_address, master_port)
     opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host)]
+    opts._threads = gloo_threads()
     pg = torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore(group_name, store), rank, world_size, opts)
     return pg, store
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -26,6 +27,49 @@ class EngineActor:
                                                       nnodes=nnodes, dist_init_addr=dist_init_addr)
         else:
             self.server = hf_server(args, rank, host, args.log_dir)
+        # completed weight pushes, for the fleet to admit a restarted engine once it has the current weights
+        self._pushes = threading.Condition()
+        self._push_count = 0
+        self._push_open = False  # an update landed since the last pause: the push ends at continue_generation
+        self._push_broken = False  # an update of this push failed: its continue_generation completes nothing
+        self._pushed_version: str | None = None
+
+    # ---- weight pushes seen by this actor (see Fleet: a restarted engine serves only the current weights)
+    def _update(self, complete: bool, path: str, body: dict, timeout: float) -> Any:
+        """One weight update call, recorded: `complete` when the call is a whole push (from disk). A failed
+        update spoils the push it belongs to (until the next pause)."""
+        try:
+            answer = self.server.call("POST", path, body, timeout=timeout)
+        except BaseException:
+            with self._pushes:
+                self._push_open, self._push_broken = False, True
+            raise
+        version = answer.get("weight_version") if isinstance(answer, dict) else None
+        with self._pushes:
+            self._pushed_version = None if version is None else str(version)
+            self._push_open = not complete and not self._push_broken
+            if complete:
+                self._push_count += 1
+                self._pushes.notify_all()
+        return answer
+
+    def _push_done(self) -> None:
+        with self._pushes:
+            self._push_broken = False
+            if self._push_open:
+                self._push_open = False
+                self._push_count += 1
+                self._pushes.notify_all()
+
+    def push_count(self) -> int:
+        with self._pushes:
+            return self._push_count
+
+    def pushes_after(self, seen: int, timeout: float) -> tuple[int, str | None]:
+        """Block until more than `seen` pushes completed (or `timeout` s): (count, version they left)."""
+        with self._pushes:
+            self._pushes.wait_for(lambda: self._push_count > seen, timeout=timeout)
+            return self._push_count, self._pushed_version
 
     def rendezvous_address(self) -> str:
         """`host:port` on this node for a multi-node engine's `--dist-init-addr`."""
@@ -60,18 +104,24 @@ class EngineActor:
         return self.server.call("POST", "/resume_memory_occupation", payloads.resume_memory_occupation(tags))
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> Any:
-        return self.server.call("POST", "/update_weights_from_disk",
-                                payloads.update_weights_from_disk(model_path, weight_version=weight_version), timeout=600)
+        return self._update(True, "/update_weights_from_disk",
+                            payloads.update_weights_from_disk(model_path, weight_version=weight_version), 600)
 
     def abort_all(self) -> Any:
         return self.server.call("POST", "/abort_request", payloads.abort_request(abort_all=True))
 
     def pause_generation(self, mode: str | None = None) -> Any:
-        """`mode` None = the engine's default (embedded: in_place; SGLang: abort), or in_place/retract/abort."""
+        """`mode` None = the engine's default (embedded: in_place; SGLang: abort), or in_place/retract/abort.
+        Starts a push: an earlier failed update no longer counts against it."""
+        with self._pushes:
+            self._push_broken = False
         return self.server.call("POST", "/pause_generation", payloads.pause_generation(mode))
 
     def continue_generation(self) -> Any:
-        return self.server.call("POST", "/continue_generation", payloads.continue_generation())
+        """Ends a push (slime's order: pause, update in buckets, continue)."""
+        answer = self.server.call("POST", "/continue_generation", payloads.continue_generation())
+        self._push_done()
+        return answer
 
     def flush_cache(self) -> Any:
         return self.server.call("POST", "/flush_cache", payloads.flush_cache())
@@ -85,7 +135,7 @@ class EngineActor:
         body = payloads.update_weights_from_tensor(serialized_named_tensors, load_format=load_format,
                                                    flush_cache=flush_cache,
                                                    weight_version=None if weight_version is None else str(weight_version))
-        return self.server.call("POST", "/update_weights_from_tensor", body, timeout=WEIGHT_PUSH_TIMEOUT_S)
+        return self._update(False, "/update_weights_from_tensor", body, WEIGHT_PUSH_TIMEOUT_S)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str, backend: str, timeout: float | None = None) -> Any:
@@ -104,7 +154,7 @@ class EngineActor:
         body = payloads.update_weights_from_distributed(
             names, dtypes, shapes, group_name, flush_cache=flush_cache, load_format=load_format,
             weight_version=None if weight_version is None else str(weight_version))
-        return self.server.call("POST", "/update_weights_from_distributed", body, timeout=WEIGHT_PUSH_TIMEOUT_S)
+        return self._update(False, "/update_weights_from_distributed", body, WEIGHT_PUSH_TIMEOUT_S)
 
     def destroy_weights_update_group(self, group_name: str) -> Any:
         """Like slime: an engine that never had the group (e.g. just restarted) is not an error."""

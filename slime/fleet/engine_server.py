@@ -8,16 +8,22 @@ nothing is left running), control calls over SGLang's HTTP API, clean shutdown.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import requests
 
+from slime.engine.warm_start import FORK_SERVER_ENV
+from slime.utils import fork_server
 from slime.utils.child_process import ChildProcess, ReadinessError, http_ok
 from slime.utils.misc import find_free_port
+
+
+logger = logging.getLogger(__name__)
 
 
 class EngineStartError(RuntimeError):
@@ -81,15 +87,37 @@ def base_gpu_id(args: Any, rank: int) -> int:
     return (rank * per_engine_on_node) % args.num_gpus_per_node
 
 
+def fork_server_launcher(socket_path: str | None = None) -> Callable[[ChildProcess], Any] | None:
+    """A `ChildProcess` launcher that forks `python -m slime.engine.hf_server ARGS` warm from this
+    node's fork server (see slime.engine.warm_start), or None when the node has none. If the server
+    cannot be reached the engine starts the ordinary way (a warning, not an error)."""
+    socket_path = socket_path or os.environ.get(FORK_SERVER_ENV)
+    if not socket_path or socket_path.lower() in ("0", "off", "false", "no"):
+        return None
+
+    def launch(child: ChildProcess) -> Any:
+        argv = child.command[3:]  # after `python -m slime.engine.hf_server`
+        try:
+            return fork_server.spawn(socket_path, argv, dict(child.env or os.environ), str(child.log_path),
+                                     timeout=child.startup_timeout, title=" ".join(child.command))
+        except fork_server.ForkServerError as e:
+            logger.warning("%s: %s; starting it cold", child.name, e)
+            return None
+
+    return launch
+
+
 class EngineServer:
     """A server process speaking SGLang's HTTP API, supervised by `ChildProcess`."""
 
     def __init__(self, command: list[str], host: str, port: int, name: str, log_dir: str | None = None,
-                 env: dict[str, str] | None = None, startup_timeout: float = 300.0):
+                 env: dict[str, str] | None = None, startup_timeout: float = 300.0,
+                 launcher: Callable[[ChildProcess], Any] | None = None):
         self.host, self.port, self.name = host, port, name
         log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-engine-")) / f"{name}.log"
         self.process = ChildProcess(command, name=f"engine {name} at {self.url}", log_path=log_path, env=env,
-                                    ready=http_ok(f"{self.url}/health"), startup_timeout=startup_timeout)
+                                    ready=http_ok(f"{self.url}/health"), startup_timeout=startup_timeout,
+                                    launcher=launcher)
 
     @property
     def command(self) -> list[str]:
@@ -156,7 +184,8 @@ def hf_server(args: Any, rank: int, host: str, log_dir: str | None) -> EngineSer
            "--host", host, "--port", str(port), "--max-batch-size", str(args.engine_max_batch_size)]
     if args.engine_threads:
         cmd += ["--num-threads", str(args.engine_threads)]
-    return EngineServer(cmd, host, port, f"engine-hf-{rank}", log_dir, engine_env(), args.engine_startup_timeout)
+    return EngineServer(cmd, host, port, f"engine-hf-{rank}", log_dir, engine_env(), args.engine_startup_timeout,
+                        launcher=fork_server_launcher())
 
 
 def sglang_server(args: Any, rank: int, host: str, log_dir: str | None, *, node_rank: int = 0, nnodes: int = 1,

@@ -11,6 +11,14 @@ and of the shared `Endpoints` (so requests stop going there), and replaced: its 
 and a new one created on the same placement-group bundle, started, given the latest weights the
 fleet was told to load, and registered. `--engine-max-restarts` bounds the restarts per engine;
 after that the engine is `failed` and the pool runs without it.
+
+A replacement boots with the weights on disk. If the serving engines report another weight
+version (a trainer pushed weights from memory, which the fleet does not hold), it stays out of the
+router in state `awaiting_weights`: it is one of the updatable engines (slime's
+`recover_updatable_engines` / `num_new_engines`), so the trainer's next push reaches it, and it is
+registered when that push completes (its actor reports the push's end: `continue_generation`
+after the updates, or an update from disk) and it reports the serving engines' version. So no
+request is ever answered by stale weights while the others serve version N.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ from slime.utils.endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 
-ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "failed", "stopped")
+ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "awaiting_weights", "failed", "stopped")
+UPDATABLE_STATES = ("healthy", "awaiting_weights")  # engines a weight push (or another control call) must reach
+_PUSH_WAIT_S = 30.0  # an engine awaiting weights is asked again after this (so a stop is seen)
 # control calls whose effect a replacement engine must get too (replayed before it takes requests)
 _REPLAYED = ("update_weights_from_disk",)
 
@@ -47,8 +57,13 @@ class SupervisedEngineActor(EngineActor):
         """Block until the server process exits; its exit code."""
         return self.server.process.wait()
 
+    @ray.method(concurrency_group="pushes")
+    def wait_push(self, seen: int, timeout: float) -> tuple[int, str | None]:
+        """`pushes_after`, in its own group so it waits while the push itself runs in the default one."""
+        return self.pushes_after(seen, timeout)
 
-_EngineRemote = ray.remote(concurrency_groups={"watch": 1})(SupervisedEngineActor)
+
+_EngineRemote = ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(SupervisedEngineActor)
 
 
 @dataclass
@@ -88,6 +103,7 @@ class Fleet:
         self._replay: dict[str, tuple[Any, ...]] = {}
         # fn(actor) run on a replacement engine before it takes requests (e.g. push the trainer's weights)
         self.replacement_hooks: list[Any] = []
+        self.weight_version: str | None = None  # the version the serving engines last reported
         self._watchers: list[threading.Thread] = []
 
     # ---- views kept for callers of the old attributes ----
@@ -115,6 +131,7 @@ class Fleet:
             self._register(url)
             slot.state = "healthy"
         self._publish()
+        self._serving_version()  # the boot version: what a replacement serves until a push changes it
         self.startup_timings["registered"] = time.monotonic() - t0
         for slot in self.slots:
             t = threading.Thread(target=self._watch, args=(slot,), name=f"engine-watch-{slot.rank}", daemon=True)
@@ -203,11 +220,14 @@ class Fleet:
             if self._stopping.is_set() or slot.actor is not actor:
                 return
             self._on_death(slot, code)
-            if slot.state != "healthy":
+            if slot.state not in UPDATABLE_STATES:
                 return
 
     def _on_death(self, slot: EngineSlot, code: Any) -> None:
         with self._lock:
+            registered = slot.state == "healthy"
+            if any(s.state == "healthy" for s in self.slots if s is not slot):
+                self._serving_version(exclude=slot)  # remembered, in case every engine is gone later
             slot.state, slot.last_exit = "dead", code
             slot.deaths += 1
             self.counters["engine_deaths"] += 1
@@ -215,7 +235,7 @@ class Fleet:
         logger.warning("engine %d at %s died (exit code %s); %s", slot.rank, slot.url, code,
                        "restarting it" if slot.restarts < self.max_restarts and len(slot.actors) == 1
                        else "not restarting it")
-        if slot.url:
+        if slot.url and registered:
             self._unregister(slot.url)
         while not self._stopping.is_set():
             if len(slot.actors) > 1:
@@ -260,11 +280,71 @@ class Fleet:
             for hook in self.replacement_hooks:
                 hook(actor)
             slot.url = url
-            self._register(url)
-            slot.state = "healthy"
-            self._publish()
+            serving = self._serving_version(exclude=slot)
+            try:
+                mine = ray.get(actor.get_weight_version.remote(), timeout=60)
+            except ray.exceptions.RayActorError:
+                raise
+            except Exception:  # noqa: BLE001 - an engine without /get_weight_version: nothing to compare
+                mine = serving
+            if serving is not None and mine != serving:
+                slot.state = "awaiting_weights"
+                seen = ray.get(actor.push_count.remote(), timeout=60)  # the replayed ones do not count
+                threading.Thread(target=self._await_weights, args=(slot, actor, seen), daemon=True,
+                                 name=f"engine-weights-{slot.rank}").start()
+                logger.warning("engine %d replaced at %s with weight version %s; the others serve %s: it takes "
+                               "requests after the trainer's next push (restart %d/%d)", slot.rank, url, mine,
+                               serving, slot.restarts, self.max_restarts)
+                return
+            self._admit(slot)
         logger.warning("engine %d replaced: serving at %s (restart %d/%d)", slot.rank, url, slot.restarts,
                        self.max_restarts)
+
+    def note_weight_version(self, version: str | None) -> None:
+        """The trainer pushed `version` to the serving engines (the manager's `end_weight_update`): what a
+        replacement must have before it serves, even if every engine died at once and none can be asked."""
+        if version is not None:
+            with self._lock:
+                self.weight_version = str(version)
+
+    def _admit(self, slot: EngineSlot) -> None:
+        """Register the engine with the router and publish it (caller holds the lock)."""
+        self._register(slot.url)
+        slot.state = "healthy"
+        self._publish()
+
+    def _serving_version(self, exclude: EngineSlot | None = None) -> str | None:
+        """The weight version the serving engines report (remembered in `weight_version`); the last
+        one known when none serves."""
+        for s in self.slots:
+            if s is not exclude and s.state == "healthy":
+                try:
+                    self.weight_version = ray.get(s.actor.get_weight_version.remote(), timeout=60)
+                    break
+                except Exception:  # noqa: BLE001 - dying too: its watcher reports it; ask the next one
+                    continue
+        return self.weight_version
+
+    def _await_weights(self, slot: EngineSlot, actor: Any, seen: int) -> None:
+        """Wait for the first complete push to this engine, then admit it. Any push that reaches it
+        after its restart is the trainer's current weights (a trainer pushes its newest weights to every
+        updatable engine), so it is not compared with the others again: they may still be receiving."""
+        while not self._stopping.is_set() and slot.actor is actor and slot.state == "awaiting_weights":
+            try:
+                count, version = ray.get(actor.wait_push.remote(seen, _PUSH_WAIT_S), timeout=_PUSH_WAIT_S + 60)
+            except Exception:  # noqa: BLE001 - the actor died: its watcher replaces it
+                return
+            if count <= seen:
+                continue
+            with self._lock:
+                if self._stopping.is_set() or slot.actor is not actor or slot.state != "awaiting_weights":
+                    return
+                if version is not None:
+                    self.weight_version = version
+                self._admit(slot)
+            logger.warning("engine %d has the current weights (version %s): serving at %s", slot.rank, version,
+                           slot.url)
+            return
 
     # ---- status ----
     def engine_status(self) -> list[dict[str, Any]]:
@@ -282,12 +362,13 @@ class Fleet:
 
     # ---- control: every call goes to each serving engine's node-0 actor ----
     def each(self, method: str, *a: Any) -> list[Any]:
-        """Engines being replaced are skipped; a weight update is replayed on them before they serve."""
+        """Engines being replaced are skipped; a weight update is replayed on them before they serve.
+        Engines awaiting weights get every call (an update from disk is what they wait for)."""
         with self._lock:
             if method in _REPLAYED:
                 self._replay[method] = a
-            targets = [s.actor for s in self.slots if s.state == "healthy"]
-            skipped = [s.rank for s in self.slots if s.state != "healthy"]
+            targets = [s.actor for s in self.slots if s.state in UPDATABLE_STATES]
+            skipped = [s.rank for s in self.slots if s.state not in UPDATABLE_STATES]
         if skipped:
             logger.warning("%s: skipping engine(s) %s (%s)", method, skipped,
                            ", ".join(self.slots[i].state for i in skipped))

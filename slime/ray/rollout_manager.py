@@ -4,6 +4,9 @@ It composes three plain objects, each with one job: the `Fleet` (router and engi
 health, offload/onload, weights, abort), the tool services (local sandbox, cluster-wide rate
 limiters), and the `RolloutController` (data, plugins, samples -> batch). Rollout functions run in
 this actor's process; its calls are threaded, so `status()` answers while a rollout runs.
+A trainer brackets each weight push with `begin_weight_update()` / `end_weight_update(version)`
+(`update_weights_from_disk` does it itself), so a fully-async rollout worker starts no group while
+weights change and knows the version it generates with afterwards.
 Start-up is all-or-nothing: if any part fails, everything already started is stopped; the
 controller is built while the engines boot (cold start).
 """
@@ -138,7 +141,16 @@ class RolloutManager:
         return self._engines("resume_memory_occupation", tags)
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> list[Any]:
-        return self._engines("update_weights_from_disk", model_path, weight_version)
+        """Every engine loads `model_path`; a background rollout worker is paused around it and
+        resumes knowing `weight_version` (nested in a trainer's own begin/end it does nothing more)."""
+        self.begin_weight_update()
+        done = False
+        try:
+            out = self._engines("update_weights_from_disk", model_path, weight_version)
+            done = True
+            return out
+        finally:
+            self.end_weight_update(weight_version if done else None)
 
     def abort(self) -> list[Any]:
         return self._engines("abort_all")
@@ -153,6 +165,21 @@ class RolloutManager:
         return source.load(self.args.load, rollout_id) if source is not None and self.args.load else None
 
     # ---- weights (slime's names; the engines' side is slime/engine/weight_updates.py) ----
+    def begin_weight_update(self) -> None:
+        """Call before pushing weights: the fully-async rollout worker starts no new group until
+        `end_weight_update` (with --partial-rollout it aborts its requests and keeps their tokens)."""
+        if self.controller is not None:
+            self.controller.begin_weight_update()
+
+    def end_weight_update(self, weight_version: str | None = None) -> None:
+        """Call after the push with the version the engines now serve (None when it failed): the
+        worker drops what became too stale (--max-staleness), continues what it paused, resumes. The
+        fleet learns the version a restarted engine must have before it serves."""
+        if self.fleet is not None:
+            self.fleet.note_weight_version(weight_version)
+        if self.controller is not None:
+            self.controller.end_weight_update(weight_version)
+
     def get_updatable_engines_and_lock(self) -> tuple:
         """(engine actors, the weight lock, engines restarted since the last push, gpu counts, offsets, configs)."""
         if self._engine_lock is None:

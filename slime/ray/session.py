@@ -6,16 +6,60 @@ create the `RolloutManager` actor, and stop it (then Ray, if we started it) what
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from slime.utils.startup_trace import mark
+
 logger = logging.getLogger("slime")
 
 _FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_ENDPOINT", "WANDB_MODE", "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR",
                   "WANDB_CONFIG_DIR", "SLIME_CACHE", "RAY_AUTH_MODE", "TOKENIZERS_PARALLELISM")
+
+
+def start_engine_fork_server(args: Any) -> Any:
+    """Cold start: with embedded engines on this node (a private Ray), start the node's engine fork
+    server now, so torch, transformers and the checkpoint load while Ray and the manager come up,
+    once for all engines (slime.engine.warm_start). Its socket path goes into the environment the
+    Ray workers inherit. The server dies with this process (`PR_SET_PDEATHSIG`); set
+    SLIME_ENGINE_FORK_SERVER=0 to start every engine cold. Returns its `ChildProcess`, or None."""
+    import atexit
+    import shutil
+    import sys
+
+    from slime.engine.warm_start import FORK_SERVER_ENV
+    from slime.utils.child_process import ChildProcess
+
+    if os.environ.get(FORK_SERVER_ENV, "").lower() in ("0", "off", "false", "no"):
+        return None
+    if (getattr(args, "rollout_backend", None) != "hf" or not getattr(args, "hf_checkpoint", None)
+            or getattr(args, "ray_address", None) or getattr(args, "load_debug_rollout_data", None)
+            or int(getattr(args, "rollout_num_engines", 0) or 0) < 1):
+        return None
+    where = Path(tempfile.mkdtemp(prefix="slime-fork-"))  # 0700: only this user may ask for a child
+    sock = where / "engines.sock"
+    log_dir = Path(getattr(args, "log_dir", None) or where)
+    cmd = [sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
+           "--main", "slime.engine.warm_start:serve", "--preload", "slime.engine.warm_start:preload",
+           "--preload-json", json.dumps([str(args.hf_checkpoint)])]
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    server = ChildProcess(cmd, name="engine fork server", log_path=log_dir / "engine-fork-server.log", env=env)
+    server.start()  # not awaited: it binds its socket at once, then preloads while clients queue
+    server.socket_path = str(sock)
+    os.environ[FORK_SERVER_ENV] = str(sock)
+
+    def stop() -> None:
+        server.stop(timeout=5)
+        shutil.rmtree(where, ignore_errors=True)
+
+    atexit.register(stop)
+    return server
 
 
 def ray_init(args: Any) -> bool:
@@ -26,6 +70,8 @@ def ray_init(args: Any) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return False
+    mark("ray_init: begin")
+    fork_server = start_engine_fork_server(args)
     root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -39,7 +85,23 @@ def ray_init(args: Any) -> bool:
     os.environ.update(env)
     ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
              logging_level=logging.WARNING)
+    mark("ray_init: ray.init done")
+    if fork_server is not None:
+        _await_socket(fork_server)
     return True
+
+
+def _await_socket(server: Any, timeout: float = 30.0) -> None:
+    """The fork server's socket exists (it binds before preloading: milliseconds after its start, and
+    Ray took seconds), so engines never miss it; if it is not there, they start cold."""
+    from slime.engine.warm_start import FORK_SERVER_ENV
+    from slime.utils.child_process import ReadinessError, wait_until
+
+    try:
+        wait_until(lambda: os.path.exists(server.socket_path), timeout, server.name, server.proc, server.log_path)
+    except ReadinessError as e:
+        logger.warning("engines will start cold: %s", e)
+        os.environ.pop(FORK_SERVER_ENV, None)
 
 
 def start_manager(args: Any, manager_cls: Any = None) -> tuple[Any, dict[str, Any]]:

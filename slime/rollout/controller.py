@@ -243,10 +243,42 @@ class RolloutController:
         return summary
 
     def save(self, rollout_id: int) -> None:
-        if self.args.save and self.data_source is not None:
-            self.data_source.save(self.args.save, rollout_id)
+        """The data source's state; groups a fully-async worker holds are saved as buffered prompts."""
+        from slime.rollout.fully_async_rollout import worker_hub
 
-    def close(self) -> None:
-        """Unbind the runtime and close its HTTP sessions (rollouts ran on the process's background loop)."""
-        unbind(self.runtime)
-        run(self.runtime.client.close())
+        if self.args.save and self.data_source is not None:
+            held = worker_hub(self.runtime).held_groups()
+            if held:
+                self.data_source.save(self.args.save, rollout_id, held=held)
+            else:  # a custom --data-source-path keeps slime's two-argument save
+                self.data_source.save(self.args.save, rollout_id)
+
+    # ---- weight updates: the fully-async workers stop starting groups while weights change ----
+    def begin_weight_update(self) -> None:
+        """A weight push starts: background rollout workers start no new group (with
+        --partial-rollout they abort what is in flight and keep it to continue afterwards)."""
+        from slime.rollout.fully_async_rollout import worker_hub
+
+        run(worker_hub(self.runtime).pause())
+
+    def end_weight_update(self, weight_version: str | None = None) -> None:
+        """The push is over (`weight_version`: what the engines serve now, None if it failed):
+        the workers drop what became too stale (--max-staleness) and resume."""
+        from slime.rollout.fully_async_rollout import worker_hub
+
+        run(worker_hub(self.runtime).resume(weight_version))
+
+    def close(self) -> dict[str, int]:
+        """Stop the background rollout workers (what they had in flight is aborted and goes back to
+        the data source, with their queued groups), unbind the runtime and close its HTTP sessions
+        (rollouts ran on the process's background loop). Returns how many groups went back."""
+        from slime.rollout.fully_async_rollout import worker_hub
+
+        try:
+            stopped = run(worker_hub(self.runtime).stop())
+        finally:
+            unbind(self.runtime)
+            run(self.runtime.client.close())
+        if stopped["returned_groups"]:
+            logger.info("rollout workers stopped: %d group(s) returned to the data source", stopped["returned_groups"])
+        return stopped

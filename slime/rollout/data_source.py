@@ -252,10 +252,12 @@ class DataSource:
         return len(self.buffer)
 
     # --- state ---
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, held: list[list[Sample]] | None = None) -> dict[str, Any]:
+        """The whole state; `held` are groups handed out and not yet trained (a background worker's),
+        saved behind the buffer so a resumed run serves them again."""
         return {"epoch_id": self.epoch_id, "offset": self.offset, "group_counter": self.group_counter,
                 "sample_counter": self.sample_counter, "num_prompts": len(self.prompts),
-                "buffer": [[s.to_dict() for s in g] for g in self.buffer]}
+                "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_prompts") != len(self.prompts):
@@ -266,11 +268,11 @@ class DataSource:
         self.buffer = [[Sample.from_dict(d) for d in g] for g in state["buffer"]]
         self._order = self._epoch_order()
 
-    def save(self, directory: str | Path, rollout_id: int) -> Path:
+    def save(self, directory: str | Path, rollout_id: int, held: list[list[Sample]] | None = None) -> Path:
         path = Path(directory) / f"rollout_state_{rollout_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state_dict()))
+        tmp.write_text(json.dumps(self.state_dict(held)))
         tmp.replace(path)
         (Path(directory) / "latest_rollout_id.txt").write_text(str(rollout_id))
         return path

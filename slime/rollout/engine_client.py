@@ -6,6 +6,12 @@ all requests of a controller share: where the router and engines are, the HTTP s
 in-flight bound (`--sglang-server-concurrency`), the retry policy and its counters, the
 tokenizer, and the controller's `Progress`, which it feeds as requests finish, so a custom
 rollout function reports progress without doing anything.
+
+Aborting is the client's job too, because only it sees every request: while `gate` is closed
+(a rollout aborting its leftovers, the fully-async worker pausing for a weight update) no request
+leaves the process — one still waiting for an in-flight slot answers "abort" with no tokens — and
+`abort_until_settled` re-sends the engines' `abort_all` until the given tasks finish, since a
+request on its way through the router when the first abort arrives is not yet on any engine.
 """
 
 from __future__ import annotations
@@ -13,19 +19,35 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from slime.fleet import sglang_payloads as payloads
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints, rollout_num_engines
-from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy
+from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy, request_json
+from slime.utils.per_loop import PerLoop
 from slime.utils.processing_utils import load_tokenizer
 
 # seconds a failing request keeps being retried: a router restart (~1 s), an engine restart
 # (model load), or a frozen engine the router marked unhealthy for a while (--request-retry-window)
 DEFAULT_RETRY_WINDOW = 60.0
+
+
+ABORT_RESEND_FIRST = 0.05  # seconds before the first re-sent abort_all; doubles each time
+
+
+class AbortGate:
+    """Closed while requests are being aborted: no new engine request may start."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def open(self) -> None:
+        self.closed = False
 
 
 @dataclass
@@ -71,11 +93,11 @@ class EngineClient:
         self.http = HttpClient()
         self.in_flight = 0
         self._tokenizer_path, self._tokenizer = tokenizer_path, tokenizer
-        # asyncio primitives are loop-bound: one bound per loop, keyed by the loop object (weakly)
-        self._bounds: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
-            weakref.WeakKeyDictionary()
-        self._rid = itertools.count()
+        # asyncio primitives are loop-bound: one bound per event loop
+        self._bounds: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(self.concurrency))
+        self._rid_prefix, self._rid = f"slime-{os.getpid()}-", itertools.count()
         self._background: set[asyncio.Task] = set()  # rid aborts in flight (kept referenced until done)
+        self.gate = AbortGate()
 
     @classmethod
     def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
@@ -102,22 +124,19 @@ class EngineClient:
 
     @property
     def semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        sem = self._bounds.get(loop)
-        if sem is None:
-            sem = self._bounds[loop] = asyncio.Semaphore(self.concurrency)
-        return sem
+        """The in-flight bound of the running event loop."""
+        return self._bounds.get()
 
     def new_rid(self) -> str:
-        return f"slime-{os.getpid()}-{next(self._rid)}"
+        return f"{self._rid_prefix}{next(self._rid)}"
 
     async def post(self, url: str, payload: Any, *, timeout: float | None = None,
                    policy: RetryPolicy | None = None, headers: dict[str, str] | None = None,
                    on_retry: Any = None) -> Any:
         """Any JSON POST, with this client's deadline, retry budget and counters."""
-        return await self.http.post(url, payload, timeout=timeout or self.request_timeout,
-                                    policy=policy or self.retry_policy, stats=self.stats, headers=headers,
-                                    on_retry=on_retry)
+        return await request_json("POST", url, payload, session=self.http.session(),
+                                  timeout=timeout or self.request_timeout, policy=policy or self.retry_policy,
+                                  stats=self.stats, headers=headers, on_retry=on_retry)
 
     def _renew_rid(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A retried request gets a fresh `rid`; the old one is aborted in case an engine still runs
@@ -139,6 +158,8 @@ class EngineClient:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline."""
         payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
         async with self.semaphore:
+            if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled
+                return EngineOutput([], [], "", "abort")
             self.in_flight += 1
             try:
                 body = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid)
@@ -154,6 +175,29 @@ class EngineClient:
         await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(abort_all=True), timeout=10,
                                               policy=once)
                                for u in self.endpoints.engine_urls), return_exceptions=True)
+
+    async def abort_until_settled(self, tasks: "set[asyncio.Future] | list[asyncio.Future]",
+                                  timeout: float | None) -> tuple[set, set]:
+        """`abort_all`, re-sent (50 ms, doubling) while any of `tasks` runs, for at most `timeout`
+        seconds; returns (done, still running). The caller closes `gate` first and decides what
+        to do with the tasks still running."""
+        pending = set(tasks)
+        done: set = set()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        wait = ABORT_RESEND_FIRST
+        while True:
+            await self.abort_all()
+            if not pending:
+                return done, pending
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return done, pending
+            finished, pending = await asyncio.wait(pending, timeout=wait if left is None else min(wait, left))
+            done |= finished
+            if not pending:
+                return done, pending
+            wait *= 2
 
     async def close(self) -> None:
         await self.http.close()

@@ -2,17 +2,31 @@
 slime.rollout.fully_async_rollout.generate_rollout_fully_async`.
 
 A worker keeps up to `--sglang-server-concurrency` x engines groups generating across rollout
-boundaries, so a rollout takes groups that finished while the trainer was busy and the slowest
-sample of one rollout never holds up the next. Each group goes through `generate_and_rm_group`
-(so `--custom-generate-function-path` and `--custom-rm-path` apply unchanged).
+boundaries (finished-but-untaken groups count against that pool, so it never runs ahead of the
+trainer by more than one pool), so a rollout takes groups that finished while the trainer was busy
+and the slowest sample of one rollout never holds up the next. Each group goes through
+`generate_and_rm_group` (so `--custom-generate-function-path` and `--custom-rm-path` apply).
 
 Unlike slime's worker (a thread polling its own event loop every second), ours runs on the
 process's shared loop and is driven by completions: a finished group tops the pool up and wakes the
-rollout waiting for it. Nothing is lost or hangs: a group with an aborted sample goes back to the
-data source, a group whose generation raises goes back too and the rollout fails with that error
-(instead of logging it forever), and a data source that runs dry before the batch is full is an
-error naming how many groups were collected. Groups finished beyond a rollout's batch stay queued
-for the next one. One worker per runtime and data source (`RolloutRuntime.shared`).
+rollout waiting for it. Rules, all per whole group (a group is never split between rollouts):
+- `--dynamic-sampling-filter-path` sees each finished group once; dropped groups are counted.
+- `--max-staleness K`: a finished group in which a sample's oldest segment (`weight_versions[0]`)
+  is more than K versions behind the current weight version is dropped and its prompts go back to
+  the data source fresh; checked when it finishes, after every weight update and when a rollout
+  takes it. The current version is the newest of what the trainer announced
+  (`WorkerHub.resume(version)`, from `RolloutManager.end_weight_update`) and what answers carried.
+- Weight updates (`WorkerHub.pause` / `resume`): no group is started while weights change. With
+  `--partial-rollout` the requests in flight are aborted (SGLang's pause with abort) and their groups
+  kept with the tokens so far, then continued under the new weights (a continued group is not
+  dropped for staleness: that is what partial rollout is for; `--mask-offpolicy-in-partial-rollout`
+  keeps its old tokens out of the loss). Without it they stay on the engines, which the trainer's
+  push pauses in place.
+- Nothing is lost: a group with an aborted sample (not ours to continue) goes back to the data
+  source; a group whose generation raises goes back too and the rollout fails with that error; a
+  data source that runs dry is an error naming how many groups were collected; `stop()` aborts
+  everything in flight and returns it, and the queued groups, to the data source.
+One worker per runtime and data source, all of a runtime's workers in one `WorkerHub`.
 """
 
 from __future__ import annotations
@@ -21,103 +35,362 @@ import asyncio
 import copy
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from slime.rollout.base_types import RolloutFnTrainOutput
+from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import generate_and_rm_group, generate_rollout, sampling_params_from_args
 from slime.utils.async_utils import run
 from slime.utils.endpoints import rollout_num_engines as get_rollout_num_engines
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
-__all__ = ["AsyncRolloutWorker", "generate_rollout_fully_async"]
+__all__ = ["AsyncRolloutWorker", "WorkerHub", "generate_rollout_fully_async", "worker_hub"]
 
 logger = logging.getLogger(__name__)
 
+MAX_DROPPED_PER_KEPT = 50  # a filter dropping this many groups per wanted group in a row is broken
+DEFAULT_ABORT_TIMEOUT = 5.0  # seconds aborted requests get to answer before their tasks are cancelled
+
+
+def version_number(version: Any) -> int | None:
+    """A weight version as an int (engines report strings of ints); None when it is not one."""
+    try:
+        return int(str(version))
+    except (TypeError, ValueError):
+        return None
+
+
+def oldest_version(sample: Sample) -> int | None:
+    versions = getattr(sample, "weight_versions", None) or []
+    return version_number(versions[0]) if versions else None
+
+
+def staleness(sample: Sample, current: int | None) -> int | None:
+    """How many versions the sample's oldest segment is behind `current` (None: unknown)."""
+    oldest = oldest_version(sample)
+    return None if oldest is None or current is None else max(0, current - oldest)
+
+
+class _Entry:
+    """A group the worker owns: its pristine copy (what goes back to the data source) and whether
+    it was continued after a weight update (partial rollout)."""
+
+    __slots__ = ("pristine", "continued", "result")
+
+    def __init__(self, pristine: list[Sample], continued: bool = False, result: list[Sample] | None = None):
+        self.pristine, self.continued, self.result = pristine, continued, result
+
 
 class AsyncRolloutWorker:
-    """The pool of groups in flight and the queue of finished ones; lives on the shared loop."""
+    """The pool of groups in flight and the queue of finished ones; lives on the shared loop (every
+    method runs there, so no lock)."""
 
-    def __init__(self, args: Any, data_source: Any, runtime: RolloutRuntime, concurrency: int):
+    def __init__(self, args: Any, data_source: Any, runtime: RolloutRuntime, concurrency: int,
+                 hub: "WorkerHub | None" = None):
         self.args, self.data_source, self.runtime = args, data_source, runtime
-        self.concurrency = max(1, int(concurrency))
+        self.hub = hub or WorkerHub()
+        # at least one rollout's worth of groups, or a rollout would wait for groups never started
+        self.concurrency = max(1, int(concurrency), int(getattr(args, "rollout_batch_size", 1) or 1))
         self.sampling_params = sampling_params_from_args(args)
-        # each task's group as handed out (pristine copy): what goes back to the data source
-        self.active: dict[asyncio.Task, list[Sample]] = {}
-        self.completed: list[list[Sample]] = []
-        self.requeued_aborted = 0
+        self.max_staleness = getattr(args, "max_staleness", None)
+        self.partial = bool(getattr(args, "partial_rollout", False))
+        timeout = getattr(args, "abort_timeout", None)
+        self.abort_timeout = float(DEFAULT_ABORT_TIMEOUT if timeout is None else timeout)
+        path = getattr(args, "dynamic_sampling_filter_path", None)
+        self.filter_fn = load_function(path, "--dynamic-sampling-filter-path") if path else None
+        self.active: dict[asyncio.Task, _Entry] = {}
+        self.completed: list[_Entry] = []
+        self.suspended: list[_Entry] = []  # aborted by a weight update, continued when it ends
+        self.paused = self.hub.paused
+        self.closed = False
+        self.counters: Counter = Counter()  # cumulative; each rollout reports what changed since the last
+        self._reported: Counter = Counter()
+        self._dropped_in_a_row = 0
         self.error: BaseException | None = None
-        self._changed: asyncio.Event | None = None
+        self._changed = asyncio.Event()
+
+    # ---- state ----
+    @property
+    def current_version(self) -> int | None:
+        return self.hub.version
+
+    @property
+    def requeued_aborted(self) -> int:
+        return self.counters["requeued_aborted"]
 
     def queue_size(self) -> int:
         return len(self.completed)
 
-    def _event(self) -> asyncio.Event:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
+    def in_flight(self) -> int:
+        return len(self.active)
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    async def settled(self) -> None:
+        """Wait until no group is generating (the pool is full, paused, stopped or out of prompts)."""
+        while self.active:
+            self._changed.clear()
+            await self._changed.wait()
+
+    # ---- generating ----
+    def _launch(self, group: list[Sample], entry: _Entry) -> None:
+        task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params),
+                                                           runtime=self.runtime))
+        self.active[task] = entry
+        task.add_done_callback(self._on_done)
 
     def _top_up(self) -> None:
-        # backpressure: groups in flight plus finished-but-untaken never exceed the pool size
-        while self.error is None and len(self.active) + len(self.completed) < self.concurrency:
+        # backpressure: groups in flight, suspended and finished-but-untaken never exceed the pool size
+        while (not self.paused and not self.closed and self.error is None
+               and len(self.active) + len(self.completed) + len(self.suspended) < self.concurrency):
             groups = self.data_source.get_samples(1)
             if not groups:
                 return
             for group in groups:
-                pristine = copy.deepcopy(group)
-                task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params),
-                                                                   runtime=self.runtime))
-                self.active[task] = pristine
-                task.add_done_callback(self._on_done)
+                self.counters["groups_started"] += 1
+                self._launch(group, _Entry(copy.deepcopy(group)))
+
+    def _give_back(self, entry: _Entry, reason: str) -> None:
+        """The group's prompts go back to the data source, fresh (served before new prompts)."""
+        self.data_source.add_samples([copy.deepcopy(entry.pristine)])
+        self.counters[f"returned_{reason}"] += 1
+
+    def _observe_versions(self, group: list[Sample]) -> None:
+        seen = [v for s in group for v in map(version_number, getattr(s, "weight_versions", None) or [])
+                if v is not None]
+        if seen:
+            self.hub.observe(max(seen))
 
     def _on_done(self, task: asyncio.Task) -> None:
-        group = self.active.pop(task)
-        if task.cancelled():
-            self.data_source.add_samples([group])
-        elif task.exception() is not None:
-            self.data_source.add_samples([group])
-            if self.error is None:
-                self.error = task.exception()
-        else:
-            result = task.result()
-            if any(s.status == Sample.Status.ABORTED for s in result):
-                self.requeued_aborted += 1
-                self.data_source.add_samples([group])
+        entry = self.active.pop(task)
+        try:
+            if task.cancelled():
+                self._give_back(entry, "cancelled")
+            elif task.exception() is not None:
+                self._give_back(entry, "error")
+                if self.error is None and not self.closed:
+                    self.error = task.exception()
             else:
-                self.completed.append(result)
-        self._event().set()
-        self._top_up()
+                self._finished(entry, task.result())
+        finally:
+            self._wake()
+            self._top_up()
 
+    def _finished(self, entry: _Entry, result: list[Sample]) -> None:
+        self._observe_versions(result)
+        if self.closed:
+            self._give_back(entry, "stopped")
+            return
+        if any(s.status == Sample.Status.ABORTED for s in result):
+            if self.partial and self.paused:
+                entry.result = result
+                self.suspended.append(entry)  # continued when the weight update ends
+            elif self.partial:
+                self._continue(entry, result)  # aborted by someone else: continue now
+            else:
+                self.counters["requeued_aborted"] += 1
+                self._give_back(entry, "aborted")
+            return
+        entry.result = result
+        if self._too_stale(entry):
+            self._drop_stale(entry)
+            return
+        if self.filter_fn is not None and not self._passes_filter(entry):
+            return
+        self.completed.append(entry)
+
+    def _passes_filter(self, entry: _Entry) -> bool:
+        verdict = apply_filter(self.filter_fn, self.args, entry.result)
+        # slime's keep_when_insufficient: kept when the pool could not otherwise fill a rollout
+        if not should_drop_dynamic_filter_output(
+                verdict, remaining_batch_size=len(self.completed) + len(self.active) + 1,
+                target_data_size=int(self.args.rollout_batch_size)):
+            self._dropped_in_a_row = 0
+            return True
+        reason = verdict.reason or "filtered"
+        self.counters[f"dropped_groups_{reason}"] += 1
+        self._dropped_in_a_row += 1
+        if self._dropped_in_a_row > MAX_DROPPED_PER_KEPT * int(self.args.rollout_batch_size) and self.error is None:
+            self.error = RuntimeError(
+                f"--dynamic-sampling-filter-path dropped {self._dropped_in_a_row} groups in a row "
+                f"({reason}); the filter rejects (almost) everything")
+        return False
+
+    def _continue(self, entry: _Entry, result: list[Sample]) -> None:
+        """Launch an aborted group again: samples with tokens are continued by
+        `generate_and_rm_group` (--partial-rollout), those without start afresh."""
+        group = [s if s.response_length > 0 or s.status != Sample.Status.ABORTED else copy.deepcopy(p)
+                 for s, p in zip(result, entry.pristine)] if len(result) == len(entry.pristine) else result
+        for s in group:
+            if s.status == Sample.Status.ABORTED:
+                s.reward = None  # scored when it finishes
+        entry.continued, entry.result = True, None
+        self.counters["continued_groups"] += 1
+        self.counters["continued_samples"] += sum(s.status == Sample.Status.ABORTED and s.response_length > 0
+                                                  for s in result)
+        self._launch(group, entry)
+
+    # ---- staleness ----
+    def _too_stale(self, entry: _Entry) -> bool:
+        if self.max_staleness is None or entry.continued or entry.result is None:
+            return False
+        current = self.current_version
+        return any((staleness(s, current) or 0) > self.max_staleness for s in entry.result)
+
+    def _drop_stale(self, entry: _Entry) -> None:
+        self.counters["stale_dropped"] += len(entry.result or entry.pristine)
+        self.counters["stale_dropped_groups"] += 1
+        self._give_back(entry, "stale")
+
+    def _enforce_staleness(self) -> None:
+        keep = []
+        for entry in self.completed:
+            if self._too_stale(entry):
+                self._drop_stale(entry)
+            else:
+                keep.append(entry)
+        if len(keep) != len(self.completed):
+            self.completed = keep
+            self._top_up()
+
+    # ---- weight updates ----
+    async def pause(self) -> None:
+        """A weight update starts: no new group; with --partial-rollout, abort what is in flight
+        and keep it (with its tokens) to continue under the new weights."""
+        self.paused = True
+        if self.partial and self.active:
+            await self._abort_in_flight()
+
+    async def resume(self) -> None:
+        """The weight update is over: continue the suspended groups, drop what became too stale,
+        top the pool up."""
+        self.paused = False
+        suspended, self.suspended = self.suspended, []
+        for entry in suspended:  # the oldest work first
+            self._continue(entry, entry.result)
+        self._enforce_staleness()
+        self._top_up()
+        self._wake()
+
+    async def _abort_in_flight(self) -> None:
+        """Abort every request on the engines, give the groups `--abort-timeout` seconds to come
+        back with their partial answers, then cancel what is left (its prompts go back fresh)."""
+        gate = self.runtime.client.gate
+        gate.close()  # nothing new leaves while the engines abort (requests waiting for a slot included)
+        try:
+            _, late = await self.runtime.client.abort_until_settled(set(self.active), self.abort_timeout)
+        finally:
+            gate.open()
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+            self.counters["cancelled_after_abort"] += len(late)
+
+    # ---- rollouts ----
     async def take(self, n: int) -> list[list[Sample]]:
         """The first `n` finished groups (waiting for them); the rest stay queued."""
         self._top_up()
-        while len(self.completed) < n:
+        while True:
+            self._enforce_staleness()
+            if len(self.completed) >= n:
+                break
             if self.error is not None:
                 error, self.error = self.error, None
                 raise error
-            if not self.active:
+            if self.closed:
+                raise RuntimeError("fully-async rollout: the worker was stopped")
+            if not self.active and not self.paused and not self.suspended:
                 raise RuntimeError(f"fully-async rollout: the data source has no more prompts; collected "
                                    f"{len(self.completed)} of {n} groups (--prompt-data, --num-epoch)")
-            event = self._event()
-            event.clear()
-            await event.wait()
+            self._changed.clear()
+            await self._changed.wait()
         out, self.completed = self.completed[:n], self.completed[n:]
         self._top_up()
-        return out
+        return [e.result for e in out]
 
-    async def stop(self) -> None:
-        """Cancel what is in flight (its prompts go back to the data source); queued groups are kept."""
-        self.error = self.error or RuntimeError("fully-async worker stopped")  # no more top-ups
-        tasks = list(self.active)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    def metrics_since_last(self) -> dict[str, float]:
+        """Counters of what happened since the previous call (one rollout's share)."""
+        delta = self.counters - self._reported
+        self._reported = Counter(self.counters)
+        return {key: delta.get(key, 0) for key in set(self.counters)}
+
+    async def stop(self) -> dict[str, int]:
+        """Abort everything in flight; it, the suspended and the queued groups go back to the data
+        source. Returns how many groups went back; no task of this worker is left running."""
+        self.closed = True
+        before = sum(v for k, v in self.counters.items() if k.startswith("returned_"))
+        if self.active:
+            await self._abort_in_flight()
+        for entry in self.suspended + self.completed:
+            self._give_back(entry, "stopped")
+        self.suspended, self.completed = [], []
+        assert not self.active, f"fully-async worker stopped with {len(self.active)} task(s) still running"
+        self._wake()
+        return {"returned_groups": sum(v for k, v in self.counters.items() if k.startswith("returned_")) - before}
+
+
+class WorkerHub:
+    """A runtime's fully-async workers and what they share: the current weight version and whether
+    a weight update is under way (nested pauses resume when the last one ends)."""
+
+    def __init__(self) -> None:
+        self.workers: list[AsyncRolloutWorker] = []
+        self.version: int | None = None
+        self._pauses = 0
+
+    @property
+    def paused(self) -> bool:
+        return self._pauses > 0
+
+    def observe(self, version: int | None) -> None:
+        if version is not None and (self.version is None or version > self.version):
+            self.version = version
+
+    def add(self, worker: AsyncRolloutWorker) -> AsyncRolloutWorker:
+        self.workers.append(worker)
+        return worker
+
+    async def pause(self) -> None:
+        self._pauses += 1
+        if self._pauses == 1:
+            await asyncio.gather(*(w.pause() for w in self.workers))
+
+    async def resume(self, weight_version: Any = None) -> None:
+        self.observe(version_number(weight_version))
+        self._pauses = max(0, self._pauses - 1)
+        if self._pauses == 0:
+            for w in self.workers:
+                await w.resume()
+
+    def held_groups(self) -> list[list[Sample]]:
+        """Fresh copies of every group the workers hold (generating, suspended, finished and not yet
+        taken): what a checkpoint saves as if back in the buffer, so a resumed run loses none."""
+        return [copy.deepcopy(e.pristine) for w in self.workers
+                for e in [*w.active.values(), *w.suspended, *w.completed]]
+
+    async def stop(self) -> dict[str, int]:
+        returned = 0
+        for w in self.workers:
+            returned += (await w.stop())["returned_groups"]
+        self.workers = []
+        return {"returned_groups": returned}
+
+
+def worker_hub(runtime: RolloutRuntime) -> WorkerHub:
+    """The runtime's hub (created on first use)."""
+    return runtime.shared("fully_async_rollout.hub", WorkerHub)
 
 
 def _worker(args: Any, data_source: Any, runtime: RolloutRuntime) -> AsyncRolloutWorker:
     concurrency = (getattr(args, "sglang_server_concurrency", None) or 512) * max(1, get_rollout_num_engines(args))
+    hub = worker_hub(runtime)
     return runtime.shared(f"fully_async_rollout.worker:{id(data_source)}",
-                          lambda: AsyncRolloutWorker(args, data_source, runtime, concurrency))
+                          lambda: hub.add(AsyncRolloutWorker(args, data_source, runtime, concurrency, hub)))
 
 
 async def _generate_rollout_async(args: Any, rollout_id: int, data_source: Any,
@@ -127,12 +400,26 @@ async def _generate_rollout_async(args: Any, rollout_id: int, data_source: Any,
     groups = await worker.take(args.rollout_batch_size)
     groups.sort(key=lambda g: min((s.index for s in g if s.index is not None), default=0))
     elapsed = time.monotonic() - start
-    logger.info("fully-async rollout %d: %d groups in %.1fs (%d were ready), %d queued, %d in flight", rollout_id,
-                len(groups), elapsed, warm, worker.queue_size(), len(worker.active))
-    return RolloutFnTrainOutput(samples=groups, metrics={
-        "perf/rollout_time": elapsed, "rollout/fully_async_ready_at_start": warm,
-        "rollout/fully_async_queue_left": worker.queue_size(), "rollout/fully_async_in_flight": len(worker.active),
-        "rollout/fully_async_requeued_aborted": worker.requeued_aborted})
+    current = worker.current_version
+    ages = [a for g in groups for s in g if (a := staleness(s, current)) is not None]
+    counts = worker.metrics_since_last()
+    logger.info("fully-async rollout %d: %d groups in %.1fs (%d were ready), %d queued, %d in flight, "
+                "version %s, %d stale dropped", rollout_id, len(groups), elapsed, warm, worker.queue_size(),
+                len(worker.active), current, counts.get("stale_dropped", 0))
+    metrics = {"perf/rollout_time": elapsed, "rollout/fully_async_ready_at_start": warm,
+               "rollout/fully_async_queue_left": worker.queue_size(),
+               "rollout/fully_async_in_flight": len(worker.active),
+               "rollout/fully_async_requeued_aborted": counts.get("requeued_aborted", 0),
+               "rollout/stale_dropped": counts.get("stale_dropped", 0),
+               "rollout/stale_dropped_groups": counts.get("stale_dropped_groups", 0),
+               "rollout/mean_staleness": sum(ages) / len(ages) if ages else 0.0,
+               "rollout/max_staleness": max(ages) if ages else 0,
+               "rollout/fully_async_continued_groups": counts.get("continued_groups", 0),
+               "rollout/fully_async_cancelled_after_abort": counts.get("cancelled_after_abort", 0)}
+    if current is not None:
+        metrics["rollout/weight_version"] = current
+    metrics.update({f"rollout/{k}": v for k, v in counts.items() if k.startswith("dropped_groups_")})
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
 
 def generate_rollout_fully_async(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False, *,

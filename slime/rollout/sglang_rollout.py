@@ -3,8 +3,10 @@
 Groups are generated concurrently through the router (bounded by `--sglang-server-concurrency`),
 each sample token-in/token-out: `tokens` = prompt ids + exactly the ids the engine returned,
 with their log-probs and a loss mask of ones. Rewards are computed as soon as a group is done.
-With a dynamic filter, more groups are started than needed and the leftovers are aborted on the
-engines and their prompts returned to the buffer, so nothing is lost.
+With a dynamic filter or `--over-sampling-batch-size` above `--rollout-batch-size`, more groups are
+started than needed; once the target is met the rest is aborted on the engines, waited for at most
+`--abort-timeout` seconds, and returned to the buffer, so nothing is lost: partial (to be continued,
+`partial_rollout.py`) with `--partial-rollout`, else reset to its prompt (the tokens counted as wasted).
 
 Our functions take the controller's `RolloutRuntime` as `runtime=`; called the slime way (only
 `args`), they use the process's bound runtime (`slime.rollout.runtime.current`).
@@ -21,6 +23,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Any
 
+from slime.rollout import partial_rollout as partial
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import DataSource, build_prompt_samples
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
@@ -34,8 +37,7 @@ from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
-FINISH_TO_STATUS = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
-                    "stop": Sample.Status.COMPLETED}
+FINISH_TO_STATUS = partial.FINISH_TO_STATUS
 MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per wanted group is broken
 
 
@@ -166,30 +168,38 @@ def prompt_ids(args: Any, sample: Sample, runtime: RolloutRuntime | None = None)
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *,
                    runtime: RolloutRuntime | None = None) -> Sample:
-    """Default per-sample generation: one engine call, token-in/token-out."""
+    """Default per-sample generation: one engine call, token-in/token-out. With `--partial-rollout`
+    an ABORTED sample with a partial response is continued (see `partial_rollout`)."""
     runtime = runtime or current(args)
-    ids = prompt_ids(args, sample, runtime)
-    params = dict(sampling_params)
+    continued = partial.is_continuation(args, sample)
+    if continued:
+        ids, params = partial.continuation_input(sample, sampling_params)
+    else:
+        ids, params = prompt_ids(args, sample, runtime), dict(sampling_params)
     if args.rollout_max_context_len is not None:
         room = args.rollout_max_context_len - len(ids)
-        if room <= 0:
-            sample.tokens, sample.response_length, sample.response = ids, 0, ""
-            sample.loss_mask, sample.rollout_log_probs = [], []
+        if room <= 0 and not continued:
+            partial.start_fresh(sample, ids)
             sample.status = Sample.Status.TRUNCATED
             sample.metadata["finish_reason"] = "prompt_fills_context"
             return sample
         params["max_new_tokens"] = min(params["max_new_tokens"], room)
+    if params["max_new_tokens"] <= 0:  # a continued sample whose budget is spent
+        sample.status = Sample.Status.TRUNCATED
+        sample.metadata["finish_reason"] = "length"
+        return sample
+    if partial.abort_gate(runtime).closed:  # the rollout is aborting: no new request
+        if not continued:
+            partial.start_fresh(sample, ids)
+        sample.status = Sample.Status.ABORTED
+        return sample
     out = await runtime.client.generate(ids, params)
-    sample.tokens = ids + out.token_ids
-    sample.response_length = len(out.token_ids)
-    sample.response = out.text
-    sample.rollout_log_probs = out.log_probs
-    sample.loss_mask = [1] * len(out.token_ids)
-    sample.status = FINISH_TO_STATUS.get(out.finish_type, Sample.Status.COMPLETED)
-    sample.metadata["finish_reason"] = out.finish_type
-    if out.weight_version is not None:
-        sample.weight_versions.append(str(out.weight_version))
-    return sample
+    if not continued:
+        partial.start_fresh(sample, ids)
+    return partial.absorb(sample, out, rollout_id=runtime.rollout_id, continued=continued)
+
+
+generate.supports_partial_rollout = True  # continues ABORTED samples from their tokens
 
 
 def _accepts(fn: Any, name: str) -> bool:
@@ -202,6 +212,9 @@ def _accepts(fn: Any, name: str) -> bool:
 
 async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any], runtime: RolloutRuntime,
                         evaluation: bool = False) -> list[Sample]:
+    if not evaluation and partial.is_finished(args, sample):
+        runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
+        return [sample]
     fn = load_function(args.custom_generate_function_path, "--custom-generate-function-path") \
         if args.custom_generate_function_path else generate
     kw: dict[str, Any] = {}
@@ -218,6 +231,10 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
             prompt_ids(args, sample, runtime), 0, [], []
         out = sample
     samples = out if isinstance(out, list) else [out]
+    if getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False):
+        for s in samples:
+            if s.status in partial.FINISHED:
+                partial.mask_offpolicy(s)
     samples = await apply_rollout_sample_hooks(args, samples, rollout_id=runtime.rollout_id, evaluation=evaluation)
     runtime.progress.on_samples(len(samples))
     return samples
@@ -312,6 +329,8 @@ async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params:
         for s, r in zip(todo, await asyncio.gather(*(_guarded(async_rm(args, s)) for s in todo))):
             _set_reward(args, s, r)
     for s in samples:
+        if s.status == Sample.Status.ABORTED:
+            continue  # never trained: it goes back to the buffer and is rewarded once finished
         if s.reward is None or s.status == Sample.Status.FAILED:
             s.reward = 0.0  # never None or NaN in a batch; FAILED samples train nothing anyway
     return samples
@@ -336,17 +355,87 @@ async def abort(args: Any, rollout_id: int, *, runtime: RolloutRuntime | None = 
 
 def _reset(sample: Sample) -> Sample:
     """Back to a fresh prompt, so a recycled group is generated from scratch."""
-    ids = sample.tokens[: sample.prompt_length] if sample.response_length else sample.tokens
-    sample.tokens, sample.response, sample.response_length = ids, "", 0
-    sample.loss_mask = sample.rollout_log_probs = None
-    sample.reward, sample.status = None, Sample.Status.PENDING
+    partial.reset_sample(sample)
     return sample
+
+
+class _Leftovers:
+    """Where the groups a rollout does not keep go, and what that cost (the rollout's abort metrics).
+
+    With `--partial-rollout` an interrupted group goes back as it is (finished samples kept, unfinished
+    ones ABORTED with their partial response); without it, to its prompt, its tokens counted as wasted.
+    A group whose generation was cancelled (past `--abort-timeout`) or failed goes back as the rollout
+    took it (its snapshot); what it generated meanwhile is wasted.
+    """
+
+    def __init__(self, args: Any, rollout_id: int, data_source: Any):
+        self.args, self.rollout_id, self.data_source = args, rollout_id, data_source
+        self.partial = bool(getattr(args, "partial_rollout", False))
+        self.aborted_samples = self.wasted_tokens = self.requeued = 0
+
+    def finished(self, group: list[Sample], handed: list[Sample]) -> None:
+        """A group whose generation ended but that the rollout does not keep."""
+        self.aborted_samples += partial.unfinished(group)
+        same = len(group) == len(handed) and all(a is b for a, b in zip(group, handed))
+        if self.partial and same:
+            self.data_source.add_samples([partial.keep_partial_group(group, self.rollout_id)])
+        else:  # no partial rollout, or a custom function returned other samples (fan-out): start again
+            self.wasted_tokens += sum(s.response_length for s in group)
+            self.data_source.add_samples([[_reset(s) for s in handed]])
+
+    def restore(self, group: list[Sample], before: list[Sample] | None, *, interrupted: bool) -> None:
+        """A group whose generation was cancelled or failed: back as it was handed out."""
+        if interrupted:
+            self.aborted_samples += len(group) - sum(partial.is_finished(self.args, b) for b in before or [])
+        back, wasted = partial.restore(group, before)
+        self.wasted_tokens += wasted
+        self.data_source.add_samples([back if self.partial else [_reset(s) for s in back]])
+
+    def metrics(self, continued: int, abort_time: float) -> dict[str, Any]:
+        return {"rollout/aborted_samples": self.aborted_samples, "rollout/continued_samples": continued,
+                "rollout/wasted_tokens": self.wasted_tokens, "perf/abort_time": abort_time}
+
+
+async def _abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asyncio.Task, list[Sample]],
+                           before: dict[asyncio.Task, list[Sample] | None], leftovers: _Leftovers) -> float:
+    """Abort what is still generating, wait at most --abort-timeout for the engines' partial answers,
+    cancel the rest; every group goes back to the buffer. Returns the seconds it took."""
+    start = time.monotonic()
+    gate = partial.abort_gate(runtime)
+    gate.close()  # no new request (a multi-turn sample between turns stops here)
+    done: set[asyncio.Task] = set()
+    late: set[asyncio.Task] = set(pending)
+    try:
+        done, late = await runtime.client.abort_until_settled(set(pending), getattr(args, "abort_timeout", None))
+    finally:
+        # even when the abort itself failed or was cancelled: nothing keeps running, every group goes back
+        for task in late:
+            task.cancel()
+        try:
+            await asyncio.gather(*late, return_exceptions=True)
+        finally:
+            gate.open()
+            for task, group in pending.items():
+                if task in done and not task.cancelled() and task.exception() is None:
+                    leftovers.finished(task.result(), group)
+                else:
+                    leftovers.restore(group, before[task], interrupted=True)
+    if late:
+        logger.warning("rollout: %d group(s) did not answer the abort within --abort-timeout %ss; cancelled and "
+                       "returned to the buffer as they were handed out", len(late), getattr(args, "abort_timeout", None))
+    return time.monotonic() - start
 
 
 async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSource,
                                  runtime: RolloutRuntime | None = None) -> RolloutFnTrainOutput:
+    """Generate groups until `--rollout-batch-size` are kept, `--over-sampling-batch-size` in flight
+    (extra groups over-provision: the rollout stops as soon as its target is met); then abort the rest
+    (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`."""
     runtime = runtime or current(args)
+    runtime.rollout_id = rollout_id  # segments record it (partial rollout)
+    partial.abort_gate(runtime).open()
     target = args.rollout_batch_size
+    over = max(target, int(getattr(args, "over_sampling_batch_size", None) or target))
     stats = runtime.client.stats
     retries_before, failures_before = stats.total_retries, stats.failures
     params = sampling_params_from_args(args)
@@ -357,19 +446,34 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     finished: list[list[Sample]] = []  # every group generated this rollout, dropped ones included
     dropped: dict[str, int] = {}
     pending: dict[asyncio.Task, list[Sample]] = {}
-    handed: dict[asyncio.Task, list[Sample]] = {}  # every group this rollout took from the data source
+    handed_groups: dict[asyncio.Task, list[Sample]] = {}  # every group this rollout took from the data source
+    before: dict[asyncio.Task, list[Sample] | None] = {}  # ... and its snapshot (None: fresh prompts)
     settled: set[asyncio.Task] = set()  # dropped by the filter, or already back in the buffer
+    leftovers = _Leftovers(args, rollout_id, data_source)
+    continued = 0
+    abort_time = 0.0
     try:
         while len(kept) < target:
             if len(kept) + len(pending) < target:
-                n = args.over_sampling_batch_size if filter_fn else target - len(kept) - len(pending)
+                # with a filter: a whole over-sampling batch (slime); without: top up to the over-sampling size
+                n = over if filter_fn else over - len(kept) - len(pending)
                 for g in data_source.get_samples(n):
+                    continued += sum(partial.is_continuation(args, s) for s in g)
                     task = asyncio.ensure_future(generate_and_rm_group(args, g, params, runtime=runtime))
-                    pending[task] = handed[task] = g
+                    pending[task] = handed_groups[task] = g
+                    before[task] = partial.snapshot(g)
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                pending.pop(task)
+                handed = pending.pop(task)
                 group = task.result()
+                if partial.unfinished(group):  # an engine aborted it (not us): whole groups only, back it goes
+                    settled.add(task)
+                    leftovers.finished(group, handed)
+                    leftovers.requeued += 1
+                    if leftovers.requeued > MAX_DROPPED_PER_KEPT * target:
+                        raise RuntimeError(f"the engines aborted {leftovers.requeued} groups while collecting "
+                                           f"{target}; are they being released or updated in a loop?")
+                    continue
                 finished.append(group)
                 if filter_fn is not None and len(kept) < target:
                     verdict = apply_filter(filter_fn, args, group)
@@ -386,21 +490,20 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
                         continue
                 if len(kept) < target:
                     kept.append(group)
-                else:
+                else:  # finished after the target was met: kept for a later rollout (partial) or reset
                     settled.add(task)
-                    data_source.add_samples([[_reset(s) for s in handed[task]]])
+                    leftovers.finished(group, handed)
     except BaseException:
-        # the rollout failed (e.g. a reward function raised): its prompts go back, not lost
-        back = [g for t, g in handed.items() if t not in settled and t not in pending]
-        data_source.add_samples([[_reset(s) for s in g] for g in back])
+        # the rollout failed (e.g. a reward function raised): its groups go back as they were handed out
+        for task, snap in before.items():
+            if task not in pending and task not in settled:
+                leftovers.restore(handed_groups[task], snap, interrupted=False)
         raise
     finally:
         if pending:
-            await runtime.client.abort_all()
-            leftovers = await asyncio.gather(*pending, return_exceptions=True)
-            data_source.add_samples([[_reset(s) for s in g] for g in pending.values()])
+            abort_time = await _abort_leftovers(args, runtime, pending, before, leftovers)
             logger.info("rollout %d: %d leftover group(s) aborted and returned to the buffer", rollout_id,
-                        len(leftovers))
+                        len(pending))
     kept.sort(key=lambda g: g[0].index if g and g[0].index is not None else 0)
     if getattr(args, "rollout_sample_filter_path", None):  # slime's hook: marks samples remove_sample
         load_function(args.rollout_sample_filter_path, "--rollout-sample-filter-path")(args, kept)
@@ -413,6 +516,7 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     metrics = {"perf/rollout_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
                "perf/engine_retries": stats.total_retries - retries_before,
                "perf/engine_failures": stats.failures - failures_before,
+               **leftovers.metrics(continued, abort_time),
                **{f"rollout/dropped_groups_{k}": v for k, v in dropped.items()}}
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 

@@ -1,7 +1,8 @@
 """Per-slot cgroups: memory (tmpfs included), processes and CPU of a run bounded as a whole.
 
 cgroup v2 (a unified hierarchy with the memory/pids/cpu controllers) or v1 (one hierarchy per
-controller), whichever the host offers. Each server makes ``slime-sandbox-<pid>/slot-<i>``; a
+controller), whichever the host offers (v2 first; a hybrid host whose cgroup2 mount lacks memory
+and pids uses v1). Each server makes ``slime-sandbox-<pid>/slot-<i>``; a
 slot's fork server joins it, so every process of every run of that slot is in it. Leftovers of
 servers that died (SIGKILL) are removed at the next start (they are empty: their runs died with
 them).
@@ -27,24 +28,33 @@ class SlotCgroup:
     dirs: list[str] = field(default_factory=list)
 
 
-def _mounts() -> list[tuple[str, str, set[str]]]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fstype, _src, opts = (right.split() + ["", "", ""])[:3]
-            if fstype in ("cgroup", "cgroup2"):
-                out.append((fstype, left.split()[4], set(opts.split(","))))
-    return out
+@dataclass
+class CgroupHost:
+    """Where the host's cgroup hierarchies are mounted and where this process sits in each (read
+    from /proc by `current()`; tests describe a fake one laid out in a temporary directory)."""
 
+    mounts: list[tuple[str, str, set[str]]]  # (fstype "cgroup"/"cgroup2", mount point, mount options)
+    paths: dict[str, str]  # "0" (the v2 hierarchy) or a v1 controller -> our cgroup's path in it
 
-def _own_path(controller: str | None) -> str:
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _id, ctrls, path = line.rstrip("\n").split(":", 2)
-            if (controller is None and _id == "0") or (controller and controller in ctrls.split(",")):
-                return path
-    return "/"
+    @classmethod
+    def current(cls) -> "CgroupHost":
+        mounts = []
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fstype, _src, opts = (right.split() + ["", "", ""])[:3]
+                if fstype in ("cgroup", "cgroup2"):
+                    mounts.append((fstype, left.split()[4], set(opts.split(","))))
+        paths = {}
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                hid, ctrls, path = line.rstrip("\n").split(":", 2)
+                for key in (["0"] if hid == "0" else []) + [c for c in ctrls.split(",") if c]:
+                    paths[key] = path
+        return cls(mounts, paths)
+
+    def own_path(self, controller: str | None) -> str:
+        return self.paths.get(controller or "0", "/")
 
 
 def _write(path: str, value: str) -> None:
@@ -55,16 +65,17 @@ def _write(path: str, value: str) -> None:
 class Cgroups:
     """Creates and removes the slot cgroups of one server. `kind` is "v2", "v1" or None."""
 
-    def __init__(self, slots: int, max_pids: int, cpus: float) -> None:
+    def __init__(self, slots: int, max_pids: int, cpus: float, host: CgroupHost | None = None) -> None:
         self.kind: str | None = None
         self.bases: list[str] = []
         self.slots: list[SlotCgroup] = [SlotCgroup() for _ in range(slots)]
         self.missing: list[str] = []
         if slots == 0:  # (runs without isolation: nothing to create)
             return
-        if os.geteuid() != 0:
+        if host is None and os.geteuid() != 0:
             self.missing = ["memory", "processes", "cpu"]
             return
+        self.host = host or CgroupHost.current()
         try:
             self._setup(slots, max_pids, cpus)
         except OSError as e:
@@ -74,7 +85,7 @@ class Cgroups:
             self.missing = ["memory", "processes", "cpu"]
 
     def _setup(self, slots: int, max_pids: int, cpus: float) -> None:
-        mounts = _mounts()
+        mounts = self.host.mounts
         v2 = next((m for f, m, _ in mounts if f == "cgroup2"), None)
         v2_ctrls: set[str] = set()
         if v2:
@@ -90,7 +101,7 @@ class Cgroups:
         self.kind = "v1"
         self.missing = [n for c, n in (("memory", "memory"), ("pids", "processes"), ("cpu", "cpu")) if c not in v1]
         for ctrl, mnt in v1.items():
-            parent = os.path.join(mnt, _own_path(ctrl).lstrip("/"))
+            parent = os.path.join(mnt, self.host.own_path(ctrl).lstrip("/"))
             _clean_stale(parent)
             base = os.path.join(parent, f"{PREFIX}{os.getpid()}")
             os.makedirs(base, exist_ok=True)
@@ -120,7 +131,8 @@ class Cgroups:
         want = [c for c in ("memory", "pids", "cpu") if c in ctrls]
         # a v2 cgroup with processes cannot delegate controllers: use ours if it can, else the root
         last: OSError | None = None
-        for parent in (os.path.join(mnt, _own_path(None).lstrip("/")), mnt):
+        ours = os.path.normpath(os.path.join(mnt, self.host.own_path(None).lstrip("/")))
+        for parent in dict.fromkeys((ours, mnt)):
             _clean_stale(parent)
             base = os.path.join(parent, f"{PREFIX}{os.getpid()}")
             try:

@@ -1,16 +1,20 @@
 """Run untrusted code: one isolated run per request, bounded as a whole, served by warm fork servers.
 
-The server keeps one fork server (`zygote.py`, run by the *run* interpreter) per concurrency
-slot. Each builds the slot's isolation once: the slot's cgroups (memory incl. tmpfs, processes,
-CPU, for all processes of a run together), a network namespace with only loopback (up), a
-read-only minimal root (``/usr`` and the interpreters, a synthetic ``/etc``, nothing of the
-host's data), a PID namespace whose init it becomes, and a loaded interpreter with common
-modules. Per request its init enters fresh mount and IPC namespaces with a size-limited tmpfs as
-``/tmp`` (the cwd) and ``/dev/shm`` and forks the program as an ordinary process under the
-slot's uid with rlimits, ``no_new_privs`` and a seccomp filter; it reaps, forwards signals,
-enforces the timeout and the output limit, and kills every process of the run when the program
-ends. Python code runs in the forked, already warm interpreter (as ``python3 -u main.py``
-would); other languages exec their tools.
+The server keeps one slot per unit of concurrency; a slot is three processes, all run by the
+*run* interpreter (stdlib only):
+
+- `zygote.py`, the fork server: loads the interpreter and common modules, builds the slot's
+  isolation once (`isolation.py`: the slot's cgroups for memory incl. tmpfs, processes and CPU of
+  all processes of a run together; a network namespace with only loopback, up; a read-only
+  minimal root with ``/usr`` and the interpreters, a synthetic ``/etc``, nothing of the host's
+  data), then forks every program of the slot, idle in between;
+- `run_init.py`, PID 1 of the slot's PID namespace: keeps the next run's mount and IPC namespaces
+  with a size-limited tmpfs as ``/tmp`` and ``/dev/shm`` ready before the request comes, writes
+  the request's files, has each step forked, reaps, enforces the timeout and the output limit,
+  kills every process of the run when the program ends, reports, and drops the namespaces;
+- `program.py`, in the forked program: joins the run's namespaces, takes its pipes, rlimits, the
+  slot's uid, ``no_new_privs``, the seccomp filter; then Python code runs in this already warm
+  interpreter (as ``python3 -u main.py`` would), other languages exec their tools.
 
 Nothing outlives the server: fork servers die with it (pdeathsig + EOF on their control socket),
 their inits with them (pdeathsig; they never change credentials), every process of a PID
@@ -43,10 +47,12 @@ from slime.sandbox.cgroups import Cgroups
 
 logger = logging.getLogger(__name__)
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
-PRELOAD = ["io", "os", "sys", "re", "math", "json", "random", "collections", "itertools", "functools", "heapq",
-           "bisect", "string", "typing", "dataclasses", "fractions", "decimal", "datetime", "statistics", "copy",
-           "operator", "resource", "types", "builtins", "atexit", "traceback", "threading", "array", "struct",
-           "time", "numpy"]
+# Modules a run's Python finds already imported. Each one costs every run a little (the fork server's
+# memory is copied and torn down per run); these are the common, cheap ones of generated solutions.
+# Heavier, rarer ones (dataclasses, statistics, decimal, datetime, threading, numpy) load on use, and
+# `random` too (preloaded, it would reseed itself after every fork).
+PRELOAD = ["re", "math", "json", "collections", "itertools", "functools", "heapq", "bisect", "string",
+           "typing", "copy", "operator", "array", "struct", "time", "resource", "types", "builtins", "atexit"]
 
 
 class IsolationUnavailable(RuntimeError):
@@ -167,6 +173,7 @@ class _Zygote:
 
 async def _recv_msg(sock: socket.socket, with_fds: bool = False) -> tuple[bytes, list[int]]:
     loop = asyncio.get_running_loop()
+    fd = sock.fileno()  # (the socket may be closed meanwhile: the reader is removed by this number)
     while True:
         try:
             if with_fds:
@@ -176,11 +183,11 @@ async def _recv_msg(sock: socket.socket, with_fds: bool = False) -> tuple[bytes,
         except BlockingIOError:
             pass
         fut = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: fut.done() or fut.set_result(None))
+        loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
         try:
             await fut
         finally:
-            loop.remove_reader(sock.fileno())
+            loop.remove_reader(fd)
 
 
 async def _wait_fd(fd: int, timeout: float) -> bool:
@@ -237,7 +244,7 @@ class Runner:
         py = os.path.realpath(cfg.python or "/usr/bin/python3")
         if not py.startswith("/usr/"):  # an interpreter outside /usr brings its prefix along
             ro.append(os.path.dirname(os.path.dirname(py)))
-        conf = {"isolate": cfg.isolate, "uid": cfg.uid_base + slot, "ro_paths": ro,
+        conf = {"isolate": cfg.isolate, "uid": cfg.uid_base + slot, "ro_paths": ro, "disk_mb": cfg.disk_mb,
                 "env": _run_env(), "preload": cfg.preload,
                 "cg_procs": cg.procs if cg else [], "cg_limits": cg.limits if cg else [],
                 "cg_oom": cg.oom if cg else [], "cg_usage": cg.usage if cg else []}
@@ -356,8 +363,9 @@ class Runner:
                 loop = asyncio.get_running_loop()
                 await loop.sock_sendall(a, frame)
                 del frame
-                res, steps, files = await asyncio.wait_for(self._read_result(loop, a), budget)
-                done = True
+                async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
+                    res, steps, files = await self._read_result(loop, a)
+                done = not res.get("error")  # (an init that failed ends its slot: start a fresh one)
             finally:
                 a.close()  # (a run still going sees EOF and is killed by its init)
             return await self._response(res, steps, files)

@@ -99,7 +99,7 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
     import json
 
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from fastapi.responses import PlainTextResponse, Response
     from pydantic import ValidationError
 
     from slime.sandbox.runner import Runner
@@ -175,21 +175,20 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
             return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
                     for err in e.errors(include_url=False, include_context=False, include_input=False)]
 
-    @app.post("/run_code")
-    async def run_code(request: Request):
-        raw = await request.body()
+    async def run_code(raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        """POST /run_code: (HTTP status, JSON body, extra headers)."""
         body = await asyncio.to_thread(parse, raw) if len(raw) > 65536 else parse(raw)
         del raw
         if isinstance(body, list):
             fields = ", ".join(".".join(str(x) for x in d["loc"][1:]) or "body" for d in body)
-            return JSONResponse({"status": "SandboxError", "message": f"invalid request: {fields}", "detail": body},
-                                status_code=422)
+            return 422, json.dumps({"status": "SandboxError", "message": f"invalid request: {fields}",
+                                    "detail": body}).encode(), []
         ticket = adm.try_enter()
         if ticket is False:
             ra = adm.retry_after()
-            return JSONResponse({"status": "SandboxError", "message": "sandbox busy: too many queued runs",
-                                 "retry_after_s": round(ra, 3)},
-                                status_code=429, headers={"Retry-After": str(max(1, math.ceil(ra)))})
+            return 429, json.dumps({"status": "SandboxError", "message": "sandbox busy: too many queued runs",
+                                    "retry_after_s": round(ra, 3)}).encode(), \
+                [(b"retry-after", str(max(1, math.ceil(ra))).encode())]
         if ticket is not True:
             try:
                 await ticket
@@ -207,9 +206,43 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
             adm.leave(time.monotonic() - t0)
         big = res.get("files") or len((res.get("run_result") or {}).get("stdout") or "") > 65536
         text = await asyncio.to_thread(json.dumps, res) if big else json.dumps(res)
-        return Response(text, media_type="application/json")
+        return 200, text.encode(), []
 
-    return BodyLimit(app, cfg.max_body_mb << 20)
+    @app.post("/run_code")
+    async def run_code_route(request: Request):  # (documents the endpoint; `RunCodeFastPath` serves it)
+        status, data, headers = await run_code(await request.body())
+        return Response(data, status_code=status, media_type="application/json",
+                        headers={k.decode(): v.decode() for k, v in headers})
+
+    return BodyLimit(RunCodeFastPath(app, run_code), cfg.max_body_mb << 20)
+
+
+class RunCodeFastPath:
+    """ASGI: ``POST /run_code`` goes straight to its handler (no routing, no Request object, no
+    response class: a run's fixed cost is what the sandbox's throughput is made of); every other
+    request goes to the FastAPI app. The body arrives whole (`BodyLimit` reads it first)."""
+
+    def __init__(self, app, handler) -> None:
+        self.app, self.handler = app, handler
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/run_code" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        chunks = []
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        status, data, headers = await self.handler(b"".join(chunks))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode()), *headers]})
+        await send({"type": "http.response.body", "body": data})
+
+
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -329,7 +362,9 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
     port = sock.getsockname()[1]
     r, w = os.pipe()
     life_r, life_w = os.pipe()  # non-inheritable: only the server gets the read end
-    args = [sys.executable, "-m", "slime.sandbox.server", "--fd", str(sock.fileno()), "--lifeline-fd", str(life_r)]
+    # -P: our slime (PYTHONPATH below), never one in the caller's working directory
+    args = [sys.executable, "-P", "-m", "slime.sandbox.server", "--fd", str(sock.fileno()),
+            "--lifeline-fd", str(life_r)]
     if max_concurrency:
         args += ["--max-concurrency", str(max_concurrency)]
     if max_queue is not None:

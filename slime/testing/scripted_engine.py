@@ -12,6 +12,7 @@ by rid or `abort_all` (the aborted request answers at once with finish reason `a
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from typing import Any, Callable
@@ -22,7 +23,10 @@ from fastapi.responses import JSONResponse
 
 # script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
 #                          optional "log_probs": [...], "text": str, "matched": ...}
-Script = Callable[[dict[str, Any]], dict[str, Any]]
+# A script that takes a second parameter, `script(body, aborted: asyncio.Event)`, is abort-aware:
+# it is never cancelled, and answers an abort itself with the tokens it sampled so far and
+# finish_type "abort", as SGLang does (partial rollout continues from those tokens).
+Script = Callable[..., Any]
 
 
 def default_log_prob(position: int) -> float:
@@ -37,14 +41,16 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
     app.state.aborts = []  # every /abort_request body received
     app.state.in_flight = {}  # rid -> asyncio.Event set by an abort
     app.state.frozen_until = 0.0  # time.monotonic() before which every endpoint hangs
+    app.state.weight_version = weight_version  # set by /update_weights_from_disk; a script may override per answer
 
     async def thawed() -> None:
         """Hang while frozen (sleeping exactly until the thaw; a freeze may be extended meanwhile)."""
         while (left := app.state.frozen_until - time.monotonic()) > 0:
             await asyncio.sleep(left)
 
-    info = {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
-            "weight_version": weight_version}
+    def info() -> dict[str, Any]:
+        return {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
+                "weight_version": app.state.weight_version}
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -57,7 +63,19 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info():
-        return info
+        return info()
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": app.state.weight_version}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        """No weights to load: only the version changes (SGLang's `weight_version` field)."""
+        body = await request.json()
+        if body.get("weight_version") is not None:
+            app.state.weight_version = str(body["weight_version"])
+        return {"success": True, "message": "scripted engine: weight version set"}
 
     @app.get("/get_load")
     async def load():
@@ -77,8 +95,14 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
                 event.set()
         return JSONResponse({})
 
+    abort_aware = sum(p.default is inspect.Parameter.empty for p in inspect.signature(script).parameters.values()) >= 2
+
     async def run_script(body: dict[str, Any], aborted: asyncio.Event) -> dict[str, Any] | None:
-        """The script's answer, or None when the request was aborted first."""
+        """The script's answer, or None when the request was aborted first (an abort-aware script
+        answers the abort itself)."""
+        if abort_aware:
+            out = script(body, aborted)
+            return await out if asyncio.iscoroutine(out) else out
         out = script(body)
         if not asyncio.iscoroutine(out):
             return out
@@ -112,7 +136,8 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
         meta = {"id": body.get("rid"), "finish_reason": {"type": out.get("finish_type", "stop"),
                                                          "matched": out.get("matched")},
                 "prompt_tokens": len(body.get("input_ids") or []), "completion_tokens": len(ids),
-                "cached_tokens": 0, "weight_version": weight_version, "e2e_latency": 0.0}
+                "cached_tokens": 0, "weight_version": out.get("weight_version", app.state.weight_version),
+                "e2e_latency": 0.0}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids)]
         text = out.get("text")

@@ -16,7 +16,7 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--tool-config-path", type=str, default=None,
                    help="verl-format tool YAML (tools: [{class_name, config, tool_schema}]).")
     g.add_argument("--tool-call-parser", type=str, default="hermes",
-                   help="How tool calls are read from model output (see slime.tools.tool_parser.PARSERS).")
+                   help="How tool calls are read from model output (see slime.tools.chat_format.PARSERS).")
     g.add_argument("--max-turns", type=int, default=8, help="Assistant turns per trajectory.")
     g.add_argument("--max-parallel-calls", type=int, default=4,
                    help="Tool calls executed per turn; extra calls are answered with an error message.")

@@ -20,7 +20,19 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="torch threads per trainer worker (default: the bundle's CPUs, at least 1)")
     g.add_argument("--weight-sync", choices=["auto", "tensor", "distributed", "disk"], default="auto",
                    help="how weights reach the engines: auto = tensor when --colocate, else distributed")
+    g.add_argument("--async", dest="async_train", action="store_true",
+                   help="slime's train_async.py: generate rollout k+1 while rollout k trains (one weight version "
+                        "off-policy); not with --colocate / --offload-rollout")
     return parser
+
+
+def check_train_arguments(args: argparse.Namespace) -> None:
+    """Combinations the trainer cannot run; the message names the flags."""
+    if getattr(args, "async_train", False) and (getattr(args, "colocate", False)
+                                                or getattr(args, "offload_rollout", False)):
+        flag = "--colocate" if getattr(args, "colocate", False) else "--offload-rollout"
+        raise ValueError(f"--async overlaps generation with training, so the engines cannot be offloaded while the "
+                         f"trainer runs: drop {flag} or --async (slime's train_async.py asserts the same)")
 
 
 def split_train_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

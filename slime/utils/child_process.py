@@ -6,6 +6,11 @@ death with its parent (`PR_SET_PDEATHSIG`, so a killed Ray actor leaves nothing 
 readiness probed against a deadline (there is no event to wait on in another process; a short
 probe with a hard deadline replaces a fixed sleep), the log's tail in every start-up error, and
 a stop that escalates from SIGTERM to SIGKILL on the whole group.
+
+A `launcher` may replace the fork+exec (e.g. `slime.utils.fork_server.spawn`, a child forked warm
+from a process that already imported and loaded everything): it gets the `ChildProcess` and returns
+a Popen-like object (pid, poll, wait, returncode) of a child in its own session, or None to fall
+back to the ordinary spawn; probing, logs and the escalating stop stay the same.
 """
 
 from __future__ import annotations
@@ -74,10 +79,11 @@ class ChildProcess:
 
     def __init__(self, command: Sequence[str], *, name: str, log_path: Path, env: dict[str, str] | None = None,
                  ready: Callable[[], Any] | None = None, startup_timeout: float = 60.0,
-                 pass_fds: Sequence[int] = ()):
+                 pass_fds: Sequence[int] = (), launcher: Callable[["ChildProcess"], Any] | None = None):
         self.command, self.name, self.log_path = list(command), name, Path(log_path)
         self.env, self.ready, self.startup_timeout, self.pass_fds = env, ready, startup_timeout, tuple(pass_fds)
-        self.proc: subprocess.Popen | None = None
+        self.launcher = launcher
+        self.proc: Any = None  # subprocess.Popen, or what the launcher returned
 
     @property
     def pid(self) -> int | None:
@@ -85,6 +91,10 @@ class ChildProcess:
 
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.launcher is not None:
+            self.proc = self.launcher(self)  # None: the launcher cannot, start it the ordinary way
+            if self.proc is not None:
+                return
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True, preexec_fn=die_with_parent, pass_fds=self.pass_fds)

@@ -12,14 +12,16 @@ disappearing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import aiohttp
+
+from slime.utils.per_loop import PerLoop
 
 
 class HttpError(RuntimeError):
@@ -72,29 +74,23 @@ class RetryPolicy:
         return self.window is not None and elapsed + delay > self.window
 
 
-class HttpClient:
-    """Pooled aiohttp sessions, one per event loop (sessions are loop-bound).
+def _new_session() -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
-    An explicit cache keyed by the loop object itself (weakly), so a loop that is gone takes its
-    session with it and a new loop that happens to reuse an old loop's `id()` never gets a dead one.
-    """
+
+class HttpClient:
+    """Pooled aiohttp sessions, one per event loop (sessions are loop-bound; see `PerLoop`)."""
 
     def __init__(self) -> None:
-        self._sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
-            weakref.WeakKeyDictionary()
+        self._sessions: PerLoop[aiohttp.ClientSession] = PerLoop(_new_session, usable=lambda s: not s.closed)
 
     def session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        s = self._sessions.get(loop)
-        if s is None or s.closed:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-            s = self._sessions[loop] = aiohttp.ClientSession(connector=connector,
-                                                             timeout=aiohttp.ClientTimeout(total=None))
-        return s
+        return self._sessions.get()
 
     async def close(self) -> None:
         """Close the running loop's session (sessions of other loops close with their loop)."""
-        s = self._sessions.pop(asyncio.get_running_loop(), None)
+        s = self._sessions.pop()
         if s is not None:
             await s.close()
 
@@ -106,6 +102,13 @@ class HttpClient:
 
     async def get(self, url: str, **kw: Any) -> Any:
         return await request_json("GET", url, None, session=self.session(), **kw)
+
+
+@functools.lru_cache(maxsize=64)
+def _attempt_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """Cache keyed by the deadline in seconds: ClientTimeout is immutable, and building one per
+    request costs more than the rest of the retry wrapper's fast path."""
+    return aiohttp.ClientTimeout(total=seconds)
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -148,7 +151,7 @@ async def request_json(
         reason, retry_after, last = None, None, ""
         try:
             async with session.request(method, url, json=payload, headers=headers,
-                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                                       timeout=_attempt_timeout(timeout)) as resp:
                 if resp.status < 400:
                     if resp.content_type == "application/json":
                         return await resp.json()

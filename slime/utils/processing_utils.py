@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,21 @@ def load_tokenizer(name_or_path: str | Path, **kwargs: Any):
     """`AutoTokenizer.from_pretrained` on a local directory (kwargs passed through, e.g. trust_remote_code)."""
     from transformers import AutoTokenizer
 
+    path = _local_dir(name_or_path, "load_tokenizer")
     kwargs.setdefault("local_files_only", True)
-    return AutoTokenizer.from_pretrained(_local_dir(name_or_path, "load_tokenizer"), **kwargs)
+    if "config" not in kwargs and _names_tokenizer_class(Path(path)):
+        from transformers import PretrainedConfig
+
+        # the class is named: AutoConfig would only import the model's code to find it again (~2 s of CPU)
+        kwargs["config"] = PretrainedConfig()
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+def _names_tokenizer_class(path: Path) -> bool:
+    try:
+        return bool(json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_processor(name_or_path: str | Path, **kwargs: Any):

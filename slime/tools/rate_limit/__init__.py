@@ -1,1 +1,1 @@
-"""Internals of slime.tools.rate_limiter: core.py (the arbiter), client.py (per process), actor.py (Ray)."""
+"""Internals of slime.tools.rate_limiter: core.py is the arbiter (the limiter's Ray actor)."""

@@ -1,0 +1,90 @@
+"""`run_cli`: how every slime command starts, fails and stops (`slime-rollout`, `slime-train`).
+
+Why one place: the commands must behave alike at the edges. Bad flags exit 2 with one line; a bad
+input found by `preflight` exits 1 with a headline naming flag, file and line, before anything
+starts; Ctrl-C (130) and SIGTERM (143, what schedulers and `timeout` send) take the same orderly
+stop; any other error is one headline plus the user's own frames (`errors.describe`); and from a
+real command line nothing the command started outlives it (`lifeline`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import Any, Callable, Sequence
+
+from slime.cli import lifeline
+from slime.cli.args import ArgError
+from slime.cli.errors import describe
+from slime.cli.preflight import PreflightError, preflight
+
+logger = logging.getLogger("slime")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so it takes the same way out."""
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM takes Ctrl-C's orderly path (KeyboardInterrupt). Call again after `ray.init`, whose
+    native crash handler would otherwise turn SIGTERM into an abort with a stack dump; a second
+    signal during the stop is ignored so the stop completes."""
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _announce_resume(args: Any, resumed_after: int | None) -> None:
+    if resumed_after is None:
+        return
+    left = "" if args.start_rollout_id < args.num_rollout else \
+        f" (nothing left to do: --num-rollout {args.num_rollout})"
+    print(f"--load {args.load}: resuming after rollout {resumed_after}, at rollout {args.start_rollout_id}{left}",
+          flush=True)
+
+
+def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],
+            body: Callable[[Any], Any]) -> int:
+    """Parse, check every input, then run `body(args)`; the exit code.
+
+    With `argv` None (a real command line) the process is also made to take everything it started
+    down with it (`lifeline`); called with a list (tests, scripts) the process is left alone.
+    """
+    lifeline_pid = None
+    if argv is None:
+        if lifeline.own_process_group():
+            lifeline_pid = lifeline.start_lifeline()  # before any thread starts
+        lifeline.become_subreaper()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args = parse(argv)
+    except ArgError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    stop_on_sigterm()
+    try:
+        _announce_resume(args, preflight(args)["resumed_after"])
+        body(args)
+    except PreflightError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except Terminated:
+        print(f"{prog}: terminated; everything started was stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; everything started was stopped", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the cause and the user's frames, not a Ray traceback
+        print(describe(e, prog), file=sys.stderr)
+        return 1
+    finally:
+        if argv is None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop is under way: let it finish
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            left = lifeline.reap_descendants(keep=(lifeline_pid,) if lifeline_pid else ())
+            if left:
+                logger.warning("stopped %d leftover process(es) at exit: %s", len(left), left)
+    return 0

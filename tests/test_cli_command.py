@@ -1,0 +1,111 @@
+"""`run_cli`: one way in and out for slime-rollout and slime-train (exit codes, headlines, signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from slime.cli import rollout, train
+from slime.cli.args import ArgError
+from slime.cli.command import Terminated, run_cli
+
+
+def _args(**kw):
+    base = dict(load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0, num_rollout=0,
+                eval_datasets=None, tool_config_path=None, input_key="input", label_key=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _run(body, args=None, parse=None):
+    return run_cli("slime-x", [], parse or (lambda argv: args if args is not None else _args()), body)
+
+
+@pytest.fixture(autouse=True)
+def _restore_sigterm():
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_success_runs_body_once_and_exits_0():
+    seen = []
+    assert _run(seen.append) == 0
+    assert len(seen) == 1 and seen[0].num_rollout == 0
+
+
+def test_bad_flags_exit_2_with_one_line(capsys):
+    def parse(argv):
+        raise ArgError("--num-rollout: must be >= 0")
+
+    assert _run(lambda a: pytest.fail("body ran"), parse=parse) == 2
+    assert capsys.readouterr().err == "slime-x: error: --num-rollout: must be >= 0\n"
+
+
+def test_bad_input_exits_1_before_body(capsys, tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    assert _run(lambda a: pytest.fail("body ran"), _args(prompt_data=str(missing), num_rollout=1)) == 1
+    assert capsys.readouterr().err == f"slime-x: error: --prompt-data: file not found: {missing}\n"
+
+
+def test_rollouts_without_prompt_data_fail_in_preflight(capsys):
+    assert _run(lambda a: pytest.fail("body ran"), _args(num_rollout=2)) == 1
+    assert capsys.readouterr().err.startswith("slime-x: error: --prompt-data: required to generate rollouts 0..1")
+
+
+def test_ctrl_c_exits_130(capsys):
+    def body(args):
+        raise KeyboardInterrupt
+
+    assert _run(body) == 130
+    assert capsys.readouterr().err == "slime-x: interrupted; everything started was stopped\n"
+
+
+def test_sigterm_takes_the_orderly_stop_and_exits_143(capsys):
+    stopped = []
+
+    def body(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (the main) thread
+            pytest.fail("SIGTERM did not interrupt the body")
+        finally:
+            stopped.append(signal.getsignal(signal.SIGTERM))
+
+    assert _run(body) == 143
+    assert stopped == [signal.SIG_IGN]  # a second SIGTERM during the stop is ignored
+    assert capsys.readouterr().err == "slime-x: terminated; everything started was stopped\n"
+
+
+def test_other_errors_get_a_headline(capsys):
+    def body(args):
+        raise RuntimeError("engine 0 died")
+
+    assert _run(body) == 1
+    assert capsys.readouterr().err.startswith("slime-x: error: RuntimeError: engine 0 died")
+
+
+def test_resume_is_announced_before_the_body(capsys, tmp_path):
+    (tmp_path / "latest_rollout_id.txt").write_text("2")
+    (tmp_path / "rollout_state_2.json").write_text(json.dumps(
+        {"epoch_id": 0, "offset": 6, "group_counter": 3, "sample_counter": 6, "buffer": []}))
+    seen = []
+    assert _run(lambda a: seen.append(a.start_rollout_id), _args(load=str(tmp_path), num_rollout=3)) == 0
+    assert seen == [3]
+    assert capsys.readouterr().out == (f"--load {tmp_path}: resuming after rollout 2, at rollout 3 "
+                                       "(nothing left to do: --num-rollout 3)\n")
+
+
+def test_terminated_is_a_keyboard_interrupt():
+    assert issubclass(Terminated, KeyboardInterrupt)
+
+
+def test_both_commands_use_run_cli(monkeypatch):
+    calls = []
+    monkeypatch.setattr(rollout, "run_cli", lambda prog, argv, parse, body: calls.append((prog, parse, body)) or 7)
+    monkeypatch.setattr(train, "run_cli", lambda prog, argv, parse, body: calls.append((prog, parse, body)) or 8)
+    assert rollout.main([]) == 7 and train.main([]) == 8
+    assert calls == [("slime-rollout", rollout.parse_args, rollout.run),
+                     ("slime-train", train.parse_train_args, train.run)]

@@ -1,0 +1,247 @@
+"""Cold start: the per-node fork server (slime.utils.fork_server) and warm engine starts
+(slime.engine.warm_start). Children are real processes forked from a real server; engines forked
+warm must answer exactly like engines started cold, and take weight updates."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from slime.engine.warm_start import FORK_SERVER_ENV
+from slime.fleet.engine_server import EngineServer, engine_env, fork_server_launcher
+from slime.utils import fork_server
+from slime.utils.child_process import ChildProcess, ReadinessError, wait_until
+from slime.utils.misc import find_free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- entry points the test fork servers run (resolved by dotted path in the server) ----
+def preload_state(tag: str) -> dict:
+    return {"tag": tag, "preloaded_in": os.getpid()}
+
+
+def child_main(argv: list[str], state: dict) -> None:
+    """Prints what it got, then does what argv[0] says."""
+    print(f"argv={argv} tag={state['tag']} preloaded_in={state['preloaded_in']} pid={os.getpid()} "
+          f"env={os.environ.get('COLD_START_TEST')}", flush=True)
+    if argv[0] == "exit":
+        sys.exit(int(argv[1]))
+    if argv[0] == "raise":
+        raise ValueError("boom in child")
+    if argv[0] == "sleep":
+        signal.pause()
+
+
+def _wait_gone(pid: int, timeout: float = 20.0) -> None:
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie (exited, not yet reaped) is gone for our purposes
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        except OSError:
+            return True
+    wait_until(gone, timeout, f"pid {pid} gone")
+
+
+@pytest.fixture()
+def server(tmp_path):
+    where = Path(tempfile.mkdtemp(prefix="slime-fs-test-"))  # short: a Unix socket path has ~107 bytes
+    sock = where / "s.sock"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = ChildProcess([sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
+                         "--main", "tests.test_cold_start:child_main", "--preload",
+                         "tests.test_cold_start:preload_state", "--preload-json", '["warm"]'],
+                        name="test fork server", log_path=tmp_path / "server.log", env=env,
+                        ready=lambda: sock.exists(), startup_timeout=60).start()
+    yield SimpleNamespace(proc=proc, sock=str(sock), tmp=tmp_path)
+    proc.kill()
+
+
+def _spawn(server, *argv: str, name: str = "child") -> tuple[fork_server.ForkedProcess, Path]:
+    log = server.tmp / f"{name}.log"
+    child = fork_server.spawn(server.sock, list(argv), {"COLD_START_TEST": "yes", "PATH": os.environ["PATH"]},
+                              str(log), timeout=60)
+    return child, log
+
+
+def test_child_gets_argv_env_state_and_exit_code(server):
+    child, log = _spawn(server, "exit", "3")
+    assert child.wait(timeout=60) == 3
+    assert child.poll() == 3
+    text = log.read_text()
+    assert f"argv=['exit', '3'] tag=warm preloaded_in={server.proc.pid} pid={child.pid} env=yes" in text
+
+
+def test_child_exception_is_logged_and_exit_code_is_1(server):
+    child, log = _spawn(server, "raise")
+    assert child.wait(timeout=60) == 1
+    assert "ValueError: boom in child" in log.read_text()
+
+
+def test_children_are_forked_from_the_server_in_their_own_session(server):
+    child, _ = _spawn(server, "sleep")
+    try:
+        assert Path(f"/proc/{child.pid}/stat").read_text().split(")")[1].split()[1] == str(server.proc.pid)  # ppid
+        assert os.getpgid(child.pid) == child.pid
+        with pytest.raises(Exception) as e:
+            child.wait(timeout=0.01)
+        assert type(e.value).__name__ == "TimeoutExpired"
+        os.killpg(child.pid, signal.SIGTERM)
+        assert child.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        child.close()
+
+
+def test_closing_the_connection_kills_the_child(server):
+    child, _ = _spawn(server, "sleep")
+    child.close()  # what the kernel does when the client (an engine actor) dies
+    _wait_gone(child.pid)
+
+
+def test_children_die_with_the_server(server):
+    child, _ = _spawn(server, "sleep")
+    server.proc.kill()
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    _wait_gone(child.pid)
+
+
+def test_bad_log_path_is_refused_with_the_reason(server):
+    with pytest.raises(fork_server.ForkServerError, match="cannot open log"):
+        fork_server.spawn(server.sock, ["exit", "0"], {}, "/nonexistent-dir/x.log", timeout=30)
+
+
+def test_unreachable_server_is_an_error_and_the_launcher_falls_back_to_a_cold_start(tmp_path):
+    with pytest.raises(fork_server.ForkServerError):
+        fork_server.spawn(str(tmp_path / "missing.sock"), ["x"], {}, str(tmp_path / "l.log"), timeout=5)
+    launch = fork_server_launcher(str(tmp_path / "missing.sock"))
+    child = ChildProcess([sys.executable, "-c", "print('cold')"], name="cold", log_path=tmp_path / "cold.log",
+                         launcher=launch)
+    child.start()
+    assert child.wait() == 0
+    assert "cold" in (tmp_path / "cold.log").read_text()
+
+
+def test_child_process_supervises_a_forked_child(server):
+    """ChildProcess with a launcher: readiness, alive, and the stop escalation work as with Popen."""
+    ready = server.tmp / "ready"
+
+    def launch(cp: ChildProcess):
+        return fork_server.spawn(server.sock, ["sleep"], {"PATH": os.environ["PATH"]}, str(cp.log_path), timeout=60)
+
+    cp = ChildProcess(["unused"], name="forked", log_path=server.tmp / "forked.log", launcher=launch,
+                      ready=lambda: ready.touch() or True, startup_timeout=30).start()
+    assert cp.alive()
+    cp.stop(timeout=30)  # SIGTERM to the group
+    assert not cp.alive() and cp.proc.returncode == -signal.SIGTERM
+
+    cp2 = ChildProcess(["unused"], name="forked-dies", log_path=server.tmp / "dies.log",
+                       launcher=lambda c: fork_server.spawn(server.sock, ["exit", "7"], {}, str(c.log_path), 60),
+                       ready=lambda: False, startup_timeout=30)
+    with pytest.raises(ReadinessError, match="exited with code 7"):
+        cp2.start()
+
+
+def test_no_fork_server_without_embedded_engines_or_when_disabled(monkeypatch):
+    from slime.ray.session import start_engine_fork_server
+
+    base = dict(rollout_backend="hf", hf_checkpoint="/m", ray_address=None, load_debug_rollout_data=None,
+                rollout_num_engines=2, log_dir=None)
+    monkeypatch.setenv(FORK_SERVER_ENV, "0")
+    assert start_engine_fork_server(SimpleNamespace(**base)) is None
+    monkeypatch.delenv(FORK_SERVER_ENV)
+    for change in ({"rollout_backend": "sglang"}, {"ray_address": "10.0.0.1:6379"}, {"rollout_num_engines": 0},
+                   {"load_debug_rollout_data": "x.pt"}, {"hf_checkpoint": None}):
+        assert start_engine_fork_server(SimpleNamespace(**{**base, **change})) is None
+    assert FORK_SERVER_ENV not in os.environ
+
+
+# ---- warm engines ----
+def _engine(model_dir: Path, launcher, log_dir: Path) -> EngineServer:
+    port = find_free_port()
+    cmd = [sys.executable, "-m", "slime.engine.hf_server", "--model-path", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "info"]
+    return EngineServer(cmd, "127.0.0.1", port, f"warm-{port}", str(log_dir), engine_env(), 120.0, launcher=launcher)
+
+
+def _generate(url: str) -> dict:
+    body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 6, "temperature": 0},
+            "return_logprob": True}
+    r = requests.post(f"{url}/generate", json=body, timeout=60)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_dir, tmp_path, monkeypatch):
+    from slime.ray.session import _await_socket, start_engine_fork_server
+    from slime.testing.tiny_model import build_tiny_model
+
+    monkeypatch.setenv(FORK_SERVER_ENV, "")  # restored (removed) after the test
+    args = SimpleNamespace(rollout_backend="hf", hf_checkpoint=str(tiny_model_dir), ray_address=None,
+                           load_debug_rollout_data=None, rollout_num_engines=2, log_dir=str(tmp_path))
+    fs = start_engine_fork_server(args)
+    try:
+        _await_socket(fs)
+        assert os.environ[FORK_SERVER_ENV] == fs.socket_path
+        launcher = fork_server_launcher()
+        warm = [_engine(tiny_model_dir, launcher, tmp_path) for _ in range(2)]
+        cold = _engine(tiny_model_dir, None, tmp_path)
+        for e in (*warm, cold):
+            e.start()
+        try:
+            assert all(isinstance(e.process.proc, fork_server.ForkedProcess) for e in warm)
+            for e in warm:  # ps shows the command the engine stands for, not the fork server's
+                assert Path(f"/proc/{e.pid}/cmdline").read_bytes().replace(b"\0", b" ").strip() == \
+                    " ".join(e.command).encode()
+            assert all("warm start: model and tokenizers preloaded" in (tmp_path / f"{e.name}.log").read_text()
+                       for e in warm)
+            expected = _generate(cold.url)
+            for e in warm:
+                got = _generate(e.url)
+                assert got["output_ids"] == expected["output_ids"]
+                assert got["meta_info"]["output_token_logprobs"] == expected["meta_info"]["output_token_logprobs"]
+            # a weight update changes the engine that got it, and only that one (copy-on-write)
+            other = build_tiny_model(tmp_path / "other-model", seed=1)
+            e0, e1 = warm
+            answer = e0.call("POST", "/update_weights_from_disk", {"model_path": str(other), "weight_version": "v2"})
+            assert answer["success"] is True
+            updated = _generate(e0.url)
+            assert updated["meta_info"]["weight_version"] == "v2"
+            assert updated["meta_info"]["output_token_logprobs"] != expected["meta_info"]["output_token_logprobs"]
+            assert _generate(e1.url)["meta_info"]["output_token_logprobs"] == \
+                expected["meta_info"]["output_token_logprobs"]
+            pid = e1.pid
+            e1.kill()
+            assert e1.process.proc.returncode == -signal.SIGKILL
+            _wait_gone(pid)
+        finally:
+            for e in (*warm, cold):
+                e.stop()
+    finally:
+        fs.stop(timeout=10)
+
+
+def test_startup_trace_is_opt_in(tmp_path, monkeypatch):
+    from slime.utils import startup_trace
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.delenv(startup_trace.TRACE_ENV, raising=False)
+    startup_trace.mark("not recorded")
+    assert not path.exists()
+    monkeypatch.setenv(startup_trace.TRACE_ENV, str(path))
+    before = time.time()
+    startup_trace.mark("ray_init: begin")
+    startup_trace.mark("engine: model loaded")
+    events = startup_trace.read(str(path))
+    assert [e["event"] for e in events] == ["ray_init: begin", "engine: model loaded"]
+    assert all(e["pid"] == os.getpid() and e["t"] >= before for e in events)

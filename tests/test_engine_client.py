@@ -1,0 +1,134 @@
+"""`EngineClient`: token-in/token-out `/generate`, in-flight bound, fresh rid on retry, progress."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+
+from slime.rollout.engine_client import EngineClient, parse_generate_response
+from slime.testing.local_http import serve_app
+from slime.utils.endpoints import Endpoints
+
+
+class Engine:
+    """A local SGLang-shaped server: /generate echoes the last ids with fixed log-probs; the first
+    `fail` answers are 503; /abort_request records what was aborted."""
+
+    def __init__(self, fail: int = 0, gate: asyncio.Event | None = None):
+        self.fail, self.gate = fail, gate
+        self.generated, self.aborted, self.waiting = [], [], 0
+        self.abort_received = asyncio.Event()
+
+    async def generate(self, request):
+        body = await request.json()
+        self.generated.append(body)
+        if self.fail:
+            self.fail -= 1
+            return web.Response(status=503, text="restarting")
+        if self.gate is not None:
+            self.waiting += 1
+            await self.gate.wait()
+        ids = body["input_ids"][-2:]
+        return web.json_response({"text": "t", "meta_info": {
+            "output_token_logprobs": [[-0.5 * (i + 1), t, None] for i, t in enumerate(ids)],
+            "finish_reason": {"type": "length"}, "weight_version": "3"}})
+
+    async def abort(self, request):
+        self.aborted.append(await request.json())
+        self.abort_received.set()
+        return web.json_response({})
+
+    async def __aenter__(self):
+        self._serving = serve_app({"/generate": self.generate, "/abort_request": self.abort})
+        self.url = await self._serving.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self._serving.__aexit__(*exc)
+
+
+async def until(condition):
+    while not condition():
+        await asyncio.sleep(0)  # yield to the server's handlers on this loop (the caller sets a deadline)
+
+
+async def test_generate_returns_sampled_ids_and_feeds_progress():
+    async with Engine() as eng:
+        client = EngineClient(Endpoints(eng.url, [eng.url]))
+        out = await client.generate([5, 6, 7], {"max_new_tokens": 2})
+        await client.close()
+    assert (out.token_ids, out.log_probs, out.finish_type, out.weight_version) == ([6, 7], [-0.5, -1.0], "length", "3")
+    sent = eng.generated[0]
+    assert sent["input_ids"] == [5, 6, 7] and sent["return_logprob"] is True
+    assert sent["rid"] == f"slime-{os.getpid()}-0"
+    assert (client.progress.responses, client.progress.tokens, client.stats.requests) == (1, 2, 1)
+
+
+async def test_a_retried_request_gets_a_fresh_rid_and_the_old_one_is_aborted():
+    async with Engine(fail=1) as eng:
+        client = EngineClient(Endpoints(eng.url, [eng.url]))
+        client.retry_policy.base_delay = client.retry_policy.max_delay = 0.0
+        out = await client.generate([1, 2], {}, rid="mine")
+        await asyncio.gather(*client._background)  # the abort of the abandoned rid
+        await client.close()
+    assert out.token_ids == [1, 2]
+    assert [b["rid"] for b in eng.generated] == ["mine", f"slime-{os.getpid()}-0"]
+    assert eng.aborted == [{"rid": "mine"}]
+    assert client.stats.retries == {"http_503": 1}
+
+
+async def test_in_flight_bound_holds_requests_back():
+    gate = asyncio.Event()
+    async with Engine(gate=gate) as eng:
+        client = EngineClient(Endpoints(eng.url, []), concurrency=2)
+        assert client.semaphore is client.semaphore
+        tasks = [asyncio.ensure_future(client.generate([i, i], {})) for i in range(5)]
+        await asyncio.wait_for(until(lambda: eng.waiting == 2), 10)
+        assert (client.in_flight, len(eng.generated)) == (2, 2)
+        gate.set()
+        outs = await asyncio.gather(*tasks)
+        await client.close()
+    assert [o.token_ids for o in outs] == [[i, i] for i in range(5)] and client.in_flight == 0
+
+
+def test_parse_generate_response_without_log_probs():
+    out = parse_generate_response({"output_ids": [3, 4], "meta_info": {"finish_reason": "stop"}})
+    assert (out.token_ids, out.log_probs, out.finish_type, out.text) == ([3, 4], [0.0, 0.0], "stop", "")
+
+
+async def test_a_closed_gate_answers_abort_for_requests_waiting_for_a_slot():
+    gate = asyncio.Event()
+    async with Engine(gate=gate) as eng:
+        client = EngineClient(Endpoints(eng.url, [eng.url]), concurrency=1)
+        first = asyncio.ensure_future(client.generate([1, 2], {}))
+        await asyncio.wait_for(until(lambda: eng.waiting == 1), 10)
+        second = asyncio.ensure_future(client.generate([3, 4], {}))  # waits for the only slot
+        client.gate.close()
+        gate.set()
+        out1, out2 = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        await client.close()
+    assert out1.token_ids == [1, 2]  # already on the engine: its answer comes back
+    assert (out2.token_ids, out2.log_probs, out2.finish_type) == ([], [], "abort")
+    assert [b["input_ids"] for b in eng.generated] == [[1, 2]]  # the second never left the process
+
+
+async def test_abort_until_settled_resends_until_the_tasks_finish_or_the_deadline():
+    async with Engine() as eng:
+        client = EngineClient(Endpoints(eng.url, [eng.url]))
+
+        async def settles_on_the_third_abort():  # a request still in the router misses the first two
+            while len(eng.aborted) < 3:
+                eng.abort_received.clear()
+                await eng.abort_received.wait()
+
+        task = asyncio.ensure_future(settles_on_the_third_abort())
+        done, late = await client.abort_until_settled({task}, timeout=30)
+        assert (done, late, len(eng.aborted)) == ({task}, set(), 3)
+
+        stuck = asyncio.ensure_future(asyncio.Event().wait())  # never answers the abort
+        done, late = await client.abort_until_settled({stuck}, timeout=0.2)
+        assert (done, late) == (set(), {stuck}) and len(eng.aborted) > 3
+        stuck.cancel()
+        await client.close()

@@ -1,0 +1,156 @@
+"""Classified, budgeted retries; one session per event loop (`HttpClient`, `PerLoop`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from aiohttp import web
+
+from slime.testing.local_http import serve_app
+from slime.utils.http_retry import HttpClient, HttpError, HttpStats, RetryPolicy, request_json
+from slime.utils.per_loop import PerLoop
+
+FAST = dict(base_delay=0.0, max_delay=0.0)  # retry at once: nothing here waits on a clock
+
+
+class Server:
+    """A local aiohttp app answering each POST /x with the next scripted (status, body)."""
+
+    def __init__(self, script):
+        self.script, self.seen = list(script), []
+
+    async def handle(self, request):
+        self.seen.append(await request.json())
+        status, body = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(body, str):
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+
+    async def __aenter__(self):
+        self._serving = serve_app({"/x": self.handle})
+        self.url = await self._serving.__aenter__() + "/x"
+        return self
+
+    async def __aexit__(self, *exc):
+        await self._serving.__aexit__(*exc)
+
+
+async def test_answer_on_first_attempt_counts_one_request():
+    stats = HttpStats()
+    async with Server([(200, {"ok": 1})]) as srv:
+        assert await request_json("POST", srv.url, {"a": 1}, timeout=5, stats=stats) == {"ok": 1}
+        assert await request_json("POST", srv.url, {"a": 2}, timeout=5) == {"ok": 1}  # own session, own stats
+    assert srv.seen == [{"a": 1}, {"a": 2}]
+    assert stats.as_dict() == {"requests": 1, "retries": 0, "failures": 0}
+
+
+async def test_5xx_and_429_are_retried_with_the_next_payload():
+    stats = HttpStats()
+    async with Server([(503, "busy"), (429, "slow down"), (200, "plain text")]) as srv:
+        body = await request_json("POST", srv.url, {"n": 0}, timeout=5, stats=stats,
+                                  policy=RetryPolicy(max_retries=3, **FAST), on_retry=lambda p: {"n": p["n"] + 1})
+    assert body == "plain text"
+    assert srv.seen == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "retries_http_503": 1,
+                               "retries_http_429": 1}
+
+
+async def test_4xx_is_raised_at_once_with_the_body():
+    stats = HttpStats()
+    async with Server([(400, "prompt is too long")]) as srv:
+        with pytest.raises(HttpError) as e:
+            await request_json("POST", srv.url, {}, timeout=5, stats=stats, policy=RetryPolicy(**FAST))
+    assert (e.value.status, e.value.body, e.value.reason) == (400, "prompt is too long", "http_400")
+    assert len(srv.seen) == 1 and stats.failures == 1 and stats.total_retries == 0
+
+
+async def test_spent_budget_names_attempts_and_last_reason():
+    stats = HttpStats()
+    async with Server([(502, "bad gateway")]) as srv:
+        with pytest.raises(HttpError) as e:
+            await request_json("POST", srv.url, {}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=2, **FAST))
+    assert len(srv.seen) == 3 and (e.value.status, e.value.reason) == (502, "http_502")
+    assert "failed after 3 attempt(s)" in str(e.value) and str(e.value).endswith("last: http_502: bad gateway")
+    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 1, "retries_http_502": 2}
+
+
+async def test_connection_refused_is_retried_then_reported():
+    async with Server([(200, {})]) as srv:
+        url = srv.url
+    stats = HttpStats()  # the server is gone: its port refuses connections
+    with pytest.raises(HttpError) as e:
+        await request_json("POST", url, {}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=1, **FAST))
+    assert e.value.reason == "connection" and e.value.status is None and stats.retries == {"connection": 1}
+
+
+async def test_a_window_of_zero_allows_no_retry():
+    async with Server([(503, "x")]) as srv:
+        with pytest.raises(HttpError, match="after 1 attempt"):
+            await request_json("POST", srv.url, {}, timeout=5, policy=RetryPolicy(max_retries=5, window=0.0,
+                                                                                   base_delay=0.01))
+    assert len(srv.seen) == 1
+
+
+async def test_http_client_keeps_one_session_per_loop_until_closed():
+    client = HttpClient()
+    first = client.session()
+    assert client.session() is first
+    async with Server([(200, {"v": 1})]) as srv:
+        assert await client.post(srv.url, {}, timeout=5) == {"v": 1}
+    await client.close()
+    assert first.closed
+    second = client.session()
+    assert second is not first and not second.closed
+    await second.close()
+    third = client.session()  # closed from outside: replaced
+    assert third is not second
+    await client.close()
+
+
+def test_per_loop_values_are_per_loop_and_remade_when_unusable():
+    made = []
+
+    def make():
+        made.append(object())
+        return made[-1]
+
+    broken = set()
+    cache = PerLoop(make, usable=lambda v: v not in broken)
+
+    async def get_twice():
+        return cache.get(), cache.get()
+
+    a1, a2 = asyncio.run(get_twice())
+    b1, _ = asyncio.run(get_twice())
+    assert a1 is a2 and b1 is not a1 and len(made) == 2
+
+    async def remade_after_break():
+        v = cache.get()
+        broken.add(v)
+        w = cache.get()
+        return v, w, cache.pop(), cache.pop()
+
+    v, w, popped, again = asyncio.run(remade_after_break())
+    assert w is not v and popped is w and again is None
+
+
+def test_per_loop_in_two_threads_at_once():
+    cache = PerLoop(object)
+    ready, results = threading.Barrier(2), {}
+
+    def worker(name):
+        async def go():
+            mine = cache.get()
+            ready.wait(timeout=10)  # both loops hold a value before either reads again
+            results[name] = (mine, cache.get())
+        asyncio.run(go())
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert results["a"][0] is results["a"][1] and results["b"][0] is results["b"][1]
+    assert results["a"][0] is not results["b"][0]

@@ -1,0 +1,88 @@
+"""Ctrl-C in the middle of a `slime-train` step (issue 13): the command exits with the orderly-stop
+code (130) and nothing it started survives: trainer workers, engine servers, the router, Ray's
+workers, raylet and GCS. The interrupt is sent when the output says the first step is under way (no
+sleep): right after "trainer: ..." the trainer's rank 0 pushes the initial weights, then rollout 0
+is generated and trained. (Interrupting after "rollout 0: ..." was checked too; one case keeps the
+suite short.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def _run_marked(tmp_path: Path) -> list[psutil.Process]:
+    """Processes outside the command's tree that still point to this run (its log dir / model dir)."""
+    marker = str(tmp_path)
+    return [p for p in psutil.process_iter() if marker in _cmdline(p)]
+
+
+def test_ctrl_c_mid_step_stops_everything(tiny_model_dir, tmp_path):
+    when = "trainer:"
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(32)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    cmd = [sys.executable, "-m", "slime.train", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
+           "--prompt-data", str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
+           "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
+           "--engine-threads", "1", "--actor-num-workers", "2", "--actor-num-cpus-per-worker", "0.5",
+           "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
+           "--global-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
+           "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction", "--num-rollout", "100000",
+           "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    watchdog = threading.Timer(360, lambda: os.killpg(proc.pid, signal.SIGKILL))  # never hang the suite
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(when):
+                break
+        else:
+            pytest.fail(f"slime-train never printed {when!r}:\n" + "".join(lines[-40:]))
+        started = _descendants(proc.pid)
+        names = " ".join(_cmdline(p) for p in started)
+        for part in ("raylet", "gcs_server", "ray::RolloutManager", "ray::TrainWorker", "router"):
+            assert part in names, (part, names[-3000:])
+        assert len(started) >= 8, names[-3000:]  # plus the engine servers and Ray's agents
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(lines) + out
+    assert proc.returncode == 130, text[-4000:]
+    assert "interrupted" in out, text[-4000:]
+    _, alive = psutil.wait_procs(started, timeout=60)
+    leftover = [_cmdline(p) for p in alive] + [_cmdline(p) for p in _run_marked(tmp_path)]
+    for p in alive:
+        p.kill()
+    assert [c for c in leftover if c] == []

@@ -1,0 +1,120 @@
+"""An engine killed between two training steps (issue 13): the fleet restarts it, but the
+replacement boots with the weights on disk while the other engine serves the trainer's version, so
+it stays out of the router (`awaiting_weights`) until the trainer's next push reaches it
+(slime's flow: `recover_updatable_engines` -> `get_updatable_engines_and_lock` with
+`num_new_engines` -> group re-formed -> push). Then it reports the pushed version, its weights equal
+the trainer's by checksum, and only then it takes requests: no sample ever carries the disk weights'
+version once the trainer has pushed.
+
+slime-train's own pieces: the rollout manager, one trainer worker (the distributed path), the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from slime.cli.train import parse_train_args
+from slime.ray.session import start_manager, stop_manager
+from slime.train.actor_group import TrainGroup
+
+
+def _served(url: str) -> float:
+    """Requests this engine has taken since it started (SGLang's counter)."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sglang:num_requests_total"))
+
+
+def _versions(boxes) -> set[str]:
+    import ray
+
+    return {v for box in boxes for vs in ray.get(box.inner)["weight_versions"] for v in vs}
+
+
+def _engine(manager, rank: int) -> dict:
+    import ray
+
+    return ray.get(manager.status.remote())["engines"][rank]
+
+
+def _wait_state(manager, rank: int, states: tuple[str, ...], timeout: float = 240.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (e := _engine(manager, rank))["state"] not in states:
+        assert time.monotonic() < deadline, f"engine {rank} never reached {states}: {e}"
+        time.sleep(0.1)
+    return e
+
+
+@pytest.fixture
+def loop_parts(ray_cluster, tiny_model_dir, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(16)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = parse_train_args([
+        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+        str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
+        "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1",
+        "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "0.5", "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--global-batch-size", "4",
+        "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
+        "--num-rollout", "3", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2"])
+    manager = group = None
+    try:
+        manager, _ = start_manager(args)
+        group = TrainGroup(args)
+        group.start()
+        import ray
+
+        ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
+        yield manager, group
+    finally:
+        if group is not None:
+            group.shutdown()
+        stop_manager(manager)
+
+
+def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts):
+    import ray
+
+    manager, group = loop_parts
+    group.update_weights(manager, "0", "distributed")
+    boxes = ray.get(manager.generate.remote(0))
+    assert _versions(boxes) == {"0"}
+    group.train(0, boxes)
+    group.update_weights(manager, "1", "distributed")  # version 1: trained weights, not the ones on disk
+    trained = group.weight_checksums()
+
+    old_url = _engine(manager, 0)["url"]
+    ray.get(manager.kill_engine.remote(0))
+    boxes = ray.get(manager.generate.remote(1))  # engine 0 is restarting meanwhile: only engine 1 serves
+    assert _versions(boxes) == {"1"}
+    assert ray.get(manager.recover_updatable_engines.remote()) == 1  # num_new_engines
+
+    # back, but with the disk weights: kept out of the router, still one of the engines a push reaches
+    restarted = _wait_state(manager, 0, ("awaiting_weights",))
+    assert restarted["url"] != old_url and restarted["restarts"] == 1
+    url = restarted["url"]
+    assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "default"
+    status = ray.get(manager.status.remote())
+    assert url not in status["engine_urls"] and len(status["engine_urls"]) == 1
+    engines, _lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
+    assert len(engines) == 2 and num_new == 1
+    boxes = ray.get(manager.generate.remote(1))  # a rollout while it waits: still never reaches it
+    assert _versions(boxes) == {"1"} and _served(url) == 0
+
+    # the trainer's next push (slime's flow: recover, engines + num_new_engines, re-formed group) admits it
+    group.update_weights(manager, "1", "distributed")
+    assert _wait_state(manager, 0, ("healthy",))["url"] == url
+    assert _served(url) == 0  # registered only now: no request reached it before its weights were current
+    assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "1"
+    checks = ray.get(manager.check_weights.remote("compare", trained))
+    assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
+    assert sorted(ray.get(manager.status.remote())["engine_urls"]) == sorted([url, *status["engine_urls"]])
+    assert ray.get(manager.get_updatable_engines_and_lock.remote())[2] == 0
+
+    boxes = ray.get(manager.generate.remote(2))
+    assert _versions(boxes) == {"1"} and _served(url) > 0

@@ -15,7 +15,7 @@ export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
 export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
 export SLIME_CACHE ?= $(HOME)/.cache/slime
 
-.PHONY: setup demo train-demo test bench clean
+.PHONY: setup demo train-demo async-train-demo test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -51,6 +51,22 @@ train-demo: setup
 	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/train-demo \
 	  --use-wandb --wandb-project slime-train-demo
 	$(PY) scripts/report.py outputs/train-demo -o outputs/train-demo/report
+
+# The same GRPO run, asynchronous: rollout k+1 generates while k trains (--async), a fully-async worker keeps
+# groups in flight across rollouts (slime's pool: --sglang-server-concurrency x engines groups, here two rollouts'
+# worth; at most one weight version stale), partial rollout continues interrupted ones. Engine and trainer run at
+# the same time, so each gets one thread of the 2 cores (more oversubscribes them).
+async-train-demo: setup
+	$(PY) -m slime.engine.default_model
+	$(PY) -m slime.train --async --rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async \
+	  --max-staleness 1 --partial-rollout --sglang-server-concurrency 8 --rollout-backend hf --rollout-num-engines 1 \
+	  --rollout-num-cpus-per-engine 0.5 --engine-threads 1 --actor-num-workers 1 --actor-num-cpus-per-worker 1 \
+	  --train-threads 1 --prompt-data configs/train_demo/train.jsonl --input-key messages --label-key label \
+	  --apply-chat-template --custom-rm-path configs.train_demo.reward.concise_answer \
+	  --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 40 --num-rollout 10 --lr 3e-5 \
+	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/async-train-demo \
+	  --use-wandb --wandb-project slime-train-demo
+	$(PY) scripts/report.py outputs/async-train-demo -o outputs/async-train-demo/report
 
 test: setup
 	$(PY) -m pytest -q

@@ -107,13 +107,12 @@ def record_segment(sample: Sample, start: int, end: int, weight_version: Any, ro
 
 
 def absorb(sample: Sample, out: Any, *, rollout_id: int | None = None, continued: bool = False) -> Sample:
-    """Append one engine answer (an `EngineOutput`) to `sample`: ids, log-probs, mask 1, text, status."""
+    """Append one engine answer (an `EngineOutput`) to `sample` as one segment: ids, log-probs and mask
+    1 through slime's `Sample.append_response_tokens` (which keeps the lists aligned), then the status
+    (COMPLETED for a finish reason it does not know) and the segment's weight version."""
     start = sample.response_length
-    sample.tokens = list(sample.tokens) + list(out.token_ids)
-    sample.response_length += len(out.token_ids)
-    sample.response = (sample.response or "") + (out.text or "")
-    sample.rollout_log_probs = list(sample.rollout_log_probs or []) + list(out.log_probs)
-    sample.loss_mask = list(sample.loss_mask or []) + [1] * len(out.token_ids)
+    sample.append_response_tokens(tokens=out.token_ids, log_probs=out.log_probs, trainable=True,
+                                  text=out.text or "", update_terminal_info=False)
     sample.status = FINISH_TO_STATUS.get(out.finish_type, Sample.Status.COMPLETED)
     sample.metadata["finish_reason"] = out.finish_type
     if continued:

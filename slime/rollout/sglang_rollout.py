@@ -37,7 +37,6 @@ from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
-FINISH_TO_STATUS = partial.FINISH_TO_STATUS
 MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per wanted group is broken
 
 

@@ -109,11 +109,15 @@ def main() -> None:
     if a.before != "none":
         trees = {"before": export_tree(a.before), **trees}
     results: dict[str, list] = {name: [] for name in trees}
+    loads = [os.getloadavg()[0]]
     for _ in range(a.runs):  # alternate, so both trees see the same machine load
         for name, tree in trees.items():
             results[name].append(one_run(tree, model_dir, data))
+            loads.append(os.getloadavg()[0])
     print(f"model={a.model} ({model_dir}) engines=2 runs={a.runs} cpus={os.cpu_count()} "
           f"before={a.before} after=working tree")
+    print(f"load average (1 min) before/after each run: {', '.join(f'{x:.1f}' for x in loads)} "
+          f"(the runs are CPU-bound: compare before and after of one sitting only)")
     for name, runs in results.items():
         report(name, runs)
 

@@ -93,7 +93,8 @@ class Caller:
                "p50": statistics.median(lat) if lat else None,
                "p99": sorted(lat)[int(len(lat) * 0.99)] if lat else None}
         if self.design != "seed":
-            out["client"] = self.lim.stats()
+            lim = self.lim
+            out["client"] = {"in_flight": lim.inflight, "waiting": lim.n_waiting, "handed_over": lim.handed_over}
             self.lim.close()
         return out
 

@@ -71,7 +71,7 @@ def raw_round(url: str, concurrency: int, *, n: int) -> None:
 @timed
 def slime_path(args, source, runtime, *, n: int) -> None:
     from slime.rollout.sglang_rollout import generate_rollout
-    from slime.rollout.train_data import convert_samples_to_train_data
+    from slime.rollout.controller import convert_samples_to_train_data
 
     # trees before the explicit runtime (e.g. 7390f02) take no runtime argument
     out = generate_rollout(args, 0, source) if runtime is None else generate_rollout(args, 0, source, runtime=runtime)

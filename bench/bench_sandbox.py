@@ -2,9 +2,14 @@
 side by side in one run (interleaved rounds, same concurrency, same interpreter).
 
     python -m bench.bench_sandbox [--concurrency 8] [--seconds 4] [--rounds 3] [--compare-tree DIR]
+                                  [--cpu-priority]
 
 `--compare-tree DIR` runs another checkout's sandbox in the same rounds (before/after side by side),
 e.g. DIR from `mkdir DIR && git archive <commit> slime | tar -x -C DIR`.
+
+`--cpu-priority` (root, cgroup v1 cpu controller) runs the whole bench (itself, the spawners and
+the servers) in a cpu cgroup of its own with the largest weight: on a shared, loaded machine it
+then gets the CPU as if the machine were lightly loaded (the "light load" condition of RESULTS.md).
 
 The sandbox path is the whole thing: HTTP request, validation, admission, a fresh isolated run
 (PID/mount/IPC namespaces, tmpfs, cgroup limits, uid, seccomp), the program, the response.
@@ -129,6 +134,43 @@ def _start_server(tree: str | None, slots: int, queue: int, isolated: bool, uid_
         os.chdir(here)
 
 
+class _CpuPriority:
+    """This process (and what it starts afterwards) in a cpu cgroup with the largest weight; left and
+    removed at the end. Best effort: without root or a v1 cpu hierarchy it says so and does nothing."""
+
+    def __init__(self) -> None:
+        self.dir = self.parent = None
+        try:
+            with open("/proc/self/cgroup") as f:
+                path = next(line.rstrip("\n").split(":", 2)[2] for line in f
+                            if "cpu" in line.split(":", 2)[1].split(","))
+            self.parent = os.path.join("/sys/fs/cgroup/cpu", path.lstrip("/"))
+            d = os.path.join(self.parent, f"slime-bench-{os.getpid()}")
+            os.mkdir(d)
+            self.dir = d
+            with open(os.path.join(d, "cpu.shares"), "w") as f:
+                f.write("262144")
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except (OSError, StopIteration) as e:
+            print(f"--cpu-priority unavailable ({e}): running without it", file=sys.stderr)
+            self.close()
+
+    def close(self) -> None:
+        if self.dir is None:
+            return
+        try:
+            with open(os.path.join(self.parent, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            for root, dirs, _ in os.walk(self.dir, topdown=False):  # (a server's leftovers, if any)
+                for d in dirs:
+                    os.rmdir(os.path.join(root, d))
+            os.rmdir(self.dir)
+        except OSError as e:
+            print(f"could not remove {self.dir}: {e}", file=sys.stderr)
+        self.dir = None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=8)
@@ -137,7 +179,18 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=None, help="server --max-concurrency (default: --concurrency)")
     ap.add_argument("--compare-tree", default=None,
                     help="root of another checkout: its sandbox runs in the same rounds (before/after)")
+    ap.add_argument("--cpu-priority", action="store_true",
+                    help="run the bench in a cpu cgroup with the largest weight (root, cgroup v1)")
     a = ap.parse_args()
+    prio = _CpuPriority() if a.cpu_priority else None
+    try:
+        _bench(a)
+    finally:
+        if prio is not None:
+            prio.close()
+
+
+def _bench(a) -> None:
     from slime.sandbox.runner import _find_python
 
     python = _find_python() or "python3"
@@ -169,7 +222,7 @@ def main() -> None:
     print(f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
           f"interpreter={python} isolation={health['isolation']} cgroups={health['cgroups']} "
           f"seccomp={health['seccomp']} per-process-only={','.join(health['per_process_only']) or '-'} "
-          f"load-avg-1min-at-end={load:.1f}")
+          f"load-avg-1min-at-end={load:.1f} cpu-priority={bool(a.cpu_priority)}")
     print("| path | runs/s (median) | rounds |")
     print("|---|---:|---|")
     print(f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns, {a.concurrency} spawner processes | {mb:.0f} | "

@@ -29,7 +29,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray  # noqa: E402
 
-from slime.rollout.train_data import convert_samples_to_train_data  # noqa: E402
+from slime.rollout.controller import convert_samples_to_train_data  # noqa: E402
 from slime.train_batch.rank_batches import schedule_for, split_for_data_parallel  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 

@@ -3,23 +3,26 @@ engines, through each path side by side in one run (rounds interleaved):
 
 - tensor (shm):    update_weights_from_tensor, buckets packed once into /dev/shm, engines map and copy
 - tensor (inline): the same by value (base64 in the HTTP body), 64 MB buckets
-- distributed:     update_weights_from_distributed, gloo broadcast per tensor straight into the engines'
-                   parameters (SGLang's default layout); "(flat)": 512 MB flattened buckets. Group set up once.
-- distributed (before: 2 gloo threads): the same push to a second pair of engines whose weight-update
-                   groups use gloo's default 2 worker threads per process (the setting before 8 became the default)
+- distributed (shm ring): update_weights_from_distributed over a gloo group whose bytes travel through the
+                   shared-memory ring (rank 0 copies each chunk once into a slot, each engine copies it once
+                   into its parameters; gloo carries only per-chunk handshakes). Group set up once.
+- distributed (broadcast): the same group forced to gloo broadcasts over loopback TCP, one per tensor
+                   straight into the engines' parameters (SGLang's default layout, slime's path across hosts);
+                   "(flat)": 512 MB flattened buckets
 - disk:            trainer save_pretrained (safetensors) + update_weights_from_disk on both engines
 
 Every push is bracketed by pause/continue (slime's order) and verified afterwards by
-check_weights("compare", checksums) on both engines (not timed).
+check_weights("compare", checksums) on both engines (not timed). A memcpy of the model's bytes (the floor of
+one copy) is timed in the same rounds.
 
-    python -m bench.bench_weight_sync [--rounds 3] [--model default|tiny] [--before-gloo-threads 2]
+    python -m bench.bench_weight_sync [--rounds 3] [--model default|tiny] [--ring-slots 4] [--ring-slot-mb 64]
+        [--paths "disk,tensor (shm),..."]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import statistics
 import sys
@@ -32,35 +35,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    """`name=value` in this process's environment for the block (engines copy it when built)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", choices=["default", "tiny"], default="default")
-    ap.add_argument("--before-gloo-threads", type=int, default=2,
-                    help="gloo threads of the 'before' distributed row (gloo's default, what slime used before)")
+    ap.add_argument("--ring-slots", type=int, default=None, help="slots of the shared-memory ring (default 4)")
+    ap.add_argument("--ring-slot-mb", type=int, default=None, help="MiB per ring slot (default 64)")
+    ap.add_argument("--paths", default="", help="comma-separated subset of the rows (default: all)")
     a = ap.parse_args()
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from slime.engine.weight_ring import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS
     from slime.engine.weight_sync import (
         WeightUpdateGroup, model_checksums, on_all_engines, paused, push_tensors, trainer_named_tensors,
     )
-    from slime.engine.weight_updates import GLOO_THREADS_ENV, gloo_threads
     from slime.fleet.engine_actor import EngineActor
 
     if a.model == "default":
@@ -78,39 +68,48 @@ def main() -> None:
     args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", hf_checkpoint=str(model_dir),
                            engine_max_batch_size=8, engine_threads=1, engine_startup_timeout=300, log_dir=str(work))
     engines = [EngineActor(args, rank=i) for i in range(2)]
-    before = f"distributed (before: {a.before_gloo_threads} gloo threads)"
-    with _env(GLOO_THREADS_ENV, str(a.before_gloo_threads)):  # a second pair of engines, as before the change
-        engines_before = [EngineActor(args, rank=2 + i) for i in range(2)]
-    times: dict[str, list[float]] = {"tensor (shm)": [], "tensor (inline)": [], "distributed": [], before: [],
-                                     "distributed (flat)": [], "disk": []}
+    ring = {"ring_slots": a.ring_slots or DEFAULT_SLOTS, "ring_slot_bytes": (a.ring_slot_mb << 20) if a.ring_slot_mb
+            else DEFAULT_SLOT_BYTES}
+    rows = ["memcpy (floor: one copy)", "tensor (shm)", "tensor (inline)", "distributed (shm ring)",
+            "distributed (broadcast)", "distributed (broadcast flat)", "disk"]
+    wanted = [p.strip() for p in a.paths.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in rows]
+    if unknown:
+        ap.error(f"--paths: unknown {unknown}; rows are {rows}")
+    times: dict[str, list[float]] = {p: [] for p in rows if not wanted or p in wanted}
+    flat_src = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in named])
+    flat_dst = torch.empty_like(flat_src)
+    split: dict[str, list[dict]] = {}  # where each distributed push's time went
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        for e in engines + engines_before:
+        for e in engines:
             stack.callback(e.stop)
             e.start()
         t = time.perf_counter()
-        group = stack.enter_context(WeightUpdateGroup(engines, group_name="bench", timeout=300))
+        ring_group = stack.enter_context(WeightUpdateGroup(engines, group_name="bench-ring", timeout=300, **ring))
         connect_s = time.perf_counter() - t
-        with _env(GLOO_THREADS_ENV, str(a.before_gloo_threads)):
-            group_before = stack.enter_context(WeightUpdateGroup(engines_before, group_name="bench", timeout=300))
+        assert ring_group.transport == "shm_ring", ring_group.transport_reason
+        bcast_group = stack.enter_context(WeightUpdateGroup(engines, group_name="bench-bcast", timeout=300,
+                                                            transport="broadcast"))
         version = 0
-        split: list[dict] = []  # where each distributed push's time went
         for _ in range(a.rounds):
             for path in times:
                 version += 1
                 with torch.no_grad():  # a real change every push: the trainer took a step
                     trainer.model.norm.weight.add_(1e-3)
                 t = time.perf_counter()
+                if path.startswith("memcpy"):
+                    flat_dst.copy_(flat_src)
+                    times[path].append(time.perf_counter() - t)
+                    continue
                 if path == "disk":
                     ckpt = work / f"ckpt-{version}"
                     trainer.save_pretrained(str(ckpt))
                     on_all_engines(engines, "update_weights_from_disk", model_path=str(ckpt), weight_version=str(version))
-                elif path == before:
-                    with paused(engines_before):
-                        group_before.push(named, weight_version=str(version))
                 else:
                     with paused(engines):
                         if path.startswith("distributed"):
+                            group = ring_group if "ring" in path else bcast_group
                             group.push(named, weight_version=str(version),
                                        load_format="flattened_bucket" if "flat" in path else None)
                         else:
@@ -119,13 +118,12 @@ def main() -> None:
                                          transport="inline" if inline else "shm",
                                          **({"bucket_bytes": 64 << 20} if inline else {}))
                 times[path].append(time.perf_counter() - t)
-                if path == "distributed":
-                    split.append({**group.last_push_seconds, "push": times[path][-1]})
+                if path.startswith("distributed"):
+                    split.setdefault(path, []).append({**group.last_push_seconds, "push": times[path][-1]})
                 expected = model_checksums(trainer)
-                pushed_to = engines_before if path == before else engines
-                for answer in on_all_engines(pushed_to, "check_weights", action="compare", checksums=expected):
+                for answer in on_all_engines(engines, "check_weights", action="compare", checksums=expected):
                     assert answer["equal"], f"{path}: {answer['message']}"
-                assert {e.get_weight_version() for e in pushed_to} == {str(version)}
+                assert {e.get_weight_version() for e in engines} == {str(version)}
                 if path == "disk":
                     shutil.rmtree(work / f"ckpt-{version}")
 
@@ -137,17 +135,18 @@ def main() -> None:
     med = {p: statistics.median(v) for p, v in times.items()}
     for p, v in times.items():
         print(f"| {p} | {med[p]:.2f} | {nbytes / 1e9 / med[p]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
-    print(f"distributed group set-up (once per trainer/engine set): {connect_s:.2f} s")
-    part = {k: statistics.median(d[k] for d in split) for k in ("push", "broadcast", "answers", "total")}
-    print(f"distributed push, where the time goes (median): rank 0's gloo broadcasts {part['broadcast']:.3f} s "
-          f"({100 * part['broadcast'] / part['push']:.0f}%), engines' answers after the last byte "
-          f"{part['answers']:.3f} s, pause + continue + bucketing {part['push'] - part['broadcast'] - part['answers']:.3f} s")
-    ratio = med["disk"] / med["distributed"]
-    print(f"gloo threads per process: {gloo_threads()} (${GLOO_THREADS_ENV}); '{before}' pushes the same weights "
-          f"to a second pair of engines whose groups use {a.before_gloo_threads} (gloo's default): "
-          f"{med['disk'] / med[before]:.1f}x vs disk")
-    print(f"speed-up vs disk: distributed {ratio:.1f}x (goal >= 3x), tensor (shm) "
-          f"{med['disk'] / med['tensor (shm)']:.1f}x; every push verified equal by checksum on both engines")
+    print(f"ring: {ring['ring_slots']} slots x {ring['ring_slot_bytes'] >> 20} MiB; distributed group set-up "
+          f"(once per trainer/engine set, ring included): {connect_s:.2f} s")
+    for path, parts in split.items():
+        part = {k: statistics.median(d[k] for d in parts) for k in ("push", "collectives", "copy", "answers")}
+        print(f"{path}, where the time goes (median): rank 0 waiting on collectives {part['collectives']:.3f} s, "
+              f"rank 0 copying into the ring {part['copy']:.3f} s, last answers {part['answers']:.3f} s, "
+              f"pause + continue + rest {part['push'] - part['collectives'] - part['copy'] - part['answers']:.3f} s")
+    if "disk" in med:
+        ratios = ", ".join(f"{p} {med['disk'] / med[p]:.1f}x" for p in med if p not in ("disk",) and
+                           not p.startswith("memcpy"))
+        print(f"speed-up vs disk: {ratios} (goal: distributed >= 3x); every push verified equal by checksum "
+              "on both engines")
 
 
 if __name__ == "__main__":

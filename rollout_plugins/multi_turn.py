@@ -34,7 +34,6 @@ import time
 from typing import Any
 from uuid import uuid4
 
-from slime.rollout import partial_rollout
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.utils.trajectory import (ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord,
                                       TurnSpan)
@@ -118,15 +117,16 @@ class Trajectory:
         self.attempted: dict[str, str] = {}  # name -> instance id, for every create tried
         self.status, self.reason = Sample.Status.PENDING, ""
         self.rollout_id = ctx.runtime.rollout_id if ctx.runtime is not None else None
-        self.resumed = partial_rollout.is_continuation(args, sample) and RESUME_KEY in sample.metadata \
-            and TrajectoryRecord.of(sample) is not None
+        # --partial-rollout: an aborted trajectory resumes where it stopped
+        self.resumed = bool(_arg(args, "partial_rollout", False)) and sample.is_partial \
+            and RESUME_KEY in sample.metadata and TrajectoryRecord.of(sample) is not None
         if self.resumed:
             self.record = TrajectoryRecord.of(sample)
         else:  # a fresh start: drop what an earlier (aborted, recycled) attempt left
             TrajectoryRecord.clear(sample)
-            for key in (RESUME_KEY, *partial_rollout.SEGMENT_KEYS):
-                sample.metadata.pop(key, None)
-            sample.weight_versions, sample.reward = [], None
+            sample.metadata.pop(RESUME_KEY, None)
+            sample.clear_segments()
+            sample.reward = None
             self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
         self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
 
@@ -239,7 +239,7 @@ class Trajectory:
         if self.max_ctx and self.prompt_len >= self.max_ctx:
             return self._end(Sample.Status.TRUNCATED, "prompt_fills_context")
         first, carried, inside = self._resume_point()
-        gate = partial_rollout.abort_gate(self.ctx.runtime) if self.ctx.runtime is not None else None
+        gate = self.ctx.runtime.client.gate if self.ctx.runtime is not None else None
         for turn in range(first, max_turns + 1):
             room, limit = self._room()
             if room <= 0:
@@ -252,8 +252,7 @@ class Trajectory:
             self.record.turns = turn
             start = len(self.ids) - self.prompt_len
             self._append(out.token_ids, out.log_probs, turn, "assistant")
-            partial_rollout.record_segment(self.sample, start, start + len(out.token_ids), out.weight_version,
-                                           self.rollout_id)
+            self.sample.record_segment(start, start + len(out.token_ids), out.weight_version, self.rollout_id)
             model_ids, carried, inside = carried + list(out.token_ids), [], False
             if out.finish_type == "abort":
                 self.aborted_turn = True

@@ -96,3 +96,79 @@ def _fresh_rollout_runtime():
     unbind()
     yield
     unbind()
+
+
+def native_tools_yaml(*tools: tuple[str, str, str, dict]) -> str:
+    """The text of a `--tool-config-path` file: one native tool per (class_name, name, description,
+    JSON-schema parameters)."""
+    import yaml
+
+    return yaml.safe_dump({"tools": [
+        {"class_name": cls, "config": {"type": "native"},
+         "tool_schema": {"type": "function", "function": {"name": name, "description": text, "parameters": params}}}
+        for cls, name, text, params in tools]}, sort_keys=False)
+
+
+class CliRuns:
+    """Command lines a test starts (`python <argv>`), each in its own session with its output piped as
+    text. A watchdog kills a run's whole process group once `deadline` seconds have passed (a hung run
+    never hangs the suite); a run still going when the test ends is killed with its group too."""
+
+    def __init__(self) -> None:
+        self._watchdogs: dict = {}
+
+    def start(self, argv: list[str], *, deadline: float):
+        import subprocess
+        import sys
+        import threading
+
+        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+        self._watchdogs[proc] = threading.Timer(deadline, _kill_group, (proc,))
+        self._watchdogs[proc].start()
+        return proc
+
+    @staticmethod
+    def read_until(proc, prefix: str, lines: list[str]) -> None:
+        """Collect `proc`'s output lines into `lines` up to the first that starts with `prefix`."""
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(prefix):
+                return
+        pytest.fail(f"the command never printed {prefix!r}:\n" + "".join(lines[-40:]))
+
+    def stop(self, proc, sig: int, timeout: float, *, read: bool = True) -> str:
+        """Send `sig`, wait at most `timeout` s for the command to exit; with `read`, the rest of its
+        output (to its end: children that kept it open must be gone too). The watchdog is off then."""
+        proc.send_signal(sig)
+        if read:
+            out, _ = proc.communicate(timeout=timeout)
+        else:
+            proc.wait(timeout)
+            out = ""
+        self._watchdogs.pop(proc).cancel()
+        return out
+
+    def close(self) -> None:
+        for proc, watchdog in self._watchdogs.items():
+            watchdog.cancel()
+            if proc.poll() is None:
+                _kill_group(proc)
+                proc.wait()
+
+
+def _kill_group(proc) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group is gone already
+        pass
+
+
+@pytest.fixture
+def cli_runs():
+    """`cli_runs.start(argv, deadline=s)`, `.read_until`, `.stop`: see `CliRuns`."""
+    runs = CliRuns()
+    yield runs
+    runs.close()

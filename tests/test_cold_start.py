@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from slime.engine.warm_start import FORK_SERVER_ENV
+from slime.fleet.engine_actor import EngineActor
 from slime.fleet.engine_server import EngineServer, engine_env, fork_server_launcher
 from slime.utils import fork_server
 from slime.utils.child_process import ChildProcess, ReadinessError, wait_until
@@ -130,6 +131,7 @@ def test_unreachable_server_is_an_error_and_the_launcher_falls_back_to_a_cold_st
     child.start()
     assert child.wait() == 0
     assert "cold" in (tmp_path / "cold.log").read_text()
+    assert fork_server_launcher(None) is None
 
 
 def test_child_process_supervises_a_forked_child(server):
@@ -157,13 +159,38 @@ def test_no_fork_server_without_embedded_engines_or_when_disabled(monkeypatch):
 
     base = dict(rollout_backend="hf", hf_checkpoint="/m", ray_address=None, load_debug_rollout_data=None,
                 rollout_num_engines=2, log_dir=None)
-    monkeypatch.setenv(FORK_SERVER_ENV, "0")
-    assert start_engine_fork_server(SimpleNamespace(**base)) is None
+    for off in ("0", "off", "false", "no", " OFF "):
+        monkeypatch.setenv(FORK_SERVER_ENV, off)
+        assert start_engine_fork_server(SimpleNamespace(**base)) is None
     monkeypatch.delenv(FORK_SERVER_ENV)
     for change in ({"rollout_backend": "sglang"}, {"ray_address": "10.0.0.1:6379"}, {"rollout_num_engines": 0},
                    {"load_debug_rollout_data": "x.pt"}, {"hf_checkpoint": None}):
         assert start_engine_fork_server(SimpleNamespace(**{**base, **change})) is None
     assert FORK_SERVER_ENV not in os.environ
+
+
+def test_session_stops_the_fork_server_and_removes_its_directory(tmp_path, monkeypatch):
+    """The fork server goes with the Ray session (not at interpreter exit), children included, and
+    its socket is never put in the environment (it is passed to the engines as an argument)."""
+    from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
+
+    monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
+    args = SimpleNamespace(rollout_backend="hf", hf_checkpoint=str(tmp_path / "no-model"), ray_address=None,
+                           load_debug_rollout_data=None, rollout_num_engines=1, log_dir=str(tmp_path))
+    fs = start_engine_fork_server(args)
+    session = RaySession(False, fs)
+    try:
+        assert _await_socket(fs) is True  # bound (it may still be preloading: stopped in the middle of it)
+        assert FORK_SERVER_ENV not in os.environ
+        assert Path(fs.socket_path).parent == Path(fs.where)
+        pid, where = fs.pid, fs.where
+    finally:
+        session.stop()
+    assert session.fork_server is None
+    assert fs.proc.returncode is not None
+    _wait_gone(pid)
+    assert not Path(where).exists()
+    session.stop()  # twice is fine
 
 
 # ---- warm engines ----
@@ -186,15 +213,18 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_
     from slime.ray.session import _await_socket, start_engine_fork_server
     from slime.testing.tiny_model import build_tiny_model
 
-    monkeypatch.setenv(FORK_SERVER_ENV, "")  # restored (removed) after the test
+    monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
     args = SimpleNamespace(rollout_backend="hf", hf_checkpoint=str(tiny_model_dir), ray_address=None,
                            load_debug_rollout_data=None, rollout_num_engines=2, log_dir=str(tmp_path))
     fs = start_engine_fork_server(args)
     try:
-        _await_socket(fs)
-        assert os.environ[FORK_SERVER_ENV] == fs.socket_path
-        launcher = fork_server_launcher()
-        warm = [_engine(tiny_model_dir, launcher, tmp_path) for _ in range(2)]
+        assert _await_socket(fs) is True
+        # the socket reaches an engine as an argument: EngineActor(..., fork_server=) -> hf_server -> launcher
+        engine_args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", log_dir=str(tmp_path),
+                                      hf_checkpoint=str(tiny_model_dir), engine_max_batch_size=8, engine_threads=1,
+                                      engine_startup_timeout=120.0)
+        warm = [EngineActor(engine_args, rank, fork_server=fs.socket_path).server for rank in range(2)]
+        assert EngineActor(engine_args, 2).server.process.launcher is None  # no fork server: a cold start
         cold = _engine(tiny_model_dir, None, tmp_path)
         for e in (*warm, cold):
             e.start()

@@ -12,8 +12,6 @@ import math
 import re
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -29,8 +27,6 @@ from slime.rollout.runtime import RolloutRuntime
 from slime.rollout.sglang_rollout import generate_rollout
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- reward functions used through --custom-rm-path ----
@@ -384,46 +380,35 @@ def _descendants(pid):
         return []
 
 
-def test_sigterm_stops_everything_after_engine_replaced(tiny_model_dir, tmp_path):
+def test_sigterm_stops_everything_after_engine_replaced(tiny_model_dir, tmp_path, cli_runs):
     data = write_prompts(tmp_path / "p.jsonl", 8)
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.Popen([sys.executable, "-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint",
-                             str(tiny_model_dir), "--prompt-data", str(data), "--rm-type", "exact",
-                             "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
-                             "--engine-threads", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                             "--rollout-max-response-len", "4", "--num-rollout", "100000",
-                             "--log-dir", str(tmp_path / "logs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
+                           "--prompt-data", str(data), "--rm-type", "exact",
+                           "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
+                           "--engine-threads", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                           "--rollout-max-response-len", "4", "--num-rollout", "100000",
+                           "--log-dir", str(tmp_path / "logs")], deadline=300)
     lines: list[str] = []
     killed_pid = None
-    watchdog = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))  # never hang the suite
-    watchdog.start()
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("rollout 0:") and killed_pid is None:
-                engines = [p for p in _descendants(proc.pid) if "slime.engine.hf_server" in " ".join(p.cmdline())]
-                assert len(engines) == 2
-                killed_pid = engines[0].pid
-                engines[0].kill()
-            if "warning: engine" in line and "serving again" in line:
-                break
-        else:
-            pytest.fail("the killed engine was never reported replaced:\n" + "".join(lines[-40:]))
-        for line in proc.stdout:  # one more full rollout on the healed pool
-            lines.append(line)
-            if line.startswith("rollout ") and "engine_restarts" not in line:
-                break
-        started = _descendants(proc.pid)
-        names = " ".join(" ".join(p.cmdline()) for p in started)
-        assert "raylet" in names and names.count("slime.engine.hf_server") == 2
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("rollout 0:") and killed_pid is None:
+            engines = [p for p in _descendants(proc.pid) if "slime.engine.hf_server" in " ".join(p.cmdline())]
+            assert len(engines) == 2
+            killed_pid = engines[0].pid
+            engines[0].kill()
+        if "warning: engine" in line and "serving again" in line:
+            break
+    else:
+        pytest.fail("the killed engine was never reported replaced:\n" + "".join(lines[-40:]))
+    for line in proc.stdout:  # one more full rollout on the healed pool
+        lines.append(line)
+        if line.startswith("rollout ") and "engine_restarts" not in line:
+            break
+    started = _descendants(proc.pid)
+    names = " ".join(" ".join(p.cmdline()) for p in started)
+    assert "raylet" in names and names.count("slime.engine.hf_server") == 2
+    out = cli_runs.stop(proc, signal.SIGTERM, 120)
     text = "".join(lines) + out
     assert proc.returncode == 143, text[-3000:]
     assert "terminated; everything started was stopped" in out
@@ -434,35 +419,21 @@ def test_sigterm_stops_everything_after_engine_replaced(tiny_model_dir, tmp_path
     assert not psutil.pid_exists(killed_pid) or psutil.Process(killed_pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_sigkill_of_the_command_leaves_nothing(tiny_model_dir, tmp_path):
+def test_sigkill_of_the_command_leaves_nothing(tiny_model_dir, tmp_path, cli_runs):
     """Even SIGKILL (no clean-up code runs): the lifeline takes Ray (agents included), the router and
     the engines with it."""
     data = write_prompts(tmp_path / "p.jsonl", 4)
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.Popen([sys.executable, "-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint",
-                             str(tiny_model_dir), "--prompt-data", str(data), "--rm-type", "exact",
-                             "--rollout-num-engines", "1", "--engine-threads", "1", "--rollout-batch-size", "1",
-                             "--rollout-max-response-len", "2", "--num-rollout", "100000",
-                             "--log-dir", str(tmp_path / "logs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    watchdog = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    watchdog.start()
+    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
+                           "--prompt-data", str(data), "--rm-type", "exact",
+                           "--rollout-num-engines", "1", "--engine-threads", "1", "--rollout-batch-size", "1",
+                           "--rollout-max-response-len", "2", "--num-rollout", "100000",
+                           "--log-dir", str(tmp_path / "logs")], deadline=240)
     lines: list[str] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("rollout 1:"):
-                break
-        else:
-            pytest.fail("slime never reported rollout 1:\n" + "".join(lines[-40:]))
-        started = _descendants(proc.pid)
-        names = " ".join(" ".join(p.cmdline()) for p in started)
-        assert "raylet" in names and "slime.engine.hf_server" in names and "router" in names
-        proc.kill()
-        proc.wait(30)
-    finally:
-        watchdog.cancel()
+    cli_runs.read_until(proc, "rollout 1:", lines)
+    started = _descendants(proc.pid)
+    names = " ".join(" ".join(p.cmdline()) for p in started)
+    assert "raylet" in names and "slime.engine.hf_server" in names and "router" in names
+    cli_runs.stop(proc, signal.SIGKILL, 30, read=False)
     _, alive = psutil.wait_procs(started, timeout=30)
     leftover = [" ".join(p.cmdline()) for p in alive]
     for p in alive:

@@ -133,6 +133,15 @@ def set_version(runtime, engines, version: str) -> None:
     run(hub.resume(version))
 
 
+def stop(runtime) -> dict:
+    """Stop the runtime's workers, then close its HTTP session, as `RolloutController.close` does
+    (an unclosed session is a ResourceWarning)."""
+    try:
+        return run(worker_hub(runtime).stop())
+    finally:
+        run(runtime.client.close())
+
+
 def pending_generation_tasks() -> list[str]:
     """Unfinished tasks on the shared loop that generate samples (there must be none after a stop)."""
 
@@ -195,7 +204,7 @@ def test_three_rollouts_with_weight_updates_respect_staleness(tmp_path, fleet_of
         assert [o.metrics["rollout/mean_staleness"] for o in outs] == [0.0, 1.0, 1.0]
     assert all(o.metrics["rollout/max_staleness"] <= k for o in outs)
     assert [o.metrics["rollout/weight_version"] for o in outs] == [0, 1, 2]
-    assert run(hub.stop()) == {"returned_groups": 4}
+    assert stop(runtime) == {"returned_groups": 4}
     assert not pending_generation_tasks()
     assert_accounted(source, trained)
     assert source.inner.get_buffer_length() == 4
@@ -235,7 +244,7 @@ def test_filter_sees_whole_groups_and_drops_are_counted(tmp_path, fleet_of, tiny
     assert max(seen.values()) == 1
     filtered = Counter({g: 1 for g in seen if g % 2})
     assert dropped == len(filtered) > 0
-    run(hub.stop())
+    stop(runtime)
     assert not pending_generation_tasks()
     assert_accounted(source, trained, filtered)
 
@@ -277,7 +286,7 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
                for g in continued for s in g)
     assert counts.get("stale_dropped", 0) == 0
     assert any(a.get("abort_all") for e in engines for a in e.aborts)
-    run(hub.stop())
+    stop(runtime)
     assert not pending_generation_tasks()
     assert_accounted(source, out0.samples + out1.samples + out2.samples)
 
@@ -327,8 +336,7 @@ def test_engine_killed_mid_run_loses_nothing(tmp_path, fleet_of, tiny_model_dir,
         trained = out0.samples + out1.samples
         assert all(s.status == Sample.Status.COMPLETED and s.tokens[-3:] == ANSWER for g in trained for s in g)
         assert runtime.client.stats.total_retries >= held  # each request the dead engine held was retried
-        hub = worker_hub(runtime)
-        run(hub.stop())
+        stop(runtime)
         assert not pending_generation_tasks()
         assert_accounted(source, trained)
     finally:
@@ -396,5 +404,5 @@ def test_pause_holds_new_groups_until_resume(tmp_path, fleet_of, tiny_model_dir,
         run(hub.resume("5"))
     run(worker.settled())
     assert sum(source.out.values()) == 8 and worker.queue_size() == 4 and worker.current_version == 5
-    run(hub.stop())
+    stop(runtime)
     assert_accounted(source, out0.samples + out1.samples)

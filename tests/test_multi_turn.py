@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import re
-import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +23,7 @@ from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import ToolResponse
 from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
+from tests.conftest import native_tools_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES: dict[str, Callable[[int, dict], dict]] = {}
@@ -65,33 +65,14 @@ class TrackingTool(BaseTool):
         EVENTS.append((self.name, "release", instance_id))
 
 
-TOOLS_YAML = """
-tools:
-  - class_name: slime.tools.gsm8k_tool.Gsm8kTool
-    config: {type: native}
-    tool_schema:
-      type: function
-      function:
-        name: calc_gsm8k_reward
-        description: check an answer
-        parameters: {type: object, properties: {answer: {type: string}}, required: [answer]}
-  - class_name: slime.tools.example_tools.CalculatorTool
-    config: {type: native}
-    tool_schema:
-      type: function
-      function:
-        name: calculator
-        description: arithmetic
-        parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
-  - class_name: {module}.TrackingTool
-    config: {type: native}
-    tool_schema:
-      type: function
-      function:
-        name: track
-        description: lifecycle probe
-        parameters: {type: object, properties: {mode: {type: string, default: ok}}}
-"""
+TOOLS_YAML = native_tools_yaml(
+    ("slime.tools.gsm8k_tool.Gsm8kTool", "calc_gsm8k_reward", "check an answer",
+     {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}),
+    ("slime.tools.example_tools.CalculatorTool", "calculator", "arithmetic",
+     {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
+    (f"{__name__}.TrackingTool", "track", "lifecycle probe",
+     {"type": "object", "properties": {"mode": {"type": "string", "default": "ok"}}}),
+)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +108,7 @@ def stack(tok, tmp_path_factory):
     router = Router(log_dir=str(tmp_path_factory.mktemp("router"))).start()
     router.add_worker(engine.url)
     cfg = tmp_path_factory.mktemp("cfg") / "tools.yaml"
-    cfg.write_text(textwrap.dedent(TOOLS_YAML).replace("{module}", __name__))
+    cfg.write_text(TOOLS_YAML)
     yield {"router": router, "engine": engine, "config": str(cfg), "model": model_dir}
     router.stop()
     engine.stop()

@@ -108,3 +108,46 @@ def test_off_and_disabled_give_no_run(tmp_path):
     args = argparse.Namespace(metrics_dir=str(tmp_path))
     reporting.log_rollout(args, 0, groups(), {}, None)
     assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["rollout", "perf"]
+
+
+INTERRUPTED_TRAINER = textwrap.dedent("""
+    import argparse, os, signal, sys, threading
+    import slime.cli.command as command
+    from slime.observability.wandb_logger import WandbRun
+    from slime.train.loop import MetricsSink
+
+    command.preflight = lambda args: {"resumed_after": None}  # no data or model to check here
+    args = argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], wandb_project="slime-test")
+
+    def body(args):
+        sink = MetricsSink(args, wandb=WandbRun.start(args, label="trainer"))
+        try:
+            sink.wandb.log({"train/loss": 0.25}, "train/step", step=1)
+            print("wandb children:", ",".join(c.name() for c in __import__("psutil").Process().children()),
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of a step
+            threading.Event().wait(120)
+        finally:
+            sink.close()  # the loop's orderly stop
+
+    sys.exit(command.run_cli("slime-train", None, lambda argv: args, body))
+""")
+
+
+def test_ctrl_c_stop_finishes_the_run_without_a_traceback(tmp_path):
+    """slime-train's way out after Ctrl-C: the loop closes its metrics sink, then `run_cli` kills
+    every leftover child process (wandb's service included). The run must be complete on disk and
+    nothing printed by wandb's atexit hook (before: `ConnectionResetError: Connection lost`)."""
+    wdir = tmp_path / "wb"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_TRAINER, str(wdir)], env=env, capture_output=True,
+                          text=True, timeout=180, start_new_session=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 130, out[-4000:]
+    assert "wandb-core" in out and "slime-train: interrupted" in out, out[-4000:]
+    for marker in ("Traceback", "Exception ignored", "ConnectionResetError"):
+        assert marker not in out, out[-4000:]
+    [run_dir] = wandb_reader.find_run_dirs(wdir)
+    rows = wandb_reader.read_history(run_dir)
+    assert [(r["train/step"], r["train/loss"]) for r in rows if "train/loss" in r] == [(1, 0.25)]

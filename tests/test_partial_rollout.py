@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 import threading
 import urllib.request
 from typing import Any
@@ -29,6 +28,7 @@ from slime.testing.scripted_engine import ScriptedEngine
 from slime.tools.example_tools import CalculatorTool
 from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
+from tests.conftest import native_tools_yaml
 
 K, L, BUDGET = 3, 10, 16  # tokens before the abort, full long response, --rollout-max-response-len
 
@@ -302,17 +302,9 @@ def test_bad_input_errors(tmp_path, tiny_model_dir):
 
 
 # ---- multi-turn --------------------------------------------------------------------------------
-TOOLS_YAML = """
-tools:
-  - class_name: tests.test_partial_rollout.GatedCalculator
-    config: {type: native}
-    tool_schema:
-      type: function
-      function:
-        name: calculator
-        description: arithmetic
-        parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
-"""
+TOOLS_YAML = native_tools_yaml(
+    ("tests.test_partial_rollout.GatedCalculator", "calculator", "arithmetic",
+     {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}))
 IM_END = 151645
 
 
@@ -368,7 +360,7 @@ def multi_turn_stack(tmp_path, tok, cluster):
     script = holder.plan = TurnScript(tok)
     set_version(engine, "1")
     cfg = tmp_path / "tools.yaml"
-    cfg.write_text(textwrap.dedent(TOOLS_YAML))
+    cfg.write_text(TOOLS_YAML)
     args = multi_turn_args(tool_defaults(), router, cfg)
     rt = bind_runtime(args, tokenizer=tok, engine_urls=[engine.url])
     yield script, engine, args, rt
@@ -389,7 +381,7 @@ async def test_multi_turn_tool_call_in_flight_finishes_then_resumes_at_the_next_
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 3 + 4?"}], metadata={})
     task = asyncio.ensure_future(generate(args, sample, dict(MT_PARAMS)))
     await asyncio.wait_for(GATE["started"].wait(), 20)
-    gate = partial.abort_gate(rt)
+    gate = rt.client.gate
     gate.close()  # the rollout aborts while the tool runs
     await rt.client.abort_all()
     GATE["go"].set()

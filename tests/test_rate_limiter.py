@@ -17,6 +17,16 @@ from slime.tools.rate_limiter import (LimiterCore, RateLimiter, RateLimiterConfi
                                       RateLimitTimeout, local_rate_limiter)
 
 
+@contextlib.asynccontextmanager
+async def permit(lim: RateLimiter, timeout: float = 30, throttled: bool = False):
+    """Hold one permit for the block and give it back on every exit path, as a 429 (`throttled`) or not."""
+    await lim.acquire(timeout)
+    try:
+        yield
+    finally:
+        lim.release(throttled=throttled)
+
+
 async def eventually(check, what: str, timeout: float = 20.0) -> None:
     """Poll `check()` (sync or async) until true; fail after `timeout` s."""
     deadline = time.monotonic() + timeout
@@ -43,7 +53,7 @@ class Holders:
         self.opened = asyncio.Event()
 
     async def hold(self, lim: RateLimiter, tag=None, gated: bool = True, throttled: bool = False) -> None:
-        async with lim.limit(timeout=30) as permit:
+        async with permit(lim, throttled=throttled):
             self.now += 1
             self.total += 1
             self.max = max(self.max, self.now)
@@ -53,8 +63,6 @@ class Holders:
             else:
                 await asyncio.sleep(0)
             self.now -= 1
-            if throttled:
-                permit.throttled()
 
 
 # --------------------------------------------------------------------------------- one process
@@ -96,7 +104,7 @@ async def test_rate_and_burst_hold():
     stamps: list[float] = []
 
     async def call() -> None:
-        async with lim.limit(timeout=30):
+        async with permit(lim):
             stamps.append(time.monotonic())
 
     await asyncio.gather(*[call() for _ in range(n)])
@@ -154,7 +162,7 @@ async def test_errors_inside_release_the_permit():
     lim = local_rate_limiter(3)
 
     async def rotten(i: int) -> None:
-        async with lim.limit(timeout=5):
+        async with permit(lim, timeout=5):
             await asyncio.sleep(0)
             raise RuntimeError(f"boom {i}")
 
@@ -298,17 +306,21 @@ def ray_env(ray_cluster):
 
             async def caller():
                 for _ in range(n_calls):
-                    with contextlib.suppress(ValueError):
-                        async with lim.limit(timeout=60):
-                            await probe.enter.remote(tag)
-                            if gated:
-                                await probe.gate.remote()
-                            await probe.exit.remote()
-                            if rotten:
-                                raise ValueError("rotten: the permit must still be released")
+                    await lim.acquire(timeout=60)
+                    try:
+                        await probe.enter.remote(tag)
+                        if gated:
+                            await probe.gate.remote()
+                        await probe.exit.remote()
+                        if rotten:
+                            raise ValueError("rotten: the permit must still be released")
+                    except ValueError:
+                        pass
+                    finally:
+                        lim.release()
 
             await asyncio.gather(*[caller() for _ in range(n_callers)])
-            return lim.stats()
+            return {"in_flight": lim.inflight, "waiting": lim.n_waiting, "handed_over": lim.handed_over}
 
         async def acquire_outcome(self, name, timeout=None):
             from slime.tools.rate_limiter import client_for

@@ -13,7 +13,7 @@ from slime.fleet.engine_server import base_gpu_id, sglang_server_args
 from slime.rollout import rm_hub as rm
 from slime.rollout.data_source import DataError, DataSource, build_prompt_samples
 from slime.rollout.debug_data import DebugDataError, load_debug_rollout, save_debug_rollout
-from slime.rollout.train_data import BatchError, convert_samples_to_train_data
+from slime.rollout.controller import BatchError, convert_samples_to_train_data
 from slime.cli.args import ArgError, parse_args
 from slime.utils.misc import PluginLoadError, load_function
 from slime.utils.types import Sample

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout
-from slime.rollout.train_data import convert_samples_to_train_data
+from slime.rollout.controller import convert_samples_to_train_data
 from slime.utils.types import MultimodalTypes, Sample
 
 # slime's Sample fields (slime/utils/types.py, v0.3.1 and later) with their defaults.

@@ -219,3 +219,29 @@ def test_runs_are_isolated_from_each_other(sandbox):
     uid, pid, cwd, *_ = r["run_result"]["stdout"].split()
     assert UID_BASE <= int(uid) < UID_BASE + 4 and int(pid) > 1 and cwd == "/tmp"  # an ordinary process, not PID 1
     assert int(r["run_result"]["stdout"].splitlines()[1]) <= 3  # only its own pid namespace is visible
+
+
+@needs_isolation
+def test_each_program_gets_its_limits_identity_and_a_fresh_main(sandbox):
+    """Part of a program's set-up is done once on the fork server (run-independent rlimits, umask,
+    no groups, the warm streams) or by it just before the fork (``__main__``, ``sys.argv``): what the
+    program sees must be exactly what it would set itself, run after run, in every slot."""
+    url, _ = sandbox
+    code = ("import os, resource as r, sys\n"
+            "lim = [r.getrlimit(x) for x in (r.RLIMIT_NPROC, r.RLIMIT_FSIZE, r.RLIMIT_NOFILE, r.RLIMIT_CORE,"
+            " r.RLIMIT_CPU)]\n"
+            "print(lim, oct(os.umask(0o22)), os.getgroups(), os.getresuid(), os.getresgid(), sys.argv,"
+            " os.path.basename(sys.orig_argv[-1]), __name__, __file__, sys.path[0], os.getcwd(),"
+            " sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__, sys.stdin is sys.__stdin__,"
+            " 'seen' in globals(), input())\n"
+            "seen = 1\n")
+    outs = set()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for res in pool.map(lambda _: run(url, code, stdin="in\n", run_timeout=3), range(12)):
+            assert res["status"] == "Success", res
+            outs.add(res["run_result"]["stdout"])
+    mb64 = 64 << 20
+    expect = {f"[(32, 32), ({mb64}, {mb64}), (256, 256), (0, 0), (3, 4)] 0o22 [] ({u}, {u}, {u}) ({u}, {u}, {u}) "
+              f"['main.py'] main.py __main__ /tmp/main.py /tmp /tmp True True True False in\n"
+              for u in range(UID_BASE, UID_BASE + 4)}
+    assert outs <= expect and len(outs) >= 1

@@ -16,31 +16,22 @@ from slime.tools.example_tools import CalculatorTool, safe_eval
 from slime.tools.gsm8k_tool import Gsm8kTool, extract_number
 from slime.tools.registry import ToolConfigError, ToolSet, get_tool_set, load_tool_config
 from slime.tools.schemas import OpenAIFunctionToolSchema
+from tests.conftest import native_tools_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NESTED_TOOL = """
-tools:
-  - class_name: slime.tools.example_tools.CalculatorTool
-    config: {type: native}
-    tool_schema:
-      type: function
-      function:
-        name: search
-        description: nested schema
-        parameters:
-          type: object
-          properties:
-            query: {type: string, description: what to look for}
-            mode: {type: string, enum: [fast, exact], default: fast}
-            filters:
-              type: object
-              properties:
-                year: {type: integer, minimum: 1900}
-                tags: {type: array, items: {type: string}}
-              required: [year]
-          required: [query]
-"""
+NESTED_TOOL = native_tools_yaml(("slime.tools.example_tools.CalculatorTool", "search", "nested schema", {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "what to look for"},
+        "mode": {"type": "string", "enum": ["fast", "exact"], "default": "fast"},
+        "filters": {"type": "object",
+                    "properties": {"year": {"type": "integer", "minimum": 1900},
+                                   "tags": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["year"]},
+    },
+    "required": ["query"],
+}))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slime.rollout.train_data import BatchError, assign_rollout_ids, convert_samples_to_train_data
+from slime.rollout.controller import BatchError, assign_rollout_ids, convert_samples_to_train_data
 from slime.utils.misc import PluginLoadError
 from slime.utils.types import Sample
 
@@ -108,18 +108,9 @@ def test_reward_post_process_hook():
     assert b["rewards"] == [10.0, 5.0] and b["raw_reward"] == [1.0, 0.5]
 
 
-@pytest.mark.parametrize("hook, message", [
-    # two samples: a flat list of two floats looks like a pair, but its entries are not lists
-    ("rewards_one_list", r"--custom-reward-post-process-path '.*rewards_one_list' returned raw_rewards as float; "
-                         r"expected \(raw_rewards, rewards\), each a list of 2"),
-    ("rewards_short", r"--custom-reward-post-process-path '.*rewards_short' returned raw_rewards with 1 entries "
-                      r"for 2 samples"),
-])
-def test_reward_hook_wrong_shape_names_the_flag(hook, message):
-    args = _args(custom_reward_post_process_path=f"tests.plugins.train_data_hooks.{hook}")
-    with pytest.raises(BatchError, match=message):
-        convert_samples_to_train_data(args, [_sample(0, 0), _sample(1, 0)])
-    with pytest.raises(BatchError, match="--custom-reward-post-process-path"):  # one sample: not a pair at all
+def test_reward_hook_returning_one_flat_list_is_not_a_pair():
+    args = _args(custom_reward_post_process_path="tests.plugins.train_data_hooks.rewards_one_list")
+    with pytest.raises(BatchError, match="--custom-reward-post-process-path"):  # three floats, not a pair at all
         convert_samples_to_train_data(args, [_sample(0, 0), _sample(1, 0), _sample(2, 0)])
 
 
@@ -132,14 +123,22 @@ def test_convert_hook_output_is_completed():
     assert b["total_lengths"] == [4, 4, 3]
 
 
-@pytest.mark.parametrize("hook, message", [
-    ("convert_to_list", r"--custom-convert-samples-to-train-data-path '.*convert_to_list' returned list; "
-                        r"expected a dict"),
-    ("convert_bad_mask", r"--custom-convert-samples-to-train-data-path '.*convert_bad_mask': entry 1: "
-                         r"loss_masks has 1 entries, response_length is 2"),
+REWARD_HOOK, CONVERT_HOOK = "custom_reward_post_process_path", "custom_convert_samples_to_train_data_path"
+
+
+@pytest.mark.parametrize("flag, hook, message", [
+    # two samples: a flat list of two floats looks like a pair, but its entries are not lists
+    (REWARD_HOOK, "rewards_one_list", r"--custom-reward-post-process-path '.*rewards_one_list' returned raw_rewards "
+                                      r"as float; expected \(raw_rewards, rewards\), each a list of 2"),
+    (REWARD_HOOK, "rewards_short", r"--custom-reward-post-process-path '.*rewards_short' returned raw_rewards with "
+                                   r"1 entries for 2 samples"),
+    (CONVERT_HOOK, "convert_to_list", r"--custom-convert-samples-to-train-data-path '.*convert_to_list' returned "
+                                      r"list; expected a dict"),
+    (CONVERT_HOOK, "convert_bad_mask", r"--custom-convert-samples-to-train-data-path '.*convert_bad_mask': entry 1: "
+                                       r"loss_masks has 1 entries, response_length is 2"),
 ])
-def test_convert_hook_wrong_shape_names_the_flag(hook, message):
-    args = _args(custom_convert_samples_to_train_data_path=f"tests.plugins.train_data_hooks.{hook}")
+def test_hook_with_wrong_shape_names_the_flag(flag, hook, message):
+    args = _args(**{flag: f"tests.plugins.train_data_hooks.{hook}"})
     with pytest.raises(BatchError, match=message):
         convert_samples_to_train_data(args, [_sample(0, 0), _sample(1, 0)])
 

@@ -9,17 +9,10 @@ suite short.)
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import psutil
-import pytest
-
-ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -42,42 +35,27 @@ def _run_marked(tmp_path: Path) -> list[psutil.Process]:
     return [p for p in psutil.process_iter() if marker in _cmdline(p)]
 
 
-def test_ctrl_c_mid_step_stops_everything(tiny_model_dir, tmp_path):
+def test_ctrl_c_mid_step_stops_everything(tiny_model_dir, tmp_path, cli_runs):
     when = "trainer:"
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(32)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "slime.train", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-           "--prompt-data", str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
-           "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
-           "--engine-threads", "1", "--actor-num-workers", "2", "--actor-num-cpus-per-worker", "0.5",
-           "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-           "--global-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
-           "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction", "--num-rollout", "100000",
-           "--log-dir", str(tmp_path / "logs")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    watchdog = threading.Timer(360, lambda: os.killpg(proc.pid, signal.SIGKILL))  # never hang the suite
-    watchdog.start()
+    argv = ["-m", "slime.train", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
+            "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
+            "--engine-threads", "1", "--actor-num-workers", "2", "--actor-num-cpus-per-worker", "0.5",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
+            "--global-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
+            "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction", "--num-rollout", "100000",
+            "--log-dir", str(tmp_path / "logs")]
+    proc = cli_runs.start(argv, deadline=360)
     lines: list[str] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(when):
-                break
-        else:
-            pytest.fail(f"slime-train never printed {when!r}:\n" + "".join(lines[-40:]))
-        started = _descendants(proc.pid)
-        names = " ".join(_cmdline(p) for p in started)
-        for part in ("raylet", "gcs_server", "ray::RolloutManager", "ray::TrainWorker", "router"):
-            assert part in names, (part, names[-3000:])
-        assert len(started) >= 8, names[-3000:]  # plus the engine servers and Ray's agents
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    cli_runs.read_until(proc, when, lines)
+    started = _descendants(proc.pid)
+    names = " ".join(_cmdline(p) for p in started)
+    for part in ("raylet", "gcs_server", "ray::RolloutManager", "ray::TrainWorker", "router"):
+        assert part in names, (part, names[-3000:])
+    assert len(started) >= 8, names[-3000:]  # plus the engine servers and Ray's agents
+    out = cli_runs.stop(proc, signal.SIGINT, 180)
     text = "".join(lines) + out
     assert proc.returncode == 130, text[-4000:]
     assert "interrupted" in out, text[-4000:]

@@ -352,7 +352,7 @@ def _finalize_upstream(args: argparse.Namespace) -> None:
     """Upstream's derived values (slime_validate_args) that plugins and slime-train read."""
     if args.n_samples_per_prompt == 1:
         args.grpo_std_normalization = False
-    # the names this project's train_data reads
+    # the names the controller's batch conversion reads
     args.disable_rewards_normalization = not args.rewards_normalization
     args.disable_grpo_std_normalization = not args.grpo_std_normalization
     if args.eps_clip_high is None:

@@ -18,6 +18,7 @@ from slime.cli import lifeline
 from slime.cli.args import ArgError
 from slime.cli.errors import describe
 from slime.cli.preflight import PreflightError, preflight
+from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
 
@@ -53,6 +54,7 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
     With `argv` None (a real command line) the process is also made to take everything it started
     down with it (`lifeline`); called with a list (tests, scripts) the process is left alone.
     """
+    mark(f"{prog}: imported")
     lifeline_pid = None
     if argv is None:
         if lifeline.own_process_group():
@@ -67,6 +69,7 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
     stop_on_sigterm()
     try:
         _announce_resume(args, preflight(args)["resumed_after"])
+        mark(f"{prog}: inputs checked")
         body(args)
     except PreflightError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

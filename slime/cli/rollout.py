@@ -71,23 +71,25 @@ def run(args: Any) -> list[dict[str, Any]]:
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
-    import ray
-
     if args.hf_checkpoint is None and args.rollout_backend == "hf":
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
-    # Cold start: the manager's module (torch, transformers: seconds) is imported while Ray starts
+    # Cold start: the manager's module (Ray, the fleet) is imported while Ray starts; Ray itself is imported
+    # after the engine fork server is started (in `ray_init`), so the fork server's preload begins first
     with ThreadPoolExecutor(1, thread_name_prefix="import-manager") as pool:
         manager_module = pool.submit(importlib.import_module, "slime.ray.rollout_manager")
-        started_ray = _ray_init(args)
+        session = _ray_init(args)
         RolloutManager = manager_module.result().RolloutManager  # noqa: N806 - a class
+    import ray
+
     stop_on_sigterm()  # again: ray.init installed its own
     manager = None
     summaries: list[dict[str, Any]] = []
     engine_log = EngineStateLog()
     try:
-        manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
+        manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(
+            args, fork_server=session.fork_server_socket)
         info = ray.get(manager.start.remote())
         if info["router_url"]:
             ready = ", ".join(f"{k} {v:.1f}s" for k, v in info["startup_seconds"].items())
@@ -127,8 +129,7 @@ def run(args: Any) -> list[dict[str, Any]]:
                 ray.get(manager.shutdown.remote(), timeout=120)
             except Exception as e:  # noqa: BLE001 - shutting down after another error
                 logger.warning("manager shutdown: %s", e)
-        if started_ray:
-            ray.shutdown()
+        session.stop()  # Ray (if ours) and the engine fork server: nothing outlives the command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,9 +48,9 @@ def run(args: Any) -> list[Any]:
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
-    with ray_session(args):
+    with ray_session(args) as session:
         stop_on_sigterm()  # again: ray.init installs its own handler (SIGTERM takes Ctrl-C's way out)
-        records = train(args)
+        records = train(args, fork_server=session.fork_server_socket)
     if records:
         rewards = [r.raw_reward for r in records if r.raw_reward is not None]
         diffs = [r.rollout.get("train_rollout_logprob_abs_diff") for r in records

@@ -9,7 +9,9 @@ weight_version, requests_restarted, weight_updates_total).
 
 Weight sync (SGLang's paths and bodies, answers `{"success", "message", ...}`, 400 on refusal):
 `/update_weights_from_disk`, `/update_weights_from_tensor` (payloads of slime.engine.weight_transfer),
-`/init_weights_update_group` (gloo only; optional `timeout` seconds, default 120),
+`/init_weights_update_group` (gloo only; optional `timeout` seconds, default 120; optional
+`weight_transport` "auto" | "broadcast": "auto" maps the trainer's shared-memory ring when on its host,
+see slime.engine.weight_ring),
 `/update_weights_from_distributed`, `/destroy_weights_update_group`, `/get_weight_version`,
 `/weights_checker` (`action`: snapshot | compare [with optional `checksums` {name: sha256}] |
 compare_checksum | checksum | reset/reset_tensors; a compare answers per-tensor equality, 200 when
@@ -363,11 +365,12 @@ class WeightSync:
         try:
             body = await _strict_body(request)
             args = [body.get(k) for k in ("master_address", "master_port", "rank_offset", "world_size")]
-            msg = await asyncio.to_thread(self.srv.groups.init, *args, body.get("group_name", "weight_update_group"),
-                                          body.get("backend", "gloo"), body.get("timeout"))
+            answer = await asyncio.to_thread(self.srv.groups.init, *args,
+                                             body.get("group_name", "weight_update_group"), body.get("backend", "gloo"),
+                                             body.get("timeout"), body.get("weight_transport"))
         except (BadRequest, WeightUpdateError) as exc:
             return _fail(400, str(exc))
-        return JSONResponse({"success": True, "message": msg})
+        return JSONResponse({"success": True, **answer})
 
     async def destroy_group(self, request: Request) -> Response:
         try:
@@ -399,7 +402,9 @@ class WeightSync:
             except WeightUpdateError as exc:
                 refusal = _fail(400, str(exc))
             try:
-                if refusal is None and load_format is None:
+                # through the shared-memory ring any layout is copied straight into the parameters
+                ring = await asyncio.to_thread(groups.uses_ring, group)
+                if refusal is None and (load_format is None or ring):
                     # straight into the parameters, in the decode thread: no copy, and nothing decodes meanwhile
                     restarted = await b.write_weights(
                         lambda table: groups.receive(group, names, dtypes, shapes, None, [table[n] for n in names]),

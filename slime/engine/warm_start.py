@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# set (to the fork server's socket path) in the environment of the processes of a node that has one
+# the off switch (a tuning knob, read by slime.ray.session): `SLIME_ENGINE_FORK_SERVER=0` starts every engine
+# cold. The server's socket itself reaches the engines as an argument (Fleet -> EngineActor -> hf_server).
 FORK_SERVER_ENV = "SLIME_ENGINE_FORK_SERVER"
 # imported here so each engine does not: uvicorn picks these at run time
 _SERVING_MODULES = ("fastapi", "uvicorn", "uvicorn.loops.auto", "uvicorn.loops.uvloop", "uvicorn.loops.asyncio",

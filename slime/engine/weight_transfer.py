@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 FORMAT = "slime-tensors-v1"
@@ -125,10 +126,14 @@ def _layout(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[dict], 
 
 
 def _write(buf: torch.Tensor, named_tensors: list[tuple[str, torch.Tensor]], entries: list[dict]) -> None:
+    """One single-threaded memcpy per tensor (numpy): torch's parallel copy waits for its slowest thread
+    at every tensor, several times slower on a busy host (bench/bench_weight_sync.py)."""
+    out = buf.numpy()
     for (_, t), e in zip(named_tensors, entries):
         n = t.numel() * t.element_size()
         if n:
-            buf[e["offset"]:e["offset"] + n].copy_(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
+            src = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            np.copyto(out[e["offset"]:e["offset"] + n], src)
 
 
 @dataclass

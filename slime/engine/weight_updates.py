@@ -12,6 +12,10 @@ Why:
   deadline, bound to the local address that routes to the master, so nothing is registered in
   torch's global state and a group that cannot rendezvous fails within its deadline and leaves
   nothing behind. Only `gloo` runs on CPU; `nccl` (SGLang's default) is refused with a clear error.
+- A trainer may ask (optional init field `weight_transport`: "auto") for the host-local shared-memory
+  ring of slime.engine.weight_ring: the engine maps the offered slots if it can and says so in its
+  answer; the trainer's decision (ring for every engine, else broadcast) is read from the group's
+  store at the first push. Without the field (slime's and SGLang's requests) nothing changes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from slime.engine.weight_ring import (
+    BROADCAST, DECISION_KEY, HEADER_WORDS, MAGIC, OFFER_KEY, RING, TRANSPORTS, RingReader, RingUnavailable,
+    bucket_digest, bucket_layout, chunks,
+)
 from slime.engine.weight_transfer import (
     WeightFormatError, dtype_name, nbytes_of, parse_dtype, unflatten_bucket,
 )
@@ -93,7 +101,7 @@ def gloo_threads() -> int:
     """Worker threads of a weight-update group: `SLIME_WEIGHT_SYNC_GLOO_THREADS`, else 8 (gloo's default
     is 2). Local to each process (peers need not agree; the wire protocol is the same): each thread
     carries one tensor's broadcast at a time, so with one broadcast per tensor more of them in flight
-    keep the link busy through every per-tensor handshake. Measured in bench/bench_weight_sync.py."""
+    keep the link busy through every per-tensor handshake (broadcast transport; bench/RESULTS.md)."""
     value = os.environ.get(GLOO_THREADS_ENV, "").strip()
     if not value:
         return DEFAULT_GLOO_THREADS
@@ -102,15 +110,21 @@ def gloo_threads() -> int:
     return int(value)
 
 
+def new_store(master_address: str, master_port: int, world_size: int, timeout_s: float, *, is_master: bool):
+    """The group's TCPStore (the master's is a server: it must live as long as the group)."""
+    return torch.distributed.TCPStore(master_address, int(master_port), world_size, is_master,
+                                      timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 def new_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-                   timeout_s: float, *, is_master: bool = False):
+                   timeout_s: float, *, is_master: bool = False, store=None):
     """A gloo group on `tcp://master_address:master_port` (keys under `group_name`), bounded by `timeout_s`.
 
     Returns (process_group, store); the master's store must live as long as the group.
     """
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = torch.distributed.TCPStore(master_address, int(master_port), world_size, is_master, timeout=timeout,
-                                       wait_for_workers=False)
+    if store is None:
+        store = new_store(master_address, master_port, world_size, timeout_s, is_master=is_master)
     opts = torch.distributed.ProcessGroupGloo._Options()
     opts._timeout = timeout
     host = master_address if is_master else local_address_for(master_address, master_port)
@@ -128,6 +142,11 @@ def broadcast(pg, *tensors: torch.Tensor) -> None:
         work.wait()
 
 
+def all_reduce_done(pg) -> object:
+    """The 1-word "slot done" collective of the ring (async: returns the work)."""
+    return pg.allreduce([torch.zeros(1, dtype=torch.int64)])
+
+
 @dataclass
 class _Group:
     pg: object
@@ -136,6 +155,10 @@ class _Group:
     world_size: int
     master: str
     scratch: torch.Tensor | None = None  # flat receive buffer, reused so later pushes do not page-fault
+    transport: str = BROADCAST  # or RING, or "offered" (mapped, the trainer's decision not read yet)
+    ring: RingReader | None = None
+    seq: int = 0  # ring chunks received so far (the trainer numbers them the same way)
+    broken: str | None = None  # why the ring protocol lost step with the trainer (the group must be re-formed)
 
     def flat_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         size = numel * torch.empty((), dtype=dtype).element_size()
@@ -153,8 +176,9 @@ class UpdateGroups:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def init(self, master_address, master_port, rank_offset, world_size, group_name, backend,
-             timeout_s: float | None = None) -> str:
-        """Blocking (run it off the event loop). Returns a success message; raises WeightUpdateError."""
+             timeout_s: float | None = None, weight_transport: str | None = None) -> dict:
+        """Blocking (run it off the event loop). Returns the answer's fields (`message`, and
+        `weight_transport` when the trainer asked for one); raises WeightUpdateError."""
         if not isinstance(master_address, str) or not master_address:
             raise WeightUpdateError("master_address (string) is required")
         for key, v in (("master_port", master_port), ("rank_offset", rank_offset), ("world_size", world_size)):
@@ -170,6 +194,10 @@ class UpdateGroups:
         if backend != "gloo":
             raise WeightUpdateError(f"backend {backend!r} is not available on the embedded CPU engine; use 'gloo' "
                                     "('nccl' is for SGLang engines on GPUs)")
+        if weight_transport is not None and weight_transport not in TRANSPORTS:
+            raise WeightUpdateError(f"weight_transport must be one of {', '.join(TRANSPORTS)}, got {weight_transport!r}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
+            raise WeightUpdateError(f"timeout must be a number of seconds, got {timeout_s!r}")
         timeout_s = DEFAULT_GROUP_TIMEOUT_S if timeout_s is None else float(timeout_s)
         if timeout_s <= 0:
             raise WeightUpdateError(f"timeout must be > 0 seconds, got {timeout_s}")
@@ -186,26 +214,53 @@ class UpdateGroups:
                     f"could not rendezvous with the trainer at {master_address}:{master_port} for group "
                     f"{group_name!r} (rank {rank_offset} of {world_size}, deadline {timeout_s:g} s): {first_line}"
                 ) from None
+            group = _Group(pg, store, rank_offset, world_size, f"{master_address}:{master_port}")
+            answer = {"message": f"Initialized weight update group {group_name!r} (rank {rank_offset} of "
+                                 f"{world_size}, gloo)."}
+            if weight_transport == "auto":
+                answer.update(_map_offered_ring(group, group_name, timeout_s))
+            elif weight_transport == BROADCAST:
+                answer["weight_transport"] = BROADCAST
             with self._lock:
-                self.groups[group_name] = _Group(pg, store, rank_offset, world_size, f"{master_address}:{master_port}")
+                self.groups[group_name] = group
         finally:
             with self._lock:
                 self._pending.discard(group_name)
-        return f"Initialized weight update group {group_name!r} (rank {rank_offset} of {world_size}, gloo)."
+        return answer
 
     def destroy(self, group_name: str) -> str:
         with self._lock:
             group = self.groups.pop(group_name, None)
         if group is None:
             raise WeightUpdateError(f"weight update group {group_name!r} does not exist")
-        _shutdown(group.pg)
+        _shutdown(group)
         return f"Destroyed weight update group {group_name!r}."
 
     def destroy_all(self) -> None:
         with self._lock:
             groups, self.groups = list(self.groups.values()), {}
         for g in groups:
-            _shutdown(g.pg)
+            _shutdown(g)
+
+    def uses_ring(self, group_name: str) -> bool:
+        """Whether pushes on this group travel through the shared-memory ring (reads the trainer's
+        decision at the first push after init; blocking, bounded by the store's deadline)."""
+        with self._lock:
+            group = self.groups.get(group_name)
+        if group is None:
+            return False
+        if group.transport == "offered":
+            try:
+                decision = group.store.get(f"{group_name}/{DECISION_KEY}").decode()
+            except Exception as exc:  # noqa: BLE001 - the trainer never decided (it died or is not slime's)
+                raise RuntimeError(f"group {group_name!r}: no transport decision from the trainer at "
+                                   f"{group.master}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                                   ) from None
+            group.transport = RING if decision == RING else BROADCAST
+            if group.transport != RING:
+                group.ring.close()
+                group.ring = None
+        return group.transport == RING
 
     def receive(self, group_name: str, names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]],
                 load_format: str | None, into: list[torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
@@ -219,6 +274,11 @@ class UpdateGroups:
         if group is None:
             raise WeightUpdateError(f"weight update group {group_name!r} does not exist; call "
                                     "init_weights_update_group first")
+        if load_format not in (None, "flattened_bucket"):
+            raise WeightUpdateError(f"load_format must be null or 'flattened_bucket', got {load_format!r}")
+        if self.uses_ring(group_name):
+            _receive_ring(group, group_name, names, dtypes, shapes, into)
+            return list(zip(names, into)) if into is not None else []
         if load_format == "flattened_bucket":
             if len(set(dtypes)) > 1:
                 raise WeightUpdateError("a flattened_bucket must hold tensors of one dtype, got "
@@ -227,8 +287,6 @@ class UpdateGroups:
             flat = group.flat_buffer(dtypes[0] if dtypes else torch.uint8, numel)
             _checked_broadcast(group, group_name, flat)
             return list(zip(names, unflatten_bucket(flat, shapes)))
-        if load_format is not None:
-            raise WeightUpdateError(f"load_format must be null or 'flattened_bucket', got {load_format!r}")
         tensors = into if into is not None else [torch.empty(s, dtype=d) for d, s in zip(dtypes, shapes)]
         _checked_broadcast(group, group_name, *tensors)
         return list(zip(names, tensors))
@@ -242,9 +300,60 @@ def _checked_broadcast(group: _Group, group_name: str, *t: torch.Tensor) -> None
         raise RuntimeError(f"broadcast on group {group_name!r} from {group.master} failed: {first_line}") from None
 
 
-def _shutdown(pg) -> None:
+def _map_offered_ring(group: _Group, group_name: str, timeout_s: float) -> dict:
+    """Map the trainer's ring offer (see weight_ring); the answer says whether this engine can use it."""
     try:
-        pg.shutdown()
+        offer = group.store.get(f"{group_name}/{OFFER_KEY}")
+        group.ring = RingReader.map(offer)
+    except RingUnavailable as exc:
+        return {"weight_transport": BROADCAST, "weight_transport_reason": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - no offer within the deadline: the trainer falls back too
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return {"weight_transport": BROADCAST, "weight_transport_reason": f"no ring offer: {first_line}"}
+    group.transport = "offered"
+    return {"weight_transport": RING}
+
+
+def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list[torch.dtype],
+                  shapes: list[list[int]], into: list[torch.Tensor] | None) -> None:
+    """Receive one bucket chunk by chunk through the ring, copying into `into` (None: drop it, the
+    bucket was refused but the collectives must still run). Blocking, bounded by the group's deadline."""
+    if group.broken:
+        raise RuntimeError(f"group {group_name!r} lost step with the trainer earlier ({group.broken}); "
+                           "destroy it and init again")
+    offsets, sizes, total = bucket_layout(dtypes, shapes)
+    digest = bucket_digest(names, dtypes, shapes)
+    ring, done = group.ring, []
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = 0
+    try:
+        for start, length in chunks(total, ring.slot_bytes):
+            hdr = torch.zeros(HEADER_WORDS, dtype=torch.int64)
+            group.pg.broadcast([hdr], opts).wait()
+            expected = [MAGIC, group.seq, group.seq % len(ring.slots), start, length, digest]
+            if hdr.tolist() != expected:
+                raise RuntimeError(f"ring chunk header {hdr.tolist()} from the trainer does not match this request "
+                                   f"(expected {expected}: the trainer sent another bucket than the one starting "
+                                   f"at {names[0]!r})")
+            if into is not None:
+                ring.read(expected[2], into, offsets, sizes, start, length)
+            group.seq += 1
+            done.append(all_reduce_done(group.pg))
+        for work in done:
+            work.wait()
+    except Exception as exc:  # noqa: BLE001
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        group.broken = first_line
+        raise RuntimeError(f"shared-memory ring receive on group {group_name!r} from {group.master} failed at "
+                           f"the bucket starting at {names[0]!r}: {first_line}") from None
+
+
+def _shutdown(group: _Group) -> None:
+    if group.ring is not None:
+        group.ring.close()
+        group.ring = None
+    try:
+        group.pg.shutdown()
     except Exception:  # noqa: BLE001 - already broken groups may refuse; nothing else to release
         pass
 

@@ -16,7 +16,9 @@ WEIGHT_PUSH_TIMEOUT_S = 600.0  # one bucket of a large model, or a rendezvous, m
 
 class EngineActor:
     def __init__(self, args: Any, rank: int, node_rank: int = 0, nnodes: int = 1,
-                 dist_init_addr: str | None = None):
+                 dist_init_addr: str | None = None, fork_server: str | None = None):
+        """`fork_server`: the socket of this node's engine fork server, for an embedded engine to start
+        warm (slime.engine.warm_start); None starts it cold."""
         host = args.engine_host
         if host == "auto":
             host = ray.util.get_node_ip_address()
@@ -26,7 +28,7 @@ class EngineActor:
             self.server: EngineServer = sglang_server(args, rank, host, args.log_dir, node_rank=node_rank,
                                                       nnodes=nnodes, dist_init_addr=dist_init_addr)
         else:
-            self.server = hf_server(args, rank, host, args.log_dir)
+            self.server = hf_server(args, rank, host, args.log_dir, fork_server=fork_server)
         # completed weight pushes, for the fleet to admit a restarted engine once it has the current weights
         self._pushes = threading.Condition()
         self._push_count = 0
@@ -138,13 +140,19 @@ class EngineActor:
         return self._update(False, "/update_weights_from_tensor", body, WEIGHT_PUSH_TIMEOUT_S)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str, backend: str, timeout: float | None = None) -> Any:
+                                  group_name: str, backend: str, timeout: float | None = None,
+                                  weight_transport: str | None = None) -> Any:
         """Join the trainer's group; `backend` is passed through (SGLang: nccl; embedded engine: gloo only).
-        `timeout` (seconds, embedded engine only) bounds the rendezvous."""
+        Embedded engine only (SGLang's request has no such fields, its answer then says nothing of the
+        transport and the trainer broadcasts): `timeout` (seconds) bounds the rendezvous;
+        `weight_transport` "auto" maps the trainer's shared-memory ring when on its host."""
         body = payloads.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name,
                                                   backend)
-        if timeout is not None and self.backend != "sglang":  # SGLang's request has no such field
-            body["timeout"] = timeout
+        if self.backend != "sglang":
+            if timeout is not None:
+                body["timeout"] = timeout
+            if weight_transport is not None:
+                body["weight_transport"] = weight_transport
         return self.server.call("POST", "/init_weights_update_group", body,
                                 timeout=(timeout or WEIGHT_PUSH_TIMEOUT_S) + 30)
 

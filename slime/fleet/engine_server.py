@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import requests
 
-from slime.engine.warm_start import FORK_SERVER_ENV
 from slime.utils import fork_server
 from slime.utils.child_process import ChildProcess, ReadinessError, http_ok
 from slime.utils.misc import find_free_port
@@ -87,12 +86,12 @@ def base_gpu_id(args: Any, rank: int) -> int:
     return (rank * per_engine_on_node) % args.num_gpus_per_node
 
 
-def fork_server_launcher(socket_path: str | None = None) -> Callable[[ChildProcess], Any] | None:
-    """A `ChildProcess` launcher that forks `python -m slime.engine.hf_server ARGS` warm from this
-    node's fork server (see slime.engine.warm_start), or None when the node has none. If the server
-    cannot be reached the engine starts the ordinary way (a warning, not an error)."""
-    socket_path = socket_path or os.environ.get(FORK_SERVER_ENV)
-    if not socket_path or socket_path.lower() in ("0", "off", "false", "no"):
+def fork_server_launcher(socket_path: str | None) -> Callable[[ChildProcess], Any] | None:
+    """A `ChildProcess` launcher that forks `python -m slime.engine.hf_server ARGS` warm from the
+    node's fork server listening on `socket_path` (see slime.engine.warm_start), or None when there
+    is none. If the server cannot be reached the engine starts the ordinary way (a warning, not an
+    error)."""
+    if not socket_path:
         return None
 
     def launch(child: ChildProcess) -> Any:
@@ -178,14 +177,15 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def hf_server(args: Any, rank: int, host: str, log_dir: str | None) -> EngineServer:
+def hf_server(args: Any, rank: int, host: str, log_dir: str | None, fork_server: str | None = None) -> EngineServer:
+    """The embedded engine; `fork_server`: the socket of this node's engine fork server (a warm start)."""
     port = find_free_port(host)
     cmd = [sys.executable, "-m", "slime.engine.hf_server", "--model-path", str(args.hf_checkpoint),
            "--host", host, "--port", str(port), "--max-batch-size", str(args.engine_max_batch_size)]
     if args.engine_threads:
         cmd += ["--num-threads", str(args.engine_threads)]
     return EngineServer(cmd, host, port, f"engine-hf-{rank}", log_dir, engine_env(), args.engine_startup_timeout,
-                        launcher=fork_server_launcher())
+                        launcher=fork_server_launcher(fork_server))
 
 
 def sglang_server(args: Any, rank: int, host: str, log_dir: str | None, *, node_rank: int = 0, nnodes: int = 1,

@@ -38,6 +38,7 @@ from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
 from slime.fleet.router import Router, register_worker, unregister_worker
 from slime.utils.endpoints import Endpoints
+from slime.utils.startup_trace import mark
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class EngineSlot:
 
 
 class Fleet:
-    def __init__(self, args: Any):
+    def __init__(self, args: Any, fork_server: str | None = None):
         self.args = args
         self.router: Router | None = None
         self.pg = None
@@ -105,6 +106,9 @@ class Fleet:
         self.replacement_hooks: list[Any] = []
         self.weight_version: str | None = None  # the version the serving engines last reported
         self._watchers: list[threading.Thread] = []
+        # the socket of this node's engine fork server (from the Ray session that started it): embedded
+        # engines, replacements included, are forked from it warm; None: they start cold
+        self.fork_server = fork_server
 
     # ---- views kept for callers of the old attributes ----
     @property
@@ -125,6 +129,7 @@ class Fleet:
         self.startup_timings["router"] = time.monotonic() - t0
         urls = ray.get(refs)  # the first engine failure is raised here
         self.startup_timings["engines"] = time.monotonic() - t0
+        mark("fleet: engines serving")
         per = len(urls) // max(1, len(self.slots))
         for slot, url in zip(self.slots, urls[::per]):
             slot.url = url
@@ -156,7 +161,8 @@ class Fleet:
                                          scheduling_strategy=bundle_strategy(self.pg, bundle)
                                          ).remote(args, rank, node_rank, nnodes, dist_init_addr)
         return _EngineRemote.options(num_cpus=float(args.rollout_num_cpus_per_engine),
-                                     scheduling_strategy=bundle_strategy(self.pg, bundle)).remote(args, rank)
+                                     scheduling_strategy=bundle_strategy(self.pg, bundle)
+                                     ).remote(args, rank, fork_server=self.fork_server)
 
     def _launch_engines(self) -> list[Any]:
         """Create the engine actors on their bundles and start their servers (not awaited)."""

@@ -120,12 +120,35 @@ class WandbRun:
 
         return wandb.Table(columns=columns, data=rows)
 
-    def finish(self, timeout: float = 30.0) -> None:
-        """Close the run; offline, wait until its files are complete (callers read them or exit)."""
-        rdir, offline = self.dir, self.run.settings.mode == "offline"
-        self.run.finish()
-        if offline:
-            from slime.observability.wandb_reader import wait_closed
+    def finish(self, timeout: float = 30.0, *, end_session: bool = False) -> None:
+        """Close the run; offline, wait until its files are complete (callers read them or exit).
 
-            if not wait_closed(rdir, timeout=timeout):
-                logger.warning("wandb: run %s not closed on disk after %.0f s", self.id, timeout)
+        `end_session`: also stop this process's wandb service (`wandb.teardown`, which finishes any
+        other run of the process too). A command's orderly stop does this: it kills its leftover
+        child processes at exit, the service among them, and wandb's own atexit teardown would then
+        print a `ConnectionResetError` traceback."""
+        rdir, offline = self.dir, self.run.settings.mode == "offline"
+        try:
+            self.run.finish()
+            if offline:
+                from slime.observability.wandb_reader import wait_closed
+
+                if not wait_closed(rdir, timeout=timeout):
+                    logger.warning("wandb: run %s not closed on disk after %.0f s", self.id, timeout)
+        finally:
+            if end_session:
+                end_wandb_session()
+
+
+def end_wandb_session() -> None:
+    """Stop this process's wandb service in order (nothing is left for wandb's atexit hook); a
+    failure is logged, never raised: the run's data is already written."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is None:  # never imported: no service
+        return
+    try:
+        wandb.teardown()
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - stopping; wandb calls sys.exit on a service error
+        logger.warning("wandb: stopping the service: %s: %s", type(e).__name__, e)

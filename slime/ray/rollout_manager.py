@@ -26,6 +26,7 @@ from slime.ray import weight_sync
 from slime.ray.box import Box
 from slime.tools.services import ToolServices
 from slime.utils.endpoints import Endpoints
+from slime.utils.startup_trace import mark
 
 if TYPE_CHECKING:  # imported where it is built: torch and transformers load while the engines boot
     from slime.rollout.controller import RolloutController
@@ -34,8 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 class RolloutManager:
-    def __init__(self, args: Any):
+    def __init__(self, args: Any, fork_server: str | None = None):
         self.args = args
+        self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
         self.fleet: Fleet | None = None
         self.controller: RolloutController | None = None
         self.wandb_run: WandbRun | None = None
@@ -50,10 +52,11 @@ class RolloutManager:
     # ---- start-up ----
     def start(self) -> dict[str, Any]:
         t0 = time.monotonic()
+        mark("manager: start")
         try:
             self.wandb_run = WandbRun.start(self.args)
             self._start_tool_services()
-            fleet = self.fleet = None if self.args.load_debug_rollout_data else Fleet(self.args)
+            fleet = self.fleet = None if self.args.load_debug_rollout_data else Fleet(self.args, fork_server=self.fork_server)
             # the controller (tokenizer, data, plugins) is built while the engines boot: it only needs
             # the fleet's Endpoints object, which the fleet fills in as engines register
             with ThreadPoolExecutor(1, thread_name_prefix="controller-init") as pool:
@@ -80,6 +83,7 @@ class RolloutManager:
             fleet_counters=(lambda: {k: fleet.counters[k] for k in ("engine_deaths", "engine_restarts")})
             if fleet else None)
         self.startup_timings["controller"] = time.monotonic() - t0
+        mark("manager: controller built")
         return controller
 
     def _start_tool_services(self) -> None:
@@ -247,7 +251,7 @@ class RolloutManager:
         steps += self.fleet.stop_steps() if self.fleet else []
         steps += [(f"tool service {type(h).__name__}", h.stop) for h in self._tool_handles
                   if callable(getattr(h, "stop", None))]
-        steps.append(("wandb", lambda: self.wandb_run and self.wandb_run.finish()))
+        steps.append(("wandb", lambda: self.wandb_run and self.wandb_run.finish(end_session=True)))
         for what, step in steps:
             try:
                 step()

@@ -1,6 +1,8 @@
 """Ray and the rollout manager, started and stopped the same way by every command (`slime-rollout`,
 `slime-train`): join `--ray-address` or start a private local Ray whose workers see this checkout,
 create the `RolloutManager` actor, and stop it (then Ray, if we started it) whatever happened.
+With a private Ray and embedded engines, the session also runs the node's engine fork server (warm
+engine starts); it is stopped with the session.
 """
 
 from __future__ import annotations
@@ -21,20 +23,55 @@ _FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_ENDPOINT", "WANDB_MODE", "WANDB_DIR", "W
                   "WANDB_CONFIG_DIR", "SLIME_CACHE", "RAY_AUTH_MODE", "TOKENIZERS_PARALLELISM")
 
 
+class RaySession:
+    """What `ray_init` started, stopped by `stop()`: Ray itself (only if we started it) and the node's
+    engine fork server. The fork server goes with the session, not at interpreter exit, so a command's
+    check for leftover processes finds nothing."""
+
+    def __init__(self, started: bool, fork_server: Any = None):
+        self.started, self.fork_server = started, fork_server
+        self.fork_server_socket: str | None = None  # handed to the manager (start_manager), once it listens
+
+    def stop(self) -> None:
+        try:
+            if self.started:
+                import ray
+
+                ray.shutdown()
+        finally:
+            self.stop_fork_server()
+
+    def stop_fork_server(self) -> None:
+        """Stop the fork server (its engines are children: they go with it) and remove its directory."""
+        import shutil
+
+        server, self.fork_server, self.fork_server_socket = self.fork_server, None, None
+        if server is not None:
+            try:
+                server.stop(timeout=5)
+            finally:
+                shutil.rmtree(server.where, ignore_errors=True)
+
+
+def fork_server_disabled() -> bool:
+    """`SLIME_ENGINE_FORK_SERVER=0` (a tuning knob read here only): every engine starts cold."""
+    from slime.engine.warm_start import FORK_SERVER_ENV
+
+    return os.environ.get(FORK_SERVER_ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
 def start_engine_fork_server(args: Any) -> Any:
     """Cold start: with embedded engines on this node (a private Ray), start the node's engine fork
     server now, so torch, transformers and the checkpoint load while Ray and the manager come up,
-    once for all engines (slime.engine.warm_start). Its socket path goes into the environment the
-    Ray workers inherit. The server dies with this process (`PR_SET_PDEATHSIG`); set
-    SLIME_ENGINE_FORK_SERVER=0 to start every engine cold. Returns its `ChildProcess`, or None."""
-    import atexit
-    import shutil
+    once for all engines (slime.engine.warm_start). Not awaited: it binds its socket at once, then
+    preloads while clients queue. The server dies with this process (`PR_SET_PDEATHSIG`); the
+    session stops it. Returns its `ChildProcess` (`socket_path`, `where`: its private directory),
+    or None."""
     import sys
 
-    from slime.engine.warm_start import FORK_SERVER_ENV
     from slime.utils.child_process import ChildProcess
 
-    if os.environ.get(FORK_SERVER_ENV, "").lower() in ("0", "off", "false", "no"):
+    if fork_server_disabled():
         return None
     if (getattr(args, "rollout_backend", None) != "hf" or not getattr(args, "hf_checkpoint", None)
             or getattr(args, "ray_address", None) or getattr(args, "load_debug_rollout_data", None)
@@ -50,34 +87,53 @@ def start_engine_fork_server(args: Any) -> Any:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     server = ChildProcess(cmd, name="engine fork server", log_path=log_dir / "engine-fork-server.log", env=env)
-    server.start()  # not awaited: it binds its socket at once, then preloads while clients queue
-    server.socket_path = str(sock)
-    os.environ[FORK_SERVER_ENV] = str(sock)
+    try:
+        server.start()
+    except BaseException:
+        import shutil
 
-    def stop() -> None:
-        server.stop(timeout=5)
         shutil.rmtree(where, ignore_errors=True)
-
-    atexit.register(stop)
+        raise
+    server.socket_path, server.where = str(sock), str(where)
     return server
 
 
-def ray_init(args: Any) -> bool:
-    """Join `--ray-address`, or start a private local Ray; returns True when we started it."""
-    import ray
+def ray_init(args: Any) -> RaySession:
+    """Join `--ray-address`, or start a private local Ray (and, for embedded engines, the node's
+    engine fork server, whose socket is the session's `fork_server_socket`, for `start_manager`). The
+    caller stops what was started with the returned session's `stop()`."""
+    import sys
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if ray.is_initialized():
-        return False
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return RaySession(False)
     mark("ray_init: begin")
+    # first, before importing Ray (~0.5 s): the fork server's preload is the longest part of a start
     fork_server = start_engine_fork_server(args)
+    session = RaySession(False, fork_server)
+    try:
+        _start_ray(args, session)
+        if fork_server is not None:
+            if _await_socket(fork_server):
+                session.fork_server_socket = fork_server.socket_path
+            else:
+                session.stop_fork_server()
+    except BaseException:
+        session.stop()
+        raise
+    return session
+
+
+def _start_ray(args: Any, session: RaySession) -> None:
+    import ray
+
     root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     if args.ray_address:
         ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
-        return False
+        return
     tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
     # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
@@ -85,32 +141,31 @@ def ray_init(args: Any) -> bool:
     os.environ.update(env)
     ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
              logging_level=logging.WARNING)
+    session.started = True
     mark("ray_init: ray.init done")
-    if fork_server is not None:
-        _await_socket(fork_server)
-    return True
 
 
-def _await_socket(server: Any, timeout: float = 30.0) -> None:
+def _await_socket(server: Any, timeout: float = 30.0) -> bool:
     """The fork server's socket exists (it binds before preloading: milliseconds after its start, and
-    Ray took seconds), so engines never miss it; if it is not there, they start cold."""
-    from slime.engine.warm_start import FORK_SERVER_ENV
+    Ray took seconds), so engines never miss it; if it is not there, they start cold (False)."""
     from slime.utils.child_process import ReadinessError, wait_until
 
     try:
         wait_until(lambda: os.path.exists(server.socket_path), timeout, server.name, server.proc, server.log_path)
+        return True
     except ReadinessError as e:
         logger.warning("engines will start cold: %s", e)
-        os.environ.pop(FORK_SERVER_ENV, None)
+        return False
 
 
-def start_manager(args: Any, manager_cls: Any = None) -> tuple[Any, dict[str, Any]]:
-    """A started `RolloutManager` actor and its `info()`. If `start` fails, the actor is stopped."""
+def start_manager(args: Any, manager_cls: Any = None, *, fork_server: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """A started `RolloutManager` actor and its `info()`; `fork_server` is the session's engine fork
+    server socket (warm engine starts), or None. If `start` fails, the actor is stopped."""
     import ray
 
     if manager_cls is None:
         from slime.ray.rollout_manager import RolloutManager as manager_cls
-    manager = ray.remote(manager_cls).options(num_cpus=0, max_concurrency=8).remote(args)
+    manager = ray.remote(manager_cls).options(num_cpus=0, max_concurrency=8).remote(args, fork_server=fork_server)
     try:
         info = ray.get(manager.start.remote())
     except BaseException:
@@ -134,16 +189,14 @@ def stop_manager(manager: Any, timeout: float = 120.0) -> None:
 
 
 @contextlib.contextmanager
-def ray_session(args: Any) -> Iterator[bool]:
-    """Ray for the duration of the block; shut down at the end only if this block started it."""
-    import ray
-
-    started = ray_init(args)
+def ray_session(args: Any) -> Iterator[RaySession]:
+    """Ray (and the engine fork server) for the duration of the block; Ray is shut down at the end only
+    if this block started it."""
+    session = ray_init(args)
     try:
-        yield started
+        yield session
     finally:
-        if started:
-            ray.shutdown()
+        session.stop()
 
 
 def format_startup(info: dict[str, Any]) -> str | None:

@@ -12,8 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -46,6 +44,8 @@ def save_debug_rollout(template: str, rollout_id: int, samples: list[Sample]) ->
     path = path_for(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    import torch  # here, not at the top: the rollout manager imports this module while it starts
+
     torch.save({"rollout_id": rollout_id, "samples": [_plain(s.to_dict()) for s in samples]}, tmp)
     tmp.replace(path)
     return path
@@ -55,6 +55,8 @@ def load_debug_rollout(template: str, rollout_id: int) -> list[Sample]:
     path = path_for(template, rollout_id)
     if not path.is_file():
         raise DebugDataError(f"--load-debug-rollout-data: file not found: {path}")
+    import torch
+
     try:
         data = torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt, truncated or unsafe pickles all land here
@@ -79,6 +81,8 @@ def load_debug_rollout(template: str, rollout_id: int) -> list[Sample]:
 def save_debug_train_data(template: str, rollout_id: int, batch: dict[str, Any]) -> Path:
     path = path_for(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
     torch.save({"rollout_id": rollout_id, "data": _plain(batch)}, path)
     return path
 

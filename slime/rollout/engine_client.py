@@ -35,6 +35,7 @@ DEFAULT_RETRY_WINDOW = 60.0
 
 
 ABORT_RESEND_FIRST = 0.05  # seconds before the first re-sent abort_all; doubles each time
+CLOSE_TIMEOUT = 10.0  # seconds `close` waits for background rid aborts (each is one request of 10 s at most)
 
 
 class AbortGate:
@@ -200,4 +201,14 @@ class EngineClient:
             wait *= 2
 
     async def close(self) -> None:
+        """Close the running loop's HTTP session, after this client's background rid aborts on that
+        loop (at most `CLOSE_TIMEOUT` seconds, then cancelled): one still running would open a new
+        session after this one closed, and that one would never be closed."""
+        loop = asyncio.get_running_loop()
+        mine = {t for t in self._background if t.get_loop() is loop}
+        if mine:
+            _, late = await asyncio.wait(mine, timeout=CLOSE_TIMEOUT)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.http.close()

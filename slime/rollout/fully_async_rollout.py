@@ -25,7 +25,10 @@ rollout waiting for it. Rules, all per whole group (a group is never split betwe
 - Nothing is lost: a group with an aborted sample (not ours to continue) goes back to the data
   source; a group whose generation raises goes back too and the rollout fails with that error; a
   data source that runs dry is an error naming how many groups were collected; `stop()` aborts
-  everything in flight and returns it, and the queued groups, to the data source.
+  everything in flight and returns it, and the queued groups, to the data source. A group goes back
+  as it was handed out without being copied up front: the worker keeps the live samples plus
+  `partial_rollout.snapshot` of them (None for fresh prompts, the common case) and gives them back
+  through `partial_rollout.restore` (fresh prompts are reset in place).
 One worker per runtime and data source, all of a runtime's workers in one `WorkerHub`.
 """
 
@@ -40,6 +43,7 @@ from typing import Any
 
 from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
+from slime.rollout.partial_rollout import restore, snapshot
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import generate_and_rm_group, generate_rollout, sampling_params_from_args
 from slime.utils.async_utils import run
@@ -75,13 +79,34 @@ def staleness(sample: Sample, current: int | None) -> int | None:
 
 
 class _Entry:
-    """A group the worker owns: its pristine copy (what goes back to the data source) and whether
-    it was continued after a weight update (partial rollout)."""
+    """A group the worker owns: the samples the data source handed out (generation mutates them),
+    their `snapshot` (None: fresh prompts, restored by resetting them), the latest result and
+    whether it was continued after a weight update (partial rollout)."""
 
-    __slots__ = ("pristine", "continued", "result")
+    __slots__ = ("handed", "before", "continued", "result")
 
-    def __init__(self, pristine: list[Sample], continued: bool = False, result: list[Sample] | None = None):
-        self.pristine, self.continued, self.result = pristine, continued, result
+    def __init__(self, handed: list[Sample]):
+        self.handed, self.before = handed, snapshot(handed)
+        self.continued, self.result = False, None
+
+    def as_handed_out(self) -> list[Sample]:
+        """The group as the data source handed it out (generation must be over: fresh prompts are
+        reset in place)."""
+        return restore(self.handed, self.before)[0]
+
+    def copy_as_handed_out(self) -> list[Sample]:
+        """A copy of `as_handed_out()` that leaves the live samples alone (generation may go on)."""
+        if self.before is not None:
+            return snapshot(self.before)
+        return restore(copy.deepcopy(self.handed), None)[0]
+
+    def fresh(self, i: int) -> Sample:
+        """Sample `i` as handed out, to start again (its live sample is reset in place when it was a
+        fresh prompt, else a copy of its snapshot)."""
+        if self.before is None:
+            return restore([self.handed[i]], None)[0][0]
+        copied = snapshot([self.before[i]])
+        return copied[0] if copied is not None else restore([self.handed[i]], None)[0][0]
 
 
 class AsyncRolloutWorker:
@@ -152,11 +177,11 @@ class AsyncRolloutWorker:
                 return
             for group in groups:
                 self.counters["groups_started"] += 1
-                self._launch(group, _Entry(copy.deepcopy(group)))
+                self._launch(group, _Entry(group))
 
     def _give_back(self, entry: _Entry, reason: str) -> None:
-        """The group's prompts go back to the data source, fresh (served before new prompts)."""
-        self.data_source.add_samples([copy.deepcopy(entry.pristine)])
+        """The group goes back to the data source as it was handed out (served before new prompts)."""
+        self.data_source.add_samples([entry.as_handed_out()])
         self.counters[f"returned_{reason}"] += 1
 
     def _observe_versions(self, group: list[Sample]) -> None:
@@ -223,8 +248,8 @@ class AsyncRolloutWorker:
     def _continue(self, entry: _Entry, result: list[Sample]) -> None:
         """Launch an aborted group again: samples with tokens are continued by
         `generate_and_rm_group` (--partial-rollout), those without start afresh."""
-        group = [s if s.response_length > 0 or s.status != Sample.Status.ABORTED else copy.deepcopy(p)
-                 for s, p in zip(result, entry.pristine)] if len(result) == len(entry.pristine) else result
+        group = [s if s.response_length > 0 or s.status != Sample.Status.ABORTED else entry.fresh(i)
+                 for i, s in enumerate(result)] if len(result) == len(entry.handed) else result
         for s in group:
             if s.status == Sample.Status.ABORTED:
                 s.reward = None  # scored when it finishes
@@ -242,7 +267,7 @@ class AsyncRolloutWorker:
         return any((staleness(s, current) or 0) > self.max_staleness for s in entry.result)
 
     def _drop_stale(self, entry: _Entry) -> None:
-        self.counters["stale_dropped"] += len(entry.result or entry.pristine)
+        self.counters["stale_dropped"] += len(entry.result or entry.handed)
         self.counters["stale_dropped_groups"] += 1
         self._give_back(entry, "stale")
 
@@ -370,7 +395,7 @@ class WorkerHub:
     def held_groups(self) -> list[list[Sample]]:
         """Fresh copies of every group the workers hold (generating, suspended, finished and not yet
         taken): what a checkpoint saves as if back in the buffer, so a resumed run loses none."""
-        return [copy.deepcopy(e.pristine) for w in self.workers
+        return [e.copy_as_handed_out() for w in self.workers
                 for e in [*w.active.values(), *w.suspended, *w.completed]]
 
     async def stop(self) -> dict[str, int]:

@@ -14,16 +14,16 @@ The contract the rollout functions share (`sglang_rollout`, `fully_async_rollout
   `keep_partial_group` prepares such a group for the buffer (whole groups only: a group is never split
   between rollouts). Without `--partial-rollout`, `reset_group` returns it to its prompt (the tokens are
   wasted, and counted).
-- Every engine answer is one *segment*: `metadata["weight_versions"][i]` is its engine weight version
-  (None when the engine reports none), `metadata["segments"][i]` its response span and rollout id.
-  `sample.weight_versions` is slime's list: the same versions without the Nones.
-  `metadata["continuations"]` counts the times it was continued, `metadata["start_rollout_id"]` is the rollout
-  in which the sample was first interrupted (slime's key).
+- Every engine answer is one *segment*, recorded on every path by `Sample.append_segment` /
+  `Sample.record_segment` (`slime/utils/types.py`): its weight version and response span. Here
+  `metadata["continuations"]` counts the times a sample was continued, `metadata["start_rollout_id"]` is
+  the rollout in which it was first interrupted (slime's key).
 - `--mask-offpolicy-in-partial-rollout`: `mask_offpolicy` sets the loss mask to 0 on the segments
   sampled by another weight version than the one that finished the sample (when engines report no
   versions: every segment of an earlier rollout, which is slime's rule).
-- While a rollout aborts, `AbortGate` is closed: our generate functions send no new request and report
-  the sample ABORTED at once, so a multi-turn sample whose tool call was in flight stops at that turn.
+- While a rollout aborts, the engine client's `gate` is closed: our generate functions send no new request
+  and report the sample ABORTED at once, so a multi-turn sample whose tool call was in flight stops at that
+  turn.
 
 A custom generate function declares it can continue a sample with `supports_partial_rollout = True`.
 """
@@ -33,19 +33,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from slime.rollout.engine_client import AbortGate
 from slime.utils.types import Sample
 
-FINISH_TO_STATUS = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
-                    "stop": Sample.Status.COMPLETED}
 FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
 SUPPORTS_ATTR = "supports_partial_rollout"
-SEGMENT_KEYS = ("weight_versions", "segments", "continuations", "start_rollout_id")
-
-
-def abort_gate(runtime: Any) -> AbortGate:
-    """The runtime's gate: its engine client's, which also stops requests waiting for a slot."""
-    return runtime.client.gate
 
 
 # ---- declaration -------------------------------------------------------------------------------
@@ -70,8 +61,7 @@ def check_generate_function(args: Any) -> None:
 
 # ---- one sample --------------------------------------------------------------------------------
 def is_continuation(args: Any, sample: Sample) -> bool:
-    return bool(getattr(args, "partial_rollout", False)) and sample.status == Sample.Status.ABORTED \
-        and sample.response_length > 0
+    return bool(getattr(args, "partial_rollout", False)) and sample.is_partial
 
 
 def is_finished(args: Any, sample: Sample) -> bool:
@@ -85,40 +75,6 @@ def continuation_input(sample: Sample, params: dict[str, Any]) -> tuple[list[int
     params = dict(params)
     params["max_new_tokens"] = int(params["max_new_tokens"]) - sample.response_length
     return list(sample.tokens), params
-
-
-def start_fresh(sample: Sample, prompt_ids: list[int]) -> Sample:
-    """Empty response on `prompt_ids`, no segments, no reward: a sample generated from scratch."""
-    sample.tokens, sample.response, sample.response_length = list(prompt_ids), "", 0
-    sample.reward = None
-    sample.loss_mask, sample.rollout_log_probs, sample.weight_versions = [], [], []
-    for key in SEGMENT_KEYS:
-        sample.metadata.pop(key, None)
-    return sample
-
-
-def record_segment(sample: Sample, start: int, end: int, weight_version: Any, rollout_id: int | None) -> None:
-    """One engine answer covering response positions [start, end)."""
-    version = None if weight_version is None else str(weight_version)
-    sample.metadata.setdefault("weight_versions", []).append(version)
-    sample.metadata.setdefault("segments", []).append({"start": start, "end": end, "rollout_id": rollout_id})
-    if version is not None:
-        sample.weight_versions.append(version)
-
-
-def absorb(sample: Sample, out: Any, *, rollout_id: int | None = None, continued: bool = False) -> Sample:
-    """Append one engine answer (an `EngineOutput`) to `sample` as one segment: ids, log-probs and mask
-    1 through slime's `Sample.append_response_tokens` (which keeps the lists aligned), then the status
-    (COMPLETED for a finish reason it does not know) and the segment's weight version."""
-    start = sample.response_length
-    sample.append_response_tokens(tokens=out.token_ids, log_probs=out.log_probs, trainable=True,
-                                  text=out.text or "", update_terminal_info=False)
-    sample.status = FINISH_TO_STATUS.get(out.finish_type, Sample.Status.COMPLETED)
-    sample.metadata["finish_reason"] = out.finish_type
-    if continued:
-        sample.metadata["continuations"] = int(sample.metadata.get("continuations", 0)) + 1
-    record_segment(sample, start, sample.response_length, out.weight_version, rollout_id)
-    return sample
 
 
 def token_weight_versions(sample: Sample) -> list[str | None]:
@@ -169,7 +125,7 @@ def reset_sample(sample: Sample) -> int:
     """Back to a fresh prompt; returns the response tokens thrown away."""
     wasted = sample.response_length
     prompt = sample.tokens[: sample.prompt_length] if sample.response_length else sample.tokens
-    start_fresh(sample, prompt)
+    sample.start_response(prompt)
     sample.loss_mask = sample.rollout_log_probs = None
     sample.reward, sample.status = None, Sample.Status.PENDING
     sample.metadata.pop("finish_reason", None)

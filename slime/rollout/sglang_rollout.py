@@ -167,18 +167,19 @@ def prompt_ids(args: Any, sample: Sample, runtime: RolloutRuntime | None = None)
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *,
                    runtime: RolloutRuntime | None = None) -> Sample:
-    """Default per-sample generation: one engine call, token-in/token-out. With `--partial-rollout`
-    an ABORTED sample with a partial response is continued (see `partial_rollout`)."""
+    """Default per-sample generation: one engine call, token-in/token-out, the answer appended to the
+    sample as one segment (`Sample.append_segment`). With `--partial-rollout` an ABORTED sample with a
+    partial response is continued (see `partial_rollout`)."""
     runtime = runtime or current(args)
-    continued = partial.is_continuation(args, sample)
-    if continued:
+    continued = bool(getattr(args, "partial_rollout", False)) and sample.is_partial
+    if continued:  # --partial-rollout: prompt + partial response, the remaining budget
         ids, params = partial.continuation_input(sample, sampling_params)
     else:
         ids, params = prompt_ids(args, sample, runtime), dict(sampling_params)
     if args.rollout_max_context_len is not None:
         room = args.rollout_max_context_len - len(ids)
         if room <= 0 and not continued:
-            partial.start_fresh(sample, ids)
+            sample.start_response(ids)
             sample.status = Sample.Status.TRUNCATED
             sample.metadata["finish_reason"] = "prompt_fills_context"
             return sample
@@ -187,15 +188,17 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *
         sample.status = Sample.Status.TRUNCATED
         sample.metadata["finish_reason"] = "length"
         return sample
-    if partial.abort_gate(runtime).closed:  # the rollout is aborting: no new request
+    if runtime.client.gate.closed:  # the rollout is aborting: no new request
         if not continued:
-            partial.start_fresh(sample, ids)
+            sample.start_response(ids)
         sample.status = Sample.Status.ABORTED
         return sample
     out = await runtime.client.generate(ids, params)
     if not continued:
-        partial.start_fresh(sample, ids)
-    return partial.absorb(sample, out, rollout_id=runtime.rollout_id, continued=continued)
+        sample.start_response(ids)
+    return sample.append_segment(out.token_ids, out.log_probs, text=out.text or "", finish_reason=out.finish_type,
+                                 weight_version=out.weight_version, rollout_id=runtime.rollout_id,
+                                 continued=continued)
 
 
 generate.supports_partial_rollout = True  # continues ABORTED samples from their tokens
@@ -211,7 +214,8 @@ def _accepts(fn: Any, name: str) -> bool:
 
 async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any], runtime: RolloutRuntime,
                         evaluation: bool = False) -> list[Sample]:
-    if not evaluation and partial.is_finished(args, sample):
+    partial_on = bool(getattr(args, "partial_rollout", False))
+    if partial_on and not evaluation and partial.is_finished(args, sample):
         runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
         return [sample]
     fn = load_function(args.custom_generate_function_path, "--custom-generate-function-path") \
@@ -230,7 +234,7 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
             prompt_ids(args, sample, runtime), 0, [], []
         out = sample
     samples = out if isinstance(out, list) else [out]
-    if getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False):
+    if partial_on and getattr(args, "mask_offpolicy_in_partial_rollout", False):
         for s in samples:
             if s.status in partial.FINISHED:
                 partial.mask_offpolicy(s)
@@ -364,13 +368,20 @@ class _Leftovers:
     With `--partial-rollout` an interrupted group goes back as it is (finished samples kept, unfinished
     ones ABORTED with their partial response); without it, to its prompt, its tokens counted as wasted.
     A group whose generation was cancelled (past `--abort-timeout`) or failed goes back as the rollout
-    took it (its snapshot); what it generated meanwhile is wasted.
+    took it (its snapshot, taken by `taken`); what it generated meanwhile is wasted.
     """
 
     def __init__(self, args: Any, rollout_id: int, data_source: Any):
         self.args, self.rollout_id, self.data_source = args, rollout_id, data_source
         self.partial = bool(getattr(args, "partial_rollout", False))
-        self.aborted_samples = self.wasted_tokens = self.requeued = 0
+        self.aborted_samples = self.wasted_tokens = self.requeued = self.continued = 0
+
+    def taken(self, group: list[Sample]) -> list[Sample] | None:
+        """A group handed out to generate: its snapshot, to put back as it was if its generation is
+        cancelled or fails (None for fresh prompts); with --partial-rollout, its continuations counted."""
+        if self.partial:
+            self.continued += sum(partial.is_continuation(self.args, s) for s in group)
+        return partial.snapshot(group)
 
     def finished(self, group: list[Sample], handed: list[Sample]) -> None:
         """A group whose generation ended but that the rollout does not keep."""
@@ -390,8 +401,8 @@ class _Leftovers:
         self.wasted_tokens += wasted
         self.data_source.add_samples([back if self.partial else [_reset(s) for s in back]])
 
-    def metrics(self, continued: int, abort_time: float) -> dict[str, Any]:
-        return {"rollout/aborted_samples": self.aborted_samples, "rollout/continued_samples": continued,
+    def metrics(self, abort_time: float) -> dict[str, Any]:
+        return {"rollout/aborted_samples": self.aborted_samples, "rollout/continued_samples": self.continued,
                 "rollout/wasted_tokens": self.wasted_tokens, "perf/abort_time": abort_time}
 
 
@@ -400,7 +411,7 @@ async def _abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asy
     """Abort what is still generating, wait at most --abort-timeout for the engines' partial answers,
     cancel the rest; every group goes back to the buffer. Returns the seconds it took."""
     start = time.monotonic()
-    gate = partial.abort_gate(runtime)
+    gate = runtime.client.gate
     gate.close()  # no new request (a multi-turn sample between turns stops here)
     done: set[asyncio.Task] = set()
     late: set[asyncio.Task] = set(pending)
@@ -431,8 +442,8 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     (extra groups over-provision: the rollout stops as soon as its target is met); then abort the rest
     (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`."""
     runtime = runtime or current(args)
-    runtime.rollout_id = rollout_id  # segments record it (partial rollout)
-    partial.abort_gate(runtime).open()
+    runtime.rollout_id = rollout_id  # segments record it
+    runtime.client.gate.open()
     target = args.rollout_batch_size
     over = max(target, int(getattr(args, "over_sampling_batch_size", None) or target))
     stats = runtime.client.stats
@@ -449,7 +460,6 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     before: dict[asyncio.Task, list[Sample] | None] = {}  # ... and its snapshot (None: fresh prompts)
     settled: set[asyncio.Task] = set()  # dropped by the filter, or already back in the buffer
     leftovers = _Leftovers(args, rollout_id, data_source)
-    continued = 0
     abort_time = 0.0
     try:
         while len(kept) < target:
@@ -457,15 +467,15 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
                 # with a filter: a whole over-sampling batch (slime); without: top up to the over-sampling size
                 n = over if filter_fn else over - len(kept) - len(pending)
                 for g in data_source.get_samples(n):
-                    continued += sum(partial.is_continuation(args, s) for s in g)
                     task = asyncio.ensure_future(generate_and_rm_group(args, g, params, runtime=runtime))
                     pending[task] = handed_groups[task] = g
-                    before[task] = partial.snapshot(g)
+                    before[task] = leftovers.taken(g)
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 handed = pending.pop(task)
                 group = task.result()
-                if partial.unfinished(group):  # an engine aborted it (not us): whole groups only, back it goes
+                if any(s.status == Sample.Status.ABORTED for s in group):
+                    # an engine aborted it (not us): whole groups only, back it goes
                     settled.add(task)
                     leftovers.finished(group, handed)
                     leftovers.requeued += 1
@@ -515,7 +525,7 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     metrics = {"perf/rollout_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
                "perf/engine_retries": stats.total_retries - retries_before,
                "perf/engine_failures": stats.failures - failures_before,
-               **leftovers.metrics(continued, abort_time),
+               **leftovers.metrics(abort_time),
                **{f"rollout/dropped_groups_{k}": v for k, v in dropped.items()}}
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 

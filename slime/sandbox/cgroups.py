@@ -166,15 +166,24 @@ class Cgroups:
             if "cpu" in want and cpus > 0:
                 _write(os.path.join(d, "cpu.max"), f"{int(100000 * cpus)} 100000")
 
-    def close(self) -> None:
-        """Remove our cgroups (their processes must be gone: the fork servers are stopped first)."""
-        for sc in self.slots:
-            for d in sc.dirs:
-                with contextlib.suppress(OSError):
+    def close(self, wait: float = 2.0) -> None:
+        """Remove our cgroups (their processes must be gone: the fork servers are stopped first).
+        A slot's init may still be exiting when its fork server is reaped: a cgroup still busy is
+        tried again for up to `wait` seconds (cgroup v1 has no event for "empty"), then left to
+        the next server's start, which removes the leftovers of dead servers."""
+        import errno
+        import time
+
+        deadline = time.monotonic() + wait
+        for d in [d for sc in self.slots for d in sc.dirs] + self.bases:
+            while True:
+                try:
                     os.rmdir(d)
-        for b in self.bases:
-            with contextlib.suppress(OSError):
-                os.rmdir(b)
+                except OSError as e:
+                    if e.errno == errno.EBUSY and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                        continue
+                break
         self.bases = []
 
 

@@ -3,17 +3,24 @@
 Why a separate step: this process is forked from the warm fork server (so Python code runs without
 an interpreter start) and must drop everything it inherited before untrusted code runs. It starts
 in the run's mount and IPC namespaces (the init prepared them: its tmpfs is ``/tmp``), with
-``no_new_privs`` and the seccomp filter (both inherited from the fork server). In order: take the
-run's pipes as 0/1/2 and close every other fd, rlimits (CPU, address space, processes, file size,
-open files, no core), the slot's uid with no groups; then exec the language's tool, or run a
-Python script in this already loaded interpreter as ``python3 -u main.py`` would. stdlib only.
-"""
+``no_new_privs``, the seccomp filter, the run-independent rlimits (processes, file size, open
+files, no core), umask and an empty group list (all set once on the fork server: `WarmState.preset`)
+and, for Python, its ``__main__`` and ``sys.argv`` in place (`WarmState.prepare`). In order: take
+the run's pipes as 0/1/2 and close every other fd, the run's rlimits (CPU, address space), the
+slot's uid; then exec the language's tool, or run a Python script in this already loaded
+interpreter as ``python3 -u main.py`` would. stdlib only.
 
+Each page this process writes costs a copy-on-write fault, so it does as little as it can: what
+is the same for every run is done once on the fork server, what the fork server can prepare
+before the fork it prepares."""
+
+import builtins
 import io
 import os
 import resource
 import signal
 import sys
+import types
 
 
 # handlers a Python process starts with (the fork server's): an exec'd tool gets the defaults back
@@ -49,25 +56,72 @@ class WarmState:
                 os.close(old)
             for fd in (r, w, null):
                 os.close(fd)
+        self.main = self.path = None  # the next Python step's __main__ and script (`prepare`)
+        self.limits = {}  # rlimit -> value already set on the fork server (inherited by every program)
+        self.umask = None
+        self.no_groups = False
+
+    def install_streams(self):
+        """Make the warm streams ``sys.std*`` of the fork server itself (on its own fds 0/1/2: same
+        files as before), so that a program finds them in place and writes no ``sys`` attribute."""
+        sys.stdin = sys.__stdin__ = self.stdin
+        sys.stdout = sys.__stdout__ = self.stdout
+        sys.stderr = sys.__stderr__ = self.stderr
+
+    def prepare(self, req):
+        """Called by the fork server just before it forks a step (no program alive then: the pages
+        this writes are its own, not copied): for a Python step, the run's fresh ``__main__`` module
+        and ``sys.argv``, in place for the program, which then has less to build after the fork."""
+        self.main = self.path = None
+        step = req["step"]
+        if not step.get("warm_python"):
+            return
+        self.path = path = os.path.join(req["work"], step["argv"][-1])
+        name = os.path.basename(path)
+        self.main = main = types.ModuleType("__main__")
+        main.__dict__.update({"__file__": path, "__builtins__": builtins, "__cached__": None})
+        sys.modules["__main__"] = main
+        sys.argv = [name]
+        sys.orig_argv = [sys.executable, name]
+
+    def preset(self, max_processes, max_file_mb, max_open_files):
+        """Set the limits that are the same for every run once, on the fork server (after its init
+        is started: the init keeps its own), instead of in every program: each call a program
+        makes costs it copy-on-write faults. A request asking other values still gets them
+        (`_start` sets what differs). Only with isolation: the fork server is root then, so
+        ``RLIMIT_NPROC`` does not bind its own forks (it would for an ordinary user's)."""
+        fs = max_file_mb << 20
+        for lim, v in ((resource.RLIMIT_NPROC, max_processes), (resource.RLIMIT_FSIZE, fs),
+                       (resource.RLIMIT_NOFILE, max_open_files), (resource.RLIMIT_CORE, 0)):
+            resource.setrlimit(lim, (v, v))
+            self.limits[lim] = v
+        os.umask(0o022)
+        self.umask = 0o022
+        if os.geteuid() == 0:
+            os.setgroups([])
+            self.no_groups = True
 
 
 def start(req, fds, vm_bytes, warm_state):
-    """Become the run's program (never returns). `fds`: its stdin, stdout and stderr. It is in the
-    run's namespaces already, with ``no_new_privs`` and the seccomp filter (the fork server's)."""
+    """Become the run's program (never returns). `fds`: its stdin, stdout and stderr (then the
+    run's namespaces, which the fork server joined before forking). It has ``no_new_privs`` and the
+    seccomp filter already (the fork server's)."""
     try:
         os._exit(_start(req, fds, vm_bytes, warm_state))
     finally:
         os._exit(127)
 
 
-def _start(req, fds, vm_bytes, warm_state):
+def _start(req, fds, vm_bytes, warm):
     step, uid = req["step"], req["uid"]
     os.setsid()
-    for i, fd in enumerate(fds):
-        os.dup2(fd, i)
+    dup2 = os.dup2
+    dup2(fds[0], 0)
+    dup2(fds[1], 1)
+    dup2(fds[2], 2)
     os.closerange(3, 1 << 16)
-    warm = step.get("warm_python")
-    if not warm:
+    is_warm = step.get("warm_python")
+    if not is_warm:
         for s in _PYTHON_SIGNALS:
             signal.signal(s, signal.SIG_DFL)
     try:  # the program's processes go first when the run hits its memory limit (never the init)
@@ -76,26 +130,31 @@ def _start(req, fds, vm_bytes, warm_state):
         os.close(fd)
     except OSError:
         pass
+    setrlimit = resource.setrlimit
     cpu = step["cpu_s"]
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     mem = step["mem_mb"] << 20
-    if warm:  # the loaded interpreter's own address space comes on top
+    if is_warm:  # the loaded interpreter's own address space comes on top
         mem += vm_bytes
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_NPROC, (req["max_processes"], req["max_processes"]))
-    fs = req["max_file_mb"] << 20
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fs, fs))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (req["max_open_files"], req["max_open_files"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.umask(0o022)
+    setrlimit(resource.RLIMIT_AS, (mem, mem))
+    preset = warm.limits
+    for lim, v in ((resource.RLIMIT_NPROC, req["max_processes"]), (resource.RLIMIT_FSIZE, req["max_file_mb"] << 20),
+                   (resource.RLIMIT_NOFILE, req["max_open_files"]), (resource.RLIMIT_CORE, 0)):
+        if preset.get(lim) != v:  # (else the fork server's, inherited)
+            setrlimit(lim, (v, v))
+    if warm.umask != 0o022:
+        os.umask(0o022)
     os.chdir(req["work"])
     if os.geteuid() == 0:
-        os.setgroups([])
+        if not warm.no_groups:
+            os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    env = req["env"]
-    if warm:
-        return _run_python(os.path.join(req["work"], step["argv"][-1]), env, warm_state)
+    env = req.get("env")
+    if env is None:  # (the warm one: the init sends none when they are equal)
+        env = warm.env
+    if is_warm:
+        return _run_python(warm.path, env, warm)
     argv = step["argv"]
     prog = argv[0]
     if "/" not in prog:
@@ -112,27 +171,25 @@ def _start(req, fds, vm_bytes, warm_state):
 
 def _run_python(path, env, warm):
     """Run a script in this (already warm) interpreter as `python3 -u <script>` would."""
-    import builtins
-    import types
-
-    if env != warm.env:
+    if env is not warm.env and env != warm.env:
         os.environ.clear()
         os.environ.update(env)
-    sys.stdin = sys.__stdin__ = warm.stdin
-    sys.stdout = sys.__stdout__ = warm.stdout
-    sys.stderr = sys.__stderr__ = warm.stderr
-    script_dir = os.path.dirname(path)
-    sys.argv = [os.path.basename(path)]
-    sys.orig_argv = [sys.executable, os.path.basename(path)]
-    sys.path.insert(0, script_dir)
-    main = types.ModuleType("__main__")
-    main.__dict__.update({"__file__": path, "__builtins__": builtins, "__cached__": None})
-    sys.modules["__main__"] = main
+    if sys.stdin is not warm.stdin or sys.stdout is not warm.stdout or sys.stderr is not warm.stderr \
+            or sys.__stdin__ is not warm.stdin or sys.__stdout__ is not warm.stdout \
+            or sys.__stderr__ is not warm.stderr:
+        warm.install_streams()  # (the fork server installs them once: normally nothing to do)
+    main = warm.main  # (with sys.argv and sys.modules["__main__"]: the fork server's `prepare`)
+    sys.path.insert(0, os.path.dirname(path))
     code = 0
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            src = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+            src = os.read(fd, 1 << 16)
+            if len(src) == 1 << 16:  # (a larger script)
+                parts = [src]
+                while parts[-1]:
+                    parts.append(os.read(fd, 1 << 20))
+                src = b"".join(parts)
         finally:
             os.close(fd)
         exec(compile(src, path, "exec"), main.__dict__)

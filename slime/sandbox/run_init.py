@@ -15,9 +15,12 @@ files written into it; each step (compile, run) forked by the fork server into t
 output read (capped), timeout enforced; then every process of the namespace killed and reaped,
 requested files read, the result sent, and the namespaces left (the tmpfs goes with them).
 
-Protocol with the server: the control socket (SOCK_SEQPACKET) carries ``{"op": "run"}`` with one
-attached stream socket; on it ``<u32 length><JSON header><blobs>`` both ways. With the fork server:
-``{"step": ...}`` plus the program's stdin, stdout and stderr fds and the run's namespaces; it
+Protocol with the server: the control socket (SOCK_SEQPACKET) carries the ready report; the slot's
+request stream (SOCK_STREAM, one for the slot's life: no socket made and passed per run) carries
+each request and then its answer, ``<u32 length><JSON header><blobs>`` both ways; its EOF (the server
+gone, or ending the slot after a timeout or a cancel) kills a run still going and ends the init,
+and with it the slot. With the fork server:
+``{"seq": n, "step": ...}`` plus the program's stdin, stdout and stderr fds and the run's namespaces; it
 answers ``{"exit": wait status, "cpu": seconds}`` when it has reaped the program (and, without
 isolation, ``{"pid": n}`` at the fork: the process group to kill).
 """
@@ -38,10 +41,7 @@ from .isolation import CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, 
 # ------------------------------------------------------------------------------ framing
 def send_frame(sock, header, blobs=()):
     data = json.dumps(header).encode()
-    sock.sendall(struct.pack("!I", len(data)) + data)
-    for b in blobs:
-        if b:
-            sock.sendall(b)
+    sock.sendall(b"".join([struct.pack("!I", len(data)), data, *blobs]))  # (one send: the reader wakes once)
 
 
 def _recv_exact(sock, n):
@@ -55,17 +55,33 @@ def _recv_exact(sock, n):
     return bytes(buf)
 
 
-def recv_frame(sock):
-    (n,) = struct.unpack("!I", _recv_exact(sock, 4))
-    return json.loads(_recv_exact(sock, n))
+class _Request:
+    """A run's request as it arrives: the server sends it whole, so one ``recv`` usually holds all
+    of it (no read per field); larger ones are read to the size each field needs."""
+
+    def __init__(self, sock, first):
+        self.sock = sock
+        self.buf = first  # (what the first read brought)
+        self.pos = 0
+
+    def take(self, n):
+        have = len(self.buf) - self.pos
+        if have >= n:
+            out = self.buf[self.pos:self.pos + n]
+            self.pos += n
+            return out
+        out = self.buf[self.pos:] + _recv_exact(self.sock, n - have)
+        self.buf, self.pos = b"", 0
+        return out
 
 
 class RunInit:
     """The slot's init. `slot` is the fork server's state (inherited by fork): isolation flag, uid,
-    cgroup fds; `ctl` talks to the server, `forker` to the fork server."""
+    cgroup fds; `ctl` reports to the server, `data` carries its requests and our answers, `forker`
+    talks to the fork server."""
 
-    def __init__(self, slot, ctl, forker):
-        self.slot, self.ctl, self.forker = slot, ctl, forker
+    def __init__(self, slot, ctl, forker, data=None):
+        self.slot, self.ctl, self.forker, self.data = slot, ctl, forker, data
         self.isolate = slot.isolate
         self.base_ns = []
         self.run_ns = []  # the run's IPC and mount namespaces (fds), while ready
@@ -102,23 +118,17 @@ class RunInit:
         self._make_ready()
         self.ctl.sendmsg([json.dumps({"ready": True, "base_bytes": self.slot.base_bytes,
                                       "seccomp": self.slot.seccomp is not None}).encode()])
+        sock = self.data
         while True:
             try:
-                msg, fds, _, _ = socket.recv_fds(self.ctl, 65536, 4)
+                first = sock.recv(1 << 16)
             except OSError:
-                msg, fds = b"", []
-            if not msg:
-                os._exit(0)  # the server is gone: so is this namespace, and with it any run
-            req = json.loads(msg)
-            if req.get("op") != "run" or len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            sock = socket.socket(fileno=fds[0])
+                first = b""
+            if not first:
+                os._exit(0)  # the server is gone (or ended the slot): so is this namespace, and with it any run
             try:
-                self._run(sock)
+                self._run(sock, first)
             finally:
-                sock.close()
                 self._leave()
                 self._make_ready()  # while idle: the next request finds its tmpfs mounted
 
@@ -179,9 +189,9 @@ class RunInit:
         return self.drop_queue
 
     # -- one run -----------------------------------------------------------------------------
-    def _run(self, sock):
+    def _run(self, sock, first):
         try:
-            self._serve_run(sock)
+            self._serve_run(sock, first)
         except Exception as e:  # noqa: BLE001 - reported to the server, never to the program's streams
             try:
                 self._kill_all()
@@ -190,15 +200,18 @@ class RunInit:
                 pass
             os._exit(1)  # in an unknown state: the slot ends here (the server starts a fresh one)
 
-    def _serve_run(self, sock):
+    def _serve_run(self, sock, first):
         self.sock_fd = sock.fileno()
         self._reap(block=False)  # zombies of the previous run that died after it was reported
-        hdr = recv_frame(sock)
+        req = _Request(sock, first)
+        (n,) = struct.unpack("!I", req.take(4))
+        hdr = json.loads(req.take(n))
         blobs = []
         for _path, size in hdr["files"]:
-            blobs.append(_recv_exact(sock, size))
-        code_blob = _recv_exact(sock, hdr["code_size"])
-        stdin = _recv_exact(sock, hdr["stdin_size"]) if hdr["stdin_size"] >= 0 else None
+            blobs.append(req.take(size))
+        code_blob = req.take(hdr["code_size"])
+        stdin = req.take(hdr["stdin_size"]) if hdr["stdin_size"] >= 0 else None
+        del req
         result = {"steps": [], "files": []}
         out_blobs = []
         try:
@@ -220,7 +233,6 @@ class RunInit:
         files, fblobs = self._fetch(work, hdr)
         result["files"] = files
         send_frame(sock, result, out_blobs + fblobs)
-        sock.shutdown(socket.SHUT_WR)
 
     def _fetch(self, work, hdr):
         """Requested files, each resolved file once (aliases dropped), within the size caps."""
@@ -293,8 +305,7 @@ class RunInit:
         n = 0
         for fd in self.slot.cg_oom_fds:
             try:
-                os.lseek(fd, 0, 0)
-                for line in os.read(fd, 4096).decode().splitlines():
+                for line in os.pread(fd, 4096, 0).decode().splitlines():
                     k, _, v = line.partition(" ")
                     if k == "oom_kill":
                         n += int(v)
@@ -316,7 +327,9 @@ class RunInit:
         else:
             in_fd = os.open("/dev/null", os.O_RDONLY)
         self.seq += 1
-        req = {"seq": self.seq, "step": step, "uid": hdr["uid"], "env": hdr["env"], "work": work,
+        env = hdr["env"]
+        req = {"seq": self.seq, "step": step, "uid": hdr["uid"],
+               "env": None if env == self.slot.warm_state.env else env, "work": work,  # (None: the warm one)
                "max_processes": hdr["max_processes"], "max_file_mb": hdr["max_file_mb"],
                "max_open_files": hdr["max_open_files"]}
         t0 = time.monotonic()
@@ -331,10 +344,8 @@ class RunInit:
         bufs = {out_r: bytearray(), err_r: bytearray()}
         poller, wake_r, forker = self.poller, self.wake_r, self.forker.fileno()
         watched = {out_r, err_r, self.sock_fd}
-        for fd in watched:
+        for fd in watched:  # (a pipe is read once per readiness: it never blocks, no O_NONBLOCK needed)
             poller.register(fd, select.EPOLLIN)
-        for fd in bufs:
-            os.set_blocking(fd, False)
         deadline = t0 + step["timeout"]
         status, notes, flooded = "Finished", [], []
         open_pipes = set(bufs)
@@ -350,8 +361,10 @@ class RunInit:
                         self._kill_all()
                         deadline = time.monotonic() + 30  # (its end is reported at once: a bound, no wait)
                         continue
+                orphans = False
                 for fd, _ in poller.poll(-1 if left is None else left):
-                    if fd == wake_r:
+                    if fd == wake_r:  # a signal: SIGCHLD (an orphan of the run to reap), or forwarded
+                        orphans = True
                         try:
                             os.read(wake_r, 4096)
                         except BlockingIOError:
@@ -380,7 +393,8 @@ class RunInit:
                         if len(chunk) > room and self.wstatus is None:
                             flooded.append("stdout" if fd == out_r else "stderr")
                             self._kill_all()
-                self._reap(block=False)
+                if orphans:
+                    self._reap(block=False)
         finally:
             for fd in watched:
                 poller.unregister(fd)

@@ -7,14 +7,18 @@ The server keeps one slot per unit of concurrency; a slot is three processes, al
   isolation once (`isolation.py`: the slot's cgroups for memory incl. tmpfs, processes and CPU of
   all processes of a run together; a network namespace with only loopback, up; a read-only
   minimal root with ``/usr`` and the interpreters, a synthetic ``/etc``, nothing of the host's
-  data), then forks every program of the slot, idle in between;
+  data), then forks every program of the slot inside the run's namespaces, idle in between;
 - `run_init.py`, PID 1 of the slot's PID namespace: keeps the next run's mount and IPC namespaces
   with a size-limited tmpfs as ``/tmp`` and ``/dev/shm`` ready before the request comes, writes
   the request's files, has each step forked, reaps, enforces the timeout and the output limit,
   kills every process of the run when the program ends, reports, and drops the namespaces;
-- `program.py`, in the forked program: joins the run's namespaces, takes its pipes, rlimits, the
-  slot's uid, ``no_new_privs``, the seccomp filter; then Python code runs in this already warm
-  interpreter (as ``python3 -u main.py`` would), other languages exec their tools.
+- `program.py`, in the forked program: takes its pipes, the run's rlimits and the slot's uid
+  (``no_new_privs``, the seccomp filter, the run-independent rlimits, umask and the empty group
+  list are the fork server's, set once); then Python code runs in this already warm interpreter
+  (as ``python3 -u main.py`` would), other languages exec their tools.
+
+A request goes to its slot's init over the slot's stream (one socket pair for the slot's life),
+the answer comes back on it; a run that ends otherwise (timeout, cancel, error) ends its slot.
 
 Nothing outlives the server: fork servers die with it (pdeathsig + EOF on their control socket),
 their inits with them (pdeathsig; they never change credentials), every process of a PID
@@ -97,8 +101,9 @@ class CommandResult:
     stderr: str = ""
     cpu_time: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def as_dict(self) -> dict[str, Any]:  # (not dataclasses.asdict: it deep-copies, every run)
+        return {"status": self.status, "execution_time": self.execution_time, "return_code": self.return_code,
+                "stdout": self.stdout, "stderr": self.stderr, "cpu_time": self.cpu_time}
 
 
 def _find_python() -> str | None:
@@ -152,8 +157,9 @@ def normalize_path(path: str) -> str:
 class _Zygote:
     """Handle of one slot's fork server."""
 
-    def __init__(self, proc: subprocess.Popen, ctl: socket.socket) -> None:
+    def __init__(self, proc: subprocess.Popen, ctl: socket.socket, data: socket.socket) -> None:
         self.proc, self.ctl = proc, ctl
+        self.data = data  # the slot's request stream: one request, then its answer, at a time
         self.base_bytes = 0
         self.broken = False
 
@@ -161,7 +167,10 @@ class _Zygote:
         return not self.broken and self.proc.poll() is None
 
     def stop(self, grace: float = 2.0) -> None:
-        """EOF on the control socket ends its init (and so its namespace), then it; kill if stuck."""
+        """EOF on its sockets ends its init (a run still going is killed, and the namespace goes),
+        then it; kill if stuck."""
+        with contextlib.suppress(OSError):
+            self.data.close()
         with contextlib.suppress(OSError):
             self.ctl.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -239,6 +248,7 @@ class Runner:
         if old is not None:
             old.stop()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        data, data_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cg = self.cgroups.slots[slot] if slot < len(self.cgroups.slots) else None
         ro = [p for p in cfg.ro_paths]
         py = os.path.realpath(cfg.python or "/usr/bin/python3")
@@ -247,14 +257,26 @@ class Runner:
         conf = {"isolate": cfg.isolate, "uid": cfg.uid_base + slot, "ro_paths": ro, "disk_mb": cfg.disk_mb,
                 "env": _run_env(), "preload": cfg.preload,
                 "cg_procs": cg.procs if cg else [], "cg_limits": cg.limits if cg else [],
-                "cg_oom": cg.oom if cg else [], "cg_usage": cg.usage if cg else []}
+                "cg_oom": cg.oom if cg else [], "cg_usage": cg.usage if cg else [],
+                # set once on the fork server (root: RLIMIT_NPROC never binds its own forks)
+                "limits": {"max_processes": cfg.max_processes, "max_file_mb": cfg.max_file_mb,
+                           "max_open_files": cfg.max_open_files} if cfg.isolate else None}
         # started from the event loop's thread: the pdeathsig it sets is tied to a thread that lives
-        proc = subprocess.Popen([py, "-I", "-B", ZYGOTE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                env=_run_env(), cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL if cfg.isolate else None, start_new_session=True)
-        theirs.close()
+        try:
+            proc = subprocess.Popen([py, "-I", "-B", ZYGOTE, str(theirs.fileno()), str(data_theirs.fileno())],
+                                    pass_fds=(theirs.fileno(), data_theirs.fileno()), env=_run_env(), cwd="/",
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL if cfg.isolate else None, start_new_session=True)
+        except BaseException:
+            for sock in (mine, data):
+                sock.close()
+            raise
+        finally:
+            theirs.close()
+            data_theirs.close()
         mine.setblocking(False)
-        z = _Zygote(proc, mine)
+        data.setblocking(False)
+        z = _Zygote(proc, mine, data)
         self._zygotes[slot] = z
         try:
             mine.send(json.dumps(conf).encode())
@@ -353,28 +375,22 @@ class Runner:
             z = self._zygotes[slot]
             if z is None or not z.alive():
                 z = await self._spawn(slot)
-            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                try:
-                    socket.send_fds(z.ctl, [b'{"op": "run"}'], [b.fileno()])
-                finally:
-                    b.close()
-                a.setblocking(False)
-                loop = asyncio.get_running_loop()
-                await loop.sock_sendall(a, frame)
+            # The request on the slot's stream, the answer back on it. Anything else than a whole
+            # answer (timeout, cancel, error) ends the slot below: its stream closes, the init
+            # kills a run still going, and the next request gets a fresh slot.
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
+                await loop.sock_sendall(z.data, frame)
                 del frame
-                async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
-                    res, steps, files = await self._read_result(loop, a)
-                done = not res.get("error")  # (an init that failed ends its slot: start a fresh one)
-            finally:
-                a.close()  # (a run still going sees EOF and is killed by its init)
+                res, steps, files = await self._read_result(loop, z.data)
+            done = not res.get("error")  # (an init that failed ends its slot: start a fresh one)
             return await self._response(res, steps, files)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
             return _error(f"the run failed inside the sandbox: {type(e).__name__}: {e}")
         except SandboxInternalError as e:
             return _error(str(e))
         finally:
-            if not done and cfg.isolate:
+            if not done:
                 z = self._zygotes[slot]
                 if z is not None:  # whatever state it is in, a fresh fork server is the safe next step
                     z.broken = True
@@ -385,26 +401,31 @@ class Runner:
 
     @staticmethod
     async def _read_result(loop: asyncio.AbstractEventLoop, sock: socket.socket):
-        async def exactly(n: int) -> bytes:
-            buf = bytearray(n)
-            view, got = memoryview(buf), 0
-            while got < n:
-                k = await loop.sock_recv_into(sock, view[got:])
-                if not k:
-                    raise asyncio.IncompleteReadError(bytes(buf[:got]), n)
-                got += k
-            return bytes(buf)
+        """The init's answer, ``<u32 n><JSON header><blobs>``: sent at once, so usually one read."""
+        buf = bytearray()
 
-        (n,) = struct.unpack("!I", await exactly(4))
-        res = json.loads(await exactly(n))
-        steps = []
-        for st in res.get("steps", []):
-            out = await exactly(st["stdout_size"]) if st["stdout_size"] else b""
-            err = await exactly(st["stderr_size"]) if st["stderr_size"] else b""
-            steps.append((st, out, err))
-        files = []
-        for path, size in res.get("files", []):
-            files.append((path, await exactly(size) if size else b""))
+        async def fill(n: int) -> None:
+            while len(buf) < n:
+                chunk = await loop.sock_recv(sock, min(1 << 20, max(1 << 16, n - len(buf))))
+                if not chunk:
+                    raise asyncio.IncompleteReadError(bytes(buf), n)
+                buf.extend(chunk)
+
+        await fill(4)
+        (n,) = struct.unpack_from("!I", buf)
+        await fill(4 + n)
+        res = json.loads(bytes(buf[4:4 + n]))
+        sizes = [x for st in res.get("steps", []) for x in (st["stdout_size"], st["stderr_size"])]
+        sizes += [size for _, size in res.get("files", [])]
+        await fill(4 + n + sum(sizes))
+        view, pos, parts = memoryview(buf), 4 + n, []
+        for size in sizes:
+            parts.append(bytes(view[pos:pos + size]))
+            pos += size
+        del view
+        steps = [(st, parts[2 * i], parts[2 * i + 1]) for i, st in enumerate(res.get("steps", []))]
+        k = 2 * len(steps)
+        files = [(path, parts[k + i]) for i, (path, _) in enumerate(res.get("files", []))]
         return res, steps, files
 
     async def _response(self, res: dict[str, Any], steps, files) -> dict[str, Any]:

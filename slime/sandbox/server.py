@@ -129,6 +129,10 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
         except Exception:
             runner.close()
             raise
+        import gc
+
+        gc.collect()
+        gc.freeze()  # (everything loaded so far lives as long as the server: the collector skips it)
         if runner.per_process_only:
             logger.warning("limits enforced per process only (no cgroup for them): %s",
                            ", ".join(runner.per_process_only))

@@ -7,10 +7,12 @@ program of the slot from that warm state (`program.py`).
 
 It forks once more, at start, into a PID namespace of its own: that child is the slot's init
 (`run_init.py`), which prepares each run and supervises it. The init asks for each program over a
-socket; this process joins the run's namespaces, forks it, returns to the slot's, and reports its
-end. It stays idle in between, so forking it is cheap: its memory is barely written between forks,
-and the init's memory is never shared with a program at all. ``no_new_privs`` and the seccomp
-filter are set once, here, after the init is started: every program inherits them.
+socket; this process joins the run's namespaces, forks it, reports its end, and returns to the
+slot's. It stays idle in between, so forking it is cheap: its memory is barely
+written between forks, and the init's memory is never shared with a program at all.
+``no_new_privs``, the seccomp filter, the run-independent rlimits, umask and the empty group list,
+and the warm ``sys.std*`` streams are set once, here, after the init is started: every program
+inherits them instead of setting them (each call a program makes costs it copy-on-write faults).
 
 When the server dies, this process dies (pdeathsig, EOF on the control socket), the init with it
 (pdeathsig), and with the init every process of its PID namespace.
@@ -22,6 +24,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 import types
 
@@ -54,8 +57,8 @@ def _cgroup_usage(cfg):
 class Zygote:
     """One slot's fork server; its attributes are what the init inherits (`run_init.RunInit.slot`)."""
 
-    def __init__(self, cfg, ctl):
-        self.cfg, self.ctl = cfg, ctl
+    def __init__(self, cfg, ctl, data):
+        self.cfg, self.ctl, self.data = cfg, ctl, data
         self.isolate = cfg["isolate"]
         self.uid = cfg["uid"]
         self.disk_mb = cfg.get("disk_mb", 256)
@@ -91,6 +94,7 @@ class Zygote:
                 pass
         self.base_bytes = _cgroup_usage(cfg)
         self.warm_state = program.WarmState(cfg["env"])
+        self.warm_state.install_streams()
 
     def serve(self):
         """Start the slot's init, then fork programs on its request until it is gone."""
@@ -105,11 +109,12 @@ class Zygote:
             forker.close()
             isolation.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             try:
-                run_init.RunInit(self, self.ctl, init_end).serve()
+                run_init.RunInit(self, self.ctl, init_end, self.data).serve()
             except BaseException as e:  # noqa: BLE001 - reported to the server, which says why
                 _report_failure(self.ctl, e)
             os._exit(2)
-        self.ctl.close()  # the init's now: its EOF (the server gone) ends the init, and so us
+        self.ctl.close()  # the init's now: their EOF (the server gone) ends the init, and so us
+        self.data.close()
         init_end.close()
         try:  # our address space (the init, a copy of us, measures it: our /proc is its namespace's)
             self.vm_bytes = json.loads(forker.recv(4096))["vm_bytes"]
@@ -119,47 +124,64 @@ class Zygote:
         isolation.check(isolation.libc.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if self.seccomp is not None:
             self.seccomp.install()
+        lim = self.cfg.get("limits")
+        if lim:  # (after the init's fork: the init keeps its own)
+            self.warm_state.preset(lim["max_processes"], lim["max_file_mb"], lim["max_open_files"])
+        self._loop(forker)
+
+    def _loop(self, forker):
+        """Fork each program on the init's request. Lean on purpose: each page this process writes
+        while a program lives is copied for it, and each page a program writes that this process
+        wrote is copied for the program; so its work (decoding the request, entering and leaving
+        the run's namespaces) happens while no program is alive, and none between fork and wait."""
+        isolate, warm, vm_bytes, start = self.isolate, self.warm_state, self.vm_bytes, program.start
+        fork, close, wait4, unpack_from, loads = os.fork, os.close, os.wait4, struct.unpack_from, json.loads
         setns, check = isolation.libc.setns, isolation.check
+        NEWIPC, NEWNS = isolation.CLONE_NEWIPC, isolation.CLONE_NEWNS
+        (base_ipc, _), (base_mnt, _) = self.base_ns if isolate else ((-1, 0), (-1, 0))
+        recvmsg, send = forker.recvmsg, forker.send
+        anc_space = socket.CMSG_SPACE(5 * 4)
+        SOL_SOCKET, SCM_RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
         while True:
             try:
-                msg, fds, _, _ = socket.recv_fds(forker, 65536, 5)
+                msg, anc, _, _ = recvmsg(65536, anc_space)
             except OSError:
-                msg, fds = b"", []
+                msg, anc = b"", []
             if not msg:
                 os._exit(0)
-            req = json.loads(msg)
-            if self.isolate:  # the program is forked inside the run's namespaces (the init made them)
-                check(setns(fds[3], isolation.CLONE_NEWIPC), "setns(ipc)")
-                check(setns(fds[4], isolation.CLONE_NEWNS), "setns(mnt)")
+            fds = []
+            for level, kind, data in anc:
+                if level == SOL_SOCKET and kind == SCM_RIGHTS:
+                    fds += unpack_from("%di" % (len(data) // 4), data)
+            req = loads(msg)
+            seq = req["seq"]
+            warm.prepare(req)
+            if isolate:  # the program is forked inside the run's namespaces (the init made them)
+                check(setns(fds[3], NEWIPC), "setns(ipc)")
+                check(setns(fds[4], NEWNS), "setns(mnt)")
             try:
-                child = os.fork()
+                child = fork()
             except OSError as e:
                 child = None
                 try:
-                    forker.send(json.dumps({"seq": req["seq"], "error": "fork: %s" % e.strerror}).encode())
+                    send(json.dumps({"seq": seq, "error": "fork: %s" % e.strerror}).encode())
                 except OSError:
                     os._exit(0)
-            if child == 0:
-                forker.close()
-                program.start(req, fds[:3], self.vm_bytes, self.warm_state)
+            if child == 0:  # (the control socket is closed with every other fd by `program.start`)
+                start(req, fds, vm_bytes, warm)
             for fd in fds:
-                os.close(fd)
-            if child is None:
-                self._leave_run()
-                continue
-            try:
-                if not self.isolate:  # (with isolation the init kills the run's namespace, not a group)
-                    forker.send(json.dumps({"seq": req["seq"], "pid": child}).encode())
-                _, wstatus, ru = os.wait4(child, 0)
-                forker.send(json.dumps({"seq": req["seq"], "exit": wstatus,
-                                        "cpu": ru.ru_utime + ru.ru_stime}).encode())
-            except OSError:
-                os._exit(0)  # the init is gone
-            self._leave_run()  # (after the news: the init is waiting for it)
-
-    def _leave_run(self):
-        for fd, kind in self.base_ns:
-            isolation.check(isolation.libc.setns(fd, kind), "setns back")
+                close(fd)
+            if child is not None:
+                try:
+                    if not isolate:  # (with isolation the init kills the run's namespace, not a group)
+                        send(b'{"seq": %d, "pid": %d}' % (seq, child))
+                    _, wstatus, ru = wait4(child, 0)
+                    send(b'{"seq": %d, "exit": %d, "cpu": %r}' % (seq, wstatus, ru.ru_utime + ru.ru_stime))
+                except OSError:
+                    os._exit(0)  # the init is gone
+            if isolate:  # (after the news: the init is waiting for it)
+                check(setns(base_ipc, NEWIPC), "setns back")
+                check(setns(base_mnt, NEWNS), "setns back")
 
 
 def _report_failure(ctl, e):
@@ -175,8 +197,9 @@ def _report_failure(ctl, e):
 
 def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
+    data = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=int(sys.argv[2]))
     cfg = json.loads(ctl.recv(1 << 20))
-    zygote = Zygote(cfg, ctl)
+    zygote = Zygote(cfg, ctl, data)
     try:
         zygote.setup()
     except BaseException as e:  # noqa: BLE001

@@ -1,26 +1,30 @@
 """Cluster-wide rate limiter: an exact concurrency cap across processes, FIFO order, a token rate
-(rate_per_second, burst) and AIMD on 429s, without a Ray round trip per call in the common case: the
-protocol is in rate_limit/core.py, the arbiter; `RateLimiter` here is a process's client of it, one per
-event loop. The RolloutManager creates one named actor per resource and keeps its handle; workers use
-`client_for(name)`; `local_rate_limiter` is the same client and core without Ray."""
+(rate_per_second, burst) and AIMD on 429s, without a Ray round trip per call in the common case.
+
+`LimiterCore` arbitrates one limiter and is its Ray actor; `RateLimiter` is a process's client of it, one per
+event loop. Every permit is free in the core or held by exactly one client, so the cap is exact whatever the
+messages do. While nobody queues, a client reuses the permits its callers release without asking (a lease).
+A caller that must queue gets a ticket, numbered in the order its demand reached the core, and free permits go
+to tickets in number order: FIFO across processes. A client whose ticket is the queue head gives a permit its
+callers release straight to its next caller, as the core would: no round trip, no reordering. Tickets and the
+head only grow, so a grant crossing such a hand-over costs only a spare permit, which the client uses or returns.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 import os
+import time
 import uuid
 from collections import Counter, deque
-from typing import Any, AsyncIterator
-
-from slime.tools.rate_limit.core import LimiterCore
+from typing import Any
 
 logger = logging.getLogger(__name__)
 ACTOR_PREFIX, NAMESPACE = "slime_rate_limiter::", "slime"  # the actors' names: found from any Ray job
 
-# This process's clients of global limiters, keyed by limiter name: one per event loop.
-_clients: dict[str, list[RateLimiter]] = {}
+_clients: dict[str, list[RateLimiter]] = {}  # this process's clients, by limiter name: one per event loop
 
 
 class RateLimiterConfigError(ValueError):
@@ -35,24 +39,156 @@ class RateLimitTimeout(asyncio.TimeoutError):
     """`acquire(timeout=...)` gave up; nothing is held."""
 
 
-class Permit:
-    """Yielded by `RateLimiter.limit()`: call `throttled()` if the guarded call got a 429."""
+class ClientView:
+    """What the core knows of one client (one event loop of one process)."""
 
-    was_throttled = False
+    def __init__(self, cid: str) -> None:
+        self.cid, self.held = cid, 0  # permits it holds, in use or idle
+        self.grants: list[int] = []  # its tickets served since it last polled
+        self.tickets: list[int] = []  # tickets given to it since it last polled
+        self.mail = asyncio.Event()  # set: its long poll returns
+        self.reaper: asyncio.TimerHandle | None = None  # armed while its mail is unread (set)
 
-    def throttled(self) -> None:
-        self.was_throttled = True
+
+class LimiterCore:
+    """One limiter's permits, tickets, token bucket and AIMD; as a Ray actor, an async one (one event loop)."""
+
+    def __init__(self, name: str, max_concurrency: int, rate_per_second: float | None = None,
+                 burst: int | None = None, *, lease_ttl: float = 60.0, cut_cooldown: float = 1.0) -> None:
+        if int(max_concurrency) < 1:
+            raise ValueError(f"rate limiter {name!r}: max_concurrency must be >= 1, got {max_concurrency}")
+        self.name, self.max_cap, self.lease_ttl, self.cut_cooldown = name, int(max_concurrency), lease_ttl, cut_cooldown
+        self.base_rate = float(rate_per_second) if rate_per_second and rate_per_second > 0 else None
+        self.burst = (int(burst) if burst else math.ceil(self.base_rate)) if self.base_rate else math.inf
+        self.factor = 1.0  # AIMD scales the cap and the rate by this
+        self.tokens, self.refilled_at, self.last_cut = float(self.burst), time.monotonic(), -math.inf
+        self.held = self.next_ticket = self.throttled = self.cuts = 0
+        self.queue: deque[tuple[int, str]] = deque()  # unserved (ticket, client id), ascending
+        self.clients: dict[str, ClientView] = {}
+        self.gone: dict[str, None] = {}  # the last 10,000 clients dropped: their late messages are void
+        self.modes, self.head_owner = (False, False), None  # see _dispatch
+        self.token_timer: asyncio.TimerHandle | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "max_concurrency": self.max_cap, "rate_per_second": self.base_rate,
+                "burst": self.burst if self.base_rate else None}
+
+    @property
+    def cap(self) -> int:
+        return max(1, int(self.max_cap * self.factor))
+
+    def push(self, cid: str, msg: dict[str, Any]) -> None:
+        """Apply one batched message of a client (its keys: `RateLimiter._pump`, and `leave`)."""
+        if cid in self.gone:
+            return
+        c = self.clients.get(cid) or self.clients.setdefault(cid, ClientView(cid))
+        if msg.get("leave"):  # it closed, or its event loop did
+            return self._drop(c)
+        back = min(msg.get("release", 0), c.held)
+        c.held, self.held = c.held - back, self.held - back
+        while self.queue and self.queue[0][0] < msg.get("served_through", 0) and self.queue[0][1] == cid:
+            self.queue.popleft()  # handed over by the client itself
+        if dropped := set(msg.get("withdraw", ())):
+            self.queue = deque(e for e in self.queue if e[0] not in dropped)
+        if msg.get("throttled"):
+            self.throttled += msg["throttled"]
+            if time.monotonic() - self.last_cut >= self.cut_cooldown:  # multiplicative decrease
+                self.last_cut, self.cuts = time.monotonic(), self.cuts + 1
+                self.factor = max(1 / self.max_cap, self.factor / 2)
+                self.tokens = min(self.tokens, self.burst * self.factor)
+        elif msg.get("ok") and self.factor < 1.0:  # additive increase: +1 permit per `cap` successes
+            self.factor = min(1.0, self.factor + msg["ok"] / (self.cap * self.max_cap))
+        if msg.get("need"):
+            new = range(self.next_ticket, self.next_ticket + msg["need"])
+            self.next_ticket = new.stop
+            self.queue.extend((t, cid) for t in new)
+            c.tickets.extend(new)
+            self._wake(c)
+        self._dispatch()
+
+    async def poll(self, cid: str) -> dict[str, Any]:
+        """Long poll: returns once the client has news, or {"gone": True} once it was dropped (it left, or
+        was reaped). Ray may run a client's calls out of order: the first one of any kind registers it."""
+        if cid in self.gone:
+            return {"gone": True}
+        c = self.clients.get(cid) or self.clients.setdefault(cid, ClientView(cid))
+        await c.mail.wait()
+        c.mail.clear()
+        if self.clients.get(cid) is not c:
+            return {"gone": True}
+        c.reaper.cancel()  # it reads its mail: alive
+        mail = {"grants": c.grants, "tickets": c.tickets, "head": self.queue[0][0] if self.queue else self.next_ticket,
+                "lease": self.modes[0], "hand_over": self.modes[1]}
+        c.grants, c.tickets = [], []
+        return mail
+
+    def stats(self) -> dict[str, Any]:
+        return {"name": self.name, "cap": self.cap, "leased": self.held, "waiting": len(self.queue),
+                "throttled_429": self.throttled, "aimd_cuts": self.cuts, "clients": len(self.clients)}
+
+    def _dispatch(self) -> None:
+        """Free permits (and tokens) to tickets in order. Tell every client of new modes: lease while
+        nobody queues and no cut is being recovered from (the core must then hear of successes), hand-over
+        unless above a cut cap; neither with a rate (every start takes a token from here). And tell the
+        owner of a new queue head, which may now hand the permits its callers release to its tickets."""
+        now, rate = time.monotonic(), (self.base_rate or 0.0) * self.factor
+        self.tokens = min(self.burst, self.tokens + (now - self.refilled_at) * rate)
+        self.refilled_at = now
+        while self.queue and self.held < self.cap:
+            if self.tokens < 1:  # never without a rate: its bucket is bottomless (burst = inf)
+                if self.token_timer is not None:
+                    self.token_timer.cancel()
+                self.token_timer = asyncio.get_running_loop().call_later((1 - self.tokens) / rate, self._dispatch)
+                break
+            ticket, cid = self.queue.popleft()
+            c = self.clients[cid]
+            c.held, self.held = c.held + 1, self.held + 1
+            self.tokens -= 1
+            c.grants.append(ticket)
+            self._wake(c)
+        no_rate = self.base_rate is None
+        modes = (no_rate and not self.queue and self.factor >= 1.0, no_rate and self.held <= self.cap)
+        if modes != self.modes:
+            self.modes = modes
+            for c in self.clients.values():
+                self._wake(c)
+        if (owner := self.queue[0][1] if self.queue else None) != self.head_owner:
+            self.head_owner = owner
+            if owner is not None and self.clients[owner].held:
+                self._wake(self.clients[owner])
+
+    def _wake(self, c: ClientView) -> None:
+        if not c.mail.is_set():  # news: unread for lease_ttl, the client is dead
+            c.mail.set()
+            c.reaper = asyncio.get_running_loop().call_later(self.lease_ttl, self._drop, c, "silent")
+
+    def _drop(self, c: ClientView, why: str = "left") -> None:
+        """Take back the permits and tickets of a client that left, or is dead (its mail unread for
+        lease_ttl: its process or loop is gone), so it neither shrinks the cap nor blocks the queue."""
+        if why != "left":
+            logger.warning("rate limiter %s: client %s %s for %.0fs; taking back its %d permits",
+                           self.name, c.cid, why, self.lease_ttl, c.held)
+        del self.clients[c.cid]
+        self.held -= c.held
+        self.queue = deque(e for e in self.queue if e[1] != c.cid)
+        if c.reaper is not None:
+            c.reaper.cancel()
+        c.mail.set()  # a poll still waiting returns {"gone": True}
+        self.gone[c.cid] = None  # as do its later calls
+        if len(self.gone) > 10_000:
+            del self.gone[next(iter(self.gone))]
+        self._dispatch()
 
 
 class RateLimiter:
-    """`async with limiter.limit(timeout=30) as permit:` holds one permit and gives it back on every exit
-    path; call `permit.throttled()` on a 429. `core`: a `LimiterCore` on this loop, or its actor's handle."""
+    """A process's client of one limiter, bound to the event loop it is made in: `acquire()`, then `release()` on
+    every exit path (`throttled=True` after a 429). `core`: a `LimiterCore` on this loop, or its actor's handle."""
 
     def __init__(self, core, name: str = "") -> None:
         self.core, self.name, self.cid = core, name, f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.remote = hasattr(core.push, "remote")  # a Ray actor handle
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.poller: asyncio.Task | None = None  # reads the core's mail (LimiterCore.poll)
+        self.loop = asyncio.get_running_loop()  # the one it serves
+        self.poller = self.loop.create_task(self._poll_forever())  # reads the core's mail (LimiterCore.poll)
         self.idle = self.inflight = 0  # permits held here: unused, in use
         self.waiters: deque[asyncio.Future] = deque()  # callers waiting for a permit, oldest first
         self.tickets: deque[int] = deque()  # our unserved tickets, ascending
@@ -71,15 +207,12 @@ class RateLimiter:
         if self.lease and self.idle and not self.waiters:
             self.idle, self.inflight = self.idle - 1, self.inflight + 1
             return
-        loop = asyncio.get_running_loop()
-        if (self.loop or loop) is not loop:
+        if asyncio.get_running_loop() is not self.loop:
             raise RuntimeError("a RateLimiter client serves one event loop; use client_for() in each loop")
-        self.loop, self.poller = loop, self.poller or loop.create_task(self._poll_forever())
-        self.waiters.append(fut := loop.create_future())
+        self.waiters.append(fut := self.loop.create_future())
         self._pump()
         try:
-            async with asyncio.timeout(timeout):
-                await fut
+            await asyncio.wait_for(fut, timeout)
         except BaseException as e:
             if not fut.cancelled() and fut.exception() is None:
                 self.release()  # served just as we gave up: give it back
@@ -100,19 +233,6 @@ class RateLimiter:
             self.outbox["throttled" if throttled else "ok"] += 1
         self._pump()
 
-    @contextlib.asynccontextmanager
-    async def limit(self, timeout: float | None = None) -> AsyncIterator[Permit]:
-        await self.acquire(timeout)
-        permit = Permit()
-        try:
-            yield permit
-        finally:
-            self.release(throttled=permit.was_throttled)
-
-    def stats(self) -> dict[str, int]:
-        return {"in_flight": self.inflight, "waiting": len(self.waiters), "idle": self.idle,
-                "handed_over": self.handed_over, "throttled_429": self.throttled_count}
-
     @property
     def n_waiting(self) -> int:
         return len(self.waiters)
@@ -126,7 +246,7 @@ class RateLimiter:
         if self.broken is None:
             self.broken = RuntimeError("client closed")
             self._call("push", self.cid, {"leave": True})
-            if self.loop is not None and not self.loop.is_closed():
+            if not self.loop.is_closed():
                 self._break()
 
     def _call(self, method: str, *args: Any) -> Any:
@@ -174,7 +294,7 @@ class RateLimiter:
         load; `ack`: the last message arrived (or failed)."""
         self.sending = None
         if ack is not None and (ack.cancelled() or ack.exception() is not None):
-            return self._break(ack.exception() or RuntimeError("message to the rate limiter cancelled"))
+            return self._break(ack.exception() if not ack.cancelled() else RuntimeError("message cancelled"))
         if self.outbox and self.broken is None:
             msg, self.outbox = self.outbox, Counter()
             if (ack := self._call("push", self.cid, msg)) is not None:  # None: applied (a core on this loop)
@@ -184,23 +304,20 @@ class RateLimiter:
     async def _poll_forever(self) -> None:
         try:
             while not (mail := await self._call("poll", self.cid)).get("gone"):
-                self._on_mail(mail)
+                self.tickets.extend(mail["tickets"])
+                self.tickets_asked -= len(mail["tickets"])
+                for ticket in mail["grants"]:
+                    if self.tickets and self.tickets[0] == ticket:
+                        self.tickets.popleft()
+                        if self._serve_oldest():
+                            continue
+                    self.idle += 1  # nobody waits, or a spare: its ticket was handed over already or withdrawn
+                self.head = max(self.head, mail["head"])
+                self.lease, self.hand_over = mail["lease"], mail["hand_over"]
+                self._pump()
             self._break(RuntimeError("the limiter took back this client's permits: it was silent for lease_ttl"))
         except Exception as e:  # noqa: BLE001 - the actor died: fail loudly, never hang callers
             self._break(e)
-
-    def _on_mail(self, mail: dict[str, Any]) -> None:
-        self.tickets.extend(mail["tickets"])
-        self.tickets_asked -= len(mail["tickets"])
-        for ticket in mail["grants"]:
-            if self.tickets and self.tickets[0] == ticket:
-                self.tickets.popleft()
-                if self._serve_oldest():
-                    continue
-            self.idle += 1  # nobody waits, or a spare: its ticket was handed over already or withdrawn
-        self.head = max(self.head, mail["head"])
-        self.lease, self.hand_over = mail["lease"], mail["hand_over"]
-        self._pump()
 
     def _break(self, e: BaseException | None = None) -> None:
         """Fail the waiters, never hang them: the core is gone (`e`), took our permits back, or we closed."""
@@ -220,9 +337,9 @@ def local_rate_limiter(max_concurrency: int, rate_per_second: float | None = Non
 
 def get_or_create_rate_limiter(name: str, max_concurrency: int, rate_per_second: float | None = None,
                                burst: int | None = None, *, detached: bool = False, **options: Any):
-    """The limiter actor for resource `name`, created if missing; keep the handle (a non-detached actor
-    lives while a handle does; `detached=True`: until `kill_rate_limiter`). Other limits than the
-    existing actor's raise `RateLimiterConfigError`. `options`: lease_ttl, cut_cooldown (LimiterCore)."""
+    """The limiter actor for resource `name`, created if missing; keep the handle (a non-detached actor lives while
+    a handle does, a detached one until `kill_rate_limiter`). Other limits than the existing actor's raise
+    `RateLimiterConfigError`. `options`: lease_ttl, cut_cooldown (LimiterCore)."""
     import ray
 
     want = LimiterCore(name, max_concurrency, rate_per_second, burst, **options).config()
@@ -263,12 +380,11 @@ def client_for(name: str, handle=None) -> RateLimiter:
     for c in list(mine):
         if c.loop is loop and c.broken is None:
             return c
-        if c.loop is loop or c.loop.is_closed() or c.broken is not None:
+        if c.broken is not None or c.loop.is_closed():
             c.close()  # e.g. one asyncio.run() per step: nothing in a closed loop still uses a permit
             mine.remove(c)
     if handle is None and (handle := get_rate_limiter(name)) is None:
         raise RateLimiterUnavailable(f"no rate limiter named {name!r}: the manager creates it with "
                                      "get_or_create_rate_limiter()")
     mine.append(c := RateLimiter(handle, name))
-    c.loop = loop
     return c

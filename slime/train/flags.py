@@ -20,14 +20,35 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="torch threads per trainer worker (default: the bundle's CPUs, at least 1)")
     g.add_argument("--weight-sync", choices=["auto", "tensor", "distributed", "disk"], default="auto",
                    help="how weights reach the engines: auto = tensor when --colocate, else distributed")
+    g.add_argument("--weight-sync-transport", choices=["auto", "broadcast"], default="auto",
+                   help="bytes of the distributed path: auto = a shared-memory ring when every engine is on the "
+                        "trainer's host (the group carries only handshakes), else gloo broadcasts; broadcast = always "
+                        "broadcast over the group")
     g.add_argument("--async", dest="async_train", action="store_true",
                    help="slime's train_async.py: generate rollout k+1 while rollout k trains (one weight version "
                         "off-policy); not with --colocate / --offload-rollout")
     return parser
 
 
+def update_weights_interval(args: argparse.Namespace) -> int:
+    """--update-weights-interval (slime's default 1); ValueError naming the flag when below 1."""
+    interval = getattr(args, "update_weights_interval", None)
+    interval = 1 if interval is None else interval
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ValueError(f"--update-weights-interval must be an integer >= 1 (push weights every N rollouts), "
+                         f"got {interval!r}")
+    return interval
+
+
 def check_train_arguments(args: argparse.Namespace) -> None:
     """Combinations the trainer cannot run; the message names the flags."""
+    interval = update_weights_interval(args)  # ValueError naming --update-weights-interval
+    offloaded = "--colocate" if getattr(args, "colocate", False) else \
+        "--offload-rollout" if getattr(args, "offload_rollout", False) else None
+    if interval > 1 and offloaded:
+        raise ValueError(f"--update-weights-interval {interval} with {offloaded}: the engines give their weights' "
+                         f"memory back while the trainer runs, so weights must be pushed after every rollout; "
+                         f"drop {offloaded} or use --update-weights-interval 1")
     if getattr(args, "async_train", False) and (getattr(args, "colocate", False)
                                                 or getattr(args, "offload_rollout", False)):
         flag = "--colocate" if getattr(args, "colocate", False) else "--offload-rollout"

@@ -291,12 +291,16 @@ class TrainWorker:
         from slime.engine.weight_sync import WeightUpdateGroup
 
         ids = [e._actor_id.hex() for e in engines]  # noqa: SLF001 - identity of the actor, not its handle
-        if self.weight_group is not None and (ids != self._group_engines or num_new):
+        # a push that lost step with the engines closed the group (not connected): form it again
+        if self.weight_group is not None and (ids != self._group_engines or num_new or not self.weight_group.connected):
             self.weight_group.close()
             self.weight_group = None
         if self.weight_group is None:
             host, _ = self.master_address()
-            group = WeightUpdateGroup(remote, group_name=GROUP_NAME, master_address=host, timeout=120.0)
+            # "auto": the shared-memory ring when every engine is on this host, else gloo broadcasts
+            transport = self.args.weight_sync_transport
+            group = WeightUpdateGroup(remote, group_name=GROUP_NAME, master_address=host, timeout=120.0,
+                                      transport=transport)
             group.connect()
             self.weight_group, self._group_engines = group, ids
 

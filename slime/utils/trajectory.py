@@ -117,7 +117,7 @@ class TrajectoryRecord(_Record):
     @computed_field
     @property
     def round_number(self) -> int:
-        """slime's name for the number of assistant turns (copied into the batch by train_data)."""
+        """slime's name for the number of assistant turns (copied into the batch by the controller's conversion)."""
         return self.turns
 
     @computed_field

@@ -10,6 +10,12 @@ Differences that only add safety:
 - `from_dict` keeps fields it does not know (written by a newer slime, or set by a plugin) in
   `sample.extra_fields` with one warning, readable as attributes and written back by `to_dict`.
 
+Our addition, used on every path: each engine answer is one *segment* (`append_segment`, or
+`record_segment` after tokens appended by hand): `metadata["weight_versions"][i]` is its engine weight
+version (None when the engine reports none), `metadata["segments"][i]` its response span and rollout
+id; `sample.weight_versions` is slime's list, the same versions without the Nones. Partial rollout
+(`slime.rollout.partial_rollout`) reads them to continue an aborted sample and mask off-policy spans.
+
 torch is imported only on the paths that need tensors (top-p replay, routed experts), so importing this
 module stays cheap.
 """
@@ -292,6 +298,50 @@ class Sample:
 
     # ------------------------------------------------------------ building a response
 
+    @property
+    def is_partial(self) -> bool:
+        """ABORTED with part of a response: what `--partial-rollout` continues instead of starting over."""
+        return self.status == Sample.Status.ABORTED and self.response_length > 0
+
+    def start_response(self, prompt_ids: list[int]) -> "Sample":
+        """An empty response on `prompt_ids`, no segments, no reward: a sample generated from scratch."""
+        self.tokens, self.response, self.response_length = list(prompt_ids), "", 0
+        self.reward = None
+        self.loss_mask, self.rollout_log_probs = [], []
+        self.clear_segments()
+        return self
+
+    def clear_segments(self) -> None:
+        """Forget the segments (and partial-rollout counters) of an earlier attempt."""
+        self.weight_versions = []
+        for key in SEGMENT_KEYS:
+            self.metadata.pop(key, None)
+
+    def append_segment(self, token_ids: list[int], log_probs: list[float], *, finish_reason: str, text: str = "",
+                       weight_version: Any = None, rollout_id: int | None = None,
+                       continued: bool = False) -> "Sample":
+        """Append one engine answer as one segment: ids, log-probs and loss mask 1 (through
+        `append_response_tokens`, which keeps the lists aligned), the status its finish reason means
+        (COMPLETED for one it does not know) and the segment's weight version and rollout id.
+        `continued`: the answer continues an aborted response (counted in `metadata["continuations"]`)."""
+        start = self.response_length
+        self.append_response_tokens(tokens=token_ids, log_probs=log_probs, trainable=True, text=text,
+                                    update_terminal_info=False)
+        self.status = FINISH_REASON_STATUS.get(finish_reason, Sample.Status.COMPLETED)
+        self.metadata["finish_reason"] = finish_reason
+        if continued:
+            self.metadata["continuations"] = int(self.metadata.get("continuations", 0)) + 1
+        self.record_segment(start, self.response_length, weight_version, rollout_id)
+        return self
+
+    def record_segment(self, start: int, end: int, weight_version: Any, rollout_id: int | None) -> None:
+        """One engine answer covering response positions [start, end), its tokens already appended."""
+        version = None if weight_version is None else str(weight_version)
+        self.metadata.setdefault("weight_versions", []).append(version)
+        self.metadata.setdefault("segments", []).append({"start": start, "end": end, "rollout_id": rollout_id})
+        if version is not None:
+            self.weight_versions.append(version)
+
     def append_response_tokens(
         self,
         args: Any = None,
@@ -363,8 +413,7 @@ class Sample:
             self.weight_versions.append(meta_info["weight_version"])
         finish = meta_info["finish_reason"]
         kind = finish.get("type") if isinstance(finish, dict) else finish
-        status = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
-                  "stop": Sample.Status.COMPLETED}.get(kind)
+        status = FINISH_REASON_STATUS.get(kind)
         if status is not None:  # an unknown finish reason leaves the status as it was
             self.status = status
 
@@ -461,6 +510,13 @@ class Sample:
         if int(flat_offsets[-1]) != _flat_len(ids):
             raise ValueError("rollout top-p token ids/offsets mismatch: "
                              f"offsets[-1]={int(flat_offsets[-1])}, len(token_ids)={_flat_len(ids)}.")
+
+
+# The status an engine's finish reason means for the sample it answered.
+FINISH_REASON_STATUS = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
+                        "stop": Sample.Status.COMPLETED}
+# `metadata` keys of the segments (and of partial rollout's counters), cleared when a sample starts over.
+SEGMENT_KEYS = ("weight_versions", "segments", "continuations", "start_rollout_id")
 
 
 # ---------------------------------------------------------------- other types slime exports here

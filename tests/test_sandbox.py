@@ -245,3 +245,33 @@ def test_each_program_gets_its_limits_identity_and_a_fresh_main(sandbox):
               f"['main.py'] main.py __main__ /tmp/main.py /tmp /tmp True True True False in\n"
               for u in range(UID_BASE, UID_BASE + 4)}
     assert outs <= expect and len(outs) >= 1
+
+
+EXIT_SCRIPT = (
+    "import atexit, json\n"
+    "class Noisy:\n"
+    "    def __del__(self):\n"
+    "        print('del ran')\n"
+    "def gen():\n"
+    "    try:\n"
+    "        yield 1\n"
+    "    finally:\n"
+    "        print('generator closed')\n"
+    "it = gen(); next(it)\n"
+    "noisy = Noisy()\n"
+    "out = open('out.txt', 'w'); out.write('main ' * 1000)\n"  # never closed: flushed at exit
+    "json.stash = open('stash.txt', 'w'); json.stash.write('stashed')\n"  # held by a module: flushed too
+    "atexit.register(lambda: print('atexit ran'))\n"
+    "print('main')\n")
+
+
+def test_interpreter_exit_semantics(sandbox, tmp_path):
+    """What `python3 main.py` does at exit: user atexit handlers, __del__ and generator finalisers
+    of the script's objects (output returned), files left open are complete."""
+    url, _ = sandbox
+    res = run(url, EXIT_SCRIPT, fetch_files=["out.txt", "stash.txt"])
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == "main\natexit ran\ngenerator closed\ndel ran\n"
+    assert base64.b64decode(res["files"]["out.txt"]) == b"main " * 1000
+    assert base64.b64decode(res["files"]["stash.txt"]) == b"stashed"
+    assert run(url, "print(1)")["run_result"]["stdout"] == "1\n"  # (the cheap path: nothing to finalise)

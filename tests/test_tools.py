@@ -191,3 +191,46 @@ def test_tool_flags():
     d = tool_defaults()
     assert d["tool_call_parser"] == "hermes" and d["chat_template_check"] == "error"
     assert ToolSet([]).names == []
+
+
+class _SyncClosingTool(CalculatorTool):
+    """A tool whose optional `close()` is a plain function: it must be called too."""
+
+    closed = 0
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+def test_closing_tool_sets_closes_each_tools_session_and_forgets_the_cache(tmp_path):
+    import asyncio
+
+    import yaml
+
+    from slime.tools.registry import close_tool_sets
+
+    cfg = yaml.safe_load(native_tools_yaml((f"{__name__}._SyncClosingTool", "calc", "math", {
+        "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})))
+    cfg["tools"].append({"class_name": "slime.tools.sandbox_fusion_tool.SandboxFusionTool",
+                         "config": {"type": "native", "sandbox_fusion_url": "http://127.0.0.1:9",
+                                    "enable_global_rate_limit": False},
+                         "tool_schema": {"type": "function", "function": {
+                             "name": "code_interpreter", "description": "run code",
+                             "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                                            "required": ["code"]}}}})
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+
+    async def scenario():
+        tools = get_tool_set(path)
+        session = tools["code_interpreter"]._http.session()  # noqa: SLF001 - the resource under test
+        assert not session.closed
+        await close_tool_sets()
+        assert session.closed
+        assert _SyncClosingTool.closed == 1
+        assert get_tool_set(path) is not tools  # forgotten: the next user builds a fresh set
+        await close_tool_sets()
+
+    _SyncClosingTool.closed = 0
+    asyncio.run(scenario())
+    assert _SyncClosingTool.closed == 2

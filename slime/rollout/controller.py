@@ -41,7 +41,6 @@ from slime.rollout.failures import RolloutFailedError, describe_failures, failur
 from slime.rollout.runtime import RolloutRuntime, unbind
 from slime.rollout.stall_guard import StallGuard
 from slime.tools.services import ToolServices
-from slime.train_batch.rank_batches import split_for_data_parallel
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.utils.misc import load_function
@@ -187,6 +186,9 @@ class RolloutController:
             save_debug_train_data(self.args.save_debug_train_data, rollout_id, batch)
         out: Any = batch
         if parallel_config is not None:
+            # imported here: it needs torch, which a rollout without a trainer never loads (cold start)
+            from slime.train_batch.rank_batches import split_for_data_parallel
+
             out, split_metrics = split_for_data_parallel(self.args, batch, parallel_config)
             metrics.update(split_metrics)
         self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
@@ -252,12 +254,14 @@ class RolloutController:
         the data source, with their queued groups), unbind the runtime and close its HTTP sessions
         (rollouts ran on the process's background loop). Returns how many groups went back."""
         from slime.rollout.fully_async_rollout import worker_hub
+        from slime.tools.registry import close_tool_sets
 
         try:
             stopped = run(worker_hub(self.runtime).stop())
         finally:
             unbind(self.runtime)
             run(self.runtime.client.close())
+            run(close_tool_sets())  # tools' HTTP sessions live on the same loop
         if stopped["returned_groups"]:
             logger.info("rollout workers stopped: %d group(s) returned to the data source", stopped["returned_groups"])
         return stopped

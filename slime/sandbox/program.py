@@ -14,7 +14,10 @@ Each page this process writes costs a copy-on-write fault, so it does as little 
 is the same for every run is done once on the fork server, what the fork server can prepare
 before the fork it prepares."""
 
+import _io
+import atexit
 import builtins
+import gc
 import io
 import os
 import resource
@@ -178,8 +181,10 @@ def _run_python(path, env, warm):
             or sys.__stdin__ is not warm.stdin or sys.__stdout__ is not warm.stdout \
             or sys.__stderr__ is not warm.stderr:
         warm.install_streams()  # (the fork server installs them once: normally nothing to do)
+    gc.freeze()  # (what the fork server made since its own freeze: a collection here never walks it)
     main = warm.main  # (with sys.argv and sys.modules["__main__"]: the fork server's `prepare`)
     sys.path.insert(0, os.path.dirname(path))
+    n_names, n_modules = len(main.__dict__), len(sys.modules)  # (what the script adds: `_finalize`)
     code = 0
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -205,7 +210,7 @@ def _run_python(path, env, warm):
         code = 1
         if isinstance(e, KeyboardInterrupt):
             code = -signal.SIGINT
-    code = _finalize(code)
+    code = _finalize(code, main, n_names, n_modules)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
@@ -225,25 +230,77 @@ def _exit_code(e):
     return 1
 
 
-def _finalize(code):
+def _finalize(code, main, n_names, n_modules):
+    """The interpreter's exit, minus the warm interpreter's teardown: threads joined, atexit
+    handlers, then the script's own objects go as at a normal exit (its ``__main__`` cleared, the
+    garbage collected: ``__del__`` methods, generators' ``finally``, and files it left open are
+    flushed and closed), and any file still open elsewhere is flushed. Only the script's objects are
+    walked: the fork server froze its own (`gc.freeze`), so a collection never touches them. A
+    script that bound no name and imported nothing (``print(1)``) holds nothing: it skips this."""
     th = sys.modules.get("threading")
     try:
         if th is not None:
             th._shutdown()
     except BaseException:  # noqa: BLE001
         pass
-    try:
-        import atexit
-
+    try:  # (imported with this module: an import statement here would cost the run faults)
         atexit._run_exitfuncs()
     except SystemExit as e:
         code = _exit_code(e)
     except BaseException:  # noqa: BLE001
         pass
+    if not _flush_std() and code == 0:
+        code = 120
+    if len(main.__dict__) == n_names and len(sys.modules) == n_modules:
+        return code
+    _clear_main(main)
+    try:
+        gc.collect(2 if gc.get_objects(2) else 1)  # (the same collection; a full one also empties
+        _flush_open_files()                         # the free lists, whose pages are the fork server's)
+    except BaseException:  # noqa: BLE001
+        pass
+    if not _flush_std() and code == 0:
+        code = 120
+    return code
+
+
+def _flush_std():
+    ok = True
     for s in (sys.stdout, sys.stderr):
         try:
             s.flush()
         except BaseException:  # noqa: BLE001
-            if code == 0:
-                code = 120
-    return code
+            ok = False
+    return ok
+
+
+def _clear_main(main):
+    """As the interpreter clears a module at exit: names starting with one underscore first, then
+    the others, ``__builtins__`` last (kept: a ``__del__`` may still need it)."""
+    d = main.__dict__
+    try:
+        for first in (True, False):
+            for k in list(d):
+                if k != "__builtins__" and isinstance(k, str) \
+                        and (k.startswith("_") and not k.startswith("__")) is first:
+                    d[k] = None
+    except BaseException:  # noqa: BLE001 - a __del__ raising is reported by the interpreter itself
+        pass
+
+
+def _flush_open_files():
+    """Flush what the script still holds open after the collection (its text layers first: they
+    flush into their buffers). Each object is one the script made: the fork server's are frozen."""
+    layers = ([], [])
+    for o in gc.get_objects():
+        if isinstance(o, _io._IOBase):  # (the C bases: the `io` ABCs' checks would touch their caches)
+            layers[not isinstance(o, _io._TextIOBase)].append(o)
+    for f in layers[0] + layers[1]:
+        try:
+            if not f.closed and f.writable():
+                f.flush()
+        except Exception as e:  # noqa: BLE001 - as the interpreter reports a failed close at exit
+            try:
+                sys.stderr.write("Exception ignored in: %r\n%s: %s\n" % (f, type(e).__name__, e))
+            except Exception:  # noqa: BLE001
+                pass

@@ -14,6 +14,7 @@ Per-sample tools (`--tool-key`) are resolved by `ToolSet.select` / `ToolSet.sche
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -69,6 +70,16 @@ class ToolSet:
             hook = getattr(tool, "use_services", None)
             if callable(hook):
                 hook(services)
+
+    async def close(self) -> None:
+        """Let every tool that holds a resource (an HTTP session, ...) give it back: a tool's `close()`
+        is optional (verl's tools have none), sync or async."""
+        for tool in self.tools.values():
+            closer = getattr(tool, "close", None)
+            if callable(closer):
+                result = closer()
+                if inspect.isawaitable(result):
+                    await result
 
     def schemas(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """OpenAI tool dicts for the chat template, in config order."""
@@ -378,3 +389,13 @@ def get_tool_set(path: str | Path) -> ToolSet:
 def clear_tool_cache() -> None:
     with _lock:
         _cache.clear()
+
+
+async def close_tool_sets() -> None:
+    """Close and forget every cached tool set, on the loop their tools ran on (the controller does this
+    when it closes); a later `get_tool_set` builds a fresh one."""
+    with _lock:
+        tool_sets = list(_cache.values())
+        _cache.clear()
+    for tool_set in tool_sets:
+        await tool_set.close()

@@ -183,6 +183,10 @@ class SandboxFusionTool(BaseTool):
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._instances.pop(instance_id, None)
 
+    async def close(self) -> None:
+        """Close this loop's HTTP session (`ToolSet.close`, when the controller closes)."""
+        await self._http.close()
+
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         return 0.0
 

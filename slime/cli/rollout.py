@@ -8,15 +8,13 @@ started, the same orderly way; `--load DIR` resumes at the saved rollout id + 1.
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any, Sequence
 
 from slime.cli.args import parse_args
 from slime.cli.command import run_cli, stop_on_sigterm
+from slime.ray.session import format_startup, start_manager, stop_manager
 from slime.ray.session import ray_init as _ray_init
-
-logger = logging.getLogger("slime")
 
 
 def _format_summary(s: dict[str, Any]) -> str:
@@ -88,13 +86,10 @@ def run(args: Any) -> list[dict[str, Any]]:
     summaries: list[dict[str, Any]] = []
     engine_log = EngineStateLog()
     try:
-        manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(
-            args, fork_server=session.fork_server_socket)
-        info = ray.get(manager.start.remote())
-        if info["router_url"]:
-            ready = ", ".join(f"{k} {v:.1f}s" for k, v in info["startup_seconds"].items())
-            print(f"router {info['router_url']} with {len(info['engine_urls'])} engine(s): "
-                  f"{', '.join(info['engine_urls'])} (ready after: {ready})", flush=True)
+        manager, info = start_manager(args, RolloutManager, fork_server=session.fork_server_socket)
+        startup = format_startup(info)
+        if startup:
+            print(startup, flush=True)
         engine_log.update(info.get("engines"))
 
         def evaluate(rollout_id: int) -> None:
@@ -124,11 +119,7 @@ def run(args: Any) -> list[dict[str, Any]]:
                       ("debug rollouts", args.save_debug_rollout_data)) if where), flush=True)
         return summaries
     finally:
-        if manager is not None:
-            try:
-                ray.get(manager.shutdown.remote(), timeout=120)
-            except Exception as e:  # noqa: BLE001 - shutting down after another error
-                logger.warning("manager shutdown: %s", e)
+        stop_manager(manager)  # (None: nothing started, or start_manager already stopped it)
         session.stop()  # Ray (if ours) and the engine fork server: nothing outlives the command
 
 

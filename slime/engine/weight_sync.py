@@ -39,7 +39,9 @@ from slime.engine.weight_ring import (
 from slime.engine.weight_transfer import (
     bucket_named_tensors, dtype_name, named_checksums, serialize_named_tensors,
 )
-from slime.engine.weight_updates import all_reduce_done, broadcast, model_tensors, new_gloo_group, new_store
+from slime.engine.weight_updates import (
+    all_reduce_done, broadcast, first_line, model_tensors, new_gloo_group, new_store,
+)
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # slime's --update-weight-buffer-size default
 
@@ -237,7 +239,7 @@ class WeightUpdateGroup:
             store = new_store(self.master_address, port, world, self.timeout, is_master=True)
         except Exception as exc:  # noqa: BLE001
             raise WeightSyncError(f"trainer rank 0 could not serve group {self.group_name!r} on "
-                                  f"{self.master_address}:{port}: {str(exc).strip().splitlines()[0]}") from None
+                                  f"{self.master_address}:{port}: {first_line(exc)}") from None
         ring, self.transport_reason = None, "broadcast requested" if self.requested_transport == BROADCAST else ""
         if self.requested_transport == "auto":
             try:
@@ -288,7 +290,7 @@ class WeightUpdateGroup:
         except Exception as exc:  # noqa: BLE001
             on_all_engines_quietly(self.engines, "destroy_weights_update_group", group_name=self.group_name)
             raise WeightSyncError(f"trainer rank 0 could not form group {self.group_name!r} on "
-                                  f"{self.master_address}:{port}: {str(exc).strip().splitlines()[0]}") from None
+                                  f"{self.master_address}:{port}: {first_line(exc)}") from None
         return [f.result() for f in theirs]
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -349,7 +351,7 @@ class WeightUpdateGroup:
                 said = [f"{e!r}: {f.exception()}" for e, f in zip(self.engines, futures) if f.done() and f.exception()]
                 self.close()  # the group lost step: connect again
                 raise WeightSyncError(f"broadcast of bucket starting at {bucket[0][0]!r} on group {self.group_name!r} "
-                                      f"failed: {str(exc).strip().splitlines()[0]}"
+                                      f"failed: {first_line(exc)}"
                                       + (f"; engines said: {'; '.join(said)}" if said else "")) from None
             t1 = time.perf_counter()
             answers = self._answers(futures, bucket)
@@ -368,6 +370,14 @@ class WeightUpdateGroup:
         in_flight: dict[int, tuple[Any, Any]] = {}  # chunk seq -> (header work, done work)
         answers: list[dict] = []
         prev: tuple[list[cf.Future], list] | None = None  # the previous bucket: its requests, its tensors
+
+        def request(bucket: list[tuple[str, torch.Tensor]]) -> list[cf.Future]:
+            """Send a bucket's request once the previous bucket is answered."""
+            nonlocal answers
+            if prev is not None:
+                answers = self._answers(*prev)
+            return self._send_metadata(bucket, weight_version, load_format, flush_cache)
+
         try:
             for bucket in buckets:
                 names, tensors = [n for n, _ in bucket], [t for _, t in bucket]
@@ -385,17 +395,13 @@ class WeightUpdateGroup:
                     t0 = time.perf_counter()
                     ring.write(slot, tensors, offsets, sizes, start, length)
                     spent["copy"] += time.perf_counter() - t0
-                    if futures is None:
-                        if prev is not None:
-                            answers = self._answers(*prev)
-                        futures = self._send_metadata(bucket, weight_version, load_format, flush_cache)
+                    if futures is None:  # the first chunk is in its slot: the engines may start
+                        futures = request(bucket)
                     in_flight[seq] = (self._pg.broadcast([header(seq, slot, start, length, digest)], opts),
                                       all_reduce_done(self._pg))
                     self._seq += 1
                 if futures is None:  # a bucket of empty tensors: no bytes, only the request
-                    if prev is not None:
-                        answers = self._answers(*prev)
-                    futures = self._send_metadata(bucket, weight_version, load_format, flush_cache)
+                    futures = request(bucket)
                 prev = (futures, bucket)
                 spent["buckets"] += 1
             t0 = time.perf_counter()
@@ -432,7 +438,7 @@ class WeightUpdateGroup:
         except Exception as exc:  # noqa: BLE001 - e.g. an engine process died
             self.close()
             raise WeightSyncError(f"shared-memory ring push on group {self.group_name!r} failed at the bucket "
-                                  f"starting at {first_name!r}: {str(exc).strip().splitlines()[0]}") from None
+                                  f"starting at {first_name!r}: {first_line(exc)}") from None
 
     def _settle(self, in_flight: dict[int, tuple[Any, Any]], grace: float = 10.0) -> bool:
         """After an engine's error: whether every chunk sent still completes (the engines kept step)."""

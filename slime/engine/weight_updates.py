@@ -97,6 +97,13 @@ def local_address_for(master_address: str, master_port: int) -> str:
         return s.getsockname()[0]
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (torch's distributed errors carry a C++ trace after
+    it), or its type name when it has none: what an error answer or a trainer's error quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def gloo_threads() -> int:
     """Worker threads of a weight-update group: `SLIME_WEIGHT_SYNC_GLOO_THREADS`, else 8 (gloo's default
     is 2). Local to each process (peers need not agree; the wire protocol is the same): each thread
@@ -209,10 +216,9 @@ class UpdateGroups:
             try:
                 pg, store = new_gloo_group(master_address, master_port, rank_offset, world_size, group_name, timeout_s)
             except Exception as exc:  # noqa: BLE001 - torch raises several types (DistNetworkError, RuntimeError, ...)
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise WeightUpdateError(
                     f"could not rendezvous with the trainer at {master_address}:{master_port} for group "
-                    f"{group_name!r} (rank {rank_offset} of {world_size}, deadline {timeout_s:g} s): {first_line}"
+                    f"{group_name!r} (rank {rank_offset} of {world_size}, deadline {timeout_s:g} s): {first_line(exc)}"
                 ) from None
             group = _Group(pg, store, rank_offset, world_size, f"{master_address}:{master_port}")
             answer = {"message": f"Initialized weight update group {group_name!r} (rank {rank_offset} of "
@@ -254,7 +260,7 @@ class UpdateGroups:
                 decision = group.store.get(f"{group_name}/{DECISION_KEY}").decode()
             except Exception as exc:  # noqa: BLE001 - the trainer never decided (it died or is not slime's)
                 raise RuntimeError(f"group {group_name!r}: no transport decision from the trainer at "
-                                   f"{group.master}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                                   f"{group.master}: {first_line(exc)}"
                                    ) from None
             group.transport = RING if decision == RING else BROADCAST
             if group.transport != RING:
@@ -296,8 +302,7 @@ def _checked_broadcast(group: _Group, group_name: str, *t: torch.Tensor) -> None
     try:
         broadcast(group.pg, *t)
     except Exception as exc:  # noqa: BLE001
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RuntimeError(f"broadcast on group {group_name!r} from {group.master} failed: {first_line}") from None
+        raise RuntimeError(f"broadcast on group {group_name!r} from {group.master} failed: {first_line(exc)}") from None
 
 
 def _map_offered_ring(group: _Group, group_name: str, timeout_s: float) -> dict:
@@ -308,8 +313,7 @@ def _map_offered_ring(group: _Group, group_name: str, timeout_s: float) -> dict:
     except RingUnavailable as exc:
         return {"weight_transport": BROADCAST, "weight_transport_reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - no offer within the deadline: the trainer falls back too
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return {"weight_transport": BROADCAST, "weight_transport_reason": f"no ring offer: {first_line}"}
+        return {"weight_transport": BROADCAST, "weight_transport_reason": f"no ring offer: {first_line(exc)}"}
     group.transport = "offered"
     return {"weight_transport": RING}
 
@@ -342,10 +346,9 @@ def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list
         for work in done:
             work.wait()
     except Exception as exc:  # noqa: BLE001
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        group.broken = first_line
+        group.broken = first_line(exc)
         raise RuntimeError(f"shared-memory ring receive on group {group_name!r} from {group.master} failed at "
-                           f"the bucket starting at {names[0]!r}: {first_line}") from None
+                           f"the bucket starting at {names[0]!r}: {group.broken}") from None
 
 
 def _shutdown(group: _Group) -> None:

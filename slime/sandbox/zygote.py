@@ -44,16 +44,6 @@ def _load_siblings():
 isolation, program, run_init = _load_siblings()
 
 
-def _cgroup_usage(cfg):
-    for p in cfg.get("cg_usage") or []:
-        try:
-            with open(p) as f:
-                return int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return 0
-
-
 class Zygote:
     """One slot's fork server; its attributes are what the init inherits (`run_init.RunInit.slot`)."""
 
@@ -64,8 +54,10 @@ class Zygote:
         self.disk_mb = cfg.get("disk_mb", 256)
         self.max_inodes = cfg.get("max_inodes", 65536)
         self.seccomp = isolation.Seccomp() if (self.isolate and os.uname().machine == "x86_64") else None
-        self.cg_limit_fds = []  # opened before the pivot: the init sets each step's memory limit
+        self.cg_limit_fds = []  # opened before the pivot: the init sets (and reads back) each step's memory limit
         self.cg_oom_fds = []
+        self.cg_usage_fds = []
+        self.cg_run_fds = []  # each program joins the run's cgroup through these (`program.start`)
         self.base_bytes = 0
         self.vm_bytes = 0
         self.warm_state = None
@@ -77,14 +69,11 @@ class Zygote:
         if os.getppid() == 1:
             os._exit(1)
         for p in cfg.get("cg_procs") or []:
-            with open(p, "w") as f:
-                f.write("0")
-        for p in cfg.get("cg_limits") or []:
-            self.cg_limit_fds.append(os.open(p, os.O_WRONLY | os.O_CLOEXEC))
-        for p in cfg.get("cg_oom") or []:
-            self.cg_oom_fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+            _write(p, "0")
         if self.isolate:
-            self.base_ns = isolation.enter_slot(cfg)
+            self.base_ns = isolation.enter_slot(cfg, self._run_cgroup)
+        else:
+            self._run_cgroup()
         os.environ.clear()
         os.environ.update(cfg["env"])
         for mod in cfg.get("preload") or []:
@@ -92,9 +81,23 @@ class Zygote:
                 __import__(mod)
             except Exception:  # noqa: BLE001 - a missing optional module is no reason to fail
                 pass
-        self.base_bytes = _cgroup_usage(cfg)
-        self.warm_state = program.WarmState(cfg["env"])
+        self.warm_state = program.WarmState(cfg["env"], self.cg_run_fds)
         self.warm_state.install_streams()
+
+    def _run_cgroup(self):
+        """Out of the run's cgroup (inside our own cgroup namespace, before the pivot hides the
+        cgroup files): we and the init stay in the slot's, each program joins the run's, whose
+        memory limit the init sets; so what a run does to its memory cannot reach its supervisors."""
+        cfg = self.cfg
+        for p in cfg.get("cg_sup_procs") or []:
+            _write(p, "0")
+        for p, value in cfg.get("cg_enable") or []:
+            _write(p, value)
+        flags = os.O_CLOEXEC
+        self.cg_limit_fds = [os.open(p, os.O_RDWR | flags) for p in cfg.get("cg_limits") or []]
+        self.cg_oom_fds = [os.open(p, os.O_RDONLY | flags) for p in cfg.get("cg_oom") or []]
+        self.cg_usage_fds = [os.open(p, os.O_RDONLY | flags) for p in cfg.get("cg_usage") or []]
+        self.cg_run_fds[:] = [os.open(p, os.O_WRONLY | flags) for p in cfg.get("cg_run_procs") or []]
 
     def serve(self):
         """Start the slot's init, then fork programs on its request until it is gone."""
@@ -182,6 +185,11 @@ class Zygote:
             if isolate:  # (after the news: the init is waiting for it)
                 check(setns(base_ipc, NEWIPC), "setns back")
                 check(setns(base_mnt, NEWNS), "setns back")
+
+
+def _write(path, value):
+    with open(path, "w") as f:
+        f.write(value)
 
 
 def _report_failure(ctl, e):

@@ -51,7 +51,16 @@ from slime.sandbox.cgroups import Cgroups
 from slime.sandbox.uids import FIRST_UID, UidRange, UidRangeBusy
 
 logger = logging.getLogger(__name__)
-ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def slot_sources() -> tuple[bytes, dict[str, str]]:
+    """The fork server's script (sent on its stdin) and the modules it loads (sent with its
+    config): no file of this checkout is opened, nor its path shown, inside a slot."""
+    def read(name: str) -> str:
+        with open(os.path.join(HERE, name + ".py")) as f:
+            return f.read()
+    return read("zygote").encode(), {n: read(n) for n in ("isolation", "program", "run_init")}
 # Modules a run's Python finds already imported. Each one costs every run a little (the fork server's
 # memory is copied and torn down per run); these are the common, cheap ones of generated solutions.
 # Heavier, rarer ones (dataclasses, statistics, decimal, datetime, threading, numpy) load on use, and
@@ -237,6 +246,7 @@ class Runner:
             logger.warning("cgroups unavailable for %s: those limits are per process only (rlimits)",
                            ", ".join(self.cgroups.missing))
         self.seccomp = False
+        self._zygote_script, self._slot_modules = slot_sources()
         self._zygotes: list[_Zygote | None] = [None] * cfg.max_concurrency
         self._slots: asyncio.Queue[int] | None = None
         self._closed = False
@@ -268,16 +278,18 @@ class Runner:
                 "cg_procs": cg.procs if cg else [], "cg_sup_procs": cg.sup_procs if cg else [],
                 "cg_enable": cg.enable if cg else [], "cg_run_procs": cg.run_procs if cg else [],
                 "cg_limits": cg.limits if cg else [], "cg_oom": cg.oom if cg else [],
-                "cg_usage": cg.usage if cg else [],
+                "cg_usage": cg.usage if cg else [], "sources": self._slot_modules,
                 # set once on the fork server (root: RLIMIT_NPROC never binds its own forks)
                 "limits": {"max_processes": cfg.max_processes, "max_file_mb": cfg.max_file_mb,
                            "max_open_files": cfg.max_open_files} if cfg.isolate else None}
         # started from the event loop's thread: the pdeathsig it sets is tied to a thread that lives
         try:
-            proc = subprocess.Popen([py, "-I", "-B", ZYGOTE, str(theirs.fileno()), str(data_theirs.fileno())],
+            proc = subprocess.Popen([py, "-I", "-B", "-", str(theirs.fileno()), str(data_theirs.fileno())],
                                     pass_fds=(theirs.fileno(), data_theirs.fileno()), env=_run_env(), cwd="/",
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL if cfg.isolate else None, start_new_session=True)
+            with proc.stdin:  # (a pipe holds 64 KiB: written from a thread, the loop never blocks)
+                await asyncio.to_thread(proc.stdin.write, self._zygote_script)
         except BaseException:
             for sock in (mine, data):
                 sock.close()

@@ -19,7 +19,6 @@ When the server dies, this process dies (pdeathsig, EOF on the control socket), 
 """
 
 import gc
-import importlib
 import json
 import os
 import signal
@@ -31,17 +30,27 @@ import types
 PR_SET_PDEATHSIG = 1
 
 
-def _load_siblings():
-    """Import isolation, program and run_init from this directory as one private package: this
-    script runs with ``-I`` (no script dir on sys.path) and a program's ``import program`` must
-    still find the program's own file."""
+def _load_siblings(sources):
+    """isolation, program and run_init, from the sources the server sent, as one private package
+    with neutral file names: this script itself arrives on stdin (``python3 -I -B -``), so no path
+    of the host's checkout shows in a program's modules, code objects or command line; and
+    nothing else is importable from the package (a program's ``import program`` finds its own)."""
     pkg = types.ModuleType("_slime_sandbox_slot")
-    pkg.__path__ = [os.path.dirname(os.path.abspath(__file__))]
+    pkg.__path__ = []
     sys.modules[pkg.__name__] = pkg
-    return [importlib.import_module(pkg.__name__ + "." + n) for n in ("isolation", "program", "run_init")]
+    mods = []
+    for name in ("isolation", "program", "run_init"):
+        mod = types.ModuleType(pkg.__name__ + "." + name)
+        mod.__file__ = "<slime-sandbox>/%s.py" % name
+        mod.__package__ = pkg.__name__
+        sys.modules[mod.__name__] = mod
+        setattr(pkg, name, mod)
+        exec(compile(sources[name], mod.__file__, "exec"), mod.__dict__)
+        mods.append(mod)
+    return mods
 
 
-isolation, program, run_init = _load_siblings()
+isolation = program = run_init = None  # (set by `main` from the server's sources)
 
 
 class Zygote:
@@ -207,6 +216,8 @@ def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     data = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=int(sys.argv[2]))
     cfg = json.loads(ctl.recv(1 << 20))
+    global isolation, program, run_init
+    isolation, program, run_init = _load_siblings(cfg.pop("sources"))
     zygote = Zygote(cfg, ctl, data)
     try:
         zygote.setup()

@@ -394,7 +394,8 @@ class Runner:
         cfg = self.cfg
         lang = str(req.get("language") or "python").lower()
         if lang not in LANGUAGES or lang not in self.languages:
-            return _error(f"language {lang!r} is not supported here; supported: {', '.join(self.languages)}")
+            return _error(f"language {lang!r} is not supported here; supported: {', '.join(self.languages)}; "
+                          "the code was not run")
         if self._closed:
             return _error("the sandbox server is shutting down; the code was not run")
         slots = self._slots_q()
@@ -433,9 +434,12 @@ class Runner:
             res["not_fetched"] = bad_fetch + (res.get("not_fetched") or [])
             return await self._response(res, steps, files)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
-            return _error(f"the run failed inside the sandbox: {type(e).__name__}: {e}")
+            if self._closed:
+                return _error("the sandbox server stopped this run (its owner is gone, or it is shutting down); "
+                              "the code may have run")
+            return _error(f"the run failed inside the sandbox: {type(e).__name__}: {e}; the code may have run")
         except SandboxInternalError as e:
-            return _error(str(e))
+            return _error(f"{e}; the code was not run")
         finally:
             if not done:
                 z = self._zygotes[slot]
@@ -488,7 +492,7 @@ class Runner:
         if res.get("input_error"):
             return _error(res["input_error"], status="Failed")
         if res.get("error"):
-            return _error(f"the run failed inside the sandbox: {res['error']}")
+            return _error(f"the run failed inside the sandbox: {res['error']}; the code may have run")
         if res.get("setup_error"):
             return _error(f"{res['setup_error']}; the code was not run")
         comp = rr = None

@@ -225,7 +225,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
             res = await runner.run(body)
         except Exception as e:  # noqa: BLE001 - never a bare 500 without a reason
             logger.exception("run failed")
-            res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}", "compile_result": None,
+            res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}; the code may have run",
+                   "compile_result": None,
                    "run_result": None, "executor_pod_name": None, "files": {}}
         finally:
             adm.leave(time.monotonic() - t0)

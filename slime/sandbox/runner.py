@@ -4,15 +4,15 @@ The server keeps one slot per unit of concurrency; a slot is three processes, al
 *run* interpreter (stdlib only):
 
 - `zygote.py`, the fork server: loads the interpreter and common modules, builds the slot's
-  isolation once (`isolation.py`: the slot's cgroups for memory incl. tmpfs, processes and CPU of
-  all processes of a run together; a network namespace with only loopback, up; a read-only
+  isolation once (`isolation.py`, `cgroups.py`: the slot's cgroups for processes and CPU, and for
+  the memory incl. tmpfs of all processes of a run together, which it and the init stay out of; a network namespace with only loopback, up; a read-only
   minimal root with ``/usr`` and the interpreters, a synthetic ``/etc``, nothing of the host's
   data), then forks every program of the slot inside the run's namespaces, idle in between;
 - `run_init.py`, PID 1 of the slot's PID namespace: keeps the next run's mount and IPC namespaces
   with a size-limited tmpfs as ``/tmp`` and ``/dev/shm`` ready before the request comes, writes
   the request's files, has each step forked, reaps, enforces the timeout and the output limit,
   kills every process of the run when the program ends, reports, and drops the namespaces;
-- `program.py`, in the forked program: takes its pipes, the run's rlimits and the slot's uid
+- `program.py`, in the forked program: joins the run's cgroup, takes its pipes, the run's rlimits and the slot's uid
   (``no_new_privs``, the seccomp filter, the run-independent rlimits, umask and the empty group
   list are the fork server's, set once); then Python code runs in this already warm interpreter
   (as ``python3 -u main.py`` would), other languages exec their tools.
@@ -434,10 +434,7 @@ class Runner:
             res["not_fetched"] = bad_fetch + (res.get("not_fetched") or [])
             return await self._response(res, steps, files)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
-            if self._closed:
-                return _error("the sandbox server stopped this run (its owner is gone, or it is shutting down); "
-                              "the code may have run")
-            return _error(f"the run failed inside the sandbox: {type(e).__name__}: {e}; the code may have run")
+            return self._failed(f"{type(e).__name__}: {e}")
         except SandboxInternalError as e:
             return _error(f"{e}; the code was not run")
         finally:
@@ -492,7 +489,7 @@ class Runner:
         if res.get("input_error"):
             return _error(res["input_error"], status="Failed")
         if res.get("error"):
-            return _error(f"the run failed inside the sandbox: {res['error']}; the code may have run")
+            return self._failed(res["error"])
         if res.get("setup_error"):
             return _error(f"{res['setup_error']}; the code was not run")
         comp = rr = None
@@ -525,6 +522,13 @@ class Runner:
         return {"status": "Success" if ok else "Failed", "message": msg,
                 "compile_result": comp.as_dict() if comp else None, "run_result": rr.as_dict(),
                 "executor_pod_name": None, "files": enc, "not_fetched": dict(res.get("not_fetched") or [])}
+
+
+    def _failed(self, why: str) -> dict[str, Any]:
+        if self._closed:  # (`stop_runs` killed its slot)
+            return _error("the sandbox server stopped this run (its owner is gone, or it is shutting down); "
+                          "the code may have run")
+        return _error(f"the run failed inside the sandbox: {why}; the code may have run")
 
 
 def _summary(rr: CommandResult) -> str:

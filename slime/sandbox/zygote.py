@@ -2,7 +2,7 @@
 
 Why a fork server: a fresh ``python3`` costs an interpreter start per run; this process starts
 once per slot, loads the interpreter and common modules, builds the slot's isolation once
-(`isolation.py`: cgroups joined, namespaces, a read-only minimal root), and then forks every
+(`isolation.py`: the slot's cgroups joined, the run's kept apart, namespaces, a read-only minimal root), and then forks every
 program of the slot from that warm state (`program.py`).
 
 It forks once more, at start, into a PID namespace of its own: that child is the slot's init

@@ -100,7 +100,7 @@ def test_two_servers_never_share_uids_or_their_process_quota():
 # 4, 5. bodies admitted before they are read, bounded in time; files bounded; a disconnect cancels
 @pytest.fixture(scope="module")
 def small():
-    url, handle = _start(max_concurrency=1, max_queue=0, extra_args=["--body-timeout", "1", "--max-bodies", "1"])
+    url, handle = _start(max_concurrency=1, max_queue=1, extra_args=["--body-timeout", "5", "--max-bodies", "1"])
     yield url, handle
     handle.stop()
 
@@ -125,19 +125,44 @@ def test_a_slow_body_times_out(small):
     assert requests.post(f"{url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
 
 
+def _stats(url: str) -> dict:
+    return requests.get(f"{url}/v1/stats", timeout=10).json()
+
+
+def test_bodies_in_memory_are_bounded(small):
+    url, _ = small
+    slow = _raw_post(url, b'{"code": "print(1)"', length=1000)  # (the rest never comes)
+    try:
+        assert _until(lambda: _stats(url)["bodies"] == 1)
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            fast = ex.submit(requests.post, f"{url}/run_code", json={"code": "print(2)"}, timeout=60)
+            assert _until(lambda: _stats(url)["reading"] == 2), "the second request was not admitted"
+            st = _stats(url)  # (--max-bodies 1: the second body waits for the first one's turn to end)
+            assert (st["bodies"], st["reading"], fast.done()) == (1, 2, False)
+            slow.close()
+            assert fast.result().json()["run_result"]["stdout"] == "2\n"
+    finally:
+        slow.close()
+
+
 @needs_isolation
 def test_a_full_queue_answers_429_before_the_body_is_read(small):
     url, _ = small
     uids = _uids(url)
     busy = _raw_post(url, json.dumps({"code": SLEEPER, "run_timeout": 30}).encode())
+    queued = None
     try:
         assert _until(lambda: _processes_of_uids(uids)), "the run did not start"
+        queued = _raw_post(url, b'{"code": "print(1)"', length=1000)  # (the queue's one place: body pending)
+        assert _until(lambda: _stats(url)["reading"] == 1)
         late = _raw_post(url, b'{"code": "print(1)"', length=10 << 20)  # (most of its body never comes)
         try:
             assert _status_of(late) == 429
         finally:
             late.close()
     finally:
+        if queued is not None:
+            queued.close()
         busy.close()  # 5. the client goes away: its run is cancelled
     assert _until(lambda: not _processes_of_uids(uids)), "the run outlived its client"
     assert _until(lambda: requests.get(f"{url}/v1/stats", timeout=10).json()["running"] == 0)

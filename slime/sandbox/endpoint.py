@@ -47,21 +47,9 @@ class RunCodeEndpoint:
                                 [(b"retry-after", str(max(1, int(ra + 0.999))).encode())])
         reserved = True
         try:
-            async with self.bodies:
-                try:
-                    async with asyncio.timeout(self.body_timeout):
-                        raw = await self._read(receive)
-                except TimeoutError:
-                    return await _reply(send, 408, error_body(
-                        f"request body not received within {self.body_timeout:g}s"))
-                if raw is None:
-                    return  # the client went away
-                if raw is False:
-                    return await _reply(send, 413, error_body(f"request body larger than {self.max_body} bytes"))
-                request = await self.parse(raw)
-                del raw
-            if isinstance(request, tuple):
-                return await _reply(send, *request)
+            request = await self._receive(receive, send)
+            if request is None:
+                return  # (answered already, or the client went away)
             reserved = False
             reply = await self._run_watched(request, self.adm.try_enter(), receive)
         finally:
@@ -69,6 +57,30 @@ class RunCodeEndpoint:
                 self.adm.unreserve()
         if reply is not None:
             await _reply(send, *reply)
+
+    async def _receive(self, receive, send):
+        """The parsed request, among at most `max_bodies` bodies in memory; else None, once the
+        answer (408, 413, 422) is sent or the client is gone."""
+        async with self.bodies:
+            self.adm.bodies += 1
+            try:
+                try:
+                    async with asyncio.timeout(self.body_timeout):
+                        raw = await self._read(receive)
+                except TimeoutError:
+                    await _reply(send, 408, error_body(f"request body not received within {self.body_timeout:g}s"))
+                    return None
+                if raw is False:
+                    await _reply(send, 413, error_body(f"request body larger than {self.max_body} bytes"))
+                    return None
+                request = await self.parse(raw) if raw is not None else None
+                del raw
+            finally:
+                self.adm.bodies -= 1
+        if isinstance(request, tuple):
+            await _reply(send, *request)
+            return None
+        return request
 
     async def _read(self, receive) -> bytes | None | bool:
         """The whole body; None if the client went away; False once it passes the limit."""

@@ -49,7 +49,8 @@ class Admission:
     def __init__(self, cap: int, queue: int) -> None:
         self.cap, self.queue_cap = cap, queue
         self.running = 0
-        self.reading = 0  # reserved: body being read or parsed
+        self.reading = 0  # reserved: body being read or parsed (or waiting for its turn to be)
+        self.bodies = 0  # bodies being read or parsed now (at most --max-bodies: `endpoint.py`)
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.max_running = 0
         self.max_queued = 0
@@ -105,7 +106,7 @@ class Admission:
         return max(0.05, self.run_time_ewma * (len(self.waiters) + self.reading + 1) / self.cap)
 
     def stats(self) -> dict[str, Any]:
-        return {"running": self.running, "queued": len(self.waiters), "reading": self.reading,
+        return {"running": self.running, "queued": len(self.waiters), "reading": self.reading, "bodies": self.bodies,
                 "max_running": self.max_running, "max_queued": self.max_queued, "max_concurrency": self.cap,
                 "max_queue": self.queue_cap, "total": self.total, "rejected": self.rejected}
 

@@ -26,7 +26,7 @@ def _start(**kw):
     from slime.sandbox.server import start_local_sandbox
 
     extra = kw.pop("extra_args", [])
-    return start_local_sandbox(extra_args=extra, **kw)
+    return start_local_sandbox(extra_args=extra, allow_no_isolation=True, **kw)  # (isolated where it can be)
 
 
 def _uids(url: str) -> list[int]:

@@ -28,7 +28,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import os
 import selectors
 import signal

@@ -77,8 +77,14 @@ class Zygote:
         isolation.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() == 1:
             os._exit(1)
-        for p in cfg.get("cg_procs") or []:
-            _write(p, "0")
+        try:
+            for p in cfg.get("cg_procs") or []:
+                _write(p, "0")
+        except OSError:  # v2, a slot started again: its controllers were enabled by the previous fork
+            for p, value in cfg.get("cg_enable") or []:  # server (gone: its cgroups are empty); undo, join
+                _write(p, value.replace("+", "-"))
+            for p in cfg.get("cg_procs") or []:
+                _write(p, "0")
         if self.isolate:
             self.base_ns = isolation.enter_slot(cfg, self._run_cgroup)
         else:

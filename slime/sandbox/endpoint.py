@@ -24,8 +24,9 @@ def error_body(message: str, **extra: Any) -> bytes:
 
 
 class RunCodeEndpoint:
-    """`parse(raw)` gives the request or a `Reply` (422); `execute(request, ticket)` runs it once
-    admitted; `admission` (server.py's `Admission`) holds the queue."""
+    """`parse(raw)` gives the request (a dict) or its validation errors (a list: 422);
+    `execute(request, ticket)` runs it once admitted; `admission` (server.py's `Admission`) holds
+    the queue."""
 
     def __init__(self, app, *, admission, parse: Callable[[bytes], Awaitable[Any]],
                  execute: Callable[[Any, Any], Awaitable[Reply]], max_body: int, body_timeout: float,
@@ -77,8 +78,9 @@ class RunCodeEndpoint:
                 del raw
             finally:
                 self.adm.bodies -= 1
-        if isinstance(request, tuple):
-            await _reply(send, *request)
+        if isinstance(request, list):  # (validation errors)
+            fields = ", ".join(".".join(str(x) for x in d["loc"][1:]) or "body" for d in request)
+            await _reply(send, 422, error_body(f"invalid request: {fields}", detail=request))
             return None
         return request
 

@@ -3,10 +3,11 @@ out-of-range limits and files that cannot fit a run's tmpfs answer 422 naming th
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from slime.sandbox.runner import SandboxConfig, normalize_path
 
@@ -92,3 +93,27 @@ def count_keys(raw: bytes, enough: int) -> int:
             if n > enough:
                 break
     return n
+
+
+class RequestParser:
+    """Body bytes -> the request as a dict, or its errors (``[{"loc", "msg", "type"}]``, loc starting
+    with "body"). Too many keys for the file budget are refused from a scan, before a parse that
+    would take seconds; a large body is parsed off the event loop."""
+
+    def __init__(self, cfg: SandboxConfig, languages: list[str]) -> None:
+        self.model = request_model(cfg, languages)
+        self.max_files = cfg.max_files
+
+    async def __call__(self, raw: bytes) -> dict[str, Any] | list[dict[str, Any]]:
+        enough = self.max_files + 64  # (the request's own keys on top)
+        if raw.count(b":") > enough and count_keys(raw, enough) > enough:
+            return [{"loc": ["body", "files"], "msg": f"at most {self.max_files} files (the run's inode budget)",
+                     "type": "too_long"}]
+        return await asyncio.to_thread(self._validate, raw) if len(raw) > 65536 else self._validate(raw)
+
+    def _validate(self, raw: bytes) -> dict[str, Any] | list[dict[str, Any]]:
+        try:
+            return self.model.model_validate_json(raw).model_dump()
+        except ValidationError as e:
+            return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
+                    for err in e.errors(include_url=False, include_context=False, include_input=False)]

@@ -116,15 +116,14 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
 
     from fastapi import FastAPI
     from fastapi.responses import PlainTextResponse
-    from pydantic import ValidationError
 
-    from slime.sandbox.endpoint import RunCodeEndpoint, error_body
+    from slime.sandbox.endpoint import RunCodeEndpoint
     from slime.sandbox.runner import Runner
-    from slime.sandbox.schema import count_keys, request_model
+    from slime.sandbox.schema import RequestParser
 
     runner = Runner(cfg)
     adm = Admission(cfg.max_concurrency, max_queue)
-    Model = request_model(cfg, runner.languages)
+    parse = RequestParser(cfg, runner.languages)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -191,27 +190,6 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
         adm.max_queued = len(adm.waiters)
         return adm.stats()
 
-    def validate(raw: bytes):
-        try:
-            return Model.model_validate_json(raw).model_dump()
-        except ValidationError as e:
-            return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
-                    for err in e.errors(include_url=False, include_context=False, include_input=False)]
-
-    async def parse(raw: bytes):
-        """The request as a dict, or a 422 reply naming the fields. Too many keys for the file
-        budget answers at once, before a parse that would take seconds."""
-        keys = count_keys(raw, cfg.max_files + 64) if raw.count(b":") > cfg.max_files + 64 else 0
-        if keys > cfg.max_files + 64:
-            body = [{"loc": ["body", "files"], "msg": f"at most {cfg.max_files} files (the run's inode budget)",
-                     "type": "too_long"}]
-        else:
-            body = await asyncio.to_thread(validate, raw) if len(raw) > 65536 else validate(raw)
-        if isinstance(body, list):
-            fields = ", ".join(".".join(str(x) for x in d["loc"][1:]) or "body" for d in body)
-            return 422, error_body(f"invalid request: {fields}", detail=body), []
-        return body
-
     async def execute(body, ticket) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         """POST /run_code once admitted: (HTTP status, JSON body, extra headers)."""
         if ticket is not True:
@@ -226,8 +204,7 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
         except Exception as e:  # noqa: BLE001 - never a bare 500 without a reason
             logger.exception("run failed")
             res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}; the code may have run",
-                   "compile_result": None,
-                   "run_result": None, "executor_pod_name": None, "files": {}}
+                   "compile_result": None, "run_result": None, "executor_pod_name": None, "files": {}}
         finally:
             adm.leave(time.monotonic() - t0)
         big = res.get("files") or len((res.get("run_result") or {}).get("stdout") or "") > 65536

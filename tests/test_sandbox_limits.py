@@ -28,7 +28,7 @@ def server():
     from slime.sandbox.server import start_local_sandbox
 
     url, handle = start_local_sandbox(max_concurrency=1, allow_no_isolation=True,  # (isolated where it can be)
-                                      extra_args=["--cpus-per-run", "2"])
+                                      extra_args=["--cpus-per-run", "2", "--max-fetch-mb", "48"])
     yield url, handle
     handle.stop()
 
@@ -136,12 +136,12 @@ def test_mnt_is_writable_and_fresh_in_each_run(server):
 def test_files_not_fetched_are_named_with_the_reason(server):
     url, _ = server
     code = "import os\nos.mkdir('d')\nopen('ok', 'w').write('x')\nfor f in ('big', 'big2'):\n" \
-           "    open(f, 'wb').write(b'y' * (40 << 20))"
+           "    open(f, 'wb').write(b'y' * (30 << 20))"
     r = run(url, code, memory_limit_MB=512, fetch_files=["ok", "./ok", "missing", "d", "big", "big2", "../x"])
     assert r["status"] == "Success" and list(r["files"]) == ["ok", "big"], r["message"]
     assert r["not_fetched"] == {"../x": "path escapes the work dir: '../x'", "./ok": "same file as 'ok' (sent once)",
                                 "missing": "not found", "d": "not a regular file",
-                                "big2": "over the 64 MB limit of all fetched files"}
+                                "big2": "over the 48 MB limit of all fetched files"}
     assert r["message"].startswith("not fetched: '../x' (path escapes the work dir")
 
 
@@ -190,7 +190,7 @@ def _keys(doc) -> int:
     return 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(doc=_json, indent=hs.sampled_from([None, 1]), ascii_only=hs.booleans())
 def test_count_keys_is_the_documents_key_count(doc, indent, ascii_only):
     raw = json.dumps(doc, indent=indent, ensure_ascii=ascii_only).encode()
@@ -198,7 +198,7 @@ def test_count_keys_is_the_documents_key_count(doc, indent, ascii_only):
     assert count_keys(raw, 0) == min(_keys(doc), 1)  # (stops at enough + 1)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(n_files=hs.integers(0, 40), depth=hs.integers(0, 3), inodes=hs.integers(64, 200))
 def test_files_within_the_inode_budget_pass_and_beyond_it_are_named(n_files, depth, inodes):
     cfg = SandboxConfig(max_inodes=inodes)

@@ -453,10 +453,10 @@ class Runner:
         (no second copy of a large fetched file)."""
         pending = bytearray()
 
-        async def take(n: int) -> bytes:
+        async def take(n: int) -> bytearray:
             nonlocal pending
             if len(pending) >= n:
-                out = bytes(pending[:n])
+                out = pending[:n]
                 del pending[:n]
                 return out
             buf = bytearray(n)
@@ -470,7 +470,7 @@ class Runner:
                     raise asyncio.IncompleteReadError(bytes(buf[:got]), n)
                 got += k
             del view
-            return bytes(buf)
+            return buf  # (not copied into bytes: a fetched file may be tens of MB)
 
         first = await loop.sock_recv(sock, 1 << 16)
         if not first:

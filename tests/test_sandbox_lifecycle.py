@@ -163,9 +163,23 @@ def test_a_full_queue_answers_429_before_the_body_is_read(small):
     finally:
         if queued is not None:
             queued.close()
-        busy.close()  # 5. the client goes away: its run is cancelled
+        busy.close()
+    assert _until(lambda: _stats(url)["running"] == 0)
+
+
+@needs_isolation
+def test_a_client_that_disconnects_cancels_its_run(small):
+    url, _ = small
+    uids = _uids(url)
+    client = _raw_post(url, json.dumps({"code": SLEEPER, "run_timeout": 100}).encode())
+    try:
+        assert _until(lambda: _processes_of_uids(uids)), "the run did not start"
+    finally:
+        client.close()
     assert _until(lambda: not _processes_of_uids(uids)), "the run outlived its client"
-    assert _until(lambda: requests.get(f"{url}/v1/stats", timeout=10).json()["running"] == 0)
+    assert _until(lambda: _stats(url)["running"] == 0)
+    r = requests.post(f"{url}/run_code", json={"code": "print(3)"}, timeout=60).json()  # (the slot is free again)
+    assert r["run_result"]["stdout"] == "3\n", r
 
 
 # 8. the lifeline (the owner gone) ends running runs at once; a second SIGTERM ends the server

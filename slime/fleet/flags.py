@@ -12,6 +12,7 @@ DEFAULT_ENGINE_MAX_RESTARTS = 3
 # seconds a failing engine request keeps being retried: a router restart (~1 s), an engine restart
 # (model load), or a frozen engine the router marked unhealthy for a while
 DEFAULT_REQUEST_RETRY_WINDOW = 60.0
+DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL = 1
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

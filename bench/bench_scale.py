@@ -6,7 +6,9 @@ port of its share), so 256 of them fit a small box. Each fleet size has its own 
 (with the health-check interval under test) and its own manager process running the default rollout
 (`generate_rollout` -> training batch, through the engine client, as the controller calls it). Every
 fleet stays up for the whole run and the rounds interleave the sizes (1, 16, 64, 256, 1, 16, ...), so
-load drift and the idle fleets' background work (their health checks) fall on every size alike.
+load drift and the idle fleets' background work (their health checks) fall on every size alike. Last,
+one window with every fleet idle gives each router's and engine set's background CPU per second: the
+cost of the router's health checks alone (one GET per engine per interval).
 
 Measured per round from outside (psutil, user + system CPU of each process and its children): the
 manager's, the router's and the engines' CPU per sample, and the manager's resident memory; reported
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +209,10 @@ class ScaleFleet:
             raise RuntimeError(f"manager for {size} engines did not start")
         self.rounds: list[tuple[float, float, float]] = []  # CPU ms per sample: manager, router, engines
         self.rss: list[float] = []
+        self.idle: tuple[float, float] = (0.0, 0.0)  # CPU ms per second while no rollout runs: router, engines
+
+    def background_cpu(self) -> tuple[float, float]:
+        return cpu_seconds([self.router_ps]), cpu_seconds([h.ps for h in self.hosts])
 
     def measure(self, samples: int) -> None:
         engines = [h.ps for h in self.hosts]
@@ -252,9 +259,19 @@ def in_flight_memory(n: int, model_dir: str) -> tuple[float, float, float]:
         host.stop()
 
 
+def idle_window(fleets: list[ScaleFleet], seconds: float) -> None:
+    """Every fleet's router and engine CPU over one window with no rollout running: the health checks'
+    cost (and any other background work), per second."""
+    before = [f.background_cpu() for f in fleets]
+    time.sleep(seconds)  # a measurement window, not a wait for an event
+    for f, b in zip(fleets, before):
+        f.idle = tuple((y - x) * 1000 / seconds for x, y in zip(b, f.background_cpu()))
+
+
 def report(fleets: list[ScaleFleet], a: argparse.Namespace) -> list[str]:
     lines = ["| health check s | engines | manager CPU ms/sample | router | engines | manager RSS MB "
-             "| manager x | router x | engines x | memory x |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| manager x | router x | engines x | memory x | idle CPU ms/s: router | engines |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     verdicts = []
     for interval in a.intervals:
         rows = [f for f in fleets if f.interval == interval]
@@ -263,7 +280,7 @@ def report(fleets: list[ScaleFleet], a: argparse.Namespace) -> list[str]:
             m = f.medians()
             x = [v / b if b else float("nan") for v, b in zip(m, base)]
             lines.append(f"| {interval} | {f.size} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.0f} "
-                         f"| {x[0]:.2f}x | {x[1]:.2f}x | {x[2]:.2f}x | {x[3]:.2f}x |")
+                         f"| {x[0]:.2f}x | {x[1]:.2f}x | {x[2]:.2f}x | {x[3]:.2f}x | {f.idle[0]:.1f} | {f.idle[1]:.1f} |")
         big = rows[-1].medians()
         x = [v / b for v, b in zip(big, base)]
         ok = x[0] <= 1.2 and x[1] <= 1.5 and x[2] <= 1.5
@@ -284,6 +301,8 @@ def main() -> None:
     ap.add_argument("--intervals", type=int, nargs="+", default=[DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL],
                     help="router health-check intervals (s) to compare; one set of fleets each")
     ap.add_argument("--engines-per-process", type=int, default=64)
+    ap.add_argument("--idle-seconds", type=float, default=10.0,
+                    help="window in which the idle fleets' background CPU (health checks) is measured")
     ap.add_argument("--in-flight", type=int, default=10000, help="0: skip the in-flight memory figure")
     ap.add_argument("--engine-host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--manager", action="store_true", help=argparse.SUPPRESS)
@@ -316,6 +335,7 @@ def main() -> None:
         for _ in range(a.rounds):
             for f in fleets:
                 f.measure(a.samples)
+        idle_window(fleets, a.idle_seconds)
     finally:
         for f in fleets:
             f.stop()

@@ -93,7 +93,7 @@ class EngineSlot:
     deaths: int = 0
     last_exit: Any = None
     node_id: str | None = None  # the Ray node serving it (node 0's, for a multi-node engine)
-    moved_from: str | None = None  # the lost node it served on before its last replacement
+    moved_from: str | None = None  # the lost node it was last moved away from
 
     @property
     def actor(self) -> Any:

@@ -186,7 +186,7 @@ class Child:
 
 
 class ScaleFleet:
-    """`size` engines (in processes of at most `per_process`), a router, and a manager."""
+    """`size` engines (at most `--engines-per-process` per process), a router, and a manager."""
 
     def __init__(self, size: int, interval: int, a: argparse.Namespace, model_dir: str) -> None:
         from slime.fleet.router import Router

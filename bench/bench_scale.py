@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,7 @@ class ScaleFleet:
     """`size` engines (at most `--engines-per-process` per process), a router, and a manager."""
 
     def __init__(self, size: int, interval: int, a: argparse.Namespace, model_dir: str) -> None:
-        from slime.fleet.router import Router
+        from slime.fleet.router import Router, register_worker
 
         self.size, self.interval = size, interval
         self.hosts, self.urls = [], []
@@ -199,8 +200,8 @@ class ScaleFleet:
             self.hosts.append(host)
             self.urls += [f"http://127.0.0.1:{p}" for p in host.line().split()]
         self.router = Router(health_check_interval=interval).start()
-        for url in self.urls:
-            self.router.add_worker(url)
+        with ThreadPoolExecutor(8) as pool:  # registrations wait for the router's first check: overlap them
+            list(pool.map(lambda url: register_worker(self.router.url, url), self.urls))
         self.router_ps = psutil.Process(self.router.pid)
         self.manager = Child("--manager", "--router-port", str(self.router.port), "--engines", str(size),
                              "--samples", str(a.samples), "--concurrency", str(a.concurrency), "--model-dir",

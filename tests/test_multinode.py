@@ -55,8 +55,9 @@ def test_engines_node_lost_mid_rollout_engines_move_nothing_lost_cluster_left_ru
         assert got["samples"] == n and len(set(got["sample_indices"])) == n, got
         assert got["failed"] == 0 and all(0 < x <= MAX_LEN for x in got["response_lengths"]), got
     assert facts["during_loss"]["engine_retries"] >= 1
-    assert facts["trained"] == {"rollout_id": 0, "samples": n}
-    assert facts["versions_after_push"] == ["1", "1"]  # the trainer's group re-formed over the moved engines
+    assert facts["trained"] == {"rollout_id": 0, "steps": 1}  # one step over the global batch of n: each once
+    # the trainer's group re-formed over the moved engines: they hold its weights and answer with them
+    assert facts["versions_after_push"] == ["1", "1"] and facts["after"]["weight_versions"] == ["1"]
 
     # status() names the node that went and where its engines are now
     st = facts["after_status"]
@@ -91,7 +92,8 @@ def _argv(model_dir: str, work: Path, address: str) -> list[str]:
 def _batch_facts(batch: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     return {"samples": len(batch["tokens"]), "sample_indices": list(batch["sample_indices"]),
             "response_lengths": list(batch["response_lengths"]), "failed": summary["failed"],
-            "engine_retries": summary["engine_retries"]}
+            "engine_retries": summary["engine_retries"],
+            "weight_versions": sorted({v for vs in batch["weight_versions"] for v in vs})}
 
 
 def _hold_requests(urls: list[str]) -> int:
@@ -142,8 +144,8 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         [box] = ray.get(ref)
         batch = ray.get(box.inner)
         facts["during_loss"] = _batch_facts(batch, ray.get(manager.last_summary.remote()))
-        trainer.train(0, [box])
-        facts["trained"] = {"rollout_id": 0, "samples": len(batch["tokens"])}
+        metrics = trainer.train(0, [box])
+        facts["trained"] = {"rollout_id": metrics["rollout_id"], "steps": len(metrics["steps"])}
 
         deadline = time.monotonic() + 300
         while any(e["state"] != "healthy" for e in ray.get(manager.status.remote())["engines"]):

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from slime.cli.eval_config import EvalConfigError, resolve_eval_datasets
 from slime.cli.upstream_flags import Alias, add_upstream_flags, apply_aliases
+from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.rollout.data_source import parse_path_slice
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--sglang-router-port", type=int, default=None)
     g.add_argument("--router-policy", default="round_robin",
                    choices=["round_robin", "cache_aware", "power_of_two", "random", "consistent_hashing"])
-    g.add_argument("--router-health-check-interval", type=int, default=1, help="seconds")
+    g.add_argument("--router-health-check-interval", type=int, default=DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
+                   help="seconds between the router's health checks of each engine (a dead engine is taken out "
+                        "at once by the fleet's own supervision; this catches a stuck one)")
     g.add_argument("--router-prometheus-port", type=int, default=None, help="default: a free port")
 
     g = p.add_argument_group("data")

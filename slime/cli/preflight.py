@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.data_source import DataError, DataSource, build_prompt_samples, parse_path_slice
+from slime.rollout.data_source import DataError, DataSource, parse_path_slice
 from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
                                     data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
 from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
@@ -50,24 +50,47 @@ def check_utf8(path: Path, flag: str) -> None:
                                      f"column {e.start + 1}); the data must be UTF-8 JSONL or parquet") from None
 
 
-def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key: str | None) -> int:
-    """Encoding and structure (every row has the keys, the right types, valid tools); returns the rows
-    used. Structure only: templating and length filtering need the tokenizer, which the engines' side
-    loads anyway."""
+def prompt_tokenizer(args: Any) -> Any:
+    """The tokenizer the manager templates with, when --apply-chat-template asks for one."""
+    if not getattr(args, "apply_chat_template", False):
+        return None
+    from slime.utils.processing_utils import load_tokenizer
+
+    path = args.hf_checkpoint
+    if path is None:
+        from slime.engine.default_model import ensure_default_model
+
+        path = str(ensure_default_model())  # the command would convert it next anyway
+    return load_tokenizer(path)
+
+
+def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key: str | None,
+                      tokenizer: Any = None) -> int:
+    """Every row read as the manager will (`PromptIndex`, one row at a time): encoding, keys, types,
+    tools and, with --apply-chat-template, the rendered template and its tokens (and the length
+    filter); returns the rows used. The first bad row raises, naming the flag, file and line."""
+    from slime.rollout.prompt_index import PromptIndex
+
     file_path, _ = parse_path_slice(path)
     p = Path(file_path)
     if not p.is_file():
         raise PreflightError(f"{flag}: file not found: {p}")
     if p.suffix != ".parquet":
         check_utf8(p, flag)
-    structural = copy.copy(args)
-    structural.apply_chat_template = False  # a message list is checked as messages, not rendered
-    structural.rollout_max_prompt_len = structural.rollout_max_context_len = None
+    checked = args
+    if tokenizer is None:  # without a template the manager's tokens cannot fail: the rows' structure is checked
+        checked = copy.copy(args)
+        checked.apply_chat_template = False
+        checked.rollout_max_prompt_len = checked.rollout_max_context_len = None
     try:
-        samples, _ = build_prompt_samples(structural, path, input_key, label_key, None)
+        index = PromptIndex(checked, path, input_key, label_key, tokenizer)
+        try:
+            index.check_all()
+        finally:
+            index.close()
     except DataError as e:
         raise PreflightError(f"{flag}: {e}") from None
-    return len(samples)
+    return len(index)
 
 
 def check_data(args: Any) -> None:
@@ -75,23 +98,24 @@ def check_data(args: Any) -> None:
         raise PreflightError(f"--prompt-data: required to generate rollouts {args.start_rollout_id}.."
                              f"{args.num_rollout - 1} (or replay them with --load-debug-rollout-data; "
                              "--num-rollout 0 runs the evals alone)")
-    if args.prompt_data and not args.load_debug_rollout_data:
+    if args.load_debug_rollout_data:
+        return  # the replayed files are checked by check_debug_rollouts; no prompt is read
+    tokenizer = prompt_tokenizer(args) if args.prompt_data or getattr(args, "eval_datasets", None) else None
+    if args.prompt_data:
         path = getattr(args, "data_source_path", None)
         if path and load_function(path, "--data-source-path") is not DataSource:
             p = Path(parse_path_slice(args.prompt_data)[0])
             if p.is_file() and p.suffix != ".parquet":
                 check_utf8(p, "--prompt-data")  # a custom data source reads it its own way
         else:
-            check_prompt_file(args, "--prompt-data", args.prompt_data, args.input_key, args.label_key)
+            check_prompt_file(args, "--prompt-data", args.prompt_data, args.input_key, args.label_key, tokenizer)
     for dataset in getattr(args, "eval_datasets", None) or []:
-        if args.load_debug_rollout_data:
-            break
         name, path = dataset[0], dataset[1]
         input_key = getattr(dataset, "input_key", None) or args.eval_input_key or args.input_key
         label_key = getattr(dataset, "label_key", None) or args.eval_label_key or args.label_key
         flag = f"--eval-config {args.eval_config} [{name}]" if getattr(args, "eval_config", None) \
             else f"--eval-prompt-data {name}"
-        check_prompt_file(args, flag, path, input_key, label_key)
+        check_prompt_file(args, flag, path, input_key, label_key, tokenizer)
 
 
 def check_tools(args: Any) -> None:

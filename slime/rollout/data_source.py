@@ -148,7 +148,8 @@ def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str,
 
 
 def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, label_key: str | None,
-                    tokenizer: Any = None, template_kwargs: dict[str, Any] | None = None) -> Sample:
+                    tokenizer: Any = None, template_kwargs: dict[str, Any] | None = None, *,
+                    tokenize: bool = True) -> Sample:
     """One row as the template Sample the data source copies into groups: prompt (rendered with
     --apply-chat-template, given the row's tools and --apply-chat-template-kwargs, as slime passes
     them), label, metadata, and the prompt's tokens when a tokenizer is given. Every failure is a
@@ -176,18 +177,18 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
     sample = Sample(prompt=prompt, label=label, metadata=metadata)
     if isinstance(prompt, str):
         _check_text(prompt, where, f"key {input_key!r}")
-        if tokenizer is not None:
+        if tokenizer is not None and tokenize:
             sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     return sample
 
 
-def too_long(args: Any, sample: Sample, where: str) -> bool:
-    """Over the prompt limit: filtered (True), or refused with --over-long-prompt error."""
+def too_long(args: Any, num_tokens: int, where: str) -> bool:
+    """A prompt of `num_tokens` over the limit: filtered (True), or refused with --over-long-prompt error."""
     max_len, limit_flag = prompt_limit(args)
-    if max_len is None or sample.tokens is None or len(sample.tokens) <= max_len:
+    if max_len is None or num_tokens <= max_len:
         return False
     if getattr(args, "over_long_prompt", "filter") == "error":
-        raise DataError(f"{where}: prompt has {len(sample.tokens)} tokens, over the limit "
+        raise DataError(f"{where}: prompt has {num_tokens} tokens, over the limit "
                         f"{max_len} ({limit_flag}); use --over-long-prompt filter")
     return True
 

@@ -23,6 +23,7 @@ from slime.utils.types import Sample
 
 PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while indexing
 PROGRESS_ROWS = 4096  # rows between two looks at the clock
+TOKENIZE_BATCH = 256  # rendered prompts tokenised in one call while checking or filtering
 
 
 class IndexProgress:
@@ -124,35 +125,50 @@ class PromptIndex(Sequence):
 
     def _drop_too_long(self) -> None:
         """slime's filter_long_prompt: tokenise every row once and keep the short ones."""
-        keep = array("q")
-        progress = IndexProgress(self.path, "tokenised", self.path.stat().st_size)
-        for i, sample in enumerate(self._samples()):
-            if not too_long(self.args, sample, self.where(i)):
-                keep.append(i)
-            if i % PROGRESS_ROWS == 0:
-                progress.tick(self._starts[i] if self._table is None else 0, i)
-        progress.tick(self.path.stat().st_size, len(self._starts), final=True)
-        self.filtered = len(self._starts) - len(keep)
+        max_len = prompt_limit(self.args)[0]
+        keep = sorted(i for i, n in self._token_counts("tokenised")
+                      if n is None or not too_long(self.args, n, self.where(i)))
         self.read_through = True
+        self.filtered = len(self._starts) - len(keep)
         if not keep:
             raise DataError(f"{self.path}: every prompt was filtered as too long ({self.filtered} rows)")
         if self.filtered:
-            print(f"prompt data {self.path}: filtered {self.filtered} prompt(s) longer than "
-                  f"{prompt_limit(self.args)[0]} tokens", flush=True)
+            print(f"prompt data {self.path}: filtered {self.filtered} prompt(s) longer than {max_len} tokens",
+                  flush=True)
             self._keep(keep)
 
     def check_all(self) -> None:
-        """Convert every row once (parse; with a tokenizer, render and tokenise), one at a time: the
+        """Convert every row once (parse; with a tokenizer, render and tokenise), keeping none: the
         first bad row raises its DataError. What preflight runs before anything starts."""
-        if self.read_through:
-            return
-        progress = IndexProgress(self.path, "checked", self.path.stat().st_size)
+        if not self.read_through:
+            for _ in self._token_counts("checked"):
+                pass
+            self.read_through = True
+
+    def _token_counts(self, what: str) -> Iterator[tuple[int, int | None]]:
+        """(row, prompt tokens, or None when not tokenised) for every row: rendered one at a time,
+        tokenised TOKENIZE_BATCH at a time (one call into the fast tokenizer, not one per row)."""
+        size = self.path.stat().st_size
+        progress = IndexProgress(self.path, what, size)
+        pending: list[tuple[int, str]] = []
         for i in range(len(self)):
-            self[i]
+            sample = self.sample(i, tokenize=False)
+            if self.tokenizer is not None and isinstance(sample.prompt, str):
+                pending.append((i, sample.prompt))
+            else:
+                yield i, None
+            if len(pending) >= TOKENIZE_BATCH:
+                yield from self._count(pending)
+                pending = []
             if i % PROGRESS_ROWS == 0:
-                progress.tick(self._starts[i] if self._table is None else 0, i)
-        progress.tick(self.path.stat().st_size, len(self), final=True)
-        self.read_through = True
+                progress.tick(self._starts[i] if self._table is None else size * i // len(self), i)
+        yield from self._count(pending)
+        progress.tick(size, len(self), final=True)
+
+    def _count(self, pending: list[tuple[int, str]]) -> Iterator[tuple[int, int]]:
+        if pending:
+            ids = self.tokenizer([text for _, text in pending], add_special_tokens=False)["input_ids"]
+            yield from ((i, len(tokens)) for (i, _), tokens in zip(pending, ids))
 
     def where(self, i: int) -> str:
         """`FILE:LINE` (JSONL) or `FILE row N` (parquet) of the i-th prompt, for messages."""
@@ -172,9 +188,9 @@ class PromptIndex(Sequence):
             raise DataError(f"{self.where(i)}: expected a JSON object, got {type(row).__name__}")
         return row
 
-    def _samples(self) -> Iterator[Sample]:
-        for i in range(len(self._starts)):
-            yield self[i]
+    def sample(self, i: int, tokenize: bool = True) -> Sample:
+        return sample_from_row(self.args, self.row(i), self.where(i), self.input_key, self.label_key,
+                               self.tokenizer, self.template_kwargs, tokenize=tokenize)
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -182,9 +198,7 @@ class PromptIndex(Sequence):
     def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
         if not -len(self) <= i < len(self):
             raise IndexError(i)
-        i %= len(self)
-        return sample_from_row(self.args, self.row(i), self.where(i), self.input_key, self.label_key,
-                               self.tokenizer, self.template_kwargs)
+        return self.sample(i % len(self))
 
     def close(self) -> None:
         if getattr(self, "_fd", None) is not None:  # also when __init__ failed before opening

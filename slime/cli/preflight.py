@@ -188,9 +188,9 @@ def saved_rollout_id(directory: str | Path) -> int | None:
 
 
 def trains_model(args: Any) -> bool:
-    """slime-train's arguments (the trainer's flags are set): `--load` is then a model checkpoint that
-    carries its data state, not a data state alone."""
-    return getattr(args, "actor_num_workers", None) is not None
+    """slime-train's arguments (`parse_train_args` marks them): `--load` is then a model checkpoint
+    that carries its data state, not a data state alone."""
+    return bool(getattr(args, "trains_model", False))
 
 
 def model_dir(args: Any) -> str | None:
@@ -201,6 +201,14 @@ def model_dir(args: Any) -> str | None:
 
     found = converted_default_model()
     return str(found) if found else None
+
+
+def uses_default_data_source(args: Any) -> bool:
+    """Prompts served by our DataSource (whose state a checkpoint carries), not a custom --data-source-path."""
+    if not args.prompt_data or args.load_debug_rollout_data:
+        return False
+    path = getattr(args, "data_source_path", None)
+    return not path or load_function(path, "--data-source-path") is DataSource
 
 
 def resolve_train_resume(args: Any) -> dict[str, Any]:
@@ -228,7 +236,7 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
     state = Path(data_state_dir(root, model_id) or root) / data_state_name(model_id)
     if state.is_file():
         check_data_state(state, root)
-    elif args.prompt_data and not args.load_debug_rollout_data:
+    elif uses_default_data_source(args):
         raise PreflightError(f"--load {root}: the checkpoint of rollout {model_id} has no data source state "
                              f"({checkpoint_dir(root, model_id) / data_state_name(model_id)} nor {state}); the "
                              "prompts would restart from the first while the model continues")

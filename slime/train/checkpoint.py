@@ -116,7 +116,8 @@ class CheckpointWriter:
         self.root, self.rollout_id = Path(root), rollout_id
         self.final = checkpoint_dir(root, rollout_id)
         self.staging = self.final.with_name(f"{self.final.name}.staging-{os.getpid()}")
-        shutil.rmtree(self.staging, ignore_errors=True)
+        for stale in self.root.glob(f"{self.final.name}.staging-*"):  # left by a crashed writer of this id
+            shutil.rmtree(stale, ignore_errors=True)
         self.staging.mkdir(parents=True)
 
     def add_data_state(self) -> bool:

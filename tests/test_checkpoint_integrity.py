@@ -250,3 +250,18 @@ def test_save_without_interval_saves_the_model_after_the_last_rollout(interval, 
     args = SimpleNamespace(save="/x", save_interval=interval, num_rollout=5)
     assert [r for r in range(5) if save_due(args, r, None)] == expected
     assert not any(save_due(SimpleNamespace(save=None, save_interval=2, num_rollout=5), r, None) for r in range(5))
+
+
+def test_a_crash_between_the_two_renames_names_the_copy_to_restore(ckpt, tiny_model_dir, data_file, capsys):
+    """Saving an id again moves the old copy aside, then the new one in: a crash in between leaves the
+    tracker naming a missing directory, and the old copy beside it."""
+    final = checkpoint_dir(ckpt, 1)
+    aside = final.with_name(f"{final.name}.replaced-4242")
+    final.replace(aside)
+    rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
+    assert rc == 1 and seen == []
+    assert err == (f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1 is missing: {final} does not "
+                   f"exist; a crash while saving it again left the previous copy {aside}: rename it to {final}\n")
+    aside.replace(final)
+    rc, seen, _, _ = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
+    assert rc == 0 and seen == [2]

@@ -176,7 +176,10 @@ def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True)
     ckpt = checkpoint_dir(root, rollout_id)
     where = f"--load {root}: the checkpoint of rollout {rollout_id}"
     if not ckpt.is_dir():
-        raise CheckpointError(f"{where} is missing: {ckpt} does not exist")
+        kept = sorted(ckpt.parent.glob(f"{ckpt.name}.replaced-*"))
+        hint = f"; a crash while saving it again left the previous copy {kept[-1]}: rename it to {ckpt}" \
+            if kept else ""
+        raise CheckpointError(f"{where} is missing: {ckpt} does not exist{hint}")
     manifest_path = ckpt / MANIFEST
     if not manifest_path.is_file():
         paths = [p for p in ckpt.rglob("*") if p.is_file()]

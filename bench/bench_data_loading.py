@@ -11,7 +11,7 @@ on the smallest size only unless asked (it held every prompt as objects: ~2.5 GB
 The preflight check of a file (every row rendered and tokenised, one at a time) is measured too.
 
     python -m bench.bench_data_loading [--sizes-mb 20 200] [--before REF|none] [--before-sizes-mb 20]
-                                       [--preflight-mb 20]
+                                       [--limit-mb 20] [--preflight-mb 20]
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets the peak (VmHWM): the tokenizer's own load peak is not the data's
 base = status_kb("VmRSS")
 t0 = time.monotonic()
-if mode == "manager":
+if mode.startswith("manager"):
+    if mode == "manager-limit":  # over-long prompts filtered at start, as slime does: every row tokenised
+        args.rollout_max_prompt_len = 4096
     source = DataSource.from_args(args, tok)
     groups = source.get_samples(32)
     n = len(source)
@@ -96,9 +98,11 @@ def line(label: str, size_mb: int, r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes-mb", type=int, nargs="+", default=[20, 200])
+    ap.add_argument("--sizes-mb", type=int, nargs="*", default=[20, 200])
     ap.add_argument("--before", default="main", help="git ref of the tree to compare with, or none")
     ap.add_argument("--before-sizes-mb", type=int, nargs="*", default=[20])
+    ap.add_argument("--limit-mb", type=int, nargs="*", default=[20],
+                    help="sizes loaded with --rollout-max-prompt-len (the manager tokenises every row at start)")
     ap.add_argument("--preflight-mb", type=int, nargs="*", default=[20])
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -107,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = build_tiny_model(tmp / "model")
-        sizes = sorted(set(a.sizes_mb) | set(a.before_sizes_mb) | set(a.preflight_mb))
+        sizes = sorted(set(a.sizes_mb) | set(a.before_sizes_mb) | set(a.preflight_mb) | set(a.limit_mb))
         files = {}
         for mb in sizes:
             files[mb] = tmp / f"data_{mb}mb.jsonl"
@@ -117,6 +121,9 @@ def main() -> None:
         for mb in sizes:
             if mb in a.sizes_mb:
                 print(line("after (indexed)", mb, measure(ROOT, "manager", files[mb], model)), flush=True)
+            if mb in a.limit_mb:
+                print(line("after, prompt-length limit", mb, measure(ROOT, "manager-limit", files[mb], model)),
+                      flush=True)
             if before is not None and mb in a.before_sizes_mb:
                 print(line(f"before ({a.before}, whole file)", mb, measure(before, "manager", files[mb], model)),
                       flush=True)

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from slime.engine.weight_updates import first_line
+from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import advantages_for, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer
 from slime.train.model import PolicyModel, pack

@@ -295,12 +295,10 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 
 
 def _count_rows(path: str) -> int:
-    """Rows of a prompt file (after its @[start:end] slice), for --num-epoch."""
-    from slime.rollout.data_source import read_rows
+    """Rows of a prompt file (after its @[start:end] slice), for --num-epoch; counted, not read."""
+    from slime.rollout.prompt_index import count_rows
 
-    file_path, row_slice = parse_path_slice(path)
-    n = len(read_rows(file_path))
-    return len(range(n)[row_slice]) if row_slice is not None else n
+    return count_rows(path)
 
 
 def finalize_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -54,6 +54,8 @@ _SHORT.maxlist = _SHORT.maxdict = 8
 
 
 def _excerpt(value: Any) -> str:
+    if isinstance(value, bytes):
+        value = value[:EXCERPT_CHARS * 4].decode("utf-8", "replace")
     text = value if isinstance(value, str) else _SHORT.repr(value)
     return text[:EXCERPT_CHARS] + ("..." if len(text) > EXCERPT_CHARS else "")
 

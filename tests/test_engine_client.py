@@ -23,6 +23,7 @@ class Engine:
     def __init__(self, fail: int = 0, gate: asyncio.Event | None = None, hang: int = 0):
         self.fail, self.gate, self.hang = fail, gate, hang
         self.released = asyncio.Event()
+        self.abort_answer: web.Response | None = None
         self.generated, self.aborted, self.waiting = [], [], 0
         self.abort_received = asyncio.Event()
 
@@ -46,6 +47,8 @@ class Engine:
     async def abort(self, request):
         self.aborted.append(await request.json())
         self.abort_received.set()
+        if self.abort_answer is not None:
+            return self.abort_answer
         return web.json_response({})
 
     async def __aenter__(self):
@@ -171,3 +174,27 @@ async def test_abort_until_settled_resends_until_the_tasks_finish_or_the_deadlin
         assert (done, late) == (set(), {stuck}) and len(eng.aborted) > 3
         stuck.cancel()
         await client.close()
+
+
+async def test_abort_answers_are_counted_by_reason_and_never_raised():
+    async with Engine() as good, Engine() as broken, Engine() as html:
+        broken.abort_answer = web.Response(status=500, text="scheduler gone")
+        html.abort_answer = web.Response(status=200, text="<html>ok</html>", content_type="text/html")
+        client = EngineClient(Endpoints(good.url, [good.url, broken.url, html.url]))
+        await client.abort_all()
+        await client.close()
+    assert [e.aborted for e in (good, broken, html)] == [[{"abort_all": True}]] * 3
+    assert client.abort_stats.as_dict() == {"requests": 3, "retries": 0, "failures": 1, "failures_http_500": 1}
+
+
+def test_the_vocabulary_bound_is_the_larger_of_tokenizer_and_model(tmp_path):
+    (tmp_path / "config.json").write_text('{"vocab_size": 64}')
+
+    class Tokenizer:
+        def __len__(self):
+            return 60
+
+    client = EngineClient(Endpoints(None, []), tokenizer=Tokenizer(), tokenizer_path=str(tmp_path))
+    assert client.vocab_size == 64
+    assert EngineClient(Endpoints(None, []), tokenizer=Tokenizer()).vocab_size == 60
+    assert EngineClient(Endpoints(None, [])).vocab_size is None  # no tokenizer, no model: ids only >= 0

@@ -70,8 +70,10 @@ def model_vocab_size(path: str | None) -> int | None:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, TypeError, ValueError):
         return None
-    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    return size if isinstance(size, int) and size > 0 else None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    size = config.get("vocab_size") if isinstance(config, dict) else None
+    size = size or (text.get("vocab_size") if isinstance(text, dict) else None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _no_body(raw: bytes) -> None:
@@ -130,8 +132,11 @@ class EngineClient:
         """Ids an answer may hold: [0, vocab_size), the larger of the tokenizer's length and the model's
         embedding rows; None (no upper bound checked) when the client has neither."""
         if self._vocab_size is None and (self._tokenizer is not None or self._tokenizer_path):
-            sizes = [len(self.tokenizer), model_vocab_size(self._tokenizer_path)]
-            self._vocab_size = max(s for s in sizes if s is not None)
+            try:
+                tokens = len(self.tokenizer)
+            except TypeError:  # a processor without a length: the model's config decides alone
+                tokens = None
+            self._vocab_size = max((n for n in (tokens, model_vocab_size(self._tokenizer_path)) if n), default=None)
         return self._vocab_size
 
     def engine_label(self, url: str | None) -> str:

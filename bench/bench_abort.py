@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +65,13 @@ def host(a: argparse.Namespace) -> None:
         sockets.append(sock)
     print(*(s.getsockname()[1] for s in sockets), flush=True)
 
+    def stop_when_stdin_closes() -> None:  # uvicorn's signal handling covers one server, not 256
+        sys.stdin.read()
+        for srv in servers:
+            srv.should_exit = True
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+
     async def serve():
         await asyncio.gather(*(srv.serve(sockets=[sock]) for srv, sock in zip(servers, sockets)))
 
@@ -77,8 +85,10 @@ class Fleet:
         from slime.fleet.router import Router
         from slime.utils.child_process import wait_until
 
+        started, self.router = time.monotonic(), None
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.bench_abort", "--host", "--model-dir",
-                                      str(model_dir), "--engines", str(n)], stdout=subprocess.PIPE, text=True)
+                                      str(model_dir), "--engines", str(n)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
         try:
             self.urls = [f"http://127.0.0.1:{p}" for p in self.proc.stdout.readline().split()]
             if len(self.urls) != n:
@@ -90,17 +100,23 @@ class Fleet:
             for u in self.urls:
                 self.router.add_worker(u)
         except BaseException:
-            self.proc.terminate()
+            self.stop()
             raise
+        print(f"  ({n} engines serving and registered in {time.monotonic() - started:.0f} s)", file=sys.stderr,
+              flush=True)
 
     def set_error_rate(self, rate: float, seed: int) -> None:
         r = requests.post(f"{self.urls[0]}/bench/error_rate", json={"rate": rate, "seed": seed}, timeout=10)
         r.raise_for_status()
 
+    def stop_engines(self) -> None:
+        self.proc.stdin.close()  # the host stops its servers and exits
+        self.proc.wait(timeout=60)
+
     def stop(self) -> None:
-        self.router.stop()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        if self.router is not None:
+            self.router.stop()
+        self.stop_engines()
 
 
 def make_client(fleet: Fleet, everywhere: bool):

@@ -10,7 +10,7 @@ and 1% errors interleaved; the engines answer 503 to a seeded 1% of requests. CP
 "abort everywhere" is the old policy (every retry aborts its rid on every engine), measured in the
 same run for reference.
 
-    python -m bench.bench_abort [--engines 4 256] [--samples 2000] [--rounds 3] [--error-rate 0.01]
+    python -m bench.bench_abort [--engines 4 256] [--samples 2000] [--rounds 7] [--error-rate 0.01]
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engines", type=int, nargs="*", default=[4, 256])
     ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--error-rate", type=float, default=0.01)
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)

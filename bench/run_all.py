@@ -26,6 +26,7 @@ BENCHMARKS = [
     ("Asynchronous rollout", ["-m", "bench.bench_async_rollout"]),
     ("Scale: 1 to 256 engines", ["-m", "bench.bench_scale"]),
     ("Prompt data loading", ["-m", "bench.bench_data_loading"]),
+    ("Aborts at 1% engine errors", ["-m", "bench.bench_abort"]),
 ]
 
 

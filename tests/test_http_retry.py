@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from slime.testing.local_http import serve_app
-from slime.utils.http_retry import HttpClient, HttpError, HttpStats, RetryPolicy, request_json
+from slime.utils.http_retry import AnswerError, HttpClient, HttpError, HttpStats, RetryPolicy, request_json
 from slime.utils.per_loop import PerLoop
 
 FAST = dict(base_delay=0.0, max_delay=0.0)  # retry at once: nothing here waits on a clock
@@ -50,7 +50,7 @@ async def test_5xx_and_429_are_retried_with_the_next_payload():
     stats = HttpStats()
     async with Server([(503, "busy"), (429, "slow down"), (200, "plain text")]) as srv:
         body = await request_json("POST", srv.url, {"n": 0}, timeout=5, stats=stats,
-                                  policy=RetryPolicy(max_retries=3, **FAST), on_retry=lambda p: {"n": p["n"] + 1})
+                                  policy=RetryPolicy(max_retries=3, **FAST), on_retry=lambda p, failure: {"n": p["n"] + 1})
     assert body == "plain text"
     assert srv.seen == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "retries_http_503": 1,
@@ -66,14 +66,40 @@ async def test_4xx_is_raised_at_once_with_the_body():
     assert len(srv.seen) == 1 and stats.failures == 1 and stats.total_retries == 0
 
 
-async def test_spent_budget_names_attempts_and_last_reason():
+async def test_spent_budget_names_attempts_and_the_reason():
     stats = HttpStats()
     async with Server([(502, "bad gateway")]) as srv:
         with pytest.raises(HttpError) as e:
             await request_json("POST", srv.url, {}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=2, **FAST))
     assert len(srv.seen) == 3 and (e.value.status, e.value.reason) == (502, "http_502")
-    assert "failed after 3 attempt(s)" in str(e.value) and str(e.value).endswith("last: http_502: bad gateway")
-    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 1, "retries_http_502": 2}
+    assert "failed after 3 attempt(s)" in str(e.value) and str(e.value).endswith("cause: http_502: bad gateway")
+    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 1, "retries_http_502": 2,
+                               "failures_http_502": 1}
+
+
+async def test_a_spent_budget_is_reported_by_its_first_fault_not_the_refusals_it_led_to():
+    async with Server([(500, "cut"), (503, "no_available_workers")]) as srv:
+        with pytest.raises(HttpError) as e:
+            await request_json("POST", srv.url, {}, timeout=5, policy=RetryPolicy(max_retries=2, **FAST))
+    assert (e.value.reason, e.value.status) == ("http_500", 503)
+    assert str(e.value).endswith("cause: http_500: cut; last: http_503: no_available_workers")
+
+
+async def test_an_unusable_2xx_answer_is_retried_under_the_checks_reason():
+    def answer(raw):
+        if raw != b"good":
+            raise AnswerError(f"not good: {raw!r}", reason="bad_shape")
+        return "checked"
+
+    stats = HttpStats()
+    failures = []
+    async with Server([(200, "<html>"), (200, {"a": 1}), (200, "good")]) as srv:
+        body = await request_json("POST", srv.url, {"n": 0}, timeout=5, stats=stats, answer=answer,
+                                  policy=RetryPolicy(max_retries=3, **FAST),
+                                  on_retry=lambda p, failure: failures.append(failure) or p)
+    assert body == "checked" and [f.reason for f in failures] == ["bad_shape", "bad_shape"]
+    assert not any(f.may_still_run for f in failures)  # an answer came back: nothing left running
+    assert stats.retries == {"bad_shape": 2}
 
 
 async def test_connection_refused_is_retried_then_reported():

@@ -12,20 +12,26 @@ Aborting is the client's job too, because only it sees every request: while `gat
 leaves the process — one still waiting for an in-flight slot answers "abort" with no tokens — and
 `abort_until_settled` re-sends the engines' `abort_all` until the given tasks finish, since a
 request on its way through the router when the first abort arrives is not yet on any engine.
+
+Every answer is checked (`engine_answer`): a bad one is retried like a 5xx. A retried request's
+old `rid` is aborted only when no answer came back for it (timeout, connection lost): an answer,
+even an error, means no engine still runs it, so most retries cost no abort at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from slime.fleet import sglang_payloads as payloads
+from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints, rollout_num_engines
-from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy, request_json
+from slime.utils.http_retry import Failure, HttpClient, HttpError, HttpStats, RetryPolicy, request_json
 from slime.utils.per_loop import PerLoop
 from slime.utils.processing_utils import load_tokenizer
 
@@ -51,38 +57,34 @@ class AbortGate:
         self.closed = False
 
 
-@dataclass
-class EngineOutput:
-    token_ids: list[int]
-    log_probs: list[float]
-    text: str
-    finish_type: str  # "stop" | "length" | "abort"
-    matched: Any = None
-    weight_version: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
+def parse_generate_response(body: Any, *, vocab_size: int | None = None,
+                            max_new_tokens: int | None = None) -> EngineOutput:
+    """The checked answer (kept under its old name for callers of this module): see `engine_answer`."""
+    return parse_generate_answer(body, vocab_size=vocab_size, max_new_tokens=max_new_tokens)
 
 
-def parse_generate_response(body: dict[str, Any]) -> EngineOutput:
-    """Read ids and log-probs from `meta_info.output_token_logprobs` as slime does (item[1], item[0])."""
-    meta = body.get("meta_info") or {}
-    pairs = meta.get("output_token_logprobs")
-    if pairs is not None:
-        ids = [int(p[1]) for p in pairs]
-        lps = [float(p[0]) for p in pairs]
-    else:
-        ids = [int(t) for t in body.get("output_ids") or []]
-        lps = [0.0] * len(ids)
-    finish = meta.get("finish_reason") or {}
-    if isinstance(finish, str):
-        finish = {"type": finish}
-    return EngineOutput(ids, lps, body.get("text") or "", finish.get("type") or "stop", finish.get("matched"),
-                        meta.get("weight_version"), body)
+def model_vocab_size(path: str | None) -> int | None:
+    """`vocab_size` from the model's `config.json` (the embedding's rows, often above the tokenizer's
+    length), or None when there is no readable config."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    size = config.get("vocab_size") if isinstance(config, dict) else None
+    size = size or (text.get("vocab_size") if isinstance(text, dict) else None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _no_body(raw: bytes) -> None:
+    """Control answers (`/abort_request`) carry nothing to read: the status is the answer."""
 
 
 class EngineClient:
     def __init__(self, endpoints: Endpoints, *, concurrency: int = 512, request_timeout: float = 300.0,
                  max_retries: int = 8, retry_window: float | None = DEFAULT_RETRY_WINDOW,
-                 tokenizer_path: str | None = None, tokenizer: Any = None, progress: Progress | None = None):
+                 tokenizer_path: str | None = None, tokenizer: Any = None, progress: Progress | None = None,
+                 vocab_size: int | None = None):
         self.endpoints = endpoints
         self.concurrency = max(1, int(concurrency))
         self.request_timeout = float(request_timeout)
@@ -90,10 +92,12 @@ class EngineClient:
         self.retry_policy = RetryPolicy(max_retries=int(max_retries),
                                         window=None if retry_window is None else float(retry_window))
         self.stats = HttpStats()
+        self.abort_stats = HttpStats()  # `/abort_request` calls: sent once each, failures counted by reason
         self.progress = progress if progress is not None else Progress()
         self.http = HttpClient()
         self.in_flight = 0
         self._tokenizer_path, self._tokenizer = tokenizer_path, tokenizer
+        self._vocab_size = vocab_size
         # asyncio primitives are loop-bound: one bound per event loop
         self._bounds: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(self.concurrency))
         self._rid_prefix, self._rid = f"slime-{os.getpid()}-", itertools.count()
@@ -124,6 +128,28 @@ class EngineClient:
         return self._tokenizer
 
     @property
+    def vocab_size(self) -> int | None:
+        """Ids an answer may hold: [0, vocab_size), the larger of the tokenizer's length and the model's
+        embedding rows; None (no upper bound checked) when the client has neither."""
+        if self._vocab_size is None and (self._tokenizer is not None or self._tokenizer_path):
+            try:
+                tokens = len(self.tokenizer)
+            except TypeError:  # a processor without a length: the model's config decides alone
+                tokens = None
+            self._vocab_size = max((n for n in (tokens, model_vocab_size(self._tokenizer_path)) if n), default=None)
+        return self._vocab_size
+
+    def engine_label(self, url: str | None) -> str:
+        """Which engine answered, as far as this client can know: sglang-router 0.3.2 names no worker
+        in its answers, so behind a router of several engines it is "one of N"."""
+        if url:
+            return url
+        engines = self.endpoints.engine_urls
+        if len(engines) == 1:
+            return engines[0]
+        return f"one of {len(engines)} engines behind the router {self.endpoints.router_url}"
+
+    @property
     def semaphore(self) -> asyncio.Semaphore:
         """The in-flight bound of the running event loop."""
         return self._bounds.get()
@@ -133,49 +159,60 @@ class EngineClient:
 
     async def post(self, url: str, payload: Any, *, timeout: float | None = None,
                    policy: RetryPolicy | None = None, headers: dict[str, str] | None = None,
-                   on_retry: Any = None) -> Any:
-        """Any JSON POST, with this client's deadline, retry budget and counters."""
+                   on_retry: Any = None, answer: Any = None) -> Any:
+        """Any JSON POST, with this client's deadline, retry budget and counters; `answer(raw)` checks
+        a 2xx body (see `request_json`)."""
         return await request_json("POST", url, payload, session=self.http.session(),
                                   timeout=timeout or self.request_timeout, policy=policy or self.retry_policy,
-                                  stats=self.stats, headers=headers, on_retry=on_retry)
+                                  stats=self.stats, headers=headers, on_retry=on_retry, answer=answer,
+                                  classify=router_fault)
 
-    def _renew_rid(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """A retried request gets a fresh `rid`; the old one is aborted in case an engine still runs
-        it (a timed-out or router-orphaned request would otherwise answer `400 rid already in flight`
-        and keep the engine busy)."""
-        old = payload["rid"]
-        task = asyncio.ensure_future(self._abort_rid(old))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _renew_rid(self, payload: dict[str, Any], failure: Failure) -> dict[str, Any]:
+        """A retried request gets a fresh `rid`. The old one is aborted only if an engine may still
+        run it: an answer (an engine's, even a bad or cut one, or the router's own refusal) means
+        none does. Without an answer the router does not say which engine had it (0.3.2 names no
+        worker), so the abort goes to every engine; the router also closes its connection to that
+        engine, which SGLang treats as an abort, so this is a second line for engines that do not."""
+        if failure.may_still_run:
+            task = asyncio.ensure_future(self._abort_everywhere(payloads.abort_request(rid=payload["rid"])))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         return {**payload, "rid": self.new_rid()}
 
-    async def _abort_rid(self, rid: str) -> None:
+    async def _abort_everywhere(self, body: dict[str, Any]) -> None:
+        """One `/abort_request` per engine, sent once (an abort is only worth its moment); a failed
+        one is counted in `abort_stats` by reason, never raised."""
         once = RetryPolicy(max_retries=0)
-        await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(rid=rid), timeout=10, policy=once)
+        await asyncio.gather(*(request_json("POST", f"{u}/abort_request", body, session=self.http.session(),
+                                            timeout=10, policy=once, stats=self.abort_stats, answer=_no_body)
                                for u in self.endpoints.engine_urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
                        url: str | None = None) -> EngineOutput:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline."""
         payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
+        vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
+
+        def answer(raw: bytes) -> EngineOutput:
+            return parse_generate_answer(raw, vocab_size=vocab, max_new_tokens=limit)
+
         async with self.semaphore:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled
                 return EngineOutput([], [], "", "abort")
             self.in_flight += 1
             try:
-                body = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid)
+                out = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid,
+                                      answer=answer)
+            except HttpError as e:
+                raise HttpError(f"{e} (engine: {self.engine_label(url)})", e.status, e.body, e.reason) from e
             finally:
                 self.in_flight -= 1
-        out = parse_generate_response(body)
         self.progress.on_response(len(out.token_ids))
         return out
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine (the router does not proxy abort)."""
-        once = RetryPolicy(max_retries=0)
-        await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(abort_all=True), timeout=10,
-                                              policy=once)
-                               for u in self.endpoints.engine_urls), return_exceptions=True)
+        await self._abort_everywhere(payloads.abort_request(abort_all=True))
 
     async def abort_until_settled(self, tasks: "set[asyncio.Future] | list[asyncio.Future]",
                                   timeout: float | None) -> tuple[set, set]:

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import threading
 import time
 from typing import Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 # script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
 #                          optional "log_probs": [...], "text": str, "matched": ...}
+# or a misbehaving engine's answer (see `misbehave`): {"answer": <any JSON, NaN allowed>},
+# {"raw": str, "media_type": str, "status": int} (exact bytes), or {"cut": str} (these bytes, then the
+# connection is dropped mid-answer).
 # A script that takes a second parameter, `script(body, aborted: asyncio.Event)`, is abort-aware:
 # it is never cancelled, and answers an abort itself with the tokens it sampled so far and
 # finish_type "abort", as SGLang does (partial rollout continues from those tokens).
@@ -32,6 +36,29 @@ Script = Callable[..., Any]
 def default_log_prob(position: int) -> float:
     """Deterministic, distinct per position, so tests can check alignment."""
     return -0.01 * (position + 1)
+
+
+class StreamCut(ConnectionError):
+    """Raised inside a response body: the server drops the connection mid-answer."""
+
+
+def misbehave(out: dict[str, Any]) -> Response | None:
+    """The answer of a broken engine, when the script asks for one: a JSON value served verbatim
+    (`json.dumps` writes NaN/Infinity as bare tokens, as a broken server would), exact bytes with
+    any media type and status, or a body cut after its first bytes."""
+    if "answer" in out:
+        return Response(json.dumps(out["answer"]), media_type="application/json")
+    if "raw" in out:
+        return Response(out["raw"], status_code=out.get("status", 200), media_type=out.get("media_type", "text/html"))
+    if "cut" in out:
+        head = out["cut"].encode()
+
+        async def body():
+            yield head
+            raise StreamCut("scripted engine: answer cut mid-way")
+
+        return StreamingResponse(body(), media_type="application/json")
+    return None
 
 
 def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str] | None = None,
@@ -131,6 +158,9 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
             app.state.in_flight.pop(key, None)
         if out is None:
             out = {"output_ids": [], "finish_type": "abort", "text": ""}
+        broken = misbehave(out)
+        if broken is not None:
+            return broken
         ids = list(out["output_ids"])
         lps = out.get("log_probs") or [default_log_prob(i) for i in range(len(ids))]
         meta = {"id": body.get("rid"), "finish_reason": {"type": out.get("finish_type", "stop"),

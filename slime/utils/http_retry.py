@@ -6,7 +6,9 @@ and is worth retrying with back-off. The budget is a time window with a count ca
 count: a router that marks a frozen engine unhealthy answers 503 at once, and a count alone is
 spent in seconds on those instant refusals although the engine comes back moments later. Every
 retry is counted in `HttpStats` with its reason so faults show up in metrics instead of
-disappearing.
+disappearing. A 2xx answer the caller cannot use (`answer=` raises `AnswerError`) is a fault of
+the server like a 5xx, retried and counted under the reason the check gives. When the budget is
+spent, the error's reason is the first fault (the cause), not the last refusal it led to.
 """
 
 from __future__ import annotations
@@ -22,6 +24,25 @@ from typing import Any, Callable
 import aiohttp
 
 from slime.utils.per_loop import PerLoop
+
+
+class AnswerError(ValueError):
+    """A 2xx answer the caller cannot use (cut, not JSON, wrong shape): retried like a 5xx."""
+
+    def __init__(self, message: str, reason: str = "bad_answer"):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt: `reason` (short, counted), `detail` (for the message), and whether the
+    request may still be running on a server (no answer came back: an attempt timeout, or the
+    connection dropped before any answer), which is when the caller may want to abort it."""
+
+    reason: str
+    detail: str
+    may_still_run: bool
 
 
 class HttpError(RuntimeError):
@@ -42,6 +63,7 @@ class HttpStats:
     requests: int = 0
     retries: Counter = field(default_factory=Counter)
     failures: int = 0
+    failure_reasons: Counter = field(default_factory=Counter)  # requests that failed for good, by reason
 
     @property
     def total_retries(self) -> int:
@@ -49,7 +71,12 @@ class HttpStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "retries": self.total_retries, "failures": self.failures,
-                **{f"retries_{k}": v for k, v in self.retries.items()}}
+                **{f"retries_{k}": v for k, v in self.retries.items()},
+                **{f"failures_{k}": v for k, v in self.failure_reasons.items()}}
+
+    def failed(self, reason: str) -> None:
+        self.failures += 1
+        self.failure_reasons[reason] += 1
 
 
 @dataclass
@@ -128,56 +155,83 @@ async def request_json(
     stats: HttpStats | None = None,
     session: aiohttp.ClientSession | None = None,
     headers: dict[str, str] | None = None,
-    on_retry: Callable[[Any], Any] | None = None,
+    on_retry: Callable[[Any, Failure], Any] | None = None,
+    answer: Callable[[bytes], Any] | None = None,
+    classify: Callable[[int, str], str | None] | None = None,
 ) -> Any:
-    """Send one JSON request; return the decoded body (or text when it is not JSON).
+    """Send one JSON request; return the decoded body (or text when it is not JSON), or what
+    `answer(body_bytes)` makes of a 2xx body (it raises `AnswerError` for an unusable one).
 
     `timeout` is the deadline of each attempt. Retried: connection errors, attempt timeouts,
-    429 and 5xx. Not retried: other 4xx (raised at once as HttpError with the body). Without a
-    `session` a one-off session is opened and closed around the call. `on_retry(payload)` gives
-    the payload of the next attempt (e.g. a fresh request id: the engine may still be working on
-    the abandoned one).
+    429, 5xx and `AnswerError`s. Not retried: other 4xx (raised at once as HttpError with the
+    body). `classify(status, body)` may name the reason of an error status more exactly than
+    `http_<status>` (e.g. a proxy's code for an upstream answer cut mid-way). Without a `session`
+    a one-off session is opened and closed around the call. `on_retry(payload, failure)` gives the
+    payload of the next attempt (e.g. a fresh request id: the server may still be working on the
+    abandoned one, which `failure.may_still_run` says).
     """
     if session is None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
             return await request_json(method, url, payload, timeout=timeout, policy=policy, stats=stats,
-                                      session=own, headers=headers, on_retry=on_retry)
+                                      session=own, headers=headers, on_retry=on_retry, answer=answer,
+                                      classify=classify)
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     attempt = 0
     started = time.monotonic()
+    first: Failure | None = None
     while True:
         stats.requests += 1
-        reason, retry_after, last = None, None, ""
+        retry_after, status = None, None
         try:
             async with session.request(method, url, json=payload, headers=headers,
                                        timeout=_attempt_timeout(timeout)) as resp:
-                if resp.status < 400:
+                status = resp.status
+                if status < 400:
+                    if answer is not None:
+                        return answer(await resp.read())
                     if resp.content_type == "application/json":
                         return await resp.json()
                     return await resp.text()
-                last = (await resp.text())[:2000]
-                if resp.status == 429 or resp.status >= 500:
-                    reason, retry_after = f"http_{resp.status}", _retry_after(resp.headers)
-                else:
-                    stats.failures += 1
-                    raise HttpError(f"{method} {url} -> HTTP {resp.status}: {last}", resp.status, last)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
-            reason, last = "connection", f"{type(e).__name__}: {e}"
+                last = (await resp.text(errors="replace"))[:2000]
+                if status != 429 and status < 500:
+                    stats.failed(f"http_{status}")
+                    raise HttpError(f"{method} {url} -> HTTP {status}: {last}", status, last)
+                reason = (classify(status, last) if classify else None) or f"http_{status}"
+                failure, retry_after = Failure(reason, last, False), _retry_after(resp.headers)
+        except AnswerError as e:
+            failure = Failure(e.reason, str(e), False)
+        except aiohttp.ClientPayloadError as e:  # the answer began and was cut: the server is done with it
+            failure = Failure("answer_cut", f"{type(e).__name__}: {e}", False)
+        except aiohttp.ClientConnectorError as e:  # never connected: nothing was sent
+            failure = Failure("connection", f"{type(e).__name__}: {e}", False)
+        except (aiohttp.ClientConnectionError, ConnectionError) as e:
+            failure = Failure("connection", f"{type(e).__name__}: {e}", True)
         except asyncio.TimeoutError:
-            reason, last = "timeout", f"no answer within {timeout:.1f}s"
+            failure = Failure("timeout", f"no answer within {timeout:.1f}s", True)
+        first = first or failure
         delay = policy.delay(attempt, retry_after)
         elapsed = time.monotonic() - started
         if policy.gives_up(attempt, elapsed, delay):
-            stats.failures += 1
-            status = int(reason[5:]) if reason.startswith("http_") else None
-            raise HttpError(f"{method} {url} failed after {attempt + 1} attempt(s) in {elapsed:.1f}s, "
-                            f"last: {reason}: {last}", status, last if status else "", reason=reason)
-        stats.retries[reason] += 1
+            raise _spent(method, url, attempt, elapsed, first, failure, status if (status or 0) >= 400 else None,
+                         stats)
+        stats.retries[failure.reason] += 1
         await asyncio.sleep(delay)
         attempt += 1
         if on_retry is not None:
-            payload = on_retry(payload)
+            payload = on_retry(payload, failure)
+
+
+def _spent(method: str, url: str, attempt: int, elapsed: float, first: Failure, last: Failure,
+           status: int | None, stats: HttpStats) -> HttpError:
+    """The budget is spent: the error's reason is the first fault, which caused the rest (an engine
+    that cut its answer and died is then refused by the router as `no_available_workers`)."""
+    stats.failed(first.reason)
+    then = "" if (last.reason, last.detail) == (first.reason, first.detail) else \
+        f"; last: {last.reason}: {last.detail}"
+    return HttpError(f"{method} {url} failed after {attempt + 1} attempt(s) in {elapsed:.1f}s, "
+                     f"cause: {first.reason}: {first.detail}{then}", status, last.detail if status else "",
+                     reason=first.reason)
 
 
 async def post(url: str, payload: Any, **kw: Any) -> Any:

@@ -1,0 +1,1 @@
+"""Agentic RL: any agent speaking the OpenAI or Anthropic API trains through a token-exact gateway."""

@@ -1,0 +1,1 @@
+from slime.agent.records import TurnRecord

@@ -155,15 +155,17 @@ class EngineClient:
                                for u in self.endpoints.engine_urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
-                       url: str | None = None) -> EngineOutput:
-        """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline."""
+                       url: str | None = None, routing_key: str | None = None) -> EngineOutput:
+        """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline.
+        `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine."""
         payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
         async with self.semaphore:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled
                 return EngineOutput([], [], "", "abort")
             self.in_flight += 1
             try:
-                body = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid)
+                body = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid,
+                                       headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
             finally:
                 self.in_flight -= 1
         out = parse_generate_response(body)

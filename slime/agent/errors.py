@@ -33,3 +33,17 @@ class ContextFullError(TurnRefused):
 
 class BadRequestError(TurnRefused):
     """The request body is not one this API accepts."""
+
+
+class EngineFailedError(TurnRefused):
+    """The engines refused the turn or stayed unreachable past the retry budget."""
+
+    status = 502
+    kind = "api_error"
+
+
+class EngineAbortedError(TurnRefused):
+    """The engines aborted the turn (a weight update); the client's retry gets a fresh one."""
+
+    status = 503
+    kind = "overloaded_error"

@@ -15,23 +15,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime.agent.engine_call import sampling_params
-from slime.agent.errors import ContextFullError, TurnRefused
+from slime.agent.errors import ContextFullError, EngineAbortedError, EngineFailedError
 from slime.agent.parsing import parse_model_output
 from slime.agent.protocols.common import tool_call_dict
 from slime.agent.records import ChatRequest, Reply, ToolUse, TurnRecord, Usage
 from slime.agent.rendering import PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
+from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
 
 Generate = Callable[[list[int], Session, ChatRequest], Awaitable[TurnRecord]]
-
-
-class EngineAbortedError(TurnRefused):
-    """The engines aborted the turn (a weight update); the client's retry gets a fresh one."""
-
-    status = 503
-    kind = "overloaded_error"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +46,7 @@ class TurnPipeline:
         self.tokenizer, self.renderer, self.generate = tokenizer, renderer, generate
         self.manager, self.sessions = manager, sessions
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
+        self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
 
     async def run(self, request: ChatRequest) -> Turn:
         session = self.sessions.get(request.session_id)
@@ -65,6 +60,9 @@ class TurnPipeline:
         except ContextFullError:
             session.turns -= 1  # refused, not taken
             raise
+        except HttpError as e:
+            session.turns -= 1
+            raise EngineFailedError(f"session {request.session_id!r}: the engines did not answer: {e}") from e
         finally:
             session.in_flight.discard(task)
         if record.finish_reason == "abort" and not record.output_ids:
@@ -90,10 +88,12 @@ class TurnPipeline:
         return dataclasses.replace(record, ill_formed=parsed.ill_formed), reply
 
     def decode(self, ids: list[int]) -> str:
-        """The sampled text without the trailing end-of-sequence token the engine kept."""
-        text = self.tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
-        eos = getattr(self.tokenizer, "eos_token", None)
-        return text[:-len(eos)] if isinstance(eos, str) and eos and text.endswith(eos) else text
+        """The sampled text without the end-of-turn special tokens the engine kept at its end."""
+        special = self._special_ids
+        end = len(ids)
+        while end and ids[end - 1] in special:
+            end -= 1
+        return self.tokenizer.decode(ids[:end], skip_special_tokens=False) if end else ""
 
     def commit(self, turn: Turn) -> bool:
         """The client has the answer: record the turn and remember the prefix its next prompt extends.

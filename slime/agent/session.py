@@ -70,18 +70,18 @@ class Session:
 
 
 class SessionTable:
-    def __init__(self, *, max_turns: int | None = None) -> None:
-        self.max_turns = max_turns
+    def __init__(self, *, max_turns: int | None = None, max_context_tokens: int = 0) -> None:
+        self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
         self._sessions: dict[str, Session] = {}
         self._closed: set[str] = set()  # a straggler of a closed session must not open a new one
 
     def open(self, sid: str, *, sampling_defaults: dict[str, Any] | None = None,
-             max_context_tokens: int = 0) -> Session:
+             max_context_tokens: int | None = None) -> Session:
         if sid in self._sessions:
             raise ValueError(f"session {sid!r} already exists; session ids must be unique per agent run")
         self._closed.discard(sid)  # opening again on purpose starts a new session of that id
-        s = self._sessions[sid] = Session(sid, dict(sampling_defaults or {}), int(max_context_tokens or 0),
-                                          self.max_turns)
+        budget = self.max_context_tokens if max_context_tokens is None else int(max_context_tokens or 0)
+        s = self._sessions[sid] = Session(sid, dict(sampling_defaults or {}), budget, self.max_turns)
         return s
 
     def get(self, sid: str) -> Session:

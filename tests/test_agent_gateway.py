@@ -46,22 +46,27 @@ def finish(stack, sid: str, reward: float = 1.0) -> list[Sample]:
 
 
 def assert_token_exact(stack, sample: Sample, bodies: list[dict]) -> None:
-    """`sample` is the chain of `bodies`: the last prompt plus its answer, the engines' sampled ids
-    at their positions with mask 1 and their log-probs, everything else mask 0."""
+    """`sample` is the chain of these engine requests (see `assert_chain`)."""
     answers = [stack.answer(b) for b in bodies]
-    tokens = list(bodies[-1]["input_ids"]) + answers[-1]["output_ids"]
+    assert_chain(sample, [(b["input_ids"], a["output_ids"], a["log_probs"]) for b, a in zip(bodies, answers)])
+    assert sample.weight_versions == ["default"] * len(bodies)
+
+
+def assert_chain(sample: Sample, turns: list[tuple[list[int], list[int], list[float]]]) -> None:
+    """`sample` is the last prompt plus its answer; each turn's sampled ids sit at their position
+    with mask 1 and their log-probs, everything else (template, tool, user deltas) mask 0."""
+    tokens = list(turns[-1][0]) + list(turns[-1][1])
     mask, lps = [0] * len(tokens), [0.0] * len(tokens)
-    for body, ans in zip(bodies, answers):
-        start, ids = len(body["input_ids"]), ans["output_ids"]
-        assert tokens[start:start + len(ids)] == ids, "a later prompt re-tokenised what the model sampled"
+    for prompt, ids, log_probs in turns:
+        start = len(prompt)
+        assert tokens[start:start + len(ids)] == list(ids), "a later prompt re-tokenised what the model sampled"
         mask[start:start + len(ids)] = [1] * len(ids)
-        lps[start:start + len(ids)] = ans["log_probs"]
-    p = len(bodies[0]["input_ids"])
+        lps[start:start + len(ids)] = log_probs
+    p = len(turns[0][0])
     assert sample.tokens == tokens
     assert sample.response_length == len(tokens) - p
     assert sample.loss_mask == mask[p:]
     assert sample.rollout_log_probs == lps[p:]
-    assert sample.weight_versions == ["default"] * len(bodies)
 
 
 def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):

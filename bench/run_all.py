@@ -24,6 +24,7 @@ BENCHMARKS = [
     ("Sandbox throughput", ["-m", "bench.bench_sandbox"]),
     ("Weight sync", ["-m", "bench.bench_weight_sync"]),
     ("Asynchronous rollout", ["-m", "bench.bench_async_rollout"]),
+    ("Agent gateway", ["-m", "bench.bench_agent_gateway"]),
 ]
 
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from slime.agent.gateway import GatewayConfig
-from slime.testing.agent_stack import AgentStack
+from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
 CALL_ADD = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
@@ -50,23 +50,6 @@ def assert_token_exact(stack, sample: Sample, bodies: list[dict]) -> None:
     answers = [stack.answer(b) for b in bodies]
     assert_chain(sample, [(b["input_ids"], a["output_ids"], a["log_probs"]) for b, a in zip(bodies, answers)])
     assert sample.weight_versions == ["default"] * len(bodies)
-
-
-def assert_chain(sample: Sample, turns: list[tuple[list[int], list[int], list[float]]]) -> None:
-    """`sample` is the last prompt plus its answer; each turn's sampled ids sit at their position
-    with mask 1 and their log-probs, everything else (template, tool, user deltas) mask 0."""
-    tokens = list(turns[-1][0]) + list(turns[-1][1])
-    mask, lps = [0] * len(tokens), [0.0] * len(tokens)
-    for prompt, ids, log_probs in turns:
-        start = len(prompt)
-        assert tokens[start:start + len(ids)] == list(ids), "a later prompt re-tokenised what the model sampled"
-        mask[start:start + len(ids)] = [1] * len(ids)
-        lps[start:start + len(ids)] = log_probs
-    p = len(turns[0][0])
-    assert sample.tokens == tokens
-    assert sample.response_length == len(tokens) - p
-    assert sample.loss_mask == mask[p:]
-    assert sample.rollout_log_probs == lps[p:]
 
 
 def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
@@ -213,3 +196,75 @@ def test_a_turn_cut_at_max_tokens_is_reported_as_length_and_the_sample_truncated
     [sample] = finish(stack, "len-1")
     assert sample.status == Sample.Status.TRUNCATED and sample.metadata["truncated"] is True
     assert_token_exact(stack, sample, stack.requests_of("long"))
+
+
+# ---------------------------------------------------------------- slime.agent.rollout.generate
+
+
+def adder_agent(base_url: str, api_key: str, sample: Sample) -> float:
+    """An agent as a user writes one: the OpenAI SDK, a tool loop, its own reward."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    msgs = [{"role": "user", "content": sample.prompt}]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
+    call = r.choices[0].message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    msgs += [r.choices[0].message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
+    return 1.0 if r.choices[0].message.content == "3 + 4 = 7." else 0.0
+
+
+async def crashing_agent(base_url: str, api_key: str, sample: Sample) -> float:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": sample.prompt}])
+    raise RuntimeError("the agent's tool server is down")
+
+
+def silent_agent(base_url: str, api_key: str, sample: Sample) -> float:
+    return 1.0
+
+
+@pytest.fixture
+def agent_args(stack):
+    import argparse
+
+    from slime.agent.flags import agent_defaults
+    from slime.testing.runtime import bind_runtime
+    from slime.tools.flags import tool_defaults
+
+    args = argparse.Namespace(**{**agent_defaults(), **tool_defaults(), "sglang_router_ip": "127.0.0.1",
+                                 "sglang_router_port": stack.router.port, "hf_checkpoint": stack.model_dir,
+                                 "sglang_server_concurrency": 16, "rollout_max_context_len": None,
+                                 "request_timeout": 30.0, "request_max_retries": 0})
+    runtime = bind_runtime(args, tokenizer=stack.tok, engine_urls=[e.url for e in stack.engines])
+    yield args
+    from slime.agent.rollout import GATEWAY_KEY
+
+    gateway = runtime.shared(GATEWAY_KEY, lambda: None)  # None when the test never started one
+    if gateway is not None:
+        gateway.stop()
+
+
+def test_the_rollout_function_runs_an_sdk_agent_and_returns_its_token_exact_sample(stack, agent_args):
+    from slime.agent.rollout import generate
+
+    agent_args.agent_entry = "tests.test_agent_gateway.adder_agent"
+    base = Sample(index=3, group_index=1, prompt="case=tool-ro 3+4?")
+    [sample] = asyncio.run(generate(agent_args, base, {"max_new_tokens": 64}))
+    assert (sample.reward, sample.index, sample.group_index, sample.session_id) == (1.0, 3, 1, base.session_id)
+    assert_token_exact(stack, sample, stack.requests_of("tool-ro"))
+
+
+def test_an_agent_that_crashes_keeps_its_turns_and_one_that_never_speaks_fails_its_sample(stack, agent_args):
+    from slime.agent.rollout import generate
+
+    agent_args.agent_entry = "tests.test_agent_gateway.crashing_agent"
+    [crashed] = asyncio.run(generate(agent_args, Sample(index=4, prompt="case=chat-crash go"), {}))
+    assert crashed.reward is None, "no reward from the agent: the reward model scores it"
+    assert crashed.metadata["agent_error"] == "RuntimeError: the agent's tool server is down"
+    assert_token_exact(stack, crashed, stack.requests_of("chat-crash"))
+
+    agent_args.agent_entry = "tests.test_agent_gateway.silent_agent"
+    silent = asyncio.run(generate(agent_args, Sample(index=5, prompt="nothing"), {}))
+    assert silent.status == Sample.Status.FAILED and silent.metadata["failure_reason"] == "agent_session_empty"
+    assert silent.response_length == 0 and silent.tokens == stack.tok("nothing", add_special_tokens=False)["input_ids"]

@@ -11,10 +11,10 @@ import pytest
 
 from slime.agent.gateway import Gateway, GatewayConfig
 from slime.rollout.engine_client import EngineClient
+from slime.testing.agent_stack import assert_chain
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample
 from tests.hf_engine_fixtures import run_engine
-from tests.test_agent_gateway import assert_chain
 
 pytestmark = pytest.mark.slow
 

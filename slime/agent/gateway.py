@@ -49,10 +49,12 @@ class GatewayConfig:
     max_context_tokens: int = 0  # per session, prompt + answer; 0: the engines' own limit
 
     @classmethod
-    def from_args(cls, args: Any, **overrides: Any) -> GatewayConfig:
-        """The one place flags are read: --tool-call-parser, --rollout-max-context-len."""
-        return cls(tool_parser=args.tool_call_parser, max_context_tokens=int(args.rollout_max_context_len or 0),
-                   **overrides)
+    def from_args(cls, args: Any) -> GatewayConfig:
+        """The one place the gateway's flags are read (`slime.agent.flags`, --tool-call-parser,
+        --rollout-max-context-len)."""
+        return cls(port=args.agent_gateway_port, tool_parser=args.tool_call_parser, max_turns=args.agent_max_turns,
+                   fork_threshold_tokens=args.agent_fork_threshold,
+                   max_context_tokens=int(args.rollout_max_context_len or 0))
 
 
 class Gateway:

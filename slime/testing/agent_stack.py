@@ -19,6 +19,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.testing.scripted_engine import ScriptedEngine
 from slime.utils.endpoints import Endpoints
 from slime.utils.misc import find_free_port
+from slime.utils.types import Sample
 
 CASE = re.compile(r"case=([\w.-]+)")
 IM_END = "<|im_end|>"
@@ -78,3 +79,20 @@ class AgentStack:
             self.router.stop()
         for e in self.engines:
             e.stop()
+
+
+def assert_chain(sample: Sample, turns: list[tuple[list[int], list[int], list[float]]]) -> None:
+    """`sample` is the last prompt plus its answer; each turn's sampled ids sit at their position
+    with mask 1 and their log-probs, everything else (template, tool, user deltas) mask 0."""
+    tokens = list(turns[-1][0]) + list(turns[-1][1])
+    mask, lps = [0] * len(tokens), [0.0] * len(tokens)
+    for prompt, ids, log_probs in turns:
+        start = len(prompt)
+        assert tokens[start:start + len(ids)] == list(ids), "a later prompt re-tokenised what the model sampled"
+        mask[start:start + len(ids)] = [1] * len(ids)
+        lps[start:start + len(ids)] = log_probs
+    p = len(turns[0][0])
+    assert sample.tokens == tokens
+    assert sample.response_length == len(tokens) - p
+    assert sample.loss_mask == mask[p:]
+    assert sample.rollout_log_probs == lps[p:]

@@ -268,3 +268,20 @@ def test_an_agent_that_crashes_keeps_its_turns_and_one_that_never_speaks_fails_i
     silent = asyncio.run(generate(agent_args, Sample(index=5, prompt="nothing"), {}))
     assert silent.status == Sample.Status.FAILED and silent.metadata["failure_reason"] == "agent_session_empty"
     assert silent.response_length == 0 and silent.tokens == stack.tok("nothing", add_special_tokens=False)["input_ids"]
+
+
+def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_format(stack):
+    gw = stack.gateway
+    gw.open_session("cap-1", max_turns=1)
+    client = anthropic.Anthropic(base_url=gw.base_url("cap-1", api="anthropic"), api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "case=chat-cap hi"}]
+    client.messages.create(model="m", max_tokens=16, messages=msgs)
+    with pytest.raises(anthropic.RateLimitError) as capped:
+        client.messages.create(model="m", max_tokens=16, messages=msgs)
+    assert "--agent-max-turns" in capped.value.body["error"]["message"]
+    [sample] = finish(stack, "cap-1")
+    assert_token_exact(stack, sample, stack.requests_of("chat-cap"))
+    with pytest.raises(openai.InternalServerError) as closed:  # a straggler after the sample was built
+        openai.OpenAI(base_url=gw.base_url("cap-1"), api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=msgs)
+    assert closed.value.status_code == 503 and "closed" in closed.value.message

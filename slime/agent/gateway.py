@@ -183,9 +183,11 @@ class Gateway:
 
     # ---------------------------------------------------------------- sessions
 
-    def open_session(self, sid: str, *, sampling_defaults: dict | None = None,
-                     max_context_tokens: int | None = None) -> None:
-        self.sessions.open(sid, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens)
+    def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int | None = None,
+                     max_turns: int | None = None) -> None:
+        """Open `sid` ahead of its first turn (an agent speaking first gets the config's defaults)."""
+        self.sessions.open(sid, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens,
+                           max_turns=max_turns)
 
     async def finish_session(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
                              extra_metadata: dict | None = None, wait_timeout: float = 5.0) -> list[Sample]:

@@ -39,6 +39,16 @@ class Turn:
     pending: asyncio.Future
 
 
+def recorded_message(text: str, reasoning: str, uses: list[ToolUse]) -> dict[str, Any]:
+    """The answer as the tree records it: the form every protocol's client echo translates back to."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if uses:
+        message["tool_calls"] = [tool_call_dict(u.name, u.arguments) for u in uses]
+    return message
+
+
 class TurnPipeline:
     def __init__(self, *, tokenizer: Any, renderer: PromptRenderer, generate: Generate,
                  manager: TrajectoryManager, sessions: SessionTable, tool_parser: str | None = None,
@@ -77,11 +87,7 @@ class TurnPipeline:
                                     tool_parser_name=self.tool_parser, reasoning_parser_name=self.reasoning_parser,
                                     cut_off=record.finish_reason == "length")
         uses = [ToolUse(u["name"], u["input"]) for u in parsed.tool_uses]
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.text}
-        if parsed.reasoning:
-            message["reasoning_content"] = parsed.reasoning
-        if uses:
-            message["tool_calls"] = [tool_call_dict(u.name, u.arguments) for u in uses]
+        message = recorded_message(parsed.text, parsed.reasoning, uses)
         finish = "tool_calls" if uses else ("length" if record.finish_reason == "length" else "stop")
         reply = Reply(text=parsed.text, tool_uses=uses, finish_reason=finish, reasoning=parsed.reasoning,
                       usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message)

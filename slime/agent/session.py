@@ -76,12 +76,13 @@ class SessionTable:
         self._closed: set[str] = set()  # a straggler of a closed session must not open a new one
 
     def open(self, sid: str, *, sampling_defaults: dict[str, Any] | None = None,
-             max_context_tokens: int | None = None) -> Session:
+             max_context_tokens: int | None = None, max_turns: int | None = None) -> Session:
         if sid in self._sessions:
             raise ValueError(f"session {sid!r} already exists; session ids must be unique per agent run")
         self._closed.discard(sid)  # opening again on purpose starts a new session of that id
         budget = self.max_context_tokens if max_context_tokens is None else int(max_context_tokens or 0)
-        s = self._sessions[sid] = Session(sid, dict(sampling_defaults or {}), budget, self.max_turns)
+        s = self._sessions[sid] = Session(sid, dict(sampling_defaults or {}), budget,
+                                          self.max_turns if max_turns is None else max_turns)
         return s
 
     def get(self, sid: str) -> Session:

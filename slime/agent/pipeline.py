@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime.agent.engine_call import sampling_params
-from slime.agent.errors import ContextFullError, EngineAbortedError, EngineFailedError
+from slime.agent.errors import EngineAbortedError, EngineFailedError
 from slime.agent.parsing import parse_model_output
 from slime.agent.protocols.common import tool_call_dict
 from slime.agent.records import ChatRequest, Reply, ToolUse, TurnRecord, Usage
@@ -59,28 +59,32 @@ class TurnPipeline:
         self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
 
     async def run(self, request: ChatRequest) -> Turn:
+        """The answered turn. The session waits for it (`pending`) from the start, so a session
+        finished meanwhile either gets this turn or cancels it -- never records it afterwards."""
         session = self.sessions.get(request.session_id)
         session.begin_turn()
-        task = asyncio.current_task()
-        session.in_flight.add(task)
+        task, pending = asyncio.current_task(), asyncio.get_running_loop().create_future()
+        session.in_flight |= {task, pending}
         try:
-            prompt_ids = self.renderer.prompt_ids(session, request.messages, request.tools)
-            sampling_params(session, request, len(prompt_ids))  # ContextFullError before any engine call
-            record = await self.generate(prompt_ids, session, request)
-        except ContextFullError:
-            session.turns -= 1  # refused, not taken
+            return Turn(request, *self._reply(await self._generate(session, request), request), session, pending)
+        except BaseException:
+            session.turns -= 1  # refused or failed: not a turn taken
+            _release(session, pending)
             raise
-        except HttpError as e:
-            session.turns -= 1
-            raise EngineFailedError(f"session {request.session_id!r}: the engines did not answer: {e}") from e
         finally:
             session.in_flight.discard(task)
+
+    async def _generate(self, session: Session, request: ChatRequest) -> TurnRecord:
+        prompt_ids = self.renderer.prompt_ids(session, request.messages, request.tools)
+        sampling_params(session, request, len(prompt_ids))  # ContextFullError before any engine call
+        try:
+            record = await self.generate(prompt_ids, session, request)
+        except HttpError as e:
+            raise EngineFailedError(f"session {request.session_id!r}: the engines did not answer: {e}") from e
         if record.finish_reason == "abort" and not record.output_ids:
             raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn "
                                      "(weight update); send it again")
-        pending = asyncio.get_running_loop().create_future()
-        session.in_flight.add(pending)
-        return Turn(request, *self._reply(record, request), session, pending)
+        return record
 
     def _reply(self, record: TurnRecord, request: ChatRequest) -> tuple[TurnRecord, Reply]:
         parsed = parse_model_output(self.decode(record.output_ids), tools_schema=request.tools,
@@ -117,9 +121,7 @@ class TurnPipeline:
     @staticmethod
     def abandon(turn: Turn) -> None:
         """The answer never reached the client (or is recorded now): release the session's wait."""
-        if not turn.pending.done():
-            turn.pending.set_result(None)
-        turn.session.in_flight.discard(turn.pending)
+        _release(turn.session, turn.pending)
 
     async def finish(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
                      extra_metadata: dict[str, Any] | None = None, wait_timeout: float = 5.0) -> list[Sample]:
@@ -140,3 +142,9 @@ class TurnPipeline:
         if session is not None:
             await session.drain(wait_timeout)
         self.manager.drop_session(sid)
+
+
+def _release(session: Session, pending: asyncio.Future) -> None:
+    if not pending.done():
+        pending.set_result(None)
+    session.in_flight.discard(pending)

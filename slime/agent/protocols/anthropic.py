@@ -151,7 +151,8 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
     yield sse({"type": "message_start", "message": _message(reply, request, [], None, 0)}, "message_start")
     for i, block in enumerate(reply_blocks(reply)):
         if block["type"] == "thinking":
-            start, delta = {"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         elif block["type"] == "text":
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         else:
@@ -160,9 +161,9 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
         yield sse({"type": "content_block_start", "index": i, "content_block": start}, "content_block_start")
         yield sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
         yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
-    yield sse({"type": "message_delta", "delta": {"stop_reason": STOP_REASON[reply.finish_reason], "stop_sequence": None},
-               "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens}},
-              "message_delta")
+    usage = {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens}
+    stop = {"stop_reason": STOP_REASON[reply.finish_reason], "stop_sequence": None}
+    yield sse({"type": "message_delta", "delta": stop, "usage": usage}, "message_delta")
     yield sse({"type": "message_stop"}, "message_stop")
 
 

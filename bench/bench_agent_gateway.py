@@ -1,14 +1,15 @@
 """The agent gateway: its cost per request, per turn as a conversation grows, and under load.
 
 All against zero-latency scripted engines behind the real sglang-router, in one process:
-  1. overhead: N single-turn requests sent directly as `/generate` (EngineClient) and the same
-     turns sent to the gateway's /v1/chat/completions, interleaved in rounds; CPU ms per request of
-     the thread doing the work (the bench's thread for direct calls, the gateway's server thread
-     for gateway calls) and latency, side by side;
+  1. overhead: single-turn requests sent directly as `/generate` (EngineClient) and the same turns
+     sent to the gateway's /v1/chat/completions, alternating request by request; per request, the
+     CPU time of the thread doing the work (`time.thread_time` in the bench's thread around the
+     direct call; in the gateway's server thread from the request's arrival to the last byte of the
+     answer, engine call included) and the latency, medians side by side;
   2. per-turn cost: sessions of 64 turns (user follow-ups, the client sends the whole history each
-     turn, as agents do); cost of turn k = the turn's latency minus its engine round trip, median
-     over sessions, for the gateway (append-only prompts) and the same gateway re-rendering every
-     prompt (slime's FullRender) side by side;
+     turn, as agents do); cost of turn k = the gateway thread's CPU time for that request (robust to
+     the machine's load, unlike wall time), median over sessions, for the gateway (append-only
+     prompts) and the same gateway re-rendering every prompt (slime's FullRender) side by side;
   3. load: 256 concurrent sessions of 4 turns each against 2 engines; every session's sample is
      checked token by token (each sampled span must be what the engines answer to the prompt
      before it, and carry the session's own tag).
@@ -24,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,7 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import aiohttp  # noqa: E402
 
-from slime.agent.gateway import Gateway, GatewayConfig  # noqa: E402
+from slime.agent.gateway import Gateway  # noqa: E402
 from slime.agent.rendering import FullRender  # noqa: E402
 from slime.testing.agent_stack import AgentStack  # noqa: E402
 from slime.testing.tiny_model import qwen_tokenizer_dir  # noqa: E402
@@ -48,27 +48,30 @@ def replies(case: str, turn: int) -> str:
     return f"Reply {turn} for {case}: noted, go on."
 
 
-def thread_cpu(native_id: int) -> float:
-    """CPU seconds of one thread of this process (Linux)."""
-    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+class ThreadCPU:
+    """ASGI middleware: the server thread's CPU seconds per request, arrival to last byte (`cpu`)."""
+
+    def __init__(self, app, cpu: list[float]) -> None:
+        self.app, self.cpu = app, cpu
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.thread_time()
+
+        async def timed(message):
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.cpu.append(time.thread_time() - t0)
+
+        await self.app(scope, receive, timed)
 
 
-class Timed:
-    """Wraps a gateway's engine calls to time their round trips (the part that is not the gateway)."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.engine_s: list[float] = []
-        inner = gateway.engine.generate
-
-        async def generate(*a, **kw):
-            t = time.perf_counter()
-            try:
-                return await inner(*a, **kw)
-            finally:
-                self.engine_s.append(time.perf_counter() - t)
-
-        gateway.engine.generate = generate
+def timed_gateway(stack: AgentStack, **kw) -> tuple[Gateway, list[float]]:
+    cpu: list[float] = []
+    gw = Gateway(stack.client, tokenizer=stack.tok, **kw)
+    gw.app.add_middleware(ThreadCPU, cpu=cpu)
+    return gw.start(), cpu
 
 
 async def chat(http: aiohttp.ClientSession, url: str, sid: str, messages: list[dict]) -> dict:
@@ -80,73 +83,62 @@ async def chat(http: aiohttp.ClientSession, url: str, sid: str, messages: list[d
         return body
 
 
-async def overhead(stack: AgentStack, n: int, rounds: int) -> None:
-    gw, client, tok = stack.gateway, stack.client, stack.tok
-    gw_thread = gw._thread.native_id
-    me = threading.get_native_id()
+async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) -> None:
+    client, tok = stack.client, stack.tok
     msgs = [{"role": "user", "content": "case=ovh hello"}]
     ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
     params = {"max_new_tokens": 64, "skip_special_tokens": False, "no_stop_trim": True}
-    direct_cpu, gw_cpu, direct_lat, gw_lat = [], [], [], []
+    direct_cpu, direct_lat, gw_lat = [], [], []
     async with aiohttp.ClientSession() as http:
-        for r in range(rounds + 1):  # CPU: a block of each path per round (round 0 warms both up)
-            c0 = thread_cpu(me)
-            for _ in range(n):
-                await client.generate(ids, params)
-            direct = (thread_cpu(me) - c0) / n
-            c0 = thread_cpu(gw_thread)
-            for i in range(n):
-                await chat(http, gw.url, f"ovh-{r}-{i}", msgs)
-            if r:
-                direct_cpu.append(direct)
-                gw_cpu.append((thread_cpu(gw_thread) - c0) / n)
-        for i in range(n * rounds):  # latency: the two paths alternate request by request
-            t = time.perf_counter()
+        for i in range(n // 10):  # warm-up of both paths
             await client.generate(ids, params)
+            await chat(http, gw.url, f"ovh-w{i}", msgs)
+        del gw_cpu[:]
+        for i in range(n):
+            t, c = time.perf_counter(), time.thread_time()
+            await client.generate(ids, params)
+            direct_cpu.append(time.thread_time() - c)
             direct_lat.append(time.perf_counter() - t)
             t = time.perf_counter()
-            await chat(http, gw.url, f"ovh-lat-{i}", msgs)
+            await chat(http, gw.url, f"ovh-{i}", msgs)
             gw_lat.append(time.perf_counter() - t)
-    for sid in [f"ovh-{r}-{i}" for r in range(rounds + 1) for i in range(n)] + \
-            [f"ovh-lat-{i}" for i in range(n * rounds)]:
+    for sid in [f"ovh-w{i}" for i in range(n // 10)] + [f"ovh-{i}" for i in range(n)]:
         await gw.drop_session(sid)
-    d_cpu, d_lat = statistics.median(direct_cpu) * 1e3, statistics.median(direct_lat) * 1e3
-    g_cpu, g_lat = statistics.median(gw_cpu) * 1e3, statistics.median(gw_lat) * 1e3
-    print(f"1. overhead: single-turn requests; CPU: {n} per path x {rounds} rounds (median of rounds); "
-          f"latency: {n * rounds} per path, the paths alternating (median)")
-    print("| path | CPU ms/request | latency ms (median) |")
+    med = {k: statistics.median(v) * 1e3 for k, v in
+           (("dc", direct_cpu), ("dl", direct_lat), ("gc", gw_cpu), ("gl", gw_lat))}
+    print(f"1. overhead: {n} single-turn requests per path, alternating request by request (medians)")
+    print("| path | CPU ms/request (the thread doing the work) | latency ms |")
     print("|---|---:|---:|")
-    print(f"| direct /generate (EngineClient) | {d_cpu:.3f} | {d_lat:.3f} |")
-    print(f"| gateway /v1/chat/completions (server thread) | {g_cpu:.3f} | {g_lat:.3f} |")
-    print(f"gateway adds {g_lat - d_lat:.3f} ms latency and {g_cpu:.3f} ms CPU per request "
-          f"(its own thread: parse, render, engine call, parse the answer, reply, record)")
+    print(f"| direct /generate (EngineClient, bench thread) | {med['dc']:.3f} | {med['dl']:.3f} |")
+    print(f"| gateway /v1/chat/completions (server thread) | {med['gc']:.3f} | {med['gl']:.3f} |")
+    print(f"gateway adds {med['gl'] - med['dl']:.3f} ms latency and {med['gc'] - med['dc']:.3f} ms CPU per request "
+          "(HTTP server, parse, render, parse the answer, reply, record; its engine call costs what the direct one does)")
 
 
-async def session(http: aiohttp.ClientSession, gw: Gateway, timer: Timed, sid: str, turns: int) -> list[float]:
-    """Per-turn gateway cost of one session (latency minus engine round trip), seconds."""
+async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int) -> list[float]:
+    """The gateway thread's CPU seconds for each turn of one session."""
     msgs = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": f"case={sid} let us start"}]
     costs = []
     for k in range(turns):
-        n = len(timer.engine_s)
-        t = time.perf_counter()
+        n = len(cpu)
         body = await chat(http, gw.url, sid, msgs)
-        costs.append(time.perf_counter() - t - sum(timer.engine_s[n:]))
+        costs.append(sum(cpu[n:]))
         msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
                  {"role": "user", "content": f"ok, step {k + 2} please"}]
     await gw.drop_session(sid)
     return costs
 
 
-async def per_turn(stack: AgentStack, full: Gateway, turns: int, sessions: int) -> None:
-    delta_timer, full_timer = Timed(stack.gateway), Timed(full)
+async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list[float]], turns: int,
+                   sessions: int) -> None:
     delta_costs, full_costs = [], []
     async with aiohttp.ClientSession() as http:
         for s in range(sessions):  # interleaved, so both see the same machine load
-            delta_costs.append(await session(http, stack.gateway, delta_timer, f"pt-d{s}", turns))
-            full_costs.append(await session(http, full, full_timer, f"pt-f{s}", turns))
+            delta_costs.append(await session(http, *delta, f"pt-d{s}", turns))
+            full_costs.append(await session(http, *full, f"pt-f{s}", turns))
     print(f"2. per-turn cost: {sessions} sessions of {turns} turns each per approach, interleaved; the client sends "
-          "the whole history each turn; cost = turn latency minus the engine round trip (median over sessions)")
+          "the whole history each turn; cost = the gateway thread's CPU ms for the turn (median over sessions)")
     print("| turn | delta (gateway) ms | re-render (FullRender) ms |")
     print("|---:|---:|---:|")
     med = {}
@@ -155,9 +147,8 @@ async def per_turn(stack: AgentStack, full: Gateway, turns: int, sessions: int) 
         f = statistics.median(c[k - 1] for c in full_costs) * 1e3
         med[k] = (d, f)
         print(f"| {k} | {d:.3f} | {f:.3f} |")
-    (d1, f1), (d2, f2), (dn, fn) = med[1], med[2], med[max(med)]
-    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x (limit 1.5x), re-render {fn / f1:.2f}x; "
-          f"turn {max(med)} / turn 2 (the first appended turn): delta {dn / d2:.2f}x, re-render {fn / f2:.2f}x")
+    (d1, f1), (dn, fn) = med[1], med[max(med)]
+    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x (limit 1.5x), re-render {fn / f1:.2f}x")
 
 
 def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> None:
@@ -214,16 +205,15 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
         raise SystemExit(1)
 
 
-async def main_async(a: argparse.Namespace, stack: AgentStack, full: Gateway) -> None:
-    await overhead(stack, a.requests, a.rounds)
-    await per_turn(stack, full, a.turns, a.per_turn_sessions)
+async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, full: tuple) -> None:
+    await overhead(stack, *delta, a.requests)
+    await per_turn(delta, full, a.turns, a.per_turn_sessions)
     await load(stack, a.sessions, a.load_turns)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--turns", type=int, default=64)
     ap.add_argument("--per-turn-sessions", type=int, default=7)
     ap.add_argument("--sessions", type=int, default=256)
@@ -234,12 +224,14 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     stack = AgentStack(tok, qwen_tokenizer_dir(), replies, engines=2,
                        log_dir=tempfile.mkdtemp(prefix="bench-agent-")).start()
-    full = Gateway(stack.client, tokenizer=tok, renderer=FullRender(tok), config=GatewayConfig()).start()
-    print("zero-latency scripted engines behind sglang-router; Qwen3 chat template; gateway on 127.0.0.1")
+    delta = timed_gateway(stack)
+    full = timed_gateway(stack, renderer=FullRender(tok))
+    print("zero-latency scripted engines behind sglang-router; Qwen3 chat template; gateways on 127.0.0.1")
     try:
-        asyncio.run(main_async(a, stack, full))
+        asyncio.run(main_async(a, stack, delta, full))
     finally:
-        full.stop()
+        for gw, _ in (delta, full):
+            gw.stop()
         stack.stop()
 
 

@@ -112,8 +112,10 @@ def test_openai_responses_api_function_call_round_trip(stack):
     assert_token_exact(stack, sample, bodies)
 
 
-def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack):
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
+    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool,
+                        set_tracing_disabled)
 
     set_tracing_disabled(True)  # no trace upload to api.openai.com
 
@@ -122,14 +124,15 @@ def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack):
         """Add two integers."""
         return a + b
 
-    client = openai.AsyncOpenAI(base_url=stack.gateway.base_url("ag-1"), api_key="unused", max_retries=0)
-    agent = Agent(name="adder", instructions="You add numbers.", tools=[add],
-                  model=OpenAIChatCompletionsModel(model="m", openai_client=client))
-    result = Runner.run_sync(agent, "case=tool-ag 3+4?")
+    sid, case = f"ag-{api}", f"tool-ag{api}"
+    client = openai.AsyncOpenAI(base_url=stack.gateway.base_url(sid), api_key="unused", max_retries=0)
+    model = (OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel)(model="m", openai_client=client)
+    agent = Agent(name="adder", instructions="You add numbers.", tools=[add], model=model)
+    result = Runner.run_sync(agent, f"case={case} 3+4?")
     assert result.final_output == "3 + 4 = 7."
 
-    bodies = stack.requests_of("tool-ag")
-    [sample] = finish(stack, "ag-1")
+    bodies = stack.requests_of(case)
+    [sample] = finish(stack, sid)
     assert len(bodies) == 2
     assert_token_exact(stack, sample, bodies)
 

@@ -288,3 +288,18 @@ def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_form
         openai.OpenAI(base_url=gw.base_url("cap-1"), api_key="x", max_retries=0).chat.completions.create(
             model="m", messages=msgs)
     assert closed.value.status_code == 503 and "closed" in closed.value.message
+
+
+def test_malformed_requests_are_refused_before_any_engine_call_naming_the_field(stack):
+    import httpx
+
+    url, before = stack.gateway.url, len(stack.requests)
+    not_json = httpx.post(f"{url}/s/bad-1/v1/chat/completions", content=b"{nope", timeout=30)
+    assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]["message"]
+    no_messages = httpx.post(f"{url}/s/bad-1/v1/messages", json={"model": "m", "max_tokens": 4}, timeout=30)
+    assert no_messages.status_code == 400
+    assert no_messages.json()["error"]["message"].startswith("messages:")
+    chained = httpx.post(f"{url}/s/bad-1/v1/responses", json={"model": "m", "input": "hi",
+                                                               "previous_response_id": "resp_1"}, timeout=30)
+    assert chained.status_code == 400 and chained.json()["error"]["message"].startswith("previous_response_id:")
+    assert len(stack.requests) == before and finish(stack, "bad-1") == []

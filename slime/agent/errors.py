@@ -47,3 +47,10 @@ class EngineAbortedError(TurnRefused):
 
     status = 503
     kind = "overloaded_error"
+
+
+class GatewayError(TurnRefused):
+    """A failure of the gateway itself, answered with its reason instead of a bare 500."""
+
+    status = 500
+    kind = "api_error"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterable
 from types import ModuleType
@@ -23,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from slime.agent.engine_call import EngineTurns, sampling_params
-from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.errors import BadRequestError, GatewayError, TurnRefused
 from slime.agent.pipeline import Turn, TurnPipeline
 from slime.agent.protocols import anthropic, openai_chat, openai_responses
 from slime.agent.records import ChatRequest, TurnRecord
@@ -33,6 +34,7 @@ from slime.agent.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
 from slime.utils.types import Sample
 
+logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # seconds `Gateway.start` waits for the socket to listen
 ROUTES: dict[str, ModuleType] = {"/v1/chat/completions": openai_chat, "/v1/responses": openai_responses,
                                  "/v1/messages": anthropic}
@@ -107,6 +109,9 @@ class Gateway:
                 turn = await self.pipeline.run(req)
             except TurnRefused as e:
                 return JSONResponse(protocol.render_error(e), status_code=e.status)
+            except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
+                logger.exception("agent gateway: %s failed", request.url.path)
+                return JSONResponse(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status_code=500)
             if req.stream:
                 return StreamingResponse(self._send(turn, protocol.render_stream(turn.reply, req)),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from slime.agent.engine_call import EngineTurns, sampling_params
-from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.errors import BadRequestError, GatewayError, TurnRefused
 from slime.agent.pipeline import Turn, TurnPipeline
 from slime.agent.protocols import openai_responses
 from slime.agent.protocols.common import bearer, flatten_content, tool_call_dict
@@ -100,14 +100,18 @@ class BaseAdapter:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 body = await request.json()
+            except ValueError as e:
+                return web.json_response(protocol.render_error(BadRequestError(f"the body is not JSON: {e}")),
+                                         status=400)
+            try:
                 if not isinstance(body, dict):
                     raise BadRequestError("the request body must be a JSON object")
                 turn = await self.pipeline.run(self.parse(protocol, body, request.headers, None))
             except TurnRefused as e:
                 return web.json_response(protocol.render_error(e), status=e.status)
-            except ValueError as e:  # body is not JSON
-                return web.json_response(protocol.render_error(BadRequestError(f"invalid JSON body: {e}")),
-                                         status=400)
+            except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
+                logger.exception("agent adapter: %s failed", request.path)
+                return web.json_response(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status=500)
             try:
                 response = await self._respond(request, protocol, turn)
             except (ConnectionResetError, asyncio.CancelledError):

@@ -303,3 +303,64 @@ def test_malformed_requests_are_refused_before_any_engine_call_naming_the_field(
                                                                "previous_response_id": "resp_1"}, timeout=30)
     assert chained.status_code == 400 and chained.json()["error"]["message"].startswith("previous_response_id:")
     assert len(stack.requests) == before and finish(stack, "bad-1") == []
+
+
+@pytest.fixture
+def held_engine(stack):
+    """One scripted engine (no router) whose answers wait for `release`; `arrived` is set per request."""
+    import threading
+
+    from slime.agent.gateway import Gateway
+    from slime.rollout.engine_client import EngineClient
+    from slime.testing.scripted_engine import ScriptedEngine
+    from slime.utils.endpoints import Endpoints
+    from slime.utils.misc import find_free_port
+
+    arrived, release = threading.Event(), threading.Event()
+
+    async def script(body: dict) -> dict:
+        arrived.set()
+        await asyncio.to_thread(release.wait, 60)
+        return stack.answer(body)
+
+    engine = ScriptedEngine(script, stack.model_dir, find_free_port()).start()
+    client = EngineClient(Endpoints(engine.url, [engine.url]), tokenizer=stack.tok, request_timeout=60.0)
+    gw = Gateway(client, tokenizer=stack.tok).start()
+    yield gw, engine, arrived, release
+    release.set()
+    gw.stop()
+    engine.stop()
+
+
+def test_finishing_a_session_waits_for_its_turn_in_flight_or_cancels_and_aborts_it(stack, held_engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    gw, engine, arrived, release = held_engine
+    msgs = [{"role": "user", "content": "case=chat-held hi"}]
+
+    def ask(sid: str):
+        return openai.OpenAI(base_url=gw.base_url(sid), api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=msgs)
+
+    with ThreadPoolExecutor(2) as pool:
+        answer = pool.submit(ask, "held-1")
+        assert arrived.wait(30)
+        finished = pool.submit(lambda: finish_in(gw, "held-1", wait_timeout=30))
+        release.set()  # the engine answers while finish_session waits
+        assert answer.result(60).choices[0].message.content == "Hello there."
+        [sample] = finished.result(60)
+    assert_token_exact(stack, sample, [engine.requests[0]])
+
+    arrived.clear()
+    release.clear()
+    with ThreadPoolExecutor(1) as pool:
+        gone = pool.submit(ask, "held-2")
+        assert arrived.wait(30)
+        assert finish_in(gw, "held-2", wait_timeout=0.2) == []  # gave up waiting: the turn is cancelled ...
+        assert {"rid": engine.requests[1]["rid"]} in engine.aborts, "... and aborted on the engine before that"
+        with pytest.raises(openai.APIError):
+            gone.result(60)
+
+
+def finish_in(gw, sid: str, wait_timeout: float) -> list[Sample]:
+    return asyncio.run(gw.finish_session(sid, base_sample=Sample(index=0, prompt=""), wait_timeout=wait_timeout))

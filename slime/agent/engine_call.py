@@ -2,8 +2,8 @@
 
 The engine call goes through the project's `EngineClient` (in-flight bound, deadline, retry with a
 fresh rid and abort of the old one, abort gate, progress), routed by the session id so a
-consistent-hashing router keeps a session's prefix cache on one engine. A turn cancelled because
-its client went away aborts its rid on the engines, so nobody waits for tokens no one reads.
+consistent-hashing router keeps a session's prefix cache on one engine. A cancelled turn aborts
+its rid on the engines, so no engine keeps sampling tokens nobody will read.
 """
 
 from __future__ import annotations
@@ -39,20 +39,19 @@ def sampling_params(session: Session, request: ChatRequest, prompt_len: int) -> 
 
 
 class EngineTurns:
-    """Engine calls of one gateway; owns the aborts of turns whose client went away."""
+    """Engine calls of one gateway. A cancelled turn (its client went away, its session finished)
+    aborts its rid before the cancellation completes, so whoever waits for the cancelled turn knows
+    the engines are no longer working on it."""
 
     def __init__(self, client: EngineClient) -> None:
         self.client = client
-        self._aborts: set[asyncio.Task] = set()
 
     async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None) -> TurnRecord:
         rid = self.client.new_rid()
         try:
             out = await self.client.generate(prompt_ids, params, rid=rid, routing_key=routing_key)
         except asyncio.CancelledError:
-            task = asyncio.ensure_future(self._abort(rid))
-            self._aborts.add(task)
-            task.add_done_callback(self._aborts.discard)
+            await self._abort(rid)  # one request per engine, 10 s at most
             raise
         return TurnRecord(prompt_ids=list(prompt_ids), output_ids=out.token_ids, finish_reason=out.finish_type,
                           output_log_probs=out.log_probs, weight_version=out.weight_version)
@@ -62,8 +61,3 @@ class EngineTurns:
         await asyncio.gather(*(self.client.http.post(f"{u}/abort_request", payloads.abort_request(rid=rid),
                                                      timeout=10, policy=once)
                                for u in self.client.endpoints.engine_urls), return_exceptions=True)
-
-    async def close(self) -> None:
-        """Wait for the aborts of this loop (each is one request of at most 10 s)."""
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(t for t in self._aborts if t.get_loop() is loop), return_exceptions=True)

@@ -88,8 +88,7 @@ class Gateway:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             yield
-            await self.engine.close()  # this loop's rid aborts, then its HTTP session
-            await self.client.http.close()
+            await self.client.http.close()  # the session of this server's loop
 
         app = FastAPI(lifespan=lifespan)
         for path, protocol in ROUTES.items():

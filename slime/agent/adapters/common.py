@@ -141,7 +141,6 @@ class BaseAdapter:
             logger.exception("debug_callback failed (sid=%s)", turn.request.session_id)
 
     async def _close(self, app: web.Application) -> None:
-        await self.engine.close()
         await self.client.close()
 
     # ---------------------------------------------------------------- sessions (slime's API)

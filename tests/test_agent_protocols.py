@@ -99,3 +99,17 @@ def test_responses_input_groups_assistant_items_into_one_message():
             {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
             {"type": "function", "function": {"name": "g", "arguments": {"_raw_arguments": "not json"}}}]},
         {"role": "tool", "content": "1"}]
+
+
+def test_an_engines_400_is_the_clients_bad_request_and_an_over_long_prompt_says_so():
+    from slime.agent.errors import BadRequestError, EngineFailedError
+    from slime.agent.pipeline import _engine_refusal
+    from slime.utils.http_retry import HttpError
+
+    long = _engine_refusal(HttpError("x", 400, "input_ids is too long: 9000 tokens, the model's context length is "
+                                               "8192"), 9000, "s")
+    assert isinstance(long, ContextFullError) and long.status == 400
+    assert str(long).startswith("prompt is too long: 9000 tokens; the engine says: input_ids is too long")
+    assert isinstance(_engine_refusal(HttpError("x", 400, "bad top_p"), 3, "s"), BadRequestError)
+    down = _engine_refusal(HttpError("POST /generate failed after 3 attempt(s)", None, ""), 3, "s")
+    assert isinstance(down, EngineFailedError) and down.status == 502

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime.agent.engine_call import sampling_params
-from slime.agent.errors import EngineAbortedError, EngineFailedError
+from slime.agent.errors import (BadRequestError, ContextFullError, EngineAbortedError, EngineFailedError,
+                                TurnRefused)
 from slime.agent.parsing import parse_model_output
 from slime.agent.protocols.common import tool_call_dict
 from slime.agent.records import ChatRequest, Reply, ToolUse, TurnRecord, Usage
@@ -80,7 +81,7 @@ class TurnPipeline:
         try:
             record = await self.generate(prompt_ids, session, request)
         except HttpError as e:
-            raise EngineFailedError(f"session {request.session_id!r}: the engines did not answer: {e}") from e
+            raise _engine_refusal(e, len(prompt_ids), request.session_id) from e
         if record.finish_reason == "abort" and not record.output_ids:
             raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn "
                                      "(weight update); send it again")
@@ -148,3 +149,13 @@ def _release(session: Session, pending: asyncio.Future) -> None:
     if not pending.done():
         pending.set_result(None)
     session.in_flight.discard(pending)
+
+
+def _engine_refusal(e: HttpError, prompt_len: int, sid: str) -> TurnRefused:
+    """An engine's 400 is the client's bad request (an over-long prompt in the API's own words);
+    anything else is the engines failing."""
+    if e.status == 400 and "too long" in e.body:
+        return ContextFullError(f"prompt is too long: {prompt_len} tokens; the engine says: {e.body[:300]}")
+    if e.status == 400:
+        return BadRequestError(f"the engine refused the request: {e.body[:300]}")
+    return EngineFailedError(f"session {sid!r}: the engines did not answer: {e}")

@@ -24,7 +24,7 @@ from slime.agent.protocols import openai_responses
 from slime.agent.protocols.common import bearer, flatten_content, tool_call_dict
 from slime.agent.protocols.openai_chat import body_session
 from slime.agent.records import ChatRequest, TurnRecord
-from slime.agent.rendering import FullRender
+from slime.agent.rendering import FullRender, PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
@@ -65,7 +65,9 @@ class BaseAdapter:
     def __init__(self, *, tokenizer: Any, sglang_url: str, tool_parser: str | None = None,
                  reasoning_parser: str | None = None, max_turns_per_sid: int | None = None,
                  fork_threshold_tokens: int | None = None, debug_callback: Callable[..., None] | None = None,
-                 client: EngineClient | None = None) -> None:
+                 client: EngineClient | None = None, renderer: PromptRenderer | None = None) -> None:
+        """`renderer`: slime renders every prompt whole (`FullRender`, any tokenizer); pass
+        `DeltaRender(tokenizer)` for append-only prompts with a Hugging Face tokenizer."""
         self.tokenizer = tokenizer
         url = sglang_url.rstrip("/")
         self.client = client or EngineClient(Endpoints(router_url=url, engine_urls=[url]), tokenizer=tokenizer)
@@ -73,7 +75,8 @@ class BaseAdapter:
         self.manager = TrajectoryManager(fork_threshold_tokens=fork_threshold_tokens)
         self.sessions = SessionTable(max_turns=max_turns_per_sid)
         self.debug_callback = debug_callback
-        self.pipeline = TurnPipeline(tokenizer=tokenizer, renderer=FullRender(tokenizer), generate=self._generate,
+        self.pipeline = TurnPipeline(tokenizer=tokenizer, renderer=renderer or FullRender(tokenizer),
+                                     generate=self._generate,
                                      manager=self.manager, sessions=self.sessions, tool_parser=tool_parser,
                                      reasoning_parser=reasoning_parser)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)

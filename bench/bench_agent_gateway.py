@@ -112,7 +112,8 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
     print(f"| direct /generate (EngineClient, bench thread) | {med['dc']:.3f} | {med['dl']:.3f} |")
     print(f"| gateway /v1/chat/completions (server thread) | {med['gc']:.3f} | {med['gl']:.3f} |")
     print(f"gateway adds {med['gl'] - med['dl']:.3f} ms latency and {med['gc'] - med['dc']:.3f} ms CPU per request "
-          "(HTTP server, parse, render, parse the answer, reply, record; its engine call costs what the direct one does)")
+          "(HTTP server, parse, render, parse the answer, reply, record; "
+          "its engine call costs what the direct one does)")
 
 
 async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int) -> list[float]:

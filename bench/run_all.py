@@ -27,6 +27,7 @@ BENCHMARKS = [
     ("Scale: 1 to 256 engines", ["-m", "bench.bench_scale"]),
     ("Prompt data loading", ["-m", "bench.bench_data_loading"]),
     ("Aborts at 1% engine errors", ["-m", "bench.bench_abort"]),
+    ("Agent gateway", ["-m", "bench.bench_agent_gateway"]),
 ]
 
 

@@ -171,13 +171,15 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
 
 
 def _optional_groups(p: argparse.ArgumentParser) -> None:
-    """Flags owned by the tool, observability, fleet and reference-trainer packages."""
+    """Flags owned by the tool, observability, fleet, reference-trainer and agent packages."""
     from slime.observability.flags import add_observability_arguments
     from slime.tools.flags import add_tool_arguments
     from slime.fleet.flags import add_fleet_arguments
     from slime.train.flags import add_train_arguments
+    from slime.agent.flags import add_agent_arguments
 
     add_tool_arguments(p)
+    add_agent_arguments(p)
     add_observability_arguments(p)
     add_fleet_arguments(p)
     add_train_arguments(p)

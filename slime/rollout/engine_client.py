@@ -188,8 +188,9 @@ class EngineClient:
                                for u in self.endpoints.engine_urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
-                       url: str | None = None) -> EngineOutput:
-        """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline."""
+                       url: str | None = None, routing_key: str | None = None) -> EngineOutput:
+        """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline.
+        `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine."""
         payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
         vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
 
@@ -202,7 +203,8 @@ class EngineClient:
             self.in_flight += 1
             try:
                 out = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid,
-                                      answer=answer)
+                                      answer=answer,
+                                      headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
             except HttpError as e:
                 raise HttpError(f"{e} (engine: {self.engine_label(url)})", e.status, e.body, e.reason) from e
             finally:

@@ -1,0 +1,240 @@
+"""The agent gateway: its cost per request, per turn as a conversation grows, and under load.
+
+All against zero-latency scripted engines behind the real sglang-router, in one process:
+  1. overhead: single-turn requests sent directly as `/generate` (EngineClient) and the same turns
+     sent to the gateway's /v1/chat/completions, alternating request by request; per request, the
+     CPU time of the thread doing the work (`time.thread_time` in the bench's thread around the
+     direct call; in the gateway's server thread from the request's arrival to the last byte of the
+     answer, engine call included) and the latency, medians side by side;
+  2. per-turn cost: sessions of 64 turns (user follow-ups, the client sends the whole history each
+     turn, as agents do); cost of turn k = the gateway thread's CPU time for that request (robust to
+     the machine's load, unlike wall time), median over sessions, for the gateway (append-only
+     prompts) and the same gateway re-rendering every prompt (slime's FullRender) side by side;
+  3. load: 256 concurrent sessions of 4 turns each against 2 engines; every session's sample is
+     checked token by token (each sampled span must be what the engines answer to the prompt
+     before it, and carry the session's own tag).
+
+    python -m bench.bench_agent_gateway [--requests 300] [--turns 64] [--sessions 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import aiohttp  # noqa: E402
+
+from slime.agent.gateway import Gateway  # noqa: E402
+from slime.agent.rendering import FullRender  # noqa: E402
+from slime.testing.agent_stack import AgentStack  # noqa: E402
+from slime.testing.tiny_model import qwen_tokenizer_dir  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
+
+REPORT_TURNS = (1, 2, 4, 8, 16, 32, 48, 64)
+
+
+def replies(case: str, turn: int) -> str:
+    return f"Reply {turn} for {case}: noted, go on."
+
+
+class ThreadCPU:
+    """ASGI middleware: the server thread's CPU seconds per request, arrival to last byte (`cpu`)."""
+
+    def __init__(self, app, cpu: list[float]) -> None:
+        self.app, self.cpu = app, cpu
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.thread_time()
+
+        async def timed(message):
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.cpu.append(time.thread_time() - t0)
+
+        await self.app(scope, receive, timed)
+
+
+def timed_gateway(stack: AgentStack, **kw) -> tuple[Gateway, list[float]]:
+    cpu: list[float] = []
+    gw = Gateway(stack.client, tokenizer=stack.tok, **kw)
+    gw.app.add_middleware(ThreadCPU, cpu=cpu)
+    return gw.start(), cpu
+
+
+async def chat(http: aiohttp.ClientSession, url: str, sid: str, messages: list[dict]) -> dict:
+    async with http.post(f"{url}/s/{sid}/v1/chat/completions",
+                         json={"model": "m", "messages": messages, "max_tokens": 64}) as r:
+        body = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"gateway answered {r.status}: {body}")
+        return body
+
+
+async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) -> None:
+    client, tok = stack.client, stack.tok
+    msgs = [{"role": "user", "content": "case=ovh hello"}]
+    ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
+    params = {"max_new_tokens": 64, "skip_special_tokens": False, "no_stop_trim": True}
+    direct_cpu, direct_lat, gw_lat = [], [], []
+    async with aiohttp.ClientSession() as http:
+        for i in range(n // 10):  # warm-up of both paths
+            await client.generate(ids, params)
+            await chat(http, gw.url, f"ovh-w{i}", msgs)
+        del gw_cpu[:]
+        for i in range(n):
+            t, c = time.perf_counter(), time.thread_time()
+            await client.generate(ids, params)
+            direct_cpu.append(time.thread_time() - c)
+            direct_lat.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await chat(http, gw.url, f"ovh-{i}", msgs)
+            gw_lat.append(time.perf_counter() - t)
+    for sid in [f"ovh-w{i}" for i in range(n // 10)] + [f"ovh-{i}" for i in range(n)]:
+        await gw.drop_session(sid)
+    med = {k: statistics.median(v) * 1e3 for k, v in
+           (("dc", direct_cpu), ("dl", direct_lat), ("gc", gw_cpu), ("gl", gw_lat))}
+    print(f"1. overhead: {n} single-turn requests per path, alternating request by request (medians)")
+    print("| path | CPU ms/request (the thread doing the work) | latency ms |")
+    print("|---|---:|---:|")
+    print(f"| direct /generate (EngineClient, bench thread) | {med['dc']:.3f} | {med['dl']:.3f} |")
+    print(f"| gateway /v1/chat/completions (server thread) | {med['gc']:.3f} | {med['gl']:.3f} |")
+    print(f"gateway adds {med['gl'] - med['dl']:.3f} ms latency and {med['gc'] - med['dc']:.3f} ms CPU per request "
+          "(HTTP server, parse, render, parse the answer, reply, record; "
+          "its engine call costs what the direct one does)")
+
+
+async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int) -> list[float]:
+    """The gateway thread's CPU seconds for each turn of one session."""
+    msgs = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"case={sid} let us start"}]
+    costs = []
+    for k in range(turns):
+        n = len(cpu)
+        body = await chat(http, gw.url, sid, msgs)
+        costs.append(sum(cpu[n:]))
+        msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": f"ok, step {k + 2} please"}]
+    await gw.drop_session(sid)
+    return costs
+
+
+async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list[float]], turns: int,
+                   sessions: int) -> None:
+    delta_costs, full_costs = [], []
+    async with aiohttp.ClientSession() as http:
+        for s in range(sessions):  # interleaved, so both see the same machine load
+            delta_costs.append(await session(http, *delta, f"pt-d{s}", turns))
+            full_costs.append(await session(http, *full, f"pt-f{s}", turns))
+    print(f"2. per-turn cost: {sessions} sessions of {turns} turns each per approach, interleaved; the client sends "
+          "the whole history each turn; cost = the gateway thread's CPU ms for the turn (median over sessions)")
+    print("| turn | delta (gateway) ms | re-render (FullRender) ms |")
+    print("|---:|---:|---:|")
+    med = {}
+    for k in [t for t in REPORT_TURNS if t <= turns]:
+        d = statistics.median(c[k - 1] for c in delta_costs) * 1e3
+        f = statistics.median(c[k - 1] for c in full_costs) * 1e3
+        med[k] = (d, f)
+        print(f"| {k} | {d:.3f} | {f:.3f} |")
+    (d1, f1), (dn, fn) = med[1], med[max(med)]
+    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x (limit 1.5x), re-render {fn / f1:.2f}x")
+
+
+def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> None:
+    """Each sampled span is exactly the engines' answer to the prompt before it; the session's tag is its own."""
+    start = len(sample.tokens) - sample.response_length
+    mask = [0] * start + sample.loss_mask
+    spans, i = [], start
+    while i < len(mask):
+        if mask[i]:
+            j = i
+            while j < len(mask) and mask[j]:
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    assert len(spans) == turns, f"{sid}: {len(spans)} sampled spans for {turns} turns"
+    text = stack.tok.decode(sample.tokens[:start])
+    assert f"case={sid} " in text, f"{sid}: the sample's prompt belongs to another session"
+    for a, b in spans:
+        want = stack.answer({"input_ids": sample.tokens[:a], "sampling_params": {"max_new_tokens": 64}})
+        assert sample.tokens[a:b] == want["output_ids"], f"{sid}: span {a}:{b} is not what the engine sampled"
+        assert sample.rollout_log_probs[a - start:b - start] == want["log_probs"], f"{sid}: log-probs differ"
+
+
+async def load(stack: AgentStack, sessions: int, turns: int) -> None:
+    gw = stack.gateway
+
+    async def run(http: aiohttp.ClientSession, sid: str) -> None:
+        msgs = [{"role": "user", "content": f"case={sid} begin"}]
+        for k in range(turns):
+            body = await chat(http, gw.url, sid, msgs)
+            msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": f"next {k}"}]
+
+    sids = [f"load{i}" for i in range(sessions)]
+    t = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(run(http, sid) for sid in sids))
+    wall = time.perf_counter() - t
+    bad = 0
+    for sid in sids:
+        samples = await gw.finish_session(sid, base_sample=Sample(index=0, prompt=""), reward=1.0)
+        try:
+            assert len(samples) == 1, f"{sid}: {len(samples)} samples"
+            check_session(stack, sid, samples[0], turns)
+        except AssertionError as e:
+            bad += 1
+            print(f"   {e}")
+    print(f"3. load: {sessions} concurrent sessions x {turns} turns against {stack.n_engines} engines: "
+          f"{sessions * turns} turns in {wall:.1f} s ({sessions * turns / wall:.0f} turns/s); "
+          f"sessions with a lost or mixed-up turn: {bad}")
+    if bad:
+        raise SystemExit(1)
+
+
+async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, full: tuple) -> None:
+    await overhead(stack, *delta, a.requests)
+    await per_turn(delta, full, a.turns, a.per_turn_sessions)
+    await load(stack, a.sessions, a.load_turns)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--turns", type=int, default=64)
+    ap.add_argument("--per-turn-sessions", type=int, default=7)
+    ap.add_argument("--sessions", type=int, default=256)
+    ap.add_argument("--load-turns", type=int, default=4)
+    a = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    stack = AgentStack(tok, qwen_tokenizer_dir(), replies, engines=2,
+                       log_dir=tempfile.mkdtemp(prefix="bench-agent-")).start()
+    delta = timed_gateway(stack)
+    full = timed_gateway(stack, renderer=FullRender(tok))
+    print("zero-latency scripted engines behind sglang-router; Qwen3 chat template; gateways on 127.0.0.1")
+    try:
+        asyncio.run(main_async(a, stack, delta, full))
+    finally:
+        for gw, _ in (delta, full):
+            gw.stop()
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""Agentic RL: agents speaking the OpenAI or Anthropic API train through a token-exact gateway.
+
+The public names load on first use, so importing `slime.agent.flags` (the CLI does) stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "Gateway": "slime.agent.gateway", "GatewayConfig": "slime.agent.gateway",
+    "TrajectoryManager": "slime.agent.trajectory", "TurnRecord": "slime.agent.records",
+    "AnthropicAdapter": "slime.agent.adapters", "OpenAIAdapter": "slime.agent.adapters",
+    "BaseHarness": "slime.agent.harness", "HarnessContext": "slime.agent.harness",
+    "Sandbox": "slime.agent.sandbox",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'slime.agent' has no attribute {name!r}")

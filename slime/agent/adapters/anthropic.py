@@ -1,0 +1,35 @@
+"""`AnthropicAdapter`: slime's Anthropic Messages adapter (`/v1/messages`, `/v1/messages/count_tokens`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from slime.agent.adapters.common import BaseAdapter
+from slime.agent.protocols import anthropic as protocol
+from slime.agent.session import Session
+
+# slime's names for the protocol functions
+_translate_messages = protocol.translate_messages
+_tools_to_chat_tools = protocol.tools_to_chat_tools
+_fold_mid_list_system_into_user = protocol.fold_mid_list_system
+
+
+def _request_session_id(request: Any) -> str:
+    return protocol.session_key(request.headers) or "default"
+
+
+class AnthropicAdapter(BaseAdapter):
+    routes = {"/v1/messages": protocol}
+    default_protocol = protocol
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """The rendered prompt's length (the client uses it to decide when to compact)."""
+        req = protocol.parse_request(await request.json(), request.headers)
+        ids = self.pipeline.renderer.prompt_ids(Session(req.session_id), req.messages, req.tools)
+        return web.json_response({"input_tokens": len(ids)})

@@ -1,0 +1,213 @@
+"""`Gateway`: the HTTP server agents talk to -- OpenAI Chat Completions, OpenAI Responses and
+Anthropic Messages in front of the engine pool, streaming or not.
+
+Every request maps to a session: a key in the base URL (`/s/<sid>/v1/...`), the `X-Session-Id`
+header, or the API key (Bearer / x-api-key), in that order. Turns run through `TurnPipeline` with
+`DeltaRender` (append-only prompts) and `EngineClient`; a refusal is answered in the client's
+own API error format. The server (FastAPI on uvicorn, 127.0.0.1 by default) runs on a thread
+of its own, so rollout code on any loop can open and finish sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterable
+from types import ModuleType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from slime.agent.engine_call import EngineTurns, sampling_params
+from slime.agent.errors import BadRequestError, GatewayError, TurnRefused
+from slime.agent.pipeline import Turn, TurnPipeline
+from slime.agent.protocols import anthropic, openai_chat, openai_responses
+from slime.agent.records import ChatRequest, TurnRecord
+from slime.agent.rendering import DeltaRender, PromptRenderer
+from slime.agent.session import Session, SessionTable
+from slime.agent.trajectory import TrajectoryManager
+from slime.rollout.engine_client import EngineClient
+from slime.utils.types import Sample
+
+logger = logging.getLogger(__name__)
+START_TIMEOUT = 30.0  # seconds `Gateway.start` waits for the socket to listen
+ROUTES: dict[str, ModuleType] = {"/v1/chat/completions": openai_chat, "/v1/responses": openai_responses,
+                                 "/v1/messages": anthropic}
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port
+    tool_parser: str | None = "hermes"
+    reasoning_parser: str | None = None
+    max_turns: int | None = None  # per session
+    fork_threshold_tokens: int | None = None  # TrajectoryManager's default when None
+    max_context_tokens: int = 0  # per session, prompt + answer; 0: the engines' own limit
+
+    @classmethod
+    def from_args(cls, args: Any) -> GatewayConfig:
+        """The one place the gateway's flags are read (`slime.agent.flags`, --tool-call-parser,
+        --rollout-max-context-len)."""
+        return cls(port=args.agent_gateway_port, tool_parser=args.tool_call_parser, max_turns=args.agent_max_turns,
+                   fork_threshold_tokens=args.agent_fork_threshold,
+                   max_context_tokens=int(args.rollout_max_context_len or 0))
+
+
+class Gateway:
+    def __init__(self, client: EngineClient, *, tokenizer: Any = None, config: GatewayConfig | None = None,
+                 renderer: PromptRenderer | None = None) -> None:
+        self.config = config or GatewayConfig()
+        self.client = client
+        self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer
+        self.engine = EngineTurns(client)
+        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens)
+        self.sessions = SessionTable(max_turns=self.config.max_turns,
+                                     max_context_tokens=self.config.max_context_tokens)
+        self.pipeline = TurnPipeline(tokenizer=self.tokenizer, renderer=renderer or DeltaRender(self.tokenizer),
+                                     generate=self._generate, manager=self.manager, sessions=self.sessions,
+                                     tool_parser=self.config.tool_parser,
+                                     reasoning_parser=self.config.reasoning_parser)
+        self.app = self._build_app()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
+        params = sampling_params(session, request, len(prompt_ids))
+        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id)
+
+    # ---------------------------------------------------------------- HTTP
+
+    def _build_app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            yield
+            await self.client.http.close()  # the session of this server's loop
+
+        app = FastAPI(lifespan=lifespan)
+        for path, protocol in ROUTES.items():
+            for prefix in ("", "/s/{sid}"):
+                app.add_api_route(prefix + path, self._endpoint(protocol), methods=["POST"])
+        for prefix in ("", "/s/{sid}"):
+            app.add_api_route(prefix + "/v1/messages/count_tokens", self._count_tokens, methods=["POST"])
+            app.add_api_route(prefix + "/v1/models", self._models, methods=["GET"])
+        app.add_api_route("/health", self._health, methods=["GET"])
+        return app
+
+    def _endpoint(self, protocol: ModuleType):
+        async def endpoint(request: Request):
+            try:
+                req = protocol.parse_request(await _json_body(request), request.headers,
+                                             request.path_params.get("sid"))
+                turn = await self.pipeline.run(req)
+            except TurnRefused as e:
+                return JSONResponse(protocol.render_error(e), status_code=e.status)
+            except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
+                logger.exception("agent gateway: %s failed", request.url.path)
+                return JSONResponse(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status_code=500)
+            if req.stream:
+                return StreamingResponse(self._send(turn, protocol.render_stream(turn.reply, req)),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            body = json.dumps(protocol.render_reply(turn.reply, req), ensure_ascii=False)
+            return StreamingResponse(self._send(turn, [body]), media_type="application/json")
+
+        return endpoint
+
+    async def _send(self, turn: Turn, chunks: Iterable[str]) -> AsyncIterator[bytes]:
+        """The answer, then the commit: the response ends (its last chunk) only after the turn is
+        recorded, and a client gone before the end leaves the turn unrecorded."""
+        sent = False
+        try:
+            for chunk in chunks:
+                yield chunk.encode()
+            sent = True
+        finally:
+            if sent:
+                self.pipeline.commit(turn)
+            else:
+                self.pipeline.abandon(turn)
+
+    async def _count_tokens(self, request: Request):
+        try:
+            req = anthropic.parse_request(await _json_body(request), request.headers, request.path_params.get("sid"))
+        except TurnRefused as e:
+            return JSONResponse(anthropic.render_error(e), status_code=e.status)
+        ids = self.pipeline.renderer.prompt_ids(Session(req.session_id), req.messages, req.tools)
+        return {"input_tokens": len(ids)}
+
+    async def _models(self, request: Request):
+        return {"object": "list", "data": [{"id": "slime-actor", "object": "model", "owned_by": "slime"}]}
+
+    async def _health(self):
+        return {"ok": True, "sessions": len(self.sessions)}
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> Gateway:
+        """Serve on a daemon thread; returns once the socket listens."""
+        config = uvicorn.Config(self.app, host=self.config.host, port=self.config.port, log_level="warning",
+                                access_log=False, lifespan="on")
+        self._server = server = uvicorn.Server(config)
+        started = threading.Event()
+        startup = server.startup
+
+        async def startup_then_signal(*a: Any, **kw: Any) -> None:
+            await startup(*a, **kw)
+            started.set()
+
+        server.startup = startup_then_signal
+        self._thread = threading.Thread(target=server.run, name="slime-agent-gateway", daemon=True)
+        self._thread.start()
+        if not started.wait(START_TIMEOUT) or not server.started:
+            raise RuntimeError(f"agent gateway did not listen on {self.config.host}:{self.config.port} "
+                               f"within {START_TIMEOUT}s")
+        self.port = server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def base_url(self, sid: str, api: str = "openai") -> str:
+        """What a client's base URL is for session `sid`: OpenAI SDKs append /chat/completions
+        (or /responses) to it, Anthropic's append /v1/messages."""
+        return f"{self.url}/s/{sid}/v1" if api == "openai" else f"{self.url}/s/{sid}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=START_TIMEOUT)
+            self._server = None
+
+    # ---------------------------------------------------------------- sessions
+
+    def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int | None = None,
+                     max_turns: int | None = None) -> None:
+        """Open `sid` ahead of its first turn (an agent speaking first gets the config's defaults)."""
+        self.sessions.open(sid, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens,
+                           max_turns=max_turns)
+
+    async def finish_session(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
+                             extra_metadata: dict | None = None, wait_timeout: float = 5.0) -> list[Sample]:
+        """The session's Samples, one per root-to-leaf chain (`reward` on each); closes it."""
+        return await self.pipeline.finish(sid, base_sample=base_sample, reward=reward,
+                                          extra_metadata=extra_metadata, wait_timeout=wait_timeout)
+
+    async def drop_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
+        await self.pipeline.drop(sid, wait_timeout=wait_timeout)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise BadRequestError(f"the request body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body

@@ -1,0 +1,172 @@
+"""Anthropic Messages (`POST /v1/messages`) <-> chat-template terms. Pure functions of dicts.
+
+`parse_request` folds system messages met mid-list into a user turn (most templates accept a
+system message only first), turns content blocks into template messages (thinking ->
+`reasoning_content`, tool_use -> `tool_calls`, tool_result -> a `tool` message) and the tool
+list into the function schema; `render_reply` / `render_stream` answer in Messages' JSON or
+SSE events; `render_error` in its error shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, sse, tool_call_dict,
+                                          want_stream)
+from slime.agent.records import ChatRequest, Reply
+
+REMINDER_OPEN, REMINDER_CLOSE = "<system-reminder>\n", "\n</system-reminder>\n"
+STOP_REASON = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                 "stop_sequences": "stop"}
+
+
+def session_key(headers: Mapping[str, str]) -> str | None:
+    """The API key: `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) first, then `x-api-key`."""
+    return bearer(headers) or (headers.get("X-Api-Key") or headers.get("x-api-key") or "").strip() or None
+
+
+def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
+    if not isinstance(body.get("messages"), list):
+        raise BadRequestError("messages: a list of {role, content} is required")
+    body = copy.deepcopy(body)
+    fold_mid_list_system(body)
+    sampling = {dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None}
+    return ChatRequest(session_id=session_id or header_session(headers) or session_key(headers) or "default",
+                       messages=translate_messages(body["messages"], body.get("system")),
+                       tools=tools_to_chat_tools(body.get("tools")), sampling=sampling,
+                       stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"), raw=body)
+
+
+def translate_messages(msgs: list[dict], system: Any) -> list[dict]:
+    out: list[dict] = [{"role": "system", "content": flatten_content(system)}] if system else []
+    for m in msgs:
+        if not isinstance(m, dict):
+            continue
+        role, content = m.get("role"), m.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": flatten_content(content)}]
+        if role == "user":
+            out.extend(_user_block(b) for b in blocks)
+        elif role == "assistant":
+            out.append(_assistant(blocks))
+        elif role == "system":
+            out.append({"role": "system", "content": flatten_content(content)})
+    return out
+
+
+def _user_block(b: Any) -> dict:
+    if isinstance(b, dict) and b.get("type") == "tool_result":
+        return {"role": "tool", "content": flatten_content(b.get("content"))}
+    if isinstance(b, dict) and b.get("type") == "text":
+        return {"role": "user", "content": b.get("text", "")}
+    return {"role": "user", "content": flatten_content(b)}
+
+
+def _assistant(blocks: list) -> dict:
+    texts, thinking, calls = [], [], []
+    for b in blocks:
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text":
+            texts.append(b.get("text", ""))
+        elif kind == "thinking":
+            thinking.append(b.get("thinking", ""))
+        elif kind == "tool_use":
+            calls.append(tool_call_dict(b.get("name", "tool"), b.get("input")))
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if thinking:
+        msg["reasoning_content"] = "".join(thinking)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def tools_to_chat_tools(tools: list[dict] | None) -> list[dict] | None:
+    out = [{"type": "function", "function": {
+        "name": t["name"], "description": t.get("description", ""),
+        "parameters": t.get("input_schema") or t.get("parameters") or {"type": "object", "properties": {}}}}
+        for t in tools or [] if isinstance(t, dict) and "name" in t]
+    return out or None
+
+
+def fold_mid_list_system(body: dict) -> bool:
+    """Move each system message after the first position into the previous user message (else the
+    next one) as a `<system-reminder>` text block; True when anything moved."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        return False
+    folded = False
+    for i in [i for i, m in enumerate(msgs) if i > 0 and isinstance(m, dict) and m.get("role") == "system"]:
+        block = {"type": "text", "text": REMINDER_OPEN + flatten_content(msgs[i].get("content")) + REMINDER_CLOSE}
+        before = [m for m in msgs[:i][::-1] if isinstance(m, dict) and m.get("role") == "user"]
+        after = [m for m in msgs[i + 1:] if isinstance(m, dict) and m.get("role") == "user"]
+        if before:
+            _blocks(before[0]).append(block)
+        elif after:
+            _blocks(after[0]).insert(0, block)
+        else:
+            msgs[i] = {"role": "user", "content": [block]}
+            folded = True
+            continue
+        msgs[i] = None
+        folded = True
+    body["messages"] = [m for m in msgs if m is not None]
+    return folded
+
+
+def _blocks(msg: dict) -> list:
+    if not isinstance(msg.get("content"), list):
+        c = msg.get("content")
+        msg["content"] = [{"type": "text", "text": c if isinstance(c, str) else ""}]
+    return msg["content"]
+
+
+def reply_blocks(reply: Reply) -> list[dict]:
+    blocks: list[dict] = []
+    if reply.reasoning:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+    if reply.text:
+        blocks.append({"type": "text", "text": reply.text})
+    blocks += [{"type": "tool_use", "id": new_id("toolu_"), "name": u.name, "input": u.arguments}
+               for u in reply.tool_uses]
+    return blocks or [{"type": "text", "text": ""}]
+
+
+def _message(reply: Reply, request: ChatRequest, content: list[dict], stop_reason: str | None,
+             output_tokens: int) -> dict:
+    return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": request.model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": None,
+            "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": output_tokens}}
+
+
+def render_reply(reply: Reply, request: ChatRequest) -> dict:
+    return _message(reply, request, reply_blocks(reply), STOP_REASON[reply.finish_reason], reply.usage.output_tokens)
+
+
+def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
+    """message_start, then start/delta/stop per block, message_delta, message_stop."""
+    yield sse({"type": "message_start", "message": _message(reply, request, [], None, 0)}, "message_start")
+    for i, block in enumerate(reply_blocks(reply)):
+        if block["type"] == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+        elif block["type"] == "text":
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        else:
+            start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+        yield sse({"type": "content_block_start", "index": i, "content_block": start}, "content_block_start")
+        yield sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
+        yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+    usage = {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens}
+    stop = {"stop_reason": STOP_REASON[reply.finish_reason], "stop_sequence": None}
+    yield sse({"type": "message_delta", "delta": stop, "usage": usage}, "message_delta")
+    yield sse({"type": "message_stop"}, "message_stop")
+
+
+def render_error(err: TurnRefused) -> dict:
+    """Anthropic's error body; an over-long prompt reads "prompt is too long: ...", as Anthropic's does."""
+    return {"type": "error", "error": {"type": err.kind, "message": str(err)}}

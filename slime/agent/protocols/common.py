@@ -1,0 +1,70 @@
+"""What the three wire protocols share: content flattening, session keys, SSE framing, ids."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+SESSION_HEADER = "X-Session-Id"
+
+
+def flatten_content(c: Any) -> str:
+    """A wire content value (string, or a list of Anthropic / OpenAI blocks) as template text."""
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if not isinstance(c, list):
+        return str(c)
+    parts: list[str] = []
+    for b in c:
+        if not isinstance(b, dict):
+            parts.append(str(b))
+        elif b.get("type") in {"text", "input_text", "output_text"}:
+            parts.append(b.get("text", ""))
+        elif b.get("type") in {"image", "image_url", "input_image"}:
+            parts.append("[image omitted]")
+        elif "content" in b:
+            parts.append(flatten_content(b.get("content")))
+        elif "text" in b:
+            parts.append(str(b.get("text") or ""))
+    return "\n".join(p for p in parts if p)
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization") or headers.get("authorization") or ""
+    return (auth[7:].strip() or None) if auth.lower().startswith("bearer ") else None
+
+
+def header_session(headers: Mapping[str, str]) -> str | None:
+    return (headers.get(SESSION_HEADER) or headers.get(SESSION_HEADER.lower()) or "").strip() or None
+
+
+def sse(data: Any, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as a dict: clients send them as a JSON string (OpenAI) or a dict."""
+    if not isinstance(arguments, str):
+        return arguments or {}
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return {"_raw_arguments": arguments}
+
+
+def tool_call_dict(name: str, arguments: Any) -> dict[str, Any]:
+    """slime's canonical recorded form: arguments a dict, no wire id, so a replay compares equal."""
+    return {"type": "function", "function": {"name": name, "arguments": arguments or {}}}
+
+
+def want_stream(body: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
+    return body.get("stream") is True or "text/event-stream" in (headers.get("Accept") or headers.get("accept") or "")

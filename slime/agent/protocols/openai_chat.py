@@ -1,0 +1,128 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`) <-> chat-template terms. Pure functions.
+
+`developer` becomes `system`, content parts become text, a replayed assistant's tool calls lose
+their wire ids and get dict arguments (so they equal the answer the tree recorded), tool messages
+lose `tool_call_id`. Replies are `chat.completion` JSON or `chat.completion.chunk` SSE ending in
+`[DONE]` (a usage chunk first when `stream_options.include_usage`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, parse_arguments, sse,
+                                          tool_call_dict, want_stream)
+from slime.agent.records import ChatRequest, Reply
+
+SAMPLING_KEYS = {"max_completion_tokens": "max_new_tokens", "max_tokens": "max_new_tokens",
+                 "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop"}
+
+
+def body_session(body: Mapping[str, Any]) -> str | None:
+    """`metadata.session_id`, else `user` (slime's body fallbacks)."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and meta.get("session_id"):
+        return str(meta["session_id"])
+    return str(body["user"]) if body.get("user") else None
+
+
+def request_session(headers: Mapping[str, str], body: Mapping[str, Any], session_id: str | None = None) -> str:
+    return session_id or header_session(headers) or bearer(headers) or body_session(body) or "default"
+
+
+def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for src, dst in SAMPLING_KEYS.items():
+        if body.get(src) is not None and dst not in out:  # max_completion_tokens wins over max_tokens
+            out[dst] = body[src]
+    return out
+
+
+def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
+    if not isinstance(body.get("messages"), list):
+        raise BadRequestError("messages: a list of {role, content} is required")
+    return ChatRequest(session_id=request_session(headers, body, session_id),
+                       messages=translate_messages(body["messages"]), tools=chat_tools(body.get("tools")),
+                       sampling=sampling(body), stream=want_stream(body, headers),
+                       model=str(body.get("model") or "slime-actor"), raw=body)
+
+
+def translate_messages(msgs: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for m in msgs:
+        if not isinstance(m, dict):
+            continue
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        msg: dict[str, Any] = {"role": role, "content": flatten_content(m.get("content"))}
+        if role == "assistant":
+            if m.get("reasoning_content"):
+                msg["reasoning_content"] = m["reasoning_content"]
+            calls = [tool_call_dict((c.get("function") or {}).get("name", "tool"),
+                                    parse_arguments((c.get("function") or {}).get("arguments")))
+                     for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            if calls:
+                msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def chat_tools(tools: list[dict] | None) -> list[dict] | None:
+    out = [{"type": "function", "function": t["function"]} for t in tools or []
+           if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    return out or None
+
+
+def _wire_calls(reply: Reply) -> list[dict]:
+    return [{"id": new_id("call_"), "type": "function",
+             "function": {"name": u.name, "arguments": json.dumps(u.arguments, ensure_ascii=False)}}
+            for u in reply.tool_uses]
+
+
+def _message(reply: Reply) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.text or (None if reply.tool_uses else "")}
+    if reply.reasoning:
+        msg["reasoning_content"] = reply.reasoning
+    if reply.tool_uses:
+        msg["tool_calls"] = _wire_calls(reply)
+    return msg
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    u = reply.usage
+    return {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
+            "total_tokens": u.input_tokens + u.output_tokens}
+
+
+def render_reply(reply: Reply, request: ChatRequest) -> dict:
+    return {"id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
+            "model": request.model, "choices": [{"index": 0, "message": _message(reply),
+                                                 "finish_reason": reply.finish_reason, "logprobs": None}],
+            "usage": _usage(reply)}
+
+
+def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
+    head = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": request.model}
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant"})
+    if reply.reasoning:
+        yield chunk({"reasoning_content": reply.reasoning})
+    if reply.text:
+        yield chunk({"content": reply.text})
+    for i, call in enumerate(_wire_calls(reply)):
+        yield chunk({"tool_calls": [{"index": i, **call}]})
+    yield chunk({}, reply.finish_reason)
+    if (request.raw.get("stream_options") or {}).get("include_usage"):
+        yield sse({**head, "choices": [], "usage": _usage(reply)})
+    yield sse("[DONE]")
+
+
+def render_error(err: TurnRefused) -> dict:
+    return {"error": {"message": str(err), "type": err.kind, "param": None, "code": getattr(err, "code", None)}}

@@ -1,0 +1,162 @@
+"""OpenAI Responses (`POST /v1/responses`) <-> chat-template terms. Pure functions of dicts.
+
+`input` (a string or a list of items) becomes template messages: `instructions` -> system,
+message items -> their role (developer -> system), consecutive assistant output (message text
+and `function_call` items) -> one assistant message with `tool_calls`, `function_call_output` ->
+a `tool` message, reasoning summaries -> `reasoning_content`. Stateless:
+`previous_response_id` is refused, a client sends the whole input each turn.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, parse_arguments, sse,
+                                          tool_call_dict, want_stream)
+from slime.agent.protocols.openai_chat import body_session
+from slime.agent.records import ChatRequest, Reply
+
+SAMPLING_KEYS = {"max_output_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p"}
+
+
+def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
+    if body.get("previous_response_id"):
+        raise BadRequestError("previous_response_id: this gateway keeps no responses; send the whole input "
+                              "(store=false)")
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise BadRequestError("input: a string or a list of input items is required")
+    messages = ([{"role": "system", "content": flatten_content(body["instructions"])}]
+                if body.get("instructions") else []) + translate_items(items)
+    return ChatRequest(session_id=session_id or header_session(headers) or bearer(headers) or body_session(body)
+                       or "default", messages=messages, tools=function_tools(body.get("tools")),
+                       sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
+                       stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"), raw=body)
+
+
+def translate_items(items: list[Any]) -> list[dict]:
+    out: list[dict] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type") or "message"
+        if kind == "function_call":
+            _open_assistant(out).setdefault("tool_calls", []).append(
+                tool_call_dict(item.get("name", "tool"), parse_arguments(item.get("arguments"))))
+        elif kind == "reasoning":
+            text = "".join(p.get("text", "") for p in item.get("summary") or [] if isinstance(p, dict))
+            if text:
+                _open_assistant(out)["reasoning_content"] = text
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "content": flatten_content(item.get("output"))})
+        elif kind == "message" and item.get("role") == "assistant":
+            msg = _open_assistant(out)
+            msg["content"] += flatten_content(item.get("content"))
+        elif kind == "message":
+            role = "system" if item.get("role") == "developer" else item.get("role", "user")
+            out.append({"role": role, "content": flatten_content(item.get("content"))})
+    return out
+
+
+def _open_assistant(out: list[dict]) -> dict:
+    """The assistant message being assembled: the last one, unless something followed it."""
+    if out and out[-1]["role"] == "assistant":
+        return out[-1]
+    out.append({"role": "assistant", "content": ""})
+    return out[-1]
+
+
+def function_tools(tools: list[dict] | None) -> list[dict] | None:
+    out = [{"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                             "parameters": t.get("parameters") or {"type": "object",
+                                                                                   "properties": {}}}}
+           for t in tools or [] if isinstance(t, dict) and t.get("type") == "function" and t.get("name")]
+    return out or None
+
+
+def output_items(reply: Reply) -> list[dict]:
+    items: list[dict] = []
+    if reply.reasoning:
+        items.append({"type": "reasoning", "id": new_id("rs_"),
+                      "summary": [{"type": "summary_text", "text": reply.reasoning}]})
+    if reply.text or not reply.tool_uses:
+        items.append({"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant",
+                      "content": [{"type": "output_text", "text": reply.text, "annotations": []}]})
+    for u in reply.tool_uses:
+        call_id = new_id("call_")
+        items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call_id, "name": u.name,
+                      "arguments": json.dumps(u.arguments, ensure_ascii=False), "status": "completed"})
+    return items
+
+
+def _response(reply: Reply, request: ChatRequest, output: list[dict], status: str) -> dict:
+    u = reply.usage
+    done = status != "in_progress"
+    return {"id": new_id("resp_"), "object": "response", "created_at": int(time.time()), "status": status,
+            "model": request.model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+            "tools": request.raw.get("tools") or [], "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "usage": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                      "total_tokens": u.input_tokens + u.output_tokens,
+                      "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}} if done else None}
+
+
+def render_reply(reply: Reply, request: ChatRequest) -> dict:
+    return _response(reply, request, output_items(reply), _status(reply))
+
+
+def _status(reply: Reply) -> str:
+    return "incomplete" if reply.finish_reason == "length" else "completed"
+
+
+def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
+    """response.created, per item output_item.added / its deltas / output_item.done, then
+    response.completed (or response.incomplete), each with a sequence number."""
+    seq = iter(range(1 << 30))
+    final = render_reply(reply, request)
+    shell = {**final, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+
+    def event(kind: str, **data: Any) -> str:
+        return sse({"type": kind, "sequence_number": next(seq), **data}, kind)
+
+    yield event("response.created", response=shell)
+    yield event("response.in_progress", response=shell)
+    for i, item in enumerate(final["output"]):
+        yield from _item_events(event, i, item)
+    yield event(f"response.{final['status']}", response=final)
+
+
+def _item_events(event, i: int, item: dict) -> Iterator[str]:
+    if item["type"] == "message":
+        text = item["content"][0]["text"]
+        yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress",
+                                                                        "content": []})
+        part = {"type": "output_text", "text": "", "annotations": []}
+        yield event("response.content_part.added", output_index=i, item_id=item["id"], content_index=0, part=part)
+        yield event("response.output_text.delta", output_index=i, item_id=item["id"], content_index=0, delta=text,
+                    logprobs=[])
+        yield event("response.output_text.done", output_index=i, item_id=item["id"], content_index=0, text=text,
+                    logprobs=[])
+        yield event("response.content_part.done", output_index=i, item_id=item["id"], content_index=0,
+                    part={**part, "text": text})
+    elif item["type"] == "function_call":
+        yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress",
+                                                                        "arguments": ""})
+        yield event("response.function_call_arguments.delta", output_index=i, item_id=item["id"],
+                    delta=item["arguments"])
+        yield event("response.function_call_arguments.done", output_index=i, item_id=item["id"],
+                    arguments=item["arguments"], name=item["name"])
+    else:
+        yield event("response.output_item.added", output_index=i, item=item)
+    yield event("response.output_item.done", output_index=i, item=item)
+
+
+def render_error(err: TurnRefused) -> dict:
+    return {"error": {"message": str(err), "type": err.kind, "param": None, "code": getattr(err, "code", None)}}

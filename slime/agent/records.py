@@ -1,0 +1,77 @@
+"""The typed records that cross the agent package's files.
+
+`TurnRecord` is what one engine call produced (gateway -> trajectory); `ChatRequest` is a wire
+request already translated to chat-template messages (protocol -> gateway); `Reply` is the parsed
+model turn a protocol renders back (gateway -> protocol). Validation only, no logic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRecord:
+    """One `/generate` answer: the prompt ids sent, exactly the ids the engine sampled, their
+    log-probs (empty when the producer had none) and the weight version that sampled them."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    output_log_probs: list[float] = dataclasses.field(default_factory=list)
+    ill_formed: bool = False
+    weight_version: str | None = None
+
+
+class TurnRecordError(AssertionError):
+    """A `TurnRecord` whose lists do not line up (an AssertionError, as slime raises)."""
+
+
+def check_turn(turn: TurnRecord) -> None:
+    if turn.output_log_probs and len(turn.output_log_probs) != len(turn.output_ids):
+        raise TurnRecordError(f"turn.output_log_probs length {len(turn.output_log_probs)} != "
+                              f"turn.output_ids length {len(turn.output_ids)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolUse:
+    """One tool call the model made, arguments already decoded from JSON."""
+
+    name: str
+    arguments: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    """A wire request in chat-template terms: messages as the template takes them, tools in the
+    OpenAI function schema, sampling keys the client set, and whether it wants SSE."""
+
+    session_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stream: bool = False
+    model: str = "slime-actor"
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """The model's turn, parsed: visible text, reasoning, tool calls, why it ended, token counts.
+    `message` is the chat message recorded in the session tree (the form a client echoes back)."""
+
+    text: str
+    tool_uses: list[ToolUse]
+    finish_reason: FinishReason
+    usage: Usage
+    reasoning: str = ""
+    message: dict[str, Any] = dataclasses.field(default_factory=dict)

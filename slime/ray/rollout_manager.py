@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 class RolloutManager:
     def __init__(self, args: Any, fork_server: str | None = None):
+        from slime.engine.default_model import resolve_hf_checkpoint
+
+        resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
         self.args = args
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
         self.fleet: Fleet | None = None

@@ -88,8 +88,8 @@ def kill_survivors(procs: list, timeout: float) -> list:
     return alive
 
 
-def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int]:
-    """SIGTERM every descendant still alive (then SIGKILL after `grace` seconds); their pids."""
+def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[str]:
+    """SIGTERM every descendant still alive (then SIGKILL after `grace` seconds); each as "pid (name)"."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with Ray
@@ -98,11 +98,13 @@ def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int
         procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     except psutil.Error:
         return []
+    names = []
     for p in procs:
         try:
+            names.append(f"{p.pid} ({' '.join(p.cmdline()[:3])[:120] or p.name()})")
             p.terminate()
         except psutil.Error:
-            pass
+            names.append(str(p.pid))
     psutil.wait_procs(kill_survivors(procs, grace), timeout=grace)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:  # reap zombies re-parented to us
@@ -111,4 +113,4 @@ def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int
                 break
         except ChildProcessError:
             break
-    return [p.pid for p in procs]
+    return names

@@ -239,6 +239,9 @@ class RolloutManager:
     def kill_engine(self, index: int) -> int | None:
         return self.fleet.kill_engine(index)
 
+    def kill_engine_during_push(self, index: int, at_update: int) -> None:
+        self.fleet.kill_engine_during_push(index, at_update)
+
     def router_pid(self) -> int | None:
         return self.fleet.router.pid if self.fleet and self.fleet.router else None
 

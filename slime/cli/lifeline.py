@@ -88,6 +88,19 @@ def kill_survivors(procs: list, timeout: float) -> list:
     return alive
 
 
+def _describe(p) -> str:
+    """"pid (command or name, status)" of a psutil process, as much of it as can still be read."""
+    import psutil
+
+    parts = []
+    for what in (lambda: " ".join(p.cmdline()[:3])[:120], p.name, p.status):
+        try:
+            parts.append(what())
+        except psutil.Error:
+            continue
+    return f"{p.pid} ({', '.join(x for x in parts if x)})"
+
+
 def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[str]:
     """SIGTERM every descendant still alive (then SIGKILL after `grace` seconds); each as "pid (name)"."""
     try:
@@ -98,13 +111,12 @@ def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[str
         procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     except psutil.Error:
         return []
-    names = []
+    names = [_describe(p) for p in procs]
     for p in procs:
         try:
-            names.append(f"{p.pid} ({' '.join(p.cmdline()[:3])[:120] or p.name()})")
             p.terminate()
         except psutil.Error:
-            names.append(str(p.pid))
+            pass
     psutil.wait_procs(kill_survivors(procs, grace), timeout=grace)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:  # reap zombies re-parented to us

@@ -12,6 +12,9 @@ Why:
   deadline, bound to the local address that routes to the master, so nothing is registered in
   torch's global state and a group that cannot rendezvous fails within its deadline and leaves
   nothing behind. Only `gloo` runs on CPU; `nccl` (SGLang's default) is refused with a clear error.
+- Destroying a group wakes an update still waiting in one of its collectives (it answers 500 at once) and
+  releases the group on a thread of its own: when a member died mid-push the trainer forms a new group
+  with the survivors, and their next update must not wait behind the old one until its deadline.
 - A trainer may ask (optional init field `weight_transport`: "auto") for the host-local shared-memory
   ring of slime.engine.weight_ring: the engine maps the offered slots if it can and says so in its
   answer; the trainer's decision (ring for every engine, else broadcast) is read from the group's

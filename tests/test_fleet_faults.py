@@ -321,7 +321,7 @@ def _bad_inputs(tmp_path, tiny_model_dir):
 def test_bad_input_fails_before_anything_starts(case, tmp_path, tiny_model_dir, capsys, monkeypatch):
     import slime.cli.rollout as cli
 
-    def no_ray(args):
+    def no_ray(args, **_):
         raise AssertionError("Ray was started before the input was checked")
 
     monkeypatch.setattr(cli, "_ray_init", no_ray)

@@ -275,3 +275,92 @@ def test_startup_trace_is_opt_in(tmp_path, monkeypatch):
     events = startup_trace.read(str(path))
     assert [e["event"] for e in events] == ["ray_init: begin", "engine: model loaded"]
     assert all(e["pid"] == os.getpid() and e["t"] >= before for e in events)
+
+
+# ---- issue 20 item 8: no thread imports Ray while another asks whether Ray runs ----
+STALLED_RAY_IMPORT = r"""
+import importlib.abc, importlib.machinery, sys, threading
+
+started, go = threading.Event(), threading.Event()
+
+
+class StallRay(importlib.abc.MetaPathFinder):
+    '''Stops the import of `ray` once the module is in sys.modules and before it has any name: the
+    window a thread importing slime.ray.rollout_manager opens, held open until `go`.'''
+
+    def find_spec(self, name, path, target=None):
+        if name != "ray":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        real = spec.loader.exec_module
+
+        def exec_module(module):
+            started.set()
+            go.wait()
+            real(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, StallRay())
+from slime.ray.session import ray_running
+
+importer = threading.Thread(target=__import__, args=("ray",))
+importer.start()
+started.wait()
+assert not hasattr(sys.modules["ray"], "is_initialized")  # the half-made module is there
+answer = {}
+
+
+def ask():
+    def release(frame, event, arg):  # the question went through the import system: let the import end
+        if event == "call" and frame.f_code.co_name in ("_find_and_load", "_lock_unlock_module"):
+            go.set()
+
+    sys.setprofile(release)
+    try:
+        answer["running"] = ray_running()
+    except Exception as exc:
+        answer["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.setprofile(None)
+
+
+asker = threading.Thread(target=ask)
+asker.start()
+asker.join()
+go.set()
+importer.join()
+print(answer)
+"""
+
+
+def test_asking_whether_ray_runs_waits_for_an_import_in_progress(tmp_path):
+    """The 5-in-17 start-up failure, reproduced every time: `ray` half-imported by another thread
+    while `ray_running()` asks. Reading sys.modules raised `AttributeError: partially initialized module
+    'ray' has no attribute 'is_initialized'`; the import system makes the question wait for the import."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", STALLED_RAY_IMPORT], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "{'running': False}", out.stdout + out.stderr
+
+
+def test_ray_init_imports_the_manager_module_after_its_check(ray_cluster, monkeypatch):
+    """`import_meanwhile` starts only after ray_init asked whether Ray runs (here it does: the module
+    is imported at once, and nothing of Ray is started or stopped by the session)."""
+    from slime.ray import session as session_mod
+
+    asked: list[str] = []
+    real = session_mod.ray_running
+    monkeypatch.setattr(session_mod, "ray_running", lambda: asked.append("asked") or real())
+    real_import = session_mod._import_in_thread
+    monkeypatch.setattr(session_mod, "_import_in_thread",
+                        lambda name, **kw: asked.append(f"import {name}") or real_import(name, **kw))
+    session = session_mod.ray_init(SimpleNamespace(), import_meanwhile="slime.ray.rollout_manager")
+    assert asked == ["asked", "import slime.ray.rollout_manager"]
+    assert session.imported().RolloutManager.__name__ == "RolloutManager"
+    assert not session.started and session.fork_server is None

@@ -321,7 +321,7 @@ def _bad_inputs(tmp_path, tiny_model_dir):
 def test_bad_input_fails_before_anything_starts(case, tmp_path, tiny_model_dir, capsys, monkeypatch):
     import slime.cli.rollout as cli
 
-    def no_ray(args):
+    def no_ray(args, **_):
         raise AssertionError("Ray was started before the input was checked")
 
     monkeypatch.setattr(cli, "_ray_init", no_ray)
@@ -439,3 +439,17 @@ def test_sigkill_of_the_command_leaves_nothing(tiny_model_dir, tmp_path, cli_run
     for p in alive:
         p.kill()
     assert leftover == []
+
+
+def test_a_successful_run_stops_everything_in_order(tiny_model_dir, tmp_path, cli_runs):
+    """Issue 20: the exit hook finds nothing to stop after a normal end (it says `stopped N leftover
+    process(es) at exit`, naming them, only when something outlived its orderly stop)."""
+    data = write_prompts(tmp_path / "p.jsonl", 2)
+    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
+                           "--prompt-data", str(data), "--rm-type", "exact", "--rollout-num-engines", "1",
+                           "--engine-threads", "1", "--rollout-batch-size", "1", "--rollout-max-response-len", "2",
+                           "--num-rollout", "1", "--log-dir", str(tmp_path / "logs")], deadline=240)
+    out, _ = proc.communicate(timeout=240)  # the watchdog (240 s) ends a run that hangs
+    assert proc.returncode == 0, out[-3000:]
+    assert "done: 1 rollout(s)" in out
+    assert "leftover" not in out, out[-3000:]

@@ -558,3 +558,82 @@ def test_actor_counts_an_update_from_disk_as_a_push(engines, tiny_model_dir):
     start = e.push_count()
     e.update_weights_from_disk(str(tiny_model_dir), "disk")
     assert e.pushes_after(start, timeout=0) == (start + 1, "disk")
+
+
+# ---- issue 20 item 7: an engine dies during a distributed push ----
+class Watched:
+    """An engine with an exit notice (what RemoteEngine gets from the fleet's supervised actor) that
+    can SIGKILL itself when the `die_at`-th bucket of a push is announced to it."""
+
+    def __init__(self, engine: EngineActor, die_at: int | None = None):
+        self.engine, self.die_at = engine, die_at
+        self.exited: cf.Future = cf.Future()
+        process = engine.server.process
+        threading.Thread(target=lambda: self.exited.set_result(process.wait()), daemon=True).start()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def __repr__(self) -> str:
+        return f"engine {self.engine.rank}"
+
+    def update_weights_from_distributed(self, **kwargs) -> dict:
+        if self.die_at is not None:
+            self.die_at -= 1
+            if self.die_at == 0:
+                self.engine.kill()
+        return self.engine.update_weights_from_distributed(**kwargs)
+
+
+@pytest.mark.parametrize("transport", ["auto", "broadcast"])
+@pytest.mark.parametrize("when", ["start", "middle", "end"])
+def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir, tensors_b, ck_b, tmp_path,
+                                                  transport, when):
+    """SIGKILL at the first, a middle or the last bucket: the dead engine is dropped, the group formed
+    again with the survivors, and they get the whole push (checksums); nothing waits for a deadline."""
+    from slime.engine.weight_transfer import bucket_named_tensors
+
+    bucket_bytes = 64 << 10
+    n = len(list(bucket_named_tensors(tensors_b, bucket_bytes)))
+    assert n >= 5
+    victim = actor(tiny_model_dir, tmp_path, rank=7)
+    try:
+        victim.start()
+        members = [Watched(engines[0]), Watched(victim, {"start": 1, "middle": n // 2, "end": n}[when]),
+                   Watched(engines[1])]
+        group = WeightUpdateGroup(members, group_name="g-death", timeout=120, transport=transport,
+                                  ring_slot_bytes=1 << 20)
+        group.connect()
+        assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")
+        try:
+            with paused(members):
+                answers = group.push(tensors_b, weight_version="d1", bucket_bytes=bucket_bytes)
+            assert [a["weight_version"] for a in answers] == ["d1", "d1"]
+            assert group.died == [(members[1], "the push of weight version 'd1'")]
+            assert group.engines == [members[0], members[2]] and group.group_name == "g-death-1"
+            assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")
+            assert victim.server.process.wait() is not None
+            for e in engines:
+                assert e.check_weights("compare", checksums=ck_b)["equal"]
+                assert_serves(e.url(), refs["B"], "d1", prompts=(0,))
+            with paused(group.engines):  # the group of survivors goes on
+                group.push(tensors_b, weight_version="d2", bucket_bytes=1 << 20)
+            assert [e.get_weight_version() for e in engines] == ["d2", "d2"]
+        finally:
+            group.close()
+        assert ring_files() == []
+    finally:
+        victim.stop()
+
+
+def test_pause_and_continue_skip_a_dead_engine(engines, tiny_model_dir, tmp_path):
+    victim = actor(tiny_model_dir, tmp_path, rank=8)
+    try:
+        victim.start()
+        members = [Watched(engines[0]), Watched(victim)]
+        with paused(members):
+            victim.kill()
+        assert members[1].exited.result(timeout=60) is not None
+        assert load(engines[0].url())["paused"] is False  # the live engine was continued
+    finally:
+        victim.stop()

@@ -99,5 +99,5 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             left = lifeline.reap_descendants(keep=(lifeline_pid,) if lifeline_pid else ())
             if left:
-                logger.warning("stopped %d leftover process(es) at exit: %s", len(left), left)
+                logger.warning("stopped %d leftover process(es) at exit: %s", len(left), "; ".join(left))
     return 0

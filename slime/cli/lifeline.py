@@ -88,16 +88,57 @@ def kill_survivors(procs: list, timeout: float) -> list:
     return alive
 
 
-def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int]:
-    """SIGTERM every descendant still alive (then SIGKILL after `grace` seconds); their pids."""
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone meanwhile
+        return False
+
+
+def _describe(p) -> str:
+    """"pid (command or name, status)" of a psutil process, as much of it as can still be read."""
+    import psutil
+
+    parts = []
+    for what in (lambda: " ".join(p.cmdline()[:3])[:120], p.name, p.status):
+        try:
+            parts.append(what())
+        except psutil.Error:
+            continue
+    return f"{p.pid} ({', '.join(x for x in parts if x)})"
+
+
+def reap_exited() -> list[int]:
+    """Collect every child that has already exited: as a subreaper we inherit the orphans of what we
+    started (e.g. a Ray worker whose raylet stopped first), and their exit is ours to collect."""
+    reaped = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        reaped.append(pid)
+    return reaped
+
+
+def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[str]:
+    """SIGTERM every descendant still running (then SIGKILL after `grace` seconds); each as "pid (name)".
+    Descendants that already exited (zombies) are collected, not counted: they stopped in order."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with Ray
         return []
+    reap_exited()
     try:
-        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
+        procs = [p for p in psutil.Process().children(recursive=True)
+                 if p.pid not in keep and _running(p)]
     except psutil.Error:
         return []
+    names = [_describe(p) for p in procs]
     for p in procs:
         try:
             p.terminate()
@@ -111,4 +152,4 @@ def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[int
                 break
         except ChildProcessError:
             break
-    return [p.pid for p in procs]
+    return names

@@ -66,19 +66,17 @@ def _wait(ref: Any, manager: Any, description: str, engine_log: EngineStateLog |
 
 def run(args: Any) -> list[dict[str, Any]]:
     """Start the manager, run the evals and rollouts, stop everything (inputs already checked)."""
-    import importlib
-    from concurrent.futures import ThreadPoolExecutor
+    from slime.engine.default_model import resolve_hf_checkpoint
 
-    if args.hf_checkpoint is None and args.rollout_backend == "hf":
-        from slime.engine.default_model import ensure_default_model
-
-        args.hf_checkpoint = str(ensure_default_model())
-    # Cold start: the manager's module (Ray, the fleet) is imported while Ray starts; Ray itself is imported
-    # after the engine fork server is started (in `ray_init`), so the fork server's preload begins first
-    with ThreadPoolExecutor(1, thread_name_prefix="import-manager") as pool:
-        manager_module = pool.submit(importlib.import_module, "slime.ray.rollout_manager")
-        session = _ray_init(args)
-        RolloutManager = manager_module.result().RolloutManager  # noqa: N806 - a class
+    resolve_hf_checkpoint(args)
+    # Cold start: the manager's module (Ray, the fleet) is imported while Ray starts, on a thread `ray_init`
+    # starts once it has checked for a running Ray and started the engine fork server (whose preload begins first)
+    session = _ray_init(args, import_meanwhile="slime.ray.rollout_manager")
+    try:
+        RolloutManager = session.imported().RolloutManager  # noqa: N806 - a class
+    except BaseException:
+        session.stop()
+        raise
     import ray
 
     stop_on_sigterm()  # again: ray.init installed its own

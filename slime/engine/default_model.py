@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -96,6 +97,19 @@ def ensure_default_model(cache_dir: str | Path | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def resolve_hf_checkpoint(args: Any) -> None:
+    """Fill in a missing `--hf-checkpoint` the one way every entry point does: the default model for the
+    embedded engine (`--rollout-backend hf`). SGLang engines have no default: refused, naming the flag.
+    Called by the commands and by `RolloutManager` itself (slime's train.py builds one without our CLI)."""
+    if getattr(args, "hf_checkpoint", None) is not None:
+        return
+    backend = getattr(args, "rollout_backend", "hf")
+    if backend != "hf":
+        raise ValueError(f"--hf-checkpoint is required with --rollout-backend {backend} (only the embedded "
+                         "engine, --rollout-backend hf, has a default model)")
+    args.hf_checkpoint = str(ensure_default_model())
 
 
 if __name__ == "__main__":

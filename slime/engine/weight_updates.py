@@ -12,6 +12,9 @@ Why:
   deadline, bound to the local address that routes to the master, so nothing is registered in
   torch's global state and a group that cannot rendezvous fails within its deadline and leaves
   nothing behind. Only `gloo` runs on CPU; `nccl` (SGLang's default) is refused with a clear error.
+- Destroying a group wakes an update still waiting in one of its collectives (it answers 500 at once) and
+  releases the group on a thread of its own: when a member died mid-push the trainer forms a new group
+  with the survivors, and their next update must not wait behind the old one until its deadline.
 - A trainer may ask (optional init field `weight_transport`: "auto") for the host-local shared-memory
   ring of slime.engine.weight_ring: the engine maps the offered slots if it can and says so in its
   answer; the trainer's decision (ring for every engine, else broadcast) is read from the group's
@@ -141,14 +144,6 @@ def new_gloo_group(master_address: str, master_port: int, rank: int, world_size:
     return pg, store
 
 
-def broadcast(pg, *tensors: torch.Tensor) -> None:
-    """Broadcast from rank 0, one collective per tensor, all in flight at once (pipelined, then awaited)."""
-    opts = torch.distributed.BroadcastOptions()
-    opts.rootRank = 0
-    for work in [pg.broadcast([t], opts) for t in tensors]:
-        work.wait()
-
-
 def all_reduce_done(pg) -> object:
     """The 1-word "slot done" collective of the ring (async: returns the work)."""
     return pg.allreduce([torch.zeros(1, dtype=torch.int64)])
@@ -166,6 +161,36 @@ class _Group:
     ring: RingReader | None = None
     seq: int = 0  # ring chunks received so far (the trainer numbers them the same way)
     broken: str | None = None  # why the ring protocol lost step with the trainer (the group must be re-formed)
+    # set by destroy: a receive still waiting in a collective gives up at once (a member died; the
+    # trainer forms a new group, and the next update must not wait behind this one)
+    abandoned: bool = False
+    _wakes: set = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def wait(self, *works) -> None:
+        """Wait for this group's collectives (each ends by the group's deadline at the latest);
+        RuntimeError at once when the group is destroyed meanwhile."""
+        for work in works:
+            wake, fut = threading.Event(), work.get_future()
+            with self._lock:
+                if self.abandoned:
+                    raise RuntimeError("the group was destroyed while this update waited in it")
+                self._wakes.add(wake)
+            try:
+                fut.add_done_callback(lambda _: wake.set())
+                wake.wait()
+            finally:
+                with self._lock:
+                    self._wakes.discard(wake)
+            if not fut.done():
+                raise RuntimeError("the group was destroyed while this update waited in it")
+            work.wait()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+            for wake in self._wakes:
+                wake.set()
 
     def flat_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         size = numel * torch.empty((), dtype=dtype).element_size()
@@ -299,8 +324,10 @@ class UpdateGroups:
 
 
 def _checked_broadcast(group: _Group, group_name: str, *t: torch.Tensor) -> None:
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = 0
     try:
-        broadcast(group.pg, *t)
+        group.wait(*[group.pg.broadcast([x], opts) for x in t])
     except Exception as exc:  # noqa: BLE001
         raise RuntimeError(f"broadcast on group {group_name!r} from {group.master} failed: {first_line(exc)}") from None
 
@@ -333,7 +360,7 @@ def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list
     try:
         for start, length in chunks(total, ring.slot_bytes):
             hdr = torch.zeros(HEADER_WORDS, dtype=torch.int64)
-            group.pg.broadcast([hdr], opts).wait()
+            group.wait(group.pg.broadcast([hdr], opts))
             expected = [MAGIC, group.seq, group.seq % len(ring.slots), start, length, digest]
             if hdr.tolist() != expected:
                 raise RuntimeError(f"ring chunk header {hdr.tolist()} from the trainer does not match this request "
@@ -343,8 +370,7 @@ def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list
                 ring.read(expected[2], into, offsets, sizes, start, length)
             group.seq += 1
             done.append(all_reduce_done(group.pg))
-        for work in done:
-            work.wait()
+        group.wait(*done)
     except Exception as exc:  # noqa: BLE001
         group.broken = first_line(exc)
         raise RuntimeError(f"shared-memory ring receive on group {group_name!r} from {group.master} failed at "
@@ -352,13 +378,21 @@ def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list
 
 
 def _shutdown(group: _Group) -> None:
-    if group.ring is not None:
-        group.ring.close()
-        group.ring = None
+    """Wake any update waiting in the group, then release it. The release runs on its own thread: with
+    a collective still pending (a member died) gloo waits for it up to the group's deadline, and the
+    caller (the server's event loop) must not."""
+    group.abandon()
+    threading.Thread(target=_release, args=(group,), daemon=True, name="weight-group-release").start()
+
+
+def _release(group: _Group) -> None:
     try:
-        group.pg.shutdown()
+        group.pg.abort()
     except Exception:  # noqa: BLE001 - already broken groups may refuse; nothing else to release
         pass
+    if group.ring is not None:  # after the collectives: no receive copies from it any more
+        group.ring.close()
+        group.ring = None
 
 
 class WeightChecker:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from typing import Any
 
@@ -35,6 +36,7 @@ class EngineActor:
         self._push_open = False  # an update landed since the last pause: the push ends at continue_generation
         self._push_broken = False  # an update of this push failed: its continue_generation completes nothing
         self._pushed_version: str | None = None
+        self._die_at_update: int | None = None  # fault injection: SIGKILL the server at this update call
 
     # ---- weight pushes seen by this actor (see Fleet: a restarted engine serves only the current weights)
     def _update(self, complete: bool, path: str, body: dict, timeout: float) -> Any:
@@ -160,9 +162,18 @@ class EngineActor:
         return self.server.call("POST", "/init_weights_update_group", body,
                                 timeout=(timeout or WEIGHT_PUSH_TIMEOUT_S) + 30)
 
+    def die_during_push(self, at_update: int) -> None:
+        """Fault injection for tests and chaos runs: SIGKILL this engine's server when the `at_update`-th
+        bucket of the coming distributed pushes (1 = the first) is announced to it."""
+        self._die_at_update = at_update
+
     def update_weights_from_distributed(self, names: list[str], dtypes: list[Any], shapes: list[list[int]],
                                         group_name: str, flush_cache: bool = False, weight_version: str | None = None,
                                         load_format: str | None = None) -> Any:
+        if self._die_at_update is not None:
+            self._die_at_update -= 1
+            if self._die_at_update == 0:
+                self.server.kill()
         body = payloads.update_weights_from_distributed(
             names, dtypes, shapes, group_name, flush_cache=flush_cache, load_format=load_format,
             weight_version=None if weight_version is None else str(weight_version))
@@ -199,13 +210,16 @@ class EngineActor:
 
 class RemoteEngine:
     """An `EngineActor` handle with blocking methods, for slime.engine.weight_sync (which calls engines in threads):
-    `WeightUpdateGroup([RemoteEngine(a) for a in actors])`."""
+    `WeightUpdateGroup([RemoteEngine(a) for a in actors])`. `exited`: the engine's exit notice (a future
+    done when its process is gone; slime.fleet.fleet.exit_notice), so a push notices its death at once;
+    `label` names it in messages (e.g. "engine 1 at http://...")."""
 
-    def __init__(self, actor: Any, timeout: float = WEIGHT_PUSH_TIMEOUT_S + 60):
-        self.actor, self.timeout = actor, timeout
+    def __init__(self, actor: Any, timeout: float = WEIGHT_PUSH_TIMEOUT_S + 60, *,
+                 exited: concurrent.futures.Future | None = None, label: str | None = None):
+        self.actor, self.timeout, self.exited, self.label = actor, timeout, exited, label
 
     def __repr__(self) -> str:
-        return f"RemoteEngine({self.actor})"
+        return self.label or f"RemoteEngine({self.actor})"
 
     def __getattr__(self, name: str):
         method = getattr(self.actor, name)

@@ -30,6 +30,7 @@ request is ever answered by stale weights while the others serve version N.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -78,6 +79,13 @@ _EngineRemote = ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(Supervi
 
 class NoRoomError(RuntimeError):
     """A replacement engine found no place on the cluster (its node is gone and no other has room)."""
+
+
+def exit_notice(actor: Any) -> concurrent.futures.Future:
+    """A future done when this supervised engine's server process exits (its exit code) or its actor
+    dies (the error): what a weight push watches to notice the death at once (slime.engine.weight_sync).
+    Queued behind the fleet's own watcher in the actor's "watch" group: both end with the process."""
+    return actor.wait_exit.remote().future()
 
 
 @dataclass
@@ -440,6 +448,10 @@ class Fleet:
             logger.warning("%s: skipping engine(s) %s (%s)", method, skipped,
                            ", ".join(self.slots[i].state for i in skipped))
         return ray.get([getattr(e, method).remote(*a) for e in targets])
+
+    def kill_engine_during_push(self, index: int, at_update: int) -> None:
+        """Fault injection: SIGKILL one engine's server at the `at_update`-th bucket of the next push."""
+        ray.get(self.slots[index].actor.die_during_push.remote(at_update))
 
     def kill_engine(self, index: int) -> int | None:
         """Fault injection for tests and chaos runs: SIGKILL one engine's server."""

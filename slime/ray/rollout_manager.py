@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 class RolloutManager:
     def __init__(self, args: Any, fork_server: str | None = None):
+        from slime.engine.default_model import resolve_hf_checkpoint
+
+        resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
         self.args = args
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
         self.fleet: Fleet | None = None
@@ -238,6 +241,9 @@ class RolloutManager:
     # ---- fault injection, for tests and chaos runs ----
     def kill_engine(self, index: int) -> int | None:
         return self.fleet.kill_engine(index)
+
+    def kill_engine_during_push(self, index: int, at_update: int) -> None:
+        self.fleet.kill_engine_during_push(index, at_update)
 
     def router_pid(self) -> int | None:
         return self.fleet.router.pid if self.fleet and self.fleet.router else None

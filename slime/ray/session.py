@@ -8,11 +8,16 @@ engine starts); it is stopped with the session.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
+import sys
 import tempfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterator
 
 from slime.utils.startup_trace import mark
@@ -31,6 +36,13 @@ class RaySession:
     def __init__(self, started: bool, fork_server: Any = None):
         self.started, self.fork_server = started, fork_server
         self.fork_server_socket: str | None = None  # handed to the manager (start_manager), once it listens
+        self._imported: Future | None = None  # the module `ray_init(import_meanwhile=...)` imports
+
+    def imported(self) -> ModuleType:
+        """The module `ray_init` was asked to import while Ray started (its import error, if any)."""
+        if self._imported is None:
+            raise RuntimeError("ray_init was not asked to import a module (import_meanwhile)")
+        return self._imported.result()
 
     def stop(self) -> None:
         try:
@@ -67,8 +79,6 @@ def start_engine_fork_server(args: Any) -> Any:
     preloads while clients queue. The server dies with this process (`PR_SET_PDEATHSIG`); the
     session stops it. Returns its `ChildProcess` (`socket_path`, `where`: its private directory),
     or None."""
-    import sys
-
     from slime.utils.child_process import ChildProcess
 
     if fork_server_disabled():
@@ -98,21 +108,37 @@ def start_engine_fork_server(args: Any) -> Any:
     return server
 
 
-def ray_init(args: Any) -> RaySession:
+def ray_running() -> bool:
+    """Whether this process has already joined Ray. Never reads a half-imported module: when Ray is
+    being imported by another thread, `import ray` waits for that import to finish (the import
+    system's per-module lock), where `sys.modules["ray"]` would be a module without its names yet."""
+    if "ray" not in sys.modules:  # never imported: cannot be initialised (and importing it costs ~0.5 s)
+        return False
+    import ray
+
+    return ray.is_initialized()
+
+
+def ray_init(args: Any, *, import_meanwhile: str | None = None) -> RaySession:
     """Join `--ray-address`, or start a private local Ray (and, for embedded engines, the node's
     engine fork server, whose socket is the session's `fork_server_socket`, for `start_manager`). The
-    caller stops what was started with the returned session's `stop()`."""
-    import sys
+    caller stops what was started with the returned session's `stop()`.
 
+    `import_meanwhile` (cold start): a module imported on a thread while Ray starts, handed out by
+    `session.imported()`. The thread starts only after this function has asked whether Ray already
+    runs and has started the fork server: nothing imports Ray concurrently with that question."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return RaySession(False)
+    if ray_running():
+        session = RaySession(False)
+        session._imported = _import_in_thread(import_meanwhile, wait=True)
+        return session
     mark("ray_init: begin")
     # first, before importing Ray (~0.5 s): the fork server's preload is the longest part of a start
     fork_server = start_engine_fork_server(args)
     session = RaySession(False, fork_server)
     try:
+        session._imported = _import_in_thread(import_meanwhile)
         _start_ray(args, session)
         if fork_server is not None:
             if _await_socket(fork_server):
@@ -123,6 +149,25 @@ def ray_init(args: Any) -> RaySession:
         session.stop()
         raise
     return session
+
+
+def _import_in_thread(name: str | None, *, wait: bool = False) -> Future | None:
+    """`importlib.import_module(name)` on a daemon thread (or here, with `wait`); its future."""
+    if name is None:
+        return None
+    fut: Future = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(importlib.import_module(name))
+        except BaseException as exc:  # noqa: BLE001 - handed to `imported()`
+            fut.set_exception(exc)
+
+    if wait:
+        run()
+    else:
+        threading.Thread(target=run, name=f"import-{name}", daemon=True).start()
+    return fut
 
 
 def _start_ray(args: Any, session: RaySession) -> None:

@@ -96,7 +96,9 @@ def onload_kv(fleet: Any) -> list[Any]:
 
 def check_weights(fleet: Any, action: str, checksums: dict[str, str] | None = None) -> list[dict]:
     """Every serving engine's answer to `check_weights(action)` (`snapshot`, `compare`, `checksum`,
-    `reset_tensors`); `compare` with `checksums` ({name: sha256}) checks against the trainer's weights."""
+    `reset_tensors`); `compare` with `checksums` ({name: sha256}) checks against the trainer's weights.
+    An engine awaiting weights is not asked: it serves nothing yet (e.g. it replaced one that died
+    during the push just checked), and it is checked once the next push has admitted it."""
     if fleet is None:
         return []
-    return ray.get([e.check_weights.remote(action, checksums) for e in updatable_engines(fleet)])
+    return ray.get([s.actor.check_weights.remote(action, checksums) for s in fleet.slots if s.state == "healthy"])

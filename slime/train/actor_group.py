@@ -11,14 +11,13 @@ import logging
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 
-from slime.fleet.placement import bundle_strategy
+from slime.fleet.placement import bundle_strategy, reserve
 from slime.train.worker import TrainWorker
 
 logger = logging.getLogger(__name__)
 
-PLACEMENT_TIMEOUT_S = 120.0
 INIT_TIMEOUT_S = 900.0  # model load on a busy 2-core box
 
 
@@ -36,12 +35,8 @@ class TrainGroup:
     def start(self) -> dict[str, Any]:
         cpus = float(getattr(self.args, "actor_num_cpus_per_worker", 1.0) or 1.0)
         try:
-            self.pg = placement_group([{"CPU": cpus}] * self.num_workers, strategy="PACK")
-            ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-            if not ready:
-                raise RuntimeError(f"could not reserve {self.num_workers} trainer bundle(s) of {cpus} CPU within "
-                                   f"{PLACEMENT_TIMEOUT_S:.0f}s; cluster resources: {ray.cluster_resources()} "
-                                   "(check --actor-num-workers / --actor-num-cpus-per-worker)")
+            self.pg = reserve([{"CPU": cpus}] * self.num_workers, name="slime-trainer", what="the trainer",
+                              flags="--actor-num-workers / --actor-num-cpus-per-worker")
             remote_cls = ray.remote(TrainWorker)
             self.workers = [remote_cls.options(num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank))
                             .remote(self.args, self.num_workers, rank) for rank in range(self.num_workers)]

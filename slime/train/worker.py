@@ -40,6 +40,7 @@ from slime.train.model import PolicyModel, pack
 logger = logging.getLogger(__name__)
 
 GROUP_NAME = "slime-pp_0"
+WEIGHT_GROUP_TIMEOUT_S = 30.0  # every collective of a push (gloo's default is 120 s): a lost member fails it soon
 
 
 class TrainWorker:
@@ -48,6 +49,7 @@ class TrainWorker:
         self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = None
         self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
         self._group_engines: list[Any] = []
+        self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
         self.global_step = 0
         threads = getattr(args, "train_threads", None) or max(
             1, (os.cpu_count() or 1) // max(1, int(getattr(args, "actor_num_workers", 1) or 1)))
@@ -243,7 +245,6 @@ class TrainWorker:
         if self.rank != 0:
             return None
         from slime.engine.weight_sync import paused, push_tensors, trainer_named_tensors
-        from slime.fleet.engine_actor import RemoteEngine
 
         t0 = time.monotonic()
         ray.get(manager.recover_updatable_engines.remote())
@@ -254,8 +255,9 @@ class TrainWorker:
             return {"engines": 0, "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}
         if not ray.get(lock.acquire.remote(600.0)):
             raise TimeoutError("update_weights: the engines' weight lock was not released within 600 s")
+        died: list[str] = []
         try:
-            remote = [RemoteEngine(e) for e in engines]
+            remote = self._remote_engines(engines)
             if mode == "disk":
                 path = self._save_hf(Path(self.args.save or os.environ.get("TMPDIR", "/tmp"))
                                      / f"weights_for_engines_{os.getpid()}")
@@ -266,13 +268,39 @@ class TrainWorker:
                         push_tensors(remote, named, weight_version=weight_version,
                                      bucket_bytes=int(self.args.update_weight_buffer_size))
                     else:
-                        self._connect(remote, engines, num_new)
+                        before = self.weight_group
+                        self._connect(remote, engines, num_new)  # deaths while forming the group count too
+                        seen = len(before.died) if before is self.weight_group else 0
                         self.weight_group.push(named, weight_version=weight_version,
                                                bucket_bytes=int(self.args.update_weight_buffer_size))
+                        died = [repr(e) for e, _ in self.weight_group.died[seen:]]
             ray.get(manager.clear_updatable_num_new_engines.remote())
         finally:
             ray.get(lock.release.remote())
-        return {"engines": len(engines), "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}
+        if died:  # the fleet replaces them; a replacement gets the weights at the next push (awaiting_weights)
+            logger.warning("weight version %s: %s died during the push; pushed to the %d surviving engine(s)",
+                           weight_version, ", ".join(died), len(engines) - len(died))
+        return {"engines": len(engines) - len(died), "engines_died": died, "bytes": nbytes,
+                "seconds": time.monotonic() - t0, "mode": mode}
+
+    def _remote_engines(self, engines: list[Any]) -> list[Any]:
+        """The engines as RemoteEngine, each with its exit notice and its name (asked once per engine
+        actor, while it is alive: a push that sees it die names it)."""
+        from slime.fleet.engine_actor import RemoteEngine
+        from slime.fleet.fleet import exit_notice
+
+        ids = [e._actor_id.hex() for e in engines]  # noqa: SLF001 - identity of the actor, not its handle
+        new = [(i, e) for i, e in zip(ids, engines) if i not in self._engine_notices]
+        urls = [e.url.remote() for _, e in new]
+        for (i, e), ref in zip(new, urls):
+            try:
+                label = f"engine at {ray.get(ref, timeout=60)}"
+            except Exception:  # noqa: BLE001 - dying already: the push names it by its actor
+                label = f"engine actor {i[:12]}"
+            self._engine_notices[i] = (exit_notice(e), label)
+        self._engine_notices = {i: self._engine_notices[i] for i in ids}
+        return [RemoteEngine(e, exited=self._engine_notices[i][0], label=self._engine_notices[i][1])
+                for i, e in zip(ids, engines)]
 
     def _connect(self, remote: list[Any], engines: list[Any], num_new: int) -> None:
         """(Re)form the gloo group with the engines when it is new or the engines changed."""
@@ -280,15 +308,16 @@ class TrainWorker:
 
         ids = [e._actor_id.hex() for e in engines]  # noqa: SLF001 - identity of the actor, not its handle
         # a push that lost step with the engines closed the group (not connected): form it again
-        if self.weight_group is not None and (ids != self._group_engines or num_new or not self.weight_group.connected):
+        if self.weight_group is not None and (ids != self._group_engines or num_new or not self.weight_group.connected
+                                              or len(self.weight_group.engines) != len(ids)):
             self.weight_group.close()
             self.weight_group = None
         if self.weight_group is None:
             host, _ = self.master_address()
             # "auto": the shared-memory ring when every engine is on this host, else gloo broadcasts
             transport = self.args.weight_sync_transport
-            group = WeightUpdateGroup(remote, group_name=GROUP_NAME, master_address=host, timeout=120.0,
-                                      transport=transport)
+            group = WeightUpdateGroup(remote, group_name=GROUP_NAME, master_address=host,
+                                      timeout=WEIGHT_GROUP_TIMEOUT_S, transport=transport)
             group.connect()
             self.weight_group, self._group_engines = group, ids
 

@@ -1,0 +1,88 @@
+"""An engine killed during a weight push, in slime-train's own pieces (issue 20, item 7): the rollout
+manager with two embedded engines, one trainer worker pushing by the distributed path (shared-memory
+ring), the tiny model. The push notices the death at once (the fleet's exit notice), finishes to the
+survivor, the fleet restarts the engine, the replacement waits in `awaiting_weights` and gets the
+weights at the next push (checksums), and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+
+from slime.cli.train import parse_train_args
+from slime.ray.session import start_manager, stop_manager
+from slime.train.actor_group import TrainGroup
+
+
+def _engine(manager, rank: int) -> dict:
+    import ray
+
+    return ray.get(manager.status.remote())["engines"][rank]
+
+
+def _wait_state(manager, rank: int, states: tuple[str, ...], timeout: float = 240.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (e := _engine(manager, rank))["state"] not in states:
+        assert time.monotonic() < deadline, f"engine {rank} never reached {states}: {e}"
+        time.sleep(0.1)
+    return e
+
+
+@pytest.fixture
+def parts(ray_cluster, tiny_model_dir, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = parse_train_args([
+        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+        str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
+        "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1",
+        "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "0.5", "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4", "--global-batch-size", "4",
+        "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
+        "--num-rollout", "2", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2",
+        "--update-weight-buffer-size", str(64 << 10)])  # many buckets: the death lands mid-push
+    manager = group = None
+    try:
+        manager, _ = start_manager(args)
+        group = TrainGroup(args)
+        group.start()
+        import ray
+
+        ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
+        yield manager, group
+    finally:
+        if group is not None:
+            group.shutdown()
+        stop_manager(manager)
+
+
+def test_engine_killed_mid_push_the_run_goes_on(parts):
+    import ray
+
+    manager, group = parts
+    group.update_weights(manager, "0", "distributed")
+    group.train(0, ray.get(manager.generate.remote(0)))
+    old_url = _engine(manager, 1)["url"]
+    ray.get(manager.kill_engine_during_push.remote(1, 4))  # SIGKILL at the 4th bucket of the next push
+    out = group.update_weights(manager, "1", "distributed")
+    assert out["engines_died"] == [f"engine at {old_url}"] and out["engines"] == 1
+    trained = group.weight_checksums()
+    survivor = _engine(manager, 0)["url"]
+    check = requests.post(f"{survivor}/weights_checker", json={"action": "compare", "checksums": trained},
+                          timeout=60).json()
+    assert check["equal"], check["message"]
+
+    # the fleet restarts it; with the disk weights it waits for the trainer's next push
+    replaced = _wait_state(manager, 1, ("awaiting_weights",))
+    assert replaced["url"] != old_url and replaced["restarts"] == 1
+    out = group.update_weights(manager, "1", "distributed")
+    assert out["engines"] == 2 and out["engines_died"] == []
+    assert _wait_state(manager, 1, ("healthy",))["url"] == replaced["url"]
+    checks = ray.get(manager.check_weights.remote("compare", trained))
+    assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
+    boxes = ray.get(manager.generate.remote(1))  # the run goes on, on both engines
+    versions = {v for box in boxes for vs in ray.get(box.inner)["weight_versions"] for v in vs}
+    assert versions == {"1"}

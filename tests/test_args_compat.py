@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from slime.cli.args import ArgError, build_parser, finalize_args, parse_args
-from slime.cli.eval_config import EvalDatasetConfig
+from slime.utils.eval_config import EvalDatasetConfig
 from slime.rollout.data_source import DataError, build_prompt_samples, parse_path_slice
 
 ROOT = Path(__file__).resolve().parents[1]

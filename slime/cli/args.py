@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from slime.cli.eval_config import EvalConfigError, resolve_eval_datasets
+from slime.utils.eval_config import EvalConfigError, resolve_eval_datasets
 from slime.cli.upstream_flags import Alias, add_upstream_flags, apply_aliases
 from slime.rollout.data_source import parse_path_slice
 

@@ -63,6 +63,12 @@ def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key
         samples, _ = build_prompt_samples(structural, path, input_key, label_key, None)
     except DataError as e:
         raise PreflightError(f"{flag}: {e}") from None
+    if args.apply_chat_template:
+        for k, s in enumerate(samples):
+            if not isinstance(s.prompt, (str, list)):
+                raise PreflightError(f"{flag}: {path}: prompt #{k} (key {input_key!r}) is {type(s.prompt).__name__}; "
+                                     "--apply-chat-template needs a string or a message list (without it a "
+                                     "non-string prompt goes to the generate function as it is)")
     return len(samples)
 
 

@@ -39,9 +39,11 @@ def group_samples(samples: Iterable[Any]) -> list[list[Sample]]:
 
 
 def reward_value(args: Any, sample: Sample) -> float:
-    """Scalar reward; a malformed dict reward counts as NaN instead of killing the logger."""
+    """Scalar reward; anything that is not a number (a raw dict reward, a missing key) counts as NaN
+    instead of killing the logger."""
     try:
-        return sample.get_reward_value(args)
+        value = sample.get_reward_value(args)
+        return float("nan") if isinstance(value, (str, bytes)) else float(value)
     except (KeyError, TypeError, ValueError):
         return float("nan")
 

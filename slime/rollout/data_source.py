@@ -151,9 +151,10 @@ def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key:
                     raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
                 prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True,
                                                        **template_kwargs)
-        elif not isinstance(prompt, str):
-            raise DataError(f"{_line(path, i)}: key {input_key!r} must be a string or a message list, "
-                            f"got {type(prompt).__name__}")
+        elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
+            raise DataError(f"{_line(path, i)}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template "
+                            "needs a string or a message list")
+        # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
         sample = Sample(prompt=prompt, label=label, metadata=metadata)
         if tokenizer is not None and isinstance(prompt, str):
             sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -171,10 +172,11 @@ def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key:
     return samples, filtered
 
 
-def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_groups: int) -> list[list[Sample]]:
-    """slime's default buffer filter: the oldest groups first, removed from the buffer."""
-    taken = buffer[:num_groups]
-    del buffer[:num_groups]
+def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
+    """slime's default buffer filter: the oldest `num_samples` groups (slime's name for the count of
+    groups), removed from the buffer."""
+    taken = buffer[:num_samples]
+    del buffer[:num_samples]
     return taken
 
 
@@ -297,5 +299,19 @@ class DataSource:
         return rollout_id
 
 
-# slime's class names (`--data-source-path` defaults to the second): the same class here
-RolloutDataSource = RolloutDataSourceWithBuffer = DataSource
+class RolloutDataSourceWithBuffer(DataSource):
+    """slime's class (`--data-source-path` defaults to it), built slime's way as `cls(args)`: the
+    prompts of `--prompt-data` (untokenised) with `rollout_global_dataset`, else only its buffer.
+    The controller builds the default one through `DataSource.from_args` (with the tokenizer)."""
+
+    def __init__(self, args: Any, prompts: list[Sample] | None = None, n_samples_per_prompt: int | None = None,
+                 shuffle: bool | None = None, filtered: int = 0):
+        if prompts is None:
+            prompts = []
+            if getattr(args, "rollout_global_dataset", True) and getattr(args, "prompt_data", None):
+                prompts, filtered = build_prompt_samples(args, args.prompt_data, args.input_key, args.label_key, None)
+        super().__init__(args, prompts, n_samples_per_prompt or args.n_samples_per_prompt,
+                         bool(getattr(args, "rollout_shuffle", False) if shuffle is None else shuffle), filtered)
+
+
+RolloutDataSource = RolloutDataSourceWithBuffer  # slime's other name

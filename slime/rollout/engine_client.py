@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,11 @@ from typing import Any
 from slime.fleet import sglang_payloads as payloads
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints, rollout_num_engines
-from slime.utils.http_retry import HttpClient, HttpStats, RetryPolicy, request_json
+from slime.utils.http_retry import HttpClient, HttpError, HttpStats, RetryPolicy, request_json
 from slime.utils.per_loop import PerLoop
 from slime.utils.processing_utils import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 # seconds a failing request keeps being retried: a router restart (~1 s), an engine restart
 # (model load), or a frozen engine the router marked unhealthy for a while (--request-retry-window)
@@ -149,10 +152,25 @@ class EngineClient:
         task.add_done_callback(self._background.discard)
         return {**payload, "rid": self.new_rid()}
 
+    async def engine_urls(self) -> list[str]:
+        """Where aborts go (the router does not proxy them): the fleet's engines; with no fleet bound
+        (a plugin driving rollouts against --sglang-router-ip/--sglang-router-port), the router's
+        workers, asked each time (`GET /workers`, as slime does)."""
+        if self.endpoints.engine_urls or not self.endpoints.router_url:
+            return list(self.endpoints.engine_urls)
+        try:
+            body = await self.http.get(f"{self.router_url}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
+                                       stats=self.stats)
+        except HttpError as e:
+            logger.warning("abort: cannot list the router's workers (%s); nothing aborted", e)
+            return []
+        workers = body.get("workers", []) if isinstance(body, dict) else body
+        return [w["url"] for w in workers or [] if isinstance(w, dict) and w.get("url")]
+
     async def _abort_rid(self, rid: str) -> None:
         once = RetryPolicy(max_retries=0)
         await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(rid=rid), timeout=10, policy=once)
-                               for u in self.endpoints.engine_urls), return_exceptions=True)
+                               for u in await self.engine_urls()), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
                        url: str | None = None) -> EngineOutput:
@@ -175,7 +193,7 @@ class EngineClient:
         once = RetryPolicy(max_retries=0)
         await asyncio.gather(*(self.http.post(f"{u}/abort_request", payloads.abort_request(abort_all=True), timeout=10,
                                               policy=once)
-                               for u in self.endpoints.engine_urls), return_exceptions=True)
+                               for u in await self.engine_urls()), return_exceptions=True)
 
     async def abort_until_settled(self, tasks: "set[asyncio.Future] | list[asyncio.Future]",
                                   timeout: float | None) -> tuple[set, set]:

@@ -291,7 +291,8 @@ class WeightUpdates:
         held = []
         for w in self.workers():
             run(w.settled())
-            held += [e.result for e in list(w.completed) + list(getattr(w, "suspended", [])) if e.result]
+            held += [group for _, group in w.output_queue.items()]
+            held += [e.result for e in getattr(w, "suspended", []) if e.result]
         return held
 
     def stop(self) -> None:

@@ -280,7 +280,7 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
     assert out2.metrics["rollout/stale_dropped_groups"] == 2
     assert out2.metrics["rollout/fully_async_continued_groups"] == 2
     continued = [g for g in out2.samples if g[0].weight_versions[0] == "0"] + \
-        [e.result for e in worker.completed if e.result[0].weight_versions[0] == "0"]
+        [group for _, group in worker.output_queue.items() if group[0].weight_versions[0] == "0"]
     assert len(continued) == 2
     assert all(s.weight_versions == ["0", "1"] and s.status == Sample.Status.COMPLETED and s.tokens[-3:] == ANSWER
                for g in continued for s in g)

@@ -224,7 +224,8 @@ class RolloutController:
         summary = {}
         for name, d in data.items():
             rewards, truncated = d.get("rewards", []), d.get("truncated", [])
-            summary[name] = {"samples": len(rewards), "mean_reward": sum(rewards) / max(1, len(rewards)),
+            numbers = [float(r) for r in rewards if number_problem(r) is None]  # raw dicts: not averaged
+            summary[name] = {"samples": len(rewards), "mean_reward": sum(numbers) / max(1, len(numbers)),
                              "truncated_ratio": sum(map(bool, truncated)) / max(1, len(truncated))}
         return summary
 

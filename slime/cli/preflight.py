@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.data_source import DataError, DataSource, build_prompt_samples, parse_path_slice
+from slime.rollout.data_source import (DataError, DataSource, RolloutDataSourceWithBuffer, build_prompt_samples,
+                                      parse_path_slice)
 from slime.utils.misc import load_function
 
 PLUGIN_FLAGS = ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
@@ -79,7 +80,7 @@ def check_data(args: Any) -> None:
                              "--num-rollout 0 runs the evals alone)")
     if args.prompt_data and not args.load_debug_rollout_data:
         path = getattr(args, "data_source_path", None)
-        if path and load_function(path, "--data-source-path") is not DataSource:
+        if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
             p = Path(parse_path_slice(args.prompt_data)[0])
             if p.is_file() and p.suffix != ".parquet":
                 check_utf8(p, "--prompt-data")  # a custom data source reads it its own way

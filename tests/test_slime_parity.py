@@ -14,6 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slime.cli.args import build_parser, parse_args
 from slime.cli.honest_flags import ACTED_ON, unused_flags, unused_flags_line
@@ -47,6 +49,18 @@ def test_samples_without_group_index_are_normalised_by_position_in_groups_of_n()
     half = 0.5 / (0.5 ** 0.5 + 1e-6)  # (1 - 0.5) / (sample std 0.7071 + eps)
     assert batch["rewards"] == pytest.approx([half, -half, 0.0, 0.0], abs=1e-9)
     assert batch["raw_reward"] == [1.0, 0.0, 1.0, 1.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 4), rewards=st.lists(st.integers(-3, 3), min_size=1, max_size=12))
+def test_by_position_is_per_group_when_the_groups_are_consecutive_and_whole(n, rewards):
+    rewards = rewards[:len(rewards) - len(rewards) % n] or [0] * n
+    without = [sample(i, float(r)) for i, r in enumerate(rewards)]
+    with_index = [sample(i, float(r), group=i // n) for i, r in enumerate(rewards)]
+    args = grpo_args(n_samples_per_prompt=n)
+    assert normalization_groups(args, without) == normalization_groups(args, with_index)
+    assert convert_samples_to_train_data(args, without)["rewards"] == \
+        convert_samples_to_train_data(args, with_index)["rewards"]
 
 
 def test_group_index_decides_the_groups_whatever_their_sizes():

@@ -4,7 +4,9 @@ A zero-latency engine stub (same HTTP protocol) sits behind the real sglang-rout
 samples/s of (a) a raw aiohttp client posting the same requests to the router with the same
 concurrency, and (b) slime's full rollout path: data source -> default rollout function
 (the engine client: concurrency bound, deadlines, retries; statuses, rewards) -> training batch.
-Rounds alternate (raw, slime, raw, slime, ...) and the median of each is reported.
+Rounds alternate (raw, slime, raw, slime, ...) and the median of each is reported. The headline is CPU
+per sample against the raw client's (target <= 2x): CPU time is the cost itself, while the wall-clock ratio
+(kept beside it, target >= 0.75x) also measures how the other processes on the box shared the cores.
 
 slime's path runs in a worker process per source tree, so `--before-tree DIR` measures another
 tree (e.g. `git archive 7390f02 | tar -x -C /tmp/before`, or a copy of this one with a change
@@ -37,6 +39,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPT = list(range(1000, 1032))
 N_PER_PROMPT = 8
+# Targets, the same in the README: the full path (data source, sample objects, rewards, retries, training
+# batch) may spend at most twice the CPU of a bare HTTP client per sample, and keep 0.75x of its wall-clock rate.
+CPU_TARGET = 2.0
+WALL_TARGET = 0.75
 
 
 def timed(fn):
@@ -178,18 +184,19 @@ def main() -> None:
             for name, w in workers.items():
                 rounds[name].append(w.run())
         r, r_cpu = (statistics.median(x) for x in zip(*raw))
-        print(f"samples={n} concurrency={a.concurrency} rounds={a.rounds}")
-        print(f"raw aiohttp -> router -> stub : {r:8.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})"
-              f"; CPU {r_cpu:.3f} ms/sample")
+        print(f"samples={n} concurrency={a.concurrency} rounds={a.rounds}; headline: CPU per sample against the raw "
+              f"client's (wall clock swings with the other load on the box, CPU time does not)")
+        print(f"raw aiohttp -> router -> stub : CPU {r_cpu:.3f} ms/sample; {r:8.0f} samples/s  "
+              f"(rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})")
         for name, xs in rounds.items():
             o, o_cpu = (statistics.median(x) for x in zip(*xs))
             overhead_ms = (1 / o - 1 / r) * 1000  # negative: slime was faster in this run (noise)
-            print(f"{name:<29}: {o:8.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x, _ in xs)})")
-            print(f"  ratio to raw               : {o / r:8.2f}x   (target >= 0.75x)")
-            print(f"  orchestration per sample   : {overhead_ms:8.3f} ms  (1/slime - 1/raw, negative = within "
+            print(f"{name:<29}: CPU {o_cpu:.3f} ms/sample  (rounds: {', '.join(f'{c:.3f}' for _, c in xs)})")
+            print(f"  CPU per sample vs raw      : {o_cpu / r_cpu:8.2f}x   (target <= {CPU_TARGET:g}x)")
+            print(f"  wall clock                 : {o:8.0f} samples/s = {o / r:.2f}x raw (target >= {WALL_TARGET:g}x; "
+                  f"rounds: {', '.join(f'{x:.0f}' for x, _ in xs)})")
+            print(f"  orchestration per sample   : {overhead_ms:8.3f} ms wall  (1/slime - 1/raw, negative = within "
                   "run-to-run noise)")
-            print(f"  CPU per sample             : {o_cpu:8.3f} ms  (raw client {r_cpu:.3f}; rounds: "
-                  f"{', '.join(f'{c:.3f}' for _, c in xs)})")
     finally:
         for w in workers.values():
             w.stop()

@@ -1,5 +1,11 @@
-"""Sandbox throughput: `print(1)` runs through `slime-sandbox` vs bare `python3 -c 'print(1)'` spawns,
-side by side in one run (interleaved rounds, same concurrency, same interpreter).
+"""Sandbox throughput: `print(1)` runs through `slime-sandbox` vs a warm fork of the same interpreter
+running the same `print(1)` without isolation (the fair baseline, the headline) and vs bare
+`python3 -c 'print(1)'` spawns, side by side in one run (interleaved rounds, same concurrency).
+
+The warm fork is what the sandbox does minus the sandbox: an interpreter with the same modules
+loaded forks, the child compiles and runs the script with its stdout on a pipe, the parent reads it
+and reaps the child. So sandbox/warm-fork is the price of isolation, limits and HTTP; sandbox/bare
+spawns mostly measures the interpreter start-up the sandbox skips (and grows with load).
 
     python -m bench.bench_sandbox [--concurrency 8] [--seconds 4] [--rounds 3] [--compare-tree DIR]
                                   [--cpu-priority]
@@ -80,13 +86,58 @@ print(n, time.monotonic() - t0)
 """
 
 
+_WARM_FORKER = """
+import os, sys, time
+for m in sys.argv[2].split(","):
+    __import__(m)
+seconds = float(sys.argv[1])
+n, stop = 0, time.monotonic() + seconds
+t0 = time.monotonic()
+while time.monotonic() < stop:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1)
+        os.close(r)
+        os.close(w)
+        exec(compile("print(1)", "main.py", "exec"), {"__name__": "__main__"})
+        sys.stdout.flush()
+        os._exit(0)
+    os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 64)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    _, st = os.waitpid(pid, 0)
+    assert out == b"1\\n" and st == 0
+    n += 1
+sys.stdout.flush()
+os.write(1, b"%d %f\\n" % (n, time.monotonic() - t0))
+"""
+
+
+def _warm_fork_rate(python: str, conc: int, seconds: float) -> float:
+    """The fair baseline at the same concurrency: `conc` warm interpreters (the sandbox's preloaded
+    modules), each forking a child that runs `print(1)` into a pipe, in a loop; no isolation, no
+    limits, no HTTP."""
+    from slime.sandbox.runner import PRELOAD
+
+    return _rate_of([python, "-c", _WARM_FORKER, str(seconds), ",".join(PRELOAD)], conc)
+
+
 def _spawn_rate(python: str, conc: int, seconds: float) -> float:
     """Bare spawns at the same concurrency: `conc` independent small processes, each spawning
     `python -c 'print(1)'` and reading its output in a loop (no shared event loop in the way)."""
+    return _rate_of([sys.executable, "-c", _SPAWNER, python, str(seconds)], conc)
+
+
+def _rate_of(argv: list[str], conc: int) -> float:
     import subprocess
 
-    procs = [subprocess.Popen([sys.executable, "-c", _SPAWNER, python, str(seconds)], stdout=subprocess.PIPE,
-                              text=True) for _ in range(conc)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(conc)]
     total, longest = 0, 0.0
     for p in procs:
         n, el = p.communicate()[0].split()
@@ -129,7 +180,7 @@ def _start_server(tree: str | None, slots: int, queue: int, isolated: bool, uid_
     os.chdir(tree or here)  # (`python -m` puts the working directory first on sys.path: `tree`'s slime)
     try:
         return start_local_sandbox(max_concurrency=slots, max_queue=queue, allow_no_isolation=not isolated,
-                                   extra_args=["--uid-base", str(uid_base)])
+                                   extra_args=["--uid-base", str(uid_base)] if uid_base else [])
     finally:
         os.chdir(here)
 
@@ -196,8 +247,8 @@ def _bench(a) -> None:
     python = _find_python() or "python3"
     isolated = os.geteuid() == 0
     slots = a.slots or a.concurrency
-    url, handle = _start_server(None, slots, 4 * a.concurrency, isolated, 61000)
-    other = _start_server(a.compare_tree, slots, 4 * a.concurrency, isolated, 61000 + slots) \
+    url, handle = _start_server(None, slots, 4 * a.concurrency, isolated, None)  # (its own uid range)
+    other = _start_server(a.compare_tree, slots, 4 * a.concurrency, isolated, 64000) \
         if a.compare_tree else None
     try:
         import requests
@@ -206,8 +257,9 @@ def _bench(a) -> None:
         asyncio.run(_sandbox_rate(url, a.concurrency, 0.5))  # warm-up
         if other:
             asyncio.run(_sandbox_rate(other[0], a.concurrency, 0.5))
-        sb, bare, bare1, sb_other = [], [], [], []
+        sb, bare, bare1, sb_other, warm = [], [], [], [], []
         for _ in range(a.rounds):
+            warm.append(_warm_fork_rate(python, a.concurrency, a.seconds))
             bare.append(_spawn_rate(python, a.concurrency, a.seconds))
             sb.append(asyncio.run(_sandbox_rate(url, a.concurrency, a.seconds)))
             if other:
@@ -217,7 +269,7 @@ def _bench(a) -> None:
         handle.stop()
         if other:
             other[1].stop()
-    ms, mb, mb1 = statistics.median(sb), statistics.median(bare), statistics.median(bare1)
+    ms, mb, mb1, mw = statistics.median(sb), statistics.median(bare), statistics.median(bare1), statistics.median(warm)
     load = os.getloadavg()[0]
     print(f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
           f"interpreter={python} isolation={health['isolation']} cgroups={health['cgroups']} "
@@ -225,6 +277,8 @@ def _bench(a) -> None:
           f"load-avg-1min-at-end={load:.1f} cpu-priority={bool(a.cpu_priority)}")
     print("| path | runs/s (median) | rounds |")
     print("|---|---:|---|")
+    print(f"| warm fork of `{os.path.basename(python)}` running `print(1)`, no isolation, {a.concurrency} forkers | "
+          f"{mw:.0f} | {', '.join(f'{x:.0f}' for x in warm)} |")
     print(f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns, {a.concurrency} spawner processes | {mb:.0f} | "
           f"{', '.join(f'{x:.0f}' for x in bare)} |")
     print(f"| same spawns from one asyncio process | {mb1:.0f} | {', '.join(f'{x:.0f}' for x in bare1)} |")
@@ -234,6 +288,7 @@ def _bench(a) -> None:
         rounds = ", ".join(f"{x:.0f}" for x in sb_other)
         print(f"| slime-sandbox `print(1)` of {a.compare_tree} | {mo:.0f} | {rounds} |")
         print(f"ratio {a.compare_tree}/bare spawns: {mo / mb:.2f}x")
+    print(f"ratio sandbox/warm fork (fair baseline: the price of isolation, limits and HTTP): {ms / mw:.2f}x")
     print(f"ratio sandbox/bare spawns: {ms / mb:.2f}x (target >= 3x); vs spawns from one process: {ms / mb1:.2f}x")
 
 

@@ -24,6 +24,8 @@ BENCHMARKS = [
     ("Sandbox throughput", ["-m", "bench.bench_sandbox"]),
     ("Weight sync", ["-m", "bench.bench_weight_sync"]),
     ("Asynchronous rollout", ["-m", "bench.bench_async_rollout"]),
+    ("Scale: 1 to 256 engines", ["-m", "bench.bench_scale"]),
+    ("Prompt data loading", ["-m", "bench.bench_data_loading"]),
 ]
 
 

@@ -168,7 +168,8 @@ def test_hostile_code_suite(sandbox):
         assert results[k]["run_result"]["execution_time"] < 10, results[k]
     assert results["fork_bomb_py"]["run_result"]["status"] == "TimeLimitExceeded"
     mem = results["memory_bomb"]
-    assert mem["status"] == "Failed" and "MemoryError" in mem["run_result"]["stderr"], mem
+    assert mem["status"] == "Failed" and mem["run_result"]["return_code"] == -9, mem  # (the cgroup's OOM kill)
+    assert "memory limit exceeded (256 MB" in mem["message"], mem
     for k in ("network", "network_loopback"):
         assert "CONNECTED" not in results[k]["run_result"]["stdout"] and results[k]["status"] == "Failed", results[k]
     big = results["huge_output"]["run_result"]

@@ -38,9 +38,12 @@ def test_v2_layout_and_values(tmp_path):
                             "work.slice/cgroup.subtree_control": "+memory +pids +cpu",
                             f"{base}/cgroup.subtree_control": "+memory +pids +cpu", f"{base}/cpu.weight": "200",
                             **slot}
-    d = root / base / "slot-1"
-    assert cg.slots[1].procs == [str(d / "cgroup.procs")] and cg.slots[1].limits == [str(d / "memory.max")]
-    assert cg.slots[1].oom == [str(d / "memory.events")] and cg.slots[1].usage == [str(d / "memory.current")]
+    d = root / base / "slot-1"  # the fork server joins the slot, then `sup`; programs join `run`
+    assert cg.slots[1].procs == [str(d / "cgroup.procs")] and cg.slots[1].sup_procs == [str(d / "sup/cgroup.procs")]
+    assert cg.slots[1].enable == [(str(d / "cgroup.subtree_control"), "+memory")]
+    assert cg.slots[1].run_procs == [str(d / "run/cgroup.procs")] and cg.slots[1].limits == [str(d / "run/memory.max")]
+    assert cg.slots[1].oom == [str(d / "run/memory.events")] and cg.slots[1].usage == [str(d / "run/memory.current")]
+    assert cg.slots[1].dirs == [str(d / "run"), str(d / "sup"), str(d)]
 
 
 def test_v2_without_the_cpu_controller_says_so(tmp_path):
@@ -82,15 +85,19 @@ def test_hybrid_host_without_v2_memory_falls_back_to_v1(tmp_path):
     assert (cg.kind, cg.missing) == ("v1", ["cpu"])
     slot = f"sandbox/{PREFIX}{os.getpid()}/slot-0"
     assert _files(pids) == {f"{slot}/pids.max": "12"}
-    assert cg.slots[0].limits == [str(mem / slot / "memory.limit_in_bytes")]
-    assert cg.slots[0].oom == [str(mem / slot / "memory.oom_control")]
+    # (v1: only the memory hierarchy has the run apart; the fork server stays in the slot in all of them)
+    assert cg.slots[0].procs == [str(mem / slot / "cgroup.procs"), str(pids / slot / "cgroup.procs")]
+    assert cg.slots[0].run_procs == [str(mem / slot / "run/cgroup.procs")] and not cg.slots[0].sup_procs
+    assert cg.slots[0].limits == [str(mem / slot / "run/memory.limit_in_bytes")]
+    assert cg.slots[0].oom == [str(mem / slot / "run/memory.oom_control")]
 
 
-def _init_with(limit_files, oom_files):
+def _init_with(limit_files, oom_files, usage_files=()):
     from slime.sandbox.run_init import RunInit
 
-    slot = SimpleNamespace(isolate=False, cg_limit_fds=[os.open(p, os.O_WRONLY) for p in limit_files],
-                           cg_oom_fds=[os.open(p, os.O_RDONLY) for p in oom_files])
+    slot = SimpleNamespace(isolate=False, cg_limit_fds=[os.open(p, os.O_RDWR) for p in limit_files],
+                           cg_oom_fds=[os.open(p, os.O_RDONLY) for p in oom_files],
+                           cg_usage_fds=[os.open(p, os.O_RDONLY) for p in usage_files])
     return RunInit(slot, ctl=None, forker=None), slot
 
 
@@ -114,7 +121,40 @@ def test_the_init_writes_each_steps_memory_limit_and_reads_oom_kills(tmp_path, v
         oom.write_text(oom_text.format(5))  # (the kernel's count goes up: read again from the start)
         assert init._oom_kills() == 5
     finally:
-        for fd in slot.cg_limit_fds + slot.cg_oom_fds:
+        for fd in slot.cg_limit_fds + slot.cg_oom_fds + slot.cg_usage_fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("freed_by_the_dropper", [True, False])
+def test_a_lower_limit_is_verified_retried_after_the_drop_and_never_cached_unapplied(tmp_path, freed_by_the_dropper):
+    """Item 2 of issue 21: the limit is written, read back, retried once the previous runs'
+    namespaces are gone, and only a limit that holds is remembered; else the run does not start."""
+    from slime.sandbox.run_init import LimitNotApplied
+
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text("max")  # (a file: a shorter value written at 0 must not leave a tail behind)
+    usage.write_text(str(300 << 20))  # the previous run's tmpfs, still charged
+    init, slot = _init_with([limit], [], [usage])
+    init.mem_limit = 4096 << 20
+    dropped = []
+
+    class Dropper:
+        def wait_idle(self):
+            dropped.append(True)
+            if freed_by_the_dropper:
+                usage.write_text(str(1 << 20))
+
+    init.drop_queue = Dropper()
+    try:
+        if freed_by_the_dropper:
+            init._set_memory(32 << 20)
+            assert (limit.read_text(), init.mem_limit, dropped) == (str(32 << 20), 32 << 20, [True])
+        else:
+            with pytest.raises(LimitNotApplied, match=r"memory limit of 32 MB could not be applied \(300 MB still in use"):
+                init._set_memory(32 << 20)
+            assert init.mem_limit is None and dropped == [True]  # (the next run tries again)
+    finally:
+        for fd in slot.cg_limit_fds + slot.cg_usage_fds:
             os.close(fd)
 
 

@@ -132,8 +132,9 @@ def test_host_data_invisible(url):
             " if os.path.exists(p)])\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print(libc.unshare(0x10000000), ctypes.get_errno())\nprint(os.path.exists('/proc/1/cmdline'))")
     out = run(url, code)["run_result"]["stdout"].splitlines()
-    assert out[0] == str(sorted(["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr"])) or \
-        set(eval(out[0])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+    assert out[0] == str(sorted(["bin", "dev", "etc", "lib", "lib64", "mnt", "proc", "sbin", "tmp", "usr"])) or \
+        set(eval(out[0])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "mnt", "proc", "sbin", "tmp",
+                              "usr"}
     assert set(eval(out[1])) <= {"passwd", "group", "hosts", "hostname", "nsswitch.conf", "localtime",
                                  "ld.so.cache", "alternatives"}
     assert out[2] == "[]" and out[3] == "-1 1" and out[4] == "False", out  # EPERM; the init is hidden

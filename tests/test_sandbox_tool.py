@@ -89,6 +89,7 @@ async def test_unreachable_sandbox_is_a_clear_error_and_releases_permits():
     tool = make("http://127.0.0.1:9", max_retries=2, retry_base_delay=0.01)
     text, m = await ex(tool, {"code": "print(1)"})
     assert text.startswith("Sandbox error: the sandbox failed after 3 attempt(s)") and "connection" in text
+    assert text.endswith("; the code was not run.")  # (refused: nothing reached the sandbox)
     assert m["status"] == "sandbox_unreachable" and m["retries"] == 2
     lim = next(iter(tool._local.values()))
     assert lim.inflight == 0 and lim.n_waiting == 0
@@ -157,6 +158,7 @@ async def test_5xx_retried_within_budget_then_clear_error():
         tool = make(url, max_retries=2, retry_base_delay=0.001)
         text, m = await ex(tool, {"code": "print(1)"})
         assert len(fake.calls) == 3 and "HTTP 503" in text and text.startswith("Sandbox error")
+        assert text.endswith("; the code may have run.")  # (a 5xx: the sandbox got the request)
         fake.n500 = 1
         text, m = await ex(tool, {"code": "print(1)"})
         assert text == "ran python\n" and m["retries"] == 1
@@ -238,3 +240,17 @@ def test_yaml_config_builds_the_tool():
             kill_rate_limiter("tool:code_interpreter")
 
 
+
+
+def test_a_sandbox_error_says_whether_the_code_ran():
+    """Issue 21: "the code was not run" only when the sandbox says so; ours says which, others may not."""
+    tool = make("http://127.0.0.1:9")
+
+    def fmt(message):
+        return tool._format({"status": "SandboxError", "message": message}, 1.0, {})
+
+    assert fmt("the sandbox server stopped this run; the code may have run") == \
+        "Sandbox error: the sandbox server stopped this run; the code may have run."
+    assert fmt("the memory limit of 32 MB could not be applied (busy); the code was not run") == \
+        "Sandbox error: the memory limit of 32 MB could not be applied (busy); the code was not run."
+    assert fmt("internal error") == "Sandbox error: internal error; the code may not have run."

@@ -97,8 +97,8 @@ def test_a_chat_template_over_a_non_string_prompt_is_an_error_naming_the_key_and
         build_prompt_samples(SimpleNamespace(apply_chat_template=True), index_prompts, "index", "label", None)
     args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(index_prompts), "--input-key", "index",
                        "--apply-chat-template"])
-    with pytest.raises(PreflightError, match=r"--prompt-data: .*prompt #0 \(key 'index'\) is int"):
-        check_prompt_file(args, "--prompt-data", str(index_prompts), "index", "label")
+    with pytest.raises(PreflightError, match=r"--prompt-data: .*tau.jsonl:1: key 'index' is int; --apply-chat"):
+        check_prompt_file(args, "--prompt-data", str(index_prompts), "index", "label", tokenizer=object())
 
 
 def test_the_default_generate_refuses_a_non_string_prompt_naming_the_flag():

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from slime.utils.eval_config import EvalConfigError, resolve_eval_datasets
 from slime.cli.honest_flags import unused_flags_line
 from slime.cli.upstream_flags import Alias, add_upstream_flags, apply_aliases
+from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.rollout.data_source import parse_path_slice
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--sglang-router-port", type=int, default=None)
     g.add_argument("--router-policy", default="round_robin",
                    choices=["round_robin", "cache_aware", "power_of_two", "random", "consistent_hashing"])
-    g.add_argument("--router-health-check-interval", type=int, default=1, help="seconds")
+    g.add_argument("--router-health-check-interval", type=int, default=DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
+                   help="seconds between the router's health checks of each engine (a dead engine is taken out "
+                        "at once by the fleet's own supervision; this catches a stuck one)")
     g.add_argument("--router-prometheus-port", type=int, default=None, help="default: a free port")
 
     g = p.add_argument_group("data")
@@ -296,12 +299,10 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 
 
 def _count_rows(path: str) -> int:
-    """Rows of a prompt file (after its @[start:end] slice), for --num-epoch."""
-    from slime.rollout.data_source import read_rows
+    """Rows of a prompt file (after its @[start:end] slice), for --num-epoch; counted, not read."""
+    from slime.rollout.prompt_index import count_rows
 
-    file_path, row_slice = parse_path_slice(path)
-    n = len(read_rows(file_path))
-    return len(range(n)[row_slice]) if row_slice is not None else n
+    return count_rows(path)
 
 
 def finalize_args(args: argparse.Namespace) -> argparse.Namespace:

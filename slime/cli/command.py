@@ -9,6 +9,7 @@ real command line nothing the command started outlives it (`lifeline`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -18,6 +19,7 @@ from slime.cli import lifeline
 from slime.cli.args import ArgError
 from slime.cli.errors import describe
 from slime.cli.preflight import PreflightError, preflight
+from slime.train.save_dir import SaveDirError, SaveDirLock
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
@@ -38,13 +40,20 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _announce_resume(args: Any, resumed_after: int | None) -> None:
-    if resumed_after is None:
+def _announce_resume(args: Any, resolved: dict[str, Any]) -> None:
+    """One line saying what `--load` will really do (preflight resolved it)."""
+    if resolved.get("resumed_after") is None:
         return
     left = "" if args.start_rollout_id < args.num_rollout else \
         f" (nothing left to do: --num-rollout {args.num_rollout})"
-    print(f"--load {args.load}: resuming after rollout {resumed_after}, at rollout {args.start_rollout_id}{left}",
-          flush=True)
+    message = resolved.get("resume_message") or \
+        f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout {args.start_rollout_id}"
+    print(message + left, flush=True)
+
+
+def _save_dir_lock(args: Any) -> Any:
+    """The `--save` directory's lock, held while the command runs (a second run is refused)."""
+    return SaveDirLock(args.save) if getattr(args, "save", None) else contextlib.nullcontext()
 
 
 def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],
@@ -68,10 +77,11 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
         return 2
     stop_on_sigterm()
     try:
-        _announce_resume(args, preflight(args)["resumed_after"])
+        _announce_resume(args, preflight(args))
         mark(f"{prog}: inputs checked")
-        body(args)
-    except PreflightError as e:
+        with _save_dir_lock(args):
+            body(args)
+    except (PreflightError, SaveDirError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     except Terminated:

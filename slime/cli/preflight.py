@@ -4,9 +4,10 @@ Why: an input error found inside the RolloutManager actor arrives 20-30 s later,
 the engines started, under a generic actor-died headline with the useful line buried at the end
 of a Ray traceback. Here each input is read through once with the loader that will use it
 later (plugins, prompt and eval data with their encoding, tool YAML, debug rollout files,
-`--load` state) and the first problem is raised as `PreflightError`, whose message starts with
-the flag and names the file and line. It also resolves where a `--load` run resumes: slime's
-rule, the saved rollout id + 1.
+`--load` checkpoint and state, `--save` room) and the first problem is raised as `PreflightError`,
+whose message starts with the flag and names the file and line. It also resolves where a `--load`
+run resumes: slime's rule, the saved rollout id + 1 (slime-train: of its newest complete model
+checkpoint, whose data state comes with it).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.data_source import (DataError, DataSource, RolloutDataSourceWithBuffer, build_prompt_samples,
-                                      parse_path_slice)
+from slime.rollout.data_source import DataError, DataSource, RolloutDataSourceWithBuffer, parse_path_slice
+from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
+                                    data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
+from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
 from slime.utils.misc import load_function
 
 PLUGIN_FLAGS = ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
@@ -47,30 +50,47 @@ def check_utf8(path: Path, flag: str) -> None:
                                      f"column {e.start + 1}); the data must be UTF-8 JSONL or parquet") from None
 
 
-def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key: str | None) -> int:
-    """Encoding and structure (every row has the keys, the right types, valid tools); returns the rows
-    used. Structure only: templating and length filtering need the tokenizer, which the engines' side
-    loads anyway."""
+def prompt_tokenizer(args: Any) -> Any:
+    """The tokenizer the manager templates with, when --apply-chat-template asks for one."""
+    if not getattr(args, "apply_chat_template", False):
+        return None
+    from slime.utils.processing_utils import load_tokenizer
+
+    path = args.hf_checkpoint
+    if path is None:
+        from slime.engine.default_model import ensure_default_model
+
+        path = str(ensure_default_model())  # the command would convert it next anyway
+    return load_tokenizer(path)
+
+
+def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key: str | None,
+                      tokenizer: Any = None) -> int:
+    """Every row read as the manager will (`PromptIndex`, one row at a time): encoding, keys, types,
+    tools and, with --apply-chat-template, the rendered template and its tokens (and the length
+    filter); returns the rows used. The first bad row raises, naming the flag, file and line."""
+    from slime.rollout.prompt_index import PromptIndex
+
     file_path, _ = parse_path_slice(path)
     p = Path(file_path)
     if not p.is_file():
         raise PreflightError(f"{flag}: file not found: {p}")
     if p.suffix != ".parquet":
         check_utf8(p, flag)
-    structural = copy.copy(args)
-    structural.apply_chat_template = False  # a message list is checked as messages, not rendered
-    structural.rollout_max_prompt_len = structural.rollout_max_context_len = None
+    checked = args
+    if tokenizer is None:  # without a template the manager's tokens cannot fail: the rows' structure is checked
+        checked = copy.copy(args)
+        checked.apply_chat_template = False
+        checked.rollout_max_prompt_len = checked.rollout_max_context_len = None
     try:
-        samples, _ = build_prompt_samples(structural, path, input_key, label_key, None)
+        index = PromptIndex(checked, path, input_key, label_key, tokenizer)
+        try:
+            index.check_all()
+        finally:
+            index.close()
     except DataError as e:
         raise PreflightError(f"{flag}: {e}") from None
-    if args.apply_chat_template:
-        for k, s in enumerate(samples):
-            if not isinstance(s.prompt, (str, list)):
-                raise PreflightError(f"{flag}: {path}: prompt #{k} (key {input_key!r}) is {type(s.prompt).__name__}; "
-                                     "--apply-chat-template needs a string or a message list (without it a "
-                                     "non-string prompt goes to the generate function as it is)")
-    return len(samples)
+    return len(index)
 
 
 def check_data(args: Any) -> None:
@@ -78,23 +98,24 @@ def check_data(args: Any) -> None:
         raise PreflightError(f"--prompt-data: required to generate rollouts {args.start_rollout_id}.."
                              f"{args.num_rollout - 1} (or replay them with --load-debug-rollout-data; "
                              "--num-rollout 0 runs the evals alone)")
-    if args.prompt_data and not args.load_debug_rollout_data:
+    if args.load_debug_rollout_data:
+        return  # the replayed files are checked by check_debug_rollouts; no prompt is read
+    tokenizer = prompt_tokenizer(args) if args.prompt_data or getattr(args, "eval_datasets", None) else None
+    if args.prompt_data:
         path = getattr(args, "data_source_path", None)
         if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
             p = Path(parse_path_slice(args.prompt_data)[0])
             if p.is_file() and p.suffix != ".parquet":
                 check_utf8(p, "--prompt-data")  # a custom data source reads it its own way
         else:
-            check_prompt_file(args, "--prompt-data", args.prompt_data, args.input_key, args.label_key)
+            check_prompt_file(args, "--prompt-data", args.prompt_data, args.input_key, args.label_key, tokenizer)
     for dataset in getattr(args, "eval_datasets", None) or []:
-        if args.load_debug_rollout_data:
-            break
         name, path = dataset[0], dataset[1]
         input_key = getattr(dataset, "input_key", None) or args.eval_input_key or args.input_key
         label_key = getattr(dataset, "label_key", None) or args.eval_label_key or args.label_key
         flag = f"--eval-config {args.eval_config} [{name}]" if getattr(args, "eval_config", None) \
             else f"--eval-prompt-data {name}"
-        check_prompt_file(args, flag, path, input_key, label_key)
+        check_prompt_file(args, flag, path, input_key, label_key, tokenizer)
 
 
 def check_tools(args: Any) -> None:
@@ -127,42 +148,135 @@ def check_debug_rollouts(args: Any) -> None:
         raise PreflightError(str(e)) from None
 
 
-def saved_rollout_id(directory: str | Path) -> int | None:
-    """The rollout id `--load DIR` resumes after (None: nothing saved there yet), with its state checked."""
-    d = Path(directory)
-    latest = d / "latest_rollout_id.txt"
-    if not d.exists() or not latest.exists():
+def check_data_state(path: Path, directory: str | Path) -> None:
+    """A data source state file, read through once (the manager would fail on it after Ray started)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PreflightError(f"--load {directory}: {path}: not a valid data source state ({e})") from None
+    missing = [k for k in STATE_KEYS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise PreflightError(f"--load {directory}: {path}: not a data source state (missing {', '.join(missing)})")
+    if not isinstance(data["buffer"], list) or not all(isinstance(g, list) for g in data["buffer"]):
+        raise PreflightError(f"--load {directory}: {path}: 'buffer' must be a list of groups")
+
+
+def newest_data_state(directory: str | Path) -> int | None:
+    """The rollout id `latest_rollout_id.txt` names (None: no data state saved there)."""
+    latest = Path(directory) / "latest_rollout_id.txt"
+    if not latest.exists():
         return None  # slime: --load of a fresh directory starts from scratch
     text = latest.read_text(errors="replace").strip()
     try:
-        rollout_id = int(text)
+        return int(text)
     except ValueError:
         raise PreflightError(f"--load {directory}: {latest}: expected a rollout id (an integer), got {text[:80]!r}; "
                              f"fix or remove the file (it is written by --save)") from None
-    state = d / f"rollout_state_{rollout_id}.json"
+
+
+def saved_rollout_id(directory: str | Path) -> int | None:
+    """The rollout id `--load DIR` resumes after (None: nothing saved there yet), with its state checked."""
+    rollout_id = newest_data_state(directory)
+    if rollout_id is None:
+        return None
+    state = Path(directory) / data_state_name(rollout_id)
     if not state.is_file():
-        raise PreflightError(f"--load {directory}: {latest} names rollout {rollout_id} but {state} does not exist")
-    try:
-        data = json.loads(state.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PreflightError(f"--load {directory}: {state}: not a valid data source state ({e})") from None
-    missing = [k for k in STATE_KEYS if not isinstance(data, dict) or k not in data]
-    if missing:
-        raise PreflightError(f"--load {directory}: {state}: not a data source state (missing {', '.join(missing)})")
-    if not isinstance(data["buffer"], list) or not all(isinstance(g, list) for g in data["buffer"]):
-        raise PreflightError(f"--load {directory}: {state}: 'buffer' must be a list of groups")
+        raise PreflightError(f"--load {directory}: {Path(directory) / 'latest_rollout_id.txt'} names rollout "
+                             f"{rollout_id} but {state} does not exist")
+    check_data_state(state, directory)
     return rollout_id
 
 
-def resolve_resume(args: Any) -> int | None:
-    """`--load DIR` continues at the saved rollout id + 1 (slime's rule) unless --start-rollout-id
-    says otherwise; returns the saved id."""
+def trains_model(args: Any) -> bool:
+    """slime-train's arguments (`parse_train_args` marks them): `--load` is then a model checkpoint
+    that carries its data state, not a data state alone."""
+    return bool(getattr(args, "trains_model", False))
+
+
+def model_dir(args: Any) -> str | None:
+    """The model the run will serve: --hf-checkpoint, else the default model when already converted."""
+    if getattr(args, "hf_checkpoint", None):
+        return args.hf_checkpoint
+    from slime.engine.default_model import converted_default_model
+
+    found = converted_default_model()
+    return str(found) if found else None
+
+
+def uses_default_data_source(args: Any) -> bool:
+    """Prompts served by our DataSource (whose state a checkpoint carries), not a custom --data-source-path."""
+    if not args.prompt_data or args.load_debug_rollout_data:
+        return False
+    path = getattr(args, "data_source_path", None)
+    return not path or load_function(path, "--data-source-path") is DataSource
+
+
+def resolve_train_resume(args: Any) -> dict[str, Any]:
+    """Where slime-train resumes: the newest complete model checkpoint (or --ckpt-step), verified
+    against its manifest and --hf-checkpoint, with the data state saved in it; never the data
+    alone (that would continue the data on the base model)."""
+    root = args.load
+    try:
+        model_id = latest_checkpoint(root, getattr(args, "ckpt_step", None))
+    except CheckpointError as e:
+        raise PreflightError(str(e)) from None
+    data_id = newest_data_state(root)
+    if model_id is None:
+        if data_id is not None:
+            raise PreflightError(
+                f"--load {root}: holds the data source's state after rollout {data_id} but no model checkpoint "
+                f"({CHECKPOINT_TRACKER}); resuming would continue the data on the base model and lose what was "
+                "trained. Start afresh with another --load (or none); runs save the model with --save-interval N, "
+                "or once after their last rollout")
+        return {"resumed_after": None}
+    try:
+        check_same_model(root, model_id, verify_checkpoint(root, model_id), model_dir(args))
+    except CheckpointError as e:
+        raise PreflightError(str(e)) from None
+    state = Path(data_state_dir(root, model_id) or root) / data_state_name(model_id)
+    if state.is_file():
+        check_data_state(state, root)
+    elif uses_default_data_source(args):
+        raise PreflightError(f"--load {root}: the checkpoint of rollout {model_id} has no data source state "
+                             f"({checkpoint_dir(root, model_id) / data_state_name(model_id)} nor {state}); the "
+                             "prompts would restart from the first while the model continues")
+    start = model_id + 1
+    if args.start_rollout_id and args.start_rollout_id != start:
+        raise PreflightError(f"--start-rollout-id {args.start_rollout_id} with --load {root}: the trainer resumes "
+                             f"from the checkpoint of rollout {model_id}, at rollout {start}; drop "
+                             "--start-rollout-id (--ckpt-step picks another checkpoint)")
+    args.start_rollout_id = start
+    optimizer = "fresh optimizer (--no-load-optim)" if getattr(args, "no_load_optim", False) else "optimizer"
+    message = (f"--load {root}: resuming from the checkpoint of rollout {model_id} (model, {optimizer}, data "
+               f"state), at rollout {start}")
+    if data_id is not None and data_id > model_id:
+        message += (f"; the data state saved after rollout {data_id} is newer than this checkpoint and is not "
+                    f"used (rollouts {start}..{data_id} run again)")
+    return {"resumed_after": model_id, "resume_message": message}
+
+
+def resolve_resume(args: Any) -> dict[str, Any]:
+    """`--load DIR` continues at the saved rollout id + 1 (slime's rule); slime-rollout unless
+    --start-rollout-id says otherwise, slime-train from its model checkpoint (`resolve_train_resume`)."""
     if not getattr(args, "load", None):
-        return None
+        return {"resumed_after": None}
+    if trains_model(args):
+        return resolve_train_resume(args)
     saved = saved_rollout_id(args.load)
     if saved is not None and not args.start_rollout_id:
         args.start_rollout_id = saved + 1
-    return saved
+    return {"resumed_after": saved}
+
+
+def check_save(args: Any) -> None:
+    """--save writable, with room for one checkpoint (slime-train), before anything starts."""
+    if not getattr(args, "save", None):
+        return
+    need = checkpoint_bytes(model_dir(args), not getattr(args, "no_save_optim", False)) if trains_model(args) else 0
+    try:
+        check_save_dir(args.save, need)
+    except SaveDirError as e:
+        raise PreflightError(str(e)) from None
 
 
 def preflight(args: Any) -> dict[str, Any]:
@@ -173,8 +287,9 @@ def preflight(args: Any) -> dict[str, Any]:
                 load_function(getattr(args, dest), _flag(dest))
             except Exception as e:  # noqa: BLE001 - PluginLoadError names the flag and the import failure
                 raise PreflightError(str(e)) from e
-    saved = resolve_resume(args)
+    resolved = resolve_resume(args)
+    check_save(args)
     check_data(args)
     check_tools(args)
     check_debug_rollouts(args)
-    return {"resumed_after": saved}
+    return resolved

@@ -26,6 +26,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> Any:
     args = parse_args(rest, prog=PROG)
     for name, value in vars(train_flags).items():  # taken out of argv above, so these are the user's values
         setattr(args, name, value)
+    args.trains_model = True  # preflight: --load is a model checkpoint, --save needs room for one
     if args.debug_rollout_only:
         raise ArgError("--debug-rollout-only: nothing to train; use slime-rollout")
     if args.actor_num_workers < 1:

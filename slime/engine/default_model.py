@@ -65,6 +65,13 @@ def _convert(dst: Path) -> None:
     (dst / _DONE_MARKER).write_text("ok\n")
 
 
+def converted_default_model(cache_dir: str | Path | None = None) -> Path | None:
+    """The default model's directory if it is already converted (None: `ensure_default_model` would
+    convert it): what preflight checks data and checkpoints against without converting."""
+    final = _cache_root(cache_dir) / "models" / MODEL_NAME
+    return final if (final / _DONE_MARKER).exists() else None
+
+
 def ensure_default_model(cache_dir: str | Path | None = None) -> Path:
     """Return the local HF directory of SmolLM2-135M-Instruct, converting it from GGUF on first use."""
     os.environ["HF_HUB_OFFLINE"] = "1"

@@ -83,6 +83,10 @@ class EngineActor:
     def start(self) -> str:
         return self.server.start()
 
+    def node_id(self) -> str:
+        """The Ray node this actor lives on (hex id): the fleet tells by it which engines a lost node took."""
+        return ray.get_runtime_context().get_node_id()
+
     def url(self) -> str:
         return self.server.url
 

@@ -1,4 +1,5 @@
-"""Flags of the fleet's self-healing: engine restarts and the request retry window.
+"""Flags of the fleet's self-healing: engine restarts, the request retry window, and the router's health-check
+interval's default (the flag itself is defined with the router's in `slime.cli.args`).
 
 `add_fleet_arguments(parser)` is meant for `slime.cli.args.build_parser` (`_optional_groups`).
 Until it is called there, the code reads these with their defaults (`getattr(args, name, DEFAULT)`).
@@ -12,6 +13,12 @@ DEFAULT_ENGINE_MAX_RESTARTS = 3
 # seconds a failing engine request keeps being retried: a router restart (~1 s), an engine restart
 # (model load), or a frozen engine the router marked unhealthy for a while
 DEFAULT_REQUEST_RETRY_WINDOW = 60.0
+# seconds between the router's health checks of each engine. A dead engine does not wait for them: the
+# fleet's watcher blocks on each engine's process and Ray actor and takes it out of the router at once.
+# They catch an engine that is alive but stuck (out after 2 misses + a 5 s timeout: ~65 s), at one GET per
+# engine per interval in the router and the engines, rollout or not: 256 engines at 1 s cost the router
+# 26 and the engines 70 CPU ms per second, at 30 s 0-1 and 5 (bench/bench_scale.py).
+DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL = 30
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -12,6 +12,13 @@ and a new one created on the same placement-group bundle, started, given the lat
 fleet was told to load, and registered. `--engine-max-restarts` bounds the restarts per engine;
 after that the engine is `failed` and the pool runs without it.
 
+A lost Ray node (its raylet gone: preemption, a kernel panic, a drained host) takes its engines
+with it; each is reported and replaced like any dead engine. Ray moves the placement-group bundles
+of a dead node to surviving nodes with room, so the replacement lands there; where no node has room
+within `_PLACEMENT_WAIT_S`, the engine is `failed` with a warning and the pool shrinks. `info()`
+lists the lost nodes, the engines they took and where each went (`lost_nodes`; per engine `node_id`
+and `moved_from`).
+
 A replacement boots with the weights on disk. If the serving engines report another weight
 version (a trainer pushed weights from memory, which the fleet does not hold), it stays out of the
 router in state `awaiting_weights`: it is one of the updatable engines (slime's
@@ -45,6 +52,8 @@ logger = logging.getLogger(__name__)
 ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "awaiting_weights", "failed", "stopped")
 UPDATABLE_STATES = ("healthy", "awaiting_weights")  # engines a weight push (or another control call) must reach
 _PUSH_WAIT_S = 30.0  # an engine awaiting weights is asked again after this (so a stop is seen)
+# seconds a replacement may wait for a place on the cluster (its bundle re-placed after a node loss)
+_PLACEMENT_WAIT_S = 120.0
 # control calls whose effect a replacement engine must get too (replayed before it takes requests)
 _REPLAYED = ("update_weights_from_disk",)
 
@@ -67,6 +76,10 @@ class SupervisedEngineActor(EngineActor):
 _EngineRemote = ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(SupervisedEngineActor)
 
 
+class NoRoomError(RuntimeError):
+    """A replacement engine found no place on the cluster (its node is gone and no other has room)."""
+
+
 @dataclass
 class EngineSlot:
     """One engine of the pool: its actors (one per node), where it serves, and its life so far."""
@@ -79,6 +92,8 @@ class EngineSlot:
     restarts: int = 0
     deaths: int = 0
     last_exit: Any = None
+    node_id: str | None = None  # the Ray node serving it (node 0's, for a multi-node engine)
+    moved_from: str | None = None  # the lost node it was last moved away from
 
     @property
     def actor(self) -> Any:
@@ -86,7 +101,8 @@ class EngineSlot:
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "url": self.url, "state": self.state, "restarts": self.restarts,
-                "deaths": self.deaths, "last_exit": self.last_exit}
+                "deaths": self.deaths, "last_exit": self.last_exit, "node_id": self.node_id,
+                "moved_from": self.moved_from}
 
 
 class Fleet:
@@ -106,6 +122,7 @@ class Fleet:
         self.replacement_hooks: list[Any] = []
         self.weight_version: str | None = None  # the version the serving engines last reported
         self._watchers: list[threading.Thread] = []
+        self.lost_nodes: dict[str, dict[str, Any]] = {}  # node id -> engines it took, where they went
         # the socket of this node's engine fork server (from the Ray session that started it): embedded
         # engines, replacements included, are forked from it warm; None: they start cold
         self.fork_server = fork_server
@@ -131,8 +148,9 @@ class Fleet:
         self.startup_timings["engines"] = time.monotonic() - t0
         mark("fleet: engines serving")
         per = len(urls) // max(1, len(self.slots))
-        for slot, url in zip(self.slots, urls[::per]):
-            slot.url = url
+        nodes = ray.get([s.actor.node_id.remote() for s in self.slots])
+        for slot, url, node in zip(self.slots, urls[::per], nodes):
+            slot.url, slot.node_id = url, node
             self._register(url)
             slot.state = "healthy"
         self._publish()
@@ -238,6 +256,8 @@ class Fleet:
             slot.deaths += 1
             self.counters["engine_deaths"] += 1
             self._publish()
+        if slot.node_id is not None and not _node_alive(slot.node_id):
+            self._note_node_loss(slot.node_id, slot)
         logger.warning("engine %d at %s died (exit code %s); %s", slot.rank, slot.url, code,
                        "restarting it" if slot.restarts < self.max_restarts and len(slot.actors) == 1
                        else "not restarting it")
@@ -256,6 +276,9 @@ class Fleet:
             try:
                 self._replace(slot)
                 return
+            except NoRoomError as e:
+                self._fail(slot, str(e))
+                return
             except Exception as e:  # noqa: BLE001 - try again while the budget lasts
                 slot.last_exit = f"restart failed: {type(e).__name__}"
                 logger.warning("engine %d: restart %d/%d failed: %s", slot.rank, slot.restarts,
@@ -267,6 +290,34 @@ class Fleet:
         logger.error("engine %d is gone for the rest of the run: %s; %d engine(s) left", slot.rank, why,
                      sum(s.state == "healthy" for s in self.slots))
 
+    def _place(self, slot: EngineSlot, actor: Any) -> None:
+        """Wait until the replacement has a node; if it is another one, the old node is gone (a bundle
+        only moves when its node dies). No place within `_PLACEMENT_WAIT_S`: `NoRoomError`."""
+        try:
+            node = ray.get(actor.node_id.remote(), timeout=_PLACEMENT_WAIT_S)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            raise NoRoomError(f"no room for a replacement on the surviving nodes within {_PLACEMENT_WAIT_S:.0f}s "
+                              f"(its node {slot.node_id} is gone; cluster resources: {ray.cluster_resources()}); "
+                              "the pool shrinks") from None
+        old = slot.node_id
+        if old is not None and node != old:
+            self._note_node_loss(old, slot)
+            slot.moved_from = old
+            logger.warning("engine %d moved from lost node %s to node %s", slot.rank, old, node)
+        slot.node_id = node
+
+    def _note_node_loss(self, node_id: str, slot: EngineSlot) -> None:
+        """Record (once per node) that `node_id` is gone and took this engine."""
+        with self._lock:
+            lost = self.lost_nodes.get(node_id)
+            if lost is None:
+                lost = self.lost_nodes[node_id] = {"node_id": node_id, "lost_at": time.time(), "engines": []}
+                self.counters["nodes_lost"] += 1
+                logger.warning("Ray node %s is gone (its raylet died or was drained)", node_id)
+            if slot.rank not in lost["engines"]:
+                lost["engines"].append(slot.rank)
+
     def _replace(self, slot: EngineSlot) -> None:
         """Kill the dead engine's actor and start a new one on the same bundle."""
         old = slot.actor
@@ -276,6 +327,7 @@ class Fleet:
             pass
         actor = self._new_actor(slot.rank, slot.bundles[0])
         slot.actors = [actor]  # from here on, stop() stops the new one
+        self._place(slot, actor)
         timeout = float(getattr(self.args, "engine_startup_timeout", 300.0)) + 60.0
         url = ray.get(actor.start.remote(), timeout=timeout)
         if self._stopping.is_set():
@@ -353,6 +405,14 @@ class Fleet:
             return
 
     # ---- status ----
+    def lost_node_status(self) -> list[dict[str, Any]]:
+        """Each lost node, the engines it took and where each of them serves now (None: not yet, or failed)."""
+        with self._lock:
+            return [{**lost, "engines": list(lost["engines"]),
+                     "moved_to": {r: self.slots[r].node_id if self.slots[r].moved_from == lost["node_id"] else None
+                                  for r in lost["engines"]}}
+                    for lost in self.lost_nodes.values()]
+
     def engine_status(self) -> list[dict[str, Any]]:
         return [s.as_dict() for s in self.slots]
 
@@ -364,6 +424,7 @@ class Fleet:
                 "engines": self.engine_status(),
                 "engine_deaths": self.counters["engine_deaths"],
                 "engine_restarts": self.counters["engine_restarts"],
+                "lost_nodes": self.lost_node_status(),
                 "startup_seconds": dict(self.startup_timings)}
 
     # ---- control: every call goes to each serving engine's node-0 actor ----
@@ -398,3 +459,8 @@ class Fleet:
         steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
         steps.append(("engine states", lambda: [setattr(s, "state", "stopped") for s in self.slots]))
         return steps
+
+
+def _node_alive(node_id: str) -> bool:
+    """Whether Ray's control store still counts `node_id` among the live nodes."""
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())

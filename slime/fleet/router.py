@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.utils.misc import find_free_port
 from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, wait_until
 
@@ -68,7 +69,8 @@ def unregister_worker(router_url: str, worker_url: str) -> bool:
 
 class Router:
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, policy: str = "round_robin",
-                 prometheus_port: int | None = None, health_check_interval: int = 1,
+                 prometheus_port: int | None = None,
+                 health_check_interval: int = DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
                  extra_args: list[str] | None = None, log_dir: str | None = None, startup_timeout: float = 60.0):
         self.host = host
         self.port = port or find_free_port(host)

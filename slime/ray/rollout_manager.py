@@ -162,11 +162,14 @@ class RolloutManager:
     def save(self, rollout_id: int) -> None:
         self.controller.save(rollout_id)
 
-    def load(self, rollout_id: int | None = None) -> int | None:
+    def load(self, rollout_id: int | None = None, directory: str | None = None) -> int | None:
         """Restore the data source from `--load`: the state saved at `rollout_id` (a trainer resuming
-        from its checkpoint of that rollout), else the newest; returns that rollout id."""
+        from its checkpoint of that rollout, whose copy is in `directory`), else the newest; returns
+        that rollout id."""
         source = self.controller.data_source if self.controller else None
-        return source.load(self.args.load, rollout_id) if source is not None and self.args.load else None
+        if source is None or not self.args.load:
+            return None
+        return source.load(directory or self.args.load, rollout_id)
 
     # ---- weights (slime's names; the engines' side is slime/engine/weight_updates.py) ----
     def begin_weight_update(self) -> None:

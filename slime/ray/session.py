@@ -162,10 +162,15 @@ def start_manager(args: Any, manager_cls: Any = None, *, fork_server: str | None
     """A started `RolloutManager` actor and its `info()`; `fork_server` is the session's engine fork
     server socket (warm engine starts), or None. If `start` fails, the actor is stopped."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if manager_cls is None:
         from slime.ray.rollout_manager import RolloutManager as manager_cls
-    manager = ray.remote(manager_cls).options(num_cpus=0, max_concurrency=8).remote(args, fork_server=fork_server)
+    # on this command's node (a cluster's head): the router, its child, lives there too, reachable on
+    # 127.0.0.1, and no worker node's loss takes the manager or the router with it
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    manager = ray.remote(manager_cls).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
+        args, fork_server=fork_server)
     try:
         info = ray.get(manager.start.remote())
     except BaseException:

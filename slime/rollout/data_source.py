@@ -3,7 +3,9 @@
 The data source hands out *groups*: `n_samples_per_prompt` copies of one prompt sharing a
 `group_index`, each with a unique `index`. Recycled groups (aborted partial rollouts, groups a
 filter dropped for later) wait in a buffer and are served first. Its whole state, buffer
-included, is saved and restored, so a resumed run neither repeats nor skips prompts.
+included, is saved and restored, so a resumed run neither repeats nor skips prompts. Prompts are
+read from the file when served (`prompt_index.PromptIndex`); `sample_from_row` turns one row
+into a template Sample.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import random
 import re
+from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +59,6 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _line(path: Path, i: int) -> str:
-    return f"{path}:{i + 1}" if path.suffix != ".parquet" else f"{path} row {i}"
-
-
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 
 
@@ -70,7 +71,7 @@ def parse_path_slice(path: str | Path) -> tuple[str, slice | None]:
     return m.group("path"), slice(int(start) if start else None, int(stop) if stop else None)
 
 
-def _prompt_limit(args: Any) -> tuple[int | None, str]:
+def prompt_limit(args: Any) -> tuple[int | None, str]:
     """Longest prompt kept (tokens) and the flag that sets it; slime keeps len <= max_prompt_len."""
     if getattr(args, "rollout_max_prompt_len", None) is not None:
         return args.rollout_max_prompt_len, "--rollout-max-prompt-len"
@@ -87,89 +88,128 @@ def _row_tools(value: Any, where: str) -> Any:
         raise DataError(f"{where}: --tool-key: {e}") from None
 
 
+def _check_text(text: str, where: str, what: str) -> None:
+    """Text the tokenizer can take: a lone surrogate (JSON's "\\ud800") is not text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: {what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), "
+                        "not text; fix the row") from None
+
+
+def _check_messages(messages: list[Any], where: str, input_key: str) -> None:
+    """What a chat template needs: a non-empty list of messages, each a role and text content (a
+    string, a list of content parts, or null beside tool calls)."""
+    if not messages:
+        raise DataError(f"{where}: key {input_key!r} is an empty message list (--apply-chat-template has "
+                        "nothing to render)")
+    for k, m in enumerate(messages):
+        if not isinstance(m.get("role"), str):
+            raise DataError(f"{where}: {input_key}[{k}]['role'] must be a string, got {type(m.get('role')).__name__}")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise DataError(f"{where}: {input_key}[{k}]['content'] must be a string (or a list of content parts), "
+                            f"got {type(content).__name__} {content!r:.40}")
+        for text in [content] if isinstance(content, str) else \
+                [p.get("text") for p in content or [] if isinstance(p, dict)]:
+            if isinstance(text, str):
+                _check_text(text, where, f"{input_key}[{k}]['content']")
+
+
+def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) -> Any:
+    try:
+        return get_by_path(row, key)
+    except KeyError as e:
+        raise DataError(f"{where}: missing {what} key {key!r} (no field {e.args[0]!r}); set {flag}") from None
+
+
+def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str, Any], Any]:
+    """--metadata-key's dict and --tool-key's tools (a schema list, else verl's tools_kwargs)."""
+    metadata: dict[str, Any] = {}
+    mkey = getattr(args, "metadata_key", None)
+    if mkey:
+        try:
+            meta = get_by_path(row, mkey)
+            metadata.update(meta if isinstance(meta, dict) else {"metadata": meta})
+        except KeyError:
+            pass
+    tkey = getattr(args, "tool_key", None)
+    tools = None
+    if tkey:
+        try:
+            value = _row_tools(get_by_path(row, tkey), where)
+        except KeyError:
+            value = None
+        if isinstance(value, list):
+            tools = metadata["tools"] = value
+        elif value is not None:
+            metadata["tools_kwargs"] = value
+    return metadata, tools
+
+
+def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, label_key: str | None,
+                    tokenizer: Any = None, template_kwargs: dict[str, Any] | None = None, *,
+                    tokenize: bool = True) -> Sample:
+    """One row as the template Sample the data source copies into groups: prompt (rendered with
+    --apply-chat-template, given the row's tools and --apply-chat-template-kwargs, as slime passes
+    them), label, metadata, and the prompt's tokens when a tokenizer is given. Every failure is a
+    DataError naming `where` (file and line)."""
+    prompt = _row_value(row, input_key, where, "input", "--input-key")
+    label = _row_value(row, label_key, where, "label", "--label-key") if label_key else None
+    metadata, tools = _row_metadata(args, row, where)
+    if isinstance(prompt, list):
+        if not all(isinstance(m, dict) and "role" in m for m in prompt):
+            raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
+        metadata["messages"] = prompt
+        if getattr(args, "apply_chat_template", False):
+            if tokenizer is None:
+                raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
+            _check_messages(prompt, where, input_key)
+            try:
+                prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False,
+                                                       add_generation_prompt=True, **(template_kwargs or {}))
+            except Exception as e:  # noqa: BLE001 - jinja's errors name neither the file nor the line
+                raise DataError(f"{where}: --apply-chat-template cannot render key {input_key!r}: "
+                                f"{type(e).__name__}: {str(e).strip()[:200]}") from None
+    elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
+        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
+                        "string or a message list")
+    # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
+    sample = Sample(prompt=prompt, label=label, metadata=metadata)
+    if isinstance(prompt, str):
+        _check_text(prompt, where, f"key {input_key!r}")
+        if tokenizer is not None and tokenize:
+            sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return sample
+
+
+def too_long(args: Any, num_tokens: int, where: str) -> bool:
+    """A prompt of `num_tokens` over the limit: filtered (True), or refused with --over-long-prompt error."""
+    max_len, limit_flag = prompt_limit(args)
+    if max_len is None or num_tokens <= max_len:
+        return False
+    if getattr(args, "over_long_prompt", "filter") == "error":
+        raise DataError(f"{where}: prompt has {num_tokens} tokens, over the limit "
+                        f"{max_len} ({limit_flag}); use --over-long-prompt filter")
+    return True
+
+
 def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key: str | None,
                          tokenizer: Any = None) -> tuple[list[Sample], int]:
-    """One template Sample per usable row, and how many rows were filtered as too long.
+    """One template Sample per usable row, and how many rows were filtered as too long (a list:
+    for eval sets and callers that want every row; the data source reads `PromptIndex` on demand).
+    `path` may end in slime's `@[start:end]` row slice."""
+    from slime.rollout.prompt_index import PromptIndex
 
-    `path` may end in slime's `@[start:end]` row slice. With --apply-chat-template, the template gets
-    the row's tools (a list under --tool-key) and --apply-chat-template-kwargs, as slime passes them.
-    """
-    file_path, row_slice = parse_path_slice(path)
-    path = Path(file_path)
-    rows = read_rows(path)
-    if not rows:
-        raise DataError(f"{path}: no prompts in file")
-    numbered = list(enumerate(rows))
-    if row_slice is not None:
-        numbered = numbered[row_slice]
-        if not numbered:
-            raise DataError(f"{path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
-                            f"(the file has {len(rows)})")
-    max_len, limit_flag = _prompt_limit(args)
-    template_kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
-    if not isinstance(template_kwargs, dict):
-        raise DataError(f"--apply-chat-template-kwargs must be a JSON object, got {template_kwargs!r}")
-    samples, filtered = [], 0
-    for i, row in numbered:
-        try:
-            prompt = get_by_path(row, input_key)
-        except KeyError as e:
-            raise DataError(f"{_line(path, i)}: missing input key {input_key!r} (no field {e.args[0]!r}); "
-                            f"set --input-key") from None
-        label = None
-        if label_key:
-            try:
-                label = get_by_path(row, label_key)
-            except KeyError as e:
-                raise DataError(f"{_line(path, i)}: missing label key {label_key!r} (no field {e.args[0]!r}); "
-                                f"set --label-key") from None
-        metadata: dict[str, Any] = {}
-        mkey = getattr(args, "metadata_key", None)
-        if mkey:
-            try:
-                meta = get_by_path(row, mkey)
-                metadata.update(meta if isinstance(meta, dict) else {"metadata": meta})
-            except KeyError:
-                pass
-        tkey = getattr(args, "tool_key", None)
-        tools = None
-        if tkey:
-            try:
-                value = _row_tools(get_by_path(row, tkey), _line(path, i))
-            except KeyError:
-                value = None
-            if isinstance(value, list):
-                tools = metadata["tools"] = value
-            elif value is not None:
-                metadata["tools_kwargs"] = value
-        if isinstance(prompt, list):
-            if not all(isinstance(m, dict) and "role" in m for m in prompt):
-                raise DataError(f"{_line(path, i)}: key {input_key!r} is a list but not of chat messages")
-            metadata["messages"] = prompt
-            if getattr(args, "apply_chat_template", False):
-                if tokenizer is None:
-                    raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
-                prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True,
-                                                       **template_kwargs)
-        elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
-            raise DataError(f"{_line(path, i)}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template "
-                            "needs a string or a message list")
-        # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
-        sample = Sample(prompt=prompt, label=label, metadata=metadata)
-        if tokenizer is not None and isinstance(prompt, str):
-            sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            if max_len is not None and len(sample.tokens) > max_len:
-                if getattr(args, "over_long_prompt", "filter") == "error":
-                    raise DataError(f"{_line(path, i)}: prompt has {len(sample.tokens)} tokens, over the limit "
-                                    f"{max_len} ({limit_flag}); use --over-long-prompt filter")
-                filtered += 1
-                continue
-        samples.append(sample)
-    if filtered:
-        logger.warning("%s: filtered %d prompt(s) longer than %d tokens", path, filtered, max_len)
-    if not samples:
-        raise DataError(f"{path}: every prompt was filtered as too long ({filtered} rows)")
-    return samples, filtered
+    index = PromptIndex(args, path, input_key, label_key, tokenizer)
+    return list(index), index.filtered
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Through a temporary sibling and a rename: a crash leaves the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
@@ -203,16 +243,20 @@ class DataSource:
 
     @classmethod
     def from_args(cls, args: Any, tokenizer: Any = None) -> "DataSource":
+        """The prompts of --prompt-data, indexed and read as they are served (`PromptIndex`)."""
+        from slime.rollout.prompt_index import PromptIndex
+
         if not args.prompt_data:
             raise DataError("--prompt-data is required (a JSONL or parquet file)")
-        prompts, filtered = build_prompt_samples(args, args.prompt_data, args.input_key, args.label_key, tokenizer)
-        return cls(args, prompts, args.n_samples_per_prompt, args.rollout_shuffle, filtered)
+        prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, tokenizer)
+        return cls(args, prompts, args.n_samples_per_prompt, args.rollout_shuffle, prompts.filtered)
 
-    def _epoch_order(self) -> list[int]:
+    def _epoch_order(self) -> Sequence[int]:
+        if not self.shuffle:
+            return range(len(self.prompts))
         order = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self.seed + self.epoch_id).shuffle(order)
-        return order
+        random.Random(self.seed + self.epoch_id).shuffle(order)
+        return array("q", order)  # 8 bytes a prompt, not a Python int each
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -273,10 +317,8 @@ class DataSource:
     def save(self, directory: str | Path, rollout_id: int, held: list[list[Sample]] | None = None) -> Path:
         path = Path(directory) / f"rollout_state_{rollout_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state_dict(held)))
-        tmp.replace(path)
-        (Path(directory) / "latest_rollout_id.txt").write_text(str(rollout_id))
+        _write_atomic(path, json.dumps(self.state_dict(held)))
+        _write_atomic(Path(directory) / "latest_rollout_id.txt", str(rollout_id))
         return path
 
     def load(self, directory: str | Path, rollout_id: int | None = None) -> int | None:
@@ -304,12 +346,15 @@ class RolloutDataSourceWithBuffer(DataSource):
     prompts of `--prompt-data` (untokenised) with `rollout_global_dataset`, else only its buffer.
     The controller builds the default one through `DataSource.from_args` (with the tokenizer)."""
 
-    def __init__(self, args: Any, prompts: list[Sample] | None = None, n_samples_per_prompt: int | None = None,
+    def __init__(self, args: Any, prompts: Any = None, n_samples_per_prompt: int | None = None,
                  shuffle: bool | None = None, filtered: int = 0):
         if prompts is None:
             prompts = []
             if getattr(args, "rollout_global_dataset", True) and getattr(args, "prompt_data", None):
-                prompts, filtered = build_prompt_samples(args, args.prompt_data, args.input_key, args.label_key, None)
+                from slime.rollout.prompt_index import PromptIndex
+
+                prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, None)
+                filtered = prompts.filtered
         super().__init__(args, prompts, n_samples_per_prompt or args.n_samples_per_prompt,
                          bool(getattr(args, "rollout_shuffle", False) if shuffle is None else shuffle), filtered)
 

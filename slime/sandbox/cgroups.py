@@ -2,10 +2,11 @@
 
 cgroup v2 (a unified hierarchy with the memory/pids/cpu controllers) or v1 (one hierarchy per
 controller), whichever the host offers (v2 first; a hybrid host whose cgroup2 mount lacks memory
-and pids uses v1). Each server makes ``slime-sandbox-<pid>/slot-<i>``; a
-slot's fork server joins it, so every process of every run of that slot is in it. Leftovers of
-servers that died (SIGKILL) are removed at the next start (they are empty: their runs died with
-them).
+and pids uses v1). Each server makes ``slime-sandbox-<pid>/slot-<i>`` (processes and CPU of the
+whole slot) with a child ``run`` that holds the run's memory limit; a slot's fork server and init
+stay outside ``run`` (v2: in ``sup``, a sibling), and each program joins ``run`` right after its
+fork, so nothing a run does to its memory can kill its supervisors. Leftovers of servers that died
+(SIGKILL) are removed at the next start (they are empty: their runs died with them).
 """
 
 from __future__ import annotations
@@ -21,11 +22,19 @@ PREFIX = "slime-sandbox-"
 
 @dataclass
 class SlotCgroup:
-    procs: list[str] = field(default_factory=list)  # cgroup.procs files to join
-    limits: list[str] = field(default_factory=list)  # memory limit files (v1: limit, then memsw)
-    oom: list[str] = field(default_factory=list)  # files with an "oom_kill N" line
-    usage: list[str] = field(default_factory=list)  # current memory usage
-    dirs: list[str] = field(default_factory=list)
+    """Files of one slot, in the order the fork server uses them: it joins `procs`, enters its
+    cgroup namespace, moves to `sup_procs` and writes `enable` (v2: a cgroup with processes cannot
+    enable controllers for its children, so the slot's own is enabled once it is empty); each
+    program joins `run_procs`; the init writes `limits` (the run's) and reads `oom` and `usage`."""
+
+    procs: list[str] = field(default_factory=list)  # cgroup.procs files the fork server joins first
+    sup_procs: list[str] = field(default_factory=list)  # then these (v2: slot-i/sup), inside its namespace
+    enable: list[tuple[str, str]] = field(default_factory=list)  # (file, value) written after that
+    run_procs: list[str] = field(default_factory=list)  # cgroup.procs each program joins
+    limits: list[str] = field(default_factory=list)  # the run's memory limit files (v1: limit, then memsw)
+    oom: list[str] = field(default_factory=list)  # files with an "oom_kill N" line (the run's)
+    usage: list[str] = field(default_factory=list)  # the run's current memory usage
+    dirs: list[str] = field(default_factory=list)  # deepest first (removal order)
 
 
 @dataclass
@@ -112,20 +121,24 @@ class Cgroups:
             for i, sc in enumerate(self.slots):
                 d = os.path.join(base, f"slot-{i}")
                 os.makedirs(d, exist_ok=True)
-                sc.dirs.append(d)
                 sc.procs.append(os.path.join(d, "cgroup.procs"))
-                if ctrl == "memory":
-                    sc.limits.append(os.path.join(d, "memory.limit_in_bytes"))
-                    if os.path.exists(os.path.join(d, "memory.memsw.limit_in_bytes")):
-                        sc.limits.append(os.path.join(d, "memory.memsw.limit_in_bytes"))
-                    sc.oom.append(os.path.join(d, "memory.oom_control"))
-                    sc.usage.append(os.path.join(d, "memory.usage_in_bytes"))
+                if ctrl == "memory":  # (v1: only memory needs the run apart; pids and cpu bound the slot)
+                    run = os.path.join(d, "run")
+                    os.makedirs(run, exist_ok=True)
+                    sc.dirs.append(run)
+                    sc.run_procs.append(os.path.join(run, "cgroup.procs"))
+                    sc.limits.append(os.path.join(run, "memory.limit_in_bytes"))
+                    if os.path.exists(os.path.join(run, "memory.memsw.limit_in_bytes")):
+                        sc.limits.append(os.path.join(run, "memory.memsw.limit_in_bytes"))
+                    sc.oom.append(os.path.join(run, "memory.oom_control"))
+                    sc.usage.append(os.path.join(run, "memory.usage_in_bytes"))
                 elif ctrl == "pids":
                     _write(os.path.join(d, "pids.max"), str(max_pids))
                 elif ctrl == "cpu" and cpus > 0:
                     with open(os.path.join(d, "cpu.cfs_period_us")) as f:
                         period = int(f.read())
                     _write(os.path.join(d, "cpu.cfs_quota_us"), str(int(period * cpus)))
+                sc.dirs.append(d)
 
     def _setup_v2(self, mnt: str, ctrls: set[str], slots: int, max_pids: int, cpus: float) -> None:
         want = [c for c in ("memory", "pids", "cpu") if c in ctrls]
@@ -154,12 +167,17 @@ class Cgroups:
         self.missing = [] if "cpu" in want else ["cpu"]
         for i, sc in enumerate(self.slots):
             d = os.path.join(base, f"slot-{i}")
-            os.makedirs(d, exist_ok=True)
-            sc.dirs.append(d)
+            run, sup = os.path.join(d, "run"), os.path.join(d, "sup")
+            for sub in (run, sup):
+                os.makedirs(sub, exist_ok=True)
+            sc.dirs += [run, sup, d]
             sc.procs.append(os.path.join(d, "cgroup.procs"))
-            sc.limits.append(os.path.join(d, "memory.max"))
-            sc.oom.append(os.path.join(d, "memory.events"))
-            sc.usage.append(os.path.join(d, "memory.current"))
+            sc.sup_procs.append(os.path.join(sup, "cgroup.procs"))
+            sc.enable.append((os.path.join(d, "cgroup.subtree_control"), "+memory"))
+            sc.run_procs.append(os.path.join(run, "cgroup.procs"))
+            sc.limits.append(os.path.join(run, "memory.max"))
+            sc.oom.append(os.path.join(run, "memory.events"))
+            sc.usage.append(os.path.join(run, "memory.current"))
             with contextlib.suppress(OSError):
                 _write(os.path.join(d, "memory.swap.max"), "0")
             _write(os.path.join(d, "pids.max"), str(max_pids))
@@ -199,10 +217,9 @@ def _clean_stale(parent: str) -> None:
         pid = int(n[len(PREFIX):])
         if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
             continue
-        base = os.path.join(parent, n)
+        for root, dirs, _ in os.walk(os.path.join(parent, n), topdown=False):
+            for d in dirs:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(root, d))
         with contextlib.suppress(OSError):
-            for s in os.listdir(base):
-                if os.path.isdir(os.path.join(base, s)):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(base, s))
-            os.rmdir(base)
+            os.rmdir(os.path.join(parent, n))

@@ -163,7 +163,7 @@ def _build_root(cfg):
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, os.path.join(dev, name))
-    for d in ("proc", "tmp", ".old"):
+    for d in ("proc", "tmp", "mnt", ".old"):
         os.makedirs(os.path.join(root, d))
     os.chmod(os.path.join(root, "tmp"), 0o1777)
     os.chdir(root)
@@ -174,10 +174,13 @@ def _build_root(cfg):
     mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
 
 
-def enter_slot(cfg):
-    """Leave the host's network, UTS, mount and cgroup namespaces for the slot's own (root only).
-    Returns fds of the slot's IPC and mount namespaces (to come back to after each fork)."""
+def enter_slot(cfg, in_cgroup_namespace=None):
+    """Leave the host's network, UTS, mount and cgroup namespaces for the slot's own (root only);
+    `in_cgroup_namespace()` runs once in them, before the host's files are gone. Returns fds of
+    the slot's IPC and mount namespaces (to come back to after each fork)."""
     check(libc.unshare(CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWNS | CLONE_NEWCGROUP), "unshare")
+    if in_cgroup_namespace is not None:
+        in_cgroup_namespace()
     base = [(os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWIPC),
             (os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWNS)]  # (/proc: still the host's)
     _loopback_up()

@@ -36,8 +36,9 @@ class WarmState:
     ``print(1)``). The streams are built on a pipe (stdout, stderr) and on ``/dev/null`` (stdin),
     so they are what a run's pipes and stdin (a memfd, or ``/dev/null``) would have given."""
 
-    def __init__(self, env):
+    def __init__(self, env, cg_run_fds=()):
         self.env = dict(env)
+        self.cg_run_fds = cg_run_fds  # cgroup.procs of the run's cgroup: a program joins it first
         saved = [os.dup(fd) for fd in (0, 1, 2)]
         r, w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
@@ -117,6 +118,12 @@ def start(req, fds, vm_bytes, warm_state):
 
 def _start(req, fds, vm_bytes, warm):
     step, uid = req["step"], req["uid"]
+    for fd in warm.cg_run_fds:  # first: every page this process touches from here on is the run's
+        try:
+            os.write(fd, b"0")
+        except OSError as e:
+            os.write(fds[2], ("sandbox: cannot join the run's cgroup: %s\n" % e.strerror).encode())
+            return 125
     os.setsid()
     dup2 = os.dup2
     dup2(fds[0], 0)
@@ -136,10 +143,11 @@ def _start(req, fds, vm_bytes, warm):
     setrlimit = resource.setrlimit
     cpu = step["cpu_s"]
     setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    mem = step["mem_mb"] << 20
-    if is_warm:  # the loaded interpreter's own address space comes on top
-        mem += vm_bytes
-    setrlimit(resource.RLIMIT_AS, (mem, mem))
+    if step.get("rlimit_as"):  # only without a memory cgroup: address space is not memory (thread stacks)
+        mem = step["mem_mb"] << 20
+        if is_warm:  # the loaded interpreter's own address space comes on top
+            mem += vm_bytes
+        setrlimit(resource.RLIMIT_AS, (mem, mem))
     preset = warm.limits
     for lim, v in ((resource.RLIMIT_NPROC, req["max_processes"]), (resource.RLIMIT_FSIZE, req["max_file_mb"] << 20),
                    (resource.RLIMIT_NOFILE, req["max_open_files"]), (resource.RLIMIT_CORE, 0)):
@@ -221,8 +229,8 @@ def _exit_code(e):
     c = e.code
     if c is None:
         return 0
-    if isinstance(c, int):
-        return c & 0xFF
+    if isinstance(c, int):  # as CPython: a C long's low byte; one that does not fit a C long gives 255
+        return c & 0xFF if -(1 << 63) <= c < (1 << 63) else 255
     try:
         sys.stderr.write(str(c) + "\n")
     except Exception:  # noqa: BLE001

@@ -9,8 +9,8 @@ It never forks a program itself: the fork server does, on its request (`zygote.p
 an idle process keeps this one's memory unshared, so the init does not pay copy-on-write faults
 for its own work after every fork.
 
-Per run: fresh mount and IPC namespaces with one size-limited tmpfs as ``/tmp`` (the cwd) and
-``/dev/shm``, made ready *before* the request arrives (right after the previous run); the request's
+Per run: fresh mount and IPC namespaces with one size-limited tmpfs as ``/tmp`` (the cwd), ``/mnt``
+and ``/dev/shm``, made ready *before* the request arrives (right after the previous run); the request's
 files written into it; each step (compile, run) forked by the fork server into those namespaces;
 output read (capped), timeout enforced; then every process of the namespace killed and reaped,
 requested files read, the result sent, and the namespaces left (the tmpfs goes with them).
@@ -39,9 +39,18 @@ from .isolation import CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, 
 
 
 # ------------------------------------------------------------------------------ framing
-def send_frame(sock, header, blobs=()):
+def send_frame(sock, header, blobs=(), files=()):
+    """``<u32 n><header><blobs><files>``; `files` are (fd, size) sent from the file itself in bounded
+    chunks (``sendfile``: never read into this process, whose memory must stay small and fixed)."""
     data = json.dumps(header).encode()
     sock.sendall(b"".join([struct.pack("!I", len(data)), data, *blobs]))  # (one send: the reader wakes once)
+    for fd, size in files:
+        sent = 0
+        while sent < size:
+            n = os.sendfile(sock.fileno(), fd, sent, min(1 << 20, size - sent))
+            if n == 0:
+                raise EOFError("a fetched file shrank while it was sent")
+            sent += n
 
 
 def _recv_exact(sock, n):
@@ -73,6 +82,43 @@ class _Request:
         out = self.buf[self.pos:] + _recv_exact(self.sock, n - have)
         self.buf, self.pos = b"", 0
         return out
+
+
+class LimitNotApplied(RuntimeError):
+    """A run's limit could not be set: the run must not start."""
+
+
+class _Dropper:
+    """Closes finished runs' namespace fds in a thread (each close may wait for an RCU grace
+    period); `wait_idle` returns once every namespace handed over so far is gone (its tmpfs too)."""
+
+    def __init__(self):
+        import threading
+
+        self.cond = threading.Condition()
+        self.todo = []
+        self.busy = False
+        threading.Thread(target=self._drop, name="drop-namespaces", daemon=True).start()
+
+    def put(self, fds):
+        with self.cond:
+            self.todo.append(fds)
+            self.cond.notify_all()
+
+    def wait_idle(self):
+        with self.cond:
+            self.cond.wait_for(lambda: not self.todo and not self.busy)
+
+    def _drop(self):
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.todo)
+                fds, self.busy = self.todo.pop(0), True
+            for fd in fds:
+                os.close(fd)
+            with self.cond:
+                self.busy = bool(self.todo)
+                self.cond.notify_all()
 
 
 class RunInit:
@@ -150,10 +196,11 @@ class RunInit:
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(mnt,ipc)")
         size = "size=%dk,nr_inodes=%d,mode=0755" % (slot.disk_mb << 10, slot.max_inodes)
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, size)
-        for d in ("t", "s"):
+        for d in ("t", "s", "m"):
             os.mkdir("/dev/shm/" + d, 0o1777 if d == "s" else 0o755)
             os.chown("/dev/shm/" + d, slot.uid, slot.uid)
         mount("/dev/shm/t", "/tmp", None, MS_BIND)
+        mount("/dev/shm/m", "/mnt", None, MS_BIND)  # (SandboxFusion's programs write /mnt too)
         mount("/dev/shm/s", "/dev/shm", None, MS_BIND)
         # handed to the fork server with each step: it forks the program inside them
         self.run_ns = [os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC),
@@ -175,17 +222,7 @@ class RunInit:
 
     def _dropper(self):
         if self.drop_queue is None:
-            import queue
-            import threading
-
-            self.drop_queue = queue.SimpleQueue()
-
-            def drop():
-                while True:
-                    for fd in self.drop_queue.get():
-                        os.close(fd)
-
-            threading.Thread(target=drop, name="drop-namespaces", daemon=True).start()
+            self.drop_queue = _Dropper()
         return self.drop_queue
 
     # -- one run -----------------------------------------------------------------------------
@@ -219,52 +256,69 @@ class RunInit:
             work = "/tmp" if self.isolate else hdr["workdir"]
             self._write(work, hdr["source"], code_blob, hdr["uid"])
             for (path, _), data in zip(hdr["files"], blobs):
-                self._write(work, path, data, hdr["uid"])
+                if path.startswith("/mnt/"):
+                    if not self.isolate:
+                        raise OSError(errno.EINVAL, "/mnt is only per run with isolation: %r" % path)
+                    self._write("/mnt", path[len("/mnt/"):], data, hdr["uid"])
+                else:
+                    self._write(work, path, data, hdr["uid"])
         except OSError as e:
             result["input_error"] = "bad input file: %s" % (e.strerror or e)
             send_frame(sock, result)
             return
         for step in hdr["steps"]:
-            st, out, err = self._step(hdr, work, step, stdin if step.get("stdin") else None)
+            try:
+                st, out, err = self._step(hdr, work, step, stdin if step.get("stdin") else None)
+            except LimitNotApplied as e:
+                result["setup_error"] = str(e)
+                break
             result["steps"].append(st)
             out_blobs += [out, err]
             if st["status"] != "Finished" or st["return_code"] != 0:
                 break
-        files, fblobs = self._fetch(work, hdr)
-        result["files"] = files
-        send_frame(sock, result, out_blobs + fblobs)
+        files, fds, skipped = self._fetch(work, hdr)
+        result["files"], result["not_fetched"] = files, skipped
+        try:
+            send_frame(sock, result, out_blobs, fds)
+        finally:
+            for fd, _ in fds:
+                os.close(fd)
 
     def _fetch(self, work, hdr):
-        """Requested files, each resolved file once (aliases dropped), within the size caps."""
-        seen, files, blobs, total = set(), [], [], 0
+        """Requested files as (fd, size) to stream, each resolved file once, within the size caps;
+        and [name, reason] for each one not returned (missing, not a file, too large, an alias)."""
+        seen, files, fds, skipped, total = {}, [], [], [], 0
         for name, rel in hdr["fetch"]:
-            real = os.path.realpath(os.path.join(work, rel))
-            if not real.startswith(work + "/") or real in seen:
+            base = "/mnt" if rel.startswith("/mnt/") and self.isolate else work
+            real = os.path.realpath(os.path.join(base, rel[len("/mnt/"):] if base == "/mnt" else rel))
+            if not real.startswith(base + "/"):
+                skipped.append([name, "outside the work dir"])
+                continue
+            if real in seen:
+                skipped.append([name, "same file as %r (sent once)" % seen[real]])
                 continue
             try:
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
+                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:
+                skipped.append([name, "not found" if e.errno == errno.ENOENT else e.strerror or str(e)])
                 continue
-            try:
-                size = os.fstat(fd).st_size
-                if not stat.S_ISREG(os.fstat(fd).st_mode) or size > hdr["fetch_max_file"] \
-                        or total + size > hdr["fetch_max_total"]:
-                    continue
-                chunks, got = [], 0
-                while got < size:
-                    b = os.read(fd, min(1 << 20, size - got))
-                    if not b:
-                        break
-                    chunks.append(b)
-                    got += len(b)
-            finally:
+            st = os.fstat(fd)
+            why = None
+            if not stat.S_ISREG(st.st_mode):
+                why = "not a regular file"
+            elif st.st_size > hdr["fetch_max_file"]:
+                why = "larger than the %d MB limit of one fetched file" % (hdr["fetch_max_file"] >> 20)
+            elif total + st.st_size > hdr["fetch_max_total"]:
+                why = "over the %d MB limit of all fetched files" % (hdr["fetch_max_total"] >> 20)
+            if why:
                 os.close(fd)
-            data = b"".join(chunks)
-            seen.add(real)
-            total += len(data)
-            files.append([name, len(data)])
-            blobs.append(data)
-        return files, blobs
+                skipped.append([name, why])
+                continue
+            seen[real] = name
+            total += st.st_size
+            files.append([name, st.st_size])
+            fds.append((fd, st.st_size))
+        return files, fds, skipped
 
     @staticmethod
     def _write(work, path, data, uid):
@@ -290,16 +344,49 @@ class RunInit:
             os.close(fd)
 
     def _set_memory(self, limit_bytes):
-        if limit_bytes == self.mem_limit:
+        """Apply the run's memory limit or raise `LimitNotApplied`: the run must not start with
+        another run's limit. Lowering it fails (v1: EBUSY; v2: usage stays above) while the
+        previous runs' tmpfs pages still count: then wait until their namespaces are dropped and
+        try once more. Only a limit read back as written is remembered."""
+        if limit_bytes == self.mem_limit or not self.slot.cg_limit_fds:
             return
+        self.mem_limit = None
+        why = self._write_memory(limit_bytes)
+        if why:
+            self._dropper().wait_idle()
+            why = self._write_memory(limit_bytes)
+        if why:
+            raise LimitNotApplied("the memory limit of %d MB could not be applied (%s)" % (limit_bytes >> 20, why))
         self.mem_limit = limit_bytes
-        # memsw (v1) must stay >= the limit: write it, the limit, and it again (works both ways)
-        fds = self.slot.cg_limit_fds
+
+    def _write_memory(self, limit_bytes):
+        """Write the limit (v1: memsw must stay >= the limit: memsw, limit, memsw again works both
+        ways), read it back; None when it holds, else why not."""
+        fds, value, errors = self.slot.cg_limit_fds, str(limit_bytes).encode(), []
         for fd in fds[1:] + fds + fds[1:]:
             try:
-                os.pwrite(fd, str(limit_bytes).encode(), 0)
-            except OSError:
+                os.pwrite(fd, value, 0)
+            except OSError as e:
+                errors.append(e.strerror or str(e))
+        for fd in fds:
+            try:
+                got = os.pread(fd, 64, 0).strip()
+            except OSError as e:
+                return "cannot read it back: %s" % (e.strerror or e)
+            if got != value:
+                return "it reads %s%s" % (got.decode(errors="replace"), ", " + errors[-1] if errors else "")
+        usage = self._memory_usage()
+        if usage is not None and usage > limit_bytes:
+            return "%d MB still in use by the previous run" % (usage >> 20)
+        return None
+
+    def _memory_usage(self):
+        for fd in self.slot.cg_usage_fds:
+            try:
+                return int(os.pread(fd, 64, 0).split()[0])
+            except (OSError, ValueError, IndexError):
                 pass
+        return None
 
     def _oom_kills(self):
         n = 0
@@ -315,8 +402,7 @@ class RunInit:
 
     # -- one step (compile or run) -----------------------------------------------------------
     def _step(self, hdr, work, step, stdin):
-        mem = step["mem_mb"] << 20
-        self._set_memory(mem + self.slot.base_bytes + (48 << 20))
+        self._set_memory(step["mem_mb"] << 20)  # (the run's cgroup holds the program's pages only)
         oom0 = self._oom_kills()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -347,7 +433,7 @@ class RunInit:
         for fd in watched:  # (a pipe is read once per readiness: it never blocks, no O_NONBLOCK needed)
             poller.register(fd, select.EPOLLIN)
         deadline = t0 + step["timeout"]
-        status, notes, flooded = "Finished", [], []
+        status, notes, flooded, memory_exceeded = "Finished", [], [], False
         open_pipes = set(bufs)
         try:
             while open_pipes or self.wstatus is None:
@@ -410,8 +496,10 @@ class RunInit:
                          % (", ".join(sorted(set(flooded))), limit))
         elif status == "Finished":
             if self._oom_kills() > oom0:
+                memory_exceeded = True
                 notes.append("memory limit exceeded (%d MB for the whole run): a process was killed" % step["mem_mb"])
             elif rc in (-signal.SIGXCPU, -signal.SIGKILL) and cpu is not None and cpu >= step["cpu_s"] - 0.05:
+                status = "TimeLimitExceeded"  # (as a wall-clock timeout: one thread or many, the same answer)
                 notes.append("CPU time limit exceeded (%ds)" % step["cpu_s"])
             elif rc == -signal.SIGXFSZ:
                 notes.append("file size limit exceeded (%d MB)" % hdr["max_file_mb"])
@@ -419,6 +507,7 @@ class RunInit:
             status = "Error"
             notes.append("the run was stopped by the server")
         st = {"kind": step.get("kind", "run"), "status": status, "execution_time": round(elapsed, 4),
+              "memory_exceeded": memory_exceeded,
               "return_code": None if status == "TimeLimitExceeded" else rc,
               "cpu_time": round(cpu, 4) if cpu is not None else None, "notes": notes,
               "stdout_size": len(bufs[out_r]), "stderr_size": len(bufs[err_r])}

@@ -4,15 +4,15 @@ The server keeps one slot per unit of concurrency; a slot is three processes, al
 *run* interpreter (stdlib only):
 
 - `zygote.py`, the fork server: loads the interpreter and common modules, builds the slot's
-  isolation once (`isolation.py`: the slot's cgroups for memory incl. tmpfs, processes and CPU of
-  all processes of a run together; a network namespace with only loopback, up; a read-only
+  isolation once (`isolation.py`, `cgroups.py`: the slot's cgroups for processes and CPU, and for
+  the memory incl. tmpfs of all processes of a run together, which it and the init stay out of; a network namespace with only loopback, up; a read-only
   minimal root with ``/usr`` and the interpreters, a synthetic ``/etc``, nothing of the host's
   data), then forks every program of the slot inside the run's namespaces, idle in between;
 - `run_init.py`, PID 1 of the slot's PID namespace: keeps the next run's mount and IPC namespaces
   with a size-limited tmpfs as ``/tmp`` and ``/dev/shm`` ready before the request comes, writes
   the request's files, has each step forked, reaps, enforces the timeout and the output limit,
   kills every process of the run when the program ends, reports, and drops the namespaces;
-- `program.py`, in the forked program: takes its pipes, the run's rlimits and the slot's uid
+- `program.py`, in the forked program: joins the run's cgroup, takes its pipes, the run's rlimits and the slot's uid
   (``no_new_privs``, the seccomp filter, the run-independent rlimits, umask and the empty group
   list are the fork server's, set once); then Python code runs in this already warm interpreter
   (as ``python3 -u main.py`` would), other languages exec their tools.
@@ -48,9 +48,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime.sandbox.cgroups import Cgroups
+from slime.sandbox.uids import FIRST_UID, UidRange, UidRangeBusy
 
 logger = logging.getLogger(__name__)
-ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def slot_sources() -> tuple[bytes, dict[str, str]]:
+    """The fork server's script (sent on its stdin) and the modules it loads (sent with its
+    config): no file of this checkout is opened, nor its path shown, inside a slot."""
+    def read(name: str) -> str:
+        with open(os.path.join(HERE, name + ".py")) as f:
+            return f.read()
+    return read("zygote").encode(), {n: read(n) for n in ("isolation", "program", "run_init")}
 # Modules a run's Python finds already imported. Each one costs every run a little (the fork server's
 # memory is copied and torn down per run); these are the common, cheap ones of generated solutions.
 # Heavier, rarer ones (dataclasses, statistics, decimal, datetime, threading, numpy) load on use, and
@@ -71,7 +81,7 @@ class SandboxInternalError(RuntimeError):
 class SandboxConfig:
     max_concurrency: int = 4
     isolate: bool = True  # False only with --allow-no-isolation
-    uid_base: int = 61000
+    uid_base: int | None = None  # first run uid; None: the first free range (`uids.py`)
     python: str | None = None  # interpreter for `python` (runs the fork servers too)
     root_dir: str | None = None
     default_memory_mb: int = 512
@@ -80,12 +90,14 @@ class SandboxConfig:
     max_run_timeout: float = 120.0
     max_compile_timeout: float = 60.0
     max_output_bytes: int = 1 << 20  # per stream
-    max_processes: int = 64
+    max_processes: int = 128  # processes and threads of a run (ThreadPoolExecutor(64) must start)
     max_file_mb: int = 64
     disk_mb: int = 256  # the run's tmpfs (/tmp and /dev/shm together)
     max_open_files: int = 256
     cpus_per_run: float = 1.0  # cgroup CPU bandwidth: CPU time of a run <= wall time x this
     max_body_mb: int = 32
+    max_inodes: int = 65536  # of a run's tmpfs
+    max_files: int = 60000  # request files (with their directories, within max_inodes)
     max_fetch_mb: int = 64  # total of fetched files per request
     compile_memory_mb: int = 1024
     ro_paths: list[str] = field(default_factory=list)  # more read-only paths in the runs' root
@@ -142,9 +154,12 @@ def _run_env() -> dict[str, str]:
 
 
 def normalize_path(path: str) -> str:
-    """A request path (relative, or under /tmp: the work dir) as a clean relative path."""
+    """A request path (relative, or under /tmp: the work dir) as a clean relative path; one under
+    /mnt (the run's own, on its tmpfs, as in SandboxFusion) as ``/mnt/<clean relative path>``."""
     if not path or "\x00" in path:
         raise ValueError(f"invalid path {path!r}")
+    if path.startswith("/mnt/"):
+        return "/mnt/" + normalize_path(path[len("/mnt/"):])
     rel = path[len("/tmp/"):] if path.startswith("/tmp/") else path
     if os.path.isabs(rel):
         raise ValueError(f"absolute path outside the work dir: {path!r}")
@@ -223,12 +238,15 @@ class Runner:
             self.root = tempfile.mkdtemp(prefix="slime-sandbox-", dir=cfg.root_dir)
             os.chmod(self.root, 0o711)
         self.languages = available_languages(cfg)
+        self.uids = UidRange.claim(cfg.max_concurrency, cfg.uid_base) if cfg.isolate else \
+            UidRange(cfg.uid_base or FIRST_UID, cfg.max_concurrency, [])
         self.cgroups = Cgroups(cfg.max_concurrency, cfg.max_processes + 4, cfg.cpus_per_run) if cfg.isolate \
             else Cgroups(0, 0, 0)
         if cfg.isolate and self.cgroups.missing:
             logger.warning("cgroups unavailable for %s: those limits are per process only (rlimits)",
                            ", ".join(self.cgroups.missing))
         self.seccomp = False
+        self._zygote_script, self._slot_modules = slot_sources()
         self._zygotes: list[_Zygote | None] = [None] * cfg.max_concurrency
         self._slots: asyncio.Queue[int] | None = None
         self._closed = False
@@ -254,19 +272,24 @@ class Runner:
         py = os.path.realpath(cfg.python or "/usr/bin/python3")
         if not py.startswith("/usr/"):  # an interpreter outside /usr brings its prefix along
             ro.append(os.path.dirname(os.path.dirname(py)))
-        conf = {"isolate": cfg.isolate, "uid": cfg.uid_base + slot, "ro_paths": ro, "disk_mb": cfg.disk_mb,
+        conf = {"isolate": cfg.isolate, "uid": self.uids.base + slot, "ro_paths": ro, "disk_mb": cfg.disk_mb,
+                "max_inodes": cfg.max_inodes,
                 "env": _run_env(), "preload": cfg.preload,
-                "cg_procs": cg.procs if cg else [], "cg_limits": cg.limits if cg else [],
-                "cg_oom": cg.oom if cg else [], "cg_usage": cg.usage if cg else [],
+                "cg_procs": cg.procs if cg else [], "cg_sup_procs": cg.sup_procs if cg else [],
+                "cg_enable": cg.enable if cg else [], "cg_run_procs": cg.run_procs if cg else [],
+                "cg_limits": cg.limits if cg else [], "cg_oom": cg.oom if cg else [],
+                "cg_usage": cg.usage if cg else [], "sources": self._slot_modules,
                 # set once on the fork server (root: RLIMIT_NPROC never binds its own forks)
                 "limits": {"max_processes": cfg.max_processes, "max_file_mb": cfg.max_file_mb,
                            "max_open_files": cfg.max_open_files} if cfg.isolate else None}
         # started from the event loop's thread: the pdeathsig it sets is tied to a thread that lives
         try:
-            proc = subprocess.Popen([py, "-I", "-B", ZYGOTE, str(theirs.fileno()), str(data_theirs.fileno())],
+            proc = subprocess.Popen([py, "-I", "-B", "-", str(theirs.fileno()), str(data_theirs.fileno())],
                                     pass_fds=(theirs.fileno(), data_theirs.fileno()), env=_run_env(), cwd="/",
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL if cfg.isolate else None, start_new_session=True)
+            with proc.stdin:  # (a pipe holds 64 KiB: written from a thread, the loop never blocks)
+                await asyncio.to_thread(proc.stdin.write, self._zygote_script)
         except BaseException:
             for sock in (mine, data):
                 sock.close()
@@ -291,12 +314,27 @@ class Runner:
         self.seccomp = bool(ready.get("seccomp"))
         return z
 
+    @property
+    def running(self) -> int:
+        q = self._slots
+        return self.cfg.max_concurrency - (q.qsize() if q is not None else self.cfg.max_concurrency)
+
+    def stop_runs(self) -> None:
+        """End every running run now (their slots' processes are killed) and refuse new ones."""
+        self._closed = True
+        for z in self._zygotes:
+            if z is not None and z.proc.poll() is None:
+                z.broken = True
+                z.proc.kill()  # its init dies with it (pdeathsig), and with the init every process of the run:
+                # a run's request then ends with the stream's EOF (its socket stays open until then)
+
     def close(self) -> None:
         self._closed = True
         for z in self._zygotes:
             if z is not None:
                 z.stop()
         self.cgroups.close()
+        self.uids.release()
         if self.root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -317,14 +355,15 @@ class Runner:
         compile_timeout = float(req.get("compile_timeout") or 10)
         mem = req.get("memory_limit_MB")
         mem_mb = cfg.default_memory_mb if mem is None or int(mem) <= 0 else int(mem)
+        rlimit_as = "memory" in self.per_process_only  # (a memory cgroup bounds memory, not address space)
         steps = []
         if comp_argv:
             steps.append({"argv": comp_argv, "timeout": compile_timeout, "cpu_s": max(1, int(compile_timeout + 0.999)),
-                          "mem_mb": max(mem_mb, cfg.compile_memory_mb), "kind": "compile"})
+                          "mem_mb": max(mem_mb, cfg.compile_memory_mb), "kind": "compile", "rlimit_as": rlimit_as})
         warm = run_argv[0] == "{py}"
         steps.append({"argv": [cfg.python or "python3", *run_argv[1:]] if warm else run_argv, "warm_python": warm,
                       "timeout": run_timeout, "cpu_s": max(1, int(run_timeout + 0.999)), "mem_mb": mem_mb,
-                      "stdin": True, "kind": "run"})
+                      "stdin": True, "kind": "run", "rlimit_as": rlimit_as})
         files, blobs = [], []
         for path, b64 in (req.get("files") or {}).items():
             data = base64.b64decode(b64 or "", validate=True)
@@ -333,10 +372,12 @@ class Runner:
         code = str(req.get("code") or "").encode()
         stdin = req.get("stdin")
         stdin_b = stdin.encode() if isinstance(stdin, str) else None
-        fetch = []
+        fetch, bad_fetch = [], []
         for p in req.get("fetch_files") or []:
-            with contextlib.suppress(ValueError):
+            try:
                 fetch.append([str(p), normalize_path(str(p))])
+            except ValueError as e:
+                bad_fetch.append([str(p), str(e)])
         hdr = {"uid": uid, "workdir": workdir, "env": _run_env() if cfg.isolate else dict(_run_env(), HOME=workdir,
                                                                                         TMPDIR=workdir),
                "disk_mb": cfg.disk_mb, "files": files, "source": src_name, "code_size": len(code),
@@ -347,16 +388,19 @@ class Runner:
                "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files}
         head = json.dumps(hdr).encode()
         return b"".join([struct.pack("!I", len(head)), head, *blobs, code, stdin_b or b""]), \
-            sum(s["timeout"] for s in steps) + 30
+            sum(s["timeout"] for s in steps) + 30, bad_fetch
 
     async def run(self, req: dict[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
         lang = str(req.get("language") or "python").lower()
         if lang not in LANGUAGES or lang not in self.languages:
-            return _error(f"language {lang!r} is not supported here; supported: {', '.join(self.languages)}")
+            return _error(f"language {lang!r} is not supported here; supported: {', '.join(self.languages)}; "
+                          "the code was not run")
+        if self._closed:
+            return _error("the sandbox server is shutting down; the code was not run")
         slots = self._slots_q()
         slot = await slots.get()
-        uid = cfg.uid_base + slot
+        uid = self.uids.base + slot
         workdir = "/tmp"
         done = False
         try:
@@ -367,12 +411,15 @@ class Runner:
             try:
                 small = len(req.get("files") or ()) < 64 and len(req.get("code") or "") + len(req.get("stdin") or "") \
                     + sum(len(v or "") for v in (req.get("files") or {}).values()) < (256 << 10)
-                frame, budget = self._plan(req, uid, workdir) if small else \
+                frame, budget, bad_fetch = self._plan(req, uid, workdir) if small else \
                     await asyncio.to_thread(self._plan, req, uid, workdir)
             except (ValueError, TypeError) as e:
                 done = True
                 return _error(f"bad input file: {e}", status="Failed")
             z = self._zygotes[slot]
+            if self._closed:
+                done = True
+                return _error("the sandbox server is shutting down; the code was not run")
             if z is None or not z.alive():
                 z = await self._spawn(slot)
             # The request on the slot's stream, the answer back on it. Anything else than a whole
@@ -384,11 +431,12 @@ class Runner:
                 del frame
                 res, steps, files = await self._read_result(loop, z.data)
             done = not res.get("error")  # (an init that failed ends its slot: start a fresh one)
+            res["not_fetched"] = bad_fetch + (res.get("not_fetched") or [])
             return await self._response(res, steps, files)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
-            return _error(f"the run failed inside the sandbox: {type(e).__name__}: {e}")
+            return self._failed(f"{type(e).__name__}: {e}")
         except SandboxInternalError as e:
-            return _error(str(e))
+            return _error(f"{e}; the code was not run")
         finally:
             if not done:
                 z = self._zygotes[slot]
@@ -401,41 +449,54 @@ class Runner:
 
     @staticmethod
     async def _read_result(loop: asyncio.AbstractEventLoop, sock: socket.socket):
-        """The init's answer, ``<u32 n><JSON header><blobs>``: sent at once, so usually one read."""
-        buf = bytearray()
+        """The init's answer, ``<u32 n><JSON header><blobs>``; each blob read into its own buffer
+        (no second copy of a large fetched file)."""
+        pending = bytearray()
 
-        async def fill(n: int) -> None:
-            while len(buf) < n:
-                chunk = await loop.sock_recv(sock, min(1 << 20, max(1 << 16, n - len(buf))))
-                if not chunk:
-                    raise asyncio.IncompleteReadError(bytes(buf), n)
-                buf.extend(chunk)
+        async def take(n: int) -> bytearray:
+            nonlocal pending
+            if len(pending) >= n:
+                out = pending[:n]
+                del pending[:n]
+                return out
+            buf = bytearray(n)
+            view = memoryview(buf)
+            got = len(pending)
+            view[:got] = pending
+            pending = bytearray()
+            while got < n:
+                k = await loop.sock_recv_into(sock, view[got:])
+                if not k:
+                    raise asyncio.IncompleteReadError(bytes(buf[:got]), n)
+                got += k
+            del view
+            return buf  # (not copied into bytes: a fetched file may be tens of MB)
 
-        await fill(4)
-        (n,) = struct.unpack_from("!I", buf)
-        await fill(4 + n)
-        res = json.loads(bytes(buf[4:4 + n]))
-        sizes = [x for st in res.get("steps", []) for x in (st["stdout_size"], st["stderr_size"])]
-        sizes += [size for _, size in res.get("files", [])]
-        await fill(4 + n + sum(sizes))
-        view, pos, parts = memoryview(buf), 4 + n, []
-        for size in sizes:
-            parts.append(bytes(view[pos:pos + size]))
-            pos += size
-        del view
-        steps = [(st, parts[2 * i], parts[2 * i + 1]) for i, st in enumerate(res.get("steps", []))]
-        k = 2 * len(steps)
-        files = [(path, parts[k + i]) for i, (path, _) in enumerate(res.get("files", []))]
+        first = await loop.sock_recv(sock, 1 << 16)
+        if not first:
+            raise asyncio.IncompleteReadError(b"", 4)
+        pending += first
+        (n,) = struct.unpack("!I", await take(4))
+        res = json.loads(await take(n))
+        steps = []
+        for st in res.get("steps", []):
+            out = await take(st["stdout_size"])
+            steps.append((st, out, await take(st["stderr_size"])))
+        files = [(path, await take(size)) for path, size in res.get("files", [])]
         return res, steps, files
 
     async def _response(self, res: dict[str, Any], steps, files) -> dict[str, Any]:
         if res.get("input_error"):
             return _error(res["input_error"], status="Failed")
         if res.get("error"):
-            return _error(f"the run failed inside the sandbox: {res['error']}")
+            return self._failed(res["error"])
+        if res.get("setup_error"):
+            return _error(f"{res['setup_error']}; the code was not run")
         comp = rr = None
         notes = []
+        memory_exceeded = False
         for st, out, err in steps:
+            memory_exceeded |= bool(st.get("memory_exceeded"))
             r = CommandResult(status=st["status"], execution_time=st["execution_time"], return_code=st["return_code"],
                               stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                               cpu_time=st.get("cpu_time"))
@@ -448,17 +509,26 @@ class Runner:
             enc = await asyncio.to_thread(lambda: {p: base64.b64encode(d).decode() for p, d in files})
         else:
             enc = {p: base64.b64encode(d).decode() for p, d in files}
+        if res.get("not_fetched"):
+            notes.append("not fetched: " + ", ".join(f"{name!r} ({why})" for name, why in res["not_fetched"]))
         if rr is None:
             msg = "compilation failed" + (f": {'; '.join(notes)}" if notes else "")
             return {"status": "Failed", "message": msg, "compile_result": comp.as_dict() if comp else None,
                     "run_result": None, "executor_pod_name": None, "files": enc}
-        ok = rr.status == "Finished" and rr.return_code == 0
-        msg = "" if ok else _summary(rr)
+        ok = rr.status == "Finished" and rr.return_code == 0 and not memory_exceeded
+        msg = "" if ok or (memory_exceeded and rr.return_code == 0) else _summary(rr)
         if notes:
             msg = "; ".join(notes) if not msg else f"{msg}: {'; '.join(notes)}"
         return {"status": "Success" if ok else "Failed", "message": msg,
                 "compile_result": comp.as_dict() if comp else None, "run_result": rr.as_dict(),
-                "executor_pod_name": None, "files": enc}
+                "executor_pod_name": None, "files": enc, "not_fetched": dict(res.get("not_fetched") or [])}
+
+
+    def _failed(self, why: str) -> dict[str, Any]:
+        if self._closed:  # (`stop_runs` killed its slot)
+            return _error("the sandbox server stopped this run (its owner is gone, or it is shutting down); "
+                          "the code may have run")
+        return _error(f"the run failed inside the sandbox: {why}; the code may have run")
 
 
 def _summary(rr: CommandResult) -> str:
@@ -487,27 +557,30 @@ def probe_isolation(cfg: SandboxConfig) -> None:
     if problems:
         raise IsolationUnavailable("; ".join(problems))
 
-    async def probe() -> dict[str, Any]:
-        r = Runner(dataclasses.replace(cfg, max_concurrency=1, isolate=True, preload=[]))
+    async def probe() -> tuple[dict[str, Any], int]:
+        try:
+            r = Runner(dataclasses.replace(cfg, max_concurrency=1, isolate=True, preload=[], uid_base=None))
+        except UidRangeBusy as e:
+            raise IsolationUnavailable(str(e)) from e
         try:
             try:
                 await r.start()
             except SandboxInternalError as e:
                 raise IsolationUnavailable(str(e)) from e
-            return await r.run({"language": "python", "run_timeout": 20, "code":
+            return r.uids.base, await r.run({"language": "python", "run_timeout": 20, "code":
                                 "import os\nprint(os.getuid(), os.getpid(), sorted(os.listdir('/sys/class/net')"
                                 " if os.path.isdir('/sys/class/net') else []), open('/proc/net/dev').read().count(':'),"
                                 " os.path.exists('/etc/shadow'))\nopen('/tmp/probe', 'w').write('x')"})
         finally:
             r.close()
 
-    res = asyncio.run(probe())
+    uid_base, res = asyncio.run(probe())
     rr = res.get("run_result") or {}
     if res.get("status") != "Success":
         raise IsolationUnavailable(f"isolated probe failed: {res.get('message')} {rr.get('stderr', '')[-500:]}")
     uid, pid, *rest = rr["stdout"].split()
     n_if, shadow = rest[-2], rest[-1]
-    if uid != str(cfg.uid_base):
+    if uid != str(uid_base):
         raise IsolationUnavailable(f"uid switch did not happen (got uid {uid!r})")
     if not pid.isdigit() or int(pid) <= 1:
         raise IsolationUnavailable(f"pid namespace missing or the program is its init (pid {pid!r})")

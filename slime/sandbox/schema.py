@@ -1,11 +1,13 @@
-"""The `/run_code` request (SandboxFusion's fields): wrong types, unknown languages and
-out-of-range limits answer 422 naming the field; a body-size limit answers 413."""
+"""The `/run_code` request (SandboxFusion's fields): wrong types, unknown languages,
+out-of-range limits and files that cannot fit a run's tmpfs answer 422 naming the field."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from slime.sandbox.runner import SandboxConfig, normalize_path
 
@@ -22,7 +24,7 @@ def request_model(cfg: SandboxConfig, languages: list[str]) -> type[BaseModel]:
         run_timeout: float | None = Field(None, gt=0, le=cfg.max_run_timeout)
         memory_limit_MB: int | None = Field(None, le=cfg.max_memory_mb)  # -1/0: the default
         stdin: str | None = None
-        files: dict[str, str | None] = Field(default_factory=dict)
+        files: dict[str, str | None] = Field(default_factory=dict, max_length=cfg.max_files)
         fetch_files: list[str] = Field(default_factory=list, max_length=10000)
 
         @field_validator("language")
@@ -43,55 +45,75 @@ def request_model(cfg: SandboxConfig, languages: list[str]) -> type[BaseModel]:
         @field_validator("files")
         @classmethod
         def _files(cls, v: dict[str, Any]) -> dict[str, Any]:
-            for path in v:
-                normalize_path(path)  # ValueError names the path
+            check_files(v, cfg)
             return v
 
     return RunCodeRequest
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets 413 before it is read into memory."""
+def check_files(files: dict[str, Any], cfg: SandboxConfig) -> None:
+    """The request's files must fit a run's tmpfs: paths inside it, files and their directories
+    within its inodes, contents within its size, and no path both a file and a directory."""
+    paths: dict[str, str] = {}
+    for path in files:
+        norm = normalize_path(path)  # ValueError names the path
+        if norm in paths:
+            raise ValueError(f"{path!r} and {paths[norm]!r} are the same file")
+        paths[norm] = path
+    dirs = {d for norm in paths for d in _parents(norm)}
+    clash = dirs.intersection(paths)
+    if clash:
+        d = min(clash)
+        child = next(p for n, p in paths.items() if n.startswith(d + "/"))
+        raise ValueError(f"{paths[d]!r} is a file, and a directory of {child!r}")
+    if len(paths) + len(dirs) > cfg.max_inodes - 64:
+        raise ValueError(f"{len(paths)} files in {len(dirs)} directories exceed the run's "
+                         f"{cfg.max_inodes - 64} inodes")
+    size = sum(len(b or "") for b in files.values()) * 3 // 4
+    if size > cfg.disk_mb << 20:
+        raise ValueError(f"about {size >> 20} MB of files exceed the run's {cfg.disk_mb} MB disk")
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        for k, v in scope.get("headers") or []:
-            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await self._reject(send)
-        chunks, seen = [], 0  # read it here (FastAPI reads it whole anyway), then replay it
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return
-            chunks.append(msg.get("body", b""))
-            seen += len(chunks[-1])
-            if seen > self.limit:
-                return await self._reject(send)
-            if not msg.get("more_body"):
+def _parents(norm: str):
+    while "/" in norm:
+        norm = norm.rsplit("/", 1)[0]
+        yield norm
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"\s*(:?)')
+
+
+def count_keys(raw: bytes, enough: int) -> int:
+    """Keys of the JSON document `raw`, counted up to `enough` + 1 (a scan of its strings, not a
+    parse: stops early, so a body of millions of files is refused in milliseconds)."""
+    n = 0
+    for m in _STRING.finditer(raw):
+        if m.group(1):
+            n += 1
+            if n > enough:
                 break
-        body = b"".join(chunks)
-        del chunks
-        sent = False
+    return n
 
-        async def replay():
-            nonlocal sent, body
-            if not sent:
-                sent = True
-                out, body = body, b""
-                return {"type": "http.request", "body": out, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+class RequestParser:
+    """Body bytes -> the request as a dict, or its errors (``[{"loc", "msg", "type"}]``, loc starting
+    with "body"). Too many keys for the file budget are refused from a scan, before a parse that
+    would take seconds; a large body is parsed off the event loop."""
 
-    async def _reject(self, send) -> None:
-        import json
+    def __init__(self, cfg: SandboxConfig, languages: list[str]) -> None:
+        self.model = request_model(cfg, languages)
+        self.max_files = cfg.max_files
 
-        body = json.dumps({"status": "SandboxError", "detail": f"request body larger than {self.limit} bytes",
-                           "message": f"request body larger than {self.limit} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+    async def __call__(self, raw: bytes) -> dict[str, Any] | list[dict[str, Any]]:
+        enough = self.max_files + 64  # (the request's own keys on top)
+        if raw.count(b":") > enough and count_keys(raw, enough) > enough:
+            return [{"loc": ["body", "files"], "msg": f"at most {self.max_files} files (the run's inode budget)",
+                     "type": "too_long"}]
+        return await asyncio.to_thread(self._validate, raw) if len(raw) > 65536 else self._validate(raw)
+
+    def _validate(self, raw: bytes) -> dict[str, Any] | list[dict[str, Any]]:
+        try:
+            return self.model.model_validate_json(raw).model_dump()
+        except ValidationError as e:
+            return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
+                    for err in e.errors(include_url=False, include_context=False, include_input=False)]

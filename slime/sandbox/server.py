@@ -4,9 +4,12 @@
                   [--allow-no-isolation] [--python /usr/bin/python3] [--default-memory-mb 512]
                   [--disk-mb 256] [--cpus-per-run 1] [--max-body-mb 32] [--max-fetch-mb 64]
 
-Requests are validated (`schema.py`): a wrong type, an unknown language or an out-of-range limit
-answers ``422`` naming the field; a body over ``--max-body-mb`` answers ``413``. Large bodies are
-parsed, and large answers encoded, off the event loop.
+Requests are admitted before their body is read, then read within ``--body-timeout`` (``408``),
+at most ``--max-bodies`` at once, and validated (`schema.py`, `endpoint.py`): a wrong type, an
+unknown language, an out-of-range limit or too many files answers ``422`` naming the field; a body
+over ``--max-body-mb`` answers ``413``. Large bodies are parsed, and large answers encoded, off the
+event loop. A client that disconnects cancels its run. SIGTERM lets running runs finish; a second
+one stops them; the parent's death (``--lifeline-fd``) stops them at once.
 
 At most ``--max-concurrency`` runs execute at once; up to ``--max-queue`` more wait in FIFO order;
 beyond that the answer is ``429`` with ``Retry-After`` (seconds) and ``retry_after_s`` in the body.
@@ -25,7 +28,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import os
 import selectors
 import signal
@@ -40,11 +42,14 @@ READY = "SLIME_SANDBOX_READY"
 
 
 class Admission:
-    """FIFO admission: `cap` running, `queue` waiting, the rest refused."""
+    """FIFO admission: `cap` running, `queue` waiting (including those whose body is still being
+    read: a place is reserved before the body is read), the rest refused."""
 
     def __init__(self, cap: int, queue: int) -> None:
         self.cap, self.queue_cap = cap, queue
         self.running = 0
+        self.reading = 0  # reserved: body being read or parsed (or waiting for its turn to be)
+        self.bodies = 0  # bodies being read or parsed now (at most --max-bodies: `endpoint.py`)
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.max_running = 0
         self.max_queued = 0
@@ -52,13 +57,23 @@ class Admission:
         self.rejected = 0
         self.run_time_ewma = 0.05
 
+    def reserve(self) -> bool:
+        """A place for a request whose body is not read yet; False: answer 429."""
+        if self.running + len(self.waiters) + self.reading >= self.cap + self.queue_cap:
+            self.rejected += 1
+            return False
+        self.reading += 1
+        return True
+
+    def unreserve(self) -> None:
+        self.reading -= 1
+
     def try_enter(self) -> asyncio.Future | bool:
+        """With a reservation: True (run now) or a future to await (queued)."""
+        self.reading -= 1
         if self.running < self.cap and not self.waiters:
             self._start()
             return True
-        if len(self.waiters) >= self.queue_cap:
-            self.rejected += 1
-            return False
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
         self.max_queued = max(self.max_queued, len(self.waiters))
@@ -87,27 +102,28 @@ class Admission:
                 self.waiters.remove(fut)
 
     def retry_after(self) -> float:
-        return max(0.05, self.run_time_ewma * (len(self.waiters) + 1) / self.cap)
+        return max(0.05, self.run_time_ewma * (len(self.waiters) + self.reading + 1) / self.cap)
 
     def stats(self) -> dict[str, Any]:
-        return {"running": self.running, "queued": len(self.waiters), "max_running": self.max_running,
-                "max_queued": self.max_queued, "max_concurrency": self.cap, "max_queue": self.queue_cap,
-                "total": self.total, "rejected": self.rejected}
+        return {"running": self.running, "queued": len(self.waiters), "reading": self.reading, "bodies": self.bodies,
+                "max_running": self.max_running, "max_queued": self.max_queued, "max_concurrency": self.cap,
+                "max_queue": self.queue_cap, "total": self.total, "rejected": self.rejected}
 
 
-def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
+def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout: float = 30.0,
+              max_bodies: int = 4):
     import json
 
-    from fastapi import FastAPI, Request
-    from fastapi.responses import PlainTextResponse, Response
-    from pydantic import ValidationError
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
 
+    from slime.sandbox.endpoint import RunCodeEndpoint
     from slime.sandbox.runner import Runner
-    from slime.sandbox.schema import BodyLimit, request_model
+    from slime.sandbox.schema import RequestParser
 
     runner = Runner(cfg)
     adm = Admission(cfg.max_concurrency, max_queue)
-    Model = request_model(cfg, runner.languages)
+    parse = RequestParser(cfg, runner.languages)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -120,7 +136,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
                 except OSError:
                     pass
                 asyncio.get_running_loop().remove_reader(lifeline_fd)
-                logger.warning("parent process gone: shutting down")
+                logger.warning("parent process gone: stopping the running runs and shutting down")
+                runner.stop_runs()  # at once: nobody is left to read their answers
                 os.kill(os.getpid(), signal.SIGTERM)
 
             asyncio.get_running_loop().add_reader(lifeline_fd, parent_gone)
@@ -159,6 +176,7 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
     @app.get("/health")
     async def health():
         return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages,
+                "uids": [runner.uids.base, runner.uids.last],
                 "cgroups": runner.cgroups.kind, "per_process_only": runner.per_process_only,
                 "seccomp": runner.seccomp}
 
@@ -172,27 +190,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
         adm.max_queued = len(adm.waiters)
         return adm.stats()
 
-    def parse(raw: bytes):
-        try:
-            return Model.model_validate_json(raw).model_dump()
-        except ValidationError as e:
-            return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
-                    for err in e.errors(include_url=False, include_context=False, include_input=False)]
-
-    async def run_code(raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        """POST /run_code: (HTTP status, JSON body, extra headers)."""
-        body = await asyncio.to_thread(parse, raw) if len(raw) > 65536 else parse(raw)
-        del raw
-        if isinstance(body, list):
-            fields = ", ".join(".".join(str(x) for x in d["loc"][1:]) or "body" for d in body)
-            return 422, json.dumps({"status": "SandboxError", "message": f"invalid request: {fields}",
-                                    "detail": body}).encode(), []
-        ticket = adm.try_enter()
-        if ticket is False:
-            ra = adm.retry_after()
-            return 429, json.dumps({"status": "SandboxError", "message": "sandbox busy: too many queued runs",
-                                    "retry_after_s": round(ra, 3)}).encode(), \
-                [(b"retry-after", str(max(1, math.ceil(ra))).encode())]
+    async def execute(body, ticket) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        """POST /run_code once admitted: (HTTP status, JSON body, extra headers)."""
         if ticket is not True:
             try:
                 await ticket
@@ -204,8 +203,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
             res = await runner.run(body)
         except Exception as e:  # noqa: BLE001 - never a bare 500 without a reason
             logger.exception("run failed")
-            res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}", "compile_result": None,
-                   "run_result": None, "executor_pod_name": None, "files": {}}
+            res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}; the code may have run",
+                   "compile_result": None, "run_result": None, "executor_pod_name": None, "files": {}}
         finally:
             adm.leave(time.monotonic() - t0)
         big = res.get("files") or len((res.get("run_result") or {}).get("stdout") or "") > 65536
@@ -213,40 +212,33 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None):
         return 200, text.encode(), []
 
     @app.post("/run_code")
-    async def run_code_route(request: Request):  # (documents the endpoint; `RunCodeFastPath` serves it)
-        status, data, headers = await run_code(await request.body())
-        return Response(data, status_code=status, media_type="application/json",
-                        headers={k.decode(): v.decode() for k, v in headers})
+    async def run_code_route():  # (documents the endpoint; `RunCodeEndpoint` serves it)
+        return PlainTextResponse("served by RunCodeEndpoint", status_code=500)
 
-    return BodyLimit(RunCodeFastPath(app, run_code), cfg.max_body_mb << 20)
-
-
-class RunCodeFastPath:
-    """ASGI: ``POST /run_code`` goes straight to its handler (no routing, no Request object, no
-    response class: a run's fixed cost is what the sandbox's throughput is made of); every other
-    request goes to the FastAPI app. The body arrives whole (`BodyLimit` reads it first)."""
-
-    def __init__(self, app, handler) -> None:
-        self.app, self.handler = app, handler
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/run_code" or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        chunks = []
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client went away
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body"):
-                break
-        status, data, headers = await self.handler(b"".join(chunks))
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(data)).encode()), *headers]})
-        await send({"type": "http.response.body", "body": data})
+    return RunCodeEndpoint(app, admission=adm, parse=parse, execute=execute, max_body=cfg.max_body_mb << 20,
+                           body_timeout=body_timeout, max_bodies=max_bodies)
 
 
+class SandboxServer:
+    """uvicorn's server, but a second SIGTERM (or SIGINT) stops the running runs and ends it
+    (the first one lets the runs finish)."""
+
+    @staticmethod
+    def make(config, runner):
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                if self.should_exit:
+                    self.force_exit = True
+                    runner.stop_runs()
+                else:
+                    n = runner.running
+                    os.write(2, (f"slime-sandbox: signal {sig}: finishing {n} running run(s); "
+                                 "a second signal stops them\n").encode())
+                super().handle_exit(sig, frame)
+
+        return _Server(config)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -264,7 +256,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-no-isolation", action="store_true",
                     help="run even when namespaces/uid switching are unavailable (rlimits only): UNSAFE")
     ap.add_argument("--python", default=None, help="interpreter for `python` runs (default /usr/bin/python3)")
-    ap.add_argument("--uid-base", type=int, default=d.uid_base, help="run i uses uid uid_base+slot")
+    ap.add_argument("--uid-base", type=int, default=d.uid_base,
+                    help="run i uses uid uid_base+slot (default: the first range no other server holds)")
     ap.add_argument("--default-memory-mb", type=int, default=d.default_memory_mb)
     ap.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
     ap.add_argument("--max-run-timeout", type=float, default=d.max_run_timeout)
@@ -275,6 +268,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpus-per-run", type=float, default=d.cpus_per_run, help="cgroup CPU bandwidth of one run")
     ap.add_argument("--max-body-mb", type=int, default=d.max_body_mb, help="larger request bodies get 413")
     ap.add_argument("--max-fetch-mb", type=int, default=d.max_fetch_mb, help="total of fetch_files per request")
+    ap.add_argument("--body-timeout", type=float, default=30.0,
+                    help="seconds to receive a request body; a slower one gets 408")
+    ap.add_argument("--max-bodies", type=int, default=None,
+                    help="request bodies in memory at once (default: --max-concurrency, at least 4)")
+    ap.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
     ap.add_argument("--ro-path", action="append", default=[], help="extra host path visible read-only in runs")
     ap.add_argument("--log-level", default="warning")
     return ap
@@ -304,17 +302,25 @@ def main(argv: list[str] | None = None) -> None:
         cfg.isolate = False
     import uvicorn
 
-    app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
-                    lifeline_fd=args.lifeline_fd)
-    if args.fd is None:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
-                    access_log=False)
-        return
-    # An inherited listening socket. Not uvicorn's `fd=` (it wraps the fd as AF_UNIX, so asyncio
-    # never sets TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK).
-    sock = socket.socket(fileno=args.fd)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=30, access_log=False))
-    server.run(sockets=[sock])  # (uvloop and httptools when installed, as uvicorn.run would)
+    from slime.sandbox.uids import UidRangeBusy
+
+    try:
+        app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
+                        lifeline_fd=args.lifeline_fd, body_timeout=args.body_timeout,
+                        max_bodies=args.max_bodies or max(4, cfg.max_concurrency))
+    except UidRangeBusy as e:
+        print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
+        sys.exit(2)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
+                            access_log=False, limit_concurrency=args.max_connections)
+    runner = app.app.state.runner
+    server = SandboxServer.make(config, runner)
+    try:
+        # An inherited listening socket: not uvicorn's `fd=` (it wraps the fd as AF_UNIX, so asyncio
+        # never sets TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK).
+        server.run(sockets=None if args.fd is None else [socket.socket(fileno=args.fd)])
+    finally:
+        runner.close()  # (also after a forced exit, which skips the app's shutdown)
 
 
 class LocalSandbox:

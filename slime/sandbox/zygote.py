@@ -2,7 +2,7 @@
 
 Why a fork server: a fresh ``python3`` costs an interpreter start per run; this process starts
 once per slot, loads the interpreter and common modules, builds the slot's isolation once
-(`isolation.py`: cgroups joined, namespaces, a read-only minimal root), and then forks every
+(`isolation.py`: the slot's cgroups joined, the run's kept apart, namespaces, a read-only minimal root), and then forks every
 program of the slot from that warm state (`program.py`).
 
 It forks once more, at start, into a PID namespace of its own: that child is the slot's init
@@ -19,7 +19,6 @@ When the server dies, this process dies (pdeathsig, EOF on the control socket), 
 """
 
 import gc
-import importlib
 import json
 import os
 import signal
@@ -31,27 +30,27 @@ import types
 PR_SET_PDEATHSIG = 1
 
 
-def _load_siblings():
-    """Import isolation, program and run_init from this directory as one private package: this
-    script runs with ``-I`` (no script dir on sys.path) and a program's ``import program`` must
-    still find the program's own file."""
+def _load_siblings(sources):
+    """isolation, program and run_init, from the sources the server sent, as one private package
+    with neutral file names: this script itself arrives on stdin (``python3 -I -B -``), so no path
+    of the host's checkout shows in a program's modules, code objects or command line; and
+    nothing else is importable from the package (a program's ``import program`` finds its own)."""
     pkg = types.ModuleType("_slime_sandbox_slot")
-    pkg.__path__ = [os.path.dirname(os.path.abspath(__file__))]
+    pkg.__path__ = []
     sys.modules[pkg.__name__] = pkg
-    return [importlib.import_module(pkg.__name__ + "." + n) for n in ("isolation", "program", "run_init")]
+    mods = []
+    for name in ("isolation", "program", "run_init"):
+        mod = types.ModuleType(pkg.__name__ + "." + name)
+        mod.__file__ = "<slime-sandbox>/%s.py" % name
+        mod.__package__ = pkg.__name__
+        sys.modules[mod.__name__] = mod
+        setattr(pkg, name, mod)
+        exec(compile(sources[name], mod.__file__, "exec"), mod.__dict__)
+        mods.append(mod)
+    return mods
 
 
-isolation, program, run_init = _load_siblings()
-
-
-def _cgroup_usage(cfg):
-    for p in cfg.get("cg_usage") or []:
-        try:
-            with open(p) as f:
-                return int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return 0
+isolation = program = run_init = None  # (set by `main` from the server's sources)
 
 
 class Zygote:
@@ -64,8 +63,10 @@ class Zygote:
         self.disk_mb = cfg.get("disk_mb", 256)
         self.max_inodes = cfg.get("max_inodes", 65536)
         self.seccomp = isolation.Seccomp() if (self.isolate and os.uname().machine == "x86_64") else None
-        self.cg_limit_fds = []  # opened before the pivot: the init sets each step's memory limit
+        self.cg_limit_fds = []  # opened before the pivot: the init sets (and reads back) each step's memory limit
         self.cg_oom_fds = []
+        self.cg_usage_fds = []
+        self.cg_run_fds = []  # each program joins the run's cgroup through these (`program.start`)
         self.base_bytes = 0
         self.vm_bytes = 0
         self.warm_state = None
@@ -76,15 +77,18 @@ class Zygote:
         isolation.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() == 1:
             os._exit(1)
-        for p in cfg.get("cg_procs") or []:
-            with open(p, "w") as f:
-                f.write("0")
-        for p in cfg.get("cg_limits") or []:
-            self.cg_limit_fds.append(os.open(p, os.O_WRONLY | os.O_CLOEXEC))
-        for p in cfg.get("cg_oom") or []:
-            self.cg_oom_fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+        try:
+            for p in cfg.get("cg_procs") or []:
+                _write(p, "0")
+        except OSError:  # v2, a slot started again: its controllers were enabled by the previous fork
+            for p, value in cfg.get("cg_enable") or []:  # server (gone: its cgroups are empty); undo, join
+                _write(p, value.replace("+", "-"))
+            for p in cfg.get("cg_procs") or []:
+                _write(p, "0")
         if self.isolate:
-            self.base_ns = isolation.enter_slot(cfg)
+            self.base_ns = isolation.enter_slot(cfg, self._run_cgroup)
+        else:
+            self._run_cgroup()
         os.environ.clear()
         os.environ.update(cfg["env"])
         for mod in cfg.get("preload") or []:
@@ -92,9 +96,23 @@ class Zygote:
                 __import__(mod)
             except Exception:  # noqa: BLE001 - a missing optional module is no reason to fail
                 pass
-        self.base_bytes = _cgroup_usage(cfg)
-        self.warm_state = program.WarmState(cfg["env"])
+        self.warm_state = program.WarmState(cfg["env"], self.cg_run_fds)
         self.warm_state.install_streams()
+
+    def _run_cgroup(self):
+        """Out of the run's cgroup (inside our own cgroup namespace, before the pivot hides the
+        cgroup files): we and the init stay in the slot's, each program joins the run's, whose
+        memory limit the init sets; so what a run does to its memory cannot reach its supervisors."""
+        cfg = self.cfg
+        for p in cfg.get("cg_sup_procs") or []:
+            _write(p, "0")
+        for p, value in cfg.get("cg_enable") or []:
+            _write(p, value)
+        flags = os.O_CLOEXEC
+        self.cg_limit_fds = [os.open(p, os.O_RDWR | flags) for p in cfg.get("cg_limits") or []]
+        self.cg_oom_fds = [os.open(p, os.O_RDONLY | flags) for p in cfg.get("cg_oom") or []]
+        self.cg_usage_fds = [os.open(p, os.O_RDONLY | flags) for p in cfg.get("cg_usage") or []]
+        self.cg_run_fds[:] = [os.open(p, os.O_WRONLY | flags) for p in cfg.get("cg_run_procs") or []]
 
     def serve(self):
         """Start the slot's init, then fork programs on its request until it is gone."""
@@ -184,6 +202,11 @@ class Zygote:
                 check(setns(base_mnt, NEWNS), "setns back")
 
 
+def _write(path, value):
+    with open(path, "w") as f:
+        f.write(value)
+
+
 def _report_failure(ctl, e):
     import traceback
 
@@ -199,6 +222,8 @@ def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     data = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=int(sys.argv[2]))
     cfg = json.loads(ctl.recv(1 << 20))
+    global isolation, program, run_init
+    isolation, program, run_init = _load_siblings(cfg.pop("sources"))
     zygote = Zygote(cfg, ctl, data)
     try:
         zygote.setup()

@@ -239,7 +239,7 @@ class SandboxFusionTool(BaseTool):
                     "the code was not run.")
         except _GiveUp as e:
             metrics["status"] = "sandbox_unreachable"
-            return f"Sandbox error: {e}; the code was not run."
+            return f"Sandbox error: {e}; the code {'may have run' if e.maybe_ran else 'was not run'}."
         return self._format(body, timeout, metrics)
 
     def _url_now(self) -> str:
@@ -253,7 +253,7 @@ class SandboxFusionTool(BaseTool):
         sem = self._per_process.get(loop_id)
         if sem is None:
             sem = self._per_process[loop_id] = asyncio.Semaphore(self.num_workers)
-        attempt, waited = 0, 0.0
+        attempt, waited, maybe_ran = 0, 0.0, False  # maybe_ran: an attempt may have run the code
         http_timeout = aiohttp.ClientTimeout(total=2 * timeout + 60)
         last = ""
         async with sem:
@@ -279,18 +279,23 @@ class SandboxFusionTool(BaseTool):
                                 throttled = True
                                 raise _Retryable("HTTP 429", _retry_after(resp, text), throttled=True)
                             if resp.status >= 500:
+                                maybe_ran = True
                                 raise _Retryable(f"HTTP {resp.status}: {text}")
-                            raise _GiveUp(f"the sandbox rejected the request (HTTP {resp.status}: {text})")
+                            raise _GiveUp(f"the sandbox rejected the request (HTTP {resp.status}: {text})", maybe_ran)
                     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
+                        # (refused: nothing ran; dropped after the request was sent: it may have)
+                        maybe_ran |= not isinstance(e, aiohttp.ClientConnectorError)
                         raise _Retryable(f"connection error: {type(e).__name__}: {e}") from e
                     except asyncio.TimeoutError as e:
+                        maybe_ran = True
                         raise _Retryable(f"no answer within {http_timeout.total:.0f}s") from e
                 except _Retryable as r:
                     last, retry_after = r.reason, r.retry_after
                     self._count("retries_429" if r.throttled else "retries_other")
                     if attempt >= self.max_retries:
                         metrics.update(retries=attempt, limiter_wait_s=waited)
-                        raise _GiveUp(f"the sandbox failed after {attempt + 1} attempt(s) (last: {last})") from None
+                        raise _GiveUp(f"the sandbox failed after {attempt + 1} attempt(s) (last: {last})",
+                                      maybe_ran) from None
                 finally:
                     limiter.release(throttled=throttled)  # never hold a slot while backing off
                 delay = random.uniform(0, min(self.retry_max_delay, self.retry_base_delay * 2 ** attempt))
@@ -301,7 +306,10 @@ class SandboxFusionTool(BaseTool):
         status = body.get("status")
         if status == "SandboxError" or not isinstance(body, dict):
             metrics["status"] = "sandbox_error"
-            return f"Sandbox error: {body.get('message') or 'the sandbox could not run the code'}; the code was not run."
+            msg = str(body.get("message") or "the sandbox could not run the code")
+            if not msg.endswith(("the code was not run", "the code may have run")):  # (ours says which)
+                msg += "; the code may not have run"
+            return f"Sandbox error: {msg}."
         comp = body.get("compile_result") or None
         run = body.get("run_result") or None
         if comp and (comp.get("status") != "Finished" or comp.get("return_code") not in (0, None)):
@@ -352,7 +360,9 @@ class SandboxFusionTool(BaseTool):
 
 
 class _GiveUp(Exception):
-    pass
+    def __init__(self, message: str, maybe_ran: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_ran = maybe_ran  # an attempt reached the sandbox and may have run the code
 
 
 def _retry_after(resp: aiohttp.ClientResponse, text: str) -> float | None:

@@ -33,6 +33,7 @@ import ray
 
 from slime.observability import metrics_log
 from slime.train.actor_group import TrainGroup
+from slime.train.checkpoint import data_state_dir
 from slime.train.flags import update_weights_interval
 
 logger = logging.getLogger("slime")
@@ -40,6 +41,17 @@ logger = logging.getLogger("slime")
 
 class WeightCheckError(RuntimeError):
     """--check-weight-update-equal found engines whose weights differ from the trainer's."""
+
+
+def save_due(args: Any, rollout_id: int, num_rollout_per_epoch: int | None) -> bool:
+    """Whether the model (with its data state) is saved after `rollout_id`: slime's rule with
+    `--save-interval`; without it, `--save DIR` saves once, after the last rollout (the data state
+    alone is never a checkpoint: `--load` resumes data and model together)."""
+    if not args.save:
+        return False
+    if args.save_interval is None:
+        return rollout_id == args.num_rollout - 1
+    return should_run_periodic_action(rollout_id, args.save_interval, num_rollout_per_epoch, args.num_rollout)
 
 
 def should_run_periodic_action(rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None,
@@ -206,7 +218,7 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
         group.start()
         start = group.start_rollout_id
         if group.loaded_rollout_id is not None:
-            ray.get(manager.load.remote(group.loaded_rollout_id))
+            ray.get(manager.load.remote(group.loaded_rollout_id, data_state_dir(args.load, group.loaded_rollout_id)))
         ray.get(manager.set_train_parallel_config.remote({"dp_size": group.num_workers}))
         sink = MetricsSink.for_manager(args, manager)
         try:
@@ -218,6 +230,9 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
               f"rollouts {start}..{args.num_rollout - 1}"
               + (f" (resumed from the checkpoint of rollout {group.loaded_rollout_id})"
                  if group.loaded_rollout_id is not None else ""), flush=True)
+        if args.save and args.save_interval is None:
+            print(f"--save {args.save} without --save-interval: the model and its data state are saved once, "
+                  f"after the last rollout ({args.num_rollout - 1})", flush=True)
 
         pushed: dict[str, str] = {}
 
@@ -276,10 +291,10 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
             t0 = time.monotonic()
             out = group.train(rollout_id, boxes)
             train_time = time.monotonic() - t0
-            if should_run_periodic_action(rollout_id, args.save_interval, per_epoch, args.num_rollout) and args.save:
-                group.save_model(rollout_id)
+            if save_due(args, rollout_id, per_epoch):
                 if not async_train:  # --async: the data source was saved when rollout k ended, before k+1 began
                     ray.get(manager.save.remote(rollout_id))
+                group.save_model(rollout_id)  # takes the data state just saved into the checkpoint
             pushed_version, push_time, check = None, 0.0, None
             if weights_due(rollout_id, interval):
                 if ahead is not None:

@@ -31,37 +31,15 @@ import ray
 import torch
 import torch.distributed as dist
 
+from slime.engine.weight_updates import first_line
+from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
+from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import advantages_for, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer
 from slime.train.model import PolicyModel, pack
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name for the newest checkpoint
 GROUP_NAME = "slime-pp_0"
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-def checkpoint_dir(root: str | Path, rollout_id: int) -> Path:
-    return Path(root) / f"iter_{rollout_id:07d}"
-
-
-def latest_checkpoint(root: str | Path, step: int | None = None) -> int | None:
-    """The rollout id of the checkpoint `--load` resumes from (`--ckpt-step`, else the newest)."""
-    root = Path(root)
-    if step is not None:
-        if not (checkpoint_dir(root, step) / "model").is_dir():
-            raise CheckpointError(f"--ckpt-step {step}: no checkpoint {checkpoint_dir(root, step)} under --load {root}")
-        return step
-    tracker = root / CHECKPOINT_TRACKER
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"--load {root}: {CHECKPOINT_TRACKER} holds {text!r}, expected a rollout id")
-    return int(text)
 
 
 class TrainWorker:
@@ -96,7 +74,13 @@ class TrainWorker:
                                     world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout))
         loaded = latest_checkpoint(args.load, getattr(args, "ckpt_step", None)) if args.load else None
         source = str(checkpoint_dir(args.load, loaded) / "model") if loaded is not None else args.hf_checkpoint
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        except Exception as e:  # noqa: BLE001 - safetensors' text names neither the flag nor the file
+            if loaded is None:
+                raise
+            raise CheckpointError(f"--load {args.load}: cannot load the model of the checkpoint of rollout "
+                                  f"{loaded} ({source}): {first_line(e)}") from e
         self.model.eval()  # no dropout: the trainer's log-probs must be the engine's
         self.policy = PolicyModel(self.model, getattr(args, "rollout_temperature", 1.0))
         from torch.nn.parallel import DistributedDataParallel
@@ -131,9 +115,13 @@ class TrainWorker:
         optim_path = ckpt / "optimizer.pt"
         if not optim_path.is_file():
             raise CheckpointError(f"--load: {optim_path} is missing (use --no-load-optim to start a fresh optimizer)")
-        state = torch.load(optim_path, map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        try:
+            state = torch.load(optim_path, map_location="cpu", weights_only=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except Exception as e:  # noqa: BLE001 - torch's text names neither the flag nor the file
+            raise CheckpointError(f"--load {self.args.load}: cannot read {optim_path}: {first_line(e)} "
+                                  "(use --no-load-optim to start a fresh optimizer)") from e
 
     # ---- one rollout ----
     def train(self, rollout_id: int, boxes: list[Any]) -> dict[str, Any]:
@@ -313,35 +301,44 @@ class TrainWorker:
     def _save_hf(self, directory: Path) -> Path:
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(str(tmp), safe_serialization=True)
-        src = Path(self.args.hf_checkpoint)
-        for name in os.listdir(src):  # tokenizer and generation config, so the dir serves as is
-            if name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges",
-                                "chat_template")) and (src / name).is_file():
-                shutil.copy(src / name, tmp / name)
+        self._write_hf(tmp)
         shutil.rmtree(directory, ignore_errors=True)
         tmp.replace(directory)
         return directory
 
+    def _write_hf(self, directory: Path) -> None:
+        """The model as the engines load it: safetensors, config, and --hf-checkpoint's tokenizer files."""
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+        src = Path(self.args.hf_checkpoint)
+        for name in os.listdir(src):  # tokenizer and generation config, so the dir serves as is
+            if name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges",
+                                "chat_template")) and (src / name).is_file():
+                shutil.copy(src / name, directory / name)
+
     def save_model(self, rollout_id: int) -> str | None:
-        """Rank 0 writes `{--save}/iter_{rollout_id:07d}/{model (HF), optimizer.pt, trainer_state.json}` and
-        then moves `latest_checkpointed_iteration.txt` (a crash mid-save leaves the previous one current)."""
+        """Rank 0 writes `{--save}/iter_{rollout_id:07d}/` (model, optimizer.pt, trainer_state.json, the
+        data state of this rollout, manifest.json last) in a staging directory, renames it into place,
+        then moves `latest_checkpointed_iteration.txt`: a crash or a full disk leaves the previous
+        checkpoint current (`slime.train.checkpoint`)."""
         dist.barrier()
         if self.rank != 0:
             return None
-        ckpt = checkpoint_dir(self.args.save, rollout_id)
-        ckpt.mkdir(parents=True, exist_ok=True)
-        self._save_hf(ckpt / "model")
-        if not getattr(self.args, "no_save_optim", False):
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                       ckpt / "optimizer.pt")
-        (ckpt / "trainer_state.json").write_text(json.dumps({"rollout_id": rollout_id,
-                                                             "global_step": self.global_step}))
-        tracker = Path(self.args.save) / CHECKPOINT_TRACKER
-        tmp = tracker.with_suffix(".tmp")
-        tmp.write_text(str(rollout_id))
-        tmp.replace(tracker)
-        return str(ckpt)
+        root = self.args.save
+        writer = CheckpointWriter(root, rollout_id)
+        try:
+            self._write_hf(writer.staging / "model")
+            if not getattr(self.args, "no_save_optim", False):
+                torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                           writer.staging / "optimizer.pt")
+            (writer.staging / "trainer_state.json").write_text(json.dumps({"rollout_id": rollout_id,
+                                                                           "global_step": self.global_step}))
+            with_data = writer.add_data_state()
+            return str(writer.commit(self.args.hf_checkpoint, {"global_step": self.global_step,
+                                                               "data_state": with_data}))
+        except Exception as e:  # noqa: BLE001 - safetensors/torch errors name neither the flag nor the path
+            writer.discard()
+            raise CheckpointError(f"--save {root}: the checkpoint of rollout {rollout_id} could not be written "
+                                  f"({first_line(e)}); the previous checkpoint stays current") from e
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):

@@ -1,0 +1,212 @@
+"""`PromptIndex`: the prompts of a JSONL or parquet file, read when served, not held as objects.
+
+A JSONL file is scanned once for where each non-blank line starts and how long it is (24 bytes a
+row with its line number); a row is parsed, templated and tokenised (`sample_from_row`) when the
+data source serves it, by `os.pread` (no shared file position). A parquet file stays an Arrow
+table, one row converted at a time. With a prompt-length limit every row is tokenised once while
+indexing (slime filters over-long prompts at load) and only the kept rows stay in the index.
+Indexing prints a progress line every few seconds, so a large file does not look like a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Iterator
+
+from slime.rollout.data_source import DataError, parse_path_slice, prompt_limit, sample_from_row, too_long
+from slime.utils.types import Sample
+
+PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while indexing
+PROGRESS_ROWS = 4096  # rows between two looks at the clock
+TOKENIZE_BATCH = 256  # rendered prompts tokenised in one call while checking or filtering
+
+
+class IndexProgress:
+    """`prompt data FILE: <what> N of M MB (R rows)` at most every PROGRESS_EVERY_S seconds."""
+
+    def __init__(self, path: Path, what: str, total_bytes: int):
+        self.path, self.what, self.total = path, what, total_bytes
+        self.start = self.last = time.monotonic()
+
+    def tick(self, done_bytes: int, rows: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if final and now - self.start < PROGRESS_EVERY_S:
+            return  # a file read in a blink needs no line
+        if final or now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            print(f"prompt data {self.path}: {self.what} {done_bytes / 2**20:.0f} of {self.total / 2**20:.0f} MB "
+                  f"({rows} rows, {now - self.start:.0f} s){'' if not final else ', done'}", flush=True)
+
+
+def scan_jsonl(path: Path) -> tuple[array, array, array]:
+    """(start, length, line number) of every non-blank line."""
+    starts, lengths, lines = array("q"), array("q"), array("q")
+    progress = IndexProgress(path, "indexed", path.stat().st_size)
+    pos = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.isspace():
+                starts.append(pos)
+                lengths.append(len(raw))
+                lines.append(lineno)
+            pos += len(raw)
+            if lineno % PROGRESS_ROWS == 0:
+                progress.tick(pos, len(starts))
+    progress.tick(pos, len(starts), final=True)
+    return starts, lengths, lines
+
+
+def count_rows(path: str | Path) -> int:
+    """Rows of a prompt file after its `@[start:end]` slice, without reading them into memory."""
+    file_path, row_slice = parse_path_slice(path)
+    p = Path(file_path)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        n = pq.ParquetFile(p).metadata.num_rows
+    else:
+        with open(p, "rb") as f:
+            n = sum(1 for raw in f if not raw.isspace())
+    return len(range(n)[row_slice]) if row_slice is not None else n
+
+
+class PromptIndex(Sequence):
+    """`index[i]` is the i-th usable prompt as a template `Sample` (a fresh object each time)."""
+
+    def __init__(self, args: Any, path: str | Path, input_key: str, label_key: str | None, tokenizer: Any = None):
+        file_path, row_slice = parse_path_slice(path)
+        self.path = Path(file_path)
+        if not self.path.is_file():
+            raise DataError(f"prompt data file not found: {self.path}")
+        self.args, self.input_key, self.label_key, self.tokenizer = args, input_key, label_key, tokenizer
+        self.template_kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
+        if not isinstance(self.template_kwargs, dict):
+            raise DataError(f"--apply-chat-template-kwargs must be a JSON object, got {self.template_kwargs!r}")
+        self._table = None
+        self._fd: int | None = None
+        if self.path.suffix == ".parquet":
+            self._table = self._read_parquet()
+            n = self._table.num_rows
+            self._starts, self._lengths, self._lines = array("q", range(n)), array("q"), array("q", range(n))
+        else:
+            self._starts, self._lengths, self._lines = scan_jsonl(self.path)
+        total = len(self._starts)
+        if not total:
+            raise DataError(f"{self.path}: no prompts in file")
+        if row_slice is not None:
+            self._keep(range(total)[row_slice])
+            if not len(self._starts):
+                raise DataError(f"{self.path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
+                                f"(the file has {total})")
+        self.filtered = 0
+        self.read_through = False  # every row converted once (while filtering, or by check_all)
+        max_len, _ = prompt_limit(args)
+        if max_len is not None and tokenizer is not None:
+            self._drop_too_long()
+
+    def _read_parquet(self) -> Any:
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(self.path)
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors vary; the file is what matters
+            raise DataError(f"{self.path}: cannot read parquet: {e}") from e
+
+    def _keep(self, positions: Sequence[int]) -> None:
+        self._starts = array("q", (self._starts[i] for i in positions))
+        self._lines = array("q", (self._lines[i] for i in positions))
+        if self._table is None:
+            self._lengths = array("q", (self._lengths[i] for i in positions))
+
+    def _drop_too_long(self) -> None:
+        """slime's filter_long_prompt: tokenise every row once and keep the short ones."""
+        max_len = prompt_limit(self.args)[0]
+        keep = sorted(i for i, n in self._token_counts("tokenised")
+                      if n is None or not too_long(self.args, n, self.where(i)))
+        self.read_through = True
+        self.filtered = len(self._starts) - len(keep)
+        if not keep:
+            raise DataError(f"{self.path}: every prompt was filtered as too long ({self.filtered} rows)")
+        if self.filtered:
+            print(f"prompt data {self.path}: filtered {self.filtered} prompt(s) longer than {max_len} tokens",
+                  flush=True)
+            self._keep(keep)
+
+    def check_all(self) -> None:
+        """Convert every row once (parse; with a tokenizer, render and tokenise), keeping none: the
+        first bad row raises its DataError. What preflight runs before anything starts."""
+        if not self.read_through:
+            for _ in self._token_counts("checked"):
+                pass
+            self.read_through = True
+
+    def _token_counts(self, what: str) -> Iterator[tuple[int, int | None]]:
+        """(row, prompt tokens, or None when not tokenised) for every row: rendered one at a time,
+        tokenised TOKENIZE_BATCH at a time (one call into the fast tokenizer, not one per row)."""
+        size = self.path.stat().st_size
+        progress = IndexProgress(self.path, what, size)
+        pending: list[tuple[int, str]] = []
+        for i in range(len(self)):
+            sample = self.sample(i, tokenize=False)
+            if self.tokenizer is not None and isinstance(sample.prompt, str):
+                pending.append((i, sample.prompt))
+            else:
+                yield i, None
+            if len(pending) >= TOKENIZE_BATCH:
+                yield from self._count(pending)
+                pending = []
+            if i % PROGRESS_ROWS == 0:
+                progress.tick(self._starts[i] if self._table is None else size * i // len(self), i)
+        yield from self._count(pending)
+        progress.tick(size, len(self), final=True)
+
+    def _count(self, pending: list[tuple[int, str]]) -> Iterator[tuple[int, int]]:
+        if pending:
+            ids = self.tokenizer([text for _, text in pending], add_special_tokens=False)["input_ids"]
+            yield from ((i, len(tokens)) for (i, _), tokens in zip(pending, ids))
+
+    def where(self, i: int) -> str:
+        """`FILE:LINE` (JSONL) or `FILE row N` (parquet) of the i-th prompt, for messages."""
+        return f"{self.path}:{self._lines[i]}" if self._table is None else f"{self.path} row {self._lines[i]}"
+
+    def row(self, i: int) -> dict[str, Any]:
+        if self._table is not None:
+            return self._table.slice(self._starts[i], 1).to_pylist()[0]
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        raw = os.pread(self._fd, self._lengths[i], self._starts[i])
+        try:
+            row = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{self.where(i)}: invalid JSON: {e}") from e
+        if not isinstance(row, dict):
+            raise DataError(f"{self.where(i)}: expected a JSON object, got {type(row).__name__}")
+        return row
+
+    def sample(self, i: int, tokenize: bool = True) -> Sample:
+        return sample_from_row(self.args, self.row(i), self.where(i), self.input_key, self.label_key,
+                               self.tokenizer, self.template_kwargs, tokenize=tokenize)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self.sample(i % len(self))
+
+    def close(self) -> None:
+        if getattr(self, "_fd", None) is not None:  # also when __init__ failed before opening
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}  # a descriptor means nothing in another process

@@ -1,0 +1,227 @@
+"""The trainer's checkpoint on disk: layout, atomic commit, manifest, and the check `--load` runs first.
+
+`{--save}/iter_{rollout_id:07d}/` holds `model/` (HF safetensors + tokenizer), `optimizer.pt`,
+`trainer_state.json`, the data source's state of the same rollout (`rollout_state_{id}.json`, so
+model and data are one unit) and, written last, `manifest.json` (every file's size, sha256 and
+format, and the model it was trained from). It is built in a staging directory and renamed into
+place; then `latest_checkpointed_iteration.txt` moves. A crash at any point leaves the previous
+checkpoint current and complete. No torch here: preflight verifies a checkpoint before Ray starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name for the newest checkpoint
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+# config.json fields that make two models the same architecture (the trainer loads one into the other's place)
+IDENTITY_FIELDS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "intermediate_size", "vocab_size")
+HASH_CHUNK = 8 << 20  # bytes read per hash update
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or loaded; the message names the flag and the file."""
+
+
+def checkpoint_dir(root: str | Path, rollout_id: int) -> Path:
+    return Path(root) / f"iter_{rollout_id:07d}"
+
+
+def data_state_name(rollout_id: int) -> str:
+    """The data source's file name for the state saved after `rollout_id` (DataSource.save's)."""
+    return f"rollout_state_{rollout_id}.json"
+
+
+def data_state_dir(root: str | Path, rollout_id: int) -> str | None:
+    """Where the data state that goes with the model of `rollout_id` is: inside its checkpoint (None:
+    a checkpoint without one, whose data state is `{root}/rollout_state_{id}.json`)."""
+    ckpt = checkpoint_dir(root, rollout_id)
+    return str(ckpt) if (ckpt / data_state_name(rollout_id)).is_file() else None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary sibling and a rename: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def format_problem(path: Path) -> str | None:
+    """Why `path` is not a whole file of its format (None: it is): safetensors' header must parse and
+    its tensors end exactly at the file's end; a torch `.pt` is a zip with its central directory at
+    the end; JSON must parse. Truncation breaks all three."""
+    size = path.stat().st_size
+    if path.suffix == ".safetensors":
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, shorter than a safetensors header"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"safetensors header of {n} bytes in a file of {size}"
+            try:
+                header = json.loads(f.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return "safetensors header is not JSON"
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        return None if 8 + n + end == size else f"{size} bytes, its tensors need {8 + n + end} (truncated)"
+    if path.suffix in (".pt", ".bin"):
+        return None if zipfile.is_zipfile(path) else f"{size} bytes, not a whole torch zip archive (truncated)"
+    if path.suffix == ".json":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return f"not valid JSON ({e})"
+    return None
+
+
+def model_identity(model_dir: str | Path) -> dict[str, Any]:
+    """The architecture fields of a HF model's config.json (empty when there is none)."""
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return {}
+    data = json.loads(config.read_text(encoding="utf-8"))
+    return {k: data.get(k) for k in IDENTITY_FIELDS if k in data}
+
+
+def describe_identity(identity: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in identity.items()) or "no config.json"
+
+
+class CheckpointWriter:
+    """Stage one checkpoint's files in `iter_X.staging-PID`, then `commit` (manifest, rename, tracker)
+    or `discard`. Only the process holding the `--save` lock writes there."""
+
+    def __init__(self, root: str | Path, rollout_id: int):
+        self.root, self.rollout_id = Path(root), rollout_id
+        self.final = checkpoint_dir(root, rollout_id)
+        self.staging = self.final.with_name(f"{self.final.name}.staging-{os.getpid()}")
+        for stale in self.root.glob(f"{self.final.name}.staging-*"):  # left by a crashed writer of this id
+            shutil.rmtree(stale, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+
+    def add_data_state(self) -> bool:
+        """Copy the data source's state of this rollout in (saved by the manager before); False if none."""
+        src = self.root / data_state_name(self.rollout_id)
+        if not src.is_file():
+            return False
+        shutil.copyfile(src, self.staging / src.name)
+        return True
+
+    def commit(self, base_model: str | None, meta: dict[str, Any]) -> Path:
+        files = {}
+        for path in sorted(p for p in self.staging.rglob("*") if p.is_file()):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            files[str(path.relative_to(self.staging))] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+        manifest = {"version": MANIFEST_VERSION, "rollout_id": self.rollout_id, "base_model": base_model,
+                    "base_identity": model_identity(base_model) if base_model else {}, **meta, "files": files}
+        write_atomic(self.staging / MANIFEST, json.dumps(manifest, indent=1))
+        old = self.final.with_name(f"{self.final.name}.replaced-{os.getpid()}")
+        if self.final.exists():  # the same id saved again (a resumed run): keep it until the new one is in
+            self.final.replace(old)
+        self.staging.replace(self.final)
+        write_atomic(self.root / CHECKPOINT_TRACKER, str(self.rollout_id))
+        shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def tracked_rollout_id(root: str | Path, flag: str = "--load") -> int | None:
+    """The rollout id `latest_checkpointed_iteration.txt` names (None: no model checkpoint there)."""
+    tracker = Path(root) / CHECKPOINT_TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text(errors="replace").strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{flag} {root}: {tracker} holds {text[:40]!r}, expected a rollout id")
+    return int(text)
+
+
+def latest_checkpoint(root: str | Path, step: int | None = None) -> int | None:
+    """The rollout id of the checkpoint `--load` resumes from (`--ckpt-step`, else the newest)."""
+    if step is not None:
+        if not (checkpoint_dir(root, step) / "model").is_dir():
+            raise CheckpointError(f"--ckpt-step {step}: no checkpoint {checkpoint_dir(root, step)} under --load {root}")
+        return step
+    return tracked_rollout_id(root)
+
+
+def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True) -> dict[str, Any]:
+    """Check `iter_X` against its manifest (every file present, same size, same sha256, whole format);
+    without a manifest (written before manifests existed) the formats alone. Returns the manifest
+    (`{}` without one); raises CheckpointError naming `--load` and the file."""
+    ckpt = checkpoint_dir(root, rollout_id)
+    where = f"--load {root}: the checkpoint of rollout {rollout_id}"
+    if not ckpt.is_dir():
+        kept = sorted(ckpt.parent.glob(f"{ckpt.name}.replaced-*"))
+        hint = f"; a crash while saving it again left the previous copy {kept[-1]}: rename it to {ckpt}" \
+            if kept else ""
+        raise CheckpointError(f"{where} is missing: {ckpt} does not exist{hint}")
+    manifest_path = ckpt / MANIFEST
+    if not manifest_path.is_file():
+        paths = [p for p in ckpt.rglob("*") if p.is_file()]
+        if not any(p.suffix == ".safetensors" for p in paths):
+            raise CheckpointError(f"{where} has no model weights (no {ckpt}/model/*.safetensors) and no {MANIFEST}")
+        manifest = {}
+    else:
+        problem = format_problem(manifest_path)
+        if problem:
+            raise CheckpointError(f"{where}: {manifest_path}: {problem}")
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        paths = []
+        for name, entry in manifest.get("files", {}).items():
+            path = ckpt / name
+            if not path.is_file():
+                raise CheckpointError(f"{where}: {path} is listed in {MANIFEST} but missing")
+            if path.stat().st_size != entry["size"]:
+                raise CheckpointError(f"{where}: {path} has {path.stat().st_size} bytes, {MANIFEST} says "
+                                      f"{entry['size']} (truncated or overwritten)")
+            paths.append(path)
+    for path in paths:
+        problem = format_problem(path)
+        if problem:
+            raise CheckpointError(f"{where}: {path}: {problem}")
+    if hashes and manifest:
+        for name, entry in manifest["files"].items():
+            if sha256_of(ckpt / name) != entry["sha256"]:
+                raise CheckpointError(f"{where}: {ckpt / name}: sha256 differs from {MANIFEST} (corrupted)")
+    return manifest
+
+
+def check_same_model(root: str | Path, rollout_id: int, manifest: dict[str, Any], hf_checkpoint: str | None) -> None:
+    """Refuse a checkpoint whose model is another architecture than `--hf-checkpoint`'s (the engines
+    serve --hf-checkpoint's shapes: the first push would fail far from the cause)."""
+    if not hf_checkpoint:
+        return
+    model_dir = checkpoint_dir(root, rollout_id) / "model"
+    saved, wanted = model_identity(model_dir), model_identity(hf_checkpoint)
+    if saved and wanted and saved != wanted:
+        base = manifest.get("base_model")
+        raise CheckpointError(
+            f"--load {root}: the checkpoint of rollout {rollout_id} is another model than --hf-checkpoint: "
+            f"{model_dir} ({describe_identity(saved)}"
+            + (f"; trained from {base}" if base else "") + f") vs --hf-checkpoint {hf_checkpoint} "
+            f"({describe_identity(wanted)}); pass the --hf-checkpoint it was trained from or another --load")

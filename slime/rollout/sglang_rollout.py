@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 import weakref
 from contextlib import contextmanager

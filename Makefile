@@ -50,7 +50,7 @@ train-demo: setup
 	  --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 40 --num-rollout 10 --lr 3e-5 \
 	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/train-demo \
 	  --use-wandb --wandb-project slime-train-demo
-	$(PY) scripts/report.py outputs/train-demo -o outputs/train-demo/report
+	$(PY) tools/report.py outputs/train-demo -o outputs/train-demo/report
 
 # The same GRPO run, asynchronous: rollout k+1 generates while k trains (--async), a fully-async worker keeps
 # groups in flight across rollouts (slime's pool: --sglang-server-concurrency x engines groups, here two rollouts'
@@ -66,7 +66,7 @@ async-train-demo: setup
 	  --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 40 --num-rollout 10 --lr 3e-5 \
 	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/async-train-demo \
 	  --use-wandb --wandb-project slime-train-demo
-	$(PY) scripts/report.py outputs/async-train-demo -o outputs/async-train-demo/report
+	$(PY) tools/report.py outputs/async-train-demo -o outputs/async-train-demo/report
 
 test: setup
 	$(PY) -m pytest -q

@@ -299,7 +299,8 @@ class WeightUpdates:
         held = []
         for w in self.workers():
             run(w.settled())
-            held += [e.result for e in list(w.completed) + list(getattr(w, "suspended", [])) if e.result]
+            held += [group for _, group in w.output_queue.items()]
+            held += [e.result for e in getattr(w, "suspended", []) if e.result]
         return held
 
     def stop(self) -> None:
@@ -330,7 +331,7 @@ def run_mode(mode: Mode, w: Workload, router: Router, model_dir: str, *, keep_sa
             start = time.monotonic()
             for r in range(w.rollouts):
                 busy0, t0 = cluster.busy_slot_seconds(), time.monotonic()
-                out = call_rollout_fn(fn, args, r, source, evaluation=False, runtime=runtime)
+                out = call_rollout_fn(fn, args, r, source, evaluation=False)  # runtime: bound above
                 result.rollout_time += time.monotonic() - t0
                 result.busy_rollout += cluster.busy_slot_seconds() - busy0
                 groups = out.samples

@@ -79,8 +79,7 @@ def slime_path(args, source, runtime, *, n: int) -> None:
     from slime.rollout.sglang_rollout import generate_rollout
     from slime.rollout.controller import convert_samples_to_train_data
 
-    # trees before the explicit runtime (e.g. 7390f02) take no runtime argument
-    out = generate_rollout(args, 0, source) if runtime is None else generate_rollout(args, 0, source, runtime=runtime)
+    out = generate_rollout(args, 0, source)  # the runtime, when there is one, is bound (bind_runtime)
     samples = [s for g in (out.samples if hasattr(out, "samples") else out) for s in g]
     batch = convert_samples_to_train_data(args, samples)
     assert len(batch["tokens"]) == n and all(len(x) == 8 for x in batch["loss_masks"])

@@ -130,7 +130,8 @@ def manager(a: argparse.Namespace) -> None:
             runtimes[samples] = setup(samples)
         args, runtime = runtimes[samples]
         prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n_prompts)]
-        out = generate_rollout(args, 0, DataSource(args, prompts, N_PER_PROMPT), runtime=runtime)
+        runtime.bind()  # this size's runtime: generate_rollout uses the bound one (slime's signature)
+        out = generate_rollout(args, 0, DataSource(args, prompts, N_PER_PROMPT))
         batch = convert_samples_to_train_data(args, [s for g in out.samples for s in g])
         if len(batch["tokens"]) != samples or any(len(m) != TOKENS for m in batch["loss_masks"]):
             raise RuntimeError(f"rollout returned {len(batch['tokens'])} samples, expected {samples}")

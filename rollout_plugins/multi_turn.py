@@ -512,8 +512,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
 generate.supports_partial_rollout = True  # resumes at turn granularity (module docstring)
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *,
-                     runtime: RolloutRuntime | None = None):
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
     """slime's rollout contract: the default rollout with `generate` above as the per-sample step."""
     from slime.rollout import sglang_rollout
 
@@ -522,5 +521,5 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
                          f"generate function; remove --custom-generate-function-path "
                          f"{args.custom_generate_function_path!r}")
     args.custom_generate_function_path = GENERATE_PATH
-    MultiTurnContext.get(args, runtime)  # fail fast on a bad tool config or template before any request
-    return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation, runtime=runtime)
+    MultiTurnContext.get(args)  # fail fast on a bad tool config or template before any request
+    return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation)

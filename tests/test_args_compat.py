@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from slime.cli.args import ArgError, build_parser, finalize_args, parse_args
-from slime.cli.eval_config import EvalDatasetConfig
+from slime.utils.eval_config import EvalDatasetConfig
 from slime.rollout.data_source import DataError, build_prompt_samples, parse_path_slice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -786,13 +786,13 @@ def test_bad_apply_chat_template_kwargs_json(data, capsys):
 
 
 def test_flag_table_matches_upstream_sources(tmp_path):
-    """scripts/gen_trainer_flags.py regenerates slime/cli/upstream_flags.json byte for byte."""
+    """tools/gen_trainer_flags.py regenerates slime/cli/upstream_flags.json byte for byte."""
     mirrors = [Path("/work/.mirror/THUDM+slime/repo"), Path("/work/.mirror/NVIDIA+Megatron-LM/repo")]
     if not all(m.is_dir() for m in mirrors):
         pytest.skip("upstream mirrors not present")
     committed = json.loads((ROOT / "slime/cli/upstream_flags.json").read_text())
     out = tmp_path / "flags.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts/gen_trainer_flags.py"), "--slime", str(mirrors[0]),
+    subprocess.run([sys.executable, str(ROOT / "tools/gen_trainer_flags.py"), "--slime", str(mirrors[0]),
                     "--slime-commit", committed["sources"]["THUDM/slime"], "--megatron", str(mirrors[1]),
                     "--megatron-commit", committed["sources"]["NVIDIA/Megatron-LM"], "--out", str(out)],
                    check=True, capture_output=True, timeout=300)

@@ -23,7 +23,7 @@ from slime.rollout.controller import RolloutController, RolloutFailedError
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout
 from slime.rollout.engine_client import EngineClient
-from slime.rollout.runtime import RolloutRuntime
+from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import generate_rollout
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample
@@ -86,7 +86,8 @@ def runtime_for(args, router, engines, tiny_model_dir):
 
 
 def run_rollout(args, runtime, tok, rollout_id=0):
-    return generate_rollout(args, rollout_id, DataSource.from_args(args, tok), runtime=runtime)
+    assert current(args) is runtime  # slime's signature: the rollout uses the bound runtime
+    return generate_rollout(args, rollout_id, DataSource.from_args(args, tok))
 
 
 def samples_of(out):

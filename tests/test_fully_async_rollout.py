@@ -182,7 +182,7 @@ def test_three_rollouts_with_weight_updates_respect_staleness(tmp_path, fleet_of
     for rollout_id in range(3):
         if rollout_id:
             set_version(runtime, engines, str(rollout_id))
-        out = generate_rollout_fully_async(args, rollout_id, source, runtime=runtime)
+        out = generate_rollout_fully_async(args, rollout_id, source)
         [worker] = hub.workers
         run(worker.settled())  # the pool (4 groups) full of finished groups before the next update
         assert worker.queue_size() == 4 and worker.in_flight() == 0
@@ -229,7 +229,7 @@ def test_filter_sees_whole_groups_and_drops_are_counted(tmp_path, fleet_of, tiny
     source = CountingSource(DataSource.from_args(args, tok))
     trained, dropped = [], 0
     for rollout_id in range(3):
-        out = generate_rollout_fully_async(args, rollout_id, source, runtime=runtime)
+        out = generate_rollout_fully_async(args, rollout_id, source)
         trained += out.samples
         dropped += out.metrics.get("rollout/dropped_groups_odd_group", 0)
         assert all(len(g) == 3 and len({s.group_index for s in g}) == 1 for g in out.samples)
@@ -258,11 +258,11 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
     source = CountingSource(DataSource.from_args(args, tok))
     hub = worker_hub(runtime)
     set_version(runtime, engines, "0")
-    out0 = generate_rollout_fully_async(args, 0, source, runtime=runtime)
+    out0 = generate_rollout_fully_async(args, 0, source)
     [worker] = hub.workers
     run(worker.settled())
     script.hold = True  # what starts now stays on the engine until aborted
-    out1 = generate_rollout_fully_async(args, 1, source, runtime=runtime)  # 2 queued groups; 2 start
+    out1 = generate_rollout_fully_async(args, 1, source)  # 2 queued groups; 2 start
     wait_until(lambda: script.holding == 4, "4 requests held on the engine")
     run(hub.pause())
     assert len(worker.suspended) == 2 and worker.in_flight() == 0  # aborted, kept with their tokens
@@ -273,14 +273,14 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
         requests.post(f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": "1"},
                       timeout=10).raise_for_status()
     run(hub.resume("1"))
-    out2 = generate_rollout_fully_async(args, 2, source, runtime=runtime)
+    out2 = generate_rollout_fully_async(args, 2, source)
     run(worker.settled())
     counts = worker.metrics_since_last()
     # the 2 queued version-0 groups were dropped (K=0); the 2 aborted ones were continued, not dropped
     assert out2.metrics["rollout/stale_dropped_groups"] == 2
     assert out2.metrics["rollout/fully_async_continued_groups"] == 2
     continued = [g for g in out2.samples if g[0].weight_versions[0] == "0"] + \
-        [e.result for e in worker.completed if e.result[0].weight_versions[0] == "0"]
+        [group for _, group in worker.output_queue.items() if group[0].weight_versions[0] == "0"]
     assert len(continued) == 2
     assert all(s.weight_versions == ["0", "1"] and s.status == Sample.Status.COMPLETED and s.tokens[-3:] == ANSWER
                for g in continued for s in g)
@@ -321,7 +321,7 @@ def test_engine_killed_mid_run_loses_nothing(tmp_path, fleet_of, tiny_model_dir,
         runtime = bind_runtime(args, tokenizer=tok, engine_urls=[good.url, url])
         source = CountingSource(DataSource.from_args(args, tok))
         with ThreadPoolExecutor(1) as pool:
-            first = pool.submit(generate_rollout_fully_async, args, 0, source, runtime=runtime)
+            first = pool.submit(generate_rollout_fully_async, args, 0, source)
             # round robin: samples of the pool's groups wait on the stuck engine, until every
             # request the client may have in flight (--sglang-server-concurrency x 2) is one of them
             stuck_rids = lambda: log.read_text().split()  # noqa: E731
@@ -332,7 +332,7 @@ def test_engine_killed_mid_run_loses_nothing(tmp_path, fleet_of, tiny_model_dir,
             held = len(stuck_rids())
             router.remove_worker(url)  # what the fleet does when it sees an engine die
             out0 = first.result(timeout=120)
-        out1 = generate_rollout_fully_async(args, 1, source, runtime=runtime)
+        out1 = generate_rollout_fully_async(args, 1, source)
         trained = out0.samples + out1.samples
         assert all(s.status == Sample.Status.COMPLETED and s.tokens[-3:] == ANSWER for g in trained for s in g)
         assert runtime.client.stats.total_retries >= held  # each request the dead engine held was retried
@@ -390,13 +390,13 @@ def test_pause_holds_new_groups_until_resume(tmp_path, fleet_of, tiny_model_dir,
     runtime = bind_runtime(args, tokenizer=tok, engine_urls=[e.url for e in engines])
     source = CountingSource(DataSource.from_args(args, tok))
     hub = worker_hub(runtime)
-    out0 = generate_rollout_fully_async(args, 0, source, runtime=runtime)
+    out0 = generate_rollout_fully_async(args, 0, source)
     [worker] = hub.workers
     run(worker.settled())
     run(hub.pause())
     run(hub.pause())  # nested (a trainer's bracket around update_weights_from_disk's own)
     with ThreadPoolExecutor(1) as pool:
-        rollout = pool.submit(generate_rollout_fully_async, args, 1, source, runtime=runtime)
+        rollout = pool.submit(generate_rollout_fully_async, args, 1, source)
         out1 = rollout.result(timeout=DEADLINE)  # served from the queue, nothing new started
         assert sum(source.out.values()) == 6 and worker.in_flight() == 0 and worker.queue_size() == 2
         run(hub.resume("5"))

@@ -194,7 +194,7 @@ def test_metrics_jsonl_and_report(tmp_path):
     sys.argv = ["report.py", str(tmp_path / "metrics.jsonl"), "-o", str(out_dir)]
     try:
         with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(ROOT / "scripts" / "report.py"), run_name="__main__")
+            runpy.run_path(str(ROOT / "tools" / "report.py"), run_name="__main__")
         assert e.value.code == 0
     finally:
         sys.argv = old_argv

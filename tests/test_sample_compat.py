@@ -111,9 +111,10 @@ def test_from_dict_errors_and_leniency():
 def test_reward_value_and_effective_length():
     s = Sample(reward={"score": 0.5, "acc": 1}, response_length=4, loss_mask=[1, 0, 0, 1])
     assert s.get_reward_value(SimpleNamespace(reward_key="acc")) == 1.0
-    assert s.get_reward_value(SimpleNamespace(reward_key=None)) == 0.5
+    # slime's: without --reward-key the reward comes back as returned (the batch checks it is a number)
+    assert s.get_reward_value(SimpleNamespace(reward_key=None)) == {"score": 0.5, "acc": 1}
     assert s.effective_response_length == 2 and Sample(response_length=3).effective_response_length == 3
-    assert Sample(reward=2).get_reward_value(None) == 2.0 and Sample().get_reward_value() == 0.0
+    assert Sample(reward=2).get_reward_value(None) == 2 and Sample().get_reward_value() is None
 
 
 def test_importing_types_does_not_import_torch():

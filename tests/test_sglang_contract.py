@@ -1,6 +1,6 @@
 """Our SGLang command line and HTTP bodies against the pinned SGLang's own definitions, without a GPU.
 
-SGLang cannot be imported on a CPU machine with our pinned stack (see scripts/gen_sglang_contract.py),
+SGLang cannot be imported on a CPU machine with our pinned stack (see tools/gen_sglang_contract.py),
 so its contract is read from its source into tests/fixtures/sglang_contract.json: the options of
 `sglang.launch_server` (rebuilt here as an argparse parser with SGLang's option strings, arities,
 types and choices), the fields of each request class, and the HTTP routes. SGLang's HTTP layer
@@ -23,9 +23,9 @@ from slime.fleet import sglang_payloads as P
 from slime.fleet.engine_server import base_gpu_id, sglang_server_args
 from slime.rollout.sglang_rollout import sampling_params_from_args
 
-SGLANG_VERSION = "0.5.15.post1"  # upstream slime's image (docker/Dockerfile), = scripts/gen_sglang_contract.py
+SGLANG_VERSION = "0.5.15.post1"  # upstream slime's image (docker/Dockerfile), = tools/gen_sglang_contract.py
 FIXTURE = Path(__file__).parent / "fixtures" / "sglang_contract.json"
-REGENERATE = "python scripts/gen_sglang_contract.py (reads the sglang wheel's source; needs PyPI)"
+REGENERATE = "python tools/gen_sglang_contract.py (reads the sglang wheel's source; needs PyPI)"
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from slime.cli.eval_config import EvalConfigError, resolve_eval_datasets
+from slime.utils.eval_config import EvalConfigError, resolve_eval_datasets
+from slime.cli.honest_flags import unused_flags_line
 from slime.cli.upstream_flags import Alias, add_upstream_flags, apply_aliases
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.rollout.data_source import parse_path_slice
@@ -254,8 +255,11 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -
     args.sglang_extra_args = _sglang_passthrough(unknown, parser)
     for name, value in args.sglang_extra_args.items():
         setattr(args, f"sglang_{name}", _coerce(value))  # where slime plugins look for sglang settings
+    line = unused_flags_line(parser, args)  # what the user set, before finalize derives anything
     apply_aliases(args, parser.aliases)
     finalize_args(args)
+    if line:
+        logger.warning("%s: %s", prog, line)
     return args
 
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.data_source import DataError, DataSource, parse_path_slice
+from slime.rollout.data_source import DataError, DataSource, RolloutDataSourceWithBuffer, parse_path_slice
 from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
                                     data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
 from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
@@ -103,7 +103,7 @@ def check_data(args: Any) -> None:
     tokenizer = prompt_tokenizer(args) if args.prompt_data or getattr(args, "eval_datasets", None) else None
     if args.prompt_data:
         path = getattr(args, "data_source_path", None)
-        if path and load_function(path, "--data-source-path") is not DataSource:
+        if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
             p = Path(parse_path_slice(args.prompt_data)[0])
             if p.is_file() and p.suffix != ".parquet":
                 check_utf8(p, "--prompt-data")  # a custom data source reads it its own way

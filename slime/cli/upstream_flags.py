@@ -4,7 +4,7 @@ Why: a slime run script passes slime's rollout flags and Megatron's trainer flag
 Every flag upstream defines is accepted and stored on `args` under upstream's `dest` with upstream's
 default (slime's `reset_arg` defaults win over Megatron's), so plugins and `slime-train` read what they
 expect; a flag nobody defines is still an error. The JSON is regenerated from upstream source by
-`scripts/gen_trainer_flags.py` (no upstream code is imported here or there).
+`tools/gen_trainer_flags.py` (no upstream code is imported here or there).
 
 Flags this project defines itself keep their own definition; when an upstream flag with the same option
 string stores under another `dest` (e.g. slime's `--disable-rewards-normalization` ->

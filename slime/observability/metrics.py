@@ -39,10 +39,22 @@ def group_samples(samples: Iterable[Any]) -> list[list[Sample]]:
 
 
 def reward_value(args: Any, sample: Sample) -> float:
-    """Scalar reward; a malformed dict reward counts as NaN instead of killing the logger."""
+    """Scalar reward for metrics and dumps: `get_reward_value` (slime's), a raw dict reward's "score"
+    entry when no --reward-key picks one (verl's convention); anything else that is not a number counts
+    as NaN instead of killing the logger."""
     try:
-        return sample.get_reward_value(args)
-    except (KeyError, TypeError, ValueError):
+        return scalar(sample.get_reward_value(args))
+    except (KeyError, TypeError):
+        return float("nan")
+
+
+def scalar(value: Any) -> float:
+    """A reward as one float: numbers as they are, a dict's "score" entry, anything else NaN."""
+    if isinstance(value, dict):
+        value = value.get("score")
+    try:
+        return float("nan") if isinstance(value, (str, bytes)) else float(value)
+    except (TypeError, ValueError):
         return float("nan")
 
 
@@ -235,12 +247,13 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
         rewards = data.get("rewards")
         if rewards is None:
             rewards = [reward_value(args, s) for s in samples]
-        rewards = [float(r) for r in rewards]
+        rewards = [scalar(r) for r in rewards]
         truncated = data.get("truncated")
         if truncated is None:
             truncated = [s.status == Sample.Status.TRUNCATED for s in samples]
-        if rewards:
-            m[f"eval/{name}"] = sum(rewards) / len(rewards)
+        numbers = [r for r in rewards if r == r]  # NaN: not a number
+        if numbers:
+            m[f"eval/{name}"] = sum(numbers) / len(numbers)
         if truncated:
             m[f"eval/{name}-truncated_ratio"] = sum(bool(t) for t in truncated) / len(truncated)
         if samples:

@@ -11,9 +11,11 @@ failures by reason, with one example each). Counters in `status()` are the runni
 its summary. A plain object: the RolloutManager actor holds it; no Ray here.
 
 Conversion (slime's `_convert_samples_to_train_data`) gives plain Python values, one entry per
-sample (per-rank tensors are made by `slime.train_batch.rank_batches`). Rewards are normalised per
-*group* (`group_index`), whatever the group sizes, so a batch whose groups were filtered or partly
-failed is never normalised as one big group by accident. Every per-token list is checked against
+sample (per-rank tensors are made by `slime.train_batch.rank_batches`). Rewards stay as the reward
+function returned them until `post_process_rewards` (`reward_check.py` says when they must be numbers).
+They are normalised per *group*: by `group_index` when every sample has one (whatever the group sizes,
+so a batch whose groups were filtered or partly failed is never normalised as one big group by
+accident), else by position as slime does (`normalization_groups`). Every per-token list is checked against
 `response_length`, and an error names the sample. Per-token lists are shared with the samples, not
 copied: conversion never mutates a sample, and a rollout is converted once, just before it ships.
 Keys: `tokens`, `response_lengths`, `total_lengths`, `rewards`, `raw_reward`, `truncated`,
@@ -25,19 +27,20 @@ samples carry them: `rollout_log_probs`, `teacher_log_probs`, `round_number`, `s
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections import defaultdict
 from typing import Any, Callable
 
 from slime.observability import reporting, rollout_dump
+from slime.observability.metrics import reward_value
 from slime.observability.wandb_logger import WandbRun
 from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
 from slime.rollout.failures import RolloutFailedError, describe_failures, failure_reasons
+from slime.rollout.reward_check import fail_invalid_rewards, number_problem, reward_problem, reward_source
 from slime.rollout.runtime import RolloutRuntime, unbind
 from slime.rollout.stall_guard import StallGuard
 from slime.tools.services import ToolServices
@@ -68,9 +71,9 @@ def flatten_groups(out: Any) -> tuple[list[Sample], dict[str, Any]]:
 
 def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: dict[str, Any]) -> dict[str, Any]:
     n = len(samples)
-    rewards = [s.get_reward_value(args) for s in samples]
+    rewards = [r for r in (reward_value(args, s) for s in samples) if r == r]  # NaN: not a number (yet)
     tokens = sum(s.response_length for s in samples)
-    return {"samples": n, "mean_reward": sum(rewards) / n if n else 0.0,
+    return {"samples": n, "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
             "truncated_ratio": sum(s.status == Sample.Status.TRUNCATED for s in samples) / n if n else 0.0,
             "failed": sum(s.status == Sample.Status.FAILED for s in samples),
             "aborted": sum(s.status == Sample.Status.ABORTED for s in samples),
@@ -84,22 +87,21 @@ def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: d
 def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool,
                            runtime: RolloutRuntime) -> Any:
     """slime's signature through slime's `call_rollout_fn` (bare lists and dicts come back wrapped);
-    ours also take the runtime explicitly (`runtime=`) when they name it. A function that only
-    repeats the same error without progress fails with it (`StallGuard`)."""
-    try:
-        accepts = "runtime" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        accepts = False
+    the function reaches `runtime` as the process's bound one (`runtime.current(args)`). A function
+    that only repeats the same error without progress fails with it (`StallGuard`)."""
+    runtime.bind()  # this controller's, even when another one was created in this process since
     with StallGuard(runtime.progress).installed():
-        return call_rollout_fn(fn, args, rollout_id, data_source, evaluation=evaluation,
-                               **({"runtime": runtime} if accepts else {}))
+        return call_rollout_fn(fn, args, rollout_id, data_source, evaluation=evaluation)
 
 
 def make_data_source(args: Any, tokenizer: Any) -> Any:
     """`--data-source-path` (slime's: a class built as `cls(args)`); ours by default."""
     path = getattr(args, "data_source_path", None)
     cls = load_function(path, "--data-source-path") if path else DataSource
-    return DataSource.from_args(args, tokenizer) if cls is DataSource else cls(args)
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+
+    default = cls is DataSource or cls is RolloutDataSourceWithBuffer
+    return DataSource.from_args(args, tokenizer) if default else cls(args)
 
 
 def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
@@ -164,6 +166,9 @@ class RolloutController:
             samples, metrics = self._samples(rollout_id)
         finally:
             self.progress.finish()
+        if not (getattr(self.args, "custom_reward_post_process_path", None)
+                or getattr(self.args, "custom_convert_samples_to_train_data_path", None)):
+            fail_invalid_rewards(self.args, samples)  # the default post-processing needs numbers
         metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
         for key, value in self.fleet_counters().items():
             metrics.setdefault(f"perf/{key}", value - fleet_before.get(key, 0))
@@ -219,7 +224,8 @@ class RolloutController:
         summary = {}
         for name, d in data.items():
             rewards, truncated = d.get("rewards", []), d.get("truncated", [])
-            summary[name] = {"samples": len(rewards), "mean_reward": sum(rewards) / max(1, len(rewards)),
+            numbers = [float(r) for r in rewards if number_problem(r) is None]  # raw dicts: not averaged
+            summary[name] = {"samples": len(rewards), "mean_reward": sum(numbers) / max(1, len(numbers)),
                              "truncated_ratio": sum(map(bool, truncated)) / max(1, len(truncated))}
         return summary
 
@@ -295,8 +301,27 @@ def check_sample(s: Sample) -> None:
         values = getattr(s, name, None)
         if values is not None and len(values) != s.response_length:
             raise BatchError(f"{who}: {name} has {len(values)} entries, response_length is {s.response_length}")
-    if s.group_index is None:
-        raise BatchError(f"{who}: group_index is None (every sample needs its group for normalisation)")
+
+
+def normalization_groups(args: Any, samples: list[Sample]) -> list[list[int]]:
+    """Positions of the samples normalised together. With a `group_index` on every sample: by group.
+    Without (a custom generate function that builds new Samples): by position, slime's
+    `reshape(-1, n_samples_per_prompt)`, which needs the count to be a multiple of
+    `--n-samples-per-prompt`; otherwise the groups' sizes differ and their boundaries are unknown,
+    so the batch is one group (slime does the same) and a warning says so."""
+    if all(s.group_index is not None for s in samples):
+        by_group: dict[Any, list[int]] = defaultdict(list)
+        for i, s in enumerate(samples):
+            by_group[s.group_index].append(i)
+        return list(by_group.values())
+    n = int(getattr(args, "n_samples_per_prompt", 1) or 1)
+    if len(samples) % n == 0:
+        return [list(range(i, i + n)) for i in range(0, len(samples), n)]
+    logger.warning("reward normalisation: %d samples lack group_index and %d is not a multiple of "
+                   "--n-samples-per-prompt %d, so the groups cannot be told apart; normalising the batch as one "
+                   "group (as slime does). Set Sample.group_index to normalise per group.",
+                   sum(s.group_index is None for s in samples), len(samples), n)
+    return [list(range(len(samples)))]
 
 
 def normalize_group_rewards(args: Any, samples: list[Sample], raw: list[float]) -> list[float]:
@@ -304,12 +329,9 @@ def normalize_group_rewards(args: Any, samples: list[Sample], raw: list[float]) 
     if getattr(args, "disable_rewards_normalization", False) or estimator not in (
             "grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
         return list(raw)
-    by_group: dict[Any, list[int]] = defaultdict(list)
-    for i, s in enumerate(samples):
-        by_group[s.group_index].append(i)
     out = list(raw)
     use_std = estimator in ("grpo", "gspo", "cispo") and not getattr(args, "disable_grpo_std_normalization", False)
-    for idx in by_group.values():
+    for idx in normalization_groups(args, samples):
         vals = [raw[i] for i in idx]
         mean = sum(vals) / len(vals)
         std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
@@ -331,7 +353,11 @@ def post_process_rewards(args: Any, samples: list[Sample]) -> tuple[list[float],
     naming the flag (a silent mismatch would pair rewards with the wrong samples)."""
     hook = _hook(args, "custom_reward_post_process_path", REWARD_FLAG)
     if hook is None:
-        raw = [s.get_reward_value(args) for s in samples]
+        for s in samples:
+            problem = reward_problem(args, s)
+            if problem is not None:
+                raise BatchError(f"{reward_source(args, s)} {problem} for {_who(s)}")
+        raw = [float(s.get_reward_value(args)) for s in samples]
         return raw, normalize_group_rewards(args, samples, raw)
     out = hook(args, samples)
     where = f"{REWARD_FLAG} {args.custom_reward_post_process_path!r}"
@@ -346,7 +372,11 @@ def post_process_rewards(args: Any, samples: list[Sample]) -> tuple[list[float],
                              f"rewards), each a list of {len(samples)} (one per sample)")
         if len(values) != len(samples):
             raise BatchError(f"{where} returned {name} with {len(values)} entries for {len(samples)} samples")
-        checked.append(list(values))
+        for s, v in zip(samples, values):
+            problem = number_problem(v)
+            if problem is not None:
+                raise BatchError(f"{where} {problem} in {name} for sample index={s.index} group={s.group_index}")
+        checked.append([float(v) for v in values])
     return checked[0], checked[1]
 
 

@@ -171,9 +171,10 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
             except Exception as e:  # noqa: BLE001 - jinja's errors name neither the file nor the line
                 raise DataError(f"{where}: --apply-chat-template cannot render key {input_key!r}: "
                                 f"{type(e).__name__}: {str(e).strip()[:200]}") from None
-    elif not isinstance(prompt, str):
-        raise DataError(f"{where}: key {input_key!r} must be a string or a message list, "
-                        f"got {type(prompt).__name__}")
+    elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
+        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
+                        "string or a message list")
+    # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
     sample = Sample(prompt=prompt, label=label, metadata=metadata)
     if isinstance(prompt, str):
         _check_text(prompt, where, f"key {input_key!r}")
@@ -211,10 +212,11 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_groups: int) -> list[list[Sample]]:
-    """slime's default buffer filter: the oldest groups first, removed from the buffer."""
-    taken = buffer[:num_groups]
-    del buffer[:num_groups]
+def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
+    """slime's default buffer filter: the oldest `num_samples` groups (slime's name for the count of
+    groups), removed from the buffer."""
+    taken = buffer[:num_samples]
+    del buffer[:num_samples]
     return taken
 
 
@@ -339,5 +341,22 @@ class DataSource:
         return rollout_id
 
 
-# slime's class names (`--data-source-path` defaults to the second): the same class here
-RolloutDataSource = RolloutDataSourceWithBuffer = DataSource
+class RolloutDataSourceWithBuffer(DataSource):
+    """slime's class (`--data-source-path` defaults to it), built slime's way as `cls(args)`: the
+    prompts of `--prompt-data` (untokenised) with `rollout_global_dataset`, else only its buffer.
+    The controller builds the default one through `DataSource.from_args` (with the tokenizer)."""
+
+    def __init__(self, args: Any, prompts: Any = None, n_samples_per_prompt: int | None = None,
+                 shuffle: bool | None = None, filtered: int = 0):
+        if prompts is None:
+            prompts = []
+            if getattr(args, "rollout_global_dataset", True) and getattr(args, "prompt_data", None):
+                from slime.rollout.prompt_index import PromptIndex
+
+                prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, None)
+                filtered = prompts.filtered
+        super().__init__(args, prompts, n_samples_per_prompt or args.n_samples_per_prompt,
+                         bool(getattr(args, "rollout_shuffle", False) if shuffle is None else shuffle), filtered)
+
+
+RolloutDataSource = RolloutDataSourceWithBuffer  # slime's other name

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from slime.observability.rollout_data_utils import to_builtins as _plain
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -19,21 +20,6 @@ logger = logging.getLogger(__name__)
 
 class DebugDataError(ValueError):
     pass
-
-
-def _plain(obj: Any) -> Any:
-    """Builtins only (tuples -> lists, enums -> values, unknown objects -> str)."""
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if hasattr(obj, "value") and isinstance(getattr(obj, "value"), (str, int)):
-        return obj.value
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
 
 
 def path_for(template: str, rollout_id: int) -> Path:

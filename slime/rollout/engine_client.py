@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from slime.utils.endpoints import Endpoints, rollout_num_engines
 from slime.utils.http_retry import Failure, HttpClient, HttpError, HttpStats, RetryPolicy, request_json
 from slime.utils.per_loop import PerLoop
 from slime.utils.processing_utils import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 # seconds a failing request keeps being retried: a router restart (~1 s), an engine restart
 # (model load), or a frozen engine the router marked unhealthy for a while (--request-retry-window)
@@ -179,13 +182,31 @@ class EngineClient:
             task.add_done_callback(self._background.discard)
         return {**payload, "rid": self.new_rid()}
 
+    async def engine_urls(self) -> list[str]:
+        """Where aborts go (the router does not proxy them): the fleet's engines; with no fleet bound
+        (a plugin driving rollouts against --sglang-router-ip/--sglang-router-port), the router's
+        workers, asked each time (`GET /workers`, as slime does)."""
+        if self.endpoints.engine_urls or not self.endpoints.router_url:
+            return list(self.endpoints.engine_urls)
+        try:
+            body = await self.http.get(f"{self.router_url}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
+                                       stats=self.stats)
+        except HttpError as e:
+            logger.warning("abort: cannot list the router's workers (%s); nothing aborted", e)
+            return []
+        workers = body.get("workers") if isinstance(body, dict) else body
+        if not isinstance(workers, list):  # not the router's shape: say so rather than guess
+            logger.warning("abort: the router's /workers answer has no worker list (%.200r); nothing aborted", body)
+            return []
+        return [w["url"] for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]]
+
     async def _abort_everywhere(self, body: dict[str, Any]) -> None:
         """One `/abort_request` per engine, sent once (an abort is only worth its moment); a failed
         one is counted in `abort_stats` by reason, never raised."""
         once = RetryPolicy(max_retries=0)
         await asyncio.gather(*(request_json("POST", f"{u}/abort_request", body, session=self.http.session(),
                                             timeout=10, policy=once, stats=self.abort_stats, answer=_no_body)
-                               for u in self.endpoints.engine_urls), return_exceptions=True)
+                               for u in await self.engine_urls()), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
                        url: str | None = None, routing_key: str | None = None) -> EngineOutput:

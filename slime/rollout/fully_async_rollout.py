@@ -30,13 +30,22 @@ rollout waiting for it. Rules, all per whole group (a group is never split betwe
   `partial_rollout.snapshot` of them (None for fresh prompts, the common case) and gives them back
   through `partial_rollout.restore` (fresh prompts are reset in place).
 One worker per runtime and data source, all of a runtime's workers in one `WorkerHub`.
+
+slime's names are kept where its tests and users reach them: `AsyncRolloutWorker(args, data_buffer,
+concurrency=)` with `output_queue` (finished `(gid, group)` pairs, unbounded: backpressure is in
+`_top_up`, so a done callback never blocks), `get_completed_groups(limit)`, `queue_size()`,
+`_make_done_cb(gid)`, `start()` / `stop()`; `GenerateState` and `generate_and_rm_group` looked up
+here at call time; `_get_global_worker(args, data_buffer)` and `_generate_rollout_async(args,
+rollout_id, data_buffer) -> list[list[Sample]]`. `poll_interval` exists but nothing polls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import logging
+import queue
 import time
 from collections import Counter
 from typing import Any
@@ -45,8 +54,8 @@ from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
 from slime.rollout.partial_rollout import restore, snapshot
 from slime.rollout.runtime import RolloutRuntime, current
-from slime.rollout.sglang_rollout import generate_and_rm_group, generate_rollout, sampling_params_from_args
-from slime.utils.async_utils import run
+from slime.rollout.sglang_rollout import GenerateState, generate_and_rm_group, generate_rollout
+from slime.utils.async_utils import get_loop, run
 from slime.utils.endpoints import rollout_num_engines as get_rollout_num_engines
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
@@ -79,14 +88,14 @@ def staleness(sample: Sample, current: int | None) -> int | None:
 
 
 class _Entry:
-    """A group the worker owns: the samples the data source handed out (generation mutates them),
-    their `snapshot` (None: fresh prompts, restored by resetting them), the latest result and
+    """A group the worker owns: its id, the samples the data source handed out (generation mutates
+    them), their `snapshot` (None: fresh prompts, restored by resetting them), the latest result and
     whether it was continued after a weight update (partial rollout)."""
 
-    __slots__ = ("handed", "before", "continued", "result")
+    __slots__ = ("gid", "handed", "before", "continued", "result")
 
-    def __init__(self, handed: list[Sample]):
-        self.handed, self.before = handed, snapshot(handed)
+    def __init__(self, gid: int, handed: list[Sample]):
+        self.gid, self.handed, self.before = gid, handed, snapshot(handed)
         self.continued, self.result = False, None
 
     def as_handed_out(self) -> list[Sample]:
@@ -109,17 +118,31 @@ class _Entry:
         return copied[0] if copied is not None else restore([self.handed[i]], None)[0][0]
 
 
+class CompletedQueue(queue.Queue):
+    """Finished groups as `(gid, group)`, oldest first; thread-safe and unbounded (see the module
+    docstring)."""
+
+    def items(self) -> list[tuple[int, list[Sample]]]:
+        with self.mutex:
+            return list(self.queue)
+
+
 class AsyncRolloutWorker:
     """The pool of groups in flight and the queue of finished ones; lives on the shared loop (every
-    method runs there, so no lock)."""
+    method but `start`/`stop` runs there, so no lock; the output queue is thread-safe anyway)."""
 
-    def __init__(self, args: Any, data_source: Any, runtime: RolloutRuntime, concurrency: int,
-                 hub: "WorkerHub | None" = None):
-        self.args, self.data_source, self.runtime = args, data_source, runtime
+    def __init__(self, args: Any, data_buffer: Any, concurrency: int = 10, *, hub: "WorkerHub | None" = None):
+        self.args, self.data_source = args, data_buffer
         self.hub = hub or WorkerHub()
         # at least one rollout's worth of groups, or a rollout would wait for groups never started
         self.concurrency = max(1, int(concurrency), int(getattr(args, "rollout_batch_size", 1) or 1))
-        self.sampling_params = sampling_params_from_args(args)
+        self.state = GenerateState(args)
+        # slime's keys include stop/stop_token_ids as None when unset; an engine gets only set ones
+        self.sampling_params = {k: v for k, v in self.state.sampling_params.items() if v is not None}
+        self.output_queue = CompletedQueue()
+        self.poll_interval = 1.0  # slime's attribute; nothing polls here (completions drive the pool)
+        self._entries: dict[int, _Entry] = {}  # gid -> entry of each group in output_queue
+        self._gids = itertools.count()
         self.max_staleness = getattr(args, "max_staleness", None)
         self.partial = bool(getattr(args, "partial_rollout", False))
         timeout = getattr(args, "abort_timeout", None)
@@ -127,7 +150,6 @@ class AsyncRolloutWorker:
         path = getattr(args, "dynamic_sampling_filter_path", None)
         self.filter_fn = load_function(path, "--dynamic-sampling-filter-path") if path else None
         self.active: dict[asyncio.Task, _Entry] = {}
-        self.completed: list[_Entry] = []
         self.suspended: list[_Entry] = []  # aborted by a weight update, continued when it ends
         self.paused = self.hub.paused
         self.closed = False
@@ -146,8 +168,36 @@ class AsyncRolloutWorker:
     def requeued_aborted(self) -> int:
         return self.counters["requeued_aborted"]
 
+    @property
+    def data_buffer(self) -> Any:  # slime's name
+        return self.data_source
+
     def queue_size(self) -> int:
-        return len(self.completed)
+        return self.output_queue.qsize()
+
+    def get_completed_groups(self, limit: int | None = None) -> list[tuple[int, list[Sample]]]:
+        """Take up to `limit` finished `(gid, group)` pairs, oldest first (all when None); the rest stay."""
+        out: list[tuple[int, list[Sample]]] = []
+        while limit is None or len(out) < limit:
+            try:
+                out.append(self.output_queue.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def _take_entries(self, limit: int | None = None) -> list[_Entry]:
+        """Like `get_completed_groups`, as entries (a group put in by hand gets one)."""
+        return [self._entries.pop(gid, None) or self._adopt(gid, group)
+                for gid, group in self.get_completed_groups(limit)]
+
+    def _adopt(self, gid: int, group: list[Sample]) -> _Entry:
+        entry = _Entry(gid, group)
+        entry.result = group
+        return entry
+
+    def _complete(self, entry: _Entry) -> None:
+        self._entries[entry.gid] = entry
+        self.output_queue.put((entry.gid, entry.result))
 
     def in_flight(self) -> int:
         return len(self.active)
@@ -163,24 +213,33 @@ class AsyncRolloutWorker:
 
     # ---- generating ----
     def _launch(self, group: list[Sample], entry: _Entry) -> None:
-        task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params),
-                                                           runtime=self.runtime))
+        task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params), False))
         self.active[task] = entry
-        task.add_done_callback(self._on_done)
+        task.add_done_callback(self._make_done_cb(entry.gid))
 
     def _top_up(self) -> None:
         # backpressure: groups in flight, suspended and finished-but-untaken never exceed the pool size
         while (not self.paused and not self.closed and self.error is None
-               and len(self.active) + len(self.completed) + len(self.suspended) < self.concurrency):
+               and len(self.active) + self.queue_size() + len(self.suspended) < self.concurrency):
             groups = self.data_source.get_samples(1)
             if not groups:
                 return
             for group in groups:
                 self.counters["groups_started"] += 1
-                self._launch(group, _Entry(group))
+                self._launch(group, _Entry(next(self._gids), group))
 
-    def _give_back(self, entry: _Entry, reason: str) -> None:
+    def start(self) -> None:
+        """slime's: start filling the pool (on the shared loop; completions keep it full)."""
+        get_loop().call_soon_threadsafe(self._top_up)
+
+    def stop(self) -> dict[str, int]:
+        """slime's, from any thread but the shared loop's: `close()` and wait for it."""
+        return run(self.close())
+
+    def _give_back(self, entry: _Entry | None, reason: str) -> None:
         """The group goes back to the data source as it was handed out (served before new prompts)."""
+        if entry is None:  # a task this worker did not start: nothing of ours to give back
+            return
         self.data_source.add_samples([entry.as_handed_out()])
         self.counters[f"returned_{reason}"] += 1
 
@@ -190,17 +249,23 @@ class AsyncRolloutWorker:
         if seen:
             self.hub.observe(max(seen))
 
-    def _on_done(self, task: asyncio.Task) -> None:
-        entry = self.active.pop(task)
+    def _make_done_cb(self, gid: int):
+        """slime's: the callback a group's task calls when it ends (never blocks)."""
+        return lambda task: self._on_done(task, gid)
+
+    def _on_done(self, task: Any, gid: int) -> None:
+        entry = self.active.pop(task, None)
         try:
-            if task.cancelled():
+            try:
+                result = task.result()
+            except asyncio.CancelledError:
                 self._give_back(entry, "cancelled")
-            elif task.exception() is not None:
+            except Exception as e:  # noqa: BLE001 - the group goes back; the next take() raises it
                 self._give_back(entry, "error")
                 if self.error is None and not self.closed:
-                    self.error = task.exception()
+                    self.error = e
             else:
-                self._finished(entry, task.result())
+                self._finished(entry or _Entry(gid, result), result)
         finally:
             self._wake()
             self._top_up()
@@ -226,13 +291,13 @@ class AsyncRolloutWorker:
             return
         if self.filter_fn is not None and not self._passes_filter(entry):
             return
-        self.completed.append(entry)
+        self._complete(entry)
 
     def _passes_filter(self, entry: _Entry) -> bool:
         verdict = apply_filter(self.filter_fn, self.args, entry.result)
         # slime's keep_when_insufficient: kept when the pool could not otherwise fill a rollout
         if not should_drop_dynamic_filter_output(
-                verdict, remaining_batch_size=len(self.completed) + len(self.active) + 1,
+                verdict, remaining_batch_size=self.queue_size() + len(self.active) + 1,
                 target_data_size=int(self.args.rollout_batch_size)):
             self._dropped_in_a_row = 0
             return True
@@ -272,14 +337,16 @@ class AsyncRolloutWorker:
         self._give_back(entry, "stale")
 
     def _enforce_staleness(self) -> None:
-        keep = []
-        for entry in self.completed:
+        if self.max_staleness is None or not self.queue_size():
+            return
+        dropped = 0
+        for entry in self._take_entries():  # all of them, put back in order unless too stale
             if self._too_stale(entry):
                 self._drop_stale(entry)
+                dropped += 1
             else:
-                keep.append(entry)
-        if len(keep) != len(self.completed):
-            self.completed = keep
+                self._complete(entry)
+        if dropped:
             self._top_up()
 
     # ---- weight updates ----
@@ -304,10 +371,11 @@ class AsyncRolloutWorker:
     async def _abort_in_flight(self) -> None:
         """Abort every request on the engines, give the groups `--abort-timeout` seconds to come
         back with their partial answers, then cancel what is left (its prompts go back fresh)."""
-        gate = self.runtime.client.gate
+        client = current(self.args).client
+        gate = client.gate
         gate.close()  # nothing new leaves while the engines abort (requests waiting for a slot included)
         try:
-            _, late = await self.runtime.client.abort_until_settled(set(self.active), self.abort_timeout)
+            _, late = await client.abort_until_settled(set(self.active), self.abort_timeout)
         finally:
             gate.open()
         for task in late:
@@ -322,7 +390,7 @@ class AsyncRolloutWorker:
         self._top_up()
         while True:
             self._enforce_staleness()
-            if len(self.completed) >= n:
+            if self.queue_size() >= n:
                 break
             if self.error is not None:
                 error, self.error = self.error, None
@@ -331,10 +399,10 @@ class AsyncRolloutWorker:
                 raise RuntimeError("fully-async rollout: the worker was stopped")
             if not self.active and not self.paused and not self.suspended:
                 raise RuntimeError(f"fully-async rollout: the data source has no more prompts; collected "
-                                   f"{len(self.completed)} of {n} groups (--prompt-data, --num-epoch)")
+                                   f"{self.queue_size()} of {n} groups (--prompt-data, --num-epoch)")
             self._changed.clear()
             await self._changed.wait()
-        out, self.completed = self.completed[:n], self.completed[n:]
+        out = self._take_entries(n)
         self._top_up()
         return [e.result for e in out]
 
@@ -344,16 +412,16 @@ class AsyncRolloutWorker:
         self._reported = Counter(self.counters)
         return {key: delta.get(key, 0) for key in set(self.counters)}
 
-    async def stop(self) -> dict[str, int]:
+    async def close(self) -> dict[str, int]:
         """Abort everything in flight; it, the suspended and the queued groups go back to the data
         source. Returns how many groups went back; no task of this worker is left running."""
         self.closed = True
         before = sum(v for k, v in self.counters.items() if k.startswith("returned_"))
         if self.active:
             await self._abort_in_flight()
-        for entry in self.suspended + self.completed:
+        for entry in self.suspended + self._take_entries():
             self._give_back(entry, "stopped")
-        self.suspended, self.completed = [], []
+        self.suspended = []
         assert not self.active, f"fully-async worker stopped with {len(self.active)} task(s) still running"
         self._wake()
         return {"returned_groups": sum(v for k, v in self.counters.items() if k.startswith("returned_")) - before}
@@ -396,12 +464,13 @@ class WorkerHub:
         """Fresh copies of every group the workers hold (generating, suspended, finished and not yet
         taken): what a checkpoint saves as if back in the buffer, so a resumed run loses none."""
         return [e.copy_as_handed_out() for w in self.workers
-                for e in [*w.active.values(), *w.suspended, *w.completed]]
+                for e in [*w.active.values(), *w.suspended, *(w._entries.get(gid) or w._adopt(gid, group)
+                                                               for gid, group in w.output_queue.items())]]
 
     async def stop(self) -> dict[str, int]:
         returned = 0
         for w in self.workers:
-            returned += (await w.stop())["returned_groups"]
+            returned += (await w.close())["returned_groups"]
         self.workers = []
         return {"returned_groups": returned}
 
@@ -411,26 +480,28 @@ def worker_hub(runtime: RolloutRuntime) -> WorkerHub:
     return runtime.shared("fully_async_rollout.hub", WorkerHub)
 
 
-def _worker(args: Any, data_source: Any, runtime: RolloutRuntime) -> AsyncRolloutWorker:
+def _get_global_worker(args: Any, data_buffer: Any) -> AsyncRolloutWorker:
+    """slime's name: the worker of this process's runtime for `data_buffer`, created on first use with
+    a pool of `--sglang-server-concurrency` x engines groups."""
+    runtime = current(args)
     concurrency = (getattr(args, "sglang_server_concurrency", None) or 512) * max(1, get_rollout_num_engines(args))
     hub = worker_hub(runtime)
-    return runtime.shared(f"fully_async_rollout.worker:{id(data_source)}",
-                          lambda: hub.add(AsyncRolloutWorker(args, data_source, runtime, concurrency, hub)))
+    return runtime.shared(f"fully_async_rollout.worker:{id(data_buffer)}",
+                          lambda: hub.add(AsyncRolloutWorker(args, data_buffer, concurrency, hub=hub)))
 
 
-async def _generate_rollout_async(args: Any, rollout_id: int, data_source: Any,
-                                  runtime: RolloutRuntime) -> RolloutFnTrainOutput:
-    worker = _worker(args, data_source, runtime)
+async def _rollout(args: Any, rollout_id: int, data_buffer: Any) -> RolloutFnTrainOutput:
+    worker = _get_global_worker(args, data_buffer)
     start, warm = time.monotonic(), worker.queue_size()
     groups = await worker.take(args.rollout_batch_size)
     groups.sort(key=lambda g: min((s.index for s in g if s.index is not None), default=0))
     elapsed = time.monotonic() - start
-    current = worker.current_version
-    ages = [a for g in groups for s in g if (a := staleness(s, current)) is not None]
+    current_version = worker.current_version
+    ages = [a for g in groups for s in g if (a := staleness(s, current_version)) is not None]
     counts = worker.metrics_since_last()
     logger.info("fully-async rollout %d: %d groups in %.1fs (%d were ready), %d queued, %d in flight, "
                 "version %s, %d stale dropped", rollout_id, len(groups), elapsed, warm, worker.queue_size(),
-                len(worker.active), current, counts.get("stale_dropped", 0))
+                len(worker.active), current_version, counts.get("stale_dropped", 0))
     metrics = {"perf/rollout_time": elapsed, "rollout/fully_async_ready_at_start": warm,
                "rollout/fully_async_queue_left": worker.queue_size(),
                "rollout/fully_async_in_flight": len(worker.active),
@@ -441,16 +512,20 @@ async def _generate_rollout_async(args: Any, rollout_id: int, data_source: Any,
                "rollout/max_staleness": max(ages) if ages else 0,
                "rollout/fully_async_continued_groups": counts.get("continued_groups", 0),
                "rollout/fully_async_cancelled_after_abort": counts.get("cancelled_after_abort", 0)}
-    if current is not None:
-        metrics["rollout/weight_version"] = current
+    if current_version is not None:
+        metrics["rollout/weight_version"] = current_version
     metrics.update({f"rollout/{k}": v for k, v in counts.items() if k.startswith("dropped_groups_")})
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
 
-def generate_rollout_fully_async(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False, *,
-                                 runtime: RolloutRuntime | None = None):
-    """slime's rollout-function contract; evaluation runs the default (synchronous) eval."""
-    runtime = runtime or current(args)
+async def _generate_rollout_async(args: Any, rollout_id: int, data_buffer: Any) -> list[list[Sample]]:
+    """slime's: the `--rollout-batch-size` oldest finished groups; the rest stay queued."""
+    return (await _rollout(args, rollout_id, data_buffer)).samples
+
+
+def generate_rollout_fully_async(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False):
+    """slime's rollout-function contract (slime's four parameters; the runtime is the bound one);
+    evaluation runs the default (synchronous) eval, where slime refuses."""
     if evaluation:
-        return generate_rollout(args, rollout_id, data_buffer, evaluation=True, runtime=runtime)
-    return run(_generate_rollout_async(args, rollout_id, data_buffer, runtime))
+        return generate_rollout(args, rollout_id, data_buffer, evaluation=True)
+    return run(_rollout(args, rollout_id, data_buffer))

@@ -26,7 +26,7 @@ class RolloutRuntime:
     tool_services: ToolServices = field(default_factory=ToolServices)
     rollout_id: int | None = None  # the rollout (or eval) being generated, for hooks that ask
     _shared: dict[str, Any] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.RLock = field(default_factory=threading.RLock)  # a factory may build other shared state
 
     @property
     def progress(self):

@@ -64,15 +64,14 @@ def build_sft_sample(sample: Sample, generator: MultiTurnLossMaskGenerator) -> S
     return sample
 
 
-def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False, *,
-                     runtime: Any = None) -> list[list[Sample]]:
+def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list[list[Sample]]:
     """`--rollout-batch-size` groups from the data source, each sample tokenised with its loss mask."""
     if evaluation:
         raise ValueError("slime.rollout.sft_rollout cannot evaluate; set --eval-function-path to a generating "
                          "rollout (e.g. slime.rollout.sglang_rollout.generate_rollout) or drop --eval-prompt-data")
     if not getattr(args, "rollout_global_dataset", True):
         raise ValueError("slime.rollout.sft_rollout reads the global dataset; drop --disable-rollout-global-dataset")
-    generator = _mask_generator(args, runtime if runtime is not None else _bound_runtime())
+    generator = _mask_generator(args, _bound_runtime())
     groups = data_buffer.get_samples(args.rollout_batch_size)
     for group in groups:
         for sample in group:

@@ -8,8 +8,8 @@ started than needed; once the target is met the rest is aborted on the engines, 
 `--abort-timeout` seconds, and returned to the buffer, so nothing is lost: partial (to be continued,
 `partial_rollout.py`) with `--partial-rollout`, else reset to its prompt (the tokens counted as wasted).
 
-Our functions take the controller's `RolloutRuntime` as `runtime=`; called the slime way (only
-`args`), they use the process's bound runtime (`slime.rollout.runtime.current`).
+Every function has slime's signature (only `args`, no runtime parameter): the engine client,
+progress and tool services are the process's bound runtime's (`slime.rollout.runtime.current`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 import weakref
 from contextlib import contextmanager
@@ -28,11 +27,12 @@ from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import DataSource, build_prompt_samples
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
 from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.rollout.reward_check import reward_source, sample_name
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sample_hooks import apply_rollout_sample_hooks
 from slime.utils.async_utils import run
 from slime.utils.http_retry import HttpError
-from slime.utils.misc import load_function
+from slime.utils.misc import PluginLoadError, load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class GenerateState:
     def submit_generate_tasks(self, groups: list[list[Sample]]) -> None:
         for group in groups:
             self.pendings.add(asyncio.ensure_future(
-                generate_and_rm_group(self.args, group, dict(self.sampling_params), runtime=self.runtime)))
+                generate_and_rm_group(self.args, group, dict(self.sampling_params))))
         self.remaining_batch_size += len(groups)
 
 
@@ -158,19 +158,23 @@ def prompt_ids(args: Any, sample: Sample, runtime: RolloutRuntime | None = None)
     """The prompt's token ids: pre-tokenised by the data source, else tokenised once here."""
     if sample.tokens and sample.response_length == 0:
         return list(sample.tokens)
-    tok = (runtime or current(args)).tokenizer
     prompt = sample.prompt
+    if not isinstance(prompt, (str, list)):
+        raise TypeError(f"sample {sample.index}: the prompt is {type(prompt).__name__}, not text or messages; the "
+                        "default generate cannot tokenise it (set --custom-generate-function-path to a function "
+                        "that reads it)")
+    tok = (runtime or current(args)).tokenizer
     if isinstance(prompt, list):
         prompt = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     return tok(prompt, add_special_tokens=False)["input_ids"]
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *,
-                   runtime: RolloutRuntime | None = None) -> Sample:
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """Default per-sample generation: one engine call, token-in/token-out, the answer appended to the
     sample as one segment (`Sample.append_segment`). With `--partial-rollout` an ABORTED sample with a
-    partial response is continued (see `partial_rollout`)."""
-    runtime = runtime or current(args)
+    partial response is continued (see `partial_rollout`). The engine client is the process's
+    runtime's (`current(args)`)."""
+    runtime = current(args)
     continued = bool(getattr(args, "partial_rollout", False)) and sample.is_partial
     if continued:  # --partial-rollout: prompt + partial response, the remaining budget
         ids, params = partial.continuation_input(sample, sampling_params)
@@ -212,34 +216,61 @@ def _accepts(fn: Any, name: str) -> bool:
     return name in params or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any], runtime: RolloutRuntime,
+def generate_function(args: Any, sample: Sample) -> Any:
+    """The sample's generate function: `Sample.generate_function_path` (an eval dataset's
+    `custom_generate_function_path` sets it), else `--custom-generate-function-path`, else `generate`."""
+    for where, path in (("Sample.generate_function_path", getattr(sample, "generate_function_path", None)),
+                        ("--custom-generate-function-path", getattr(args, "custom_generate_function_path", None))):
+        if path:
+            try:
+                return load_function(path)
+            except PluginLoadError as e:
+                raise PluginLoadError(f"{where}: {e}") from e
+    return generate
+
+
+async def _call_generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
+                         evaluation: bool) -> Sample | list[Sample]:
+    fn = generate_function(args, sample)
+    if fn is not generate and _accepts(fn, "evaluation"):
+        return await fn(args, sample, dict(sampling_params), evaluation=evaluation)
+    return await fn(args, sample, dict(sampling_params))
+
+
+async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any],
                         evaluation: bool = False) -> list[Sample]:
+    """Generate one sample through slime's `GenerateState` (its plugin bound, abort flag and dp-rank
+    balancing), then apply the sample hooks. A plugin's own GenerateState stand-in has no runtime:
+    then nothing is counted in the progress."""
+    state = GenerateState(args)
+    runtime = getattr(state, "runtime", None)
     partial_on = bool(getattr(args, "partial_rollout", False))
     if partial_on and not evaluation and partial.is_finished(args, sample):
-        runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
+        if runtime is not None:
+            runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
         return [sample]
-    fn = load_function(args.custom_generate_function_path, "--custom-generate-function-path") \
-        if args.custom_generate_function_path else generate
-    kw: dict[str, Any] = {}
-    if fn is generate:
-        kw["runtime"] = runtime
-    elif evaluation and _accepts(fn, "evaluation"):
-        kw["evaluation"] = True  # slime tells custom generate functions they run for eval
-    try:
-        out = await fn(args, sample, dict(sampling_params), **kw)
-    except HttpError as e:
-        # The retry budget is spent: report the sample as FAILED instead of failing the rollout.
-        mark_failed(sample, e.reason, str(e))
-        sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
-            prompt_ids(args, sample, runtime), 0, [], []
-        out = sample
+    async with state.semaphore:
+        if state.aborted:
+            sample.status = Sample.Status.ABORTED
+            return [sample]
+        with state.dp_rank_context():
+            try:
+                out = await _call_generate(args, sample, sampling_params, evaluation)
+            except HttpError as e:
+                # The retry budget is spent: report the sample as FAILED instead of failing the rollout.
+                mark_failed(sample, e.reason, str(e))
+                sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
+                    prompt_ids(args, sample, runtime), 0, [], []
+                out = sample
     samples = out if isinstance(out, list) else [out]
     if partial_on and getattr(args, "mask_offpolicy_in_partial_rollout", False):
         for s in samples:
             if s.status in partial.FINISHED:
                 partial.mask_offpolicy(s)
-    samples = await apply_rollout_sample_hooks(args, samples, rollout_id=runtime.rollout_id, evaluation=evaluation)
-    runtime.progress.on_samples(len(samples))
+    rollout_id = runtime.rollout_id if runtime is not None else None
+    samples = await apply_rollout_sample_hooks(args, samples, rollout_id=rollout_id, evaluation=evaluation)
+    if runtime is not None:
+        runtime.progress.on_samples(len(samples))
     return samples
 
 
@@ -251,52 +282,12 @@ def mark_failed(sample: Sample, reason: str, error: str) -> Sample:
     return sample
 
 
-def _reward_flag(args: Any, sample: Sample) -> str:
-    """The flag (or per-sample setting) that chose this sample's reward function."""
-    if getattr(sample, "custom_rm_path", None):
-        return f"Sample.custom_rm_path {sample.custom_rm_path!r}"
-    if getattr(args, "custom_rm_path", None):
-        return f"--custom-rm-path {args.custom_rm_path!r}"
-    meta = sample.metadata if isinstance(sample.metadata, dict) else {}
-    if meta.get("rm_type"):
-        return f"metadata['rm_type'] {meta['rm_type']!r}"
-    return f"--rm-type {getattr(args, 'rm_type', None)!r}"
-
-
-def _sample_name(sample: Sample) -> str:
-    return f"sample {sample.index} (group {sample.group_index})"
-
-
-def reward_problem(args: Any, reward: Any) -> str | None:
-    """Why `reward` cannot go into a training batch (not a number, NaN/inf), or None when it can."""
-    value = reward
-    if isinstance(reward, dict):
-        key = getattr(args, "reward_key", None) or "score"
-        if key not in reward:
-            return f"returned a dict without the key {key!r} (--reward-key)"
-        value = reward[key]
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-        return f"returned {value!r} ({type(value).__name__}), not a number"
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return f"returned {value!r} ({type(value).__name__}), not a number"
-    if not math.isfinite(number):
-        return f"returned {number}, not a finite number"
-    return None
-
-
 def _set_reward(args: Any, sample: Sample, reward: Any) -> None:
-    """Keep a usable reward; anything else (an exception, a string, NaN) fails this sample alone."""
+    """Keep the reward exactly as returned (numbers are checked when the batch is built,
+    `reward_check`); a reward function that raised fails this sample alone."""
     if isinstance(reward, BaseException):
-        error = f"{_reward_flag(args, sample)} raised on {_sample_name(sample)}: {type(reward).__name__}: {reward}"
+        error = f"{reward_source(args, sample)} raised on {sample_name(sample)}: {type(reward).__name__}: {reward}"
         mark_failed(sample, "reward_error", error)
-        logger.warning("%s", error)
-        return
-    problem = reward_problem(args, reward)
-    if problem is not None:
-        error = f"{_reward_flag(args, sample)} {problem} for {_sample_name(sample)}"
-        mark_failed(sample, "reward_invalid", error)
         logger.warning("%s", error)
         return
     sample.reward = reward
@@ -312,48 +303,62 @@ async def _guarded(coro: Any) -> Any:
         return e
 
 
+def _scorable(samples: list[Sample]) -> list[Sample]:
+    return [s for s in samples if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED)]
+
+
+async def _reward_each(args: Any, samples: list[Sample]) -> None:
+    todo = [s for s in _scorable(samples) if s.reward is None]  # a custom generate may have set it
+    for s, r in zip(todo, await asyncio.gather(*(_guarded(async_rm(args, s)) for s in todo))):
+        _set_reward(args, s, r)
+
+
+async def _reward_group(args: Any, samples: list[Sample]) -> None:
+    """`--group-rm`: one call for the whole group; if it raises, each of its samples failed."""
+    scorable = _scorable(samples)
+    if not scorable:
+        return
+    rewards = await _guarded(batched_async_rm(args, scorable))
+    if isinstance(rewards, BaseException):
+        rewards = [rewards] * len(scorable)
+    for s, r in zip(scorable, rewards):
+        _set_reward(args, s, r)
+
+
+def _group_rm(args: Any, evaluation: bool) -> bool:
+    return bool(getattr(args, "group_rm", False)) and not evaluation
+
+
 async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params: dict[str, Any],
-                                evaluation: bool = False, *, runtime: RolloutRuntime | None = None) -> list[Sample]:
-    """Generate every sample of a group concurrently, then reward the ones that need it. A reward
-    that raises, is not a number or is NaN marks its sample FAILED (flag and sample named)."""
-    runtime = runtime or current(args)
-    results = await asyncio.gather(*(_generate_one(args, s, sampling_params, runtime, evaluation) for s in group))
+                                evaluation: bool = False) -> list[Sample]:
+    """Generate every sample of a group concurrently, then reward the ones that need it (the whole
+    group at once with `--group-rm`). A reward function that raises marks its sample FAILED (flag and
+    sample named); what it returns is kept as it is."""
+    if GenerateState(args).aborted:
+        return group
+    results = await asyncio.gather(*(_generate_one(args, s, sampling_params, evaluation) for s in group))
     samples = [s for r in results for s in r]
-    scorable = [s for s in samples if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED)]
-    if getattr(args, "group_rm", False) and not evaluation:
-        if scorable:
-            rewards = await _guarded(batched_async_rm(args, scorable))
-            if isinstance(rewards, BaseException):
-                rewards = [rewards] * len(scorable)  # one call for the group: each of its samples failed
-            for s, r in zip(scorable, rewards):
-                _set_reward(args, s, r)
-    else:
-        todo = [s for s in scorable if s.reward is None]
-        for s, r in zip(todo, await asyncio.gather(*(_guarded(async_rm(args, s)) for s in todo))):
-            _set_reward(args, s, r)
+    await (_reward_group if _group_rm(args, evaluation) else _reward_each)(args, samples)
     for s in samples:
-        if s.status == Sample.Status.ABORTED:
-            continue  # never trained: it goes back to the buffer and is rewarded once finished
-        if s.reward is None or s.status == Sample.Status.FAILED:
+        if s.status == Sample.Status.FAILED:
             s.reward = 0.0  # never None or NaN in a batch; FAILED samples train nothing anyway
     return samples
 
 
-async def generate_and_rm(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False,
-                          *, runtime: RolloutRuntime | None = None) -> Sample | list[Sample]:
-    """slime's per-sample step: generate (custom function if set), then reward unless aborted/failed."""
-    runtime = runtime or current(args)
-    samples = await _generate_one(args, sample, sampling_params, runtime, evaluation)
-    for s in samples:
-        if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED) and s.reward is None \
-                and not (getattr(args, "group_rm", False) and not evaluation):
-            s.reward = await async_rm(args, s)
+async def generate_and_rm(args: Any, sample: Sample, sampling_params: dict[str, Any],
+                          evaluation: bool = False) -> Sample | list[Sample]:
+    """slime's per-sample step: generate (the sample's or the flag's custom function, else `generate`)
+    through `GenerateState`, then reward unless aborted, failed or `--group-rm` (the group does it)."""
+    samples = await _generate_one(args, sample, sampling_params, evaluation)
+    if not _group_rm(args, evaluation):
+        await _reward_each(args, samples)
     return samples if len(samples) != 1 else samples[0]
 
 
-async def abort(args: Any, rollout_id: int, *, runtime: RolloutRuntime | None = None) -> None:
-    """slime's name: abort every in-flight request on every engine (the router does not proxy abort)."""
-    await (runtime or current(args)).client.abort_all()
+async def abort(args: Any, rollout_id: int) -> None:
+    """slime's name: abort every in-flight request on every engine (the router does not proxy abort;
+    without a fleet the engines are the router's workers)."""
+    await current(args).client.abort_all()
 
 
 def _reset(sample: Sample) -> Sample:
@@ -436,12 +441,11 @@ async def _abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asy
     return time.monotonic() - start
 
 
-async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSource,
-                                 runtime: RolloutRuntime | None = None) -> RolloutFnTrainOutput:
+async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSource) -> RolloutFnTrainOutput:
     """Generate groups until `--rollout-batch-size` are kept, `--over-sampling-batch-size` in flight
     (extra groups over-provision: the rollout stops as soon as its target is met); then abort the rest
     (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`."""
-    runtime = runtime or current(args)
+    runtime = current(args)
     runtime.rollout_id = rollout_id  # segments record it
     runtime.client.gate.open()
     target = args.rollout_batch_size
@@ -467,7 +471,7 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
                 # with a filter: a whole over-sampling batch (slime); without: top up to the over-sampling size
                 n = over if filter_fn else over - len(kept) - len(pending)
                 for g in data_source.get_samples(n):
-                    task = asyncio.ensure_future(generate_and_rm_group(args, g, params, runtime=runtime))
+                    task = asyncio.ensure_future(generate_and_rm_group(args, g, params))
                     pending[task] = handed_groups[task] = g
                     before[task] = leftovers.taken(g)
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -566,30 +570,46 @@ def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:
     return params
 
 
-async def eval_rollout(args: Any, rollout_id: int, *, runtime: RolloutRuntime | None = None) -> RolloutFnEvalOutput:
-    """Every eval dataset (`--eval-prompt-data` / `--eval-config`), each with its own settings."""
-    runtime = runtime or current(args)
+def eval_reward(args: Any, sample: Sample) -> Any:
+    """slime's eval reward: the reward, or its `--eval-reward-key` entry when it is a dict."""
+    key = getattr(args, "eval_reward_key", None)
+    return sample.reward[key] if key and isinstance(sample.reward, dict) else sample.reward
+
+
+async def eval_rollout_single_dataset(args: Any, rollout_id: int, dataset: Any) -> dict[str, dict[str, Any]]:
+    """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}`. Its settings come
+    from the `EvalDatasetConfig` (else the flags); its `custom_generate_function_path` and
+    `custom_rm_path` are set on every sample, so they replace the flags' for this dataset only."""
+    runtime = current(args)
+    name = dataset[0]
+    prompts = eval_prompts(args, dataset, runtime)
+    n = int(_dataset_setting(dataset, "n_samples_per_eval_prompt", args.n_samples_per_eval_prompt))
+    groups = DataSource(args, prompts, n).get_samples(len(prompts))
+    for s in (s for g in groups for s in g):
+        s.generate_function_path = getattr(dataset, "custom_generate_function_path", None) or s.generate_function_path
+        s.custom_rm_path = getattr(dataset, "custom_rm_path", None) or s.custom_rm_path
+    params = eval_sampling_params(args, dataset)
+    runtime.progress.reset(len(prompts) * n, phase="eval")
+    results = await asyncio.gather(*(generate_and_rm_group(args, g, params, evaluation=True) for g in groups))
+    samples = [s for g in results for s in g]
+    return {name: {"rewards": [eval_reward(args, s) for s in samples],
+                   "truncated": [s.status == Sample.Status.TRUNCATED for s in samples], "samples": samples}}
+
+
+async def eval_rollout(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
+    """Every eval dataset (`--eval-prompt-data` / `--eval-config`), one after the other, each with its
+    own settings."""
     data: dict[str, dict[str, Any]] = {}
     start = time.monotonic()
     for dataset in args.eval_datasets:
-        name = dataset[0]
-        prompts = eval_prompts(args, dataset, runtime)
-        n = int(_dataset_setting(dataset, "n_samples_per_eval_prompt", args.n_samples_per_eval_prompt))
-        groups = DataSource(args, prompts, n).get_samples(len(prompts))
-        params = eval_sampling_params(args, dataset)
-        runtime.progress.reset(len(prompts) * n, phase="eval")
-        results = await asyncio.gather(*(generate_and_rm_group(args, g, params, evaluation=True, runtime=runtime)
-                                         for g in groups))
-        samples = [s for g in results for s in g]
-        data[name] = {"rewards": [s.get_reward_value(args) for s in samples],
-                      "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
-                      "samples": samples}
+        data.update(await eval_rollout_single_dataset(args, rollout_id, dataset))
     return RolloutFnEvalOutput(data=data, metrics={"perf/eval_time": time.monotonic() - start})
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *,
-                     runtime: RolloutRuntime | None = None):
-    """slime's rollout-function contract (REFERENCE §3)."""
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
+    """slime's rollout-function contract (REFERENCE §3): exactly slime's four parameters. The engine
+    client and progress come from the process's runtime (`runtime.current(args)`: the controller's,
+    or one built from `--sglang-router-ip/--sglang-router-port`)."""
     if evaluation:
-        return run(eval_rollout(args, rollout_id, runtime=runtime))
-    return run(generate_rollout_async(args, rollout_id, data_source, runtime))
+        return run(eval_rollout(args, rollout_id))
+    return run(generate_rollout_async(args, rollout_id, data_source))

@@ -244,7 +244,8 @@ def _pack_under_cap(lengths: Sequence[int], cap: int, multiple: int) -> list[lis
     return bins
 
 
-def _dynamic_rank_sets(lengths: list[int], cap: int, dp_size: int, group: int, step: int) -> list[list[list[int]]]:
+def _dynamic_rank_sets(lengths: list[int], cap: int, dp_size: int, group: int, step: int,
+                       weights: list[int]) -> list[list[list[int]]]:
     """Micro-batches of one step for each rank (step-local indices), every rank the same count.
 
     Ranks first: the samples are split into `dp_size` sets of near-equal tokens (longest-first over
@@ -252,9 +253,10 @@ def _dynamic_rank_sets(lengths: list[int], cap: int, dp_size: int, group: int, s
     its own set, and all ranks use the largest count any rank needs. That keeps the ranks' token
     totals equal even when micro-batches are few and full. When a rank has fewer samples than that
     count (a very long sample took a rank on its own), fall back to micro-batches first: pack the
-    step into a multiple of `dp_size` micro-batches and deal them out by Karmarkar-Karp."""
+    step into a multiple of `dp_size` micro-batches and deal them out by Karmarkar-Karp. Ranks are
+    balanced by `weights` (tokens, or FLOPs with --balance-data); the cap is always on tokens."""
     if dp_size > 1:
-        rank_sets = _pack_longest_first(lengths, dp_size) or []  # never empty: len(lengths) >= dp_size
+        rank_sets = _pack_longest_first(weights, dp_size) or []  # never empty: len(lengths) >= dp_size
         local = [[lengths[i] for i in s] for s in rank_sets]
         packed = [_pack_under_cap(ls, cap, group) for ls in local]
         if rank_sets and all(p is not None for p in packed):
@@ -275,8 +277,8 @@ def _dynamic_rank_sets(lengths: list[int], cap: int, dp_size: int, group: int, s
             f"{cap} tokens, and the count must be a multiple of {align} (dp_size={dp_size}); "
             f"{_round_up(best, align)} micro-batches need at least as many samples. Lower dp_size or raise "
             "--max-tokens-per-gpu")
-    weights = [sum(lengths[i] for i in b) for b in bins]
-    return [[bins[j] for j in part] for part in balanced_equal_split(weights, dp_size)]
+    bin_weights = [sum(weights[i] for i in b) for b in bins]
+    return [[bins[j] for j in part] for part in balanced_equal_split(bin_weights, dp_size)]
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -294,11 +296,13 @@ def build_dp_schedule(
     cp_size: int = 1,
     vpp_size: int = 1,
     microbatch_group_size_per_vp_stage: int = 1,
+    balance_weights: Sequence[int] | None = None,
 ) -> DPSchedule:
     """The per-rank partitions and micro-batches of one rollout (see the module docstring).
 
     `total_lengths[i]`: tokens of sample i (prompt + response); `rollout_ids[i]`: its rollout;
-    `global_batch_size`: rollouts (not samples) per training step."""
+    `global_batch_size`: rollouts (not samples) per training step; `balance_weights[i]`: what ranks
+    are balanced by (default: tokens; --balance-data: forward FLOPs, `slime.utils.flops`)."""
     n = len(total_lengths)
     if len(rollout_ids) != n:
         raise ScheduleError(f"{n} total_lengths but {len(rollout_ids)} rollout_ids")
@@ -328,7 +332,11 @@ def build_dp_schedule(
     num_steps = len(rollouts) // global_batch_size
     if num_steps == 0:
         raise ScheduleError(f"the rollout has {len(rollouts)} rollouts ({n} samples), fewer than "
-                            f"--global-batch-size {global_batch_size}: not one training step")
+                            f"--global-batch-size {global_batch_size}: not one training step "
+                            "(num_rollouts < global_batch_size)")
+    if balance_weights is not None and len(balance_weights) != n:
+        raise ScheduleError(f"{n} total_lengths but {len(balance_weights)} balance_weights")
+    balance = list(total_lengths) if balance_weights is None else [int(w) for w in balance_weights]
     kept = num_steps * global_batch_size
     dropped = sorted(pos for group in rollouts[kept:] for pos in group)
 
@@ -341,12 +349,13 @@ def build_dp_schedule(
         positions = [pos for group in rollouts[step * global_batch_size:(step + 1) * global_batch_size]
                      for pos in group]
         lengths = [total_lengths[p] for p in positions]
+        weights = [balance[p] for p in positions]
         m = len(positions)
         if m < align:
             raise ScheduleError(f"step {step} has {m} samples but dp_size={dp_size} needs at least {align} "
                                 f"(one micro-batch per rank{'' if align == dp_size else ' and VPP group'})")
         if use_dynamic_batch_size:
-            rank_sets = _dynamic_rank_sets(lengths, cap, dp_size, align // dp_size, step)
+            rank_sets = _dynamic_rank_sets(lengths, cap, dp_size, align // dp_size, step, weights)
         else:
             per_step = dp_size * micro_batch_size * (microbatch_group_size_per_vp_stage if vpp_size > 1 else 1)
             if m % per_step:
@@ -356,16 +365,17 @@ def build_dp_schedule(
                     + (f" x microbatch_group_size_per_vp_stage {microbatch_group_size_per_vp_stage}"
                        if vpp_size > 1 else "")
                     + f" = {per_step}; adjust --global-batch-size or use --use-dynamic-batch-size")
-            parts = balanced_equal_split(lengths, dp_size)
+            parts = balanced_equal_split(weights, dp_size)
             rank_sets = [[part[i:i + micro_batch_size] for i in range(0, len(part), micro_batch_size)]
                          for part in parts]
         # heaviest set to the rank that is lightest so far: balance also holds over the whole rollout
         set_tokens = [sum(lengths[i] for mb in s for i in mb) for s in rank_sets]
-        by_weight = sorted(range(dp_size), key=lambda j: -set_tokens[j])
+        set_weights = [sum(weights[i] for mb in s for i in mb) for s in rank_sets]
+        by_weight = sorted(range(dp_size), key=lambda j: -set_weights[j])
         by_load = sorted(range(dp_size), key=lambda r: (cumulative[r], r))
         step_tokens = [0] * dp_size
         for j, r in zip(by_weight, by_load):
-            cumulative[r] += set_tokens[j]
+            cumulative[r] += set_weights[j]
             step_tokens[r] = set_tokens[j]
             part, mbs = sched.partitions[r], sched.micro_batch_indices[r]
             for mb in sorted((sorted(b) for b in rank_sets[j]), key=lambda b: b[0]):

@@ -29,6 +29,25 @@ class Watch(Protocol):
 _watch: ContextVar[Watch | None] = ContextVar("slime_async_utils_watch", default=None)
 
 
+class AsyncLoopThread:
+    """slime's handle on a background loop: `.loop` and `.run(coro)`. `AsyncLoopThread()` starts a
+    new loop in its own daemon thread; `get_async_loop()` wraps the process's shared one."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="slime-async-extra", daemon=True).start()
+        self.loop = loop
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+def get_async_loop() -> AsyncLoopThread:
+    """slime's name for the process's background loop (the one `run` uses)."""
+    return AsyncLoopThread(get_loop())
+
+
 def get_loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _lock:

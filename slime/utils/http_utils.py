@@ -7,13 +7,20 @@ Outside a controller (a plugin run by hand) each call opens its own session.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import os
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
 from slime.utils import http_retry
 from slime.utils.endpoints import rollout_num_engines
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_TIMEOUT = 300.0
+SLIME_HOST_IP_ENV = "SLIME_HOST_IP"  # slime's override of the address this host advertises
 
 
 def _client() -> Any:
@@ -79,3 +86,63 @@ def init_http_client(args: Any) -> None:
     """slime sets up its global HTTP client here; ours lives in the controller's engine client, so
     there is nothing to do (kept so plugins that call it run unchanged)."""
     return None
+
+
+def is_port_available(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether `port` can be bound on `host` right now (loopback by default: nothing here listens
+    on every interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+            return True
+        except (OSError, OverflowError):
+            return False
+
+
+def find_available_port(base_port: int) -> int:
+    """The first free port above `base_port` (slime starts at a random offset; ours is deterministic)."""
+    port = base_port + 1
+    while not is_port_available(port):
+        port += 1
+        if port > 65535:
+            raise OSError(f"find_available_port: no free port above {base_port}")
+    return port
+
+
+def get_host_info() -> tuple[str, str]:
+    """`(hostname, address)` this host advertises to others: `$SLIME_HOST_IP` when set, else 127.0.0.1.
+    slime probes the LAN address; ours runs on one machine and binds loopback by default, so it
+    advertises loopback unless told otherwise."""
+    return socket.gethostname(), os.environ.get(SLIME_HOST_IP_ENV) or "127.0.0.1"
+
+
+def _wrap_ipv6(host: str) -> str:
+    """`[::1]` for an IPv6 address (URLs need the brackets), anything else unchanged."""
+    try:
+        ipaddress.IPv6Address(host.strip("[]"))
+    except ipaddress.AddressValueError:
+        return host
+    return f"[{host.strip('[]')}]"
+
+
+def run_router(args: Any) -> int:
+    """slime's: launch the real sglang-router with `args` (its RouterArgs); 0 when it ran, 1 when not."""
+    try:
+        from sglang_router.launch_router import launch_router
+
+        return 0 if launch_router(args) is not None else 1
+    except Exception as e:  # noqa: BLE001 - slime's contract is an exit code; the reason is logged
+        logger.warning("run_router: %s: %s", type(e).__name__, e)
+        return 1
+
+
+def terminate_process(process: Any, timeout: float = 1.0) -> None:
+    """Stop a `multiprocessing.Process`: terminate, wait `timeout` seconds, then kill."""
+    if not process.is_alive():
+        return
+    process.terminate()
+    process.join(timeout=timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()

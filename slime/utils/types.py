@@ -234,14 +234,12 @@ class Sample:
         """Trainable response tokens (tool output excluded)."""
         return int(sum(self.loss_mask)) if self.loss_mask is not None else self.response_length
 
-    def get_reward_value(self, args: Any = None) -> float:
-        """The scalar reward; dict rewards are read at `--reward-key` (default "score")."""
-        if isinstance(self.reward, dict):
-            key = getattr(args, "reward_key", None) or "score"
-            if key not in self.reward:
-                raise KeyError(f"sample {self.index}: reward dict has no key {key!r} (set --reward-key)")
-            return float(self.reward[key])
-        return float(self.reward if self.reward is not None else 0.0)
+    def get_reward_value(self, args: Any = None) -> Any:
+        """slime's: the reward as the reward function returned it, or its `--reward-key` entry. Not
+        necessarily a number (a dict, a teacher's answer): the batch conversion checks that
+        (`slime.rollout.reward_check`), after `--custom-reward-post-process-path` had its turn."""
+        key = getattr(args, "reward_key", None)
+        return self.reward[key] if key else self.reward
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: unknown fields loaded by from_dict read as attributes.

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from slime.rollout.data_source import parse_path_slice
+from slime.utils.data import _parse_generalized_path as parse_path_slice
 
 # field -> flags consulted (in order) when neither the dataset nor `defaults` sets it (upstream's specs)
 ARG_FALLBACKS: dict[str, tuple[str, ...]] = {
@@ -166,6 +166,13 @@ def build_eval_datasets(args: Any, raw: Iterable[dict[str, Any]], defaults: dict
         except EvalConfigError as e:
             raise EvalConfigError(f"{where}: {e}") from None
     return out
+
+
+def build_eval_dataset_configs(args: Any, dataset_cfgs: Iterable[dict[str, Any]],
+                               defaults: dict[str, Any] | None = None) -> list[EvalDatasetConfig]:
+    """slime's name: each field from the dataset entry, else `defaults`, else the flags; an unknown
+    key in `defaults` is an error naming it."""
+    return build_eval_datasets(args, dataset_cfgs, dict(defaults or {}), "eval config")
 
 
 def load_eval_config(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:

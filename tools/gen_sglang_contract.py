@@ -16,7 +16,7 @@ So this script reads the wheel's source with `ast`, never importing it, and reco
   `sampling_params` becomes), each with its annotation's source and whether it has a default.
 - `routes`: HTTP path -> methods and the request class FastAPI parses the body into.
 
-Usage: python scripts/gen_sglang_contract.py [--wheel PATH] [--version 0.5.15.post1] [--out FILE]
+Usage: python tools/gen_sglang_contract.py [--wheel PATH] [--version 0.5.15.post1] [--out FILE]
 (without --wheel it runs `pip download --no-deps sglang==VERSION` into a temporary directory).
 """
 
@@ -336,7 +336,7 @@ def build(wheel_path: Path) -> dict[str, Any]:
     requests = {name: spec for name, spec in request_classes(io_tree, io_src).items() if name in bodies}
     requests["SamplingParams"] = request_classes(sp_tree, sp_src)["SamplingParams"]
     return {
-        "generated_by": "scripts/gen_sglang_contract.py (ast over the wheel's source; sglang is never imported)",
+        "generated_by": "tools/gen_sglang_contract.py (ast over the wheel's source; sglang is never imported)",
         "sglang_version": version,
         "server_args": server_args_contract(sa_tree, action_nargs(act_tree)),
         "requests": dict(sorted(requests.items())),

@@ -13,7 +13,7 @@ imported, no GPU stack needed):
 
 Sources are bare git mirrors (`fetch` output) read at a commit, or plain checkouts:
 
-    python scripts/gen_trainer_flags.py \
+    python tools/gen_trainer_flags.py \
         --slime /work/.mirror/THUDM+slime/repo --megatron /work/.mirror/NVIDIA+Megatron-LM/repo \
         [--megatron-commit <sha>]   # default: the MEGATRON_COMMIT pinned in slime's docker/Dockerfile
 """
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         by_opt[e["options"][0]] = e  # slime's own definition wins (it is registered last, conflict-free)
     flags = sorted(by_opt.values(), key=lambda e: (e["origin"] != "slime", e["options"][0]))
 
-    doc = {"generated_by": "scripts/gen_trainer_flags.py",
+    doc = {"generated_by": "tools/gen_trainer_flags.py",
            "sources": {"THUDM/slime": slime.commit or str(slime.root),
                        "NVIDIA/Megatron-LM": megatron.commit or str(megatron.root)},
            "unparsed": skipped, "flags": flags}

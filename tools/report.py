@@ -1,4 +1,4 @@
-"""Turn a metrics.jsonl into PNG plots: `python scripts/report.py RUN_DIR_OR_METRICS_JSONL [-o OUT]`."""
+"""Turn a metrics.jsonl into PNG plots: `python tools/report.py RUN_DIR_OR_METRICS_JSONL [-o OUT]`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Browse rollout dumps: `python scripts/rollout_viewer.py DIR [DIR ...] [--tokenizer PATH]`.
+"""Browse rollout dumps: `python tools/rollout_viewer.py DIR [DIR ...] [--tokenizer PATH]`.
 
 DIR is a --rollout-data-dir, a directory of --save-debug-rollout-data files, or a single
 .jsonl / .pt file. --tokenizer (a dir with tokenizer.json, e.g. the --hf-checkpoint) decodes

@@ -1,0 +1,101 @@
+"""Flags the user set that this project accepts but does not act on, said once at start-up.
+
+Every slime and Megatron flag parses (`upstream_flags.py`), so a run script moves over unchanged; most
+of them change nothing here. `unused_flags_line(parser, args)` lists the ones set to a non-default
+value, grouped with the reason, so nobody believes delta weight sync or a Megatron parallelism option
+took effect. `ACTED_ON` names the upstream flags our code does read (tests check that each is read
+somewhere in `slime/`); SGLang server options (`--sglang-*` passthrough) count as unused with the
+embedded engine (`--rollout-backend hf`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+# upstream-registered flags (by dest) that this project reads and honours (on-policy distillation's
+# --use-opd/--opd-* join when its trainer side lands; today they are only validated)
+ACTED_ON = frozenset({
+    "actor_num_gpus_per_node", "actor_num_nodes", "adam_beta1", "adam_beta2", "adam_eps", "advantage_estimator",
+    "apply_chat_template_kwargs", "balance_by_flops", "balance_data", "buffer_filter_path", "calculate_per_token_loss",
+    "check_weight_update_equal", "ckpt_step", "clip_grad", "colocate", "custom_advantage_function_path",
+    "custom_config_path", "custom_convert_samples_to_train_data_path", "custom_eval_rollout_log_function_path",
+    "custom_reward_post_process_path", "custom_rollout_log_function_path", "data_source_path", "dump_details",
+    "entropy_coef", "eps_clip", "eps_clip_c", "eps_clip_high", "eval_config", "eval_max_context_len",
+    "eval_min_new_tokens", "eval_reward_key", "eval_tool_key", "eval_top_k", "ffn_hidden_size",
+    "freeze_params_name_list", "gamma", "grpo_std_normalization", "hidden_size", "kl_coef", "kl_loss_coef",
+    "kl_loss_type", "kv_channels", "log_probs_max_tokens_per_gpu", "loss_mask_type", "loss_type", "lr",
+    "lr_warmup_iters", "max_tokens_per_gpu", "micro_batch_size", "microbatch_group_size_per_vp_stage",
+    "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk", "moe_shared_expert_intermediate_size",
+    "multimodal_keys", "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
+    "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "num_workers", "offload_rollout",
+    "offload_train", "only_train_params_name_list", "optimizer",
+    "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",
+    "rollout_external_engine_addrs", "rollout_global_dataset", "rollout_sample_filter_path",
+    "rollout_sample_hook_path", "save_interval", "seed", "sglang_config", "tis_clip", "tis_clip_low",
+    "trust_remote_code", "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
+    "use_kl_loss", "use_rollout_logprobs", "use_rollout_routing_replay", "use_routing_replay", "use_tis",
+    "use_unbiased_kl", "vocab_size", "weight_decay",
+})
+
+# why a group of upstream flags does nothing here (group title after "upstream ")
+REASONS = {
+    "megatron": "Megatron-LM trainer options (the trainer here is a torch one; parallelism, kernels and "
+                "checkpoint formats are Megatron's)",
+    "slime: train": "slime trainer options this trainer does not implement (e.g. delta weight sync)",
+    "slime: sglang": "SGLang server options",
+    "slime: sglang_router": "router options (the router is started with ours)",
+    "slime: wandb": "wandb options beyond ours",
+    "slime: tensorboard": "tensorboard logging (not implemented)",
+    "slime: fault_tolerance": "slime's fault-tolerance options (the fleet restarts engines its own way)",
+}
+DEFAULT_REASON = "not implemented here"
+SGLANG_PASSTHROUGH = "slime: sglang passthrough"
+
+
+def _title_key(title: str) -> str:
+    """'upstream megatron: training' -> 'megatron'; 'upstream slime: train' -> 'slime: train'."""
+    key = title.removeprefix("upstream ").strip()
+    return "megatron" if key.startswith("megatron") else key
+
+
+def _default(action: argparse.Action) -> Any:
+    """The default as parsed: argparse runs `type` over a string default (JSON '{}' -> {})."""
+    if isinstance(action.default, str) and action.type is not None:
+        try:
+            return action.type(action.default)
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            return action.default
+    return action.default
+
+
+def _is_set(action: argparse.Action, value: Any) -> bool:
+    return value is not None and value != _default(action) and value != [] and value is not False
+
+
+def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[str]]:
+    """{reason: [flag, ...]} of the flags set to a non-default value that nothing here acts on."""
+    out: dict[str, list[str]] = {}
+    for group in parser._action_groups:  # noqa: SLF001 - the groups are how upstream flags are told apart
+        if not (group.title or "").startswith("upstream"):
+            continue
+        reason = REASONS.get(_title_key(group.title), DEFAULT_REASON)
+        for action in group._group_actions:  # noqa: SLF001
+            if action.dest not in ACTED_ON and _is_set(action, getattr(args, action.dest, None)):
+                out.setdefault(reason, []).append(action.option_strings[0])
+    if getattr(args, "rollout_backend", None) == "hf":
+        extra = sorted(getattr(args, "sglang_extra_args", None) or {})
+        if extra:
+            out.setdefault("SGLang server options (the embedded engine has none of them)", []).extend(
+                f"--sglang-{name.replace('_', '-')}" for name in extra)
+    return out
+
+
+def unused_flags_line(parser: argparse.ArgumentParser, args: Any) -> str | None:
+    """One line for the start-up log, or None when every flag the user set takes effect."""
+    groups = unused_flags(parser, args)
+    if not groups:
+        return None
+    parts = [f"{reason}: {' '.join(sorted(flags))}" for reason, flags in sorted(groups.items())]
+    count = sum(len(f) for f in groups.values())
+    return f"{count} flag(s) accepted but not acted on -- " + "; ".join(parts)

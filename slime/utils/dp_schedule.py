@@ -1,0 +1,39 @@
+"""slime's `build_dp_schedule` at `slime.utils.dp_schedule`: which DP rank trains which samples, in
+which micro-batches. A shim over our schedule (`slime.train_batch.schedule`, pure Python), reached
+lazily as `http_utils` reaches the rollout layer: same invariants, same 4-tuple, slime's
+AssertionError on a rollout that cannot be scheduled.
+
+With `balance_data` ranks are balanced by forward FLOPs (`slime.utils.flops`), as slime's schedule
+does; without it by tokens (slime deals micro-batches round-robin there). Ours always balances the
+ranks first (see the schedule's docstring), so partitions may differ from slime's while every
+invariant holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths: list[int], *, global_batch_size: int,
+                      rollout_indices: list[int]) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+    """`(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)` of one rollout;
+    `global_batch_size` counts rollouts (samples sharing `rollout_indices[i]` stay in one step)."""
+    from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
+    from slime.utils.flops import FlopsModel
+
+    weights = None
+    if getattr(args, "balance_data", False):
+        flops = FlopsModel.from_args(args)
+        weights = [round(flops(length)) for length in total_lengths]
+    try:
+        sched = schedule(
+            total_lengths, rollout_indices, dp_size=train_parallel_config["dp_size"],
+            global_batch_size=global_batch_size, micro_batch_size=getattr(args, "micro_batch_size", None),
+            use_dynamic_batch_size=bool(getattr(args, "use_dynamic_batch_size", False)),
+            max_tokens_per_gpu=getattr(args, "max_tokens_per_gpu", None),
+            cp_size=train_parallel_config.get("cp_size") or 1, vpp_size=train_parallel_config.get("vpp_size") or 1,
+            microbatch_group_size_per_vp_stage=train_parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
+            balance_weights=weights)
+    except ScheduleError as e:  # slime's contract: an assertion
+        raise AssertionError(str(e)) from e
+    return sched.partitions, sched.micro_batch_indices, sched.num_microbatches, sched.global_batch_sizes

@@ -94,3 +94,14 @@ def test_teacher_log_probs_reach_the_batch_and_rewards_are_zero():
     assert batch["teacher_log_probs"] == [pytest.approx([-0.2 - i, -0.3 - i]) for i in range(4)]
     assert batch["rewards"] == [0.0] * 4 and batch["raw_reward"] == [0.0] * 4
     assert post_process_rewards(args, samples) == ([0.0] * 4, [0.0] * 4)
+
+
+def test_slime_train_refuses_a_megatron_teacher_before_anything_starts(tiny_model_dir, tmp_path):
+    from slime.cli.args import ArgError
+    from slime.cli.train import parse_train_args
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hi", "label": ""}\n')
+    with pytest.raises(ArgError, match="--opd-type megatron: the reference trainer"):
+        parse_train_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+                          str(data), "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(tmp_path)])

@@ -36,6 +36,11 @@ def check_loss_args(args: Any) -> None:
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
     if getattr(args, "kl_loss_type", "k1") not in ("k1", "k2", "k3", "low_var_kl"):
         raise LossConfigError(f"--kl-loss-type {args.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
+    check_opd_args(args)
+
+
+def check_opd_args(args: Any) -> None:
+    """`--use-opd` needs the teacher's log-probs from the rollout (`--opd-type sglang`)."""
     if getattr(args, "use_opd", False) and getattr(args, "opd_type", None) != "sglang":
         raise LossConfigError(f"--opd-type {getattr(args, 'opd_type', None)}: the reference trainer takes the "
                               f"teacher's log-probs from the rollout (--opd-type sglang, teacher at --rm-url); "

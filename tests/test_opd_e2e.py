@@ -43,7 +43,7 @@ def sharpened(model_dir: Path, out: Path, noise: float = 0.0) -> Path:
     return out
 
 
-pytestmark = pytest.mark.slow  # about 90 s on an idle 2-core box (two engines, Ray, 16 optimizer steps)
+pytestmark = pytest.mark.slow  # about 90 s on a quiet 2-core box (8 min under heavy load) (two engines, Ray, 16 optimizer steps)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_the_students_reverse_kl_to_the_teacher_falls(opd_run):
     after = exact_reverse_kl(d / "ckpt" / f"iter_{int(last):07d}" / "model", teacher, samples)
     print(f"exact KL(student || teacher) on {len(samples)} sequences: {before:.3f} -> {after:.3f}")
     assert before > 0.2  # the teacher really differs from the student
-    assert after < 0.9 * before  # seen: 0.449 -> 0.362 after 6 rollouts (sampling is not seeded)
+    assert after < 0.9 * before  # seen: 0.449 -> 0.362 (6 rollouts), 0.469 -> 0.323 (8)
 
 
 def test_the_penalty_is_the_advantage_of_the_first_step(opd_run):

@@ -155,6 +155,66 @@ def test_max_new_tokens_zero_and_length(engine):
     assert len(r["output_ids"]) == 5 and r["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
 
 
+def prompt_logprobs(model, ids: list[int]) -> list[float]:
+    """log p(ids[i] | ids[:i]) for i >= 1, at temperature 1, from one teacher-forced forward pass."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def score(client: httpx.Client, ids, **body) -> dict:
+    body = {"input_ids": ids, "return_logprob": True, **body}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["meta_info"]
+
+
+def test_a_scoring_request_returns_sglangs_input_token_logprobs(engine, hf):
+    """slime's OPD teacher call: max_new_tokens 0, logprob_start_len 0 -> one entry per input token,
+    the first None, the rest log p(token | tokens before it) at T = 1 (SGLang does not scale them)."""
+    model, _ = hf
+    ids = PROMPTS[3]
+    meta = score(engine, ids, logprob_start_len=0, sampling_params={"max_new_tokens": 0, "temperature": 0.6})
+    entries = meta["input_token_logprobs"]
+    assert [t for _, t, _ in entries] == ids and [x for _, _, x in entries] == [None] * len(ids)
+    assert entries[0][0] is None
+    assert [lp for lp, _, _ in entries[1:]] == pytest.approx(prompt_logprobs(model, ids), abs=1e-4)
+    assert meta["output_token_logprobs"] == [] and meta["completion_tokens"] == 0
+    assert meta["finish_reason"]["type"] == "length"
+
+
+def test_input_token_logprobs_start_where_asked_and_default_to_the_last_token(engine, hf):
+    model, _ = hf
+    ids, k = PROMPTS[1], 4
+    full = prompt_logprobs(model, ids)
+    meta = score(engine, ids, logprob_start_len=k, sampling_params={"max_new_tokens": 0})
+    assert [t for _, t, _ in meta["input_token_logprobs"]] == ids[k:]
+    assert meta["input_token_logprobs"][0][0] is None  # SGLang pads the first reported entry, wherever it starts
+    assert [lp for lp, _, _ in meta["input_token_logprobs"][1:]] == pytest.approx(full[k:], abs=1e-4)
+    for start in ({}, {"logprob_start_len": -1}):
+        meta = score(engine, ids, **start, sampling_params={"max_new_tokens": 0})
+        assert meta["input_token_logprobs"] == [[None, ids[-1], None]]
+
+
+def test_generation_with_prompt_logprobs_keeps_its_tokens_and_output_logprobs(engine, hf):
+    model, _ = hf
+    ids = PROMPTS[2]
+    plain = gen(engine, ids, max_new_tokens=6)
+    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": 6}}
+    scored = engine.post("/generate", json=body).json()
+    assert scored["output_ids"] == plain["output_ids"]
+    out_lps = [lp for lp, _, _ in scored["meta_info"]["output_token_logprobs"]]
+    assert out_lps == pytest.approx([lp for lp, _, _ in plain["meta_info"]["output_token_logprobs"]], abs=1e-5)
+    assert [lp for lp, _, _ in scored["meta_info"]["input_token_logprobs"][1:]] == pytest.approx(
+        prompt_logprobs(model, ids), abs=1e-4)
+    # the whole sequence scored afterwards gives the sampled tokens their output log-probs (greedy: T = 1)
+    seq = ids + scored["output_ids"]
+    rescored = score(engine, seq, logprob_start_len=0, sampling_params={"max_new_tokens": 0})
+    tail = [lp for lp, _, _ in rescored["input_token_logprobs"][-6:]]
+    assert tail == pytest.approx(out_lps, abs=1e-4)
+
+
 def _background(client, ids, results, key, **sp):
     results[key] = gen(client, ids, **sp)
 
@@ -232,6 +292,9 @@ def test_stream_client_disconnect_aborts_the_request(engine):
     ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ({"input_ids": [1, 2], "sampling_params": {"temperature": -0.5}}, "temperature"),
     ({"input_ids": [1] * 5000}, "too long"),
+    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
+    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
+    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": "0"}, "logprob_start_len"),
 ])
 def test_bad_requests_are_400_naming_the_field(engine, body, field):
     r = engine.post("/generate", json=body)

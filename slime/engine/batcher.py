@@ -18,7 +18,10 @@ Why this shape:
 Log-probs: for every sampled token we report log_softmax(logits / T)[token], computed from the
 raw model logits BEFORE top-k / top-p truncation and before the min_new_tokens mask; T = 1 when
 temperature is 0 (greedy). This is what an RL trainer recomputes with a
-teacher-forced forward pass, so the two can be compared directly.
+teacher-forced forward pass, so the two can be compared directly. Prompt tokens (SGLang's
+`input_token_logprobs`, from `logprob_start_len`, default the last prompt token) are scored from the
+same prefill at T = 1, as SGLang does unless it is patched to scale them; the first entry is None,
+as in SGLang (so a teacher engine scores a whole sequence with `max_new_tokens: 0`).
 
 Finish rules (checked after each token, in this order): a stop token (stop_token_ids, plus the
 model's eos ids unless ignore_eos) => "stop" with the token id; a stop string found in the
@@ -107,6 +110,8 @@ class _Request:
     stop_ids: frozenset[int] = frozenset()
     done: bool = False
     weight_version: str = ""  # the version the request's tokens come from (set when prefilled)
+    logprob_start_len: int = 0  # first prompt position reported in input_token_logprobs (return_logprob only)
+    input_logprobs: list[float | None] = field(default_factory=list)
 
 
 def _resolve(fut: asyncio.Future, value: Any) -> None:
@@ -234,11 +239,17 @@ class HFBatcher:
                 "weight_updates_total": self.stats["weight_updates_total"]}
 
     def submit(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None,
-               return_logprob: bool = False, stream: bool = False) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
+               return_logprob: bool = False, logprob_start_len: int | None = None,
+               stream: bool = False) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
         """Queue a request; returns (rid, future of the final response dict, stream queue or None).
 
         A stream queue receives cumulative response dicts after each token and `None` at the end.
+        `logprob_start_len` (with `return_logprob`): None or -1 = the last prompt token (SGLang's default).
         """
+        start = len(input_ids) - 1 if logprob_start_len is None or logprob_start_len == -1 else logprob_start_len
+        if not 0 <= start < len(input_ids):
+            raise ValueError(f"logprob_start_len must be -1 or in [0, {len(input_ids)}) for a prompt of "
+                             f"{len(input_ids)} tokens, got {logprob_start_len}")
         if not self.serving:
             raise EngineReleasedError(f"{sorted(self.released_tags)} released (release_memory_occupation); "
                                       "call resume_memory_occupation")
@@ -247,7 +258,8 @@ class HFBatcher:
             raise ValueError(f"rid {rid!r} is already in flight")
         loop = asyncio.get_running_loop()
         req = _Request(rid=rid, input_ids=list(input_ids), params=params, return_logprob=return_logprob, loop=loop,
-                       future=loop.create_future(), stream=asyncio.Queue() if stream else None)
+                       future=loop.create_future(), stream=asyncio.Queue() if stream else None,
+                       logprob_start_len=start)
         self._rids.add(rid)
         req.future.add_done_callback(lambda _f: self._rids.discard(rid))
         self.stats["requests_total"] += 1
@@ -467,7 +479,7 @@ class HFBatcher:
                                                                "was running; its tokens so far came from the old ones"},
                              aborted=True)
                 continue
-            req.output_ids, req.logprobs, req.generator = [], [], None
+            req.output_ids, req.logprobs, req.input_logprobs, req.generator = [], [], [], None
             self._waiting.appendleft(req)
             restarted += 1
         self.stats["requests_restarted"] += restarted
@@ -495,11 +507,13 @@ class HFBatcher:
             seed = p.sampling_seed if p.sampling_seed is not None else int.from_bytes(os.urandom(8), "little")
             req.generator = torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
             self.stats["prompt_tokens_total"] += len(req.input_ids)
-            if p.max_new_tokens <= 0:
-                self._finish(req, {"type": "length", "length": 0})
-                continue
             try:
-                out = self.model(input_ids=torch.tensor([req.input_ids]), use_cache=True, logits_to_keep=1)
+                if p.max_new_tokens <= 0:  # nothing to sample; a scoring request still gets its prompt log-probs
+                    if req.return_logprob:
+                        self._score_prompt(req, use_cache=False)
+                    self._finish(req, {"type": "length", "length": 0})
+                    continue
+                out = self._score_prompt(req, use_cache=True)
                 token = self._sample_row(req, out.logits[0, -1].float())
             except Exception as exc:  # e.g. out of memory on a huge prompt: only this request fails
                 logger.exception("prefill failed for %s", req.rid)
@@ -509,6 +523,22 @@ class HFBatcher:
             if self._append_token(req, token):
                 continue  # finished on its first token: never joins the batch
             self._merge(req, out.past_key_values, len(req.input_ids), token)
+
+    def _score_prompt(self, req: _Request, use_cache: bool):
+        """The prefill forward. With `return_logprob` it keeps the logits from `logprob_start_len` on
+        and records SGLang's `input_token_logprobs` values: None for the first reported token, then
+        log_softmax(logits)[token] of each later prompt token given the tokens before it."""
+        ids = req.input_ids
+        if not req.return_logprob or req.logprob_start_len >= len(ids) - 1:
+            if req.return_logprob:
+                req.input_logprobs = [None]
+            if not use_cache:
+                return None  # nothing to compute: the one reported prompt token is always None
+            return self.model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=torch.tensor([ids]), use_cache=use_cache,
+                         logits_to_keep=len(ids) - req.logprob_start_len)
+        req.input_logprobs = [None, *_token_logprobs(out.logits[0, :-1], ids[req.logprob_start_len + 1:])]
+        return out
 
     def _merge(self, req: _Request, cache, length: int, token: int) -> None:
         mask = torch.ones(1, length, dtype=torch.long)
@@ -658,7 +688,23 @@ class HFBatcher:
                 "e2e_latency": time.monotonic() - req.created}
         if req.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.logprobs, ids)]
+            # empty only if the request never reached its prefill (aborted while waiting)
+            scored = req.input_ids[req.logprob_start_len:]
+            meta["input_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.input_logprobs, scored)]
         return {"text": text, "output_ids": list(ids), "meta_info": meta}
+
+
+_SCORE_CHUNK_ROWS = 256  # rows of vocabulary-sized log-softmax at a time when scoring a long prompt
+
+
+def _token_logprobs(logits: torch.Tensor, targets: list[int]) -> list[float]:
+    """log_softmax(logits[i])[targets[i]] per row, in float32, a chunk of rows at a time."""
+    out: list[float] = []
+    target = torch.tensor(targets)
+    for lo in range(0, len(targets), _SCORE_CHUNK_ROWS):
+        rows = torch.log_softmax(logits[lo:lo + _SCORE_CHUNK_ROWS].float(), dim=-1)
+        out += rows.gather(-1, target[lo:lo + _SCORE_CHUNK_ROWS, None])[:, 0].tolist()
+    return out
 
 
 def _top_p_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:

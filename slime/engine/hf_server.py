@@ -3,7 +3,10 @@
 It speaks the subset of SGLang's HTTP API that slime, the sglang-router and our rollout code use,
 with the same paths, bodies and response shapes, so the rest of the system cannot tell it from a
 real SGLang engine. All model work happens in the batcher's decode thread; handlers only
-validate, enqueue and await. `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
+validate, enqueue and await. `return_logprob` answers `meta_info.output_token_logprobs` and
+`meta_info.input_token_logprobs` (`[logprob, token_id, null]` per token, SGLang's layout; input entries
+from `logprob_start_len`, the first one null), so one engine can score another's samples (a teacher
+for on-policy distillation: `max_new_tokens: 0`, `logprob_start_len: 0`). `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
 num_reqs, num_tokens, decode_steps_total, max_batch_size_seen, paused, weights_released,
 weight_version, requests_restarted, weight_updates_total).
 
@@ -130,6 +133,18 @@ def parse_sampling_params(d: Any, prompt_len: int, context_length: int) -> Sampl
     )
 
 
+def parse_logprob_start_len(value: Any, prompt_len: int) -> int | None:
+    """SGLang's `logprob_start_len`: None or -1 = only the last prompt token; else a prompt position."""
+    if value is None or value == -1:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"logprob_start_len must be an integer, got {value!r}")
+    if not 0 <= value < prompt_len:
+        raise BadRequest(f"logprob_start_len must be -1 or in [0, {prompt_len}) for a prompt of {prompt_len} "
+                         f"tokens, got {value}")
+    return value
+
+
 def _per_item(value: Any, n: int, name: str, is_item) -> list:
     """Broadcast a scalar/dict field over a batch of n inputs, or check a per-input list."""
     if isinstance(value, list) and not is_item(value):
@@ -204,13 +219,16 @@ class Server:
             if any(r is not None and not isinstance(r, str) for r in rids):
                 raise BadRequest("rid must be a string (or a list of strings for batch input)")
             logprob = _per_item(body.get("return_logprob"), n, "return_logprob", lambda v: False)
+            starts = [parse_logprob_start_len(v, len(p)) for v, p in
+                      zip(_per_item(body.get("logprob_start_len"), n, "logprob_start_len", lambda v: False), prompts)]
             stream = bool(body.get("stream") or False)
             if stream and batch:
                 raise BadRequest("stream is not supported with batch input")
             submitted = []
             try:
-                for p, sp, r, lp in zip(prompts, params, rids, logprob):
-                    submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=bool(lp), stream=stream))
+                for p, sp, r, lp, start in zip(prompts, params, rids, logprob, starts):
+                    submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=bool(lp),
+                                                         logprob_start_len=start, stream=stream))
             except Exception:  # all or nothing: do not leave half a batch decoding for nobody
                 for r, _, _ in submitted:
                     self.batcher.abort(r)

@@ -42,6 +42,9 @@ def update_weights_interval(args: argparse.Namespace) -> int:
 
 def check_train_arguments(args: argparse.Namespace) -> None:
     """Combinations the trainer cannot run; the message names the flags."""
+    from slime.train.loss import check_opd_args
+
+    check_opd_args(args)  # LossConfigError (a ValueError) naming --opd-type
     interval = update_weights_interval(args)  # ValueError naming --update-weights-interval
     offloaded = "--colocate" if getattr(args, "colocate", False) else \
         "--offload-rollout" if getattr(args, "offload_rollout", False) else None

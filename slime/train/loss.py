@@ -36,6 +36,15 @@ def check_loss_args(args: Any) -> None:
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
     if getattr(args, "kl_loss_type", "k1") not in ("k1", "k2", "k3", "low_var_kl"):
         raise LossConfigError(f"--kl-loss-type {args.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
+    check_opd_args(args)
+
+
+def check_opd_args(args: Any) -> None:
+    """`--use-opd` needs the teacher's log-probs from the rollout (`--opd-type sglang`)."""
+    if getattr(args, "use_opd", False) and getattr(args, "opd_type", None) != "sglang":
+        raise LossConfigError(f"--opd-type {getattr(args, 'opd_type', None)}: the reference trainer takes the "
+                              f"teacher's log-probs from the rollout (--opd-type sglang, teacher at --rm-url); "
+                              f"it loads no Megatron teacher")
 
 
 def needs_reference(args: Any) -> bool:
@@ -108,6 +117,25 @@ def advantages_for(args: Any, rewards: list[float], loss_masks: list[torch.Tenso
         else:
             raise LossConfigError(f"--advantage-estimator {estimator} is not supported by the reference trainer")
     return out
+
+
+def apply_opd_kl_to_advantages(args: Any, advantages: list[torch.Tensor], student_log_probs: list[torch.Tensor],
+                               teacher_log_probs: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """slime's on-policy distillation penalty (`--use-opd`), on top of any estimator: per token,
+    advantage -= `--opd-kl-coef` * (log pi_student - log pi_teacher) of the sampled token, the one-sample
+    estimate of the reverse KL(student || teacher). Replaces `advantages[i]` in place; returns the
+    per-token reverse-KL estimates (logged as `opd_reverse_kl`)."""
+    if teacher_log_probs is None:
+        raise LossConfigError("--use-opd needs teacher_log_probs in the batch: set --custom-rm-path "
+                              "slime.rollout.on_policy_distillation.reward_func and --custom-reward-post-process-path "
+                              "slime.rollout.on_policy_distillation.post_process_rewards with --rm-url at the teacher")
+    coef = float(getattr(args, "opd_kl_coef", 1.0))
+    reverse_kls = []
+    for i, (student, teacher) in enumerate(zip(student_log_probs, teacher_log_probs)):
+        reverse_kl = student.float() - teacher.float()
+        advantages[i] = advantages[i] - coef * reverse_kl
+        reverse_kls.append(reverse_kl)
+    return reverse_kls
 
 
 @dataclass

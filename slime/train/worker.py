@@ -3,7 +3,8 @@
 Plain torch + transformers: the HF model the engines serve, in float32, wrapped in DDP over gloo.
 Per rollout (`train`): fetch this rank's Box, recompute the log-probs of the current weights
 (slime's "old" policy; also the measured trainer/engine log-prob gap) and of the frozen reference
-when a KL term needs it, compute advantages, then run the schedule's steps: each step is exactly
+when a KL term needs it, compute advantages (with `--use-opd`, minus the teacher's reverse-KL
+penalty, logged per step as `opd_reverse_kl`), then run the schedule's steps: each step is exactly
 the Box's micro-batches (`micro_batch_indices`, `num_microbatches`), gradients accumulated locally
 and all-reduced once (DDP `no_sync` on all but the last), clipped, one optimizer step. The loss of
 a micro-batch is its per-rollout sums (`rollout_mask_sums` as denominators) divided by the step's
@@ -34,7 +35,9 @@ import torch.distributed as dist
 from slime.engine.weight_updates import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
-from slime.train.loss import advantages_for, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer
+from slime.train.loss import (
+    advantages_for, apply_opd_kl_to_advantages, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer,
+)
 from slime.train.model import PolicyModel, pack
 
 logger = logging.getLogger(__name__)
@@ -162,6 +165,10 @@ class TrainWorker:
         if self.ref is not None:
             kl = [approx_kl(o, r, args.kl_loss_type) for o, r in zip(old_lp, ref_lp)]
         advantages = advantages_for(args, list(data["rewards"]), masks, kl)
+        reverse_kl = None
+        if getattr(args, "use_opd", False):  # slime: after the estimator, before whitening
+            student = rollout_lp if getattr(args, "use_rollout_logprobs", False) else old_lp
+            reverse_kl = apply_opd_kl_to_advantages(args, advantages, student, data.get("teacher_log_probs"))
         if getattr(args, "normalize_advantages", False):
             advantages = self._whiten(advantages, masks)
 
@@ -191,6 +198,8 @@ class TrainWorker:
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value
+                if reverse_kl is not None:
+                    sums["opd_reverse_kl"] = sums["opd_reverse_kl"] + reduce(torch.cat([reverse_kl[i] for i in mb]))
             max_norm = float(getattr(args, "clip_grad", 0.0) or 0.0)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
             self.optimizer.step()

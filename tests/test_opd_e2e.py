@@ -62,8 +62,7 @@ def opd_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "12",
             "--num-rollout", str(N_ROLLOUT), "--lr", "3e-4", "--global-batch-size", "16", "--micro-batch-size", "8",
             # slime's OPD recipe (examples/on_policy_distillation/run-qwen3-8B-opd.sh)
-            # (reward_func wrapped with a "score" key until raw rewards reach the post-process hook, #22 item 3)
-            "--custom-rm-path", "tests.plugins.opd_rewards.teacher_answer_with_zero_score",
+            "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
             "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
             "--rm-url", f"{teacher_url}/generate", "--use-opd", "--opd-type", "sglang", "--opd-kl-coef", "1.0",
             "--save-debug-rollout-data", str(d / "debug" / "rollout_{rollout_id}.pt"), "--save", str(d / "ckpt"),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-# upstream-registered flags (by dest) that this project reads and honours (on-policy distillation's
-# --use-opd/--opd-* join when its trainer side lands; today they are only validated)
+# upstream-registered flags (by dest) that this project reads and honours (on-policy distillation: --use-opd,
+# --opd-kl-coef and --opd-type sglang; the megatron teacher's --opd-teacher-* are not)
 ACTED_ON = frozenset({
     "actor_num_gpus_per_node", "actor_num_nodes", "adam_beta1", "adam_beta2", "adam_eps", "advantage_estimator",
     "apply_chat_template_kwargs", "balance_by_flops", "balance_data", "buffer_filter_path", "calculate_per_token_loss",
@@ -29,12 +29,12 @@ ACTED_ON = frozenset({
     "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk", "moe_shared_expert_intermediate_size",
     "multimodal_keys", "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
     "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "num_workers", "offload_rollout",
-    "offload_train", "only_train_params_name_list", "optimizer",
+    "offload_train", "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
     "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",
     "rollout_external_engine_addrs", "rollout_global_dataset", "rollout_sample_filter_path",
     "rollout_sample_hook_path", "save_interval", "seed", "sglang_config", "tis_clip", "tis_clip_low",
     "trust_remote_code", "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
-    "use_kl_loss", "use_rollout_logprobs", "use_rollout_routing_replay", "use_routing_replay", "use_tis",
+    "use_kl_loss", "use_opd", "use_rollout_logprobs", "use_rollout_routing_replay", "use_routing_replay", "use_tis",
     "use_unbiased_kl", "vocab_size", "weight_decay",
 })
 

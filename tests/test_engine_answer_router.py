@@ -108,7 +108,7 @@ def rollout(tmp_path, router, engines, tok, *extra, n_prompts=3):
     client.retry_policy.base_delay = client.retry_policy.max_delay = 0.0  # nothing here waits on a clock
     runtime = RolloutRuntime(args, client).bind()
     try:
-        out = generate_rollout(args, 0, DataSource.from_args(args, tok), runtime=runtime)
+        out = generate_rollout(args, 0, DataSource.from_args(args, tok))  # the bound runtime (slime's 4 parameters)
     finally:
         run(client.close())
         unbind(runtime)

@@ -37,7 +37,7 @@ def test_trainer_beyond_the_cluster_fails_at_once_with_the_arithmetic(ray_cluste
                                   "(check --actor-num-workers / --actor-num-cpus-per-worker)")
         assert group.pg is None and group.workers == []
         assert not [e for e in ray.util.placement_group_table().values()
-                    if e["name"] == "slime-trainer" and e["state"] != "REMOVED"]
+                    if e["name"].startswith("slime-trainer#") and e["state"] != "REMOVED"]
     finally:
         ray.util.remove_placement_group(engines)
 

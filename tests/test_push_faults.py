@@ -7,28 +7,14 @@ weights at the next push (checksums), and the run goes on."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import requests
 
 from slime.cli.train import parse_train_args
 from slime.ray.session import start_manager, stop_manager
+from slime.testing.manager_probe import engine_status, wait_engine_state
 from slime.train.actor_group import TrainGroup
-
-
-def _engine(manager, rank: int) -> dict:
-    import ray
-
-    return ray.get(manager.status.remote())["engines"][rank]
-
-
-def _wait_state(manager, rank: int, states: tuple[str, ...], timeout: float = 240.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while (e := _engine(manager, rank))["state"] not in states:
-        assert time.monotonic() < deadline, f"engine {rank} never reached {states}: {e}"
-        time.sleep(0.1)
-    return e
 
 
 @pytest.fixture
@@ -65,22 +51,22 @@ def test_engine_killed_mid_push_the_run_goes_on(parts):
     manager, group = parts
     group.update_weights(manager, "0", "distributed")
     group.train(0, ray.get(manager.generate.remote(0)))
-    old_url = _engine(manager, 1)["url"]
+    old_url = engine_status(manager, 1)["url"]
     ray.get(manager.kill_engine_during_push.remote(1, 4))  # SIGKILL at the 4th bucket of the next push
     out = group.update_weights(manager, "1", "distributed")
     assert out["engines_died"] == [f"engine at {old_url}"] and out["engines"] == 1
     trained = group.weight_checksums()
-    survivor = _engine(manager, 0)["url"]
+    survivor = engine_status(manager, 0)["url"]
     check = requests.post(f"{survivor}/weights_checker", json={"action": "compare", "checksums": trained},
                           timeout=60).json()
     assert check["equal"], check["message"]
 
     # the fleet restarts it; with the disk weights it waits for the trainer's next push
-    replaced = _wait_state(manager, 1, ("awaiting_weights",))
+    replaced = wait_engine_state(manager, 1, ("awaiting_weights",))
     assert replaced["url"] != old_url and replaced["restarts"] == 1
     out = group.update_weights(manager, "1", "distributed")
     assert out["engines"] == 2 and out["engines_died"] == []
-    assert _wait_state(manager, 1, ("healthy",))["url"] == replaced["url"]
+    assert wait_engine_state(manager, 1, ("healthy",))["url"] == replaced["url"]
     checks = ray.get(manager.check_weights.remote("compare", trained))
     assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
     boxes = ray.get(manager.generate.remote(1))  # the run goes on, on both engines

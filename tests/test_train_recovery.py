@@ -12,7 +12,6 @@ slime-train's own pieces: the rollout manager, one trainer worker (the distribut
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import requests
 
 from slime.cli.train import parse_train_args
 from slime.ray.session import start_manager, stop_manager
+from slime.testing.manager_probe import engine_status, wait_engine_state
 from slime.train.actor_group import TrainGroup
 
 
@@ -34,20 +34,6 @@ def _versions(boxes) -> set[str]:
     import ray
 
     return {v for box in boxes for vs in ray.get(box.inner)["weight_versions"] for v in vs}
-
-
-def _engine(manager, rank: int) -> dict:
-    import ray
-
-    return ray.get(manager.status.remote())["engines"][rank]
-
-
-def _wait_state(manager, rank: int, states: tuple[str, ...], timeout: float = 240.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while (e := _engine(manager, rank))["state"] not in states:
-        assert time.monotonic() < deadline, f"engine {rank} never reached {states}: {e}"
-        time.sleep(0.1)
-    return e
 
 
 @pytest.fixture
@@ -88,14 +74,14 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
     group.update_weights(manager, "1", "distributed")  # version 1: trained weights, not the ones on disk
     trained = group.weight_checksums()
 
-    old_url = _engine(manager, 0)["url"]
+    old_url = engine_status(manager, 0)["url"]
     ray.get(manager.kill_engine.remote(0))
     boxes = ray.get(manager.generate.remote(1))  # engine 0 is restarting meanwhile: only engine 1 serves
     assert _versions(boxes) == {"1"}
     assert ray.get(manager.recover_updatable_engines.remote()) == 1  # num_new_engines
 
     # back, but with the disk weights: kept out of the router, still one of the engines a push reaches
-    restarted = _wait_state(manager, 0, ("awaiting_weights",))
+    restarted = wait_engine_state(manager, 0, ("awaiting_weights",))
     assert restarted["url"] != old_url and restarted["restarts"] == 1
     url = restarted["url"]
     assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "default"
@@ -108,7 +94,7 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
 
     # the trainer's next push (slime's flow: recover, engines + num_new_engines, re-formed group) admits it
     group.update_weights(manager, "1", "distributed")
-    assert _wait_state(manager, 0, ("healthy",))["url"] == url
+    assert wait_engine_state(manager, 0, ("healthy",))["url"] == url
     assert _served(url) == 0  # registered only now: no request reached it before its weights were current
     assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "1"
     checks = ray.get(manager.check_weights.remote("compare", trained))

@@ -7,6 +7,7 @@ Ray would keep the group pending forever, and the cluster's totals are known fro
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import ray
@@ -16,6 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 PLACEMENT_TIMEOUT_S = 120.0  # a grantable reservation may wait for resources another job frees
 ENGINE_FLAGS = "--rollout-num-engines / --rollout-num-gpus / --rollout-num-cpus-per-engine"
 _LIVE_STATES = ("PENDING", "CREATED", "RESCHEDULING")
+NAME_SEP = "#"  # a group's Ray name is "<label>#<unique>": names are unique per namespace, labels are not
 
 
 class PlacementError(RuntimeError):
@@ -41,7 +43,7 @@ def _held_by_this_job(resources: set[str]) -> list[tuple[str, dict[str, float]]]
             continue
         sums = {r: sum(float(b.get(r, 0)) for b in entry.get("bundles", {}).values()) for r in resources}
         if any(sums.values()):
-            held.append((entry.get("name") or pg_id, sums))
+            held.append(((entry.get("name") or pg_id).split(NAME_SEP)[0], sums))
     return held
 
 
@@ -74,10 +76,11 @@ def check_fits(bundles: list[dict[str, float]], what: str, flags: str) -> None:
 
 def reserve(bundles: list[dict[str, float]], *, name: str, what: str, flags: str,
             timeout: float = PLACEMENT_TIMEOUT_S):
-    """A ready placement group (PACK) of `bundles` named `name`; PlacementError at once when it can
-    never fit (`check_fits`), or when it is not granted within `timeout` (resources in use elsewhere)."""
+    """A ready placement group (PACK) of `bundles` labelled `name`; PlacementError at once when it can
+    never fit (`check_fits`), or when it is not granted within `timeout` (resources in use elsewhere).
+    Two managers in one cluster (or a group a crashed run left behind) each get their own Ray name."""
     check_fits(bundles, what, flags)
-    pg = placement_group(bundles, strategy="PACK", name=name)
+    pg = placement_group(bundles, strategy="PACK", name=f"{name}{NAME_SEP}{uuid.uuid4().hex[:12]}")
     ready, _ = ray.wait([pg.ready()], timeout=timeout)
     if not ready:
         remove_placement_group(pg)

@@ -35,6 +35,7 @@ from slime.observability import metrics_log
 from slime.train.actor_group import TrainGroup
 from slime.train.checkpoint import data_state_dir
 from slime.train.flags import update_weights_interval
+from slime.utils.misc import should_run_periodic_action  # slime's rule, at slime's path
 
 logger = logging.getLogger("slime")
 
@@ -52,17 +53,6 @@ def save_due(args: Any, rollout_id: int, num_rollout_per_epoch: int | None) -> b
     if args.save_interval is None:
         return rollout_id == args.num_rollout - 1
     return should_run_periodic_action(rollout_id, args.save_interval, num_rollout_per_epoch, args.num_rollout)
-
-
-def should_run_periodic_action(rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None,
-                               num_rollout: int | None = None) -> bool:
-    """slime's rule: every `interval` rollouts, at each epoch end, and at the last rollout when given."""
-    if interval is None:
-        return False
-    if num_rollout is not None and rollout_id == num_rollout - 1:
-        return True
-    step = rollout_id + 1
-    return step % interval == 0 or (num_rollout_per_epoch is not None and step % num_rollout_per_epoch == 0)
 
 
 def weights_due(rollout_id: int, interval: int) -> bool:

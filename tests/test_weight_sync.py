@@ -590,7 +590,9 @@ class Watched:
 def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir, tensors_b, ck_b, tmp_path,
                                                   transport, when):
     """SIGKILL at the first, a middle or the last bucket: the dead engine is dropped, the group formed
-    again with the survivors, and they get the whole push (checksums); nothing waits for a deadline."""
+    again with the survivors, and they get the whole push (checksums). Known gap (issue 20 stays open):
+    killed at the first bucket, a survivor's engine stays inside the old group's collective until that
+    group's deadline, so it serves again only then; the deadline here is slime-train's (30 s), not 120."""
     from slime.engine.weight_transfer import bucket_named_tensors
 
     bucket_bytes = 64 << 10
@@ -601,7 +603,7 @@ def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir,
         victim.start()
         members = [Watched(engines[0]), Watched(victim, {"start": 1, "middle": n // 2, "end": n}[when]),
                    Watched(engines[1])]
-        group = WeightUpdateGroup(members, group_name="g-death", timeout=120, transport=transport,
+        group = WeightUpdateGroup(members, group_name="g-death", timeout=30, transport=transport,
                                   ring_slot_bytes=1 << 20)
         group.connect()
         assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")

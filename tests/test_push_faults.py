@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from slime.cli.train import parse_train_args
-from slime.ray.session import start_manager, stop_manager
-from slime.testing.manager_probe import engine_status, wait_engine_state
-from slime.train.actor_group import TrainGroup
+from slime.testing.manager_probe import (
+    batch_weight_versions, engine_status, manager_and_trainer, wait_engine_state,
+)
 
 
 @pytest.fixture
@@ -30,19 +30,8 @@ def parts(ray_cluster, tiny_model_dir, tmp_path):
         "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
         "--num-rollout", "2", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2",
         "--update-weight-buffer-size", str(64 << 10)])  # many buckets: the death lands mid-push
-    manager = group = None
-    try:
-        manager, _ = start_manager(args)
-        group = TrainGroup(args)
-        group.start()
-        import ray
-
-        ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
-        yield manager, group
-    finally:
-        if group is not None:
-            group.shutdown()
-        stop_manager(manager)
+    with manager_and_trainer(args) as parts:
+        yield parts
 
 
 def test_engine_killed_mid_push_the_run_goes_on(parts):
@@ -70,5 +59,4 @@ def test_engine_killed_mid_push_the_run_goes_on(parts):
     checks = ray.get(manager.check_weights.remote("compare", trained))
     assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
     boxes = ray.get(manager.generate.remote(1))  # the run goes on, on both engines
-    versions = {v for box in boxes for vs in ray.get(box.inner)["weight_versions"] for v in vs}
-    assert versions == {"1"}
+    assert batch_weight_versions(boxes) == {"1"}

@@ -12,15 +12,14 @@ slime-train's own pieces: the rollout manager, one trainer worker (the distribut
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests
 
 from slime.cli.train import parse_train_args
-from slime.ray.session import start_manager, stop_manager
-from slime.testing.manager_probe import engine_status, wait_engine_state
-from slime.train.actor_group import TrainGroup
+from slime.testing.manager_probe import (
+    batch_weight_versions, engine_status, manager_and_trainer, wait_engine_state,
+)
 
 
 def _served(url: str) -> float:
@@ -28,12 +27,6 @@ def _served(url: str) -> float:
     text = requests.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("sglang:num_requests_total"))
-
-
-def _versions(boxes) -> set[str]:
-    import ray
-
-    return {v for box in boxes for vs in ray.get(box.inner)["weight_versions"] for v in vs}
 
 
 @pytest.fixture
@@ -48,19 +41,8 @@ def loop_parts(ray_cluster, tiny_model_dir, tmp_path):
         "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--global-batch-size", "4",
         "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
         "--num-rollout", "3", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2"])
-    manager = group = None
-    try:
-        manager, _ = start_manager(args)
-        group = TrainGroup(args)
-        group.start()
-        import ray
-
-        ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
-        yield manager, group
-    finally:
-        if group is not None:
-            group.shutdown()
-        stop_manager(manager)
+    with manager_and_trainer(args) as parts:
+        yield parts
 
 
 def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts):
@@ -69,7 +51,7 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
     manager, group = loop_parts
     group.update_weights(manager, "0", "distributed")
     boxes = ray.get(manager.generate.remote(0))
-    assert _versions(boxes) == {"0"}
+    assert batch_weight_versions(boxes) == {"0"}
     group.train(0, boxes)
     group.update_weights(manager, "1", "distributed")  # version 1: trained weights, not the ones on disk
     trained = group.weight_checksums()
@@ -77,7 +59,7 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
     old_url = engine_status(manager, 0)["url"]
     ray.get(manager.kill_engine.remote(0))
     boxes = ray.get(manager.generate.remote(1))  # engine 0 is restarting meanwhile: only engine 1 serves
-    assert _versions(boxes) == {"1"}
+    assert batch_weight_versions(boxes) == {"1"}
     assert ray.get(manager.recover_updatable_engines.remote()) == 1  # num_new_engines
 
     # back, but with the disk weights: kept out of the router, still one of the engines a push reaches
@@ -90,7 +72,7 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
     engines, _lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
     assert len(engines) == 2 and num_new == 1
     boxes = ray.get(manager.generate.remote(1))  # a rollout while it waits: still never reaches it
-    assert _versions(boxes) == {"1"} and _served(url) == 0
+    assert batch_weight_versions(boxes) == {"1"} and _served(url) == 0
 
     # the trainer's next push (slime's flow: recover, engines + num_new_engines, re-formed group) admits it
     group.update_weights(manager, "1", "distributed")
@@ -103,4 +85,4 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
     assert ray.get(manager.get_updatable_engines_and_lock.remote())[2] == 0
 
     boxes = ray.get(manager.generate.remote(2))
-    assert _versions(boxes) == {"1"} and _served(url) > 0
+    assert batch_weight_versions(boxes) == {"1"} and _served(url) > 0

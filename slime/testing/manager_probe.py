@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from typing import Any, Iterator
 
 
 def engine_status(manager: Any, rank: int) -> dict:
@@ -20,3 +21,32 @@ def wait_engine_state(manager: Any, rank: int, states: tuple[str, ...], timeout:
         assert time.monotonic() < deadline, f"engine {rank} never reached {states}: {row}"
         time.sleep(0.1)
     return row
+
+
+@contextlib.contextmanager
+def manager_and_trainer(args: Any) -> Iterator[tuple[Any, Any]]:
+    """slime-train's own pieces for a test: the manager actor and a started trainer group (dp 1),
+    both stopped at the end whatever happened."""
+    import ray
+
+    from slime.ray.session import start_manager, stop_manager
+    from slime.train.actor_group import TrainGroup
+
+    manager = group = None
+    try:
+        manager, _ = start_manager(args)
+        group = TrainGroup(args)
+        group.start()
+        ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
+        yield manager, group
+    finally:
+        if group is not None:
+            group.shutdown()
+        stop_manager(manager)
+
+
+def batch_weight_versions(boxes: list) -> set[str]:
+    """Every weight version a rollout's batches (one Box per rank) were sampled with."""
+    import ray
+
+    return {v for box in boxes for vs in ray.get(box.inner)["weight_versions"] for v in vs}

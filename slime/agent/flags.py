@@ -17,6 +17,26 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="package.module.function run once per sample as the agent (sync or async), called with "
                         "base_url=, api_key=, sample=; it talks to the gateway with any OpenAI/Anthropic client "
                         "and returns the reward (None: the reward model scores each branch).")
+    g.add_argument("--agent-command", type=str, default=None,
+                   help="Shell command run once per sample inside a sandbox session, in a workspace seeded from "
+                        "the sample's metadata (files, git); OPENAI_BASE_URL / ANTHROPIC_BASE_URL point at the "
+                        "gateway, the API keys are the session key, SLIME_AGENT_PROMPT holds the prompt. "
+                        "{python} stands for this Python (its environment is visible read-only). The reward "
+                        "comes from the grading command. Exclusive with --agent-entry.")
+    g.add_argument("--agent-grade-command", type=str, default=None,
+                   help="Shell command that grades the agent's workspace in a fresh sandbox session (exit 0: "
+                        "reward 1, else 0), for samples without metadata.grade_command; neither: the reward "
+                        "model scores each branch.")
+    g.add_argument("--agent-grade-timeout", type=float, default=600.0,
+                   help="Seconds the grading command may take.")
+    g.add_argument("--agent-sandbox-url", type=str, default="local",
+                   help="The slime-sandbox server agent commands run in; 'local' starts one for the run, with "
+                        "the gateway as its sessions' one egress.")
+    g.add_argument("--agent-sandbox-concurrency", type=int, default=8,
+                   help="Sandbox sessions open at once across the cluster (agent runs and gradings).")
+    g.add_argument("--agent-sandbox-ro-path", action="append", default=[],
+                   help="Host path visible read-only in the local sandbox's sessions (repeatable), e.g. the "
+                        "agent's script.")
     g.add_argument("--agent-api", choices=("openai", "anthropic"), default="openai",
                    help="Which base_url the agent gets: OpenAI's (.../v1) or Anthropic's.")
     g.add_argument("--agent-timeout", type=float, default=1800.0,

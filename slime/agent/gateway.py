@@ -177,7 +177,13 @@ class Gateway:
     def base_url(self, sid: str, api: str = "openai") -> str:
         """What a client's base URL is for session `sid`: OpenAI SDKs append /chat/completions
         (or /responses) to it, Anthropic's append /v1/messages."""
-        return f"{self.url}/s/{sid}/v1" if api == "openai" else f"{self.url}/s/{sid}"
+        return f"{self.url}{self.session_path(sid)}/v1" if api == "openai" else f"{self.url}{self.session_path(sid)}"
+
+    @staticmethod
+    def session_path(sid: str) -> str:
+        """The path prefix naming session `sid`, for a client that reaches the gateway at another
+        address (a sandbox's egress)."""
+        return f"/s/{sid}"
 
     def stop(self) -> None:
         if self._server is not None:

@@ -1,12 +1,15 @@
 """`generate`: a custom generate function that runs any agent against the gateway, per sample.
 
     --custom-generate-function-path slime.agent.rollout.generate --agent-entry my_agents.coder.run
+    --custom-generate-function-path slime.agent.rollout.generate --agent-command "{python} agent.py"
 
-The runtime's one `Gateway` (started on first use, in front of the runtime's `EngineClient`)
-opens a session per sample; the `--agent-entry` function gets `base_url`, `api_key` (the session
-id) and the sample, drives any OpenAI/Anthropic client, and returns the reward. The session's
-root-to-leaf chains come back as Samples of the sample's group, each with that reward (None: the
-reward model scores each). An agent that fails or runs out of time keeps the turns it made.
+The runtime's one `Gateway` (started on first use, in front of the runtime's `EngineClient`,
+stopped when the controller closes) opens a session per sample. `--agent-entry`: a function on the
+host gets `base_url`, `api_key` (the session id) and the sample, drives any OpenAI/Anthropic client
+and returns the reward. `--agent-command`: a command runs in a sandbox session (`CommandAgent`),
+rewarded by its grading command. The session's root-to-leaf chains come back as Samples of the
+sample's group, each with that reward (None: the reward model scores each). An agent that fails
+or runs out of time keeps the turns it made; a sample that cannot be graded fails.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import logging
 import os
 from typing import Any
 
+from slime.agent.command_agent import AgentOutcome, CommandAgent, CommandAgentConfig
 from slime.agent.gateway import Gateway, GatewayConfig
+from slime.agent.sandbox_pool import pool_from_args
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import mark_failed, prompt_ids
 from slime.utils.misc import load_function
@@ -27,26 +32,45 @@ from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 GATEWAY_KEY = "slime.agent.Gateway"
+COMMAND_AGENT_KEY = "slime.agent.CommandAgent"
 
 
 @dataclasses.dataclass(frozen=True)
 class AgentRun:
-    entry: str
+    entry: str | None = None
+    command: str | None = None
     api: str = "openai"
     timeout: float = 1800.0
 
     @classmethod
     def from_args(cls, args: Any) -> AgentRun:
-        if not args.agent_entry:
-            raise ValueError("--custom-generate-function-path slime.agent.rollout.generate needs --agent-entry "
-                             "package.module.function (the agent to run per sample)")
-        return cls(entry=args.agent_entry, api=args.agent_api, timeout=float(args.agent_timeout))
+        if bool(args.agent_entry) == bool(args.agent_command):
+            raise ValueError("--custom-generate-function-path slime.agent.rollout.generate needs exactly one of "
+                             "--agent-entry package.module.function (an agent on the host) and --agent-command "
+                             "'...' (an agent command in a sandbox session)")
+        return cls(entry=args.agent_entry, command=args.agent_command, api=args.agent_api,
+                   timeout=float(args.agent_timeout))
 
 
 def gateway_of(runtime: RolloutRuntime) -> Gateway:
-    """The runtime's gateway, started on first use."""
-    return runtime.shared(GATEWAY_KEY, lambda: Gateway(runtime.client, tokenizer=runtime.tokenizer,
-                                                       config=GatewayConfig.from_args(runtime.args)).start())
+    """The runtime's gateway, started on first use and stopped when the runtime closes."""
+    def start() -> Gateway:
+        gateway = Gateway(runtime.client, tokenizer=runtime.tokenizer,
+                          config=GatewayConfig.from_args(runtime.args)).start()
+        runtime.on_close(gateway.stop)
+        return gateway
+
+    return runtime.shared(GATEWAY_KEY, start)
+
+
+def command_agent_of(runtime: RolloutRuntime) -> CommandAgent:
+    """The runtime's `CommandAgent`, its sandbox (`--agent-sandbox-url`) reaching the gateway."""
+    def build() -> CommandAgent:
+        gateway = gateway_of(runtime)
+        pool = pool_from_args(runtime.args, gateway_port=gateway.port, on_close=runtime.on_close)
+        return CommandAgent(CommandAgentConfig.from_args(runtime.args), pool)
+
+    return runtime.shared(COMMAND_AGENT_KEY, build)
 
 
 _session_ids = itertools.count()
@@ -63,29 +87,40 @@ async def run_entry(fn: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(fn, **kw)
 
 
+async def entry_outcome(run: AgentRun, gateway: Gateway, sid: str, sample: Sample) -> AgentOutcome:
+    fn = load_function(run.entry, "--agent-entry")
+    try:
+        reward = await asyncio.wait_for(run_entry(fn, base_url=gateway.base_url(sid, run.api), api_key=sid,
+                                                  sample=sample), run.timeout)
+    except asyncio.TimeoutError:
+        return AgentOutcome(error=f"--agent-timeout: the agent ran longer than {run.timeout:g} s")
+    except Exception as e:  # noqa: BLE001 - an agent's crash ends its run; its turns still train, the reason is kept
+        return AgentOutcome(error=f"{type(e).__name__}: {e}")
+    return AgentOutcome(reward=None if reward is None else float(reward))
+
+
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample] | Sample:
     run = AgentRun.from_args(args)
     runtime = current(args)
     gateway = gateway_of(runtime)
     sid = sample.session_id = session_id(sample)
     gateway.open_session(sid, sampling_defaults=sampling_params)
-    fn = load_function(run.entry, "--agent-entry")
-    reward, error = None, None
-    try:
-        reward = await asyncio.wait_for(run_entry(fn, base_url=gateway.base_url(sid, run.api), api_key=sid,
-                                                  sample=sample), run.timeout)
-    except asyncio.TimeoutError:
-        error = f"--agent-timeout: the agent ran longer than {run.timeout:g} s"
-    except Exception as e:  # noqa: BLE001 - an agent's crash ends its run; its turns still train, the reason is kept
-        error = f"{type(e).__name__}: {e}"
-    samples = await gateway.finish_session(sid, base_sample=sample, reward=0.0 if reward is None else float(reward),
-                                           extra_metadata={"agent_error": error} if error else None)
+    if run.command:
+        outcome = await command_agent_of(runtime).run(sample, session_key=sid, base_path=gateway.session_path(sid))
+    else:
+        outcome = await entry_outcome(run, gateway, sid, sample)
+    extra = {**outcome.metadata, **({"agent_error": outcome.error} if outcome.error else {})}
+    samples = await gateway.finish_session(sid, base_sample=sample, reward=outcome.reward or 0.0,
+                                           extra_metadata=extra or None)
     if not samples:  # nothing to train: FAILED with its prompt, as a sample whose engine calls failed
-        mark_failed(sample, "agent_session_empty", error or "the agent made no turn")
+        mark_failed(sample, outcome.failure or "agent_session_empty", outcome.error or "the agent made no turn")
+        sample.metadata.update(outcome.metadata)
         sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
             prompt_ids(args, sample, runtime), 0, [], []
         return sample
     for s in samples:
-        if reward is None:
+        if outcome.reward is None:
             s.reward = None  # scored by --rm-type / --custom-rm-path, branch by branch
+        if outcome.failure:
+            mark_failed(s, outcome.failure, outcome.error or outcome.failure)
     return samples

@@ -9,6 +9,7 @@ keyed by process id (a forked child never talks through its parent's sessions). 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Any, Callable
 from slime.rollout.engine_client import EngineClient
 from slime.utils.endpoints import Endpoints
 from slime.tools.services import ToolServices
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,6 +30,7 @@ class RolloutRuntime:
     rollout_id: int | None = None  # the rollout (or eval) being generated, for hooks that ask
     _shared: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)  # a factory may build other shared state
+    _closers: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
     def progress(self):
@@ -42,6 +46,21 @@ class RolloutRuntime:
             if key not in self._shared:
                 self._shared[key] = factory()
             return self._shared[key]
+
+    def on_close(self, closer: Callable[[], Any]) -> None:
+        """Run `closer` when the controller closes the runtime (shared servers a plugin started)."""
+        with self._lock:
+            self._closers.append(closer)
+
+    def close_shared(self) -> None:
+        """Run the `on_close` closers, newest first; one that fails is logged and the rest still run."""
+        with self._lock:
+            closers, self._closers = self._closers[::-1], []
+        for closer in closers:
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - one stuck server must not keep the others running
+                logger.exception("rollout runtime: closing %r failed", closer)
 
     def bind(self) -> "RolloutRuntime":
         """Make this the runtime that slime-style plugins of this process see."""

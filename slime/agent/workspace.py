@@ -1,0 +1,130 @@
+"""An agent's workspace: what a sample seeds it with, and how it travels between sandbox sessions.
+
+A sample's metadata may carry `files` ({relative path: text}), `git` ({"repo": path or URL,
+"rev": commit}, checked out on the host: a sandbox has no way out but the gateway),
+`grade_files` (written over the agent's workspace before grading, so an agent cannot pass by
+editing the tests) and `grade_command` (exit 0 = solved). Workspaces travel as gzipped tars
+through base64 text, because the `Sandbox` contract reads files as text.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import shlex
+import subprocess
+import tarfile
+import tempfile
+from pathlib import PurePosixPath
+from typing import Any
+
+from slime.agent.sandbox import Sandbox
+
+SNAPSHOT_NAME = ".slime-workspace.b64"  # written next to the files, never part of the snapshot
+GIT_TIMEOUT = 300.0  # seconds a host-side clone may take
+
+
+class WorkspaceError(ValueError):
+    """A sample's workspace fields are malformed; the message names the sample and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GitSource:
+    repo: str
+    rev: str = "HEAD"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceSeed:
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    git: GitSource | None = None
+    grade_files: dict[str, str] = dataclasses.field(default_factory=dict)
+    grade_command: str | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any] | None, who: str) -> WorkspaceSeed:
+        md = metadata or {}
+        git = md.get("git")
+        if git is not None and not (isinstance(git, dict) and isinstance(git.get("repo"), str)):
+            raise WorkspaceError(f"{who}: metadata.git must be {{'repo': path or URL, 'rev': commit}}, got {git!r}")
+        command = md.get("grade_command")
+        if command is not None and not (isinstance(command, str) and command.strip()):
+            raise WorkspaceError(f"{who}: metadata.grade_command must be a non-empty shell command, got {command!r}")
+        return cls(files=_file_map(md.get("files"), f"{who}: metadata.files"),
+                   git=GitSource(git["repo"], str(git.get("rev") or "HEAD")) if git else None,
+                   grade_files=_file_map(md.get("grade_files"), f"{who}: metadata.grade_files"),
+                   grade_command=command)
+
+    def tarball(self) -> bytes:
+        """The seeded workspace as a gzipped tar: the git checkout, then `files` over it."""
+        base = git_tarball(self.git) if self.git else None
+        return pack(self.files, base=base)
+
+
+def _file_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WorkspaceError(f"{where} must map relative paths to file contents, got {type(value).__name__}")
+    for path, text in value.items():
+        p = PurePosixPath(str(path))
+        if p.is_absolute() or ".." in p.parts or not p.parts:
+            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace")
+        if not isinstance(text, str):
+            raise WorkspaceError(f"{where}[{path!r}] must be the file's text, got {type(text).__name__}")
+    return dict(value)
+
+
+def pack(files: dict[str, str], *, base: bytes | None = None) -> bytes:
+    """A gzipped tar of `base`'s members (if any) with `files` added over them."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        if base is not None:
+            with tarfile.open(fileobj=io.BytesIO(base), mode="r:*") as src:
+                for member in src.getmembers():
+                    if member.name.lstrip("./") in files:
+                        continue
+                    tar.addfile(member, src.extractfile(member) if member.isfile() else None)
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def unpack(data: bytes) -> dict[str, bytes]:
+    """The regular files of a gzipped tar, by relative path (for checks and tests)."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        return {m.name.removeprefix("./"): tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def git_tarball(src: GitSource) -> bytes:
+    """`src.rev` of `src.repo` as a gzipped tar, with its `.git` (agents may diff against it)."""
+    with tempfile.TemporaryDirectory(prefix="slime-agent-git-") as tmp:
+        for cmd in (["git", "clone", "--quiet", "--no-checkout", src.repo, tmp],
+                    ["git", "-C", tmp, "checkout", "--quiet", src.rev]):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=GIT_TIMEOUT)
+            if done.returncode != 0:
+                raise WorkspaceError(f"metadata.git: `{' '.join(cmd)}` failed for {src.repo!r} at {src.rev!r}: "
+                                     f"{done.stderr.strip()[-500:]}")
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w:gz") as tar:
+            tar.add(tmp, arcname=".")
+        return out.getvalue()
+
+
+async def upload(sb: Sandbox, workdir: str, data: bytes, *, timeout: int = 120) -> None:
+    """Unpack the gzipped tar `data` into `workdir` of the session."""
+    path = f"{workdir}/{SNAPSHOT_NAME}"
+    await sb.write_file(path, base64.b64encode(data).decode("ascii"))
+    cmd = f"cd {shlex.quote(workdir)} && base64 -d {SNAPSHOT_NAME} | tar xzf - && rm -f {SNAPSHOT_NAME}"
+    await sb.exec(cmd, timeout=timeout, check=True)
+
+
+async def download(sb: Sandbox, workdir: str, *, timeout: int = 120) -> bytes:
+    """The session's `workdir` as a gzipped tar."""
+    cmd = (f"cd {shlex.quote(workdir)} && tar czf - --exclude=./{SNAPSHOT_NAME} . | base64 -w0 > {SNAPSHOT_NAME}")
+    await sb.exec(cmd, timeout=timeout, check=True)
+    return base64.b64decode(await sb.read_file(f"{workdir}/{SNAPSHOT_NAME}"))

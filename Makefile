@@ -15,7 +15,7 @@ export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
 export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
 export SLIME_CACHE ?= $(HOME)/.cache/slime
 
-.PHONY: setup demo train-demo async-train-demo test bench clean
+.PHONY: setup demo train-demo async-train-demo agent-demo test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -67,6 +67,22 @@ async-train-demo: setup
 	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/async-train-demo \
 	  --use-wandb --wandb-project slime-train-demo
 	$(PY) tools/report.py outputs/async-train-demo -o outputs/async-train-demo/report
+
+# An OpenAI-SDK ReAct agent (configs/agent_demo/react_agent.py) fixes tiny Python functions inside our sandbox,
+# one session per sample whose only way out is the agent gateway; a fresh session grades the workspace (the
+# task's unit tests: exit 0 = reward 1). A few GRPO steps on SmolLM2-135M; one line per rollout with the mean
+# reward and the branches per sample. The model's answers do not matter here, the plumbing does.
+agent-demo: setup
+	$(PY) -m slime.engine.default_model
+	$(PY) -m slime.train --rollout-backend hf --rollout-num-engines 1 --rollout-num-cpus-per-engine 0.5 --engine-threads 1 \
+	  --actor-num-workers 1 --actor-num-cpus-per-worker 1 --train-threads 1 --prompt-data configs/agent_demo/tasks.jsonl \
+	  --input-key prompt --label-key label --metadata-key metadata \
+	  --custom-generate-function-path slime.agent.rollout.generate \
+	  --agent-command "{python} $(CURDIR)/configs/agent_demo/react_agent.py --max-turns 3 --max-tokens 96" \
+	  --agent-sandbox-ro-path $(CURDIR)/configs/agent_demo --agent-timeout 600 --agent-grade-timeout 60 \
+	  --agent-sandbox-concurrency 4 --custom-rollout-log-function-path slime.agent.report.log_rollout \
+	  --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-context-len 2048 --rollout-max-response-len 96 \
+	  --num-rollout 2 --lr 1e-5 --global-batch-size 4 --micro-batch-size 2 --rollout-data-dir outputs/agent-demo
 
 test: setup
 	$(PY) -m pytest -q

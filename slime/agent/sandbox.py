@@ -93,7 +93,7 @@ async def ensure_agent_user(sb: Sandbox, workdir: str) -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "E2BSandbox":  # lazily: importing the contract must not need the e2b backend
-        from slime.agent.sandbox_e2b import E2BSandbox
+        from slime.agent.sandbox_backend import e2b_class
 
-        return E2BSandbox
+        return e2b_class()  # slime's E2B backend, or ours (SLIME_AGENT_SANDBOX_BACKEND=slime)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,102 @@
+"""`--agent-command` end to end at small size: the demo's ReAct agent (`configs/agent_demo/react_agent.py`,
+the `openai` SDK) runs in a real sandbox session whose one way out is the real gateway, in front of
+a scripted engine behind the real sglang-router; a fresh session grades the agent's workspace.
+The recorded trajectory is exactly what the engine sampled (mask 1, its log-probs), every tool and
+template delta masked 0, and the reward is the grader's exit status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from slime.agent.gateway import GatewayConfig
+from slime.testing.agent_stack import AgentStack, assert_chain
+from slime.utils.types import Sample
+
+DEMO = Path(__file__).resolve().parent.parent / "configs" / "agent_demo"
+FIXED = "def add(a, b):\n    return a + b\n"
+REPLIES = {
+    "fix": ['<tool_call>\n' + json.dumps({"name": "write_file", "arguments": {"path": "add.py", "content": FIXED}})
+            + '\n</tool_call>', '<tool_call>\n{"name": "run_tests", "arguments": {}}\n</tool_call>', "Fixed."],
+    "idle": ["I cannot fix it."],
+}
+
+
+def replies(case: str, turn: int) -> str:
+    script = REPLIES[case]
+    return script[min(turn, len(script) - 1)]
+
+
+def demo_task(label: str) -> dict:
+    rows = [json.loads(line) for line in (DEMO / "tasks.jsonl").read_text().splitlines()]
+    return next(r for r in rows if r["label"] == label)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from slime.testing.tiny_model import qwen_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    s = AgentStack(tok, qwen_tokenizer_dir(), replies, config=GatewayConfig(max_context_tokens=4096),
+                   log_dir=str(tmp_path_factory.mktemp("router"))).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def runtime(stack):
+    from slime.agent.flags import agent_defaults
+    from slime.rollout.runtime import unbind
+    from slime.testing.runtime import bind_runtime
+    from slime.tools.flags import tool_defaults
+
+    args = argparse.Namespace(**{
+        **agent_defaults(), **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack.router.port,
+        "hf_checkpoint": stack.model_dir, "sglang_server_concurrency": 16, "rollout_max_context_len": 4096,
+        "request_timeout": 30.0, "request_max_retries": 0, "agent_sandbox_concurrency": 2,
+        "agent_command": f"{{python}} {DEMO / 'react_agent.py'} --max-turns 4",
+        "agent_sandbox_ro_path": [str(DEMO)], "agent_timeout": 120.0, "agent_grade_timeout": 60.0})
+    rt = bind_runtime(args, tokenizer=stack.tok, engine_urls=[e.url for e in stack.engines])
+    yield rt
+    rt.close_shared()
+    unbind(rt)
+
+
+def sample_of(case: str, index: int) -> Sample:
+    task = demo_task("add")
+    return Sample(index=index, group_index=0, prompt=f"case={case} {task['prompt']}", metadata=task["metadata"])
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_demo_agent_fixes_a_task_in_the_sandbox_and_the_grader_rewards_it(stack, runtime):
+    from slime.agent.rollout import COMMAND_AGENT_KEY, GATEWAY_KEY, generate
+
+    async def both():
+        return await asyncio.gather(generate(runtime.args, sample_of("fix", 0), {"max_new_tokens": 256}),
+                                    generate(runtime.args, sample_of("idle", 1), {"max_new_tokens": 256}))
+
+    [fixed], [idle] = asyncio.run(both())
+    assert (fixed.reward, fixed.metadata["grading_solved"], fixed.metadata["agent_exit_code"]) == (1.0, True, 0)
+    assert (idle.reward, idle.metadata["grading_solved"], idle.metadata["agent_exit_code"]) == (0.0, False, 0)
+    assert "turn 2: finish=stop tool_calls=0" in fixed.metadata["agent_output"]
+    assert "FAILED (failures=1)" in idle.metadata["grade_output"], "the bug is still there"
+    for sample, case, turns in ((fixed, "fix", 3), (idle, "idle", 1)):
+        bodies = stack.requests_of(case)
+        assert len(bodies) == turns
+        answers = [stack.answer(b) for b in bodies]
+        assert_chain(sample, [(b["input_ids"], a["output_ids"], a["log_probs"]) for b, a in zip(bodies, answers)])
+    gateway_port = runtime.shared(GATEWAY_KEY, lambda: None).port
+    runtime.close_shared()
+    assert refused(gateway_port), "closing the runtime stops its gateway"
+    assert runtime.shared(COMMAND_AGENT_KEY, lambda: None) is not None

@@ -3,8 +3,9 @@
 `Sandbox` is what a backend provides: async context manager, `exec`, `write_file`, `read_file`.
 `exec_and_wait` runs a long command through short idempotent calls only (write a launcher, spawn
 it detached, poll its exit-code marker), because a remote sandbox's gateway severs long streams
-and a severed spawn must not run twice. `E2BSandbox` (slime's backend) loads lazily from
-`sandbox_e2b.py`, so the `e2b` package is needed only by whoever uses it.
+and a severed spawn must not run twice; a backend that can hold a command to its end (`RunsToEnd`:
+our own sandbox, `sandbox_slime.py`) runs the launcher that way instead. `E2BSandbox` (slime's
+backend) loads lazily from `sandbox_e2b.py`, so the `e2b` package is needed only by whoever uses it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ class Sandbox(Protocol):
     async def read_file(self, sandbox_path: str, *, user: str = "root") -> str: ...
 
 
+@runtime_checkable
+class RunsToEnd(Protocol):
+    """A backend that can hold one command to its end (a local sandbox: no gateway severs it);
+    `exec_and_wait` then runs the launcher through it instead of a detached spawn and a polled marker."""
+
+    async def exec_to_end(self, cmd: str, *, time_budget_sec: float, user: str = "root",
+                          env: dict[str, str] | None = None) -> int: ...
+
+
 async def _await_done_marker(sb: Sandbox, done_file: str, *, user: str, time_budget_sec: float) -> int:
     """The exit code a detached command wrote to `done_file`, or EXIT_TIME_BUDGET_EXCEEDED. The
     short polls double as the keep-alive that stops a remote sandbox from being reaped as idle."""
@@ -71,10 +81,15 @@ async def exec_and_wait(sb: Sandbox, *, cmd: str, time_budget_sec: float, tag: s
     prefix = f"cd {workdir}\nexport HOME=/home/{user}\n" if workdir else ""
     await sb.write_file(launcher, f"#!/bin/bash\n{prefix}{cmd}\necho $? > {done_file}\n", user=user)
     await sb.exec(f"rm -rf {lock_dir}; rm -f {out_file} {done_file}", user=user, timeout=30, check=True)
-    await sb.exec(f"chmod +x {launcher}; mkdir {lock_dir} 2>/dev/null || exit 0; "
-                  f"setsid bash {launcher} < /dev/null > {out_file} 2>&1 &",
-                  user=user, env=env, timeout=30, check=True)
-    code = await _await_done_marker(sb, done_file, user=user, time_budget_sec=time_budget_sec)
+    if isinstance(sb, RunsToEnd):  # (the launcher ends with the marker's echo: its code is the marker's)
+        code = await sb.exec_to_end(f"bash {launcher} < /dev/null > {out_file} 2>&1; rc=$?; "
+                                    f"test -s {done_file} && exit $(cat {done_file}); exit $rc",
+                                    time_budget_sec=time_budget_sec, user=user, env=env)
+    else:
+        await sb.exec(f"chmod +x {launcher}; mkdir {lock_dir} 2>/dev/null || exit 0; "
+                      f"setsid bash {launcher} < /dev/null > {out_file} 2>&1 &",
+                      user=user, env=env, timeout=30, check=True)
+        code = await _await_done_marker(sb, done_file, user=user, time_budget_sec=time_budget_sec)
     if want_output:
         return code, await sb.read_file(out_file, user=user)
     if code == 0:

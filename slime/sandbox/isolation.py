@@ -114,7 +114,13 @@ def _bind_ro(src, dst, is_dir=True):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         open(dst, "a").close()
     mount(src, dst, None, MS_BIND | MS_REC)
-    mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (MS_NODEV if is_dir else 0))
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (MS_NODEV if is_dir else 0)
+    mount(None, dst, None, flags)
+    if is_dir:  # the submounts MS_REC brought along are read-only too
+        with open("/proc/self/mountinfo") as f:
+            subs = [line.split()[4] for line in f if line.split()[4].startswith(dst + "/")]
+        for sub in subs:
+            mount(None, sub.replace("\\040", " "), None, flags)
 
 
 def _build_root(cfg):
@@ -133,6 +139,8 @@ def _build_root(cfg):
     for src in ["/usr"] + list(cfg.get("ro_paths") or []):
         if os.path.exists(src) and not os.path.join(root, src.lstrip("/")).startswith(os.path.join(root, "usr/")):
             _bind_ro(src, os.path.join(root, src.lstrip("/")), os.path.isdir(src))
+    for src, inside in cfg.get("ro_binds") or []:  # (checked at start: `ro_binds.py`)
+        _bind_ro(src, os.path.join(root, inside.lstrip("/")), os.path.isdir(src))
     etc = os.path.join(root, "etc")
     os.makedirs(etc)
     uid = cfg["uid"]
@@ -165,6 +173,7 @@ def _build_root(cfg):
         os.symlink(target, os.path.join(dev, name))
     for d in ("proc", "tmp", "mnt", ".old"):
         os.makedirs(os.path.join(root, d))
+    os.symlink("/mnt/home", os.path.join(root, "home"))  # (a session's homes: `slot_session.py`)
     os.chmod(os.path.join(root, "tmp"), 0o1777)
     os.chdir(root)
     check(libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")

@@ -36,6 +36,7 @@ import struct
 import time
 
 from .isolation import CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, check, libc, mount
+from .slot_session import open_session
 
 
 # ------------------------------------------------------------------------------ framing
@@ -140,6 +141,7 @@ class RunInit:
         self.sock_fd = -1
         self.ready = False  # the next run's namespaces and tmpfs are in place
         self.wake_r = self.poller = None
+        self.keep = False  # a session's slot: its namespaces and tmpfs stay from one request to the next
 
     def serve(self):
         if self.isolate:
@@ -175,8 +177,9 @@ class RunInit:
             try:
                 self._run(sock, first)
             finally:
-                self._leave()
-                self._make_ready()  # while idle: the next request finds its tmpfs mounted
+                if not self.keep:
+                    self._leave()
+                    self._make_ready()  # while idle: the next request finds its tmpfs mounted
 
     def _forward(self, signum, _frame):
         try:
@@ -254,7 +257,11 @@ class RunInit:
         try:
             self._make_ready()
             work = "/tmp" if self.isolate else hdr["workdir"]
-            self._write(work, hdr["source"], code_blob, hdr["uid"])
+            if hdr.get("session"):  # (`slot_session.py`)
+                self.keep = True
+                open_session(self, hdr["session"])
+            if hdr["source"]:
+                self._write(work, hdr["source"], code_blob, hdr["uid"])
             for (path, _), data in zip(hdr["files"], blobs):
                 if path.startswith("/mnt/"):
                     if not self.isolate:

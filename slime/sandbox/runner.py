@@ -60,7 +60,7 @@ def slot_sources() -> tuple[bytes, dict[str, str]]:
     def read(name: str) -> str:
         with open(os.path.join(HERE, name + ".py")) as f:
             return f.read()
-    return read("zygote").encode(), {n: read(n) for n in ("isolation", "program", "run_init")}
+    return read("zygote").encode(), {n: read(n) for n in ("isolation", "program", "slot_session", "run_init")}
 # Modules a run's Python finds already imported. Each one costs every run a little (the fork server's
 # memory is copied and torn down per run); these are the common, cheap ones of generated solutions.
 # Heavier, rarer ones (dataclasses, statistics, decimal, datetime, threading, numpy) load on use, and
@@ -101,6 +101,7 @@ class SandboxConfig:
     max_fetch_mb: int = 64  # total of fetched files per request
     compile_memory_mb: int = 1024
     ro_paths: list[str] = field(default_factory=list)  # more read-only paths in the runs' root
+    ro_binds: list[list[str]] = field(default_factory=list)  # [host, inside] read-only binds (`ro_binds.py`)
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
 
 
@@ -272,7 +273,8 @@ class Runner:
         py = os.path.realpath(cfg.python or "/usr/bin/python3")
         if not py.startswith("/usr/"):  # an interpreter outside /usr brings its prefix along
             ro.append(os.path.dirname(os.path.dirname(py)))
-        conf = {"isolate": cfg.isolate, "uid": self.uids.base + slot, "ro_paths": ro, "disk_mb": cfg.disk_mb,
+        conf = {"isolate": cfg.isolate, "uid": self.uids.base + slot, "ro_paths": ro, "ro_binds": cfg.ro_binds,
+                "disk_mb": cfg.disk_mb,
                 "max_inodes": cfg.max_inodes,
                 "env": _run_env(), "preload": cfg.preload,
                 "cg_procs": cg.procs if cg else [], "cg_sup_procs": cg.sup_procs if cg else [],
@@ -416,20 +418,10 @@ class Runner:
             except (ValueError, TypeError) as e:
                 done = True
                 return _error(f"bad input file: {e}", status="Failed")
-            z = self._zygotes[slot]
             if self._closed:
                 done = True
                 return _error("the sandbox server is shutting down; the code was not run")
-            if z is None or not z.alive():
-                z = await self._spawn(slot)
-            # The request on the slot's stream, the answer back on it. Anything else than a whole
-            # answer (timeout, cancel, error) ends the slot below: its stream closes, the init
-            # kills a run still going, and the next request gets a fresh slot.
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
-                await loop.sock_sendall(z.data, frame)
-                del frame
-                res, steps, files = await self._read_result(loop, z.data)
+            res, steps, files = await self.exchange(slot, frame, budget)
             done = not res.get("error")  # (an init that failed ends its slot: start a fresh one)
             res["not_fetched"] = bad_fetch + (res.get("not_fetched") or [])
             return await self._response(res, steps, files)
@@ -446,6 +438,41 @@ class Runner:
             if not cfg.isolate and workdir != "/tmp":
                 await asyncio.to_thread(shutil.rmtree, workdir, True)
             slots.put_nowait(slot)
+
+    async def exchange(self, slot: int, frame: bytes, budget: float):
+        """One request frame to `slot`'s init, its answer back, within `budget` seconds. Anything else
+        than a whole answer (timeout, cancel, error) must end the slot (`end_slot`): its stream
+        closes, the init kills a run still going, and the next request gets a fresh slot."""
+        z = self._zygotes[slot]
+        if z is None or not z.alive():
+            z = await self._spawn(slot)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
+            await loop.sock_sendall(z.data, frame)
+            del frame
+            return await self._read_result(loop, z.data)
+
+    async def receive_fds(self, slot: int, timeout: float) -> tuple[bytes, list[int]]:
+        """A message with fds from `slot`'s init on its control socket (a session's egress listener)."""
+        return await asyncio.wait_for(_recv_msg(self._zygotes[slot].ctl, with_fds=True), timeout)
+
+    def take_slot(self) -> int | None:
+        """A free slot now, held until `end_slot` (a session's), or None."""
+        if self._closed:
+            return None
+        try:
+            return self._slots_q().get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    async def end_slot(self, slot: int) -> None:
+        """End everything of `slot` (its processes, namespaces, tmpfs) and give it back; the next
+        request there gets a fresh fork server."""
+        z = self._zygotes[slot]
+        if z is not None:
+            z.broken = True
+            await asyncio.to_thread(z.stop, 2.0)
+        self._slots_q().put_nowait(slot)
 
     @staticmethod
     async def _read_result(loop: asyncio.AbstractEventLoop, sock: socket.socket):

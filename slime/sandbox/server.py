@@ -84,9 +84,21 @@ class Admission:
         self.total += 1
         self.max_running = max(self.max_running, self.running)
 
+    def hold(self) -> bool:
+        """A place for a session's whole life (it holds a slot): only if one is free now, never queued."""
+        if self.running >= self.cap or self.waiters:
+            self.rejected += 1
+            return False
+        self._start()
+        return True
+
     def leave(self, run_time: float) -> None:
-        self.running -= 1
         self.run_time_ewma = 0.9 * self.run_time_ewma + 0.1 * run_time
+        self.release()
+
+    def release(self) -> None:
+        """A run or a session gives its place back: the first waiter runs."""
+        self.running -= 1
         while self.waiters and self.running < self.cap:
             fut = self.waiters.popleft()
             if not fut.done():
@@ -111,7 +123,7 @@ class Admission:
 
 
 def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout: float = 30.0,
-              max_bodies: int = 4):
+              max_bodies: int = 4, sessions=None):
     import json
 
     from fastapi import FastAPI
@@ -120,10 +132,13 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
     from slime.sandbox.endpoint import RunCodeEndpoint
     from slime.sandbox.runner import Runner
     from slime.sandbox.schema import RequestParser
+    from slime.sandbox.session_routes import add_session_routes
+    from slime.sandbox.sessions import SessionSettings, SessionTable
 
     runner = Runner(cfg)
     adm = Admission(cfg.max_concurrency, max_queue)
     parse = RequestParser(cfg, runner.languages)
+    table = SessionTable(runner, adm, sessions or SessionSettings(max_sessions=cfg.max_concurrency))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -163,11 +178,14 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
         try:
             yield
         finally:
+            await table.close_all()
             runner.close()
 
     app = FastAPI(title="slime-sandbox", lifespan=lifespan)
     app.state.admission = adm
     app.state.runner = runner
+    app.state.sessions = table
+    add_session_routes(app, table, max_body=cfg.max_body_mb << 20, body_timeout=body_timeout)
 
     @app.get("/v1/ping")
     async def ping():
@@ -274,21 +292,64 @@ def _parser() -> argparse.ArgumentParser:
                     help="request bodies in memory at once (default: --max-concurrency, at least 4)")
     ap.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
     ap.add_argument("--ro-path", action="append", default=[], help="extra host path visible read-only in runs")
+    ap.add_argument("--ro-bind", action="append", default=[], metavar="HOST[:INSIDE]",
+                    help="bind a host directory read-only into every slot (at INSIDE, default the same path), "
+                         "e.g. agent CLIs; refused at start if missing")
+    add_session_arguments(ap)
     ap.add_argument("--log-level", default="warning")
     return ap
+
+
+def add_session_arguments(ap: argparse.ArgumentParser) -> None:
+    from slime.sandbox.sessions import SessionSettings
+
+    d = SessionSettings()
+    ap.add_argument("--egress", action="append", default=[], metavar="NAME=HOST:PORT",
+                    help="a target sessions may ask for by NAME as their one way out (default: none)")
+    ap.add_argument("--egress-port", type=int, default=d.egress_port,
+                    help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)")
+    ap.add_argument("--max-sessions", type=int, default=None, help="open sessions at most (default --max-concurrency)")
+    ap.add_argument("--max-session-exec-timeout", type=float, default=d.max_exec_timeout)
+    ap.add_argument("--session-idle-timeout", type=float, default=d.idle_timeout,
+                    help="default seconds a session may stay idle before it is closed")
+    ap.add_argument("--max-session-lifetime", type=float, default=d.max_lifetime)
+    ap.add_argument("--max-session-disk-mb", type=int, default=d.max_disk_mb)
+    ap.add_argument("--max-egress-connections", type=int, default=d.max_egress_connections,
+                    help="open egress connections per session")
+
+
+def session_settings(args):
+    from slime.sandbox.egress import parse_egress_targets
+    from slime.sandbox.sessions import SessionSettings
+
+    if not 0 < args.egress_port < 1024:
+        raise ValueError(f"--egress-port {args.egress_port}: must be below 1024 (a run's uid cannot take it first)")
+    return SessionSettings(egress_targets=parse_egress_targets(args.egress), egress_port=args.egress_port,
+                           max_sessions=args.max_sessions or args.max_concurrency,
+                           max_exec_timeout=args.max_session_exec_timeout, idle_timeout=args.session_idle_timeout,
+                           max_lifetime=args.max_session_lifetime, max_disk_mb=args.max_session_disk_mb,
+                           max_egress_connections=args.max_egress_connections)
 
 
 def main(argv: list[str] | None = None) -> None:
     from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
 
+    from slime.sandbox.ro_binds import parse_ro_binds
+
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        ro_binds = parse_ro_binds(args.ro_bind)
+        sessions = session_settings(args)
+    except ValueError as e:
+        print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
+        sys.exit(2)
     cfg = SandboxConfig(max_concurrency=args.max_concurrency, python=args.python, uid_base=args.uid_base,
                         default_memory_mb=args.default_memory_mb, max_memory_mb=args.max_memory_mb,
                         max_run_timeout=args.max_run_timeout, max_output_bytes=args.max_output_bytes,
                         max_processes=args.max_processes, max_file_mb=args.max_file_mb, disk_mb=args.disk_mb,
                         cpus_per_run=args.cpus_per_run, max_body_mb=args.max_body_mb, max_fetch_mb=args.max_fetch_mb,
-                        ro_paths=args.ro_path)
+                        ro_paths=args.ro_path, ro_binds=ro_binds)
     try:
         probe_isolation(cfg)
     except IsolationUnavailable as e:
@@ -307,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
                         lifeline_fd=args.lifeline_fd, body_timeout=args.body_timeout,
-                        max_bodies=args.max_bodies or max(4, cfg.max_concurrency))
+                        max_bodies=args.max_bodies or max(4, cfg.max_concurrency), sessions=sessions)
     except UidRangeBusy as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)

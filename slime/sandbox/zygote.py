@@ -31,7 +31,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def _load_siblings(sources):
-    """isolation, program and run_init, from the sources the server sent, as one private package
+    """isolation, program, slot_session and run_init, from the sources the server sent, as one private package
     with neutral file names: this script itself arrives on stdin (``python3 -I -B -``), so no path
     of the host's checkout shows in a program's modules, code objects or command line; and
     nothing else is importable from the package (a program's ``import program`` finds its own)."""
@@ -39,7 +39,7 @@ def _load_siblings(sources):
     pkg.__path__ = []
     sys.modules[pkg.__name__] = pkg
     mods = []
-    for name in ("isolation", "program", "run_init"):
+    for name in ("isolation", "program", "slot_session", "run_init"):
         mod = types.ModuleType(pkg.__name__ + "." + name)
         mod.__file__ = "<slime-sandbox>/%s.py" % name
         mod.__package__ = pkg.__name__
@@ -47,7 +47,7 @@ def _load_siblings(sources):
         setattr(pkg, name, mod)
         exec(compile(sources[name], mod.__file__, "exec"), mod.__dict__)
         mods.append(mod)
-    return mods
+    return [m for m in mods if not m.__name__.endswith(".slot_session")]
 
 
 isolation = program = run_init = None  # (set by `main` from the server's sources)

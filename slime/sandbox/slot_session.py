@@ -1,0 +1,52 @@
+"""What a session changes in its slot, done by the slot's init when the session opens (stdlib only).
+
+A session keeps one run's namespaces and tmpfs for its whole life (`run_init.RunInit.keep`), so
+its workspace persists from one exec to the next and dies with the slot when the session ends.
+At the open, in the run's mount and network namespaces: the tmpfs gets the session's own size and
+inode budget, ``/home/<user>`` (``/home`` links to ``/mnt/home``) is made for its uid, and, if it asked
+for an egress, a listening TCP socket on ``127.0.0.1:<port>`` is made *inside the slot's network
+namespace* and its fd handed to the server over the control socket (``SCM_RIGHTS``): the server
+accepts on it and splices each connection to the one configured target (`egress.py`). Nothing
+runs inside the sandbox for that; a privileged port (< 1024) cannot be taken by a run's own uid.
+"""
+
+import os
+import socket
+
+from .isolation import MS_NODEV, MS_NOSUID, check, libc
+
+MS_REMOUNT = 32
+HOME_USERS = ("agent", "root")  # both names map to the session's one uid (it is never root)
+
+
+def open_session(init, spec):
+    """`spec`: ``{"disk_mb", "max_inodes", "egress_port" (0: none)}``; `init` is the slot's `RunInit`."""
+    if init.isolate:
+        _resize_tmpfs(spec["disk_mb"], spec["max_inodes"])
+        _make_homes(init.slot.uid)
+    port = spec.get("egress_port") or 0
+    if port:
+        _hand_over_listener(init.ctl, port)
+
+
+def _resize_tmpfs(disk_mb, max_inodes):
+    """The run's tmpfs (``/tmp``, ``/mnt``, ``/dev/shm`` are binds of it) gets the session's budget."""
+    data = ("size=%dk,nr_inodes=%d" % (disk_mb << 10, max_inodes)).encode()
+    check(libc.mount(None, b"/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, data), "resize the session's tmpfs")
+
+
+def _make_homes(uid):
+    for path in ["/mnt/home"] + ["/mnt/home/" + u for u in HOME_USERS]:
+        os.mkdir(path, 0o755)
+        os.chown(path, uid, uid)
+
+
+def _hand_over_listener(ctl, port):
+    """Listen on 127.0.0.1:`port` in this network namespace; the server gets the socket, we keep none."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen(64)
+        socket.send_fds(ctl, [b'{"egress_port": %d}' % port], [sock.fileno()])
+    finally:
+        sock.close()

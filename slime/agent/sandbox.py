@@ -5,7 +5,8 @@
 it detached, poll its exit-code marker), because a remote sandbox's gateway severs long streams
 and a severed spawn must not run twice; a backend that can hold a command to its end (`RunsToEnd`:
 our own sandbox, `sandbox_slime.py`) runs the launcher that way instead. `E2BSandbox` (slime's
-backend) loads lazily from `sandbox_e2b.py`, so the `e2b` package is needed only by whoever uses it.
+backend, or ours with SLIME_AGENT_SANDBOX_BACKEND=slime: `sandbox_backend.py`) loads lazily, so the
+`e2b` package is needed only by whoever uses it.
 """
 
 from __future__ import annotations
@@ -99,7 +100,12 @@ async def exec_and_wait(sb: Sandbox, *, cmd: str, time_budget_sec: float, tag: s
 
 
 async def ensure_agent_user(sb: Sandbox, workdir: str) -> None:
-    """The unprivileged `agent` user owns `workdir` and may run git in any directory."""
+    """The unprivileged `agent` user owns `workdir` and may run git in any directory. A backend
+    whose commands all run as one unprivileged uid (`one_user = True`: ours) has nobody to create:
+    `workdir` is made and git trusts every directory for that uid."""
+    if getattr(sb, "one_user", False):
+        await sb.exec(f"mkdir -p {workdir} && git config --global --add safe.directory '*'", check=True, timeout=60)
+        return
     await sb.exec(f"id agent >/dev/null 2>&1 || useradd -m -s /bin/bash agent && "
                   f"chown -R agent:agent /home/agent {workdir} && "
                   f"git config --system --add safe.directory '*' && id agent",

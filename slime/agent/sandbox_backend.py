@@ -12,6 +12,7 @@ tarball unpacked into the session's workspace (`/tmp`): our sandbox has one root
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import io
 import os
 import tarfile
@@ -51,21 +52,24 @@ def e2b_class() -> type:
 
 
 def image_tarball(image: str) -> bytes | None:
-    """The files an `image` stands for: a host directory's contents or a tarball's bytes; None for
-    any other name (the session starts empty)."""
+    """The files an `image` stands for, as a plain tar: a host directory's contents or a tarball
+    (gzipped or not); None for any other name (the session starts empty)."""
     path = Path(image)
     if path.is_file():
-        return path.read_bytes()
+        data = path.read_bytes()
+        return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data  # the server unpacks plain tars
     if not path.is_dir():
         return None
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+    with tarfile.open(fileobj=out, mode="w") as tar:
         tar.add(path, arcname=".")
     return out.getvalue()
 
 
 class SlimeImageSandbox:
     """`E2BSandbox(image)`'s shape on a `SlimeSandbox` session (see the module docstring)."""
+
+    one_user = True  # `user="root"` and `"agent"` are the session's one uid (`ensure_agent_user`)
 
     def __init__(self, image: str, *, settings: SlimeBackendSettings | None = None) -> None:
         from slime.agent.sandbox_slime import SlimeSandbox

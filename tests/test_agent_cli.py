@@ -14,31 +14,16 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from slime.agent.gateway import GatewayConfig
 from slime.agent.harness.codex import CONFIG_TOML
+from slime.testing.agent_clis import CLAUDE_CODE, CODEX, npm_installed
 from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
 pytestmark = pytest.mark.slow
-
-CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.328"
-CODEX = "@openai/codex@0.169.0"
-CLI_CACHE = Path(os.environ.get("SLIME_CACHE", Path.home() / ".cache" / "slime")) / "agent-clis"
-
-
-def npm_installed(package: str, entry: str) -> Path:
-    """`entry` (a path under node_modules) of `package`, installed into CLI_CACHE on first use."""
-    path = CLI_CACHE / "node_modules" / entry
-    if not path.exists():
-        CLI_CACHE.mkdir(parents=True, exist_ok=True)
-        npm = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(CLI_CACHE), package],
-                             capture_output=True, text=True, timeout=600)
-        assert npm.returncode == 0 and path.exists(), f"npm install {package} failed:\n{npm.stderr[-2000:]}"
-    return path
 
 
 def assert_each_request_is_a_token_exact_sample(stack, case: str, sid: str) -> list:

@@ -5,12 +5,16 @@ the workspace (agent user, PROBLEM_STATEMENT.md) and captures the agent's diff t
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib
+import json
+import socket
 import subprocess
 
 import pytest
 
+from slime.testing.agent_stack import assert_chain
 from slime.utils.types import Sample
 
 
@@ -70,3 +74,96 @@ def test_the_examples_task_layer_prepares_the_workspace_and_captures_the_diff_in
     assert statement == "add() subtracts"
     assert diff.splitlines()[-2:] == ["-    return a - b", "+    return a + b"]
     assert "PROBLEM_STATEMENT" not in diff
+
+
+def low_free_port() -> int:
+    """A free port below 1024: the sandbox's egress listens on a privileged port (a run's uid cannot
+    take it first) and the example's adapter must sit on the same number on the host."""
+    for port in range(1000, 1024):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port in 1000-1023 on 127.0.0.1 for the egress and the adapter")
+
+
+def image_with(tmp_path, name: str, body: str) -> str:
+    repo = tmp_path / name / "repo"
+    repo.mkdir(parents=True)
+    (repo / "add.py").write_text(f"def add(a, b):\n    return {body}\n")
+    (repo / "test_add.py").write_text(TEST_ADD)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b"],
+                   check=True)
+    return str(tmp_path / name)
+
+
+TEST_ADD = ("import unittest\nfrom add import add\n\n\nclass T(unittest.TestCase):\n    def test(self):\n"
+            "        self.assertEqual(add(2, 3), 5)\n")
+
+
+@pytest.mark.slow
+def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_in_a_fresh_one(tmp_path, monkeypatch):
+    """slime's `generate()` unchanged, `SWE_AGENT=codex`: Codex (from the npm registry, bound
+    read-only into the sandbox) runs in a session whose one egress is the example's own OpenAI
+    adapter, on scripted engines behind the real router; the diff is graded by `eval_cmd` in a
+    fresh session. Codex only answers "Done." here, so the grade is the image's own state."""
+    from transformers import AutoTokenizer
+
+    from slime.sandbox.server import start_local_sandbox
+    from slime.testing.agent_clis import CLI_CACHE, CODEX, npm_installed
+    from slime.testing.agent_stack import AgentStack
+    from slime.testing.tiny_model import qwen_tokenizer_dir
+
+    npm_installed(CODEX, "@openai/codex/bin/codex.js")
+    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: "Done.",
+                       log_dir=str(tmp_path / "router")).start()
+    port = low_free_port()
+    url, sandbox = start_local_sandbox(max_concurrency=4, extra_args=[
+        "--egress", f"gateway=127.0.0.1:{port}", "--egress-port", str(port), "--ro-bind", str(CLI_CACHE)])
+    for key, value in {"SWE_AGENT": "codex", "SLIME_AGENT_CODEX_WIRE_API": "responses", "ADAPTER_PORT": str(port),
+                       "ADAPTER_PUBLIC_HOST": "127.0.0.1", "ADAPTER_BIND_HOST": "127.0.0.1",
+                       "SWE_AGENT_TIME_BUDGET_SEC": "180", "SWE_EVAL_TIMEOUT_SEC": "60",
+                       "SLIME_AGENT_SANDBOX_BACKEND": "slime", "SLIME_AGENT_SANDBOX_URL": url,
+                       "SLIME_AGENT_SANDBOX_ENV": json.dumps({"PATH": f"{CLI_CACHE}/node_modules/.bin:/usr/bin:/bin"})
+                       }.items():
+        monkeypatch.setenv(key, value)
+    import examples.coding_agent_rl.generate as generate
+    import examples.coding_agent_rl.swe as swe
+
+    importlib.reload(swe)
+    example = importlib.reload(generate)  # its config and backend are read at import
+    args = argparse.Namespace(hf_checkpoint=str(qwen_tokenizer_dir()), rollout_max_context_len=0,
+                              sglang_tool_call_parser=None, sglang_reasoning_parser=None,
+                              sglang_router_ip="127.0.0.1", sglang_router_port=stack.router.port)
+
+    def sample(index: int, image: str) -> Sample:
+        return Sample(index=index, group_index=0, prompt="fix add", label=f"add-{index}",
+                      metadata={"image": image, "workdir": "/tmp/repo", "eval_cmd": "python3 -m unittest -q test_add",
+                                "problem_statement": f"case=ex{index} add() must add"})
+
+    async def both():
+        return await asyncio.gather(example.generate(args, sample(0, image_with(tmp_path, "bug", "a - b")), {}),
+                                    example.generate(args, sample(1, image_with(tmp_path, "ok", "a + b")), {}))
+
+    try:
+        [buggy], [fine] = asyncio.run(both())
+        assert [(s.status, s.reward, s.metadata["agent_exit_code"], s.metadata["grading_solved"])
+                for s in (buggy, fine)] == [(Sample.Status.COMPLETED, 0.0, 0, False),
+                                            (Sample.Status.COMPLETED, 1.0, 0, True)]
+        assert len(stack.requests) == 2, "one Codex turn per sample"
+        for s in (buggy, fine):  # each sample is one engine request's prompt and exactly its sampled answer
+            prompt = s.tokens[:len(s.tokens) - s.response_length]
+            body = next(b for b in stack.requests if b["input_ids"] == prompt)  # (both sessions: one prompt)
+            answer = stack.answer(body)
+            assert_chain(s, [(body["input_ids"], answer["output_ids"], answer["log_probs"])])
+    finally:
+        example._AdapterService(args).app_handle.stop()
+        type(example._AdapterService).clear_instances(example._AdapterService)
+        sandbox.stop()
+        stack.stop()
+        importlib.reload(swe)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shlex
 import sys
 import time
 from typing import Any

@@ -4,7 +4,9 @@ slime's coding-agent example (`examples/coding_agent_rl`) imports `E2BSandbox` a
 `E2BSandbox(image)`. With `SLIME_AGENT_SANDBOX_BACKEND=slime` (read once, when the name is first
 imported: the example has no flag of its own) that name is `SlimeImageSandbox`: a session on the
 `slime-sandbox` server at `SLIME_AGENT_SANDBOX_URL`, whose one way out is the server's egress
-`SLIME_AGENT_SANDBOX_EGRESS` (default `gateway`), and whose `image` is a host directory or
+`SLIME_AGENT_SANDBOX_EGRESS` (default `gateway`; empty: none), whose commands start from the
+environment `SLIME_AGENT_SANDBOX_ENV` (a JSON object, e.g. a PATH reaching CLIs bound read-only
+with the server's --ro-bind), and whose `image` is a host directory or
 tarball unpacked into the session's workspace (`/tmp`): our sandbox has one root, the host's
 `/usr` read-only, so what an E2B image adds must come in as files.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -28,6 +31,7 @@ BACKENDS = ("e2b", "slime")
 class SlimeBackendSettings:
     url: str
     egress: str | None = "gateway"
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # every command's base environment
 
     @classmethod
     def from_env(cls) -> SlimeBackendSettings:
@@ -36,7 +40,14 @@ class SlimeBackendSettings:
             raise RuntimeError("SLIME_AGENT_SANDBOX_BACKEND=slime needs SLIME_AGENT_SANDBOX_URL, the slime-sandbox "
                                "server's URL (started with --egress gateway=127.0.0.1:<adapter port>)")
         egress = os.environ.get("SLIME_AGENT_SANDBOX_EGRESS", "gateway").strip()
-        return cls(url=url, egress=egress or None)
+        raw = os.environ.get("SLIME_AGENT_SANDBOX_ENV", "").strip()
+        try:
+            env = json.loads(raw) if raw else {}
+        except ValueError as e:
+            raise RuntimeError(f"SLIME_AGENT_SANDBOX_ENV must be a JSON object of strings: {e}") from None
+        if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+            raise RuntimeError(f"SLIME_AGENT_SANDBOX_ENV must be a JSON object of strings, got {raw!r}")
+        return cls(url=url, egress=egress or None, env=env)
 
 
 def e2b_class() -> type:
@@ -76,7 +87,8 @@ class SlimeImageSandbox:
 
         self.image = image
         self.settings = settings or SlimeBackendSettings.from_env()
-        self._sb = SlimeSandbox(self.settings.url, egress=self.settings.egress, tar=image_tarball(image))
+        self._sb = SlimeSandbox(self.settings.url, egress=self.settings.egress, tar=image_tarball(image),
+                                env=self.settings.env)
 
     @property
     def sandbox_id(self) -> str:

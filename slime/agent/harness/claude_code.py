@@ -7,7 +7,7 @@ import shlex
 
 from slime.agent.sandbox import Sandbox
 
-from .common import BaseHarness, HarnessContext, install_npm_cli, run_agent
+from .common import BaseHarness, HarnessContext, cli_present, give_to_agent, install_npm_cli, run_agent
 
 
 class ClaudeCodeHarness(BaseHarness):
@@ -20,6 +20,8 @@ class ClaudeCodeHarness(BaseHarness):
                   "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
 
     async def install_cli(self, sb: Sandbox) -> None:
+        if await cli_present(sb, "/usr/local/bin/claude --version"):
+            return
         node, cli = self.tarballs()
         await install_npm_cli(sb, node_runtime=node, npm_package=cli,
                               check_cmd="ls -la /usr/local/bin/claude && /usr/local/bin/claude --version")
@@ -28,8 +30,8 @@ class ClaudeCodeHarness(BaseHarness):
         """Onboarding done and bypass-permissions accepted, so it starts headless."""
         settings = json.dumps({"hasCompletedOnboarding": True, "bypassPermissionsModeAccepted": True})
         await sb.exec(f"mkdir -p /home/agent/.claude && echo {shlex.quote(settings)} "
-                      "| tee /home/agent/.claude.json /home/agent/.claude/settings.json > /dev/null && "
-                      "chown -R agent:agent /home/agent/.claude /home/agent/.claude.json",
+                      "| tee /home/agent/.claude.json /home/agent/.claude/settings.json > /dev/null"
+                      + give_to_agent(sb, "/home/agent/.claude /home/agent/.claude.json"),
                       user="root", check=True, timeout=60)
 
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:

@@ -11,7 +11,7 @@ import shlex
 
 from slime.agent.sandbox import Sandbox
 
-from .common import BaseHarness, HarnessContext, install_npm_cli, run_agent
+from .common import BaseHarness, HarnessContext, cli_present, give_to_agent, install_npm_cli, run_agent
 
 CONFIG_TOML = """model = "{model}"
 model_provider = "slime"
@@ -28,17 +28,20 @@ class CodexHarness(BaseHarness):
     name = "codex"
     env_prefix = "CODEX"
     exec_flags = "--skip-git-repo-check"  # shallow or odd checkouts must not stop it
-    wire_api = "chat"  # slime's choice; the gateway also serves "responses"
+    wire_api = "chat"  # slime's choice; Codex 0.169 refuses it: HarnessConfig(wire_api="responses")
 
     async def install_cli(self, sb: Sandbox) -> None:
+        if await cli_present(sb, "codex --version"):
+            return
         node, cli = self.tarballs()
         await install_npm_cli(sb, node_runtime=node, npm_package=cli, check_cmd="codex --version")
 
     async def write_config(self, sb: Sandbox, ctx: HarnessContext) -> None:
-        toml = CONFIG_TOML.format(model=ctx.model_label, base_url=f"{ctx.adapter_url}/v1", wire_api=self.wire_api)
+        toml = CONFIG_TOML.format(model=ctx.model_label, base_url=f"{ctx.adapter_url}/v1",
+                                  wire_api=self.config.wire_api or self.wire_api)
         b64 = base64.b64encode(toml.encode()).decode("ascii")
         await sb.exec(f"mkdir -p /home/agent/.codex && echo {shlex.quote(b64)} | base64 -d > "
-                      "/home/agent/.codex/config.toml && chown -R agent:agent /home/agent/.codex",
+                      f"/home/agent/.codex/config.toml{give_to_agent(sb, '/home/agent/.codex')}",
                       user="root", check=True, timeout=60)
 
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:

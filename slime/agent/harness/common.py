@@ -38,23 +38,27 @@ class HarnessContext:
 
 @dataclasses.dataclass(frozen=True)
 class HarnessConfig:
-    """Host tarballs to install from and extra CLI arguments / environment for the launch."""
+    """Host tarballs to install from, extra CLI arguments / environment for the launch, and the
+    wire API a CLI with a choice (Codex) speaks (None: the harness's own default)."""
 
     node_tarball: Path | None = None
     cli_tarball: Path | None = None
     extra_args: str = ""
     extra_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    wire_api: str | None = None
 
     @classmethod
     def from_env(cls, cli: str) -> HarnessConfig:
-        """slime's variables: SLIME_AGENT_NODE_TARBALL, SLIME_AGENT_<CLI>_TARBALL, _EXTRA_ARGS, _EXTRA_ENVS."""
+        """slime's variables: SLIME_AGENT_NODE_TARBALL, SLIME_AGENT_<CLI>_TARBALL, _EXTRA_ARGS, _EXTRA_ENVS;
+        ours: SLIME_AGENT_<CLI>_WIRE_API."""
         def path(name: str) -> Path | None:
             return Path(os.environ[name]) if os.environ.get(name) else None
 
         extra_env = os.environ.get(f"SLIME_AGENT_{cli}_EXTRA_ENVS", "").strip()
         return cls(node_tarball=path("SLIME_AGENT_NODE_TARBALL"), cli_tarball=path(f"SLIME_AGENT_{cli}_TARBALL"),
                    extra_args=os.environ.get(f"SLIME_AGENT_{cli}_EXTRA_ARGS", "").strip(),
-                   extra_env=json.loads(extra_env) if extra_env else {})
+                   extra_env=json.loads(extra_env) if extra_env else {},
+                   wire_api=os.environ.get(f"SLIME_AGENT_{cli}_WIRE_API", "").strip() or None)
 
 
 class BaseHarness(ABC):
@@ -94,10 +98,22 @@ class BaseHarness(ABC):
 async def run_agent(sb: Sandbox, *, workdir: str, start_cmd: str, env: dict[str, str], time_budget_sec: int) -> int:
     """Run `start_cmd` as the agent user in `workdir`; its output goes to .harness/trajectory.jsonl."""
     meta_dir = f"{workdir}/.harness"
-    await sb.exec(f"mkdir -p {meta_dir} && chown agent:agent {meta_dir}", user="root", check=True, timeout=30)
+    await sb.exec(f"mkdir -p {meta_dir}{give_to_agent(sb, meta_dir)}", user="root", check=True, timeout=30)
     code, _ = await exec_and_wait(sb, cmd=start_cmd, user="agent", env=env, workdir=workdir,
                                   out_file=f"{meta_dir}/trajectory.jsonl", time_budget_sec=time_budget_sec, tag="run")
     return code
+
+
+def give_to_agent(sb: Sandbox, paths: str) -> str:
+    """The shell suffix that hands `paths` to the agent user; none on a one-uid backend (ours),
+    where everything is the agent's already."""
+    return "" if getattr(sb, "one_user", False) else f" && chown -R agent:agent {paths}"
+
+
+async def cli_present(sb: Sandbox, check_cmd: str) -> bool:
+    """The CLI runs already (bound read-only into the sandbox, or part of its image): nothing to install."""
+    code, _, _ = await sb.exec(check_cmd, user="root", timeout=60)
+    return code == 0
 
 
 async def install_npm_cli(sb: Sandbox, *, node_runtime: Path, npm_package: Path, check_cmd: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -97,3 +98,18 @@ def test_the_report_counts_branches_per_sample_and_the_mean_reward():
                        "failed": {"agent_grading_failed": 1}}
     assert format_line(4, summary) == ("agent rollout 4: reward mean 0.667 (2 solved) over 3 samples; branches per "
                                        "sample [1, 1, 2]; failed {'agent_grading_failed': 1}")
+
+
+def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
+    from slime.cli.args import ArgError, parse_args
+
+    tasks = str(Path(__file__).resolve().parent.parent / "configs" / "agent_demo" / "tasks.jsonl")
+    base = ["--custom-generate-function-path", "slime.agent.rollout.generate", "--prompt-data", tasks]
+    with pytest.raises(ArgError, match="needs exactly one of --agent-entry"):
+        parse_args(base)
+    with pytest.raises(ArgError, match="--agent-sandbox-ro-path /no/such/dir: no such file or directory"):
+        parse_args(base + ["--agent-command", "true", "--agent-sandbox-ro-path", "/no/such/dir"])
+    with pytest.raises(ArgError, match="--agent-grade-timeout: must be > 0 seconds, got 0.0"):
+        parse_args(base + ["--agent-command", "true", "--agent-grade-timeout", "0"])
+    args = parse_args(base + ["--agent-command", "{python} a.py", "--agent-sandbox-ro-path", str(tmp_path)])
+    assert (args.agent_command, args.agent_sandbox_ro_path) == ("{python} a.py", [str(tmp_path)])

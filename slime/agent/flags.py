@@ -1,14 +1,18 @@
 """Command-line flags of the agent gateway and its rollout function (`slime.agent.rollout`).
 
 The core parser calls `add_agent_arguments(parser)`; `agent_defaults()` gives the same defaults
-for code that builds an `argparse.Namespace` by hand. Read only in `GatewayConfig.from_args` and
-`AgentRun.from_args`.
+for code that builds an `argparse.Namespace` by hand; `check_agent_args(args)` refuses bad values
+before anything starts. Read only in `GatewayConfig.from_args`, `AgentRun.from_args`,
+`CommandAgentConfig.from_args` and `sandbox_pool.pool_from_args`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
+
+AGENT_GENERATE = "slime.agent.rollout.generate"
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -53,3 +57,26 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def agent_defaults() -> dict[str, Any]:
     return vars(add_agent_arguments(argparse.ArgumentParser()).parse_args([]))
+
+
+def check_agent_args(args: Any) -> None:
+    """ValueError naming the flag, when the agent rollout (`--custom-generate-function-path
+    slime.agent.rollout.generate`) is asked for with flags it cannot run with."""
+    if getattr(args, "custom_generate_function_path", None) == AGENT_GENERATE:
+        check_agent_run(args)
+
+
+def check_agent_run(args: Any) -> None:
+    """What one agent run needs of the flags (ValueError naming the flag)."""
+    if bool(args.agent_entry) == bool(args.agent_command):
+        raise ValueError(f"--custom-generate-function-path {AGENT_GENERATE} needs exactly one of --agent-entry "
+                         "package.module.function (an agent on the host) and --agent-command '...' (an agent "
+                         "command in a sandbox session)")
+    for flag in ("agent_timeout", "agent_grade_timeout"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be > 0 seconds, got {getattr(args, flag)}")
+    if args.agent_sandbox_concurrency < 1:
+        raise ValueError(f"--agent-sandbox-concurrency: must be >= 1, got {args.agent_sandbox_concurrency}")
+    for path in args.agent_sandbox_ro_path:
+        if not os.path.exists(path):
+            raise ValueError(f"--agent-sandbox-ro-path {path}: no such file or directory")

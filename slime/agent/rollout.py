@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 from slime.agent.command_agent import AgentOutcome, CommandAgent, CommandAgentConfig
+from slime.agent.flags import check_agent_run
 from slime.agent.gateway import Gateway, GatewayConfig
 from slime.agent.sandbox_pool import pool_from_args
 from slime.rollout.runtime import RolloutRuntime, current
@@ -44,10 +45,7 @@ class AgentRun:
 
     @classmethod
     def from_args(cls, args: Any) -> AgentRun:
-        if bool(args.agent_entry) == bool(args.agent_command):
-            raise ValueError("--custom-generate-function-path slime.agent.rollout.generate needs exactly one of "
-                             "--agent-entry package.module.function (an agent on the host) and --agent-command "
-                             "'...' (an agent command in a sandbox session)")
+        check_agent_run(args)
         return cls(entry=args.agent_entry, command=args.agent_command, api=args.agent_api,
                    timeout=float(args.agent_timeout))
 

@@ -503,6 +503,17 @@ def validate_args(args: argparse.Namespace) -> None:
         need((args.rollout_num_gpus or 0) >= 1, "--rollout-num-gpus", "required with --rollout-backend sglang")
     _check_rm_type(args)
     _check_partial_rollout(args)
+    _check_agent(args)
+
+
+def _check_agent(args: argparse.Namespace) -> None:
+    """The agent rollout's flags (`slime.agent.flags.check_agent_args`), refused at start."""
+    from slime.agent.flags import check_agent_args
+
+    try:
+        check_agent_args(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from None
 
 
 def _check_partial_rollout(args: argparse.Namespace) -> None:

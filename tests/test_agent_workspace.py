@@ -101,15 +101,22 @@ def test_the_report_counts_branches_per_sample_and_the_mean_reward():
 
 
 def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
+    from slime.agent.flags import check_agent_args
     from slime.cli.args import ArgError, parse_args
 
     tasks = str(Path(__file__).resolve().parent.parent / "configs" / "agent_demo" / "tasks.jsonl")
-    base = ["--custom-generate-function-path", "slime.agent.rollout.generate", "--prompt-data", tasks]
-    with pytest.raises(ArgError, match="needs exactly one of --agent-entry"):
-        parse_args(base)
-    with pytest.raises(ArgError, match="--agent-sandbox-ro-path /no/such/dir: no such file or directory"):
-        parse_args(base + ["--agent-command", "true", "--agent-sandbox-ro-path", "/no/such/dir"])
-    with pytest.raises(ArgError, match="--agent-grade-timeout: must be > 0 seconds, got 0.0"):
-        parse_args(base + ["--agent-command", "true", "--agent-grade-timeout", "0"])
-    args = parse_args(base + ["--agent-command", "{python} a.py", "--agent-sandbox-ro-path", str(tmp_path)])
-    assert (args.agent_command, args.agent_sandbox_ro_path) == ("{python} a.py", [str(tmp_path)])
+    with pytest.raises(ArgError, match="needs exactly one of --agent-entry"):  # parse_args checks them
+        parse_args(["--custom-generate-function-path", "slime.agent.rollout.generate", "--prompt-data", tasks])
+
+    def args(**kw):
+        return argparse.Namespace(**{**agent_defaults(), "custom_generate_function_path": "slime.agent.rollout.generate",
+                                     "agent_command": "true", **kw})
+
+    with pytest.raises(ValueError, match="--agent-sandbox-ro-path /no/such/dir: no such file or directory"):
+        check_agent_args(args(agent_sandbox_ro_path=["/no/such/dir"]))
+    with pytest.raises(ValueError, match="--agent-grade-timeout: must be > 0 seconds, got 0"):
+        check_agent_args(args(agent_grade_timeout=0))
+    with pytest.raises(ValueError, match="--agent-sandbox-concurrency: must be >= 1, got 0"):
+        check_agent_args(args(agent_sandbox_concurrency=0))
+    check_agent_args(args(agent_sandbox_ro_path=[str(tmp_path)]))
+    check_agent_args(args(custom_generate_function_path=None, agent_command=None))  # not the agent rollout

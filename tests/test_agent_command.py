@@ -100,3 +100,20 @@ def test_the_demo_agent_fixes_a_task_in_the_sandbox_and_the_grader_rewards_it(st
     runtime.close_shared()
     assert refused(gateway_port), "closing the runtime stops its gateway"
     assert runtime.shared(COMMAND_AGENT_KEY, lambda: None) is not None
+
+
+def test_closing_the_runtime_runs_what_plugins_registered_newest_first_even_past_a_failure():
+    from slime.rollout.runtime import RolloutRuntime
+
+    rt = RolloutRuntime(args=None, client=None)
+    done = []
+
+    def broken():
+        done.append("broken")
+        raise RuntimeError("stuck server")
+
+    for closer in (lambda: done.append("gateway"), broken, lambda: done.append("sandbox")):
+        rt.on_close(closer)
+    rt.close_shared()
+    rt.close_shared()  # closers run once
+    assert done == ["sandbox", "broken", "gateway"]

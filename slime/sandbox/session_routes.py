@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slime.sandbox.sessions import SessionError, SessionSettings, SessionSpec, SessionTable, b64decode_field
+from slime.sandbox.sessions import (SessionError, SessionSettings, SessionSpec, SessionTable, b64decode_field,
+                                   inside_path)
 
 
 def _models(cfg, settings: SessionSettings):
@@ -113,7 +114,7 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
         try:
             from slime.sandbox.schema import check_files
 
-            check_files({p: v for p, v in body.files.items()}, _budget(cfg, spec))
+            check_files({inside_path(p): v for p, v in body.files.items()}, _budget(cfg, spec))
         except ValueError as e:
             raise SessionError(422, f"files: {e}") from None
         return (await table.open(spec)).info()

@@ -148,7 +148,7 @@ class SessionTable:
 
     async def _start(self, sess: Session, target: tuple[str, int] | None) -> None:
         spec = sess.spec
-        files = {_inside(p): data for p, data in spec.files.items()}
+        files = {inside_path(p): data for p, data in spec.files.items()}
         head = {"session": {"disk_mb": spec.disk_mb, "max_inodes": spec.max_inodes,
                             "egress_port": self.settings.egress_port if target else 0}}
         res, _ = await self._exchange(sess, self._frame(sess, head, files=files), 0)
@@ -307,7 +307,7 @@ class SessionTable:
         return out
 
 
-def _inside(path: str) -> str:
+def inside_path(path: str) -> str:
     """A seed file's path as the init writes it: relative to the workspace, or under /mnt (``/home``
     is ``/mnt/home``)."""
     if path.startswith("/home/"):

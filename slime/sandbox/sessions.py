@@ -88,6 +88,7 @@ class Session:
         self.id, self.slot, self.uid, self.spec, self.egress_url = sid, slot, uid, spec, egress_url
         self.forwarder: EgressForwarder | None = None
         self.lock = asyncio.Lock()  # one program at a time: the slot serves one request after another
+        self.exchange: asyncio.Task | None = None  # the frame in flight (cancelled first when the session ends)
         self.closed = False
         self.execs = 0
         self.created = time.monotonic()
@@ -189,6 +190,9 @@ class SessionTable:
         for timer in (sess.idle_timer, sess.life_timer):
             if timer is not None:
                 timer.cancel()
+        if sess.exchange is not None and sess.exchange is not asyncio.current_task():
+            sess.exchange.cancel()  # (its socket reader goes before the slot's socket is closed)
+            await asyncio.wait([sess.exchange])
         try:
             if sess.forwarder is not None:
                 await sess.forwarder.close()
@@ -269,13 +273,21 @@ class SessionTable:
     # -- the slot's protocol -------------------------------------------------------------------
     async def _exchange(self, sess: Session, frame: bytes, timeout: float):
         """A frame to the session's slot and its answer; a slot that fails ends the session."""
+        sess.exchange = asyncio.ensure_future(self.runner.exchange(sess.slot, frame, timeout + MARGIN))
         try:
-            res, steps, _files = await self.runner.exchange(sess.slot, frame, timeout + MARGIN)
+            res, steps, _files = await sess.exchange
+        except asyncio.CancelledError:
+            if sess.closed and sess.exchange.cancelled() and not asyncio.current_task().cancelling():
+                raise SessionError(410, f"session {sess.id} was closed while this command ran; "
+                                        "its processes were killed") from None
+            raise
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
             self.failed += 1
             await self._end(sess)
             raise SessionError(500, f"session {sess.id} failed inside the sandbox ({type(e).__name__}: {e}); "
                                     "it is closed") from None
+        finally:
+            sess.exchange = None
         if res.get("error"):
             self.failed += 1
             await self._end(sess)

@@ -177,7 +177,6 @@ def _build_root(cfg):
         os.symlink(target, os.path.join(dev, name))
     for d in ("proc", "tmp", "mnt", ".old"):
         os.makedirs(os.path.join(root, d))
-    os.symlink("/mnt/home", os.path.join(root, "home"))  # (a session's homes: `slot_session.py`)
     os.chmod(os.path.join(root, "tmp"), 0o1777)
     os.chdir(root)
     check(libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")

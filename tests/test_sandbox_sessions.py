@@ -28,7 +28,15 @@ def url():
                                       extra_args=["--max-output-bytes", "65536", "--max-session-disk-mb", "64",
                                                   "--max-sessions", "3"])
     yield url
+    # nothing outlives the server: a session still running a command when it stops leaves no process
+    s = _open(url)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool.submit(requests.post, f"{url}/sessions/{s['session_id']}/exec", json={"command": "sleep 100", "timeout": 300},
+                timeout=300)
+    assert _until(lambda: _processes_of_uids([s["uid"]]))
     handle.stop()
+    assert _until(lambda: not _processes_of_uids([s["uid"]])), "a session's process outlived the server"
+    pool.shutdown()
 
 
 def _open(url: str, **body) -> dict:
@@ -85,6 +93,25 @@ def test_exec_takes_env_stdin_and_cwd_and_answers_each_status(url):
         assert (missing["returncode"], missing["stdout"]) == (1, "")
         assert _exec(url, sid, "echo still here")["stdout"] == "still here\n"  # (the session survived all that)
     finally:
+        _close(url, sid)
+
+
+def test_commands_of_one_session_run_one_after_the_other(url):
+    s = _open(url)
+    sid, uid = s["session_id"], s["uid"]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        first = pool.submit(_exec, url, sid, "echo a >> log; sleep 1; echo b >> log")
+        assert _until(lambda: _processes_of_uids([uid]))  # the first one runs ...
+        assert _exec(url, sid, "cat log")["stdout"] == "a\nb\n"  # ... and this one waited for its end
+        assert first.result()["returncode"] == 0
+        busy = pool.submit(_exec, url, sid, "sleep 3")
+        assert _until(lambda: _processes_of_uids([uid]))
+        r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "timeout": 0.5}, timeout=60)
+        assert (r.status_code, r.json()["message"]) == (409, f"session {sid}: another command still ran after 0.5s")
+        assert busy.result()["returncode"] == 0
+    finally:
+        pool.shutdown()
         _close(url, sid)
 
 

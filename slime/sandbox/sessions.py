@@ -14,7 +14,6 @@ go. A session left idle past its ``idle_timeout``, or alive past its ``max_lifet
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import json
 import logging
@@ -26,7 +25,7 @@ import uuid
 from typing import Any
 
 from slime.sandbox.egress import EgressForwarder
-from slime.sandbox.runner import Runner, normalize_path
+from slime.sandbox.runner import Runner, _run_env, normalize_path
 
 logger = logging.getLogger(__name__)
 WORKDIR = "/tmp"
@@ -72,8 +71,8 @@ class SessionSettings:
 @dataclasses.dataclass
 class ExecOutcome:
     status: str  # Finished | TimeLimitExceeded | Error (SandboxFusion's command statuses)
-    returncode: int | None
-    stdout: str
+    returncode: int | None  # None after a timeout
+    stdout: str | bytes  # bytes only for a file read (`read_file`)
     stderr: str
     execution_time: float | None
     cpu_time: float | None
@@ -309,8 +308,6 @@ class SessionTable:
 
     @staticmethod
     def _env(sess: Session, env: dict[str, str] | None) -> dict[str, str]:
-        from slime.sandbox.runner import _run_env
-
         out = dict(_run_env(), HOME=HOME, PWD=WORKDIR)
         if sess.egress_url:
             out["SLIME_EGRESS_URL"] = sess.egress_url
@@ -338,9 +335,3 @@ def _outcome(res: dict[str, Any], steps, raw: bool) -> ExecOutcome:
     return ExecOutcome(st["status"], st["return_code"], bytes(out) if raw else out.decode("utf-8", "replace"),
                        err.decode("utf-8", "replace"), st["execution_time"], st.get("cpu_time"), "; ".join(notes))
 
-
-def b64decode_field(value: str, field: str) -> bytes:
-    try:
-        return base64.b64decode(value, validate=True)
-    except ValueError as e:
-        raise SessionError(422, f"{field}: not base64 ({e})") from None

@@ -144,13 +144,17 @@ def test_files_written_are_read_back_byte_for_byte(url):
         _close(url, sid)
 
 
-def test_reading_a_missing_file_answers_404_naming_it(url):
+def test_reading_a_missing_or_too_large_file_is_refused_naming_it(url):
     sid = _open(url)["session_id"]
     try:
         r = requests.get(f"{url}/sessions/{sid}/files", params={"path": "nope.txt"}, timeout=60)
         assert r.status_code == 404
         assert r.json()["message"] == (f"session {sid}: 'nope.txt' could not be read: "
                                        "/bin/cat: nope.txt: No such file or directory")
+        assert _exec(url, sid, "head -c 65537 /dev/zero > big")["returncode"] == 0
+        r = requests.get(f"{url}/sessions/{sid}/files", params={"path": "big"}, timeout=60)
+        assert (r.status_code, r.json()["message"]) == (
+            413, f"session {sid}: 'big' is larger than the 65536 bytes one read returns (--max-output-bytes)")
     finally:
         _close(url, sid)
 
@@ -260,6 +264,7 @@ async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
         late = await sb.exec("sleep 5", timeout=1)
         assert (late.returncode, late.stdout) == (124, "")
         assert late.stderr.startswith("\n[sandbox] time limit exceeded after 1.")
+        assert (await sb.status())["execs"] == 2 and sb.info["execs"] == 2
         await sb.write_file("/tmp/w/b.bin", b"\x00\xff")
         assert await sb.read_bytes("w/b.bin") == b"\x00\xff" and await sb.read_file("w/none") == ""
         code, out = await exec_and_wait(sb, cmd="ls; echo $HOME; exit 4", time_budget_sec=30, tag="t",

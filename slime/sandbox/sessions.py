@@ -233,6 +233,9 @@ class SessionTable:
     async def read_file(self, sid: str, path: str) -> bytes:
         sess = self.get(sid)
         out = await self._program(sess, ["/bin/cat", "--", path], 60.0, raw=True)
+        if out.message.startswith("output limit exceeded"):
+            raise SessionError(413, f"session {sid}: {path!r} is larger than the {self.runner.cfg.max_output_bytes} "
+                                    "bytes one read returns (--max-output-bytes)")
         if out.status != "Finished" or out.returncode != 0:
             raise SessionError(404, f"session {sid}: {path!r} could not be read: "
                                     f"{out.message or out.stderr.strip()[-500:]}")

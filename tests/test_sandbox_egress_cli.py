@@ -1,11 +1,14 @@
-"""Issue 23, stretch: the real agent CLIs from the npm registry (`tests/test_agent_cli.py` installs them into
-~/.cache/slime/agent-clis) run *inside* a sandbox session, bound read-only into it (`--ro-bind`), whose
-one way out is the gateway (`--egress`): Claude Code through Anthropic Messages and Codex through the
-Responses API each finish a session whose trajectory is exactly what the engine sampled."""
+"""Issue 23, stretch: agents nobody here wrote run *inside* a sandbox session whose one way out is the gateway
+(`--egress`), each finishing a session whose trajectory is exactly what the engine sampled: the real CLIs
+from the npm registry (`tests/test_agent_cli.py` installs them into ~/.cache/slime/agent-clis), bound
+read-only into the sandbox (`--ro-bind`) -- Claude Code through Anthropic Messages, Codex through the
+Responses API -- and an `openai` SDK script run by this venv's interpreter (venv and base bound read-only)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import pytest
 
@@ -18,6 +21,12 @@ from tests.test_sandbox import ISOLATED
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ISOLATED, reason="sessions need namespaces/uid switching")]
 INSIDE = "/opt/agent-clis"
+
+
+def _python_trees() -> list[str]:
+    """This venv and its base interpreter's prefix, at their own paths (a venv names its base by path)."""
+    trees = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    return sorted(t for t in trees if not t.startswith("/usr/"))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +44,7 @@ def env(tmp_path_factory):
     try:
         url, handle = start_local_sandbox(max_concurrency=1, extra_args=[
             "--egress", f"gateway=127.0.0.1:{stack.gateway.port}", "--ro-bind", f"{CLI_CACHE}:{INSIDE}",
-            "--max-processes", "512"])
+            *[a for p in _python_trees() for a in ("--ro-bind", p)], "--max-processes", "512"])
     except BaseException:
         stack.stop()
         raise
@@ -73,3 +82,23 @@ def test_codex_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
     run = asyncio.run(agent())
     assert (run.returncode, run.stdout.strip()) == (0, "Done."), run.stderr[-2000:]
     assert_each_request_is_a_token_exact_sample(env["stack"], "cxs", "cxs-1")
+
+
+SDK_SCRIPT = """
+import os, openai
+client = openai.OpenAI(base_url=os.environ["SLIME_EGRESS_URL"] + "/s/sdk-1/v1", api_key="any", max_retries=0)
+reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "case=sdk hi"}], max_tokens=16)
+print(reply.choices[0].message.content)
+"""
+
+
+def test_an_openai_sdk_script_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
+    from slime.agent.sandbox_slime import SlimeSandbox
+
+    async def agent():
+        async with SlimeSandbox(env["url"], egress="gateway", memory_mb=1024) as sb:
+            return await sb.exec(f"{sys.executable} -", stdin=SDK_SCRIPT, timeout=120)
+
+    run = asyncio.run(agent())
+    assert (run.returncode, run.stdout) == (0, "Done.\n"), run.stderr[-2000:]
+    assert_each_request_is_a_token_exact_sample(env["stack"], "sdk", "sdk-1")

@@ -75,6 +75,11 @@ class SlimeSandbox:
     def workdir(self) -> str:
         return self.info.get("workdir", "/tmp")
 
+    async def status(self) -> dict[str, Any]:
+        """The session as the server sees it now (commands run, egress counters, limits); refreshes `info`."""
+        self.info = await self._call("GET", f"/sessions/{self.sandbox_id}", timeout=HTTP_MARGIN)
+        return self.info
+
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> SlimeSandbox:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))

@@ -128,6 +128,9 @@ def _build_root(cfg):
     host sees nothing, so nothing is left on its disk), then pivot into it."""
     root = "/tmp"
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # held open before the tmpfs goes over /tmp: a tools directory under the host's /tmp stays reachable
+    binds = [(os.open(src, os.O_PATH | os.O_CLOEXEC), inside, os.path.isdir(src))
+             for src, inside in cfg.get("ro_binds") or []]
     # (few mounts: each one is copied into, and torn down with, every run's mount namespace)
     mount("tmpfs", root, "tmpfs", MS_NOSUID, "size=4m,mode=0755")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -139,8 +142,9 @@ def _build_root(cfg):
     for src in ["/usr"] + list(cfg.get("ro_paths") or []):
         if os.path.exists(src) and not os.path.join(root, src.lstrip("/")).startswith(os.path.join(root, "usr/")):
             _bind_ro(src, os.path.join(root, src.lstrip("/")), os.path.isdir(src))
-    for src, inside in cfg.get("ro_binds") or []:  # (checked at start: `ro_binds.py`)
-        _bind_ro(src, os.path.join(root, inside.lstrip("/")), os.path.isdir(src))
+    for fd, inside, is_dir in binds:  # (checked at start: `ro_binds.py`)
+        _bind_ro("/proc/self/fd/%d" % fd, os.path.join(root, inside.lstrip("/")), is_dir)
+        os.close(fd)
     etc = os.path.join(root, "etc")
     os.makedirs(etc)
     uid = cfg["uid"]
@@ -173,7 +177,6 @@ def _build_root(cfg):
         os.symlink(target, os.path.join(dev, name))
     for d in ("proc", "tmp", "mnt", ".old"):
         os.makedirs(os.path.join(root, d))
-    os.symlink("/mnt/home", os.path.join(root, "home"))  # (a session's homes: `slot_session.py`)
     os.chmod(os.path.join(root, "tmp"), 0o1777)
     os.chdir(root)
     check(libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")

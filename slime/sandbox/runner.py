@@ -228,6 +228,22 @@ async def _wait_fd(fd: int, timeout: float) -> bool:
         loop.remove_reader(fd)
 
 
+def _init_pidfd(zygote_pid: int) -> int | None:
+    """A pidfd of the slot's init (the fork server's child that is PID 1 of its namespace): it is
+    readable once the init is gone, and the kernel ends an init only after every other process of
+    its namespace (so: after all of a session's processes)."""
+    try:
+        with open(f"/proc/{zygote_pid}/task/{zygote_pid}/children") as f:
+            kids = [int(p) for p in f.read().split()]
+        for pid in kids:
+            with open(f"/proc/{pid}/status") as f:
+                if any(line.startswith("NSpid:") and line.split()[-1] == "1" for line in f):
+                    return os.pidfd_open(pid)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 class Runner:
     """Owns the slots (uid, cgroup, fork server each); `run()` is one request."""
 
@@ -471,7 +487,14 @@ class Runner:
         z = self._zygotes[slot]
         if z is not None:
             z.broken = True
-            await asyncio.to_thread(z.stop, 2.0)
+            init = _init_pidfd(z.proc.pid)
+            try:
+                await asyncio.to_thread(z.stop, 2.0)
+                if init is not None and not await _wait_fd(init, 30):
+                    logger.warning("slot %d: its init outlived its fork server by 30s", slot)
+            finally:
+                if init is not None:
+                    os.close(init)
         self._slots_q().put_nowait(slot)
 
     @staticmethod

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slime.sandbox.sessions import SessionError, SessionSettings, SessionSpec, SessionTable, b64decode_field
+from slime.sandbox.schema import check_files
+from slime.sandbox.sessions import SessionError, SessionSettings, SessionSpec, SessionTable, inside_path
 
 
 def _models(cfg, settings: SessionSettings):
@@ -111,9 +113,7 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
                            idle_timeout=body.idle_timeout, max_lifetime=body.max_lifetime, egress=body.egress,
                            env=body.env, files=files, tar=tar)
         try:
-            from slime.sandbox.schema import check_files
-
-            check_files({p: v for p, v in body.files.items()}, _budget(cfg, spec))
+            check_files({inside_path(p): v for p, v in body.files.items()}, _budget(cfg, spec))
         except ValueError as e:
             raise SessionError(422, f"files: {e}") from None
         return (await table.open(spec)).info()
@@ -163,6 +163,11 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
 
 def _budget(cfg, spec: SessionSpec):
     """The server's config with the session's disk and inode budget (for `check_files`)."""
-    import dataclasses
-
     return dataclasses.replace(cfg, disk_mb=spec.disk_mb, max_inodes=spec.max_inodes)
+
+
+def b64decode_field(value: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError as e:
+        raise SessionError(422, f"{field}: not base64 ({e})") from None

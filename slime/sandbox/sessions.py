@@ -14,7 +14,6 @@ go. A session left idle past its ``idle_timeout``, or alive past its ``max_lifet
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import json
 import logging
@@ -26,7 +25,7 @@ import uuid
 from typing import Any
 
 from slime.sandbox.egress import EgressForwarder
-from slime.sandbox.runner import Runner, normalize_path
+from slime.sandbox.runner import Runner, _run_env, normalize_path
 
 logger = logging.getLogger(__name__)
 WORKDIR = "/tmp"
@@ -72,8 +71,8 @@ class SessionSettings:
 @dataclasses.dataclass
 class ExecOutcome:
     status: str  # Finished | TimeLimitExceeded | Error (SandboxFusion's command statuses)
-    returncode: int | None
-    stdout: str
+    returncode: int | None  # None after a timeout
+    stdout: str | bytes  # bytes only for a file read (`read_file`)
     stderr: str
     execution_time: float | None
     cpu_time: float | None
@@ -88,6 +87,7 @@ class Session:
         self.id, self.slot, self.uid, self.spec, self.egress_url = sid, slot, uid, spec, egress_url
         self.forwarder: EgressForwarder | None = None
         self.lock = asyncio.Lock()  # one program at a time: the slot serves one request after another
+        self.exchange: asyncio.Task | None = None  # the frame in flight (cancelled first when the session ends)
         self.closed = False
         self.execs = 0
         self.created = time.monotonic()
@@ -148,7 +148,7 @@ class SessionTable:
 
     async def _start(self, sess: Session, target: tuple[str, int] | None) -> None:
         spec = sess.spec
-        files = {_inside(p): data for p, data in spec.files.items()}
+        files = {inside_path(p): data for p, data in spec.files.items()}
         head = {"session": {"disk_mb": spec.disk_mb, "max_inodes": spec.max_inodes,
                             "egress_port": self.settings.egress_port if target else 0}}
         res, _ = await self._exchange(sess, self._frame(sess, head, files=files), 0)
@@ -189,6 +189,9 @@ class SessionTable:
         for timer in (sess.idle_timer, sess.life_timer):
             if timer is not None:
                 timer.cancel()
+        if sess.exchange is not None and sess.exchange is not asyncio.current_task():
+            sess.exchange.cancel()  # (its socket reader goes before the slot's socket is closed)
+            await asyncio.wait([sess.exchange])
         try:
             if sess.forwarder is not None:
                 await sess.forwarder.close()
@@ -230,6 +233,9 @@ class SessionTable:
     async def read_file(self, sid: str, path: str) -> bytes:
         sess = self.get(sid)
         out = await self._program(sess, ["/bin/cat", "--", path], 60.0, raw=True)
+        if out.message.startswith("output limit exceeded"):
+            raise SessionError(413, f"session {sid}: {path!r} is larger than the {self.runner.cfg.max_output_bytes} "
+                                    "bytes one read returns (--max-output-bytes)")
         if out.status != "Finished" or out.returncode != 0:
             raise SessionError(404, f"session {sid}: {path!r} could not be read: "
                                     f"{out.message or out.stderr.strip()[-500:]}")
@@ -269,13 +275,21 @@ class SessionTable:
     # -- the slot's protocol -------------------------------------------------------------------
     async def _exchange(self, sess: Session, frame: bytes, timeout: float):
         """A frame to the session's slot and its answer; a slot that fails ends the session."""
+        sess.exchange = asyncio.ensure_future(self.runner.exchange(sess.slot, frame, timeout + MARGIN))
         try:
-            res, steps, _files = await self.runner.exchange(sess.slot, frame, timeout + MARGIN)
+            res, steps, _files = await sess.exchange
+        except asyncio.CancelledError:
+            if sess.closed and sess.exchange.cancelled() and not asyncio.current_task().cancelling():
+                raise SessionError(410, f"session {sess.id} was closed while this command ran; "
+                                        "its processes were killed") from None
+            raise
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
             self.failed += 1
             await self._end(sess)
             raise SessionError(500, f"session {sess.id} failed inside the sandbox ({type(e).__name__}: {e}); "
                                     "it is closed") from None
+        finally:
+            sess.exchange = None
         if res.get("error"):
             self.failed += 1
             await self._end(sess)
@@ -297,8 +311,6 @@ class SessionTable:
 
     @staticmethod
     def _env(sess: Session, env: dict[str, str] | None) -> dict[str, str]:
-        from slime.sandbox.runner import _run_env
-
         out = dict(_run_env(), HOME=HOME, PWD=WORKDIR)
         if sess.egress_url:
             out["SLIME_EGRESS_URL"] = sess.egress_url
@@ -307,7 +319,7 @@ class SessionTable:
         return out
 
 
-def _inside(path: str) -> str:
+def inside_path(path: str) -> str:
     """A seed file's path as the init writes it: relative to the workspace, or under /mnt (``/home``
     is ``/mnt/home``)."""
     if path.startswith("/home/"):
@@ -326,9 +338,3 @@ def _outcome(res: dict[str, Any], steps, raw: bool) -> ExecOutcome:
     return ExecOutcome(st["status"], st["return_code"], bytes(out) if raw else out.decode("utf-8", "replace"),
                        err.decode("utf-8", "replace"), st["execution_time"], st.get("cpu_time"), "; ".join(notes))
 
-
-def b64decode_field(value: str, field: str) -> bytes:
-    try:
-        return base64.b64decode(value, validate=True)
-    except ValueError as e:
-        raise SessionError(422, f"{field}: not base64 ({e})") from None

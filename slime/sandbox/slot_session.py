@@ -13,7 +13,7 @@ runs inside the sandbox for that; a privileged port (< 1024) cannot be taken by 
 import os
 import socket
 
-from .isolation import MS_NODEV, MS_NOSUID, check, libc
+from .isolation import MS_BIND, MS_NODEV, MS_NOSUID, MS_RDONLY, check, libc
 
 MS_REMOUNT = 32
 HOME_USERS = ("agent", "root")  # both names map to the session's one uid (it is never root)
@@ -36,9 +36,18 @@ def _resize_tmpfs(disk_mb, max_inodes):
 
 
 def _make_homes(uid):
+    """``/home`` -> ``/mnt/home`` (on the session's tmpfs). The link goes into the slot's read-only
+    root, made writable for it in this mount namespace only; the root dies with the slot, which
+    ends with the session, so runs never see it."""
     for path in ["/mnt/home"] + ["/mnt/home/" + u for u in HOME_USERS]:
         os.mkdir(path, 0o755)
         os.chown(path, uid, uid)
+    check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_NOSUID, None), "make the root writable")
+    try:
+        os.symlink("/mnt/home", "/home")
+    finally:
+        check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None),
+              "make the root read-only again")
 
 
 def _hand_over_listener(ctl, port):

@@ -117,3 +117,84 @@ def test_closing_the_runtime_runs_what_plugins_registered_newest_first_even_past
     rt.close_shared()
     rt.close_shared()  # closers run once
     assert done == ["sandbox", "broken", "gateway"]
+
+
+def test_an_agent_past_its_time_limit_is_stopped_graded_and_every_session_closed():
+    import urllib.request
+
+    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandbox_pool import SandboxPool
+    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.sandbox.server import start_local_sandbox
+
+    url, server = start_local_sandbox(max_concurrency=2, extra_args=["--egress", "gateway=127.0.0.1:9"])
+    try:
+        pool = SandboxPool(lambda egress: SlimeSandbox(url, egress=egress), concurrency=2, cluster_wide=False)
+        agent = CommandAgent(CommandAgentConfig(command="echo started; touch edited.txt; sleep 60", timeout=2,
+                                                grade_command="test -f edited.txt && test -f seed.txt"), pool)
+        sample = Sample(index=0, prompt="p", metadata={"files": {"seed.txt": "s"}})
+        outcome = asyncio.run(agent.run(sample, session_key="k", base_path="/s/k"))
+        with urllib.request.urlopen(url + "/sessions") as r:
+            table = json.load(r)
+    finally:
+        server.stop()
+    assert outcome.error == "--agent-command exited with 124"
+    assert (outcome.reward, outcome.failure, outcome.metadata["agent_exit_code"]) == (1.0, None, 124)
+    assert outcome.metadata["agent_output"].startswith("started\n")
+    assert (table["sessions"], table["opened"]) == ([], 2), "the agent's and the grader's session, both closed"
+
+
+def test_a_sandbox_that_cannot_be_reached_fails_the_sample_without_a_reward():
+    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandbox_pool import SandboxPool
+    from slime.agent.sandbox_slime import SlimeSandbox
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
+    pool = SandboxPool(lambda egress: SlimeSandbox(dead, egress=egress), concurrency=1, cluster_wide=False)
+    agent = CommandAgent(CommandAgentConfig(command="true", grade_command="true"), pool)
+    outcome = asyncio.run(agent.run(Sample(index=0, prompt="p"), session_key="k", base_path="/s/k"))
+    assert (outcome.reward, outcome.failure) == (None, "agent_sandbox_error")
+    assert outcome.error.startswith("ClientConnectorError: Cannot connect to host 127.0.0.1")
+
+
+def test_the_pool_holds_a_permit_for_each_sessions_whole_life():
+    from slime.agent.sandbox_pool import SandboxPool
+
+    events: list[str] = []
+
+    class Recorder:
+        def __init__(self, egress):
+            self.egress = egress
+
+        async def __aenter__(self):
+            events.append(f"open {self.egress}")
+            return self
+
+        async def __aexit__(self, *exc):
+            events.append(f"close {self.egress}")
+
+    pool = SandboxPool(Recorder, concurrency=1, cluster_wide=False)
+
+    async def use(egress, gate: asyncio.Event | None, opened: asyncio.Event | None):
+        async with pool.session(egress=egress):
+            if opened:
+                opened.set()
+            if gate:
+                await gate.wait()
+
+    async def main():
+        gate, opened = asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(use("a", gate, opened))
+        await opened.wait()
+        second = asyncio.create_task(use("b", None, None))
+        await asyncio.sleep(0)  # the second asks for its permit while the first holds the only one
+        assert events == ["open a"]
+        gate.set()
+        await asyncio.gather(first, second)
+
+    asyncio.run(main())
+    assert events == ["open a", "close a", "open b", "close b"]
+    with pytest.raises(ValueError, match="--agent-sandbox-concurrency must be >= 1, got 0"):
+        SandboxPool(Recorder, concurrency=0, cluster_wide=False)

@@ -109,8 +109,8 @@ def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
         parse_args(["--custom-generate-function-path", "slime.agent.rollout.generate", "--prompt-data", tasks])
 
     def args(**kw):
-        return argparse.Namespace(**{**agent_defaults(), "custom_generate_function_path": "slime.agent.rollout.generate",
-                                     "agent_command": "true", **kw})
+        return argparse.Namespace(**{**agent_defaults(), "agent_command": "true",
+                                     "custom_generate_function_path": "slime.agent.rollout.generate", **kw})
 
     with pytest.raises(ValueError, match="--agent-sandbox-ro-path /no/such/dir: no such file or directory"):
         check_agent_args(args(agent_sandbox_ro_path=["/no/such/dir"]))

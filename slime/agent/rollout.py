@@ -3,15 +3,12 @@
     --custom-generate-function-path slime.agent.rollout.generate --agent-entry my_agents.coder.run
     --custom-generate-function-path slime.agent.rollout.generate --agent-command "{python} agent.py"
 
-The runtime's one `Gateway` (started on first use, in front of the runtime's `EngineClient`,
-stopped when the controller closes) opens a session per sample. `--agent-entry`: a function on the
-host gets `base_url`, `api_key` (the session id) and the sample, drives any OpenAI/Anthropic client
-and returns the reward. `--agent-command`: a command runs in a sandbox session (`CommandAgent`),
-rewarded by its grading command. The session's root-to-leaf chains come back as Samples of the
-sample's group, each with that reward (None: the reward model scores each). An agent that fails
-or runs out of time keeps the turns it made; a sample that cannot be graded fails.
+The runtime's one `Gateway` (started on first use, stopped when the controller closes) opens a
+session per sample. `--agent-entry`: a host function gets `base_url`, `api_key` (the session id)
+and the sample, and returns the reward. `--agent-command`: a command in a sandbox session
+(`CommandAgent`), rewarded by its grader. Each root-to-leaf chain is a Sample of the sample's group
+with that reward (None: the reward model scores it); a failed agent's turns still train.
 """
-
 from __future__ import annotations
 
 import asyncio

@@ -1,16 +1,13 @@
 """Which class `slime.agent.sandbox.E2BSandbox` names: slime's E2B backend, or our own sandbox.
 
-slime's coding-agent example (`examples/coding_agent_rl`) imports `E2BSandbox` and calls
-`E2BSandbox(image)`. With `SLIME_AGENT_SANDBOX_BACKEND=slime` (read once, when the name is first
-imported: the example has no flag of its own) that name is `SlimeImageSandbox`: a session on the
-`slime-sandbox` server at `SLIME_AGENT_SANDBOX_URL`, whose one way out is the server's egress
-`SLIME_AGENT_SANDBOX_EGRESS` (default `gateway`; empty: none), whose commands start from the
-environment `SLIME_AGENT_SANDBOX_ENV` (a JSON object, e.g. a PATH reaching CLIs bound read-only
-with the server's --ro-bind), and whose `image` is a host directory or
-tarball unpacked into the session's workspace (`/tmp`): our sandbox has one root, the host's
-`/usr` read-only, so what an E2B image adds must come in as files.
+slime's coding-agent example imports `E2BSandbox` and calls `E2BSandbox(image)`. With
+`SLIME_AGENT_SANDBOX_BACKEND=slime` (read when the name is imported: the example has no flag) it
+is `SlimeImageSandbox`: a session of the `slime-sandbox` at `SLIME_AGENT_SANDBOX_URL`, whose one way
+out is its egress `SLIME_AGENT_SANDBOX_EGRESS` (default `gateway`; empty: none), whose commands
+start from `SLIME_AGENT_SANDBOX_ENV` (JSON, e.g. a PATH to CLIs bound with --ro-bind), and whose
+`image` is a host directory or tarball unpacked into the workspace (`/tmp`): our sandbox has one
+root (the host's `/usr`, read-only), so what an E2B image adds must come in as files.
 """
-
 from __future__ import annotations
 
 import dataclasses

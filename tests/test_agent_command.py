@@ -198,3 +198,18 @@ def test_the_pool_holds_a_permit_for_each_sessions_whole_life():
     assert events == ["open a", "close a", "open b", "close b"]
     with pytest.raises(ValueError, match="--agent-sandbox-concurrency must be >= 1, got 0"):
         SandboxPool(Recorder, concurrency=0, cluster_wide=False)
+
+
+def test_a_git_seed_that_cannot_be_checked_out_fails_the_sample_naming_the_repository(tmp_path):
+    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandbox_pool import SandboxPool
+
+    def no_sandbox(egress):
+        raise AssertionError("no session is opened for a workspace that cannot be seeded")
+
+    agent = CommandAgent(CommandAgentConfig(command="true"), SandboxPool(no_sandbox, concurrency=1,
+                                                                         cluster_wide=False))
+    sample = Sample(index=3, prompt="p", metadata={"git": {"repo": str(tmp_path / "missing")}})
+    outcome = asyncio.run(agent.run(sample, session_key="k", base_path="/s/k"))
+    assert (outcome.reward, outcome.failure) == (None, "agent_bad_workspace")
+    assert outcome.error.startswith(f"metadata.git: `git clone --quiet --no-checkout {tmp_path / 'missing'}")

@@ -120,3 +120,17 @@ def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
         check_agent_args(args(agent_sandbox_concurrency=0))
     check_agent_args(args(agent_sandbox_ro_path=[str(tmp_path)]))
     check_agent_args(args(custom_generate_function_path=None, agent_command=None))  # not the agent rollout
+
+
+def test_a_bad_workspace_row_is_refused_before_the_run_naming_file_and_line(tmp_path):
+    from slime.agent.workspace import check_prompt_rows
+    from slime.cli.preflight import PreflightError, check_agent_workspaces
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"prompt": "a", "metadata": {"files": {"a.py": "x"}}}\n'
+                    '{"prompt": "b", "metadata": {"files": {"../b.py": "x"}}}\n')
+    args = argparse.Namespace(agent_command="true", prompt_data=str(data), metadata_key="metadata")
+    with pytest.raises(PreflightError, match=rf"--prompt-data: {data}:2: metadata.files: '../b.py' must be a relative"):
+        check_agent_workspaces(args)
+    demo = Path(__file__).resolve().parent.parent / "configs" / "agent_demo" / "tasks.jsonl"
+    assert check_prompt_rows(str(demo), "metadata") == 4

@@ -19,7 +19,7 @@ from typing import Any
 from slime.agent.protocols.common import flatten_content
 from slime.agent.sandbox import Sandbox
 from slime.agent.sandbox_pool import EGRESS, SandboxPool
-from slime.agent.workspace import WorkspaceSeed, download, pack, upload
+from slime.agent.workspace import WorkspaceError, WorkspaceSeed, download, pack, upload
 from slime.utils.types import Sample
 
 WORKDIR = "/tmp/work"  # the workspace inside a session (the session's tmpfs)
@@ -66,8 +66,11 @@ class CommandAgent:
 
     async def run(self, sample: Sample, *, session_key: str, base_path: str) -> AgentOutcome:
         """Run the command for `sample`; `base_path` is the gateway path of its session (`/s/<key>`)."""
-        seed = WorkspaceSeed.from_metadata(sample.metadata, f"sample index={sample.index}")
-        tarball = await asyncio.to_thread(seed.tarball)
+        try:
+            seed = WorkspaceSeed.from_metadata(sample.metadata, f"sample index={sample.index}")
+            tarball = await asyncio.to_thread(seed.tarball)
+        except WorkspaceError as e:  # (a git checkout can fail at run time; preflight checked the fields)
+            return AgentOutcome(error=str(e), failure="agent_bad_workspace")
         t0 = time.monotonic()
         try:
             exit_code, output, workspace = await self._run_agent(sample, tarball, session_key, base_path)

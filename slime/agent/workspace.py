@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import json
 import shlex
 import subprocess
 import tarfile
@@ -20,6 +21,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from slime.agent.sandbox import Sandbox
+from slime.utils.misc import get_by_path
 
 SNAPSHOT_NAME = ".slime-workspace.b64"  # written next to the files, never part of the snapshot
 GIT_TIMEOUT = 300.0  # seconds a host-side clone may take
@@ -128,3 +130,22 @@ async def download(sb: Sandbox, workdir: str, *, timeout: int = 120) -> bytes:
     cmd = (f"cd {shlex.quote(workdir)} && tar czf - --exclude=./{SNAPSHOT_NAME} . | base64 -w0 > {SNAPSHOT_NAME}")
     await sb.exec(cmd, timeout=timeout, check=True)
     return base64.b64decode(await sb.read_file(f"{workdir}/{SNAPSHOT_NAME}"))
+
+
+def check_prompt_rows(path: str, metadata_key: str | None) -> int:
+    """Every JSONL row's workspace fields, as `CommandAgent` will read them; WorkspaceError names
+    the file and line of the first bad one. Returns the rows checked (parquet: none, read at run)."""
+    if not path.endswith((".jsonl", ".json")) or not metadata_key:
+        return 0
+    rows = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                metadata = get_by_path(json.loads(line), metadata_key)
+            except (KeyError, ValueError):
+                continue  # (the data checks report a broken row or a missing key themselves)
+            WorkspaceSeed.from_metadata(metadata if isinstance(metadata, dict) else None, f"{path}:{lineno}")
+            rows += 1
+    return rows

@@ -130,6 +130,19 @@ def check_tools(args: Any) -> None:
         raise PreflightError(f"--tool-config-path: {e}") from None
 
 
+def check_agent_workspaces(args: Any) -> None:
+    """With --agent-command, each prompt row's workspace fields (files, git, grading), as the agent
+    rollout reads them (`slime.agent.workspace`)."""
+    if not (getattr(args, "agent_command", None) and args.prompt_data):
+        return
+    from slime.agent.workspace import WorkspaceError, check_prompt_rows
+
+    try:
+        check_prompt_rows(parse_path_slice(args.prompt_data)[0], args.metadata_key)
+    except WorkspaceError as e:
+        raise PreflightError(f"--prompt-data: {e}") from None
+
+
 def check_debug_rollouts(args: Any) -> None:
     template = args.load_debug_rollout_data
     if not template:
@@ -291,5 +304,6 @@ def preflight(args: Any) -> dict[str, Any]:
     check_save(args)
     check_data(args)
     check_tools(args)
+    check_agent_workspaces(args)
     check_debug_rollouts(args)
     return resolved

@@ -174,12 +174,15 @@ def test_a_seed_tar_is_unpacked_into_the_workspace(url):
         _close(url, sid)
 
 
-def test_the_session_disk_budget_bounds_its_workspace(url):
-    sid = _open(url, disk_mb=8)["session_id"]
+def test_the_session_disk_and_inode_budget_bounds_its_workspace(url):
+    sid = _open(url, disk_mb=8, max_inodes=1024)["session_id"]
     try:
-        out = _exec(url, sid, "head -c 20000000 /dev/zero > big; echo $?; df -k --output=size /tmp | tail -1")
+        out = _exec(url, sid, "head -c 20000000 /dev/zero > big; echo $?; df -k --output=size /tmp | tail -1; rm big")
         assert out["stdout"].split() == ["1", "8192"]
         assert "No space left on device" in out["stderr"]
+        out = _exec(url, sid, "df --output=itotal /tmp | tail -1; touch $(seq 1 1100) 2>/dev/null; echo $?; ls | wc -l")
+        made = int(out["stdout"].split()[2])
+        assert out["stdout"].split()[:2] == ["1024", "1"] and 1000 < made < 1024
     finally:
         _close(url, sid)
 

@@ -257,6 +257,15 @@ def test_a_forgotten_session_is_closed_at_its_idle_deadline(url):
     assert listing["closed_idle"] >= 1 and sid not in {s["session_id"] for s in listing["sessions"]}
 
 
+def test_a_session_past_its_lifetime_is_closed_even_while_a_command_runs(url):
+    sid = _open(url, max_lifetime=1)["session_id"]
+    r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "sleep 60", "timeout": 120}, timeout=120)
+    assert (r.status_code, r.json()["message"]) == (
+        410, f"session {sid} was closed while this command ran; its processes were killed")
+    assert requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404
+    assert requests.get(f"{url}/sessions", timeout=10).json()["closed_lifetime"] >= 1
+
+
 async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
     from slime.agent.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, exec_and_wait
     from slime.agent.sandbox_slime import SlimeSandbox

@@ -135,6 +135,7 @@ class SessionTable:
     def __init__(self, runner: Runner, admission, settings: SessionSettings) -> None:
         self.runner, self.adm, self.settings = runner, admission, settings
         self.sessions: dict[str, Session] = {}
+        self._expiring: set[asyncio.Task] = set()  # sessions being closed by a deadline (held: not collected)
         self.opened = self.closed_idle = self.closed_lifetime = self.failed = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -205,7 +206,8 @@ class SessionTable:
         await self._end(sess)
 
     async def close_all(self) -> None:
-        await asyncio.gather(*(self._end(s) for s in list(self.sessions.values())), return_exceptions=True)
+        await asyncio.gather(*(self._end(s) for s in list(self.sessions.values())), *self._expiring,
+                             return_exceptions=True)
 
     async def _end(self, sess: Session) -> None:
         """Everything of the session goes: its slot (processes, namespaces, tmpfs), its egress."""
@@ -234,7 +236,14 @@ class SessionTable:
         else:
             self.closed_lifetime += 1
         logger.info("session %s closed: its %s (%.0fs) passed", sess.id, why, getattr(sess.spec, why))
-        asyncio.ensure_future(self._end(sess))
+        task = asyncio.ensure_future(self._end(sess))
+        self._expiring.add(task)
+        task.add_done_callback(self._expired)
+
+    def _expired(self, task: asyncio.Task) -> None:
+        self._expiring.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("closing an expired session failed: %r", task.exception())
 
     def _arm_idle(self, sess: Session) -> None:
         if sess.idle_timer is not None:

@@ -267,7 +267,7 @@ def test_a_session_past_its_lifetime_is_closed_even_while_a_command_runs(url):
 
 
 async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
-    from slime.agent.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, exec_and_wait
+    from slime.agent.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, ensure_agent_user, exec_and_wait
     from slime.agent.sandbox_slime import SlimeSandbox
 
     async with SlimeSandbox(url, files={"w/a.txt": "A"}, env={"X": "1"}) as sb:
@@ -279,6 +279,9 @@ async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
         assert (await sb.status())["execs"] == 2 and sb.info["execs"] == 2
         await sb.write_file("/tmp/w/b.bin", b"\x00\xff")
         assert await sb.read_bytes("w/b.bin") == b"\x00\xff" and await sb.read_file("w/none") == ""
+        await ensure_agent_user(sb, "/tmp/w")  # (slime's: `agent` is the session's uid, `git config --system` works)
+        assert (await sb.exec("id -u agent; git config --system --get safe.directory")).stdout == \
+            f"{sb.info['uid']}\n*\n"
         code, out = await exec_and_wait(sb, cmd="ls; echo $HOME; exit 4", time_budget_sec=30, tag="t",
                                         workdir="/tmp/w", user="agent", want_output=True)
         assert (code, out) == (4, "a.txt\nb.bin\n/home/agent\n")

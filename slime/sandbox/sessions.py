@@ -347,7 +347,8 @@ class SessionTable:
 
     @staticmethod
     def _env(sess: Session, env: dict[str, str] | None) -> dict[str, str]:
-        out = dict(_run_env(), HOME=HOME, PWD=WORKDIR)
+        # git's system-wide config in the session's tmpfs (/etc is read-only): `git config --system` works
+        out = dict(_run_env(), HOME=HOME, PWD=WORKDIR, GIT_CONFIG_SYSTEM="/home/.gitconfig")
         if sess.egress_url:
             out["SLIME_EGRESS_URL"] = sess.egress_url
         out.update(sess.spec.env)

@@ -31,7 +31,8 @@ for _ in range(n):
 keep = n / (time.perf_counter() - t)
 t = time.perf_counter()
 for _ in range(n):
-    d = http.client.HTTPConnection(host, port, timeout=30); d.request("GET", "/small"); d.getresponse().read(); d.close()
+    d = http.client.HTTPConnection(host, port, timeout=30)
+    d.request("GET", "/small"); d.getresponse().read(); d.close()
 fresh = n / (time.perf_counter() - t)
 t = time.perf_counter()
 c.request("GET", "/bulk/%d" % bulk); r = c.getresponse(); got = 0

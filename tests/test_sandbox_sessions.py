@@ -174,12 +174,15 @@ def test_a_seed_tar_is_unpacked_into_the_workspace(url):
         _close(url, sid)
 
 
-def test_the_session_disk_budget_bounds_its_workspace(url):
-    sid = _open(url, disk_mb=8)["session_id"]
+def test_the_session_disk_and_inode_budget_bounds_its_workspace(url):
+    sid = _open(url, disk_mb=8, max_inodes=1024)["session_id"]
     try:
-        out = _exec(url, sid, "head -c 20000000 /dev/zero > big; echo $?; df -k --output=size /tmp | tail -1")
+        out = _exec(url, sid, "head -c 20000000 /dev/zero > big; echo $?; df -k --output=size /tmp | tail -1; rm big")
         assert out["stdout"].split() == ["1", "8192"]
         assert "No space left on device" in out["stderr"]
+        out = _exec(url, sid, "df --output=itotal /tmp | tail -1; touch $(seq 1 1100) 2>/dev/null; echo $?; ls | wc -l")
+        made = int(out["stdout"].split()[2])
+        assert out["stdout"].split()[:2] == ["1024", "1"] and 1000 < made < 1024
     finally:
         _close(url, sid)
 
@@ -254,8 +257,17 @@ def test_a_forgotten_session_is_closed_at_its_idle_deadline(url):
     assert listing["closed_idle"] >= 1 and sid not in {s["session_id"] for s in listing["sessions"]}
 
 
+def test_a_session_past_its_lifetime_is_closed_even_while_a_command_runs(url):
+    sid = _open(url, max_lifetime=1)["session_id"]
+    r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "sleep 60", "timeout": 120}, timeout=120)
+    assert (r.status_code, r.json()["message"]) == (
+        410, f"session {sid} was closed while this command ran; its processes were killed")
+    assert requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404
+    assert requests.get(f"{url}/sessions", timeout=10).json()["closed_lifetime"] >= 1
+
+
 async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
-    from slime.agent.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, exec_and_wait
+    from slime.agent.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, ensure_agent_user, exec_and_wait
     from slime.agent.sandbox_slime import SlimeSandbox
 
     async with SlimeSandbox(url, files={"w/a.txt": "A"}, env={"X": "1"}) as sb:
@@ -267,6 +279,9 @@ async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
         assert (await sb.status())["execs"] == 2 and sb.info["execs"] == 2
         await sb.write_file("/tmp/w/b.bin", b"\x00\xff")
         assert await sb.read_bytes("w/b.bin") == b"\x00\xff" and await sb.read_file("w/none") == ""
+        await ensure_agent_user(sb, "/tmp/w")  # (slime's: `agent` is the session's uid, `git config --system` works)
+        assert (await sb.exec("id -u agent; git config --system --get safe.directory")).stdout == \
+            f"{sb.info['uid']}\n*\n"
         code, out = await exec_and_wait(sb, cmd="ls; echo $HOME; exit 4", time_budget_sec=30, tag="t",
                                         workdir="/tmp/w", user="agent", want_output=True)
         assert (code, out) == (4, "a.txt\nb.bin\n/home/agent\n")

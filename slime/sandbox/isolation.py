@@ -148,9 +148,11 @@ def _build_root(cfg):
     etc = os.path.join(root, "etc")
     os.makedirs(etc)
     uid = cfg["uid"]
+    # (`agent` is the same uid: agent harnesses name their user so; a session's /home/agent is its home)
     files = {"passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n"
-                       "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" % (uid, uid),
-             "group": "root:x:0:\nsandbox:x:%d:\nnogroup:x:65534:\n" % uid,
+                       "agent:x:%d:%d:agent:/home/agent:/bin/bash\n"
+                       "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" % (uid, uid, uid, uid),
+             "group": "root:x:0:\nsandbox:x:%d:\nagent:x:%d:\nnogroup:x:65534:\n" % (uid, uid),
              "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
              "hostname": "sandbox\n", "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n"}
     for name, text in files.items():

@@ -261,6 +261,7 @@ class SandboxServer:
 
 def _parser() -> argparse.ArgumentParser:
     from slime.sandbox.runner import SandboxConfig
+    from slime.sandbox.sessions import add_session_arguments
 
     d = SandboxConfig()
     ap = argparse.ArgumentParser("slime-sandbox", description="SandboxFusion-compatible local code sandbox")
@@ -300,47 +301,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def add_session_arguments(ap: argparse.ArgumentParser) -> None:
-    from slime.sandbox.sessions import SessionSettings
-
-    d = SessionSettings()
-    ap.add_argument("--egress", action="append", default=[], metavar="NAME=HOST:PORT",
-                    help="a target sessions may ask for by NAME as their one way out (default: none)")
-    ap.add_argument("--egress-port", type=int, default=d.egress_port,
-                    help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)")
-    ap.add_argument("--max-sessions", type=int, default=None, help="open sessions at most (default --max-concurrency)")
-    ap.add_argument("--max-session-exec-timeout", type=float, default=d.max_exec_timeout)
-    ap.add_argument("--session-idle-timeout", type=float, default=d.idle_timeout,
-                    help="default seconds a session may stay idle before it is closed")
-    ap.add_argument("--max-session-lifetime", type=float, default=d.max_lifetime)
-    ap.add_argument("--max-session-disk-mb", type=int, default=d.max_disk_mb)
-    ap.add_argument("--max-egress-connections", type=int, default=d.max_egress_connections,
-                    help="open egress connections per session")
-
-
-def session_settings(args):
-    from slime.sandbox.egress import parse_egress_targets
-    from slime.sandbox.sessions import SessionSettings
-
-    if not 0 < args.egress_port < 1024:
-        raise ValueError(f"--egress-port {args.egress_port}: must be below 1024 (a run's uid cannot take it first)")
-    return SessionSettings(egress_targets=parse_egress_targets(args.egress), egress_port=args.egress_port,
-                           max_sessions=args.max_sessions or args.max_concurrency,
-                           max_exec_timeout=args.max_session_exec_timeout, idle_timeout=args.session_idle_timeout,
-                           max_lifetime=args.max_session_lifetime, max_disk_mb=args.max_session_disk_mb,
-                           max_egress_connections=args.max_egress_connections)
-
-
 def main(argv: list[str] | None = None) -> None:
     from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
 
     from slime.sandbox.ro_binds import parse_ro_binds
+    from slime.sandbox.sessions import SessionSettings
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         ro_binds = parse_ro_binds(args.ro_bind)
-        sessions = session_settings(args)
+        sessions = SessionSettings.from_args(args)
     except ValueError as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)

@@ -13,6 +13,7 @@ go. A session left idle past its ``idle_timeout``, or alive past its ``max_lifet
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -24,7 +25,7 @@ import time
 import uuid
 from typing import Any
 
-from slime.sandbox.egress import EgressForwarder
+from slime.sandbox.egress import EgressForwarder, parse_egress_targets
 from slime.sandbox.runner import Runner, _run_env, normalize_path
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,32 @@ class SessionSettings:
     idle_timeout: float = 600.0  # default; a request may ask less or more, up to max_lifetime
     max_lifetime: float = 24 * 3600.0
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SessionSettings:
+        """The server's flags (`add_session_arguments`); ValueError names the flag."""
+        if not 0 < args.egress_port < 1024:
+            raise ValueError(f"--egress-port {args.egress_port}: must be below 1024 (a run's uid cannot take it first)")
+        return cls(egress_targets=parse_egress_targets(args.egress), egress_port=args.egress_port,
+                   max_sessions=args.max_sessions or args.max_concurrency,
+                   max_exec_timeout=args.max_session_exec_timeout, idle_timeout=args.session_idle_timeout, max_lifetime=args.max_session_lifetime,
+                   max_disk_mb=args.max_session_disk_mb, max_egress_connections=args.max_egress_connections)
+
+
+def add_session_arguments(ap: argparse.ArgumentParser) -> None:
+    d = SessionSettings()
+    ap.add_argument("--egress", action="append", default=[], metavar="NAME=HOST:PORT",
+                    help="a target sessions may ask for by NAME as their one way out (default: none)")
+    ap.add_argument("--egress-port", type=int, default=d.egress_port,
+                    help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)")
+    ap.add_argument("--max-sessions", type=int, default=None, help="open sessions at most (default --max-concurrency)")
+    ap.add_argument("--max-session-exec-timeout", type=float, default=d.max_exec_timeout)
+    ap.add_argument("--session-idle-timeout", type=float, default=d.idle_timeout,
+                    help="default seconds a session may stay idle before it is closed")
+    ap.add_argument("--max-session-lifetime", type=float, default=d.max_lifetime)
+    ap.add_argument("--max-session-disk-mb", type=int, default=d.max_disk_mb)
+    ap.add_argument("--max-egress-connections", type=int, default=d.max_egress_connections,
+                    help="open egress connections per session")
+
 
 @dataclasses.dataclass
 class ExecOutcome:
@@ -108,6 +135,7 @@ class SessionTable:
     def __init__(self, runner: Runner, admission, settings: SessionSettings) -> None:
         self.runner, self.adm, self.settings = runner, admission, settings
         self.sessions: dict[str, Session] = {}
+        self._expiring: set[asyncio.Task] = set()  # sessions being closed by a deadline (held: not collected)
         self.opened = self.closed_idle = self.closed_lifetime = self.failed = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -178,7 +206,8 @@ class SessionTable:
         await self._end(sess)
 
     async def close_all(self) -> None:
-        await asyncio.gather(*(self._end(s) for s in list(self.sessions.values())), return_exceptions=True)
+        await asyncio.gather(*(self._end(s) for s in list(self.sessions.values())), *self._expiring,
+                             return_exceptions=True)
 
     async def _end(self, sess: Session) -> None:
         """Everything of the session goes: its slot (processes, namespaces, tmpfs), its egress."""
@@ -207,7 +236,14 @@ class SessionTable:
         else:
             self.closed_lifetime += 1
         logger.info("session %s closed: its %s (%.0fs) passed", sess.id, why, getattr(sess.spec, why))
-        asyncio.ensure_future(self._end(sess))
+        task = asyncio.ensure_future(self._end(sess))
+        self._expiring.add(task)
+        task.add_done_callback(self._expired)
+
+    def _expired(self, task: asyncio.Task) -> None:
+        self._expiring.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("closing an expired session failed: %r", task.exception())
 
     def _arm_idle(self, sess: Session) -> None:
         if sess.idle_timer is not None:
@@ -311,7 +347,8 @@ class SessionTable:
 
     @staticmethod
     def _env(sess: Session, env: dict[str, str] | None) -> dict[str, str]:
-        out = dict(_run_env(), HOME=HOME, PWD=WORKDIR)
+        # git's system-wide config in the session's tmpfs (/etc is read-only): `git config --system` works
+        out = dict(_run_env(), HOME=HOME, PWD=WORKDIR, GIT_CONFIG_SYSTEM="/home/.gitconfig")
         if sess.egress_url:
             out["SLIME_EGRESS_URL"] = sess.egress_url
         out.update(sess.spec.env)

@@ -31,10 +31,11 @@ PR_SET_PDEATHSIG = 1
 
 
 def _load_siblings(sources):
-    """isolation, program, slot_session and run_init, from the sources the server sent, as one private package
-    with neutral file names: this script itself arrives on stdin (``python3 -I -B -``), so no path
-    of the host's checkout shows in a program's modules, code objects or command line; and
-    nothing else is importable from the package (a program's ``import program`` finds its own)."""
+    """isolation, program, slot_session and run_init (slot_session is run_init's: not returned), from
+    the sources the server sent, as one private package with neutral file names: this script itself
+    arrives on stdin (``python3 -I -B -``), so no path of the host's checkout shows in a program's
+    modules, code objects or command line; and nothing else is importable from the package (a
+    program's ``import program`` finds its own)."""
     pkg = types.ModuleType("_slime_sandbox_slot")
     pkg.__path__ = []
     sys.modules[pkg.__name__] = pkg

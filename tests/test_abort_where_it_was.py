@@ -50,5 +50,8 @@ def test_a_timed_out_request_is_aborted_only_by_the_engine_that_had_it(fleet_of)
     assert [e.aborts for e in engines] == [[], [], []]  # no /abort_request to any engine
     assert (client.disconnect_aborts, client.abort_stats.requests) == (1, 0)
     assert client.stats.retries == {"timeout": 1}
+    workers = router.list_workers()  # the real router's /workers answer passes the check
+    assert sorted(w.url for w in workers) == sorted(e.url for e in engines) and all(w.healthy for w in workers)
+    assert not router.bad_answers
     retried = [b["rid"] for e in engines for b in e.requests if b["rid"] != "abandoned"]
     assert len(retried) == 1 and retried[0].startswith("slime-")  # the retry went out with a fresh rid

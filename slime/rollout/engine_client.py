@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.fleet import sglang_payloads as payloads
+from slime.fleet.router_answer import parse_workers
 from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints, rollout_num_engines
@@ -201,17 +202,14 @@ class EngineClient:
         workers, asked each time (`GET /workers`, as slime does)."""
         if self.endpoints.engine_urls or not self.endpoints.router_url:
             return list(self.endpoints.engine_urls)
-        try:
-            body = await self.http.get(f"{self.router_url}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
-                                       stats=self.stats)
+        router = self.router_url
+        try:  # a bad answer (router_answer) is refused whole and counted in `stats` by its field
+            workers = await self.http.get(f"{router}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
+                                          stats=self.stats, answer=lambda raw: parse_workers(raw, router))
         except HttpError as e:
             logger.warning("abort: cannot list the router's workers (%s); nothing aborted", e)
             return []
-        workers = body.get("workers") if isinstance(body, dict) else body
-        if not isinstance(workers, list):  # not the router's shape: say so rather than guess
-            logger.warning("abort: the router's /workers answer has no worker list (%.200r); nothing aborted", body)
-            return []
-        return [w["url"] for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]]
+        return [w.url for w in workers]
 
     async def _abort_on(self, urls: list[str], body: dict[str, Any]) -> None:
         """One `/abort_request` per engine of `urls`, sent once (an abort is only worth its moment); a

@@ -12,7 +12,7 @@ CPU is this process's (`time.process_time`), which the engines, the router and o
 machine do not inflate. "abort everywhere" is the old policy for timeouts (the abandoned rid
 aborted on every engine), measured in the same run for reference.
 
-    python -m bench.bench_abort [--engines 4 256] [--samples 2000] [--rounds 7] [--error-rate 0.01] [--timeout 3]
+    python -m bench.bench_abort [--engines 4 256] [--samples 2000] [--rounds 7] [--error-rate 0.01] [--timeout 10]
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--error-rate", type=float, default=0.01)
-    ap.add_argument("--timeout", type=float, default=3.0, help="the client's deadline per request, seconds")
+    ap.add_argument("--timeout", type=float, default=10.0, help="the client's deadline per request, seconds")
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -9,6 +9,8 @@ the first batch. "before" is the same
 measurement on another tree (default: main, which read and templated every row at start); it runs
 on the smallest size only unless asked (it held every prompt as objects: ~2.5 GB at 200 MB).
 The preflight check of a file (every row rendered and tokenised, one at a time) is measured too.
+With a prompt-length limit, the manager's start is measured alone (it tokenises every row to filter)
+and after the command's preflight, which hands it the rows it dropped (each row tokenised once).
 
     python -m bench.bench_data_loading [--sizes-mb 20 200] [--before REF|none] [--before-sizes-mb 20]
                                        [--limit-mb 20] [--preflight-mb 20]
@@ -41,13 +43,16 @@ args = SimpleNamespace(prompt_data=data, input_key="messages", label_key="label"
                        rollout_seed=42, buffer_filter_path=None, over_long_prompt="filter")
 def status_kb(key):
     return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
+if mode.startswith("manager-limit"):  # over-long prompts filtered at start, as slime does
+    args.rollout_max_prompt_len = 4096
+if mode == "manager-limit-carried":  # the command's way: preflight filtered first, the manager reuses its rows
+    from slime.cli.preflight import check_prompt_file
+    check_prompt_file(args, "--prompt-data", data, "messages", "label", tok)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets the peak (VmHWM): the tokenizer's own load peak is not the data's
 base = status_kb("VmRSS")
 t0 = time.monotonic()
 if mode.startswith("manager"):
-    if mode == "manager-limit":  # over-long prompts filtered at start, as slime does: every row tokenised
-        args.rollout_max_prompt_len = 4096
     source = DataSource.from_args(args, tok)
     groups = source.get_samples(32)
     n = len(source)
@@ -121,8 +126,10 @@ def main() -> None:
         for mb in sizes:
             if mb in a.sizes_mb:
                 print(line("after (indexed)", mb, measure(ROOT, "manager", files[mb], model)), flush=True)
-            if mb in a.limit_mb:
-                print(line("after, prompt-length limit", mb, measure(ROOT, "manager-limit", files[mb], model)),
+            if mb in a.limit_mb:  # the manager alone tokenises every row; after preflight it reuses its rows
+                print(line("limit, manager alone", mb, measure(ROOT, "manager-limit", files[mb], model)),
+                      flush=True)
+                print(line("limit, after preflight", mb, measure(ROOT, "manager-limit-carried", files[mb], model)),
                       flush=True)
             if before is not None and mb in a.before_sizes_mb:
                 print(line(f"before ({a.before}, whole file)", mb, measure(before, "manager", files[mb], model)),

@@ -129,11 +129,12 @@ class CliRuns:
         return proc
 
     @staticmethod
-    def read_until(proc, prefix: str, lines: list[str]) -> None:
-        """Collect `proc`'s output lines into `lines` up to the first that starts with `prefix`."""
+    def read_until(proc, prefix: str, lines: list[str], *, anywhere: bool = False) -> None:
+        """Collect `proc`'s output lines into `lines` up to the first that starts with `prefix` (with
+        `anywhere`, that holds it: a Ray actor's lines come prefixed with its name and pid)."""
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith(prefix):
+            if (prefix in line) if anywhere else line.startswith(prefix):
                 return
         pytest.fail(f"the command never printed {prefix!r}:\n" + "".join(lines[-40:]))
 

@@ -98,6 +98,20 @@ def test_resume_is_announced_before_the_body(capsys, tmp_path):
                                        "(nothing left to do: --num-rollout 3)\n")
 
 
+def test_sigterm_re_raised_as_a_plain_keyboard_interrupt_still_exits_143(capsys):
+    """Ray's `ray.get` catches the signal handler's exception (KeyboardInterrupt and subclasses) and
+    raises a plain KeyboardInterrupt of its own: a SIGTERM while the driver waits on Ray is still one."""
+    def body(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            pytest.fail("SIGTERM did not interrupt the body")
+        except KeyboardInterrupt:  # what _raylet.check_signals does with it
+            raise KeyboardInterrupt() from None
+
+    assert _run(body) == 143
+    assert capsys.readouterr().err == "slime-x: terminated; everything started was stopped\n"
+
+
 def test_terminated_is_a_keyboard_interrupt():
     assert issubclass(Terminated, KeyboardInterrupt)
 

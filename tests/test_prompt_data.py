@@ -149,3 +149,34 @@ def test_sigterm_while_preflight_checks_a_large_file_stops_the_command(tmp_path,
     assert proc.returncode == 143, "".join(lines) + out
     assert time.monotonic() - sent < 10
     assert "slime-rollout: terminated; everything started was stopped" in out
+
+
+def test_the_length_filter_runs_once_preflight_hands_its_rows_to_the_manager(tmp_path, tiny_model_dir, capsys,
+                                                                            monkeypatch):
+    """Issue 20: with --apply-chat-template and a prompt limit, preflight tokenises every row; the
+    manager's index of the same file drops the same rows without tokenising them again, and a file
+    changed since preflight is filtered anew."""
+    from slime.utils.processing_utils import load_tokenizer
+
+    data = tmp_path / "d.jsonl"
+    rows = [("long " * 40 if i % 3 == 1 else f"q{i}") for i in range(9)]
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r}], "label": str(i)}) + "\n"
+                            for i, r in enumerate(rows)))
+    rc, seen, err = _preflight(capsys, tiny_model_dir, data, "--input-key", "messages", "--label-key", "label",
+                               "--apply-chat-template", "--rollout-max-prompt-len", "30")
+    assert (rc, err) == (0, "") and len(seen) == 1
+    args = seen[0]
+    tokenised = []
+    real = PromptIndex._token_counts
+    monkeypatch.setattr(PromptIndex, "_token_counts", lambda self, what: tokenised.append(what) or real(self, what))
+    tok = load_tokenizer(tiny_model_dir)
+    source = DataSource.from_args(args, tok)
+    assert tokenised == [] and source.filtered_prompts == 3
+    assert [s.label for s in source.prompts] == ["0", "2", "3", "5", "6", "8"]
+    assert "filtered 3 prompt(s) longer than 30 tokens" in capsys.readouterr().out
+
+    data.write_text(data.read_text() + json.dumps({"messages": [{"role": "user", "content": "long " * 40}],
+                                                   "label": "9"}) + "\n")
+    again = DataSource.from_args(args, tok)  # the file changed: its rows are tokenised and filtered here
+    assert tokenised == ["tokenised"] and again.filtered_prompts == 4
+    assert [s.label for s in again.prompts] == ["0", "2", "3", "5", "6", "8"]

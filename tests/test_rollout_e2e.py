@@ -319,7 +319,7 @@ def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path)
         m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
         info = ray.get(m.start.remote())
         assert info["router_url"] == router.url and info["router_pid"] is None
-        assert [w["url"] for w in router.list_workers()] == info["engine_urls"]
+        assert [w.url for w in router.list_workers()] == info["engine_urls"]
         batch = ray.get(ray.get(m.generate.remote(0)).inner)
         assert len(batch["tokens"]) == N_PROMPTS * N_SAMPLES
         ray.get(m.shutdown.remote())

@@ -10,29 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 
-import psutil
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _cmdline(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return ""
-
-
-def _run_marked(tmp_path: Path) -> list[psutil.Process]:
-    """Processes outside the command's tree that still point to this run (its log dir / model dir)."""
-    marker = str(tmp_path)
-    return [p for p in psutil.process_iter() if marker in _cmdline(p)]
+from slime.testing.processes import cmdline, descendants, survivors
 
 
 def test_ctrl_c_mid_step_stops_everything(tiny_model_dir, tmp_path, cli_runs):
@@ -50,8 +29,8 @@ def test_ctrl_c_mid_step_stops_everything(tiny_model_dir, tmp_path, cli_runs):
     proc = cli_runs.start(argv, deadline=360)
     lines: list[str] = []
     cli_runs.read_until(proc, when, lines)
-    started = _descendants(proc.pid)
-    names = " ".join(_cmdline(p) for p in started)
+    started = descendants(proc.pid)
+    names = " ".join(cmdline(p) for p in started)
     for part in ("raylet", "gcs_server", "ray::RolloutManager", "ray::TrainWorker", "router"):
         assert part in names, (part, names[-3000:])
     assert len(started) >= 8, names[-3000:]  # plus the engine servers and Ray's agents
@@ -59,8 +38,4 @@ def test_ctrl_c_mid_step_stops_everything(tiny_model_dir, tmp_path, cli_runs):
     text = "".join(lines) + out
     assert proc.returncode == 130, text[-4000:]
     assert "interrupted" in out, text[-4000:]
-    _, alive = psutil.wait_procs(started, timeout=60)
-    leftover = [_cmdline(p) for p in alive] + [_cmdline(p) for p in _run_marked(tmp_path)]
-    for p in alive:
-        p.kill()
-    assert [c for c in leftover if c] == []
+    assert survivors(started, tmp_path) == []

@@ -32,12 +32,22 @@ class Terminated(KeyboardInterrupt):
 def stop_on_sigterm() -> None:
     """SIGTERM takes Ctrl-C's orderly path (KeyboardInterrupt). Call again after `ray.init`, whose
     native crash handler would otherwise turn SIGTERM into an abort with a stack dump; a second
-    signal during the stop is ignored so the stop completes."""
+    signal during the stop is ignored so the stop completes (which is also how `sigterm_received`
+    knows a SIGTERM came)."""
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def sigterm_received() -> bool:
+    """Whether the KeyboardInterrupt being handled began as SIGTERM. Not every one arrives as
+    `Terminated`: a signal that lands while the driver blocks in `ray.get` is caught inside Ray
+    (`_raylet.check_signals` catches KeyboardInterrupt, subclasses included) and re-raised as a
+    plain KeyboardInterrupt, which made a SIGTERM during start-up exit 130. Our handler leaves
+    SIGTERM ignored once it ran; Ctrl-C never does."""
+    return signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
 def _announce_resume(args: Any, resolved: dict[str, Any]) -> None:
@@ -84,10 +94,10 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
     except (PreflightError, SaveDirError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
-    except Terminated:
-        print(f"{prog}: terminated; everything started was stopped", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Terminated) or sigterm_received():
+            print(f"{prog}: terminated; everything started was stopped", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"{prog}: interrupted; everything started was stopped", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the cause and the user's frames, not a Ray traceback

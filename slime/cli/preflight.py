@@ -88,6 +88,8 @@ def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key
             index.check_all()
         finally:
             index.close()
+        if checked is args:
+            index.carry_filter(args)  # the manager's index drops the same rows without tokenising them again
     except DataError as e:
         raise PreflightError(f"{flag}: {e}") from None
     return len(index)

@@ -44,6 +44,7 @@ from slime.engine.weight_transfer import WeightFormatError, deserialize_named_te
 from slime.engine.weight_updates import (
     UpdateGroups, WeightChecker, WeightUpdateError, check_against_model, model_tensors, parse_metadata,
 )
+from slime.utils.client_gone import client_gone
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger(__name__)
@@ -242,8 +243,17 @@ class Server:
         if stream:
             rid, fut, chunks = submitted[0]
             return StreamingResponse(self._sse(rid, fut, chunks), media_type="text/event-stream")
+        work = asyncio.gather(*(fut for _, fut, _ in submitted))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
-            results = await asyncio.gather(*(fut for _, fut, _ in submitted))
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():  # the client went away (as SGLang: a disconnected request is aborted)
+            for rid, _, _ in submitted:
+                self.batcher.abort(rid)
+        try:
+            results = await work
         except EngineReleasedError:
             return _released()
         except asyncio.CancelledError:  # client went away: do not keep decoding for nobody

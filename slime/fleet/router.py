@@ -14,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import requests
 
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
+from slime.fleet.router_answer import BadRouterAnswer, Worker, parse_workers
 from slime.utils.misc import find_free_port
 from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, wait_until
 
@@ -38,31 +39,40 @@ def _router_env() -> dict[str, str]:
     return env
 
 
-def list_workers(router_url: str) -> list[dict[str, Any]]:
-    body = requests.get(f"{router_url}/workers", timeout=5).json()
-    return body.get("workers", body) if isinstance(body, dict) else body
+def list_workers(router_url: str, bad_answers: Counter | None = None) -> list[Worker]:
+    """The router's workers, its answer checked (`router_answer`): an error status or a body of
+    another shape raises `BadRouterAnswer` (URL, field, excerpt), counted in `bad_answers` by reason."""
+    r = requests.get(f"{router_url}/workers", timeout=5)
+    try:
+        if r.status_code != 200:
+            raise BadRouterAnswer(router_url, "status", f"HTTP {r.status_code}", r.content)
+        return parse_workers(r.content, router_url)
+    except BadRouterAnswer as e:
+        if bad_answers is not None:
+            bad_answers[e.reason] += 1
+        raise
 
 
-def worker_healthy(router_url: str, worker_url: str) -> bool:
-    return any(w.get("url") == worker_url and w.get("is_healthy", True) for w in list_workers(router_url))
+def worker_healthy(router_url: str, worker_url: str, bad_answers: Counter | None = None) -> bool:
+    return any(w.url == worker_url and w.healthy for w in list_workers(router_url, bad_answers))
 
 
 def register_worker(router_url: str, worker_url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
-                    log_path: Path | None = None) -> None:
+                    log_path: Path | None = None, bad_answers: Counter | None = None) -> None:
     """`POST /workers` (asynchronous in sglang-router 0.3.x), then wait until it reports the worker healthy."""
     r = requests.post(f"{router_url}/workers", json={"url": worker_url}, timeout=10)
     if r.status_code not in (200, 201, 202):
         raise RouterError(f"router {router_url} refused worker {worker_url}: HTTP {r.status_code} {r.text[:500]}")
-    wait_until(lambda: worker_healthy(router_url, worker_url), timeout, f"worker {worker_url} healthy in router",
-               proc, log_path)
+    wait_until(lambda: worker_healthy(router_url, worker_url, bad_answers), timeout,
+               f"worker {worker_url} healthy in router", proc, log_path)
 
 
-def unregister_worker(router_url: str, worker_url: str) -> bool:
+def unregister_worker(router_url: str, worker_url: str, bad_answers: Counter | None = None) -> bool:
     """Remove a worker (a dead engine) so no request is routed to it; True if the router had it."""
     found = False
-    for w in list_workers(router_url):
-        if w.get("url") == worker_url and w.get("id") is not None:
-            requests.delete(f"{router_url}/workers/{w['id']}", timeout=10).raise_for_status()
+    for w in list_workers(router_url, bad_answers):
+        if w.url == worker_url and w.id is not None:
+            requests.delete(f"{router_url}/workers/{w.id}", timeout=10).raise_for_status()
             found = True
     return found
 
@@ -82,6 +92,7 @@ class Router:
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-router-")) / f"router-{self.port}.log"
         self.workers: list[str] = []
         self.restarts = 0
+        self.bad_answers: Counter = Counter()  # `/workers` answers refused, by reason (router_answer)
         self._process: ChildProcess | None = None
         self._stopping = threading.Event()
         self._lock = threading.RLock()
@@ -139,20 +150,21 @@ class Router:
                 self.workers.append(url)
 
     def _register(self, url: str, timeout: float = 60.0) -> None:
-        register_worker(self.url, url, timeout, self._process.proc if self._process else None, self.log_path)
+        register_worker(self.url, url, timeout, self._process.proc if self._process else None, self.log_path,
+                        self.bad_answers)
 
-    def list_workers(self) -> list[dict[str, Any]]:
-        return list_workers(self.url)
+    def list_workers(self) -> list[Worker]:
+        return list_workers(self.url, self.bad_answers)
 
     def worker_healthy(self, url: str) -> bool:
-        return worker_healthy(self.url, url)
+        return worker_healthy(self.url, url, self.bad_answers)
 
     def remove_worker(self, url: str) -> None:
         """Forget the worker (not re-registered after a restart) and remove it from the router."""
         with self._lock:
             if url in self.workers:
                 self.workers.remove(url)
-            unregister_worker(self.url, url)
+            unregister_worker(self.url, url, self.bad_answers)
 
     def alive(self) -> bool:
         return self._process is not None and self._process.alive()

@@ -14,8 +14,9 @@ leaves the process — one still waiting for an in-flight slot answers "abort" w
 request on its way through the router when the first abort arrives is not yet on any engine.
 
 Every answer is checked (`engine_answer`): a bad one is retried like a 5xx. A retried request's
-old `rid` is aborted only when no answer came back for it (timeout, connection lost): an answer,
-even an error, means no engine still runs it, so most retries cost no abort at all.
+old `rid` needs aborting only when no answer came back for it (timeout, connection lost): an
+answer, even an error, means no engine still runs it. Without an answer the abort goes where the
+request was and nowhere else (`_renew_rid`), so a retry costs at most one request, at any fleet size.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.fleet import sglang_payloads as payloads
+from slime.fleet.router_answer import parse_workers
 from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints, rollout_num_engines
@@ -105,6 +107,7 @@ class EngineClient:
         self._bounds: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(self.concurrency))
         self._rid_prefix, self._rid = f"slime-{os.getpid()}-", itertools.count()
         self._background: set[asyncio.Task] = set()  # rid aborts in flight (kept referenced until done)
+        self.disconnect_aborts = 0  # abandoned rids left to the router's closed connection (`_renew_rid`)
         self.gate = AbortGate()
 
     @classmethod
@@ -170,17 +173,28 @@ class EngineClient:
                                   stats=self.stats, headers=headers, on_retry=on_retry, answer=answer,
                                   classify=router_fault)
 
-    def _renew_rid(self, payload: dict[str, Any], failure: Failure) -> dict[str, Any]:
-        """A retried request gets a fresh `rid`. The old one is aborted only if an engine may still
-        run it: an answer (an engine's, even a bad or cut one, or the router's own refusal) means
-        none does. Without an answer the router does not say which engine had it (0.3.2 names no
-        worker), so the abort goes to every engine; the router also closes its connection to that
-        engine, which SGLang treats as an abort, so this is a second line for engines that do not."""
+    def _renew_rid(self, payload: dict[str, Any], failure: Failure, engine: str | None) -> dict[str, Any]:
+        """A retried request gets a fresh `rid`; the old one is aborted where it was, if an engine may
+        still run it (no answer came back: an answer, even an error, means none does).
+        - Sent to a known `engine` (`generate(url=...)`, or a "router" that is one of the fleet's
+          engines): our own record says where, and one `/abort_request` goes there.
+        - Sent through the router: sglang-router 0.3.2 names no worker, but it closes its connection
+          to the engine that had the request when ours closes (our deadline passed, or the link to
+          the router broke), and the engine aborts a request whose client went away (SGLang's
+          tokenizer manager does; so do `slime.engine.hf_server` and the scripted engine). That
+          closed connection is the abort, delivered to that engine only; nothing is sent, and it is
+          counted in `disconnect_aborts`."""
         if failure.may_still_run:
-            task = asyncio.ensure_future(self._abort_everywhere(payloads.abort_request(rid=payload["rid"])))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            if engine is not None:
+                self._in_background(self._abort_on([engine], payloads.abort_request(rid=payload["rid"])))
+            else:
+                self.disconnect_aborts += 1
         return {**payload, "rid": self.new_rid()}
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def engine_urls(self) -> list[str]:
         """Where aborts go (the router does not proxy them): the fleet's engines; with no fleet bound
@@ -188,25 +202,22 @@ class EngineClient:
         workers, asked each time (`GET /workers`, as slime does)."""
         if self.endpoints.engine_urls or not self.endpoints.router_url:
             return list(self.endpoints.engine_urls)
-        try:
-            body = await self.http.get(f"{self.router_url}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
-                                       stats=self.stats)
+        router = self.router_url
+        try:  # a bad answer (router_answer) is refused whole and counted in `stats` by its field
+            workers = await self.http.get(f"{router}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
+                                          stats=self.stats, answer=lambda raw: parse_workers(raw, router))
         except HttpError as e:
             logger.warning("abort: cannot list the router's workers (%s); nothing aborted", e)
             return []
-        workers = body.get("workers") if isinstance(body, dict) else body
-        if not isinstance(workers, list):  # not the router's shape: say so rather than guess
-            logger.warning("abort: the router's /workers answer has no worker list (%.200r); nothing aborted", body)
-            return []
-        return [w["url"] for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]]
+        return [w.url for w in workers]
 
-    async def _abort_everywhere(self, body: dict[str, Any]) -> None:
-        """One `/abort_request` per engine, sent once (an abort is only worth its moment); a failed
-        one is counted in `abort_stats` by reason, never raised."""
+    async def _abort_on(self, urls: list[str], body: dict[str, Any]) -> None:
+        """One `/abort_request` per engine of `urls`, sent once (an abort is only worth its moment); a
+        failed one is counted in `abort_stats` by reason, never raised."""
         once = RetryPolicy(max_retries=0)
         await asyncio.gather(*(request_json("POST", f"{u}/abort_request", body, session=self.http.session(),
                                             timeout=10, policy=once, stats=self.abort_stats, answer=_no_body)
-                               for u in await self.engine_urls()), return_exceptions=True)
+                               for u in urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
                        url: str | None = None, routing_key: str | None = None) -> EngineOutput:
@@ -222,8 +233,14 @@ class EngineClient:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled
                 return EngineOutput([], [], "", "abort")
             self.in_flight += 1
+            target = url or self.router_url
+            engine = target if url or target in self.endpoints.engine_urls else None
+
+            def renew(body: dict[str, Any], failure: Failure) -> dict[str, Any]:
+                return self._renew_rid(body, failure, engine)
+
             try:
-                out = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid,
+                out = await self.post(f"{target}/generate", payload, on_retry=renew,
                                       answer=answer,
                                       headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
             except HttpError as e:
@@ -235,7 +252,7 @@ class EngineClient:
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine (the router does not proxy abort)."""
-        await self._abort_everywhere(payloads.abort_request(abort_all=True))
+        await self._abort_on(await self.engine_urls(), payloads.abort_request(abort_all=True))
 
     async def abort_until_settled(self, tasks: "set[asyncio.Future] | list[asyncio.Future]",
                                   timeout: float | None) -> tuple[set, set]:

@@ -4,7 +4,10 @@ A JSONL file is scanned once for where each non-blank line starts and how long i
 row with its line number); a row is parsed, templated and tokenised (`sample_from_row`) when the
 data source serves it, by `os.pread` (no shared file position). A parquet file stays an Arrow
 table, one row converted at a time. With a prompt-length limit every row is tokenised once while
-indexing (slime filters over-long prompts at load) and only the kept rows stay in the index.
+indexing (slime filters over-long prompts at load) and only the kept rows stay in the index. That
+filter runs once per command: preflight records the rows it dropped in `args` (`carry_filter`),
+keyed by what decides them (the file as it is, keys, template, tokenizer, limit), and the manager's
+index takes them from there instead of tokenising every row again.
 Indexing prints a progress line every few seconds, so a large file does not look like a hang.
 """
 
@@ -24,6 +27,7 @@ from slime.utils.types import Sample
 PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while indexing
 PROGRESS_ROWS = 4096  # rows between two looks at the clock
 TOKENIZE_BATCH = 256  # rendered prompts tokenised in one call while checking or filtering
+CARRIED = "prompt_length_filter"  # args attribute: {PromptIndex.filter_key: rows dropped}, set by preflight
 
 
 class IndexProgress:
@@ -80,7 +84,7 @@ class PromptIndex(Sequence):
 
     def __init__(self, args: Any, path: str | Path, input_key: str, label_key: str | None, tokenizer: Any = None):
         file_path, row_slice = parse_path_slice(path)
-        self.path = Path(file_path)
+        self.path, self._slice = Path(file_path), row_slice
         if not self.path.is_file():
             raise DataError(f"prompt data file not found: {self.path}")
         self.args, self.input_key, self.label_key, self.tokenizer = args, input_key, label_key, tokenizer
@@ -104,10 +108,12 @@ class PromptIndex(Sequence):
                 raise DataError(f"{self.path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
                                 f"(the file has {total})")
         self.filtered = 0
+        self.dropped: array | None = None  # rows the length filter dropped (positions before dropping)
         self.read_through = False  # every row converted once (while filtering, or by check_all)
         max_len, _ = prompt_limit(args)
         if max_len is not None and tokenizer is not None:
-            self._drop_too_long()
+            carried = (getattr(args, CARRIED, None) or {}).get(self.filter_key())
+            self._drop(carried if carried is not None else self._too_long_rows())
 
     def _read_parquet(self) -> Any:
         import pyarrow.parquet as pq
@@ -123,19 +129,38 @@ class PromptIndex(Sequence):
         if self._table is None:
             self._lengths = array("q", (self._lengths[i] for i in positions))
 
-    def _drop_too_long(self) -> None:
-        """slime's filter_long_prompt: tokenise every row once and keep the short ones."""
-        max_len = prompt_limit(self.args)[0]
-        keep = sorted(i for i, n in self._token_counts("tokenised")
-                      if n is None or not too_long(self.args, n, self.where(i)))
+    def filter_key(self) -> tuple:
+        """What decides the rows the length filter drops: the file as it is now, the slice, the keys,
+        the template, the tokenizer and the limit. Equal keys, equal rows dropped."""
+        st = self.path.stat()
+        return (str(self.path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, repr(self._slice), self.input_key,
+                self.label_key, bool(getattr(self.args, "apply_chat_template", False)),
+                json.dumps(self.template_kwargs, sort_keys=True, default=repr), getattr(self.args, "tool_key", None),
+                getattr(self.tokenizer, "name_or_path", None), prompt_limit(self.args)[0])
+
+    def carry_filter(self, args: Any) -> None:
+        """Record the rows this index dropped in `args`, for the manager's index of the same file
+        (nothing when no length filter ran here)."""
+        if self.dropped is not None:
+            setattr(args, CARRIED, {**(getattr(args, CARRIED, None) or {}), self.filter_key(): self.dropped})
+
+    def _too_long_rows(self) -> array:
+        """slime's filter_long_prompt: tokenise every row once; the positions of the too long ones."""
+        dropped = array("q", (i for i, n in self._token_counts("tokenised")
+                              if n is not None and too_long(self.args, n, self.where(i))))
         self.read_through = True
-        self.filtered = len(self._starts) - len(keep)
-        if not keep:
+        return array("q", sorted(dropped))
+
+    def _drop(self, dropped: array) -> None:
+        max_len = prompt_limit(self.args)[0]
+        self.dropped, self.filtered = dropped, len(dropped)
+        if self.filtered >= len(self._starts):
             raise DataError(f"{self.path}: every prompt was filtered as too long ({self.filtered} rows)")
         if self.filtered:
             print(f"prompt data {self.path}: filtered {self.filtered} prompt(s) longer than {max_len} tokens",
                   flush=True)
-            self._keep(keep)
+            gone = set(dropped)
+            self._keep([i for i in range(len(self._starts)) if i not in gone])
 
     def check_all(self) -> None:
         """Convert every row once (parse; with a tokenizer, render and tokenise), keeping none: the

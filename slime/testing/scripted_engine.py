@@ -5,7 +5,8 @@ For tests and benchmarks only: it lets a test choose the exact token ids an "eng
 the real sglang-router sits in front of it exactly as it does in front of a real engine.
 
 Like SGLang it refuses a `rid` that is already in flight (`400`) and honours `/abort_request`
-by rid or `abort_all` (the aborted request answers at once with finish reason `abort`). A
+by rid or `abort_all` (the aborted request answers at once with finish reason `abort`); a request
+whose client closed the connection is aborted the same way (recorded in `disconnects`). A
 `freeze(seconds)` knob makes every endpoint, health included, hang for that long: a stuck engine.
 """
 
@@ -21,6 +22,8 @@ from typing import Any, Callable
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from slime.utils.client_gone import client_gone
 
 # script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
 #                          optional "log_probs": [...], "text": str, "matched": ...}
@@ -66,6 +69,7 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
     app = FastAPI()
     app.state.requests = []  # every /generate body received, for assertions
     app.state.aborts = []  # every /abort_request body received
+    app.state.disconnects = []  # rids whose client closed the connection before the answer
     app.state.in_flight = {}  # rid -> asyncio.Event set by an abort
     app.state.frozen_until = 0.0  # time.monotonic() before which every endpoint hangs
     app.state.weight_version = weight_version  # set by /update_weights_from_disk; a script may override per answer
@@ -152,9 +156,17 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
             return JSONResponse({"error": {"message": f"rid {rid} is already in flight"}}, status_code=400)
         key = rid if rid is not None else object()  # requests without a rid only abort with abort_all
         aborted = app.state.in_flight[key] = asyncio.Event()
+
+        async def abort_when_client_goes() -> None:
+            await client_gone(request)
+            app.state.disconnects.append(rid)
+            aborted.set()
+
+        watch = asyncio.ensure_future(abort_when_client_goes())
         try:
             out = await run_script(body, aborted)
         finally:
+            watch.cancel()
             app.state.in_flight.pop(key, None)
         if out is None:
             out = {"output_ids": [], "finish_type": "abort", "text": ""}
@@ -196,6 +208,10 @@ class ScriptedEngine:
     @property
     def aborts(self) -> list[dict[str, Any]]:
         return self.app.state.aborts
+
+    @property
+    def disconnects(self) -> list[str | None]:
+        return self.app.state.disconnects
 
     def freeze(self, seconds: float) -> None:
         """Every endpoint (health included) hangs for `seconds` from now, as a stuck engine does."""

@@ -231,21 +231,16 @@ class WeightUpdateGroup(GroupTransport):
                                group_name=self.group_name)
 
     def _release(self, abort: bool = False) -> None:
-        """Rank 0's side of the group; `abort`: without waiting (gloo waits for a collective still
-        pending, up to the group's deadline, so it is released on a thread of its own)."""
-        pg, ring = self._pg, self._ring
+        """Rank 0's side of the group; `abort`: without waiting. Gloo's group joins its worker threads
+        when it is freed, and a thread still in a collective with a dead member returns only at the
+        group's deadline: so an aborted group is freed on a thread of its own, which holds its only
+        reference (freed here, it would block the push until that deadline)."""
+        held = [self._pg, self._ring]
         self._pg, self._store, self._scratch, self._ring = None, None, None, None
-
-        def release() -> None:
-            with contextlib.suppress(Exception):
-                pg.abort() if abort else pg.shutdown()
-            if ring is not None:
-                ring.close()
-
         if abort:
-            threading.Thread(target=release, daemon=True, name="weight-group-release").start()
+            threading.Thread(target=_free_group, args=(held, True), daemon=True, name="weight-group-release").start()
         else:
-            release()
+            _free_group(held, False)
 
     def __enter__(self) -> WeightUpdateGroup:
         self.connect()
@@ -253,3 +248,14 @@ class WeightUpdateGroup(GroupTransport):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _free_group(held: list, abort: bool) -> None:
+    """Abort (or shut down) rank 0's gloo group and close its ring; `held` ([group, ring]) is emptied,
+    so the group is freed in this thread."""
+    pg, ring = held.pop(0), held.pop(0)
+    with contextlib.suppress(Exception):
+        pg.abort() if abort else pg.shutdown()
+    if ring is not None:
+        ring.close()
+    del pg

@@ -10,6 +10,7 @@ import torch
 
 from slime.engine.engine_deaths import EngineAnswered
 from slime.engine.weight_transfer import dtype_name
+from slime.engine.weight_version_answer import parse_weight_version_answer
 
 
 class HttpEngine:
@@ -80,4 +81,4 @@ class HttpEngine:
     def get_weight_version(self) -> str:
         r = requests.get(f"{self.url}/get_weight_version", timeout=self.timeout)
         r.raise_for_status()
-        return r.json()["weight_version"]
+        return parse_weight_version_answer(r.content, self.url)

@@ -386,10 +386,15 @@ def _shutdown(group: _Group) -> None:
 
 
 def _release(group: _Group) -> None:
+    """Abort the group, then free it here: freeing a gloo group joins its worker threads (up to the
+    group's deadline when one is still in a collective with a dead member), so the group's only
+    reference is taken off the `_Group` first (freed by the decode thread, it would stop decoding)."""
+    pg, group.pg = group.pg, None
     try:
-        group.pg.abort()
+        pg.abort()
     except Exception:  # noqa: BLE001 - already broken groups may refuse; nothing else to release
         pass
+    del pg
     if group.ring is not None:  # after the collectives: no receive copies from it any more
         group.ring.close()
         group.ring = None

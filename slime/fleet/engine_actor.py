@@ -9,6 +9,7 @@ from typing import Any
 import ray
 import requests
 
+from slime.engine.weight_version_answer import parse_weight_version_answer
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.engine_server import EngineServer, hf_server, sglang_server
 
@@ -136,7 +137,8 @@ class EngineActor:
 
     # ---- weight sync: slime's SGLangEngine names and payloads; the same bodies reach SGLang or the embedded engine
     def get_weight_version(self) -> str:
-        return self.server.call("GET", "/get_weight_version", timeout=30)["weight_version"]
+        """The engine's version, from an answer checked against SGLang's shape (BadWeightVersion if not)."""
+        return parse_weight_version_answer(self.server.call("GET", "/get_weight_version", timeout=30), self.server.url)
 
     def update_weights_from_tensor(self, serialized_named_tensors: list[str], load_format: str | None = None,
                                    flush_cache: bool = False, weight_version: str | None = None) -> Any:

@@ -41,6 +41,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import remove_placement_group
 
+from slime.engine.weight_version_answer import BadWeightVersion
 from slime.fleet.engine_actor import EngineActor
 from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
@@ -351,8 +352,8 @@ class Fleet:
                 mine = ray.get(actor.get_weight_version.remote(), timeout=60)
             except ray.exceptions.RayActorError:
                 raise
-            except Exception:  # noqa: BLE001 - an engine without /get_weight_version: nothing to compare
-                mine = serving
+            except Exception as e:  # noqa: BLE001 - an engine without /get_weight_version: nothing to compare
+                mine = None if self._bad_version_answer(e, slot.rank) else serving
             if serving is not None and mine != serving:
                 slot.state = "awaiting_weights"
                 seen = ray.get(actor.push_count.remote(), timeout=60)  # the replayed ones do not count
@@ -387,9 +388,20 @@ class Fleet:
                 try:
                     self.weight_version = ray.get(s.actor.get_weight_version.remote(), timeout=60)
                     break
-                except Exception:  # noqa: BLE001 - dying too: its watcher reports it; ask the next one
+                except Exception as e:  # noqa: BLE001 - dying too: its watcher reports it; ask the next one
+                    self._bad_version_answer(e, s.rank)
                     continue
         return self.weight_version
+
+    def _bad_version_answer(self, exc: BaseException, rank: int) -> bool:
+        """Whether `exc` is an engine's malformed `/get_weight_version` answer: then counted (by field)
+        and logged, and the version is never taken from it (a replacement waits for the next push)."""
+        cause = getattr(exc, "cause", exc)  # Ray wraps what the actor raised
+        if not isinstance(cause, BadWeightVersion):
+            return False
+        self.counters[cause.reason] += 1
+        logger.warning("engine %d: %s; its weight version is not trusted", rank, cause)
+        return True
 
     def _await_weights(self, slot: EngineSlot, actor: Any, seen: int) -> None:
         """Wait for the first complete push to this engine, then admit it. Any push that reaches it
@@ -432,6 +444,7 @@ class Fleet:
                 "engines": self.engine_status(),
                 "engine_deaths": self.counters["engine_deaths"],
                 "engine_restarts": self.counters["engine_restarts"],
+                "engine_bad_answers": {k: v for k, v in self.counters.items() if k.startswith("engine_bad_answer:")},
                 "lost_nodes": self.lost_node_status(),
                 "startup_seconds": dict(self.startup_timings)}
 

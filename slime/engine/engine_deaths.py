@@ -1,0 +1,57 @@
+"""How a weight push tells a dead engine from a refusing one, and the errors a push raises.
+
+An engine may carry an exit notice (`exited`: a future completed when its process is gone;
+`slime.fleet.engine_actor.RemoteEngine` gets it from the fleet's supervised actor). A call that
+failed without an answer makes the engine a suspect; its exit notice, not the failure, says it died.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+
+DEATH_GRACE_S = 10.0  # a request that failed without an answer: time for the engine's exit notice to arrive
+
+
+class WeightSyncError(RuntimeError):
+    """A push or group operation failed; the message names the engine and what it said."""
+
+
+class EngineAnswered(WeightSyncError):
+    """The engine answered with an error status: it is alive (a refusal, not a death)."""
+
+
+class EnginesDied(WeightSyncError):
+    """Engines whose process exited during a group operation (`dead`); the group was dropped."""
+
+    def __init__(self, message: str, dead: list[Any]):
+        super().__init__(message)
+        self.dead = dead
+
+
+def exit_notice(engine: Any) -> cf.Future | None:
+    """The engine's exit notice (a future done once its process is gone), or None when it has none."""
+    notice = getattr(engine, "exited", None)
+    return notice if isinstance(notice, cf.Future) else None
+
+
+def answered(exc: BaseException | None) -> bool:
+    """Whether a failed call got the engine's own answer (an HTTP status): the engine is alive."""
+    return isinstance(exc, (EngineAnswered, requests.HTTPError)) and not isinstance(exc, requests.ConnectionError)
+
+
+def failure(f: cf.Future) -> BaseException | None:
+    return f.exception() if f.done() and not f.cancelled() else None
+
+
+def dead_engines(engines: Sequence[Any], suspects: Sequence[Any] = (), grace: float = DEATH_GRACE_S) -> list[Any]:
+    """The engines whose process is gone: those whose exit notice arrived, waiting up to `grace` for
+    the first notice of `suspects` (engines whose call failed without an answer, or that a failed
+    collective may have lost: a reset connection arrives a moment before the exit is reported)."""
+    notices = [n for n in (exit_notice(e) for e in suspects) if n is not None]
+    if notices:
+        cf.wait(notices, timeout=grace, return_when=cf.FIRST_COMPLETED)
+    return [e for e in engines if (n := exit_notice(e)) is not None and n.done()]

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from slime.fleet import sglang_payloads as payloads
 from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
@@ -160,7 +160,7 @@ class EngineClient:
     def new_rid(self) -> str:
         return f"{self._rid_prefix}{next(self._rid)}"
 
-    async def post(self, url: str, payload: Any, *, timeout: float | None = None,
+    async def post(self, url: str | Callable[[], str], payload: Any, *, timeout: float | None = None,
                    policy: RetryPolicy | None = None, headers: dict[str, str] | None = None,
                    on_retry: Any = None, answer: Any = None) -> Any:
         """Any JSON POST, with this client's deadline, retry budget and counters; `answer(raw)` checks
@@ -223,7 +223,9 @@ class EngineClient:
                 return EngineOutput([], [], "", "abort")
             self.in_flight += 1
             try:
-                out = await self.post(url or f"{self.router_url}/generate", payload, on_retry=self._renew_rid,
+                # the router's address is read again for each retry: it may have been restarted elsewhere
+                target = url or (lambda: f"{self.router_url}/generate")
+                out = await self.post(target, payload, on_retry=self._renew_rid,
                                       answer=answer,
                                       headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
             except HttpError as e:

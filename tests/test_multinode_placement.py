@@ -31,6 +31,7 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
     ray = ray_cluster
     from slime.fleet import fleet as fleet_module
     from slime.fleet.fleet import EngineSlot, Fleet
+    from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 
     monkeypatch.setattr(fleet_module, "_PLACEMENT_WAIT_S", 1.0)
     fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
@@ -59,6 +60,11 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
     [lost] = fleet.lost_node_status()
     assert (lost["node_id"], lost["engines"], lost["moved_to"], lost["router_moved_to"]) == (gone, [0], {0: None},
                                                                                              None)
+    # in words and numbers, as the rollout's line and the dashboard show it
+    assert describe_lost_node(lost) == "node ffffffff: engine 0 -> waiting for room"
+    assert node_loss_metrics([lost]) == {"fleet/nodes_lost": 1, "fleet/engines_moved": 0,
+                                         "fleet/engines_waiting_for_room": 1, "fleet/router_moves": 0,
+                                         "fleet/lost_nodes": "node ffffffff: engine 0 -> waiting for room"}
     info = fleet.info()
     assert info["lost_nodes"] == [lost]
     assert (info["nodes_lost"], info["engines_moved"], info["engines_unplaced"], info["router_moves"]) == (1, 0, 1, 0)

@@ -163,7 +163,7 @@ class RelocatingRouter:
     @property
     def pid(self) -> int | None:
         try:
-            return ray.get(self._actor.pid.remote(), timeout=30)
+            return ray.get(self._actor.pid.remote(), timeout=5)
         except Exception:  # noqa: BLE001 - its host is gone (being moved): no process to name
             return None
 
@@ -171,25 +171,35 @@ class RelocatingRouter:
     def restarts(self) -> int:
         """Restarts of the router process on its node, plus moves to another node."""
         try:
-            return self.moves + ray.get(self._actor.restarts.remote(), timeout=30)
+            return self.moves + ray.get(self._actor.restarts.remote(), timeout=5)
         except Exception:  # noqa: BLE001 - its host is gone: the moves are what is known
             return self.moves
 
     def add_worker(self, url: str, timeout: float = 60.0) -> None:
+        """Registered and healthy on return; if the host died meanwhile, its move registers the worker
+        (it is in `workers` before the host is asked: a move takes every worker listed then)."""
         with self._lock:
-            ray.get(self._actor.add_worker.remote(url, timeout), timeout=timeout + 60)
             if url not in self.workers:
                 self.workers.append(url)
+            actor = self._actor
+        try:
+            ray.get(actor.add_worker.remote(url, timeout), timeout=timeout + 60)
+        except ray.exceptions.RayActorError:
+            logger.warning("router host gone while registering %s: the router's move registers it", url)
 
     def remove_worker(self, url: str) -> None:
         with self._lock:
             if url in self.workers:
                 self.workers.remove(url)
-            ray.get(self._actor.remove_worker.remote(url), timeout=60)
+            actor = self._actor
+        try:
+            ray.get(actor.remove_worker.remote(url), timeout=60)
+        except ray.exceptions.RayActorError:
+            pass  # the host died: the router's move registers only the workers still listed
 
     def alive(self) -> bool:
         try:
-            return bool(ray.get(self._actor.alive.remote(), timeout=30))
+            return bool(ray.get(self._actor.alive.remote(), timeout=5))
         except Exception:  # noqa: BLE001 - its host is gone
             return False
 

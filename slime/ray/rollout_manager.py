@@ -37,10 +37,24 @@ logger = logging.getLogger(__name__)
 FLEET_COUNTERS = ("engine_deaths", "engine_restarts", *NODE_COUNTERS)  # each rollout reports its share (perf/*)
 
 
+def log_warnings_to_stderr() -> None:
+    """The manager's warnings (an engine died, a node was lost, the pool shrank or grew back) go to its
+    stderr, which Ray forwards to the command's console. Without a handler of its own the process relies
+    on Python's last-resort handler, which stops printing as soon as any handler sits on the root logger,
+    as `StallGuard` does for the length of every rollout: exactly when those warnings come."""
+    root = logging.getLogger()
+    if not any(isinstance(h, logging.StreamHandler) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
 class RolloutManager:
     def __init__(self, args: Any, fork_server: str | None = None):
         from slime.engine.default_model import resolve_hf_checkpoint
 
+        log_warnings_to_stderr()
         resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
         self.args = args
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None

@@ -46,7 +46,11 @@ engines generated that were neither trained nor kept (partial or finished sample
 a worker's queue) once generation is quiesced after the last rollout; staleness = weight version
 the sample is trained at minus the oldest version that sampled any of its tokens.
 
-    python -m bench.bench_async_rollout [--rollouts 8] [--groups 16] [--modes abcde] [--short]
+`--rounds K` runs every mode K times, rounds interleaved (abcde, edcba, abcde, ...), so load that other
+work puts on a shared box falls on every mode alike; the table sums the rounds, and each mode's ratio to
+sync is also given per round (both measured within the same minutes).
+
+    python -m bench.bench_async_rollout [--rollouts 8] [--groups 16] [--modes abcde] [--rounds 1] [--short]
 """
 
 from __future__ import annotations
@@ -398,6 +402,49 @@ def fmt_table(results: list[ModeResult]) -> str:
     return "\n".join(lines)
 
 
+def merge(results: list[ModeResult]) -> ModeResult:
+    """One mode's rounds as one run: counts and times summed, busy fractions weighted by their time."""
+    if any(r.error for r in results):
+        return next(r for r in results if r.error)
+    out = ModeResult(results[0].mode)
+    for r in results:
+        for name in ("trained_samples", "trained_tokens", "wall", "rollout_time", "push_time", "generated_tokens",
+                     "aborted_tokens", "carried_tokens"):
+            setattr(out, name, getattr(out, name) + getattr(r, name))
+        out.busy_whole += r.busy_whole * r.wall
+        out.busy_rollout += r.busy_rollout * r.rollout_time
+        out.staleness += r.staleness
+        for k, v in r.metrics.items():
+            out.metrics[k] = out.metrics.get(k, 0) + v
+    out.busy_whole /= max(out.wall, 1e-9)
+    out.busy_rollout /= max(out.rollout_time, 1e-9)
+    return out
+
+
+def run_rounds(w: Workload, modes: list[str], rounds: int) -> list[list[ModeResult]]:
+    """`rounds` runs of every mode, the order reversed every other round; one list per round, in `modes` order."""
+    out = []
+    for i in range(rounds):
+        order = modes if i % 2 == 0 else modes[::-1]
+        by_key = {r.mode.key: r for r in run_all(w, order)}
+        out.append([by_key[k] for k in modes])
+    return out
+
+
+def per_round_ratios(rounds: list[list[ModeResult]]) -> list[str]:
+    """Each mode's trained tokens/s against sync's of the same round."""
+    lines = []
+    for i, key in enumerate(r.mode.key for r in rounds[0]):
+        ratios = []
+        for results in rounds:
+            base = next((r for r in results if r.mode.key == "a" and not r.error), None)
+            if base and not results[i].error:
+                ratios.append(f"{results[i].tokens_per_s / base.tokens_per_s:.2f}x")
+        if key != "a" and ratios:
+            lines.append(f"({key}) trained tokens/s vs sync, per round: {', '.join(ratios)}")
+    return lines
+
+
 def describe(w: Workload) -> str:
     L = w.lengths
     train = (f"{w.train_seconds:.2f} s (= one batch's decode time at full capacity)" if w.train_time is None
@@ -452,7 +499,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="abcde", help="letters of the modes to run (see the module docstring)")
     ap.add_argument("--short", action="store_true", help="a quick run (tests): small batch, fast engine")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of every mode, interleaved (abcde, edcba, ...) so load drift falls on all alike")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {a.rounds}")
     w = Workload(engines=a.engines, slots=a.slots, tokens_per_s=a.tokens_per_s,
                  lengths=LongTail(a.short_len, a.long_fraction, a.long_max_factor), groups=a.groups,
                  n_samples=a.n_samples, rollouts=a.rollouts, train_time=a.train_time, over_sampling=a.over_sampling,
@@ -460,9 +511,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.short:
         w = short_workload(w)
     logging.getLogger("uvicorn.error").addFilter(_QuietEngines())
-    results = run_all(w, list(a.modes))
-    print(describe(w))
+    rounds = run_rounds(w, list(a.modes), a.rounds)
+    results = [merge([rnd[i] for rnd in rounds]) for i in range(len(a.modes))]
+    print(describe(w) + (f" {a.rounds} interleaved rounds, summed." if a.rounds > 1 else ""))
     print(fmt_table(results))
+    if a.rounds > 1:
+        print("\n".join(per_round_ratios(rounds)))
     base = next((r for r in results if r.mode.key == "a" and not r.error), None)
     for r in results:
         if r.error or base is None:

@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from bench.bench_async_rollout import MODES, Workload, run_all, short_workload
+from bench.bench_async_rollout import MODES, ModeResult, Workload, merge, per_round_ratios, run_all, short_workload
 from slime.testing.paced_engine import (LENGTH_BASE, LongTail, PacedScript, response_ids, split_input,
                                         total_length)
 from slime.utils.types import Sample
@@ -159,3 +159,26 @@ def test_staleness_and_token_accounting(results):
     assert by_mode["a"].aborted_tokens == by_mode["a"].wasted_tokens == 0
     for r in by_mode.values():
         assert r.wasted_tokens >= 0 and r.generated_tokens >= r.trained_tokens
+
+
+# ---- rounds interleaved (--rounds): summed, and each mode against sync of its own round -------------
+def test_rounds_are_summed_with_busy_fractions_weighted_by_their_time():
+    a1 = ModeResult(MODES["d"], trained_samples=10, trained_tokens=600, wall=10.0, rollout_time=4.0, busy_whole=0.5,
+                    busy_rollout=0.25, staleness=[0, 1], metrics={"perf/abort_time": 1.0})
+    a2 = ModeResult(MODES["d"], trained_samples=20, trained_tokens=900, wall=30.0, rollout_time=12.0, busy_whole=0.9,
+                    busy_rollout=0.5, staleness=[1], metrics={"perf/abort_time": 2.0})
+    m = merge([a1, a2])
+    assert (m.trained_samples, m.trained_tokens, m.wall, m.rollout_time) == (30, 1500, 40.0, 16.0)
+    assert m.tokens_per_s == 37.5 and m.staleness == [0, 1, 1] and m.metrics == {"perf/abort_time": 3.0}
+    assert m.busy_whole == pytest.approx((0.5 * 10 + 0.9 * 30) / 40)
+    assert m.busy_rollout == pytest.approx((0.25 * 4 + 0.5 * 12) / 16)
+    broken = ModeResult(MODES["d"], error="boom")
+    assert merge([a1, broken]) is broken
+
+
+def test_per_round_ratios_compare_each_mode_with_sync_of_the_same_round():
+    def res(key, tokens, wall):
+        return ModeResult(MODES[key], trained_tokens=tokens, wall=wall)
+
+    rounds = [[res("a", 100, 10.0), res("d", 300, 10.0)], [res("a", 100, 20.0), res("d", 200, 10.0)]]
+    assert per_round_ratios(rounds) == ["(d) trained tokens/s vs sync, per round: 3.00x, 4.00x"]

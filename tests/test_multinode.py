@@ -1,12 +1,16 @@
 """A real multi-raylet Ray cluster on this machine (`ray.cluster_utils.Cluster`: one raylet per node, each
-with its own CPUs and node id). slime joins it with `--ray-address` and never stops it; the manager and
-its router go to the head, the engines to a second node, the trainer's workers to a third. Then the
-engines' node is killed in the middle of a rollout: its engines move to the surviving node, nothing is lost
-or returned twice, and the trainer pushes its weights to them over a group formed again.
+with its own CPUs and node id). slime joins it with `--ray-address` and never stops it; the manager goes to
+the head, the router (`--router-resource`) to a node of its own, the engines to a third, the trainer's
+workers to a fourth. Then, in one run on that one cluster:
+1. the engines' node and the router's node are killed together in the middle of a rollout: the engines
+   move to the spare node, the router to the manager's node, and the rollout is whole;
+2. the spare node is killed in the middle of the next rollout when no node has room: the pool is empty
+   until a new node (the same resources) joins, which takes the engines; that rollout is whole too;
+3. the trainer's group is formed again over the moved engines and its push reaches them.
 
-The scenario runs in a process of its own (`python -m tests.test_multinode MODEL_DIR WORK_DIR`, which
-prints one JSON line of facts): a Ray driver joins one cluster, and this test process may already have
-joined the suite's single-node Ray. The assertions are here.
+The scenario runs once per module, in a process of its own (`python -m tests.test_multinode MODEL_DIR
+WORK_DIR`, which prints one JSON line of facts): a Ray driver joins one cluster, and this test process may
+already have joined the suite's single-node Ray. The tests below assert its facts.
 """
 
 from __future__ import annotations
@@ -24,69 +28,138 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROMPTS, N_SAMPLES, MAX_LEN = 3, 2, 8
+N = N_PROMPTS * N_SAMPLES
+ROUTER_RESOURCE = "slime_router"
 # the head notices a dead raylet within ~2 s (Ray's defaults: 3 s x 5 checks)
 FAST_NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
                    "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow
-def test_engines_node_lost_mid_rollout_engines_move_nothing_lost_cluster_left_running(tiny_model_dir, tmp_path):
+
+@pytest.fixture(scope="module")
+def cluster_run(tiny_model_dir, tmp_path_factory) -> dict[str, Any]:
+    """The facts of the whole scenario (one cluster for every test of this module) and its log."""
+    work = tmp_path_factory.mktemp("multinode")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_multinode", str(tiny_model_dir), str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "tests.test_multinode", str(tiny_model_dir), str(work)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    head, engines_node, trainer_node = facts["nodes"]["head"], facts["nodes"]["engines"], facts["nodes"]["trainer"]
-    assert len({head, engines_node, trainer_node}) == 3
+    facts["log"] = proc.stderr
+    return facts
 
-    # placed as slime places them: manager + router on the head, engines on node 2, trainer on node 3
-    assert facts["manager_node"] == head
-    assert facts["router_pid_is_managers_child"]
-    assert [e["node_id"] for e in facts["before"]["engines"]] == [engines_node, engines_node]
-    assert facts["trainer_nodes"] == [trainer_node]
 
-    # the kill landed mid-rollout: requests were waiting on the engines
-    assert facts["held_requests_at_kill"] >= 1
+def _whole(got: dict[str, Any]) -> None:
+    """Nothing lost, nothing twice: the rollout holds each of its samples once, none failed."""
+    assert got["samples"] == N and len(set(got["sample_indices"])) == N, got
+    assert got["failed"] == 0 and all(0 < x <= MAX_LEN for x in got["response_lengths"]), got
 
-    # nothing lost, nothing twice: the rollout during the loss and the next one are whole
-    n = N_PROMPTS * N_SAMPLES
-    for rollout in ("during_loss", "after"):
-        got = facts[rollout]
-        assert got["samples"] == n and len(set(got["sample_indices"])) == n, got
-        assert got["failed"] == 0 and all(0 < x <= MAX_LEN for x in got["response_lengths"]), got
-    assert facts["during_loss"]["engine_retries"] >= 1
-    assert facts["trained"] == {"rollout_id": 0, "steps": 1}  # one step over the global batch of n: each once
-    # the trainer's group re-formed over the moved engines: they hold its weights and answer with them
-    assert facts["versions_after_push"] == ["1", "1"] and facts["after"]["weight_versions"] == ["1"]
 
-    # status() names the node that went and where its engines are now
-    st = facts["after_status"]
-    assert [lost["node_id"] for lost in st["lost_nodes"]] == [engines_node]
-    [lost] = st["lost_nodes"]
-    assert sorted(lost["engines"]) == [0, 1]
-    assert {int(k): v for k, v in lost["moved_to"].items()} == {0: trainer_node, 1: trainer_node}
-    assert [(e["state"], e["node_id"], e["moved_from"], e["deaths"]) for e in st["engines"]] == \
-        [("healthy", trainer_node, engines_node, 1)] * 2
-    assert st["engine_deaths"] == 2 and sorted(st["engine_urls"]) == sorted(e["url"] for e in st["engines"])
-
-    # --ray-address: slime stopped its manager, trainer and engines, never the cluster
-    assert facts["alive_after_slime_stopped"] == sorted([head, trainer_node])
+def test_placed_across_nodes_and_the_cluster_is_left_running(cluster_run):
+    facts = cluster_run
+    nodes = facts["nodes"]
+    assert len(set(nodes.values())) == 6
+    # manager on the head, router on its node, engines on theirs, trainer on its own
+    assert facts["manager_node"] == nodes["head"]
+    assert facts["before"]["router_node_id"] == nodes["router"]
+    assert not facts["router_pid_is_managers_child"]
+    assert [e["node_id"] for e in facts["before"]["engines"]] == [nodes["engines"]] * 2
+    assert facts["trainer_nodes"] == [nodes["trainer"]]
+    # --ray-address: slime stopped its manager, router, trainer and engines, never the cluster
+    assert facts["alive_after_slime_stopped"] == sorted([nodes["head"], nodes["trainer"], nodes["joined"]])
     assert facts["slime_actors_left"] == []
+
+
+def test_engines_node_and_router_node_lost_mid_rollout_both_move_nothing_lost(cluster_run):
+    facts = cluster_run
+    nodes = facts["nodes"]
+    assert facts["held_requests_at_first_kill"] >= 1  # the kill landed mid-rollout: requests waited on engines
+    got = facts["rollouts"][0]
+    _whole(got)
+    assert got["engine_retries"] >= 1
+    assert facts["trained"][0] == {"rollout_id": 0, "steps": 1}  # one step over the global batch of N: each once
+    # the router went to the manager's node (no other node offers the resource), at a new address
+    st = facts["status_after_first_loss"]
+    assert st["router_node_id"] == nodes["head"] and st["router_url"] != facts["before"]["router_url"]
+    assert st["router_url"].startswith("http://127.0.0.1:") and st["router_moves"] == 1
+    assert [(e["state"], e["node_id"], e["moved_from"]) for e in st["engines"]] == \
+        [("healthy", nodes["spare"], nodes["engines"])] * 2
+    lost = {e["node_id"]: e for e in st["lost_nodes"]}
+    assert sorted(lost) == sorted([nodes["engines"], nodes["router"]])
+    assert sorted(lost[nodes["engines"]]["engines"]) == [0, 1]
+    assert {int(k): v for k, v in lost[nodes["engines"]]["moved_to"].items()} == {0: nodes["spare"],
+                                                                                  1: nodes["spare"]}
+    assert lost[nodes["engines"]]["router_moved_to"] is None
+    assert (lost[nodes["router"]]["engines"], lost[nodes["router"]]["router_moved_to"]) == ([], nodes["head"])
+
+
+def test_a_node_that_joins_takes_the_engines_that_had_no_room_and_the_pool_grows_back(cluster_run):
+    facts = cluster_run
+    nodes = facts["nodes"]
+    assert facts["held_requests_at_second_kill"] >= 1
+    # no room anywhere: the pool was empty while the rollout waited
+    waiting = facts["status_waiting_for_room"]
+    assert waiting["engine_urls"] == [] and all(e["state"] in ("dead", "restarting") for e in waiting["engines"])
+    got = facts["rollouts"][1]
+    _whole(got)
+    assert got["engine_retries"] >= 1
+    assert facts["trained"][1] == {"rollout_id": 1, "steps": 1}
+    st = facts["after_status"]
+    assert [(e["state"], e["node_id"], e["moved_from"], e["deaths"]) for e in st["engines"]] == \
+        [("healthy", nodes["joined"], nodes["spare"], 2)] * 2
+    assert len(st["engine_urls"]) == 2 and st["engine_deaths"] == 4
+    assert (st["nodes_lost"], st["engines_moved"], st["router_moves"]) == (3, 4, 1)
+    log = facts["log"]
+    assert f"moved from lost node {nodes['spare']} to node {nodes['joined']}" in log
+    assert f"on node {nodes['joined']} (restart 2/3); 2 of 2 engines serve" in log
+
+
+def test_the_trainers_group_reforms_over_the_moved_engines(cluster_run):
+    facts = cluster_run
+    assert facts["versions_after_push"] == ["1", "1"]
+    _whole(facts["rollouts"][2])
+    assert facts["rollouts"][2]["weight_versions"] == ["1"]
+
+
+def test_lost_nodes_are_named_in_the_rollout_line_and_on_the_dashboard(cluster_run):
+    facts = cluster_run
+    nodes = {k: v[:8] for k, v in facts["nodes"].items()}
+    engines_went = f"node {nodes['engines']}: engine 0 -> node {nodes['spare']}, engine 1 -> node {nodes['spare']}"
+    router_went = f"node {nodes['router']}: no engine; router -> node {nodes['head']}"
+    # the two losses of rollout 0, in the order the fleet noticed them
+    both = {f"{engines_went}; {router_went}", f"{router_went}; {engines_went}"}
+    second = (f"nodes_lost=1 (node {nodes['spare']}: engine 0 -> node {nodes['joined']}, engine 1 -> node "
+              f"{nodes['joined']})")
+    lines = facts["lines"]
+    assert lines[0].startswith("rollout 0: samples=6 ") and lines[0].split(" nodes_lost=2 (")[1][:-1] in both, \
+        lines[0]
+    assert lines[1].startswith("rollout 1: samples=6 ") and lines[1].endswith(second), lines[1]
+    assert "nodes_lost" not in lines[2]
+    fleet = facts["fleet_records"]  # metrics.jsonl: what the wandb run gets
+    assert [(r["rollout_id"], r["metrics"]["fleet/nodes_lost"], r["metrics"]["fleet/engines_moved"],
+             r["metrics"]["fleet/engines_waiting_for_room"], r["metrics"]["fleet/router_moves"]) for r in fleet] == \
+        [(0, 2, 2, 0, 1), (1, 1, 2, 0, 0)]
+    assert fleet[0]["metrics"]["fleet/lost_nodes"] == lines[0].split(" nodes_lost=2 (")[1][:-1]
+    assert fleet[1]["metrics"]["fleet/lost_nodes"] == second[len("nodes_lost=1 ("):-1]
+    perf = {r["rollout_id"]: r["metrics"] for r in facts["perf_records"]}
+    assert [(perf[i]["perf/nodes_lost"], perf[i]["perf/engines_moved"], perf[i]["perf/router_moves"])
+            for i in range(3)] == [(2, 2, 1), (1, 2, 0), (0, 0, 0)]
 
 
 # ---- the scenario, in its own process ----------------------------------------------------------------
 def _argv(model_dir: str, work: Path, address: str) -> list[str]:
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}],
-                                        "label": str(2 * i)}) + "\n" for i in range(8)))
+                                        "label": str(2 * i)}) + "\n" for i in range(12)))
     return ["--ray-address", address, "--rollout-backend", "hf", "--hf-checkpoint", model_dir,
             "--prompt-data", str(data), "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
             "--rm-type", "exact", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "1",
             "--engine-threads", "1", "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt",
             str(N_SAMPLES), "--rollout-max-response-len", str(MAX_LEN), "--request-retry-window", "600",
             "--request-max-retries", "10000", "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "1",
-            "--global-batch-size", str(N_PROMPTS * N_SAMPLES), "--micro-batch-size", "2",
-            "--log-dir", str(work / "logs")]
+            "--global-batch-size", str(N), "--micro-batch-size", "2", "--router-resource", ROUTER_RESOURCE,
+            "--log-dir", str(work / "logs"), "--metrics-dir", str(work / "metrics")]
 
 
 def _batch_facts(batch: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
@@ -107,11 +180,52 @@ def _hold_requests(urls: list[str]) -> int:
     return held
 
 
+def _status_when(manager: Any, ready: Any, what: str, within: float = 300.0) -> dict[str, Any]:
+    """The manager's status once `ready(status)` holds (the fleet heals on its own: this only watches)."""
+    import ray
+
+    deadline = time.monotonic() + within
+    while not ready(st := ray.get(manager.status.remote())):
+        assert time.monotonic() < deadline, f"{what}: not within {within:.0f}s: {st}"
+        time.sleep(0.2)
+    return st
+
+
+def _all_healthy(st: dict[str, Any]) -> bool:
+    return all(e["state"] == "healthy" for e in st["engines"])
+
+
+class Run:
+    """One slime run on the cluster: its manager and trainer, and what each rollout gave."""
+
+    def __init__(self, manager: Any, trainer: Any, facts: dict[str, Any]):
+        self.manager, self.trainer, self.facts = manager, trainer, facts
+
+    def rollout_with_kill(self, rollout_id: int, kill: Any, held_key: str) -> None:
+        """A rollout whose requests are held on the engines when `kill()` runs; then it is trained."""
+        import ray
+
+        from slime.cli.rollout import _format_summary
+
+        ref = self.manager.generate.remote(rollout_id)
+        urls = ray.get(self.manager.status.remote())["engine_urls"]
+        if kill is not None:
+            self.facts[held_key] = _hold_requests(urls)
+            kill()
+        [box] = ray.get(ref)
+        summary = ray.get(self.manager.last_summary.remote())
+        self.facts["rollouts"].append(_batch_facts(ray.get(box.inner), summary))
+        self.facts["lines"].append(_format_summary(summary))
+        metrics = self.trainer.train(rollout_id, [box])
+        self.facts["trained"].append({"rollout_id": metrics["rollout_id"], "steps": len(metrics["steps"])})
+
+
 def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
     from slime.cli.args import parse_args
+    from slime.observability.metrics_log import read_metrics
     from slime.ray.session import ray_init, start_manager, stop_manager
     from slime.train.actor_group import TrainGroup
     from slime.utils.misc import find_free_port
@@ -119,16 +233,15 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
                                                             "_system_config": FAST_NODE_DEATH})
-    facts: dict[str, Any] = {}
+    facts: dict[str, Any] = {"rollouts": [], "lines": [], "trained": []}
     try:
+        router_node = cluster.add_node(num_cpus=0, resources={ROUTER_RESOURCE: 1}, **node_args)
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # only it has room for the engines
         args = parse_args(_argv(model_dir, work, cluster.address))
         session = ray_init(args)
         assert not session.started  # joined, not started
         manager, info = start_manager(args)
-        trainer_node = cluster.add_node(num_cpus=3, **node_args)  # the trainer's, with room for 2 engines
-        facts["nodes"] = {"head": cluster.head_node.node_id, "engines": engines_node.node_id,
-                          "trainer": trainer_node.node_id}
+        trainer_node = cluster.add_node(num_cpus=1, **node_args)  # room for the trainer's worker only
         facts["manager_node"] = _actor_node(manager)
         facts["router_pid_is_managers_child"] = ray.get(manager.router_pid.remote()) in _children_of_manager(
             manager)
@@ -137,27 +250,42 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         trainer.start()
         facts["trainer_nodes"] = [_actor_node(w) for w in trainer.workers]
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
+        spare_node = cluster.add_node(num_cpus=2, **node_args)  # room for both engines
+        run = Run(manager, trainer, facts)
 
-        ref = manager.generate.remote(0)
-        facts["held_requests_at_kill"] = _hold_requests(info["engine_urls"])
-        cluster.remove_node(engines_node, allow_graceful=False)
-        [box] = ray.get(ref)
-        batch = ray.get(box.inner)
-        facts["during_loss"] = _batch_facts(batch, ray.get(manager.last_summary.remote()))
-        metrics = trainer.train(0, [box])
-        facts["trained"] = {"rollout_id": metrics["rollout_id"], "steps": len(metrics["steps"])}
+        # 1. the engines' node and the router's node go together, mid-rollout
+        def lose_engines_and_router() -> None:
+            cluster.remove_node(engines_node, allow_graceful=False)
+            cluster.remove_node(router_node, allow_graceful=False)
 
-        deadline = time.monotonic() + 300
-        while any(e["state"] != "healthy" for e in ray.get(manager.status.remote())["engines"]):
-            assert time.monotonic() < deadline, f"engines not replaced: {ray.get(manager.status.remote())}"
-            time.sleep(0.2)
-        # the trainer's group is formed again over the moved engines: a distributed push reaches both
+        run.rollout_with_kill(0, lose_engines_and_router, "held_requests_at_first_kill")
+        facts["status_after_first_loss"] = _status_when(manager, _all_healthy, "engines moved to the spare node")
+
+        # 2. the spare node goes mid-rollout and no node has room: the pool is empty until a node joins
+        joined: list[Any] = []
+
+        def lose_spare_then_join() -> None:
+            cluster.remove_node(spare_node, allow_graceful=False)
+            facts["status_waiting_for_room"] = _status_when(
+                manager, lambda st: not st["engine_urls"] and all(e["deaths"] == 2 for e in st["engines"]),
+                "the spare node's engines reported dead")
+            joined.append(cluster.add_node(num_cpus=2, **node_args))  # the same resources as the lost one
+
+        run.rollout_with_kill(1, lose_spare_then_join, "held_requests_at_second_kill")
+        _status_when(manager, _all_healthy, "engines placed on the joined node")
+
+        # 3. the trainer's group is formed again over the moved engines: a distributed push reaches both
         trainer.update_weights(manager, "1", "distributed")
         facts["versions_after_push"] = [requests.get(f"{e['url']}/get_weight_version", timeout=10).json()
                                         ["weight_version"] for e in ray.get(manager.status.remote())["engines"]]
-        [box] = ray.get(manager.generate.remote(1))
-        facts["after"] = _batch_facts(ray.get(box.inner), ray.get(manager.last_summary.remote()))
+        run.rollout_with_kill(2, None, "")
         facts["after_status"] = ray.get(manager.status.remote())
+        facts["nodes"] = {"head": cluster.head_node.node_id, "router": router_node.node_id,
+                          "engines": engines_node.node_id, "trainer": trainer_node.node_id,
+                          "spare": spare_node.node_id, "joined": joined[0].node_id}
+        records = list(read_metrics(work / "metrics"))
+        facts["fleet_records"] = [r for r in records if r["kind"] == "fleet"]
+        facts["perf_records"] = [r for r in records if r["kind"] == "perf"]
 
         trainer.shutdown()
         stop_manager(manager)

@@ -1,6 +1,7 @@
-"""A lost node whose engines find no room on the surviving nodes: each is `failed` with a warning and the
-pool shrinks, and the fleet's status names the node and shows its engines went nowhere. (The engines that do
-find room are moved: tests/test_multinode.py, on a real multi-raylet cluster.)"""
+"""A lost node whose engines find no room on the surviving nodes: each is `unplaced` with a warning and the
+pool shrinks, its placement still waiting in Ray (a node with room that joins takes it), and the fleet's status
+names the node and shows its engines went nowhere yet. (Engines that find room are moved, and a node joining
+later takes the waiting ones: tests/test_multinode.py, on a real multi-raylet cluster.)"""
 
 from __future__ import annotations
 
@@ -16,16 +17,21 @@ class Placeholder:
     def ping(self) -> bool:
         return True
 
+    def stop(self) -> None:
+        pass
+
     def node_id(self) -> str:
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
 
-def test_engines_of_a_lost_node_with_no_room_left_fail_and_the_pool_shrinks(ray_cluster, monkeypatch, caplog):
+def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shrinks(ray_cluster, monkeypatch,
+                                                                                      caplog):
     ray = ray_cluster
     from slime.fleet import fleet as fleet_module
     from slime.fleet.fleet import EngineSlot, Fleet
+    from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 
     monkeypatch.setattr(fleet_module, "_PLACEMENT_WAIT_S", 1.0)
     fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
@@ -46,20 +52,35 @@ def test_engines_of_a_lost_node_with_no_room_left_fail_and_the_pool_shrinks(ray_
     with caplog.at_level(logging.WARNING, logger="slime.fleet.fleet"):
         fleet._on_death(fleet.slots[0], "actor died (ActorDiedError)")
 
-    assert [s.state for s in fleet.slots] == ["failed", "healthy"]
+    assert [s.state for s in fleet.slots] == ["unplaced", "healthy"]
     assert fleet.endpoints.engine_urls == ["http://127.0.0.1:9"]  # the pool goes on with the survivor
-    assert fleet.counters["engine_failed"] == 1 and fleet.counters["nodes_lost"] == 1
+    assert fleet.counters["engines_unplaced"] == 1 and fleet.counters["nodes_lost"] == 1
+    assert fleet.counters["engine_failed"] == 0 and fleet.counters["engines_moved"] == 0
     assert fleet.counters["engine_deaths"] == 1 and fleet.counters["engine_restarts"] == 1
     [lost] = fleet.lost_node_status()
-    assert (lost["node_id"], lost["engines"], lost["moved_to"]) == (gone, [0], {0: None})
-    assert fleet.info()["lost_nodes"] == [lost]
+    assert (lost["node_id"], lost["engines"], lost["moved_to"], lost["router_moved_to"]) == (gone, [0], {0: None},
+                                                                                             None)
+    # in words and numbers, as the rollout's line and the dashboard show it
+    assert describe_lost_node(lost) == "node ffffffff: engine 0 -> waiting for room"
+    assert node_loss_metrics([lost]) == {"fleet/nodes_lost": 1, "fleet/engines_moved": 0,
+                                         "fleet/engines_waiting_for_room": 1, "fleet/router_moves": 0,
+                                         "fleet/lost_nodes": "node ffffffff: engine 0 -> waiting for room"}
+    info = fleet.info()
+    assert info["lost_nodes"] == [lost]
+    assert (info["nodes_lost"], info["engines_moved"], info["engines_unplaced"], info["router_moves"]) == (1, 0, 1, 0)
     assert fleet.engine_status()[0]["node_id"] == gone and fleet.engine_status()[0]["moved_from"] is None
-    assert any("no room for a replacement" in r.getMessage() and "the pool shrinks" in r.getMessage()
-               for r in caplog.records)
+    assert any("no room for a replacement" in r.getMessage() and "the pool shrinks until a node with room joins"
+               in r.getMessage() and "1 of 2 engines serve" in r.getMessage() for r in caplog.records)
     assert any(f"Ray node {gone} is gone" in r.getMessage() for r in caplog.records)
-    [pending] = unplaceable  # the placement that never came is cancelled, not left waiting in Ray
+    [pending] = unplaceable  # still waiting in Ray for a node with room, as the engine's own actor
+    assert fleet.slots[0].actor is pending
+    ready, _ = ray.wait([pending.ping.remote()], timeout=0.5)
+    assert ready == []
+    for what, step in fleet.stop_steps():  # stopping kills the waiting actor, which ends the wait for room
+        if what != "placement group":
+            step()
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(pending.ping.remote(), timeout=60)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(old.ping.remote(), timeout=60)
-    ray.kill(survivor)
+    assert [s.state for s in fleet.slots] == ["stopped", "stopped"]

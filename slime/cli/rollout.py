@@ -21,9 +21,11 @@ def _format_summary(s: dict[str, Any]) -> str:
     reasons = s.get("failure_reasons") or {}
     failed = f"{s['failed']}" + (f" ({', '.join(f'{k}={v}' for k, v in reasons.items())})" if reasons else "")
     engines = "".join(f" {k}={s[k]}" for k in ("engine_deaths", "engine_restarts") if s.get(k))
+    lost = s.get("lost_nodes") or []
+    nodes = f" nodes_lost={len(lost)} ({'; '.join(lost)})" if lost else ""
     return (f"rollout {s['rollout_id']}: samples={s['samples']} mean_reward={s['mean_reward']:.4f} "
             f"truncated_ratio={s['truncated_ratio']:.3f} failed={failed} tokens/s={s['tokens_per_s']:.1f} "
-            f"time={s['seconds']:.2f}s engine_retries={s['engine_retries']}{engines}")
+            f"time={s['seconds']:.2f}s engine_retries={s['engine_retries']}{engines}{nodes}")
 
 
 class EngineStateLog:
@@ -42,7 +44,9 @@ class EngineStateLog:
             detail = {"dead": f"died (exit code {e.get('last_exit')})",
                       "restarting": f"died (exit code {e.get('last_exit')}); restarting (restart {e['restarts']})",
                       "healthy": f"serving again at {e['url']} after {e['restarts']} restart(s)",
-                      "failed": f"failed for good after {e['restarts']} restart(s) (last: {e.get('last_exit')})"}
+                      "failed": f"failed for good after {e['restarts']} restart(s) (last: {e.get('last_exit')})",
+                      "unplaced": "has no room on the surviving nodes: the pool goes on without it until a node "
+                                  "with room joins"}
             print(f"warning: engine {e['rank']} {detail.get(e['state'], e['state'])}", file=sys.stderr, flush=True)
 
 

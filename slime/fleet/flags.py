@@ -29,4 +29,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--request-retry-window", type=float, default=DEFAULT_REQUEST_RETRY_WINDOW,
                    help="seconds a request failing with a connection error, timeout, 429 or 5xx keeps being "
                         "retried (back-off up to 2 s, fresh rid each time); --request-max-retries caps the count")
+    g.add_argument("--router-resource", default=None, metavar="NAME",
+                   help="run the router on a node offering this Ray resource (ray start --resources "
+                        "'{\"NAME\": 1}'), listening on that node's IP; when that node is lost the router is "
+                        "started again on another node offering it, else on the manager's node, and requests in "
+                        "flight are retried there. Default: on the manager's node, its child, on 127.0.0.1")
     return parser

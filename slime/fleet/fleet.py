@@ -2,7 +2,8 @@
 
 Start-up is all-or-nothing: if any engine fails to start, everything already started is stopped
 and the error carries that engine's log tail. Engines are Ray actors on a placement group, each
-owning its server process; the router is a supervised child process restarted if it dies.
+owning its server process; the router is a supervised child process restarted if it dies (with
+`--router-resource`, on a node of its own and moved when that node is lost: slime.fleet.router_host).
 
 Engines are supervised like the router. A watcher thread per engine blocks on a call that only
 returns when the engine's server process exits (or its actor dies): an event, not a poll. A dead
@@ -14,10 +15,12 @@ after that the engine is `failed` and the pool runs without it.
 
 A lost Ray node (its raylet gone: preemption, a kernel panic, a drained host) takes its engines
 with it; each is reported and replaced like any dead engine. Ray moves the placement-group bundles
-of a dead node to surviving nodes with room, so the replacement lands there; where no node has room
-within `_PLACEMENT_WAIT_S`, the engine is `failed` with a warning and the pool shrinks. `info()`
-lists the lost nodes, the engines they took and where each went (`lost_nodes`; per engine `node_id`
-and `moved_from`).
+of a dead node to surviving nodes with room (all of a node's bundles at once: Ray re-places the lost
+bundles of a group together), so the replacement lands there; where no node has room within
+`_PLACEMENT_WAIT_S`, the engine is `unplaced` with a warning and the pool shrinks, while it waits for
+Ray to place it: a node with room that joins later (a node coming back) takes it, and the pool grows
+back. `info()` lists the lost nodes, the engines they took and where each went, and where the router
+went (`lost_nodes`; per engine `node_id` and `moved_from`; `NODE_COUNTERS`).
 
 A replacement boots with the weights on disk. If the serving engines report another weight
 version (a trainer pushed weights from memory, which the fleet does not hold), it stays out of the
@@ -46,18 +49,22 @@ from slime.fleet.engine_actor import EngineActor
 from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
 from slime.fleet.router import Router, register_worker, unregister_worker
+from slime.fleet.router_host import RelocatingRouter
 from slime.utils.endpoints import Endpoints
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger(__name__)
 
-ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "awaiting_weights", "failed", "stopped")
+ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "awaiting_weights", "unplaced", "failed", "stopped")
 UPDATABLE_STATES = ("healthy", "awaiting_weights")  # engines a weight push (or another control call) must reach
 _PUSH_WAIT_S = 30.0  # an engine awaiting weights is asked again after this (so a stop is seen)
 # seconds a replacement may wait for a place on the cluster (its bundle re-placed after a node loss)
 _PLACEMENT_WAIT_S = 120.0
 # control calls whose effect a replacement engine must get too (replayed before it takes requests)
 _REPLAYED = ("update_weights_from_disk",)
+# what node losses did, counted over the run: nodes gone, engines placed on another node, engines left
+# waiting for a node with room, router moves
+NODE_COUNTERS = ("nodes_lost", "engines_moved", "engines_unplaced", "router_moves")
 
 
 class SupervisedEngineActor(EngineActor):
@@ -210,14 +217,32 @@ class Fleet:
 
     def _start_router(self) -> None:
         args = self.args
-        if args.sglang_router_ip is None:
-            self.router = Router(host="127.0.0.1", policy=args.router_policy,
-                                 prometheus_port=args.router_prometheus_port,
-                                 health_check_interval=args.router_health_check_interval, log_dir=args.log_dir)
-            self.router.start()
-            self.endpoints.router_url = self.router.url
-        else:
+        if args.sglang_router_ip is not None:
             self.endpoints.router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+            return
+        router_kw = {"policy": args.router_policy, "prometheus_port": args.router_prometheus_port,
+                     "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir}
+        resource = getattr(args, "router_resource", None)
+        if resource:  # on a node of its own, moved when that node is lost
+            here = ray.get_runtime_context().get_node_id()
+            self.router = RelocatingRouter(resource, here, router_kw, self._router_moved).start()
+        else:  # this process's child, on 127.0.0.1
+            self.router = Router(host="127.0.0.1", **router_kw).start()
+        self._publish_router(self.router.url)
+
+    def _publish_router(self, url: str) -> None:
+        """Where requests go from now on: the shared `Endpoints`, and slime's contract for plugins that
+        build URLs themselves (`args.sglang_router_ip/port`)."""
+        self.endpoints.router_url = url
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
+
+    def _router_moved(self, old_node: str | None, new_node: str, url: str) -> None:
+        """The router's node was lost and the router runs on `new_node` now (RelocatingRouter)."""
+        self._publish_router(url)
+        self.counters["router_moves"] += 1
+        if old_node is not None and not _node_alive(old_node):
+            self._note_node_loss(old_node, router_to=new_node)
 
     def _register(self, url: str) -> None:
         if self.router is not None:
@@ -286,7 +311,7 @@ class Fleet:
                 self._replace(slot)
                 return
             except NoRoomError as e:
-                self._fail(slot, str(e))
+                self._unplaced(slot, str(e))
                 return
             except Exception as e:  # noqa: BLE001 - try again while the budget lasts
                 slot.last_exit = f"restart failed: {type(e).__name__}"
@@ -301,31 +326,71 @@ class Fleet:
 
     def _place(self, slot: EngineSlot, actor: Any) -> None:
         """Wait until the replacement has a node; if it is another one, the old node is gone (a bundle
-        only moves when its node dies). No place within `_PLACEMENT_WAIT_S`: `NoRoomError`."""
+        only moves when its node dies). No place within `_PLACEMENT_WAIT_S`: `NoRoomError` (the caller
+        then waits on for a node with room, `_await_room`)."""
         try:
             node = ray.get(actor.node_id.remote(), timeout=_PLACEMENT_WAIT_S)
         except ray.exceptions.GetTimeoutError:
-            ray.kill(actor)
             raise NoRoomError(f"no room for a replacement on the surviving nodes within {_PLACEMENT_WAIT_S:.0f}s "
                               f"(its node {slot.node_id} is gone; cluster resources: {ray.cluster_resources()}); "
-                              "the pool shrinks") from None
+                              "the pool shrinks until a node with room joins") from None
+        self._placed(slot, node)
+
+    def _placed(self, slot: EngineSlot, node: str) -> None:
         old = slot.node_id
         if old is not None and node != old:
             self._note_node_loss(old, slot)
             slot.moved_from = old
+            self.counters["engines_moved"] += 1
             logger.warning("engine %d moved from lost node %s to node %s", slot.rank, old, node)
         slot.node_id = node
 
-    def _note_node_loss(self, node_id: str, slot: EngineSlot) -> None:
-        """Record (once per node) that `node_id` is gone and took this engine."""
+    def _note_node_loss(self, node_id: str, slot: EngineSlot | None = None, router_to: str | None = None) -> None:
+        """Record (once per node) that `node_id` is gone and took this engine (or the router, now on `router_to`)."""
         with self._lock:
             lost = self.lost_nodes.get(node_id)
             if lost is None:
-                lost = self.lost_nodes[node_id] = {"node_id": node_id, "lost_at": time.time(), "engines": []}
+                lost = self.lost_nodes[node_id] = {"node_id": node_id, "lost_at": time.time(), "engines": [],
+                                                   "router_moved_to": None}
                 self.counters["nodes_lost"] += 1
                 logger.warning("Ray node %s is gone (its raylet died or was drained)", node_id)
-            if slot.rank not in lost["engines"]:
+            if slot is not None and slot.rank not in lost["engines"]:
                 lost["engines"].append(slot.rank)
+            if router_to is not None:
+                lost["router_moved_to"] = router_to
+
+    def _unplaced(self, slot: EngineSlot, why: str) -> None:
+        """No node has room for this engine now: the pool goes on without it, and it waits (on Ray's
+        placement, an event) for a node with room to join."""
+        slot.state, slot.last_exit = "unplaced", why
+        self.counters["engines_unplaced"] += 1
+        logger.warning("engine %d: %s; %d of %d engines serve", slot.rank, why, self._serving(), len(self.slots))
+        threading.Thread(target=self._await_room, args=(slot, slot.actor), name=f"engine-room-{slot.rank}",
+                         daemon=True).start()
+
+    def _await_room(self, slot: EngineSlot, actor: Any) -> None:
+        """Block until Ray places the waiting engine (a node with room joined), then bring it up and
+        watch it like any engine. Its actor is killed at stop, which ends the wait."""
+        try:
+            node = ray.get(actor.node_id.remote())
+        except Exception:  # noqa: BLE001 - stopped (its actor killed), or its new node died at once
+            if not self._stopping.is_set() and slot.actor is actor:
+                self._on_death(slot, "its placement failed")
+            return
+        if self._stopping.is_set() or slot.actor is not actor:
+            return
+        self._placed(slot, node)
+        logger.warning("engine %d found room on node %s (a node joined): starting it", slot.rank, node)
+        slot.state = "restarting"
+        try:
+            self._bring_up(slot, actor)
+        except Exception as e:  # noqa: BLE001 - handled as a death: restarted while the budget lasts
+            self._on_death(slot, f"restart failed: {type(e).__name__}: {str(e)[:300]}")
+        if slot.state in UPDATABLE_STATES:
+            self._watch(slot)
+
+    def _serving(self) -> int:
+        return sum(s.state == "healthy" for s in self.slots)
 
     def _replace(self, slot: EngineSlot) -> None:
         """Kill the dead engine's actor and start a new one on the same bundle."""
@@ -337,6 +402,10 @@ class Fleet:
         actor = self._new_actor(slot.rank, slot.bundles[0])
         slot.actors = [actor]  # from here on, stop() stops the new one
         self._place(slot, actor)
+        self._bring_up(slot, actor)
+
+    def _bring_up(self, slot: EngineSlot, actor: Any) -> None:
+        """Start the placed replacement, give it what the others got, and admit it (or let it await weights)."""
         timeout = float(getattr(self.args, "engine_startup_timeout", 300.0)) + 60.0
         url = ray.get(actor.start.remote(), timeout=timeout)
         if self._stopping.is_set():
@@ -364,8 +433,8 @@ class Fleet:
                                serving, slot.restarts, self.max_restarts)
                 return
             self._admit(slot)
-        logger.warning("engine %d replaced: serving at %s (restart %d/%d)", slot.rank, url, slot.restarts,
-                       self.max_restarts)
+        logger.warning("engine %d replaced: serving at %s on node %s (restart %d/%d); %d of %d engines serve",
+                       slot.rank, url, slot.node_id, slot.restarts, self.max_restarts, self._serving(), len(self.slots))
 
     def note_weight_version(self, version: str | None) -> None:
         """The trainer pushed `version` to the serving engines (the manager's `end_weight_update`): what a
@@ -442,9 +511,11 @@ class Fleet:
                 "router_restarts": self.router.restarts if self.router else 0,
                 "engine_urls": list(self.endpoints.engine_urls),
                 "engines": self.engine_status(),
+                "router_node_id": getattr(self.router, "node_id", None),
                 "engine_deaths": self.counters["engine_deaths"],
                 "engine_restarts": self.counters["engine_restarts"],
                 "engine_bad_answers": {k: v for k, v in self.counters.items() if k.startswith("engine_bad_answer:")},
+                **{k: self.counters[k] for k in NODE_COUNTERS},
                 "lost_nodes": self.lost_node_status(),
                 "startup_seconds": dict(self.startup_timings)}
 
@@ -478,7 +549,9 @@ class Fleet:
         up when the step runs, so an engine replaced meanwhile is the one stopped."""
         steps: list[tuple[str, Any]] = [("engine supervision", self._stopping.set),
                                         ("router", lambda: self.router and self.router.stop())]
-        steps += [(f"engine {s.rank}", lambda s=s: ray.get([a.stop.remote() for a in s.actors], timeout=60))
+        # an engine waiting for room has no server, only an actor Ray has not placed: killed below
+        steps += [(f"engine {s.rank}", lambda s=s: s.state == "unplaced" or ray.get([a.stop.remote() for a in s.actors],
+                                                                                    timeout=60))
                   for s in self.slots]
         steps += [(f"engine actor {s.rank}", lambda s=s: [ray.kill(a) for a in s.actors]) for s in self.slots]
         steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))

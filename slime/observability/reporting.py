@@ -49,6 +49,11 @@ def log_rollout(args: Any, rollout_id: int, samples: list, perf: dict | None = N
     return out
 
 
+def log_fleet(args: Any, rollout_id: int, metrics: dict, wandb_run: WandbRun | None = None) -> dict:
+    """`fleet/*` (what node losses did, slime.observability.node_losses) against fleet/step."""
+    return _emit(args, wandb_run, "fleet", rollout_id, metrics, "fleet/step", M.log_step(args, rollout_id))
+
+
 def eval_table_rows(args: Any, samples: list, limit: int) -> list[list[Any]]:
     rows = []
     for s in M.flatten_samples(samples)[:limit]:

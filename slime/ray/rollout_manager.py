@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from slime.fleet.fleet import Fleet
+from slime.fleet.fleet import NODE_COUNTERS, Fleet
+from slime.observability import reporting
+from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 from slime.observability.wandb_logger import WandbRun
 from slime.ray import weight_sync
 from slime.ray.box import Box
@@ -32,12 +34,27 @@ if TYPE_CHECKING:  # imported where it is built: torch and transformers load whi
     from slime.rollout.controller import RolloutController
 
 logger = logging.getLogger(__name__)
+FLEET_COUNTERS = ("engine_deaths", "engine_restarts", *NODE_COUNTERS)  # each rollout reports its share (perf/*)
+
+
+def log_warnings_to_stderr() -> None:
+    """The manager's warnings (an engine died, a node was lost, the pool shrank or grew back) go to its
+    stderr, which Ray forwards to the command's console. Without a handler of its own the process relies
+    on Python's last-resort handler, which stops printing as soon as any handler sits on the root logger,
+    as `StallGuard` does for the length of every rollout: exactly when those warnings come."""
+    root = logging.getLogger()
+    if not any(isinstance(h, logging.StreamHandler) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
 
 
 class RolloutManager:
     def __init__(self, args: Any, fork_server: str | None = None):
         from slime.engine.default_model import resolve_hf_checkpoint
 
+        log_warnings_to_stderr()
         resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
         self.args = args
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
@@ -50,6 +67,7 @@ class RolloutManager:
         self.train_parallel_config: dict[str, Any] | None = None
         self._engine_lock: Any = None  # held by a trainer while it pushes weights (made on first use)
         self._restarts_pushed = 0  # engine restarts the trainer has already pushed weights to
+        self._reported_lost: set[str] = set()  # lost nodes already named in a rollout's summary
         self._shut = False
 
     # ---- start-up ----
@@ -65,10 +83,7 @@ class RolloutManager:
             with ThreadPoolExecutor(1, thread_name_prefix="controller-init") as pool:
                 controller = pool.submit(self._build_controller, fleet.endpoints if fleet else Endpoints(), t0)
                 if fleet is not None:
-                    endpoints = fleet.start()
-                    # slime's contract: plugins build URLs from args.sglang_router_ip/port
-                    host, _, port = endpoints.router_url.removeprefix("http://").rpartition(":")
-                    self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
+                    fleet.start()  # also sets args.sglang_router_ip/port (slime's contract for plugins)
                     self.startup_timings.update(fleet.startup_timings)
                 self.controller = controller.result()
             self.startup_timings["ready"] = time.monotonic() - t0
@@ -83,8 +98,7 @@ class RolloutManager:
         fleet = self.fleet
         controller = RolloutController(
             self.args, endpoints, tool_services=self.tool_services, wandb_run=self.wandb_run,
-            fleet_counters=(lambda: {k: fleet.counters[k] for k in ("engine_deaths", "engine_restarts")})
-            if fleet else None)
+            fleet_counters=(lambda: {k: fleet.counters[k] for k in FLEET_COUNTERS}) if fleet else None)
         self.startup_timings["controller"] = time.monotonic() - t0
         mark("manager: controller built")
         return controller
@@ -116,9 +130,21 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> Box | list[Box]:
         """`Box(ray.put(batch))`; after `set_train_parallel_config`, one Box per DP rank (one put each)."""
         out = self.controller.generate(rollout_id, self.train_parallel_config)
+        self._report_lost_nodes(rollout_id)
         if self.train_parallel_config is None:
             return Box(ray.put(out))
         return [Box(ray.put(rank)) for rank in out]
+
+    def _report_lost_nodes(self, rollout_id: int) -> None:
+        """Nodes lost since the last rollout's report: in its summary (`lost_nodes`, the CLI's line) and
+        on the dashboard (`fleet/*`)."""
+        if self.fleet is None or self.controller.last_summary is None:
+            return
+        new = [e for e in self.fleet.lost_node_status() if e["node_id"] not in self._reported_lost]
+        self._reported_lost.update(e["node_id"] for e in new)
+        self.controller.last_summary["lost_nodes"] = [describe_lost_node(e) for e in new]
+        if new:
+            reporting.log_fleet(self.args, rollout_id, node_loss_metrics(new), self.wandb_run)
 
     def get_num_rollout_per_epoch(self) -> int:
         source = self.controller.data_source

@@ -79,8 +79,8 @@ def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: d
             "aborted": sum(s.status == Sample.Status.ABORTED for s in samples),
             "response_tokens": tokens, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds,
             "engine_retries": metrics.get("perf/engine_retries", 0),
-            "engine_deaths": metrics.get("perf/engine_deaths", 0),
-            "engine_restarts": metrics.get("perf/engine_restarts", 0),
+            **{k: metrics.get(f"perf/{k}", 0) for k in ("engine_deaths", "engine_restarts", "nodes_lost",
+                                                          "engines_moved", "engines_unplaced", "router_moves")},
             "failure_reasons": failure_reasons(samples)[0]}
 
 

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.router_answer import parse_workers
@@ -163,7 +163,7 @@ class EngineClient:
     def new_rid(self) -> str:
         return f"{self._rid_prefix}{next(self._rid)}"
 
-    async def post(self, url: str, payload: Any, *, timeout: float | None = None,
+    async def post(self, url: str | Callable[[], str], payload: Any, *, timeout: float | None = None,
                    policy: RetryPolicy | None = None, headers: dict[str, str] | None = None,
                    on_retry: Any = None, answer: Any = None) -> Any:
         """Any JSON POST, with this client's deadline, retry budget and counters; `answer(raw)` checks
@@ -240,7 +240,9 @@ class EngineClient:
                 return self._renew_rid(body, failure, engine)
 
             try:
-                out = await self.post(f"{target}/generate", payload, on_retry=renew,
+                # the router's address is read again for each retry: it may have been restarted elsewhere
+                where = f"{url}/generate" if url else (lambda: f"{self.router_url}/generate")
+                out = await self.post(where, payload, on_retry=renew,
                                       answer=answer,
                                       headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
             except HttpError as e:

@@ -147,7 +147,7 @@ def _retry_after(headers: Any) -> float | None:
 
 async def request_json(
     method: str,
-    url: str,
+    url: str | Callable[[], str],
     payload: Any = None,
     *,
     timeout: float,
@@ -168,7 +168,8 @@ async def request_json(
     `http_<status>` (e.g. a proxy's code for an upstream answer cut mid-way). Without a `session`
     a one-off session is opened and closed around the call. `on_retry(payload, failure)` gives the
     payload of the next attempt (e.g. a fresh request id: the server may still be working on the
-    abandoned one, which `failure.may_still_run` says).
+    abandoned one, which `failure.may_still_run` says). `url` may be a function, asked again before
+    every attempt (a router restarted elsewhere is at a new address).
     """
     if session is None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
@@ -177,12 +178,14 @@ async def request_json(
                                       classify=classify)
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
+    where = url if callable(url) else (lambda fixed=url: fixed)
     attempt = 0
     started = time.monotonic()
     first: Failure | None = None
     while True:
         stats.requests += 1
         retry_after, status = None, None
+        url = where()
         try:
             async with session.request(method, url, json=payload, headers=headers,
                                        timeout=_attempt_timeout(timeout)) as resp:

@@ -37,6 +37,27 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="session")
+def engine_fork_server(tiny_model_dir, work_dir):
+    """The socket of an engine fork server preloaded with the tiny model, as `slime-train` runs one
+    per node: engines handed it (`RolloutManager(args, fork_server=)`, `train(args, fork_server=)`)
+    start warm in under a second instead of importing torch and loading a model each (5 s idle, 50 s
+    on a loaded box). None (cold starts) when `SLIME_ENGINE_FORK_SERVER=0`. Tests of the cold path
+    itself do not use it."""
+    from types import SimpleNamespace
+
+    from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
+
+    server = start_engine_fork_server(SimpleNamespace(
+        rollout_backend="hf", hf_checkpoint=str(tiny_model_dir), ray_address=None, load_debug_rollout_data=None,
+        rollout_num_engines=1, log_dir=str(work_dir)))
+    session = RaySession(False, server)
+    try:
+        yield server.socket_path if server is not None and _await_socket(server) else None
+    finally:
+        session.stop_fork_server()
+
+
 @pytest.fixture
 def fleet_of(tiny_model_dir):
     """`fleet_of(script, n)`: n scripted engines behind a real router of their own; stopped after the test."""

@@ -47,13 +47,13 @@ pytestmark = pytest.mark.slow  # about 90 s on a quiet 2-core box (8 min under h
 
 
 @pytest.fixture(scope="module")
-def opd_run(ray_cluster, tiny_model_dir, tmp_path_factory):
+def opd_run(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("opd")
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(40)]
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     student = sharpened(tiny_model_dir, d / "student")
     teacher = sharpened(tiny_model_dir, d / "teacher", noise=TEACHER_NOISE)
-    with run_engine(teacher) as teacher_url:
+    with run_engine(teacher, fork_server=engine_fork_server) as teacher_url:
         args = parse_train_args([
             "--rollout-backend", "hf", "--hf-checkpoint", str(student), "--prompt-data", str(d / "train.jsonl"),
             "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
@@ -68,7 +68,7 @@ def opd_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             "--save-debug-rollout-data", str(d / "debug" / "rollout_{rollout_id}.pt"), "--save", str(d / "ckpt"),
             "--save-interval", str(N_ROLLOUT),
             "--log-dir", str(d / "logs")])
-        records = train(args)
+        records = train(args, fork_server=engine_fork_server)
     return records, d, teacher
 
 

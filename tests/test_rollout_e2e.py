@@ -42,7 +42,7 @@ def base_argv(tiny_model_dir, data_files, tmp, *extra):
 
 
 @pytest.fixture(scope="module")
-def manager(ray_cluster, tiny_model_dir, data_files, tmp_path_factory):
+def manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path_factory):
     import ray
 
     from slime.ray.rollout_manager import RolloutManager
@@ -55,7 +55,7 @@ def manager(ray_cluster, tiny_model_dir, data_files, tmp_path_factory):
                                 "--eval-prompt-data", "mini", str(data_files / "eval.jsonl"),
                                 "--n-samples-per-eval-prompt", "2", "--use-wandb", "--wandb-dir",
                                 str(tmp / "wandb"), "--rollout-data-dir", str(tmp / "dumps")))
-    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
+    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
     info = ray.get(m.start.remote())
     yield m, info, tmp, args
     ray.get(m.shutdown.remote())
@@ -218,14 +218,14 @@ def test_router_restarts_after_kill(manager):
 
 
 @pytest.fixture
-def own_manager(ray_cluster, tiny_model_dir, data_files, tmp_path):
+def own_manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path):
     """A manager of its own, for a test that breaks it."""
     import ray
 
     from slime.ray.rollout_manager import RolloutManager
 
     args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact"))
-    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args)
+    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
     try:
         info = ray.get(m.start.remote())
         yield m, info
@@ -305,7 +305,7 @@ def test_rollout_and_eval_metrics_reach_the_wandb_run(ray_cluster, tiny_model_di
     assert [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r] == [0.5]
 
 
-def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path):
+def test_external_router_mode(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path):
     import ray
 
     from slime.fleet.router import Router
@@ -316,7 +316,7 @@ def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path)
         args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact",
                                     "--rollout-num-engines", "1", "--sglang-router-ip", router.host,
                                     "--sglang-router-port", str(router.port)))
-        m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+        m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
         info = ray.get(m.start.remote())
         assert info["router_url"] == router.url and info["router_pid"] is None
         assert [w.url for w in router.list_workers()] == info["engine_urls"]
@@ -328,7 +328,8 @@ def test_external_router_mode(ray_cluster, tiny_model_dir, data_files, tmp_path)
         router.stop()
 
 
-def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, tiny_model_dir, data_files, tmp_path):
+def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, engine_fork_server, tiny_model_dir, data_files,
+                                                    tmp_path):
     """`sandbox_fusion_url: local`: the manager starts one sandbox and the tool's global limiter;
     tool calls made inside the controller actor run in that sandbox."""
     import ray
@@ -342,7 +343,7 @@ def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, tiny_model_dir,
                                 "--custom-generate-function-path", "tests.plugins.sandbox_probe.generate",
                                 "--chat-template-check", "warn", "--max-turns", "1",
                                 "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")))
-    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
     try:
         info = ray.get(m.start.remote())
         url = info["sandbox_url"]
@@ -360,7 +361,7 @@ def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, tiny_model_dir,
 
 
 @pytest.mark.slow
-def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, tmp_path):
+def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, engine_fork_server, tmp_path):
     """The real default model (SmolLM2, greedy) on the embedded engine emits a tool call; it runs in
     the manager's local sandbox and the result comes back as masked tool tokens."""
     import ray
@@ -386,7 +387,7 @@ def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, tmp_path):
                        "--tool-config-path", os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
                        "--chat-template-check", "warn", "--max-turns", "2", "--log-dir", str(tmp_path / "logs"),
                        "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")])
-    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
     try:
         info = ray.get(m.start.remote())
         batch = ray.get(ray.get(m.generate.remote(0)).inner)
@@ -480,7 +481,7 @@ def test_bad_plugin_path_fails_before_starting_anything(tiny_model_dir, data_fil
     assert rc == 1 and "--rollout-function-path 'no_such.module.fn'" in err and "No module named 'no_such'" in err
 
 
-def test_trainer_gets_one_box_per_dp_rank(ray_cluster, tiny_model_dir, data_files, tmp_path):
+def test_trainer_gets_one_box_per_dp_rank(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path):
     """slime's trainer contract end to end: after set_train_parallel_config({"dp_size": 2}) every
     generate returns two Boxes whose partitions cover every sample once, with the samples' exact
     tokens, masks and log-probs as CPU tensors; the plugin (slime-style) never sets loss_mask."""
@@ -493,7 +494,7 @@ def test_trainer_gets_one_box_per_dp_rank(ray_cluster, tiny_model_dir, data_file
                                 "--save-debug-rollout-data",
                                 str(tmp_path / "r_{rollout_id}.pt"), "--global-batch-size", "2",
                                 "--micro-batch-size", "1"))
-    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
+    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
     try:
         ray.get(m.start.remote())
         with pytest.raises(ray.exceptions.RayTaskError, match="dp_size"):

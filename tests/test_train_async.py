@@ -20,13 +20,14 @@ from tests.test_train_loop import argv, prompts  # noqa: F401 - the train test's
 N_ROLLOUT = 3
 
 
-def test_async_training_overlaps_and_records_versions(ray_cluster, tiny_model_dir, prompts, tmp_path):  # noqa: F811
+def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_server, tiny_model_dir, prompts,  # noqa: F811
+                                                      tmp_path):
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
                                  "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT), "--async",
                                  "--rollout-function-path",
                                  "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
                                  "--sglang-server-concurrency", "4", "--max-staleness", "1"))
-    records = train(args)
+    records = train(args, fork_server=engine_fork_server)
     assert [r.rollout_id for r in records] == list(range(N_ROLLOUT))
     # rollout 0 by the initial weights; rollout k+1 launched before rollout k trained: version k
     assert [r.weight_version for r in records] == ["0", "0", "1"]

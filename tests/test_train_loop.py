@@ -46,12 +46,12 @@ def argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def first_run(ray_cluster, tiny_model_dir, prompts, tmp_path_factory):
+def first_run(ray_cluster, engine_fork_server, tiny_model_dir, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("train-a")
     args = parse_train_args(argv(tiny_model_dir, prompts, out, "--rollout-num-engines", "2", "--actor-num-workers",
                                  "2", "--num-rollout", str(N_ROLLOUT), "--save", str(out / "ckpt"),
                                  "--save-interval", "2"))
-    return train(args), out
+    return train(args, fork_server=engine_fork_server), out
 
 
 def test_reward_rises(first_run):
@@ -115,7 +115,7 @@ def test_checkpoints_follow_save_interval(first_run):
         assert (ckpt / "iter_0000001" / name).is_file(), name
 
 
-def test_resume_from_a_checkpoint_continues_exactly(first_run, tiny_model_dir, prompts, tmp_path):
+def test_resume_from_a_checkpoint_continues_exactly(first_run, engine_fork_server, tiny_model_dir, prompts, tmp_path):
     """Resume from rollout 1's checkpoint (not the newest): rollout 2 comes next, with rollout 2's
     prompts, the checkpoint's weights and step; weights by the tensor path."""
     from safetensors.torch import load_file
@@ -127,7 +127,7 @@ def test_resume_from_a_checkpoint_continues_exactly(first_run, tiny_model_dir, p
                                  "--actor-num-workers", "1", "--num-rollout", str(CKPT_STEP + 2), "--load",
                                  str(out_a / "ckpt"), "--ckpt-step", str(CKPT_STEP), "--save", str(tmp_path / "ckpt"),
                                  "--weight-sync", "tensor"))
-    records_b = train(args)
+    records_b = train(args, fork_server=engine_fork_server)
     assert [r.rollout_id for r in records_b] == [CKPT_STEP + 1]
     r = records_b[0]
     assert r.sample_weight_versions == [str(CKPT_STEP + 1)]
@@ -148,12 +148,12 @@ def test_resume_from_a_checkpoint_continues_exactly(first_run, tiny_model_dir, p
     assert {c["weight_version"] for c in initial["weight_check"]} == {str(CKPT_STEP + 1)}
 
 
-def test_colocated_offloads_engines_while_training(ray_cluster, tiny_model_dir, prompts, tmp_path):
+def test_colocated_offloads_engines_while_training(ray_cluster, engine_fork_server, tiny_model_dir, prompts, tmp_path):
     """--colocate: engines released after generate, weights resumed, pushed (tensor path), KV resumed."""
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
                                  "--actor-num-workers", "1", "--num-rollout", "2", "--colocate"))
     assert args.offload_rollout
-    records = train(args)
+    records = train(args, fork_server=engine_fork_server)
     assert [r.sample_weight_versions for r in records] == [["0"], ["1"]]
     assert all(c["equal"] for r in records for c in r.weight_check)
 

@@ -30,7 +30,7 @@ def _served(url: str) -> float:
 
 
 @pytest.fixture
-def loop_parts(ray_cluster, tiny_model_dir, tmp_path):
+def loop_parts(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(16)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = parse_train_args([
@@ -41,7 +41,7 @@ def loop_parts(ray_cluster, tiny_model_dir, tmp_path):
         "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--global-batch-size", "4",
         "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
         "--num-rollout", "3", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2"])
-    with manager_and_trainer(args) as parts:
+    with manager_and_trainer(args, engine_fork_server) as parts:
         yield parts
 
 

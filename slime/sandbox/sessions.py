@@ -74,6 +74,11 @@ class SessionSettings:
         """The server's flags (`add_session_arguments`); ValueError names the flag."""
         if not 0 < args.egress_port < 1024:
             raise ValueError(f"--egress-port {args.egress_port}: must be below 1024 (a run's uid cannot take it first)")
+        for flag in ("max_sessions", "max_session_exec_timeout", "session_idle_timeout", "max_session_lifetime",
+                     "max_session_disk_mb", "max_egress_connections"):
+            value = getattr(args, flag)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{flag.replace('_', '-')} {value}: must be positive")
         return cls(egress_targets=parse_egress_targets(args.egress), egress_port=args.egress_port,
                    max_sessions=args.max_sessions or args.max_concurrency,
                    max_exec_timeout=args.max_session_exec_timeout, idle_timeout=args.session_idle_timeout, max_lifetime=args.max_session_lifetime,

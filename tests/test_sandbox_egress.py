@@ -40,6 +40,7 @@ def env(tmp_path_factory):
     from slime.sandbox.server import start_local_sandbox
     from slime.testing.agent_stack import AgentStack
     from slime.testing.tiny_model import qwen_tokenizer_dir
+    from slime.utils.misc import find_free_port
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: REPLY).start()
@@ -53,6 +54,7 @@ def env(tmp_path_factory):
     try:
         url, handle = start_local_sandbox(max_concurrency=2, extra_args=[
             "--egress", f"gateway=127.0.0.1:{stack.gateway.port}", "--max-egress-connections", "2",
+            "--egress", f"dead=127.0.0.1:{find_free_port()}",
             "--ro-bind", f"{tools}:/opt/tools"])
     except BaseException:
         stack.stop()
@@ -178,6 +180,19 @@ def test_egress_connections_are_capped_and_counted(env):
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
 
 
+def test_an_egress_whose_target_is_down_closes_each_connection_and_counts_it(env):
+    url = env["url"]
+    sid = _open(url, egress="dead")["session_id"]
+    try:
+        out = _python(url, sid, "import socket\ns = socket.create_connection(('127.0.0.1', 80), timeout=5)\n"
+                                "s.settimeout(15)\nprint(s.recv(10))")
+        assert (out["returncode"], out["stdout"]) == (0, "b''\n")
+        counters = requests.get(f"{url}/sessions/{sid}", timeout=10).json()["egress_counters"]
+        assert (counters["connections"], counters["failed"], counters["bytes_out"]) == (0, 1, 0)
+    finally:
+        requests.delete(f"{url}/sessions/{sid}", timeout=60)
+
+
 def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
     url = env["url"]
     sid = _open(url)["session_id"]
@@ -192,6 +207,8 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
     run = requests.post(f"{url}/run_code", json={"code": "/opt/tools/bin/hello", "language": "bash"}, timeout=60)
     assert run.json()["run_result"]["stdout"] == "hello from the tools\n"
     assert sorted(os.listdir(env["tools"])) == ["bin"]
+    health = requests.get(f"{url}/health", timeout=10).json()
+    assert (health["egress"], health["ro_binds"], health["max_sessions"]) == (["dead", "gateway"], ["/opt/tools"], 2)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -203,6 +220,7 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
     (["--egress", "gateway"], "--egress 'gateway': expected NAME=HOST:PORT (e.g. gateway=127.0.0.1:8000)"),
     (["--egress", "a=h:1", "--egress", "a=h:2"], "--egress 'a=h:2': the name 'a' is given twice"),
     (["--egress-port", "8080"], "--egress-port 8080: must be below 1024 (a run's uid cannot take it first)"),
+    (["--max-egress-connections", "0"], "--max-egress-connections 0: must be positive"),
 ])
 def test_bad_egress_and_ro_bind_flags_refuse_the_start(flags, message, capsys):
     from slime.sandbox.server import main

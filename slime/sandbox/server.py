@@ -17,6 +17,9 @@ beyond that the answer is ``429`` with ``Retry-After`` (seconds) and ``retry_aft
 resets the observed maximum). Isolation (see runner.py) is probed at start; without it the server
 refuses to start unless ``--allow-no-isolation`` is given.
 
+Sessions (``/sessions``: a workspace kept across commands in one slot, at most one egress to a target the
+operator names with ``--egress``; tools bound read-only with ``--ro-bind``) are `sessions.py`'s.
+
 `start_local_sandbox()` runs one in a child process for the RolloutManager or the tool
 (``sandbox_fusion_url: local``); the listening socket is bound by the parent and handed over, so
 the URL is valid (connections queue in the backlog) before the child has even started.
@@ -196,7 +199,8 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
         return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages,
                 "uids": [runner.uids.base, runner.uids.last],
                 "cgroups": runner.cgroups.kind, "per_process_only": runner.per_process_only,
-                "seccomp": runner.seccomp}
+                "seccomp": runner.seccomp, "sessions": len(table.sessions), "max_sessions": table.settings.max_sessions,
+                "egress": sorted(table.settings.egress_targets), "ro_binds": [inside for _, inside in cfg.ro_binds]}
 
     @app.get("/v1/stats")
     async def stats():

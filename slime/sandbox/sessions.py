@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import shlex
 import socket
 import struct
@@ -73,6 +74,11 @@ class SessionSettings:
         """The server's flags (`add_session_arguments`); ValueError names the flag."""
         if not 0 < args.egress_port < 1024:
             raise ValueError(f"--egress-port {args.egress_port}: must be below 1024 (a run's uid cannot take it first)")
+        for flag in ("max_sessions", "max_session_exec_timeout", "session_idle_timeout", "max_session_lifetime",
+                     "max_session_disk_mb", "max_egress_connections"):
+            value = getattr(args, flag)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{flag.replace('_', '-')} {value}: must be positive")
         return cls(egress_targets=parse_egress_targets(args.egress), egress_port=args.egress_port,
                    max_sessions=args.max_sessions or args.max_concurrency,
                    max_exec_timeout=args.max_session_exec_timeout, idle_timeout=args.session_idle_timeout, max_lifetime=args.max_session_lifetime,
@@ -136,6 +142,7 @@ class SessionTable:
         self.runner, self.adm, self.settings = runner, admission, settings
         self.sessions: dict[str, Session] = {}
         self._expiring: set[asyncio.Task] = set()  # sessions being closed by a deadline (held: not collected)
+        self._opening = 0  # sessions being set up (they count against --max-sessions already)
         self.opened = self.closed_idle = self.closed_lifetime = self.failed = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -149,8 +156,8 @@ class SessionTable:
             if target is None:
                 known = ", ".join(sorted(self.settings.egress_targets)) or "none (see --egress)"
                 raise SessionError(422, f"egress {spec.egress!r} is not configured on this server; configured: {known}")
-        if len(self.sessions) >= self.settings.max_sessions:
-            raise SessionError(429, f"{len(self.sessions)} sessions are open (--max-sessions "
+        if len(self.sessions) + self._opening >= self.settings.max_sessions:
+            raise SessionError(429, f"{len(self.sessions) + self._opening} sessions are open (--max-sessions "
                                     f"{self.settings.max_sessions})", retry_after=5.0)
         if not self.adm.hold():
             raise SessionError(429, "sandbox busy: every slot is running or queued for (--max-concurrency "
@@ -162,11 +169,14 @@ class SessionTable:
         port = self.settings.egress_port if target else 0
         sess = Session(uuid.uuid4().hex, slot, self.runner.uids.base + slot, spec,
                        f"http://127.0.0.1:{port}" if target else None)
+        self._opening += 1
         try:
             await self._start(sess, target)
         except BaseException:
             await self._end(sess)
             raise
+        finally:
+            self._opening -= 1
         self.sessions[sess.id] = sess
         self.opened += 1
         loop = asyncio.get_running_loop()
@@ -185,6 +195,8 @@ class SessionTable:
         if target is not None:
             _msg, fds = await self.runner.receive_fds(sess.slot, MARGIN)
             if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
                 raise SessionError(500, f"the slot sent {len(fds)} egress sockets instead of one")
             sess.forwarder = EgressForwarder(socket.socket(fileno=fds[0]), target,
                                              max_connections=self.settings.max_egress_connections)

@@ -180,3 +180,22 @@ def test_per_loop_in_two_threads_at_once():
         t.join(timeout=10)
     assert results["a"][0] is results["a"][1] and results["b"][0] is results["b"][1]
     assert results["a"][0] is not results["b"][0]
+
+
+async def test_a_url_given_as_a_function_is_asked_again_before_each_retry():
+    """A router restarted on another node is at a new address: the retry goes there."""
+    from slime.utils.misc import find_free_port
+
+    stats = HttpStats()
+    async with Server([(200, {"ok": 1})]) as srv:
+        gone = f"http://127.0.0.1:{find_free_port()}/x"  # nothing listens: refused
+        urls = iter([gone, srv.url])
+        asked = []
+
+        def where() -> str:
+            asked.append(next(urls))
+            return asked[-1]
+
+        body = await request_json("POST", where, {"n": 1}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=2, **FAST))
+    assert body == {"ok": 1} and asked == [gone, srv.url] and srv.seen == [{"n": 1}]
+    assert stats.as_dict() == {"requests": 2, "retries": 1, "failures": 0, "retries_connection": 1}

@@ -47,6 +47,7 @@ def cluster_run(tiny_model_dir, tmp_path_factory) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     facts["log"] = proc.stderr
+    print(f"multinode scenario, seconds since start: {facts['seconds']}")  # shown with -s
     return facts
 
 
@@ -233,7 +234,11 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
                                                             "_system_config": FAST_NODE_DEATH})
-    facts: dict[str, Any] = {"rollouts": [], "lines": [], "trained": []}
+    facts: dict[str, Any] = {"rollouts": [], "lines": [], "trained": [], "seconds": {}}
+    t0 = time.monotonic()
+
+    def lap(what: str) -> None:  # where the scenario's time goes (reported by the test run, not asserted)
+        facts["seconds"][what] = round(time.monotonic() - t0, 1)
     try:
         router_node = cluster.add_node(num_cpus=0, resources={ROUTER_RESOURCE: 1}, **node_args)
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # only it has room for the engines
@@ -246,6 +251,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         facts["router_pid_is_managers_child"] = ray.get(manager.router_pid.remote()) in _children_of_manager(
             manager)
         facts["before"] = ray.get(manager.status.remote())
+        lap("cluster and manager up")
         trainer = TrainGroup(args)
         trainer.start()
         facts["trainer_nodes"] = [_actor_node(w) for w in trainer.workers]
@@ -258,7 +264,9 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
             cluster.remove_node(engines_node, allow_graceful=False)
             cluster.remove_node(router_node, allow_graceful=False)
 
+        lap("trainer up")
         run.rollout_with_kill(0, lose_engines_and_router, "held_requests_at_first_kill")
+        lap("rollout 0 (engines and router lost) trained")
         facts["status_after_first_loss"] = _status_when(manager, _all_healthy, "engines moved to the spare node")
 
         # 2. the spare node goes mid-rollout and no node has room: the pool is empty until a node joins
@@ -272,13 +280,16 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
             joined.append(cluster.add_node(num_cpus=2, **node_args))  # the same resources as the lost one
 
         run.rollout_with_kill(1, lose_spare_then_join, "held_requests_at_second_kill")
+        lap("rollout 1 (spare lost, a node joined) trained")
         _status_when(manager, _all_healthy, "engines placed on the joined node")
 
         # 3. the trainer's group is formed again over the moved engines: a distributed push reaches both
         trainer.update_weights(manager, "1", "distributed")
         facts["versions_after_push"] = [requests.get(f"{e['url']}/get_weight_version", timeout=10).json()
                                         ["weight_version"] for e in ray.get(manager.status.remote())["engines"]]
+        lap("push over the re-formed group")
         run.rollout_with_kill(2, None, "")
+        lap("rollout 2 trained")
         facts["after_status"] = ray.get(manager.status.remote())
         facts["nodes"] = {"head": cluster.head_node.node_id, "router": router_node.node_id,
                           "engines": engines_node.node_id, "trainer": trainer_node.node_id,
@@ -292,6 +303,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         session.stop()
         facts["alive_after_slime_stopped"] = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         facts["slime_actors_left"] = _actors_left()
+        lap("slime stopped")
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -84,3 +84,14 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(old.ping.remote(), timeout=60)
     assert [s.state for s in fleet.slots] == ["stopped", "stopped"]
+
+
+def test_a_router_resource_no_node_offers_is_refused_naming_the_flag(ray_cluster):
+    from slime.fleet.placement import PlacementError
+    from slime.fleet.router_host import RelocatingRouter
+
+    here = ray_cluster.get_runtime_context().get_node_id()
+    router = RelocatingRouter("no_node_has_this", here, {}, on_move=lambda *a: None)
+    with pytest.raises(PlacementError, match=r"--router-resource no_node_has_this: no live node of the cluster offers"):
+        router.start()
+    assert router.url is None and router.workers == []

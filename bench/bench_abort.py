@@ -145,10 +145,18 @@ def make_client(fleet: Fleet, everywhere: bool, timeout: float):
     return client
 
 
-async def generate_all(client, n: int) -> None:
-    outs = await asyncio.gather(*(client.generate(PROMPT, {"max_new_tokens": 8}) for _ in range(n)))
-    assert all(o.token_ids == TOKENS for o in outs)
+async def generate_all(client, n: int) -> int:
+    """Samples that failed (their budget spent: the old policy's abort storm can starve requests)."""
+    from slime.utils.http_retry import HttpError
+
+    outs = await asyncio.gather(*(client.generate(PROMPT, {"max_new_tokens": 8}) for _ in range(n)),
+                                return_exceptions=True)
+    unexpected = [o for o in outs if isinstance(o, BaseException) and not isinstance(o, HttpError)]
+    if unexpected:
+        raise unexpected[0]
+    assert all(o.token_ids == TOKENS for o in outs if not isinstance(o, HttpError))
     await asyncio.gather(*client._background)  # the aborts are part of the cost
+    return sum(isinstance(o, HttpError) for o in outs)
 
 
 # condition -> (error kind, abort everywhere); the error rate is --error-rate for all but "0%"
@@ -165,14 +173,14 @@ def measure(fleet: Fleet, condition: str, rate: float, n: int, seed: int, timeou
 
     async def go():
         try:
-            await generate_all(client, n)
+            return await generate_all(client, n)
         finally:
             await client.close()
 
     cpu = time.process_time()
-    asyncio.run(go())
+    failed = asyncio.run(go())
     return {"cpu": (time.process_time() - cpu) * 1000 / n, "retries": client.stats.total_retries,
-            "aborts": client.abort_stats.requests, "disconnects": client.disconnect_aborts}
+            "aborts": client.abort_stats.requests, "disconnects": client.disconnect_aborts, "failed": failed}
 
 
 def main() -> None:
@@ -209,10 +217,11 @@ def main() -> None:
         for name, xs in runs.items():
             cpu = statistics.median(x["cpu"] for x in xs)
             ratios[n_engines, name] = cpu / base
-            total = {k: int(sum(x[k] for x in xs)) for k in ("retries", "aborts", "disconnects")}
+            total = {k: int(sum(x[k] for x in xs)) for k in ("retries", "aborts", "disconnects", "failed")}
             rounds = ", ".join(f"{x['cpu']:.3f}" for x in xs)
             print(f"  {name:<30}: {cpu:6.3f} ms/sample  ratio {cpu / base:5.2f}x  (retries {total['retries']}, "
-                  f"abort requests {total['aborts']}, aborted by the closed connection {total['disconnects']}; "
+                  f"abort requests {total['aborts']}, aborted by the closed connection {total['disconnects']}, "
+                  f"failed samples {total['failed']}; "
                   f"rounds {rounds})")
     worst = max((r for (n, c), r in ratios.items() if c in ("1% 503s", "1% timeouts")), default=float("nan"))
     print(f"target: the 1% ratios <= 1.2x with every fleet size: worst {worst:.2f}x "

@@ -106,6 +106,18 @@ async def test_a_retry_after_no_answer_aborts_the_old_rid_only_on_the_engine_tha
     assert client.disconnect_aborts == 0  # sent to a known engine: aborted there, by request
 
 
+async def test_a_direct_call_without_an_answer_aborts_on_that_engine():
+    async with Engine(hang=1) as eng, Engine() as other:
+        client = EngineClient(Endpoints(other.url, [other.url]), request_timeout=0.5)
+        client.retry_policy.base_delay = client.retry_policy.max_delay = 0.0
+        out = await client.generate([1, 2], {}, rid="direct", url=f"{eng.url}/generate")
+        await asyncio.gather(*client._background)
+        eng.released.set()
+        await client.close()
+    assert out.token_ids == [1, 2] and [b["rid"] for b in eng.generated][0] == "direct"
+    assert (eng.aborted, other.aborted, other.generated) == ([{"rid": "direct"}], [], [])
+
+
 async def test_in_flight_bound_holds_requests_back():
     gate = asyncio.Event()
     async with Engine(gate=gate) as eng:

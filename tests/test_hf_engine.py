@@ -283,6 +283,23 @@ def test_stream_client_disconnect_aborts_the_request(engine):
     wait_until(lambda: load(engine)["num_reqs"] == 0)
 
 
+def test_client_disconnect_aborts_a_non_streaming_request(engine):
+    """As SGLang: a request whose client went away (our deadline, or the router closing its connection
+    because ours closed) is aborted, not decoded to the end for nobody."""
+    def aborted() -> float:
+        text = engine.get("/metrics").text
+        return float(next(ln.split()[-1] for ln in text.splitlines()
+                          if ln.startswith("sglang:num_aborted_requests_total")))
+
+    wait_until(lambda: load(engine)["num_reqs"] == 0)
+    before = aborted()  # (another test's abort may still be counted after this: hence ">")
+    body = {"input_ids": PROMPTS[2], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with httpx.Client(base_url=str(engine.base_url), timeout=1.0) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            impatient.post("/generate", json=body)
+    wait_until(lambda: load(engine)["num_reqs"] == 0 and aborted() > before)
+
+
 @pytest.mark.parametrize("body, field", [
     ({"sampling_params": {}}, "input_ids or text"),
     ({"input_ids": []}, "input_ids"),

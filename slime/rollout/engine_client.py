@@ -233,15 +233,16 @@ class EngineClient:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled
                 return EngineOutput([], [], "", "abort")
             self.in_flight += 1
-            target = url or self.router_url
-            engine = target if url or target in self.endpoints.engine_urls else None
+            target = url or f"{self.router_url}/generate"  # `url`: a whole /generate URL, as before
+            base = target.removesuffix("/generate")
+            engine = base if url or base in self.endpoints.engine_urls else None
 
             def renew(body: dict[str, Any], failure: Failure) -> dict[str, Any]:
                 return self._renew_rid(body, failure, engine)
 
             try:
                 # the router's address is read again for each retry: it may have been restarted elsewhere
-                where = f"{url}/generate" if url else (lambda: f"{self.router_url}/generate")
+                where = url or (lambda: f"{self.router_url}/generate")
                 out = await self.post(where, payload, on_retry=renew,
                                       answer=answer,
                                       headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)

@@ -13,7 +13,7 @@ from typing import Any
 
 import requests
 
-DEATH_GRACE_S = 10.0  # a request that failed without an answer: time for the engine's exit notice to arrive
+DEATH_GRACE_S = 30.0  # a request that failed without an answer: time for the engine's exit notice to arrive (spent only when no notice comes; a loaded host may reap a killed engine slowly)
 
 
 class WeightSyncError(RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from typing import Any, Iterator
 
@@ -24,17 +25,19 @@ def wait_engine_state(manager: Any, rank: int, states: tuple[str, ...], timeout:
 
 
 @contextlib.contextmanager
-def manager_and_trainer(args: Any) -> Iterator[tuple[Any, Any]]:
+def manager_and_trainer(args: Any, *, warm: bool = False) -> Iterator[tuple[Any, Any]]:
     """slime-train's own pieces for a test: the manager actor and a started trainer group (dp 1),
-    both stopped at the end whatever happened."""
+    both stopped at the end whatever happened. `warm`: engines (and their replacements) fork from an
+    engine fork server, as `slime-train` starts them on its own Ray (slime.engine.warm_start)."""
     import ray
 
-    from slime.ray.session import start_manager, stop_manager
+    from slime.ray.session import start_engine_fork_server, start_manager, stop_manager
     from slime.train.actor_group import TrainGroup
 
-    manager = group = None
+    manager = group = server = None
     try:
-        manager, _ = start_manager(args)
+        server = start_engine_fork_server(args) if warm else None
+        manager, _ = start_manager(args, fork_server=server.socket_path if server is not None else None)
         group = TrainGroup(args)
         group.start()
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
@@ -43,6 +46,9 @@ def manager_and_trainer(args: Any) -> Iterator[tuple[Any, Any]]:
         if group is not None:
             group.shutdown()
         stop_manager(manager)
+        if server is not None:
+            server.stop(timeout=5)
+            shutil.rmtree(server.where, ignore_errors=True)
 
 
 def batch_weight_versions(boxes: list) -> set[str]:

@@ -35,8 +35,8 @@ def test_node_lost_during_a_push_survivor_pushed_replacement_gets_the_next_push(
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    a, b, trainer_node = facts["nodes"]["a"], facts["nodes"]["b"], facts["nodes"]["trainer"]
-    assert [e["node_id"] for e in facts["before"]["engines"]] == [a, b]  # one engine per node
+    a, b, trainer_node = facts["nodes"]["kept"], facts["nodes"]["lost"], facts["nodes"]["trainer"]
+    assert [e["node_id"] for e in facts["before"]["engines"]] == [a, b] and a != b  # one engine per node
     assert facts["trainer_nodes"] == [trainer_node]
 
     # the node went while the push ran (engines paused): the push names the lost engine, the survivor has it all
@@ -88,14 +88,15 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
                                                             "_system_config": FAST_NODE_DEATH})
     facts: dict[str, Any] = {}
     try:
-        node_a = cluster.add_node(num_cpus=1, **node_args)
-        node_b = cluster.add_node(num_cpus=1, **node_args)
+        engine_nodes = [cluster.add_node(num_cpus=1, **node_args) for _ in range(2)]  # one engine each
         args = parse_args(_argv(model_dir, work, cluster.address) + ["--update-weight-buffer-size", str(64 << 10)])
         session = ray_init(args)
         manager, info = start_manager(args)
         trainer_node = cluster.add_node(num_cpus=3, **node_args)  # the trainer's, with room for a moved engine
-        facts["nodes"] = {"a": node_a.node_id, "b": node_b.node_id, "trainer": trainer_node.node_id}
         facts["before"] = ray.get(manager.status.remote())
+        lost = next(n for n in engine_nodes if n.node_id == facts["before"]["engines"][1]["node_id"])
+        kept = next(n for n in engine_nodes if n is not lost)
+        facts["nodes"] = {"kept": kept.node_id, "lost": lost.node_id, "trainer": trainer_node.node_id}
         trainer = TrainGroup(args)
         trainer.start()
         facts["trainer_nodes"] = [_actor_node(w) for w in trainer.workers]
@@ -110,7 +111,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         push.start()
         _wait_for(lambda: all(_paused(urls)), "the push never paused the engines")
         facts["paused_at_kill"] = _paused(urls)
-        cluster.remove_node(node_b, allow_graceful=False)
+        cluster.remove_node(lost, allow_graceful=False)
         push.join()
         facts["push_during_loss"] = pushed
         trained = trainer.weight_checksums()

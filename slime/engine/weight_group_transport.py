@@ -3,8 +3,9 @@ shared-memory ring (slime.engine.weight_ring; rank 0 copies once, each engine on
 only per-chunk handshakes) or a gloo broadcast of the tensors (slime's way across hosts).
 
 `GroupTransport` is the push half of `slime.engine.weight_group.WeightUpdateGroup`: it uses the
-group's `engines`, `group_name`, `timeout`, `_pg`, `_ring`, `_seq`, `_scratch` and `_waiters`, and
-raises EnginesDied (the group re-forms) or WeightSyncError (the group closed) when a step is lost.
+group's `engines`, `group_name`, `timeout`, `_pg`, `_ring`, `_seq`, `_scratch`, `_waiters` and
+`_abandon`, and raises EnginesDied (the group re-forms) or WeightSyncError (the group, out of step, is
+abandoned: connect again) when a step is lost.
 """
 
 from __future__ import annotations

@@ -444,7 +444,8 @@ class Fleet:
                 "engines": self.engine_status(),
                 "engine_deaths": self.counters["engine_deaths"],
                 "engine_restarts": self.counters["engine_restarts"],
-                "engine_bad_answers": {k: v for k, v in self.counters.items() if k.startswith("engine_bad_answer:")},
+                "engine_bad_answers": {k: v for k, v in self.counters.items()
+                                       if k.startswith("engine_bad_answer:")},
                 "lost_nodes": self.lost_node_status(),
                 "startup_seconds": dict(self.startup_timings)}
 

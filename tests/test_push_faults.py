@@ -30,7 +30,7 @@ def parts(ray_cluster, tiny_model_dir, tmp_path):
         "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
         "--num-rollout", "2", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2",
         "--update-weight-buffer-size", str(64 << 10)])  # many buckets: the death lands mid-push
-    with manager_and_trainer(args) as parts:
+    with manager_and_trainer(args, warm=True) as parts:  # engines and their replacement fork warm
         yield parts
 
 

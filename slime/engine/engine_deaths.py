@@ -13,7 +13,9 @@ from typing import Any
 
 import requests
 
-DEATH_GRACE_S = 10.0  # a request that failed without an answer: time for the engine's exit notice to arrive
+# a request that failed without an answer: time for the engine's exit notice to arrive (spent only when
+# no notice comes; a loaded host may take seconds to reap a killed engine)
+DEATH_GRACE_S = 30.0
 
 
 class WeightSyncError(RuntimeError):

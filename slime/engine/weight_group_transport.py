@@ -3,8 +3,9 @@ shared-memory ring (slime.engine.weight_ring; rank 0 copies once, each engine on
 only per-chunk handshakes) or a gloo broadcast of the tensors (slime's way across hosts).
 
 `GroupTransport` is the push half of `slime.engine.weight_group.WeightUpdateGroup`: it uses the
-group's `engines`, `group_name`, `timeout`, `_pg`, `_ring`, `_seq`, `_scratch` and `_waiters`, and
-raises EnginesDied (the group re-forms) or WeightSyncError (the group closed) when a step is lost.
+group's `engines`, `group_name`, `timeout`, `_pg`, `_ring`, `_seq`, `_scratch`, `_waiters` and
+`_abandon`, and raises EnginesDied (the group re-forms) or WeightSyncError (the group, out of step, is
+abandoned: connect again) when a step is lost.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class GroupTransport:
         except WeightSyncError:
             # an engine refused a bucket (400) after running every chunk's handshake: the group is still in step
             if self._pg is not None and not self._settle(in_flight):
-                self.close()
+                self._abandon()  # collectives still pending: freed off this thread (see WeightUpdateGroup._release)
             raise
         return answers
 
@@ -180,7 +181,7 @@ class GroupTransport:
         if dead:
             raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died ({error})", dead)
         said = [f"{e!r}: {failure(f)}" for e, f in zip(self.engines, requests) if failure(f)]
-        self.close()  # connect again
+        self._abandon()  # out of step, collectives may be pending: freed off this thread; connect again
         raise WeightSyncError(f"{what} failed: {error}" + (f"; engines said: {'; '.join(said)}" if said else ""))
 
     def _settle(self, in_flight: dict[int, tuple[Any, Any]], grace: float = 10.0) -> bool:

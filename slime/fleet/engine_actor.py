@@ -138,7 +138,8 @@ class EngineActor:
     # ---- weight sync: slime's SGLangEngine names and payloads; the same bodies reach SGLang or the embedded engine
     def get_weight_version(self) -> str:
         """The engine's version, from an answer checked against SGLang's shape (BadWeightVersion if not)."""
-        return parse_weight_version_answer(self.server.call("GET", "/get_weight_version", timeout=30), self.server.url)
+        answer = self.server.call("GET", "/get_weight_version", timeout=30)
+        return parse_weight_version_answer(answer, self.server.url)
 
     def update_weights_from_tensor(self, serialized_named_tensors: list[str], load_format: str | None = None,
                                    flush_cache: bool = False, weight_version: str | None = None) -> Any:

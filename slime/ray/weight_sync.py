@@ -50,8 +50,12 @@ class EngineLock:
 
 
 def make_engine_lock() -> Any:
-    """A new `EngineLock` actor (no CPU reserved: it only hands out the lock)."""
-    return ray.remote(EngineLock).options(num_cpus=0, max_concurrency=64).remote()
+    """A new `EngineLock` actor (no CPU reserved: it only hands out the lock), on the caller's node (the
+    manager's, a cluster's head): left to Ray it may land on a worker node, and die with it mid-push."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(EngineLock).options(num_cpus=0, max_concurrency=64, scheduling_strategy=here).remote()
 
 
 def updatable_engines(fleet: Any) -> list[Any]:

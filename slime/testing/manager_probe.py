@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from typing import Any, Iterator
 
@@ -24,18 +25,21 @@ def wait_engine_state(manager: Any, rank: int, states: tuple[str, ...], timeout:
 
 
 @contextlib.contextmanager
-def manager_and_trainer(args: Any, fork_server: str | None = None) -> Iterator[tuple[Any, Any]]:
+def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool = False
+                        ) -> Iterator[tuple[Any, Any]]:
     """slime-train's own pieces for a test: the manager actor and a started trainer group (dp 1),
-    both stopped at the end whatever happened. `fork_server`: an engine fork server's socket (warm
-    engine starts), or None (cold)."""
+    both stopped at the end whatever happened. Engines (and their replacements) fork warm from
+    `fork_server` (a running engine fork server's socket), or, with `warm`, from one started here
+    as `slime-train` starts it on its own Ray (slime.engine.warm_start); else they start cold."""
     import ray
 
-    from slime.ray.session import start_manager, stop_manager
+    from slime.ray.session import start_engine_fork_server, start_manager, stop_manager
     from slime.train.actor_group import TrainGroup
 
-    manager = group = None
+    manager = group = server = None
     try:
-        manager, _ = start_manager(args, fork_server=fork_server)
+        server = start_engine_fork_server(args) if warm and fork_server is None else None
+        manager, _ = start_manager(args, fork_server=server.socket_path if server is not None else fork_server)
         group = TrainGroup(args)
         group.start()
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
@@ -44,6 +48,9 @@ def manager_and_trainer(args: Any, fork_server: str | None = None) -> Iterator[t
         if group is not None:
             group.shutdown()
         stop_manager(manager)
+        if server is not None:
+            server.stop(timeout=5)
+            shutil.rmtree(server.where, ignore_errors=True)
 
 
 def batch_weight_versions(boxes: list) -> set[str]:

@@ -52,6 +52,7 @@ class TrainWorker:
         self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = None
         self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
         self._group_engines: list[Any] = []
+        self._groups_formed = 0  # each group gets its own name (see _connect)
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
         self.global_step = 0
         threads = getattr(args, "train_threads", None) or max(
@@ -325,7 +326,11 @@ class TrainWorker:
             host, _ = self.master_address()
             # "auto": the shared-memory ring when every engine is on this host, else gloo broadcasts
             transport = self.args.weight_sync_transport
-            group = WeightUpdateGroup(remote, group_name=GROUP_NAME, master_address=host,
+            # a fresh name per group: a survivor may still hold a broken rendezvous of an earlier one
+            # (an engine died while it formed) until that one's deadline, and refuses a second of that name
+            name = f"{GROUP_NAME}-g{self._groups_formed}" if self._groups_formed else GROUP_NAME
+            self._groups_formed += 1
+            group = WeightUpdateGroup(remote, group_name=name, master_address=host,
                                       timeout=WEIGHT_GROUP_TIMEOUT_S, transport=transport)
             group.connect()
             self.weight_group, self._group_engines = group, ids

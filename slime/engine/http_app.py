@@ -14,7 +14,7 @@ from slime.engine.status_routes import StatusRoutes
 from slime.engine.weight_routes import WeightSync
 from slime.engine.weight_updates import UpdateGroups, WeightChecker
 
-GET, POST = ["GET"], ["POST"]
+GET, POST = ("GET",), ("POST",)
 
 
 class Server:
@@ -34,10 +34,10 @@ class Server:
         self.control = ControlRoutes(batcher)
         self.weights = WeightSync(batcher, self.groups, self.checker)
 
-    def routes(self) -> list[tuple[str, list[str], Callable]]:
+    def routes(self) -> list[tuple[str, tuple[str, ...], Callable]]:
         gen, status, control, weights = self.generation, self.status, self.control, self.weights
         return [
-            ("/generate", ["POST", "PUT"], gen.generate),
+            ("/generate", ("POST", "PUT"), gen.generate),
             ("/health", GET, status.health),
             ("/health_generate", GET, gen.health_generate),
             ("/server_info", GET, status.server_info),
@@ -50,7 +50,7 @@ class Server:
             ("/abort_request", POST, control.abort_request),
             ("/pause_generation", POST, control.pause_generation),
             ("/continue_generation", POST, control.continue_generation),
-            ("/flush_cache", ["GET", "POST"], control.flush_cache),
+            ("/flush_cache", ("GET", "POST"), control.flush_cache),
             ("/release_memory_occupation", POST, control.release_memory_occupation),
             ("/resume_memory_occupation", POST, control.resume_memory_occupation),
             ("/update_weights_from_disk", POST, weights.update_from_disk),
@@ -58,7 +58,7 @@ class Server:
             ("/init_weights_update_group", POST, weights.init_group),
             ("/update_weights_from_distributed", POST, weights.update_from_distributed),
             ("/destroy_weights_update_group", POST, weights.destroy_group),
-            ("/weights_checker", ["GET", "POST"], weights.weights_checker),
+            ("/weights_checker", ("GET", "POST"), weights.weights_checker),
         ]
 
 

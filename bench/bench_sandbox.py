@@ -25,11 +25,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+
+
+async def _closed_loop_rate(open_client, conc: int, seconds: float) -> float:
+    """Runs/s of `conc` clients, each calling its `run_once()` back to back for `seconds` (a closed loop,
+    like wrk). `open_client()` is an async context manager yielding one client's `run_once`."""
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        async with open_client() as run_once:
+            while time.monotonic() < stop:
+                await run_once()
+                done += 1
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return done / (time.monotonic() - t0)
 
 
 async def _sandbox_rate(url: str, conc: int, seconds: float) -> float:
@@ -39,70 +57,37 @@ async def _sandbox_rate(url: str, conc: int, seconds: float) -> float:
     body = json.dumps({"code": "print(1)", "language": "python"}).encode()
     req = (f"POST /run_code HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-    done = 0
-    stop = time.monotonic() + seconds
 
-    async def worker() -> None:
-        nonlocal done
+    @contextlib.asynccontextmanager
+    async def connection():
         reader, writer = await asyncio.open_connection(host, int(port))
+
+        async def post_once() -> None:
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
+                              if h.lower().startswith(b"content-length")))
+            res = json.loads(await reader.readexactly(length))
+            if not head.startswith(b"HTTP/1.1 200") or res["run_result"]["stdout"] != "1\n":
+                raise SystemExit(f"sandbox run failed: {head[:40]!r} {str(res)[:300]}")
         try:
-            while time.monotonic() < stop:
-                writer.write(req)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
-                                  if h.lower().startswith(b"content-length")))
-                res = json.loads(await reader.readexactly(length))
-                if not head.startswith(b"HTTP/1.1 200") or res["run_result"]["stdout"] != "1\n":
-                    raise SystemExit(f"sandbox run failed: {head[:40]!r} {str(res)[:300]}")
-                done += 1
+            yield post_once
         finally:
             writer.close()
-    t0 = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(conc)))
-    return done / (time.monotonic() - t0)
+    return await _closed_loop_rate(connection, conc, seconds)
 
 
-_SPAWNER = """
+# One timing loop for both child-process baselines: argv[1] = seconds, argv[2] = what start_child needs;
+# each round starts a child whose stdout is the pipe's write end, reads `1\n` from it and reaps it.
+_CHILD_LOOP = """
 import os, sys, time
-py, seconds = sys.argv[1], float(sys.argv[2])
-devnull = os.open(os.devnull, os.O_WRONLY)
+seconds, arg = float(sys.argv[1]), sys.argv[2]
+START_CHILD
 n, stop = 0, time.monotonic() + seconds
 t0 = time.monotonic()
 while time.monotonic() < stop:
     r, w = os.pipe()
-    pid = os.posix_spawn(py, [py, "-c", "print(1)"], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
-    os.close(w)
-    out = b""
-    while True:
-        chunk = os.read(r, 64)
-        if not chunk:
-            break
-        out += chunk
-    os.close(r)
-    _, st = os.waitpid(pid, 0)
-    assert out == b"1\\n" and st == 0
-    n += 1
-print(n, time.monotonic() - t0)
-"""
-
-
-_WARM_FORKER = """
-import os, sys, time
-for m in sys.argv[2].split(","):
-    __import__(m)
-seconds = float(sys.argv[1])
-n, stop = 0, time.monotonic() + seconds
-t0 = time.monotonic()
-while time.monotonic() < stop:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(w, 1)
-        os.close(r)
-        os.close(w)
-        exec(compile("print(1)", "main.py", "exec"), {"__name__": "__main__"})
-        sys.stdout.flush()
-        os._exit(0)
+    pid = start_child(r, w)
     os.close(w)
     out = b""
     while True:
@@ -118,6 +103,27 @@ sys.stdout.flush()
 os.write(1, b"%d %f\\n" % (n, time.monotonic() - t0))
 """
 
+_SPAWNER = _CHILD_LOOP.replace("START_CHILD", """
+def start_child(r, w):
+    return os.posix_spawn(arg, [arg, "-c", "print(1)"], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+""")
+
+_WARM_FORKER = _CHILD_LOOP.replace("START_CHILD", """
+for m in arg.split(","):
+    __import__(m)
+
+def start_child(r, w):
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1)
+        os.close(r)
+        os.close(w)
+        exec(compile("print(1)", "main.py", "exec"), {"__name__": "__main__"})
+        sys.stdout.flush()
+        os._exit(0)
+    return pid
+""")
+
 
 def _warm_fork_rate(python: str, conc: int, seconds: float) -> float:
     """The fair baseline at the same concurrency: `conc` warm interpreters (the sandbox's preloaded
@@ -131,7 +137,7 @@ def _warm_fork_rate(python: str, conc: int, seconds: float) -> float:
 def _spawn_rate(python: str, conc: int, seconds: float) -> float:
     """Bare spawns at the same concurrency: `conc` independent small processes, each spawning
     `python -c 'print(1)'` and reading its output in a loop (no shared event loop in the way)."""
-    return _rate_of([sys.executable, "-c", _SPAWNER, python, str(seconds)], conc)
+    return _rate_of([sys.executable, "-c", _SPAWNER, str(seconds), python], conc)
 
 
 def _rate_of(argv: list[str], conc: int) -> float:
@@ -148,19 +154,14 @@ def _rate_of(argv: list[str], conc: int) -> float:
 
 async def _spawn_rate_one_process(python: str, conc: int, seconds: float) -> float:
     """The same spawns from one asyncio process (how a Python service would spawn them)."""
-    done = 0
-    stop = time.monotonic() + seconds
-
-    async def worker() -> None:
-        nonlocal done
-        while time.monotonic() < stop:
+    @contextlib.asynccontextmanager
+    async def spawner():
+        async def spawn_once() -> None:
             p = await asyncio.create_subprocess_exec(python, "-c", "print(1)", stdout=asyncio.subprocess.PIPE)
             out, _ = await p.communicate()
             assert out == b"1\n"
-            done += 1
-    t0 = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(conc)))
-    return done / (time.monotonic() - t0)
+        yield spawn_once
+    return await _closed_loop_rate(spawner, conc, seconds)
 
 
 def _start_server(tree: str | None, slots: int, queue: int, isolated: bool, uid_base: int):

@@ -44,7 +44,7 @@ def preload(model_path: str, dtype: str = "float32") -> Any:
             importlib.import_module(name)
         except ImportError:  # optional speedups (uvloop, httptools) may be missing
             pass
-    from slime.engine.batcher import PreloadedModel, load_model
+    from slime.engine.model_loading import PreloadedModel, load_model
 
     torch_dtype = getattr(torch, dtype)
     return PreloadedModel(model_path=str(model_path), dtype=torch_dtype, model=load_model(str(model_path), torch_dtype),

@@ -32,14 +32,13 @@ import mmap
 import os
 import secrets
 import socket
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from slime.engine.weight_transfer import SHM_PREFIX, dtype_name, nbytes_of, shm_dir
+from slime.engine.weight_transfer import SHM_PREFIX, dtype_name, map_read_only, nbytes_of, shm_dir
 
 OFFER_KEY = "slime/shm-ring/offer"
 DECISION_KEY = "slime/shm-ring/decision"
@@ -228,9 +227,6 @@ def _map_slot(path: object, size: int) -> torch.Tensor:
         st = os.fstat(fd)
         if not (st.st_mode & 0o170000 == 0o100000 and st.st_size == size):
             raise RingUnavailable(f"{path} is not a regular file of {size} bytes")
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        return map_read_only(fd, size)
     finally:
         os.close(fd)
-    with warnings.catch_warnings():  # read-only on purpose: the engine only copies out of it
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(mm, dtype=torch.uint8)

@@ -247,9 +247,15 @@ def _map_shm(path: object, total: int) -> torch.Tensor:
             raise WeightFormatError(f"shm payload {path} has {size} bytes, header says {total}")
         if total == 0:
             return torch.empty(0, dtype=torch.uint8)
-        mm = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        return map_read_only(fd, total)
     finally:
         os.close(fd)
-    with warnings.catch_warnings():  # read-only on purpose: the engine only copies out of it
+
+
+def map_read_only(fd: int, size: int) -> torch.Tensor:
+    """The first `size` bytes of the shared file `fd` as a uint8 tensor that keeps the mapping alive
+    (the descriptor may be closed afterwards). Read-only on purpose: the engine only copies out of it."""
+    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the mapping alive
+        return torch.frombuffer(mm, dtype=torch.uint8)

@@ -13,10 +13,10 @@ import re
 import threading
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from slime.testing.threaded_server import ThreadedServer
 from slime.utils.misc import find_free_port
 
 _WORD = re.compile(r"\w+")
@@ -58,31 +58,19 @@ class Retriever:
                                if body.get("return_scores", True) else docs)
             return {"result": results}
 
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                     lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True, name="test-retriever")
+        self._server = ThreadedServer(app, "127.0.0.1", self.port, what=f"retriever at {self.url}",
+                                      thread_name="test-retriever")
 
     def fail_next(self, n: int, status: int = 503) -> None:
         with self._lock:
             self._failures.extend([status] * n)
 
     def start(self, timeout: float = 20.0) -> "Retriever":
-        started = threading.Event()
-        orig = self._server.startup
-
-        async def startup(*a: Any, **kw: Any) -> None:
-            await orig(*a, **kw)
-            started.set()
-
-        self._server.startup = startup
-        self._thread.start()
-        if not started.wait(timeout):
-            raise RuntimeError(f"retriever at {self.url} did not start within {timeout}s")
+        self._server.start(timeout)
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.stop()
 
     def __enter__(self) -> "Retriever":
         return self.start()

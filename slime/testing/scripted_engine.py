@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import threading
 import time
 from typing import Any, Callable
 
@@ -24,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.utils.client_gone import client_gone
+from slime.testing.threaded_server import ThreadedServer
 
 # script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
 #                          optional "log_probs": [...], "text": str, "matched": ...}
@@ -197,9 +197,7 @@ class ScriptedEngine:
                  decode: Callable[[list[int]], str] | None = None):
         self.app = build_app(script, model_path, decode)
         self.url = f"http://{host}:{port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
-                                                     lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._server = ThreadedServer(self.app, host, port, what=f"scripted engine at {self.url}")
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -218,22 +216,11 @@ class ScriptedEngine:
         self.app.state.frozen_until = time.monotonic() + seconds
 
     def start(self, timeout: float = 20.0) -> "ScriptedEngine":
-        started = threading.Event()
-        orig = self._server.startup
-
-        async def startup(*a, **kw):
-            await orig(*a, **kw)
-            started.set()
-
-        self._server.startup = startup
-        self._thread.start()
-        if not started.wait(timeout):
-            raise RuntimeError(f"scripted engine at {self.url} did not start within {timeout}s")
+        self._server.start(timeout)
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,24 +13,15 @@ import re
 import signal
 import threading
 
+from slime.rollout.rm_hub.braces import last_boxed
+
 __all__ = ["last_boxed_only_string", "remove_boxed", "timeout", "normalize_final_answer", "is_correct_minerva",
            "is_correct_strict_box", "verify", "compute_score", "SUBSTITUTIONS", "REMOVED_EXPRESSIONS"]
 
 
 def last_boxed_only_string(string: str) -> str | None:
     """The last `\\boxed{...}` with balanced braces (wrapper included), or None."""
-    start = string.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(string)):
-        if string[i] == "{":
-            depth += 1
-        elif string[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return string[start:i + 1]
-    return None
+    return last_boxed(string, "\\boxed{")
 
 
 class BoxError(AssertionError, ValueError):

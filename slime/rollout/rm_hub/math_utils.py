@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from slime.rollout.rm_hub.braces import closing_brace, last_boxed
 from slime.rollout.rm_hub.symbolic import SymbolicChecker, default_checker
 
 __all__ = [
@@ -28,21 +29,7 @@ __all__ = [
 
 def last_boxed_only_string(string: str) -> str | None:
     """The last `\\boxed{...}` (or `\\fbox{...}`) with balanced braces, wrapper included."""
-    start = string.rfind("\\boxed")
-    if start < 0:
-        start = string.rfind("\\fbox")
-        if start < 0:
-            return None
-    depth = 0
-    for i in range(start, len(string)):
-        ch = string[i]
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return string[start:i + 1]
-    return None
+    return last_boxed(string, "\\boxed", "\\fbox")
 
 
 def remove_boxed(s: str | None) -> str | None:
@@ -154,15 +141,8 @@ def _braced(s: str, i: int) -> tuple[str, int] | None:
     """The `{...}` group starting at s[i] (content, index after it), or None."""
     if i >= len(s) or s[i] != "{":
         return None
-    depth = 0
-    for j in range(i, len(s)):
-        if s[j] == "{":
-            depth += 1
-        elif s[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return s[i + 1:j], j + 1
-    return None
+    end = closing_brace(s, i)
+    return None if end is None else (s[i + 1:end], end + 1)
 
 
 def _arg(s: str, i: int) -> tuple[str, int]:

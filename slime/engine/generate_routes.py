@@ -1,0 +1,106 @@
+"""`/generate` (one input or a batch, answered whole or streamed as server-sent events) and
+`/health_generate`. Handlers only validate, enqueue and await: all model work happens in the decode thread.
+A batch is submitted all or nothing, and requests whose client went away are aborted, so nothing keeps
+decoding for nobody."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
+from slime.engine.http_errors import error_response, released_response
+from slime.engine.request_parsing import BadRequest, GenerateBody, parse_generate_body
+from slime.utils.client_gone import client_gone
+
+Submitted = tuple[str, asyncio.Future, "asyncio.Queue | None"]  # what HFBatcher.submit returns
+
+
+class GenerateRoutes:
+    def __init__(self, batcher: HFBatcher, tokenizer: Any):
+        """`tokenizer`: the handlers' own instance (the batcher's is used concurrently by the decode thread)."""
+        self.batcher, self.tokenizer = batcher, tokenizer
+
+    async def generate(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(400, "request body must be JSON")
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object")
+        if not self.batcher.serving:
+            return released_response()
+        try:
+            parsed = parse_generate_body(body, self.tokenizer, self.batcher.vocab_size, self.batcher.context_length)
+            submitted = self._submit_all(parsed)
+        except BadRequest as exc:
+            return error_response(400, str(exc))
+        except EngineReleasedError:
+            return released_response()
+        except ValueError as exc:  # e.g. duplicate rid
+            return error_response(400, str(exc))
+        if parsed.stream:
+            rid, fut, chunks = submitted[0]
+            return StreamingResponse(self._sse(rid, fut, chunks), media_type="text/event-stream")
+        return await self._answer(request, submitted, parsed.batch)
+
+    def _submit_all(self, parsed: GenerateBody) -> list[Submitted]:
+        submitted: list[Submitted] = []
+        try:
+            for p, sp, r, lp, start in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
+                                           parsed.logprob_start_lens):
+                submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=lp, logprob_start_len=start,
+                                                     stream=parsed.stream))
+        except Exception:  # all or nothing: do not leave half a batch decoding for nobody
+            for r, _, _ in submitted:
+                self.batcher.abort(r)
+            raise
+        return submitted
+
+    async def _answer(self, request: Request, submitted: list[Submitted], batch: bool) -> Response:
+        work = asyncio.gather(*(fut for _, fut, _ in submitted))
+        gone = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():  # the client went away (as SGLang: a disconnected request is aborted)
+            for rid, _, _ in submitted:
+                self.batcher.abort(rid)
+        try:
+            results = await work
+        except EngineReleasedError:
+            return released_response()
+        except asyncio.CancelledError:  # client went away: do not keep decoding for nobody
+            for rid, _, _ in submitted:
+                self.batcher.abort(rid)
+            raise
+        except Exception as exc:  # the engine failed this request (logged by the decode thread)
+            return error_response(500, f"generation failed: {exc}")
+        return JSONResponse(results if batch else results[0])
+
+    async def _sse(self, rid: str, fut: asyncio.Future, chunks: asyncio.Queue):
+        try:
+            while (chunk := await chunks.get()) is not None:
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if fut.done() and fut.exception() is not None:
+                yield f"data: {json.dumps({'error': {'message': str(fut.exception())}})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if not fut.done():
+                self.batcher.abort(rid)
+
+    async def health_generate(self) -> Response:
+        if not self.batcher.serving:
+            return released_response()
+        try:
+            one_token = SamplingParams(max_new_tokens=1, temperature=0)
+            await self.batcher.generate([0], one_token, rid=f"health-{time.time_ns()}")
+        except EngineReleasedError:
+            return released_response()
+        return Response(status_code=200)

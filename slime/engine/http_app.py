@@ -1,0 +1,72 @@
+"""The embedded engine's FastAPI app: SGLang's paths, each served by one handler object around the
+same HFBatcher (generation, status, control, weight sync)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fastapi import FastAPI
+
+from slime.engine.batcher import HFBatcher
+from slime.engine.control_routes import ControlRoutes
+from slime.engine.generate_routes import GenerateRoutes
+from slime.engine.status_routes import StatusRoutes
+from slime.engine.weight_routes import WeightSync
+from slime.engine.weight_updates import UpdateGroups, WeightChecker
+
+GET, POST = ("GET",), ("POST",)
+
+
+class Server:
+    """The handler objects of one app (kept as a class so tests can build apps in-process). The server's
+    lifecycle closes `groups` and shuts the batcher down."""
+
+    def __init__(self, batcher: HFBatcher, tokenizer: Any = None):
+        from transformers import AutoTokenizer
+
+        self.batcher = batcher
+        # Own tokenizer instance: the batcher's one is used concurrently by the decode thread.
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(batcher.tokenizer_path)
+        self.groups = UpdateGroups()
+        self.checker = WeightChecker()
+        self.generation = GenerateRoutes(batcher, self.tokenizer)
+        self.status = StatusRoutes(batcher)
+        self.control = ControlRoutes(batcher)
+        self.weights = WeightSync(batcher, self.groups, self.checker)
+
+    def routes(self) -> list[tuple[str, tuple[str, ...], Callable]]:
+        gen, status, control, weights = self.generation, self.status, self.control, self.weights
+        return [
+            ("/generate", ("POST", "PUT"), gen.generate),
+            ("/health", GET, status.health),
+            ("/health_generate", GET, gen.health_generate),
+            ("/server_info", GET, status.server_info),
+            ("/get_server_info", GET, status.server_info),
+            ("/model_info", GET, status.model_info),
+            ("/get_model_info", GET, status.model_info),
+            ("/get_load", GET, status.get_load),
+            ("/get_weight_version", GET, status.get_weight_version),
+            ("/metrics", GET, status.metrics),
+            ("/abort_request", POST, control.abort_request),
+            ("/pause_generation", POST, control.pause_generation),
+            ("/continue_generation", POST, control.continue_generation),
+            ("/flush_cache", ("GET", "POST"), control.flush_cache),
+            ("/release_memory_occupation", POST, control.release_memory_occupation),
+            ("/resume_memory_occupation", POST, control.resume_memory_occupation),
+            ("/update_weights_from_disk", POST, weights.update_from_disk),
+            ("/update_weights_from_tensor", POST, weights.update_from_tensor),
+            ("/init_weights_update_group", POST, weights.init_group),
+            ("/update_weights_from_distributed", POST, weights.update_from_distributed),
+            ("/destroy_weights_update_group", POST, weights.destroy_group),
+            ("/weights_checker", ("GET", "POST"), weights.weights_checker),
+        ]
+
+
+def create_app(batcher: HFBatcher, tokenizer: Any = None) -> FastAPI:
+    """`tokenizer`: the handlers' own instance if one is already loaded (else loaded here)."""
+    srv = Server(batcher, tokenizer)
+    app = FastAPI(title="slime embedded CPU engine (SGLang protocol)")
+    app.state.server = srv
+    for path, methods, handler in srv.routes():
+        app.add_api_route(path, handler, methods=methods)
+    return app

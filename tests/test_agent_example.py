@@ -105,6 +105,29 @@ TEST_ADD = ("import unittest\nfrom add import add\n\n\nclass T(unittest.TestCase
             "        self.assertEqual(add(2, 3), 5)\n")
 
 
+def test_the_examples_grader_applies_a_real_patch_in_a_fresh_session_of_our_sandbox(swe, tmp_path):
+    """The diff an agent made in one session is graded by the example's own `run_evaluation` in a
+    fresh one: it writes /workspace/__cagent_patch__.diff, applies it with git and runs `eval_cmd`."""
+    def md(image: str) -> dict:
+        return swe.get_metadata(Sample(index=0, prompt="fix add", label="add-1", metadata={
+            "image": image, "workdir": "/tmp/repo", "eval_cmd": "python3 -m unittest -q test_add"}))
+
+    buggy, fixed = md(image_with(tmp_path, "bug", "a - b")), md(image_with(tmp_path, "ok", "a + b"))
+
+    async def run():
+        async with swe.E2BSandbox(buggy["image"]) as sb:
+            await swe.prepare_workspace(sb, buggy["workdir"], buggy)
+            await sb.exec("cd /tmp/repo && sed -i 's/a - b/a + b/' add.py", check=True)  # what an agent would do
+            diff = await swe.git_diff(sb, buggy["workdir"])
+        return diff, await asyncio.gather(swe.run_evaluation(buggy, diff_text=diff, timeout_sec=60),
+                                          swe.run_evaluation(buggy, diff_text="", timeout_sec=60),
+                                          swe.run_evaluation(fixed, diff_text=diff, timeout_sec=60))
+
+    diff, (patched, unpatched, not_applying) = asyncio.run(run())
+    assert diff.splitlines()[-2:] == ["-    return a - b", "+    return a + b"]
+    assert (patched, unpatched, not_applying) == ((1.0, True), (0.0, True), (0.0, False))
+
+
 @pytest.mark.slow
 def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_in_a_fresh_one(tmp_path, monkeypatch):
     """slime's `generate()` unchanged, `SWE_AGENT=codex`: Codex (from the npm registry, bound

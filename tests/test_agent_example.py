@@ -1,7 +1,8 @@
 """slime's `examples/coding_agent_rl` (its files unchanged) on our own sandbox: with
 SLIME_AGENT_SANDBOX_BACKEND=slime its `E2BSandbox(image)` is a session of a real `slime-sandbox`
 server, the image a host directory unpacked into the workspace; the example's task layer prepares
-the workspace (agent user, PROBLEM_STATEMENT.md) and captures the agent's diff there with git."""
+the workspace (agent user, PROBLEM_STATEMENT.md), captures the agent's diff there with git and
+grades it in a fresh session (the patch goes to the session's writable /workspace)."""
 
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ def test_the_examples_grader_applies_a_real_patch_in_a_fresh_session_of_our_sand
     assert (patched, unpatched, not_applying) == ((1.0, True), (0.0, True), (0.0, False))
 
 
-FIX_CALL = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "sed -i \'s/a - b/a + b/\' add.py"}}\n</tool_call>'
+FIX = {"name": "exec_command", "arguments": {"cmd": "sed -i 's/a - b/a + b/' add.py"}}
+FIX_CALL = f"<tool_call>\n{json.dumps(FIX)}\n</tool_call>"  # (Qwen's format: `--tool-call-parser hermes`)
 
 
 def codex_replies(case: str, turn: int) -> str:
@@ -201,7 +203,8 @@ def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_its_patch_in
         assert graded["times"] == ""
         assert len(stack.requests) == 4, "per sample: the tool call, then the answer after its output"
         for s in (fixed, unfixed):  # exactly what the engines sampled, turn by turn
-            bodies = {tuple(b["input_ids"]): b for b in stack.requests if s.tokens[:len(b["input_ids"])] == b["input_ids"]}
+            bodies = {tuple(b["input_ids"]): b for b in stack.requests
+                      if s.tokens[:len(b["input_ids"])] == b["input_ids"]}  # (both samples' first turn: one prompt)
             turns = [(list(ids), stack.answer(b)["output_ids"], stack.answer(b)["log_probs"])
                      for ids, b in sorted(bodies.items(), key=lambda kv: len(kv[0]))]
             assert len(turns) == 2

@@ -1,7 +1,8 @@
 """slime's `examples/coding_agent_rl` (its files unchanged) on our own sandbox: with
 SLIME_AGENT_SANDBOX_BACKEND=slime its `E2BSandbox(image)` is a session of a real `slime-sandbox`
 server, the image a host directory unpacked into the workspace; the example's task layer prepares
-the workspace (agent user, PROBLEM_STATEMENT.md) and captures the agent's diff there with git."""
+the workspace (agent user, PROBLEM_STATEMENT.md), captures the agent's diff there with git and
+grades it in a fresh session (the patch goes to the session's writable /workspace)."""
 
 from __future__ import annotations
 
@@ -105,12 +106,46 @@ TEST_ADD = ("import unittest\nfrom add import add\n\n\nclass T(unittest.TestCase
             "        self.assertEqual(add(2, 3), 5)\n")
 
 
+def test_the_examples_grader_applies_a_real_patch_in_a_fresh_session_of_our_sandbox(swe, tmp_path):
+    """The diff an agent made in one session is graded by the example's own `run_evaluation` in a
+    fresh one: it writes /workspace/__cagent_patch__.diff, applies it with git and runs `eval_cmd`."""
+    def md(image: str) -> dict:
+        return swe.get_metadata(Sample(index=0, prompt="fix add", label="add-1", metadata={
+            "image": image, "workdir": "/tmp/repo", "eval_cmd": "python3 -m unittest -q test_add"}))
+
+    buggy, fixed = md(image_with(tmp_path, "bug", "a - b")), md(image_with(tmp_path, "ok", "a + b"))
+
+    async def run():
+        async with swe.E2BSandbox(buggy["image"]) as sb:
+            await swe.prepare_workspace(sb, buggy["workdir"], buggy)
+            await sb.exec("cd /tmp/repo && sed -i 's/a - b/a + b/' add.py", check=True)  # what an agent would do
+            diff = await swe.git_diff(sb, buggy["workdir"])
+        return diff, await asyncio.gather(swe.run_evaluation(buggy, diff_text=diff, timeout_sec=60),
+                                          swe.run_evaluation(buggy, diff_text="", timeout_sec=60),
+                                          swe.run_evaluation(fixed, diff_text=diff, timeout_sec=60))
+
+    diff, (patched, unpatched, not_applying) = asyncio.run(run())
+    assert diff.splitlines()[-2:] == ["-    return a - b", "+    return a + b"]
+    assert (patched, unpatched, not_applying) == ((1.0, True), (0.0, True), (0.0, False))
+
+
+FIX = {"name": "exec_command", "arguments": {"cmd": "sed -i 's/a - b/a + b/' add.py"}}
+FIX_CALL = f"<tool_call>\n{json.dumps(FIX)}\n</tool_call>"  # (Qwen's format: `--tool-call-parser hermes`)
+
+
+def codex_replies(case: str, turn: int) -> str:
+    """Codex's `exec_command` tool runs the fix of `a - b`, then "Done." (Codex's prompt is the
+    example's, the same for every sample: the image decides what the command changes)."""
+    return FIX_CALL if turn == 0 else "Done."
+
+
 @pytest.mark.slow
-def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_in_a_fresh_one(tmp_path, monkeypatch):
+def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_its_patch_in_a_fresh_one(tmp_path, monkeypatch):
     """slime's `generate()` unchanged, `SWE_AGENT=codex`: Codex (from the npm registry, bound
     read-only into the sandbox) runs in a session whose one egress is the example's own OpenAI
-    adapter, on scripted engines behind the real router; the diff is graded by `eval_cmd` in a
-    fresh session. Codex only answers "Done." here, so the grade is the image's own state."""
+    adapter, on scripted engines behind the real router. The engine's tool call makes Codex run
+    `sed 's/a - b/a + b/'`: on the image whose bug is `a - b` the diff is applied and graded by
+    `eval_cmd` in a fresh session (1.0); on the one whose bug is `a * b` it changes nothing (0.0)."""
     from transformers import AutoTokenizer
 
     from slime.sandbox.server import start_local_sandbox
@@ -120,12 +155,13 @@ def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_in_a_fresh_o
 
     npm_installed(CODEX, "@openai/codex/bin/codex.js")
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: "Done.",
-                       log_dir=str(tmp_path / "router")).start()
+    stack = AgentStack(tok, qwen_tokenizer_dir(), codex_replies, log_dir=str(tmp_path / "router")).start()
     port = low_free_port()
     url, sandbox = start_local_sandbox(max_concurrency=4, extra_args=[
         "--egress", f"gateway=127.0.0.1:{port}", "--egress-port", str(port), "--ro-bind", str(CLI_CACHE)])
     for key, value in {"SWE_AGENT": "codex", "SLIME_AGENT_CODEX_WIRE_API": "responses", "ADAPTER_PORT": str(port),
+                       # our sandbox is the sandbox: Codex's own (read-only by default) would refuse the edit
+                       "SLIME_AGENT_CODEX_EXTRA_ARGS": "--dangerously-bypass-approvals-and-sandbox",
                        "ADAPTER_PUBLIC_HOST": "127.0.0.1", "ADAPTER_BIND_HOST": "127.0.0.1",
                        "SWE_AGENT_TIME_BUDGET_SEC": "180", "SWE_EVAL_TIMEOUT_SEC": "60",
                        "SLIME_AGENT_SANDBOX_BACKEND": "slime", "SLIME_AGENT_SANDBOX_URL": url,
@@ -137,30 +173,42 @@ def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_in_a_fresh_o
 
     importlib.reload(swe)
     example = importlib.reload(generate)  # its config and backend are read at import
+    graded = {}  # instance id -> the diff the example graded
+    evaluate = swe.run_evaluation
+
+    async def spy(md, *, diff_text, timeout_sec):
+        graded[md["instance_id"]] = diff_text
+        return await evaluate(md, diff_text=diff_text, timeout_sec=timeout_sec)
+
+    monkeypatch.setattr(swe, "run_evaluation", spy)
     args = argparse.Namespace(hf_checkpoint=str(qwen_tokenizer_dir()), rollout_max_context_len=0,
-                              sglang_tool_call_parser=None, sglang_reasoning_parser=None,
+                              sglang_tool_call_parser="hermes", sglang_reasoning_parser=None,
                               sglang_router_ip="127.0.0.1", sglang_router_port=stack.router.port)
 
-    def sample(index: int, image: str) -> Sample:
-        return Sample(index=index, group_index=0, prompt="fix add", label=f"add-{index}",
-                      metadata={"image": image, "workdir": "/tmp/repo", "eval_cmd": "python3 -m unittest -q test_add",
-                                "problem_statement": f"case=ex{index} add() must add"})
+    def sample(index: int, name: str, body: str) -> Sample:
+        return Sample(index=index, group_index=0, prompt="fix add", label=name,
+                      metadata={"image": image_with(tmp_path, name, body), "workdir": "/tmp/repo",
+                                "eval_cmd": "python3 -m unittest -q test_add", "problem_statement": "add() must add"})
 
     async def both():
-        return await asyncio.gather(example.generate(args, sample(0, image_with(tmp_path, "bug", "a - b")), {}),
-                                    example.generate(args, sample(1, image_with(tmp_path, "ok", "a + b")), {}))
+        return await asyncio.gather(example.generate(args, sample(0, "minus", "a - b"), {}),
+                                    example.generate(args, sample(1, "times", "a * b"), {}))
 
     try:
-        [buggy], [fine] = asyncio.run(both())
+        [fixed], [unfixed] = asyncio.run(both())
         assert [(s.status, s.reward, s.metadata["agent_exit_code"], s.metadata["grading_solved"])
-                for s in (buggy, fine)] == [(Sample.Status.COMPLETED, 0.0, 0, False),
-                                            (Sample.Status.COMPLETED, 1.0, 0, True)]
-        assert len(stack.requests) == 2, "one Codex turn per sample"
-        for s in (buggy, fine):  # each sample is one engine request's prompt and exactly its sampled answer
-            prompt = s.tokens[:len(s.tokens) - s.response_length]
-            body = next(b for b in stack.requests if b["input_ids"] == prompt)  # (both sessions: one prompt)
-            answer = stack.answer(body)
-            assert_chain(s, [(body["input_ids"], answer["output_ids"], answer["log_probs"])])
+                for s in (fixed, unfixed)] == [(Sample.Status.COMPLETED, 1.0, 0, True),
+                                               (Sample.Status.COMPLETED, 0.0, 0, False)]
+        assert graded["minus"].splitlines()[-2:] == ["-    return a - b", "+    return a + b"]
+        assert graded["times"] == ""
+        assert len(stack.requests) == 4, "per sample: the tool call, then the answer after its output"
+        for s in (fixed, unfixed):  # exactly what the engines sampled, turn by turn
+            bodies = {tuple(b["input_ids"]): b for b in stack.requests
+                      if s.tokens[:len(b["input_ids"])] == b["input_ids"]}  # (both samples' first turn: one prompt)
+            turns = [(list(ids), stack.answer(b)["output_ids"], stack.answer(b)["log_probs"])
+                     for ids, b in sorted(bodies.items(), key=lambda kv: len(kv[0]))]
+            assert len(turns) == 2
+            assert_chain(s, turns)
     finally:
         example._AdapterService(args).app_handle.stop()
         type(example._AdapterService).clear_instances(example._AdapterService)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import io
+import json
 import os
 import tarfile
 
@@ -75,6 +76,32 @@ def test_a_session_keeps_its_workspace_across_commands_as_its_own_uid(url):
         assert _exec(url, sid, "touch /usr/x")["stderr"] == "touch: cannot touch '/usr/x': Read-only file system\n"
     finally:
         _close(url, sid)
+
+
+def test_a_session_gets_a_writable_workspace_on_its_budget_gone_with_it_and_never_seen_by_runs(url):
+    """slime's coding example writes /workspace/__cagent_patch__.diff: sessions get /workspace, a link
+    to their tmpfs; both slots serve a session here, so the run after them is in a slot a session had."""
+    a = _open(url, disk_mb=8, files={"/workspace/seed.txt": _b64(b"seed")})
+    b = _open(url)
+    try:
+        out = _exec(url, a["session_id"], "cat /workspace/seed.txt; echo; readlink /workspace; mkdir /workspace/d; "
+                                          "echo kept > /workspace/d/f; stat -c %u /workspace/d; "
+                                          "head -c 20000000 /dev/zero > /workspace/big; echo $?; rm /workspace/big")
+        assert out["stdout"] == f"seed\n/mnt/workspace\n{a['uid']}\n1\n"
+        assert "No space left on device" in out["stderr"]
+        assert _exec(url, a["session_id"], "cat d/f", cwd="/workspace")["stdout"] == "kept\n"
+    finally:
+        _close(url, a["session_id"])
+        _close(url, b["session_id"])
+    code = "import json, os; print(json.dumps(sorted(os.listdir('/'))))"
+    run = requests.post(f"{url}/run_code", json={"code": code}, timeout=120).json()
+    assert run["status"] == "Success", run
+    assert {"home", "workspace"}.isdisjoint(json.loads(run["run_result"]["stdout"])), run["run_result"]["stdout"]
+    c = _open(url)
+    try:
+        assert _exec(url, c["session_id"], "ls -A /workspace")["stdout"] == ""
+    finally:
+        _close(url, c["session_id"])
 
 
 def test_exec_takes_env_stdin_and_cwd_and_answers_each_status(url):

@@ -5,9 +5,9 @@
 (`slot_session.py`: the tmpfs budget, the homes, the egress listener), writes the seed files and
 unpacks the seed tar. Each `exec` is one program in that slot, run as the slot's uid with the
 session's limits and its own deadline; when it ends, every process it started is killed (as for
-a run); the workspace (``/tmp``, ``/mnt``, ``/dev/shm``, ``/home/<user>``) stays. File reads and writes
-are programs too, as the session's uid (never the root init: the workspace is the program's, and may
-hold its symlinks). `close` ends the slot: every process, the namespaces, the tmpfs and the egress
+a run); the workspace (``/tmp``, ``/mnt``, ``/dev/shm``, ``/home/<user>``, ``/workspace``) stays.
+File reads and writes are programs too, as the session's uid (never the root init: the workspace is
+the program's, and may hold its symlinks). `close` ends the slot: every process, the namespaces, the tmpfs and the egress
 go. A session left idle past its ``idle_timeout``, or alive past its ``max_lifetime``, is closed.
 """
 
@@ -28,6 +28,7 @@ from typing import Any
 
 from slime.sandbox.egress import EgressForwarder, parse_egress_targets
 from slime.sandbox.runner import Runner, _run_env, normalize_path
+from slime.sandbox.slot_session import SESSION_DIRS
 
 logger = logging.getLogger(__name__)
 WORKDIR = "/tmp"
@@ -370,9 +371,10 @@ class SessionTable:
 
 def inside_path(path: str) -> str:
     """A seed file's path as the init writes it: relative to the workspace, or under /mnt (``/home``
-    is ``/mnt/home``)."""
-    if path.startswith("/home/"):
-        path = "/mnt/home/" + path[len("/home/"):]
+    is ``/mnt/home``, ``/workspace`` is ``/mnt/workspace``)."""
+    for link, target in SESSION_DIRS.items():
+        if path.startswith(link + "/"):
+            return normalize_path(target + path[len(link):])
     return normalize_path(path)
 
 

@@ -3,11 +3,12 @@
 A session keeps one run's namespaces and tmpfs for its whole life (`run_init.RunInit.keep`), so
 its workspace persists from one exec to the next and dies with the slot when the session ends.
 At the open, in the run's mount and network namespaces: the tmpfs gets the session's own size and
-inode budget, ``/home/<user>`` (``/home`` links to ``/mnt/home``) is made for its uid, and, if it asked
-for an egress, a listening TCP socket on ``127.0.0.1:<port>`` is made *inside the slot's network
-namespace* and its fd handed to the server over the control socket (``SCM_RIGHTS``): the server
-accepts on it and splices each connection to the one configured target (`egress.py`). Nothing
-runs inside the sandbox for that; a privileged port (< 1024) cannot be taken by a run's own uid.
+inode budget, ``/home/<user>`` and ``/workspace`` (links to ``/mnt/home`` and ``/mnt/workspace``) are
+made for its uid, and, if it asked for an egress, a listening TCP socket on ``127.0.0.1:<port>`` is
+made *inside the slot's network namespace* and its fd handed to the server over the control
+socket (``SCM_RIGHTS``): the server accepts on it and splices each connection to the one configured
+target (`egress.py`). Nothing runs inside the sandbox for that; a privileged port (< 1024) cannot be
+taken by a run's own uid.
 """
 
 import os
@@ -17,13 +18,16 @@ from .isolation import MS_BIND, MS_NODEV, MS_NOSUID, MS_RDONLY, check, libc
 
 MS_REMOUNT = 32
 HOME_USERS = ("agent", "root")  # both names map to the session's one uid (it is never root)
+# writable places a session adds to the read-only root: each a link to its directory on the session's tmpfs
+# (`/workspace`: slime's coding example writes its patch and scripts there)
+SESSION_DIRS = {"/home": "/mnt/home", "/workspace": "/mnt/workspace"}
 
 
 def open_session(init, spec):
     """`spec`: ``{"disk_mb", "max_inodes", "egress_port" (0: none)}``; `init` is the slot's `RunInit`."""
     if init.isolate:
         _resize_tmpfs(spec["disk_mb"], spec["max_inodes"])
-        _make_homes(init.slot.uid)
+        _make_session_dirs(init.slot.uid)
     port = spec.get("egress_port") or 0
     if port:
         _hand_over_listener(init.ctl, port)
@@ -35,16 +39,18 @@ def _resize_tmpfs(disk_mb, max_inodes):
     check(libc.mount(None, b"/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, data), "resize the session's tmpfs")
 
 
-def _make_homes(uid):
-    """``/home`` -> ``/mnt/home`` (on the session's tmpfs). The link goes into the slot's read-only
-    root, made writable for it in this mount namespace only; the root dies with the slot, which
-    ends with the session, so runs never see it."""
-    for path in ["/mnt/home"] + ["/mnt/home/" + u for u in HOME_USERS]:
+def _make_session_dirs(uid):
+    """``/home`` and ``/workspace``, links to their directories on the session's tmpfs (so bounded by
+    its budget). The links go into the slot's read-only root, made writable for it in this mount
+    namespace only; the root dies with the slot, which ends with the session, so runs never see them."""
+    made = list(SESSION_DIRS.values()) + ["/mnt/home/" + u for u in HOME_USERS]
+    for path in made:
         os.mkdir(path, 0o755)
         os.chown(path, uid, uid)
     check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_NOSUID, None), "make the root writable")
     try:
-        os.symlink("/mnt/home", "/home")
+        for link, target in SESSION_DIRS.items():
+            os.symlink(target, link)
     finally:
         check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None),
               "make the root read-only again")

@@ -116,9 +116,11 @@ def test_router_killed_mid_rollout_nothing_fails(tmp_path, fleet_of, tiny_model_
     assert router.restarts == 1
     rids = [r["rid"] for e in engines for r in e.requests]
     assert len(rids) == len(set(rids))  # every retry carried a fresh rid: no "already in flight"
-    # the requests the router orphaned were aborted on the engines (they were still computing them)
+    # the requests the router orphaned were aborted on the engines (they were still computing them):
+    # the dead router's connections closed, which is the abort (nothing is sent on top of it)
+    assert all(e.aborts == [] for e in engines)
     deadline = time.monotonic() + 10
-    while not in_flight <= {a.get("rid") for e in engines for a in e.aborts}:
+    while not in_flight <= {rid for e in engines for rid in e.disconnects}:
         assert time.monotonic() < deadline, f"orphaned rids not aborted: {in_flight}"
         time.sleep(0.05)
 
@@ -148,9 +150,12 @@ def test_slow_requests_retried_with_fresh_rid_and_old_one_aborted(tmp_path, flee
     [engine] = engines
     rids = [r["rid"] for r in engine.requests]
     assert len(rids) == 8 and len(set(rids)) == 8  # 4 originals + 4 retries, each its own rid
+    # each abandoned attempt was aborted by its closed connection (the router closed its own to the
+    # engine when ours hit the deadline), with no /abort_request on top
+    assert engine.aborts == []
     deadline = time.monotonic() + 10
-    while not set(hung) <= {a.get("rid") for a in engine.aborts}:
-        assert time.monotonic() < deadline, f"abandoned rids not aborted: {hung} vs {engine.aborts}"
+    while not set(hung) <= set(engine.disconnects):
+        assert time.monotonic() < deadline, f"abandoned rids not aborted: {hung} vs {engine.disconnects}"
         time.sleep(0.05)
     assert engine.app.state.in_flight == {}  # nothing left computing on the engine
 

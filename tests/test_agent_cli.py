@@ -41,13 +41,8 @@ def assert_each_request_is_a_token_exact_sample(stack, case: str, sid: str) -> l
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from slime.testing.tiny_model import qwen_tokenizer_dir
-
-    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    s = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: "Done.", config=GatewayConfig(),
-                   log_dir=str(tmp_path_factory.mktemp("router"))).start()
+    s = AgentStack.started_on_tiny_qwen(lambda case, turn: "Done.", config=GatewayConfig(),
+                                        log_dir=str(tmp_path_factory.mktemp("router")))
     yield s
     s.stop()
 

@@ -39,13 +39,8 @@ def demo_task(label: str) -> dict:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from slime.testing.tiny_model import qwen_tokenizer_dir
-
-    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    s = AgentStack(tok, qwen_tokenizer_dir(), replies, config=GatewayConfig(max_context_tokens=4096),
-                   log_dir=str(tmp_path_factory.mktemp("router"))).start()
+    s = AgentStack.started_on_tiny_qwen(replies, config=GatewayConfig(max_context_tokens=4096),
+                                        log_dir=str(tmp_path_factory.mktemp("router")))
     yield s
     s.stop()
 

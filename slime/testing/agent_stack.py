@@ -40,6 +40,16 @@ class AgentStack:
         self.client: EngineClient | None = None
         self.gateway: Gateway | None = None
 
+    @classmethod
+    def started_on_tiny_qwen(cls, replies: Callable[[str, int], str], **kwargs: Any) -> AgentStack:
+        """A started stack on the tests' tiny Qwen tokenizer (the chat template the gateway renders)."""
+        from transformers import AutoTokenizer
+
+        from slime.testing.tiny_model import qwen_tokenizer_dir
+
+        return cls(AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())), qwen_tokenizer_dir(), replies,
+                   **kwargs).start()
+
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         """What the engines sample for this request body (a pure function of its input ids)."""
         text = self.tok.decode(body["input_ids"], skip_special_tokens=False)

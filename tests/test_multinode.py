@@ -149,7 +149,8 @@ def test_lost_nodes_are_named_in_the_rollout_line_and_on_the_dashboard(cluster_r
 
 
 # ---- the scenario, in its own process ----------------------------------------------------------------
-def _argv(model_dir: str, work: Path, address: str) -> list[str]:
+def _argv(model_dir: str, work: Path, address: str, router_resource: str | None = ROUTER_RESOURCE) -> list[str]:
+    """The scenario's flags; `router_resource` None keeps the router on the manager's node."""
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}],
                                         "label": str(2 * i)}) + "\n" for i in range(12)))
@@ -159,8 +160,9 @@ def _argv(model_dir: str, work: Path, address: str) -> list[str]:
             "--engine-threads", "1", "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt",
             str(N_SAMPLES), "--rollout-max-response-len", str(MAX_LEN), "--request-retry-window", "600",
             "--request-max-retries", "10000", "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "1",
-            "--global-batch-size", str(N), "--micro-batch-size", "2", "--router-resource", ROUTER_RESOURCE,
-            "--log-dir", str(work / "logs"), "--metrics-dir", str(work / "metrics")]
+            "--global-batch-size", str(N), "--micro-batch-size", "2",
+            "--log-dir", str(work / "logs"), "--metrics-dir", str(work / "metrics")] + (
+        ["--router-resource", router_resource] if router_resource else [])
 
 
 def _batch_facts(batch: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     try:
         engine_nodes = [cluster.add_node(num_cpus=1, **node_args) for _ in range(2)]  # one engine each
-        args = parse_args(_argv(model_dir, work, cluster.address) + ["--update-weight-buffer-size", str(64 << 10)])
+        args = parse_args(_argv(model_dir, work, cluster.address, router_resource=None) + ["--update-weight-buffer-size", str(64 << 10)])
         session = ray_init(args)
         manager, info = start_manager(args)
         trainer_node = cluster.add_node(num_cpus=3, **node_args)  # the trainer's, with room for a moved engine

@@ -20,8 +20,8 @@ from tests.test_train_loop import argv, prompts  # noqa: F401 - the train test's
 N_ROLLOUT = 3
 
 
-def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_server, tiny_model_dir, prompts,  # noqa: F811
-                                                      tmp_path):
+def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_server, tiny_model_dir,
+                                                      prompts, tmp_path):  # noqa: F811
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
                                  "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT), "--async",
                                  "--rollout-function-path",

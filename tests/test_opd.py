@@ -3,10 +3,13 @@ answer turned into `teacher_log_probs`, and their way into the training batch.""
 
 from __future__ import annotations
 
+import math
 from argparse import Namespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slime.rollout.controller import convert_samples_to_train_data
 from slime.rollout.on_policy_distillation import (
@@ -77,6 +80,27 @@ def test_teacher_log_probs_are_the_response_part_of_the_answer():
 def test_a_wrong_teacher_answer_is_an_error_naming_the_sample(answer, message):
     with pytest.raises(TeacherAnswerError, match=f"sample index=0 group=0: .*{message}"):
         teacher_log_probs(sample(0, [11, 12, 13, 14, 15], 2), answer)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf"), 0.5, None, "x", True])
+def test_a_teacher_log_prob_that_is_not_finite_and_at_most_0_is_refused(bad):
+    answer = teacher_answer([11, 12, 13, 14, 15], [-0.1, -0.2, -0.3, -0.4])
+    answer["meta_info"]["input_token_logprobs"][4][0] = bad
+    with pytest.raises(TeacherAnswerError, match="sample index=0 group=0: input_token_logprobs item 4 is not"):
+        teacher_log_probs(sample(0, [11, 12, 13, 14, 15], 2), answer)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=3),
+                                  st.lists(st.one_of(st.none(), st.booleans(), st.integers(-2, 20), st.floats(),
+                                                     st.text(max_size=2)), max_size=3)), max_size=6))
+def test_any_teacher_answer_gives_checked_log_probs_or_a_teacher_answer_error(entries):
+    s = sample(0, [11, 12, 13, 14, 15], 2)
+    try:
+        lps = teacher_log_probs(s, {"meta_info": {"input_token_logprobs": entries}})
+    except TeacherAnswerError:
+        return
+    assert len(lps) == 2 and all(math.isfinite(lp) and lp <= 1e-4 for lp in lps)
 
 
 def test_a_response_without_a_prompt_has_no_teacher_log_prob_for_its_first_token():

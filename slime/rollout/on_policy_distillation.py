@@ -15,8 +15,10 @@ as the teacher, our embedded one included.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from slime.rollout.engine_answer import LOGPROB_TOLERANCE
 from slime.utils import http_retry
 from slime.utils.types import Sample
 
@@ -65,13 +67,26 @@ def teacher_log_probs(sample: Sample, answer: Any) -> list[float]:
         raise TeacherAnswerError(f"{who}: the teacher scored {len(entries)} tokens, the sample has "
                                  f"{len(sample.tokens)} (prompt + response)")
     tail = entries[len(entries) - n:] if n else []
-    if [int(e[1]) for e in tail] != list(sample.tokens[len(sample.tokens) - n:]):
-        raise TeacherAnswerError(f"{who}: the teacher's input_token_logprobs name other token ids than the "
-                                 f"sample's response")
     if n and len(entries) == n:  # the first entry is None in SGLang: a response needs a prompt before it
         raise TeacherAnswerError(f"{who}: no prompt token before the response, its first token has no teacher "
                                  f"log-prob")
+    for i, entry in enumerate(tail, start=len(entries) - n):
+        if not _is_entry(entry):
+            raise TeacherAnswerError(f"{who}: input_token_logprobs item {i} is not [finite log-prob <= 0 "
+                                     f"(+{LOGPROB_TOLERANCE}), token id]: {str(entry)[:80]}")
+    if [e[1] for e in tail] != list(sample.tokens[len(sample.tokens) - n:]):
+        raise TeacherAnswerError(f"{who}: the teacher's input_token_logprobs name other token ids than the "
+                                 f"sample's response")
     return [float(e[0]) for e in tail]
+
+
+def _is_entry(entry: Any) -> bool:
+    """SGLang's `[log-prob, token id, ...]`, with the same rule as a /generate answer's log-probs."""
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+        return False
+    lp, tid = entry[0], entry[1]
+    return (isinstance(tid, int) and not isinstance(tid, bool) and isinstance(lp, (int, float))
+            and not isinstance(lp, bool) and math.isfinite(lp) and lp <= LOGPROB_TOLERANCE)
 
 
 def post_process_rewards(args: Any, samples: list[Sample], **kwargs: Any) -> tuple[list[float], list[float]]:

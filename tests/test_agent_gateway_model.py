@@ -10,26 +10,12 @@ import openai
 import pytest
 
 from slime.agent.gateway import Gateway, GatewayConfig
-from slime.rollout.engine_client import EngineClient
-from slime.testing.agent_stack import assert_chain
+from slime.testing.agent_stack import RecordingClient, assert_chain
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample
 from tests.hf_engine_fixtures import run_engine
 
 pytestmark = pytest.mark.slow
-
-
-class RecordingClient(EngineClient):
-    """The project's client, keeping each (prompt, answer) it got from the engine for the check."""
-
-    def __init__(self, *a, **kw) -> None:
-        super().__init__(*a, **kw)
-        self.answers: list = []
-
-    async def generate(self, input_ids, sampling_params, **kw):
-        out = await super().generate(input_ids, sampling_params, **kw)
-        self.answers.append((list(input_ids), out))
-        return out
 
 
 def test_openai_sdk_session_on_the_default_model_is_token_exact():

@@ -29,6 +29,20 @@ def log_probs(turn: int, n: int) -> list[float]:
     return [round(-0.01 * (turn + 1) - 0.001 * i, 6) for i in range(n)]
 
 
+class RecordingClient(EngineClient):
+    """The project's client, keeping each (prompt ids, `EngineOutput`) it got from the engines, so a
+    test on a real engine can check a trajectory against what was sampled."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answers: list = []
+
+    async def generate(self, input_ids, sampling_params, **kwargs):
+        out = await super().generate(input_ids, sampling_params, **kwargs)
+        self.answers.append((list(input_ids), out))
+        return out
+
+
 class AgentStack:
     def __init__(self, tokenizer: Any, model_dir: str | Path, replies: Callable[[str, int], str], *,
                  engines: int = 1, config: GatewayConfig | None = None, log_dir: str | None = None) -> None:

@@ -66,17 +66,21 @@ def gateway(long_context_model, tmp_path_factory):
 
 
 def assert_sampled_exactly(gw: Gateway, sid: str, known: int) -> list[Sample]:
-    """Each chain of the session is the engine's answers that lie on it, token-exact; returns the chains."""
+    """Each chain of the session is the engine's answers that lie on it, token-exact, and every
+    answer the engine gave lies on a chain (nothing lost); returns the chains."""
     samples = asyncio.run(gw.finish_session(sid, base_sample=Sample(index=0, prompt=""), reward=0.0))
     answers = gw.client.answers[known:]
     assert answers and samples, "no request went through the gateway to the engine"
+    placed: set[int] = set()
     for sample in samples:
-        on_chain = sorted(((p, out) for p, out in answers
-                           if sample.tokens[:len(p) + len(out.token_ids)] == p + out.token_ids), key=lambda a: len(a[0]))
+        on_chain = sorted((i for i, (p, out) in enumerate(answers)
+                           if sample.tokens[:len(p) + len(out.token_ids)] == p + out.token_ids),
+                          key=lambda i: len(answers[i][0]))
         assert on_chain, "a recorded chain holds no answer the engine sampled"
-        assert_chain(sample, [(p, out.token_ids, out.log_probs) for p, out in on_chain])
+        assert_chain(sample, [(answers[i][0], answers[i][1].token_ids, answers[i][1].log_probs) for i in on_chain])
         assert all(lp <= 0 for lp, m in zip(sample.rollout_log_probs, sample.loss_mask) if m)
-    assert sum(len(s.tokens) - s.response_length for s in samples) > 0
+        placed.update(on_chain)
+    assert placed == set(range(len(answers))), "an answer of the engine is missing from the trajectory"
     return samples
 
 

@@ -94,7 +94,8 @@ def test_claude_code_completes_a_session_on_the_embedded_engine_token_exact(gate
     run = subprocess.run([str(binary), "-p", "say hi"], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=300, stdin=subprocess.DEVNULL)
     samples = assert_sampled_exactly(gateway, "cc-engine", known)
-    assert max(len(s.tokens) for s in samples) > 8192, f"Claude Code's opening prompt is ~12k tokens: {run.stderr[-2000:]}"
+    longest = max(len(s.tokens) for s in samples)
+    assert longest > 8192, f"Claude Code's opening prompt is ~12k tokens, not {longest}: {run.stderr[-2000:]}"
 
 
 def test_codex_completes_a_session_on_the_embedded_engine_token_exact(gateway, tmp_path):

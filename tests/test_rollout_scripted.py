@@ -162,6 +162,24 @@ def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir):
     assert sent["sampling_params"]["max_new_tokens"] == 8 - s.prompt_length
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_deterministic_inference_seeds_each_sample_of_a_group(tmp_path, cluster, tiny_model_dir, deterministic):
+    """slime's `--sglang-enable-deterministic-inference`: the i-th sample of every group is sent with
+    `sampling_seed = --rollout-seed + i`; without it no request names a seed."""
+    router, engines, _ = cluster
+    flags = ["--sglang-enable-deterministic-inference"] if deterministic else []
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-seed", "7", *flags)
+    src, _ = data_source(args, tiny_model_dir)
+    for e in engines:
+        e.requests.clear()
+    generate_rollout(args, 0, src)
+    seeds: dict[tuple[int, ...], list] = {}
+    for r in (r for e in engines for r in e.requests):
+        seeds.setdefault(tuple(r["input_ids"]), []).append(r["sampling_params"].get("sampling_seed"))
+    assert len(seeds) == 4
+    assert all(sorted(v, key=str) == ([7, 8, 9] if deterministic else [None] * 3) for v in seeds.values()), seeds
+
+
 def test_dynamic_filter_keeps_target_and_returns_leftovers(tmp_path, cluster, tiny_model_dir):
     router, _, _ = cluster
     args = make_args(tmp_path, router, tiny_model_dir, "--rollout-batch-size", "2", "--over-sampling-batch-size",

@@ -336,13 +336,24 @@ async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params:
     sample named); what it returns is kept as it is."""
     if GenerateState(args).aborted:
         return group
-    results = await asyncio.gather(*(_generate_one(args, s, sampling_params, evaluation) for s in group))
+    results = await asyncio.gather(*(_generate_one(args, s, params, evaluation)
+                                     for s, params in zip(group, group_sampling_params(args, sampling_params, len(group)))))
     samples = [s for r in results for s in r]
     await (_reward_group if _group_rm(args, evaluation) else _reward_each)(args, samples)
     for s in samples:
         if s.status == Sample.Status.FAILED:
             s.reward = 0.0  # never None or NaN in a batch; FAILED samples train nothing anyway
     return samples
+
+
+def group_sampling_params(args: Any, sampling_params: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """slime's `--sglang-enable-deterministic-inference`: the i-th sample of every group is sampled
+    with `sampling_seed = --rollout-seed + i` (the same seeds in every group and in eval), so a run
+    repeats its samples; otherwise every sample shares the flags' parameters."""
+    if not getattr(args, "sglang_enable_deterministic_inference", False):
+        return [sampling_params] * n
+    seed = int(getattr(args, "rollout_seed", 42) or 0)
+    return [{**sampling_params, "sampling_seed": seed + i} for i in range(n)]
 
 
 async def generate_and_rm(args: Any, sample: Sample, sampling_params: dict[str, Any],

@@ -142,6 +142,7 @@ class RunInit:
         self.ready = False  # the next run's namespaces and tmpfs are in place
         self.wake_r = self.poller = None
         self.keep = False  # a session's slot: its namespaces and tmpfs stay from one request to the next
+        self.egress_hold = None  # a session's [::1]:<egress port>, held for its life (`slot_session.py`)
 
     def serve(self):
         if self.isolate:

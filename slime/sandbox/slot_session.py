@@ -7,10 +7,13 @@ inode budget, ``/home/<user>`` and ``/workspace`` (links to ``/mnt/home`` and ``
 made for its uid, and, if it asked for an egress, a listening TCP socket on ``127.0.0.1:<port>`` is
 made *inside the slot's network namespace* and its fd handed to the server over the control
 socket (``SCM_RIGHTS``): the server accepts on it and splices each connection to the one configured
-target (`egress.py`). Nothing runs inside the sandbox for that; a privileged port (< 1024) cannot be
-taken by a run's own uid.
+target (`egress.py`). Nothing runs inside the sandbox for that. The port need not be privileged: it
+is bound before any command of the session runs and held by the server until the session ends
+(with the slot and its namespace), so a run can never take it; ``[::1]:<port>`` is bound too and held
+unlistened by the init, so a client trying ``localhost`` over IPv6 first is refused, never answered by a run.
 """
 
+import errno
 import os
 import socket
 
@@ -30,6 +33,7 @@ def open_session(init, spec):
         _make_session_dirs(init.slot.uid)
     port = spec.get("egress_port") or 0
     if port:
+        init.egress_hold = _hold_ipv6_loopback(port)
         _hand_over_listener(init.ctl, port)
 
 
@@ -65,3 +69,22 @@ def _hand_over_listener(ctl, port):
         socket.send_fds(ctl, [b'{"egress_port": %d}' % port], [sock.fileno()])
     finally:
         sock.close()
+
+
+def _hold_ipv6_loopback(port):
+    """``[::1]:port`` bound and never listened on (connections are refused); None without IPv6."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError as e:
+        if e.errno == errno.EAFNOSUPPORT:
+            return None
+        raise
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(("::1", port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRNOTAVAIL:  # (no ::1 in this namespace)
+            return None
+        raise
+    return sock

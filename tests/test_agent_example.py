@@ -2,7 +2,8 @@
 SLIME_AGENT_SANDBOX_BACKEND=slime its `E2BSandbox(image)` is a session of a real `slime-sandbox`
 server, the image a host directory unpacked into the workspace; the example's task layer prepares
 the workspace (agent user, PROBLEM_STATEMENT.md), captures the agent's diff there with git and
-grades it in a fresh session (the patch goes to the session's writable /workspace)."""
+grades it in a fresh session (the patch goes to the session's writable /workspace). Its `generate()`
+runs Codex and Claude Code there, each through the session's one egress to the example's own adapter."""
 
 from __future__ import annotations
 

@@ -30,9 +30,9 @@ class _Ok(http.server.BaseHTTPRequestHandler):
 TAKE_OVER = """
 import os, socket, urllib.request
 port = int(os.environ["SLIME_EGRESS_URL"].rsplit(":", 1)[1])
-for family, host, reuse in [("4", "127.0.0.1", ""), ("4", "0.0.0.0", ""), ("4", "127.0.0.1", "addr+port"),
-                            ("4", "0.0.0.0", "addr+port"), ("6", "::", ""), ("6", "::1", ""), ("6", "::1", "addr+port")]:
-    s = socket.socket(socket.AF_INET6 if family == "6" else socket.AF_INET)
+for host, reuse in [("127.0.0.1", ""), ("0.0.0.0", ""), ("127.0.0.1", "addr+port"), ("0.0.0.0", "addr+port"),
+                    ("::", ""), ("::1", ""), ("::1", "addr+port")]:
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     if reuse:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -12,8 +12,8 @@ from .common import BaseHarness, HarnessContext, cli_present, give_to_agent, ins
 
 class ClaudeCodeHarness(BaseHarness):
     """`claude` is looked up on PATH, as Codex's harness does: on an E2B image that finds
-    `/usr/local/bin/claude` (where `install_npm_cli` puts it), on our sandbox the npm package bound
-    read-only (its `node_modules/.bin` on the session's PATH), whose `/usr` is the host's, read-only."""
+    `/usr/local/bin/claude` (where `install_npm_cli` puts it); our sandbox's `/usr` is the host's,
+    read-only, so there it is the npm package bound read-only, its `node_modules/.bin` on PATH."""
 
     name = "claude_code"
     env_prefix = "CC"

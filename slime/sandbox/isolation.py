@@ -125,20 +125,20 @@ def _bind_ro(src, dst, is_dir=True):
 
 
 # ------------------------------------------------------------------------------ --ro-bind, nested
-# A bind below a directory each run gets fresh lands on the run's tmpfs (at /dev/shm while the run's
-# namespaces are made: `t` becomes /tmp, `m` /mnt); /home and /workspace are links into /mnt.
+# A bind below a directory each run gets fresh is made again in every run, on the run's tmpfs;
+# /home and /workspace are links into /mnt.
 LINKED = {"/home": "/mnt/home", "/workspace": "/mnt/workspace"}
-RUN_DIRS = {"/tmp": "t", "/mnt": "m", "/home": "m/home", "/workspace": "m/workspace"}
+RUN_DIRS = ("/tmp", "/mnt", "/home", "/workspace")
 STAGED = "/tmp/.ro-binds"  # in the slot's root, where such binds wait: under every run's own /tmp, unseen
 
 
 def run_binds(cfg):
-    """``{index in cfg["ro_binds"]: place on the run's tmpfs}`` of the binds nested per run."""
+    """``{index in cfg["ro_binds"]: its real path in a run}`` of the binds nested per run."""
     out = {}
     for i, (_, inside) in enumerate(cfg.get("ro_binds") or []):
         top = next((t for t in RUN_DIRS if inside.startswith(t + "/")), None)
         if top is not None:
-            out[i] = RUN_DIRS[top] + inside[len(top):]
+            out[i] = LINKED.get(top, top) + inside[len(top):]
     return out
 
 
@@ -153,28 +153,39 @@ def _bind_host_paths(root, cfg, fds):
         _bind_ro(fd_path, os.path.join(root, dst.lstrip("/")), os.path.isdir(fd_path))
         os.close(fd)
     for link, target in LINKED.items():  # (a session makes them too; runs get them only for a bind below)
-        if any(rel.startswith(RUN_DIRS[link] + "/") for rel in nested.values()):
+        if any(path.startswith(target + "/") for path in nested.values()):
             os.symlink(target, os.path.join(root, link.lstrip("/")))
 
 
-def nest_run_binds(cfg, uid, tmpfs="/dev/shm"):
-    """In a run's fresh mount namespace, before its `tmpfs` is shown as /tmp and /mnt (recursively):
-    each bind below /tmp, /mnt, /home or /workspace at its own path there, the directories above it
-    made on the tmpfs (the run's uid owns them: the rest of its /tmp stays its own). A bind's copy
-    keeps the original's flags (read-only, nosuid, nodev), its submounts' too."""
-    for i, rel in run_binds(cfg).items():
-        staged, path = "%s/%d" % (STAGED, i), tmpfs
-        for part in os.path.dirname(rel).split("/"):
-            path = os.path.join(path, part)
-            if not os.path.isdir(path):
-                os.mkdir(path, 0o755)
-                os.chown(path, uid, uid)
-        dst = os.path.join(tmpfs, rel)
-        if os.path.isdir(staged):
-            os.mkdir(dst, 0o755)
+def hold_run_binds(cfg):
+    """In a run's fresh mount namespace, before its /tmp covers the slot's: ``[(fd, path)]``, this
+    namespace's copy of each bind nested per run (`nest_run_binds`) and where it goes."""
+    return [(os.open("%s/%d" % (STAGED, i), os.O_PATH | os.O_CLOEXEC), path) for i, path in run_binds(cfg).items()]
+
+
+def nest_run_binds(held, uid):
+    """Once the run's /tmp and /mnt are in place: each held bind at its own path below them, the
+    directories above it made on the run's tmpfs (the run's uid owns them: the rest of its /tmp stays
+    its own). A bind keeps the flags of what it copies (read-only, nosuid, nodev), submounts' too."""
+    for fd, path in held:
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            _make_dirs_of(parent, uid)
+        src = "/proc/self/fd/%d" % fd
+        if os.path.isdir(src):
+            os.mkdir(path, 0o755)
         else:
-            open(dst, "a").close()
-        mount(staged, dst, None, MS_BIND | MS_REC)
+            open(path, "a").close()
+        mount(src, path, None, MS_BIND | MS_REC)
+        os.close(fd)
+
+
+def _make_dirs_of(path, uid):
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        _make_dirs_of(parent, uid)
+    os.mkdir(path, 0o755)
+    os.chown(path, uid, uid)
 
 
 # ------------------------------------------------------------------------------ the slot's root

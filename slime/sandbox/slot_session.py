@@ -17,13 +17,13 @@ import errno
 import os
 import socket
 
-from .isolation import MS_BIND, MS_NODEV, MS_NOSUID, MS_RDONLY, check, libc
+from .isolation import LINKED, MS_BIND, MS_NODEV, MS_NOSUID, MS_RDONLY, check, libc
 
 MS_REMOUNT = 32
 HOME_USERS = ("agent", "root")  # both names map to the session's one uid (it is never root)
 # writable places a session adds to the read-only root: each a link to its directory on the session's tmpfs
 # (`/workspace`: slime's coding example writes its patch and scripts there)
-SESSION_DIRS = {"/home": "/mnt/home", "/workspace": "/mnt/workspace"}
+SESSION_DIRS = LINKED
 
 
 def open_session(init, spec):
@@ -49,12 +49,15 @@ def _make_session_dirs(uid):
     namespace only; the root dies with the slot, which ends with the session, so runs never see them."""
     made = list(SESSION_DIRS.values()) + ["/mnt/home/" + u for u in HOME_USERS]
     for path in made:
-        os.mkdir(path, 0o755)
+        os.makedirs(path, 0o755, exist_ok=True)  # (a --ro-bind below /home made some of them: `isolation.py`)
         os.chown(path, uid, uid)
+    missing = [link for link in SESSION_DIRS if not os.path.islink(link)]
+    if not missing:
+        return
     check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_NOSUID, None), "make the root writable")
     try:
-        for link, target in SESSION_DIRS.items():
-            os.symlink(target, link)
+        for link in missing:
+            os.symlink(SESSION_DIRS[link], link)
     finally:
         check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None),
               "make the root read-only again")

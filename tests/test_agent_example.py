@@ -2,7 +2,8 @@
 SLIME_AGENT_SANDBOX_BACKEND=slime its `E2BSandbox(image)` is a session of a real `slime-sandbox`
 server, the image a host directory unpacked into the workspace; the example's task layer prepares
 the workspace (agent user, PROBLEM_STATEMENT.md), captures the agent's diff there with git and
-grades it in a fresh session (the patch goes to the session's writable /workspace)."""
+grades it in a fresh session (the patch goes to the session's writable /workspace). Its `generate()`
+runs Codex and Claude Code there, each through the session's one egress to the example's own adapter."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import socket
 import subprocess
 
 import pytest
@@ -77,19 +77,6 @@ def test_the_examples_task_layer_prepares_the_workspace_and_captures_the_diff_in
     assert "PROBLEM_STATEMENT" not in diff
 
 
-def low_free_port() -> int:
-    """A free port below 1024: the sandbox's egress listens on a privileged port (a run's uid cannot
-    take it first) and the example's adapter must sit on the same number on the host."""
-    for port in range(1000, 1024):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port in 1000-1023 on 127.0.0.1 for the egress and the adapter")
-
-
 def image_with(tmp_path, name: str, body: str) -> str:
     repo = tmp_path / name / "repo"
     repo.mkdir(parents=True)
@@ -129,44 +116,51 @@ def test_the_examples_grader_applies_a_real_patch_in_a_fresh_session_of_our_sand
     assert (patched, unpatched, not_applying) == ((1.0, True), (0.0, True), (0.0, False))
 
 
-FIX = {"name": "exec_command", "arguments": {"cmd": "sed -i 's/a - b/a + b/' add.py"}}
-FIX_CALL = f"<tool_call>\n{json.dumps(FIX)}\n</tool_call>"  # (Qwen's format: `--tool-call-parser hermes`)
+FIX_CMD = "sed -i 's/a - b/a + b/' add.py"
+
+
+def tool_call(name: str, arguments: dict) -> str:
+    """A tool call in Qwen's format (`--tool-call-parser hermes`)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def codex_replies(case: str, turn: int) -> str:
     """Codex's `exec_command` tool runs the fix of `a - b`, then "Done." (Codex's prompt is the
     example's, the same for every sample: the image decides what the command changes)."""
-    return FIX_CALL if turn == 0 else "Done."
+    return tool_call("exec_command", {"cmd": FIX_CMD}) if turn == 0 else "Done."
 
 
-@pytest.mark.slow
-def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_its_patch_in_a_fresh_one(tmp_path, monkeypatch):
-    """slime's `generate()` unchanged, `SWE_AGENT=codex`: Codex (from the npm registry, bound
-    read-only into the sandbox) runs in a session whose one egress is the example's own OpenAI
-    adapter, on scripted engines behind the real router. The engine's tool call makes Codex run
-    `sed 's/a - b/a + b/'`: on the image whose bug is `a - b` the diff is applied and graded by
-    `eval_cmd` in a fresh session (1.0); on the one whose bug is `a * b` it changes nothing (0.0)."""
+def claude_replies(case: str, turn: int) -> str:
+    """The same for Claude Code, through its `Bash` tool."""
+    return tool_call("Bash", {"command": FIX_CMD, "description": "Fix add"}) if turn == 0 else "Done."
+
+
+def run_the_example(tmp_path, monkeypatch, agent: str, replies, agent_env: dict[str, str], sandbox_args: list[str]):
+    """slime's `generate()` unchanged, with `SWE_AGENT=agent`, on two samples (images whose bug is
+    `a - b` and `a * b`), the agent CLI (from the npm registry, bound read-only into the sandbox, its
+    `node_modules/.bin` on the session's PATH) in a session whose one egress is the example's own
+    adapter, on scripted engines behind the real router. Returns the two samples, the diffs the example
+    graded by instance, and the /generate bodies the engines got with what they sampled for each."""
     from transformers import AutoTokenizer
 
     from slime.sandbox.server import start_local_sandbox
-    from slime.testing.agent_clis import CLI_CACHE, CODEX, npm_installed
+    from slime.testing.agent_clis import CLI_CACHE
     from slime.testing.agent_stack import AgentStack
     from slime.testing.tiny_model import qwen_tokenizer_dir
+    from slime.utils.misc import find_free_port
 
-    npm_installed(CODEX, "@openai/codex/bin/codex.js")
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    stack = AgentStack(tok, qwen_tokenizer_dir(), codex_replies, log_dir=str(tmp_path / "router")).start()
-    port = low_free_port()
+    stack = AgentStack(tok, qwen_tokenizer_dir(), replies, log_dir=str(tmp_path / "router")).start()
+    port = find_free_port()  # the adapter's, on the host, and the egress's, inside: one URL for both
     url, sandbox = start_local_sandbox(max_concurrency=4, extra_args=[
-        "--egress", f"gateway=127.0.0.1:{port}", "--egress-port", str(port), "--ro-bind", str(CLI_CACHE)])
-    for key, value in {"SWE_AGENT": "codex", "SLIME_AGENT_CODEX_WIRE_API": "responses", "ADAPTER_PORT": str(port),
-                       # our sandbox is the sandbox: Codex's own (read-only by default) would refuse the edit
-                       "SLIME_AGENT_CODEX_EXTRA_ARGS": "--dangerously-bypass-approvals-and-sandbox",
+        "--egress", f"gateway=127.0.0.1:{port}", "--egress-port", str(port), "--ro-bind", str(CLI_CACHE),
+        *sandbox_args])
+    for key, value in {"SWE_AGENT": agent, "ADAPTER_PORT": str(port),
                        "ADAPTER_PUBLIC_HOST": "127.0.0.1", "ADAPTER_BIND_HOST": "127.0.0.1",
                        "SWE_AGENT_TIME_BUDGET_SEC": "180", "SWE_EVAL_TIMEOUT_SEC": "60",
                        "SLIME_AGENT_SANDBOX_BACKEND": "slime", "SLIME_AGENT_SANDBOX_URL": url,
-                       "SLIME_AGENT_SANDBOX_ENV": json.dumps({"PATH": f"{CLI_CACHE}/node_modules/.bin:/usr/bin:/bin"})
-                       }.items():
+                       "SLIME_AGENT_SANDBOX_ENV": json.dumps({"PATH": f"{CLI_CACHE}/node_modules/.bin:/usr/bin:/bin"}),
+                       **agent_env}.items():
         monkeypatch.setenv(key, value)
     import examples.coding_agent_rl.generate as generate
     import examples.coding_agent_rl.swe as swe
@@ -196,22 +190,53 @@ def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_its_patch_in
 
     try:
         [fixed], [unfixed] = asyncio.run(both())
-        assert [(s.status, s.reward, s.metadata["agent_exit_code"], s.metadata["grading_solved"])
-                for s in (fixed, unfixed)] == [(Sample.Status.COMPLETED, 1.0, 0, True),
-                                               (Sample.Status.COMPLETED, 0.0, 0, False)]
-        assert graded["minus"].splitlines()[-2:] == ["-    return a - b", "+    return a + b"]
-        assert graded["times"] == ""
-        assert len(stack.requests) == 4, "per sample: the tool call, then the answer after its output"
-        for s in (fixed, unfixed):  # exactly what the engines sampled, turn by turn
-            bodies = {tuple(b["input_ids"]): b for b in stack.requests
-                      if s.tokens[:len(b["input_ids"])] == b["input_ids"]}  # (both samples' first turn: one prompt)
-            turns = [(list(ids), stack.answer(b)["output_ids"], stack.answer(b)["log_probs"])
-                     for ids, b in sorted(bodies.items(), key=lambda kv: len(kv[0]))]
-            assert len(turns) == 2
-            assert_chain(s, turns)
+        return fixed, unfixed, graded, [(b, stack.answer(b)) for b in stack.requests]
     finally:
         example._AdapterService(args).app_handle.stop()
         type(example._AdapterService).clear_instances(example._AdapterService)
         sandbox.stop()
         stack.stop()
         importlib.reload(swe)
+
+
+def assert_graded_and_token_exact(fixed: Sample, unfixed: Sample, graded: dict[str, str], sampled: list) -> None:
+    """The engine's tool call made the agent run `sed 's/a - b/a + b/'`: on the image whose bug is
+    `a - b` the diff is applied and graded by `eval_cmd` in a fresh session (1.0); on the one whose
+    bug is `a * b` it changes nothing (0.0). Each sample is its two turns, exactly as sampled."""
+    assert [(s.status, s.reward, s.metadata["agent_exit_code"], s.metadata["grading_solved"])
+            for s in (fixed, unfixed)] == [(Sample.Status.COMPLETED, 1.0, 0, True),
+                                           (Sample.Status.COMPLETED, 0.0, 0, False)]
+    assert graded["minus"].splitlines()[-2:] == ["-    return a - b", "+    return a + b"]
+    assert graded["times"] == ""
+    assert len(sampled) == 4, "per sample: the tool call, then the answer after its output"
+    for s in (fixed, unfixed):  # exactly what the engines sampled, turn by turn
+        turns = {tuple(b["input_ids"]): (b["input_ids"], a["output_ids"], a["log_probs"]) for b, a in sampled
+                 if s.tokens[:len(b["input_ids"])] == b["input_ids"]}  # (both samples' first turn: one prompt)
+        assert len(turns) == 2
+        assert_chain(s, sorted(turns.values(), key=lambda t: len(t[0])))
+
+
+@pytest.mark.slow
+def test_the_examples_generate_runs_codex_in_our_sandbox_and_grades_its_patch_in_a_fresh_one(tmp_path, monkeypatch):
+    """`SWE_AGENT=codex`: Codex 0.169 speaks the Responses API, and runs with its own sandbox off
+    (ours is the sandbox; its own is read-only by default and would refuse the edit)."""
+    from slime.testing.agent_clis import CODEX, npm_installed
+
+    npm_installed(CODEX, "@openai/codex/bin/codex.js")
+    assert_graded_and_token_exact(*run_the_example(tmp_path, monkeypatch, "codex", codex_replies, {
+        "SLIME_AGENT_CODEX_WIRE_API": "responses",
+        "SLIME_AGENT_CODEX_EXTRA_ARGS": "--dangerously-bypass-approvals-and-sandbox"}, []))
+
+
+@pytest.mark.slow
+def test_the_examples_generate_runs_claude_code_in_our_sandbox_and_grades_its_patch_in_a_fresh_one(
+        tmp_path, monkeypatch):
+    """`SWE_AGENT=claude_code`: Claude Code (its native binary, found on the session's PATH) opens
+    with a ~12k-token prompt, which scripted engines take whole; its `Bash` tool runs the fix."""
+    from slime.testing.agent_clis import CLAUDE_CODE, npm_installed
+
+    npm_installed(CLAUDE_CODE, "@anthropic-ai/claude-code-linux-x64/claude")
+    fixed, unfixed, graded, sampled = run_the_example(tmp_path, monkeypatch, "claude_code", claude_replies, {},
+                                                      ["--default-memory-mb", "4096", "--max-processes", "512"])
+    assert_graded_and_token_exact(fixed, unfixed, graded, sampled)
+    assert min(len(b["input_ids"]) for b, _ in sampled) > 8192, "Claude Code's opening prompt is ~12k tokens"

@@ -214,12 +214,13 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
 @pytest.mark.parametrize("flags, message", [
     (["--ro-bind", "/nonexistent/clis"], "--ro-bind '/nonexistent/clis': the host path '/nonexistent/clis' "
                                          "does not exist"),
-    (["--ro-bind", "/usr/share:/tmp/x"], "--ro-bind '/usr/share:/tmp/x': '/tmp/x' clashes with /tmp, which the "
-                                         "sandbox makes itself; pick another place inside (e.g. /opt/...)"),
+    (["--ro-bind", "/usr/share:/tmp"], "--ro-bind '/usr/share:/tmp': '/tmp' would hide /tmp, which the sandbox "
+                                       "makes itself; bind below it (e.g. /tmp/..., /opt/...)"),
     (["--ro-bind", "/usr/share:opt"], "--ro-bind '/usr/share:opt': the path inside ('opt') must be absolute and not /"),
     (["--egress", "gateway"], "--egress 'gateway': expected NAME=HOST:PORT (e.g. gateway=127.0.0.1:8000)"),
     (["--egress", "a=h:1", "--egress", "a=h:2"], "--egress 'a=h:2': the name 'a' is given twice"),
-    (["--egress-port", "8080"], "--egress-port 8080: must be below 1024 (a run's uid cannot take it first)"),
+    (["--egress-port", "0"], "--egress-port 0: must be a TCP port (1-65535)"),
+    (["--egress-port", "65536"], "--egress-port 65536: must be a TCP port (1-65535)"),
     (["--max-egress-connections", "0"], "--max-egress-connections 0: must be positive"),
 ])
 def test_bad_egress_and_ro_bind_flags_refuse_the_start(flags, message, capsys):

@@ -24,9 +24,9 @@ INSIDE = "/opt/agent-clis"
 
 
 def _python_trees() -> list[str]:
-    """This venv and its base interpreter's prefix, at their own paths (a venv names its base by path)."""
-    trees = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
-    return sorted(t for t in trees if not t.startswith("/usr/"))
+    """This venv and its base interpreter's prefix, at their own paths (a venv names its base by path;
+    one under /usr, /tmp or /home nests below the sandbox's own)."""
+    return sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)})
 
 
 @pytest.fixture(scope="module")

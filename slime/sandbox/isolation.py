@@ -108,11 +108,12 @@ def _loopback_up():
 
 
 def _bind_ro(src, dst, is_dir=True):
-    if is_dir:
-        os.makedirs(dst, exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        open(dst, "a").close()
+    if not os.path.lexists(dst):  # (under /usr it exists already: checked at start, `ro_binds.py`)
+        if is_dir:
+            os.makedirs(dst)
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            open(dst, "a").close()
     mount(src, dst, None, MS_BIND | MS_REC)
     flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (MS_NODEV if is_dir else 0)
     mount(None, dst, None, flags)
@@ -123,14 +124,79 @@ def _bind_ro(src, dst, is_dir=True):
             mount(None, sub.replace("\\040", " "), None, flags)
 
 
+# ------------------------------------------------------------------------------ --ro-bind, nested
+# A bind below a directory each run gets fresh is made again in every run, on the run's tmpfs;
+# /home and /workspace are links into /mnt.
+LINKED = {"/home": "/mnt/home", "/workspace": "/mnt/workspace"}
+RUN_DIRS = ("/tmp", "/mnt", "/home", "/workspace")
+STAGED = "/tmp/.ro-binds"  # in the slot's root, where such binds wait: under every run's own /tmp, unseen
+
+
+def run_binds(cfg):
+    """``{index in cfg["ro_binds"]: its real path in a run}`` of the binds nested per run."""
+    out = {}
+    for i, (_, inside) in enumerate(cfg.get("ro_binds") or []):
+        top = next((t for t in RUN_DIRS if inside.startswith(t + "/")), None)
+        if top is not None:
+            out[i] = LINKED.get(top, top) + inside[len(top):]
+    return out
+
+
+def _bind_host_paths(root, cfg, fds):
+    """Each ``--ro-bind`` into the root being built: at its own place, or kept for the runs."""
+    nested = run_binds(cfg)
+    for i, ((_, inside), fd) in enumerate(zip(cfg.get("ro_binds") or [], fds)):
+        if fd is None:  # the host's own path under /usr: shown already
+            continue
+        dst = "%s/%d" % (STAGED, i) if i in nested else inside
+        fd_path = "/proc/self/fd/%d" % fd  # (the host path itself may be under the tmpfs now)
+        _bind_ro(fd_path, os.path.join(root, dst.lstrip("/")), os.path.isdir(fd_path))
+        os.close(fd)
+    for link, target in LINKED.items():  # (a session makes them too; runs get them only for a bind below)
+        if any(path.startswith(target + "/") for path in nested.values()):
+            os.symlink(target, os.path.join(root, link.lstrip("/")))
+
+
+def hold_run_binds(cfg):
+    """In a run's fresh mount namespace, before its /tmp covers the slot's: ``[(fd, path)]``, this
+    namespace's copy of each bind nested per run (`nest_run_binds`) and where it goes."""
+    return [(os.open("%s/%d" % (STAGED, i), os.O_PATH | os.O_CLOEXEC), path) for i, path in run_binds(cfg).items()]
+
+
+def nest_run_binds(held, uid):
+    """Once the run's /tmp and /mnt are in place: each held bind at its own path below them, the
+    directories above it made on the run's tmpfs (the run's uid owns them: the rest of its /tmp stays
+    its own). A bind keeps the flags of what it copies (read-only, nosuid, nodev), submounts' too."""
+    for fd, path in held:
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            _make_dirs_of(parent, uid)
+        src = "/proc/self/fd/%d" % fd
+        if os.path.isdir(src):
+            os.mkdir(path, 0o755)
+        else:
+            open(path, "a").close()
+        mount(src, path, None, MS_BIND | MS_REC)
+        os.close(fd)
+
+
+def _make_dirs_of(path, uid):
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        _make_dirs_of(parent, uid)
+    os.mkdir(path, 0o755)
+    os.chown(path, uid, uid)
+
+
+# ------------------------------------------------------------------------------ the slot's root
 def _build_root(cfg):
     """A read-only minimal root, built on a tmpfs over /tmp (in our private mount namespace: the
     host sees nothing, so nothing is left on its disk), then pivot into it."""
     root = "/tmp"
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    # held open before the tmpfs goes over /tmp: a tools directory under the host's /tmp stays reachable
-    binds = [(os.open(src, os.O_PATH | os.O_CLOEXEC), inside, os.path.isdir(src))
-             for src, inside in cfg.get("ro_binds") or []]
+    # held open before the tmpfs goes over /tmp: a checkout under the host's /tmp stays reachable
+    from_ro_binds = [None if src == inside and (inside + "/").startswith("/usr/")
+                     else os.open(src, os.O_PATH | os.O_CLOEXEC) for src, inside in cfg.get("ro_binds") or []]
     # (few mounts: each one is copied into, and torn down with, every run's mount namespace)
     mount("tmpfs", root, "tmpfs", MS_NOSUID, "size=4m,mode=0755")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -142,12 +208,23 @@ def _build_root(cfg):
     for src in ["/usr"] + list(cfg.get("ro_paths") or []):
         if os.path.exists(src) and not os.path.join(root, src.lstrip("/")).startswith(os.path.join(root, "usr/")):
             _bind_ro(src, os.path.join(root, src.lstrip("/")), os.path.isdir(src))
-    for fd, inside, is_dir in binds:  # (checked at start: `ro_binds.py`)
-        _bind_ro("/proc/self/fd/%d" % fd, os.path.join(root, inside.lstrip("/")), is_dir)
-        os.close(fd)
-    etc = os.path.join(root, "etc")
+    _write_etc(os.path.join(root, "etc"), cfg["uid"])
+    _bind_host_paths(root, cfg, from_ro_binds)  # (after /usr and /etc: one may nest below them)
+    _make_dev(os.path.join(root, "dev"))
+    for d in ("proc", "tmp", "mnt", ".old"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    os.chmod(os.path.join(root, "tmp"), 0o1777)
+    os.chdir(root)
+    check(libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.old", MNT_DETACH), "detach the host root")
+    os.rmdir("/.old")
+    mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+
+
+def _write_etc(etc, uid):
+    """A synthetic /etc: the users and names a slot knows, the loader's cache, the alternatives links."""
     os.makedirs(etc)
-    uid = cfg["uid"]
     # (`agent` is the same uid: agent harnesses name their user so; a session's /home/agent is its home)
     files = {"passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n"
                        "agent:x:%d:%d:agent:/home/agent:/bin/bash\n"
@@ -168,7 +245,9 @@ def _build_root(cfg):
             if os.path.islink(host):
                 os.symlink(os.readlink(host), os.path.join(etc, "alternatives", name))
     os.symlink("/usr/share/zoneinfo/Etc/UTC", os.path.join(etc, "localtime"))
-    dev = os.path.join(root, "dev")
+
+
+def _make_dev(dev):
     os.makedirs(os.path.join(dev, "shm"))
     for name in ("null", "zero", "full", "random", "urandom"):
         st = os.stat("/dev/" + name)
@@ -177,15 +256,6 @@ def _build_root(cfg):
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, os.path.join(dev, name))
-    for d in ("proc", "tmp", "mnt", ".old"):
-        os.makedirs(os.path.join(root, d))
-    os.chmod(os.path.join(root, "tmp"), 0o1777)
-    os.chdir(root)
-    check(libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
-    os.chdir("/")
-    check(libc.umount2(b"/.old", MNT_DETACH), "detach the host root")
-    os.rmdir("/.old")
-    mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
 
 
 def enter_slot(cfg, in_cgroup_namespace=None):

@@ -1,38 +1,96 @@
-"""``--ro-bind HOST[:INSIDE]``: host directories (agent CLIs, node) bound read-only into every slot.
+"""``--ro-bind HOST[:INSIDE]``: host files and directories (agent CLIs, a checkout, a venv) bound read-only
+into every slot, at INSIDE (default: the host path, so a venv's ``pyvenv.cfg`` and shebangs work unchanged).
 
-Checked once at start, each error naming the flag: the host path must exist; INSIDE (default: the
-host path) must be absolute and must not hide or sit inside a path the sandbox builds itself
-(``/usr``, ``/etc``, ``/tmp``, ``/mnt``, ``/home``, ``/dev``, ``/proc``, ...). The bind is read-only, nosuid
-and nodev, submounts included (`isolation._bind_ro`): no writable host path ever enters a slot.
+As bubblewrap does, the sandbox builds its own ``/tmp``, ``/mnt``, ``/home``, ``/workspace`` (fresh, per run)
+and ``/etc``, shows the host's ``/usr`` read-only, and then nests each bind below them (`isolation.py`).
+Checked once at start, each error naming the flag: the host path must exist; INSIDE must be absolute, not
+under ``/dev``, ``/proc``, ``/sys`` or the links into ``/usr``, must not hide a path the sandbox makes itself
+(``/tmp`` or a parent of it, ``/home/agent``, ``/etc/passwd``, ...), nor lie inside another bind, nor be given
+twice; under ``/usr`` (the host's own, never changed) its mount point must already exist there. The bind is
+read-only, nosuid and nodev, submounts included: no writable host path ever enters a slot.
 """
 
 from __future__ import annotations
 
 import os
 
-RESERVED = ("/usr", "/etc", "/tmp", "/mnt", "/home", "/dev", "/proc", "/sys", "/bin", "/sbin", "/lib", "/lib32",
-            "/lib64", "/libx32", "/.old")
+NEVER = ("/dev", "/proc", "/sys", "/.old")  # (/.old: where the host's root is left while the slot's is built)
+USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links to (or binds of) the host's /usr/...
+# what the sandbox makes itself: a bind there, or at a parent of one, would hide it
+MADE = ("/tmp", "/mnt", "/home", "/workspace", "/usr", "/etc", "/home/agent", "/home/root", "/etc/passwd",
+        "/etc/group", "/etc/hosts", "/etc/hostname", "/etc/nsswitch.conf", "/etc/ld.so.cache", "/etc/localtime",
+        "/etc/alternatives")
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
+
+
+def already_visible(host: str, inside: str) -> bool:
+    """The host's own path under ``/usr``, at that same path: the slot shows it already (no mount)."""
+    return host == inside and _under(inside, "/usr")
 
 
 def parse_ro_binds(specs: list[str]) -> list[list[str]]:
-    """``["/h/clis:/opt/clis", "/opt/node"]`` -> ``[["/h/clis", "/opt/clis"], ["/opt/node", "/opt/node"]]``."""
+    """``["/h/clis:/opt/clis", "/tmp/co"]`` -> ``[["/h/clis", "/opt/clis"], ["/tmp/co", "/tmp/co"]]`` (host
+    paths resolved); a bind that another one already shows (same host subtree) is dropped."""
     out: list[list[str]] = []
-    seen: dict[str, str] = {}
     for spec in specs:
-        host, _, inside = spec.partition(":")
-        host = os.path.expanduser(host)
-        if not host or not os.path.exists(host):
-            raise ValueError(f"--ro-bind {spec!r}: the host path {host!r} does not exist")
-        inside = os.path.normpath(inside or os.path.abspath(host))
-        if not os.path.isabs(inside) or inside == "/":
-            raise ValueError(f"--ro-bind {spec!r}: the path inside ({inside!r}) must be absolute and not /")
-        hit = next((r for r in RESERVED if inside == r or inside.startswith(r + "/") or r.startswith(inside + "/")),
-                   None)
-        if hit:
-            raise ValueError(f"--ro-bind {spec!r}: {inside!r} clashes with {hit}, which the sandbox makes itself; "
-                             "pick another place inside (e.g. /opt/...)")
-        if inside in seen:
-            raise ValueError(f"--ro-bind {spec!r}: {inside!r} is already bound from {seen[inside]!r}")
-        seen[inside] = host
-        out.append([os.path.realpath(host), inside])
-    return out
+        host, inside = _parse_one(spec)
+        for other_host, other_inside in out:
+            if inside == other_inside:
+                raise ValueError(f"--ro-bind {spec!r}: {inside!r} is already bound from {other_host!r}")
+        out.append([host, inside])
+    return _without_nested(out, specs)
+
+
+def _parse_one(spec: str) -> tuple[str, str]:
+    host, _, inside = spec.partition(":")
+    host = os.path.expanduser(host)
+    if not host or not os.path.exists(host):
+        raise ValueError(f"--ro-bind {spec!r}: the host path {host!r} does not exist")
+    inside = os.path.normpath(inside or os.path.abspath(host))
+    if not os.path.isabs(inside) or inside == "/":
+        raise ValueError(f"--ro-bind {spec!r}: the path inside ({inside!r}) must be absolute and not /")
+    host = os.path.realpath(host)
+    if already_visible(host, inside):
+        return host, inside
+    hit = next((r for r in NEVER + USR_LINKS if _under(inside, r)), None)
+    if hit:
+        where = "a link into /usr: bind below /usr/... instead" if hit in USR_LINKS else "never bindable"
+        raise ValueError(f"--ro-bind {spec!r}: {inside!r} is under {hit}, {where}")
+    hidden = next((m for m in MADE if _under(m, inside)), None)
+    if hidden:
+        raise ValueError(f"--ro-bind {spec!r}: {inside!r} would hide {hidden}, which the sandbox makes itself; "
+                         "bind below it (e.g. /tmp/..., /opt/...)")
+    if _under(inside, "/usr"):
+        _check_usr_mount_point(spec, host, inside)
+    return host, inside
+
+
+def _check_usr_mount_point(spec: str, host: str, inside: str) -> None:
+    """The slot's /usr is the host's, read-only: a bind there needs the mount point to exist on the host
+    already (the sandbox never creates anything on the host), of the same kind, and reached without links."""
+    if not os.path.lexists(inside):
+        raise ValueError(f"--ro-bind {spec!r}: {inside!r} does not exist on the host, and the slot's /usr is the "
+                         "host's, read-only; create it on the host or bind elsewhere (e.g. /opt/...)")
+    if os.path.realpath(inside) != inside:
+        raise ValueError(f"--ro-bind {spec!r}: {inside!r} goes through a link on the host "
+                         f"(to {os.path.realpath(inside)!r}); bind at the real path")
+    if os.path.isdir(host) != os.path.isdir(inside):
+        kind = "directory" if os.path.isdir(inside) else "file"
+        raise ValueError(f"--ro-bind {spec!r}: {inside!r} is a {kind} on the host; {host!r} is not")
+
+
+def _without_nested(binds: list[list[str]], specs: list[str]) -> list[list[str]]:
+    """A bind inside another: dropped when the outer one shows the same host files there already; else
+    refused (its mount point would have to be made inside a read-only host directory)."""
+    kept = []
+    for i, (host, inside) in enumerate(binds):
+        outer = next(((h, p) for h, p in binds if inside.startswith(p + "/") and not already_visible(h, p)), None)
+        if outer is None:
+            kept.append([host, inside])
+        elif os.path.realpath(outer[0] + inside[len(outer[1]):]) != host:
+            raise ValueError(f"--ro-bind {specs[i]!r}: {inside!r} lies inside {outer[1]!r}, bound read-only from "
+                             f"{outer[0]!r}; bind it at a place of its own")
+    return kept

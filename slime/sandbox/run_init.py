@@ -35,7 +35,8 @@ import stat
 import struct
 import time
 
-from .isolation import CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, check, libc, mount
+from .isolation import (CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, check, hold_run_binds,
+                        libc, mount, nest_run_binds)
 from .slot_session import open_session
 
 
@@ -142,6 +143,7 @@ class RunInit:
         self.ready = False  # the next run's namespaces and tmpfs are in place
         self.wake_r = self.poller = None
         self.keep = False  # a session's slot: its namespaces and tmpfs stay from one request to the next
+        self.egress_hold = None  # a session's [::1]:<egress port>, held for its life (`slot_session.py`)
 
     def serve(self):
         if self.isolate:
@@ -197,6 +199,7 @@ class RunInit:
             return
         slot = self.slot
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(mnt,ipc)")
+        held = hold_run_binds(slot.cfg)  # (--ro-bind below /tmp, /mnt, /home, /workspace: `isolation.py`)
         size = "size=%dk,nr_inodes=%d,mode=0755" % (slot.disk_mb << 10, slot.max_inodes)
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, size)
         for d in ("t", "s", "m"):
@@ -204,6 +207,7 @@ class RunInit:
             os.chown("/dev/shm/" + d, slot.uid, slot.uid)
         mount("/dev/shm/t", "/tmp", None, MS_BIND)
         mount("/dev/shm/m", "/mnt", None, MS_BIND)  # (SandboxFusion's programs write /mnt too)
+        nest_run_binds(held, slot.uid)
         mount("/dev/shm/s", "/dev/shm", None, MS_BIND)
         # handed to the fork server with each step: it forks the program inside them
         self.run_ns = [os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC),

@@ -62,7 +62,7 @@ class SessionSettings:
     """The server's side: egress targets by name, where they appear inside, and the caps."""
 
     egress_targets: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
-    egress_port: int = 80  # inside the slot (privileged: a run's uid cannot take it first)
+    egress_port: int = 80  # inside the slot; any port: bound before any command of the session (slot_session.py)
     max_sessions: int = 4
     max_exec_timeout: float = 3600.0
     max_egress_connections: int = 64
@@ -73,8 +73,8 @@ class SessionSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionSettings:
         """The server's flags (`add_session_arguments`); ValueError names the flag."""
-        if not 0 < args.egress_port < 1024:
-            raise ValueError(f"--egress-port {args.egress_port}: must be below 1024 (a run's uid cannot take it first)")
+        if not 0 < args.egress_port < 65536:
+            raise ValueError(f"--egress-port {args.egress_port}: must be a TCP port (1-65535)")
         for flag in ("max_sessions", "max_session_exec_timeout", "session_idle_timeout", "max_session_lifetime",
                      "max_session_disk_mb", "max_egress_connections"):
             value = getattr(args, flag)

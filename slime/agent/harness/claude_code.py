@@ -11,6 +11,10 @@ from .common import BaseHarness, HarnessContext, cli_present, give_to_agent, ins
 
 
 class ClaudeCodeHarness(BaseHarness):
+    """`claude` is looked up on PATH, as Codex's harness does: on an E2B image that finds
+    `/usr/local/bin/claude` (where `install_npm_cli` puts it); our sandbox's `/usr` is the host's,
+    read-only, so there it is the npm package bound read-only, its `node_modules/.bin` on PATH."""
+
     name = "claude_code"
     env_prefix = "CC"
     launch_flags = ("--permission-mode bypassPermissions --output-format stream-json --include-partial-messages "
@@ -20,7 +24,7 @@ class ClaudeCodeHarness(BaseHarness):
                   "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
 
     async def install_cli(self, sb: Sandbox) -> None:
-        if await cli_present(sb, "/usr/local/bin/claude --version"):
+        if await cli_present(sb, "claude --version"):
             return
         node, cli = self.tarballs()
         await install_npm_cli(sb, node_runtime=node, npm_package=cli,
@@ -35,7 +39,7 @@ class ClaudeCodeHarness(BaseHarness):
                       user="root", check=True, timeout=60)
 
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:
-        cmd = " ".join(filter(None, [f"/usr/local/bin/claude -p {shlex.quote(prompt)}", self.launch_flags,
+        cmd = " ".join(filter(None, [f"claude -p {shlex.quote(prompt)}", self.launch_flags,
                                      self.config.extra_args]))
         # the session id travels as the API key: the gateway reads it from Authorization
         env = {"ANTHROPIC_BASE_URL": ctx.adapter_url, "ANTHROPIC_AUTH_TOKEN": ctx.session_id,

@@ -125,6 +125,8 @@ def test_the_start_refuses_binds_that_would_hide_or_cannot_be_made(tmp_path):
                         "/opt/...)",
         f"{host}:/home/agent": "'/home/agent' would hide /home/agent, which the sandbox makes itself; bind below it "
                                "(e.g. /tmp/..., /opt/...)",
+        f"{host}:/mnt/home/agent": "'/mnt/home/agent' would hide /home/agent, which the sandbox makes itself; bind "
+                                   "below it (e.g. /tmp/..., /opt/...)",
         f"{host}:/etc/passwd": "'/etc/passwd' would hide /etc/passwd, which the sandbox makes itself; bind below it "
                                "(e.g. /tmp/..., /opt/...)",
         f"{host}:/usr": "'/usr' would hide /usr, which the sandbox makes itself; bind below it (e.g. /tmp/..., "
@@ -156,6 +158,9 @@ def test_binds_inside_binds_are_dropped_when_redundant_and_refused_otherwise(tmp
     with pytest.raises(ValueError) as e:
         parse_ro_binds([t, f"{t}/other:{t}"])
     assert str(e.value) == f"--ro-bind '{t}/other:{t}': {t!r} is already bound from {t!r}"
+    with pytest.raises(ValueError) as e:  # (/home is a link to /mnt/home in a slot)
+        parse_ro_binds([f"{t}:/home/u", f"{t}/other:/mnt/home/u"])
+    assert str(e.value) == f"--ro-bind '{t}/other:/mnt/home/u': '/mnt/home/u' is already bound from {t!r}"
 
 
 SEGMENTS = st.sampled_from(["tmp", "home", "mnt", "workspace", "usr", "etc", "dev", "proc", "sys", "bin", "lib64",
@@ -165,7 +170,7 @@ SEGMENTS = st.sampled_from(["tmp", "home", "mnt", "workspace", "usr", "etc", "de
 @settings(max_examples=300, deadline=None)
 @given(st.lists(SEGMENTS, min_size=0, max_size=4))
 def test_an_accepted_inside_path_never_hides_what_the_sandbox_makes_nor_reaches_the_kernels(parts):
-    from slime.sandbox.ro_binds import MADE, NEVER, USR_LINKS
+    from slime.sandbox.ro_binds import MADE, NEVER, USR_LINKS, slot_path
 
     inside = os.path.normpath("/" + "/".join(parts))
     try:
@@ -174,6 +179,6 @@ def test_an_accepted_inside_path_never_hides_what_the_sandbox_makes_nor_reaches_
         assert str(e).startswith(f"--ro-bind '/var:{inside}': ")
         return
     assert (host, got) == ("/var", inside) and inside != "/"
-    assert not any(m == inside or m.startswith(inside + "/") for m in MADE)
+    assert not any(slot_path(m) == slot_path(inside) or slot_path(m).startswith(slot_path(inside) + "/") for m in MADE)
     assert not any(inside == r or inside.startswith(r + "/") for r in NEVER + USR_LINKS)
     assert not inside.startswith("/usr/") or os.path.isdir(inside) and os.path.realpath(inside) == inside

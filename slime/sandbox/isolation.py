@@ -5,8 +5,9 @@ Why once per slot: namespaces and a minimal root cost milliseconds to build; eve
 then inherits them for free. What a slot gets: a private network namespace with only loopback (up,
 no route out), private UTS and cgroup namespaces, and a private mount namespace whose root is a
 read-only minimal tree (``/usr`` and the interpreters' prefixes bound read-only, a synthetic
-``/etc``, a few device nodes; nothing of the host's data). Also the seccomp filter every program
-process installs on itself (no namespaces, mounts, ptrace, bpf, keyrings ...).
+``/etc``, a few device nodes; nothing of the host's data but the ``--ro-bind``s, nested below these
+and below each run's own ``/tmp``, ``/mnt``, ``/home``). Also the seccomp filter every program process
+installs on itself (no namespaces, mounts, ptrace, bpf, keyrings ...).
 """
 
 import ctypes
@@ -168,9 +169,7 @@ def nest_run_binds(held, uid):
     directories above it made on the run's tmpfs (the run's uid owns them: the rest of its /tmp stays
     its own). A bind keeps the flags of what it copies (read-only, nosuid, nodev), submounts' too."""
     for fd, path in held:
-        parent = os.path.dirname(path)
-        if not os.path.isdir(parent):
-            _make_dirs_of(parent, uid)
+        _make_dirs(os.path.dirname(path), uid)
         src = "/proc/self/fd/%d" % fd
         if os.path.isdir(src):
             os.mkdir(path, 0o755)
@@ -180,10 +179,11 @@ def nest_run_binds(held, uid):
         os.close(fd)
 
 
-def _make_dirs_of(path, uid):
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        _make_dirs_of(parent, uid)
+def _make_dirs(path, uid):
+    """``mkdir -p`` on the run's tmpfs, each directory it makes the run's uid's."""
+    if os.path.isdir(path):
+        return
+    _make_dirs(os.path.dirname(path), uid)
     os.mkdir(path, 0o755)
     os.chown(path, uid, uid)
 
@@ -195,6 +195,7 @@ def _build_root(cfg):
     root = "/tmp"
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     # held open before the tmpfs goes over /tmp: a checkout under the host's /tmp stays reachable
+    # (None: the host's own path under /usr at that path, shown already: `ro_binds.already_visible`)
     from_ro_binds = [None if src == inside and (inside + "/").startswith("/usr/")
                      else os.open(src, os.O_PATH | os.O_CLOEXEC) for src, inside in cfg.get("ro_binds") or []]
     # (few mounts: each one is copied into, and torn down with, every run's mount namespace)

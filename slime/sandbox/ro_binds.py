@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from slime.sandbox.isolation import LINKED
+
 NEVER = ("/dev", "/proc", "/sys", "/.old")  # (/.old: where the host's root is left while the slot's is built)
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links to (or binds of) the host's /usr/...
 # what the sandbox makes itself: a bind there, or at a parent of one, would hide it
@@ -24,6 +26,12 @@ MADE = ("/tmp", "/mnt", "/home", "/workspace", "/usr", "/etc", "/home/agent", "/
 
 def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/")
+
+
+def slot_path(inside: str) -> str:
+    """Where a path is in a slot: /home and /workspace are links into /mnt."""
+    link = next((k for k in LINKED if _under(inside, k)), None)
+    return inside if link is None else LINKED[link] + inside[len(link):]
 
 
 def already_visible(host: str, inside: str) -> bool:
@@ -38,7 +46,7 @@ def parse_ro_binds(specs: list[str]) -> list[list[str]]:
     for spec in specs:
         host, inside = _parse_one(spec)
         for other_host, other_inside in out:
-            if inside == other_inside:
+            if slot_path(inside) == slot_path(other_inside):
                 raise ValueError(f"--ro-bind {spec!r}: {inside!r} is already bound from {other_host!r}")
         out.append([host, inside])
     return _without_nested(out, specs)
@@ -59,7 +67,7 @@ def _parse_one(spec: str) -> tuple[str, str]:
     if hit:
         where = "a link into /usr: bind below /usr/... instead" if hit in USR_LINKS else "never bindable"
         raise ValueError(f"--ro-bind {spec!r}: {inside!r} is under {hit}, {where}")
-    hidden = next((m for m in MADE if _under(m, inside)), None)
+    hidden = next((m for m in MADE if _under(slot_path(m), slot_path(inside))), None)
     if hidden:
         raise ValueError(f"--ro-bind {spec!r}: {inside!r} would hide {hidden}, which the sandbox makes itself; "
                          "bind below it (e.g. /tmp/..., /opt/...)")
@@ -87,10 +95,11 @@ def _without_nested(binds: list[list[str]], specs: list[str]) -> list[list[str]]
     refused (its mount point would have to be made inside a read-only host directory)."""
     kept = []
     for i, (host, inside) in enumerate(binds):
-        outer = next(((h, p) for h, p in binds if inside.startswith(p + "/") and not already_visible(h, p)), None)
+        outer = next(((h, p) for h, p in binds if slot_path(inside).startswith(slot_path(p) + "/")
+                      and not already_visible(h, p)), None)
         if outer is None:
             kept.append([host, inside])
-        elif os.path.realpath(outer[0] + inside[len(outer[1]):]) != host:
+        elif os.path.realpath(outer[0] + slot_path(inside)[len(slot_path(outer[1])):]) != host:
             raise ValueError(f"--ro-bind {specs[i]!r}: {inside!r} lies inside {outer[1]!r}, bound read-only from "
                              f"{outer[0]!r}; bind it at a place of its own")
     return kept

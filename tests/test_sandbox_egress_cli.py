@@ -1,8 +1,7 @@
 """Issue 23, stretch: agents nobody here wrote run *inside* a sandbox session whose one way out is the gateway
 (`--egress`), each finishing a session whose trajectory is exactly what the engine sampled: the real CLIs
 from the npm registry (`tests/test_agent_cli.py` installs them into ~/.cache/slime/agent-clis), bound
-read-only into the sandbox (`--ro-bind`) -- Claude Code (at /usr/local/bin/claude, where slime's harness runs it:
-a directory bound over the host's /usr/local/bin) through Anthropic Messages, Codex through the
+read-only into the sandbox (`--ro-bind`) -- Claude Code through Anthropic Messages, Codex through the
 Responses API -- and an `openai` SDK script run by this venv's interpreter (venv and base bound read-only)."""
 
 from __future__ import annotations
@@ -39,22 +38,18 @@ def env(tmp_path_factory):
 
     claude = npm_installed(CLAUDE_CODE, "@anthropic-ai/claude-code-linux-x64/claude")
     codex = npm_installed(CODEX, "@openai/codex/bin/codex.js")
-    # where slime's Claude Code harness runs it: a directory of ours over the host's /usr/local/bin
-    local_bin = tmp_path_factory.mktemp("local-bin")
-    local_bin.chmod(0o755)
-    (local_bin / "claude").symlink_to(f"{INSIDE}/{claude.relative_to(CLI_CACHE)}")
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: "Done.", config=GatewayConfig(),
                        log_dir=str(tmp_path_factory.mktemp("router"))).start()
     try:
         url, handle = start_local_sandbox(max_concurrency=1, extra_args=[
             "--egress", f"gateway=127.0.0.1:{stack.gateway.port}", "--ro-bind", f"{CLI_CACHE}:{INSIDE}",
-            "--ro-bind", f"{local_bin}:/usr/local/bin",
             *[a for p in _python_trees() for a in ("--ro-bind", p)], "--max-processes", "512"])
     except BaseException:
         stack.stop()
         raise
-    yield {"url": url, "stack": stack, "codex": f"{INSIDE}/{codex.relative_to(CLI_CACHE)}"}
+    yield {"url": url, "stack": stack, "claude": f"{INSIDE}/{claude.relative_to(CLI_CACHE)}",
+           "codex": f"{INSIDE}/{codex.relative_to(CLI_CACHE)}"}
     handle.stop()
     stack.stop()
 
@@ -64,7 +59,7 @@ def test_claude_code_runs_inside_a_session_with_the_gateway_as_its_only_way_out(
 
     async def agent():
         async with SlimeSandbox(env["url"], egress="gateway", memory_mb=4096) as sb:
-            return await sb.exec("/usr/local/bin/claude -p 'case=ccs say hi' < /dev/null", timeout=300, env={
+            return await sb.exec(f"{env['claude']} -p 'case=ccs say hi' < /dev/null", timeout=300, env={
                 "ANTHROPIC_API_KEY": "any", "ANTHROPIC_BASE_URL": f"{sb.egress_url}/s/ccs-1",
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"})
 

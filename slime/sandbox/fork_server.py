@@ -15,6 +15,9 @@ from slime.sandbox.config import SandboxConfig
 from slime.sandbox.languages import run_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# what the fork server loads (stdlib only), each after those it imports (`zygote._load_siblings`)
+SLOT_MODULES = ("isolation", "program", "slot_session", "run_frames", "run_files", "run_memory", "ns_dropper",
+                "run_init")
 
 
 def slot_sources() -> tuple[bytes, dict[str, str]]:
@@ -23,7 +26,7 @@ def slot_sources() -> tuple[bytes, dict[str, str]]:
     def read(name: str) -> str:
         with open(os.path.join(HERE, name + ".py")) as f:
             return f.read()
-    return read("zygote").encode(), {n: read(n) for n in ("isolation", "program", "slot_session", "run_init")}
+    return read("zygote").encode(), {n: read(n) for n in SLOT_MODULES}
 
 
 def fork_server_config(cfg: SandboxConfig, uid: int, cg: SlotCgroup | None, sources: dict[str, str]) -> dict[str, Any]:

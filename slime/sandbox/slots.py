@@ -3,17 +3,19 @@ is a uid, cgroups, and three processes, all run by the *run* interpreter (stdlib
 
 - `zygote.py`, the fork server: loads the interpreter and common modules, builds the slot's
   isolation once (`isolation.py`, `cgroups.py`: the slot's cgroups for processes and CPU, and for
-  the memory incl. tmpfs of all processes of a run together, which it and the init stay out of; a network namespace with only loopback, up; a read-only
-  minimal root with ``/usr`` and the interpreters, a synthetic ``/etc``, nothing of the host's
-  data), then forks every program of the slot inside the run's namespaces, idle in between;
-- `run_init.py`, PID 1 of the slot's PID namespace: keeps the next run's mount and IPC namespaces
-  with a size-limited tmpfs as ``/tmp`` and ``/dev/shm`` ready before the request comes, writes
-  the request's files, has each step forked, reaps, enforces the timeout and the output limit,
-  kills every process of the run when the program ends, reports, and drops the namespaces;
-- `program.py`, in the forked program: joins the run's cgroup, takes its pipes, the run's rlimits and the slot's uid
-  (``no_new_privs``, the seccomp filter, the run-independent rlimits, umask and the empty group
-  list are the fork server's, set once); then Python code runs in this already warm interpreter
-  (as ``python3 -u main.py`` would), other languages exec their tools.
+  the memory incl. tmpfs of all processes of a run together, which it and the init stay out of; a
+  network namespace with only loopback, up; a read-only minimal root with ``/usr`` and the
+  interpreters, a synthetic ``/etc``, nothing of the host's data), then forks every program of the
+  slot inside the run's namespaces, idle in between;
+- `run_init.py` (with `run_frames.py`, `run_files.py`, `run_memory.py`, `ns_dropper.py`), PID 1 of the
+  slot's PID namespace: keeps the next run's mount and IPC namespaces with a size-limited tmpfs as
+  ``/tmp`` and ``/dev/shm`` ready before the request comes, writes the request's files, has each
+  step forked, reaps, enforces the timeout and the output limit, kills every process of the run
+  when the program ends, reports, and drops the namespaces;
+- `program.py`, in the forked program: joins the run's cgroup, takes its pipes, the run's rlimits and
+  the slot's uid (``no_new_privs``, the seccomp filter, the run-independent rlimits, umask and the
+  empty group list are the fork server's, set once); then Python code runs in this already warm
+  interpreter (as ``python3 -u main.py`` would), other languages exec their tools.
 
 A request goes to its slot's init over the slot's stream (one socket pair for the slot's life),
 the answer comes back on it; a run that ends otherwise (timeout, cancel, error) ends its slot.
@@ -21,10 +23,6 @@ the answer comes back on it; a run that ends otherwise (timeout, cancel, error) 
 Nothing outlives the server: fork servers die with it (pdeathsig + EOF on their control socket),
 their inits with them (pdeathsig; they never change credentials), every process of a PID
 namespace with its init, and a run's tmpfs with its mount namespace.
-
-Needs root (namespaces, mounts, uid switch, cgroups). `probe_isolation` checks once at start;
-the server refuses to start without it unless ``--allow-no-isolation`` (then runs are only
-rlimited, in host work dirs).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slime.testing.until import until
 from tests.test_sandbox import ISOLATED, _processes_of_uids
-from tests.test_sandbox_hardening import _until
 
 pytestmark = pytest.mark.skipif(not ISOLATED, reason="sessions need namespaces/uid switching")
 
@@ -36,9 +36,9 @@ def url():
     pool = concurrent.futures.ThreadPoolExecutor(1)
     pool.submit(requests.post, f"{url}/sessions/{s['session_id']}/exec", json={"command": "sleep 100", "timeout": 300},
                 timeout=300)
-    assert _until(lambda: _processes_of_uids([s["uid"]]))
+    assert until(lambda: _processes_of_uids([s["uid"]]))
     handle.stop()
-    assert _until(lambda: not _processes_of_uids([s["uid"]])), "a session's process outlived the server"
+    assert until(lambda: not _processes_of_uids([s["uid"]])), "a session's process outlived the server"
     pool.shutdown()
 
 
@@ -126,11 +126,11 @@ def test_commands_of_one_session_run_one_after_the_other(url):
     with _session(url) as s, concurrent.futures.ThreadPoolExecutor(1) as pool:
         sid, uid = s["session_id"], s["uid"]
         first = pool.submit(_exec, url, sid, "echo a >> log; sleep 1; echo b >> log")
-        assert _until(lambda: _processes_of_uids([uid]))  # the first one runs ...
+        assert until(lambda: _processes_of_uids([uid]))  # the first one runs ...
         assert _exec(url, sid, "cat log")["stdout"] == "a\nb\n"  # ... and this one waited for its end
         assert first.result()["returncode"] == 0
         busy = pool.submit(_exec, url, sid, "sleep 3")
-        assert _until(lambda: _processes_of_uids([uid]))
+        assert until(lambda: _processes_of_uids([uid]))
         r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "timeout": 0.5}, timeout=60)
         assert (r.status_code, r.json()["message"]) == (409, f"session {sid}: another command still ran after 0.5s")
         assert busy.result()["returncode"] == 0
@@ -223,7 +223,7 @@ def test_sessions_hold_slots_so_runs_wait_and_a_third_session_gets_429(url):
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["message"] == "sandbox busy: every slot is running or queued for (--max-concurrency 2)"
         run = pool.submit(requests.post, f"{url}/run_code", json={"code": "print(6 * 7)"}, timeout=120)
-        assert _until(lambda: requests.get(f"{url}/v1/stats", timeout=10).json()["queued"] == 1)
+        assert until(lambda: requests.get(f"{url}/v1/stats", timeout=10).json()["queued"] == 1)
         assert not run.done()
         _close(url, a)
         assert run.result().json()["run_result"]["stdout"] == "42\n"
@@ -236,7 +236,7 @@ def test_closing_a_session_kills_its_processes_and_the_next_one_starts_clean(url
         assert _exec(url, sid, "echo secret > left.txt")["returncode"] == 0
         busy = pool.submit(requests.post, f"{url}/sessions/{sid}/exec",
                            json={"command": "sleep 100 & sleep 100", "timeout": 300}, timeout=300)
-        assert _until(lambda: len(_processes_of_uids([uid])) == 3)  # bash and its two sleeps
+        assert until(lambda: len(_processes_of_uids([uid])) == 3)  # bash and its two sleeps
         _close(url, sid)
         r = busy.result()
         assert (r.status_code, r.json()["message"]) == (
@@ -249,7 +249,7 @@ def test_closing_a_session_kills_its_processes_and_the_next_one_starts_clean(url
 def test_a_forgotten_session_is_closed_at_its_idle_deadline(url):
     sid = _open(url, idle_timeout=0.5)["session_id"]
     assert _exec(url, sid, "sleep 1; echo not idle while running")["stdout"] == "not idle while running\n"
-    assert _until(lambda: requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404)
+    assert until(lambda: requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404)
     listing = requests.get(f"{url}/sessions", timeout=10).json()
     assert listing["closed_idle"] >= 1 and sid not in {s["session_id"] for s in listing["sessions"]}
 

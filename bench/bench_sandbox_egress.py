@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import argparse
-import http.server
 import statistics
 import subprocess
-import threading
 import time
 
 import requests
@@ -45,29 +43,6 @@ print(keep, fresh, bulk / (time.perf_counter() - t))
 """
 
 
-class _Target(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # (else every small answer waits for a delayed ACK, on both paths)
-    CHUNK = b"x" * (1 << 20)
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        if self.path.startswith("/bulk/"):
-            mb = int(self.path.rsplit("/", 1)[1])
-            self.send_response(200)
-            self.send_header("content-length", str(mb << 20))
-            self.end_headers()
-            for _ in range(mb):
-                self.wfile.write(self.CHUNK)
-            return
-        self.send_response(200)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass
-
-
 def _median_ms(call, n: int) -> float:
     times = []
     for _ in range(n):
@@ -79,14 +54,14 @@ def _median_ms(call, n: int) -> float:
 
 def main() -> None:
     from slime.sandbox.server import start_local_sandbox
+    from slime.testing.ok_server import start_ok_server
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--bulk-mb", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    target = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Target)
-    threading.Thread(target=target.serve_forever, daemon=True).start()
+    target = start_ok_server()
     port = target.server_address[1]
     url, handle = start_local_sandbox(max_concurrency=2, extra_args=["--egress", f"t=127.0.0.1:{port}"])
     http_ = requests.Session()

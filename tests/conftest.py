@@ -3,6 +3,7 @@ cluster per test session, and the tiny model."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -61,25 +62,10 @@ def engine_fork_server(tiny_model_dir, work_dir):
 @pytest.fixture
 def fleet_of(tiny_model_dir):
     """`fleet_of(script, n)`: n scripted engines behind a real router of their own; stopped after the test."""
-    from slime.fleet.router import Router
-    from slime.testing.scripted_engine import ScriptedEngine
-    from slime.utils.misc import find_free_port
+    from slime.testing.scripted_fleet import scripted_fleet
 
-    started = []
-
-    def make(script, n=1):
-        engines = [ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start() for _ in range(n)]
-        router = Router().start()
-        for e in engines:
-            router.add_worker(e.url)
-        started.append((router, engines))
-        return router, engines
-
-    yield make
-    for router, engines in started:
-        router.stop()
-        for e in engines:
-            e.stop()
+    with contextlib.ExitStack() as stack:
+        yield lambda script, n=1: stack.enter_context(scripted_fleet([script] * n, tiny_model_dir))
 
 
 @pytest.fixture(scope="session")

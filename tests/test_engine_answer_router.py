@@ -13,15 +13,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from slime.cli.args import parse_args
-from slime.fleet.router import Router, unregister_worker
+from slime.fleet.router import unregister_worker
 from slime.rollout.data_source import DataSource
 from slime.rollout.engine_client import EngineClient
 from slime.rollout.runtime import RolloutRuntime, unbind
 from slime.rollout.sglang_rollout import generate_rollout
-from slime.testing.scripted_engine import ScriptedEngine
+from slime.testing.scripted_fleet import scripted_fleet
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
 GOOD = [7, 8, 9]
@@ -81,14 +80,8 @@ def healthy(body):
 def fleet(tiny_model_dir):
     """Three scripted engines behind one real router; the first one is the misbehaving one."""
     bad = BadEngineScript()
-    engines = [ScriptedEngine(s, str(tiny_model_dir), find_free_port()).start() for s in (bad, healthy, healthy)]
-    router = Router().start()
-    for e in engines:
-        router.add_worker(e.url)
-    yield router, engines, bad
-    router.stop()
-    for e in engines:
-        e.stop()
+    with scripted_fleet([bad, healthy, healthy], tiny_model_dir) as (router, engines):
+        yield router, engines, bad
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from slime.rollout.engine_answer import BadAnswer
 from slime.rollout.engine_client import EngineClient, parse_generate_response
+from slime.testing.until import until_async
 from slime.utils.http_retry import HttpError
 from slime.testing.local_http import serve_app
 from slime.utils.endpoints import Endpoints
@@ -58,11 +59,6 @@ class Engine:
 
     async def __aexit__(self, *exc):
         await self._serving.__aexit__(*exc)
-
-
-async def until(condition):
-    while not condition():
-        await asyncio.sleep(0)  # yield to the server's handlers on this loop (the caller sets a deadline)
 
 
 async def test_generate_returns_sampled_ids_and_feeds_progress():
@@ -124,7 +120,7 @@ async def test_in_flight_bound_holds_requests_back():
         client = EngineClient(Endpoints(eng.url, []), concurrency=2)
         assert client.semaphore is client.semaphore
         tasks = [asyncio.ensure_future(client.generate([i, i], {})) for i in range(5)]
-        await asyncio.wait_for(until(lambda: eng.waiting == 2), 10)
+        await asyncio.wait_for(until_async(lambda: eng.waiting == 2, interval=0), 10)
         assert (client.in_flight, len(eng.generated)) == (2, 2)
         gate.set()
         outs = await asyncio.gather(*tasks)
@@ -158,7 +154,7 @@ async def test_a_closed_gate_answers_abort_for_requests_waiting_for_a_slot():
     async with Engine(gate=gate) as eng:
         client = EngineClient(Endpoints(eng.url, [eng.url]), concurrency=1)
         first = asyncio.ensure_future(client.generate([1, 2], {}))
-        await asyncio.wait_for(until(lambda: eng.waiting == 1), 10)
+        await asyncio.wait_for(until_async(lambda: eng.waiting == 1, interval=0), 10)
         second = asyncio.ensure_future(client.generate([3, 4], {}))  # waits for the only slot
         client.gate.close()
         gate.set()

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +28,7 @@ from slime.rollout.data_source import DataSource
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.rollout.fully_async_rollout import generate_rollout_fully_async, worker_hub
 from slime.testing.runtime import bind_runtime
+from slime.testing.until import until
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.utils.misc import find_free_port
@@ -65,13 +65,6 @@ class Script:
                 self.holding -= 1
             return {"output_ids": PARTIAL, "finish_type": "abort", "text": "5 6"}
         return {"output_ids": ANSWER, "finish_type": "stop", "text": "7 8 9"}
-
-
-def wait_until(predicate, what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +256,7 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
     run(worker.settled())
     script.hold = True  # what starts now stays on the engine until aborted
     out1 = generate_rollout_fully_async(args, 1, source)  # 2 queued groups; 2 start
-    wait_until(lambda: script.holding == 4, "4 requests held on the engine")
+    assert until(lambda: script.holding == 4, DEADLINE), "timed out waiting for 4 requests held on the engine"
     run(hub.pause())
     assert len(worker.suspended) == 2 and worker.in_flight() == 0  # aborted, kept with their tokens
     assert all(s.status == Sample.Status.ABORTED and s.weight_versions == ["0"] for e in worker.suspended
@@ -325,8 +318,8 @@ def test_engine_killed_mid_run_loses_nothing(tmp_path, fleet_of, tiny_model_dir,
             # round robin: samples of the pool's groups wait on the stuck engine, until every
             # request the client may have in flight (--sglang-server-concurrency x 2) is one of them
             stuck_rids = lambda: log.read_text().split()  # noqa: E731
-            wait_until(lambda: len(stuck_rids()) == runtime.client.concurrency == runtime.client.in_flight,
-                       "the client's in-flight requests all on the stuck engine")
+            assert until(lambda: len(stuck_rids()) == runtime.client.concurrency == runtime.client.in_flight,
+                         DEADLINE), "timed out waiting for the client's in-flight requests all on the stuck engine"
             os.killpg(stuck.pid, signal.SIGKILL)
             stuck.wait(10)
             held = len(stuck_rids())
@@ -360,7 +353,7 @@ def test_controller_weight_updates_and_shutdown_return_everything(tmp_path, flee
         controller.end_weight_update("3")
         batch = controller.generate(0)
         assert batch["weight_versions"] == [["3"]] * 4
-        wait_until(lambda: script.holding == 4, "the next 2 groups in flight")
+        assert until(lambda: script.holding == 4, DEADLINE), "timed out waiting for the next 2 groups in flight"
         [worker] = worker_hub(controller.runtime).workers
         assert worker.queue_size() == 2 and worker.in_flight() == 2 and worker.current_version == 3
         controller.save(0)  # a checkpoint now: the 4 groups the worker holds are saved as buffered prompts

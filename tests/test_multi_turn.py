@@ -23,6 +23,7 @@ from slime.tools.base_tool import BaseTool
 from slime.tools.schemas import ToolResponse
 from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
+from slime.testing.until import until_async
 from tests.conftest import native_tools_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +32,6 @@ EVENTS: list[tuple[str, str, str]] = []  # (tool, event, instance_id)
 RUNNING_TOGETHER: list[str] = []  # instance ids of "together<N>" executions that started
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.005)  # the caller's wait_for is the deadline
 _CASE = re.compile(r"case:(\S+)")
 
 
@@ -55,7 +53,7 @@ class TrackingTool(BaseTool):
             await asyncio.sleep(float(mode[5:]))
         if mode.startswith("together"):  # returns once N executions run at the same time (else fails)
             RUNNING_TOGETHER.append(instance_id)
-            await asyncio.wait_for(_until(lambda: len(RUNNING_TOGETHER) >= int(mode[8:])), 20)
+            await asyncio.wait_for(until_async(lambda: len(RUNNING_TOGETHER) >= int(mode[8:])), 20)
         return ToolResponse(text=f"done {mode} {json.dumps(kw, sort_keys=True)}"), 0.25, {}
 
     async def calc_reward(self, instance_id, **kw):

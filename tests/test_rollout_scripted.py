@@ -8,14 +8,13 @@ import threading
 
 import pytest
 
-from slime.fleet.router import Router
-from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
+from slime.testing.scripted_engine import default_log_prob
+from slime.testing.scripted_fleet import scripted_fleet
 from slime.rollout.data_source import DataSource
 from slime.rollout.runtime import unbind
 from slime.rollout.sglang_rollout import GenerateState
 from slime.rollout.sglang_rollout import generate_rollout
 from slime.cli.args import parse_args
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
 
@@ -58,14 +57,8 @@ class Script:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
     script = Script()
-    engines = [ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start() for _ in range(2)]
-    router = Router().start()
-    for e in engines:
-        router.add_worker(e.url)
-    yield router, engines, script
-    router.stop()
-    for e in engines:
-        e.stop()
+    with scripted_fleet([script, script], tiny_model_dir) as (router, engines):
+        yield router, engines, script
 
 
 def make_args(tmp_path, router, tiny_model_dir, *extra):

@@ -7,10 +7,8 @@ have none. Also `--ro-bind` (tools visible read-only in every slot) and the star
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import os
-import threading
 
 import pytest
 import requests
@@ -22,30 +20,19 @@ pytestmark = pytest.mark.skipif(not ISOLATED, reason="the egress needs namespace
 REPLY = "Hello from the engine."
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from slime.sandbox.server import start_local_sandbox
     from slime.testing.agent_stack import AgentStack
+    from slime.testing.ok_server import start_ok_server
     from slime.testing.tiny_model import qwen_tokenizer_dir
     from slime.utils.misc import find_free_port
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: REPLY).start()
-    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=other.serve_forever, daemon=True).start()
+    other = start_ok_server()
     tools = tmp_path_factory.mktemp("tools")
     tools.chmod(0o755)  # (the sandbox's uid must read it: the bind shows it with its own modes)
     (tools / "bin").mkdir()

@@ -8,11 +8,11 @@ import glob
 import os
 import random
 import signal
-import time
 
 import pytest
 import requests
 
+from slime.testing.until import until
 from tests.test_sandbox import _isolation_ok, _processes_of_uids
 
 pytestmark = pytest.mark.skipif(not _isolation_ok(), reason="namespaces/uid switching unavailable here")
@@ -38,16 +38,6 @@ def run(url: str, code: str, language: str = "python", **kw) -> dict:
 
 
 _uid_procs = _processes_of_uids
-
-
-def _until(pred, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    return pred()
 
 
 # 1. memory is bounded for the run as a whole, not per process
@@ -227,7 +217,7 @@ def test_server_sigkill_leaves_nothing():
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         futs = [ex.submit(requests.post, f"{u}/run_code", json={"code": code, "run_timeout": 100}, timeout=120)
                 for _ in range(2)]
-        assert _until(lambda: len(_uid_procs([base, base + 1])) >= 4), "the runs did not start"
+        assert until(lambda: len(_uid_procs([base, base + 1])) >= 4), "the runs did not start"
         server_kids = _children(handle.pid)
         server_kids += [g for k in server_kids for g in _children(k)]
         os.kill(handle.pid, signal.SIGKILL)
@@ -235,8 +225,8 @@ def test_server_sigkill_leaves_nothing():
         for f in futs:
             with pytest.raises(requests.RequestException):
                 f.result()
-    assert _until(lambda: not _uid_procs([base, base + 1])), "a run's process outlived the server"
-    assert _until(lambda: not [p for p in server_kids if os.path.exists(f"/proc/{p}")]), "a fork server survived"
+    assert until(lambda: not _uid_procs([base, base + 1])), "a run's process outlived the server"
+    assert until(lambda: not [p for p in server_kids if os.path.exists(f"/proc/{p}")]), "a fork server survived"
     assert not set(glob.glob("/tmp/*")) - before - {p for p in glob.glob("/tmp/*") if not _ours(p)}
 
 

@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from slime.sandbox.uids import UidRange, UidRangeBusy
+from slime.testing.until import until
 from tests.test_sandbox import _isolation_ok, _processes_of_uids
-from tests.test_sandbox_hardening import _until
 
 needs_isolation = pytest.mark.skipif(not _isolation_ok(), reason="namespaces/uid switching unavailable here")
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(100)"
@@ -84,7 +84,7 @@ def test_two_servers_never_share_uids_or_their_process_quota():
                "print('held', flush=True)\ntime.sleep(100)"
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             holding = ex.submit(requests.post, f"{u1}/run_code", json={"code": hold, "run_timeout": 30}, timeout=60)
-            assert _until(lambda: len(_processes_of_uids(uids1)) >= 15), "the first server's run did not start"
+            assert until(lambda: len(_processes_of_uids(uids1)) >= 15), "the first server's run did not start"
             code = "import os, time\nkids = []\nfor _ in range(10):\n    pid = os.fork()\n    if pid == 0:\n" \
                    "        time.sleep(0.5)\n        os._exit(0)\n    kids.append(pid)\n" \
                    "print(sum(os.waitpid(k, 0)[1] == 0 for k in kids))"
@@ -133,10 +133,10 @@ def test_bodies_in_memory_are_bounded(small):
     url, _ = small
     slow = _raw_post(url, b'{"code": "print(1)"', length=1000)  # (the rest never comes)
     try:
-        assert _until(lambda: _stats(url)["bodies"] == 1)
+        assert until(lambda: _stats(url)["bodies"] == 1)
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             fast = ex.submit(requests.post, f"{url}/run_code", json={"code": "print(2)"}, timeout=60)
-            assert _until(lambda: _stats(url)["reading"] == 2), "the second request was not admitted"
+            assert until(lambda: _stats(url)["reading"] == 2), "the second request was not admitted"
             st = _stats(url)  # (--max-bodies 1: the second body waits for the first one's turn to end)
             assert (st["bodies"], st["reading"], fast.done()) == (1, 2, False)
             slow.close()
@@ -152,9 +152,9 @@ def test_a_full_queue_answers_429_before_the_body_is_read(small):
     busy = _raw_post(url, json.dumps({"code": SLEEPER, "run_timeout": 30}).encode())
     queued = None
     try:
-        assert _until(lambda: _processes_of_uids(uids)), "the run did not start"
+        assert until(lambda: _processes_of_uids(uids)), "the run did not start"
         queued = _raw_post(url, b'{"code": "print(1)"', length=1000)  # (the queue's one place: body pending)
-        assert _until(lambda: _stats(url)["reading"] == 1)
+        assert until(lambda: _stats(url)["reading"] == 1)
         late = _raw_post(url, b'{"code": "print(1)"', length=10 << 20)  # (most of its body never comes)
         try:
             assert _status_of(late) == 429
@@ -164,7 +164,7 @@ def test_a_full_queue_answers_429_before_the_body_is_read(small):
         if queued is not None:
             queued.close()
         busy.close()
-    assert _until(lambda: _stats(url)["running"] == 0)
+    assert until(lambda: _stats(url)["running"] == 0)
 
 
 @needs_isolation
@@ -173,11 +173,11 @@ def test_a_client_that_disconnects_cancels_its_run(small):
     uids = _uids(url)
     client = _raw_post(url, json.dumps({"code": SLEEPER, "run_timeout": 100}).encode())
     try:
-        assert _until(lambda: _processes_of_uids(uids)), "the run did not start"
+        assert until(lambda: _processes_of_uids(uids)), "the run did not start"
     finally:
         client.close()
-    assert _until(lambda: not _processes_of_uids(uids)), "the run outlived its client"
-    assert _until(lambda: _stats(url)["running"] == 0)
+    assert until(lambda: not _processes_of_uids(uids)), "the run outlived its client"
+    assert until(lambda: _stats(url)["running"] == 0)
     r = requests.post(f"{url}/run_code", json={"code": "print(3)"}, timeout=60).json()  # (the slot is free again)
     assert r["run_result"]["stdout"] == "3\n", r
 
@@ -190,13 +190,13 @@ def test_the_lifeline_ends_running_runs_at_once():
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             fut = ex.submit(requests.post, f"{url}/run_code", json={"code": SLEEPER, "run_timeout": 100}, timeout=60)
-            assert _until(lambda: _processes_of_uids(uids)), "the run did not start"
+            assert until(lambda: _processes_of_uids(uids)), "the run did not start"
             os.close(handle._lifeline)  # as if the owner had been SIGKILLed
             handle._lifeline = None
             r = fut.result().json()  # (within 60 s: the run itself would sleep for 100)
         assert r["status"] == "SandboxError" and r["message"].startswith("the sandbox server stopped this run"), r
         assert handle.proc.wait(timeout=60) is not None
-        assert _until(lambda: not _processes_of_uids(uids)), "a run outlived the server"
+        assert until(lambda: not _processes_of_uids(uids)), "a run outlived the server"
     finally:
         handle.stop()
 
@@ -218,14 +218,14 @@ def test_a_second_sigterm_ends_the_server_and_its_runs():
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             fut = ex.submit(requests.post, f"{url}/run_code", json={"code": SLEEPER, "run_timeout": 100}, timeout=60)
-            assert _until(lambda: _processes_of_uids(uids)), "the run did not start"
+            assert until(lambda: _processes_of_uids(uids)), "the run did not start"
             handle.proc.send_signal(signal.SIGTERM)
             assert first_seen.wait(30), "the server did not report the first SIGTERM"
             assert handle.alive() and _processes_of_uids(uids)  # the first one lets the run finish
             handle.proc.send_signal(signal.SIGTERM)
             assert handle.proc.wait(timeout=60) is not None
             _stopped(fut)
-        assert _until(lambda: not _processes_of_uids(uids)), "a run outlived the server"
+        assert until(lambda: not _processes_of_uids(uids)), "a run outlived the server"
     finally:
         logging.getLogger("slime.sandbox").removeHandler(seen)
         handle.stop()

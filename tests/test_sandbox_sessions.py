@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
 import tarfile
+from typing import Iterator
 
 import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slime.testing.until import until
 from tests.test_sandbox import ISOLATED, _processes_of_uids
-from tests.test_sandbox_hardening import _until
 
 pytestmark = pytest.mark.skipif(not ISOLATED, reason="sessions need namespaces/uid switching")
 
@@ -34,9 +36,9 @@ def url():
     pool = concurrent.futures.ThreadPoolExecutor(1)
     pool.submit(requests.post, f"{url}/sessions/{s['session_id']}/exec", json={"command": "sleep 100", "timeout": 300},
                 timeout=300)
-    assert _until(lambda: _processes_of_uids([s["uid"]]))
+    assert until(lambda: _processes_of_uids([s["uid"]]))
     handle.stop()
-    assert _until(lambda: not _processes_of_uids([s["uid"]])), "a session's process outlived the server"
+    assert until(lambda: not _processes_of_uids([s["uid"]])), "a session's process outlived the server"
     pool.shutdown()
 
 
@@ -44,6 +46,16 @@ def _open(url: str, **body) -> dict:
     r = requests.post(f"{url}/sessions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+@contextlib.contextmanager
+def _session(url: str, **body) -> Iterator[dict]:
+    """An open session for the block (the `_open` answer), closed after it whatever happens."""
+    s = _open(url, **body)
+    try:
+        yield s
+    finally:
+        _close(url, s["session_id"])
 
 
 def _exec(url: str, sid: str, command: str, **kw) -> dict:
@@ -61,9 +73,8 @@ def _b64(data: bytes) -> str:
 
 
 def test_a_session_keeps_its_workspace_across_commands_as_its_own_uid(url):
-    s = _open(url, files={"repo/a.py": _b64(b"A = 1\n"), "/home/agent/.rc": _b64(b"rc")})
-    sid, uid = s["session_id"], s["uid"]
-    try:
+    with _session(url, files={"repo/a.py": _b64(b"A = 1\n"), "/home/agent/.rc": _b64(b"rc")}) as s:
+        sid, uid = s["session_id"], s["uid"]
         assert (s["workdir"], s["home"], s["egress_url"], s["memory_mb"], s["disk_mb"]) == \
             ("/tmp", "/home/agent", None, 512, 256)
         first = _exec(url, sid, "id -u; pwd; echo $HOME; cat repo/a.py /home/agent/.rc; echo made > repo/b.txt")
@@ -74,39 +85,29 @@ def test_a_session_keeps_its_workspace_across_commands_as_its_own_uid(url):
                           "stderr": "", "execution_time": second["execution_time"], "cpu_time": second["cpu_time"],
                           "message": ""}
         assert _exec(url, sid, "touch /usr/x")["stderr"] == "touch: cannot touch '/usr/x': Read-only file system\n"
-    finally:
-        _close(url, sid)
 
 
 def test_a_session_gets_a_writable_workspace_on_its_budget_gone_with_it_and_never_seen_by_runs(url):
     """slime's coding example writes /workspace/__cagent_patch__.diff: sessions get /workspace, a link
     to their tmpfs; both slots serve a session here, so the run after them is in a slot a session had."""
-    a = _open(url, disk_mb=8, files={"/workspace/seed.txt": _b64(b"seed")})
-    b = _open(url)
-    try:
+    with _session(url, disk_mb=8, files={"/workspace/seed.txt": _b64(b"seed")}) as a, _session(url):
         out = _exec(url, a["session_id"], "cat /workspace/seed.txt; echo; readlink /workspace; mkdir /workspace/d; "
                                           "echo kept > /workspace/d/f; stat -c %u /workspace/d; "
                                           "head -c 20000000 /dev/zero > /workspace/big; echo $?; rm /workspace/big")
         assert out["stdout"] == f"seed\n/mnt/workspace\n{a['uid']}\n1\n"
         assert "No space left on device" in out["stderr"]
         assert _exec(url, a["session_id"], "cat d/f", cwd="/workspace")["stdout"] == "kept\n"
-    finally:
-        _close(url, a["session_id"])
-        _close(url, b["session_id"])
     code = "import json, os; print(json.dumps(sorted(os.listdir('/'))))"
     run = requests.post(f"{url}/run_code", json={"code": code}, timeout=120).json()
     assert run["status"] == "Success", run
     assert {"home", "workspace"}.isdisjoint(json.loads(run["run_result"]["stdout"])), run["run_result"]["stdout"]
-    c = _open(url)
-    try:
+    with _session(url) as c:
         assert _exec(url, c["session_id"], "ls -A /workspace")["stdout"] == ""
-    finally:
-        _close(url, c["session_id"])
 
 
 def test_exec_takes_env_stdin_and_cwd_and_answers_each_status(url):
-    sid = _open(url, env={"BASE": "b", "OVER": "session"})["session_id"]
-    try:
+    with _session(url, env={"BASE": "b", "OVER": "session"}) as s:
+        sid = s["session_id"]
         out = _exec(url, sid, 'echo "$BASE $OVER $ONLY"; cat; exit 7', env={"OVER": "exec", "ONLY": "o"},
                     stdin="from stdin\n")
         assert (out["status"], out["returncode"], out["stdout"]) == ("Finished", 7, "b exec o\nfrom stdin\n")
@@ -119,41 +120,30 @@ def test_exec_takes_env_stdin_and_cwd_and_answers_each_status(url):
         missing = _exec(url, sid, "pwd", cwd="/nonexistent")
         assert (missing["returncode"], missing["stdout"]) == (1, "")
         assert _exec(url, sid, "echo still here")["stdout"] == "still here\n"  # (the session survived all that)
-    finally:
-        _close(url, sid)
 
 
 def test_commands_of_one_session_run_one_after_the_other(url):
-    s = _open(url)
-    sid, uid = s["session_id"], s["uid"]
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
+    with _session(url) as s, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        sid, uid = s["session_id"], s["uid"]
         first = pool.submit(_exec, url, sid, "echo a >> log; sleep 1; echo b >> log")
-        assert _until(lambda: _processes_of_uids([uid]))  # the first one runs ...
+        assert until(lambda: _processes_of_uids([uid]))  # the first one runs ...
         assert _exec(url, sid, "cat log")["stdout"] == "a\nb\n"  # ... and this one waited for its end
         assert first.result()["returncode"] == 0
         busy = pool.submit(_exec, url, sid, "sleep 3")
-        assert _until(lambda: _processes_of_uids([uid]))
+        assert until(lambda: _processes_of_uids([uid]))
         r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "timeout": 0.5}, timeout=60)
         assert (r.status_code, r.json()["message"]) == (409, f"session {sid}: another command still ran after 0.5s")
         assert busy.result()["returncode"] == 0
-    finally:
-        pool.shutdown()
-        _close(url, sid)
 
 
 def test_what_a_command_leaves_running_ends_with_it(url):
-    sid = _open(url)["session_id"]
-    try:
+    with _session(url) as s:
+        sid = s["session_id"]
         assert _exec(url, sid, "sleep 100 & setsid sleep 100 & echo spawned")["stdout"] == "spawned\n"
         assert _exec(url, sid, "ps -e -o comm= | sort")["stdout"] == "bash\nps\nsort\n"
-    finally:
-        _close(url, sid)
 
 
 def test_files_written_are_read_back_byte_for_byte(url):
-    sid = _open(url)["session_id"]
-
     @settings(max_examples=12, deadline=None)
     @given(content=st.binary(max_size=4096),
            name=st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=20)
@@ -165,15 +155,14 @@ def test_files_written_are_read_back_byte_for_byte(url):
         got = requests.get(f"{url}/sessions/{sid}/files", params={"path": path}, timeout=60).json()
         assert base64.b64decode(got["content"]) == content
 
-    try:
+    with _session(url) as s:
+        sid = s["session_id"]
         round_trip()
-    finally:
-        _close(url, sid)
 
 
 def test_reading_a_missing_or_too_large_file_is_refused_naming_it(url):
-    sid = _open(url)["session_id"]
-    try:
+    with _session(url) as s:
+        sid = s["session_id"]
         r = requests.get(f"{url}/sessions/{sid}/files", params={"path": "nope.txt"}, timeout=60)
         assert r.status_code == 404
         assert r.json()["message"] == (f"session {sid}: 'nope.txt' could not be read: "
@@ -182,8 +171,6 @@ def test_reading_a_missing_or_too_large_file_is_refused_naming_it(url):
         r = requests.get(f"{url}/sessions/{sid}/files", params={"path": "big"}, timeout=60)
         assert (r.status_code, r.json()["message"]) == (
             413, f"session {sid}: 'big' is larger than the 65536 bytes one read returns (--max-output-bytes)")
-    finally:
-        _close(url, sid)
 
 
 def test_a_seed_tar_is_unpacked_into_the_workspace(url):
@@ -193,25 +180,20 @@ def test_a_seed_tar_is_unpacked_into_the_workspace(url):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    sid = _open(url, tar=_b64(buf.getvalue()))["session_id"]
-    try:
-        assert _exec(url, sid, "find proj -type f | sort; cat proj/src/m.py")["stdout"] == \
+    with _session(url, tar=_b64(buf.getvalue())) as s:
+        assert _exec(url, s["session_id"], "find proj -type f | sort; cat proj/src/m.py")["stdout"] == \
             "proj/README\nproj/src/m.py\nx = 2\n"
-    finally:
-        _close(url, sid)
 
 
 def test_the_session_disk_and_inode_budget_bounds_its_workspace(url):
-    sid = _open(url, disk_mb=8, max_inodes=1024)["session_id"]
-    try:
+    with _session(url, disk_mb=8, max_inodes=1024) as s:
+        sid = s["session_id"]
         out = _exec(url, sid, "head -c 20000000 /dev/zero > big; echo $?; df -k --output=size /tmp | tail -1; rm big")
         assert out["stdout"].split() == ["1", "8192"]
         assert "No space left on device" in out["stderr"]
         out = _exec(url, sid, "df --output=itotal /tmp | tail -1; touch $(seq 1 1100) 2>/dev/null; echo $?; ls | wc -l")
         made = int(out["stdout"].split()[2])
         assert out["stdout"].split()[:2] == ["1024", "1"] and 1000 < made < 1024
-    finally:
-        _close(url, sid)
 
 
 def test_bad_requests_are_refused_naming_the_field(url):
@@ -227,59 +209,47 @@ def test_bad_requests_are_refused_naming_the_field(url):
         assert (r.status_code, r.json()["message"]) == (422, message), body
     assert requests.post(f"{url}/sessions/nope/exec", json={"command": "true"}, timeout=60).json()["message"] == \
         "no open session 'nope' (closed, expired, or never opened)"
-    sid = _open(url)["session_id"]
-    try:
+    with _session(url) as s:
+        sid = s["session_id"]
         r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "timeout": 10 ** 6}, timeout=60)
         assert (r.status_code, r.json()["message"]) == (
             422, "invalid request: timeout: Input should be less than or equal to 3600")
-    finally:
-        _close(url, sid)
 
 
 def test_sessions_hold_slots_so_runs_wait_and_a_third_session_gets_429(url):
-    a, b = _open(url)["session_id"], _open(url)["session_id"]
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
+    a = _open(url)["session_id"]
+    with _session(url), concurrent.futures.ThreadPoolExecutor(1) as pool:
         r = requests.post(f"{url}/sessions", json={}, timeout=60)
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["message"] == "sandbox busy: every slot is running or queued for (--max-concurrency 2)"
         run = pool.submit(requests.post, f"{url}/run_code", json={"code": "print(6 * 7)"}, timeout=120)
-        assert _until(lambda: requests.get(f"{url}/v1/stats", timeout=10).json()["queued"] == 1)
+        assert until(lambda: requests.get(f"{url}/v1/stats", timeout=10).json()["queued"] == 1)
         assert not run.done()
         _close(url, a)
         assert run.result().json()["run_result"]["stdout"] == "42\n"
-    finally:
-        pool.shutdown()
-        _close(url, b)
 
 
 def test_closing_a_session_kills_its_processes_and_the_next_one_starts_clean(url):
     s = _open(url)
     sid, uid = s["session_id"], s["uid"]
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
         assert _exec(url, sid, "echo secret > left.txt")["returncode"] == 0
         busy = pool.submit(requests.post, f"{url}/sessions/{sid}/exec",
                            json={"command": "sleep 100 & sleep 100", "timeout": 300}, timeout=300)
-        assert _until(lambda: len(_processes_of_uids([uid])) == 3)  # bash and its two sleeps
+        assert until(lambda: len(_processes_of_uids([uid])) == 3)  # bash and its two sleeps
         _close(url, sid)
         r = busy.result()
         assert (r.status_code, r.json()["message"]) == (
             410, f"session {sid} was closed while this command ran; its processes were killed")
         assert _processes_of_uids([uid]) == []
-    finally:
-        pool.shutdown()
-    s2 = _open(url)
-    try:
+    with _session(url) as s2:
         assert _exec(url, s2["session_id"], "ls -A")["stdout"] == ""
-    finally:
-        _close(url, s2["session_id"])
 
 
 def test_a_forgotten_session_is_closed_at_its_idle_deadline(url):
     sid = _open(url, idle_timeout=0.5)["session_id"]
     assert _exec(url, sid, "sleep 1; echo not idle while running")["stdout"] == "not idle while running\n"
-    assert _until(lambda: requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404)
+    assert until(lambda: requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404)
     listing = requests.get(f"{url}/sessions", timeout=10).json()
     assert listing["closed_idle"] >= 1 and sid not in {s["session_id"] for s in listing["sessions"]}
 

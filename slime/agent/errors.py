@@ -1,33 +1,32 @@
 """What can refuse a turn; `gateway.py` and the adapters map each to an HTTP answer in the
-client's own API error format (status in `status`)."""
+client's own API error format (status in `status`, error type in `kind`)."""
 
 from __future__ import annotations
 
 
 class TurnRefused(Exception):
+    """A refused turn; a subclass names its answer in its class line: ``(TurnRefused, status=503, kind=...)``."""
+
     status = 400
     kind = "invalid_request_error"
 
+    def __init_subclass__(cls, status: int | None = None, kind: str | None = None, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        cls.status = cls.status if status is None else status
+        cls.kind = cls.kind if kind is None else kind
 
-class SessionClosedError(TurnRefused):
+
+class SessionClosedError(TurnRefused, status=503, kind="overloaded_error"):
     """The session was finished or dropped; a straggler's turn would belong to no sample."""
 
-    status = 503
-    kind = "overloaded_error"
 
-
-class TurnCapError(TurnRefused):
+class TurnCapError(TurnRefused, status=429, kind="rate_limit_error"):
     """The session used its turn budget (`--agent-max-turns`)."""
-
-    status = 429
-    kind = "rate_limit_error"
 
 
 class ContextFullError(TurnRefused):
     """The prompt leaves no room to generate within the context budget (`--rollout-max-context-len`)."""
 
-    status = 400
-    kind = "invalid_request_error"
     code = "context_length_exceeded"
 
 
@@ -35,22 +34,13 @@ class BadRequestError(TurnRefused):
     """The request body is not one this API accepts."""
 
 
-class EngineFailedError(TurnRefused):
+class EngineFailedError(TurnRefused, status=502, kind="api_error"):
     """The engines refused the turn or stayed unreachable past the retry budget."""
 
-    status = 502
-    kind = "api_error"
 
-
-class EngineAbortedError(TurnRefused):
+class EngineAbortedError(TurnRefused, status=503, kind="overloaded_error"):
     """The engines aborted the turn (a weight update); the client's retry gets a fresh one."""
 
-    status = 503
-    kind = "overloaded_error"
 
-
-class GatewayError(TurnRefused):
+class GatewayError(TurnRefused, status=500, kind="api_error"):
     """A failure of the gateway itself, answered with its reason instead of a bare 500."""
-
-    status = 500
-    kind = "api_error"

@@ -31,99 +31,21 @@ import os
 import select
 import signal
 import socket
-import stat
 import struct
 import time
 
 from .isolation import (CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, check, hold_run_binds,
                         libc, mount, nest_run_binds)
+from .ns_dropper import NamespaceDropper
+from .run_files import fetch_files, write_file
+from .run_frames import Request, send_frame
+from .run_memory import LimitNotApplied, RunMemory
 from .slot_session import open_session
 
-
-# ------------------------------------------------------------------------------ framing
-def send_frame(sock, header, blobs=(), files=()):
-    """``<u32 n><header><blobs><files>``; `files` are (fd, size) sent from the file itself in bounded
-    chunks (``sendfile``: never read into this process, whose memory must stay small and fixed)."""
-    data = json.dumps(header).encode()
-    sock.sendall(b"".join([struct.pack("!I", len(data)), data, *blobs]))  # (one send: the reader wakes once)
-    for fd, size in files:
-        sent = 0
-        while sent < size:
-            n = os.sendfile(sock.fileno(), fd, sent, min(1 << 20, size - sent))
-            if n == 0:
-                raise EOFError("a fetched file shrank while it was sent")
-            sent += n
+__all__ = ["LimitNotApplied", "RunInit", "send_frame"]  # (LimitNotApplied: where it was, for its importers)
 
 
-def _recv_exact(sock, n):
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if not k:
-            raise EOFError("peer closed")
-        got += k
-    return bytes(buf)
-
-
-class _Request:
-    """A run's request as it arrives: the server sends it whole, so one ``recv`` usually holds all
-    of it (no read per field); larger ones are read to the size each field needs."""
-
-    def __init__(self, sock, first):
-        self.sock = sock
-        self.buf = first  # (what the first read brought)
-        self.pos = 0
-
-    def take(self, n):
-        have = len(self.buf) - self.pos
-        if have >= n:
-            out = self.buf[self.pos:self.pos + n]
-            self.pos += n
-            return out
-        out = self.buf[self.pos:] + _recv_exact(self.sock, n - have)
-        self.buf, self.pos = b"", 0
-        return out
-
-
-class LimitNotApplied(RuntimeError):
-    """A run's limit could not be set: the run must not start."""
-
-
-class _Dropper:
-    """Closes finished runs' namespace fds in a thread (each close may wait for an RCU grace
-    period); `wait_idle` returns once every namespace handed over so far is gone (its tmpfs too)."""
-
-    def __init__(self):
-        import threading
-
-        self.cond = threading.Condition()
-        self.todo = []
-        self.busy = False
-        threading.Thread(target=self._drop, name="drop-namespaces", daemon=True).start()
-
-    def put(self, fds):
-        with self.cond:
-            self.todo.append(fds)
-            self.cond.notify_all()
-
-    def wait_idle(self):
-        with self.cond:
-            self.cond.wait_for(lambda: not self.todo and not self.busy)
-
-    def _drop(self):
-        while True:
-            with self.cond:
-                self.cond.wait_for(lambda: self.todo)
-                fds, self.busy = self.todo.pop(0), True
-            for fd in fds:
-                os.close(fd)
-            with self.cond:
-                self.busy = bool(self.todo)
-                self.cond.notify_all()
-
-
-class RunInit:
+class RunInit(RunMemory):
     """The slot's init. `slot` is the fork server's state (inherited by fork): isolation flag, uid,
     cgroup fds; `ctl` reports to the server, `data` carries its requests and our answers, `forker`
     talks to the fork server."""
@@ -229,7 +151,7 @@ class RunInit:
 
     def _dropper(self):
         if self.drop_queue is None:
-            self.drop_queue = _Dropper()
+            self.drop_queue = NamespaceDropper()
         return self.drop_queue
 
     # -- one run -----------------------------------------------------------------------------
@@ -247,7 +169,7 @@ class RunInit:
     def _serve_run(self, sock, first):
         self.sock_fd = sock.fileno()
         self._reap(block=False)  # zombies of the previous run that died after it was reported
-        req = _Request(sock, first)
+        req = Request(sock, first)
         (n,) = struct.unpack("!I", req.take(4))
         hdr = json.loads(req.take(n))
         blobs = []
@@ -265,14 +187,14 @@ class RunInit:
                 self.keep = True
                 open_session(self, hdr["session"])
             if hdr["source"]:
-                self._write(work, hdr["source"], code_blob, hdr["uid"])
+                write_file(work, hdr["source"], code_blob, hdr["uid"])
             for (path, _), data in zip(hdr["files"], blobs):
                 if path.startswith("/mnt/"):
                     if not self.isolate:
                         raise OSError(errno.EINVAL, "/mnt is only per run with isolation: %r" % path)
-                    self._write("/mnt", path[len("/mnt/"):], data, hdr["uid"])
+                    write_file("/mnt", path[len("/mnt/"):], data, hdr["uid"])
                 else:
-                    self._write(work, path, data, hdr["uid"])
+                    write_file(work, path, data, hdr["uid"])
         except OSError as e:
             result["input_error"] = "bad input file: %s" % (e.strerror or e)
             send_frame(sock, result)
@@ -287,129 +209,13 @@ class RunInit:
             out_blobs += [out, err]
             if st["status"] != "Finished" or st["return_code"] != 0:
                 break
-        files, fds, skipped = self._fetch(work, hdr)
+        files, fds, skipped = fetch_files(work, hdr, self.isolate)
         result["files"], result["not_fetched"] = files, skipped
         try:
             send_frame(sock, result, out_blobs, fds)
         finally:
             for fd, _ in fds:
                 os.close(fd)
-
-    def _fetch(self, work, hdr):
-        """Requested files as (fd, size) to stream, each resolved file once, within the size caps;
-        and [name, reason] for each one not returned (missing, not a file, too large, an alias)."""
-        seen, files, fds, skipped, total = {}, [], [], [], 0
-        for name, rel in hdr["fetch"]:
-            base = "/mnt" if rel.startswith("/mnt/") and self.isolate else work
-            real = os.path.realpath(os.path.join(base, rel[len("/mnt/"):] if base == "/mnt" else rel))
-            if not real.startswith(base + "/"):
-                skipped.append([name, "outside the work dir"])
-                continue
-            if real in seen:
-                skipped.append([name, "same file as %r (sent once)" % seen[real]])
-                continue
-            try:
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError as e:
-                skipped.append([name, "not found" if e.errno == errno.ENOENT else e.strerror or str(e)])
-                continue
-            st = os.fstat(fd)
-            why = None
-            if not stat.S_ISREG(st.st_mode):
-                why = "not a regular file"
-            elif st.st_size > hdr["fetch_max_file"]:
-                why = "larger than the %d MB limit of one fetched file" % (hdr["fetch_max_file"] >> 20)
-            elif total + st.st_size > hdr["fetch_max_total"]:
-                why = "over the %d MB limit of all fetched files" % (hdr["fetch_max_total"] >> 20)
-            if why:
-                os.close(fd)
-                skipped.append([name, why])
-                continue
-            seen[real] = name
-            total += st.st_size
-            files.append([name, st.st_size])
-            fds.append((fd, st.st_size))
-        return files, fds, skipped
-
-    @staticmethod
-    def _write(work, path, data, uid):
-        rel = os.path.normpath(path)
-        if rel.startswith("/") or rel == ".." or rel.startswith("../"):
-            raise OSError(errno.EINVAL, "path escapes the work dir: %r" % path)
-        full = os.path.join(work, rel)
-        d = os.path.dirname(full)
-        todo = []
-        while d != work and not os.path.isdir(d):
-            todo.append(d)
-            d = os.path.dirname(d)
-        for d in reversed(todo):
-            os.mkdir(d, 0o755)
-            os.chown(d, uid, uid)
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchown(fd, uid, uid)
-        finally:
-            os.close(fd)
-
-    def _set_memory(self, limit_bytes):
-        """Apply the run's memory limit or raise `LimitNotApplied`: the run must not start with
-        another run's limit. Lowering it fails (v1: EBUSY; v2: usage stays above) while the
-        previous runs' tmpfs pages still count: then wait until their namespaces are dropped and
-        try once more. Only a limit read back as written is remembered."""
-        if limit_bytes == self.mem_limit or not self.slot.cg_limit_fds:
-            return
-        self.mem_limit = None
-        why = self._write_memory(limit_bytes)
-        if why:
-            self._dropper().wait_idle()
-            why = self._write_memory(limit_bytes)
-        if why:
-            raise LimitNotApplied("the memory limit of %d MB could not be applied (%s)" % (limit_bytes >> 20, why))
-        self.mem_limit = limit_bytes
-
-    def _write_memory(self, limit_bytes):
-        """Write the limit (v1: memsw must stay >= the limit: memsw, limit, memsw again works both
-        ways), read it back; None when it holds, else why not."""
-        fds, value, errors = self.slot.cg_limit_fds, str(limit_bytes).encode(), []
-        for fd in fds[1:] + fds + fds[1:]:
-            try:
-                os.pwrite(fd, value, 0)
-            except OSError as e:
-                errors.append(e.strerror or str(e))
-        for fd in fds:
-            try:
-                got = os.pread(fd, 64, 0).strip()
-            except OSError as e:
-                return "cannot read it back: %s" % (e.strerror or e)
-            if got != value:
-                return "it reads %s%s" % (got.decode(errors="replace"), ", " + errors[-1] if errors else "")
-        usage = self._memory_usage()
-        if usage is not None and usage > limit_bytes:
-            return "%d MB still in use by the previous run" % (usage >> 20)
-        return None
-
-    def _memory_usage(self):
-        for fd in self.slot.cg_usage_fds:
-            try:
-                return int(os.pread(fd, 64, 0).split()[0])
-            except (OSError, ValueError, IndexError):
-                pass
-        return None
-
-    def _oom_kills(self):
-        n = 0
-        for fd in self.slot.cg_oom_fds:
-            try:
-                for line in os.pread(fd, 4096, 0).decode().splitlines():
-                    k, _, v = line.partition(" ")
-                    if k == "oom_kill":
-                        n += int(v)
-            except (OSError, ValueError):
-                pass
-        return n
 
     # -- one step (compile or run) -----------------------------------------------------------
     def _step(self, hdr, work, step, stdin):

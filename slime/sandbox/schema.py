@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from slime.sandbox.runner import SandboxConfig, normalize_path
+from slime.sandbox.config import SandboxConfig
+from slime.sandbox.run_plan import normalize_path
 
 
 def request_model(cfg: SandboxConfig, languages: list[str]) -> type[BaseModel]:

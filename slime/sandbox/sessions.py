@@ -27,7 +27,9 @@ import uuid
 from typing import Any
 
 from slime.sandbox.egress import EgressForwarder, parse_egress_targets
-from slime.sandbox.runner import Runner, _run_env, normalize_path
+from slime.sandbox.languages import run_env
+from slime.sandbox.run_plan import normalize_path
+from slime.sandbox.runner import Runner
 from slime.sandbox.slot_session import SESSION_DIRS
 
 logger = logging.getLogger(__name__)
@@ -361,7 +363,7 @@ class SessionTable:
     @staticmethod
     def _env(sess: Session, env: dict[str, str] | None) -> dict[str, str]:
         # git's system-wide config in the session's tmpfs (/etc is read-only): `git config --system` works
-        out = dict(_run_env(), HOME=HOME, PWD=WORKDIR, GIT_CONFIG_SYSTEM="/home/.gitconfig")
+        out = dict(run_env(), HOME=HOME, PWD=WORKDIR, GIT_CONFIG_SYSTEM="/home/.gitconfig")
         if sess.egress_url:
             out["SLIME_EGRESS_URL"] = sess.egress_url
         out.update(sess.spec.env)

@@ -31,24 +31,22 @@ PR_SET_PDEATHSIG = 1
 
 
 def _load_siblings(sources):
-    """isolation, program, slot_session and run_init (slot_session is run_init's: not returned), from
-    the sources the server sent, as one private package with neutral file names: this script itself
-    arrives on stdin (``python3 -I -B -``), so no path of the host's checkout shows in a program's
-    modules, code objects or command line; and nothing else is importable from the package (a
-    program's ``import program`` finds its own)."""
+    """isolation, program and run_init (with the modules run_init imports), from the sources the
+    server sent, in the order sent (a module after those it imports), as one private package with
+    neutral file names: this script itself arrives on stdin (``python3 -I -B -``), so no path of the
+    host's checkout shows in a program's modules, code objects or command line; and nothing else is
+    importable from the package (a program's ``import program`` finds its own)."""
     pkg = types.ModuleType("_slime_sandbox_slot")
     pkg.__path__ = []
     sys.modules[pkg.__name__] = pkg
-    mods = []
-    for name in ("isolation", "program", "slot_session", "run_init"):
+    for name in sources:
         mod = types.ModuleType(pkg.__name__ + "." + name)
         mod.__file__ = "<slime-sandbox>/%s.py" % name
         mod.__package__ = pkg.__name__
         sys.modules[mod.__name__] = mod
         setattr(pkg, name, mod)
         exec(compile(sources[name], mod.__file__, "exec"), mod.__dict__)
-        mods.append(mod)
-    return [m for m in mods if not m.__name__.endswith(".slot_session")]
+    return [getattr(pkg, name) for name in ("isolation", "program", "run_init")]
 
 
 isolation = program = run_init = None  # (set by `main` from the server's sources)

@@ -1,0 +1,40 @@
+"""The sandbox server's limits and defaults (`SandboxConfig`), set once from the flags at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Modules a run's Python finds already imported. Each one costs every run a little (the fork server's
+# memory is copied and torn down per run); these are the common, cheap ones of generated solutions.
+# Heavier, rarer ones (dataclasses, statistics, decimal, datetime, threading, numpy) load on use, and
+# `random` too (preloaded, it would reseed itself after every fork).
+PRELOAD = ["re", "math", "json", "collections", "itertools", "functools", "heapq", "bisect", "string",
+           "typing", "copy", "operator", "array", "struct", "time", "resource", "types", "builtins", "atexit"]
+
+
+@dataclass
+class SandboxConfig:
+    max_concurrency: int = 4
+    isolate: bool = True  # False only with --allow-no-isolation
+    uid_base: int | None = None  # first run uid; None: the first free range (`uids.py`)
+    python: str | None = None  # interpreter for `python` (runs the fork servers too)
+    root_dir: str | None = None
+    default_memory_mb: int = 512
+    min_memory_mb: int = 32
+    max_memory_mb: int = 4096
+    max_run_timeout: float = 120.0
+    max_compile_timeout: float = 60.0
+    max_output_bytes: int = 1 << 20  # per stream
+    max_processes: int = 128  # processes and threads of a run (ThreadPoolExecutor(64) must start)
+    max_file_mb: int = 64
+    disk_mb: int = 256  # the run's tmpfs (/tmp and /dev/shm together)
+    max_open_files: int = 256
+    cpus_per_run: float = 1.0  # cgroup CPU bandwidth: CPU time of a run <= wall time x this
+    max_body_mb: int = 32
+    max_inodes: int = 65536  # of a run's tmpfs
+    max_files: int = 60000  # request files (with their directories, within max_inodes)
+    max_fetch_mb: int = 64  # total of fetched files per request
+    compile_memory_mb: int = 1024
+    ro_paths: list[str] = field(default_factory=list)  # more read-only paths in the runs' root
+    ro_binds: list[list[str]] = field(default_factory=list)  # [host, inside] read-only binds (`ro_binds.py`)
+    preload: list[str] = field(default_factory=lambda: list(PRELOAD))

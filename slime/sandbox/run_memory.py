@@ -1,0 +1,71 @@
+"""A run's memory limit and OOM count, through the slot's cgroup files opened by the fork server (stdlib
+only: loaded by the fork server with `run_init.py`)."""
+
+import os
+
+
+class LimitNotApplied(RuntimeError):
+    """A run's limit could not be set: the run must not start."""
+
+
+class RunMemory:
+    """`RunInit`'s part that sets each step's memory limit (`_set_memory`) and counts OOM kills. Needs of
+    its host: ``slot`` (``cg_limit_fds``, ``cg_usage_fds``, ``cg_oom_fds``), ``mem_limit`` (the limit
+    last applied, or None) and ``_dropper()`` (the namespace dropper, to wait for the previous runs' pages)."""
+
+    def _set_memory(self, limit_bytes):
+        """Apply the run's memory limit or raise `LimitNotApplied`: the run must not start with
+        another run's limit. Lowering it fails (v1: EBUSY; v2: usage stays above) while the
+        previous runs' tmpfs pages still count: then wait until their namespaces are dropped and
+        try once more. Only a limit read back as written is remembered."""
+        if limit_bytes == self.mem_limit or not self.slot.cg_limit_fds:
+            return
+        self.mem_limit = None
+        why = self._write_memory(limit_bytes)
+        if why:
+            self._dropper().wait_idle()
+            why = self._write_memory(limit_bytes)
+        if why:
+            raise LimitNotApplied("the memory limit of %d MB could not be applied (%s)" % (limit_bytes >> 20, why))
+        self.mem_limit = limit_bytes
+
+    def _write_memory(self, limit_bytes):
+        """Write the limit (v1: memsw must stay >= the limit: memsw, limit, memsw again works both
+        ways), read it back; None when it holds, else why not."""
+        fds, value, errors = self.slot.cg_limit_fds, str(limit_bytes).encode(), []
+        for fd in fds[1:] + fds + fds[1:]:
+            try:
+                os.pwrite(fd, value, 0)
+            except OSError as e:
+                errors.append(e.strerror or str(e))
+        for fd in fds:
+            try:
+                got = os.pread(fd, 64, 0).strip()
+            except OSError as e:
+                return "cannot read it back: %s" % (e.strerror or e)
+            if got != value:
+                return "it reads %s%s" % (got.decode(errors="replace"), ", " + errors[-1] if errors else "")
+        usage = self._memory_usage()
+        if usage is not None and usage > limit_bytes:
+            return "%d MB still in use by the previous run" % (usage >> 20)
+        return None
+
+    def _memory_usage(self):
+        for fd in self.slot.cg_usage_fds:
+            try:
+                return int(os.pread(fd, 64, 0).split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        return None
+
+    def _oom_kills(self):
+        n = 0
+        for fd in self.slot.cg_oom_fds:
+            try:
+                for line in os.pread(fd, 4096, 0).decode().splitlines():
+                    k, _, v = line.partition(" ")
+                    if k == "oom_kill":
+                        n += int(v)
+            except (OSError, ValueError):
+                pass
+        return n

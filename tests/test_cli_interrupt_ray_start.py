@@ -8,9 +8,13 @@ orderly way, and nothing it started is left running."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 
 import pytest
 
+from slime.ray.keep_sigterm import keep_sigterm_handler
 from slime.testing.processes import survivors
 
 # `python -c`: wrap one of Ray's start-up functions so that it SIGTERMs this process once it returns,
@@ -51,3 +55,27 @@ def test_sigterm_while_ray_starts_exits_143_and_stops_everything(window, tiny_mo
     assert "slime-rollout: terminated; everything started was stopped" in out, text[-4000:]
     assert "SIGTERM received" not in text and "leftover" not in text, text[-4000:]
     assert survivors([], tmp_path) + survivors([], f"slime-ray-{proc.pid}") == []
+
+
+def test_inside_the_block_ray_cannot_replace_the_handler_and_a_sigterm_waits_for_its_end():
+    import ray._private.ray_constants as ray_constants
+    import ray._private.utils as ray_utils
+
+    seen: list[int] = []
+
+    def ours(signum, frame):
+        seen.append(signum)
+
+    install, native_off = ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with keep_sigterm_handler():
+            ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # what ray.init does
+            assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is True  # no native handler for this driver
+            os.kill(os.getpid(), signal.SIGTERM)  # Ray's handler would exit 15 here
+            assert seen == []  # held while Ray starts
+        assert seen == [signal.SIGTERM]  # then handed, once, to the handler from before
+        assert signal.getsignal(signal.SIGTERM) is ours
+        assert (ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER) == (install, native_off)
+    finally:
+        signal.signal(signal.SIGTERM, before)

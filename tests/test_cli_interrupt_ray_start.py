@@ -2,8 +2,8 @@
 while it starts (a Python one that exits 15, and its core worker's native crash handler that aborts
 with a stack dump); a command that re-installed its handler only after `ray.init` died of a SIGTERM
 landing in between. The signal is sent by a hook on Ray's own start (no sleep): from inside `connect`
-(Ray's core worker is up) and at the very end of `ray.init`. Either way the command exits 143 the
-orderly way, and nothing it started is left running."""
+(Ray's core worker is up; slime-rollout) and at the very end of `ray.init` (slime-train). Either way the
+command exits 143 the orderly way, and nothing it started is left running."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from slime.ray.keep_sigterm import keep_sigterm_handler
 from slime.testing.processes import survivors
 
 # `python -c`: wrap one of Ray's start-up functions so that it SIGTERMs this process once it returns,
-# then run `slime-rollout` as from a real command line (argv from sys.argv).
+# then run a command's `main()` as from a real command line (argv from sys.argv).
 HOOKED_COMMAND = """
 import functools, importlib, os, signal, sys
 module_name, attr = sys.argv.pop(1).rsplit(".", 1)
@@ -33,16 +33,18 @@ def hooked(*args, **kwargs):
     return result
 
 setattr(module, attr, hooked)
-from slime.cli.rollout import main
-sys.exit(main())
+command = importlib.import_module(sys.argv.pop(1))
+sys.exit(command.main())
 """
 
 
-@pytest.mark.parametrize("window", ["ray._private.worker.connect", "ray.init"])
-def test_sigterm_while_ray_starts_exits_143_and_stops_everything(window, tiny_model_dir, tmp_path, cli_runs):
+@pytest.mark.parametrize("window, command, prog", [("ray._private.worker.connect", "slime.cli.rollout", "slime-rollout"),
+                                                   ("ray.init", "slime.cli.train", "slime-train")])
+def test_sigterm_while_ray_starts_exits_143_and_stops_everything(window, command, prog, tiny_model_dir, tmp_path,
+                                                                 cli_runs):
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"text": f"Solve {i}", "label": "x"}) + "\n" for i in range(4)))
-    proc = cli_runs.start(["-c", HOOKED_COMMAND, window, "--rollout-backend", "hf",
+    proc = cli_runs.start(["-c", HOOKED_COMMAND, window, command, "--rollout-backend", "hf",
                            "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
                            "--input-key", "text", "--label-key", "label", "--num-rollout", "1",
                            "--rollout-batch-size", "2", "--n-samples-per-prompt", "1",
@@ -52,7 +54,7 @@ def test_sigterm_while_ray_starts_exits_143_and_stops_everything(window, tiny_mo
     out = cli_runs.stop(proc, 0, 240)  # signal 0: the hook sent the real one; only wait for the end
     text = "".join(lines) + out
     assert proc.returncode == 143, text[-4000:]
-    assert "slime-rollout: terminated; everything started was stopped" in out, text[-4000:]
+    assert f"{prog}: terminated; everything started was stopped" in out, text[-4000:]
     assert "SIGTERM received" not in text and "leftover" not in text, text[-4000:]
     assert survivors([], tmp_path) + survivors([], f"slime-ray-{proc.pid}") == []
 

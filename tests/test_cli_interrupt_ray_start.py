@@ -38,8 +38,9 @@ sys.exit(command.main())
 """
 
 
-@pytest.mark.parametrize("window, command, prog", [("ray._private.worker.connect", "slime.cli.rollout", "slime-rollout"),
-                                                   ("ray.init", "slime.cli.train", "slime-train")])
+@pytest.mark.parametrize("window, command, prog", [
+    ("ray._private.worker.connect", "slime.cli.rollout", "slime-rollout"),
+    ("ray.init", "slime.cli.train", "slime-train")])
 def test_sigterm_while_ray_starts_exits_143_and_stops_everything(window, command, prog, tiny_model_dir, tmp_path,
                                                                  cli_runs):
     data = tmp_path / "p.jsonl"
@@ -78,6 +79,7 @@ def test_inside_the_block_ray_cannot_replace_the_handler_and_a_sigterm_waits_for
             assert seen == []  # held while Ray starts
         assert seen == [signal.SIGTERM]  # then handed, once, to the handler from before
         assert signal.getsignal(signal.SIGTERM) is ours
-        assert (ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER) == (install, native_off)
+        restored = ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+        assert restored == (install, native_off)
     finally:
         signal.signal(signal.SIGTERM, before)

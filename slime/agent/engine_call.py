@@ -2,21 +2,19 @@
 
 The engine call goes through the project's `EngineClient` (in-flight bound, deadline, retry with a
 fresh rid and abort of the old one, abort gate, progress), routed by the session id so a
-consistent-hashing router keeps a session's prefix cache on one engine. A cancelled turn aborts
-its rid on the engines, so no engine keeps sampling tokens nobody will read.
+consistent-hashing router keeps a session's prefix cache on one engine. A cancelled turn is aborted
+where it was, as the client aborts any request it gives up: no engine keeps sampling tokens nobody
+will read, and no other engine hears of it.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from slime.agent.errors import ContextFullError
 from slime.agent.records import ChatRequest, TurnRecord
 from slime.agent.session import Session
-from slime.fleet import sglang_payloads as payloads
 from slime.rollout.engine_client import EngineClient
-from slime.utils.http_retry import RetryPolicy
 
 DEFAULT_MAX_NEW_TOKENS = 4096  # when neither the session nor the client caps it
 # ids in, ids out: the engine must neither drop special tokens from nor trim stop strings off what it sampled
@@ -39,25 +37,15 @@ def sampling_params(session: Session, request: ChatRequest, prompt_len: int) -> 
 
 
 class EngineTurns:
-    """Engine calls of one gateway. A cancelled turn (its client went away, its session finished)
-    aborts its rid before the cancellation completes, so whoever waits for the cancelled turn knows
-    the engines are no longer working on it."""
+    """Engine calls of one gateway. A cancelled turn (its client went away, its session finished) is
+    aborted by `EngineClient.generate` before the cancellation completes: through the router, the
+    closed connection is the abort and reaches only the engine that had the turn; sent to a known
+    engine, that engine gets one `/abort_request`. Never one request per engine of the fleet."""
 
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
     async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None) -> TurnRecord:
-        rid = self.client.new_rid()
-        try:
-            out = await self.client.generate(prompt_ids, params, rid=rid, routing_key=routing_key)
-        except asyncio.CancelledError:
-            await self._abort(rid)  # one request per engine, 10 s at most
-            raise
+        out = await self.client.generate(prompt_ids, params, routing_key=routing_key)
         return TurnRecord(prompt_ids=list(prompt_ids), output_ids=out.token_ids, finish_reason=out.finish_type,
                           output_log_probs=out.log_probs, weight_version=out.weight_version)
-
-    async def _abort(self, rid: str) -> None:
-        once = RetryPolicy(max_retries=0)
-        await asyncio.gather(*(self.client.http.post(f"{u}/abort_request", payloads.abort_request(rid=rid),
-                                                     timeout=10, policy=once)
-                               for u in self.client.endpoints.engine_urls), return_exceptions=True)

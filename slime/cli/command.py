@@ -30,10 +30,10 @@ class Terminated(KeyboardInterrupt):
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM takes Ctrl-C's orderly path (KeyboardInterrupt). Call again after `ray.init`, whose
-    native crash handler would otherwise turn SIGTERM into an abort with a stack dump; a second
-    signal during the stop is ignored so the stop completes (which is also how `sigterm_received`
-    knows a SIGTERM came)."""
+    """SIGTERM takes Ctrl-C's orderly path (KeyboardInterrupt). Installed once, before Ray starts;
+    `ray_init` keeps it through `ray.init` (`slime.ray.keep_sigterm`), which would otherwise install
+    Ray's own. A second signal during the stop is ignored so the stop completes (which is also how
+    `sigterm_received` knows a SIGTERM came)."""
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()

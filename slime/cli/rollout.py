@@ -12,7 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from slime.cli.args import parse_args
-from slime.cli.command import run_cli, stop_on_sigterm
+from slime.cli.command import run_cli
 from slime.ray.session import format_startup, start_manager, stop_manager
 from slime.ray.session import ray_init as _ray_init
 
@@ -83,7 +83,6 @@ def run(args: Any) -> list[dict[str, Any]]:
         raise
     import ray
 
-    stop_on_sigterm()  # again: ray.init installed its own
     manager = None
     summaries: list[dict[str, Any]] = []
     engine_log = EngineStateLog()

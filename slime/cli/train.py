@@ -12,7 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
-from slime.cli.command import run_cli, stop_on_sigterm
+from slime.cli.command import run_cli
 
 PROG = "slime-train"
 
@@ -49,8 +49,7 @@ def run(args: Any) -> list[Any]:
         from slime.engine.default_model import ensure_default_model
 
         args.hf_checkpoint = str(ensure_default_model())
-    with ray_session(args) as session:
-        stop_on_sigterm()  # again: ray.init installs its own handler (SIGTERM takes Ctrl-C's way out)
+    with ray_session(args) as session:  # Ray's start keeps our SIGTERM handler (slime.ray.keep_sigterm)
         records = train(args, fork_server=session.fork_server_socket)
     if records:
         rewards = [r.raw_reward for r in records if r.raw_reward is not None]

@@ -33,6 +33,12 @@ class BadWeightVersion(AnswerError):
         where = f"{engine}: " if engine else ""
         super().__init__(f"{where}bad /get_weight_version answer ({field}): {problem}: {text}",
                          reason=f"engine_bad_answer:{field}")
+        self._parts = (field, problem, text, engine)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt whole from its parts: it crosses Ray (raised in an engine's actor), and the fleet tells
+        a bad answer by its type and field (pickle's default would call `__init__` with the message alone)."""
+        return type(self), self._parts
 
 
 def parse_weight_version_answer(body: Any, engine: str = "") -> str:

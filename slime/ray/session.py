@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
+from slime.ray.keep_sigterm import keep_sigterm_handler
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
@@ -177,16 +178,18 @@ def _start_ray(args: Any, session: RaySession) -> None:
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     if args.ray_address:
-        ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
+        with keep_sigterm_handler():  # a SIGTERM during the start is held, then takes the orderly stop
+            ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
         return
     tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
     # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
     # serve our actors at once instead of new ones being started for a runtime env (cold start)
     os.environ.update(env)
-    ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
-             logging_level=logging.WARNING)
-    session.started = True
+    with keep_sigterm_handler():
+        ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
+                 logging_level=logging.WARNING)
+        session.started = True  # before a held SIGTERM is raised: the stop then shuts this Ray down
     mark("ray_init: ray.init done")
 
 

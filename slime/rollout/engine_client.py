@@ -191,6 +191,15 @@ class EngineClient:
                 self.disconnect_aborts += 1
         return {**payload, "rid": self.new_rid()}
 
+    async def _abort_abandoned(self, rid: str, engine: str | None) -> None:
+        """A cancelled request, aborted where it was before the cancellation completes (as `_renew_rid`
+        does for a retried one): one `/abort_request` to a known `engine`; through the router, the
+        connection the cancellation closed is the abort (counted in `disconnect_aborts`)."""
+        if engine is None:
+            self.disconnect_aborts += 1
+            return
+        await self._abort_on([engine], payloads.abort_request(rid=rid))
+
     def _in_background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -237,8 +246,12 @@ class EngineClient:
             base = target.removesuffix("/generate")
             engine = base if url or base in self.endpoints.engine_urls else None
 
+            sent = [payload["rid"]]  # the rid on the wire now (a retry renews it)
+
             def renew(body: dict[str, Any], failure: Failure) -> dict[str, Any]:
-                return self._renew_rid(body, failure, engine)
+                body = self._renew_rid(body, failure, engine)
+                sent[0] = body["rid"]
+                return body
 
             try:
                 # the router's address is read again for each retry: it may have been restarted elsewhere
@@ -248,6 +261,9 @@ class EngineClient:
                                       headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
             except HttpError as e:
                 raise HttpError(f"{e} (engine: {self.engine_label(url)})", e.status, e.body, e.reason) from e
+            except asyncio.CancelledError:  # the caller gave up (an agent turn whose client left)
+                await self._abort_abandoned(sent[0], engine)
+                raise
             finally:
                 self.in_flight -= 1
         self.progress.on_response(len(out.token_ids))

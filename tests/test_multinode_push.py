@@ -15,17 +15,20 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from tests.test_multinode import FAST_NODE_DEATH, N_PROMPTS, N_SAMPLES, _actor_node, _argv, _batch_facts
+from tests.test_multinode import (
+    FAST_NODE_DEATH, N_PROMPTS, N_SAMPLES, _actor_node, _all_healthy, _argv, _batch_facts, _status_when,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 300.0  # the bound on each step of the scenario: a failing step fails within it, naming what it waited for
 
 
 @pytest.mark.slow
@@ -67,11 +70,21 @@ def _paused(urls: list[str]) -> list[bool]:
     return [bool(requests.get(f"{u}/get_load", timeout=10).json().get("paused")) for u in urls]
 
 
-def _wait_for(pred, what: str, timeout: float = 300.0) -> None:
+def _wait_for(pred, what: str, timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
-    while not pred():  # Ray and the engines expose no event for these states
-        assert time.monotonic() < deadline, what
+    while not pred():  # the engines expose no event for this state
+        assert time.monotonic() < deadline, f"{what} (waited {timeout:.0f}s)"
         time.sleep(0.05)
+
+
+def _got(ref: Any, what: str) -> Any:
+    """`ray.get` bounded by WAIT_S, naming the call that did not answer."""
+    import ray
+
+    try:
+        return ray.get(ref, timeout=WAIT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise AssertionError(f"{what}: no answer within {WAIT_S:.0f}s") from None
 
 
 def scenario(model_dir: str, work: Path) -> dict[str, Any]:
@@ -93,41 +106,42 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         session = ray_init(args)
         manager, info = start_manager(args)
         trainer_node = cluster.add_node(num_cpus=3, **node_args)  # the trainer's, with room for a moved engine
-        facts["before"] = ray.get(manager.status.remote())
+        facts["before"] = _got(manager.status.remote(), "status")
         lost = next(n for n in engine_nodes if n.node_id == facts["before"]["engines"][1]["node_id"])
         kept = next(n for n in engine_nodes if n is not lost)
         facts["nodes"] = {"kept": kept.node_id, "lost": lost.node_id, "trainer": trainer_node.node_id}
         trainer = TrainGroup(args)
         trainer.start()
         facts["trainer_nodes"] = [_actor_node(w) for w in trainer.workers]
-        ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
+        _got(manager.set_train_parallel_config.remote({"dp_size": 1}), "set_train_parallel_config")
         trainer.update_weights(manager, "0", "distributed")  # the group is formed: the next push goes to buckets
-        metrics = trainer.train(0, ray.get(manager.generate.remote(0)))
+        metrics = trainer.train(0, _got(manager.generate.remote(0), "rollout 0"))
         facts["trained"] = {"rollout_id": metrics["rollout_id"], "steps": len(metrics["steps"])}
 
         urls = info["engine_urls"]
-        pushed: dict[str, Any] = {}
-        push = threading.Thread(target=lambda: pushed.update(trainer.update_weights(manager, "1", "distributed")))
-        push.start()
-        _wait_for(lambda: all(_paused(urls)), "the push never paused the engines")
-        facts["paused_at_kill"] = _paused(urls)
-        cluster.remove_node(lost, allow_graceful=False)
-        push.join()
-        facts["push_during_loss"] = pushed
+        pool = ThreadPoolExecutor(1, thread_name_prefix="push")
+        try:
+            push = pool.submit(trainer.update_weights, manager, "1", "distributed")
+            _wait_for(lambda: all(_paused(urls)) or push.done(), "the push never paused the engines")
+            facts["paused_at_kill"] = _paused(urls)
+            cluster.remove_node(lost, allow_graceful=False)
+            facts["push_during_loss"] = push.result(timeout=WAIT_S)
+        finally:
+            pool.shutdown(wait=False)  # a push past its bound is not waited for: the scenario fails naming it
         trained = trainer.weight_checksums()
         facts["survivor_equal_after_loss"] = requests.post(f"{urls[0]}/weights_checker", timeout=60, json={
             "action": "compare", "checksums": trained}).json()["equal"]
 
-        _wait_for(lambda: ray.get(manager.status.remote())["engines"][1]["state"] in ("awaiting_weights", "healthy"),
-                  "the lost engine was never replaced")
+        _status_when(manager, lambda st: st["engines"][1]["state"] in ("awaiting_weights", "healthy"),
+                     "the lost engine replaced", WAIT_S)
         facts["next_push"] = trainer.update_weights(manager, "2", "distributed")
-        _wait_for(lambda: all(e["state"] == "healthy" for e in ray.get(manager.status.remote())["engines"]),
-                  "the replacement never served")
-        facts["after_status"] = ray.get(manager.status.remote())
-        facts["equal_after_next_push"] = [c["equal"] for c in ray.get(manager.check_weights.remote(
-            "compare", trainer.weight_checksums()))]
-        [box] = ray.get(manager.generate.remote(1))
-        facts["after"] = _batch_facts(ray.get(box.inner), ray.get(manager.last_summary.remote()))
+        facts["after_status"] = _status_when(manager, _all_healthy, "the replacement admitted by the next push",
+                                             WAIT_S)
+        facts["equal_after_next_push"] = [c["equal"] for c in _got(manager.check_weights.remote(
+            "compare", trainer.weight_checksums()), "check_weights")]
+        [box] = _got(manager.generate.remote(1), "rollout 1")
+        facts["after"] = _batch_facts(_got(box.inner, "rollout 1's batch"), _got(manager.last_summary.remote(),
+                                                                                  "last_summary"))
 
         trainer.shutdown()
         stop_manager(manager)

@@ -239,8 +239,13 @@ class Fleet:
         self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
 
     def _router_moved(self, old_node: str | None, new_node: str, url: str) -> None:
-        """The router's node was lost and the router runs on `new_node` now (RelocatingRouter)."""
+        """The router's node was lost and the router runs on `new_node` now (RelocatingRouter): requests in
+        flight on the old address are cut now and retried here (a dead host resets no connection)."""
+        old_url = self.endpoints.router_url
         self._publish_router(url)
+        if old_url and old_url != url:
+            self.endpoints.router_losses.lost(old_url, f"its node {old_node} was lost; the router serves at {url} "
+                                                       f"on node {new_node} now")
         self.counters["router_moves"] += 1
         if old_node is not None and not _node_alive(old_node):
             self._note_node_loss(old_node, router_to=new_node)

@@ -6,7 +6,10 @@ next rollout is whole, from the pushed weights.
 
 Engines: one per node (two 1-CPU nodes); the trainer on a third node with room for a moved engine. The
 scenario runs in a process of its own (`python -m tests.test_multinode_push MODEL_DIR WORK_DIR`, one JSON
-line of facts), as a Ray driver joins one cluster only; the assertions are here.
+line of facts), as a Ray driver joins one cluster only; the assertions are here. Every step is bounded
+(WAIT_S) and a failing one names what it waited for. The race that kept the replacement from serving after
+the next push (a push that starts the moment it shows as updatable) is pinned down in
+tests/test_fleet_awaiting_weights.py.
 """
 
 from __future__ import annotations
@@ -97,12 +100,14 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.utils.misc import find_free_port
 
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
-                                                            "_system_config": FAST_NODE_DEATH})
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **node_args, "num_cpus": 0, "gcs_server_port": find_free_port(), "_system_config": FAST_NODE_DEATH})
     facts: dict[str, Any] = {}
     try:
         engine_nodes = [cluster.add_node(num_cpus=1, **node_args) for _ in range(2)]  # one engine each
-        args = parse_args(_argv(model_dir, work, cluster.address, router_resource=None) + ["--update-weight-buffer-size", str(64 << 10)])
+        # the router stays on the manager's node (the node lost here takes an engine only)
+        args = parse_args(_argv(model_dir, work, cluster.address, router_resource=None)
+                          + ["--update-weight-buffer-size", str(64 << 10)])
         session = ray_init(args)
         manager, info = start_manager(args)
         trainer_node = cluster.add_node(num_cpus=3, **node_args)  # the trainer's, with room for a moved engine

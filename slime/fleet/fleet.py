@@ -28,7 +28,9 @@ router in state `awaiting_weights`: it is one of the updatable engines (slime's
 `recover_updatable_engines` / `num_new_engines`), so the trainer's next push reaches it, and it is
 registered when that push completes (its actor reports the push's end: `continue_generation`
 after the updates, or an update from disk) and it reports the serving engines' version. So no
-request is ever answered by stale weights while the others serve version N.
+request is ever answered by stale weights while the others serve version N. Its count of pushes is
+taken before it shows as updatable (a trainer may push to it at that very moment), and a wait for its
+push that fails without its death is asked again (`_PUSH_WAIT_RETRIES` in a row: it is replaced).
 """
 
 from __future__ import annotations

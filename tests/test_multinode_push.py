@@ -31,6 +31,9 @@ from tests.test_multinode import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# a killed raylet fails its health checks at once (its port is closed), so it is still noticed within ~2 s;
+# a live one on this loaded box gets 10 s per check to answer, not 1 s (3 slow answers must not kill a survivor)
+NODE_DEATH = {**FAST_NODE_DEATH, "health_check_timeout_ms": 10_000}
 WAIT_S = 300.0  # the bound on each step of the scenario: a failing step fails within it, naming what it waited for
 
 
@@ -101,7 +104,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
 
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={
-        **node_args, "num_cpus": 0, "gcs_server_port": find_free_port(), "_system_config": FAST_NODE_DEATH})
+        **node_args, "num_cpus": 0, "gcs_server_port": find_free_port(), "_system_config": NODE_DEATH})
     facts: dict[str, Any] = {}
     try:
         engine_nodes = [cluster.add_node(num_cpus=1, **node_args) for _ in range(2)]  # one engine each

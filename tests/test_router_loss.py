@@ -114,3 +114,7 @@ def test_the_fleet_cuts_the_old_routers_requests_when_it_publishes_the_new_addre
         asyncio.run(attempt_on_the_old_router())
     assert str(err.value) == ("router at http://10.0.0.5:30000 is gone: its node n1 was lost; the router serves "
                               "at http://127.0.0.1:30001 on node n2 now")
+    # a later router at that address again (a node back with its IP, the same port): its requests go through
+    fleet._router_moved(None, "n1", "http://10.0.0.5:30000")
+    asyncio.run(attempt_on_the_old_router())
+    assert fleet.counters["router_moves"] == 2

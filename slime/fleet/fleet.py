@@ -237,6 +237,7 @@ class Fleet:
         """Where requests go from now on: the shared `Endpoints`, and slime's contract for plugins that
         build URLs themselves (`args.sglang_router_ip/port`)."""
         self.endpoints.router_url = url
+        self.endpoints.router_losses.serving(url)
         host, _, port = url.removeprefix("http://").rpartition(":")
         self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
 

@@ -43,6 +43,11 @@ class RouterLosses:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nothing waits there any more
                 loop.call_soon_threadsafe(_settle, notice, why)
 
+    def serving(self, url: str) -> None:
+        """A router serves at `url` (again: a new one may get a lost one's address)."""
+        with self._lock:
+            self._gone.pop(_base(url), None)
+
     @contextlib.asynccontextmanager
     async def watch(self, url: str) -> AsyncIterator[None]:
         """Run the block (one request attempt to `url`); raise RouterLost as soon as that address is gone."""

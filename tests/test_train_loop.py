@@ -107,6 +107,19 @@ def test_metrics_are_logged_and_drawn(first_run, tmp_path):
     assert "train.png" in {p.name for p in make_report(out / "dumps", tmp_path)}
 
 
+def test_each_record_carries_its_rollouts_fleet_events_as_the_metrics_do(first_run):
+    from slime.observability.metrics_log import read_metrics
+    from slime.train.fleet_events import FLEET_FIELDS
+
+    records, out = first_run
+    quiet = {**{k: 0 for k in FLEET_FIELDS}, "lost_nodes": []}
+    assert [r.fleet for r in records] == [quiet] * N_ROLLOUT  # each read from its own rollout's summary
+    manager_perf = {r["rollout_id"]: r["metrics"] for r in read_metrics(out / "dumps")
+                    if r["kind"] == "perf" and "perf/nodes_lost" in r["metrics"]}
+    assert {i: [m[f"perf/{k}"] for k in FLEET_FIELDS] for i, m in manager_perf.items()} == \
+        {i: [0] * len(FLEET_FIELDS) for i in range(N_ROLLOUT)}
+
+
 def test_checkpoints_follow_save_interval(first_run):
     _, out = first_run
     ckpt = out / "ckpt"

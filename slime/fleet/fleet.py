@@ -28,7 +28,9 @@ router in state `awaiting_weights`: it is one of the updatable engines (slime's
 `recover_updatable_engines` / `num_new_engines`), so the trainer's next push reaches it, and it is
 registered when that push completes (its actor reports the push's end: `continue_generation`
 after the updates, or an update from disk) and it reports the serving engines' version. So no
-request is ever answered by stale weights while the others serve version N.
+request is ever answered by stale weights while the others serve version N. Its count of pushes is
+taken before it shows as updatable (a trainer may push to it at that very moment), and a wait for its
+push that fails without its death is asked again (`_PUSH_WAIT_RETRIES` in a row: it is replaced).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ logger = logging.getLogger(__name__)
 ENGINE_STATES = ("starting", "healthy", "dead", "restarting", "awaiting_weights", "unplaced", "failed", "stopped")
 UPDATABLE_STATES = ("healthy", "awaiting_weights")  # engines a weight push (or another control call) must reach
 _PUSH_WAIT_S = 30.0  # an engine awaiting weights is asked again after this (so a stop is seen)
+_PUSH_WAIT_RETRIES = 5  # failed waits in a row (not deaths) before an engine awaiting weights is replaced
 # seconds a replacement may wait for a place on the cluster (its bundle re-placed after a node loss)
 _PLACEMENT_WAIT_S = 120.0
 # control calls whose effect a replacement engine must get too (replayed before it takes requests)
@@ -234,12 +237,18 @@ class Fleet:
         """Where requests go from now on: the shared `Endpoints`, and slime's contract for plugins that
         build URLs themselves (`args.sglang_router_ip/port`)."""
         self.endpoints.router_url = url
+        self.endpoints.router_losses.serving(url)
         host, _, port = url.removeprefix("http://").rpartition(":")
         self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
 
     def _router_moved(self, old_node: str | None, new_node: str, url: str) -> None:
-        """The router's node was lost and the router runs on `new_node` now (RelocatingRouter)."""
+        """The router's node was lost and the router runs on `new_node` now (RelocatingRouter): requests in
+        flight on the old address are cut now and retried here (a dead host resets no connection)."""
+        old_url = self.endpoints.router_url
         self._publish_router(url)
+        if old_url and old_url != url:
+            self.endpoints.router_losses.lost(old_url, f"its node {old_node} was lost; the router serves at {url} "
+                                                       f"on node {new_node} now")
         self.counters["router_moves"] += 1
         if old_node is not None and not _node_alive(old_node):
             self._note_node_loss(old_node, router_to=new_node)
@@ -424,8 +433,10 @@ class Fleet:
             except Exception as e:  # noqa: BLE001 - an engine without /get_weight_version: nothing to compare
                 mine = None if self._bad_version_answer(e, slot.rank) else serving
             if serving is not None and mine != serving:
-                slot.state = "awaiting_weights"
+                # counted before the trainer can see it: a push that starts the moment it is updatable
+                # (its state, read without this lock) must count as the one it waits for
                 seen = ray.get(actor.push_count.remote(), timeout=60)  # the replayed ones do not count
+                slot.state = "awaiting_weights"
                 threading.Thread(target=self._await_weights, args=(slot, actor, seen), daemon=True,
                                  name=f"engine-weights-{slot.rank}").start()
                 logger.warning("engine %d replaced at %s with weight version %s; the others serve %s: it takes "
@@ -476,11 +487,18 @@ class Fleet:
         """Wait for the first complete push to this engine, then admit it. Any push that reaches it
         after its restart is the trainer's current weights (a trainer pushes its newest weights to every
         updatable engine), so it is not compared with the others again: they may still be receiving."""
+        failures = 0
         while not self._stopping.is_set() and slot.actor is actor and slot.state == "awaiting_weights":
             try:
                 count, version = ray.get(actor.wait_push.remote(seen, _PUSH_WAIT_S), timeout=_PUSH_WAIT_S + 60)
-            except Exception:  # noqa: BLE001 - the actor died: its watcher replaces it
+                failures = 0
+            except ray.exceptions.RayActorError:  # the actor died: its watcher replaces it
                 return
+            except Exception as e:  # noqa: BLE001 - e.g. a late answer on a loaded host: not a death, ask again
+                failures += 1
+                if not self._push_wait_failed(slot, actor, failures, e):
+                    return
+                continue
             if count <= seen:
                 continue
             with self._lock:
@@ -492,6 +510,23 @@ class Fleet:
             logger.warning("engine %d has the current weights (version %s): serving at %s", slot.rank, version,
                            slot.url)
             return
+
+    def _push_wait_failed(self, slot: EngineSlot, actor: Any, failures: int, exc: BaseException) -> bool:
+        """A wait for this engine's push failed without its death: whether to ask again. After
+        `_PUSH_WAIT_RETRIES` failures in a row it is handled as dead (its actor killed: its watcher
+        replaces it within the restart budget), so an engine that cannot answer never waits for ever."""
+        reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if failures >= _PUSH_WAIT_RETRIES:
+            logger.warning("engine %d awaiting weights: %d waits for its push failed (last: %s); replacing it",
+                           slot.rank, failures, reason)
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone: its watcher reports it either way
+                pass
+            return False
+        logger.warning("engine %d awaiting weights: waiting for its push failed (%s); asking again (%d/%d)",
+                       slot.rank, reason, failures, _PUSH_WAIT_RETRIES)
+        return not self._stopping.wait(min(float(failures), _PUSH_WAIT_S))  # a failing call returns at once
 
     # ---- status ----
     def lost_node_status(self) -> list[dict[str, Any]]:

@@ -6,8 +6,9 @@ manager's node. `RelocatingRouter` is the fleet's handle on it, with `Router`'s 
 blocks on the host (an event: the call returns only when the host stops or dies); when the host's
 node is lost, a new host is started on another live node offering NAME, else on the manager's node
 (which the run needs anyway), every worker is registered with it again, and `on_move` publishes the
-new address. Requests in flight on the old router fail with a connection error and are retried
-against the new address within --request-retry-window, with fresh rids (slime.rollout.engine_client).
+new address. Requests in flight on the old router are cut then (the fleet tells slime.utils.router_loss:
+a dead host resets no connection, they would wait for --request-timeout) and retried against the new
+address within --request-retry-window, with fresh rids (slime.rollout.engine_client).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import ray
 from slime.observability import metrics_log
 from slime.train.actor_group import TrainGroup
 from slime.train.checkpoint import data_state_dir
+from slime.train.fleet_events import describe_fleet_events, fleet_events
 from slime.train.flags import update_weights_interval
 from slime.utils.misc import should_run_periodic_action  # slime's rule, at slime's path
 
@@ -88,6 +89,8 @@ class TrainRecord:
     staleness: int = 0
     # the version pushed after this rollout; None when --update-weights-interval skipped the push
     pushed_version: str | None = None
+    # what the fleet went through during the rollout (slime.train.fleet_events): deaths, lost nodes, moves
+    fleet: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
         last = self.steps[-1] if self.steps else {}
@@ -101,7 +104,8 @@ class TrainRecord:
                 + (f"update_weights={self.update_weights_time:.1f}s " if self.pushed_version is not None
                    else "update_weights=skipped ")
                 + f"version={self.weight_version}"
-                + (f" staleness={self.staleness}" if self.staleness else ""))
+                + (f" staleness={self.staleness}" if self.staleness else "")
+                + describe_fleet_events(self.fleet))
 
 
 class MetricsSink:
@@ -216,6 +220,7 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
         except Exception:  # noqa: BLE001 - no prompt data (debug replay): no epoch boundary
             per_epoch = None
         bracketed = _has_method(manager, "begin_weight_update")
+        has_summary = _has_method(manager, "last_summary")  # a custom manager may not report one
         print(f"trainer: {group.num_workers} worker(s), weights by {mode}{', async' if async_train else ''}, "
               f"rollouts {start}..{args.num_rollout - 1}"
               + (f" (resumed from the checkpoint of rollout {group.loaded_rollout_id})"
@@ -274,6 +279,9 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
             ahead = None
             boxes = current.result()
             rollout_time = current.waited
+            # read before the next rollout starts (--async): the summary is this rollout's
+            fleet = fleet_events(ray.get(manager.last_summary.remote(), timeout=60), rollout_id) \
+                if has_summary else {}
             if async_train and rollout_id + 1 < args.num_rollout:
                 ahead = _Generation(rollout_id + 1, manager.generate.remote(rollout_id + 1), serving)
             if args.offload_rollout:
@@ -299,7 +307,8 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
                                  sample_weight_versions=out["weight_versions"], rollout_time=rollout_time,
                                  train_time=train_time, update_weights_time=push_time, weight_check=check, eval=ev,
                                  extra={"initial_push": initial} if not records else {},
-                                 staleness=rollout_id - int(current.version), pushed_version=pushed_version)
+                                 staleness=rollout_id - int(current.version), pushed_version=pushed_version,
+                                 fleet=fleet)
             records.append(record)
             sink.log(record)
             print(record.line(), flush=True)

@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime.utils.router_loss import RouterLosses
+
 
 @dataclass
 class Endpoints:
     router_url: str | None = None
     engine_urls: list[str] = field(default_factory=list)  # for calls the router does not proxy (abort)
+    # routers known gone: requests in flight on one are cut at once and retried at `router_url`
+    router_losses: RouterLosses = field(default_factory=RouterLosses, repr=False, compare=False)
 
 
 def rollout_num_engines(args: Any) -> int:

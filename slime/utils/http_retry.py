@@ -14,6 +14,7 @@ spent, the error's reason is the first fault (the cause), not the last refusal i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import time
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import aiohttp
 
 from slime.utils.per_loop import PerLoop
+from slime.utils.router_loss import RouterLost
 
 
 class AnswerError(ValueError):
@@ -158,6 +160,7 @@ async def request_json(
     on_retry: Callable[[Any, Failure], Any] | None = None,
     answer: Callable[[bytes], Any] | None = None,
     classify: Callable[[int, str], str | None] | None = None,
+    watch: Callable[[str], Any] | None = None,
 ) -> Any:
     """Send one JSON request; return the decoded body (or text when it is not JSON), or what
     `answer(body_bytes)` makes of a 2xx body (it raises `AnswerError` for an unusable one).
@@ -169,13 +172,15 @@ async def request_json(
     a one-off session is opened and closed around the call. `on_retry(payload, failure)` gives the
     payload of the next attempt (e.g. a fresh request id: the server may still be working on the
     abandoned one, which `failure.may_still_run` says). `url` may be a function, asked again before
-    every attempt (a router restarted elsewhere is at a new address).
+    every attempt (a router restarted elsewhere is at a new address). `watch(url)`: an async context
+    around each attempt that raises RouterLost when that address is known gone (slime.utils.router_loss):
+    the attempt fails at once (`router_lost`) instead of at its deadline, and is retried.
     """
     if session is None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
             return await request_json(method, url, payload, timeout=timeout, policy=policy, stats=stats,
                                       session=own, headers=headers, on_retry=on_retry, answer=answer,
-                                      classify=classify)
+                                      classify=classify, watch=watch)
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     where = url if callable(url) else (lambda fixed=url: fixed)
@@ -187,8 +192,9 @@ async def request_json(
         retry_after, status = None, None
         url = where()
         try:
-            async with session.request(method, url, json=payload, headers=headers,
-                                       timeout=_attempt_timeout(timeout)) as resp:
+            async with watch(url) if watch is not None else contextlib.nullcontext(), \
+                    session.request(method, url, json=payload, headers=headers,
+                                    timeout=_attempt_timeout(timeout)) as resp:
                 status = resp.status
                 if status < 400:
                     if answer is not None:
@@ -202,6 +208,8 @@ async def request_json(
                     raise HttpError(f"{method} {url} -> HTTP {status}: {last}", status, last)
                 reason = (classify(status, last) if classify else None) or f"http_{status}"
                 failure, retry_after = Failure(reason, last, False), _retry_after(resp.headers)
+        except RouterLost as e:  # no answer will come: the request may still run on an engine
+            failure = Failure("router_lost", str(e), True)
         except AnswerError as e:
             failure = Failure(e.reason, str(e), False)
         except aiohttp.ClientPayloadError as e:  # the answer began and was cut: the server is done with it

@@ -93,6 +93,7 @@ def test_a_row_is_refused_naming_its_line_or_served(tmp_path_factory, tok, bad, 
      "messages[0]['content'][0] must be a content part (an object), got int 1"),
     ({"messages": [{"role": "user", "content": "x", "name": "a\ud800"}]}, True,
      "messages[0]['name'] holds a lone surrogate ('\\ud800' at character 1), not text; fix the row"),
+    ({"messages": ""}, False, "key 'messages' is an empty string (no prompt to generate from)"),
     ({"messages": 7}, False, "key 'messages' is int; the default generate reads text or a message list "
                              "(set --custom-generate-function-path to read other prompts)"),
 ])

@@ -208,7 +208,7 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
     # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
     sample = Sample(prompt=prompt, label=label, metadata=metadata)
     if isinstance(prompt, str):
-        if not prompt:
+        if not prompt and _default_generate(args):
             raise DataError(f"{where}: key {input_key!r} is an empty string (no prompt to generate from)")
         _check_text(prompt, where, f"key {input_key!r}")
         if tokenizer is not None and tokenize:

@@ -250,3 +250,13 @@ def test_bytes_that_are_not_a_json_request_are_refused(gateway, api, raw):
         return  # valid JSON: covered by the test above
     status = assert_refused_or_served(gateway, api, raw, None)
     assert status == 400
+
+
+def test_count_tokens_refuses_a_broken_body_in_anthropics_format(gateway):
+    url = gateway.url + "/v1/messages/count_tokens"
+    bad = httpx.post(url, json={"messages": [{"role": "narrator", "content": "x"}]}, timeout=30.0)
+    assert bad.status_code == 400 and error_field("anthropic", bad) == "messages[0].role"
+    deep = httpx.post(url, content=b"[" * 100_000, timeout=30.0)
+    assert deep.status_code == 400 and error_field("anthropic", deep) == "the request body is not JSON this server reads"
+    good = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30.0)
+    assert good.status_code == 200 and good.json()["input_tokens"] > 0

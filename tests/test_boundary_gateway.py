@@ -260,3 +260,28 @@ def test_count_tokens_refuses_a_broken_body_in_anthropics_format(gateway):
     assert deep.status_code == 400 and error_field("anthropic", deep) == "the request body is not JSON this server reads"
     good = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30.0)
     assert good.status_code == 200 and good.json()["input_tokens"] > 0
+
+
+@pytest.mark.parametrize("api", ["chat", "anthropic"])
+def test_slimes_aiohttp_adapters_refuse_the_same_bodies(gateway, api):
+    """The compatibility adapters (slime's `BaseAdapter` on aiohttp) read bodies through the same checks."""
+    from slime.agent.adapters.anthropic import AnthropicAdapter
+    from slime.agent.adapters.openai import OpenAIAdapter
+    from slime.agent.aiohttp_threaded import run_app_in_thread
+
+    cls = AnthropicAdapter if api == "anthropic" else OpenAIAdapter
+    adapter = cls(tokenizer=gateway.tokenizer, sglang_url=gateway.scripted_engine.url)
+    handle = run_app_in_thread(adapter.app)
+    base = f"http://127.0.0.1:{handle.port}"
+    try:
+        bad = replaced(VALID[api], ("messages", 0, "role"), "narrator")
+        resp = httpx.post(base + PATHS[api], json=bad, timeout=30.0)
+        assert resp.status_code == 400 and error_field(api, resp) == "messages[0].role"
+        resp = httpx.post(base + PATHS[api], content=b"[" * 100_000, timeout=30.0)
+        assert resp.status_code == 400 and error_field(api, resp) == "the body is not JSON"
+        if api == "anthropic":
+            resp = httpx.post(base + "/v1/messages/count_tokens", json=bad, timeout=30.0)
+            assert resp.status_code == 400 and error_field(api, resp) == "messages[0].role"
+        assert len(adapter.sessions) == 0 and adapter.manager.turn_count("default") == 0
+    finally:
+        handle.stop()

@@ -87,6 +87,8 @@ def check_message(m: Any, path: str) -> None:
 def check_tool(t: Any, path: str) -> None:
     check.expect(t, path, "object")
     check.optional(t, "type", "string", path=f"{path}.")
+    if t.get("type", "function") != "function":
+        return  # another kind of tool (`custom`): not offered to the template, as before
     check.expect(t.get("function"), f"{path}.function", "object")
     check.nonempty_str(t["function"].get("name"), f"{path}.function.name")
     check.optional(t["function"], "description", "string", path=f"{path}.function.")

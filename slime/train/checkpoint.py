@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -26,6 +27,8 @@ MANIFEST_VERSION = 1
 IDENTITY_FIELDS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "intermediate_size", "vocab_size")
 HASH_CHUNK = 8 << 20  # bytes read per hash update
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+               "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}  # safetensors' dtypes
 
 
 class CheckpointError(RuntimeError):
@@ -85,7 +88,7 @@ def format_problem(path: Path) -> str | None:
                 return "safetensors header is not JSON"
         ends = tensor_ends(header)
         if ends is None:
-            return "safetensors header is not a map of tensors with [begin, end] data_offsets"
+            return "safetensors header is not a map of tensors whose dtype, shape and data_offsets agree"
         end = max(ends, default=0)
         return None if 8 + n + end == size else f"{size} bytes, its tensors need {8 + n + end} (truncated)"
     if path.suffix in (".pt", ".bin"):
@@ -109,10 +112,18 @@ def tensor_ends(header: Any) -> list[int] | None:
             continue
         offsets = t.get("data_offsets") if isinstance(t, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
-                and offsets[0] <= offsets[1]):
+                and offsets[1] - offsets[0] == tensor_bytes(t)):
             return None
         ends.append(offsets[1])
     return ends
+
+
+def tensor_bytes(t: dict[str, Any]) -> int | None:
+    """The bytes a header entry's dtype and shape need (None: not a dtype and shape)."""
+    shape, width = t.get("shape"), DTYPE_BYTES.get(t.get("dtype"))
+    if width is None or not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        return None
+    return width * math.prod(shape)
 
 
 def torch_archive_problem(path: Path, size: int) -> str | None:
@@ -120,9 +131,12 @@ def torch_archive_problem(path: Path, size: int) -> str | None:
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return f"{size} bytes, not a whole torch zip archive (truncated)"
-    return None if any(n.endswith("data.pkl") for n in names) else "a zip archive, but not torch's (no data.pkl)"
+            if not any(n.endswith("data.pkl") for n in names):
+                return "a zip archive, but not torch's (no data.pkl)"
+            bad = z.testzip()  # every member against its CRC-32: a byte changed after torch wrote it
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError):
+        return f"{size} bytes, not a whole torch zip archive (truncated or corrupted)"
+    return f"{bad!r} in it fails its CRC-32 (corrupted)" if bad else None
 
 
 def json_shape_problem(name: str, data: Any) -> str | None:

@@ -158,3 +158,24 @@ def test_a_zip_that_is_not_a_torch_archive_is_refused(saved, tmp_path):
         verify_checkpoint(root, 1)
     assert str(e.value) == (f"--load {root}: the checkpoint of rollout 1: {path}: a zip archive, but not torch's "
                             "(no data.pkl)")
+
+
+def test_slime_train_refuses_a_bad_trainer_state_before_anything_starts(saved, tmp_path, tiny_model_dir, capsys):
+    """The command's own preflight, not only the check: rc 1, nothing started, `--load` and the file named."""
+    from slime.cli.command import run_cli
+    from slime.cli.train import parse_train_args
+
+    root = Path(shutil.copytree(saved, tmp_path / "ckpt"))
+    state = checkpoint_dir(root, 1) / "trainer_state.json"
+    state.write_text(json.dumps({"rollout_id": 1, "global_step": "three"}))
+    reseal(root, "trainer_state.json")
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    started = []
+    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
+            "--input-key", "messages", "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
+            "--global-batch-size", "2", "--num-rollout", "3", "--load", str(root)]
+    rc = run_cli("slime-train", argv, parse_train_args, started.append)
+    assert rc == 1 and started == []
+    assert capsys.readouterr().err == (f"slime-train: error: --load {root}: the checkpoint of rollout 1: {state}: "
+                                       "'global_step' must be a non-negative integer, got 'three'\n")

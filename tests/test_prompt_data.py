@@ -77,7 +77,7 @@ def test_an_over_long_prompt_is_counted_by_the_template_preflight_renders(tmp_pa
 
 
 lines = st.lists(st.one_of(
-    st.fixed_dictionaries({"input": st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)}),
+    st.fixed_dictionaries({"input": st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)}),
     st.sampled_from(["", "   ", "\t"])), max_size=25)
 
 

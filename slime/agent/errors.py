@@ -34,6 +34,14 @@ class BadRequestError(TurnRefused):
     """The request body is not one this API accepts."""
 
 
+class FieldError(BadRequestError):
+    """One field of the request body is malformed; `param` is its path (`messages[2].content`)."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param}: {problem}")
+        self.param = param
+
+
 class EngineFailedError(TurnRefused, status=502, kind="api_error"):
     """The engines refused the turn or stayed unreachable past the retry budget."""
 

@@ -136,9 +136,9 @@ class Gateway:
     async def _count_tokens(self, request: Request):
         try:
             req = anthropic.parse_request(await _json_body(request), request.headers, request.path_params.get("sid"))
+            ids = self.pipeline.prompt_ids(Session(req.session_id), req)
         except TurnRefused as e:
             return JSONResponse(anthropic.render_error(e), status_code=e.status)
-        ids = self.pipeline.renderer.prompt_ids(Session(req.session_id), req.messages, req.tools)
         return {"input_tokens": len(ids)}
 
     async def _models(self, request: Request):
@@ -212,8 +212,10 @@ class Gateway:
 async def _json_body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError too: the body is not UTF-8
         raise BadRequestError(f"the request body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadRequestError("the request body is not JSON this server reads: nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     return body

@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from jinja2 import TemplateError
+
 from slime.agent.engine_call import sampling_params
 from slime.agent.errors import (BadRequestError, ContextFullError, EngineAbortedError, EngineFailedError,
                                 TurnRefused)
@@ -76,7 +78,7 @@ class TurnPipeline:
             session.in_flight.discard(task)
 
     async def _generate(self, session: Session, request: ChatRequest) -> TurnRecord:
-        prompt_ids = self.renderer.prompt_ids(session, request.messages, request.tools)
+        prompt_ids = self.prompt_ids(session, request)
         sampling_params(session, request, len(prompt_ids))  # ContextFullError before any engine call
         try:
             record = await self.generate(prompt_ids, session, request)
@@ -86,6 +88,14 @@ class TurnPipeline:
             raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn "
                                      "(weight update); send it again")
         return record
+
+    def prompt_ids(self, session: Session, request: ChatRequest) -> list[int]:
+        """The rendered prompt; a conversation the chat template refuses (its `raise_exception`:
+        a role order it does not take) is the client's bad request, named as such."""
+        try:
+            return self.renderer.prompt_ids(session, request.messages, request.tools)
+        except TemplateError as e:
+            raise BadRequestError(f"messages: the model's chat template refuses this conversation: {e}") from None
 
     def _reply(self, record: TurnRecord, request: ChatRequest) -> tuple[TurnRecord, Reply]:
         parsed = parse_model_output(self.decode(record.output_ids), tools_schema=request.tools,

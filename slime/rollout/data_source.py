@@ -80,6 +80,9 @@ def prompt_limit(args: Any) -> tuple[int | None, str]:
     return None, ""
 
 
+DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
+
+
 def _row_tools(value: Any, where: str) -> Any:
     """A `--tool-key` value: a tool-schema list (slime; a JSON string of one too) or verl's tools_kwargs dict."""
     try:
@@ -97,23 +100,46 @@ def _check_text(text: str, where: str, what: str) -> None:
                         "not text; fix the row") from None
 
 
-def _check_messages(messages: list[Any], where: str, input_key: str) -> None:
-    """What a chat template needs: a non-empty list of messages, each a role and text content (a
-    string, a list of content parts, or null beside tool calls)."""
+def _check_messages(messages: list[Any], where: str, input_key: str, templated: bool) -> None:
+    """What a chat template needs, checked whether preflight renders it (--apply-chat-template) or the
+    default generate will: a non-empty list of messages, each a role and text content (a string, a
+    list of content parts, or null beside tool calls), and no lone surrogate anywhere in it."""
     if not messages:
-        raise DataError(f"{where}: key {input_key!r} is an empty message list (--apply-chat-template has "
-                        "nothing to render)")
+        who = "--apply-chat-template" if templated else "the chat template"
+        raise DataError(f"{where}: key {input_key!r} is an empty message list ({who} has nothing to render)")
     for k, m in enumerate(messages):
         if not isinstance(m.get("role"), str):
             raise DataError(f"{where}: {input_key}[{k}]['role'] must be a string, got {type(m.get('role')).__name__}")
+        if not templated and "content" not in m:  # (templates read it; the default generate renders it later)
+            raise DataError(f"{where}: {input_key}[{k}] has no 'content' (null is allowed beside tool calls)")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise DataError(f"{where}: {input_key}[{k}]['content'] must be a string (or a list of content parts), "
                             f"got {type(content).__name__} {content!r:.40}")
-        for text in [content] if isinstance(content, str) else \
-                [p.get("text") for p in content or [] if isinstance(p, dict)]:
-            if isinstance(text, str):
-                _check_text(text, where, f"{input_key}[{k}]['content']")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict):
+                raise DataError(f"{where}: {input_key}[{k}]['content'][{j}] must be a content part (an object), "
+                                f"got {type(part).__name__} {part!r:.40}")
+        _check_strings(m, where, f"{input_key}[{k}]")
+
+
+def _check_strings(value: Any, where: str, what: str) -> None:
+    """Every string inside `value` (keys too) is text the tokenizer can take."""
+    if isinstance(value, str):
+        _check_text(value, where, what)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            _check_strings(key, where, what)
+            _check_strings(v, where, f"{what}[{key!r}]")
+    elif isinstance(value, list):
+        for j, v in enumerate(value):
+            _check_strings(v, where, f"{what}[{j}]")
+
+
+def _default_generate(args: Any) -> bool:
+    """The rollout reads prompts with the default generate (text or messages only)."""
+    return (getattr(args, "custom_generate_function_path", None) is None
+            and getattr(args, "rollout_function_path", DEFAULT_ROLLOUT) == DEFAULT_ROLLOUT)
 
 
 def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) -> Any:
@@ -161,10 +187,12 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
         if not all(isinstance(m, dict) and "role" in m for m in prompt):
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
         metadata["messages"] = prompt
-        if getattr(args, "apply_chat_template", False):
+        templated = bool(getattr(args, "apply_chat_template", False))
+        if templated or _default_generate(args):
+            _check_messages(prompt, where, input_key, templated)
+        if templated:
             if tokenizer is None:
                 raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
-            _check_messages(prompt, where, input_key)
             try:
                 prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False,
                                                        add_generation_prompt=True, **(template_kwargs or {}))
@@ -174,9 +202,14 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
     elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
         raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
                         "string or a message list")
+    elif not isinstance(prompt, str) and _default_generate(args):
+        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; the default generate reads text "
+                        "or a message list (set --custom-generate-function-path to read other prompts)")
     # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
     sample = Sample(prompt=prompt, label=label, metadata=metadata)
     if isinstance(prompt, str):
+        if not prompt and _default_generate(args):
+            raise DataError(f"{where}: key {input_key!r} is an empty string (no prompt to generate from)")
         _check_text(prompt, where, f"key {input_key!r}")
         if tokenizer is not None and tokenize:
             sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]

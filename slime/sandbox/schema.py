@@ -1,9 +1,11 @@
 """The `/run_code` request (SandboxFusion's fields): wrong types, unknown languages,
-out-of-range limits and files that cannot fit a run's tmpfs answer 422 naming the field."""
+out-of-range limits, files that are not base64 and files that cannot fit a run's tmpfs answer 422
+naming the field."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from typing import Any
 
@@ -61,6 +63,11 @@ def check_files(files: dict[str, Any], cfg: SandboxConfig) -> None:
         if norm in paths:
             raise ValueError(f"{path!r} and {paths[norm]!r} are the same file")
         paths[norm] = path
+    for path, content in files.items():
+        try:
+            base64.b64decode(content or "", validate=True)
+        except ValueError as e:
+            raise ValueError(f"the content of {path!r} is not base64 ({e})") from None
     dirs = {d for norm in paths for d in _parents(norm)}
     clash = dirs.intersection(paths)
     if clash:

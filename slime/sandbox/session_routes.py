@@ -22,10 +22,32 @@ import dataclasses
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
 
 from slime.sandbox.schema import check_files
 from slime.sandbox.sessions import SessionError, SessionSettings, SessionSpec, SessionTable, inside_path
+
+
+def no_nul(value: str | None) -> str | None:
+    """A string that reaches exec (a command, a directory, a path): a NUL byte would cut it short."""
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain a NUL byte")
+    return value
+
+
+def env_vars(env: dict[str, str]) -> dict[str, str]:
+    """Environment variables exec can set: a name without '=' or NUL, a value without NUL."""
+    for name, value in env.items():
+        if not name or "=" in name or "\x00" in name:
+            raise ValueError(f"{name!r} is not a variable name (empty, or with '=' or NUL)")
+        if "\x00" in value:
+            raise ValueError(f"the value of {name!r} contains a NUL byte")
+    return env
+
+
+ExecText = Annotated[str, AfterValidator(no_nul)]
+Env = Annotated[dict[str, str], AfterValidator(env_vars)]
 
 
 def _models(cfg, settings: SessionSettings):
@@ -38,23 +60,23 @@ def _models(cfg, settings: SessionSettings):
         idle_timeout: float = Field(settings.idle_timeout, gt=0, le=settings.max_lifetime)
         max_lifetime: float = Field(settings.max_lifetime, gt=0, le=settings.max_lifetime)
         egress: str | None = None
-        env: dict[str, str] = Field(default_factory=dict)
+        env: Env = Field(default_factory=dict)
         files: dict[str, str] = Field(default_factory=dict, max_length=cfg.max_files)
         tar: str | None = None
 
     class Exec(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-        command: str = Field(min_length=1)
-        env: dict[str, str] = Field(default_factory=dict)
-        cwd: str | None = None
+        command: ExecText = Field(min_length=1)
+        env: Env = Field(default_factory=dict)
+        cwd: ExecText | None = None
         timeout: float = Field(120.0, gt=0, le=settings.max_exec_timeout)
         stdin: str | None = None
 
     class WriteFile(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-        path: str = Field(min_length=1)
+        path: ExecText = Field(min_length=1)
         content: str = ""
 
     return OpenSession, Exec, WriteFile
@@ -142,8 +164,8 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
 
     async def read_file(request: Request):
         path = request.query_params.get("path")
-        if not path:
-            raise SessionError(422, "invalid request: query.path is required")
+        if not path or "\x00" in path:
+            raise SessionError(422, "invalid request: query.path is required and must not contain a NUL byte")
         data = await table.read_file(request.path_params["sid"], path)
         return {"path": path, "content": base64.b64encode(data).decode()}
 

@@ -83,6 +83,21 @@ def get_parser(name: str) -> ToolCallParser:
     return PARSERS[name]()
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_text(value: Any) -> bool:
+    """Every string in a decoded JSON value (keys too) is UTF-8 text: JSON's "\\ud800" escape is not,
+    and would fail the tokenizer when the call is rendered into the next prompt."""
+    if isinstance(value, str):
+        return not _SURROGATE.search(value)
+    if isinstance(value, dict):
+        return all(is_text(k) and is_text(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(is_text(v) for v in value)
+    return True
+
+
 def _snippet(s: str, n: int = 200) -> str:
     return s if len(s) <= n else s[:n] + "..."
 
@@ -152,6 +167,10 @@ class HermesParser(ToolCallParser):
         except json.JSONDecodeError as e:
             return error("malformed_json", f"the tool call is not valid JSON ({e.msg} at line {e.lineno} "
                          f"column {e.colno})")
+        except RecursionError:
+            return error("malformed_json", "the tool call is JSON nested too deeply to read")
+        if not is_text(obj):
+            return error("malformed_json", "the tool call escapes a lone UTF-16 surrogate (\\udXXX), which is not text")
         if not isinstance(obj, dict):
             return error("bad_call", "a tool call must be a JSON object with 'name' and 'arguments'")
         name = obj.get("name")
@@ -163,6 +182,10 @@ class HermesParser(ToolCallParser):
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as e:
                 return error("malformed_json", f"the 'arguments' string of {name!r} is not valid JSON ({e.msg})")
+            except RecursionError:
+                return error("malformed_json", f"the 'arguments' string of {name!r} is nested too deeply to read")
+            if not is_text(args):
+                return error("malformed_json", f"the 'arguments' string of {name!r} escapes a lone surrogate")
         return ToolCall(name=name, arguments=args, raw=raw, index=idx)
 
 

@@ -324,16 +324,38 @@ def build_tool(entry: Any, where: str) -> BaseTool:
     return tools[0]
 
 
+def read_yaml(path: str) -> Any:
+    """The YAML document of `path`; a `ToolConfigError` naming the file and the line when it is not
+    UTF-8, not YAML, or nested too deeply to read."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ToolConfigError(f"{path}: cannot read: {e}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ToolConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                              f"{column})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ToolConfigError(f"{path}: invalid YAML{where}: {e.problem or e.context}") from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow
+        line = text.count("\n", 0, e.position) + 1
+        raise ToolConfigError(f"{path}: invalid YAML at line {line}: {e.reason} (character {e.character!r})") \
+            from None
+    except RecursionError:
+        raise ToolConfigError(f"{path}: invalid YAML: nested too deeply to read") from None
+
+
 def load_tool_config(path: str | Path) -> ToolSet:
     """Parse and build every tool of a YAML file (always builds new objects; see `get_tool_set`)."""
     path = str(path)
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise ToolConfigError(f"{path}: cannot read: {e}") from e
-    except yaml.YAMLError as e:
-        raise ToolConfigError(f"{path}: invalid YAML: {e}") from e
+    data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise ToolConfigError(f"{path}: expected a top-level 'tools:' list")
     tools, seen = [], {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -26,6 +27,8 @@ MANIFEST_VERSION = 1
 IDENTITY_FIELDS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "intermediate_size", "vocab_size")
 HASH_CHUNK = 8 << 20  # bytes read per hash update
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+               "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}  # safetensors' dtypes
 
 
 class CheckpointError(RuntimeError):
@@ -81,18 +84,86 @@ def format_problem(path: Path) -> str | None:
                 return f"safetensors header of {n} bytes in a file of {size}"
             try:
                 header = json.loads(f.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 return "safetensors header is not JSON"
-        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        ends = tensor_ends(header)
+        if ends is None:
+            return "safetensors header is not a map of tensors whose dtype, shape and data_offsets agree"
+        end = max(ends, default=0)
         return None if 8 + n + end == size else f"{size} bytes, its tensors need {8 + n + end} (truncated)"
     if path.suffix in (".pt", ".bin"):
-        return None if zipfile.is_zipfile(path) else f"{size} bytes, not a whole torch zip archive (truncated)"
+        return torch_archive_problem(path, size)
     if path.suffix == ".json":
         try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             return f"not valid JSON ({e})"
+        return json_shape_problem(path.name, data)
     return None
+
+
+def tensor_ends(header: Any) -> list[int] | None:
+    """Where each tensor of a safetensors header ends (None: the header is not of that shape)."""
+    if not isinstance(header, dict):
+        return None
+    ends = []
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = t.get("data_offsets") if isinstance(t, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
+                and offsets[1] - offsets[0] == tensor_bytes(t)):
+            return None
+        ends.append(offsets[1])
+    return ends
+
+
+def tensor_bytes(t: dict[str, Any]) -> int | None:
+    """The bytes a header entry's dtype and shape need (None: not a dtype and shape)."""
+    shape, width = t.get("shape"), DTYPE_BYTES.get(t.get("dtype"))
+    if width is None or not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        return None
+    return width * math.prod(shape)
+
+
+def torch_archive_problem(path: Path, size: int) -> str | None:
+    """A torch `.pt` is a zip holding `<name>/data.pkl`; its central directory is at the end."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            if not any(n.endswith("data.pkl") for n in names):
+                return "a zip archive, but not torch's (no data.pkl)"
+            bad = z.testzip()  # every member against its CRC-32: a byte changed after torch wrote it
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError):
+        return f"{size} bytes, not a whole torch zip archive (truncated or corrupted)"
+    return f"{bad!r} in it fails its CRC-32 (corrupted)" if bad else None
+
+
+def json_shape_problem(name: str, data: Any) -> str | None:
+    """What the loaders read from the checkpoint's JSON files: objects, with a count where one is read."""
+    if name in ("trainer_state.json", "config.json", MANIFEST) and not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if name == "trainer_state.json" and not _is_count(data.get("global_step", 0)):
+        return f"'global_step' must be a non-negative integer, got {data.get('global_step')!r:.40}"
+    if name == MANIFEST:
+        return manifest_problem(data)
+    return None
+
+
+def manifest_problem(manifest: dict[str, Any]) -> str | None:
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"'files' must be an object listing the checkpoint's files, got {files!r:.60}"
+    for name, entry in files.items():
+        if name.startswith("/") or ".." in Path(name).parts or "\x00" in name:
+            return f"'files' names {name!r:.60}, outside the checkpoint"
+        if not (isinstance(entry, dict) and _is_count(entry.get("size")) and isinstance(entry.get("sha256"), str)):
+            return f"'files'[{name!r:.60}] must be {{\"size\": bytes, \"sha256\": hex}}, got {entry!r:.60}"
+    return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def model_identity(model_dir: str | Path) -> dict[str, Any]:
@@ -155,7 +226,7 @@ def tracked_rollout_id(root: str | Path, flag: str = "--load") -> int | None:
     if not tracker.is_file():
         return None
     text = tracker.read_text(errors="replace").strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise CheckpointError(f"{flag} {root}: {tracker} holds {text[:40]!r}, expected a rollout id")
     return int(text)
 

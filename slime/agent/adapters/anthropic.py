@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from slime.agent.adapters.common import BaseAdapter
+from slime.agent.errors import BadRequestError, TurnRefused
 from slime.agent.protocols import anthropic as protocol
 from slime.agent.session import Session
 
@@ -30,6 +31,14 @@ class AnthropicAdapter(BaseAdapter):
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         """The rendered prompt's length (the client uses it to decide when to compact)."""
-        req = protocol.parse_request(await request.json(), request.headers)
-        ids = self.pipeline.renderer.prompt_ids(Session(req.session_id), req.messages, req.tools)
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequestError("the request body must be a JSON object")
+            req = protocol.parse_request(body, request.headers)
+            ids = self.pipeline.prompt_ids(Session(req.session_id), req)
+        except (ValueError, RecursionError) as e:
+            return web.json_response(protocol.render_error(BadRequestError(f"the body is not JSON: {e}")), status=400)
+        except TurnRefused as e:
+            return web.json_response(protocol.render_error(e), status=e.status)
         return web.json_response({"input_tokens": len(ids)})

@@ -103,7 +103,7 @@ class BaseAdapter:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 body = await request.json()
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # (RecursionError: nested too deeply to read)
                 return web.json_response(protocol.render_error(BadRequestError(f"the body is not JSON: {e}")),
                                          status=400)
             try:

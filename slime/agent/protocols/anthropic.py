@@ -14,13 +14,15 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.errors import FieldError, TurnRefused
+from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, sse, tool_call_dict,
                                           want_stream)
 from slime.agent.records import ChatRequest, Reply
 
 REMINDER_OPEN, REMINDER_CLOSE = "<system-reminder>\n", "\n</system-reminder>\n"
 STOP_REASON = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+ROLES = frozenset({"user", "assistant", "system"})  # system mid-list: folded into a user turn
 SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                  "stop_sequences": "stop"}
 
@@ -30,9 +32,49 @@ def session_key(headers: Mapping[str, str]) -> str | None:
     return bearer(headers) or (headers.get("X-Api-Key") or headers.get("x-api-key") or "").strip() or None
 
 
+def check_body(body: Mapping[str, Any]) -> None:
+    """A `FieldError` naming the first malformed field (`body_checks`)."""
+    check.common(body)
+    check.integer(body, "max_tokens", 1, check.MAX_TOKENS_CAP)
+    check.number(body, "temperature", 0, 1)
+    check.number(body, "top_p", 0, 1, open_low=True)
+    check.top_k(body)
+    check.stop_strings(body, "stop_sequences")
+    check.text_parts(body.get("system"), "system", {"text"})
+    messages = body.get("messages")
+    check.expect(messages, "messages", "array")
+    if not messages:
+        raise FieldError("messages", "at least one message is required")
+    for i, m in enumerate(messages):
+        check.expect(m, f"messages[{i}]", "object")
+        check.role(m.get("role"), f"messages[{i}].role", ROLES)
+        check_content(m.get("content"), f"messages[{i}].content")
+    for i, t in enumerate(body.get("tools") or []):
+        check.expect(t, f"tools[{i}]", "object")
+        check.nonempty_str(t.get("name"), f"tools[{i}].name")
+        check.optional(t, "description", "string", path=f"tools[{i}].")
+        check.json_schema(t.get("input_schema"), f"tools[{i}].input_schema")
+
+
+def check_content(content: Any, path: str) -> None:
+    """A string, or blocks whose known types carry their fields (text, thinking, tool_use, tool_result)."""
+    check.expect(content, path, "string", "array")
+    for i, b in enumerate(content if isinstance(content, list) else []):
+        where = f"{path}[{i}]"
+        check.block(b, where)
+        if b["type"] == "text":
+            check.expect(b.get("text"), f"{where}.text", "string")
+        elif b["type"] == "thinking":
+            check.expect(b.get("thinking"), f"{where}.thinking", "string")
+        elif b["type"] == "tool_use":
+            check.nonempty_str(b.get("name"), f"{where}.name")
+            check.expect(b.get("input"), f"{where}.input", "object")
+        elif b["type"] == "tool_result":
+            check.text_parts(b.get("content"), f"{where}.content", {"text"})
+
+
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
-    if not isinstance(body.get("messages"), list):
-        raise BadRequestError("messages: a list of {role, content} is required")
+    check_body(body)
     body = copy.deepcopy(body)
     fold_mid_list_system(body)
     sampling = {dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None}

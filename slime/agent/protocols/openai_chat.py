@@ -13,11 +13,14 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.errors import FieldError, TurnRefused
+from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, parse_arguments, sse,
                                           tool_call_dict, want_stream)
 from slime.agent.records import ChatRequest, Reply
 
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 SAMPLING_KEYS = {"max_completion_tokens": "max_new_tokens", "max_tokens": "max_new_tokens",
                  "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop"}
 
@@ -42,9 +45,58 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_body(body: Mapping[str, Any]) -> None:
+    """A `FieldError` naming the first malformed field (`body_checks`)."""
+    check.common(body)
+    check.optional(body, "stream_options", "object")
+    check.optional(body, "user", "string")
+    sampling_ranges(body)
+    messages = body.get("messages")
+    check.expect(messages, "messages", "array")
+    if not messages:
+        raise FieldError("messages", "at least one message is required")
+    for i, m in enumerate(messages):
+        check_message(m, f"messages[{i}]")
+    for i, t in enumerate(body.get("tools") or []):
+        check_tool(t, f"tools[{i}]")
+
+
+def sampling_ranges(body: Mapping[str, Any]) -> None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        check.integer(body, key, 1, check.MAX_TOKENS_CAP)
+    check.number(body, "temperature", 0, 2)
+    check.number(body, "top_p", 0, 1, open_low=True)
+    check.top_k(body)
+    check.stop_strings(body, "stop")
+
+
+def check_message(m: Any, path: str) -> None:
+    check.expect(m, path, "object")
+    check.role(m.get("role"), f"{path}.role", ROLES)
+    check.text_parts(m.get("content"), f"{path}.content", TEXT_PARTS)
+    check.optional(m, "reasoning_content", "string", path=f"{path}.")
+    check.optional(m, "tool_calls", "array", path=f"{path}.")
+    for j, call in enumerate(m.get("tool_calls") or []):
+        where = f"{path}.tool_calls[{j}]"
+        check.expect(call, where, "object")
+        check.expect(call.get("function"), f"{where}.function", "object")
+        check.nonempty_str(call["function"].get("name"), f"{where}.function.name")
+        check.optional(call["function"], "arguments", "string", "object", path=f"{where}.function.")
+
+
+def check_tool(t: Any, path: str) -> None:
+    check.expect(t, path, "object")
+    check.optional(t, "type", "string", path=f"{path}.")
+    if t.get("type", "function") != "function":
+        return  # another kind of tool (`custom`): not offered to the template, as before
+    check.expect(t.get("function"), f"{path}.function", "object")
+    check.nonempty_str(t["function"].get("name"), f"{path}.function.name")
+    check.optional(t["function"], "description", "string", path=f"{path}.function.")
+    check.json_schema(t["function"].get("parameters"), f"{path}.function.parameters")
+
+
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
-    if not isinstance(body.get("messages"), list):
-        raise BadRequestError("messages: a list of {role, content} is required")
+    check_body(body)
     return ChatRequest(session_id=request_session(headers, body, session_id),
                        messages=translate_messages(body["messages"]), tools=chat_tools(body.get("tools")),
                        sampling=sampling(body), stream=want_stream(body, headers),
@@ -125,4 +177,5 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
 
 
 def render_error(err: TurnRefused) -> dict:
-    return {"error": {"message": str(err), "type": err.kind, "param": None, "code": getattr(err, "code", None)}}
+    return {"error": {"message": str(err), "type": err.kind, "param": getattr(err, "param", None),
+                      "code": getattr(err, "code", None)}}

@@ -14,12 +14,15 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from slime.agent.errors import BadRequestError, TurnRefused
+from slime.agent.errors import BadRequestError, FieldError, TurnRefused
+from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, parse_arguments, sse,
                                           tool_call_dict, want_stream)
 from slime.agent.protocols.openai_chat import body_session
 from slime.agent.records import ChatRequest, Reply
 
+ROLES = frozenset({"user", "assistant", "system", "developer"})
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 SAMPLING_KEYS = {"max_output_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p"}
 
 
@@ -27,17 +30,56 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
     if body.get("previous_response_id"):
         raise BadRequestError("previous_response_id: this gateway keeps no responses; send the whole input "
                               "(store=false)")
-    items = body.get("input")
+    check_body(body)
+    items = body["input"]
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise BadRequestError("input: a string or a list of input items is required")
     messages = ([{"role": "system", "content": flatten_content(body["instructions"])}]
                 if body.get("instructions") else []) + translate_items(items)
     return ChatRequest(session_id=session_id or header_session(headers) or bearer(headers) or body_session(body)
                        or "default", messages=messages, tools=function_tools(body.get("tools")),
                        sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
                        stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"), raw=body)
+
+
+def check_body(body: Mapping[str, Any]) -> None:
+    """A `FieldError` naming the first malformed field (`body_checks`)."""
+    check.common(body)
+    check.optional(body, "instructions", "string")
+    check.integer(body, "max_output_tokens", 1, check.MAX_TOKENS_CAP)
+    check.number(body, "temperature", 0, 2)
+    check.number(body, "top_p", 0, 1, open_low=True)
+    items = body.get("input")
+    check.expect(items, "input", "string", "array")
+    if not items:
+        raise FieldError("input", "must not be empty")
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        check_item(item, f"input[{i}]")
+    for i, t in enumerate(body.get("tools") or []):
+        check.block(t, f"tools[{i}]")
+        if t["type"] == "function":
+            check.nonempty_str(t.get("name"), f"tools[{i}].name")
+            check.optional(t, "description", "string", path=f"tools[{i}].")
+            check.json_schema(t.get("parameters"), f"tools[{i}].parameters")
+
+
+def check_item(item: Any, path: str) -> None:
+    check.expect(item, path, "object")
+    check.optional(item, "type", "string", path=f"{path}.")
+    kind = item.get("type") or "message"
+    if kind == "message":
+        check.role(item.get("role", "user"), f"{path}.role", ROLES)
+        check.text_parts(item.get("content"), f"{path}.content", TEXT_PARTS)
+    elif kind == "function_call":
+        check.nonempty_str(item.get("name"), f"{path}.name")
+        check.optional(item, "arguments", "string", "object", path=f"{path}.")
+    elif kind == "function_call_output":
+        check.text_parts(item.get("output"), f"{path}.output", TEXT_PARTS)
+    elif kind == "reasoning":
+        check.optional(item, "summary", "array", path=f"{path}.")
+        for j, part in enumerate(item.get("summary") or []):
+            check.block(part, f"{path}.summary[{j}]")
+            check.expect(part.get("text"), f"{path}.summary[{j}].text", "string")
 
 
 def translate_items(items: list[Any]) -> list[dict]:
@@ -159,4 +201,5 @@ def _item_events(event, i: int, item: dict) -> Iterator[str]:
 
 
 def render_error(err: TurnRefused) -> dict:
-    return {"error": {"message": str(err), "type": err.kind, "param": None, "code": getattr(err, "code", None)}}
+    return {"error": {"message": str(err), "type": err.kind, "param": getattr(err, "param", None),
+                      "code": getattr(err, "code", None)}}

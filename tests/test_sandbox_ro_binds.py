@@ -121,7 +121,7 @@ def test_binds_nest_below_usr_and_etc_and_a_venv_runs_at_its_own_path(env):
 def test_the_start_refuses_binds_that_would_hide_or_cannot_be_made(tmp_path):
     host = str(tmp_path)
     cases = {
-        f"{host}:/tmp": f"'/tmp' would hide /tmp, which the sandbox makes itself; bind below it (e.g. /tmp/..., "
+        f"{host}:/tmp": "'/tmp' would hide /tmp, which the sandbox makes itself; bind below it (e.g. /tmp/..., "
                         "/opt/...)",
         f"{host}:/home/agent": "'/home/agent' would hide /home/agent, which the sandbox makes itself; bind below it "
                                "(e.g. /tmp/..., /opt/...)",

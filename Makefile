@@ -79,12 +79,11 @@ async-train-demo: setup
 # An OpenAI-SDK ReAct agent (configs/agent_demo/react_agent.py) fixes tiny Python functions inside our sandbox,
 # one session per sample whose only way out is the agent gateway; a fresh session grades the workspace (the
 # task's unit tests: exit 0 = reward 1). A few GRPO steps on SmolLM2-135M; one line per rollout with the mean
-# reward and the branches per sample. The model's answers do not matter here, the plumbing does. Rollouts and
-# training take turns (no --async), so the engine and the trainer each get both cores' threads.
+# reward and the branches per sample. The model's answers do not matter here, the plumbing does.
 agent-demo: setup
 	$(PY) -m slime.engine.default_model
-	$(PY) -m slime.train --rollout-backend hf --rollout-num-engines 1 --rollout-num-cpus-per-engine 0.5 --engine-threads 2 \
-	  --actor-num-workers 1 --actor-num-cpus-per-worker 1 --train-threads 2 --prompt-data configs/agent_demo/tasks.jsonl \
+	$(PY) -m slime.train --rollout-backend hf --rollout-num-engines 1 --rollout-num-cpus-per-engine 0.5 --engine-threads 1 \
+	  --actor-num-workers 1 --actor-num-cpus-per-worker 1 --train-threads 1 --prompt-data configs/agent_demo/tasks.jsonl \
 	  --input-key prompt --label-key label --metadata-key metadata \
 	  --custom-generate-function-path slime.agent.rollout.generate \
 	  --agent-command "{python} $(CURDIR)/configs/agent_demo/react_agent.py --max-turns 3 --max-tokens 96" \

@@ -59,6 +59,17 @@ def test_the_example_names_our_sandbox_when_the_backend_variable_says_so(swe):
     assert swe.E2BSandbox is SlimeImageSandbox
 
 
+def test_our_sandbox_holds_the_agent_to_its_end_on_every_python(tmp_path):
+    """`exec_and_wait` runs the agent through `exec_to_end` only on a `RunsToEnd` backend; a detached
+    spawn dies with its exec in our sandbox. Python 3.12 checks protocols statically, so an
+    `exec_to_end` reached only through `__getattr__` would not count."""
+    from slime.agent.sandbox import RunsToEnd
+    from slime.agent.sandbox_backend import SlimeBackendSettings, SlimeImageSandbox
+
+    sb = SlimeImageSandbox(str(tmp_path), settings=SlimeBackendSettings(url="http://127.0.0.1:9"))
+    assert isinstance(sb, RunsToEnd)
+
+
 def test_the_examples_task_layer_prepares_the_workspace_and_captures_the_diff_in_our_sandbox(swe, image):
     sample = Sample(index=0, prompt="fix add", label="add-1",
                     metadata={"image": image, "workdir": "/tmp/repo", "problem_statement": "add() subtracts"})

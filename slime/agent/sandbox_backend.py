@@ -111,6 +111,11 @@ class SlimeImageSandbox:
     async def read_file(self, sandbox_path: str, **kw: Any) -> str:
         return await self._sb.read_file(sandbox_path, **kw)
 
+    async def exec_to_end(self, cmd: str, **kw: Any) -> int:
+        """Spelled out, not left to `__getattr__`: from Python 3.12 `isinstance(sb, RunsToEnd)` looks
+        attributes up statically, and without it `exec_and_wait` falls back to a detached spawn."""
+        return await self._sb.exec_to_end(cmd, **kw)
+
     def __getattr__(self, name: str) -> Any:  # the backend's extras (`exec_to_end`, ...) pass through
         if name.startswith("_"):
             raise AttributeError(name)

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 import requests
@@ -199,6 +200,47 @@ def test_the_lifeline_ends_running_runs_at_once():
         assert until(lambda: not _processes_of_uids(uids)), "a run outlived the server"
     finally:
         handle.stop()
+
+
+OWNER_KILLED_WITH_A_SESSION_OPEN = """
+import asyncio, os, signal
+from slime.agent.sandbox_slime import SlimeSandbox
+from slime.sandbox.server import start_local_sandbox
+
+url, handle = start_local_sandbox(max_concurrency=1, allow_no_isolation=True)
+print(handle.pid, flush=True)
+
+async def main():
+    await SlimeSandbox(url).__aenter__()  # a session (and its slot) held open
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+@needs_isolation
+def test_an_owner_killed_with_a_session_open_takes_the_server_with_it():
+    """A SIGKILLed owner takes the reader of the server's stderr with it: the server's note on the
+    signal it sends itself then fails (EPIPE), and it must stop all the same (it once stayed forever)."""
+    import select
+    import subprocess
+    import sys
+
+    owner = subprocess.run([sys.executable, "-c", OWNER_KILLED_WITH_A_SESSION_OPEN], capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert owner.returncode == -signal.SIGKILL, owner.stderr[-2000:]
+    server = int(owner.stdout.split()[0])
+    try:
+        fd = os.pidfd_open(server)
+    except ProcessLookupError:
+        return  # already gone
+    try:
+        gone = bool(select.select([fd], [], [], 60)[0])  # (a pidfd is readable once its process has exited)
+        if not gone:
+            os.kill(server, signal.SIGKILL)  # (not left behind by a failing test)
+        assert gone, f"the sandbox server {server} outlived its owner by 60 s"
+    finally:
+        os.close(fd)
 
 
 @needs_isolation

@@ -251,14 +251,15 @@ class SandboxServer:
 
         class _Server(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:
-                if self.should_exit:
+                second = self.should_exit
+                super().handle_exit(sig, frame)  # first: the note below may fail, the stop may not
+                if second:
                     self.force_exit = True
                     runner.stop_runs()
-                else:
-                    n = runner.running
-                    os.write(2, (f"slime-sandbox: signal {sig}: finishing {n} running run(s); "
+                    return
+                with contextlib.suppress(OSError):  # (EPIPE: an owner that died took our stderr's reader)
+                    os.write(2, (f"slime-sandbox: signal {sig}: finishing {runner.running} running run(s); "
                                  "a second signal stops them\n").encode())
-                super().handle_exit(sig, frame)
 
         return _Server(config)
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from slime.agent.gateway import Gateway
 from slime.rollout.engine_client import EngineClient
+from slime.testing.json_paths import paths_of, replaced
 from slime.testing.scripted_engine import ScriptedEngine
 from slime.utils.endpoints import Endpoints
 from slime.utils.misc import find_free_port
@@ -116,26 +117,6 @@ def assert_refused_or_served(gw: Gateway, api: str, body_bytes: bytes, named: st
 
 
 # ------------------------------------------------------------------ bodies with one field broken
-
-def paths_of(value, path=()) -> list[tuple]:
-    """Every field of a body, as a path of keys and indices."""
-    out = [path] if path else []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += paths_of(v, path + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += paths_of(v, path + (i,))
-    return out
-
-
-def replaced(body, path: tuple, value):
-    body = json.loads(json.dumps(body))
-    node = body
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return body
 
 
 def field_name(path: tuple) -> str:

@@ -15,6 +15,7 @@ import requests
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from slime.testing.json_paths import paths_of, replaced
 from tests.test_sandbox import ISOLATED
 
 pytestmark = pytest.mark.skipif(not ISOLATED, reason="the sandbox needs namespaces/uid switching")
@@ -53,26 +54,6 @@ def refused_field(resp: requests.Response) -> str:
     body = resp.json()
     assert body["status"] == "SandboxError" and body["message"].startswith("invalid request: "), body
     return body["message"][len("invalid request: "):]
-
-
-def replaced(body: dict, path: tuple, value) -> dict:
-    body = json.loads(json.dumps(body))
-    node = body
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return body
-
-
-def paths_of(value, path=()) -> list[tuple]:
-    out = [path] if path else []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += paths_of(v, path + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += paths_of(v, path + (i,))
-    return out
 
 
 bad_values = st.one_of(

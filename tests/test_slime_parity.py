@@ -206,10 +206,12 @@ async def number_reward(args, sample, **kw):
 def test_an_eval_dataset_uses_its_own_generate_and_reward_functions(tmp_path):
     from slime.testing.runtime import bind_runtime
 
-    data = tmp_path / "eval.jsonl"
+    data, tau_data = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     data.write_text("".join(json.dumps({"input": f"q{i}", "label": "a"}) + "\n" for i in range(2)))
+    # tau-bench's prompts are task indices: read by the dataset's own generate, not refused as non-text
+    tau_data.write_text("".join(json.dumps({"input": i, "label": "a"}) + "\n" for i in range(2)))
     config = tmp_path / "eval.yaml"
-    config.write_text(f"eval:\n  datasets:\n    - name: tau\n      path: {data}\n"
+    config.write_text(f"eval:\n  datasets:\n    - name: tau\n      path: {tau_data}\n"
                       f"      custom_generate_function_path: {__name__}.answer_with_text\n"
                       f"      custom_rm_path: {__name__}.number_reward\n      n_samples_per_eval_prompt: 2\n")
     args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--eval-config", str(config),
@@ -222,6 +224,7 @@ def test_an_eval_dataset_uses_its_own_generate_and_reward_functions(tmp_path):
         run(runtime.client.close())
     tau = out.data["tau"]
     assert [s.response for s in tau["samples"]] == ["eval=True"] * 4
+    assert sorted(s.prompt for s in tau["samples"]) == [0, 0, 1, 1]
     assert tau["rewards"] == [0.5] * 4
 
 

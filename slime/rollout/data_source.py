@@ -137,9 +137,10 @@ def _check_strings(value: Any, where: str, what: str) -> None:
 
 
 def _default_generate(args: Any) -> bool:
-    """The rollout reads prompts with the default generate (text or messages only)."""
-    return (getattr(args, "custom_generate_function_path", None) is None
-            and getattr(args, "rollout_function_path", DEFAULT_ROLLOUT) == DEFAULT_ROLLOUT)
+    """The rollout reads prompts with the default generate (text or messages only). Only our parsed
+    flags say so: a plugin's own namespace (no `rollout_function_path`) reads what its generate reads."""
+    return (hasattr(args, "rollout_function_path") and getattr(args, "custom_generate_function_path", None) is None
+            and args.rollout_function_path == DEFAULT_ROLLOUT)
 
 
 def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) -> Any:

@@ -14,6 +14,7 @@ progress and tool services are the process's bound runtime's (`slime.rollout.run
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
 import logging
@@ -336,8 +337,8 @@ async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params:
     sample named); what it returns is kept as it is."""
     if GenerateState(args).aborted:
         return group
-    results = await asyncio.gather(*(_generate_one(args, s, params, evaluation)
-                                     for s, params in zip(group, group_sampling_params(args, sampling_params, len(group)))))
+    params = group_sampling_params(args, sampling_params, len(group))
+    results = await asyncio.gather(*(_generate_one(args, s, p, evaluation) for s, p in zip(group, params)))
     samples = [s for r in results for s in r]
     await (_reward_group if _group_rm(args, evaluation) else _reward_each)(args, samples)
     for s in samples:
@@ -560,7 +561,10 @@ def eval_prompts(args: Any, dataset: Any, runtime: RolloutRuntime) -> list[Sampl
 
     def read() -> list[Sample]:
         tok = runtime.tokenizer if args.hf_checkpoint else None
-        prompts, _ = build_prompt_samples(args, path, input_key, label_key, tok)
+        generate = getattr(dataset, "custom_generate_function_path", None)  # (its prompts are read by its generate)
+        reader = args if generate is None else \
+            argparse.Namespace(**{**vars(args), "custom_generate_function_path": generate})
+        prompts, _ = build_prompt_samples(reader, path, input_key, label_key, tok)
         inject = getattr(dataset, "inject_metadata", None)
         if inject is not None:  # per-dataset rm_type / metadata_overrides
             for p in prompts:

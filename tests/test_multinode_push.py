@@ -48,11 +48,12 @@ def test_node_lost_during_a_push_survivor_pushed_replacement_gets_the_next_push(
     assert [e["node_id"] for e in facts["before"]["engines"]] == [a, b] and a != b  # one engine per node
     assert facts["trainer_nodes"] == [trainer_node]
 
-    # the node went while the push ran (engines paused): the push names the lost engine, the survivor has it all
+    # the node went while the push ran (engines paused): the push names the lost engine, or (a race with the
+    # tiny model's transfer, seen once in ~6 runs) had already reached it; either way the survivor has it all
     assert facts["paused_at_kill"] == [True, True]
     lost_url = facts["before"]["engines"][1]["url"]
-    assert facts["push_during_loss"]["engines_died"] == [f"engine at {lost_url}"]
-    assert facts["push_during_loss"]["engines"] == 1
+    during = facts["push_during_loss"]
+    assert (during["engines_died"], during["engines"]) in (([f"engine at {lost_url}"], 1), ([], 2)), during
     assert facts["survivor_equal_after_loss"] is True
 
     # replaced on a surviving node, then reached by the next push over a group formed again

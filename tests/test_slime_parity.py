@@ -306,7 +306,8 @@ def test_without_a_fleet_abort_reaches_every_worker_the_router_lists(fleet_of):
 # ---- item 9: one start-up line for flags that do nothing here ------------------------------------
 def test_flags_that_do_nothing_here_are_named_once_with_why(caplog):
     argv = ["--rollout-backend", "hf", "--update-weight-mode", "delta", "--update-weight-transport", "disk",
-            "--tensor-model-parallel-size", "2", "--sglang-enable-foo", "--lr", "1e-5"]
+            "--tensor-model-parallel-size", "2", "--sglang-enable-foo", "--lr", "1e-5",
+            "--sglang-enable-deterministic-inference"]  # (the rollout reads that one: sampling seeds)
     with caplog.at_level(logging.WARNING, logger="slime.cli.args"):
         parse_args(argv)
     [line] = [r.getMessage() for r in caplog.records]

@@ -73,6 +73,10 @@ def _is_set(action: argparse.Action, value: Any) -> bool:
     return value is not None and value != _default(action) and value != [] and value is not False
 
 
+# SGLang server options the rollout itself reads (slime does too): sampling seeds per sample of a group
+ROLLOUT_READS_SGLANG = {"enable_deterministic_inference"}
+
+
 def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[str]]:
     """{reason: [flag, ...]} of the flags set to a non-default value that nothing here acts on."""
     out: dict[str, list[str]] = {}
@@ -84,7 +88,7 @@ def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[s
             if action.dest not in ACTED_ON and _is_set(action, getattr(args, action.dest, None)):
                 out.setdefault(reason, []).append(action.option_strings[0])
     if getattr(args, "rollout_backend", None) == "hf":
-        extra = sorted(getattr(args, "sglang_extra_args", None) or {})
+        extra = sorted(set(getattr(args, "sglang_extra_args", None) or {}) - ROLLOUT_READS_SGLANG)
         if extra:
             out.setdefault("SGLang server options (the embedded engine has none of them)", []).extend(
                 f"--sglang-{name.replace('_', '-')}" for name in extra)

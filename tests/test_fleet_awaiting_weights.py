@@ -2,8 +2,7 @@
 and is admitted by the trainer's next push, however that push is timed: also when it starts the moment the
 replacement shows as updatable (a trainer reads engine states without the fleet's lock; issue 24's node lost
 during a push, where the replacement never served), and when a wait for the push fails without the engine's
-death (a late answer on a loaded host). Stand-in engine actors; the real engines: tests/test_push_faults.py
-and tests/test_multinode_push.py."""
+death (a late answer on a loaded host). Stand-in engine actors; the real engines: tests/test_push_faults.py."""
 
 from __future__ import annotations
 

@@ -35,6 +35,6 @@ class SandboxConfig:
     max_files: int = 60000  # request files (with their directories, within max_inodes)
     max_fetch_mb: int = 64  # total of fetched files per request
     compile_memory_mb: int = 1024
-    ro_paths: list[str] = field(default_factory=list)  # more read-only paths in the runs' root
-    ro_binds: list[list[str]] = field(default_factory=list)  # [host, inside] read-only binds (`ro_binds.py`)
+    # [host, inside] read-only binds (`ro_binds.py`): --ro-bind's and --ro-path's, one mechanism
+    ro_binds: list[list[str]] = field(default_factory=list)
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))

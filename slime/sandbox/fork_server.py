@@ -13,6 +13,7 @@ from typing import Any
 from slime.sandbox.cgroups import SlotCgroup
 from slime.sandbox.config import SandboxConfig
 from slime.sandbox.languages import run_env
+from slime.sandbox.ro_binds import with_interpreter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what the fork server loads (stdlib only), each after those it imports (`zygote._load_siblings`)
@@ -31,11 +32,7 @@ def slot_sources() -> tuple[bytes, dict[str, str]]:
 
 def fork_server_config(cfg: SandboxConfig, uid: int, cg: SlotCgroup | None, sources: dict[str, str]) -> dict[str, Any]:
     """What the fork server of one slot builds its isolation from (sent once, as JSON)."""
-    ro = [p for p in cfg.ro_paths]
-    py = os.path.realpath(cfg.python or "/usr/bin/python3")
-    if not py.startswith("/usr/"):  # an interpreter outside /usr brings its prefix along
-        ro.append(os.path.dirname(os.path.dirname(py)))
-    return {"isolate": cfg.isolate, "uid": uid, "ro_paths": ro, "ro_binds": cfg.ro_binds,
+    return {"isolate": cfg.isolate, "uid": uid, "ro_binds": with_interpreter(cfg.ro_binds, cfg.python),
             "disk_mb": cfg.disk_mb,
             "max_inodes": cfg.max_inodes,
             "env": run_env(), "preload": cfg.preload,

@@ -206,9 +206,7 @@ def _build_root(cfg):
             os.symlink(os.readlink(host), os.path.join(root, name))
         elif os.path.isdir(host):
             _bind_ro(host, os.path.join(root, name))
-    for src in ["/usr"] + list(cfg.get("ro_paths") or []):
-        if os.path.exists(src) and not os.path.join(root, src.lstrip("/")).startswith(os.path.join(root, "usr/")):
-            _bind_ro(src, os.path.join(root, src.lstrip("/")), os.path.isdir(src))
+    _bind_ro("/usr", os.path.join(root, "usr"))
     _write_etc(os.path.join(root, "etc"), cfg["uid"])
     _bind_host_paths(root, cfg, from_ro_binds)  # (after /usr and /etc: one may nest below them)
     _make_dev(os.path.join(root, "dev"))

@@ -297,7 +297,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-bodies", type=int, default=None,
                     help="request bodies in memory at once (default: --max-concurrency, at least 4)")
     ap.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
-    ap.add_argument("--ro-path", action="append", default=[], help="extra host path visible read-only in runs")
+    ap.add_argument("--ro-path", action="append", default=[], metavar="PATH",
+                    help="show a host path read-only at its own path in every slot: --ro-bind PATH, the same checks")
     ap.add_argument("--ro-bind", action="append", default=[], metavar="HOST[:INSIDE]",
                     help="bind a host directory read-only into every slot (at INSIDE, default the same path), "
                          "e.g. agent CLIs; refused at start if missing")
@@ -309,13 +310,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
 
-    from slime.sandbox.ro_binds import parse_ro_binds
+    from slime.sandbox.ro_binds import parse_ro_binds, with_interpreter
     from slime.sandbox.sessions import SessionSettings
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        ro_binds = parse_ro_binds(args.ro_bind)
+        ro_binds = with_interpreter(parse_ro_binds(args.ro_bind, args.ro_path), args.python)
         sessions = SessionSettings.from_args(args)
     except ValueError as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
                         max_run_timeout=args.max_run_timeout, max_output_bytes=args.max_output_bytes,
                         max_processes=args.max_processes, max_file_mb=args.max_file_mb, disk_mb=args.disk_mb,
                         cpus_per_run=args.cpus_per_run, max_body_mb=args.max_body_mb, max_fetch_mb=args.max_fetch_mb,
-                        ro_paths=args.ro_path, ro_binds=ro_binds)
+                        ro_binds=ro_binds)
     try:
         probe_isolation(cfg)
     except IsolationUnavailable as e:

@@ -1,15 +1,13 @@
 """``--ro-bind HOST[:INSIDE]``: host files and directories (agent CLIs, a checkout, a venv) bound read-only
-into every slot, at INSIDE (default: the host path, so a venv's ``pyvenv.cfg`` and shebangs work unchanged).
-
+into every slot, at INSIDE (default: the host path, so a venv's ``pyvenv.cfg`` and shebangs work unchanged);
+``--ro-path PATH`` is ``--ro-bind PATH`` (PATH taken whole), and ``--python``'s prefix is bound so too.
 As bubblewrap does, the sandbox builds its own ``/tmp``, ``/mnt``, ``/home``, ``/workspace`` (fresh, per run)
 and ``/etc``, shows the host's ``/usr`` read-only, and then nests each bind below them (`isolation.py`).
-Checked once at start, each error naming the flag: the host path must exist; INSIDE must be absolute, not
-under ``/dev``, ``/proc``, ``/sys`` or the links into ``/usr``, must not hide a path the sandbox makes itself
-(``/tmp`` or a parent of it, ``/home/agent``, ``/etc/passwd``, ...), nor lie inside another bind, nor be given
-twice; under ``/usr`` (the host's own, never changed) its mount point must already exist there. The bind is
-read-only, nosuid and nodev, submounts included: no writable host path ever enters a slot.
-``--ro-path PATH`` is ``--ro-bind PATH`` (the same checks and mounts; PATH is taken whole, a ':' in it is
-no separator), and the interpreter of ``--python`` brings its prefix along the same way (`with_interpreter`).
+Checked once at start, each error naming the flag: the host path must exist; INSIDE must be absolute, not under
+``/dev``, ``/proc``, ``/sys`` or the links into ``/usr``, must not hide what the sandbox makes (``/tmp`` or a
+parent, ``/home/agent``, ``/etc/passwd``, ...), nor lie inside another bind, nor be given twice; under ``/usr``
+its mount point must already exist. Read-only, nosuid and nodev, submounts included: no writable host path
+ever enters a slot.
 """
 
 from __future__ import annotations

@@ -155,6 +155,22 @@ def test_a_ro_path_under_tmp_shows_at_its_own_path_read_only_and_nothing_else_of
     assert not os.path.exists(f"{parent}/mine")
 
 
+@needs_isolation
+def test_an_interpreter_outside_usr_runs_from_its_prefix_bound_at_its_own_path():
+    from slime.sandbox.server import start_local_sandbox
+
+    py = os.path.realpath(sys.executable)
+    prefix = os.path.dirname(os.path.dirname(py))
+    url, handle = start_local_sandbox(max_concurrency=1, extra_args=["--python", py])
+    try:
+        r = requests.post(f"{url}/run_code", json={"code": "import sys, decimal; print(sys.prefix, sys.executable)",
+                                                   "language": "python"}, timeout=60).json()
+        assert (r["run_result"]["stdout"], r["run_result"]["stderr"]) == (f"{prefix} {py}\n", "")
+        assert requests.get(f"{url}/health", timeout=10).json()["ro_binds"] == ([] if prefix == "/usr" else [prefix])
+    finally:
+        handle.stop()
+
+
 # ---------------------------------------------------------------------------- start-time checks
 def test_the_start_refuses_binds_that_would_hide_or_cannot_be_made(tmp_path):
     host = str(tmp_path)

@@ -117,7 +117,7 @@ def with_interpreter(binds: list[list[str]], python: str | None) -> list[list[st
     if _under(prefix, "/usr"):
         return binds
     flag = f"--python {python!r}"
-    per_run = next((d for d in RUN_DIRS if _under(slot_path(prefix), slot_path(d))), None)
+    per_run = next((d for d in RUN_DIRS if _under(prefix, d)), None)  # (/mnt/home/..: under /mnt)
     if per_run:
         raise ValueError(f"{flag}: its prefix {prefix!r} is under {per_run}, which each run makes its own, and the "
                          "fork servers import from it before any run; use an interpreter installed elsewhere")

@@ -1,10 +1,12 @@
-"""`slime.rollout.sglang_rollout` split by idea: every name stays importable from it, each defined once,
-and the train and eval loops reach the group step through it, where slime's plugins patch it."""
+"""`slime.rollout.sglang_rollout` and `fully_async_rollout` split by idea: every name stays importable
+from them, each defined once, and the train loop reaches the group step through `sglang_rollout`, where
+slime's plugins patch it."""
 
 from __future__ import annotations
 
 from slime.cli.args import parse_args
-from slime.rollout import default_generate, evaluation, failures, rollout_loop, sampling_params, sglang_rollout
+from slime.rollout import (default_generate, evaluation, failures, fully_async_rollout, rollout_loop,
+                           sampling_params, sglang_rollout, worker_hub)
 from slime.rollout.data_source import DataSource
 from slime.rollout.runtime import unbind
 from slime.testing.runtime import bind_runtime
@@ -28,6 +30,16 @@ def test_every_name_plugins_import_is_still_at_slimes_path_and_defined_once():
     for name in DEFINED_HERE:
         assert getattr(sglang_rollout, name).__module__ == "slime.rollout.sglang_rollout", name
     assert sglang_rollout.generate.supports_partial_rollout is True
+
+
+def test_the_fully_async_names_stay_at_slimes_path():
+    assert sorted(fully_async_rollout.__all__) == ["AsyncRolloutWorker", "WorkerHub", "generate_rollout_fully_async",
+                                                   "worker_hub"]
+    assert fully_async_rollout.WorkerHub is worker_hub.WorkerHub
+    assert fully_async_rollout.worker_hub is worker_hub.worker_hub
+    # looked up in fully_async_rollout at call time, where slime's tests patch them
+    assert fully_async_rollout.GenerateState is sglang_rollout.GenerateState
+    assert fully_async_rollout.generate_and_rm_group is sglang_rollout.generate_and_rm_group
 
 
 def test_the_train_loop_runs_each_group_through_the_patched_generate_and_rm_group(monkeypatch, tmp_path):

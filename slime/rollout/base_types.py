@@ -5,12 +5,16 @@ dicts from older plugins are accepted too). `DynamicFilterOutput` lives in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.utils.types import Sample
 
 __all__ = ["RolloutFnTrainOutput", "RolloutFnEvalOutput", "DynamicFilterOutput", "call_rollout_fn"]
+
+# the group step the default train and eval loops are handed: slime's
+# `generate_and_rm_group(args, group, sampling_params, evaluation=False) -> list[Sample]`
+GroupStep = Callable[..., Awaitable[list[Sample]]]
 
 
 @dataclass

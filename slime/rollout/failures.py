@@ -27,6 +27,14 @@ class RolloutFailedError(RuntimeError):
         return type(self), (str(self), self.reasons)
 
 
+def mark_failed(sample: Sample, reason: str, error: str) -> Sample:
+    """FAILED, with a short reason (counted in the rollout's failure summary) and the full error."""
+    sample.status = Sample.Status.FAILED
+    sample.metadata["failure_reason"] = reason
+    sample.metadata["error"] = error
+    return sample
+
+
 def failure_reasons(samples: list[Sample]) -> tuple[dict[str, int], dict[str, str]]:
     """FAILED samples counted by reason (`metadata['failure_reason']`), and one error text per reason."""
     counts: Counter = Counter()

@@ -26,10 +26,9 @@ rollout waiting for it. Rules, all per whole group (a group is never split betwe
   source; a group whose generation raises goes back too and the rollout fails with that error; a
   data source that runs dry is an error naming how many groups were collected; `stop()` aborts
   everything in flight and returns it, and the queued groups, to the data source. A group goes back
-  as it was handed out without being copied up front: the worker keeps the live samples plus
-  `partial_rollout.snapshot` of them (None for fresh prompts, the common case) and gives them back
-  through `partial_rollout.restore` (fresh prompts are reset in place).
-One worker per runtime and data source, all of a runtime's workers in one `WorkerHub`.
+  as it was handed out, without being copied up front (`group_entry.GroupEntry`).
+One worker per runtime and data source, all of a runtime's workers in one `WorkerHub` (`worker_hub.py`;
+weight versions and staleness in `weight_versions.py`).
 
 slime's names are kept where its tests and users reach them: `AsyncRolloutWorker(args, data_buffer,
 concurrency=)` with `output_queue` (finished `(gid, group)` pairs, unbounded: backpressure is in
@@ -42,7 +41,6 @@ rollout_id, data_buffer) -> list[list[Sample]]`. `poll_interval` exists but noth
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import logging
 import queue
@@ -52,9 +50,11 @@ from typing import Any
 
 from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
-from slime.rollout.partial_rollout import restore, snapshot
-from slime.rollout.runtime import RolloutRuntime, current
+from slime.rollout.group_entry import CompletedQueue, GroupEntry
+from slime.rollout.runtime import current
 from slime.rollout.sglang_rollout import GenerateState, generate_and_rm_group, generate_rollout
+from slime.rollout.weight_versions import staleness, version_number
+from slime.rollout.worker_hub import WorkerHub, worker_hub
 from slime.utils.async_utils import get_loop, run
 from slime.utils.endpoints import rollout_num_engines as get_rollout_num_engines
 from slime.utils.misc import load_function
@@ -66,65 +66,6 @@ logger = logging.getLogger(__name__)
 
 MAX_DROPPED_PER_KEPT = 50  # a filter dropping this many groups per wanted group in a row is broken
 DEFAULT_ABORT_TIMEOUT = 5.0  # seconds aborted requests get to answer before their tasks are cancelled
-
-
-def version_number(version: Any) -> int | None:
-    """A weight version as an int (engines report strings of ints); None when it is not one."""
-    try:
-        return int(str(version))
-    except (TypeError, ValueError):
-        return None
-
-
-def oldest_version(sample: Sample) -> int | None:
-    versions = getattr(sample, "weight_versions", None) or []
-    return version_number(versions[0]) if versions else None
-
-
-def staleness(sample: Sample, current: int | None) -> int | None:
-    """How many versions the sample's oldest segment is behind `current` (None: unknown)."""
-    oldest = oldest_version(sample)
-    return None if oldest is None or current is None else max(0, current - oldest)
-
-
-class _Entry:
-    """A group the worker owns: its id, the samples the data source handed out (generation mutates
-    them), their `snapshot` (None: fresh prompts, restored by resetting them), the latest result and
-    whether it was continued after a weight update (partial rollout)."""
-
-    __slots__ = ("gid", "handed", "before", "continued", "result")
-
-    def __init__(self, gid: int, handed: list[Sample]):
-        self.gid, self.handed, self.before = gid, handed, snapshot(handed)
-        self.continued, self.result = False, None
-
-    def as_handed_out(self) -> list[Sample]:
-        """The group as the data source handed it out (generation must be over: fresh prompts are
-        reset in place)."""
-        return restore(self.handed, self.before)[0]
-
-    def copy_as_handed_out(self) -> list[Sample]:
-        """A copy of `as_handed_out()` that leaves the live samples alone (generation may go on)."""
-        if self.before is not None:
-            return snapshot(self.before)
-        return restore(copy.deepcopy(self.handed), None)[0]
-
-    def fresh(self, i: int) -> Sample:
-        """Sample `i` as handed out, to start again (its live sample is reset in place when it was a
-        fresh prompt, else a copy of its snapshot)."""
-        if self.before is None:
-            return restore([self.handed[i]], None)[0][0]
-        copied = snapshot([self.before[i]])
-        return copied[0] if copied is not None else restore([self.handed[i]], None)[0][0]
-
-
-class CompletedQueue(queue.Queue):
-    """Finished groups as `(gid, group)`, oldest first; thread-safe and unbounded (see the module
-    docstring)."""
-
-    def items(self) -> list[tuple[int, list[Sample]]]:
-        with self.mutex:
-            return list(self.queue)
 
 
 class AsyncRolloutWorker:
@@ -141,7 +82,7 @@ class AsyncRolloutWorker:
         self.sampling_params = {k: v for k, v in self.state.sampling_params.items() if v is not None}
         self.output_queue = CompletedQueue()
         self.poll_interval = 1.0  # slime's attribute; nothing polls here (completions drive the pool)
-        self._entries: dict[int, _Entry] = {}  # gid -> entry of each group in output_queue
+        self._entries: dict[int, GroupEntry] = {}  # gid -> entry of each group in output_queue
         self._gids = itertools.count()
         self.max_staleness = getattr(args, "max_staleness", None)
         self.partial = bool(getattr(args, "partial_rollout", False))
@@ -149,8 +90,8 @@ class AsyncRolloutWorker:
         self.abort_timeout = float(DEFAULT_ABORT_TIMEOUT if timeout is None else timeout)
         path = getattr(args, "dynamic_sampling_filter_path", None)
         self.filter_fn = load_function(path, "--dynamic-sampling-filter-path") if path else None
-        self.active: dict[asyncio.Task, _Entry] = {}
-        self.suspended: list[_Entry] = []  # aborted by a weight update, continued when it ends
+        self.active: dict[asyncio.Task, GroupEntry] = {}
+        self.suspended: list[GroupEntry] = []  # aborted by a weight update, continued when it ends
         self.paused = self.hub.paused
         self.closed = False
         self.counters: Counter = Counter()  # cumulative; each rollout reports what changed since the last
@@ -185,17 +126,17 @@ class AsyncRolloutWorker:
                 break
         return out
 
-    def _take_entries(self, limit: int | None = None) -> list[_Entry]:
+    def _take_entries(self, limit: int | None = None) -> list[GroupEntry]:
         """Like `get_completed_groups`, as entries (a group put in by hand gets one)."""
         return [self._entries.pop(gid, None) or self._adopt(gid, group)
                 for gid, group in self.get_completed_groups(limit)]
 
-    def _adopt(self, gid: int, group: list[Sample]) -> _Entry:
-        entry = _Entry(gid, group)
+    def _adopt(self, gid: int, group: list[Sample]) -> GroupEntry:
+        entry = GroupEntry(gid, group)
         entry.result = group
         return entry
 
-    def _complete(self, entry: _Entry) -> None:
+    def _complete(self, entry: GroupEntry) -> None:
         self._entries[entry.gid] = entry
         self.output_queue.put((entry.gid, entry.result))
 
@@ -212,7 +153,7 @@ class AsyncRolloutWorker:
             await self._changed.wait()
 
     # ---- generating ----
-    def _launch(self, group: list[Sample], entry: _Entry) -> None:
+    def _launch(self, group: list[Sample], entry: GroupEntry) -> None:
         task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params), False))
         self.active[task] = entry
         task.add_done_callback(self._make_done_cb(entry.gid))
@@ -226,7 +167,7 @@ class AsyncRolloutWorker:
                 return
             for group in groups:
                 self.counters["groups_started"] += 1
-                self._launch(group, _Entry(next(self._gids), group))
+                self._launch(group, GroupEntry(next(self._gids), group))
 
     def start(self) -> None:
         """slime's: start filling the pool (on the shared loop; completions keep it full)."""
@@ -236,7 +177,7 @@ class AsyncRolloutWorker:
         """slime's, from any thread but the shared loop's: `close()` and wait for it."""
         return run(self.close())
 
-    def _give_back(self, entry: _Entry | None, reason: str) -> None:
+    def _give_back(self, entry: GroupEntry | None, reason: str) -> None:
         """The group goes back to the data source as it was handed out (served before new prompts)."""
         if entry is None:  # a task this worker did not start: nothing of ours to give back
             return
@@ -265,12 +206,12 @@ class AsyncRolloutWorker:
                 if self.error is None and not self.closed:
                     self.error = e
             else:
-                self._finished(entry or _Entry(gid, result), result)
+                self._finished(entry or GroupEntry(gid, result), result)
         finally:
             self._wake()
             self._top_up()
 
-    def _finished(self, entry: _Entry, result: list[Sample]) -> None:
+    def _finished(self, entry: GroupEntry, result: list[Sample]) -> None:
         self._observe_versions(result)
         if self.closed:
             self._give_back(entry, "stopped")
@@ -293,7 +234,7 @@ class AsyncRolloutWorker:
             return
         self._complete(entry)
 
-    def _passes_filter(self, entry: _Entry) -> bool:
+    def _passes_filter(self, entry: GroupEntry) -> bool:
         verdict = apply_filter(self.filter_fn, self.args, entry.result)
         # slime's keep_when_insufficient: kept when the pool could not otherwise fill a rollout
         if not should_drop_dynamic_filter_output(
@@ -310,7 +251,7 @@ class AsyncRolloutWorker:
                 f"({reason}); the filter rejects (almost) everything")
         return False
 
-    def _continue(self, entry: _Entry, result: list[Sample]) -> None:
+    def _continue(self, entry: GroupEntry, result: list[Sample]) -> None:
         """Launch an aborted group again: samples with tokens are continued by
         `generate_and_rm_group` (--partial-rollout), those without start afresh."""
         group = [s if s.response_length > 0 or s.status != Sample.Status.ABORTED else entry.fresh(i)
@@ -325,13 +266,13 @@ class AsyncRolloutWorker:
         self._launch(group, entry)
 
     # ---- staleness ----
-    def _too_stale(self, entry: _Entry) -> bool:
+    def _too_stale(self, entry: GroupEntry) -> bool:
         if self.max_staleness is None or entry.continued or entry.result is None:
             return False
         current = self.current_version
         return any((staleness(s, current) or 0) > self.max_staleness for s in entry.result)
 
-    def _drop_stale(self, entry: _Entry) -> None:
+    def _drop_stale(self, entry: GroupEntry) -> None:
         self.counters["stale_dropped"] += len(entry.result or entry.handed)
         self.counters["stale_dropped_groups"] += 1
         self._give_back(entry, "stale")
@@ -412,6 +353,13 @@ class AsyncRolloutWorker:
         self._reported = Counter(self.counters)
         return {key: delta.get(key, 0) for key in set(self.counters)}
 
+    def held_groups(self) -> list[list[Sample]]:
+        """Fresh copies of every group this worker holds (generating, suspended, finished and not yet
+        taken), as the data source handed them out."""
+        return [e.copy_as_handed_out() for e in [*self.active.values(), *self.suspended,
+                                                 *(self._entries.get(gid) or self._adopt(gid, group)
+                                                   for gid, group in self.output_queue.items())]]
+
     async def close(self) -> dict[str, int]:
         """Abort everything in flight; it, the suspended and the queued groups go back to the data
         source. Returns how many groups went back; no task of this worker is left running."""
@@ -425,59 +373,6 @@ class AsyncRolloutWorker:
         assert not self.active, f"fully-async worker stopped with {len(self.active)} task(s) still running"
         self._wake()
         return {"returned_groups": sum(v for k, v in self.counters.items() if k.startswith("returned_")) - before}
-
-
-class WorkerHub:
-    """A runtime's fully-async workers and what they share: the current weight version and whether
-    a weight update is under way (nested pauses resume when the last one ends)."""
-
-    def __init__(self) -> None:
-        self.workers: list[AsyncRolloutWorker] = []
-        self.version: int | None = None
-        self._pauses = 0
-
-    @property
-    def paused(self) -> bool:
-        return self._pauses > 0
-
-    def observe(self, version: int | None) -> None:
-        if version is not None and (self.version is None or version > self.version):
-            self.version = version
-
-    def add(self, worker: AsyncRolloutWorker) -> AsyncRolloutWorker:
-        self.workers.append(worker)
-        return worker
-
-    async def pause(self) -> None:
-        self._pauses += 1
-        if self._pauses == 1:
-            await asyncio.gather(*(w.pause() for w in self.workers))
-
-    async def resume(self, weight_version: Any = None) -> None:
-        self.observe(version_number(weight_version))
-        self._pauses = max(0, self._pauses - 1)
-        if self._pauses == 0:
-            for w in self.workers:
-                await w.resume()
-
-    def held_groups(self) -> list[list[Sample]]:
-        """Fresh copies of every group the workers hold (generating, suspended, finished and not yet
-        taken): what a checkpoint saves as if back in the buffer, so a resumed run loses none."""
-        return [e.copy_as_handed_out() for w in self.workers
-                for e in [*w.active.values(), *w.suspended, *(w._entries.get(gid) or w._adopt(gid, group)
-                                                               for gid, group in w.output_queue.items())]]
-
-    async def stop(self) -> dict[str, int]:
-        returned = 0
-        for w in self.workers:
-            returned += (await w.close())["returned_groups"]
-        self.workers = []
-        return {"returned_groups": returned}
-
-
-def worker_hub(runtime: RolloutRuntime) -> WorkerHub:
-    """The runtime's hub (created on first use)."""
-    return runtime.shared("fully_async_rollout.hub", WorkerHub)
 
 
 def _get_global_worker(args: Any, data_buffer: Any) -> AsyncRolloutWorker:

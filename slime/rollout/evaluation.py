@@ -1,0 +1,84 @@
+"""Eval rollout of one dataset (`--eval-prompt-data` / `--eval-config`), with its own settings.
+
+An `EvalDatasetConfig` may set its sampling parameters, keys, samples per prompt, generate and reward
+functions; what it leaves unset comes from the flags. Its prompts are read once per runtime. The group
+step is handed in (slime's `generate_and_rm_group`, at `slime.rollout.sglang_rollout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from slime.rollout.base_types import GroupStep
+from slime.rollout.data_source import DataSource, build_prompt_samples
+from slime.rollout.runtime import RolloutRuntime, current
+from slime.rollout.sampling_params import sampling_params_from_args
+from slime.utils.types import Sample
+
+
+def _dataset_setting(dataset: Any, field: str, default: Any) -> Any:
+    """A per-dataset setting of `--eval-config` (an `EvalDatasetConfig` attribute), else `default`."""
+    value = getattr(dataset, field, None)
+    return default if value is None else value
+
+
+def eval_prompts(args: Any, dataset: Any, runtime: RolloutRuntime) -> list[Sample]:
+    """An eval set's prompts, read once per runtime; keyed by everything that shapes them (name, path
+    with its row slice, keys), so two files or two key choices never share an entry."""
+    name, path = dataset[0], dataset[1]
+    input_key = _dataset_setting(dataset, "input_key", args.eval_input_key or args.input_key)
+    label_key = _dataset_setting(dataset, "label_key", args.eval_label_key or args.label_key)
+
+    def read() -> list[Sample]:
+        tok = runtime.tokenizer if args.hf_checkpoint else None
+        generate = getattr(dataset, "custom_generate_function_path", None)  # (its prompts are read by its generate)
+        reader = args if generate is None else \
+            argparse.Namespace(**{**vars(args), "custom_generate_function_path": generate})
+        prompts, _ = build_prompt_samples(reader, path, input_key, label_key, tok)
+        inject = getattr(dataset, "inject_metadata", None)
+        if inject is not None:  # per-dataset rm_type / metadata_overrides
+            for p in prompts:
+                p.metadata = inject(p.metadata)
+        return prompts
+
+    return runtime.shared(f"eval_prompts:{(name, path, input_key, label_key)!r}", read)
+
+
+def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:
+    params = sampling_params_from_args(args, evaluation=True)
+    for field, key in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                       ("max_response_len", "max_new_tokens"), ("stop", "stop"), ("stop_token_ids", "stop_token_ids"),
+                       ("min_new_tokens", "min_new_tokens")):
+        value = getattr(dataset, field, None)
+        if value is not None:
+            params[key] = list(value) if isinstance(value, (list, tuple)) else value
+    return params
+
+
+def eval_reward(args: Any, sample: Sample) -> Any:
+    """slime's eval reward: the reward, or its `--eval-reward-key` entry when it is a dict."""
+    key = getattr(args, "eval_reward_key", None)
+    return sample.reward[key] if key and isinstance(sample.reward, dict) else sample.reward
+
+
+async def evaluate_dataset(args: Any, rollout_id: int, dataset: Any,
+                           generate_group: GroupStep) -> dict[str, dict[str, Any]]:
+    """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}`. Its settings come
+    from the `EvalDatasetConfig` (else the flags); its `custom_generate_function_path` and
+    `custom_rm_path` are set on every sample, so they replace the flags' for this dataset only."""
+    runtime = current(args)
+    name = dataset[0]
+    prompts = eval_prompts(args, dataset, runtime)
+    n = int(_dataset_setting(dataset, "n_samples_per_eval_prompt", args.n_samples_per_eval_prompt))
+    groups = DataSource(args, prompts, n).get_samples(len(prompts))
+    for s in (s for g in groups for s in g):
+        s.generate_function_path = getattr(dataset, "custom_generate_function_path", None) or s.generate_function_path
+        s.custom_rm_path = getattr(dataset, "custom_rm_path", None) or s.custom_rm_path
+    params = eval_sampling_params(args, dataset)
+    runtime.progress.reset(len(prompts) * n, phase="eval")
+    results = await asyncio.gather(*(generate_group(args, g, params, evaluation=True) for g in groups))
+    samples = [s for g in results for s in g]
+    return {name: {"rewards": [eval_reward(args, s) for s in samples],
+                   "truncated": [s.status == Sample.Status.TRUNCATED for s in samples], "samples": samples}}

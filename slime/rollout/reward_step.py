@@ -1,0 +1,74 @@
+"""The reward step of a generated group: every sample that needs a reward gets one.
+
+Each sample alone (`async_rm`), or the whole group in one call with `--group-rm` (`batched_async_rm`).
+Rewards are kept exactly as returned (numbers are checked when the batch is built, `reward_check`);
+a reward function that raises fails its sample alone (FAILED, `reward_error`, flag and sample named).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from slime.rollout.failures import mark_failed
+from slime.rollout.reward_check import reward_source, sample_name
+from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.utils.types import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def _set_reward(args: Any, sample: Sample, reward: Any) -> None:
+    """Keep the reward exactly as returned (numbers are checked when the batch is built,
+    `reward_check`); a reward function that raised fails this sample alone."""
+    if isinstance(reward, BaseException):
+        error = f"{reward_source(args, sample)} raised on {sample_name(sample)}: {type(reward).__name__}: {reward}"
+        mark_failed(sample, "reward_error", error)
+        logger.warning("%s", error)
+        return
+    sample.reward = reward
+
+
+async def _guarded(coro: Any) -> Any:
+    """The coroutine's result, or the exception it raised (a reward bug costs one sample, not the rollout)."""
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - handed to _set_reward, which names the flag and sample
+        return e
+
+
+def _scorable(samples: list[Sample]) -> list[Sample]:
+    return [s for s in samples if s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED)]
+
+
+async def reward_each(args: Any, samples: list[Sample]) -> None:
+    todo = [s for s in _scorable(samples) if s.reward is None]  # a custom generate may have set it
+    for s, r in zip(todo, await asyncio.gather(*(_guarded(async_rm(args, s)) for s in todo))):
+        _set_reward(args, s, r)
+
+
+async def _reward_as_group(args: Any, samples: list[Sample]) -> None:
+    """`--group-rm`: one call for the whole group; if it raises, each of its samples failed."""
+    scorable = _scorable(samples)
+    if not scorable:
+        return
+    rewards = await _guarded(batched_async_rm(args, scorable))
+    if isinstance(rewards, BaseException):
+        rewards = [rewards] * len(scorable)
+    for s, r in zip(scorable, rewards):
+        _set_reward(args, s, r)
+
+
+def group_rm_applies(args: Any, evaluation: bool) -> bool:
+    return bool(getattr(args, "group_rm", False)) and not evaluation
+
+
+async def reward_group(args: Any, samples: list[Sample], evaluation: bool) -> None:
+    """Reward a generated group's samples (the whole group at once with `--group-rm`)."""
+    await (_reward_as_group if group_rm_applies(args, evaluation) else reward_each)(args, samples)
+    for s in samples:
+        if s.status == Sample.Status.FAILED:
+            s.reward = 0.0  # never None or NaN in a batch; FAILED samples train nothing anyway

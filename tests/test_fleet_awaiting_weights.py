@@ -66,7 +66,7 @@ class RecordingRouter:
 
 
 def _engine(ray: Any, version: str, failing_waits: int = 0) -> Any:
-    # the real actor's groups (slime.fleet.fleet.SupervisedEngineActor): the waits never block its other calls
+    # the real actor's groups (slime.fleet.supervised_engine.SupervisedEngineActor): the waits never block its other calls
     methods = {"wait_push": ray.method(concurrency_group="pushes")(PushCountingEngine.wait_push),
                "wait_exit": ray.method(concurrency_group="watch")(PushCountingEngine.wait_exit)}
     cls = type("SupervisedPushCountingEngine", (PushCountingEngine,), methods)
@@ -102,7 +102,7 @@ def fleet_with_a_replacement(ray_cluster, serving_engine):
 
     yield make
     for fleet, replacement in made:
-        fleet._stopping.set()
+        fleet.stopping.set()
         ray.kill(replacement)
 
 
@@ -120,7 +120,7 @@ def test_a_push_that_starts_the_moment_the_replacement_is_updatable_admits_it(fl
                 ray.get(self.actors[0].push.remote("2"), timeout=60)
 
     fleet, replacement = fleet_with_a_replacement(PushedWhenUpdatable)
-    fleet._bring_up(fleet.slots[1], replacement)
+    fleet.supervisor.bring_up(fleet.slots[1], replacement)
     assert fleet.router.admitted.wait(60), "the pushed replacement was never admitted"
     assert fleet.router.workers == [URL] and fleet.slots[1].state == "healthy"
     assert fleet.endpoints.engine_urls == ["http://127.0.0.1:8", URL]
@@ -131,7 +131,7 @@ def test_a_failed_wait_for_the_push_is_asked_again_and_the_push_admits_it(fleet_
     import ray
 
     fleet, replacement = fleet_with_a_replacement(failing_waits=2)
-    fleet._bring_up(fleet.slots[1], replacement)
+    fleet.supervisor.bring_up(fleet.slots[1], replacement)
     assert fleet.slots[1].state == "awaiting_weights" and fleet.router.workers == []
     ray.get(replacement.push.remote("2"), timeout=60)
     assert fleet.router.admitted.wait(60), "the replacement was not admitted after two failed waits"
@@ -144,12 +144,12 @@ def test_an_engine_whose_waits_keep_failing_is_killed_for_its_watcher_to_replace
 
     import ray
 
-    from slime.fleet import fleet as fleet_module
+    from slime.fleet import awaiting_weights
 
-    monkeypatch.setattr(fleet_module, "_PUSH_WAIT_RETRIES", 2)
+    monkeypatch.setattr(awaiting_weights, "_PUSH_WAIT_RETRIES", 2)
     fleet, replacement = fleet_with_a_replacement(failing_waits=10)
-    with caplog.at_level(logging.WARNING, logger="slime.fleet.fleet"):
-        fleet._bring_up(fleet.slots[1], replacement)
+    with caplog.at_level(logging.WARNING, logger="slime.fleet"):
+        fleet.supervisor.bring_up(fleet.slots[1], replacement)
         with pytest.raises(ray.exceptions.RayActorError):  # killed: its watcher sees the death
             ray.get(replacement.wait_exit.remote(), timeout=60)
     assert fleet.slots[1].state == "awaiting_weights" and fleet.router.workers == []  # never admitted

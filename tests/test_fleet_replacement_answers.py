@@ -87,19 +87,19 @@ def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_th
         return created[-1]
 
     awaiting = threading.Event()
-    await_weights = fleet._await_weights
+    await_weights = fleet.weight_gate.await_push
 
     def noted_await_weights(*a):
         awaiting.set()
         await_weights(*a)
 
-    monkeypatch.setattr(fleet, "_new_actor", new_actor)
-    monkeypatch.setattr(fleet, "_await_weights", noted_await_weights)
+    monkeypatch.setattr(fleet, "new_actor", new_actor)
+    monkeypatch.setattr(fleet.weight_gate, "await_push", noted_await_weights)
     try:
         fleet.start()
         survivor = fleet.slots[1].url
         assert fleet.weight_version == "default" and not fleet.info()["engine_bad_answers"]
-        with caplog.at_level(logging.WARNING, logger="slime.fleet.fleet"):
+        with caplog.at_level(logging.WARNING, logger="slime.fleet"):
             fleet.kill_engine(0)
             assert awaiting.wait(300), "the replacement was never left waiting for weights"
 

@@ -29,11 +29,11 @@ class Placeholder:
 def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shrinks(ray_cluster, monkeypatch,
                                                                                       caplog):
     ray = ray_cluster
-    from slime.fleet import fleet as fleet_module
+    from slime.fleet import room
     from slime.fleet.fleet import EngineSlot, Fleet
     from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 
-    monkeypatch.setattr(fleet_module, "_PLACEMENT_WAIT_S", 1.0)
+    monkeypatch.setattr(room, "_PLACEMENT_WAIT_S", 1.0)
     fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
     old = ray.remote(Placeholder).options(num_cpus=0).remote()
     survivor = ray.remote(Placeholder).options(num_cpus=0).remote()
@@ -48,9 +48,9 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
         unplaceable.append(ray.remote(Placeholder).options(num_cpus=0, resources={"lost_node_only": 1}).remote())
         return unplaceable[-1]
 
-    monkeypatch.setattr(fleet, "_new_actor", new_actor)
-    with caplog.at_level(logging.WARNING, logger="slime.fleet.fleet"):
-        fleet._on_death(fleet.slots[0], "actor died (ActorDiedError)")
+    monkeypatch.setattr(fleet, "new_actor", new_actor)
+    with caplog.at_level(logging.WARNING, logger="slime.fleet"):
+        fleet.supervisor.on_death(fleet.slots[0], "actor died (ActorDiedError)")
 
     assert [s.state for s in fleet.slots] == ["unplaced", "healthy"]
     assert fleet.endpoints.engine_urls == ["http://127.0.0.1:9"]  # the pool goes on with the survivor

@@ -98,8 +98,9 @@ async def test_a_watched_block_that_ends_before_the_loss_is_left_alone_and_other
 
 def test_the_fleet_cuts_the_old_routers_requests_when_it_publishes_the_new_address(monkeypatch):
     from slime.fleet import fleet as fleet_module
+    from slime.fleet import lost_nodes
 
-    monkeypatch.setattr(fleet_module, "_node_alive", lambda node: False)  # Ray says: node n1 is gone
+    monkeypatch.setattr(lost_nodes, "node_alive", lambda node: False)  # Ray says: node n1 is gone
     fleet = fleet_module.Fleet(SimpleNamespace(engine_max_restarts=3))
     fleet._publish_router("http://10.0.0.5:30000")
     fleet._router_moved("n1", "n2", "http://127.0.0.1:30001")

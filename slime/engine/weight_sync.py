@@ -25,7 +25,7 @@ watched by every wait of the group: a death wakes the push at once, whatever col
 The group is then dropped (rank 0 leaves it, so the survivors' collectives fail at once instead of
 at gloo's deadline), formed again with the survivors and the whole push repeated to them; the
 warning names the engine and the push. `paused` skips dead engines too. A restarted engine gets
-the weights at the next push (slime.fleet.fleet: `awaiting_weights`).
+the weights at the next push (slime.fleet.awaiting_weights).
 
 The pieces, one idea each (every name stays importable from here): slime.engine.engine_deaths (errors,
 exit notices), http_engine (`HttpEngine`), engine_calls (concurrent calls, `paused`), weight_group

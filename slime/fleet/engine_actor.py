@@ -214,7 +214,7 @@ class EngineActor:
 class RemoteEngine:
     """An `EngineActor` handle with blocking methods, for slime.engine.weight_sync (which calls engines in threads):
     `WeightUpdateGroup([RemoteEngine(a) for a in actors])`. `exited`: the engine's exit notice (a future
-    done when its process is gone; slime.fleet.fleet.exit_notice), so a push notices its death at once;
+    done when its process is gone; slime.fleet.supervised_engine.exit_notice), so a push notices its death at once;
     `label` names it in messages (e.g. "engine 1 at http://...")."""
 
     def __init__(self, actor: Any, timeout: float = WEIGHT_PUSH_TIMEOUT_S + 60, *,

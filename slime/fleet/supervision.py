@@ -1,0 +1,155 @@
+"""`EngineSupervisor`: each engine watched, and a dead one replaced.
+
+Engines are supervised like the router. A watcher thread per engine blocks on a call that only
+returns when the engine's server process exits (or its actor dies): an event, not a poll. A dead
+engine is reported at once (a warning and the `engine_deaths` counter), taken out of the router
+and of the shared `Endpoints` (so requests stop going there), and replaced: its actor is killed
+and a new one created on the same placement-group bundle, started, given the latest weights the
+fleet was told to load, and registered. `--engine-max-restarts` bounds the restarts per engine;
+after that the engine is `failed` and the pool runs without it. Where the replacement lands after a
+node loss: slime.fleet.lost_nodes and slime.fleet.room; which weights it must have before it serves:
+slime.fleet.awaiting_weights."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import ray
+
+from slime.fleet.engine_slot import UPDATABLE_STATES, EngineSlot, serving
+from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
+from slime.fleet.room import NoRoomError, RoomWait, place
+
+logger = logging.getLogger(__name__)
+
+
+class EngineSupervisor:
+    """Watches the engines of `fleet` (the `Fleet` that owns it: its slots, lock, stop event, counters,
+    router registration, lost nodes and weight gate) and brings a new one up for each that dies."""
+
+    def __init__(self, fleet: Any):
+        self.fleet = fleet
+        self.max_restarts = int(getattr(fleet.args, "engine_max_restarts", DEFAULT_ENGINE_MAX_RESTARTS))
+        self.room = RoomWait(fleet.counters, fleet.stopping, fleet.lost_nodes, resume=self._resume,
+                             died=self.on_death)
+        self.watchers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """A watcher thread per engine."""
+        for slot in self.fleet.slots:
+            t = threading.Thread(target=self.watch, args=(slot,), name=f"engine-watch-{slot.rank}", daemon=True)
+            t.start()
+            self.watchers.append(t)
+
+    def watch(self, slot: EngineSlot) -> None:
+        """Block until this engine's server exits; then report it and bring a new one up."""
+        while not self.fleet.stopping.is_set():
+            actor = slot.actor
+            try:
+                code: Any = ray.get(actor.wait_exit.remote())
+            except ray.exceptions.RayActorError as e:
+                code = f"actor died ({type(e).__name__})"
+            except Exception as e:  # noqa: BLE001 - anything else also means we lost the engine
+                code = f"{type(e).__name__}: {e}"
+            if self.fleet.stopping.is_set() or slot.actor is not actor:
+                return
+            self.on_death(slot, code)
+            if slot.state not in UPDATABLE_STATES:
+                return
+
+    def on_death(self, slot: EngineSlot, code: Any) -> None:
+        """Report the death, take the engine out of service, and restart it while the budget lasts."""
+        fleet = self.fleet
+        with fleet.lock:
+            registered = slot.state == "healthy"
+            if any(s.state == "healthy" for s in fleet.slots if s is not slot):
+                # remembered, in case every engine is gone later
+                fleet.weight_gate.serving_version(fleet.slots, exclude=slot)
+            slot.state, slot.last_exit = "dead", code
+            slot.deaths += 1
+            fleet.counters["engine_deaths"] += 1
+            fleet.publish()
+        fleet.lost_nodes.note_if_gone(slot.node_id, slot)
+        logger.warning("engine %d at %s died (exit code %s); %s", slot.rank, slot.url, code,
+                       "restarting it" if slot.restarts < self.max_restarts and len(slot.actors) == 1
+                       else "not restarting it")
+        if slot.url and registered:
+            fleet.unregister(slot.url)
+        self._restart(slot)
+
+    def _restart(self, slot: EngineSlot) -> None:
+        while not self.fleet.stopping.is_set():
+            if len(slot.actors) > 1:
+                self._fail(slot, "a multi-node engine is not restarted")
+                return
+            if slot.restarts >= self.max_restarts:
+                self._fail(slot, f"restart budget spent (--engine-max-restarts {self.max_restarts})")
+                return
+            slot.restarts += 1
+            self.fleet.counters["engine_restarts"] += 1
+            slot.state = "restarting"
+            try:
+                self._replace(slot)
+                return
+            except NoRoomError as e:
+                self.room.unplaced(slot, str(e), self.fleet.slots)
+                return
+            except Exception as e:  # noqa: BLE001 - try again while the budget lasts
+                slot.last_exit = f"restart failed: {type(e).__name__}"
+                logger.warning("engine %d: restart %d/%d failed: %s", slot.rank, slot.restarts,
+                               self.max_restarts, str(e)[:2000])
+
+    def _fail(self, slot: EngineSlot, why: str) -> None:
+        slot.state = "failed"
+        self.fleet.counters["engine_failed"] += 1
+        logger.error("engine %d is gone for the rest of the run: %s; %d engine(s) left", slot.rank, why,
+                     serving(self.fleet.slots))
+
+    def _replace(self, slot: EngineSlot) -> None:
+        """Kill the dead engine's actor and start a new one on the same bundle."""
+        old = slot.actor
+        try:
+            ray.kill(old)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        actor = self.fleet.new_actor(slot.rank, slot.bundles[0])
+        slot.actors = [actor]  # from here on, stop() stops the new one
+        place(slot, actor, self.fleet.lost_nodes)
+        self.bring_up(slot, actor)
+
+    def _resume(self, slot: EngineSlot, actor: Any) -> None:
+        """An engine that found room (slime.fleet.room): brought up like any replacement, then watched."""
+        slot.state = "restarting"
+        try:
+            self.bring_up(slot, actor)
+        except Exception as e:  # noqa: BLE001 - handled as a death: restarted while the budget lasts
+            self.on_death(slot, f"restart failed: {type(e).__name__}: {str(e)[:300]}")
+        if slot.state in UPDATABLE_STATES:
+            self.watch(slot)
+
+    def bring_up(self, slot: EngineSlot, actor: Any) -> None:
+        """Start the placed replacement, give it what the others got, and admit it (or let it await weights)."""
+        fleet = self.fleet
+        timeout = float(getattr(fleet.args, "engine_startup_timeout", 300.0)) + 60.0
+        url = ray.get(actor.start.remote(), timeout=timeout)
+        if fleet.stopping.is_set():
+            return
+        with fleet.lock:
+            for method, call_args in fleet.replayed.items():
+                ray.get(getattr(actor, method).remote(*call_args), timeout=600)
+            for hook in fleet.replacement_hooks:
+                hook(actor)
+            slot.url = url
+            stale = fleet.weight_gate.stale(slot, actor, fleet.slots)
+            if stale is not None:
+                fleet.weight_gate.hold(slot, actor)
+                logger.warning("engine %d replaced at %s with weight version %s; the others serve %s: it takes "
+                               "requests after the trainer's next push (restart %d/%d)", slot.rank, url, *stale,
+                               slot.restarts, self.max_restarts)
+                return
+            fleet.admit(slot)
+        logger.warning("engine %d replaced: serving at %s on node %s (restart %d/%d); %d of %d engines serve",
+                       slot.rank, url, slot.node_id, slot.restarts, self.max_restarts, serving(fleet.slots),
+                       len(fleet.slots))

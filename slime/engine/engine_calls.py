@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from slime.engine.engine_deaths import EnginesDied, WeightSyncError, answered, dead_engines, exit_notice, failure
+from slime.engine.engine_deaths import EnginesDied, WeightSyncError, dead_engines, exit_notice, failure, suspects
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +57,12 @@ def gather(engines: Sequence[Any], futures: list[cf.Future], what: str, timeout:
     settled(engines, futures, timeout, until_failure=True)
     if all(f.done() and not failure(f) for f in futures):
         return [f.result() for f in futures]
-    suspects = [e for e, f in zip(engines, futures) if failure(f) and not answered(failure(f))]
-    dead = dead_engines(engines, suspects)
+    dead = dead_engines(engines, suspects(engines, futures))
     if not dead:  # a refusal: the other engines' answers too (a death meanwhile still ends the wait)
         settled(engines, futures, max(0.0, timeout - (time.monotonic() - t0)), until_failure=False)
-        dead = dead_engines(engines)
+        # an engine lost since (its call failed without an answer) is a suspect too: a survivor's refusal
+        # may be the first news of a peer's death (a reset collective), its exit notice the last
+        dead = dead_engines(engines, suspects(engines, futures))
     if dead:
         raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died", dead)
     errors = call_errors(engines, futures, timeout)
@@ -78,8 +79,7 @@ def on_live_engines(engines: Sequence[Any], method: str, timeout: float = 600.0,
     (a dead engine's slot holds None); a live engine's failure still raises."""
     futures = [in_thread(getattr(e, method), **kwargs) for e in engines]
     cf.wait(futures, timeout=timeout)
-    suspects = [e for e, f in zip(engines, futures) if failure(f) and not answered(failure(f))]
-    dead = {id(e) for e in dead_engines(engines, suspects)}
+    dead = {id(e) for e in dead_engines(engines, suspects(engines, futures))}
     live = [(e, f) for e, f in zip(engines, futures) if id(e) not in dead]
     if dead:
         logger.warning("%s: skipped %d dead engine(s): %s", method, len(dead),

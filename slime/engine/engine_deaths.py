@@ -49,6 +49,11 @@ def failure(f: cf.Future) -> BaseException | None:
     return f.exception() if f.done() and not f.cancelled() else None
 
 
+def suspects(engines: Sequence[Any], futures: Sequence[cf.Future]) -> list[Any]:
+    """The engines whose call failed without their own answer: each may have died (its exit notice says)."""
+    return [e for e, f in zip(engines, futures) if failure(f) and not answered(failure(f))]
+
+
 def dead_engines(engines: Sequence[Any], suspects: Sequence[Any] = (), grace: float = DEATH_GRACE_S) -> list[Any]:
     """The engines whose process is gone: those whose exit notice arrived, waiting up to `grace` for
     the first notice of `suspects` (engines whose call failed without an answer, or that a failed

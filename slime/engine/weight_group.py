@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from slime.engine.engine_calls import call_errors, in_thread, on_all_engines_quietly, settled
-from slime.engine.engine_deaths import EnginesDied, WeightSyncError, answered, dead_engines, exit_notice, failure
+from slime.engine.engine_deaths import EnginesDied, WeightSyncError, dead_engines, exit_notice, failure, suspects
 from slime.engine.weight_group_transport import GroupTransport
 from slime.engine.weight_ring import (
     BROADCAST, DECISION_KEY, DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, OFFER_KEY, RING, TRANSPORTS, RingWriter,
@@ -164,8 +164,10 @@ class WeightUpdateGroup(GroupTransport):
         deadline = self.timeout + 30
         settled(self.engines, theirs, deadline, until_failure=True)
         if not all(f.done() and not failure(f) for f in theirs):
-            suspects = [e for e, f in zip(self.engines, theirs) if failure(f) and not answered(failure(f))]
-            dead = dead_engines(self.engines, suspects)
+            # a refusal may be a survivor's first news of a peer lost while joining: the engines still
+            # joining are suspects too (their exit notices are awaited up to the grace, only on this path)
+            pending = [e for e, f in zip(self.engines, theirs) if not f.done()]
+            dead = dead_engines(self.engines, suspects(self.engines, theirs) + pending)
             if dead:
                 gone = {id(e) for e in dead}
                 on_all_engines_quietly([e for e in self.engines if id(e) not in gone], "destroy_weights_update_group",

@@ -172,7 +172,8 @@ def test_verl_mcp_yaml_is_accepted_and_names_what_is_missing(monkeypatch):
     msg = str(e.value)
     assert "unknown field" not in msg
     assert msg == (f"{VERL / 'mcp_tool_config.yaml'}: tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, "
-                   f"config.type: mcp): cannot create the MCP tools of {VERL / 'mcp_server.json'}: the MCP client "
+                   f"config.type: mcp): cannot create the MCP tools ['web_search'] of "
+                   f"{VERL / 'mcp_server.json'}: the MCP client "
                    f"library is not installed (pip install mcp)")
 
 

@@ -8,7 +8,7 @@ starts with an error naming the file, the entry, the tool and the field.
 | tool_config/sandbox_fusion_tool_config.yaml, tests' copy  | loads; refused at start (sandbox URL)     |
 | tool_config/search_tool_config.yaml, tests' copy          | loads; refused at start (retriever URL)   |
 | sandbox / search with only their URL pointed at ours      | runs                                      |
-| tool_config/geo3k_tool_config.yaml                        | refused at load (no equivalent class)     |
+| tool_config/geo3k_tool_config.yaml                        | loads, runs unchanged (slime's Geo3kTool) |
 | tool_config/mcp_tool_config.yaml, tests' copy             | refused at load (no MCP client)           |
 | interaction_config/gsm8k_interaction_config.yaml          | refused at load (no interaction system)   |
 """
@@ -27,6 +27,7 @@ from slime.tools.reachability import check_services
 from slime.tools.registry import ToolConfigError, load_tool_config
 from slime.tools.sandbox_fusion_tool import SandboxFusionTool
 from slime.tools.search_tool import SearchTool
+from slime.tools.geo3k_tool import Geo3kTool
 from slime.tools.gsm8k_tool import Gsm8kTool
 from slime.tools.verl_compat import verl_installed
 
@@ -39,6 +40,7 @@ without_verl = pytest.mark.skipif(verl_installed(), reason="checks the mapping u
 
 LOADS = {  # file -> (tool names, slime class)
     f"{EX}/gsm8k_tool_config.yaml": (["calc_gsm8k_reward"], Gsm8kTool),
+    f"{EX}/geo3k_tool_config.yaml": (["calc_geo3k_reward"], Geo3kTool),
     f"{EX}/sandbox_fusion_tool_config.yaml": (["code_interpreter"], SandboxFusionTool),
     f"{EX}/search_tool_config.yaml": (["search"], SearchTool),
     f"{TESTS}/sandbox_fusion_tool_config": (["code_interpreter"], SandboxFusionTool),
@@ -58,12 +60,6 @@ REFUSED_AT_START = {  # file -> what follows "<file>: " in the refusal
 NO_MCP_CLIENT = ("tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, config.type: mcp): cannot create the MCP tools "
                  "['tavily_search_tool'] of {servers}: the MCP client library is not installed (pip install mcp)")
 REFUSED_AT_LOAD = {  # file -> the whole refusal after "<file>: " ({dir}: the file's folder)
-    f"{EX}/geo3k_tool_config.yaml": (
-        "tools[0].class_name: 'verl.tools.geo3k_tool.Geo3kTool': verl is not installed and slime has no equivalent "
-        "of this class (slime has: ['verl.tools.base_tool.BaseTool', 'verl.tools.gsm8k_tool.Gsm8kTool', "
-        "'verl.tools.mcp_base_tool.MCPBaseTool', 'verl.tools.mcp_search_tool.MCPSearchTool', "
-        "'verl.tools.sandbox_fusion_tools.SandboxFusionTool', 'verl.tools.search_tool.SearchTool']); install verl, "
-        "or point class_name at your own tool class (tool 'calc_geo3k_reward')"),
     f"{EX}/mcp_tool_config.yaml": NO_MCP_CLIENT.format(servers="{dir}/mcp_server.json"),
     # relative to the folder verl runs that test from (tests/workers/rollout); see the chdir test
     f"{TESTS}/mcp_tool_config": ("tools[0].mcp.mcp_servers_config_path: no such file "
@@ -247,11 +243,12 @@ def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path, rm
     return args, sample, row
 
 
-async def run_two_turns(stack, tok, args, sample, row, key: str, first: str, last: str, tool_text: str):
-    """Turn 1 calls a tool, turn 2 answers: exact tokens, masks (tool tokens 0) and log-probs."""
+async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], tool_texts: list[str]):
+    """Every turn but the last calls a tool, the last answers: exact tokens, masks (tool tokens 0) and
+    log-probs, and the engine sent exactly the growing trajectory each turn."""
     from rollout_plugins.multi_turn import MultiTurnContext, generate
 
-    outs = [say(tok, first, -1.0), say(tok, last, -2.0)]
+    outs = [say(tok, text, -1.0 - t) for t, text in enumerate(turns)]
     stack["scripts"][key] = outs
     n0 = len(stack["engine"].requests)
     s = await generate(args, sample, dict(PARAMS))
@@ -259,15 +256,18 @@ async def run_two_turns(stack, tok, args, sample, row, key: str, first: str, las
     schemas = MultiTurnContext.get(args).tools.schemas(names)
     prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas, tokenize=False,
                                                 add_generation_prompt=True), add_special_tokens=False)
-    delta = tool_delta(tok, tool_text)
-    o0, o1 = outs[0]["output_ids"], outs[1]["output_ids"]
-    assert s.tokens == prompt + o0 + delta + o1
-    assert s.loss_mask == [1] * len(o0) + [0] * len(delta) + [1] * len(o1)
-    assert s.rollout_log_probs == pytest.approx(outs[0]["log_probs"] + [0.0] * len(delta) + outs[1]["log_probs"])
-    assert [r["input_ids"] for r in stack["engine"].requests[n0:]] == [prompt, prompt + o0 + delta]
+    deltas = [tool_delta(tok, text) for text in tool_texts] + [[]]
+    tokens, mask, log_probs, sent = list(prompt), [], [], []
+    for out, delta in zip(outs, deltas):
+        sent.append(list(tokens))
+        tokens += out["output_ids"] + delta
+        mask += [1] * len(out["output_ids"]) + [0] * len(delta)
+        log_probs += out["log_probs"] + [0.0] * len(delta)
+    assert s.tokens == tokens and s.loss_mask == mask and s.rollout_log_probs == pytest.approx(log_probs)
+    assert [r["input_ids"] for r in stack["engine"].requests[n0:]] == sent
     md = s.metadata
-    assert md["turns"] == 2 and md["tool_errors"] == [] and md["parse_errors"] == []
-    assert md["template_drift"] is False and md["tool_calls"] == {names[0]: 1}
+    assert md["turns"] == len(turns) and md["tool_errors"] == [] and md["parse_errors"] == []
+    assert md["template_drift"] is False and md["tool_calls"] == {names[0]: len(tool_texts)}
     return s
 
 
@@ -277,12 +277,30 @@ async def test_gsm8k_yaml_unchanged_runs_verls_gsm8k_recipe_row(stack, tok, tmp_
                                       DATA / EX / "gsm8k_tool_config.yaml", "gsm8k")
     assert sample.label == "72" and sample.metadata["tools_kwargs"] == {
         "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
-    s = await run_two_turns(stack, tok, args, sample, row, "Natalia sold clips",
-                            "<think>\n48 + 24 = 72\n</think>\n\n" + call("calc_gsm8k_reward", {"answer": "72"}),
-                            "<think>\nconfirmed\n</think>\n\n#### 72", "Current parsed answer='72' reward=1.0")
+    s = await run_turns(stack, tok, args, sample, row, "Natalia sold clips",
+                           ["<think>\n48 + 24 = 72\n</think>\n\n" + call("calc_gsm8k_reward", {"answer": "72"}),
+                            "<think>\nconfirmed\n</think>\n\n#### 72"], ["Current parsed answer='72' reward=1.0"])
     assert s.metadata["tool_rewards"] == {"calc_gsm8k_reward": 1.0}
     assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_gsm8k_reward", "reward": 0.0}]
     assert s.metadata["outcome_reward"] == 1.0 and s.reward == 2.0  # --tool-reward-mode add: outcome + tool
+
+
+@without_verl
+async def test_geo3k_yaml_unchanged_runs_verls_geo3k_recipe_row(stack, tok, tmp_path):
+    """A wrong submission is penalised, the right one (written differently from the ground truth) scores;
+    the outcome rule grades the boxed final answer."""
+    args, sample, row = recipe_sample(stack, tok, "geo3k_multiturn_w_tool", tmp_path,
+                                      DATA / EX / "geo3k_tool_config.yaml", "math")
+    assert sample.label == "2 \\sqrt { 221 }"
+    s = await run_turns(stack, tok, args, sample, row, "hypotenuse of the right triangle",
+                        ["<think>\n30 - 8\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "30"}),
+                         "<think>\nPythagoras\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "2\\sqrt{221}"}),
+                         "<think>\nconfirmed\n</think>\n\n\\boxed{2\\sqrt{221}}"],
+                        ["Current parsed answer='30' reward=0.0", "Current parsed answer='2\\\\sqrt{221}' reward=1.0"])
+    assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_geo3k_reward", "reward": -0.05},
+                                          {"turn": 2, "tool": "calc_geo3k_reward", "reward": 0.0}]
+    assert s.metadata["tool_rewards"] == {"calc_geo3k_reward": 1.0}
+    assert s.metadata["outcome_reward"] == 1 and s.reward == pytest.approx(1.95)
 
 
 def with_url(tmp_path: Path, name: str, field: str, url: str) -> Path:
@@ -301,10 +319,10 @@ async def test_search_yaml_runs_verls_search_r1_row_against_a_local_retriever(st
     with Retriever(["Berlin\nBerlin is the capital of Germany."]) as retriever:
         config = with_url(tmp_path, f"{EX}/search_tool_config.yaml", "retrieval_service_url", retriever.url)
         args, sample, row = recipe_sample(stack, tok, "preprocess_search_r1_dataset", tmp_path, config, None)
-        s = await run_two_turns(stack, tok, args, sample, row, "capital of germany",
-                                "<think>\nlook it up\n</think>\n\n" + call("search", {"query_list": ["capital of Germany"]}),
-                                "<think>\nfound it\n</think>\n\n<answer> Berlin </answer>",
-                                json.dumps({"result": "Doc 1 (Title: Berlin)\nBerlin is the capital of Germany."}))
+        s = await run_turns(stack, tok, args, sample, row, "capital of germany",
+                       ["<think>\nlook it up\n</think>\n\n" + call("search", {"query_list": ["capital of Germany"]}),
+                        "<think>\nfound it\n</think>\n\n<answer> Berlin </answer>"],
+                       [json.dumps({"result": "Doc 1 (Title: Berlin)\nBerlin is the capital of Germany."})])
         assert retriever.requests == [{"queries": ["capital of Germany"], "topk": 3, "return_scores": True}]
     assert s.metadata["tool_rewards"] == {"search": 0.0}
 
@@ -317,10 +335,27 @@ async def test_sandbox_fusion_yaml_runs_verls_dapo_row_against_a_local_sandbox(s
     try:
         config = with_url(tmp_path, f"{EX}/sandbox_fusion_tool_config.yaml", "sandbox_fusion_url", url)
         args, sample, row = recipe_sample(stack, tok, "dapo_multiturn_w_tool", tmp_path, config, None)
-        s = await run_two_turns(stack, tok, args, sample, row, "first 6 positive odd",
-                                "<think>\nrun it\n</think>\n\n" + call("code_interpreter", {
-                                    "code": "print(sum(range(1, 12, 2)))"}),
-                                "<think>\nit printed 36\n</think>\n\nAnswer: 36", "36\n")
+        s = await run_turns(stack, tok, args, sample, row, "first 6 positive odd",
+                       ["<think>\nrun it\n</think>\n\n" + call("code_interpreter", {
+                           "code": "print(sum(range(1, 12, 2)))"}),
+                        "<think>\nit printed 36\n</think>\n\nAnswer: 36"], ["36\n"])
     finally:
         handle.stop()
     assert s.metadata["tool_rewards"] == {"code_interpreter": 0.0}
+
+
+@without_verl
+async def test_geo3k_tool_keeps_the_last_submissions_score_as_verl_does():
+    from slime.tools.schemas import ToolResponse
+
+    tool = load_tool_config(DATA / EX / "geo3k_tool_config.yaml")["calc_geo3k_reward"]
+    iid, _ = await tool.create(create_kwargs={"ground_truth": "0.5"})  # verl's agent loop
+    assert await tool.execute(iid, {"answer": "\\frac{1}{2}"}) == (
+        ToolResponse(text="Current parsed answer='\\\\frac{1}{2}' reward=1.0"), 0.0, {"score": 1.0})
+    assert (await tool.execute(iid, {"answer": "x"}))[1:] == (-0.05, {"score": 0.0})
+    assert await tool.calc_reward(iid) == 0.0  # the last submission's score, not the best
+    await tool.release(iid)
+    iid, _ = await tool.create("g", ground_truth="3")  # the older convention
+    assert iid == "g" and (await tool.execute(iid, {"answer": 3}))[2] == {"score": 1.0}  # a number is read as text
+    await tool.release(iid)
+    assert tool._state == {}

@@ -16,6 +16,7 @@ starts with an error naming the file, the entry, the tool and the field.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,12 @@ def test_reachable_services_pass_and_every_unreachable_one_is_counted(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ToolConfigError) as e:
         check_services(load_tool_config(path))
+    with pytest.raises(ToolConfigError) as on_a_loop:  # called from async code: same answer
+
+        async def from_a_loop():
+            check_services(load_tool_config(path))
+        asyncio.run(from_a_loop())
+    assert str(on_a_loop.value) == str(e.value)
     assert str(e.value).startswith(f"{path}: tools[0] ('search').config.retrieval_service_url: cannot reach {dead[0]} "
                                    f"(ConnectionRefusedError: ")
     assert str(e.value).endswith(") (and 1 more); start the service there or change the URL before the run starts")

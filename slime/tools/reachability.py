@@ -9,6 +9,7 @@ bounded by `timeout`) and refuses with the file, the entry, the tool and the fie
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,13 +51,23 @@ async def _reach_all(urls: list[str], timeout: float) -> list[str | None]:
     return await asyncio.gather(*(_reach(u, timeout) for u in urls))
 
 
+def _run_to_end(urls: list[str], timeout: float) -> list[str | None]:
+    """On a loop of its own: in a thread when the caller already runs one (asyncio.run refuses that)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_reach_all(urls, timeout))
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _reach_all(urls, timeout)).result()
+
+
 def check_services(tool_set: Any, timeout: float = 5.0) -> None:
     """Raise `ToolConfigError` naming the first service that cannot be reached (with how many more)."""
     found = endpoints(tool_set)
     if not found:
         return
     problems = [(where, url, why) for (where, _, url), why in
-                zip(found, asyncio.run(_reach_all([u for _, _, u in found], timeout))) if why]
+                zip(found, _run_to_end([u for _, _, u in found], timeout)) if why]
     if problems:
         where, url, why = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

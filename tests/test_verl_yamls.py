@@ -49,10 +49,11 @@ LOADS = {  # file -> (tool names, slime class)
 }
 SANDBOX_URL = "https://xxx.apigateway-cn-beijing.volceapi.com/run_code"
 REFUSED_AT_START = {  # file -> what follows "<file>: " in the refusal
+    # the placeholder gateway does not resolve (the reason is the resolver's, so it is not pinned)
     f"{EX}/sandbox_fusion_tool_config.yaml": f"tools[0] ('code_interpreter').config.sandbox_fusion_url: cannot "
-                                             f"reach {SANDBOX_URL} (gaierror: ",
+                                             f"reach {SANDBOX_URL} (",
     f"{TESTS}/sandbox_fusion_tool_config": f"tools[0] ('code_interpreter').config.sandbox_fusion_url: cannot reach "
-                                           f"{SANDBOX_URL} (gaierror: ",
+                                           f"{SANDBOX_URL} (",
     f"{EX}/search_tool_config.yaml": "tools[0] ('search').config.retrieval_service_url: cannot reach "
                                      "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
     f"{TESTS}/search_tool_config": "tools[0] ('search').config.retrieval_service_url: cannot reach "
@@ -89,8 +90,7 @@ def test_verl_config_loads_unchanged(name):
     assert tools.names == names and [type(t) for t in tools.tools.values()] == [cls]
     raw = yaml.safe_load((DATA / name).read_text())["tools"][0]
     assert tools.schemas() == [raw["tool_schema"]]  # the prompt shows verl's schema as written
-    tool = tools[names[0]]
-    assert {k: v for k, v in tool.config.items()} == raw["config"]
+    assert dict(tools[names[0]].config) == raw["config"]
 
 
 @without_verl
@@ -242,7 +242,8 @@ def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path, rm
         **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
         "hf_checkpoint": stack["model"], "rollout_max_response_len": 512, "rollout_max_context_len": None,
         "sglang_server_concurrency": 8, "request_timeout": 30.0, "request_max_retries": 0,
-        "tool_config_path": str(tool_config), "rm_type": rm_type, "tool_reward_mode": "add" if rm_type else "none", "custom_rm_path": None, "group_rm": False,
+        "tool_config_path": str(tool_config), "rm_type": rm_type, "custom_rm_path": None, "group_rm": False,
+        "tool_reward_mode": "add" if rm_type else "none",
         "tool_key": "extra_info.tools_kwargs", "metadata_key": None, "apply_chat_template": False})
     bind_runtime(args, tokenizer=tok)
     row = read_rows(tmp_path / "train.parquet")[0]
@@ -301,7 +302,8 @@ async def test_geo3k_yaml_unchanged_runs_verls_geo3k_recipe_row(stack, tok, tmp_
     assert sample.label == "2 \\sqrt { 221 }"
     s = await run_turns(stack, tok, args, sample, row, "hypotenuse of the right triangle",
                         ["<think>\n30 - 8\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "30"}),
-                         "<think>\nPythagoras\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "2\\sqrt{221}"}),
+                         "<think>\nPythagoras\n</think>\n\n" + call("calc_geo3k_reward",
+                                                                          {"answer": "2\\sqrt{221}"}),
                          "<think>\nconfirmed\n</think>\n\n\\boxed{2\\sqrt{221}}"],
                         ["Current parsed answer='30' reward=0.0", "Current parsed answer='2\\\\sqrt{221}' reward=1.0"])
     assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_geo3k_reward", "reward": -0.05},

@@ -134,6 +134,30 @@ def test_verl_config_with_an_unreachable_service_is_refused_before_the_run(name)
     assert msg.endswith("); start the service there or change the URL before the run starts"), msg
 
 
+@without_verl
+def test_slime_rollout_with_verls_sandbox_yaml_stops_before_anything_starts(tmp_path, tiny_model_dir, capsys):
+    """The whole command line: verl's DAPO row and sandbox YAML, unchanged; the run body never starts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime.cli.args import parse_args
+    from slime.cli.command import run_cli
+
+    rows = [json.loads((DATA / "rows" / "dapo_multiturn_w_tool.jsonl").read_text())]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    config = DATA / EX / "sandbox_fusion_tool_config.yaml"
+    started = []
+    rc = run_cli("slime-rollout", [
+        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+        str(tmp_path / "train.parquet"), "--input-key", "prompt", "--label-key", "reward_model.ground_truth",
+        "--tool-key", "extra_info.tools_kwargs", "--tool-config-path", str(config),
+        "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout"], parse_args, started.append)
+    err = capsys.readouterr().err
+    assert rc == 1 and started == []
+    refusal = REFUSED_AT_START[f"{EX}/sandbox_fusion_tool_config.yaml"]
+    assert f"slime-rollout: error: --tool-config-path: {config}: {refusal}" in err, err
+
+
 def _listening(host: str, port: int) -> bool:
     import socket
 

@@ -93,6 +93,25 @@ def test_verl_config_loads_unchanged(name):
     assert dict(tools[names[0]].config) == raw["config"]
 
 
+@pytest.mark.parametrize("given", [{}, {"strict": True}, {"strict": False}])
+def test_strict_reaches_the_prompt_only_when_the_config_sets_it(given):
+    """verl shows its schemas with `exclude_unset`: a YAML without `strict` shows none."""
+    from slime.tools.schemas import OpenAIFunctionToolSchema
+
+    raw = {"type": "function", "function": {"name": "f", "description": "d", **given}}
+    shown = OpenAIFunctionToolSchema.model_validate(raw).to_openai()["function"]
+    empty = {"type": "object", "properties": {}, "required": []}
+    assert shown == {"name": "f", "description": "d", "parameters": empty, **given}
+
+
+def test_an_interaction_config_without_names_is_refused_naming_its_classes(tmp_path):
+    path = tmp_path / "interaction.yaml"
+    path.write_text("interaction:\n  - class_name: my.interactions.Judge\n    config: {}\n")
+    with pytest.raises(ToolConfigError, match=r"interaction: this is a verl interaction config .* nothing would run "
+                                              r"my\.interactions\.Judge: give --tool-config-path"):
+        load_tool_config(path)
+
+
 @without_verl
 @pytest.mark.parametrize("name", sorted(REFUSED_AT_LOAD))
 def test_verl_config_refused_at_load_names_file_and_field(name, monkeypatch):

@@ -391,7 +391,8 @@ def load_tool_config(path: str | Path) -> ToolSet:
 def _interaction_names(entries: Any) -> str:
     """verl's `interaction:` entries as `name (class_name)`, for the refusal."""
     items = entries if isinstance(entries, list) else []
-    named = [f"{e.get('name', '?')!r} ({e.get('class_name', '?')})" for e in items if isinstance(e, dict)]
+    named = [f"{e['name']!r} ({e.get('class_name')})" if "name" in e else str(e.get("class_name"))
+             for e in items if isinstance(e, dict)]
     return ", ".join(named) or "its entries"
 
 

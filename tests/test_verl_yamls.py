@@ -298,13 +298,21 @@ async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], t
     """Every turn but the last calls a tool, the last answers: exact tokens, masks (tool tokens 0) and
     log-probs, and the engine sent exactly the growing trajectory each turn."""
     from rollout_plugins.multi_turn import MultiTurnContext, generate
+    from slime.rollout.runtime import current, unbind
+    from slime.tools.registry import close_tool_sets
 
     outs = [say(tok, text, -1.0 - t) for t, text in enumerate(turns)]
     stack["scripts"][key] = outs
     n0 = len(stack["engine"].requests)
-    s = await generate(args, sample, dict(PARAMS))
     names = list(row["extra_info"]["tools_kwargs"])
     schemas = MultiTurnContext.get(args).tools.schemas(names)
+    try:
+        s = await generate(args, sample, dict(PARAMS))
+    finally:  # the run's HTTP sessions (engine client, tools) closed on the loop they ran on
+        runtime = current(args)
+        await runtime.client.close()
+        unbind(runtime)
+        await close_tool_sets()
     prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas, tokenize=False,
                                                 add_generation_prompt=True), add_special_tokens=False)
     deltas = [tool_delta(tok, text) for text in tool_texts] + [[]]

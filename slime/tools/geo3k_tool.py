@@ -19,7 +19,9 @@ from slime.tools.schemas import ToolResponse
 
 def geo3k_score(answer: str, ground_truth: Any) -> float:
     """1.0 when `answer` equals the ground truth after normalisation or symbolically, else 0.0."""
-    # the graders of slime's math reward rules: pure functions, shared rather than copied
+    # The graders of slime's math reward rules (pure functions), shared rather than copied. rm_hub sits in
+    # the rollout layer, above tools: imported lazily, as the shims needing an upper layer do; moving the
+    # graders down to utils would remove this exception.
     from slime.rollout.rm_hub.math_utils import grade_answer_mathd, grade_answer_sympy
 
     if ground_truth is None or not answer:

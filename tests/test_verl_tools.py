@@ -172,7 +172,8 @@ def test_verl_mcp_yaml_is_accepted_and_names_what_is_missing(monkeypatch):
     msg = str(e.value)
     assert "unknown field" not in msg
     assert msg == (f"{VERL / 'mcp_tool_config.yaml'}: tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, "
-                   f"config.type: mcp): cannot create the MCP tools of {VERL / 'mcp_server.json'}: the MCP client "
+                   f"config.type: mcp): cannot create the MCP tools ['web_search'] of "
+                   f"{VERL / 'mcp_server.json'}: the MCP client "
                    f"library is not installed (pip install mcp)")
 
 
@@ -213,13 +214,14 @@ def test_mcp_section_needs_type_mcp_and_no_schema(tmp_path):
 
 @without_verl
 def test_unmapped_verl_class_is_an_error_naming_the_mapped_ones(tmp_path):
-    p = tmp_path / "geo.yaml"
-    p.write_text(json.dumps({"tools": [{"class_name": "verl.tools.geo3k_tool.Geo3kTool", "config": {"type": "native"},
-                                        "tool_schema": {"function": {"name": "g"}}}]}))
+    p = tmp_path / "zoom.yaml"
+    p.write_text(json.dumps({"tools": [{"class_name": "verl.tools.image_zoom_in_tool.ImageZoomInTool",
+                                        "config": {"type": "native"}, "tool_schema": {"function": {"name": "g"}}}]}))
     with pytest.raises(ToolConfigError) as e:
         load_tool_config(p)
-    assert "tools[0].class_name: 'verl.tools.geo3k_tool.Geo3kTool': verl is not installed and slime has no " \
-           "equivalent" in str(e.value)
+    assert "tools[0].class_name: 'verl.tools.image_zoom_in_tool.ImageZoomInTool': verl is not installed and slime " \
+           "has no equivalent" in str(e.value)
+    assert str(e.value).endswith("point class_name at your own tool class (tool 'g')")
     assert all(name in str(e.value) for name in VERL_EQUIVALENTS)
 
 

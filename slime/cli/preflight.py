@@ -124,10 +124,11 @@ def check_tools(args: Any) -> None:
     path = getattr(args, "tool_config_path", None)
     if not path:
         return
+    from slime.tools.reachability import check_services
     from slime.tools.registry import load_tool_config
 
     try:
-        load_tool_config(path)
+        check_services(load_tool_config(path))
     except Exception as e:  # noqa: BLE001 - ToolConfigError names the file and the entry
         raise PreflightError(f"--tool-config-path: {e}") from None
 

@@ -54,6 +54,11 @@ class BaseTool:
     def use_services(self, services: ToolServices) -> None:
         """Receive the run's shared services before the first call (default: none needed)."""
 
+    def service_urls(self) -> dict[str, str]:
+        """The remote services this tool calls, as {config field: URL}, so the start-up checks can
+        refuse a run whose service is not there (`slime.tools.reachability`). Default: none."""
+        return {}
+
     async def create(self, instance_id: str | None = None, *, create_kwargs: dict[str, Any] | None = None,
                      **kwargs: Any) -> tuple[str, ToolResponse]:
         create_kwargs_of(create_kwargs, kwargs)  # same argument checks as every tool

@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from uuid import uuid4
 
-from slime.tools.base_tool import BaseTool, create_kwargs_of
+from slime.tools.answer_tool import AnswerTool
 from slime.tools.schemas import ToolResponse
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -40,22 +39,8 @@ def gsm8k_score(answer: Any, ground_truth: Any) -> float:
     return 1.0 if a is not None and g is not None and a == g else 0.0
 
 
-class Gsm8kTool(BaseTool):
-    """config: `penalty` (step reward when an answer does not improve, default -0.05)."""
-
-    def __init__(self, config: dict[str, Any], tool_schema):
-        super().__init__(config, tool_schema)
-        self.penalty = float(self.config.get("penalty", -0.05))
-        self._state: dict[str, dict[str, Any]] = {}
-
-    async def create(self, instance_id: str | None = None, ground_truth: Any = None, *,
-                     create_kwargs: dict[str, Any] | None = None, **kwargs: Any):
-        """`create(iid, ground_truth=...)` or verl's `create(create_kwargs={"ground_truth": ...})`."""
-        if ground_truth is None:
-            ground_truth = create_kwargs_of(create_kwargs, kwargs).get("ground_truth")
-        instance_id = instance_id or str(uuid4())
-        self._state[instance_id] = {"ground_truth": ground_truth, "reward": 0.0, "answers": []}
-        return instance_id, ToolResponse()
+class Gsm8kTool(AnswerTool):
+    """config: `penalty` (see `AnswerTool`)."""
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
         state = self._state[instance_id]
@@ -65,9 +50,3 @@ class Gsm8kTool(BaseTool):
         state["reward"] = max(state["reward"], score)
         state["answers"].append(answer)
         return ToolResponse(text=f"Current parsed answer={answer!r} reward={score}"), step, {"score": score}
-
-    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        return self._state[instance_id]["reward"]
-
-    async def release(self, instance_id: str, **kwargs: Any) -> None:
-        self._state.pop(instance_id, None)

@@ -78,11 +78,13 @@ def build_mcp_tools(cls: type, class_name: str, config: dict[str, Any], section:
         raise _error(f"{where}: {class_name} is verl's own MCP class; verl's MCP client set-up is not driven from "
                      f"slime. Use slime.tools.mcp_tool.MCPSearchTool (or MCPTool) as class_name, or uninstall "
                      f"verl to have it mapped")
+    tools = f"MCP tools {selected}" if selected else "MCP tools"
     if not mcp_client_available():
-        raise _error(f"{where} ({class_name}, config.type: mcp): cannot create the MCP tools of {path}: the MCP "
+        raise _error(f"{where} ({class_name}, config.type: mcp): cannot create the {tools} of {path}: the MCP "
                      f"client library is not installed (pip install mcp)")
-    raise _error(f"{where} ({class_name}, config.type: mcp): the `mcp` package is installed, but this slime has "
-                 f"no MCP client yet; wrap your MCP server in a native tool class for now")
+    raise _error(f"{where} ({class_name}, config.type: mcp): cannot create the {tools} of {path}: the `mcp` "
+                 f"package is installed, but this slime has no MCP client yet; wrap your MCP server in a native "
+                 f"tool class for now")
 
 
 class MCPTool(BaseTool):

@@ -44,8 +44,9 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 class ToolSet:
     """The tools of one config, by name, with their argument validators."""
 
-    def __init__(self, tools: list[BaseTool], source: str = "<memory>"):
+    def __init__(self, tools: list[BaseTool], source: str = "<memory>", entries: dict[str, int] | None = None):
         self.source = source
+        self.entries = dict(entries or {})  # tool name -> index of its `tools[i]` entry in the file
         self.tools: dict[str, BaseTool] = {}
         self.validators: dict[str, jsonschema.Draft202012Validator] = {}
         for tool in tools:
@@ -63,6 +64,11 @@ class ToolSet:
     @property
     def names(self) -> list[str]:
         return list(self.tools)
+
+    def entry_of(self, name: str) -> str:
+        """Where the tool `name` is configured, as errors name it (`tools[i]`)."""
+        i = self.entries.get(name)
+        return f"tools[{i}]" if i is not None else f"tool {name!r}"
 
     def use_services(self, services: ToolServices) -> None:
         """Hand the run's shared services (sandbox URL, limiters) to every tool that wants them."""
@@ -283,7 +289,7 @@ def build_tools(entry: Any, where: str, base_dir: str | Path | None = None) -> l
     try:
         cls, note = resolve_tool_class(class_name)
     except PluginLoadError as e:
-        raise ToolConfigError(f"{where}.class_name: {e}") from e
+        raise ToolConfigError(f"{where}.class_name: {e}{_naming(entry)}") from e
     if note:
         logger.info("%s: %s", where, note)
     if not is_tool_class(cls):
@@ -314,6 +320,14 @@ def build_tools(entry: Any, where: str, base_dir: str | Path | None = None) -> l
     if schema is None:  # the class brought its own: check it like a configured one
         _validate_schema(tool.tool_schema.model_dump(exclude_none=True), where)
     return [tool]
+
+
+def _naming(entry: dict[str, Any]) -> str:
+    """` (tool 'x')` when the entry's schema names its tool, so an error says which tool it stops."""
+    schema = entry.get("tool_schema")
+    function = schema.get("function") if isinstance(schema, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return f" (tool {name!r})" if isinstance(name, str) and name else ""
 
 
 def build_tool(entry: Any, where: str) -> BaseTool:
@@ -356,6 +370,11 @@ def load_tool_config(path: str | Path) -> ToolSet:
     """Parse and build every tool of a YAML file (always builds new objects; see `get_tool_set`)."""
     path = str(path)
     data = read_yaml(path)
+    if isinstance(data, dict) and "tools" not in data and "interaction" in data:
+        raise ToolConfigError(f"{path}: interaction: this is a verl interaction config (interaction_config_path), "
+                              f"not a tool config; slime has no interaction system, so nothing would run "
+                              f"{_interaction_names(data['interaction'])}: give --tool-config-path a file with a "
+                              f"top-level 'tools:' list")
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise ToolConfigError(f"{path}: expected a top-level 'tools:' list")
     tools, seen = [], {}
@@ -366,7 +385,15 @@ def load_tool_config(path: str | Path) -> ToolSet:
                                       f"{tool.name!r} (already used by tools[{seen[tool.name]}])")
             seen[tool.name] = i
             tools.append(tool)
-    return ToolSet(tools, source=path)
+    return ToolSet(tools, source=path, entries=seen)
+
+
+def _interaction_names(entries: Any) -> str:
+    """verl's `interaction:` entries as `name (class_name)`, for the refusal."""
+    items = entries if isinstance(entries, list) else []
+    named = [f"{e['name']!r} ({e.get('class_name')})" if "name" in e else str(e.get("class_name"))
+             for e in items if isinstance(e, dict)]
+    return ", ".join(named) or "its entries"
 
 
 def start_shared_services(path: str | Path) -> tuple[ToolServices, list[Any]]:

@@ -100,6 +100,10 @@ class SandboxFusionTool(BaseTool):
         if self.url_cfg == "local" and services.sandbox_url:
             self._url = services.sandbox_url.rstrip("/")
 
+    def service_urls(self) -> dict[str, str]:
+        """The configured sandbox (`local` is started by the run itself: nothing to check)."""
+        return {} if self.url_cfg == "local" else {"sandbox_fusion_url": self.url_cfg}
+
     def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema):
         super().__init__(config, tool_schema)
         self._http = HttpClient()

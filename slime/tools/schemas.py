@@ -48,8 +48,13 @@ class OpenAIFunctionToolSchema(BaseModel):
     function: OpenAIFunctionSchema
 
     def to_openai(self) -> dict[str, Any]:
-        """Plain dict for chat templates, without None-valued keys the config never had."""
-        return self.model_dump(exclude_none=True)
+        """Plain dict for chat templates, without None-valued keys the config never had, and without
+        `strict` unless the config set it: verl renders its schemas with `exclude_unset`, so a verl
+        YAML's tools reach the prompt (and its tokens) exactly as verl shows them."""
+        out = self.model_dump(exclude_none=True)
+        if "strict" not in self.function.model_fields_set:
+            del out["function"]["strict"]
+        return out
 
 
 class OpenAIFunctionParsedSchema(BaseModel):

@@ -74,6 +74,9 @@ class SearchTool(BaseTool):
         self._instances[iid] = []
         return iid, ToolResponse()
 
+    def service_urls(self) -> dict[str, str]:
+        return {"retrieval_service_url": self.retrieval_service_url}
+
     def results(self, instance_id: str) -> list[str]:
         """What the searches of one trajectory returned (verl's calc_reward value)."""
         return list(self._instances.get(instance_id, []))

@@ -1,0 +1,421 @@
+"""verl's own tool and interaction configs (vendored unchanged under tests/data/verl/, see its README):
+each one loads, runs a multi-turn rollout with verl's data recipe row, or is refused before anything
+starts with an error naming the file, the entry, the tool and the field.
+
+| file (verl path)                                          | outcome                                   |
+| --------------------------------------------------------- | ----------------------------------------- |
+| tool_config/gsm8k_tool_config.yaml                        | loads, runs unchanged                     |
+| tool_config/sandbox_fusion_tool_config.yaml, tests' copy  | loads; refused at start (sandbox URL)     |
+| tool_config/search_tool_config.yaml, tests' copy          | loads; refused at start (retriever URL)   |
+| sandbox / search with only their URL pointed at ours      | runs                                      |
+| tool_config/geo3k_tool_config.yaml                        | loads, runs unchanged (slime's Geo3kTool) |
+| tool_config/mcp_tool_config.yaml, tests' copy             | refused at load (no MCP client)           |
+| interaction_config/gsm8k_interaction_config.yaml          | refused at load (no interaction system)   |
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slime.tools.reachability import check_services
+from slime.tools.registry import ToolConfigError, load_tool_config
+from slime.tools.sandbox_fusion_tool import SandboxFusionTool
+from slime.tools.search_tool import SearchTool
+from slime.tools.geo3k_tool import Geo3kTool
+from slime.tools.gsm8k_tool import Gsm8kTool
+from slime.tools.verl_compat import verl_installed
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "verl"
+EX = "examples/sglang_multiturn/config/tool_config"
+TESTS = "tests/workers/rollout/resource/tool_configs"
+INTERACTION = "examples/sglang_multiturn/config/interaction_config/gsm8k_interaction_config.yaml"
+without_verl = pytest.mark.skipif(verl_installed(), reason="checks the mapping used when verl is not installed")
+
+LOADS = {  # file -> (tool names, slime class)
+    f"{EX}/gsm8k_tool_config.yaml": (["calc_gsm8k_reward"], Gsm8kTool),
+    f"{EX}/geo3k_tool_config.yaml": (["calc_geo3k_reward"], Geo3kTool),
+    f"{EX}/sandbox_fusion_tool_config.yaml": (["code_interpreter"], SandboxFusionTool),
+    f"{EX}/search_tool_config.yaml": (["search"], SearchTool),
+    f"{TESTS}/sandbox_fusion_tool_config": (["code_interpreter"], SandboxFusionTool),
+    f"{TESTS}/search_tool_config": (["search"], SearchTool),
+}
+SANDBOX_URL = "https://xxx.apigateway-cn-beijing.volceapi.com/run_code"
+REFUSED_AT_START = {  # file -> what follows "<file>: " in the refusal
+    # the placeholder gateway does not resolve (the reason is the resolver's, so it is not pinned)
+    f"{EX}/sandbox_fusion_tool_config.yaml": f"tools[0] ('code_interpreter').config.sandbox_fusion_url: cannot "
+                                             f"reach {SANDBOX_URL} (",
+    f"{TESTS}/sandbox_fusion_tool_config": f"tools[0] ('code_interpreter').config.sandbox_fusion_url: cannot reach "
+                                           f"{SANDBOX_URL} (",
+    f"{EX}/search_tool_config.yaml": "tools[0] ('search').config.retrieval_service_url: cannot reach "
+                                     "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
+    f"{TESTS}/search_tool_config": "tools[0] ('search').config.retrieval_service_url: cannot reach "
+                                   "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
+}
+NO_MCP_CLIENT = ("tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, config.type: mcp): cannot create the MCP tools "
+                 "['tavily_search_tool'] of {servers}: the MCP client library is not installed (pip install mcp)")
+REFUSED_AT_LOAD = {  # file -> the whole refusal after "<file>: " ({dir}: the file's folder)
+    f"{EX}/mcp_tool_config.yaml": NO_MCP_CLIENT.format(servers="{dir}/mcp_server.json"),
+    # relative to the folder verl runs that test from (tests/workers/rollout); see the chdir test
+    f"{TESTS}/mcp_tool_config": ("tools[0].mcp.mcp_servers_config_path: no such file "
+                                 "'./resource/tool_configs/mcp_server.json' (looked in {cwd}/resource/tool_configs, "
+                                 "{dir}/resource/tool_configs)"),
+    INTERACTION: ("interaction: this is a verl interaction config (interaction_config_path), not a tool config; "
+                  "slime has no interaction system, so nothing would run 'gsm8k' "
+                  "(verl.interactions.gsm8k_interaction.Gsm8kInteraction): give --tool-config-path a file with a "
+                  "top-level 'tools:' list"),
+}
+SERVER_LISTS = {f"{EX}/mcp_server.json", f"{TESTS}/mcp_server.json"}  # read by the two mcp configs
+
+
+def test_every_vendored_file_has_an_expected_outcome():
+    files = {str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file()}
+    configs = files - {"README.md"} - {f for f in files if f.startswith("rows/")} - SERVER_LISTS
+    assert configs == set(LOADS) | set(REFUSED_AT_LOAD)
+    assert set(REFUSED_AT_START) <= set(LOADS) and SERVER_LISTS <= files
+
+
+@without_verl
+@pytest.mark.parametrize("name", sorted(LOADS))
+def test_verl_config_loads_unchanged(name):
+    names, cls = LOADS[name]
+    tools = load_tool_config(DATA / name)
+    assert tools.names == names and [type(t) for t in tools.tools.values()] == [cls]
+    raw = yaml.safe_load((DATA / name).read_text())["tools"][0]
+    assert tools.schemas() == [raw["tool_schema"]]  # the prompt shows verl's schema as written
+    assert dict(tools[names[0]].config) == raw["config"]
+
+
+@pytest.mark.parametrize("given", [{}, {"strict": True}, {"strict": False}])
+def test_strict_reaches_the_prompt_only_when_the_config_sets_it(given):
+    """verl shows its schemas with `exclude_unset`: a YAML without `strict` shows none."""
+    from slime.tools.schemas import OpenAIFunctionToolSchema
+
+    raw = {"type": "function", "function": {"name": "f", "description": "d", **given}}
+    shown = OpenAIFunctionToolSchema.model_validate(raw).to_openai()["function"]
+    empty = {"type": "object", "properties": {}, "required": []}
+    assert shown == {"name": "f", "description": "d", "parameters": empty, **given}
+
+
+def test_an_interaction_config_without_names_is_refused_naming_its_classes(tmp_path):
+    path = tmp_path / "interaction.yaml"
+    path.write_text("interaction:\n  - class_name: my.interactions.Judge\n    config: {}\n")
+    with pytest.raises(ToolConfigError, match=r"interaction: this is a verl interaction config .* nothing would run "
+                                              r"my\.interactions\.Judge: give --tool-config-path"):
+        load_tool_config(path)
+
+
+@without_verl
+@pytest.mark.parametrize("name", sorted(REFUSED_AT_LOAD))
+def test_verl_config_refused_at_load_names_file_and_field(name, monkeypatch):
+    from slime.tools import mcp_tool
+
+    monkeypatch.setattr(mcp_tool, "mcp_client_available", lambda: False)
+    path = DATA / name
+    with pytest.raises(ToolConfigError) as e:
+        load_tool_config(path)
+    expected = REFUSED_AT_LOAD[name].format(cwd=Path.cwd(), dir=path.parent.resolve())
+    assert str(e.value) == f"{path}: {expected}"
+
+
+@without_verl
+def test_verl_tests_mcp_config_from_verls_folder_reaches_the_mcp_refusal(monkeypatch):
+    """Run from the folder verl's test runs in, the relative server list is found (verl's rule: the CWD)."""
+    from slime.tools import mcp_tool
+
+    monkeypatch.setattr(mcp_tool, "mcp_client_available", lambda: False)
+    monkeypatch.chdir(DATA / "tests" / "workers" / "rollout")
+    path = DATA / TESTS / "mcp_tool_config"
+    with pytest.raises(ToolConfigError) as e:
+        load_tool_config(path)
+    assert str(e.value) == f"{path}: " + NO_MCP_CLIENT.format(servers="resource/tool_configs/mcp_server.json")
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AT_START))
+def test_verl_config_with_an_unreachable_service_is_refused_before_the_run(name):
+    """The preflight of `--tool-config-path` (what the CLI runs before Ray starts) names the service."""
+    from slime.cli.preflight import PreflightError, check_tools
+
+    if "127.0.0.1:8000" in REFUSED_AT_START[name] and _listening("127.0.0.1", 8000):
+        pytest.skip("something else listens on 127.0.0.1:8000, verl's retriever address")
+    path = DATA / name
+    with pytest.raises(PreflightError) as e:
+        check_tools(argparse.Namespace(tool_config_path=str(path)))
+    msg = str(e.value)
+    assert msg.startswith(f"--tool-config-path: {path}: {REFUSED_AT_START[name]}"), msg
+    assert msg.endswith("); start the service there or change the URL before the run starts"), msg
+
+
+@without_verl
+def test_slime_rollout_with_verls_sandbox_yaml_stops_before_anything_starts(tmp_path, tiny_model_dir, capsys):
+    """The whole command line: verl's DAPO row and sandbox YAML, unchanged; the run body never starts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime.cli.args import parse_args
+    from slime.cli.command import run_cli
+
+    rows = [json.loads((DATA / "rows" / "dapo_multiturn_w_tool.jsonl").read_text())]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    config = DATA / EX / "sandbox_fusion_tool_config.yaml"
+    started = []
+    rc = run_cli("slime-rollout", [
+        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+        str(tmp_path / "train.parquet"), "--input-key", "prompt", "--label-key", "reward_model.ground_truth",
+        "--tool-key", "extra_info.tools_kwargs", "--tool-config-path", str(config),
+        "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout"], parse_args, started.append)
+    err = capsys.readouterr().err
+    assert rc == 1 and started == []
+    refusal = REFUSED_AT_START[f"{EX}/sandbox_fusion_tool_config.yaml"]
+    assert f"slime-rollout: error: --tool-config-path: {config}: {refusal}" in err, err
+
+
+def _listening(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def test_reachable_services_pass_and_every_unreachable_one_is_counted(tmp_path):
+    from slime.testing.retriever import Retriever
+    from slime.utils.misc import find_free_port
+
+    data = yaml.safe_load((DATA / EX / "search_tool_config.yaml").read_text())
+    second = json.loads(json.dumps(data["tools"][0]))
+    second["tool_schema"]["function"]["name"] = "search2"
+    data["tools"].append(second)
+    with Retriever(["Berlin\nBerlin is the capital of Germany."]) as r:
+        for entry in data["tools"]:
+            entry["config"]["retrieval_service_url"] = r.url
+        path = tmp_path / "two.yaml"
+        path.write_text(yaml.safe_dump(data))
+        check_services(load_tool_config(path))  # both reachable: nothing raised
+        assert r.requests == []  # a connection only: the retriever was asked nothing
+    dead = [f"http://127.0.0.1:{find_free_port()}/retrieve", "ftp://example/retrieve"]
+    for entry, url in zip(data["tools"], dead):
+        entry["config"]["retrieval_service_url"] = url
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ToolConfigError) as e:
+        check_services(load_tool_config(path))
+    with pytest.raises(ToolConfigError) as on_a_loop:  # called from async code: same answer
+
+        async def from_a_loop():
+            check_services(load_tool_config(path))
+        asyncio.run(from_a_loop())
+    assert str(on_a_loop.value) == str(e.value)
+    assert str(e.value).startswith(f"{path}: tools[0] ('search').config.retrieval_service_url: cannot reach {dead[0]} "
+                                   f"(ConnectionRefusedError: ")
+    assert str(e.value).endswith(") (and 1 more); start the service there or change the URL before the run starts")
+
+
+# ---- multi-turn rollouts with verl's configs and recipe rows ----------------------------------------
+IM_END = 151645
+PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512, "skip_special_tokens": False,
+          "no_stop_trim": True}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from slime.testing.tiny_model import qwen_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+
+
+@pytest.fixture(scope="module")
+def stack(tok, tmp_path_factory):
+    """A scripted engine behind the real router; `scripts[key]` answers the prompt containing `key`,
+    turn by turn (the engine finds the key in the decoded input, so verl's prompts stay unmarked)."""
+    from slime.fleet.router import Router
+    from slime.testing.scripted_engine import ScriptedEngine
+    from slime.testing.tiny_model import qwen_tokenizer_dir
+    from slime.utils.misc import find_free_port
+
+    scripts: dict[str, list[dict[str, Any]]] = {}
+
+    def script(body: dict) -> dict:
+        text = tok.decode(body["input_ids"], skip_special_tokens=False)
+        key = next(k for k in scripts if k in text)
+        return scripts[key][text.count("<|im_start|>assistant") - 1]
+
+    engine = ScriptedEngine(script, str(qwen_tokenizer_dir()), find_free_port()).start()
+    router = Router(log_dir=str(tmp_path_factory.mktemp("router"))).start()
+    router.add_worker(engine.url)
+    yield {"router": router, "engine": engine, "scripts": scripts, "model": str(qwen_tokenizer_dir())}
+    router.stop()
+    engine.stop()
+
+
+def say(tok, text: str, lp0: float) -> dict[str, Any]:
+    ids = tok.encode(text, add_special_tokens=False) + [IM_END]
+    return {"output_ids": ids, "finish_type": "stop", "log_probs": [lp0 - 0.001 * i for i in range(len(ids))]}
+
+
+def call(name: str, arguments: dict[str, Any]) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+def tool_delta(tok, content: str) -> list[int]:
+    """What Qwen3's template inserts after an assistant turn that ended with <|im_end|>, written out by hand."""
+    return tok.encode(f"\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
+                      f"<|im_start|>assistant\n", add_special_tokens=False)
+
+
+def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path, rm_type: str | None):
+    """(args, sample) for the recipe's row written as verl writes it (parquet), read with verl's keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime.rollout.data_source import read_rows, sample_from_row
+    from slime.testing.runtime import bind_runtime
+    from slime.tools.flags import tool_defaults
+
+    rows = [json.loads(line) for line in (DATA / "rows" / f"{recipe}.jsonl").read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    args = argparse.Namespace(**{
+        **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
+        "hf_checkpoint": stack["model"], "rollout_max_response_len": 512, "rollout_max_context_len": None,
+        "sglang_server_concurrency": 8, "request_timeout": 30.0, "request_max_retries": 0,
+        "tool_config_path": str(tool_config), "rm_type": rm_type, "custom_rm_path": None, "group_rm": False,
+        "tool_reward_mode": "add" if rm_type else "none",
+        "tool_key": "extra_info.tools_kwargs", "metadata_key": None, "apply_chat_template": False})
+    bind_runtime(args, tokenizer=tok)
+    row = read_rows(tmp_path / "train.parquet")[0]
+    sample = sample_from_row(args, row, f"{recipe}:1", "prompt", "reward_model.ground_truth", tokenize=False)
+    return args, sample, row
+
+
+async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], tool_texts: list[str]):
+    """Every turn but the last calls a tool, the last answers: exact tokens, masks (tool tokens 0) and
+    log-probs, and the engine sent exactly the growing trajectory each turn."""
+    from rollout_plugins.multi_turn import MultiTurnContext, generate
+    from slime.rollout.runtime import current, unbind
+    from slime.tools.registry import close_tool_sets
+
+    outs = [say(tok, text, -1.0 - t) for t, text in enumerate(turns)]
+    stack["scripts"][key] = outs
+    n0 = len(stack["engine"].requests)
+    names = list(row["extra_info"]["tools_kwargs"])
+    schemas = MultiTurnContext.get(args).tools.schemas(names)
+    try:
+        s = await generate(args, sample, dict(PARAMS))
+    finally:  # the run's HTTP sessions (engine client, tools) closed on the loop they ran on
+        runtime = current(args)
+        await runtime.client.close()
+        unbind(runtime)
+        await close_tool_sets()
+    prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas, tokenize=False,
+                                                add_generation_prompt=True), add_special_tokens=False)
+    deltas = [tool_delta(tok, text) for text in tool_texts] + [[]]
+    tokens, mask, log_probs, sent = list(prompt), [], [], []
+    for out, delta in zip(outs, deltas):
+        sent.append(list(tokens))
+        tokens += out["output_ids"] + delta
+        mask += [1] * len(out["output_ids"]) + [0] * len(delta)
+        log_probs += out["log_probs"] + [0.0] * len(delta)
+    assert s.tokens == tokens and s.loss_mask == mask and s.rollout_log_probs == pytest.approx(log_probs)
+    assert [r["input_ids"] for r in stack["engine"].requests[n0:]] == sent
+    md = s.metadata
+    assert md["turns"] == len(turns) and md["tool_errors"] == [] and md["parse_errors"] == []
+    assert md["template_drift"] is False and md["tool_calls"] == {names[0]: len(tool_texts)}
+    return s
+
+
+@without_verl
+async def test_gsm8k_yaml_unchanged_runs_verls_gsm8k_recipe_row(stack, tok, tmp_path):
+    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_tool", tmp_path,
+                                      DATA / EX / "gsm8k_tool_config.yaml", "gsm8k")
+    assert sample.label == "72" and sample.metadata["tools_kwargs"] == {
+        "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
+    s = await run_turns(stack, tok, args, sample, row, "Natalia sold clips",
+                           ["<think>\n48 + 24 = 72\n</think>\n\n" + call("calc_gsm8k_reward", {"answer": "72"}),
+                            "<think>\nconfirmed\n</think>\n\n#### 72"], ["Current parsed answer='72' reward=1.0"])
+    assert s.metadata["tool_rewards"] == {"calc_gsm8k_reward": 1.0}
+    assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_gsm8k_reward", "reward": 0.0}]
+    assert s.metadata["outcome_reward"] == 1.0 and s.reward == 2.0  # --tool-reward-mode add: outcome + tool
+
+
+@without_verl
+async def test_geo3k_yaml_unchanged_runs_verls_geo3k_recipe_row(stack, tok, tmp_path):
+    """A wrong submission is penalised, the right one (written differently from the ground truth) scores;
+    the outcome rule grades the boxed final answer."""
+    args, sample, row = recipe_sample(stack, tok, "geo3k_multiturn_w_tool", tmp_path,
+                                      DATA / EX / "geo3k_tool_config.yaml", "math")
+    assert sample.label == "2 \\sqrt { 221 }"
+    s = await run_turns(stack, tok, args, sample, row, "hypotenuse of the right triangle",
+                        ["<think>\n30 - 8\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "30"}),
+                         "<think>\nPythagoras\n</think>\n\n" + call("calc_geo3k_reward",
+                                                                          {"answer": "2\\sqrt{221}"}),
+                         "<think>\nconfirmed\n</think>\n\n\\boxed{2\\sqrt{221}}"],
+                        ["Current parsed answer='30' reward=0.0", "Current parsed answer='2\\\\sqrt{221}' reward=1.0"])
+    assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_geo3k_reward", "reward": -0.05},
+                                          {"turn": 2, "tool": "calc_geo3k_reward", "reward": 0.0}]
+    assert s.metadata["tool_rewards"] == {"calc_geo3k_reward": 1.0}
+    assert s.metadata["outcome_reward"] == 1 and s.reward == pytest.approx(1.95)
+
+
+def with_url(tmp_path: Path, name: str, field: str, url: str) -> Path:
+    """verl's YAML with only the service URL changed."""
+    data = yaml.safe_load((DATA / name).read_text())
+    data["tools"][0]["config"][field] = url
+    path = tmp_path / Path(name).name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@without_verl
+async def test_search_yaml_runs_verls_search_r1_row_against_a_local_retriever(stack, tok, tmp_path):
+    from slime.testing.retriever import Retriever
+
+    with Retriever(["Berlin\nBerlin is the capital of Germany."]) as retriever:
+        config = with_url(tmp_path, f"{EX}/search_tool_config.yaml", "retrieval_service_url", retriever.url)
+        args, sample, row = recipe_sample(stack, tok, "preprocess_search_r1_dataset", tmp_path, config, None)
+        s = await run_turns(stack, tok, args, sample, row, "capital of germany",
+                       ["<think>\nlook it up\n</think>\n\n" + call("search", {"query_list": ["capital of Germany"]}),
+                        "<think>\nfound it\n</think>\n\n<answer> Berlin </answer>"],
+                       [json.dumps({"result": "Doc 1 (Title: Berlin)\nBerlin is the capital of Germany."})])
+        assert retriever.requests == [{"queries": ["capital of Germany"], "topk": 3, "return_scores": True}]
+    assert s.metadata["tool_rewards"] == {"search": 0.0}
+
+
+@without_verl
+async def test_sandbox_fusion_yaml_runs_verls_dapo_row_against_a_local_sandbox(stack, tok, tmp_path):
+    from slime.sandbox.server import start_local_sandbox
+
+    url, handle = start_local_sandbox(max_concurrency=2, allow_no_isolation=True)
+    try:
+        config = with_url(tmp_path, f"{EX}/sandbox_fusion_tool_config.yaml", "sandbox_fusion_url", url)
+        args, sample, row = recipe_sample(stack, tok, "dapo_multiturn_w_tool", tmp_path, config, None)
+        s = await run_turns(stack, tok, args, sample, row, "first 6 positive odd",
+                       ["<think>\nrun it\n</think>\n\n" + call("code_interpreter", {
+                           "code": "print(sum(range(1, 12, 2)))"}),
+                        "<think>\nit printed 36\n</think>\n\nAnswer: 36"], ["36\n"])
+    finally:
+        handle.stop()
+    assert s.metadata["tool_rewards"] == {"code_interpreter": 0.0}
+
+
+@without_verl
+async def test_geo3k_tool_keeps_the_last_submissions_score_as_verl_does():
+    from slime.tools.schemas import ToolResponse
+
+    tool = load_tool_config(DATA / EX / "geo3k_tool_config.yaml")["calc_geo3k_reward"]
+    iid, _ = await tool.create(create_kwargs={"ground_truth": "0.5"})  # verl's agent loop
+    assert await tool.execute(iid, {"answer": "\\frac{1}{2}"}) == (
+        ToolResponse(text="Current parsed answer='\\\\frac{1}{2}' reward=1.0"), 0.0, {"score": 1.0})
+    assert (await tool.execute(iid, {"answer": "x"}))[1:] == (-0.05, {"score": 0.0})
+    assert await tool.calc_reward(iid) == 0.0  # the last submission's score, not the best
+    await tool.release(iid)
+    iid, _ = await tool.create("g", ground_truth="3")  # the older convention
+    assert iid == "g" and (await tool.execute(iid, {"answer": 3}))[2] == {"score": 1.0}  # a number is read as text
+    await tool.release(iid)
+    assert tool._state == {}

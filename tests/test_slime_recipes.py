@@ -1,0 +1,253 @@
+"""slime's example recipes with their plugin files unchanged (`examples/search-r1`, `examples/retool`,
+`examples/multi_agent`, copied from THUDM/slime@624b824a), run by our default rollout function through
+the real sglang-router in front of a scripted engine, with the flags of their run scripts; and every
+upstream run script (`tests/data/slime_run_scripts`, same commit) parses whole with our parser.
+
+The scripted engine answers what each recipe's loop waits for (a search, a code call, a rewrite, a
+judgment), so every token, mask, log-prob and reward below is known exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slime.cli.args import parse_args
+from slime.fleet.router import Router
+from slime.rollout.data_source import DataSource
+from slime.rollout.sglang_rollout import generate_rollout
+from slime.testing.retriever import Retriever
+from slime.testing.runtime import bind_runtime
+from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
+from slime.utils.misc import find_free_port
+from slime.utils.types import Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_SCRIPTS = ROOT / "tests/data/slime_run_scripts"
+
+SEARCH_PROMPT = "<|im_start|>user\nsearch task: capital of france? Answer as <answer> x </answer>.<|im_end|>\n" \
+                "<|im_start|>assistant\n"
+SEARCH_1 = "<think>look it up</think>\n<search>capital of france</search>"
+SEARCH_2 = "<think>found it</think>\n<answer>Paris</answer>"
+RETOOL_1 = "<code>print(6 * 7)</code>"
+RETOOL_2 = "So Answer: \\boxed{42}"
+SOLVER = "</think>I think \\boxed{2}"
+REWRITER = "</think>rewritten: \\boxed{2}"
+SELECTOR = "</think>Judgment: 1"
+
+
+def reply(prompt: str) -> str:
+    """What the scripted engine says, from the text it is shown."""
+    if "Candidate Solutions" in prompt:
+        return SELECTOR
+    if "Solution Rewriting" in prompt:
+        return REWRITER
+    if "multi agent task" in prompt:
+        return SOLVER
+    if "<information>" in prompt:
+        return SEARCH_2
+    if "search task" in prompt:
+        return SEARCH_1
+    if "<interpreter>" in prompt:
+        return RETOOL_2
+    if "retool task" in prompt:
+        return RETOOL_1
+    return "plain"
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+    def script(body):
+        shown = body["text"] if "text" in body else tok.decode(body["input_ids"])  # search-r1 sends text
+        out = tok(reply(shown), add_special_tokens=False)["input_ids"]
+        cap = body["sampling_params"]["max_new_tokens"]
+        return {"output_ids": out[:cap], "finish_type": "length" if cap < len(out) else "stop",
+                "text": tok.decode(out[:cap])}
+
+    engine = ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start()
+    router = Router().start()
+    router.add_worker(engine.url)
+    retriever = Retriever(["Paris\nParis is the capital of France.", "Berlin\nBerlin is in Germany."]).start()
+    yield router, engine, retriever, tok
+    retriever.stop()
+    router.stop()
+    engine.stop()
+
+
+def run_recipe(tmp_path, cluster, model, rows, *flags) -> list[list[Sample]]:
+    router, engine, retriever, tok = cluster
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
+                       "--input-key", "prompt", "--sglang-router-ip", router.host,
+                       "--sglang-router-port", str(router.port), "--rollout-batch-size", str(len(rows)), *flags])
+    bind_runtime(args, tokenizer=tok)
+    return generate_rollout(args, 0, DataSource.from_args(args, tok)).samples
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def sampled(n: int) -> list[float]:
+    return [default_log_prob(i) for i in range(n)]
+
+
+# ---------------------------------------------------------------- examples/search-r1
+
+
+@pytest.fixture
+def search_r1(monkeypatch, cluster):
+    """The recipe's module as its run script loads it (its directory on PYTHONPATH), pointed at the
+    test's retriever the way its README says: by editing SEARCH_R1_CONFIGS."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples/search-r1"))
+    import generate_with_search
+
+    monkeypatch.setitem(generate_with_search.SEARCH_R1_CONFIGS["local"], "search_url", cluster[2].url)
+    return generate_with_search
+
+
+def test_search_r1_recipe_searches_answers_and_scores_exact_match(tmp_path, cluster, tiny_model_dir, search_r1):
+    router, engine, retriever, tok = cluster
+    first = len(retriever.requests)
+    [[s]] = run_recipe(tmp_path, cluster, tiny_model_dir,
+                       [{"prompt": SEARCH_PROMPT, "reward_model": {"ground_truth": {"target": ["Paris"]}}}],
+                       "--label-key", "reward_model", "--custom-generate-function-path", "generate_with_search.generate",
+                       "--custom-rm-path", "generate_with_search.reward_func", "--rollout-max-response-len", "64")
+    info = "\n\n<information>" + search_r1._passages2string(
+        [{"document": {"contents": "Paris\nParis is the capital of France."}},
+         {"document": {"contents": "Berlin\nBerlin is in Germany."}}]).strip() + "</information>\n\n"
+    one, obs, two = ids(tok, SEARCH_1), ids(tok, info), ids(tok, SEARCH_2)
+    assert retriever.requests[first:] == [{"queries": ["capital of france"], "topk": 3, "return_scores": False}]
+    assert s.tokens == ids(tok, SEARCH_PROMPT) + one + obs + two
+    assert s.loss_mask == [1] * len(one) + [0] * len(obs) + [1] * len(two)
+    assert s.rollout_log_probs == sampled(len(one)) + [0.0] * len(obs) + sampled(len(two))
+    assert s.response == SEARCH_1 + info + SEARCH_2 and s.response_length == len(one + obs + two)
+    assert s.status == Sample.Status.COMPLETED and s.reward == 1.0  # valid format, exact match
+
+
+# ---------------------------------------------------------------- examples/retool
+
+
+def test_retool_recipe_runs_the_code_tool_and_grades_with_dapo(tmp_path, cluster, tiny_model_dir, monkeypatch):
+    router, engine, retriever, tok = cluster
+    monkeypatch.syspath_prepend(str(ROOT / "examples/retool"))
+    import generate_with_retool
+
+    # flags of retool_qwen3_4b_rl.sh that the recipe reads: its context budget and the reward key
+    [[s]] = run_recipe(tmp_path, cluster, tiny_model_dir, [{"prompt": "retool task: 6*7?", "label": "42"}],
+                       "--label-key", "label", "--custom-generate-function-path", "generate_with_retool.generate",
+                       "--custom-rm-path", "generate_with_retool.reward_func", "--reward-key", "score",
+                       "--context-parallel-size", "2", "--max-tokens-per-gpu", "1024",
+                       "--rollout-max-response-len", "64")
+    prompt = generate_with_retool.format_conversation_with_tools(
+        prompt="retool task: 6*7?", tools=generate_with_retool.tool_registry.get_tool_specs())
+    obs = "\n\n<interpreter>\nOutput:\n42\n</interpreter>\n\n"  # the sandbox ran print(6 * 7)
+    one, obs_ids, two = ids(tok, RETOOL_1), ids(tok, obs), ids(tok, RETOOL_2)
+    assert s.tokens == ids(tok, prompt) + one + obs_ids + two
+    assert s.loss_mask == [1] * len(one) + [0] * len(obs_ids) + [1] * len(two)
+    assert s.rollout_log_probs == sampled(len(one)) + [0.0] * len(obs_ids) + sampled(len(two))
+    assert s.response == RETOOL_1 + obs + RETOOL_2 and s.tool_call_count == 1
+    assert s.status == Sample.Status.COMPLETED
+    assert s.reward == {"score": 1.0, "acc": True, "pred": "42"}
+
+
+# ---------------------------------------------------------------- examples/multi_agent
+
+
+def test_multi_agent_recipe_returns_solver_rewriter_and_selector_samples(tmp_path, cluster, tiny_model_dir):
+    router, engine, retriever, tok = cluster
+    # flags of run-qwen3-30B-A3B-multi-agent.sh that the recipe reads
+    [group] = run_recipe(tmp_path, cluster, tiny_model_dir, [{"prompt": "multi agent task: 1+1?", "label": "2"}],
+                         "--label-key", "label", "--custom-generate-function-path",
+                         "examples.multi_agent.rollout_with_multi_agents.generate_with_multi_agents",
+                         "--rm-type", "deepscaler", "--rollout-max-context-len", "4096",
+                         "--rollout-max-response-len", "64")
+    roles = {SOLVER: "solver", REWRITER: "rewriter", SELECTOR: "selector"}
+    by_role: dict[str, list[Sample]] = {}
+    for s in group:
+        by_role.setdefault(roles[s.response], []).append(s)
+    assert {r: len(v) for r, v in by_role.items()} == {"solver": 5, "rewriter": 5, "selector": 1}
+    for s in group:
+        response = ids(tok, s.response)
+        assert s.tokens == ids(tok, s.prompt) + response
+        assert s.loss_mask == [1] * len(response) and s.rollout_log_probs == sampled(len(response))
+        assert s.status == Sample.Status.COMPLETED and s.rollout_id == group[0].rollout_id
+    # every answer is right and the selector picked a right one: all rewards x correct_reward_weight
+    assert sorted(s.reward for s in group) == [1.2] * 11
+    assert by_role["selector"][0].prompt.startswith("You will be given a challenging math problem followed by 5")
+
+
+# ---------------------------------------------------------------- every upstream run script parses
+
+
+def script_argv(script: Path) -> list[str]:
+    """The argv a slime run script hands to train.py: the script runs in bash with `ray`, `pkill`,
+    `sleep`, `nvidia-smi`, `curl` and `python3` as functions; `ray job submit ... -- python3 X`
+    prints what follows, NUL-separated. `/root/slime/` (the scripts' checkout) is our copy, and a
+    file a script sources must be there (its MODEL_ARGS would be missing otherwise)."""
+    fake = r"""
+ray() { if [ "$1" = job ]; then while [ "$1" != -- ]; do shift; done; shift 2; printf '%s\0' "$@" >&3; fi; }
+pkill() { :; }; sleep() { :; }; nvidia-smi() { :; }; curl() { :; }; python3() { :; }; python() { :; }; hf() { :; }
+source() { [ -f "$1" ] || { echo "sources a missing file: $1" >&2; exit 3; }; builtin source "$@"; }
+export WANDB_KEY=KEY
+"""
+    text = script.read_text().replace("/root/slime/", f"{RUN_SCRIPTS}/").replace("set -ex", "")
+    copy = script.with_name(f".argv_of_{script.name}")  # next to it: scripts find their files relative to it
+    copy.write_text(fake + text)
+    try:
+        out = subprocess.run(["bash", "-c", f'source "{copy}" 3>&1 >/dev/null 2>&1'], cwd=RUN_SCRIPTS,
+                             capture_output=True, timeout=60, check=True).stdout.decode()
+    finally:
+        copy.unlink()
+    argv = [a for a in out.split("\0") if a]
+    while argv and not argv[0].startswith("--"):  # the entry point (train.py, train_async.py)
+        argv.pop(0)
+    return argv
+
+
+def local_paths(argv: list[str], model: Path, data: Path) -> list[str]:
+    """The scripts' model and data paths (on a GPU box) replaced by the test's."""
+    out, flag = [], None
+    for a in argv:
+        if a.startswith("--"):
+            flag = a
+        elif a.startswith(("/", "./")) and not os.path.exists(a.split("@[")[0]):
+            path = a.split("@[")[0]
+            if flag == "--hf-checkpoint":
+                a = str(model)
+            elif path.endswith((".jsonl", ".parquet")):
+                a = str(data) + a[len(path):]
+        out.append(a)
+    return out
+
+
+SCRIPTS = sorted(p.relative_to(RUN_SCRIPTS).as_posix() for p in RUN_SCRIPTS.glob("examples/*/*.sh"))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_upstream_run_script_parses_whole(name, tmp_path, monkeypatch):
+    model, data = tmp_path / "hf", tmp_path / "d.jsonl"
+    model.mkdir()
+    data.write_text('{"prompt": "q", "label": "1", "input": "q", "messages": [{"role": "user", "content": "q"}]}\n')
+    argv = script_argv(RUN_SCRIPTS / name)
+    assert "--hf-checkpoint" in argv and len(argv) > 30
+    # the eval-config file names GPU-box datasets: point them at the test's file
+    cfg = RUN_SCRIPTS / "examples/eval_multi_task/multi_task.yaml"
+    if str(cfg) in argv:
+        local = tmp_path / "multi_task.yaml"
+        text = cfg.read_text()
+        for path in ("/root/aime-2024/aime-2024.jsonl", "/root/gpqa/gpqa_eval.jsonl", "/root/ifbench/IFBench_eval.jsonl"):
+            text = text.replace(path, str(data))
+        local.write_text(text.replace("rm_type: ifbench", "rm_type: math"))  # ifbench needs a package
+        argv[argv.index(str(cfg))] = str(local)
+    monkeypatch.chdir(RUN_SCRIPTS)  # --custom-config-path examples/... is relative to slime's checkout
+    args = parse_args(["--rollout-backend", "hf", *local_paths(argv, model, data)])
+    assert args.hf_checkpoint == str(model)

@@ -251,3 +251,56 @@ def test_every_upstream_run_script_parses_whole(name, tmp_path, monkeypatch):
     monkeypatch.chdir(RUN_SCRIPTS)  # --custom-config-path examples/... is relative to slime's checkout
     args = parse_args(["--rollout-backend", "hf", *local_paths(argv, model, data)])
     assert args.hf_checkpoint == str(model)
+
+
+# ---------------------------------------------------------------- examples/train_infer_mismatch_helper
+
+
+def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, monkeypatch):
+    """mis.py's `compute_mis_weights_with_cp` (unchanged) as --custom-tis-function-path with its
+    mis.yaml: token-level truncation at 2, rejection outside [0.5, 2] and batch normalisation change
+    the loss exactly as slime's loss applies them (rejected tokens drop out of the sum, the
+    denominators stay the rollouts' mask totals)."""
+    import torch
+
+    from slime.train.loss import check_loss_args, policy_loss, sample_reducer
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "q"}\n')
+    monkeypatch.chdir(ROOT)  # the run script's --custom-config-path is relative to the checkout
+    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis",
+                       "--custom-config-path", "examples/train_infer_mismatch_helper/mis.yaml",
+                       "--custom-tis-function-path",
+                       "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"])
+    check_loss_args(args)
+    lengths, masks, denoms = [3, 2], [torch.ones(3), torch.ones(2)], torch.tensor([3.0, 2.0])
+    old = torch.zeros(5)
+    rollout = -torch.log(torch.tensor([1.0, 3.0, 0.25, 1.0, 1.5]))  # train/rollout ratios 1, 3, 0.25 | 1, 1.5
+    out = policy_loss(args, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
+                      advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
+                      response_lengths=lengths, loss_masks=masks, reduce=sample_reducer(lengths, masks, denoms),
+                      denominators=denoms, total_lengths=[7, 6])
+    # weights truncated at 2: (1, 2, .25 | 1, 1.5), mean 1.15 -> divided by it; ratios 3 and .25 rejected
+    expected = -(1 / 3 + (1 + 1.5) / 2) / 1.15
+    assert out.metrics["pg_loss"].item() == pytest.approx(expected, rel=1e-6)
+    assert out.metrics["mis_batch_norm_factor"].item() == pytest.approx(1.15 * 2, rel=1e-6)  # one per sample
+    vanilla = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis"])
+    plain = policy_loss(vanilla, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
+                        advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
+                        response_lengths=lengths, loss_masks=masks, reduce=sample_reducer(lengths, masks, denoms))
+    assert plain.metrics["pg_loss"].item() == pytest.approx(-((1 + 2 + 0.25) / 3 + 2.5 / 2), rel=1e-6)
+    assert plain.metrics["tis_clipfrac"].item() == pytest.approx(1 / 3, rel=1e-6)  # ratio 3 clipped to 2
+
+
+def test_mismatch_metrics_need_the_function_that_computes_them(tmp_path):
+    from slime.train.loss import LossConfigError, check_loss_args
+    from slime.utils.misc import PluginLoadError
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "q"}\n')
+    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--get-mismatch-metrics"])
+    with pytest.raises(LossConfigError, match="--get-mismatch-metrics needs --custom-tis-function-path"):
+        check_loss_args(args)
+    args.custom_tis_function_path = "examples.train_infer_mismatch_helper.mis.no_such_function"
+    with pytest.raises(PluginLoadError, match="--custom-tis-function-path"):
+        check_loss_args(args)

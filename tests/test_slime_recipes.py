@@ -119,7 +119,8 @@ def test_search_r1_recipe_searches_answers_and_scores_exact_match(tmp_path, clus
     first = len(retriever.requests)
     [[s]] = run_recipe(tmp_path, cluster, tiny_model_dir,
                        [{"prompt": SEARCH_PROMPT, "reward_model": {"ground_truth": {"target": ["Paris"]}}}],
-                       "--label-key", "reward_model", "--custom-generate-function-path", "generate_with_search.generate",
+                       "--label-key", "reward_model",
+                       "--custom-generate-function-path", "generate_with_search.generate",
                        "--custom-rm-path", "generate_with_search.reward_func", "--rollout-max-response-len", "64")
     info = "\n\n<information>" + search_r1._passages2string(
         [{"document": {"contents": "Paris\nParis is the capital of France."}},
@@ -244,7 +245,8 @@ def test_every_upstream_run_script_parses_whole(name, tmp_path, monkeypatch):
     if str(cfg) in argv:
         local = tmp_path / "multi_task.yaml"
         text = cfg.read_text()
-        for path in ("/root/aime-2024/aime-2024.jsonl", "/root/gpqa/gpqa_eval.jsonl", "/root/ifbench/IFBench_eval.jsonl"):
+        for path in ("/root/aime-2024/aime-2024.jsonl", "/root/gpqa/gpqa_eval.jsonl",
+                     "/root/ifbench/IFBench_eval.jsonl"):
             text = text.replace(path, str(data))
         local.write_text(text.replace("rm_type: ifbench", "rm_type: math"))  # ifbench needs a package
         argv[argv.index(str(cfg))] = str(local)

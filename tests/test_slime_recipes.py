@@ -306,3 +306,24 @@ def test_mismatch_metrics_need_the_function_that_computes_them(tmp_path):
     args.custom_tis_function_path = "examples.train_infer_mismatch_helper.mis.no_such_function"
     with pytest.raises(PluginLoadError, match="--custom-tis-function-path"):
         check_loss_args(args)
+
+
+# ---------------------------------------------------------------- what plugins size their pools by
+
+
+def test_rollout_num_gpus_is_a_number_as_in_slime(tmp_path):
+    """Plugins compute pools from it (strands-sglang's `get_client_from_slime_args`:
+    concurrency x rollout_num_gpus // rollout_num_gpus_per_engine); slime always has a number."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "q"}\n')
+    (tmp_path / "hf").mkdir()
+    base = ["--prompt-data", str(data), "--hf-checkpoint", str(tmp_path / "hf")]
+    args = parse_args(["--rollout-backend", "hf", "--rollout-num-engines", "3", *base])
+    assert (args.rollout_num_gpus, args.rollout_num_engines, args.rollout_num_gpus_per_engine) == (3, 3, 1)
+    assert args.sglang_server_concurrency * args.rollout_num_gpus // args.rollout_num_gpus_per_engine == \
+        args.sglang_server_concurrency * 3
+    # slime: colocated engines use the actors' GPUs
+    args = parse_args(["--rollout-backend", "sglang", "--colocate", "--actor-num-nodes", "2",
+                       "--actor-num-gpus-per-node", "4", "--rollout-num-gpus-per-engine", "2", *base])
+    assert (args.rollout_num_gpus, args.rollout_num_engines) == (8, 4)
+    assert parse_args(["--rollout-backend", "sglang", "--rollout-num-gpus", "2", *base]).rollout_num_gpus == 2

@@ -327,3 +327,30 @@ def test_rollout_num_gpus_is_a_number_as_in_slime(tmp_path):
                        "--actor-num-gpus-per-node", "4", "--rollout-num-gpus-per-engine", "2", *base])
     assert (args.rollout_num_gpus, args.rollout_num_engines) == (8, 4)
     assert parse_args(["--rollout-backend", "sglang", "--rollout-num-gpus", "2", *base]).rollout_num_gpus == 2
+
+
+# ---------------------------------------------------------------- a recipe's log-probs with holes
+
+
+def test_log_probs_left_none_at_untrained_tokens_train_as_slimes_zero(tmp_path):
+    """slime's strands_sglang recipe copies strands-sglang's record, which holds None at tool-output
+    tokens (mask 0): the batch holds 0.0 there (slime's value for tokens appended untrainable) and
+    becomes a tensor; a None at a trained token is an error naming the sample and position."""
+    import torch
+
+    from slime.rollout.controller import BatchError, convert_samples_to_train_data
+    from slime.train_batch.rank_batches import to_cpu_tensor
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "q"}\n')
+    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data)])
+    s = Sample(prompt="p", tokens=[1, 2, 3, 4, 5], response_length=4, loss_mask=[1, 0, 0, 1],
+               rollout_log_probs=[-0.1, None, None, -0.2], reward=1.0, group_index=0, index=0)
+    batch = convert_samples_to_train_data(args, [s])
+    assert batch["rollout_log_probs"] == [[-0.1, 0.0, 0.0, -0.2]] and s.rollout_log_probs[1] is None
+    assert to_cpu_tensor(batch["rollout_log_probs"][0], torch.float32).tolist() == \
+        pytest.approx([-0.1, 0.0, 0.0, -0.2])
+    s.loss_mask = [1, 1, 0, 1]
+    with pytest.raises(BatchError, match=r"sample index=0 group=0: rollout_log_probs\[1\] is None at a token "
+                                         r"the loss trains"):
+        convert_samples_to_train_data(args, [s])

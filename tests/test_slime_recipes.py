@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from slime.rollout.sglang_rollout import generate_rollout
 from slime.testing.retriever import Retriever
 from slime.testing.runtime import bind_runtime
 from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
+from slime.utils.async_utils import run
 from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
@@ -88,8 +90,11 @@ def run_recipe(tmp_path, cluster, model, rows, *flags) -> list[list[Sample]]:
     args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
                        "--input-key", "prompt", "--sglang-router-ip", router.host,
                        "--sglang-router-port", str(router.port), "--rollout-batch-size", str(len(rows)), *flags])
-    bind_runtime(args, tokenizer=tok)
-    return generate_rollout(args, 0, DataSource.from_args(args, tok)).samples
+    runtime = bind_runtime(args, tokenizer=tok)
+    try:
+        return generate_rollout(args, 0, DataSource.from_args(args, tok)).samples
+    finally:
+        run(runtime.client.close())  # its HTTP session lives on the shared loop
 
 
 def ids(tok, text: str) -> list[int]:
@@ -189,29 +194,39 @@ def test_multi_agent_recipe_returns_solver_rewriter_and_selector_samples(tmp_pat
 # ---------------------------------------------------------------- every upstream run script parses
 
 
-def script_argv(script: Path) -> list[str]:
-    """The argv a slime run script hands to train.py: the script runs in bash with `ray`, `pkill`,
-    `sleep`, `nvidia-smi`, `curl` and `python3` as functions; `ray job submit ... -- python3 X`
-    prints what follows, NUL-separated. `/root/slime/` (the scripts' checkout) is our copy, and a
-    file a script sources must be there (its MODEL_ARGS would be missing otherwise)."""
+# what a run script may really run: text tools only; every other command (pip, hf, git, ssh, mkdir,
+# tee, python3, ...) is a no-op, so reading a script's argv installs, downloads and writes nothing
+SAFE_TOOLS = ("awk", "basename", "cat", "date", "dirname", "grep", "head", "hostname", "sed", "seq", "tail", "tr", "wc")
+
+
+def script_argv(tree: Path, name: str) -> tuple[list[str], set[str]]:
+    """The argv the run script `tree/name` hands to train.py. It runs in bash with PATH holding only
+    SAFE_TOOLS and any other command a no-op; `ray job submit ... -- python3 X` prints what follows X,
+    NUL-separated. `/root/slime/` (the scripts' checkout) is `tree`, and a file a script sources
+    must be there (its MODEL_ARGS would be missing otherwise). Also: the commands it did not run."""
+    bin_dir = tree / ".safe-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in SAFE_TOOLS:
+        if not (bin_dir / tool).exists():
+            (bin_dir / tool).symlink_to(shutil.which(tool))
     fake = r"""
+command_not_found_handle() { printf '%s\n' "$1" >> .skipped-commands; }
 ray() { if [ "$1" = job ]; then while [ "$1" != -- ]; do shift; done; shift 2; printf '%s\0' "$@" >&3; fi; }
-pkill() { :; }; sleep() { :; }; nvidia-smi() { :; }; curl() { :; }; python3() { :; }; python() { :; }; hf() { :; }
 source() { [ -f "$1" ] || { echo "sources a missing file: $1" >&2; exit 3; }; builtin source "$@"; }
 export WANDB_KEY=KEY
 """
-    text = script.read_text().replace("/root/slime/", f"{RUN_SCRIPTS}/").replace("set -ex", "")
+    script = tree / name
+    text = script.read_text().replace("/root/slime/", f"{tree}/").replace("set -ex", "")
     copy = script.with_name(f".argv_of_{script.name}")  # next to it: scripts find their files relative to it
     copy.write_text(fake + text)
-    try:
-        out = subprocess.run(["bash", "-c", f'source "{copy}" 3>&1 >/dev/null 2>&1'], cwd=RUN_SCRIPTS,
-                             capture_output=True, timeout=60, check=True).stdout.decode()
-    finally:
-        copy.unlink()
+    out = subprocess.run([shutil.which("bash"), "-c", f'source "{copy}" 3>&1 >/dev/null 2>&1'], cwd=tree,
+                         env={"PATH": str(bin_dir), "HOME": str(tree)}, capture_output=True, timeout=60,
+                         check=True).stdout.decode()
     argv = [a for a in out.split("\0") if a]
     while argv and not argv[0].startswith("--"):  # the entry point (train.py, train_async.py)
         argv.pop(0)
-    return argv
+    skipped = tree / ".skipped-commands"
+    return argv, set(skipped.read_text().split()) if skipped.exists() else set()
 
 
 def local_paths(argv: list[str], model: Path, data: Path) -> list[str]:
@@ -238,10 +253,13 @@ def test_every_upstream_run_script_parses_whole(name, tmp_path, monkeypatch):
     model, data = tmp_path / "hf", tmp_path / "d.jsonl"
     model.mkdir()
     data.write_text('{"prompt": "q", "label": "1", "input": "q", "messages": [{"role": "user", "content": "q"}]}\n')
-    argv = script_argv(RUN_SCRIPTS / name)
+    tree = tmp_path / "slime"
+    shutil.copytree(RUN_SCRIPTS, tree)
+    argv, skipped = script_argv(tree, name)
     assert "--hf-checkpoint" in argv and len(argv) > 30
+    assert "ray" not in skipped and ("pip" in skipped) == name.startswith("examples/geo3k_vlm/")  # it upgrades
     # the eval-config file names GPU-box datasets: point them at the test's file
-    cfg = RUN_SCRIPTS / "examples/eval_multi_task/multi_task.yaml"
+    cfg = tree / "examples/eval_multi_task/multi_task.yaml"
     if str(cfg) in argv:
         local = tmp_path / "multi_task.yaml"
         text = cfg.read_text()
@@ -250,7 +268,7 @@ def test_every_upstream_run_script_parses_whole(name, tmp_path, monkeypatch):
             text = text.replace(path, str(data))
         local.write_text(text.replace("rm_type: ifbench", "rm_type: math"))  # ifbench needs a package
         argv[argv.index(str(cfg))] = str(local)
-    monkeypatch.chdir(RUN_SCRIPTS)  # --custom-config-path examples/... is relative to slime's checkout
+    monkeypatch.chdir(tree)  # --custom-config-path examples/... is relative to slime's checkout
     args = parse_args(["--rollout-backend", "hf", *local_paths(argv, model, data)])
     assert args.hf_checkpoint == str(model)
 

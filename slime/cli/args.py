@@ -316,11 +316,17 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     apply_custom_config(args)
     if args.rollout_backend == "auto":
         args.rollout_backend = "sglang" if _cuda_available() else "hf"
+    if args.rollout_num_gpus is None and args.colocate and args.rollout_backend == "sglang":
+        args.rollout_num_gpus = args.actor_num_gpus_per_node * args.actor_num_nodes  # slime: the actors' GPUs
     if args.rollout_num_engines is None:
         if args.rollout_backend == "sglang" and args.rollout_num_gpus:
             args.rollout_num_engines = max(1, args.rollout_num_gpus // max(1, args.rollout_num_gpus_per_engine))
         else:
             args.rollout_num_engines = 1
+    if args.rollout_num_gpus is None and args.rollout_backend != "sglang":
+        # slime always has a number here and plugins size their pools by it (strands-sglang:
+        # concurrency x rollout_num_gpus // rollout_num_gpus_per_engine): one slot per embedded engine
+        args.rollout_num_gpus = args.rollout_num_engines * max(1, args.rollout_num_gpus_per_engine)
     if args.eval_function_path is None:
         args.eval_function_path = args.rollout_function_path
     if args.over_sampling_batch_size is None:

@@ -305,6 +305,21 @@ def check_sample(s: Sample) -> None:
             raise BatchError(f"{who}: {name} has {len(values)} entries, response_length is {s.response_length}")
 
 
+def untrained_log_probs_filled(s: Sample, name: str, mask: list[int]) -> list[float] | None:
+    """`s.<name>` with a None where the loss mask is 0 replaced by 0.0. Plugins leave None at tokens the
+    model did not sample (strands-sglang records tool output so; slime's recipe copies it as is), and
+    0.0 is what slime's `append_response_tokens(trainable=False)` stores there; the loss never reads it.
+    A None at a trained token has no value to stand for: an error naming the sample and position."""
+    values = getattr(s, name, None)
+    if values is None or all(v is not None for v in values):
+        return values
+    trained = [i for i, v in enumerate(values) if v is None and mask[i]]
+    if trained:
+        raise BatchError(f"{_who(s)}: {name}[{trained[0]}] is None at a token the loss trains "
+                         f"(loss_mask 1): the engine's log-prob of a sampled token is needed")
+    return [0.0 if v is None else v for v in values]
+
+
 def normalization_groups(args: Any, samples: list[Sample]) -> list[list[int]]:
     """Positions of the samples normalised together. With a `group_index` on every sample: by group.
     Without (a custom generate function that builds new Samples): by position, slime's
@@ -456,8 +471,11 @@ def convert_samples_to_train_data(args: Any, samples: list[Sample]) -> dict[str,
         "rollout_mask_sums": rollout_mask_sums(rollout_ids, loss_masks),
         "weight_versions": [list(getattr(s, "weight_versions", None) or []) for s in samples],
     }
-    for key, attr in (("rollout_log_probs", "rollout_log_probs"), ("teacher_log_probs", "teacher_log_probs"),
-                      ("rollout_top_p_token_ids", "rollout_top_p_token_ids"),
+    for key in ("rollout_log_probs", "teacher_log_probs"):
+        values = [untrained_log_probs_filled(s, key, mask) for s, mask in zip(samples, loss_masks)]
+        if all(v is not None for v in values):
+            data[key] = values
+    for key, attr in (("rollout_top_p_token_ids", "rollout_top_p_token_ids"),
                       ("rollout_top_p_token_offsets", "rollout_top_p_token_offsets"),
                       ("rollout_routed_experts", "rollout_routed_experts")):
         values = [getattr(s, attr, None) for s in samples]

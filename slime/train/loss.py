@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import torch
 
+from slime.utils.misc import load_function
+
 SUPPORTED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
@@ -36,6 +38,9 @@ def check_loss_args(args: Any) -> None:
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
     if getattr(args, "kl_loss_type", "k1") not in ("k1", "k2", "k3", "low_var_kl"):
         raise LossConfigError(f"--kl-loss-type {args.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
+    if getattr(args, "get_mismatch_metrics", False) and not getattr(args, "custom_tis_function_path", None):
+        raise LossConfigError("--get-mismatch-metrics needs --custom-tis-function-path (the function computing them)")
+    tis_function(args)  # a bad --custom-tis-function-path fails before the first step
     check_opd_args(args)
 
 
@@ -138,6 +143,26 @@ def apply_opd_kl_to_advantages(args: Any, advantages: list[torch.Tensor], studen
     return reverse_kls
 
 
+TisResult = tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]
+
+
+def vanilla_tis(args: Any, *, pg_loss: torch.Tensor, train_log_probs: list[torch.Tensor],
+                rollout_log_probs: list[torch.Tensor], loss_masks: list[torch.Tensor], **_: Any) -> TisResult:
+    """slime's vanilla truncated importance sampling: pi_train(old) / pi_rollout, clipped to
+    [--tis-clip-low, --tis-clip]; the masks stay as they are."""
+    tis = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
+    weights = tis.clamp(float(getattr(args, "tis_clip_low", 0.0) or 0.0), float(getattr(args, "tis_clip", 2.0)))
+    metrics = {"tis": tis, "tis_clipfrac": (weights != tis).float(), "tis_abs": (tis - 1).abs()}
+    return pg_loss * weights, loss_masks, metrics
+
+
+def tis_function(args: Any) -> Callable[..., TisResult]:
+    """--custom-tis-function-path (slime's keywords: args, pg_loss, train_log_probs, rollout_log_probs,
+    loss_masks, total_lengths, response_lengths -> pg_loss, loss masks, per-token metrics), else vanilla."""
+    path = getattr(args, "custom_tis_function_path", None)
+    return load_function(path, "--custom-tis-function-path") if path else vanilla_tis
+
+
 @dataclass
 class PolicyLossOutput:
     loss: torch.Tensor
@@ -147,10 +172,11 @@ class PolicyLossOutput:
 def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
                 advantages: torch.Tensor, rollout_log_probs: torch.Tensor | None,
                 ref_log_probs: torch.Tensor | None, response_lengths: list[int], loss_masks: list[torch.Tensor],
-                reduce: Callable[[torch.Tensor], torch.Tensor]) -> PolicyLossOutput:
+                reduce: Callable[[torch.Tensor], torch.Tensor], denominators: torch.Tensor | None = None,
+                total_lengths: list[int] | None = None) -> PolicyLossOutput:
     """slime's `policy_loss_function` for one micro-batch (flat per-token tensors, `reduce` from
-    `sample_reducer`). The returned loss is the micro-batch's share of the step loss before the step's
-    scaling (1 / rollouts in the step)."""
+    `sample_reducer` over `loss_masks` and `denominators`). The returned loss is the micro-batch's
+    share of the step loss before the step's scaling (1 / rollouts in the step)."""
     estimator = getattr(args, "advantage_estimator", "grpo")
     if estimator == "gspo":
         # sequence-level ratio: every token of a sample gets the sample's mean log-ratio
@@ -179,17 +205,23 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
                 raise LossConfigError(f"--eps-clip-c must be > 1.0 for dual-clip PPO, got {eps_c}")
             pg_losses = torch.where(advantages < 0, torch.minimum(-eps_c * advantages, pg_losses), pg_losses)
     metrics: dict[str, torch.Tensor] = {}
-    if getattr(args, "use_tis", False):
+    reduce_pg = reduce
+    if getattr(args, "use_tis", False) or getattr(args, "get_mismatch_metrics", False):
         if rollout_log_probs is None:
             raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
-        # truncated importance sampling: pi_train(old) / pi_rollout, clipped (slime's vanilla TIS)
-        tis = torch.exp(old_log_probs - rollout_log_probs)
-        weights = tis.clamp(float(getattr(args, "tis_clip_low", 0.0) or 0.0), float(getattr(args, "tis_clip", 2.0)))
-        metrics["tis"] = reduce(tis).detach()
-        metrics["tis_clipfrac"] = reduce((weights != tis).float()).detach()
+        pg_losses, masks, tis_metrics = tis_function(args)(
+            args=args, pg_loss=pg_losses, train_log_probs=list(old_log_probs.split(response_lengths)),
+            rollout_log_probs=list(rollout_log_probs.split(response_lengths)), loss_masks=list(loss_masks),
+            total_lengths=total_lengths, response_lengths=list(response_lengths))
+        # metrics over the original masks (a rejected token still counts in a rejection fraction)
+        metrics.update({key: reduce(value.detach()).detach() for key, value in tis_metrics.items()})
         metrics["ois"] = reduce(ratio.detach()).detach()
-        pg_losses = pg_losses * weights
-    pg_loss = reduce(pg_losses)
+        if masks is not loss_masks and any(not torch.equal(a, b) for a, b in zip(masks, loss_masks)):
+            if denominators is None:
+                raise LossConfigError("--custom-tis-function-path returned new loss masks; policy_loss needs "
+                                      "the samples' denominators to reduce with them")
+            reduce_pg = sample_reducer(response_lengths, masks, denominators)  # slime: same denominators
+    pg_loss = reduce_pg(pg_losses)
     entropy_loss = reduce(entropy)
     loss = pg_loss - float(getattr(args, "entropy_coef", 0.0) or 0.0) * entropy_loss
     if getattr(args, "use_kl_loss", False):

@@ -136,6 +136,7 @@ class TrainWorker:
         data = ray.get(boxes[self.rank].inner)
         args = self.args
         tokens, lengths = data["tokens"], list(data["response_lengths"])
+        totals = [len(t) for t in tokens]  # prompt + response, per sample (slime's total_lengths)
         masks = [m.to(torch.float32) for m in data["loss_masks"]]
         denoms = data["rollout_mask_sums"]
         rollout_lp = data.get("rollout_log_probs")
@@ -195,7 +196,8 @@ class TrainWorker:
                         advantages=torch.cat([advantages[i] for i in mb]),
                         rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
                         ref_log_probs=torch.cat([ref_lp[i] for i in mb]) if ref_lp is not None else None,
-                        response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce)
+                        response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce,
+                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb])
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value

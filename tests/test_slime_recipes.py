@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 
 from slime.cli.args import parse_args
-from slime.fleet.router import Router
 from slime.rollout.data_source import DataSource
 from slime.rollout.sglang_rollout import generate_rollout
-from slime.testing.retriever import Retriever
+from slime.testing.replying_stack import replying_stack
 from slime.testing.runtime import bind_runtime
-from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
+from slime.testing.scripted_engine import default_log_prob
 from slime.utils.async_utils import run
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,25 +60,8 @@ def reply(prompt: str) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-    def script(body):
-        shown = body["text"] if "text" in body else tok.decode(body["input_ids"])  # search-r1 sends text
-        out = tok(reply(shown), add_special_tokens=False)["input_ids"]
-        cap = body["sampling_params"]["max_new_tokens"]
-        return {"output_ids": out[:cap], "finish_type": "length" if cap < len(out) else "stop",
-                "text": tok.decode(out[:cap])}
-
-    engine = ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start()
-    router = Router().start()
-    router.add_worker(engine.url)
-    retriever = Retriever(["Paris\nParis is the capital of France.", "Berlin\nBerlin is in Germany."]).start()
-    yield router, engine, retriever, tok
-    retriever.stop()
-    router.stop()
-    engine.stop()
+    with replying_stack(str(tiny_model_dir), reply) as stack:
+        yield stack
 
 
 def run_recipe(tmp_path, cluster, model, rows, *flags) -> list[list[Sample]]:

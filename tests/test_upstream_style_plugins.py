@@ -17,19 +17,17 @@ import threading
 import pytest
 
 from slime.cli.args import parse_args
-from slime.fleet.router import Router
 from slime.rollout.data_source import DataSource
 from slime.rollout.fully_async_rollout import generate_rollout_fully_async
 from slime.rollout.progress import Progress
 from slime.rollout.rm_hub import batched_async_rm
 from slime.rollout.sglang_rollout import GenerateState, generate_rollout, get_model_url
 from slime.rollout.stall_guard import RolloutStalledError, StallGuard
-from slime.testing.retriever import Retriever
+from slime.testing.replying_stack import replying_stack
 from slime.testing.runtime import bind_runtime
-from slime.testing.scripted_engine import ScriptedEngine, default_log_prob
+from slime.testing.scripted_engine import default_log_prob
 from slime.utils.async_utils import run
 from slime.utils.http_utils import post
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
 HERE = __name__
@@ -53,24 +51,8 @@ def reply(prompt: str) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-    def script(body):
-        ids = tok(reply(tok.decode(body["input_ids"])), add_special_tokens=False)["input_ids"]
-        cap = body["sampling_params"]["max_new_tokens"]
-        return {"output_ids": ids[:cap], "finish_type": "length" if cap < len(ids) else "stop",
-                "text": tok.decode(ids[:cap])}
-
-    engine = ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start()
-    router = Router().start()
-    router.add_worker(engine.url)
-    retriever = Retriever(["Paris\nParis is the capital of France.", "Berlin\nBerlin is in Germany."]).start()
-    yield router, engine, retriever, tok
-    retriever.stop()
-    router.stop()
-    engine.stop()
+    with replying_stack(str(tiny_model_dir), reply) as stack:
+        yield stack
 
 
 def make_args(tmp_path, router, model, rows, *extra):

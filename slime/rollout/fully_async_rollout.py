@@ -476,8 +476,14 @@ class WorkerHub:
 
 
 def worker_hub(runtime: RolloutRuntime) -> WorkerHub:
-    """The runtime's hub (created on first use)."""
-    return runtime.shared("fully_async_rollout.hub", WorkerHub)
+    """The runtime's hub (created on first use; its workers stop when the runtime closes, before
+    the client's sessions close under them)."""
+    def build() -> WorkerHub:
+        hub = WorkerHub()
+        runtime.on_close(lambda: run(hub.stop()))
+        return hub
+
+    return runtime.shared("fully_async_rollout.hub", build)
 
 
 def _get_global_worker(args: Any, data_buffer: Any) -> AsyncRolloutWorker:

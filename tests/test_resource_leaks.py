@@ -138,3 +138,24 @@ async def test_close_loop_closes_only_the_running_loops_session():
         assert here.closed and not there.closed
         await client.close()
         assert there.closed
+
+
+def _start_failure(extra_args: list[str]) -> str:
+    """The error of a sandbox server that cannot start (only its text: a traceback would keep the
+    child's handle alive past the check)."""
+    from slime.sandbox.server import start_local_sandbox
+
+    try:
+        start_local_sandbox(extra_args=extra_args, ready_timeout=60)
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError("the sandbox server started with an unknown flag")
+
+
+def test_a_sandbox_server_that_fails_to_start_leaves_no_pipe_or_process_open():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        error = _start_failure(["--no-such-flag"])
+        gc.collect()
+    assert error.startswith("slime-sandbox exited with code 2: ") and "--no-such-flag" in error
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

@@ -159,3 +159,18 @@ def test_a_sandbox_server_that_fails_to_start_leaves_no_pipe_or_process_open():
         gc.collect()
     assert error.startswith("slime-sandbox exited with code 2: ") and "--no-such-flag" in error
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_a_session_of_a_loop_that_no_longer_runs_is_counted_not_silently_dropped(caplog):
+    client = HttpClient()
+    stopped = asyncio.new_event_loop()
+    try:
+        orphan = stopped.run_until_complete(_session_of(client))
+        with caplog.at_level("INFO", logger="slime.utils.http_retry"):
+            run(client.close())
+        assert not orphan.closed
+        assert [r.getMessage() for r in caplog.records] == [
+            "1 HTTP session(s) of event loops that no longer run could not be closed"]
+        stopped.run_until_complete(orphan.close())  # (its loop's owner can still close it)
+    finally:
+        stopped.close()

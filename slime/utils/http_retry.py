@@ -134,19 +134,25 @@ class HttpClient:
 
     async def close(self) -> None:
         """Close every session: the running loop's here, another running loop's on that loop (within
-        `CLOSE_TIMEOUT` seconds). A session of a loop that stopped is left to that loop's owner."""
+        `CLOSE_TIMEOUT` seconds). A session of a loop that no longer runs cannot be closed: it is
+        counted in a log line (its user should have called `close_loop()` before its loop ended)."""
         here = asyncio.get_running_loop()
+        ended = 0
         for loop, s in self._sessions.drain():
             if s.closed:
                 continue
-            if loop is here:
+            if not loop.is_running():
+                ended += 1
+            elif loop is here:
                 await s.close()
-            elif loop.is_running():
+            else:
                 closing = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.close(), loop))
                 try:
                     await asyncio.wait_for(closing, CLOSE_TIMEOUT)
                 except asyncio.TimeoutError:
                     logger.warning("an HTTP session on another event loop did not close within %.0fs", CLOSE_TIMEOUT)
+        if ended:
+            logger.info("%d HTTP session(s) of event loops that no longer run could not be closed", ended)
 
     async def request(self, method: str, url: str, payload: Any = None, **kw: Any) -> Any:
         return await request_json(method, url, payload, session=self.session(), **kw)

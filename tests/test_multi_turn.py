@@ -73,6 +73,19 @@ TOOLS_YAML = native_tools_yaml(
 )
 
 
+@pytest.fixture(autouse=True)
+async def _runtime_closed_on_the_test_loop():
+    """The tests send through the bound runtime on their own loop: it is closed on that loop,
+    before the loop ends (a session of an ended loop cannot be closed)."""
+    from slime.rollout.runtime import bound, unbind
+
+    yield
+    runtime = bound()
+    unbind()
+    if runtime is not None and runtime.closing is not None:
+        await runtime.closing
+
+
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer

@@ -174,3 +174,17 @@ def test_a_session_of_a_loop_that_no_longer_runs_is_counted_not_silently_dropped
         stopped.run_until_complete(orphan.close())  # (its loop's owner can still close it)
     finally:
         stopped.close()
+
+
+async def test_binding_another_runtime_inside_a_coroutine_closes_the_old_one_on_that_loop_without_blocking_it():
+    with loop_thread() as server_loop, echo_server(server_loop) as url:
+        first = bind_runtime(args_for(url))
+        assert await first.client.post(f"{url}/generate", {"i": 7}, timeout=10) == {"got": {"i": 7}}
+        session = first.client.http.session()
+        second = bind_runtime(args_for(url))  # returns at once: waiting here would block this loop
+        assert bound() is second and first.closing is not None
+        await first.closing
+        assert session.closed
+        unbind()
+        assert second.closing is not None
+        await second.closing

@@ -9,6 +9,7 @@ keyed by process id (a forked child never talks through its parent's sessions). 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ class RolloutRuntime:
     _lock: threading.RLock = field(default_factory=threading.RLock)  # a factory may build other shared state
     _closers: list[Callable[[], Any]] = field(default_factory=list)
     owned_by_binding: bool = False  # nobody else holds it (`current(args)` made it): closed when unbound or replaced
+    closing: asyncio.Task | None = None  # the closing, when `close()` was called from a coroutine
 
     @property
     def progress(self):
@@ -67,9 +69,15 @@ class RolloutRuntime:
     def close(self) -> None:
         """Stop what plugins started for it (`on_close`), then close its engine client's HTTP
         sessions on every loop they were opened on (the process's background loop among them).
-        Call it from outside the background loop (it waits there)."""
+        Called from a coroutine (a test binding another runtime), waiting would block that very
+        loop, whose session must close on it: the closing is then a task of that loop."""
         self.close_shared()
-        run(self.client.close())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            run(self.client.close())
+        else:
+            self.closing = loop.create_task(self.client.close())
 
     def bind(self) -> "RolloutRuntime":
         """Make this the runtime that slime-style plugins of this process see (a previous one the

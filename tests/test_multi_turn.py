@@ -26,6 +26,7 @@ from slime.utils.types import Sample
 from slime.testing.until import until_async
 from tests.conftest import native_tools_yaml
 
+pytestmark = pytest.mark.usefixtures("runtime_closed_on_the_test_loop")
 ROOT = Path(__file__).resolve().parents[1]
 CASES: dict[str, Callable[[int, dict], dict]] = {}
 EVENTS: list[tuple[str, str, str]] = []  # (tool, event, instance_id)
@@ -71,19 +72,6 @@ TOOLS_YAML = native_tools_yaml(
     (f"{__name__}.TrackingTool", "track", "lifecycle probe",
      {"type": "object", "properties": {"mode": {"type": "string", "default": "ok"}}}),
 )
-
-
-@pytest.fixture(autouse=True)
-async def _runtime_closed_on_the_test_loop():
-    """The tests send through the bound runtime on their own loop: it is closed on that loop,
-    before the loop ends (a session of an ended loop cannot be closed)."""
-    from slime.rollout.runtime import bound, unbind
-
-    yield
-    runtime = bound()
-    unbind()
-    if runtime is not None and runtime.closing is not None:
-        await runtime.closing
 
 
 @pytest.fixture(scope="module")

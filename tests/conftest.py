@@ -105,6 +105,19 @@ def _fresh_rollout_runtime():
     unbind()
 
 
+@pytest.fixture
+async def runtime_closed_on_the_test_loop():
+    """For async tests that send through the bound runtime on their own loop: the runtime is closed
+    on that loop, before it ends (a session of an ended loop cannot be closed)."""
+    from slime.rollout.runtime import bound, unbind
+
+    yield
+    runtime = bound()
+    unbind()
+    if runtime is not None and runtime.closing is not None:
+        await runtime.closing
+
+
 def native_tools_yaml(*tools: tuple[str, str, str, dict]) -> str:
     """The text of a `--tool-config-path` file: one native tool per (class_name, name, description,
     JSON-schema parameters)."""

@@ -26,6 +26,7 @@ from slime.utils.types import Sample
 from slime.testing.until import until_async
 from tests.conftest import native_tools_yaml
 
+pytestmark = pytest.mark.usefixtures("runtime_closed_on_the_test_loop")
 ROOT = Path(__file__).resolve().parents[1]
 CASES: dict[str, Callable[[int, dict], dict]] = {}
 EVENTS: list[tuple[str, str, str]] = []  # (tool, event, instance_id)

@@ -352,7 +352,7 @@ class TurnScript:
 
 
 @pytest.fixture
-def multi_turn_stack(tmp_path, tok, cluster):
+def multi_turn_stack(tmp_path, tok, cluster, runtime_closed_on_the_test_loop):
     """The module's router and engine, answering with a `TurnScript`."""
     from slime.tools.flags import tool_defaults
 

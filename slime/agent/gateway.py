@@ -88,7 +88,7 @@ class Gateway:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             yield
-            await self.client.http.close()  # the session of this server's loop
+            await self.client.close_loop()  # the session of this server's loop (the client is the runtime's)
 
         app = FastAPI(lifespan=lifespan)
         for path, protocol in ROUTES.items():

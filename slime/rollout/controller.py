@@ -267,8 +267,7 @@ class RolloutController:
             stopped = run(worker_hub(self.runtime).stop())
         finally:
             unbind(self.runtime)
-            self.runtime.close_shared()
-            run(self.runtime.client.close())
+            self.runtime.close()
             run(close_tool_sets())  # tools' HTTP sessions live on the same loop
         if stopped["returned_groups"]:
             logger.info("rollout workers stopped: %d group(s) returned to the data source", stopped["returned_groups"])

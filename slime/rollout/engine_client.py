@@ -297,9 +297,18 @@ class EngineClient:
             wait *= 2
 
     async def close(self) -> None:
-        """Close the running loop's HTTP session, after this client's background rid aborts on that
-        loop (at most `CLOSE_TIMEOUT` seconds, then cancelled): one still running would open a new
-        session after this one closed, and that one would never be closed."""
+        """Close this client's HTTP sessions, on every loop it ran on, after its background rid
+        aborts on the running loop (at most `CLOSE_TIMEOUT` seconds, then cancelled): one still
+        running would open a new session after this one closed, and that one would never be closed."""
+        await self._settle_background()
+        await self.http.close()
+
+    async def close_loop(self) -> None:
+        """Close the running loop's session only: a server sharing this client whose loop ends."""
+        await self._settle_background()
+        await self.http.close_loop()
+
+    async def _settle_background(self) -> None:
         loop = asyncio.get_running_loop()
         mine = {t for t in self._background if t.get_loop() is loop}
         if mine:
@@ -307,4 +316,3 @@ class EngineClient:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        await self.http.close()

@@ -9,6 +9,7 @@ keyed by process id (a forked child never talks through its parent's sessions). 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from slime.rollout.engine_client import EngineClient
+from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.tools.services import ToolServices
 
@@ -31,6 +33,8 @@ class RolloutRuntime:
     _shared: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)  # a factory may build other shared state
     _closers: list[Callable[[], Any]] = field(default_factory=list)
+    owned_by_binding: bool = False  # nobody else holds it (`current(args)` made it): closed when unbound or replaced
+    closing: asyncio.Task | None = None  # the closing, when `close()` was called from a coroutine
 
     @property
     def progress(self):
@@ -62,9 +66,26 @@ class RolloutRuntime:
             except Exception:  # noqa: BLE001 - one stuck server must not keep the others running
                 logger.exception("rollout runtime: closing %r failed", closer)
 
+    def close(self) -> None:
+        """Stop what plugins started for it (`on_close`), then close its engine client's HTTP
+        sessions on every loop they were opened on (the process's background loop among them).
+        Called from a coroutine (a test binding another runtime), waiting would block that very
+        loop, whose session must close on it: the closing is then a task of that loop."""
+        self.close_shared()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            run(self.client.close())
+        else:
+            self.closing = loop.create_task(self.client.close())
+
     def bind(self) -> "RolloutRuntime":
-        """Make this the runtime that slime-style plugins of this process see."""
+        """Make this the runtime that slime-style plugins of this process see (a previous one the
+        binding owned is closed: nothing else holds it)."""
+        previous = _bound.get(os.getpid())
         _bound[os.getpid()] = self
+        if previous is not None and previous is not self and previous.owned_by_binding:
+            previous.close()
         return self
 
 
@@ -88,10 +109,13 @@ def current(args: Any = None) -> RolloutRuntime:
                            "(or bind one with RolloutRuntime(...).bind())")
     router = (f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
               if getattr(args, "sglang_router_ip", None) else None)
-    return RolloutRuntime(args, EngineClient.from_args(args, Endpoints(router))).bind()
+    return RolloutRuntime(args, EngineClient.from_args(args, Endpoints(router)), owned_by_binding=True).bind()
 
 
 def unbind(runtime: RolloutRuntime | None = None) -> None:
-    """Drop the binding (only if it is `runtime`, when given)."""
+    """Drop the binding (only if it is `runtime`, when given). A runtime the binding owned is closed
+    with it; any other stays its creator's to close."""
     if runtime is None or _bound.get(os.getpid()) is runtime:
-        _bound.pop(os.getpid(), None)
+        dropped = _bound.pop(os.getpid(), None)
+        if dropped is not None and dropped.owned_by_binding:
+            dropped.close()

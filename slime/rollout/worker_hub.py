@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from slime.rollout.runtime import RolloutRuntime
 from slime.rollout.weight_versions import version_number
+from slime.utils.async_utils import run
 from slime.utils.types import Sample
 
 
@@ -76,5 +77,11 @@ class WorkerHub:
 
 
 def worker_hub(runtime: RolloutRuntime) -> WorkerHub:
-    """The runtime's hub (created on first use)."""
-    return runtime.shared("fully_async_rollout.hub", WorkerHub)
+    """The runtime's hub (created on first use; its workers stop when the runtime closes, before
+    the client's sessions close under them)."""
+    def build() -> WorkerHub:
+        hub = WorkerHub()
+        runtime.on_close(lambda: run(hub.stop()))
+        return hub
+
+    return runtime.shared("fully_async_rollout.hub", build)

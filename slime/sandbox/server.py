@@ -443,27 +443,31 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
         while READY.encode() not in buf:
             left = deadline - time.monotonic()
             if left <= 0 or not sel.select(left):
-                proc.kill()
                 raise RuntimeError(f"slime-sandbox did not become ready in {ready_timeout}s")
             chunk = os.read(r, 4096)
             if not chunk:  # the child closed the pipe: it exited
                 proc.wait()
-                err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+                err = proc.stderr.read().decode(errors="replace").strip()
                 raise RuntimeError(f"slime-sandbox exited with code {proc.returncode}: {err[-2000:]}")
             buf += chunk
         ok = True
     finally:
         sel.close()
         os.close(r)
-        if not ok:
+        if not ok:  # the child is reaped and its stderr pipe closed: nothing of it is left open
             os.close(life_w)
-    # from now on the child's stderr is only logs: drain it so it never blocks
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stderr.close()
+    # from now on the child's stderr is only logs: drain it so it never blocks, and close it at EOF
     if proc.stderr is not None:
         import threading
 
         def drain(f) -> None:
-            for line in iter(f.readline, b""):
-                logger.info("sandbox: %s", line.decode(errors="replace").rstrip())
+            with f:
+                for line in iter(f.readline, b""):
+                    logger.info("sandbox: %s", line.decode(errors="replace").rstrip())
 
         threading.Thread(target=drain, args=(proc.stderr,), daemon=True).start()
     return f"http://{host}:{port}", LocalSandbox(proc, f"http://{host}:{port}", life_w)

@@ -12,8 +12,9 @@ from slime.utils.endpoints import Endpoints
 
 def bind_runtime(args: Any, *, tokenizer: Any = None, engine_urls: list[str] | None = None,
                  tool_services: ToolServices | None = None) -> RolloutRuntime:
-    """Bind a fresh runtime for `args` (router at --sglang-router-ip/--sglang-router-port)."""
+    """Bind a fresh runtime for `args` (router at --sglang-router-ip/--sglang-router-port), owned by
+    the binding: `unbind()` (or binding another) closes it, its HTTP sessions and `on_close` servers."""
     router = (f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
               if getattr(args, "sglang_router_ip", None) else None)
     client = EngineClient.from_args(args, Endpoints(router, list(engine_urls or [])), tokenizer=tokenizer)
-    return RolloutRuntime(args, client, tool_services or ToolServices()).bind()
+    return RolloutRuntime(args, client, tool_services or ToolServices(), owned_by_binding=True).bind()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import random
 import time
 from collections import Counter
@@ -26,6 +27,8 @@ import aiohttp
 
 from slime.utils.per_loop import PerLoop
 from slime.utils.router_loss import RouterLost
+
+logger = logging.getLogger(__name__)
 
 
 class AnswerError(ValueError):
@@ -103,13 +106,19 @@ class RetryPolicy:
         return self.window is not None and elapsed + delay > self.window
 
 
+CLOSE_TIMEOUT = 10.0  # seconds `HttpClient.close` waits for a session on another loop to close
+
+
 def _new_session() -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 class HttpClient:
-    """Pooled aiohttp sessions, one per event loop (sessions are loop-bound; see `PerLoop`)."""
+    """Pooled aiohttp sessions, one per event loop (sessions are loop-bound; see `PerLoop`). The
+    client owns them: `close()` closes every one, each on its own loop. A loop that has ended
+    (`asyncio.run` returned) can run nothing any more, so code that uses a client inside
+    `asyncio.run` calls `close_loop()` before it returns."""
 
     def __init__(self) -> None:
         self._sessions: PerLoop[aiohttp.ClientSession] = PerLoop(_new_session, usable=lambda s: not s.closed)
@@ -117,11 +126,33 @@ class HttpClient:
     def session(self) -> aiohttp.ClientSession:
         return self._sessions.get()
 
-    async def close(self) -> None:
-        """Close the running loop's session (sessions of other loops close with their loop)."""
+    async def close_loop(self) -> None:
+        """Close the running loop's session only (a server whose loop ends; the client's other loops go on)."""
         s = self._sessions.pop()
         if s is not None:
             await s.close()
+
+    async def close(self) -> None:
+        """Close every session: the running loop's here, another running loop's on that loop (within
+        `CLOSE_TIMEOUT` seconds). A session of a loop that no longer runs cannot be closed: it is
+        counted in a log line (its user should have called `close_loop()` before its loop ended)."""
+        here = asyncio.get_running_loop()
+        ended = 0
+        for loop, s in self._sessions.drain():
+            if s.closed:
+                continue
+            if not loop.is_running():
+                ended += 1
+            elif loop is here:
+                await s.close()
+            else:
+                closing = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.close(), loop))
+                try:
+                    await asyncio.wait_for(closing, CLOSE_TIMEOUT)
+                except asyncio.TimeoutError:
+                    logger.warning("an HTTP session on another event loop did not close within %.0fs", CLOSE_TIMEOUT)
+        if ended:
+            logger.info("%d HTTP session(s) of event loops that no longer run could not be closed", ended)
 
     async def request(self, method: str, url: str, payload: Any = None, **kw: Any) -> Any:
         return await request_json(method, url, payload, session=self.session(), **kw)

@@ -42,3 +42,10 @@ class PerLoop(Generic[T]):
         if last is not None and last[0]() is loop:
             self._last = None
         return self._by_loop.pop(loop, None)
+
+    def drain(self) -> list[tuple[asyncio.AbstractEventLoop, T]]:
+        """Forget every loop's value and return them with their loops (for an owner closing them all)."""
+        self._last = None
+        items = list(self._by_loop.items())
+        self._by_loop.clear()
+        return items

@@ -70,6 +70,7 @@ class BaseAdapter:
         `DeltaRender(tokenizer)` for append-only prompts with a Hugging Face tokenizer."""
         self.tokenizer = tokenizer
         url = sglang_url.rstrip("/")
+        self._owns_client = client is None  # a client passed in is its giver's to close
         self.client = client or EngineClient(Endpoints(router_url=url, engine_urls=[url]), tokenizer=tokenizer)
         self.engine = EngineTurns(self.client)
         self.manager = TrajectoryManager(fork_threshold_tokens=fork_threshold_tokens)
@@ -144,7 +145,7 @@ class BaseAdapter:
             logger.exception("debug_callback failed (sid=%s)", turn.request.session_id)
 
     async def _close(self, app: web.Application) -> None:
-        await self.client.close()
+        await (self.client.close() if self._owns_client else self.client.close_loop())
 
     # ---------------------------------------------------------------- sessions (slime's API)
 

@@ -2,8 +2,8 @@
 
 Each submission is graded against the sample's ground truth (`create_kwargs`) as verl grades it
 (`geo3k.compute_score(answer, truth, use_boxed=False, format_score=0.0)`: the whole answer, no
-`\\boxed{}` needed, 1.0 or 0.0), with the PRM800K grader slime's math rules use (normalised string
-match, then bounded symbolic equivalence). Step reward: 0 when the score rose above the last
+`\\boxed{}` needed, 1.0 or 0.0), with the PRM800K grader slime's math rules use (`slime.utils.math_grading`:
+normalised string match, then bounded symbolic equivalence). Step reward: 0 when the score rose above the last
 submission's, `penalty` (-0.05) otherwise. Final reward (`calc_reward`): the last submission's score,
 not the best (verl's rule; `calc_gsm8k_reward` keeps the best).
 """
@@ -15,15 +15,11 @@ from typing import Any
 
 from slime.tools.answer_tool import AnswerTool
 from slime.tools.schemas import ToolResponse
+from slime.utils.math_grading.answers import grade_answer_mathd, grade_answer_sympy
 
 
 def geo3k_score(answer: str, ground_truth: Any) -> float:
     """1.0 when `answer` equals the ground truth after normalisation or symbolically, else 0.0."""
-    # The graders of slime's math reward rules (pure functions), shared rather than copied. rm_hub sits in
-    # the rollout layer, above tools: imported lazily, as the shims needing an upper layer do; moving the
-    # graders down to utils would remove this exception.
-    from slime.rollout.rm_hub.math_utils import grade_answer_mathd, grade_answer_sympy
-
     if ground_truth is None or not answer:
         return 0.0
     truth = str(ground_truth)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slime.rollout.rm_hub.math_utils import extract_answer, grade_answer_mathd, grade_answer_sympy
+from slime.utils.math_grading.answers import extract_answer, grade_answer_mathd, grade_answer_sympy
 
 
 def get_deepscaler_rule_based_reward(response: str, label: Any) -> int:

@@ -13,7 +13,7 @@ import re
 import signal
 import threading
 
-from slime.rollout.rm_hub.braces import last_boxed
+from slime.utils.math_grading.braces import last_boxed
 
 __all__ = ["last_boxed_only_string", "remove_boxed", "timeout", "normalize_final_answer", "is_correct_minerva",
            "is_correct_strict_box", "verify", "compute_score", "SUBSTITUTIONS", "REMOVED_EXPRESSIONS"]

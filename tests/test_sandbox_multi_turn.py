@@ -22,6 +22,7 @@ from rollout_plugins.multi_turn import generate  # noqa: E402
 from slime.testing.runtime import bind_runtime  # noqa: E402
 from slime.tools.services import ToolServices  # noqa: E402
 from slime.tools.flags import tool_defaults  # noqa: E402
+from slime.tools.registry import close_tool_sets  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
@@ -92,7 +93,7 @@ def stack(tok, tmp_path_factory):
     mp.undo()
 
 
-async def test_multi_turn_rollout_runs_code_in_the_sandbox(stack, tok):
+async def test_multi_turn_rollout_runs_code_in_the_sandbox(stack, tok, runtime_closed_on_the_test_loop):
     args = argparse.Namespace(**{
         **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
         "hf_checkpoint": stack["model"], "rollout_max_response_len": 2048, "rollout_max_context_len": None,
@@ -100,8 +101,11 @@ async def test_multi_turn_rollout_runs_code_in_the_sandbox(stack, tok):
         "tool_config_path": stack["config"], "rm_type": "gsm8k", "custom_rm_path": None, "group_rm": False})
     bind_runtime(args, tokenizer=tok, tool_services=ToolServices(sandbox_url=stack["sandbox"]))  # the manager's
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 0+1+...+9? Use code."}], label="45")
-    sample = await generate(args, sample, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512,
-                                           "skip_special_tokens": False, "no_stop_trim": True})
+    try:
+        sample = await generate(args, sample, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512,
+                                               "skip_special_tokens": False, "no_stop_trim": True})
+    finally:
+        await close_tool_sets()  # the sandbox tool's HTTP session lives on this test's loop
     md = sample.metadata
     assert sample.status == Sample.Status.COMPLETED, md
     assert md["tool_calls"] == {"code_interpreter": 3} and md["tool_errors"] == [], {k: v for k, v in md.items() if k != "messages"}

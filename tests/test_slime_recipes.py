@@ -293,6 +293,46 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
     assert plain.metrics["tis_clipfrac"].item() == pytest.approx(1 / 3, rel=1e-6)  # ratio 3 clipped to 2
 
 
+def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monkeypatch):
+    """The worker resolves --custom-tis-function-path once (`tis_function(args)`) and passes it to every
+    micro-batch's `policy_loss`, which then loads nothing: the mis recipe's exact loss, twice, with
+    plugin loading made to fail after the one resolution."""
+    import torch
+
+    from slime.train import loss
+    from slime.utils.misc import PluginLoadError
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "q"}\n')
+    monkeypatch.chdir(ROOT)
+    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis",
+                       "--custom-config-path", "examples/train_infer_mismatch_helper/mis.yaml",
+                       "--custom-tis-function-path",
+                       "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"])
+    tis = loss.tis_function(args)
+    assert tis.__name__ == "compute_mis_weights_with_cp"
+
+    def no_loading(path, flag=None):
+        raise PluginLoadError(f"{flag} {path!r} loaded again")
+
+    monkeypatch.setattr(loss, "load_function", no_loading)
+    lengths, masks, denoms = [3, 2], [torch.ones(3), torch.ones(2)], torch.tensor([3.0, 2.0])
+    old = torch.zeros(5)
+    rollout = -torch.log(torch.tensor([1.0, 3.0, 0.25, 1.0, 1.5]))
+    for _ in range(2):  # two micro-batches
+        out = loss.policy_loss(args, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
+                               advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
+                               response_lengths=lengths, loss_masks=masks,
+                               reduce=loss.sample_reducer(lengths, masks, denoms), denominators=denoms,
+                               total_lengths=[7, 6], tis=tis)
+        assert out.metrics["pg_loss"].item() == pytest.approx(-(1 / 3 + (1 + 1.5) / 2) / 1.15, rel=1e-6)
+    with pytest.raises(PluginLoadError, match="--custom-tis-function-path .* loaded again"):
+        loss.policy_loss(args, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
+                         advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
+                         response_lengths=lengths, loss_masks=masks,
+                         reduce=loss.sample_reducer(lengths, masks, denoms), denominators=denoms)
+
+
 def test_mismatch_metrics_need_the_function_that_computes_them(tmp_path):
     from slime.train.loss import LossConfigError, check_loss_args
     from slime.utils.misc import PluginLoadError

@@ -173,10 +173,12 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
                 advantages: torch.Tensor, rollout_log_probs: torch.Tensor | None,
                 ref_log_probs: torch.Tensor | None, response_lengths: list[int], loss_masks: list[torch.Tensor],
                 reduce: Callable[[torch.Tensor], torch.Tensor], denominators: torch.Tensor | None = None,
-                total_lengths: list[int] | None = None) -> PolicyLossOutput:
+                total_lengths: list[int] | None = None,
+                tis: Callable[..., TisResult] | None = None) -> PolicyLossOutput:
     """slime's `policy_loss_function` for one micro-batch (flat per-token tensors, `reduce` from
     `sample_reducer` over `loss_masks` and `denominators`). The returned loss is the micro-batch's
-    share of the step loss before the step's scaling (1 / rollouts in the step)."""
+    share of the step loss before the step's scaling (1 / rollouts in the step). `tis`: the TIS
+    function the worker resolved once (`tis_function(args)`); a direct caller may leave it to this call."""
     estimator = getattr(args, "advantage_estimator", "grpo")
     if estimator == "gspo":
         # sequence-level ratio: every token of a sample gets the sample's mean log-ratio
@@ -209,7 +211,7 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
     if getattr(args, "use_tis", False) or getattr(args, "get_mismatch_metrics", False):
         if rollout_log_probs is None:
             raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
-        pg_losses, masks, tis_metrics = tis_function(args)(
+        pg_losses, masks, tis_metrics = (tis or tis_function(args))(
             args=args, pg_loss=pg_losses, train_log_probs=list(old_log_probs.split(response_lengths)),
             rollout_log_probs=list(rollout_log_probs.split(response_lengths)), loss_masks=list(loss_masks),
             total_lengths=total_lengths, response_lengths=list(response_lengths))

@@ -37,6 +37,7 @@ from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
     advantages_for, apply_opd_kl_to_advantages, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer,
+    tis_function,
 )
 from slime.train.model import PolicyModel, pack
 
@@ -49,7 +50,7 @@ WEIGHT_GROUP_TIMEOUT_S = 30.0  # every collective of a push (gloo's default is 1
 class TrainWorker:
     def __init__(self, args: Any, world_size: int, rank: int):
         self.args, self.world_size, self.rank = args, world_size, rank
-        self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = None
+        self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = self.tis = None
         self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
         self._group_engines: list[Any] = []
         self._groups_formed = 0  # each group gets its own name (see _connect)
@@ -74,6 +75,7 @@ class TrainWorker:
 
         args = self.args
         check_loss_args(args)
+        self.tis = tis_function(args)  # --custom-tis-function-path, resolved once rather than per micro-batch
         torch.manual_seed(int(getattr(args, "seed", 1234) or 0))
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
@@ -197,7 +199,7 @@ class TrainWorker:
                         rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
                         ref_log_probs=torch.cat([ref_lp[i] for i in mb]) if ref_lp is not None else None,
                         response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce,
-                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb])
+                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb], tis=self.tis)
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value

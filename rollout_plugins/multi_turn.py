@@ -39,7 +39,7 @@ from slime.utils.trajectory import (ParseErrorRecord, StepReward, ToolErrorRecor
                                       TurnSpan)
 from slime.tools.chat_format import (ChatDelta, ParseError, TemplateDriftError, ToolCall, check_append_only,
                                      conversation_drift, get_parser)
-from slime.tools.registry import ToolSet, get_tool_set
+from slime.tools.registry import ToolSet, load_tool_config
 from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
 
@@ -62,7 +62,9 @@ class MultiTurnContext:
         self.runtime = runtime if runtime is not None or tokenizer is not None else current(args)
         self.tok = tokenizer if tokenizer is not None else self.runtime.tokenizer
         path = _arg(args, "tool_config_path")
-        self.tools: ToolSet = get_tool_set(path) if path else ToolSet([], source="<no --tool-config-path>")
+        self.tools: ToolSet = ToolSet([], source="<no --tool-config-path>")
+        if path:  # the runtime's shared set (it closes them); a context made by hand without one loads its own
+            self.tools = self.runtime.tool_sets.get(path) if self.runtime is not None else load_tool_config(path)
         if self.runtime is not None:
             self.tools.use_services(self.runtime.tool_services)  # e.g. the manager's sandbox URL
         self.parser = get_parser(_arg(args, "tool_call_parser", "hermes"))

@@ -16,6 +16,7 @@ from slime.tools.example_tools import CalculatorTool, safe_eval
 from slime.tools.gsm8k_tool import Gsm8kTool, extract_number
 from slime.tools.registry import ToolConfigError, ToolSet, get_tool_set, load_tool_config
 from slime.tools.schemas import OpenAIFunctionToolSchema
+from slime.tools.tool_sets import ToolSetCache
 from tests.conftest import native_tools_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +57,12 @@ def test_tools_registration():
     assert isinstance(tools["calc_gsm8k_reward"], Gsm8kTool)
     example = load_tool_config(ROOT / "configs" / "example_tool.yaml")
     assert isinstance(example["calculator"], CalculatorTool)
-    # built once per process and shared
-    a = get_tool_set(ROOT / "configs" / "gsm8k_tool.yaml")
-    assert a is get_tool_set(str(ROOT / "configs" / "gsm8k_tool.yaml"))
-    assert a["calc_gsm8k_reward"] is get_tool_set(ROOT / "configs" / "gsm8k_tool.yaml")["calc_gsm8k_reward"]
+    # built once per owner (a runtime's `ToolSetCache`) and shared by its users
+    cache = ToolSetCache()
+    a = cache.get(ROOT / "configs" / "gsm8k_tool.yaml")
+    assert a is cache.get(str(ROOT / "configs" / "gsm8k_tool.yaml"))
+    assert a["calc_gsm8k_reward"] is cache.get(ROOT / "configs" / "gsm8k_tool.yaml")["calc_gsm8k_reward"]
+    assert ToolSetCache().get(ROOT / "configs" / "gsm8k_tool.yaml") is not a  # another owner's
 
 
 def test_schema_keeps_full_json_schema(tmp_path):
@@ -202,11 +205,16 @@ class _SyncClosingTool(CalculatorTool):
         type(self).closed += 1
 
 
-def test_closing_tool_sets_closes_each_tools_session_and_forgets_the_cache(tmp_path):
+def test_the_runtime_owns_its_tool_sets_and_closes_each_tools_session(tmp_path):
+    """`get_tool_set` (a slime-style plugin's view) is the bound runtime's `tool_sets`; `close_tool_sets`
+    closes them (sync and async `close()`) and forgets them; the runtime closes what it holds when it
+    closes; with no runtime bound there is nothing to close and nothing to load into."""
     import asyncio
 
     import yaml
 
+    from slime.rollout.runtime import bound, unbind
+    from slime.testing.runtime import bind_runtime
     from slime.tools.registry import close_tool_sets
 
     cfg = yaml.safe_load(native_tools_yaml((f"{__name__}._SyncClosingTool", "calc", "math", {
@@ -222,15 +230,22 @@ def test_closing_tool_sets_closes_each_tools_session_and_forgets_the_cache(tmp_p
     path.write_text(yaml.safe_dump(cfg))
 
     async def scenario():
+        runtime = bind_runtime(argparse.Namespace(sglang_server_concurrency=1))
         tools = get_tool_set(path)
+        assert tools is runtime.tool_sets.get(str(path))
         session = tools["code_interpreter"]._http.session()  # noqa: SLF001 - the resource under test
         assert not session.closed
         await close_tool_sets()
-        assert session.closed
-        assert _SyncClosingTool.closed == 1
-        assert get_tool_set(path) is not tools  # forgotten: the next user builds a fresh set
-        await close_tool_sets()
+        assert session.closed and _SyncClosingTool.closed == 1
+        again = get_tool_set(path)
+        assert again is not tools  # forgotten: the next user builds a fresh set
+        session = again["code_interpreter"]._http.session()  # noqa: SLF001
+        unbind(runtime)  # owned by the binding: closed, on this loop
+        await runtime.closing
+        assert session.closed and _SyncClosingTool.closed == 2 and bound() is None
+        await close_tool_sets()  # nothing bound: nothing to close
+        with pytest.raises(RuntimeError, match="no rollout runtime in this process"):
+            get_tool_set(path)
 
     _SyncClosingTool.closed = 0
     asyncio.run(scenario())
-    assert _SyncClosingTool.closed == 2

@@ -311,8 +311,8 @@ async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], t
     finally:  # the run's HTTP sessions (engine client, tools) closed on the loop they ran on
         runtime = current(args)
         await runtime.client.close()
+        await close_tool_sets()  # the runtime's, before it is unbound
         unbind(runtime)
-        await close_tool_sets()
     prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas, tokenize=False,
                                                 add_generation_prompt=True), add_special_tokens=False)
     deltas = [tool_delta(tok, text) for text in tool_texts] + [[]]

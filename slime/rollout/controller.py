@@ -247,17 +247,15 @@ class RolloutController:
     def close(self) -> dict[str, int]:
         """Stop the background rollout workers (what they had in flight is aborted and goes back to
         the data source, with their queued groups), unbind the runtime and close its HTTP sessions
-        (rollouts ran on the process's background loop) and what plugins started for it (the agent
-        gateway). Returns how many groups went back."""
+        (rollouts ran on the process's background loop: the engine client's and the tools') and what
+        plugins started for it (the agent gateway). Returns how many groups went back."""
         from slime.rollout.fully_async_rollout import worker_hub
-        from slime.tools.registry import close_tool_sets
 
         try:
             stopped = run(worker_hub(self.runtime).stop())
         finally:
             unbind(self.runtime)
             self.runtime.close()
-            run(close_tool_sets())  # tools' HTTP sessions live on the same loop
         if stopped["returned_groups"]:
             logger.info("rollout workers stopped: %d group(s) returned to the data source", stopped["returned_groups"])
         return stopped

@@ -20,6 +20,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.tools.services import ToolServices
+from slime.tools.tool_sets import ToolSetCache
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class RolloutRuntime:
     args: Any
     client: EngineClient
     tool_services: ToolServices = field(default_factory=ToolServices)
+    tool_sets: ToolSetCache = field(default_factory=ToolSetCache)  # --tool-config-path's tools, closed with it
     rollout_id: int | None = None  # the rollout (or eval) being generated, for hooks that ask
     _shared: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)  # a factory may build other shared state
@@ -67,17 +69,23 @@ class RolloutRuntime:
                 logger.exception("rollout runtime: closing %r failed", closer)
 
     def close(self) -> None:
-        """Stop what plugins started for it (`on_close`), then close its engine client's HTTP
-        sessions on every loop they were opened on (the process's background loop among them).
-        Called from a coroutine (a test binding another runtime), waiting would block that very
+        """Stop what plugins started for it (`on_close`), then close its tool sets and its engine
+        client's HTTP sessions on every loop they were opened on (the process's background loop among
+        them). Called from a coroutine (a test binding another runtime), waiting would block that very
         loop, whose session must close on it: the closing is then a task of that loop."""
         self.close_shared()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            run(self.client.close())
+            run(self._close_sessions())
         else:
-            self.closing = loop.create_task(self.client.close())
+            self.closing = loop.create_task(self._close_sessions())
+
+    async def _close_sessions(self) -> None:
+        try:
+            await self.tool_sets.close()
+        finally:
+            await self.client.close()
 
     def bind(self) -> "RolloutRuntime":
         """Make this the runtime that slime-style plugins of this process see (a previous one the

@@ -1,7 +1,8 @@
-"""Load verl-format tool YAML into tool objects, once per process.
+"""Load verl-format tool YAML into tool objects.
 
 Why a registry: tools often hold heavy shared resources (HTTP pools, rate limiters), so they are
-built once and shared by every trajectory (state is kept per `instance_id`), never per sample.
+built once per rollout runtime (`slime.tools.tool_sets.ToolSetCache`) and shared by every trajectory
+(state is kept per `instance_id`), never per sample.
 Config mistakes are reported as `file: tools[i].field: problem` so they can be fixed without
 reading a traceback.
 
@@ -15,12 +16,9 @@ Per-sample tools (`--tool-key`) are resolved by `ToolSet.select` / `ToolSet.sche
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import re
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,8 @@ import yaml
 from pydantic import ValidationError
 
 from slime.tools.base_tool import BaseTool, ToolConfigError
+from slime.tools.sample_tools import (  # noqa: F401 - sample_tool_schemas, decode_tools_value: importable from here
+    SampleTools, _parse_sample_tools, _tools_kwargs, decode_tools_value, sample_tool_schemas)
 from slime.tools.schemas import OpenAIFunctionToolSchema
 from slime.tools.services import ToolServices
 from slime.tools.verl_compat import TOOL_METHODS, VerlToolAdapter, is_tool_class, resolve_tool_class
@@ -147,70 +147,6 @@ class ToolSet:
             if key not in filled and "default" in extra:
                 filled[key] = extra["default"]
         return filled, None
-
-
-@dataclass
-class SampleTools:
-    """One sample's tools: names (creation order), per-name verl kwargs, OpenAI schemas for `tools=`."""
-
-    names: list[str]
-    kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    schemas: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _tools_kwargs(value: Any) -> dict[str, dict[str, Any]]:
-    """verl's tools_kwargs; tools whose entry is None are not used (Parquet stores the mapping as a
-    struct over every row's tool names, so absent tools come back as None)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"tools_kwargs must be a mapping of tool name -> kwargs, got {type(value).__name__}")
-    return {n: dict(v) if isinstance(v, dict) else {} for n, v in value.items() if v is not None}
-
-
-def sample_tool_schemas(tools: Any) -> list[dict[str, Any]]:
-    """slime's per-sample `tools` (OpenAI tool schemas, bare function dicts, or a JSON string of
-    them) as validated OpenAI tool dicts for `apply_chat_template(tools=...)`."""
-    return [schema for _, schema in _parse_sample_tools(tools, None)]
-
-
-def decode_tools_value(value: Any) -> Any:
-    """A per-sample tools value as plain data: a JSON string decoded, a numpy array (Parquet) as a list."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"the sample's tools are a string but not JSON: {e}") from e
-    return value.tolist() if hasattr(value, "tolist") else value
-
-
-def _parse_sample_tools(tools: Any, names: list[str] | None) -> list[tuple[str, dict[str, Any] | None]]:
-    """(name, schema) per item; a plain-string item names a configured tool (schema None)."""
-    tools = decode_tools_value(tools)
-    if not isinstance(tools, (list, tuple)):
-        raise ValueError(f"the sample's tools must be a list of tool schemas, got {type(tools).__name__}")
-    out: list[tuple[str, dict[str, Any] | None]] = []
-    for i, item in enumerate(tools):
-        if isinstance(item, str) and names is not None:
-            if item not in names:
-                raise ValueError(f"the sample's tools[{i}]: no tool named {item!r} in the tool config ({names})")
-            name, schema = item, None
-        elif isinstance(item, dict):
-            raw = item if "function" in item else {"type": "function", "function": item}
-            try:
-                schema = OpenAIFunctionToolSchema.model_validate(raw).to_openai()
-            except ValidationError as e:
-                err = e.errors()[0]
-                raise ValueError(f"the sample's tools[{i}].{'.'.join(str(p) for p in err['loc'])}: "
-                                 f"{err['msg']}") from e
-            name = schema["function"]["name"]
-        else:
-            raise ValueError(f"the sample's tools[{i}]: expected an OpenAI tool schema (a mapping)"
-                             f"{' or a tool name' if names is not None else ''}, got {type(item).__name__}")
-        if any(name == n for n, _ in out):
-            raise ValueError(f"the sample's tools[{i}]: duplicate tool name {name!r}")
-        out.append((name, schema))
-    return out
 
 
 def argument_schema(tool_schema: OpenAIFunctionToolSchema) -> dict[str, Any]:
@@ -367,7 +303,7 @@ def read_yaml(path: str) -> Any:
 
 
 def load_tool_config(path: str | Path) -> ToolSet:
-    """Parse and build every tool of a YAML file (always builds new objects; see `get_tool_set`)."""
+    """Parse and build every tool of a YAML file (always builds new objects; shared ones: `ToolSetCache`)."""
     path = str(path)
     data = read_yaml(path)
     if isinstance(data, dict) and "tools" not in data and "interaction" in data:
@@ -421,30 +357,31 @@ def start_shared_services(path: str | Path) -> tuple[ToolServices, list[Any]]:
     return services, handles
 
 
-# Explicit cache: the tools of each config file, keyed by its absolute path (one set per process).
-_cache: dict[str, ToolSet] = {}
-_lock = threading.Lock()
-
-
+# The process's tool sets are its rollout runtime's (`RolloutRuntime.tool_sets`, a `ToolSetCache`, closed by
+# the runtime's owner). These functions are views over it for code that holds no runtime (slime-style
+# plugins, which only get `args`), reaching it through the runtime's documented per-process binding as
+# `slime.utils.http_utils` does.
 def get_tool_set(path: str | Path) -> ToolSet:
-    """The process-wide tools of a config file: built on first use, then shared."""
-    key = os.path.abspath(str(path))
-    with _lock:
-        if key not in _cache:
-            _cache[key] = load_tool_config(path)
-        return _cache[key]
+    """The tools of a config file, shared by the bound rollout runtime (built on its first use)."""
+    from slime.rollout.runtime import current
+
+    return current().tool_sets.get(path)
 
 
 def clear_tool_cache() -> None:
-    with _lock:
-        _cache.clear()
+    """Forget the bound runtime's tool sets without closing them."""
+    from slime.rollout.runtime import bound
+
+    runtime = bound()
+    if runtime is not None:
+        runtime.tool_sets.clear()
 
 
 async def close_tool_sets() -> None:
-    """Close and forget every cached tool set, on the loop their tools ran on (the controller does this
-    when it closes); a later `get_tool_set` builds a fresh one."""
-    with _lock:
-        tool_sets = list(_cache.values())
-        _cache.clear()
-    for tool_set in tool_sets:
-        await tool_set.close()
+    """Close and forget the bound runtime's tool sets, on the loop their tools ran on (no runtime bound:
+    nothing to close); a later `get_tool_set` builds a fresh one. The runtime also does this when it closes."""
+    from slime.rollout.runtime import bound
+
+    runtime = bound()
+    if runtime is not None:
+        await runtime.tool_sets.close()

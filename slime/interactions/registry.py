@@ -99,6 +99,9 @@ def _name_of(entry: Any, where: str) -> str:
     if not isinstance(class_name, str) or not class_name.strip():
         raise InteractionConfigError(f"{where}.class_name: required, a dotted path like 'pkg.module.Class'")
     name = entry.get("name")
+    if name is None and not default_name(class_name):
+        raise InteractionConfigError(f"{where}.name: required (verl's name from the class name {class_name!r} "
+                                     f"would be empty)")
     if name is None:
         return default_name(class_name)
     if not isinstance(name, str) or not name:

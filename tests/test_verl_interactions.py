@@ -170,7 +170,8 @@ def judge(answer) -> InteractionAdapter:
 
 def test_sync_methods_and_an_argument_free_finalize_are_called_as_verl_defines_them():
     np = pytest.importorskip("numpy")
-    adapter = judge((np.float64(0.5) > 0.1, "fine", np.float64(0.5), None))
+    adapter = judge((np.float64(0.5) > 0.1, "fine", np.float64(0.5), {"n": np.int64(2), "v": np.zeros(2),
+                                                                       "t": Path("x")}))
 
     async def go():
         await adapter.start("i", {"name": "j"})
@@ -178,7 +179,9 @@ def test_sync_methods_and_an_argument_free_finalize_are_called_as_verl_defines_t
         await adapter.finalize("i")
         return reply
 
-    assert asyncio.run(go()) == UserReply(True, "fine", 0.5, {}) and adapter.inner.finalized == 1
+    reply = asyncio.run(go())
+    assert reply == UserReply(True, "fine", 0.5, {"n": 2, "v": [0.0, 0.0], "t": "x"}) and adapter.inner.finalized == 1
+    assert type(reply.metrics["n"]) is int  # builtins: the sample's metadata loads with weights_only
 
 
 @pytest.mark.parametrize("answer, problem", [

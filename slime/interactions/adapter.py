@@ -9,6 +9,7 @@ crash three frames later.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,16 @@ class UserReply:
 
 def is_interaction_class(obj: Any) -> bool:
     return isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in INTERACTION_METHODS)
+
+
+def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics as JSON builtins (they are stored on the sample, which must load with
+    `torch.load(weights_only=True)`): numpy scalars and arrays become numbers and lists, anything
+    else its `str`."""
+    def builtin(value: Any) -> Any:
+        return value.tolist() if hasattr(value, "tolist") else str(value)
+
+    return json.loads(json.dumps(metrics, default=builtin))
 
 
 def _is_bool(value: Any) -> bool:
@@ -90,4 +101,4 @@ class InteractionAdapter:
             raise InteractionError(f"{who}: the score must be a finite number or None, got {score!r:.40}")
         if metrics is not None and not isinstance(metrics, dict):
             raise InteractionError(f"{who}: metrics must be a dict or None, got {type(metrics).__name__}")
-        return UserReply(bool(terminate), content, None if score is None else float(score), dict(metrics or {}))
+        return UserReply(bool(terminate), content, None if score is None else float(score), _plain(metrics or {}))

@@ -117,10 +117,14 @@ yaml_data = st.recursive(yaml_scalars, lambda inner: st.lists(inner, max_size=3)
                          | st.dictionaries(st.sampled_from(["interaction", "tools", "name", "class_name", "config",
                                                             "replies", "x"]), inner, max_size=3), max_leaves=10)
 GOOD_ENTRY = {"name": "judge", "class_name": SCRIPTED, "config": {"replies": [[True, "ok", 1.0]]}}
+class_names = st.sampled_from(["", ".", "a.", ".b", "a..b", "0", "x y", "os.path", "builtins.dict", "verl",
+                               "verl.interactions.x.Y", SCRIPTED, GSM8K]) | st.text(max_size=6)
+entries = st.fixed_dictionaries({"class_name": class_names}, optional={"name": yaml_data, "config": yaml_data})
 
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.one_of(yaml_data, st.builds(lambda e: {"interaction": [e]}, yaml_data),
+                      st.builds(lambda es: {"interaction": es}, st.lists(entries, max_size=3)),
                       st.builds(lambda k, v: {"interaction": [{**GOOD_ENTRY, k: v}]},
                                 st.sampled_from(["name", "class_name", "config", "x"]), yaml_data)))
 @example(data={"interaction": [GOOD_ENTRY]})

@@ -195,6 +195,32 @@ def test_slime_rollout_with_verls_sandbox_yaml_stops_before_anything_starts(tmp_
     assert f"slime-rollout: error: --tool-config-path: {config}: {refusal}" in err, err
 
 
+@without_verl
+def test_slime_rollout_takes_verls_interaction_yaml_and_row_and_refuses_the_default_generate(tmp_path, tiny_model_dir,
+                                                                                         capsys):
+    """The whole command line with verl's interaction recipe: its row and YAML pass every start-up check with
+    the multi-turn loop; with the default generate (which would never ask the interaction) nothing starts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime.cli.args import parse_args
+    from slime.cli.command import run_cli
+
+    rows = [json.loads((DATA / "rows" / "gsm8k_multiturn_w_interaction.jsonl").read_text())]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+            str(tmp_path / "train.parquet"), "--input-key", "prompt", "--label-key", "reward_model.ground_truth",
+            "--interaction-config-path", str(DATA / INTERACTION), "--max-user-turns", "5"]
+    started: list[Any] = []
+    assert run_cli("slime-rollout", argv, parse_args, started.append) == 1 and started == []
+    assert ("slime-rollout: error: --interaction-config-path: the default generate has no multi-turn loop"
+            in capsys.readouterr().err)
+    multi_turn = ["--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout"]
+    assert run_cli("slime-rollout", argv + multi_turn, parse_args, started.append) == 0
+    (args,) = started
+    assert (args.interaction_config_path, args.max_user_turns) == (str(DATA / INTERACTION), 5)
+
+
 def _listening(host: str, port: int) -> bool:
     import socket
 

@@ -546,3 +546,48 @@ async def test_a_user_turn_that_does_not_fit_the_context_is_recorded_not_appende
     assert s.status == s.Status.TRUNCATED and s.metadata["finish_reason"] == "budget_exhausted_in_user_turn"
     assert s.metadata["user_turns"] == [{"turn": 1, "content": INCORRECT, "score": 0.0, "terminate": False,
                                          "metrics": {}, "appended": False}]
+
+
+async def test_a_trajectory_aborted_after_a_user_turn_resumes_at_the_next_turn_with_a_new_instance(
+        stack, tok, tmp_path):
+    """--partial-rollout: the rollout aborts while the interaction answers; its reply is appended and the loop stops
+    at the turn boundary. The next rollout resumes from every token so far, starts the interaction again (state
+    does not outlive a rollout, as for tools) and counts --max-user-turns across both; each instance is finalized."""
+    from rollout_plugins.multi_turn import MultiTurnContext, generate
+    from slime.rollout.runtime import current, unbind
+
+    config = tmp_path / "judge.yaml"
+    config.write_text(yaml.safe_dump({"interaction": [{
+        "name": "gsm8k", "class_name": "slime.testing.interactions.ScriptedUser",
+        "config": {"replies": [[False, "Try again.", 0.0], [False, "Unused.", 0.0]]}}]}))
+    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
+                                      interaction_config_path=str(config), max_user_turns=1, partial_rollout=True)
+    runtime = current(args)
+    judge = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
+    answer = judge.generate_response
+
+    def aborting(*a, **kw):  # the rollout aborts while the user is answering
+        runtime.client.gate.close()
+        return answer(*a, **kw)
+
+    judge.generate_response = aborting
+    outs = [say(tok, "#### 70", -1.0), say(tok, "<think>\nok\n</think>\n\n#### 72", -2.0)]
+    stack["scripts"].pop("rethinking carefully", None)
+    stack["scripts"]["rethinking carefully"] = outs
+    try:
+        sample = await generate(args, sample, dict(PARAMS))
+        first = list(sample.tokens)
+        assert sample.status == sample.Status.ABORTED and sample.metadata["finish_reason"] == "rollout_abort"
+        assert first[-len(user_delta(tok, "Try again.")):] == user_delta(tok, "Try again.")
+        runtime.client.gate.open()
+        n0 = len(stack["engine"].requests)
+        sample = await generate(args, sample, dict(PARAMS))
+    finally:
+        await runtime.client.close()
+        unbind(runtime)
+    assert [r["input_ids"] for r in stack["engine"].requests[n0:]] == [first]
+    assert sample.tokens == first + outs[1]["output_ids"] and sample.metadata["continuations"] == 1
+    n1, nu = len(outs[0]["output_ids"]), len(user_delta(tok, "Try again."))
+    assert sample.loss_mask == [1] * n1 + [0] * nu + [1] * len(outs[1]["output_ids"])
+    assert sample.status == sample.Status.COMPLETED and sample.metadata["finish_reason"] == "max_user_turns"
+    assert len(judge.seen) == 1 and len(judge.started) == 2 and sorted(judge.finalized) == sorted(judge.started)

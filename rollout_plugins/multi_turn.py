@@ -285,7 +285,7 @@ class Trajectory:
                 if self.interaction is None:
                     return self._end(Sample.Status.COMPLETED, "no_tool_call")
                 if not await self.user_turn(model_ids, turn, turn == max_turns):
-                    return None
+                    return
                 continue
             if turn == max_turns:
                 self._record_unanswered(parsed, turn, "--max-turns was reached")

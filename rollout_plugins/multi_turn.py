@@ -23,6 +23,11 @@ or at the next turn. Budgets count the whole trajectory. Tool instances do not o
 (they are released when the sample leaves it, so none leaks if it never comes back): a resumed
 trajectory creates them again with the same create_kwargs; per-instance tool state from before the
 interruption is not carried over, the step rewards already earned are.
+
+With --interaction-config-path (verl's interaction YAML), an assistant turn without tool calls is
+answered by the sample's interaction (chosen by its `interaction_kwargs.name`) as a user turn:
+the template's tokens for it are appended masked 0, its score is recorded as a turn score, and
+the trajectory ends when it says terminate or at --max-user-turns (see `Trajectory.user_turn`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ import time
 from typing import Any
 from uuid import uuid4
 
+from slime.interactions.adapter import InteractionAdapter
+from slime.interactions.registry import InteractionSet, load_interaction_config
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.utils.trajectory import (ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord,
-                                      TurnSpan)
+                                      TurnSpan, UserTurn)
 from slime.tools.chat_format import (ChatDelta, ParseError, TemplateDriftError, ToolCall, check_append_only,
                                      conversation_drift, get_parser)
 from slime.tools.registry import ToolSet, load_tool_config
@@ -68,6 +75,8 @@ class MultiTurnContext:
         if self.runtime is not None:
             self.tools.use_services(self.runtime.tool_services)  # e.g. the manager's sandbox URL
         self.parser = get_parser(_arg(args, "tool_call_parser", "hermes"))
+        path = _arg(args, "interaction_config_path")
+        self.interactions: InteractionSet | None = load_interaction_config(path) if path else None
         kw = _arg(args, "apply_chat_template_kwargs", {})
         self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
         if not self.delta.renders_tools and self.tools.names:
@@ -131,6 +140,9 @@ class Trajectory:
             sample.reward = None
             self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
         self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
+        self.interaction: InteractionAdapter | None = None  # the sample's simulated user, if any
+        self.interaction_kwargs: dict[str, Any] = {}
+        self.interaction_id: str | None = None  # set once start_interaction was called
 
     # ---- set-up -------------------------------------------------------------------------------
     def active_tools(self) -> list[str]:
@@ -272,7 +284,11 @@ class Trajectory:
             if not parsed.items:
                 if cut:
                     return self._end(Sample.Status.TRUNCATED, "turn_cap")
-                return self._end(Sample.Status.COMPLETED, "no_tool_call")
+                if self.interaction is None:
+                    return self._end(Sample.Status.COMPLETED, "no_tool_call")
+                if not await self.user_turn(model_ids, turn, turn == max_turns):
+                    return
+                continue
             if turn == max_turns:
                 self._record_unanswered(parsed, turn, "--max-turns was reached")
                 return self._end(Sample.Status.TRUNCATED, "max_turns")
@@ -299,6 +315,73 @@ class Trajectory:
         self._append(delta, None, turn, "tool")
         if self.messages is not None:
             self.messages.extend(tool_msgs)
+        return True
+
+    # ---- the interaction (verl's simulated user) ------------------------------------------------
+    def select_interaction(self) -> None:
+        """The sample's interaction, by its interaction_kwargs' name (every sample needs one when
+        --interaction-config-path is set, as in verl)."""
+        interactions = self.ctx.interactions
+        if interactions is None:
+            return
+        kwargs = self.sample.metadata.get("interaction_kwargs")
+        try:
+            self.interaction = interactions.select(kwargs)
+        except ValueError as e:
+            raise ValueError(f"--interaction-config-path: sample {self.sample.index}: {e}") from None
+        if self.messages is None:
+            raise ValueError(f"--interaction-config-path: sample {self.sample.index}: the prompt is a rendered "
+                             "string; an interaction reads the conversation, so give message-list prompts")
+        self.interaction_kwargs = dict(kwargs)
+        self.record.interaction = self.interaction.name
+
+    async def start_interaction(self) -> None:
+        if self.interaction is not None:
+            iid = f"{self.sample.index}-{uuid4().hex[:12]}"
+            self.interaction_id = iid  # finalized on every path, even when start fails half-way
+            await self.interaction.start(iid, self.interaction_kwargs)
+
+    async def finalize_interaction(self) -> None:
+        if self.interaction is None or self.interaction_id is None:
+            return
+        try:
+            await self.interaction.finalize(self.interaction_id)
+        except Exception as e:  # noqa: BLE001 - a failing finalize must not hide the sample's result
+            self.record.error = self.record.error or (f"interaction {self.interaction.name!r} finalize_interaction "
+                                                      f"failed: {type(e).__name__}: {e}")
+
+    async def user_turn(self, model_ids: list[int], turn: int, last_turn: bool) -> bool:
+        """After an assistant turn without tool calls: the interaction answers as the user (tokens
+        masked 0, log-probs 0). False, with the trajectory ended, when it terminates or a cap is hit.
+
+        As in verl, --max-user-turns / --max-turns are checked before the interaction is asked. On
+        terminate the reply is recorded but not appended: the trajectory ends on the model's turn.
+        A reply that does not fit the remaining budget is not appended in part (as tool results).
+        """
+        limit = _arg(self.args, "max_user_turns")
+        if limit is not None and len(self.record.user_turns) >= int(limit):
+            self._end(Sample.Status.COMPLETED, "max_user_turns")
+            return False
+        if last_turn:
+            self._end(Sample.Status.COMPLETED, "max_turns")
+            return False
+        t0 = time.perf_counter()
+        reply = await self.interaction.respond(self.interaction_id, [dict(m) for m in self.messages],
+                                               self.interaction_kwargs)
+        self.record.non_generation_time += time.perf_counter() - t0
+        message = {"role": "user", "content": reply.content}
+        delta = [] if reply.terminate else self.ctx.delta.user_delta_ids(message, model_ids)
+        appended = not reply.terminate and len(delta) <= min(self._budgets())[0]
+        self.record.user_turns.append(UserTurn(turn=turn, content=reply.content, score=reply.score,
+                                               terminate=reply.terminate, metrics=reply.metrics, appended=appended))
+        if reply.terminate:
+            self._end(Sample.Status.COMPLETED, "interaction_terminated")
+            return False
+        if not appended:
+            self._end(Sample.Status.TRUNCATED, "budget_exhausted_in_user_turn")
+            return False
+        self._append(delta, None, turn, "user")
+        self.messages.append(message)
         return True
 
     def _record_unanswered(self, parsed: Any, turn: int, why: str) -> None:
@@ -450,7 +533,9 @@ class Trajectory:
                 self.sample.metadata["continuations"] = int(self.sample.metadata.get("continuations", 0)) + 1
             else:
                 self.build_prompt(names)
+            self.select_interaction()
             await self.create_tools(names)
+            await self.start_interaction()
             await self.loop()
             await self.final_rewards()
             self.check_drift()
@@ -465,7 +550,7 @@ class Trajectory:
             self.record.error = f"{type(e).__name__}: {e}"
             self._end(Sample.Status.FAILED, "exception")
         finally:
-            release = asyncio.ensure_future(self.release_tools())
+            release = asyncio.ensure_future(asyncio.gather(self.release_tools(), self.finalize_interaction()))
             try:
                 await asyncio.shield(release)
             except asyncio.CancelledError:

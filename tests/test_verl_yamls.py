@@ -1,6 +1,7 @@
 """verl's own tool and interaction configs (vendored unchanged under tests/data/verl/, see its README):
 each one loads, runs a multi-turn rollout with verl's data recipe row, or is refused before anything
-starts with an error naming the file, the entry, the tool and the field.
+starts with an error naming the file, the entry, the tool and the field. (The interaction loader's
+own errors and boundaries: tests/test_verl_interactions.py.)
 
 | file (verl path)                                          | outcome                                   |
 | --------------------------------------------------------- | ----------------------------------------- |
@@ -10,7 +11,8 @@ starts with an error naming the file, the entry, the tool and the field.
 | sandbox / search with only their URL pointed at ours      | runs                                      |
 | tool_config/geo3k_tool_config.yaml                        | loads, runs unchanged (slime's Geo3kTool) |
 | tool_config/mcp_tool_config.yaml, tests' copy             | refused at load (no MCP client)           |
-| interaction_config/gsm8k_interaction_config.yaml          | refused at load (no interaction system)   |
+| interaction_config/gsm8k_interaction_config.yaml          | loads (--interaction-config-path), runs   |
+|   the same file given to --tool-config-path               | refused at load, pointing to the flag     |
 """
 
 from __future__ import annotations
@@ -67,18 +69,15 @@ REFUSED_AT_LOAD = {  # file -> the whole refusal after "<file>: " ({dir}: the fi
     f"{TESTS}/mcp_tool_config": ("tools[0].mcp.mcp_servers_config_path: no such file "
                                  "'./resource/tool_configs/mcp_server.json' (looked in {cwd}/resource/tool_configs, "
                                  "{dir}/resource/tool_configs)"),
-    INTERACTION: ("interaction: this is a verl interaction config (interaction_config_path), not a tool config; "
-                  "slime has no interaction system, so nothing would run 'gsm8k' "
-                  "(verl.interactions.gsm8k_interaction.Gsm8kInteraction): give --tool-config-path a file with a "
-                  "top-level 'tools:' list"),
 }
+INTERACTIONS = {INTERACTION: (["gsm8k"], "slime.interactions.gsm8k_interaction.Gsm8kInteraction")}
 SERVER_LISTS = {f"{EX}/mcp_server.json", f"{TESTS}/mcp_server.json"}  # read by the two mcp configs
 
 
 def test_every_vendored_file_has_an_expected_outcome():
     files = {str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file()}
     configs = files - {"README.md"} - {f for f in files if f.startswith("rows/")} - SERVER_LISTS
-    assert configs == set(LOADS) | set(REFUSED_AT_LOAD)
+    assert configs == set(LOADS) | set(REFUSED_AT_LOAD) | set(INTERACTIONS)
     assert set(REFUSED_AT_START) <= set(LOADS) and SERVER_LISTS <= files
 
 
@@ -104,12 +103,31 @@ def test_strict_reaches_the_prompt_only_when_the_config_sets_it(given):
     assert shown == {"name": "f", "description": "d", "parameters": empty, **given}
 
 
-def test_an_interaction_config_without_names_is_refused_naming_its_classes(tmp_path):
-    path = tmp_path / "interaction.yaml"
-    path.write_text("interaction:\n  - class_name: my.interactions.Judge\n    config: {}\n")
-    with pytest.raises(ToolConfigError, match=r"interaction: this is a verl interaction config .* nothing would run "
-                                              r"my\.interactions\.Judge: give --tool-config-path"):
+@without_verl
+@pytest.mark.parametrize("name", sorted(INTERACTIONS))
+def test_verl_interaction_config_loads_unchanged(name):
+    from slime.interactions.registry import load_interaction_config
+
+    names, cls = INTERACTIONS[name]
+    loaded = load_interaction_config(DATA / name)
+    assert loaded.names == names
+    inner = loaded.by_name[names[0]].inner
+    assert f"{type(inner).__module__}.{type(inner).__qualname__}" == cls
+    assert inner.config == {"name": names[0]} and inner.name == names[0]  # verl puts the name into config
+
+
+def test_an_interaction_config_given_as_tool_config_points_to_its_flag(tmp_path):
+    path = DATA / INTERACTION
+    with pytest.raises(ToolConfigError) as e:
         load_tool_config(path)
+    assert str(e.value) == (f"{path}: interaction: this is a verl interaction config ('gsm8k' "
+                            f"(verl.interactions.gsm8k_interaction.Gsm8kInteraction)), not a tool config: give it to "
+                            f"--interaction-config-path (--tool-config-path takes a top-level 'tools:' list)")
+    unnamed = tmp_path / "interaction.yaml"
+    unnamed.write_text("interaction:\n  - class_name: my.interactions.Judge\n    config: {}\n")
+    with pytest.raises(ToolConfigError, match=r"interaction: this is a verl interaction config \(my\.interactions"
+                                              r"\.Judge\), not a tool config: give it to --interaction-config-path"):
+        load_tool_config(unnamed)
 
 
 @without_verl
@@ -175,6 +193,32 @@ def test_slime_rollout_with_verls_sandbox_yaml_stops_before_anything_starts(tmp_
     assert rc == 1 and started == []
     refusal = REFUSED_AT_START[f"{EX}/sandbox_fusion_tool_config.yaml"]
     assert f"slime-rollout: error: --tool-config-path: {config}: {refusal}" in err, err
+
+
+@without_verl
+def test_slime_rollout_takes_verls_interaction_yaml_and_row_and_refuses_the_default_generate(tmp_path, tiny_model_dir,
+                                                                                         capsys):
+    """The whole command line with verl's interaction recipe: its row and YAML pass every start-up check with
+    the multi-turn loop; with the default generate (which would never ask the interaction) nothing starts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime.cli.args import parse_args
+    from slime.cli.command import run_cli
+
+    rows = [json.loads((DATA / "rows" / "gsm8k_multiturn_w_interaction.jsonl").read_text())]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+            str(tmp_path / "train.parquet"), "--input-key", "prompt", "--label-key", "reward_model.ground_truth",
+            "--interaction-config-path", str(DATA / INTERACTION), "--max-user-turns", "5"]
+    started: list[Any] = []
+    assert run_cli("slime-rollout", argv, parse_args, started.append) == 1 and started == []
+    assert ("slime-rollout: error: --interaction-config-path: the default generate has no multi-turn loop"
+            in capsys.readouterr().err)
+    multi_turn = ["--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout"]
+    assert run_cli("slime-rollout", argv + multi_turn, parse_args, started.append) == 0
+    (args,) = started
+    assert (args.interaction_config_path, args.max_user_turns) == (str(DATA / INTERACTION), 5)
 
 
 def _listening(host: str, port: int) -> bool:
@@ -244,7 +288,7 @@ def stack(tok, tmp_path_factory):
 
     def script(body: dict) -> dict:
         text = tok.decode(body["input_ids"], skip_special_tokens=False)
-        key = next(k for k in scripts if k in text)
+        key = next(k for k in reversed(scripts) if k in text)  # the latest test's (rows may share text)
         return scripts[key][text.count("<|im_start|>assistant") - 1]
 
     engine = ScriptedEngine(script, str(qwen_tokenizer_dir()), find_free_port()).start()
@@ -270,8 +314,10 @@ def tool_delta(tok, content: str) -> list[int]:
                       f"<|im_start|>assistant\n", add_special_tokens=False)
 
 
-def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path, rm_type: str | None):
-    """(args, sample) for the recipe's row written as verl writes it (parquet), read with verl's keys."""
+def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path | None, rm_type: str | None,
+                  **flags: Any):
+    """(args, sample) for the recipe's row written as verl writes it (parquet), read with verl's keys;
+    `flags` set more of the multi-turn flags (interactions)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -285,26 +331,28 @@ def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path, rm
         **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
         "hf_checkpoint": stack["model"], "rollout_max_response_len": 512, "rollout_max_context_len": None,
         "sglang_server_concurrency": 8, "request_timeout": 30.0, "request_max_retries": 0,
-        "tool_config_path": str(tool_config), "rm_type": rm_type, "custom_rm_path": None, "group_rm": False,
+        "tool_config_path": tool_config and str(tool_config), "rm_type": rm_type, "custom_rm_path": None, "group_rm": False,
         "tool_reward_mode": "add" if rm_type else "none",
-        "tool_key": "extra_info.tools_kwargs", "metadata_key": None, "apply_chat_template": False})
+        "tool_key": "extra_info.tools_kwargs", "metadata_key": None, "apply_chat_template": False, **flags})
     bind_runtime(args, tokenizer=tok)
     row = read_rows(tmp_path / "train.parquet")[0]
     sample = sample_from_row(args, row, f"{recipe}:1", "prompt", "reward_model.ground_truth", tokenize=False)
     return args, sample, row
 
 
-async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], tool_texts: list[str]):
-    """Every turn but the last calls a tool, the last answers: exact tokens, masks (tool tokens 0) and
-    log-probs, and the engine sent exactly the growing trajectory each turn."""
+async def rollout(stack, tok, args, sample, row, key: str, turns: list[str], deltas: list[list[int]]):
+    """One multi-turn sample whose assistant turns say `turns`, each followed by the masked tokens
+    `deltas[i]` (tool results or a user turn; none after the last): exact tokens, masks (the model's
+    tokens 1, the rest 0) and log-probs, and the engine sent exactly the growing trajectory each turn."""
     from rollout_plugins.multi_turn import MultiTurnContext, generate
     from slime.rollout.runtime import current, unbind
     from slime.tools.registry import close_tool_sets
 
     outs = [say(tok, text, -1.0 - t) for t, text in enumerate(turns)]
+    stack["scripts"].pop(key, None)
     stack["scripts"][key] = outs
     n0 = len(stack["engine"].requests)
-    names = list(row["extra_info"]["tools_kwargs"])
+    names = list(row["extra_info"].get("tools_kwargs") or [])
     schemas = MultiTurnContext.get(args).tools.schemas(names)
     try:
         s = await generate(args, sample, dict(PARAMS))
@@ -313,17 +361,24 @@ async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], t
         await runtime.client.close()
         await close_tool_sets()  # the runtime's, before it is unbound
         unbind(runtime)
-    prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas, tokenize=False,
+    prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas or None, tokenize=False,
                                                 add_generation_prompt=True), add_special_tokens=False)
-    deltas = [tool_delta(tok, text) for text in tool_texts] + [[]]
     tokens, mask, log_probs, sent = list(prompt), [], [], []
-    for out, delta in zip(outs, deltas):
+    for out, delta in zip(outs, deltas + [[]]):
         sent.append(list(tokens))
         tokens += out["output_ids"] + delta
         mask += [1] * len(out["output_ids"]) + [0] * len(delta)
         log_probs += out["log_probs"] + [0.0] * len(delta)
     assert s.tokens == tokens and s.loss_mask == mask and s.rollout_log_probs == pytest.approx(log_probs)
+    assert s.prompt_length == len(prompt) and s.response_length == len(tokens) - len(prompt)
     assert [r["input_ids"] for r in stack["engine"].requests[n0:]] == sent
+    return s
+
+
+async def run_turns(stack, tok, args, sample, row, key: str, turns: list[str], tool_texts: list[str]):
+    """Every turn but the last calls a tool, the last answers."""
+    s = await rollout(stack, tok, args, sample, row, key, turns, [tool_delta(tok, text) for text in tool_texts])
+    names = list(row["extra_info"]["tools_kwargs"])
     md = s.metadata
     assert md["turns"] == len(turns) and md["tool_errors"] == [] and md["parse_errors"] == []
     assert md["template_drift"] is False and md["tool_calls"] == {names[0]: len(tool_texts)}
@@ -419,3 +474,120 @@ async def test_geo3k_tool_keeps_the_last_submissions_score_as_verl_does():
     assert iid == "g" and (await tool.execute(iid, {"answer": 3}))[2] == {"score": 1.0}  # a number is read as text
     await tool.release(iid)
     assert tool._state == {}
+
+
+# ---- verl's interactions: the simulated user answers turns without tool calls ----------------------
+def user_delta(tok, content: str) -> list[int]:
+    """What Qwen3's template inserts for a user turn after an assistant turn that ended with <|im_end|>."""
+    return tok.encode(f"\n<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+
+@without_verl
+async def test_gsm8k_interaction_yaml_unchanged_runs_verls_interaction_recipe_row(stack, tok, tmp_path):
+    """A wrong answer is answered by the user (masked 0) and retried; the right one ends the conversation,
+    its reply recorded but not appended; the turn scores are the interaction's; its instance is finalized."""
+    from rollout_plugins.multi_turn import MultiTurnContext
+    from slime.interactions.gsm8k_interaction import CORRECT, INCORRECT
+
+    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, "gsm8k",
+                                      interaction_config_path=str(DATA / INTERACTION))
+    assert sample.metadata["interaction_kwargs"] == row["extra_info"]["interaction_kwargs"]
+    gsm8k = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
+    s = await rollout(stack, tok, args, sample, row, "rethinking carefully",
+                      ["<think>\n48 + 22\n</think>\n\n#### 70", "<think>\n48 + 24\n</think>\n\n#### 72"],
+                      [user_delta(tok, INCORRECT)])
+    md = s.metadata
+    assert s.status == s.Status.COMPLETED and md["finish_reason"] == "interaction_terminated"
+    assert md["interaction"] == "gsm8k" and md["turns"] == 2 and md["turn_scores"] == [0.0, 1.0]
+    assert md["user_turns"] == [
+        {"turn": 1, "content": INCORRECT, "score": 0.0, "terminate": False, "metrics": {}, "appended": True},
+        {"turn": 2, "content": CORRECT, "score": 1.0, "terminate": True, "metrics": {}, "appended": False}]
+    n1, nu = len(say(tok, "<think>\n48 + 22\n</think>\n\n#### 70", 0)["output_ids"]), len(user_delta(tok, INCORRECT))
+    assert [(t["role"], t["start"], t["end"]) for t in md["turn_spans"]] == [
+        ("assistant", 0, n1), ("user", n1, n1 + nu), ("assistant", n1 + nu, s.response_length)]
+    assert md["template_drift"] is True  # re-rendering drops the first turn's <think>; the batch keeps it
+    assert gsm8k._instance_dict == {}  # finalize_interaction ran
+
+
+async def test_a_user_interaction_class_by_dotted_path_gets_the_conversation_until_max_user_turns(
+        stack, tok, tmp_path):
+    from rollout_plugins.multi_turn import MultiTurnContext
+
+    config = tmp_path / "judge.yaml"
+    config.write_text(yaml.safe_dump({"interaction": [{
+        "name": "gsm8k", "class_name": "slime.testing.interactions.ScriptedUser",
+        "config": {"replies": [[False, "Try again.", 0.25], [False, "Once more.", None]]}}]}))
+    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
+                                      interaction_config_path=str(config), max_user_turns=2)
+    judge = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
+    s = await rollout(stack, tok, args, sample, row, "rethinking carefully", ["#### 70", "#### 71", "<think>\nok\n</think>\n\n#### 72"],
+                      [user_delta(tok, "Try again."), user_delta(tok, "Once more.")])
+    md = s.metadata
+    assert s.status == s.Status.COMPLETED and md["finish_reason"] == "max_user_turns"
+    assert md["turn_scores"] == [0.25] and [u["metrics"] for u in md["user_turns"]] == [{"reply": 1}, {"reply": 2}]
+    assert md["template_drift"] is False  # (Qwen3 re-renders thinking only after the last user turn)
+    (iid, kwargs), = judge.started.items()
+    assert kwargs == row["extra_info"]["interaction_kwargs"] and judge.finalized == [iid]
+    prompt = row["prompt"]
+    assert judge.seen == [prompt + [{"role": "assistant", "content": "#### 70"}],
+                          prompt + [{"role": "assistant", "content": "#### 70"}, {"role": "user", "content": "Try again."},
+                                    {"role": "assistant", "content": "#### 71"}]]
+
+
+async def test_a_user_turn_that_does_not_fit_the_context_is_recorded_not_appended(stack, tok, tmp_path):
+    from slime.interactions.gsm8k_interaction import INCORRECT
+
+    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
+                                      interaction_config_path=str(DATA / INTERACTION))
+    prompt = tok.encode(tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)
+    args.rollout_max_context_len = len(prompt) + len(say(tok, "#### 70", 0)["output_ids"]) + 3
+    s = await rollout(stack, tok, args, sample, row, "rethinking carefully", ["#### 70"], [])
+    assert s.status == s.Status.TRUNCATED and s.metadata["finish_reason"] == "budget_exhausted_in_user_turn"
+    assert s.metadata["user_turns"] == [{"turn": 1, "content": INCORRECT, "score": 0.0, "terminate": False,
+                                         "metrics": {}, "appended": False}]
+
+
+async def test_a_trajectory_aborted_after_a_user_turn_resumes_at_the_next_turn_with_a_new_instance(
+        stack, tok, tmp_path):
+    """--partial-rollout: the rollout aborts while the interaction answers; its reply is appended and the loop stops
+    at the turn boundary. The next rollout resumes from every token so far, starts the interaction again (state
+    does not outlive a rollout, as for tools) and counts --max-user-turns across both; each instance is finalized."""
+    from rollout_plugins.multi_turn import MultiTurnContext, generate
+    from slime.rollout.runtime import current, unbind
+
+    config = tmp_path / "judge.yaml"
+    config.write_text(yaml.safe_dump({"interaction": [{
+        "name": "gsm8k", "class_name": "slime.testing.interactions.ScriptedUser",
+        "config": {"replies": [[False, "Try again.", 0.0], [False, "Unused.", 0.0]]}}]}))
+    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
+                                      interaction_config_path=str(config), max_user_turns=1, partial_rollout=True)
+    runtime = current(args)
+    judge = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
+    answer = judge.generate_response
+
+    def aborting(*a, **kw):  # the rollout aborts while the user is answering
+        runtime.client.gate.close()
+        return answer(*a, **kw)
+
+    judge.generate_response = aborting
+    outs = [say(tok, "#### 70", -1.0), say(tok, "<think>\nok\n</think>\n\n#### 72", -2.0)]
+    stack["scripts"].pop("rethinking carefully", None)
+    stack["scripts"]["rethinking carefully"] = outs
+    try:
+        sample = await generate(args, sample, dict(PARAMS))
+        first = list(sample.tokens)
+        assert sample.status == sample.Status.ABORTED and sample.metadata["finish_reason"] == "rollout_abort"
+        assert first[-len(user_delta(tok, "Try again.")):] == user_delta(tok, "Try again.")
+        runtime.client.gate.open()
+        n0 = len(stack["engine"].requests)
+        sample = await generate(args, sample, dict(PARAMS))
+    finally:
+        await runtime.client.close()
+        unbind(runtime)
+    assert [r["input_ids"] for r in stack["engine"].requests[n0:]] == [first]
+    assert sample.tokens == first + outs[1]["output_ids"] and sample.metadata["continuations"] == 1
+    n1, nu = len(outs[0]["output_ids"]), len(user_delta(tok, "Try again."))
+    assert sample.loss_mask == [1] * n1 + [0] * nu + [1] * len(outs[1]["output_ids"])
+    assert sample.status == sample.Status.COMPLETED and sample.metadata["finish_reason"] == "max_user_turns"
+    assert len(judge.seen) == 1 and len(judge.started) == 2 and sorted(judge.finalized) == sorted(judge.started)

@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.data_source import DataError, DataSource, RolloutDataSourceWithBuffer, parse_path_slice
+from slime.rollout.data_source import (DEFAULT_ROLLOUT, DataError, DataSource, RolloutDataSourceWithBuffer,
+                                       parse_path_slice)
 from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
                                     data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
 from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
@@ -131,6 +132,27 @@ def check_tools(args: Any) -> None:
         check_services(load_tool_config(path))
     except Exception as e:  # noqa: BLE001 - ToolConfigError names the file and the entry
         raise PreflightError(f"--tool-config-path: {e}") from None
+
+
+def check_interactions(args: Any) -> None:
+    """--interaction-config-path loads (every class imported and built), as the rollout will."""
+    path = getattr(args, "interaction_config_path", None)
+    if not path:
+        return
+    from slime.interactions.registry import InteractionConfigError, load_interaction_config
+
+    try:
+        load_interaction_config(path)
+    except InteractionConfigError as e:
+        raise PreflightError(f"--interaction-config-path: {e}") from None
+    if getattr(args, "rollout_function_path", None) == DEFAULT_ROLLOUT \
+            and getattr(args, "custom_generate_function_path", None) is None:
+        raise PreflightError("--interaction-config-path: the default generate has no multi-turn loop and would never "
+                             "ask the interaction; set --rollout-function-path rollout_plugins.multi_turn."
+                             "generate_rollout (or --custom-generate-function-path rollout_plugins.multi_turn.generate)")
+    if getattr(args, "max_user_turns", None) is not None and args.max_user_turns < 1:
+        raise PreflightError(f"--max-user-turns: must be at least 1, got {args.max_user_turns} (leave it unset "
+                             "for no limit)")
 
 
 def check_agent_workspaces(args: Any) -> None:
@@ -307,6 +329,7 @@ def preflight(args: Any) -> dict[str, Any]:
     check_save(args)
     check_data(args)
     check_tools(args)
+    check_interactions(args)
     check_agent_workspaces(args)
     check_debug_rollouts(args)
     return resolved

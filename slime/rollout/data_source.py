@@ -171,7 +171,25 @@ def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str,
             tools = metadata["tools"] = value
         elif value is not None:
             metadata["tools_kwargs"] = value
+    if getattr(args, "interaction_config_path", None):
+        metadata["interaction_kwargs"] = _row_interaction(args, row, where)
     return metadata, tools
+
+
+def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, Any]:
+    """verl's interaction_kwargs of a row (--interaction-key): a mapping whose 'name' picks the
+    interaction; verl requires it on every row when an interaction config is given."""
+    key = getattr(args, "interaction_key", None) or "extra_info.interaction_kwargs"
+    value = _row_value(row, key, where, "interaction", "--interaction-key")
+    if hasattr(value, "tolist"):  # a Parquet struct read back as numpy
+        value = value.tolist()
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: --interaction-key {key!r}: expected verl's interaction_kwargs mapping, "
+                        f"got {type(value).__name__}")
+    if not isinstance(value.get("name"), str) or not value["name"]:
+        raise DataError(f"{where}: --interaction-key {key!r}: no 'name' string (it picks the interaction of "
+                        f"--interaction-config-path; verl requires it)")
+    return value
 
 
 def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, label_key: str | None,

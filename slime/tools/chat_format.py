@@ -271,11 +271,20 @@ class ChatDelta:
 
     def tool_delta_ids(self, tool_messages: list[dict[str, Any]], model_ids: list[int]) -> list[int]:
         """Turn end + the tool results + the next generation prompt, as the template renders them."""
-        full = self.render([_STUB_USER, {"role": "assistant", "content": SENTINEL}, *tool_messages],
+        return self.delta_ids(tool_messages, model_ids, "tool results")
+
+    def user_delta_ids(self, user_message: dict[str, Any], model_ids: list[int]) -> list[int]:
+        """Turn end + a user turn (an interaction's reply) + the next generation prompt."""
+        return self.delta_ids([user_message], model_ids, "a user turn")
+
+    def delta_ids(self, messages: list[dict[str, Any]], model_ids: list[int], what: str) -> list[int]:
+        """The template's tokens for `messages` following an assistant turn that emitted `model_ids`,
+        rendered after a fixed two-message stub (the cost does not grow with the conversation)."""
+        full = self.render([_STUB_USER, {"role": "assistant", "content": SENTINEL}, *messages],
                            add_generation_prompt=True)
         at = full.rfind(SENTINEL) + len(SENTINEL)
         if not full.startswith(self.eot_text, at):
-            raise TemplateDriftError("the chat template ends an assistant turn differently when tool results "
+            raise TemplateDriftError(f"the chat template ends an assistant turn differently when {what} "
                                      f"follow: expected {self.eot_text!r}, got {full[at:at + 40]!r}")
         return self.turn_end_ids(model_ids) + self.encode(full[at + len(self.eot_text):])
 

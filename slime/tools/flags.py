@@ -33,6 +33,16 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--chat-template-check", choices=("error", "warn", "off"), default="error",
                    help="Start-up check that the chat template is append-only for tool turns, and a "
                         "per-sample drift check; error refuses to start when the template drifts.")
+    g = parser.add_argument_group("multi-turn interactions (verl's simulated user)")
+    g.add_argument("--interaction-config-path", type=str, default=None,
+                   help="verl-format interaction YAML (interaction: [{name, class_name, config}]): after an "
+                        "assistant turn without tool calls, the sample's interaction answers as the user.")
+    g.add_argument("--interaction-key", type=str, default="extra_info.interaction_kwargs",
+                   help="Row field holding verl's interaction_kwargs (its 'name' picks the interaction; all of "
+                        "it goes to start_interaction and generate_response).")
+    g.add_argument("--max-user-turns", type=int, default=None,
+                   help="User turns an interaction may add to one trajectory (default: no limit beyond "
+                        "--max-turns and the budgets).")
     return parser
 
 

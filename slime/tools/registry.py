@@ -307,10 +307,9 @@ def load_tool_config(path: str | Path) -> ToolSet:
     path = str(path)
     data = read_yaml(path)
     if isinstance(data, dict) and "tools" not in data and "interaction" in data:
-        raise ToolConfigError(f"{path}: interaction: this is a verl interaction config (interaction_config_path), "
-                              f"not a tool config; slime has no interaction system, so nothing would run "
-                              f"{_interaction_names(data['interaction'])}: give --tool-config-path a file with a "
-                              f"top-level 'tools:' list")
+        raise ToolConfigError(f"{path}: interaction: this is a verl interaction config ("
+                              f"{_interaction_names(data['interaction'])}), not a tool config: give it to "
+                              f"--interaction-config-path (--tool-config-path takes a top-level 'tools:' list)")
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise ToolConfigError(f"{path}: expected a top-level 'tools:' list")
     tools, seen = [], {}
@@ -325,7 +324,7 @@ def load_tool_config(path: str | Path) -> ToolSet:
 
 
 def _interaction_names(entries: Any) -> str:
-    """verl's `interaction:` entries as `name (class_name)`, for the refusal."""
+    """verl's `interaction:` entries as `name (class_name)`, for the redirection."""
     items = entries if isinstance(entries, list) else []
     named = [f"{e['name']!r} ({e.get('class_name')})" if "name" in e else str(e.get("class_name"))
              for e in items if isinstance(e, dict)]

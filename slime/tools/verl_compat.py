@@ -59,11 +59,14 @@ def verl_installed() -> bool:
     return importlib.util.find_spec("verl") is not None
 
 
-def resolve_tool_class(class_name: str) -> tuple[Any, str | None]:
-    """(the object `class_name` names, a one-line note when a verl name was resolved)."""
+def resolve_tool_class(class_name: str, equivalents: dict[str, str] | None = None,
+                       kind: str = "tool") -> tuple[Any, str | None]:
+    """(the object `class_name` names, a one-line note when a verl name was resolved). `equivalents`
+    (default: the tool classes above) maps verl's names of this `kind` of class to slime's."""
     if class_name.split(".", 1)[0] != "verl":
         return load_function(class_name), None
-    equivalent = VERL_EQUIVALENTS.get(class_name)
+    equivalents = VERL_EQUIVALENTS if equivalents is None else equivalents
+    equivalent = equivalents.get(class_name)
     if verl_installed():
         try:
             return load_function(class_name), f"{class_name}: verl's own class (verl is installed)"
@@ -74,8 +77,8 @@ def resolve_tool_class(class_name: str) -> tuple[Any, str | None]:
                                                f"does not import ({e}); using slime's equivalent")
     if equivalent is None:
         raise PluginLoadError(f"{class_name!r}: verl is not installed and slime has no equivalent of this class "
-                              f"(slime has: {sorted(VERL_EQUIVALENTS)}); install verl, or point class_name at "
-                              f"your own tool class")
+                              f"(slime has: {sorted(equivalents)}); install verl, or point class_name at "
+                              f"your own {kind} class")
     return load_function(equivalent), f"{class_name} -> {equivalent} (verl is not installed; slime's equivalent)"
 
 

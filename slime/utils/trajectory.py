@@ -33,7 +33,8 @@ class TurnSpan(_Record):
     """Half-open `[start, end)` response-token offsets of one turn."""
 
     turn: int
-    role: Literal["assistant", "tool"] = Field(description="'assistant' (sampled, trained) or 'tool' (masked)")
+    role: Literal["assistant", "tool", "user"] = Field(
+        description="'assistant' (sampled, trained), 'tool' or 'user' (an interaction's reply; both masked)")
     start: int
     end: int
 
@@ -75,6 +76,18 @@ class StepReward(_Record):
     reward: float
 
 
+class UserTurn(_Record):
+    """What the sample's interaction (verl's simulated user) said after assistant turn `turn`."""
+
+    turn: int
+    content: str
+    score: float | None = Field(None, description="the interaction's score of the assistant turn (verl's turn score)")
+    terminate: bool = Field(description="the interaction ended the conversation")
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    appended: bool = Field(description="its tokens were added to the trajectory (not on terminate, nor when "
+                                       "they did not fit the budget)")
+
+
 class TrajectoryRecord(_Record):
     """Everything the tool loop records about one sample besides its tokens."""
 
@@ -94,6 +107,8 @@ class TrajectoryRecord(_Record):
     dropped_tool_tokens: int | None = Field(None, description="tool-turn tokens that did not fit the budget")
     error: str | None = None
     outcome_reward: Any = Field(None, description="the RM's reward before tool rewards were added")
+    interaction: str | None = Field(None, description="the name of the sample's interaction (--interaction-config-path)")
+    user_turns: list[UserTurn] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -113,6 +128,12 @@ class TrajectoryRecord(_Record):
     @property
     def tool_reward_total(self) -> float:
         return sum(r.reward for r in self.step_rewards) + sum(self.tool_rewards.values())
+
+    @computed_field
+    @property
+    def turn_scores(self) -> list[float]:
+        """verl's `turn_scores`: the interaction's score of each assistant turn it answered (None skipped, as verl)."""
+        return [u.score for u in self.user_turns if u.score is not None]
 
     @computed_field
     @property

@@ -22,7 +22,7 @@ from rollout_plugins.multi_turn import generate  # noqa: E402
 from slime.testing.runtime import bind_runtime  # noqa: E402
 from slime.tools.services import ToolServices  # noqa: E402
 from slime.tools.flags import tool_defaults  # noqa: E402
-from slime.tools.registry import close_tool_sets  # noqa: E402
+from slime.rollout.runtime import close_tool_sets  # noqa: E402
 from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 

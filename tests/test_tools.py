@@ -14,7 +14,8 @@ from slime.tools.flags import add_tool_arguments, tool_defaults
 from slime.tools.chat_format import TemplateDriftError
 from slime.tools.example_tools import CalculatorTool, safe_eval
 from slime.tools.gsm8k_tool import Gsm8kTool, extract_number
-from slime.tools.registry import ToolConfigError, ToolSet, get_tool_set, load_tool_config
+from slime.rollout.runtime import get_tool_set
+from slime.tools.registry import ToolConfigError, ToolSet, load_tool_config
 from slime.tools.schemas import OpenAIFunctionToolSchema
 from slime.tools.tool_sets import ToolSetCache
 from tests.conftest import native_tools_yaml
@@ -213,9 +214,8 @@ def test_the_runtime_owns_its_tool_sets_and_closes_each_tools_session(tmp_path):
 
     import yaml
 
-    from slime.rollout.runtime import bound, unbind
+    from slime.rollout.runtime import bound, close_tool_sets, unbind
     from slime.testing.runtime import bind_runtime
-    from slime.tools.registry import close_tool_sets
 
     cfg = yaml.safe_load(native_tools_yaml((f"{__name__}._SyncClosingTool", "calc", "math", {
         "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})))

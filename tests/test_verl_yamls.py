@@ -346,7 +346,7 @@ async def rollout(stack, tok, args, sample, row, key: str, turns: list[str], del
     tokens 1, the rest 0) and log-probs, and the engine sent exactly the growing trajectory each turn."""
     from rollout_plugins.multi_turn import MultiTurnContext, generate
     from slime.rollout.runtime import current, unbind
-    from slime.tools.registry import close_tool_sets
+    from slime.rollout.runtime import close_tool_sets
 
     outs = [say(tok, text, -1.0 - t) for t, text in enumerate(turns)]
     stack["scripts"].pop(key, None)

@@ -20,6 +20,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.tools.services import ToolServices
+from slime.tools.registry import ToolSet
 from slime.tools.tool_sets import ToolSetCache
 
 logger = logging.getLogger(__name__)
@@ -127,3 +128,17 @@ def unbind(runtime: RolloutRuntime | None = None) -> None:
         dropped = _bound.pop(os.getpid(), None)
         if dropped is not None and dropped.owned_by_binding:
             dropped.close()
+
+
+# Views over the bound runtime's tool sets, for code that holds no runtime (slime-style plugins get only `args`).
+def get_tool_set(path: str | os.PathLike) -> ToolSet:
+    """The tools of a config file, shared by the bound rollout runtime (built on its first use)."""
+    return current().tool_sets.get(path)
+
+
+async def close_tool_sets() -> None:
+    """Close and forget the bound runtime's tool sets, on the loop their tools ran on (no runtime bound:
+    nothing to close); a later `get_tool_set` builds a fresh one. The runtime also does this when it closes."""
+    runtime = bound()
+    if runtime is not None:
+        await runtime.tool_sets.close()

@@ -354,33 +354,3 @@ def start_shared_services(path: str | Path) -> tuple[ToolServices, list[Any]]:
             name = ((entry.get("tool_schema") or {}).get("function") or {}).get("name") or cls.__name__
             start(name, entry.get("config") or {}, services, handles)
     return services, handles
-
-
-# The process's tool sets are its rollout runtime's (`RolloutRuntime.tool_sets`, a `ToolSetCache`, closed by
-# the runtime's owner). These functions are views over it for code that holds no runtime (slime-style
-# plugins, which only get `args`), reaching it through the runtime's documented per-process binding as
-# `slime.utils.http_utils` does.
-def get_tool_set(path: str | Path) -> ToolSet:
-    """The tools of a config file, shared by the bound rollout runtime (built on its first use)."""
-    from slime.rollout.runtime import current
-
-    return current().tool_sets.get(path)
-
-
-def clear_tool_cache() -> None:
-    """Forget the bound runtime's tool sets without closing them."""
-    from slime.rollout.runtime import bound
-
-    runtime = bound()
-    if runtime is not None:
-        runtime.tool_sets.clear()
-
-
-async def close_tool_sets() -> None:
-    """Close and forget the bound runtime's tool sets, on the loop their tools ran on (no runtime bound:
-    nothing to close); a later `get_tool_set` builds a fresh one. The runtime also does this when it closes."""
-    from slime.rollout.runtime import bound
-
-    runtime = bound()
-    if runtime is not None:
-        await runtime.tool_sets.close()

@@ -3,7 +3,7 @@ from inside the controller actor (as a model's tool call would), then runs the m
 Proves the manager's local sandbox and global limiter reach the rollout workers."""
 
 from rollout_plugins.multi_turn import generate as multi_turn_generate
-from slime.tools.registry import get_tool_set
+from slime.rollout.runtime import get_tool_set
 
 
 async def generate(args, sample, sampling_params):

@@ -1,11 +1,14 @@
 """On-policy distillation end to end on CPU, with slime's OPD command line: `slime-train` (real Ray,
 router, embedded student engine, trainer) scores every sample with a second embedded engine serving a
-teacher that differs from the student (the student's weights plus noise), and `--use-opd` trains the
-student towards it: the logged reverse KL(student || teacher) falls.
+teacher that differs from the student, and `--use-opd` trains the student towards it: the reverse
+KL(student || teacher) falls.
 
 The tiny random model is nearly uniform over its 151k-token vocabulary, which drowns the sampled KL
 signal in noise; both models get a sharper output layer (final norm x16), so samples concentrate on
-a few tokens per context and a few small steps show the trend.
+a few tokens per context. The teacher is sharper still (x32: the student at temperature 1/2): a
+difference every context shares, so 16 small steps close most of it on every run. A teacher that
+differed only by noise on every weight (tried first) gave a signal as small as the noise of 16
+REINFORCE steps: the KL fell to 0.54, 0.85 and 1.01 of its start in three runs, and rose 2.5x at lr 1e-3.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from slime.train.loop import train
 from tests.hf_engine_fixtures import run_engine
 
 N_ROLLOUT = 8
-SHARPNESS = 16.0  # final-norm scale of both models: peaked distributions (see the module docstring)
-TEACHER_NOISE = 0.5  # the teacher's weights: the student's plus this much Gaussian noise (x each tensor's std)
+STUDENT_SHARPNESS = 16.0  # final-norm scale: peaked distributions (see the module docstring)
+TEACHER_SHARPNESS = 32.0  # the teacher: the student at temperature 1/2
+TEACHER_NOISE = 0.1  # plus this much Gaussian noise on its other weights (x each tensor's std): another model
 
 
-def sharpened(model_dir: Path, out: Path, noise: float = 0.0) -> Path:
+def sharpened(model_dir: Path, out: Path, sharpness: float, noise: float = 0.0) -> Path:
     """A copy of the tiny model with a sharper output layer, optionally with noise on its weights."""
     from transformers import AutoModelForCausalLM
 
@@ -35,7 +39,7 @@ def sharpened(model_dir: Path, out: Path, noise: float = 0.0) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        model.model.norm.weight.mul_(SHARPNESS)
+        model.model.norm.weight.mul_(sharpness)
         for name, p in model.named_parameters():
             if noise and "norm" not in name:
                 p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
@@ -51,8 +55,8 @@ def opd_run(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("opd")
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(40)]
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    student = sharpened(tiny_model_dir, d / "student")
-    teacher = sharpened(tiny_model_dir, d / "teacher", noise=TEACHER_NOISE)
+    student = sharpened(tiny_model_dir, d / "student", STUDENT_SHARPNESS)
+    teacher = sharpened(tiny_model_dir, d / "teacher", TEACHER_SHARPNESS, noise=TEACHER_NOISE)
     with run_engine(teacher, fork_server=engine_fork_server) as teacher_url:
         args = parse_train_args([
             "--rollout-backend", "hf", "--hf-checkpoint", str(student), "--prompt-data", str(d / "train.jsonl"),
@@ -100,8 +104,8 @@ def test_the_students_reverse_kl_to_the_teacher_falls(opd_run):
     assert last == str(N_ROLLOUT - 1)
     after = exact_reverse_kl(d / "ckpt" / f"iter_{int(last):07d}" / "model", teacher, samples)
     print(f"exact KL(student || teacher) on {len(samples)} sequences: {before:.3f} -> {after:.3f}")
-    assert before > 0.2  # the teacher really differs from the student
-    assert after < before  # seen: 0.449 -> 0.362 (6 rollouts), 0.469 -> 0.323 (8), 0.452 -> 0.419 (8)
+    assert before > 0.5  # the teacher really differs from the student
+    assert after < 0.6 * before  # seen (without the teacher's noise): 1.469 -> 0.403, 1.169 -> 0.430
 
 
 def test_the_penalty_is_the_advantage_of_the_first_step(opd_run):

@@ -42,11 +42,11 @@ from uuid import uuid4
 from slime.interactions.adapter import InteractionAdapter
 from slime.interactions.registry import InteractionSet, load_interaction_config
 from slime.rollout.runtime import RolloutRuntime, current
-from slime.utils.trajectory import (ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord,
-                                      TurnSpan, UserTurn)
+from slime.utils.trajectory import TrajectoryRecord, TurnSpan, UserTurn
 from slime.tools.chat_format import (ChatDelta, ParseError, TemplateDriftError, ToolCall, check_append_only,
                                      conversation_drift, get_parser)
 from slime.tools.registry import ToolSet, get_tool_set
+from slime.tools.sample_tools import SampleTools, ToolCallLimits
 from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
 
@@ -120,10 +120,6 @@ class Trajectory:
         self.mask: list[int] = []
         self.logps: list[float] = []
         self.messages: list[dict[str, Any]] | None = None
-        self.schemas: list[dict[str, Any]] = []
-        self.kwargs: dict[str, dict[str, Any]] = {}
-        self.instances: dict[str, str] = {}
-        self.attempted: dict[str, str] = {}  # name -> instance id, for every create tried
         self.status, self.reason = Sample.Status.PENDING, ""
         self.rollout_id = ctx.runtime.rollout_id if ctx.runtime is not None else None
         # --partial-rollout: an aborted trajectory resumes where it stopped
@@ -137,6 +133,7 @@ class Trajectory:
             sample.clear_segments()
             sample.reward = None
             self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
+        self.tools = SampleTools(ctx.tools, self.record, ctx.delta, ToolCallLimits.from_args(args))
         self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
         self.interaction: InteractionAdapter | None = None  # the sample's simulated user, if any
         self.interaction_kwargs: dict[str, Any] = {}
@@ -144,17 +141,19 @@ class Trajectory:
 
     # ---- set-up -------------------------------------------------------------------------------
     def active_tools(self) -> list[str]:
-        """The sample's tools (`--tool-key`: slime's schema list and/or verl's tools_kwargs), their
-        per-sample kwargs and the schemas its prompt shows; every configured tool when it names none."""
+        """The sample's tools (`--tool-key`: slime's schema list and/or verl's tools_kwargs)."""
         md = self.sample.metadata
-        chosen = self.ctx.tools.select(md.get("tools"), md.get("tools_kwargs"))
-        self.kwargs, self.schemas = chosen.kwargs, chosen.schemas
-        return chosen.names
+        return self.tools.select(md.get("tools"), md.get("tools_kwargs"))
 
-    def kw(self, name: str, section: str) -> dict[str, Any]:
-        """`tools_kwargs[name][section]` as a dict ({} when absent or null)."""
-        value = self.kwargs.get(name, {}).get(section)
-        return value if isinstance(value, dict) else {}
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tool schemas the sample's prompt shows."""
+        return self.tools.schemas
+
+    @property
+    def instances(self) -> dict[str, str]:
+        """Tool name -> instance id, for every tool created."""
+        return self.tools.instances
 
     def resume(self) -> None:
         """Pick the trajectory up where an abort left it (see the module docstring)."""
@@ -184,31 +183,10 @@ class Trajectory:
         self.prompt_len = len(self.ids)
 
     async def create_tools(self, names: list[str]) -> None:
-        iid = f"{self.sample.index}-{uuid4().hex[:12]}"
-
-        async def one(name: str) -> None:
-            self.attempted[name] = iid
-            got, resp = await self.ctx.tools[name].create(iid, **self.kw(name, "create_kwargs"))
-            self.instances[name] = self.attempted[name] = got or iid
-            if resp is not None and (resp.text or resp.image or resp.video):
-                self.record.tool_create_responses[name] = resp.text
-
-        # Wait for every create (even when one fails) so release never races a create still running.
-        errors = [r for r in await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
-                  if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        await self.tools.create(names, self.sample.index)
 
     async def release_tools(self) -> None:
-        async def one(name: str) -> None:
-            iid = self.attempted[name]
-            try:
-                await self.ctx.tools[name].release(iid, **self.kw(name, "release_kwargs"))
-            except Exception as e:  # noqa: BLE001 - a failing release must not hide the others
-                self.record.tool_errors.append(ToolErrorRecord(turn=None, tool=name, kind="release",
-                                                               message=f"{type(e).__name__}: {e}"))
-
-        await asyncio.gather(*(one(n) for n in self.attempted))
+        await self.tools.release()
 
     # ---- the loop -----------------------------------------------------------------------------
     def _budgets(self) -> list[tuple[int, str]]:
@@ -277,7 +255,7 @@ class Trajectory:
                 self.messages.append(self.ctx.delta.assistant_message(
                     parsed.content, [(c.name, c.arguments) for c in parsed.calls], text))
             if cut and limit != "turn_cap":
-                self._record_unanswered(parsed, turn, "the response budget ran out")
+                self.tools.record_unanswered(parsed.items, turn, "the response budget ran out")
                 return self._end(Sample.Status.TRUNCATED, f"{limit}_exhausted")
             if not parsed.items:
                 if cut:
@@ -288,7 +266,7 @@ class Trajectory:
                     return
                 continue
             if turn == max_turns:
-                self._record_unanswered(parsed, turn, "--max-turns was reached")
+                self.tools.record_unanswered(parsed.items, turn, "--max-turns was reached")
                 return self._end(Sample.Status.TRUNCATED, "max_turns")
             prep = time.perf_counter() - t0
             t1 = time.perf_counter()
@@ -382,118 +360,14 @@ class Trajectory:
         self.messages.append(message)
         return True
 
-    def _record_unanswered(self, parsed: Any, turn: int, why: str) -> None:
-        rec = self.record
-        for item in parsed.items:
-            if isinstance(item, ParseError):
-                rec.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message,
-                                                         raw=item.raw))
-                rec.tool_messages.append(ToolMessage(turn=turn, error=item.message))
-            else:
-                message = f"not executed: {why}"
-                rec.tool_errors.append(ToolErrorRecord(turn=turn, tool=item.name, kind="not_executed",
-                                                       message=message))
-                rec.tool_messages.append(ToolMessage(turn=turn, name=item.name, arguments=item.arguments,
-                                                     error=message))
-
     # ---- tool calls ---------------------------------------------------------------------------
     async def run_calls(self, items: list[ToolCall | ParseError], turn: int) -> list[dict[str, Any]]:
         """One tool message per call or parse error, in the model's order; valid calls run concurrently."""
-        limit = int(_arg(self.args, "max_parallel_calls", 4))
-        texts: list[str | None] = [None] * len(items)
-        errors: list[str | None] = [None] * len(items)
-        names: list[str] = ["error"] * len(items)
-        jobs: list[tuple[int, ToolCall, dict[str, Any]]] = []
-        n_calls = 0
-        for i, item in enumerate(items):
-            if isinstance(item, ParseError):
-                self.record.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message,
-                                                                 raw=item.raw))
-                texts[i], errors[i] = f"Error: {item.message}. Your output was: {item.raw}", item.message
-                continue
-            n_calls += 1
-            names[i] = item.name
-            kind, message = None, None
-            if n_calls > limit:
-                kind, message = "too_many_calls", (f"at most {limit} tool calls are executed per turn; call "
-                                                   f"#{n_calls} ({item.name}) was not executed")
-            elif item.name not in self.instances:
-                kind, message = "unknown_tool", (f"unknown tool {item.name!r}; available tools: "
-                                                 f"{sorted(self.instances)}")
-            else:
-                arguments, err = self.ctx.tools.check_arguments(item.name, item.arguments)
-                if err:
-                    kind, message = "invalid_arguments", f"invalid arguments for {item.name!r}: {err}"
-                else:
-                    jobs.append((i, item, arguments))
-            if kind:
-                self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=item.name, kind=kind, message=message))
-                texts[i], errors[i] = f"Error: {message}", message
-        results = await asyncio.gather(*(self._execute(call, arguments, turn) for _, call, arguments in jobs))
-        for (i, _, _), (text, error) in zip(jobs, results):
-            texts[i], errors[i] = text, error
-        executed = {i for i, _, _ in jobs}
-        msgs = []
-        for i, (item, chat_name, text) in enumerate(zip(items, names, texts)):
-            content = self._truncate(text or "")
-            msgs.append({"role": "tool", "name": chat_name, "content": content})
-            name, arguments = (item.name, item.arguments) if isinstance(item, ToolCall) else (None, None)
-            self.record.tool_messages.append(ToolMessage(
-                turn=turn, name=name, arguments=arguments, response=content, error=errors[i],
-                executed=i in executed, truncated=content != (text or "")))
-        return msgs
-
-    async def _execute(self, call: ToolCall, arguments: dict[str, Any], turn: int) -> tuple[str, str | None]:
-        """(the text answered to the model, the error or None)."""
-        tool = self.ctx.tools[call.name]
-        timeout = _arg(self.args, "tool_call_timeout")
-        try:
-            coro = tool.execute(self.instances[call.name], arguments,
-                                **self.kw(call.name, "execute_kwargs"))
-            resp, step_reward, _metrics = await (asyncio.wait_for(coro, timeout) if timeout else coro)
-        except asyncio.TimeoutError:
-            msg = f"tool {call.name!r} did not answer within {timeout}s"
-            self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=call.name, kind="timeout", message=msg))
-            return f"Error: {msg}", msg
-        except Exception as e:  # noqa: BLE001 - a tool bug becomes a message, not a crashed rollout
-            msg = f"tool {call.name!r} failed: {type(e).__name__}: {e}"
-            self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=call.name, kind="exception", message=msg))
-            return f"Error: {msg}", msg
-        self.record.step_rewards.append(StepReward(turn=turn, tool=call.name, reward=float(step_reward or 0.0)))
-        text = resp.text or ""
-        media = len(resp.image or []) + len(resp.video or [])
-        if media:
-            text += f"\n({media} image/video item(s) returned by the tool are not shown to this text model)"
-        return text, None
-
-    def _truncate(self, text: str) -> str:
-        limit = int(_arg(self.args, "max_tool_response_tokens", 0))
-        if limit <= 0:
-            return text
-        ids = self.ctx.delta.encode(text)
-        if len(ids) <= limit:
-            return text
-        dec = self.ctx.tok.decode
-        side = _arg(self.args, "tool_response_truncate_side", "middle")
-        if side == "left":
-            return dec(ids[:limit]) + "...(truncated)"
-        if side == "right":
-            return "(truncated)..." + dec(ids[-limit:])
-        half = limit // 2
-        return dec(ids[:half]) + "\n...(truncated)...\n" + dec(ids[len(ids) - (limit - half):])
+        return await self.tools.run_calls(items, turn)
 
     # ---- finish -------------------------------------------------------------------------------
     async def final_rewards(self) -> None:
-        async def one(name: str) -> None:
-            try:
-                r = await self.ctx.tools[name].calc_reward(self.instances[name],
-                                                           **self.kw(name, "calc_reward_kwargs"))
-                self.record.tool_rewards[name] = float(r or 0.0)
-            except Exception as e:  # noqa: BLE001
-                self.record.tool_errors.append(ToolErrorRecord(turn=None, tool=name, kind="calc_reward",
-                                                               message=f"{type(e).__name__}: {e}"))
-
-        await asyncio.gather(*(one(n) for n in self.instances))
+        await self.tools.final_rewards()
 
     def fill_sample(self) -> Sample:
         s = self.sample

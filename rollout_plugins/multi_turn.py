@@ -37,10 +37,9 @@ import json
 import logging
 import time
 from typing import Any
-from uuid import uuid4
 
-from slime.interactions.adapter import InteractionAdapter
 from slime.interactions.registry import InteractionSet, load_interaction_config
+from slime.interactions.sample_interaction import SampleInteraction
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.utils.trajectory import TrajectoryRecord, TurnSpan, UserTurn
 from slime.tools.chat_format import (ChatDelta, ParseError, TemplateDriftError, ToolCall, check_append_only,
@@ -135,9 +134,7 @@ class Trajectory:
             self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
         self.tools = SampleTools(ctx.tools, self.record, ctx.delta, ToolCallLimits.from_args(args))
         self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
-        self.interaction: InteractionAdapter | None = None  # the sample's simulated user, if any
-        self.interaction_kwargs: dict[str, Any] = {}
-        self.interaction_id: str | None = None  # set once start_interaction was called
+        self.interaction: SampleInteraction | None = None  # the sample's simulated user, if any
 
     # ---- set-up -------------------------------------------------------------------------------
     def active_tools(self) -> list[str]:
@@ -295,36 +292,23 @@ class Trajectory:
 
     # ---- the interaction (verl's simulated user) ------------------------------------------------
     def select_interaction(self) -> None:
-        """The sample's interaction, by its interaction_kwargs' name (every sample needs one when
-        --interaction-config-path is set, as in verl)."""
-        interactions = self.ctx.interactions
-        if interactions is None:
+        """The sample's interaction, by its interaction_kwargs' name (with --interaction-config-path)."""
+        if self.ctx.interactions is None:
             return
-        kwargs = self.sample.metadata.get("interaction_kwargs")
-        try:
-            self.interaction = interactions.select(kwargs)
-        except ValueError as e:
-            raise ValueError(f"--interaction-config-path: sample {self.sample.index}: {e}") from None
-        if self.messages is None:
-            raise ValueError(f"--interaction-config-path: sample {self.sample.index}: the prompt is a rendered "
-                             "string; an interaction reads the conversation, so give message-list prompts")
-        self.interaction_kwargs = dict(kwargs)
+        self.interaction = SampleInteraction.choose(self.ctx.interactions, self.sample.metadata.get(
+            "interaction_kwargs"), self.sample.index, self.messages is not None)
         self.record.interaction = self.interaction.name
 
     async def start_interaction(self) -> None:
         if self.interaction is not None:
-            iid = f"{self.sample.index}-{uuid4().hex[:12]}"
-            self.interaction_id = iid  # finalized on every path, even when start fails half-way
-            await self.interaction.start(iid, self.interaction_kwargs)
+            await self.interaction.start()
 
     async def finalize_interaction(self) -> None:
-        if self.interaction is None or self.interaction_id is None:
+        if self.interaction is None:
             return
-        try:
-            await self.interaction.finalize(self.interaction_id)
-        except Exception as e:  # noqa: BLE001 - a failing finalize must not hide the sample's result
-            self.record.error = self.record.error or (f"interaction {self.interaction.name!r} finalize_interaction "
-                                                      f"failed: {type(e).__name__}: {e}")
+        error = await self.interaction.finalize()
+        if error:
+            self.record.error = self.record.error or error
 
     async def user_turn(self, model_ids: list[int], turn: int, last_turn: bool) -> bool:
         """After an assistant turn without tool calls: the interaction answers as the user (tokens
@@ -342,8 +326,7 @@ class Trajectory:
             self._end(Sample.Status.COMPLETED, "max_turns")
             return False
         t0 = time.perf_counter()
-        reply = await self.interaction.respond(self.interaction_id, [dict(m) for m in self.messages],
-                                               self.interaction_kwargs)
+        reply = await self.interaction.respond(self.messages)
         self.record.non_generation_time += time.perf_counter() - t0
         message = {"role": "user", "content": reply.content}
         delta = [] if reply.terminate else self.ctx.delta.user_delta_ids(message, model_ids)

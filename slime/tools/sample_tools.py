@@ -14,13 +14,9 @@ from typing import Any
 from uuid import uuid4
 
 from slime.tools.chat_format import ChatDelta, ParseError, ToolCall
+from slime.tools.flags import flag_value
 from slime.tools.registry import ToolSet
 from slime.utils.trajectory import ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord
-
-
-def _arg(args: Any, name: str, default: Any = None) -> Any:
-    value = getattr(args, name, None)
-    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -34,10 +30,10 @@ class ToolCallLimits:
 
     @classmethod
     def from_args(cls, args: Any) -> "ToolCallLimits":
-        return cls(max_parallel_calls=int(_arg(args, "max_parallel_calls", 4)),
-                   call_timeout=_arg(args, "tool_call_timeout"),
-                   max_response_tokens=int(_arg(args, "max_tool_response_tokens", 0)),
-                   truncate_side=_arg(args, "tool_response_truncate_side", "middle"))
+        return cls(max_parallel_calls=int(flag_value(args, "max_parallel_calls", 4)),
+                   call_timeout=flag_value(args, "tool_call_timeout"),
+                   max_response_tokens=int(flag_value(args, "max_tool_response_tokens", 0)),
+                   truncate_side=flag_value(args, "tool_response_truncate_side", "middle"))
 
 
 class SampleTools:

@@ -17,7 +17,7 @@ from slime.tools.flags import flag_value
 EndReason = Literal[
     "no_tool_call",  # completed: the model answered without calling a tool
     "interaction_terminated", "max_user_turns",  # completed: the interaction ended the conversation
-    "max_turns",  # --max-turns reached (completed after a final answer, truncated when calls were left)
+    "max_turns",  # --max-turns reached: completed when the interaction was next, truncated with calls left
     "turn_cap",  # truncated: one turn hit --max-tokens-per-turn without a complete tool call
     "response_budget_exhausted", "context_budget_exhausted", "turn_cap_exhausted", "prompt_fills_context",
     "budget_exhausted_in_tool_response", "budget_exhausted_in_user_turn",  # not appended in part

@@ -1,0 +1,70 @@
+"""What all trajectories of a process share, built once per runtime: tools, parser, template deltas.
+
+The chat template is checked here, at start-up, to be append-only for tool turns (`--chat-template-check`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from slime.interactions.registry import InteractionSet, load_interaction_config
+from slime.rollout.runtime import RolloutRuntime, current
+from slime.tools.chat_format import ChatDelta, TemplateDriftError, check_append_only, get_parser
+from slime.tools.flags import flag_value
+from slime.tools.registry import ToolSet, load_tool_config
+
+logger = logging.getLogger(__name__)
+
+
+class MultiTurnContext:
+    """What all trajectories of a process share: tools, parser, template deltas (built once)."""
+
+    def __init__(self, args: Any, runtime: RolloutRuntime | None = None, tokenizer: Any = None):
+        self.args = args
+        self.runtime = runtime if runtime is not None or tokenizer is not None else current(args)
+        self.tok = tokenizer if tokenizer is not None else self.runtime.tokenizer
+        path = flag_value(args, "tool_config_path")
+        self.tools: ToolSet = ToolSet([], source="<no --tool-config-path>")
+        if path:  # the runtime's shared set (it closes them); a context made by hand without one loads its own
+            self.tools = self.runtime.tool_sets.get(path) if self.runtime is not None else load_tool_config(path)
+        if self.runtime is not None:
+            self.tools.use_services(self.runtime.tool_services)  # e.g. the manager's sandbox URL
+        self.parser = get_parser(flag_value(args, "tool_call_parser", "hermes"))
+        path = flag_value(args, "interaction_config_path")
+        self.interactions: InteractionSet | None = load_interaction_config(path) if path else None
+        kw = flag_value(args, "apply_chat_template_kwargs", {})
+        self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
+        if not self.delta.renders_tools and self.tools.names:
+            logger.warning("the chat template ignores `tools`: tool schemas are described in the system message "
+                           "(Hermes format) instead")
+        self.check_mode = flag_value(args, "chat_template_check", "error")
+        self.template_report = None
+        if self.check_mode != "off":
+            self.check_template()
+        self._warned: set[str] = set()
+
+    def check_template(self) -> None:
+        """Refuse (or, with --chat-template-check warn, warn about) a template that is not append-only."""
+        self.template_report = check_append_only(self.delta, self.tools.schemas())
+        if self.template_report.ok:
+            return
+        msg = (f"the chat template of {flag_value(self.args, 'hf_checkpoint', 'the tokenizer')!r} is not "
+               f"append-only for tool turns: {self.template_report.detail}. Token accounting stays exact (the "
+               "batch holds the sampled ids), but re-rendering these conversations would give different tokens "
+               "than the model saw. Fix the template, or pass --chat-template-check warn to accept it.")
+        if self.check_mode == "error":
+            raise TemplateDriftError(msg)
+        logger.warning(msg)
+
+    @classmethod
+    def get(cls, args: Any, runtime: RolloutRuntime | None = None) -> "MultiTurnContext":
+        """One per runtime (built on first use): tools, parser and template check are shared."""
+        runtime = runtime or current(args)
+        return runtime.shared("multi_turn.MultiTurnContext", lambda: cls(args, runtime))
+
+    def warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(msg)

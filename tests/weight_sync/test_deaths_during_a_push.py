@@ -140,3 +140,17 @@ def test_pause_and_continue_skip_a_dead_engine(engines, tiny_model_dir, fork_ser
         assert load(engines[0].url())["paused"] is False  # the live engine was continued
     finally:
         victim.stop()
+
+
+def test_a_shared_engine_found_dead_is_replaced(cluster, engines, refs):
+    """The package's engines outlive a test that lost one: the next test gets a fresh engine (and a
+    warning naming the death) instead of erroring at set-up."""
+    shared = cluster[0]
+    dead = engines[1]
+    dead.kill()
+    with pytest.warns(UserWarning, match=r"shared engine 1 died \(exit code -9\) before this test; replaced"):
+        now = shared.alive()
+    assert now[0] is engines[0] and now[1] is not dead and now[1].alive()
+    assert now[1].pid() != dead.pid() and now[1].rank == 1
+    assert_serves(now[1].url(), refs["A"], now[1].get_weight_version(), prompts=(0,))  # model A, as started
+    assert shared.alive() == now  # nothing else to replace

@@ -14,8 +14,9 @@ Protocol: one Unix-socket connection per child. The client sends one JSON line
 `{"pid": N}` (or `{"error": ...}`), and later
 `{"exit": code}` (code as `Popen.returncode`: negative for a signal) when the child is gone. The
 connection is the child's lifeline: when the client closes it (or dies), the server SIGKILLs the
-child's process group. Each child has its own session, and dies with the server
-(`PR_SET_PDEATHSIG`), which itself dies with whoever started it. The server stays single-threaded
+child's process group. Each child has its own session and a fresh interpreter's signal handlers
+(`FRESH_PYTHON_SIGNALS`), and dies with the server (`PR_SET_PDEATHSIG`), which itself dies with
+whoever started it. The server stays single-threaded
 (a fork copies only the calling thread), and learns about exits from SIGCHLD through its wakeup
 fd: nothing is polled.
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +42,22 @@ def child_main(argv: list[str], state: dict) -> None:
         raise ValueError("boom in child")
     if argv[0] == "sleep":
         signal.pause()
+    if argv[0] == "signals":
+        print(f"handlers={signal_handlers()}", flush=True)
+    if argv[0] == "write-to-dead-peer":  # what gloo does when a member of its group died
+        mine, peer = socket.socketpair()
+        peer.close()
+        try:
+            mine.send(b"chunk")
+        except OSError as e:
+            print(f"the write raised {type(e).__name__}", flush=True)
+
+
+def signal_handlers() -> dict[str, str]:
+    """This process's handlers of the signals a fork server child must get as a fresh interpreter has them."""
+    return {s.name: getattr(h, "name", None) or h.__name__ for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT,
+                                                                     signal.SIGTERM, signal.SIGCHLD)
+            for h in [signal.getsignal(s)]}
 
 
 def _wait_gone(pid: int, timeout: float = 20.0) -> None:
@@ -88,6 +106,20 @@ def test_child_exception_is_logged_and_exit_code_is_1(server):
     child, log = _spawn(server, "raise")
     assert child.wait(timeout=60) == 1
     assert "ValueError: boom in child" in log.read_text()
+
+
+def test_a_child_survives_a_write_to_a_dead_peer_as_a_cold_process_does(server):
+    """A child handles signals as a fresh interpreter (what a cold start runs): SIGPIPE ignored, so a
+    write to a peer that died raises EPIPE. At SIG_DFL the child died of it with nothing in its log:
+    an engine whose weight-update group lost a member (gloo writes to peers without MSG_NOSIGNAL)."""
+    child, log = _spawn(server, "write-to-dead-peer")
+    assert child.wait(timeout=60) == 0
+    assert "the write raised BrokenPipeError" in log.read_text()
+    child, log = _spawn(server, "signals", name="signals")
+    assert child.wait(timeout=60) == 0
+    fresh = subprocess.run([sys.executable, "-c", "from tests.test_cold_start import signal_handlers as h; print(h())"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout.strip()
+    assert "'SIGPIPE': 'SIG_IGN'" in fresh and f"handlers={fresh}" in log.read_text()
 
 
 def test_children_are_forked_from_the_server_in_their_own_session(server):

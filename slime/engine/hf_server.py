@@ -22,6 +22,7 @@ by `request_parsing`. See decode_thread.py for why no answer mixes two weight ve
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None)
     args = ap.parse_args(argv)
 
     mark("engine: main" + (" (forked warm)" if preloaded is not None else ""))
+    faulthandler.enable()  # a fatal signal (SIGSEGV, SIGABRT, ...) leaves every thread's traceback in the log
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

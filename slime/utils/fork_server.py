@@ -14,8 +14,9 @@ Protocol: one Unix-socket connection per child. The client sends one JSON line
 `{"pid": N}` (or `{"error": ...}`), and later
 `{"exit": code}` (code as `Popen.returncode`: negative for a signal) when the child is gone. The
 connection is the child's lifeline: when the client closes it (or dies), the server SIGKILLs the
-child's process group. Each child has its own session, and dies with the server
-(`PR_SET_PDEATHSIG`), which itself dies with whoever started it. The server stays single-threaded
+child's process group. Each child has its own session and a fresh interpreter's signal handlers
+(`FRESH_PYTHON_SIGNALS`), and dies with the server (`PR_SET_PDEATHSIG`), which itself dies with
+whoever started it. The server stays single-threaded
 (a fork copies only the calling thread), and learns about exits from SIGCHLD through its wakeup
 fd: nothing is polled.
 
@@ -44,6 +45,15 @@ from typing import Any, Callable
 
 from slime.utils.child_process import die_with_parent
 from slime.utils.startup_trace import mark
+
+
+# A child's signal handlers: those a fresh interpreter starts with (the child runs Python, it does not exec), not
+# the server's own SIGCHLD. SIGPIPE (and SIGXFSZ) stay ignored as in any Python process: a write to a peer that
+# died then raises EPIPE instead of killing the child with no trace (gloo writes to its peers' sockets without
+# MSG_NOSIGNAL, so at SIG_DFL an engine in a weight-update group died silently when a member of the group died).
+FRESH_PYTHON_SIGNALS = ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                        (signal.SIGINT, signal.default_int_handler), (signal.SIGPIPE, signal.SIG_IGN),
+                        (signal.SIGXFSZ, signal.SIG_IGN))
 
 
 class ForkServerError(RuntimeError):
@@ -153,8 +163,8 @@ class _Server:
             if os.getppid() != self.server_pid:  # the server died before the line above took effect
                 os._exit(1)
             signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
-                signal.signal(sig, signal.SIG_DFL)
+            for sig, handler in FRESH_PYTHON_SIGNALS:
+                signal.signal(sig, handler)
             self.sel.close()
             for fd in (self.sock.fileno(), self.wake_r, self.wake_w, *(c.fileno() for c in self.by_conn)):
                 try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 
 import pytest
 
@@ -46,27 +47,62 @@ def model_b_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny-b"), seed=1)
 
 
+class SharedEngines:
+    """The package's two engines serving A (ranks 0 and 1), started from the fork server. One found dead
+    before a test is replaced by a fresh one (with a warning naming its exit code), so a test that lost
+    it fails alone instead of every test after it erroring at set-up."""
+
+    def __init__(self, model_dir, logs, fork_server: str):
+        self.model_dir, self.logs, self.fork_server = model_dir, logs, fork_server
+        self.engines: list[EngineActor] = []
+
+    def start(self) -> None:
+        for rank in range(2):
+            self.engines.append(self._started(rank))
+
+    def _started(self, rank: int) -> EngineActor:
+        engine = actor(self.model_dir, self.logs, rank, self.fork_server)
+        engine.start()
+        return engine
+
+    def alive(self) -> list[EngineActor]:
+        for rank, engine in enumerate(self.engines):
+            if not engine.alive():
+                code = engine.server.process.proc.returncode
+                warnings.warn(f"shared engine {rank} died (exit code {code}) before this test; replaced by a "
+                              f"fresh one (its log: {engine.server.process.log_path})", stacklevel=1)
+                engine.stop()
+                self.engines[rank] = self._started(rank)
+        return list(self.engines)
+
+    def stop(self) -> None:
+        for engine in self.engines:
+            engine.stop()
+
+
 @pytest.fixture(scope="package")
 def cluster(tiny_model_dir, model_b_dir, tmp_path_factory, fork_server):
-    """Two engines serving A, plus what an engine serving B answers (then stopped)."""
+    """Two engines serving A (`SharedEngines`), plus what an engine serving B answers (then stopped)."""
     logs = tmp_path_factory.mktemp("engine-logs")
-    a1, a2, b = actors = [actor(tiny_model_dir, logs, 0, fork_server), actor(tiny_model_dir, logs, 1, fork_server),
-                          actor(model_b_dir, logs, 2, fork_server)]
+    shared = SharedEngines(tiny_model_dir, logs, fork_server)
+    b = actor(model_b_dir, logs, 2, fork_server)
     with contextlib.ExitStack() as stack:
-        for x in actors:
-            stack.callback(x.stop)
-        for x in actors:  # from this thread: engines die with the thread that started them (PR_SET_PDEATHSIG)
-            x.start()
+        stack.callback(shared.stop)
+        stack.callback(b.stop)
+        shared.start()  # from this thread: engines die with the thread that started them (PR_SET_PDEATHSIG)
+        b.start()
+        a1 = shared.engines[0]
         # concurrent requests are answered exactly as solo ones (tests/test_hf_engine.py)
         answers = all_of(lambda job: gen(job[0].url(), PROMPTS[job[1]], **kind(job[1])),
                          [(x, i) for x in (a1, b) for i in range(len(PROMPTS))])
         b.stop()
-        yield [a1, a2], {"A": answers[:len(PROMPTS)], "B": answers[len(PROMPTS):]}
+        yield shared, {"A": answers[:len(PROMPTS)], "B": answers[len(PROMPTS):]}
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture
 def engines(cluster) -> list[EngineActor]:
-    return cluster[0]
+    """The two shared engines, both alive (a dead one replaced)."""
+    return cluster[0].alive()
 
 
 @pytest.fixture(scope="package")

@@ -140,3 +140,34 @@ def test_pause_and_continue_skip_a_dead_engine(engines, tiny_model_dir, fork_ser
         assert load(engines[0].url())["paused"] is False  # the live engine was continued
     finally:
         victim.stop()
+
+
+def test_a_shared_engine_found_dead_is_replaced(cluster, engines, refs):
+    """The package's engines outlive a test that lost one: the next test gets a fresh engine (and a
+    warning naming the death) instead of erroring at set-up."""
+    shared = cluster[0]
+    dead = engines[1]
+    dead.kill()
+    with pytest.warns(UserWarning, match=r"shared engine 1 died \(exit code -9\) before this test; replaced"):
+        now = shared.alive()
+    assert now[0] is engines[0] and now[1] is not dead and now[1].alive()
+    assert now[1].pid() != dead.pid() and now[1].rank == 1
+    assert_serves(now[1].url(), refs["A"], now[1].get_weight_version(), prompts=(0,))  # model A, as started
+    assert shared.alive() == now  # nothing else to replace
+
+
+def test_an_engine_killed_by_a_fatal_signal_says_so_in_its_log(tiny_model_dir, fork_server, tmp_path):
+    """An engine dying of a fatal signal (a crash in native code) leaves the signal and every thread's
+    Python stack in its log, not a log that just stops."""
+    import os
+    import signal
+
+    engine = actor(tiny_model_dir, tmp_path, rank=6, fork_server=fork_server)
+    try:
+        engine.start()
+        os.kill(engine.pid(), signal.SIGSEGV)
+        assert engine.server.process.proc.wait(timeout=60) == -signal.SIGSEGV
+        log = engine.server.process.log_path.read_text()
+        assert "Fatal Python error: Segmentation fault" in log and "Thread 0x" in log
+    finally:
+        engine.stop()

@@ -92,6 +92,7 @@ def main() -> None:
     finally:
         handle.stop()
         target.shutdown()
+        target.server_close()
 
 
 if __name__ == "__main__":

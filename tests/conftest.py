@@ -166,6 +166,7 @@ class CliRuns:
             out, _ = proc.communicate(timeout=timeout)
         else:
             proc.wait(timeout)
+            proc.stdout.close()  # unread: the pipe is closed here, not left to the garbage collector
             out = ""
         self._watchdogs.pop(proc).cancel()
         return out
@@ -176,6 +177,7 @@ class CliRuns:
             if proc.poll() is None:
                 _kill_group(proc)
                 proc.wait()
+            proc.stdout.close()
 
 
 def _kill_group(proc) -> None:

@@ -48,15 +48,15 @@ def assert_token_exact(stack, sample: Sample, bodies: list[dict]) -> None:
 
 
 def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
-    client = openai.OpenAI(base_url=stack.gateway.base_url("oa-1"), api_key="unused", max_retries=0)
     msgs = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "case=tool-oa 3+4?"}]
-    r1 = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
-    call = r1.choices[0].message.tool_calls[0]
-    assert (r1.choices[0].finish_reason, call.function.name) == ("tool_calls", "add")
-    assert json.loads(call.function.arguments) == {"a": 3, "b": 4}
-    msgs += [r1.choices[0].message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": call.id, "content": "7"}]
-    chunks = list(client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], stream=True))
+    with openai.OpenAI(base_url=stack.gateway.base_url("oa-1"), api_key="unused", max_retries=0) as client:
+        r1 = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
+        call = r1.choices[0].message.tool_calls[0]
+        assert (r1.choices[0].finish_reason, call.function.name) == ("tool_calls", "add")
+        assert json.loads(call.function.arguments) == {"a": 3, "b": 4}
+        msgs += [r1.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "7"}]
+        chunks = list(client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "3 + 4 = 7."
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -70,17 +70,17 @@ def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
 
 
 def test_anthropic_sdk_tool_use_round_trip_streamed_and_not(stack):
-    client = anthropic.Anthropic(base_url=stack.gateway.url, api_key="an-1", max_retries=0)
     tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD_TOOL["function"]["parameters"]}]
     msgs = [{"role": "user", "content": "case=tool-an 3+4?"}]
-    m1 = client.messages.create(model="m", max_tokens=64, system="You add numbers.", messages=msgs, tools=tools)
-    [use] = [b for b in m1.content if b.type == "tool_use"]
-    assert (m1.stop_reason, use.name, use.input) == ("tool_use", "add", {"a": 3, "b": 4})
-    msgs += [{"role": "assistant", "content": [b.model_dump() for b in m1.content]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "7"}]}]
-    with client.messages.stream(model="m", max_tokens=64, system="You add numbers.", messages=msgs,
-                                tools=tools) as stream:
-        final = stream.get_final_message()
+    with anthropic.Anthropic(base_url=stack.gateway.url, api_key="an-1", max_retries=0) as client:
+        m1 = client.messages.create(model="m", max_tokens=64, system="You add numbers.", messages=msgs, tools=tools)
+        [use] = [b for b in m1.content if b.type == "tool_use"]
+        assert (m1.stop_reason, use.name, use.input) == ("tool_use", "add", {"a": 3, "b": 4})
+        msgs += [{"role": "assistant", "content": [b.model_dump() for b in m1.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "7"}]}]
+        with client.messages.stream(model="m", max_tokens=64, system="You add numbers.", messages=msgs,
+                                    tools=tools) as stream:
+            final = stream.get_final_message()
     assert [b.text for b in final.content] == ["3 + 4 = 7."] and final.stop_reason == "end_turn"
 
     bodies = stack.requests_of("tool-an")
@@ -89,17 +89,17 @@ def test_anthropic_sdk_tool_use_round_trip_streamed_and_not(stack):
 
 
 def test_openai_responses_api_function_call_round_trip(stack):
-    client = openai.OpenAI(base_url=stack.gateway.base_url("rs-1"), api_key="unused", max_retries=0)
     tools = [{"type": "function", "name": "add", "description": "Add two integers.",
               "parameters": ADD_TOOL["function"]["parameters"]}]
     items: list = [{"role": "user", "content": "case=tool-rs 3+4?"}]
-    r1 = client.responses.create(model="m", instructions="You add numbers.", input=items, tools=tools)
-    [call] = [o for o in r1.output if o.type == "function_call"]
-    assert (call.name, json.loads(call.arguments)) == ("add", {"a": 3, "b": 4})
-    items += [o.model_dump(exclude_none=True) for o in r1.output]
-    items.append({"type": "function_call_output", "call_id": call.call_id, "output": "7"})
-    with client.responses.stream(model="m", instructions="You add numbers.", input=items, tools=tools) as stream:
-        final = stream.get_final_response()
+    with openai.OpenAI(base_url=stack.gateway.base_url("rs-1"), api_key="unused", max_retries=0) as client:
+        r1 = client.responses.create(model="m", instructions="You add numbers.", input=items, tools=tools)
+        [call] = [o for o in r1.output if o.type == "function_call"]
+        assert (call.name, json.loads(call.arguments)) == ("add", {"a": 3, "b": 4})
+        items += [o.model_dump(exclude_none=True) for o in r1.output]
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": "7"})
+        with client.responses.stream(model="m", instructions="You add numbers.", input=items, tools=tools) as stream:
+            final = stream.get_final_response()
     assert final.output_text == "3 + 4 = 7." and final.status == "completed"
 
     bodies = stack.requests_of("tool-rs")
@@ -120,10 +120,17 @@ def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
         return a + b
 
     sid, case = f"ag-{api}", f"tool-ag{api}"
-    client = openai.AsyncOpenAI(base_url=stack.gateway.base_url(sid), api_key="unused", max_retries=0)
-    model = (OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel)(model="m", openai_client=client)
-    agent = Agent(name="adder", instructions="You add numbers.", tools=[add], model=model)
-    result = Runner.run_sync(agent, f"case={case} 3+4?")
+
+    async def run_agent():
+        """On a loop of its own that `asyncio.run` closes, with the client closed on it first
+        (`Runner.run_sync` would leave its loop, and the client's connection on it, open)."""
+        async with openai.AsyncOpenAI(base_url=stack.gateway.base_url(sid), api_key="unused", max_retries=0) as client:
+            model_class = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
+            agent = Agent(name="adder", instructions="You add numbers.", tools=[add],
+                          model=model_class(model="m", openai_client=client))
+            return await Runner.run(agent, f"case={case} 3+4?")
+
+    result = asyncio.run(run_agent())
     assert result.final_output == "3 + 4 = 7."
 
     bodies = stack.requests_of(case)
@@ -134,12 +141,12 @@ def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
 
 def test_a_session_is_named_by_url_key_header_or_api_key(stack):
     gw = stack.gateway
-    by_url = openai.OpenAI(base_url=gw.base_url("s-url"), api_key="other", max_retries=0)
-    by_header = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="other", max_retries=0,
-                              default_headers={"X-Session-Id": "s-header"})
-    by_key = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="s-key", max_retries=0)
-    for client, case in ((by_url, "chat-u"), (by_header, "chat-h"), (by_key, "chat-k")):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"case={case} hi"}])
+    by_url = dict(base_url=gw.base_url("s-url"), api_key="other")
+    by_header = dict(base_url=f"{gw.url}/v1", api_key="other", default_headers={"X-Session-Id": "s-header"})
+    by_key = dict(base_url=f"{gw.url}/v1", api_key="s-key")
+    for named, case in ((by_url, "chat-u"), (by_header, "chat-h"), (by_key, "chat-k")):
+        with openai.OpenAI(**named, max_retries=0) as client:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"case={case} hi"}])
     for sid, case in (("s-url", "chat-u"), ("s-header", "chat-h"), ("s-key", "chat-k")):
         [sample] = finish(stack, sid)
         assert_token_exact(stack, sample, stack.requests_of(case))
@@ -151,17 +158,16 @@ def test_over_long_prompts_are_refused_in_each_apis_own_error_format(stack):
     gw.open_session("too-long", max_context_tokens=8)
     long = [{"role": "user", "content": "case=chat-x " + "word " * 20}]
     before = len(stack.requests)
-    with pytest.raises(openai.BadRequestError) as oa:
-        openai.OpenAI(base_url=gw.base_url("too-long"), api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=long)
-    assert oa.value.code == "context_length_exceeded" and "--rollout-max-context-len" in oa.value.message
-    with pytest.raises(openai.BadRequestError) as rs:
-        openai.OpenAI(base_url=gw.base_url("too-long"), api_key="x", max_retries=0).responses.create(
-            model="m", input=long[0]["content"])
-    assert rs.value.code == "context_length_exceeded"
-    with pytest.raises(anthropic.BadRequestError) as an:
-        anthropic.Anthropic(base_url=gw.base_url("too-long", api="anthropic"), api_key="x",
-                            max_retries=0).messages.create(model="m", max_tokens=8, messages=long)
+    with openai.OpenAI(base_url=gw.base_url("too-long"), api_key="x", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as oa:
+            client.chat.completions.create(model="m", messages=long)
+        assert oa.value.code == "context_length_exceeded" and "--rollout-max-context-len" in oa.value.message
+        with pytest.raises(openai.BadRequestError) as rs:
+            client.responses.create(model="m", input=long[0]["content"])
+        assert rs.value.code == "context_length_exceeded"
+    with anthropic.Anthropic(base_url=gw.base_url("too-long", api="anthropic"), api_key="x", max_retries=0) as client:
+        with pytest.raises(anthropic.BadRequestError) as an:
+            client.messages.create(model="m", max_tokens=8, messages=long)
     assert an.value.body["error"]["type"] == "invalid_request_error"
     assert an.value.body["error"]["message"].startswith("prompt is too long:")
     assert len(stack.requests) == before, "a refused prompt must not reach the engines"
@@ -170,15 +176,15 @@ def test_over_long_prompts_are_refused_in_each_apis_own_error_format(stack):
 
 def test_an_edited_history_forks_a_second_sample_and_later_turns_cost_one_delta(stack):
     gw = stack.gateway
-    client = openai.OpenAI(base_url=gw.base_url("fork-1"), api_key="x", max_retries=0)
     msgs = [{"role": "user", "content": "case=chat-f hi"}]
     renders = gw.pipeline.renderer.full_renders
-    for _ in range(3):
-        r = client.chat.completions.create(model="m", messages=msgs)
-        msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
-    assert gw.pipeline.renderer.full_renders == renders + 1, "turns 2 and 3 must append a delta, not re-render"
-    compacted = [{"role": "user", "content": "case=chat-f summary of before"}]
-    client.chat.completions.create(model="m", messages=compacted)
+    with openai.OpenAI(base_url=gw.base_url("fork-1"), api_key="x", max_retries=0) as client:
+        for _ in range(3):
+            r = client.chat.completions.create(model="m", messages=msgs)
+            msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        assert gw.pipeline.renderer.full_renders == renders + 1, "turns 2 and 3 must append a delta, not re-render"
+        compacted = [{"role": "user", "content": "case=chat-f summary of before"}]
+        client.chat.completions.create(model="m", messages=compacted)
 
     bodies = stack.requests_of("chat-f")
     samples = finish(stack, "fork-1")
@@ -188,8 +194,8 @@ def test_an_edited_history_forks_a_second_sample_and_later_turns_cost_one_delta(
 
 
 def test_a_turn_cut_at_max_tokens_is_reported_as_length_and_the_sample_truncated(stack):
-    client = openai.OpenAI(base_url=stack.gateway.base_url("len-1"), api_key="x", max_retries=0)
-    r = client.chat.completions.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "case=long"}])
+    with openai.OpenAI(base_url=stack.gateway.base_url("len-1"), api_key="x", max_retries=0) as client:
+        r = client.chat.completions.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "case=long"}])
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
     [sample] = finish(stack, "len-1")
     assert sample.status == Sample.Status.TRUNCATED and sample.metadata["truncated"] is True
@@ -201,21 +207,21 @@ def test_a_turn_cut_at_max_tokens_is_reported_as_length_and_the_sample_truncated
 
 def adder_agent(base_url: str, api_key: str, sample: Sample) -> float:
     """An agent as a user writes one: the OpenAI SDK, a tool loop, its own reward."""
-    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     msgs = [{"role": "user", "content": sample.prompt}]
-    r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
-    call = r.choices[0].message.tool_calls[0]
-    args = json.loads(call.function.arguments)
-    msgs += [r.choices[0].message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
-    r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
+    with openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
+        call = r.choices[0].message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        msgs += [r.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+        r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
     return 1.0 if r.choices[0].message.content == "3 + 4 = 7." else 0.0
 
 
 async def crashing_agent(base_url: str, api_key: str, sample: Sample) -> float:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": sample.prompt}])
-    raise RuntimeError("the agent's tool server is down")
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": sample.prompt}])
+        raise RuntimeError("the agent's tool server is down")
 
 
 def silent_agent(base_url: str, api_key: str, sample: Sample) -> float:
@@ -271,17 +277,17 @@ def test_an_agent_that_crashes_keeps_its_turns_and_one_that_never_speaks_fails_i
 def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_format(stack):
     gw = stack.gateway
     gw.open_session("cap-1", max_turns=1)
-    client = anthropic.Anthropic(base_url=gw.base_url("cap-1", api="anthropic"), api_key="x", max_retries=0)
     msgs = [{"role": "user", "content": "case=chat-cap hi"}]
-    client.messages.create(model="m", max_tokens=16, messages=msgs)
-    with pytest.raises(anthropic.RateLimitError) as capped:
+    with anthropic.Anthropic(base_url=gw.base_url("cap-1", api="anthropic"), api_key="x", max_retries=0) as client:
         client.messages.create(model="m", max_tokens=16, messages=msgs)
+        with pytest.raises(anthropic.RateLimitError) as capped:
+            client.messages.create(model="m", max_tokens=16, messages=msgs)
     assert "--agent-max-turns" in capped.value.body["error"]["message"]
     [sample] = finish(stack, "cap-1")
     assert_token_exact(stack, sample, stack.requests_of("chat-cap"))
-    with pytest.raises(openai.InternalServerError) as closed:  # a straggler after the sample was built
-        openai.OpenAI(base_url=gw.base_url("cap-1"), api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=msgs)
+    with openai.OpenAI(base_url=gw.base_url("cap-1"), api_key="x", max_retries=0) as client, \
+            pytest.raises(openai.InternalServerError) as closed:  # a straggler after the sample was built
+        client.chat.completions.create(model="m", messages=msgs)
     assert closed.value.status_code == 503 and "closed" in closed.value.message
 
 
@@ -334,8 +340,8 @@ def test_finishing_a_session_waits_for_its_turn_in_flight_or_cancels_and_aborts_
     msgs = [{"role": "user", "content": "case=chat-held hi"}]
 
     def ask(sid: str):
-        return openai.OpenAI(base_url=gw.base_url(sid), api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=msgs)
+        with openai.OpenAI(base_url=gw.base_url(sid), api_key="x", max_retries=0) as client:
+            return client.chat.completions.create(model="m", messages=msgs)
 
     with ThreadPoolExecutor(2) as pool:
         answer = pool.submit(ask, "held-1")

@@ -29,12 +29,12 @@ def test_openai_sdk_session_on_the_default_model_is_token_exact():
         client = RecordingClient(Endpoints(url, [url]), tokenizer=tok, request_timeout=120.0)
         gw = Gateway(client, tokenizer=tok, config=GatewayConfig(max_context_tokens=2048)).start()
         try:
-            sdk = openai.OpenAI(base_url=gw.base_url("smol-1"), api_key="x", max_retries=0)
             msgs = [{"role": "user", "content": "What is the capital of France?"}]
-            r1 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0.0)
-            msgs += [{"role": "assistant", "content": r1.choices[0].message.content},
-                     {"role": "user", "content": "And of Italy?"}]
-            r2 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, stream=False)
+            with openai.OpenAI(base_url=gw.base_url("smol-1"), api_key="x", max_retries=0) as sdk:
+                r1 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0.0)
+                msgs += [{"role": "assistant", "content": r1.choices[0].message.content},
+                         {"role": "user", "content": "And of Italy?"}]
+                r2 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, stream=False)
             samples = asyncio.run(gw.finish_session("smol-1", base_sample=Sample(index=0, prompt=""), reward=1.0))
         finally:
             gw.stop()

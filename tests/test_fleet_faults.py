@@ -82,7 +82,8 @@ def runtime_for(args, router, engines, tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     client = EngineClient.from_args(args, Endpoints(router.url, [e.url for e in engines]), tokenizer=tok)
-    return RolloutRuntime(args, client).bind(), tok
+    # owned by the binding: conftest's unbind() after the test closes it and its HTTP sessions
+    return RolloutRuntime(args, client, owned_by_binding=True).bind(), tok
 
 
 def run_rollout(args, runtime, tok, rollout_id=0):

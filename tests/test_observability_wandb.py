@@ -10,9 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from slime.observability import reporting, wandb_reader
 from slime.observability.metrics_log import read_metrics
-from slime.observability.wandb_logger import WandbRun
+from slime.observability.wandb_logger import WandbRun, end_wandb_session
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +27,14 @@ TRAINER = textwrap.dedent("""
     run.log({"train/loss": 0.5}, "train/step", step=2)
     run.finish()
 """)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _wandb_service_stopped():
+    """The runs here start this process's wandb service (a process and its threads); it is stopped
+    when the module ends, as a command's orderly stop does (`WandbRun.finish(end_session=True)`)."""
+    yield
+    end_wandb_session()
 
 
 def _args(wdir: Path) -> argparse.Namespace:

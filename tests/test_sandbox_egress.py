@@ -46,11 +46,13 @@ def env(tmp_path_factory):
     except BaseException:
         stack.stop()
         other.shutdown()
+        other.server_close()
         raise
     yield {"url": url, "stack": stack, "other_port": other.server_address[1], "tools": tools}
     handle.stop()
     stack.stop()
     other.shutdown()
+    other.server_close()
 
 
 def _open(url: str, **body) -> dict:

@@ -69,6 +69,7 @@ def test_code_inside_cannot_take_an_unprivileged_egress_port_over(tmp_path):
             handle.stop()
     finally:
         target.shutdown()
+        target.server_close()
     in_use, refused = 98, 111  # EADDRINUSE, ECONNREFUSED
     assert (run["returncode"], run["stderr"]) == (0, "")
     assert run["stdout"].splitlines() == [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -151,7 +152,7 @@ def test_a_ro_path_under_tmp_shows_at_its_own_path_read_only_and_nothing_else_of
     out = _session_exec(env["url"], script)
     assert (out["stdout"], out["stderr"]) == (expected + f"{top}\n", "")
     assert _run(env["url"], f"ls -A {parent}")["stdout"] == "".join(f"{n}\n" for n in _shown_in_tmp(env))
-    assert open(notes).read() == "notes\n" and sorted(os.listdir(co)) == ["bin"]
+    assert Path(notes).read_text() == "notes\n" and sorted(os.listdir(co)) == ["bin"]
     assert not os.path.exists(f"{parent}/mine")
 
 

@@ -40,6 +40,21 @@ def make(url, sch=None, **cfg) -> SandboxFusionTool:
     return SandboxFusionTool({**base, **cfg}, sch or schema())
 
 
+@pytest.fixture
+async def tools():
+    """`tools(url, sch=None, **cfg)`: `make`, and each tool made is closed (its HTTP session) on the
+    test's own loop when the test ends."""
+    made: list[SandboxFusionTool] = []
+
+    def build(url, sch=None, **cfg) -> SandboxFusionTool:
+        made.append(make(url, sch, **cfg))
+        return made[-1]
+
+    yield build
+    for tool in made:
+        await tool.close()
+
+
 async def ex(tool, params):
     iid, _ = await tool.create()
     try:
@@ -49,8 +64,8 @@ async def ex(tool, params):
         await tool.release(iid)
 
 
-async def test_outputs_are_explicit(sandbox_url):
-    tool = make(sandbox_url)
+async def test_outputs_are_explicit(sandbox_url, tools):
+    tool = tools(sandbox_url)
     text, m = await ex(tool, {"code": "print(6*7)"})
     assert text == "42\n" and m["status"] == "success"
     text, m = await ex(tool, {"code": "x = 1"})
@@ -59,7 +74,7 @@ async def test_outputs_are_explicit(sandbox_url):
     assert text.startswith("Runtime error (exit code 3).") and "partial" in text and m["exit_code"] == 3
     text, m = await ex(tool, {"code": "print('a')\n1/0"})
     assert "Runtime error (exit code 1)" in text and "ZeroDivisionError" in text and "stdout:\na" in text
-    text, m = await ex(make(sandbox_url, default_timeout=0.5), {"code": "import time\nprint('t', flush=True)\ntime.sleep(20)"})
+    text, m = await ex(tools(sandbox_url, default_timeout=0.5), {"code": "import time\nprint('t', flush=True)\ntime.sleep(20)"})
     assert text.startswith("Timeout: the code did not finish within 0.5s") and "t\n" in text
     assert m["status"] == "timeout"
     text, m = await ex(tool, {"code": ""})
@@ -68,14 +83,14 @@ async def test_outputs_are_explicit(sandbox_url):
     assert "characters omitted" in text and len(text) < 9000
 
 
-async def test_model_cannot_raise_timeout_or_switch_language(sandbox_url):
-    tool = make(sandbox_url, default_timeout=0.5)  # schema offers neither `timeout` nor `language`
+async def test_model_cannot_raise_timeout_or_switch_language(sandbox_url, tools):
+    tool = tools(sandbox_url, default_timeout=0.5)  # schema offers neither `timeout` nor `language`
     text, m = await ex(tool, {"code": "import time; time.sleep(3); print('late')", "timeout": 100, "language": "bash"})
     assert m["status"] == "timeout" and "late" not in text
     text, m = await ex(tool, {"code": "echo hi", "language": "bash"})  # still python: a syntax error
     assert "SyntaxError" in text
     offered = schema(extra_props={"language": {"type": "string"}, "timeout": {"type": "number"}})
-    tool = make(sandbox_url, offered, default_timeout=0.5, max_timeout=1, allowed_languages=["python", "bash"])
+    tool = tools(sandbox_url, offered, default_timeout=0.5, max_timeout=1, allowed_languages=["python", "bash"])
     text, m = await ex(tool, {"code": "echo hi", "language": "bash"})
     assert text == "hi\n"
     text, m = await ex(tool, {"code": "int main(){}", "language": "cpp"})
@@ -85,8 +100,8 @@ async def test_model_cannot_raise_timeout_or_switch_language(sandbox_url):
     assert m["status"] == "timeout" and "within 1s" in text and time.monotonic() - t0 < 4
 
 
-async def test_unreachable_sandbox_is_a_clear_error_and_releases_permits():
-    tool = make("http://127.0.0.1:9", max_retries=2, retry_base_delay=0.01)
+async def test_unreachable_sandbox_is_a_clear_error_and_releases_permits(tools):
+    tool = tools("http://127.0.0.1:9", max_retries=2, retry_base_delay=0.01)
     text, m = await ex(tool, {"code": "print(1)"})
     assert text.startswith("Sandbox error: the sandbox failed after 3 attempt(s)") and "connection" in text
     assert text.endswith("; the code was not run.")  # (refused: nothing reached the sandbox)
@@ -134,11 +149,11 @@ async def serve(fake):
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def test_429_backoff_honours_retry_after_and_cuts_the_limiter():
+async def test_429_backoff_honours_retry_after_and_cuts_the_limiter(tools):
     fake = FakeSandbox(n429=2, retry_after=0.2)
     runner, url = await serve(fake)
     try:
-        tool = make(url, max_retries=4, retry_base_delay=0.001)
+        tool = tools(url, max_retries=4, retry_base_delay=0.001)
         text, m = await ex(tool, {"code": "print(1)"})
         assert text == "ran python\n" and m["retries"] == 2
         gaps = [b - a for a, b in zip(fake.calls, fake.calls[1:])]
@@ -151,11 +166,11 @@ async def test_429_backoff_honours_retry_after_and_cuts_the_limiter():
         await runner.cleanup()
 
 
-async def test_5xx_retried_within_budget_then_clear_error():
+async def test_5xx_retried_within_budget_then_clear_error(tools):
     fake = FakeSandbox(n500=10)
     runner, url = await serve(fake)
     try:
-        tool = make(url, max_retries=2, retry_base_delay=0.001)
+        tool = tools(url, max_retries=2, retry_base_delay=0.001)
         text, m = await ex(tool, {"code": "print(1)"})
         assert len(fake.calls) == 3 and "HTTP 503" in text and text.startswith("Sandbox error")
         assert text.endswith("; the code may have run.")  # (a 5xx: the sandbox got the request)
@@ -166,11 +181,11 @@ async def test_5xx_retried_within_budget_then_clear_error():
         await runner.cleanup()
 
 
-async def test_local_limit_caps_concurrency():
+async def test_local_limit_caps_concurrency(tools):
     fake = FakeSandbox()
     runner, url = await serve(fake)
     try:
-        tool = make(url, rate_limit=3, enable_global_rate_limit=False)
+        tool = tools(url, rate_limit=3, enable_global_rate_limit=False)
         iid, _ = await tool.create()
         res = await asyncio.gather(*[tool.execute(iid, {"code": "print(1)"}) for _ in range(30)])
         assert all(r[0].text == "ran python\n" for r in res)
@@ -185,13 +200,14 @@ async def _degrades_to_local() -> None:
     assert not ray.is_initialized()
     fake = FakeSandbox()
     runner, url = await serve(fake)
+    tool = make(url, enable_global_rate_limit=True, rate_limit=2)
     try:
-        tool = make(url, enable_global_rate_limit=True, rate_limit=2)
         iid, _ = await tool.create()
         res = await asyncio.gather(*[tool.execute(iid, {"code": "print(1)"}) for _ in range(10)])
         assert all(r[0].text == "ran python\n" for r in res) and fake.max <= 2
         assert fake.max == 2  # the local limit was reached, not just respected by accident
     finally:
+        await tool.close()
         await runner.cleanup()
 
 
@@ -208,10 +224,10 @@ def test_global_limit_without_ray_degrades_to_local():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-async def test_local_url_uses_managers_sandbox(sandbox_url):
+async def test_local_url_uses_managers_sandbox(sandbox_url, tools):
     from slime.tools.services import ToolServices
 
-    tool = make("local")
+    tool = tools("local")
     tool.use_services(ToolServices(sandbox_url=sandbox_url))  # what the manager hands down
     text, _ = await ex(tool, {"code": "print('via local')"})
     assert text == "via local\n" and tool._url == sandbox_url

@@ -86,6 +86,7 @@ def test_samples_without_a_record_and_bad_records():
 # The router + scripted engine harness of test_multi_turn (its `track` tool raises on mode "raise").
 
 
+@pytest.mark.usefixtures("runtime_closed_on_the_test_loop")  # its HTTP session is on this test's loop
 async def test_tool_loop_errors_reach_dashboard_dump_and_viewer(stack, tok, tmp_path):
     """Turn 1: a malformed call, a call to a tool that raises, a good calculator call; turn 2: the answer."""
     outs = [say(tok, MALFORMED + call("track", {"mode": "raise"}) + call("calculator", {"expression": "3 + 4"})),

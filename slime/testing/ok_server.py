@@ -28,7 +28,8 @@ class _OkHandler(http.server.BaseHTTPRequestHandler):
 
 
 def start_ok_server() -> http.server.ThreadingHTTPServer:
-    """Serving once this returns; the caller ends it with `.shutdown()` (its port: `.server_address[1]`)."""
+    """Serving once this returns; the caller ends it with `.shutdown()`, then `.server_close()` (which
+    closes the listening socket) (its port: `.server_address[1]`)."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OkHandler)
     threading.Thread(target=server.serve_forever, daemon=True, name="ok-server").start()
     return server

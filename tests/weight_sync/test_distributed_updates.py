@@ -133,6 +133,8 @@ def test_ring_files_are_gone_after_the_trainer_is_killed(engines, refs, model_b_
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
+        proc.stdin.close()
+        proc.stdout.close()
     assert ring_files(proc.pid) == []
     for e in engines:
         assert e.check_weights("compare", checksums=ck_b)["equal"]

@@ -81,7 +81,7 @@ def test_a_small_limit_after_a_large_one_on_the_same_slot_holds(server):
     assert (r["status"], r["run_result"]["stdout"]) == ("Success", "filled\n"), r["message"]
     r = run(url, "for i in range(5):\n    open(f'/tmp/g{i}', 'wb').write(b'x' * (20 << 20))\nprint('filled')",
             memory_limit_MB=32)
-    assert _run_memory_limit(handle.pid) == 32 << 20
+    assert _run_memory_limit(handle.pid) == 32 << 20, r["message"]
     assert r["status"] == "Failed" and r["run_result"]["stdout"] == "", r
     assert "memory limit exceeded (32 MB" in r["message"]
 

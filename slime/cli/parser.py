@@ -8,6 +8,7 @@ import argparse
 
 from slime.cli.upstream_flags import Alias, add_upstream_flags
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
+from slime.rollout.defaults import REQUEST_MAX_RETRIES, ROLLOUT_BATCH_SIZE
 
 
 class SlimeArgumentParser(argparse.ArgumentParser):
@@ -67,7 +68,7 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--num-rollout", type=int, default=None,
                    help="rollouts to run; default: from --num-epoch, else 1")
     g.add_argument("--start-rollout-id", type=int, default=None, help="default 0")
-    g.add_argument("--rollout-batch-size", type=int, default=4,
+    g.add_argument("--rollout-batch-size", type=int, default=ROLLOUT_BATCH_SIZE,
                    help="prompts (groups) per rollout (required by slime; 4 here)")
     g.add_argument("--n-samples-per-prompt", type=int, default=1)
     g.add_argument("--over-sampling-batch-size", type=int, default=None,
@@ -85,7 +86,7 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-skip-special-tokens", action="store_true")
     g.add_argument("--sglang-server-concurrency", type=int, default=512, help="in-flight requests per process")
     g.add_argument("--request-timeout", type=float, default=300.0, help="deadline of one engine request, seconds")
-    g.add_argument("--request-max-retries", type=int, default=100,
+    g.add_argument("--request-max-retries", type=int, default=REQUEST_MAX_RETRIES,
                    help="cap on the retries of one request (connection errors, timeouts, 429, 5xx); the budget "
                         "is --request-retry-window seconds")
     g.add_argument("--dynamic-sampling-filter-path", default=None)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from slime.fleet.router_options import not_passed
+
 # upstream-registered flags (by dest) that this project reads and honours (on-policy distillation: --use-opd,
 # --opd-kl-coef and --opd-type sglang; the megatron teacher's --opd-teacher-* are not)
 ACTED_ON = frozenset({
@@ -94,6 +96,10 @@ def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[s
         for action in group._group_actions:  # noqa: SLF001
             if action.dest not in ACTED_ON and _is_set(baseline.get(action.dest), getattr(args, action.dest, None)):
                 out.setdefault(reason, []).append(action.option_strings[0])
+    kept = not_passed(args)
+    if kept:
+        out.setdefault("sglang-router options slime keeps for itself (its engines, its retries, metrics on "
+                       "127.0.0.1)", []).extend(kept)
     if getattr(args, "rollout_backend", None) == "hf":
         extra = sorted(set(getattr(args, "sglang_extra_args", None) or {}) - ROLLOUT_READS_SGLANG)
         if extra:

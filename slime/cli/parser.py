@@ -8,6 +8,7 @@ import argparse
 
 from slime.cli.upstream_flags import Alias, add_upstream_flags
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
+from slime.fleet.router_options import router_option_actions, router_policies
 from slime.rollout.defaults import REQUEST_MAX_RETRIES, ROLLOUT_BATCH_SIZE
 
 
@@ -43,7 +44,8 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--sglang-router-ip", default=None, help="use an existing router instead of starting one")
     g.add_argument("--sglang-router-port", type=int, default=None)
     g.add_argument("--router-policy", default="round_robin",
-                   choices=["round_robin", "cache_aware", "power_of_two", "random", "consistent_hashing"])
+                   choices=router_policies() or ["round_robin", "cache_aware", "power_of_two", "random", "manual"],
+                   help="sglang-router's load-balancing policy (the choices are the installed router's)")
     g.add_argument("--router-health-check-interval", type=int, default=DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
                    help="seconds between the router's health checks of each engine (a dead engine is taken out "
                         "at once by the fleet's own supervision; this catches a stuck one)")
@@ -157,16 +159,11 @@ def _optional_groups(p: argparse.ArgumentParser) -> None:
 
 def _router_groups(p: argparse.ArgumentParser) -> None:
     """sglang-router's own `--router-*` flags, as slime registers them (ours above take precedence)."""
-    try:
-        from sglang_router.router_args import RouterArgs
-    except ImportError:  # the router package is optional for parsing: its flags then stay unknown
-        return
-    scratch = argparse.ArgumentParser(add_help=False)
-    RouterArgs.add_cli_args(scratch, use_router_prefix=True, exclude_host_port=True)
-    g = p.add_argument_group("sglang-router (stored on args; see sglang_router.launch_router)")
+    # the router package is optional for parsing: without it its flags stay unknown
+    g = p.add_argument_group("sglang-router (passed to the router slime starts; see sglang_router.launch_router)")
     taken = p._option_string_actions  # noqa: SLF001
-    for action in scratch._actions:  # noqa: SLF001
-        if not action.option_strings or any(o in taken for o in action.option_strings):
+    for action in router_option_actions():
+        if any(o in taken for o in action.option_strings):
             continue
         g._add_action(action)  # noqa: SLF001 - reuse the action exactly as sglang-router defines it
     # slime's overrides of the router defaults (sglang_utils/arguments.py)

@@ -32,6 +32,7 @@ from slime.fleet.awaiting_weights import WeightGate
 from slime.fleet.engine_slot import UPDATABLE_STATES, EngineSlot
 from slime.fleet.lost_nodes import NODE_COUNTERS, LostNodes
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
+from slime.fleet.router_options import SLIME_SETS, router_passthrough
 from slime.fleet.router import Router, register_worker, unregister_worker
 from slime.fleet.router_host import RelocatingRouter
 from slime.fleet.supervised_engine import RemoteSupervisedEngine, SupervisedEngineActor, exit_notice
@@ -156,7 +157,8 @@ class Fleet:
             self.endpoints.router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
             return
         router_kw = {"policy": args.router_policy, "prometheus_port": args.router_prometheus_port,
-                     "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir}
+                     "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir,
+                     "extra_args": router_passthrough(args, taken=SLIME_SETS)}
         resource = getattr(args, "router_resource", None)
         if resource:  # on a node of its own, moved when that node is lost
             here = ray.get_runtime_context().get_node_id()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from slime.fleet.router_options import not_passed
+
 # upstream-registered flags (by dest) that this project reads and honours (on-policy distillation: --use-opd,
 # --opd-kl-coef and --opd-type sglang; the megatron teacher's --opd-teacher-* are not)
 ACTED_ON = frozenset({
@@ -71,8 +73,10 @@ def _default(action: argparse.Action) -> Any:
     return action.default
 
 
-def _is_set(action: argparse.Action, value: Any) -> bool:
-    return value is not None and value != _default(action) and value != [] and value is not False
+def _is_set(default: Any, value: Any) -> bool:
+    """Set by the user: differs from what an empty command line gives, whatever its type (a `--disable-x`
+    store_false flag set is False against a True default); an empty value where the default is None is not."""
+    return value != default and not (default is None and value in (None, False, []))
 
 
 # SGLang server options the rollout itself reads (slime does too): sampling seeds per sample of a group
@@ -82,13 +86,20 @@ ROLLOUT_READS_SGLANG = {"enable_deterministic_inference"}
 def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[str]]:
     """{reason: [flag, ...]} of the flags set to a non-default value that nothing here acts on."""
     out: dict[str, list[str]] = {}
+    # what an empty command line gives: several upstream flags share one dest (Megatron's --enable-chunked-prefill
+    # and --disable-chunked-prefill), and the namespace holds the first one's default, not each action's
+    baseline = vars(parser.parse_known_args([])[0])
     for group in parser._action_groups:  # noqa: SLF001 - the groups are how upstream flags are told apart
         if not (group.title or "").startswith("upstream"):
             continue
         reason = REASONS.get(_title_key(group.title), DEFAULT_REASON)
         for action in group._group_actions:  # noqa: SLF001
-            if action.dest not in ACTED_ON and _is_set(action, getattr(args, action.dest, None)):
+            if action.dest not in ACTED_ON and _is_set(baseline.get(action.dest), getattr(args, action.dest, None)):
                 out.setdefault(reason, []).append(action.option_strings[0])
+    kept = not_passed(args)
+    if kept:
+        out.setdefault("sglang-router options slime keeps for itself (its engines, its retries, metrics on "
+                       "127.0.0.1)", []).extend(kept)
     if getattr(args, "rollout_backend", None) == "hf":
         extra = sorted(set(getattr(args, "sglang_extra_args", None) or {}) - ROLLOUT_READS_SGLANG)
         if extra:

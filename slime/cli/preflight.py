@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slime.fleet.external_engines import ExternalEngineError, check_reachable, external_urls
 from slime.rollout.data_source import (DEFAULT_ROLLOUT, DataError, DataSource, RolloutDataSourceWithBuffer,
                                        parse_path_slice)
 from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
@@ -317,6 +318,16 @@ def check_save(args: Any) -> None:
         raise PreflightError(str(e)) from None
 
 
+def check_external_engines(args: Any) -> None:
+    """--rollout-external-engine-addrs: every engine answers /health before Ray starts."""
+    if getattr(args, "load_debug_rollout_data", None):
+        return  # a replay starts no engine and reaches none
+    try:
+        check_reachable(external_urls(args))
+    except ExternalEngineError as e:
+        raise PreflightError(str(e)) from e
+
+
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
     for dest in PLUGIN_FLAGS:
@@ -332,4 +343,5 @@ def preflight(args: Any) -> dict[str, Any]:
     check_interactions(args)
     check_agent_workspaces(args)
     check_debug_rollouts(args)
+    check_external_engines(args)
     return resolved

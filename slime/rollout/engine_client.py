@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from slime.rollout.defaults import REQUEST_MAX_RETRIES
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.router_answer import parse_workers
 from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
@@ -87,7 +88,7 @@ def _no_body(raw: bytes) -> None:
 
 class EngineClient:
     def __init__(self, endpoints: Endpoints, *, concurrency: int = 512, request_timeout: float = 300.0,
-                 max_retries: int = 8, retry_window: float | None = DEFAULT_RETRY_WINDOW,
+                 max_retries: int = REQUEST_MAX_RETRIES, retry_window: float | None = DEFAULT_RETRY_WINDOW,
                  tokenizer_path: str | None = None, tokenizer: Any = None, progress: Progress | None = None,
                  vocab_size: int | None = None):
         self.endpoints = endpoints
@@ -115,7 +116,7 @@ class EngineClient:
         # slime's bound: --sglang-server-concurrency per engine
         return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
                    request_timeout=getattr(args, "request_timeout", 300.0),
-                   max_retries=getattr(args, "request_max_retries", 8),
+                   max_retries=getattr(args, "request_max_retries", REQUEST_MAX_RETRIES),
                    retry_window=getattr(args, "request_retry_window", DEFAULT_RETRY_WINDOW),
                    tokenizer_path=getattr(args, "hf_checkpoint", None), **kw)
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
-from slime.rollout.data_source import DataError, parse_path_slice, prompt_limit, sample_from_row, too_long
+from slime.rollout.prompt_rows import DataError, parse_path_slice, prompt_limit, sample_from_row, too_long
 from slime.utils.types import Sample
 
 PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while indexing

@@ -45,6 +45,10 @@ def check_train_arguments(args: argparse.Namespace) -> None:
     from slime.train.loss import check_opd_args
 
     check_opd_args(args)  # LossConfigError (a ValueError) naming --opd-type
+    if getattr(args, "rollout_external_engine_addrs", None):
+        raise ValueError("--rollout-external-engine-addrs with slime-train: the trainer pushes weights to the engines "
+                         "it starts (and restarts); engines started elsewhere are for slime-rollout, whose engines' "
+                         "owner updates them")
     interval = update_weights_interval(args)  # ValueError naming --update-weights-interval
     offloaded = "--colocate" if getattr(args, "colocate", False) else \
         "--offload-rollout" if getattr(args, "offload_rollout", False) else None

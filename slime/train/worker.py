@@ -205,7 +205,7 @@ class TrainWorker:
                     sums[key] = sums[key] + value
                 if reverse_kl is not None:
                     sums["opd_reverse_kl"] = sums["opd_reverse_kl"] + reduce(torch.cat([reverse_kl[i] for i in mb]))
-            max_norm = float(getattr(args, "clip_grad", 0.0) or 0.0)
+            max_norm = float(args.clip_grad or 0.0)  # Megatron's --clip-grad, 1.0 by default; 0 = none
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
             self.optimizer.step()
             self.scheduler.step()

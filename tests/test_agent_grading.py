@@ -75,7 +75,8 @@ def test_a_planted_package_cannot_make_unfixed_code_pass_and_fixed_code_still_pa
 
 def test_the_workspace_is_importable_after_the_standard_library_and_named_by_slime_workspace(pool):
     probe = ("import json, os, sys, add\n"
-             "print(json.__file__.startswith(sys.base_prefix), add.__file__ == os.environ['SLIME_WORKSPACE'] + '/add.py',"
+             "print(json.__file__.startswith(sys.base_prefix),"
+             " add.__file__ == os.environ['SLIME_WORKSPACE'] + '/add.py',"
              " os.getcwd() == os.environ['SLIME_GRADER_DIR'])\n")
     solved, out = grade(pool, {"add.py": FIXED, "json.py": "raise SystemExit(0)\n"}, {"probe.py": probe},
                         "{python} probe.py")

@@ -87,7 +87,8 @@ def attacks(gw, api: str, own_key: str) -> dict[str, tuple[str, dict, dict]]:
     meta = {**b, "metadata": {"session_id": VICTIM}, "user": VICTIM} if api != "anthropic" else b
     return {
         "victim id in the URL": (f"{root}/s/{VICTIM}{path}", {}, b),
-        "victim id in the URL, own key as API key": (f"{root}/s/{VICTIM}{path}", {"Authorization": f"Bearer {own_key}"}, b),
+        "victim id in the URL, own key as API key": (f"{root}/s/{VICTIM}{path}",
+                                                     {"Authorization": f"Bearer {own_key}"}, b),
         "victim id in X-Session-Id": (root + path, {"X-Session-Id": VICTIM}, b),
         "victim id in X-Session-Id, own key as API key": (root + path, {"X-Session-Id": VICTIM,
                                                                         "Authorization": f"Bearer {own_key}"}, b),

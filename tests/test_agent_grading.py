@@ -1,7 +1,7 @@
 """Issue 29, rewards an agent cannot game: `CommandAgent` grades in a fresh sandbox session from the
 grader's own directory, so a workspace cannot shadow the grader's test module (a planted
 `test_<name>/` package), the test runner (a planted `unittest/` package) or pytest (a planted
-`conftest.py` that passes every test): unfixed code scores 0, fixed code still 1. And copy-out has
+`conftest.py`, or a plugin the workspace registers by an entry point, that passes every test): unfixed code scores 0, fixed code still 1. And copy-out has
 no size cap below the sandbox's own disk limit: a 10 MB workspace is copied out and graded."""
 
 from __future__ import annotations
@@ -36,7 +36,13 @@ PLANTS = {
         {"test_add.py": UNITTEST}, "{python} -m unittest -q test_add"),
     "a unittest package shadowing the test runner": (
         {"unittest/__init__.py": "", "unittest/__main__.py": "raise SystemExit(0)\n"},
-        {"test_add.py": UNITTEST}, "{python} -m unittest -q test_add"),
+        {"test_add.py": UNITTEST}, "cd \"$SLIME_WORKSPACE\" && {python} -m unittest -q test_add"),
+    "a pytest plugin registered by an entry point of the workspace": (
+        {"evil_plugin.py": PASS_EVERYTHING, "evil_plugin-1.0.dist-info/METADATA":
+            "Metadata-Version: 2.1\nName: evil-plugin\nVersion: 1.0\n",
+         "evil_plugin-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n"},
+        {"test_add.py": PYTEST}, "cd \"$SLIME_WORKSPACE\" && {python} -m pytest -q -p no:randomly -p no:cacheprovider "
+        "\"$SLIME_GRADER_DIR/test_add.py\""),
     "a conftest.py that passes every test": (
         {"conftest.py": PASS_EVERYTHING, "pytest.ini": "[pytest]\naddopts = -p no:randomly\n"},
         {"test_add.py": PYTEST}, "{python} -m pytest -q -p no:randomly -p no:cacheprovider test_add.py"),

@@ -6,7 +6,9 @@ over the workspace. The workspace is at `$SLIME_WORKSPACE`. For Python, imports 
 order: the grader's directory, the standard library and installed packages, and only then the
 workspace -- by a finder appended to `sys.meta_path` from a `sitecustomize` of ours (on
 `PYTHONPATH`), not a `sys.path` entry, so the workspace's modules are found only when nothing
-else has that name and its metadata (entry points: pytest plugins) is never scanned. So a
+else has that name and its metadata (entry points: pytest plugins) is never scanned. And
+`PYTHONSAFEPATH` (Python >= 3.11) keeps Python from putting the working directory or a script's
+directory first, so a grade command that `cd`s into the workspace does not undo this. So a
 `test_<name>/` package or a `unittest/` package planted in the workspace cannot replace the
 grader's tests or the test runner, and a `conftest.py` there is outside pytest's reach.
 
@@ -57,7 +59,8 @@ sys.meta_path.append(WorkspaceFinder)
 def grader_env(workspace: str) -> dict[str, str]:
     """The grade command's environment: where the workspace is, and the import order above."""
     return {"HOME": "/home/agent", "SLIME_WORKSPACE": workspace, "SLIME_GRADER_DIR": GRADER_DIR,
-            "PYTHONPATH": f"{GRADER_DIR}:{GRADER_SITE}", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+            "PYTHONPATH": f"{GRADER_DIR}:{GRADER_SITE}", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 async def install_grader(sb: Sandbox, grade_files: dict[str, str], workspace: str) -> None:

@@ -117,7 +117,7 @@ class Gateway:
             except TurnRefused as e:
                 return JSONResponse(protocol.render_error(e), status_code=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
-                logger.exception("agent gateway: %s failed", request.url.path)
+                logger.exception("agent gateway: %s failed", request.scope["route"].path)  # (no key in it)
                 return JSONResponse(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status_code=500)
             if req.stream:
                 return StreamingResponse(self._send(turn, protocol.render_stream(turn.reply, req)),

@@ -74,8 +74,11 @@ def timed_gateway(stack: AgentStack, **kw) -> tuple[Gateway, list[float]]:
     return gw.start(), cpu
 
 
-async def chat(http: aiohttp.ClientSession, url: str, sid: str, messages: list[dict]) -> dict:
-    async with http.post(f"{url}/s/{sid}/v1/chat/completions",
+async def chat(http: aiohttp.ClientSession, gw: Gateway, sid: str, messages: list[dict]) -> dict:
+    """One turn of session `sid` (opened on its first turn: a request holds its session's key)."""
+    if sid not in gw.sessions:
+        gw.open_session(sid)
+    async with http.post(f"{gw.base_url(sid)}/chat/completions",
                          json={"model": "m", "messages": messages, "max_tokens": 64}) as r:
         body = await r.json()
         if r.status != 200:
@@ -92,7 +95,7 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
     async with aiohttp.ClientSession() as http:
         for i in range(n // 10):  # warm-up of both paths
             await client.generate(ids, params)
-            await chat(http, gw.url, f"ovh-w{i}", msgs)
+            await chat(http, gw, f"ovh-w{i}", msgs)
         del gw_cpu[:]
         for i in range(n):
             t, c = time.perf_counter(), time.thread_time()
@@ -100,7 +103,7 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
             direct_cpu.append(time.thread_time() - c)
             direct_lat.append(time.perf_counter() - t)
             t = time.perf_counter()
-            await chat(http, gw.url, f"ovh-{i}", msgs)
+            await chat(http, gw, f"ovh-{i}", msgs)
             gw_lat.append(time.perf_counter() - t)
     for sid in [f"ovh-w{i}" for i in range(n // 10)] + [f"ovh-{i}" for i in range(n)]:
         await gw.drop_session(sid)
@@ -123,7 +126,7 @@ async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], si
     costs = []
     for k in range(turns):
         n = len(cpu)
-        body = await chat(http, gw.url, sid, msgs)
+        body = await chat(http, gw, sid, msgs)
         costs.append(sum(cpu[n:]))
         msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
                  {"role": "user", "content": f"ok, step {k + 2} please"}]
@@ -181,7 +184,7 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
     async def run(http: aiohttp.ClientSession, sid: str) -> None:
         msgs = [{"role": "user", "content": f"case={sid} begin"}]
         for k in range(turns):
-            body = await chat(http, gw.url, sid, msgs)
+            body = await chat(http, gw, sid, msgs)
             msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
                      {"role": "user", "content": f"next {k}"}]
 

@@ -72,8 +72,11 @@ def gateway():
 
 
 def post(gw: Gateway, api: str, content: bytes, sid: str = SID) -> httpx.Response:
+    """`content` sent to the session `sid`-`api` (opened on first use), with its key."""
+    if f"{sid}-{api}" not in gw.sessions:
+        gw.open_session(f"{sid}-{api}")
     return httpx.post(gw.url + PATHS[api], content=content, timeout=30.0,
-                      headers={"Content-Type": "application/json", "X-Session-Id": f"{sid}-{api}"})
+                      headers={"Content-Type": "application/json", "X-Session-Id": gw.session_key(f"{sid}-{api}")})
 
 
 def snapshot(gw: Gateway, api: str) -> tuple:
@@ -236,7 +239,8 @@ def test_bytes_that_are_not_a_json_request_are_refused(gateway, api, raw):
 
 
 def test_count_tokens_refuses_a_broken_body_in_anthropics_format(gateway):
-    url = gateway.url + "/v1/messages/count_tokens"
+    gateway.open_session("counting")
+    url = gateway.base_url("counting", api="anthropic") + "/v1/messages/count_tokens"
     bad = httpx.post(url, json={"messages": [{"role": "narrator", "content": "x"}]}, timeout=30.0)
     assert bad.status_code == 400 and error_field("anthropic", bad) == "messages[0].role"
     deep = httpx.post(url, content=b"[" * 100_000, timeout=30.0)

@@ -20,6 +20,20 @@ class SessionClosedError(TurnRefused, status=503, kind="overloaded_error"):
     """The session was finished or dropped; a straggler's turn would belong to no sample."""
 
 
+class SessionKeyError(TurnRefused, status=401, kind="authentication_error"):
+    """The request holds no open session's key (none given, a wrong one, or a session never opened)."""
+
+    code = "invalid_api_key"
+
+
+class UnknownSessionError(TurnRefused, status=404, kind="not_found_error"):
+    """A session id that was never opened (the host's call, not an agent's request)."""
+
+
+class UnknownRouteError(TurnRefused, status=404, kind="not_found_error"):
+    """A path the gateway does not serve."""
+
+
 class TurnCapError(TurnRefused, status=429, kind="rate_limit_error"):
     """The session used its turn budget (`--agent-max-turns`)."""
 

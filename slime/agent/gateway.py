@@ -134,9 +134,13 @@ class Gateway:
                 self.pipeline.abandon(turn)
 
     async def _count_tokens(self, request: Request):
+        """The ids the same body would send as the session's next turn: rendered against the session's
+        prefix (the ids its answers really were), not re-rendered whole, which counts differently once
+        an answer is not the template's canonical text. Opens nothing."""
         try:
             req = anthropic.parse_request(await _json_body(request), request.headers, request.path_params.get("sid"))
-            ids = self.pipeline.prompt_ids(Session(req.session_id), req)
+            session = self.sessions.get(req.session_id) if req.session_id in self.sessions else Session(req.session_id)
+            ids = self.pipeline.prompt_ids(session, req)
         except TurnRefused as e:
             return JSONResponse(anthropic.render_error(e), status_code=e.status)
         return {"input_tokens": len(ids)}

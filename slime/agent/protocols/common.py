@@ -7,11 +7,15 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from slime.agent.errors import FieldError
+from slime.agent.protocols import body_checks as check
+
 SESSION_HEADER = "X-Session-Id"
 
 
 def flatten_content(c: Any) -> str:
-    """A wire content value (string, or a list of Anthropic / OpenAI blocks) as template text."""
+    """A wire content value (string, or a list of Anthropic / OpenAI blocks) as template text (media
+    blocks never get here: `media.refuse_media` refused them)."""
     if c is None:
         return ""
     if isinstance(c, str):
@@ -24,8 +28,6 @@ def flatten_content(c: Any) -> str:
             parts.append(str(b))
         elif b.get("type") in {"text", "input_text", "output_text"}:
             parts.append(b.get("text", ""))
-        elif b.get("type") in {"image", "image_url", "input_image"}:
-            parts.append("[image omitted]")
         elif "content" in b:
             parts.append(flatten_content(b.get("content")))
         elif "text" in b:
@@ -68,3 +70,18 @@ def tool_call_dict(name: str, arguments: Any) -> dict[str, Any]:
 
 def want_stream(body: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
     return body.get("stream") is True or "text/event-stream" in (headers.get("Accept") or headers.get("accept") or "")
+
+
+def logprob_entries(reply: Any) -> list[dict[str, Any]]:
+    """OpenAI's per-token log-prob objects for a reply's sampled tokens (no alternatives: the engines
+    report the sampled token's log-prob only, and none is made up)."""
+    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode("utf-8")), "top_logprobs": []}
+            for t in reply.logprobs or []]
+
+
+def no_top_logprobs(body: Mapping[str, Any]) -> None:
+    """`top_logprobs` > 0 is refused: the engines return the sampled token's log-prob, not the k best."""
+    check.integer(body, "top_logprobs", 0, 20)
+    if body.get("top_logprobs"):
+        raise FieldError("top_logprobs", f"must be 0 (got {body['top_logprobs']}): the engines report the "
+                                         "log-prob of the sampled token only; ask for logprobs without alternatives")

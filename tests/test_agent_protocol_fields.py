@@ -52,7 +52,16 @@ class StopHonouringStack(AgentStack):
                 return {"output_ids": ids[:n], "finish_type": "stop", "matched": hit,
                         "log_probs": log_probs(turn, n)}
         ids.append(self.end_id)
-        return {"output_ids": ids, "finish_type": "stop", "log_probs": log_probs(turn, len(ids))}
+        out = {"output_ids": ids, "finish_type": "stop", "log_probs": log_probs(turn, len(ids))}
+        k = body.get("top_logprobs_num") or 0
+        if k:  # the sampled id first, then ids of "A", "B", ... each less likely than the one before
+            out["top_log_probs"] = [[[lp, t]] + [[lp - j - 1, alt] for j, alt in enumerate(self.alternatives[:k - 1])]
+                                    for t, lp in zip(ids, out["log_probs"])]
+        return out
+
+    @property
+    def alternatives(self) -> list[int]:
+        return [self.tok.convert_tokens_to_ids(c) for c in "ABCDEFGHIJKLMNOPQRST"]
 
 
 @pytest.fixture(scope="module")
@@ -193,10 +202,12 @@ def test_openai_logprobs_are_the_engines_own_for_each_sampled_token_streamed_and
         assert plain.choices[0].logprobs is None  # not asked, not sent
         r = client.chat.completions.create(model="m", messages=msgs, logprobs=True, top_logprobs=0)
         chunks = list(client.chat.completions.create(model="m", messages=msgs, logprobs=True, stream=True))
+        top = client.chat.completions.create(model="m", messages=msgs, logprobs=True, top_logprobs=3)
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="m", messages=msgs, logprobs=True, top_logprobs=5)
+            client.chat.completions.create(model="m", messages=msgs, top_logprobs=3)
         assert e.value.body["param"] == "top_logprobs"
-        resp = client.responses.create(model="m", input="case=chat-lp hi", include=["message.output_text.logprobs"])
+        resp = client.responses.create(model="m", input="case=chat-lp hi", include=["message.output_text.logprobs"],
+                                       top_logprobs=2)
     body = stack.requests_of("chat-lp")[1]
     sampled = stack.answer(body)  # the text's ids, then <|im_end|>, which no API shows
     expected = [(stack.tok.decode([t]), lp) for t, lp in zip(sampled["output_ids"][:-1], sampled["log_probs"])]
@@ -207,6 +218,14 @@ def test_openai_logprobs_are_the_engines_own_for_each_sampled_token_streamed_and
     resp_lps = resp.output[0].content[0].logprobs
     assert [(t.token, t.logprob) for t in resp_lps] == expected
     assert [t.bytes for t in resp_lps] == [list(t.encode()) for t, _ in expected]
+    # top_logprobs: the engine's own k best per position (top_logprobs_num), never made up
+    asked = [b.get("top_logprobs_num") for b in stack.requests_of("chat-lp")]
+    assert asked == [None, None, None, 3, 2]
+    engine_tops = stack.answer(stack.requests_of("chat-lp")[3])["top_log_probs"]
+    assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in top.choices[0].logprobs.content] == \
+        [[(stack.tok.decode([i]), lp) for lp, i in row] for row in engine_tops[:-1]]
+    assert [len(t.top_logprobs) for t in resp_lps] == [2] * len(expected)
+    assert all(t.top_logprobs == [] for t in r.choices[0].logprobs.content)
     finish(stack, "lp-oa")
 
 

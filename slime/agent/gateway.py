@@ -80,7 +80,8 @@ class Gateway:
 
     async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
         params = sampling_params(session, request, len(prompt_ids))
-        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id)
+        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id,
+                                          top_logprobs_num=request.top_logprobs)
 
     # ---------------------------------------------------------------- HTTP
 

@@ -120,7 +120,7 @@ class TurnPipeline:
         reply = Reply(text=parsed.text, tool_uses=uses, finish_reason=finish, reasoning=parsed.reasoning,
                       usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message,
                       stop_sequence=stop if finish == "stop" else None,
-                      logprobs=self.token_logprobs(record) if request.logprobs else None)
+                      logprobs=self.token_logprobs(record, request.top_logprobs) if request.logprobs else None)
         return dataclasses.replace(record, ill_formed=parsed.ill_formed), reply
 
     def decode(self, ids: list[int]) -> str:
@@ -134,14 +134,19 @@ class TurnPipeline:
             end -= 1
         return end
 
-    def token_logprobs(self, record: TurnRecord) -> list[TokenLogprob]:
+    def token_logprobs(self, record: TurnRecord, top: int) -> list[TokenLogprob]:
         """The engine's log-prob of each sampled token the text is made of (the closing special tokens
-        left out, as the APIs leave out the stop token), each token decoded alone."""
+        left out, as the APIs leave out the stop token), each token decoded alone, with the engine's
+        `top` most likely tokens there."""
         end = self._visible_end(record.output_ids)
-        if len(record.output_log_probs) < end:
+        if len(record.output_log_probs) < end or (top and len(record.top_log_probs) < end):
             raise EngineFailedError("the engine answered without the log-probs the client asked for")
-        return [TokenLogprob(self.tokenizer.decode([t], skip_special_tokens=False), lp)
-                for t, lp in zip(record.output_ids[:end], record.output_log_probs)]
+        tops = record.top_log_probs if top else [()] * end
+        return [TokenLogprob(self.token_text(t), lp, tuple((self.token_text(i), alt) for alt, i in row[:top]))
+                for t, lp, row in zip(record.output_ids[:end], record.output_log_probs, tops)]
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def commit(self, turn: Turn) -> bool:
         """The client has the answer: record the turn and remember the prefix its next prompt extends.

@@ -26,6 +26,7 @@ class TurnRecord:
     ill_formed: bool = False
     weight_version: str | None = None
     stop_matched: str | None = None
+    top_log_probs: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)  # when asked
 
 
 class TurnRecordError(AssertionError):
@@ -70,6 +71,7 @@ class ChatRequest:
     model: str = "slime-actor"
     tool_choice: ToolChoice = ToolChoice()
     logprobs: bool = False  # the client asked for the sampled tokens' log-probs
+    top_logprobs: int = 0  # and for the k most likely tokens at each position
     raw: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
@@ -81,10 +83,12 @@ class Usage:
 
 @dataclasses.dataclass(frozen=True)
 class TokenLogprob:
-    """One sampled token as the APIs show it: its text and the engine's log-prob for it."""
+    """One sampled token as the APIs show it: its text, the engine's log-prob for it, and (when
+    asked) the engine's k most likely tokens there as (text, log-prob), best first."""
 
     token: str
     logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,6 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from slime.agent.errors import FieldError
 from slime.agent.protocols import body_checks as check
 
 SESSION_HEADER = "X-Session-Id"
@@ -73,15 +72,18 @@ def want_stream(body: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
 
 
 def logprob_entries(reply: Any) -> list[dict[str, Any]]:
-    """OpenAI's per-token log-prob objects for a reply's sampled tokens (no alternatives: the engines
-    report the sampled token's log-prob only, and none is made up)."""
-    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode("utf-8")), "top_logprobs": []}
+    """OpenAI's per-token log-prob objects for a reply's sampled tokens, with the engine's most likely
+    alternatives when asked (`top_logprobs`); every number is the engine's own."""
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
             for t in reply.logprobs or []]
 
 
-def no_top_logprobs(body: Mapping[str, Any]) -> None:
-    """`top_logprobs` > 0 is refused: the engines return the sampled token's log-prob, not the k best."""
+def top_logprobs(body: Mapping[str, Any]) -> int:
+    """`top_logprobs`: 0 to 20 alternatives per position (OpenAI's range), answered by the engine
+    (`top_logprobs_num`)."""
     check.integer(body, "top_logprobs", 0, 20)
-    if body.get("top_logprobs"):
-        raise FieldError("top_logprobs", f"must be 0 (got {body['top_logprobs']}): the engines report the "
-                                         "log-prob of the sampled token only; ask for logprobs without alternatives")
+    return body.get("top_logprobs") or 0

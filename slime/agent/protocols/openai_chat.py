@@ -16,7 +16,7 @@ from typing import Any
 from slime.agent.errors import FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
-                                          no_top_logprobs, parse_arguments, sse, tool_call_dict, want_stream)
+                                          parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
 from slime.agent.protocols.media import refuse_media
 from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.records import ChatRequest, Reply
@@ -72,7 +72,8 @@ def sampling_ranges(body: Mapping[str, Any]) -> None:
     check.stop_strings(body, "stop")
     one_choice(body)
     check.optional(body, "logprobs", "boolean")
-    no_top_logprobs(body)
+    if top_logprobs(body) and body.get("logprobs") is not True:
+        raise FieldError("top_logprobs", "needs logprobs: true")
 
 
 def one_choice(body: Mapping[str, Any]) -> None:
@@ -119,7 +120,7 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
                        messages=translate_messages(body["messages"]), tools=offered(tools, choice),
                        sampling=sampling(body), stream=want_stream(body, headers),
                        model=str(body.get("model") or "slime-actor"), tool_choice=choice,
-                       logprobs=body.get("logprobs") is True, raw=body)
+                       logprobs=body.get("logprobs") is True, top_logprobs=top_logprobs(body), raw=body)
 
 
 def translate_messages(msgs: list[dict]) -> list[dict]:

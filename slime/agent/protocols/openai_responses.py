@@ -17,7 +17,7 @@ from typing import Any
 from slime.agent.errors import BadRequestError, FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
-                                          no_top_logprobs, parse_arguments, sse, tool_call_dict, want_stream)
+                                          parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
 from slime.agent.protocols.media import refuse_media
 from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.protocols.openai_chat import body_session
@@ -45,7 +45,8 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
                        or "default", messages=messages, tools=offered(tools, choice),
                        sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
                        stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"),
-                       tool_choice=choice, logprobs=LOGPROBS_INCLUDE in (body.get("include") or []), raw=body)
+                       tool_choice=choice, logprobs=LOGPROBS_INCLUDE in (body.get("include") or []),
+                       top_logprobs=top_logprobs(body), raw=body)
 
 
 def check_body(body: Mapping[str, Any]) -> None:
@@ -56,7 +57,7 @@ def check_body(body: Mapping[str, Any]) -> None:
     check.number(body, "temperature", 0, 2)
     check.number(body, "top_p", 0, 1, open_low=True)
     check.optional(body, "include", "array")
-    no_top_logprobs(body)
+    top_logprobs(body)
     items = body.get("input")
     check.expect(items, "input", "string", "array")
     if not items:

@@ -246,7 +246,7 @@ def test_tool_choice_none_offers_no_tools_and_returns_no_call(stack):
     assert '"name": "add"' not in stack.tok.decode(body["input_ids"])  # the tool was not offered
     with anthropic_client(stack, "tc-none-an") as client:
         m = client.messages.create(model="m", max_tokens=64, tools=[ANTHROPIC_ADD], tool_choice={"type": "none"},
-                                   messages=[{"role": "user", "content": "case=tool-none2 3+4?"}])
+                                   messages=[{"role": "user", "content": "case=tool-nan 3+4?"}])
     assert m.stop_reason == "end_turn" and [b.type for b in m.content] == ["text"]
     finish(stack, "tc-none")
     finish(stack, "tc-none-an")

@@ -87,7 +87,8 @@ class Gateway:
 
     async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
         params = sampling_params(session, request, len(prompt_ids))
-        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id)
+        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id,
+                                          top_logprobs_num=request.top_logprobs)
 
     # ---------------------------------------------------------------- HTTP
 
@@ -142,10 +143,13 @@ class Gateway:
                 self.pipeline.abandon(turn)
 
     async def _count_tokens(self, request: Request):
+        """The ids the same body would send as the session's next turn: rendered against the session's
+        prefix (the ids its answers really were), not re-rendered whole, which counts differently once
+        an answer is not the template's canonical text. Opens nothing."""
         try:
-            session = self.sessions.by_key(request_key(request))
+            session = self.sessions.by_key(request_key(request))  # the caller's own session only
             req = anthropic.parse_request(await _json_body(request), request.headers, session.sid)
-            ids = self.pipeline.prompt_ids(Session(req.session_id), req)
+            ids = self.pipeline.prompt_ids(session, req)
         except TurnRefused as e:
             return JSONResponse(anthropic.render_error(e), status_code=e.status)
         return {"input_tokens": len(ids)}

@@ -16,12 +16,12 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from slime.agent.engine_call import sampling_params
+from slime.agent.engine_call import client_stops, sampling_params
 from slime.agent.errors import (BadRequestError, ContextFullError, EngineAbortedError, EngineFailedError,
-                                TurnRefused)
-from slime.agent.parsing import parse_model_output
+                                FieldError, TurnRefused, is_context_refusal)
+from slime.agent.parsing import forced_call_prefix, parse_model_output
 from slime.agent.protocols.common import tool_call_dict
-from slime.agent.records import ChatRequest, Reply, ToolUse, TurnRecord, Usage
+from slime.agent.records import ChatRequest, Reply, TokenLogprob, ToolUse, TurnRecord, Usage
 from slime.agent.rendering import PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
@@ -93,28 +93,60 @@ class TurnPipeline:
         """The rendered prompt; a conversation the chat template refuses (its `raise_exception`:
         a role order it does not take) is the client's bad request, named as such."""
         try:
-            return self.renderer.prompt_ids(session, request.messages, request.tools)
+            ids = self.renderer.prompt_ids(session, request.messages, request.tools)
         except TemplateError as e:
             raise BadRequestError(f"messages: the model's chat template refuses this conversation: {e}") from None
+        return ids + self.forced_call_ids(request)
+
+    def forced_call_ids(self, request: ChatRequest) -> list[int]:
+        """The opening of a call the client requires (`parsing.forced_call_prefix`), as prompt ids."""
+        prefix = forced_call_prefix(request.tool_choice)
+        if prefix and not self.tool_parser:
+            raise FieldError("tool_choice", "a required tool call needs the gateway's tool parser "
+                                            "(--tool-call-parser); this gateway runs without one")
+        return list(self.tokenizer.encode(prefix, add_special_tokens=False)) if prefix else []
 
     def _reply(self, record: TurnRecord, request: ChatRequest) -> tuple[TurnRecord, Reply]:
-        parsed = parse_model_output(self.decode(record.output_ids), tools_schema=request.tools,
+        text = forced_call_prefix(request.tool_choice) + self.decode(record.output_ids)
+        stop = record.stop_matched if record.stop_matched in client_stops(request) else None
+        if stop is not None and stop in text:  # the APIs cut the client's stop string off
+            text = text[:text.find(stop)]
+        parsed = parse_model_output(text, tools_schema=request.tools,
                                     tool_parser_name=self.tool_parser, reasoning_parser_name=self.reasoning_parser,
                                     cut_off=record.finish_reason == "length")
         uses = [ToolUse(u["name"], u["input"]) for u in parsed.tool_uses]
         message = recorded_message(parsed.text, parsed.reasoning, uses)
         finish = "tool_calls" if uses else ("length" if record.finish_reason == "length" else "stop")
         reply = Reply(text=parsed.text, tool_uses=uses, finish_reason=finish, reasoning=parsed.reasoning,
-                      usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message)
+                      usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message,
+                      stop_sequence=stop if finish == "stop" else None,
+                      logprobs=self.token_logprobs(record, request.top_logprobs) if request.logprobs else None)
         return dataclasses.replace(record, ill_formed=parsed.ill_formed), reply
 
     def decode(self, ids: list[int]) -> str:
         """The sampled text without the end-of-turn special tokens the engine kept at its end."""
-        special = self._special_ids
-        end = len(ids)
-        while end and ids[end - 1] in special:
-            end -= 1
+        end = self._visible_end(ids)
         return self.tokenizer.decode(ids[:end], skip_special_tokens=False) if end else ""
+
+    def _visible_end(self, ids: list[int]) -> int:
+        end = len(ids)
+        while end and ids[end - 1] in self._special_ids:
+            end -= 1
+        return end
+
+    def token_logprobs(self, record: TurnRecord, top: int) -> list[TokenLogprob]:
+        """The engine's log-prob of each sampled token the text is made of (the closing special tokens
+        left out, as the APIs leave out the stop token), each token decoded alone, with the engine's
+        `top` most likely tokens there."""
+        end = self._visible_end(record.output_ids)
+        if len(record.output_log_probs) < end or (top and len(record.top_log_probs) < end):
+            raise EngineFailedError("the engine answered without the log-probs the client asked for")
+        tops = record.top_log_probs if top else [()] * end
+        return [TokenLogprob(self.token_text(t), lp, tuple((self.token_text(i), alt) for alt, i in row[:top]))
+                for t, lp, row in zip(record.output_ids[:end], record.output_log_probs, tops)]
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def commit(self, turn: Turn) -> bool:
         """The client has the answer: record the turn and remember the prefix its next prompt extends.
@@ -164,7 +196,7 @@ def _release(session: Session, pending: asyncio.Future) -> None:
 def _engine_refusal(e: HttpError, prompt_len: int, sid: str) -> TurnRefused:
     """An engine's 400 is the client's bad request (an over-long prompt in the API's own words);
     anything else is the engines failing."""
-    if e.status == 400 and "too long" in e.body:
+    if e.status == 400 and is_context_refusal(e.body):
         return ContextFullError(f"prompt is too long: {prompt_len} tokens; the engine says: {e.body[:300]}")
     if e.status == 400:
         return BadRequestError(f"the engine refused the request: {e.body[:300]}")

@@ -52,10 +52,10 @@ class GenerateRoutes:
     def _submit_all(self, parsed: GenerateBody) -> list[Submitted]:
         submitted: list[Submitted] = []
         try:
-            for p, sp, r, lp, start in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
-                                           parsed.logprob_start_lens):
+            for p, sp, r, lp, start, top in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
+                                                parsed.logprob_start_lens, parsed.top_logprobs_nums):
                 submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=lp, logprob_start_len=start,
-                                                     stream=parsed.stream))
+                                                     stream=parsed.stream, top_logprobs_num=top))
         except Exception:  # all or nothing: do not leave half a batch decoding for nobody
             for r, _, _ in submitted:
                 self.batcher.abort(r)

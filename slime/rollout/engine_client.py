@@ -230,14 +230,17 @@ class EngineClient:
                                for u in urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
-                       url: str | None = None, routing_key: str | None = None) -> EngineOutput:
+                       url: str | None = None, routing_key: str | None = None,
+                       top_logprobs_num: int = 0) -> EngineOutput:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline.
-        `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine."""
-        payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
+        `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine.
+        `top_logprobs_num` > 0: the answer must also carry the k most likely tokens per position."""
+        payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid(),
+                                    top_logprobs_num=top_logprobs_num)
         vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
 
         def answer(raw: bytes) -> EngineOutput:
-            return parse_generate_answer(raw, vocab_size=vocab, max_new_tokens=limit)
+            return parse_generate_answer(raw, vocab_size=vocab, max_new_tokens=limit, top_logprobs_num=top_logprobs_num)
 
         async with self.semaphore:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled

@@ -58,7 +58,7 @@ async def call_sglang_generate(prompt_ids: list[int], session: Session, body: di
     request = adapter.parse(adapter.protocol_of(body), body, {}, session_id)
     params = sampling_params(session, request, len(prompt_ids))
     key = session_id if session_id and session_id != "default" else None
-    return await adapter.engine.generate(prompt_ids, params, routing_key=key)
+    return await adapter.engine.generate(prompt_ids, params, routing_key=key, top_logprobs_num=request.top_logprobs)
 
 
 class BaseAdapter:

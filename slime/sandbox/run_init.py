@@ -42,7 +42,22 @@ from .run_frames import Request, send_frame
 from .run_memory import LimitNotApplied, RunMemory
 from .slot_session import open_session
 
-__all__ = ["LimitNotApplied", "RunInit", "send_frame"]  # (LimitNotApplied: where it was, for its importers)
+__all__ = ["LimitNotApplied", "RunInit", "cpu_limit_killed", "send_frame"]  # (LimitNotApplied: for its importers)
+
+
+def cpu_limit_killed(rc, cpu, cpu_s):
+    """Whether the program died of its CPU limit (``RLIMIT_CPU``: SIGXCPU at `cpu_s` seconds, SIGKILL
+    one second later if it survived that). Decided by the signal's cause, not the time measured:
+    the kernel compares the limit with its tick-sampled clock, while the time we are told (rusage)
+    is the precise one, which lags it by up to a tenth of a second with a few spinning threads. So a
+    SIGXCPU is the limit's unless the program had used less than `cpu_s` - 1 s (then it sent the
+    signal itself, as a plain ``python3`` would show); a SIGKILL is the limit's only past `cpu_s`
+    (anything else that kills, timeout, memory, output, is decided before this)."""
+    if cpu is None:
+        return False
+    if rc == -signal.SIGXCPU:
+        return cpu >= cpu_s - 1
+    return rc == -signal.SIGKILL and cpu >= cpu_s
 
 
 class RunInit(RunMemory):
@@ -68,6 +83,8 @@ class RunInit(RunMemory):
         self.egress_hold = None  # a session's [::1]:<egress port>, held for its life (`slot_session.py`)
 
     def serve(self):
+        if os.geteuid() == 0:
+            os.setgroups([])  # (root's groups would grant group access to what it opens as the run: `run_files`)
         if self.isolate:
             # /proc of this namespace; hidepid: a run sees its own processes, never this init (root)
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
@@ -196,7 +213,7 @@ class RunInit(RunMemory):
                 else:
                     write_file(work, path, data, hdr["uid"])
         except OSError as e:
-            result["input_error"] = "bad input file: %s" % (e.strerror or e)
+            result["input_error"] = "bad input file: %s" % (e.strerror or e)  # (names the path: `run_files`)
             send_frame(sock, result)
             return
         for step in hdr["steps"]:
@@ -315,7 +332,7 @@ class RunInit(RunMemory):
             if self._oom_kills() > oom0:
                 memory_exceeded = True
                 notes.append("memory limit exceeded (%d MB for the whole run): a process was killed" % step["mem_mb"])
-            elif rc in (-signal.SIGXCPU, -signal.SIGKILL) and cpu is not None and cpu >= step["cpu_s"] - 0.05:
+            elif cpu_limit_killed(rc, cpu, step["cpu_s"]):
                 status = "TimeLimitExceeded"  # (as a wall-clock timeout: one thread or many, the same answer)
                 notes.append("CPU time limit exceeded (%ds)" % step["cpu_s"])
             elif rc == -signal.SIGXFSZ:

@@ -71,8 +71,8 @@ def _file_map(value: Any, where: str) -> dict[str, str]:
         raise WorkspaceError(f"{where} must map relative paths to file contents, got {type(value).__name__}")
     for path, text in value.items():
         p = PurePosixPath(str(path))
-        if p.is_absolute() or ".." in p.parts or not p.parts:
-            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace")
+        if p.is_absolute() or ".." in p.parts or not p.parts or "\x00" in str(path):
+            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace (without NUL)")
         if not isinstance(text, str):
             raise WorkspaceError(f"{where}[{path!r}] must be the file's text, got {type(text).__name__}")
     return dict(value)
@@ -126,8 +126,10 @@ async def upload(sb: Sandbox, workdir: str, data: bytes, *, timeout: int = 120) 
 
 
 async def download(sb: Sandbox, workdir: str, *, timeout: int = 120) -> bytes:
-    """The session's `workdir` as a gzipped tar."""
-    cmd = (f"cd {shlex.quote(workdir)} && tar czf - --exclude=./{SNAPSHOT_NAME} . | base64 -w0 > {SNAPSHOT_NAME}")
+    """The session's `workdir` as a gzipped tar; RuntimeError (naming the file, from tar's message)
+    when tar could not read a file: tar's own status, not the pipeline's (any POSIX shell)."""
+    cmd = (f"cd {shlex.quote(workdir)} && rc=$( {{ {{ tar czf - --exclude=./{SNAPSHOT_NAME} .; echo $? >&3; }} "
+           f"| base64 -w0 > {SNAPSHOT_NAME}; }} 3>&1 ) && exit \"$rc\"")
     await sb.exec(cmd, timeout=timeout, check=True)
     return base64.b64decode(await sb.read_file(f"{workdir}/{SNAPSHOT_NAME}"))
 

@@ -38,9 +38,11 @@ from .isolation import (CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC,
                         libc, mount, nest_run_binds)
 from .ns_dropper import NamespaceDropper
 from .run_files import fetch_files, write_file
-from .run_frames import Request, send_frame
+from .run_frames import STOP, Request, send_frame
 from .run_memory import LimitNotApplied, RunMemory
 from .slot_session import open_session
+
+FORK_MSG_MAX = 60000  # a request to the fork server in one message (it reads 64 KiB at most)
 
 __all__ = ["LimitNotApplied", "RunInit", "cpu_limit_killed", "send_frame"]  # (LimitNotApplied: for its importers)
 
@@ -115,6 +117,9 @@ class RunInit(RunMemory):
                 first = b""
             if not first:
                 os._exit(0)  # the server is gone (or ended the slot): so is this namespace, and with it any run
+            first = first.lstrip(STOP)  # (a stop that came after its program had ended: nothing to stop)
+            if not first:
+                continue
             try:
                 self._run(sock, first)
             finally:
@@ -252,11 +257,16 @@ class RunInit(RunMemory):
                "env": None if env == self.slot.warm_state.env else env, "work": work,  # (None: the warm one)
                "max_processes": hdr["max_processes"], "max_file_mb": hdr["max_file_mb"],
                "max_open_files": hdr["max_open_files"]}
+        msg, fds = json.dumps(req).encode(), [in_fd, out_w, err_w, *self.run_ns]
+        if len(msg) > FORK_MSG_MAX:  # (a long command or environment: the request goes in a memfd, sent last)
+            big = os.memfd_create("request", os.MFD_CLOEXEC)
+            os.write(big, msg)
+            msg, fds = b'{"seq": %d, "in_memfd": true}' % self.seq, fds + [big]
         t0 = time.monotonic()
         try:
-            socket.send_fds(self.forker, [json.dumps(req).encode()], [in_fd, out_w, err_w, *self.run_ns])
+            socket.send_fds(self.forker, [msg], fds)
         finally:
-            for fd in (out_w, err_w, in_fd):
+            for fd in (out_w, err_w, in_fd, *fds[5 if self.isolate else 3:]):
                 os.close(fd)
         self.child = self.wstatus = self.cpu = None
         self.killing = False
@@ -291,7 +301,11 @@ class RunInit(RunMemory):
                             pass
                     elif fd == forker:
                         self._from_forker()
-                    elif fd == self.sock_fd:  # the server asked us to stop, or is gone
+                    elif fd == self.sock_fd:  # the server asked us to stop (a STOP byte, read), or is gone
+                        try:
+                            os.read(fd, 1)  # (nothing else comes before our answer)
+                        except OSError:
+                            pass
                         if self.wstatus is None:
                             status = "Killed"
                             self._kill_all()

@@ -39,6 +39,7 @@ from slime.sandbox.config import SandboxConfig
 from slime.sandbox.fork_server import ForkServer, fork_server_config, init_pidfd, recv_msg, slot_sources, wait_fd
 from slime.sandbox.languages import find_python, run_env
 from slime.sandbox.run_answer import read_answer
+from slime.sandbox.run_frames import STOP
 from slime.sandbox.uids import FIRST_UID, UidRange
 
 logger = logging.getLogger(__name__)
@@ -160,6 +161,11 @@ class SlotPool:
             await loop.sock_sendall(z.data, frame)
             del frame
             return await read_answer(loop, z.data)
+
+    async def stop_program(self, slot: int) -> None:
+        """Ask `slot`'s init to stop the program it runs (its answer then comes as usual, saying so;
+        a session keeps its slot). A stop after the program's end is dropped by the init."""
+        await asyncio.get_running_loop().sock_sendall(self._zygotes[slot].data, STOP)
 
     async def receive_fds(self, slot: int, timeout: float) -> tuple[bytes, list[int]]:
         """A message with fds from `slot`'s init on its control socket (a session's egress listener)."""

@@ -5,14 +5,13 @@ naming the field."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from slime.sandbox.config import SandboxConfig
-from slime.sandbox.run_plan import normalize_path
+from slime.sandbox.run_plan import b64decode_pieces, normalize_path
 
 
 def request_model(cfg: SandboxConfig, languages: list[str]) -> type[BaseModel]:
@@ -65,7 +64,7 @@ def check_files(files: dict[str, Any], cfg: SandboxConfig) -> None:
         paths[norm] = path
     for path, content in files.items():
         try:
-            base64.b64decode(content or "", validate=True)
+            b64decode_pieces(content or "")
         except ValueError as e:
             raise ValueError(f"the content of {path!r} is not base64 ({e})") from None
     dirs = {d for norm in paths for d in _parents(norm)}

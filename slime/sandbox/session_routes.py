@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
+from slime.sandbox.run_plan import b64decode_pieces
 from slime.sandbox.schema import KeyBudget, check_files
 from slime.sandbox.sessions import SessionError, SessionSettings, SessionSpec, SessionTable, inside_path
 
@@ -203,7 +204,9 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
 
     async def write_file(request: Request):
         body = await parse(request, WriteFile)
-        await table.write_file(request.path_params["sid"], body.path, b64decode_field(body.content, "content"))
+        data = await asyncio.to_thread(b64decode_field, body.content, "content") if len(body.content) > 65536 \
+            else b64decode_field(body.content, "content")
+        await table.write_file(request.path_params["sid"], body.path, data)
         return {"path": body.path}
 
     async def read_file(request: Request):
@@ -240,6 +243,6 @@ def _budget(cfg, spec: SessionSpec):
 
 def b64decode_field(value: str, field: str) -> bytes:
     try:
-        return base64.b64decode(value, validate=True)
+        return b64decode_pieces(value)
     except ValueError as e:
         raise SessionError(422, f"{field}: not base64 ({e})") from None

@@ -10,13 +10,14 @@ import base64
 import errno
 import os
 import stat
+import threading
 
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime.sandbox.run_files import open_beneath
+from slime.sandbox.run_files import open_beneath, write_file
 from tests.test_sandbox import ISOLATED
 
 needs_isolation = pytest.mark.skipif(not ISOLATED or os.geteuid() != 0,
@@ -133,3 +134,20 @@ def test_open_beneath_never_leaves_the_root_nor_follows_a_link(tree, parts, lead
         assert not _lexical_links(tree, clean) and not stat.S_ISLNK(os.fstat(fd).st_mode)
     finally:
         os.close(fd)
+
+
+def test_a_request_file_is_never_written_into_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "pipe")  # (as one inside a read-only bind: opening it to write needs no write to the mount)
+    failed = []
+
+    def write() -> None:
+        try:
+            write_file(str(tmp_path), "pipe", b"x", os.getuid())
+        except OSError as e:
+            failed.append(str(e))
+
+    th = threading.Thread(target=write, daemon=True)
+    th.start()
+    th.join(60)
+    assert not th.is_alive(), "the write waited for a reader of the FIFO"
+    assert failed and "'pipe'" in failed[0], failed

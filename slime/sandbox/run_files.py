@@ -91,10 +91,13 @@ def _is_link(dfd, name):
 
 
 def write_file(work, path, data, uid):
-    """`data` as `path` below `work`, written as the run's uid (which then owns it)."""
+    """`data` as `path` below `work`, written as the run's uid (which then owns it); only into a regular
+    file (``O_NONBLOCK``: a FIFO in a bind, which a read-only mount does not stop, fails at once)."""
     with RunIdentity(uid):
-        fd = open_beneath(work, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, make_dirs=True)
+        fd = open_beneath(work, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644, make_dirs=True)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "%r: not a regular file" % path)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]

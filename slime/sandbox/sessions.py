@@ -368,8 +368,9 @@ class SessionTable:
         command finds the slot free and in step; a slot that does not answer ends the session."""
         exchange = sess.exchange
         try:
-            await self.runner.stop_program(sess.slot)
-            await asyncio.wait_for(asyncio.shield(exchange), MARGIN)
+            async with asyncio.timeout(MARGIN):
+                await self.runner.stop_program(sess.slot, exchange)
+                await asyncio.shield(exchange)
         except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
             self.failed += 1
             await self._end(sess)

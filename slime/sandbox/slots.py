@@ -157,15 +157,28 @@ class SlotPool:
         if z is None or not z.alive():
             z = await self._spawn(slot)
         loop = asyncio.get_running_loop()
+        z.frame_sent = sent = asyncio.Event()
         async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
             await loop.sock_sendall(z.data, frame)
+            sent.set()
             del frame
             return await read_answer(loop, z.data)
 
-    async def stop_program(self, slot: int) -> None:
-        """Ask `slot`'s init to stop the program it runs (its answer then comes as usual, saying so;
-        a session keeps its slot). A stop after the program's end is dropped by the init."""
-        await asyncio.get_running_loop().sock_sendall(self._zygotes[slot].data, STOP)
+    async def stop_program(self, slot: int, exchange: asyncio.Future) -> None:
+        """Ask `slot`'s init to stop the program it runs for `exchange` (its answer then comes as usual,
+        saying so; a session keeps its slot): once the request is wholly sent, never inside it. A stop
+        after the program's end is dropped by the init."""
+        z = self._zygotes[slot]
+        sent = z.frame_sent
+        if sent is None:
+            return
+        waiter = asyncio.ensure_future(sent.wait())
+        try:
+            await asyncio.wait([waiter, exchange], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if sent.is_set() and not exchange.done():
+            await asyncio.get_running_loop().sock_sendall(z.data, STOP)
 
     async def receive_fds(self, slot: int, timeout: float) -> tuple[bytes, list[int]]:
         """A message with fds from `slot`'s init on its control socket (a session's egress listener)."""

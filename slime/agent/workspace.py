@@ -77,8 +77,8 @@ def _file_map(value: Any, where: str) -> dict[str, str]:
         raise WorkspaceError(f"{where} must map relative paths to file contents, got {type(value).__name__}")
     for path, text in value.items():
         p = PurePosixPath(str(path))
-        if p.is_absolute() or ".." in p.parts or not p.parts:
-            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace")
+        if p.is_absolute() or ".." in p.parts or not p.parts or "\x00" in str(path):
+            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace (without NUL)")
         if not isinstance(text, str):
             raise WorkspaceError(f"{where}[{path!r}] must be the file's text, got {type(text).__name__}")
     return dict(value)
@@ -139,7 +139,8 @@ async def upload(sb: Sandbox, workdir: str, data: bytes, *, timeout: int = 120) 
 
 
 async def download(sb: Sandbox, workdir: str, *, timeout: int = 120) -> bytes:
-    """The session's `workdir` as a gzipped tar, read in parts; its size and SHA-256 checked."""
+    """The session's `workdir` as a gzipped tar, read in parts; its size and SHA-256 checked. tar writes a file
+    (no pipeline), so its own status decides: a file it cannot read fails the copy, its message naming the file."""
     tar = shlex.quote(transfer_path(workdir))
     made = await sb.exec(f"cd {shlex.quote(workdir)} && tar czf {tar} . && stat -c %s {tar} && sha256sum {tar}",
                          timeout=timeout, check=True)

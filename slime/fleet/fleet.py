@@ -14,7 +14,7 @@ The fleet's parts, each owned by it and handed its lock, stop event and counters
 - `LostNodes` (slime.fleet.lost_nodes): what each lost Ray node took, and where its engines and the
   router went;
 - `WeightGate` (slime.fleet.awaiting_weights): a replacement with other weights than the fleet serves
-  waits, out of the router, for the trainer's next push.
+  loads the trainer's last push (kept in Ray's object store), or waits, out of the router, for the next push.
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ class Fleet:
 
     def publish(self) -> None:
         """Swap in the URLs of the engines that take requests (one assignment: readers never see half)."""
-        self.endpoints.engine_urls = [s.url for s in self.slots if s.state == "healthy" and s.url]
+        self.endpoints.engine_urls = urls = [s.url for s in self.slots if s.state == "healthy" and s.url]
+        self.endpoints.outage.published(len(urls))
 
     # ---- status ----
     def lost_node_status(self) -> list[dict[str, Any]]:

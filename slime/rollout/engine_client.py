@@ -172,7 +172,8 @@ class EngineClient:
         return await request_json("POST", url, payload, session=self.http.session(),
                                   timeout=timeout or self.request_timeout, policy=policy or self.retry_policy,
                                   stats=self.stats, headers=headers, on_retry=on_retry, answer=answer,
-                                  classify=router_fault, watch=self.endpoints.router_losses.watch)
+                                  classify=router_fault, watch=self.endpoints.router_losses.watch,
+                                  outage=self.endpoints.outage)
 
     def _renew_rid(self, payload: dict[str, Any], failure: Failure, engine: str | None) -> dict[str, Any]:
         """A retried request gets a fresh `rid`; the old one is aborted where it was, if an engine may

@@ -44,6 +44,7 @@ from slime.train.model import PolicyModel, pack
 logger = logging.getLogger(__name__)
 
 GROUP_NAME = "slime-pp_0"
+WEIGHT_KEEP_TIMEOUT_S = 900.0  # the manager loads the kept push into engines that missed this one
 WEIGHT_GROUP_TIMEOUT_S = 30.0  # every collective of a push (gloo's default is 120 s): a lost member fails it soon
 
 
@@ -55,6 +56,7 @@ class TrainWorker:
         self._group_engines: list[Any] = []
         self._groups_formed = 0  # each group gets its own name (see _connect)
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
+        self._kept: Any = None  # the last push's tensors in Ray's object store, for replacement engines
         self.global_step = 0
         threads = getattr(args, "train_threads", None) or max(
             1, (os.cpu_count() or 1) // max(1, int(getattr(args, "actor_num_workers", 1) or 1)))
@@ -265,7 +267,9 @@ class TrainWorker:
         engines, lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
         named = trainer_named_tensors(self.model)
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
-        if not engines:
+        if not engines:  # every engine is being replaced: they load this version once up
+            if mode != "disk":
+                self._keep_for_replacements(manager, weight_version, named)
             return {"engines": 0, "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}
         if not ray.get(lock.acquire.remote(600.0)):
             raise TimeoutError("update_weights: the engines' weight lock was not released within 600 s")
@@ -288,6 +292,7 @@ class TrainWorker:
                         self.weight_group.push(named, weight_version=weight_version,
                                                bucket_bytes=int(self.args.update_weight_buffer_size))
                         died = [repr(e) for e, _ in self.weight_group.died[seen:]]
+                self._keep_for_replacements(manager, weight_version, named)
             ray.get(manager.clear_updatable_num_new_engines.remote())
         finally:
             ray.get(lock.release.remote())
@@ -296,6 +301,18 @@ class TrainWorker:
                            weight_version, ", ".join(died), len(engines) - len(died))
         return {"engines": len(engines) - len(died), "engines_died": died, "bytes": nbytes,
                 "seconds": time.monotonic() - t0, "mode": mode}
+
+    def _keep_for_replacements(self, manager: Any, weight_version: str, named: list[tuple[str, Any]]) -> None:
+        """The pushed tensors, kept in Ray's object store (owned by this worker: they live while it does)
+        for an engine that replaces a lost one: it loads them at once, version checked, instead of waiting
+        for the next push, which comes only after the rollout it is needed for. One copy of the weights,
+        replaced at each push; a manager without `keep_pushed_weights` is not given any."""
+        try:
+            keep = manager.keep_pushed_weights
+        except AttributeError:
+            return
+        self._kept = ray.put(named)
+        ray.get(keep.remote(weight_version, [self._kept]), timeout=WEIGHT_KEEP_TIMEOUT_S)
 
     def _remote_engines(self, engines: list[Any]) -> list[Any]:
         """The engines as RemoteEngine, each with its exit notice and its name (asked once per engine

@@ -86,8 +86,9 @@ class HttpStats:
 
 @dataclass
 class RetryPolicy:
-    """Retry while `window` seconds (from the first attempt) have not passed, at most `max_retries`
-    times; `window=None` is a pure count. The next attempt must start inside the window."""
+    """Retry while `window` seconds (from the first attempt, or from the pool's last outage or return:
+    `request_json(outage=)`) have not passed, at most `max_retries` times; `window=None` is a pure
+    count. The next attempt must start inside the window."""
 
     max_retries: int = 8
     window: float | None = None
@@ -192,6 +193,7 @@ async def request_json(
     answer: Callable[[bytes], Any] | None = None,
     classify: Callable[[int, str], str | None] | None = None,
     watch: Callable[[str], Any] | None = None,
+    outage: Any = None,
 ) -> Any:
     """Send one JSON request; return the decoded body (or text when it is not JSON), or what
     `answer(body_bytes)` makes of a 2xx body (it raises `AnswerError` for an unusable one).
@@ -205,17 +207,20 @@ async def request_json(
     abandoned one, which `failure.may_still_run` says). `url` may be a function, asked again before
     every attempt (a router restarted elsewhere is at a new address). `watch(url)`: an async context
     around each attempt that raises RouterLost when that address is known gone (slime.utils.router_loss):
-    the attempt fails at once (`router_lost`) instead of at its deadline, and is retried.
+    the attempt fails at once (`router_lost`) instead of at its deadline, and is retried. `outage`
+    (slime.utils.endpoints.EngineOutage: `since`, `empty`): the retry window counts from the later of the
+    first attempt and the moment the pool of engines last emptied or came back, and a failure while it is
+    empty does not count against `policy.max_retries`.
     """
     if session is None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
             return await request_json(method, url, payload, timeout=timeout, policy=policy, stats=stats,
                                       session=own, headers=headers, on_retry=on_retry, answer=answer,
-                                      classify=classify, watch=watch)
+                                      classify=classify, watch=watch, outage=outage)
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     where = url if callable(url) else (lambda fixed=url: fixed)
-    attempt = 0
+    attempt = counted = 0  # attempts made; those that count against max_retries (not while no engine exists)
     started = time.monotonic()
     first: Failure | None = None
     while True:
@@ -253,13 +258,16 @@ async def request_json(
             failure = Failure("timeout", f"no answer within {timeout:.1f}s", True)
         first = first or failure
         delay = policy.delay(attempt, retry_after)
-        elapsed = time.monotonic() - started
-        if policy.gives_up(attempt, elapsed, delay):
-            raise _spent(method, url, attempt, elapsed, first, failure, status if (status or 0) >= 400 else None,
-                         stats)
+        now = time.monotonic()
+        window_from = started if outage is None or outage.since is None else max(started, outage.since)
+        if policy.gives_up(counted, now - window_from, delay):
+            raise _spent(method, url, attempt, now - started, first, failure,
+                         status if (status or 0) >= 400 else None, stats)
         stats.retries[failure.reason] += 1
         await asyncio.sleep(delay)
         attempt += 1
+        if outage is None or not outage.empty:
+            counted += 1
         if on_retry is not None:
             payload = on_retry(payload, failure)
 

@@ -32,6 +32,9 @@ from slime.cli.validate import validate_args  # noqa: F401
 logger = logging.getLogger(__name__)
 
 OUR_SGLANG_FLAGS = {"sglang_router_ip", "sglang_router_port", "sglang_server_concurrency"}
+# SGLang's defaults of the server options slime's own rollout reads from args (slime defines every SGLang
+# server option as --sglang-<name>; here they pass through, so one not given would be missing)
+SGLANG_DEFAULTS_PLUGINS_READ = {"dp_size": 1}
 
 
 def _coerce(value: Any) -> Any:
@@ -84,6 +87,9 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -
     args.sglang_extra_args = _sglang_passthrough(unknown, parser)
     for name, value in args.sglang_extra_args.items():
         setattr(args, f"sglang_{name}", _coerce(value))  # where slime plugins look for sglang settings
+    for name, value in SGLANG_DEFAULTS_PLUGINS_READ.items():
+        if not hasattr(args, f"sglang_{name}"):
+            setattr(args, f"sglang_{name}", value)
     line = unused_flags_line(parser, args)  # what the user set, before finalize derives anything
     apply_aliases(args, parser.aliases)
     finalize_args(args)

@@ -61,6 +61,22 @@ def _announce_resume(args: Any, resolved: dict[str, Any]) -> None:
     print(message + left, flush=True)
 
 
+@contextlib.contextmanager
+def plugin_import_path(restore: bool) -> Any:
+    """`sys.path` as the Ray workers will have it while the plugins are checked: a plugin a worker
+    cannot import fails here, naming its flag, before Ray starts. With `restore` (a command called
+    in-process, as tests do) `sys.path` is as it was afterwards."""
+    from slime.ray.worker_path import apply_to_sys_path
+
+    saved = list(sys.path)
+    apply_to_sys_path()
+    try:
+        yield
+    finally:
+        if restore:
+            sys.path[:] = saved
+
+
 def _save_dir_lock(args: Any) -> Any:
     """The `--save` directory's lock, held while the command runs (a second run is refused)."""
     return SaveDirLock(args.save) if getattr(args, "save", None) else contextlib.nullcontext()
@@ -87,7 +103,10 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
         return 2
     stop_on_sigterm()
     try:
-        _announce_resume(args, preflight(args))
+        # the path the workers import plugins from (slime.ray.worker_path); a real command keeps it
+        with plugin_import_path(restore=argv is not None):
+            resolved = preflight(args)
+        _announce_resume(args, resolved)
         mark(f"{prog}: inputs checked")
         with _save_dir_lock(args):
             body(args)

@@ -28,7 +28,8 @@ from slime.utils.misc import load_function
 PLUGIN_FLAGS = ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
                 "dynamic_sampling_filter_path", "data_source_path", "buffer_filter_path",
                 "rollout_sample_filter_path", "rollout_all_samples_process_path",
-                "custom_rollout_log_function_path", "custom_eval_rollout_log_function_path")
+                "custom_rollout_log_function_path", "custom_eval_rollout_log_function_path",
+                "custom_loss_function_path", "custom_pg_loss_reducer_function_path", "rollout_data_postprocess_path")
 STATE_KEYS = ("epoch_id", "offset", "group_counter", "sample_counter", "buffer")
 
 

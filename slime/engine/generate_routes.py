@@ -63,6 +63,13 @@ class GenerateRoutes:
         return submitted
 
     async def _answer(self, request: Request, submitted: list[Submitted], batch: bool) -> Response:
+        results = await self.results(request, submitted)
+        if isinstance(results, Response):
+            return results
+        return JSONResponse(results if batch else results[0])
+
+    async def results(self, request: Request, submitted: list[Submitted]) -> list[dict] | Response:
+        """The answers of `submitted` (SGLang's `/generate` dicts), or the error response to send."""
         work = asyncio.gather(*(fut for _, fut, _ in submitted))
         gone = asyncio.ensure_future(client_gone(request))
         try:
@@ -82,7 +89,7 @@ class GenerateRoutes:
             raise
         except Exception as exc:  # the engine failed this request (logged by the decode thread)
             return error_response(500, f"generation failed: {exc}")
-        return JSONResponse(results if batch else results[0])
+        return results
 
     async def _sse(self, rid: str, fut: asyncio.Future, chunks: asyncio.Queue):
         try:

@@ -1,5 +1,6 @@
 """Ray and the rollout manager, started and stopped the same way by every command (`slime-rollout`,
-`slime-train`): join `--ray-address` or start a private local Ray whose workers see this checkout,
+`slime-train`): join `--ray-address` or start a private local Ray whose workers import the user's code first and
+this checkout last (`worker_path`),
 create the `RolloutManager` actor, and stop it (then Ray, if we started it) whatever happened.
 With a private Ray and embedded engines, the session also runs the node's engine fork server (warm
 engine starts); it is stopped with the session.
@@ -174,9 +175,10 @@ def _import_in_thread(name: str | None, *, wait: bool = False) -> Future | None:
 def _start_ray(args: Any, session: RaySession) -> None:
     import ray
 
-    root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
+    from slime.ray.worker_path import worker_pythonpath
+
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = worker_pythonpath()  # the user's code first, our checkout last (worker_path)
     if args.ray_address:
         with keep_sigterm_handler():  # a SIGTERM during the start is held, then takes the orderly stop
             ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)

@@ -70,6 +70,7 @@ class DataSource:
         self.group_counter = 0
         self.sample_counter = 0
         self.buffer: list[list[Sample]] = []
+        self.metadata: dict[str, Any] = {}  # slime's: what plugins keep with the data (update_metadata)
         path = getattr(args, "buffer_filter_path", None)
         # --buffer-filter-path: slime's `fn(args, rollout_id, buffer, num_groups) -> groups` (it removes them)
         self.buffer_filter = load_function(path, "--buffer-filter-path") if path else pop_first
@@ -131,13 +132,21 @@ class DataSource:
     def get_buffer_length(self) -> int:
         return len(self.buffer)
 
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """slime's: merge into the data source's metadata (saved with its state)."""
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        return self.metadata
+
     # --- state ---
     def state_dict(self, held: list[list[Sample]] | None = None) -> dict[str, Any]:
         """The whole state; `held` are groups handed out and not yet trained (a background worker's),
         saved behind the buffer so a resumed run serves them again."""
         return {"epoch_id": self.epoch_id, "offset": self.offset, "group_counter": self.group_counter,
                 "sample_counter": self.sample_counter, "num_prompts": len(self.prompts),
-                "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]]}
+                "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]],
+                **({"metadata": dict(self.metadata)} if self.metadata else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_prompts") != len(self.prompts):
@@ -146,6 +155,7 @@ class DataSource:
         self.epoch_id, self.offset = state["epoch_id"], state["offset"]
         self.group_counter, self.sample_counter = state["group_counter"], state["sample_counter"]
         self.buffer = [[Sample.from_dict(d) for d in g] for g in state["buffer"]]
+        self.metadata = dict(state.get("metadata") or {})
         self._order = self._epoch_order()
 
     def save(self, directory: str | Path, rollout_id: int, held: list[list[Sample]] | None = None) -> Path:

@@ -36,8 +36,8 @@ from slime.engine.weight_updates import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
-    advantages_for, apply_opd_kl_to_advantages, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer,
-    tis_function,
+    LossHooks, advantages_for, apply_opd_kl_to_advantages, approx_kl, call_custom_loss, check_loss_args,
+    needs_reference, policy_loss, sample_reducer, tis_function,
 )
 from slime.train.model import PolicyModel, pack
 
@@ -52,6 +52,7 @@ class TrainWorker:
     def __init__(self, args: Any, world_size: int, rank: int):
         self.args, self.world_size, self.rank = args, world_size, rank
         self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = self.tis = None
+        self.hooks = LossHooks()
         self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
         self._group_engines: list[Any] = []
         self._groups_formed = 0  # each group gets its own name (see _connect)
@@ -78,6 +79,7 @@ class TrainWorker:
         args = self.args
         check_loss_args(args)
         self.tis = tis_function(args)  # --custom-tis-function-path, resolved once rather than per micro-batch
+        self.hooks = LossHooks.of(args)  # slime's custom loss, pg_loss reducer and rollout-data post-process
         torch.manual_seed(int(getattr(args, "seed", 1234) or 0))
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
@@ -177,6 +179,8 @@ class TrainWorker:
             reverse_kl = apply_opd_kl_to_advantages(args, advantages, student, data.get("teacher_log_probs"))
         if getattr(args, "normalize_advantages", False):
             advantages = self._whiten(advantages, masks)
+        if self.hooks.rollout_data_postprocess is not None:  # slime: after advantages, before training
+            masks, advantages = self._postprocess(rollout_id, data, masks, advantages, old_lp, ref_lp)
 
         # the schedule's steps
         steps_out: list[dict[str, float]] = []
@@ -190,8 +194,17 @@ class TrainWorker:
                 mb, batch = mb_indices[j], packed[j]
                 sync = contextlib.nullcontext() if k == n_mb - 1 else self.ddp.no_sync()
                 with sync:
-                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets)
                     reduce = sample_reducer([lengths[i] for i in mb], [masks[i] for i in mb], denoms[mb])
+                    if self.hooks.custom_loss is not None:
+                        *_, logits = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols,
+                                              batch.targets, with_entropy=False, with_logits=True)
+                        mb_batch = self._custom_loss_batch(mb, data, masks, advantages, old_lp, ref_lp, totals)
+                        out = call_custom_loss(args, self.hooks, mb_batch, logits, reduce)
+                        (out.loss * (self.world_size / n_rollouts)).backward()
+                        for key, value in out.metrics.items():
+                            sums[key] = sums[key] + value
+                        continue
+                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets)
                     out = policy_loss(
                         args, log_probs=lp, entropy=ent,
                         old_log_probs=(torch.cat([rollout_lp[i] for i in mb])
@@ -201,7 +214,8 @@ class TrainWorker:
                         rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
                         ref_log_probs=torch.cat([ref_lp[i] for i in mb]) if ref_lp is not None else None,
                         response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce,
-                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb], tis=self.tis)
+                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb], tis=self.tis,
+                        pg_loss_reducer=self.hooks.pg_loss_reducer)
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value
@@ -237,6 +251,38 @@ class TrainWorker:
         return {"rollout_id": rollout_id, "steps": steps_out, "rollout": rollout_metrics,
                 "raw_reward": sum(raw) / len(raw) if raw else None, "seconds": time.monotonic() - t0,
                 "weight_versions": sorted({v for vs in data.get("weight_versions", []) for v in vs})}
+
+    def _postprocess(self, rollout_id: int, data: dict[str, Any], masks: list[torch.Tensor],
+                     advantages: list[torch.Tensor], old_lp: list[torch.Tensor], ref_lp: list[torch.Tensor] | None
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`--rollout-data-postprocess-path` on this rank's rollout data (slime's keys); the loss masks
+        and advantages it leaves are the ones trained on."""
+        rollout_data = {**data, "loss_masks": list(masks), "advantages": list(advantages), "returns": list(advantages),
+                        "log_probs": list(old_lp), "ref_log_probs": list(ref_lp) if ref_lp is not None else None,
+                        "total_lengths": [len(t) for t in data["tokens"]]}
+        self.hooks.rollout_data_postprocess(self.args, rollout_id, rollout_data)
+        masks = [torch.as_tensor(m, dtype=torch.float32) for m in rollout_data["loss_masks"]]
+        advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
+        for i, (m, a, n) in enumerate(zip(masks, advantages, data["response_lengths"])):
+            if m.numel() != n or a.numel() != n:
+                raise ValueError(f"--rollout-data-postprocess-path {self.args.rollout_data_postprocess_path}: "
+                                 f"sample {i} has {n} response tokens, but {m.numel()} loss-mask values and "
+                                 f"{a.numel()} advantages after the post-process")
+        return masks, advantages
+
+    @staticmethod
+    def _custom_loss_batch(mb: list[int], data: dict[str, Any], masks: list[torch.Tensor],
+                           advantages: list[torch.Tensor], old_lp: list[torch.Tensor],
+                           ref_lp: list[torch.Tensor] | None, totals: list[int]) -> dict[str, Any]:
+        """One micro-batch as slime's loss functions receive it: per-sample lists under slime's keys."""
+        rollout_lp = data.get("rollout_log_probs")
+        tokens = [data["tokens"][i] for i in mb]
+        return {"tokens": tokens, "unconcat_tokens": tokens, "total_lengths": [totals[i] for i in mb],
+                "response_lengths": [int(data["response_lengths"][i]) for i in mb],
+                "loss_masks": [masks[i] for i in mb], "advantages": [advantages[i] for i in mb],
+                "log_probs": [old_lp[i] for i in mb], "rewards": [data["rewards"][i] for i in mb],
+                "rollout_log_probs": [rollout_lp[i] for i in mb] if rollout_lp is not None else None,
+                "ref_log_probs": [ref_lp[i] for i in mb] if ref_lp is not None else None}
 
     def _whiten(self, advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
         """Masked whitening over every rank's tokens (slime's --normalize-advantages)."""

@@ -76,12 +76,18 @@ def finish(stack, sid: str) -> list[Sample]:
     return asyncio.run(stack.gateway.finish_session(sid, base_sample=Sample(index=0, prompt="p"), reward=1.0))
 
 
+def key_of(stack, sid: str) -> str:
+    """The session's key, opening the session on first use (the gateway refuses a session never opened)."""
+    return stack.gateway.session_key(sid) if sid in stack.gateway.sessions else stack.gateway.open_session(sid)
+
+
 def openai_client(stack, sid: str) -> openai.OpenAI:
+    key_of(stack, sid)
     return openai.OpenAI(base_url=stack.gateway.base_url(sid), api_key="unused", max_retries=0)
 
 
-def anthropic_client(stack, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=stack.gateway.url, api_key=key, max_retries=0)
+def anthropic_client(stack, sid: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=stack.gateway.url, api_key=key_of(stack, sid), max_retries=0)
 
 
 # ---------------------------------------------------------------- n

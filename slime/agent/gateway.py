@@ -66,7 +66,8 @@ class Gateway:
         self.client = client
         self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer
         self.engine = EngineTurns(client)
-        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens)
+        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens,
+                                         absorb_sampled=False)
         self.sessions = SessionTable(max_turns=self.config.max_turns,
                                      max_context_tokens=self.config.max_context_tokens)
         self.pipeline = TurnPipeline(tokenizer=self.tokenizer, renderer=renderer or DeltaRender(self.tokenizer),

@@ -3,7 +3,7 @@
 `run` takes a translated `ChatRequest`: session (open, turn budget) -> prompt ids (`PromptRenderer`)
 -> context check -> engine (`Generate`) -> decode and parse the sampled ids -> `Turn`. The HTTP
 layer sends the reply and then calls `commit`, which records the turn in the `TrajectoryManager`
-and remembers the prompt prefix; a turn whose client went away before the answer is never
+and remembers the answer it sent; a turn whose client went away before the answer is never
 committed, so no sample trains on an answer nobody acted on. Pure of HTTP.
 """
 

@@ -13,19 +13,17 @@ import dataclasses
 from typing import Any
 
 from slime.agent.tree import same_message
+from slime.utils.encoded_ids import EncodedIds
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptPrefix:
-    """One answer we sent: the tools of its request, the prompt ids and exactly the sampled ids."""
+    """One answer we sent: the tools of its request, and its ids -- the prompt, then exactly the
+    sampled ids -- with their JSON text, so the next prompt encodes only its delta."""
 
     tools: list[dict[str, Any]] | None
-    prompt_ids: list[int]
+    ids: EncodedIds
     output_ids: list[int]
-
-    @property
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
 
 
 class _Node:
@@ -59,7 +57,8 @@ class Conversations:
                 nxt = _Node(m)
                 node.children.append(nxt)
             node = nxt
-        node.answers.append(PromptPrefix(tools, list(prompt_ids), list(output_ids)))
+        prompt = prompt_ids if isinstance(prompt_ids, EncodedIds) else EncodedIds(prompt_ids)
+        node.answers.append(PromptPrefix(tools, prompt.extended(output_ids), list(output_ids)))
         self.sent += 1
 
     def continued(self, messages: list[dict[str, Any]],

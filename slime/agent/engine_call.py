@@ -47,5 +47,5 @@ class EngineTurns:
 
     async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None) -> TurnRecord:
         out = await self.client.generate(prompt_ids, params, routing_key=routing_key)
-        return TurnRecord(prompt_ids=list(prompt_ids), output_ids=out.token_ids, finish_reason=out.finish_type,
+        return TurnRecord(prompt_ids=prompt_ids, output_ids=out.token_ids, finish_reason=out.finish_type,
                           output_log_probs=out.log_probs, weight_version=out.weight_version)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from slime.utils.encoded_ids import EncodedIds
+
 # endpoint function -> (HTTP method, path) on the SGLang server
 ENDPOINTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "generate": ("POST", "/generate"),
@@ -44,7 +46,8 @@ def _with_optional(body: dict[str, Any], **optional: Any) -> dict[str, Any]:
 def generate(input_ids: Iterable[int], sampling_params: Mapping[str, Any], *, rid: str,
              return_logprob: bool = True) -> dict[str, Any]:
     """Token-in/token-out `/generate`: ids in, sampled ids with log-probs out (never text)."""
-    return {"input_ids": [int(t) for t in input_ids], "sampling_params": dict(sampling_params),
+    ids = input_ids if isinstance(input_ids, EncodedIds) else [int(t) for t in input_ids]  # (already ints)
+    return {"input_ids": ids, "sampling_params": dict(sampling_params),
             "return_logprob": bool(return_logprob), "rid": rid}
 
 

@@ -80,12 +80,11 @@ def post(gw: Gateway, api: str, content: bytes, sid: str = SID) -> httpx.Respons
 
 
 def snapshot(gw: Gateway, api: str) -> tuple:
-    """What a refused request must not change: the session's turns and prefix, the trajectory's
+    """What a refused request must not change: the session's turns and answers sent, the trajectory's
     recorded turns, the engine calls made."""
     sid = f"{SID}-{api}"
     session = gw.sessions._sessions.get(sid)
-    prefix = session.prefix if session else None
-    return (session.turns if session else 0, prefix and (list(prefix.ids), list(prefix.output_ids)),
+    return (session.turns if session else 0, len(session.conversations) if session else 0,
             gw.manager.turn_count(sid), len(gw.scripted_engine.requests))
 
 

@@ -63,6 +63,6 @@ class EngineTurns:
         out = await self.client.generate(prompt_ids, params, routing_key=routing_key,
                                          **({"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}))
         matched = out.matched if out.finish_type == "stop" and isinstance(out.matched, str) else None  # not an id
-        return TurnRecord(prompt_ids=list(prompt_ids), output_ids=out.token_ids, finish_reason=out.finish_type,
+        return TurnRecord(prompt_ids=prompt_ids, output_ids=out.token_ids, finish_reason=out.finish_type,
                           output_log_probs=out.log_probs, weight_version=out.weight_version, stop_matched=matched,
                           top_log_probs=out.top_log_probs)

@@ -13,6 +13,7 @@ of its own, so rollout code on any loop can open and finish sessions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -26,10 +27,10 @@ from urllib.parse import quote
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.agent.engine_call import EngineTurns, sampling_params
-from slime.agent.errors import BadRequestError, GatewayError, TurnRefused, UnknownRouteError
+from slime.agent.errors import BadRequestError, GatewayError, SessionClosedError, TurnRefused, UnknownRouteError
 from slime.agent.pipeline import Turn, TurnPipeline
 from slime.agent.protocols import anthropic, openai_chat, openai_responses
 from slime.agent.protocols.common import bearer, header_session
@@ -38,6 +39,7 @@ from slime.agent.rendering import DeltaRender, PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
+from slime.utils.client_gone import client_gone
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -73,7 +75,8 @@ class Gateway:
         self.client = client
         self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer
         self.engine = EngineTurns(client)
-        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens)
+        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens,
+                                         absorb_sampled=False)
         self.sessions = SessionTable(max_turns=self.config.max_turns,
                                      max_context_tokens=self.config.max_context_tokens)
         self.pipeline = TurnPipeline(tokenizer=self.tokenizer, renderer=renderer or DeltaRender(self.tokenizer),
@@ -114,7 +117,9 @@ class Gateway:
             try:
                 session = self.sessions.by_key(request_key(request))
                 req = protocol.parse_request(await _json_body(request), request.headers, session.sid)
-                turn = await self.pipeline.run(req)
+                turn = await self._answer_unless_gone(req, request)
+                if turn is None:  # nobody is left to read an answer
+                    return Response(status_code=499)
             except TurnRefused as e:
                 return JSONResponse(protocol.render_error(e), status_code=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
@@ -128,6 +133,26 @@ class Gateway:
 
         return endpoint
 
+    async def _answer_unless_gone(self, req: ChatRequest, request: Request) -> Turn | None:
+        """The answered turn, or None when the client disconnects first: the turn is cancelled, so its
+        engine request is aborted on the engine that has it (`EngineTurns`), and nothing is recorded
+        or counted. A turn cancelled because its session was finished is refused in the API's format."""
+        turn = asyncio.ensure_future(self.pipeline.run(req))
+        gone = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait({turn, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not turn.done():
+                turn.cancel()
+                await asyncio.gather(turn, return_exceptions=True)
+        if turn.cancelled():
+            if gone.done() and not gone.cancelled():
+                return None
+            raise SessionClosedError(f"session {req.session_id!r} was finished while this turn was in flight; "
+                                     "its sample is already built")
+        return turn.result()
+
     async def _send(self, turn: Turn, chunks: Iterable[str]) -> AsyncIterator[bytes]:
         """The answer, then the commit: the response ends (its last chunk) only after the turn is
         recorded, and a client gone before the end leaves the turn unrecorded."""
@@ -140,7 +165,7 @@ class Gateway:
             if sent:
                 self.pipeline.commit(turn)
             else:
-                self.pipeline.abandon(turn)
+                self.pipeline.withdraw(turn)
 
     async def _count_tokens(self, request: Request):
         """The ids the same body would send as the session's next turn: rendered against the session's

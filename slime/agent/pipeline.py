@@ -3,8 +3,9 @@
 `run` takes a translated `ChatRequest`: session (open, turn budget) -> prompt ids (`PromptRenderer`)
 -> context check -> engine (`Generate`) -> decode and parse the sampled ids -> `Turn`. The HTTP
 layer sends the reply and then calls `commit`, which records the turn in the `TrajectoryManager`
-and remembers the prompt prefix; a turn whose client went away before the answer is never
-committed, so no sample trains on an answer nobody acted on. Pure of HTTP.
+and remembers the answer sent; a turn whose client went away before the answer is never
+committed (nor counted against the turn budget), so no sample trains on an answer nobody acted
+on, and neither does one the engines aborted half-way (a 503 the client retries). Pure of HTTP.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ class TurnPipeline:
             record = await self.generate(prompt_ids, session, request)
         except HttpError as e:
             raise _engine_refusal(e, len(prompt_ids), request.session_id) from e
-        if record.finish_reason == "abort" and not record.output_ids:
-            raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn "
-                                     "(weight update); send it again")
+        if record.finish_reason == "abort":  # a partial answer is not a turn the model finished: never trained
+            raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn after "
+                                     f"{len(record.output_ids)} tokens (weight update); send it again")
         return record
 
     def prompt_ids(self, session: Session, request: ChatRequest) -> list[int]:
@@ -163,7 +164,14 @@ class TurnPipeline:
 
     @staticmethod
     def abandon(turn: Turn) -> None:
-        """The answer never reached the client (or is recorded now): release the session's wait."""
+        """The answer is recorded now: release the session's wait."""
+        _release(turn.session, turn.pending)
+
+    @staticmethod
+    def withdraw(turn: Turn) -> None:
+        """The answer never reached the client: not recorded, not a turn taken (`--agent-max-turns`)."""
+        if not turn.pending.done():
+            turn.session.turns -= 1
         _release(turn.session, turn.pending)
 
     async def finish(self, sid: str, *, base_sample: Sample, reward: float = 0.0,

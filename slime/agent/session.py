@@ -5,8 +5,8 @@ A session is reached only with its key, the credential its agent was given when 
 nothing opens a session implicitly, so a request can only add turns to a session opened for it.
 
 A session holds its sampling defaults, context budget, turn count, the turns in flight and the
-prefix its next prompt is expected to extend (so that prompt costs one template delta, not a
-re-render). Closing refuses new turns and waits for the ones in flight, on whichever event loop
+answers it sent, keyed by conversation (`Conversations`: a prompt that continues one costs one
+template delta, not a re-render). Closing refuses new turns and waits for the ones in flight, on whichever event loop
 serves them (the compatibility adapters serve from their own thread).
 """
 
@@ -16,17 +16,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from slime.agent.conversations import Conversations
 from slime.agent.errors import SessionClosedError, SessionKeyError, TurnCapError, UnknownSessionError
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptPrefix:
-    """Messages (prompt and the recorded answer), tools, and the ids they stand for."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    ids: list[int]
-    output_ids: list[int]
 
 
 @dataclasses.dataclass
@@ -37,7 +28,7 @@ class Session:
     max_turns: int | None = None
     turns: int = 0
     closed: bool = False
-    prefix: PromptPrefix | None = None
+    conversations: Conversations = dataclasses.field(default_factory=Conversations)
     # engine calls (tasks) and answers sent but not yet recorded (futures), all on `loop`
     in_flight: set[asyncio.Future] = dataclasses.field(default_factory=set)
     loop: asyncio.AbstractEventLoop | None = None

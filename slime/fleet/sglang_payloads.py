@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from slime.utils.encoded_ids import EncodedIds
+
 # endpoint function -> (HTTP method, path) on the SGLang server
 ENDPOINTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "generate": ("POST", "/generate"),
@@ -45,7 +47,8 @@ def generate(input_ids: Iterable[int], sampling_params: Mapping[str, Any], *, ri
              return_logprob: bool = True, top_logprobs_num: int = 0) -> dict[str, Any]:
     """Token-in/token-out `/generate`: ids in, sampled ids with log-probs out (never text);
     `top_logprobs_num` > 0 also asks for the k most likely tokens at each position."""
-    body = {"input_ids": [int(t) for t in input_ids], "sampling_params": dict(sampling_params),
+    ids = input_ids if isinstance(input_ids, EncodedIds) else [int(t) for t in input_ids]  # (already ints)
+    body = {"input_ids": ids, "sampling_params": dict(sampling_params),
             "return_logprob": bool(return_logprob), "rid": rid}
     if top_logprobs_num:
         body["top_logprobs_num"] = int(top_logprobs_num)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import aiohttp
 
+from slime.utils.encoded_ids import EncodedIds, dumps
 from slime.utils.per_loop import PerLoop
 from slime.utils.router_loss import RouterLost
 
@@ -179,6 +180,13 @@ def _retry_after(headers: Any) -> float | None:
         return None
 
 
+def _body(payload: Any, headers: dict[str, str] | None) -> dict[str, Any]:
+    """aiohttp's `json=`, except a body whose `input_ids` carry their JSON text is written from it."""
+    if isinstance(payload, dict) and isinstance(payload.get("input_ids"), EncodedIds):
+        return {"data": dumps(payload).encode(), "headers": {"Content-Type": "application/json", **(headers or {})}}
+    return {"json": payload, "headers": headers}
+
+
 async def request_json(
     method: str,
     url: str | Callable[[], str],
@@ -229,7 +237,7 @@ async def request_json(
         url = where()
         try:
             async with watch(url) if watch is not None else contextlib.nullcontext(), \
-                    session.request(method, url, json=payload, headers=headers,
+                    session.request(method, url, **_body(payload, headers),
                                     timeout=_attempt_timeout(timeout)) as resp:
                 status = resp.status
                 if status < 400:

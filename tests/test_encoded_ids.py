@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,3 +37,15 @@ def test_extending_a_prompt_encodes_only_the_new_ids(monkeypatch):
         prompt = prompt.extended([1, 2, 3], [4, 5])
     assert encoded_lengths == [10_000] + [3, 2] * 5
     assert json.loads(dumps({"input_ids": prompt})) == {"input_ids": list(range(10_000)) + [1, 2, 3, 4, 5] * 5}
+
+
+def test_encoded_ids_refuse_a_change_in_place_that_would_leave_their_text_stale():
+    ids = EncodedIds([1, 2, 3])
+    for change in (lambda: ids.append(4), lambda: ids.extend([4]), lambda: ids.__setitem__(0, 9),
+                   lambda: ids.__delitem__(0), lambda: ids.pop(), lambda: ids.__iadd__([4]), lambda: ids.sort()):
+        with pytest.raises(TypeError, match="cannot change in place"):
+            change()
+    assert list(ids) == [1, 2, 3] and json.loads(f"[{ids.text}]") == [1, 2, 3]
+    longer = ids.extended([4, 5])
+    assert list(longer) == [1, 2, 3, 4, 5] and json.loads(f"[{longer.text}]") == [1, 2, 3, 4, 5]
+    assert ids + [4] == [1, 2, 3, 4]  # a new plain list: nothing stale

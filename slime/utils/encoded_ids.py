@@ -18,14 +18,23 @@ def ids_text(ids: list[int]) -> str:
     return json.dumps(ids)[1:-1]
 
 
+def _frozen(self: EncodedIds, *args: Any, **kwargs: Any) -> None:
+    raise TypeError("EncodedIds cannot change in place: its JSON text would no longer be its ids (the engine "
+                    "would get other tokens than the sample records); build another with .extended() or list()")
+
+
 class EncodedIds(list):
-    """Plain ints (already checked by whoever built them) and `text`, their JSON array items."""
+    """Plain ints (already checked by whoever built them) and `text`, their JSON array items. Read-only: a change
+    in place would leave `text`, which is what reaches the engine, saying other ids than the list holds."""
 
     __slots__ = ("text",)
 
     def __init__(self, ids: list[int], text: str | None = None) -> None:
-        super().__init__(ids)
+        list.__init__(self, ids)
         self.text = ids_text(self) if text is None else text
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _frozen
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _frozen
 
     def extended(self, *parts: list[int]) -> EncodedIds:
         """These ids followed by `parts`, encoding only the parts."""
@@ -34,7 +43,7 @@ class EncodedIds(list):
         texts = [self.text] if self.text else []
         for p in parts:
             if p:
-                out += p
+                list.extend(out, p)
                 texts.append(ids_text(p))
         out.text = ", ".join(texts)
         return out

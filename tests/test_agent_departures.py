@@ -75,6 +75,16 @@ def gateway(request, tok, tiny_model_dir):
             gw.stop()
 
 
+def key_of(gw: Gateway, sid: str) -> str:
+    """The session's key, opening the session on first use (the gateway refuses a session never opened)."""
+    return gw.session_key(sid) if sid in gw.sessions else gw.open_session(sid)
+
+
+def url_of(gw: Gateway, sid: str) -> str:
+    key_of(gw, sid)
+    return gw.base_url(sid)
+
+
 def finish(gw: Gateway, sid: str, wait_timeout: float = 30.0) -> list[Sample]:
     return asyncio.run(gw.finish_session(sid, base_sample=Sample(index=0, prompt=""), wait_timeout=wait_timeout))
 
@@ -87,14 +97,14 @@ def test_an_engine_abort_mid_answer_is_a_503_the_sdks_retry_and_the_partial_answ
     engine = gateway.engine_script
     engine.abort_after = 3
     msgs = [{"role": "user", "content": "hi"}]
-    with openai.OpenAI(base_url=gateway.base_url("abort-oa"), api_key="x", max_retries=2) as client:
+    with openai.OpenAI(base_url=url_of(gateway, "abort-oa"), api_key="x", max_retries=2) as client:
         r = client.chat.completions.create(model="m", messages=msgs)
     assert r.choices[0].message.content == "Answer 1." and r.choices[0].finish_reason == "stop"
     [sample] = finish(gateway, "abort-oa")
     assert trained([sample]) == [engine.answers[1][1]]  # the retried answer; the 3 aborted tokens nowhere
 
     engine.abort_after = 2
-    with anthropic.Anthropic(base_url=gateway.url, api_key="abort-an", max_retries=2) as client:
+    with anthropic.Anthropic(base_url=gateway.url, api_key=key_of(gateway, "abort-an"), max_retries=2) as client:
         with client.messages.stream(model="m", max_tokens=64, messages=msgs) as stream:
             final = stream.get_final_message()
     assert final.content[0].text == "Answer 3." and final.stop_reason == "end_turn"
@@ -104,7 +114,7 @@ def test_an_engine_abort_mid_answer_is_a_503_the_sdks_retry_and_the_partial_answ
 
 def test_an_engine_abort_without_retries_is_a_503_in_each_apis_format(gateway):
     gateway.engine_script.abort_after = 1
-    with openai.OpenAI(base_url=gateway.base_url("abort-503"), api_key="x", max_retries=0) as client:
+    with openai.OpenAI(base_url=url_of(gateway, "abort-503"), api_key="x", max_retries=0) as client:
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert e.value.status_code == 503 and e.value.body["type"] == "overloaded_error"
@@ -114,7 +124,7 @@ def test_an_engine_abort_without_retries_is_a_503_in_each_apis_format(gateway):
 def post_then_leave(gw: Gateway, sid: str, body: dict) -> None:
     """Send a chat request on a raw connection and close it once the engine has the request."""
     data = json.dumps(body).encode()
-    head = (f"POST /s/{sid}/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head = (f"POST {gw.session_path(sid)}/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
         s.sendall(head + data)
@@ -147,13 +157,14 @@ def test_a_client_that_leaves_aborts_its_engine_request_and_its_turn_is_not_reco
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_session_finished_under_a_turn_answers_it_in_its_apis_error_format(gateway, api):
     engine, sid = gateway.engine_script, f"finished-{api}"
+    key = key_of(gateway, sid)
     engine.hold = True
 
     def ask():
         if api == "openai":
             with openai.OpenAI(base_url=gateway.base_url(sid), api_key="x", max_retries=0) as client:
                 return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        with anthropic.Anthropic(base_url=gateway.url, api_key=sid, max_retries=0) as client:
+        with anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0) as client:
             return client.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
 
     with ThreadPoolExecutor(1) as pool:

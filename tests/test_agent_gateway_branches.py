@@ -38,6 +38,13 @@ def stack(tmp_path_factory):
     s.stop()
 
 
+def url_of(stack, sid: str) -> str:
+    """The session's base URL (its key in the path), opening the session on first use."""
+    if sid not in stack.gateway.sessions:
+        stack.gateway.open_session(sid)
+    return stack.gateway.base_url(sid)
+
+
 def finish(stack, sid: str) -> list[Sample]:
     return asyncio.run(stack.gateway.finish_session(sid, base_sample=Sample(index=0, prompt="p"), reward=1.0))
 
@@ -55,7 +62,7 @@ def trained_spans(samples: list[Sample]) -> list[list[float]]:
 def test_a_sub_agent_interleaved_with_the_main_agent_trains_each_answer_once(stack):
     main = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "case=main-1 3+4?"}]
     sub = [{"role": "system", "content": "You search."}, {"role": "user", "content": "case=sub-1 find add"}]
-    with openai.OpenAI(base_url=stack.gateway.base_url("branch-1"), api_key="x", max_retries=0) as client:
+    with openai.OpenAI(base_url=url_of(stack, "branch-1"), api_key="x", max_retries=0) as client:
         def turn(msgs: list[dict]) -> None:
             r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
             message = r.choices[0].message
@@ -79,7 +86,7 @@ def test_a_sub_agent_interleaved_with_the_main_agent_trains_each_answer_once(sta
 
 def test_an_agent_that_drops_reasoning_content_keeps_its_answers_trained(stack):
     msgs = [{"role": "user", "content": "case=think-1 hi"}]
-    with openai.OpenAI(base_url=stack.gateway.base_url("branch-2"), api_key="x", max_retries=0) as client:
+    with openai.OpenAI(base_url=url_of(stack, "branch-2"), api_key="x", max_retries=0) as client:
         for _ in range(3):
             r = client.chat.completions.create(model="m", messages=msgs, max_tokens=64)
             assert "think" not in r.choices[0].message.content
@@ -91,7 +98,7 @@ def test_an_agent_that_drops_reasoning_content_keeps_its_answers_trained(stack):
 
 def test_a_retried_request_and_an_edited_answer_branch_and_train_every_answer_once(stack):
     msgs = [{"role": "user", "content": "case=sub-2 find add"}]
-    with openai.OpenAI(base_url=stack.gateway.base_url("branch-3"), api_key="x", max_retries=0) as client:
+    with openai.OpenAI(base_url=url_of(stack, "branch-3"), api_key="x", max_retries=0) as client:
         first = client.chat.completions.create(model="m", messages=msgs, max_tokens=64)
         edited = [*msgs, {"role": "assistant", "content": first.choices[0].message.content + " (edited)"},
                   {"role": "user", "content": "go on"}]

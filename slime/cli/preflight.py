@@ -22,6 +22,7 @@ from slime.rollout.data_source import (DEFAULT_ROLLOUT, DataError, DataSource, R
 from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
                                     data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
 from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
+from slime.cli.flag_ranges import vocab_problem
 from slime.utils.misc import load_function
 
 PLUGIN_FLAGS = ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
@@ -268,9 +269,11 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
                 "or once after their last rollout")
         return {"resumed_after": None}
     try:
-        check_same_model(root, model_id, verify_checkpoint(root, model_id), model_dir(args))
+        manifest = verify_checkpoint(root, model_id, without_manifest=args.load_without_manifest)
+        check_same_model(root, model_id, manifest, model_dir(args))
     except CheckpointError as e:
         raise PreflightError(str(e)) from None
+    args.ckpt_step = model_id  # the trainer loads this one, not whatever the tracker names by then
     state = Path(data_state_dir(root, model_id) or root) / data_state_name(model_id)
     if state.is_file():
         check_data_state(state, root)
@@ -317,6 +320,37 @@ def check_save(args: Any) -> None:
         raise PreflightError(str(e)) from None
 
 
+def check_token_ids(args: Any) -> None:
+    """Token-id flags (--rollout-stop-token-ids) within the served model's vocabulary: an id past it
+    made every request fail at the engine, far from the flag."""
+    directory = model_dir(args)
+    config = Path(directory) / "config.json" if directory else None
+    if config is None or not config.is_file():
+        return
+    try:
+        vocab_size = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return  # the model's own loader names a broken config.json
+    if isinstance(vocab_size, int) and vocab_size > 0:
+        problem = vocab_problem(args, vocab_size)
+        if problem:
+            raise PreflightError(f"{problem} of {config}")
+
+
+def check_ray_address(args: Any) -> None:
+    """--ray-address answers (a bounded TCP connect to its GCS port) before `ray.init`, which waits for an
+    unreachable cluster forever, printing only its own warnings, with SIGTERM held."""
+    address = getattr(args, "ray_address", None)
+    if not address or address in ("auto", "local"):
+        return
+    from slime.ray.address import RayAddressError, probe_ray_address
+
+    try:
+        probe_ray_address(address)
+    except RayAddressError as e:
+        raise PreflightError(f"--ray-address {address}: {e}") from None
+
+
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
     for dest in PLUGIN_FLAGS:
@@ -332,4 +366,6 @@ def preflight(args: Any) -> dict[str, Any]:
     check_interactions(args)
     check_agent_workspaces(args)
     check_debug_rollouts(args)
+    check_token_ids(args)
+    check_ray_address(args)
     return resolved

@@ -108,7 +108,7 @@ def range_problem(dest: str, value: Any, *, finite: bool = False) -> str | None:
         if (finite or rng is not None) and isinstance(v, float) and not math.isfinite(v):
             return f"{flag_name(dest)}: must be a finite number, got {v}"
         if rng is not None and not rng.holds(v):
-            return f"{flag_name(dest)}: must be {rng.describe()}, got {v:g}"
+            return f"{flag_name(dest)}: must be {rng.describe()}, got {v}"
     return None
 
 
@@ -128,6 +128,6 @@ def vocab_problem(args: argparse.Namespace, vocab_size: int) -> str | None:
     for dest in TOKEN_ID_FLAGS:
         for v in _numbers(vars(args).get(dest)):
             if not 0 <= v < vocab_size:
-                return (f"{flag_name(dest)}: token id {v:g} is outside the model's vocabulary "
+                return (f"{flag_name(dest)}: token id {v} is outside the model's vocabulary "
                         f"(0..{vocab_size - 1})")
     return None

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from slime.ray.keep_sigterm import keep_sigterm_handler
+from slime.ray.own_session import ray_processes_in_own_sessions
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
@@ -38,6 +39,7 @@ class RaySession:
         self.started, self.fork_server = started, fork_server
         self.fork_server_socket: str | None = None  # handed to the manager (start_manager), once it listens
         self._imported: Future | None = None  # the module `ray_init(import_meanwhile=...)` imports
+        self.ray_tmp: Path | None = None  # the private Ray's temp dir (/tmp/slime-ray-<pid>), removed by stop()
 
     def imported(self) -> ModuleType:
         """The module `ray_init` was asked to import while Ray started (its import error, if any)."""
@@ -52,7 +54,14 @@ class RaySession:
 
                 ray.shutdown()
         finally:
-            self.stop_fork_server()
+            try:
+                self.stop_fork_server()
+            finally:
+                if self.ray_tmp is not None:  # sockets, session logs: every run left one behind
+                    import shutil
+
+                    shutil.rmtree(self.ray_tmp, ignore_errors=True)
+                    self.ray_tmp = None
 
     def stop_fork_server(self) -> None:
         """Stop the fork server (its engines are children: they go with it) and remove its directory."""
@@ -183,10 +192,11 @@ def _start_ray(args: Any, session: RaySession) -> None:
         return
     tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
+    session.ray_tmp = tmp
     # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
     # serve our actors at once instead of new ones being started for a runtime env (cold start)
     os.environ.update(env)
-    with keep_sigterm_handler():
+    with keep_sigterm_handler(), ray_processes_in_own_sessions():  # a group SIGTERM is the command's alone
         ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
                  logging_level=logging.WARNING)
         session.started = True  # before a held SIGTERM is raised: the stop then shuts this Ray down

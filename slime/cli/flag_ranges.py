@@ -66,6 +66,7 @@ RANGES: dict[str, Range] = {
     # multi-turn and tools
     "max_turns": AT_LEAST_ONE,
     "tool_call_timeout": POSITIVE,
+    "interaction_timeout": POSITIVE,
     # trainer
     "save_interval": AT_LEAST_ONE,
     "micro_batch_size": AT_LEAST_ONE,

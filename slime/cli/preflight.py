@@ -143,9 +143,10 @@ def check_interactions(args: Any) -> None:
     from slime.interactions.registry import InteractionConfigError, load_interaction_config
 
     try:
-        load_interaction_config(path)
+        names = load_interaction_config(path).names
     except InteractionConfigError as e:
         raise PreflightError(f"--interaction-config-path: {e}") from None
+    check_rows_name_interactions(args, names)
     if getattr(args, "rollout_function_path", None) == DEFAULT_ROLLOUT \
             and getattr(args, "custom_generate_function_path", None) is None:
         raise PreflightError("--interaction-config-path: the default generate has no multi-turn loop and would never "
@@ -154,6 +155,35 @@ def check_interactions(args: Any) -> None:
     if getattr(args, "max_user_turns", None) is not None and args.max_user_turns < 1:
         raise PreflightError(f"--max-user-turns: must be at least 1, got {args.max_user_turns} (leave it unset "
                              "for no limit)")
+
+
+def check_rows_name_interactions(args: Any, names: list[str]) -> None:
+    """Each prompt row's interaction_kwargs names an interaction the YAML configures (found only when
+    the row was served, mid-run, before)."""
+    if not getattr(args, "prompt_data", None) or getattr(args, "load_debug_rollout_data", None):
+        return  # (a Namespace built by hand for the interaction checks may have neither)
+    path = getattr(args, "data_source_path", None)
+    if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
+        return  # a custom data source reads the rows its own way
+    from slime.interactions.registry import check_sample_kwargs
+    from slime.rollout.prompt_index import PromptIndex
+
+    checked = copy.copy(args)
+    checked.apply_chat_template = False
+    checked.rollout_max_prompt_len = checked.rollout_max_context_len = None
+    try:
+        index = PromptIndex(checked, args.prompt_data, args.input_key, args.label_key)
+        try:
+            for i in range(len(index)):
+                kwargs = index.sample(i, tokenize=False).metadata.get("interaction_kwargs")
+                try:
+                    check_sample_kwargs(kwargs, names, args.interaction_config_path)
+                except ValueError as e:
+                    raise PreflightError(f"--prompt-data: {index.where(i)}: {e}") from None
+        finally:
+            index.close()
+    except DataError as e:
+        raise PreflightError(f"--prompt-data: {e}") from None
 
 
 def check_agent_workspaces(args: Any) -> None:
@@ -351,6 +381,21 @@ def check_ray_address(args: Any) -> None:
         raise PreflightError(f"--ray-address {address}: {e}") from None
 
 
+def check_opd_teacher(args: Any) -> None:
+    """--use-opd: the teacher at --rm-url reads the student's ids as the same tokens."""
+    if not (getattr(args, "use_opd", False) and getattr(args, "rm_url", None)):
+        return
+    student = model_dir(args)
+    if not student:
+        return
+    from slime.rollout.opd_tokenizers import TokenizerMismatch, check_teacher_tokenizer
+
+    try:
+        check_teacher_tokenizer(args.rm_url, student)
+    except TokenizerMismatch as e:
+        raise PreflightError(str(e)) from None
+
+
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
     for dest in PLUGIN_FLAGS:
@@ -367,5 +412,6 @@ def preflight(args: Any) -> dict[str, Any]:
     check_agent_workspaces(args)
     check_debug_rollouts(args)
     check_token_ids(args)
+    check_opd_teacher(args)
     check_ray_address(args)
     return resolved

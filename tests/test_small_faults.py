@@ -68,3 +68,18 @@ def test_a_row_naming_an_interaction_the_yaml_lacks_is_refused_at_preflight(tmp_
         preflight(args)
     assert str(e.value) == (f"--prompt-data: {data}:3: interaction_kwargs names interaction 'weather', which "
                             f"{config} does not configure (it has ['gsm8k'])")
+
+
+def test_a_line_longer_than_the_bound_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    import slime.rollout.prompt_index as prompt_index
+
+    monkeypatch.setattr(prompt_index, "MAX_LINE_BYTES", 1024)  # (256 MiB in a run; a 2.2 GB line took 4.5 GB)
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"input": "short"}) + "\n" + json.dumps({"input": "x" * 5000}) + "\n")
+    args = parse_args(["--prompt-data", str(path)])
+    with pytest.raises(PreflightError) as e:
+        preflight(args)
+    assert str(e.value) == (f"--prompt-data: {path}:2: the line is longer than 1024 bytes; a prompt row is one JSON "
+                            "object per line (is this JSONL, or a whole dataset on one line?)")
+    with pytest.raises(DataError, match=r":2: the line is longer than 1024 bytes"):
+        PromptIndex(args, str(path), "input", None)

@@ -43,13 +43,23 @@ def _flag(dest: str) -> str:
 def check_utf8(path: Path, flag: str) -> None:
     """Fail on the first line that is not UTF-8, naming file, line and column (the JSON reader
     would only say `UnicodeDecodeError` with a byte offset)."""
+    from slime.rollout.prompt_index import bounded_lines
+
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(_lines_or_refuse(bounded_lines(f, path), flag), 1):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise PreflightError(f"{flag}: {path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
                                      f"column {e.start + 1}); the data must be UTF-8 JSONL or parquet") from None
+
+
+def _lines_or_refuse(lines: Any, flag: str) -> Any:
+    """`lines`, with a DataError (a line too long) raised as the flag's PreflightError."""
+    try:
+        yield from lines
+    except DataError as e:
+        raise PreflightError(f"{flag}: {e}") from None
 
 
 def prompt_tokenizer(args: Any) -> Any:

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from slime.ray.keep_sigterm import keep_sigterm_handler
 from slime.ray.own_session import ray_processes_in_own_sessions
+from slime.ray.stale_dirs import remove_stale_run_dirs
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
@@ -97,7 +98,7 @@ def start_engine_fork_server(args: Any) -> Any:
             or getattr(args, "ray_address", None) or getattr(args, "load_debug_rollout_data", None)
             or int(getattr(args, "rollout_num_engines", 0) or 0) < 1):
         return None
-    where = Path(tempfile.mkdtemp(prefix="slime-fork-"))  # 0700: only this user may ask for a child
+    where = Path(tempfile.mkdtemp(prefix=f"slime-fork-{os.getpid()}-"))  # 0700: only this user may ask for a child
     sock = where / "engines.sock"
     log_dir = Path(getattr(args, "log_dir", None) or where)
     cmd = [sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
@@ -144,6 +145,7 @@ def ray_init(args: Any, *, import_meanwhile: str | None = None) -> RaySession:
         session._imported = _import_in_thread(import_meanwhile, wait=True)
         return session
     mark("ray_init: begin")
+    remove_stale_run_dirs()  # of runs SIGKILLed before their stop could remove them
     # first, before importing Ray (~0.5 s): the fork server's preload is the longest part of a start
     fork_server = start_engine_fork_server(args)
     session = RaySession(False, fork_server)

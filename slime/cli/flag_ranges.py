@@ -67,6 +67,7 @@ RANGES: dict[str, Range] = {
     "max_turns": AT_LEAST_ONE,
     "tool_call_timeout": POSITIVE,
     "interaction_timeout": POSITIVE,
+    "reward_timeout": POSITIVE,
     # trainer
     "save_interval": AT_LEAST_ONE,
     "micro_batch_size": AT_LEAST_ONE,

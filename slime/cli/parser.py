@@ -110,6 +110,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--custom-rm-path", default=None)
     g.add_argument("--group-rm", action="store_true")
     g.add_argument("--reward-key", default=None, help="key of dict rewards used for training")
+    g.add_argument("--reward-timeout", type=float, default=1800.0,
+                   help="seconds one reward call (a sample's, or a group's with --group-rm) may take; one that does "
+                        "not return fails its samples (reward_timeout) and the rollout goes on")
 
     g = p.add_argument_group("eval")
     g.add_argument("--eval-prompt-data", nargs="+", default=None, metavar="NAME PATH",

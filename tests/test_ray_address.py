@@ -39,13 +39,6 @@ def test_a_port_nothing_listens_on_is_refused_at_once():
         probe_ray_address(f"127.0.0.1:{port}")
 
 
-def test_a_listening_port_passes():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(1)
-        probe_ray_address(f"127.0.0.1:{s.getsockname()[1]}")
-
-
 def test_the_command_exits_with_our_error_before_starting_ray(tiny_model_dir, tmp_path, cli_runs):
     (tmp_path / "p.jsonl").write_text(json.dumps({"input": "hi"}) + "\n")
     proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
@@ -55,3 +48,16 @@ def test_the_command_exits_with_our_error_before_starting_ray(tiny_model_dir, tm
     assert "slime-rollout: error: --ray-address 127.0.0.1:1: cannot connect to 127.0.0.1:1 (Connection refused); " \
            "start the cluster there with `ray start --head`, or drop --ray-address to start a private Ray" in out, out
     assert "Connecting to existing Ray cluster" not in out
+
+
+def test_a_port_that_accepts_but_is_not_ray_is_refused_within_the_bound():
+    """A listener that never speaks (ray.init waited there forever with SIGTERM held)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        with pytest.raises(RayAddressError, match=r"no answer from 127.0.0.1:\d+ within 0.5 s"):
+            probe_ray_address(f"127.0.0.1:{s.getsockname()[1]}", timeout=0.5)
+
+
+def test_a_real_gcs_passes(ray_cluster):
+    probe_ray_address(ray_cluster.get_runtime_context().gcs_address)

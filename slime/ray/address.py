@@ -39,12 +39,33 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, Ray Client) answers
+# with a SETTINGS frame of its own at once; anything else (a port held by another program) does not
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS = 4  # frame type
+
+
+def _answers_grpc(sock: socket.socket) -> bool:
+    sock.sendall(HTTP2_PREFACE)
+    head = b""
+    while len(head) < 9:
+        chunk = sock.recv(9 - len(head))
+        if not chunk:
+            return False
+        head += chunk
+    return head[3] == HTTP2_SETTINGS
+
+
 def probe_ray_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Connect to the cluster's port once; RayAddressError when that fails or takes over `timeout` s."""
+    """Connect to the cluster's port once and check that a gRPC server answers there (as the GCS does);
+    RayAddressError when it does not, or takes over `timeout` s: `ray.init` would wait forever."""
     host, port = split_address(address)
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            if _answers_grpc(sock):
+                return
+            raise RayAddressError(f"{host}:{port} accepts connections but does not answer as Ray's GCS (no gRPC "
+                                  "answer); is that the Ray head's port (`ray start --head` prints it)?")
     except socket.timeout:
         raise RayAddressError(f"no answer from {host}:{port} within {timeout:g} s (a firewall, or no such "
                               "host); is the Ray head running there (`ray start --head`)?") from None

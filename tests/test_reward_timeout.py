@@ -40,3 +40,23 @@ async def test_a_hung_group_reward_fails_the_group():
 
 def test_the_reward_timeout_has_a_bound_by_default():
     assert parse_args([]).reward_timeout == 1800.0
+
+
+async def test_a_hung_custom_generate_fails_its_sample_and_the_rollout_goes_on(tiny_model_dir,
+                                                                               runtime_closed_on_the_test_loop):
+    from slime.rollout.sglang_rollout import generate_and_rm_group
+    from slime.testing.runtime import bind_runtime
+    from slime.utils.processing_utils import load_tokenizer
+
+    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--sglang-router-ip", "127.0.0.1",
+                       "--sglang-router-port", "9", "--custom-generate-function-path",
+                       "tests.plugins.hung_rewards.generate_hangs_on_odd", "--custom-generate-timeout", "0.3",
+                       "--custom-rm-path", "tests.plugins.hung_rewards.hangs_on_odd"])
+    bind_runtime(args, tokenizer=load_tokenizer(str(tiny_model_dir)))
+    samples = await asyncio.wait_for(generate_and_rm_group(args, group(2), {}), OUTER_BOUND_S)
+    assert [s.status for s in samples] == [Sample.Status.COMPLETED, Sample.Status.FAILED]
+    counts, examples = failure_reasons(samples)
+    assert counts == {"generate_timeout": 1}
+    assert examples["generate_timeout"].endswith(
+        "(tests.plugins.hung_rewards.generate_hangs_on_odd) did not return within 0.3 s on sample 1 "
+        "(--custom-generate-timeout)"), examples

@@ -68,6 +68,7 @@ RANGES: dict[str, Range] = {
     "tool_call_timeout": POSITIVE,
     "interaction_timeout": POSITIVE,
     "reward_timeout": POSITIVE,
+    "custom_generate_timeout": POSITIVE,
     # trainer
     "save_interval": AT_LEAST_ONE,
     "micro_batch_size": AT_LEAST_ONE,

@@ -103,6 +103,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout")
     g.add_argument("--eval-function-path", default=None, help="default: --rollout-function-path")
     g.add_argument("--custom-generate-function-path", default=None)
+    g.add_argument("--custom-generate-timeout", type=float, default=3600.0,
+                   help="seconds a custom generate function may take on one sample; one that does not return fails "
+                        "its sample (generate_timeout) and the rollout goes on")
 
     g = p.add_argument_group("reward")
     g.add_argument("--rm-type", default=None, help="a rule of slime.rollout.rm_hub (math, deepscaler, dapo, f1, "

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 # every name is importable from here as before the split (noqa: F401 - re-exports)
 from slime.cli.finalize import _count_rows, _cuda_available, _fill_defaults, _finalize_upstream  # noqa: F401
 from slime.cli.finalize import apply_custom_config, finalize_args
+from slime.cli.flag_ranges import check_ranges
 from slime.cli.honest_flags import unused_flags_line
 from slime.cli.parser import SlimeArgumentParser, _optional_groups, _router_groups, build_parser  # noqa: F401
 from slime.cli.upstream_flags import apply_aliases
@@ -92,6 +93,9 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -
             setattr(args, f"sglang_{name}", value)
     line = unused_flags_line(parser, args)  # what the user set, before finalize derives anything
     apply_aliases(args, parser.aliases)
+    problem = check_ranges(args, parser)  # before anything is derived from a value that cannot work
+    if problem:
+        raise ArgError(problem)
     finalize_args(args)
     if line:
         logger.warning("%s: %s", prog, line)

@@ -50,15 +50,17 @@ def sigterm_received() -> bool:
     return signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
-def _announce_resume(args: Any, resolved: dict[str, Any]) -> None:
-    """One line saying what `--load` will really do (preflight resolved it)."""
+def _announce_resume(args: Any, resolved: dict[str, Any]) -> bool:
+    """One line saying what `--load` will really do (preflight resolved it); False when nothing is left
+    to do (the run then ends there: starting Ray, engines and a weight push for no rollout took 70 s)."""
     if resolved.get("resumed_after") is None:
-        return
+        return True
     left = "" if args.start_rollout_id < args.num_rollout else \
-        f" (nothing left to do: --num-rollout {args.num_rollout})"
+        f" (nothing left to do: --num-rollout {args.num_rollout}; nothing was started)"
     message = resolved.get("resume_message") or \
         f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout {args.start_rollout_id}"
     print(message + left, flush=True)
+    return not left
 
 
 @contextlib.contextmanager
@@ -106,7 +108,8 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
         # the path the workers import plugins from (slime.ray.worker_path); a real command keeps it
         with plugin_import_path(restore=argv is not None):
             resolved = preflight(args)
-        _announce_resume(args, resolved)
+        if not _announce_resume(args, resolved):
+            return 0
         mark(f"{prog}: inputs checked")
         with _save_dir_lock(args):
             body(args)

@@ -106,6 +106,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout")
     g.add_argument("--eval-function-path", default=None, help="default: --rollout-function-path")
     g.add_argument("--custom-generate-function-path", default=None)
+    g.add_argument("--custom-generate-timeout", type=float, default=3600.0,
+                   help="seconds a custom generate function may take on one sample; one that does not return fails "
+                        "its sample (generate_timeout) and the rollout goes on")
 
     g = p.add_argument_group("reward")
     g.add_argument("--rm-type", default=None, help="a rule of slime.rollout.rm_hub (math, deepscaler, dapo, f1, "
@@ -113,6 +116,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--custom-rm-path", default=None)
     g.add_argument("--group-rm", action="store_true")
     g.add_argument("--reward-key", default=None, help="key of dict rewards used for training")
+    g.add_argument("--reward-timeout", type=float, default=1800.0,
+                   help="seconds one reward call (a sample's, or a group's with --group-rm) may take; one that does "
+                        "not return fails its samples (reward_timeout) and the rollout goes on")
 
     g = p.add_argument_group("eval")
     g.add_argument("--eval-prompt-data", nargs="+", default=None, metavar="NAME PATH",

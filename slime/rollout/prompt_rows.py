@@ -33,7 +33,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(path).to_pylist()
+            return pq.read_table(path).to_pylist(maps_as_pydicts="lossy")  # a map<k,v> column is a dict
         except Exception as e:  # noqa: BLE001
             raise DataError(f"{path}: cannot read parquet: {e}") from e
     rows = []

@@ -46,6 +46,9 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--interaction-key", type=str, default="extra_info.interaction_kwargs",
                    help="Row field holding verl's interaction_kwargs (its 'name' picks the interaction; all of "
                         "it goes to start_interaction and generate_response).")
+    g.add_argument("--interaction-timeout", type=float, default=300.0,
+                   help="Seconds each start_interaction / generate_response / finalize_interaction call may take; "
+                        "one that does not return fails its sample, named, and the rollout goes on.")
     g.add_argument("--max-user-turns", type=int, default=None,
                    help="User turns an interaction may add to one trajectory (default: no limit beyond "
                         "--max-turns and the budgets).")

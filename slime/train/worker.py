@@ -39,6 +39,7 @@ from slime.train.loss import (
     LossHooks, advantages_for, apply_opd_kl_to_advantages, approx_kl, call_custom_loss, check_loss_args,
     needs_reference, policy_loss, sample_reducer, tis_function,
 )
+from slime.train.finite_guard import check_step, check_weights
 from slime.train.model import PolicyModel, pack
 
 logger = logging.getLogger(__name__)
@@ -223,15 +224,16 @@ class TrainWorker:
                     sums["opd_reverse_kl"] = sums["opd_reverse_kl"] + reduce(torch.cat([reverse_kl[i] for i in mb]))
             max_norm = float(args.clip_grad or 0.0)  # Megatron's --clip-grad, 1.0 by default; 0 = none
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
+            keys = sorted(sums)
+            vec = torch.stack([sums[k] for k in keys]).to(torch.float64)
+            dist.all_reduce(vec)  # before the step: a NaN of any rank is seen by all, which all stop alike
+            step_metrics = {k: float(v) / n_rollouts for k, v in zip(keys, vec)}
+            step_metrics["grad_norm"] = float(grad_norm)
+            check_step(rollout_id, self.global_step + 1, step_metrics)
             self.optimizer.step()
             self.scheduler.step()
             self.global_step += 1
-            keys = sorted(sums)
-            vec = torch.stack([sums[k] for k in keys]).to(torch.float64)
-            dist.all_reduce(vec)
-            step_metrics = {k: float(v) / n_rollouts for k, v in zip(keys, vec)}
             step_metrics["entropy"] = step_metrics.get("entropy_loss", 0.0)
-            step_metrics["grad_norm"] = float(grad_norm)
             step_metrics["lr"] = float(self.scheduler.get_last_lr()[0])
             step_metrics["step"] = self.global_step
             steps_out.append(step_metrics)
@@ -309,9 +311,10 @@ class TrainWorker:
         from slime.engine.weight_sync import paused, push_tensors, trainer_named_tensors
 
         t0 = time.monotonic()
+        named = trainer_named_tensors(self.model)
+        check_weights(named, "pushed to the engines")  # before any engine is touched
         ray.get(manager.recover_updatable_engines.remote())
         engines, lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
-        named = trainer_named_tensors(self.model)
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         if not engines:  # every engine is being replaced: they load this version once up
             if mode != "disk":

@@ -47,7 +47,7 @@ def _parquet_rows(path: str) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     for batch in pq.ParquetFile(path).iter_batches():
-        yield from batch.to_pylist()
+        yield from batch.to_pylist(maps_as_pydicts="lossy")  # a map<k,v> column is a dict, as in JSON
 
 
 def read_file(path: str) -> Iterator[Any]:

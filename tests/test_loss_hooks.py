@@ -1,12 +1,13 @@
 """slime's loss hooks in `slime-train` (`--custom-loss-function-path` with `--loss-type custom_loss`,
 `--custom-pg-loss-reducer-function-path`, `--rollout-data-postprocess-path`), each with slime's call
-shape, on the real `TrainWorker` (tiny model, a one-rank gloo group in this process): each changes the
+shape, on the real `TrainWorker` (tiny model, a one-rank gloo group, in a Ray actor as slime-train runs it): each changes the
 step's loss and the change is observed in the step's metrics and gradient."""
 
 from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ from slime.cli.honest_flags import ACTED_ON
 from slime.cli.train import parse_train_args
 from slime.ray.box import Box
 from slime.train_batch.rank_batches import split_for_data_parallel
-from tests.plugins import loss_hooks
 
 HOOK_FLAGS = ("custom_loss_function_path", "custom_pg_loss_reducer_function_path", "rollout_data_postprocess_path")
 
@@ -57,6 +57,8 @@ def _batch(n: int = 4, seed: int = 0) -> dict:
 
 
 def _train(tiny_model_dir, data_file, *flags: str) -> tuple[dict, object]:
+    import ray
+
     from slime.train.worker import TrainWorker
     from slime.utils.misc import find_free_port
 
@@ -64,15 +66,25 @@ def _train(tiny_model_dir, data_file, *flags: str) -> tuple[dict, object]:
                              str(data_file), "--label-key", "label", "--rollout-batch-size", "2",
                              "--n-samples-per-prompt", "2", "--global-batch-size", "2", "--lr", "1e-3", *flags])
     ranks, _ = split_for_data_parallel(args, _batch(), {"dp_size": 1})
-    worker = TrainWorker(args, 1, 0)
+    # in an actor process of its own, as slime-train runs it: freeing a gloo group in the test process joins
+    # gloo's threads while holding the GIL one of them may wait for (a deadlock seen in a whole-suite run)
+    worker = ray.remote(num_cpus=0)(TrainWorker).remote(args, 1, 0)
     try:
-        worker.init("127.0.0.1", find_free_port("127.0.0.1"))
-        import ray
-
-        out = worker.train(0, [Box(ray.put(ranks[0]))])
+        ray.get(worker.init.remote("127.0.0.1", find_free_port("127.0.0.1")))
+        out = ray.get(worker.train.remote(0, [Box(ray.put(ranks[0]))]))
+        seen = ray.get(worker.__ray_call__.remote(_what_the_hooks_saw))
     finally:
-        worker.shutdown()
-    return out, args
+        ray.kill(worker)
+    return out, seen
+
+
+def _what_the_hooks_saw(worker) -> SimpleNamespace:
+    """Run in the worker: what the hooks recorded there (on its args, and the reducer's calls)."""
+    from tests.plugins import loss_hooks as hooks
+
+    return SimpleNamespace(custom_loss_seen=getattr(worker.args, "custom_loss_seen", None),
+                           postprocess_seen=getattr(worker.args, "postprocess_seen", None),
+                           reducer_calls=list(hooks.zero_pg_loss_reducer.calls))
 
 
 def test_the_hooks_are_acted_on():
@@ -101,13 +113,12 @@ def test_custom_loss_type_needs_the_function(tiny_model_dir, data_file, ray_clus
 
 
 def test_pg_loss_reducer_reduces_pg_loss_alone(tiny_model_dir, data_file, base):
-    loss_hooks.zero_pg_loss_reducer.calls.clear()
-    zero, _ = _train(tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",
+    zero, zero_seen = _train(tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",
                      "tests.plugins.loss_hooks.zero_pg_loss_reducer")
     b, z = base["steps"][0], zero["steps"][0]
     assert b["pg_loss"] != 0 and z["pg_loss"] == 0 and z["grad_norm"] == 0
     assert z["ppo_kl"] == pytest.approx(b["ppo_kl"])  # the other metrics keep sum_of_sample_mean
-    totals, lengths, masks, per_token = loss_hooks.zero_pg_loss_reducer.calls[0]
+    totals, lengths, masks, per_token = zero_seen.reducer_calls[0]
     assert lengths == [len(m) for m in masks] and all(t > r for t, r in zip(totals, lengths))
     assert per_token is False
     summed, _ = _train(tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",

@@ -1,11 +1,14 @@
 """A non-finite loss term, gradient or weight stops the run before the optimizer step and before any
 push (slime/train/finite_guard.py): the real `TrainWorker` (tiny model, a one-rank gloo group) on a
-batch put in Ray's object store as the rollout manager would."""
+batch put in Ray's object store as the rollout manager would. The worker runs in a Ray actor, as slime-train
+runs it, and each test's body runs there (`in_worker`): freeing a gloo group in the test process joins gloo's
+threads while holding the GIL one of them may wait for (a deadlock seen in a whole-suite run)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ from slime.train.finite_guard import NonFiniteError, check_step
 
 @pytest.fixture
 def worker(tiny_model_dir, tmp_path, ray_cluster):
+    import ray
+
     from slime.train.worker import TrainWorker
     from slime.utils.misc import find_free_port
 
@@ -25,10 +30,28 @@ def worker(tiny_model_dir, tmp_path, ray_cluster):
     args = parse_train_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
                              str(data), "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
                              "--global-batch-size", "2", "--lr", "1e-2"])
-    w = TrainWorker(args, 1, 0)
-    w.init("127.0.0.1", find_free_port("127.0.0.1"))
-    yield w
-    w.shutdown()
+    w = ray.remote(num_cpus=0)(TrainWorker).remote(args, 1, 0)
+    try:
+        ray.get(w.init.remote("127.0.0.1", find_free_port("127.0.0.1")))
+        yield w
+    finally:
+        ray.kill(w)
+
+
+def in_worker(worker, body):
+    """`body(the TrainWorker)` run in the worker's process; its return value."""
+    import ray
+
+    return ray.get(worker.__ray_call__.remote(body))
+
+
+def raised(fn) -> str | None:
+    """The NonFiniteError message `fn()` raised (None: it raised nothing)."""
+    try:
+        fn()
+    except NonFiniteError as e:
+        return str(e)
+    return None
 
 
 class Box:
@@ -52,22 +75,27 @@ def weights(worker) -> dict[str, torch.Tensor]:
 
 
 def test_a_nan_reward_stops_the_step_naming_the_terms_and_leaves_the_weights(worker):
-    before = weights(worker)
-    with pytest.raises(NonFiniteError) as e:
-        worker.train(0, batch([float("nan"), 1.0]))
-    message = str(e.value)
-    assert message.startswith("rollout 0, step 1: pg_loss=nan, loss=nan, grad_norm=nan is not finite; the step "
-                              "was not taken and no weights were pushed"), message
-    after = weights(worker)
-    assert all(torch.equal(before[k], after[k]) for k in before)  # no optimizer step
-    assert worker.global_step == 0
-    assert worker.train(1, batch([0.0, 1.0]))["steps"][0]["step"] == 1  # a finite batch trains on
+    def body(w):
+        before = weights(w)
+        message = raised(lambda: w.train(0, batch([float("nan"), 1.0])))
+        after = weights(w)
+        unchanged = all(torch.equal(before[k], after[k]) for k in before)  # no optimizer step
+        return message, unchanged, w.global_step, w.train(1, batch([0.0, 1.0]))["steps"][0]["step"]
+
+    message, unchanged, step, next_step = in_worker(worker, body)
+    assert message and message.startswith("rollout 0, step 1: pg_loss=nan, loss=nan, grad_norm=nan is not finite; "
+                                          "the step was not taken and no weights were pushed"), message
+    assert unchanged and step == 0
+    assert next_step == 1  # a finite batch trains on
 
 
 def test_a_nan_coefficient_set_by_a_plugin_is_named_in_the_loss(worker):
-    worker.args.entropy_coef = float("inf")  # past the flag check: a plugin's doing
-    with pytest.raises(NonFiniteError, match=r"step 1: loss=-?(inf|nan)"):
-        worker.train(0, batch([0.0, 1.0]))
+    def body(w):
+        w.args.entropy_coef = float("inf")  # past the flag check: a plugin's doing
+        return raised(lambda: w.train(0, batch([0.0, 1.0])))
+
+    message = in_worker(worker, body)
+    assert message is not None and re.search(r"step 1: loss=-?(inf|nan)", message), message
 
 
 class Unreachable:
@@ -78,12 +106,14 @@ class Unreachable:
 
 
 def test_nan_weights_are_never_pushed(worker):
-    name, param = next(iter(worker.model.named_parameters()))
-    with torch.no_grad():
-        param.view(-1)[0] = float("nan")
-    with pytest.raises(NonFiniteError) as e:
-        worker.update_weights(Unreachable(), "1", "distributed")
-    assert str(e.value).startswith(f"the weight {name} holds NaN/inf: not pushed to the engines")
+    def body(w):
+        name, param = next(iter(w.model.named_parameters()))
+        with torch.no_grad():
+            param.view(-1)[0] = float("nan")
+        return name, raised(lambda: w.update_weights(Unreachable(), "1", "distributed"))
+
+    name, message = in_worker(worker, body)
+    assert message is not None and message.startswith(f"the weight {name} holds NaN/inf: not pushed to the engines")
 
 
 @pytest.mark.parametrize("values, named", [

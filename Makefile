@@ -23,7 +23,7 @@ export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
 export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
 export SLIME_CACHE ?= $(HOME)/.cache/slime
 
-.PHONY: setup demo train-demo async-train-demo agent-demo test bench clean
+.PHONY: setup demo train-demo async-train-demo agent-demo test bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON_EXE) -m venv $(VENV)
@@ -95,6 +95,18 @@ agent-demo: setup
 # TESTS narrows the run: `make test TESTS="tests/test_agent_strands.py tests/test_agent_gateway.py"`.
 test: setup
 	$(PY) -m pytest -q $(TESTS)
+
+# The docs site: reference pages regenerated from the code (tools/gen_docs.py), then built in strict mode (a broken
+# link, an anchor that does not exist or a page missing from the nav fails) into outputs/site.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PIP) -q mkdocs mkdocs-material
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) tools/gen_docs.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "docs built: open $(CURDIR)/outputs/site/index.html"
 
 bench: setup
 	$(PY) -m bench.run_all

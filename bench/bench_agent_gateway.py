@@ -6,15 +6,20 @@ All against zero-latency scripted engines behind the real sglang-router, in one 
      CPU time of the thread doing the work (`time.thread_time` in the bench's thread around the
      direct call; in the gateway's server thread from the request's arrival to the last byte of the
      answer, engine call included) and the latency, medians side by side;
+  1b. overhead at concurrency 8: the same single-turn requests, 8 in flight at a time, per path;
+     CPU per request = the CPU the doing thread spent over the whole run / requests (the gateway's
+     server thread includes its own engine calls, i.e. the direct path's work);
   2. per-turn cost: sessions of 64 turns (user follow-ups, the client sends the whole history each
      turn, as agents do); cost of turn k = the gateway thread's CPU time for that request (robust to
      the machine's load, unlike wall time), median over sessions, for the gateway (append-only
      prompts) and the same gateway re-rendering every prompt (slime's FullRender) side by side;
+  2b. the same with realistic tool results: each turn the model calls a tool and the client sends a
+     4 kB tool result back (64 turns: ~270 kB of JSON and ~70k prompt tokens by the last turn);
   3. load: 256 concurrent sessions of 4 turns each against 2 engines; every session's sample is
      checked token by token (each sampled span must be what the engines answer to the prompt
      before it, and carry the session's own tag).
 
-    python -m bench.bench_agent_gateway [--requests 300] [--turns 64] [--sessions 256]
+    python -m bench.bench_agent_gateway [--requests 300] [--turns 64] [--sessions 256] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -44,8 +49,23 @@ from slime.utils.types import Sample  # noqa: E402
 REPORT_TURNS = (1, 2, 4, 8, 16, 32, 48, 64)
 
 
+TOOL_CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/module_%d.py"}}\n</tool_call>'
+READ_FILE = {"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository.",
+                                              "parameters": {"type": "object", "properties": {
+                                                  "path": {"type": "string"}}, "required": ["path"]}}}
+
+
 def replies(case: str, turn: int) -> str:
+    if case.startswith("tool"):
+        return TOOL_CALL % turn
     return f"Reply {turn} for {case}: noted, go on."
+
+
+def tool_result(k: int, size: int = 4096) -> str:
+    """A realistic 4 kB tool result: source lines, distinct per turn."""
+    lines = (f"{k}.{i}: def function_{i}(value):  return value * {i} + {k}  # helper of module {k}\n"
+             for i in range(size // 40))
+    return "".join(lines)[:size]
 
 
 class ThreadCPU:
@@ -74,9 +94,13 @@ def timed_gateway(stack: AgentStack, **kw) -> tuple[Gateway, list[float]]:
     return gw.start(), cpu
 
 
-async def chat(http: aiohttp.ClientSession, url: str, sid: str, messages: list[dict]) -> dict:
-    async with http.post(f"{url}/s/{sid}/v1/chat/completions",
-                         json={"model": "m", "messages": messages, "max_tokens": 64}) as r:
+async def chat(http: aiohttp.ClientSession, gw: Gateway, sid: str, messages: list[dict],
+               tools: list[dict] | None = None) -> dict:
+    """One turn of session `sid` (opened on its first turn: a request holds its session's key)."""
+    if sid not in gw.sessions:
+        gw.open_session(sid)
+    body = {"model": "m", "messages": messages, "max_tokens": 64, **({"tools": tools} if tools else {})}
+    async with http.post(f"{gw.base_url(sid)}/chat/completions", json=body) as r:
         body = await r.json()
         if r.status != 200:
             raise RuntimeError(f"gateway answered {r.status}: {body}")
@@ -92,7 +116,7 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
     async with aiohttp.ClientSession() as http:
         for i in range(n // 10):  # warm-up of both paths
             await client.generate(ids, params)
-            await chat(http, gw.url, f"ovh-w{i}", msgs)
+            await chat(http, gw, f"ovh-w{i}", msgs)
         del gw_cpu[:]
         for i in range(n):
             t, c = time.perf_counter(), time.thread_time()
@@ -100,7 +124,7 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
             direct_cpu.append(time.thread_time() - c)
             direct_lat.append(time.perf_counter() - t)
             t = time.perf_counter()
-            await chat(http, gw.url, f"ovh-{i}", msgs)
+            await chat(http, gw, f"ovh-{i}", msgs)
             gw_lat.append(time.perf_counter() - t)
     for sid in [f"ovh-w{i}" for i in range(n // 10)] + [f"ovh-{i}" for i in range(n)]:
         await gw.drop_session(sid)
@@ -116,40 +140,91 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
           "its engine call costs what the direct one does)")
 
 
-async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int) -> list[float]:
-    """The gateway thread's CPU seconds for each turn of one session."""
+async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int,
+                  tools: bool = False) -> list[float]:
+    """The gateway thread's CPU seconds for each turn of one session (`tools`: a tool call and a
+    4 kB tool result per turn; else a short user follow-up)."""
     msgs = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": f"case={sid} let us start"}]
     costs = []
     for k in range(turns):
         n = len(cpu)
-        body = await chat(http, gw.url, sid, msgs)
+        body = await chat(http, gw, sid, msgs, tools=[READ_FILE] if tools else None)
         costs.append(sum(cpu[n:]))
-        msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
-                 {"role": "user", "content": f"ok, step {k + 2} please"}]
+        message = body["choices"][0]["message"]
+        if tools:
+            msgs += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                               "content": tool_result(k)}]
+        else:
+            msgs += [{"role": "assistant", "content": message["content"]},
+                     {"role": "user", "content": f"ok, step {k + 2} please"}]
     await gw.drop_session(sid)
     return costs
 
 
+async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrency: int) -> None:
+    """CPU per request with `concurrency` requests in flight: each path's doing thread, whole run / n."""
+    client, tok = stack.client, stack.tok
+    msgs = [{"role": "user", "content": "case=ovc hello"}]
+    ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
+    params = {"max_new_tokens": 64, "skip_special_tokens": False, "no_stop_trim": True}
+    server_clock = time.pthread_getcpuclockid(gw._thread.ident)  # the gateway's server thread's CPU clock
+
+    async def pool(work) -> float:
+        queue = iter(range(n))
+
+        async def worker():
+            for i in queue:
+                await work(i)
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - t
+
+    async with aiohttp.ClientSession() as http:
+        await pool(lambda i: client.generate(ids, params))  # warm-up
+        c = time.thread_time()
+        direct_wall = await pool(lambda i: client.generate(ids, params))
+        direct_cpu = time.thread_time() - c
+        await pool(lambda i: chat(http, gw, f"ovc-w{i}", msgs))
+        c0 = time.clock_gettime(server_clock)
+        gw_wall = await pool(lambda i: chat(http, gw, f"ovc-{i}", msgs))
+        gw_cpu = time.clock_gettime(server_clock) - c0
+    for sid in [f"ovc-w{i}" for i in range(n)] + [f"ovc-{i}" for i in range(n)]:
+        await gw.drop_session(sid)
+    print(f"1b. overhead at concurrency {concurrency}: {n} single-turn requests per path; CPU = the doing thread's "
+          "CPU over the run / requests")
+    print("| path | CPU ms/request | requests/s |")
+    print("|---|---:|---:|")
+    print(f"| direct /generate (EngineClient, bench thread) | {direct_cpu / n * 1e3:.3f} | {n / direct_wall:.0f} |")
+    print(f"| gateway /v1/chat/completions (server thread, its engine call included) | {gw_cpu / n * 1e3:.3f} | "
+          f"{n / gw_wall:.0f} |")
+    print(f"gateway CPU per request beyond the direct call: {(gw_cpu - direct_cpu) / n * 1e3:.3f} ms (target <= 1 ms); "
+          f"gateway rate / direct rate: {direct_wall / gw_wall:.2f}")
+
+
 async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list[float]], turns: int,
                    sessions: int) -> None:
-    delta_costs, full_costs = [], []
+    delta_costs, full_costs, tool_costs = [], [], []
     async with aiohttp.ClientSession() as http:
         for s in range(sessions):  # interleaved, so both see the same machine load
             delta_costs.append(await session(http, *delta, f"pt-d{s}", turns))
             full_costs.append(await session(http, *full, f"pt-f{s}", turns))
+            tool_costs.append(await session(http, *delta, f"tool-pt{s}", turns, tools=True))
     print(f"2. per-turn cost: {sessions} sessions of {turns} turns each per approach, interleaved; the client sends "
-          "the whole history each turn; cost = the gateway thread's CPU ms for the turn (median over sessions)")
-    print("| turn | delta (gateway) ms | re-render (FullRender) ms |")
-    print("|---:|---:|---:|")
+          "the whole history each turn; cost = the gateway thread's CPU ms for the turn (median over sessions); "
+          "last column: each turn a tool call and a 4 kB tool result (delta gateway)")
+    print("| turn | delta (gateway) ms | re-render (FullRender) ms | 4 kB tool results, delta ms |")
+    print("|---:|---:|---:|---:|")
     med = {}
     for k in [t for t in REPORT_TURNS if t <= turns]:
         d = statistics.median(c[k - 1] for c in delta_costs) * 1e3
         f = statistics.median(c[k - 1] for c in full_costs) * 1e3
-        med[k] = (d, f)
-        print(f"| {k} | {d:.3f} | {f:.3f} |")
-    (d1, f1), (dn, fn) = med[1], med[max(med)]
-    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x (limit 1.5x), re-render {fn / f1:.2f}x")
+        t = statistics.median(c[k - 1] for c in tool_costs) * 1e3
+        med[k] = (d, f, t)
+        print(f"| {k} | {d:.3f} | {f:.3f} | {t:.3f} |")
+    (d1, f1, t1), (dn, fn, tn) = med[1], med[max(med)]
+    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x (limit 1.5x), re-render {fn / f1:.2f}x, "
+          f"4 kB tool results {tn / t1:.2f}x (limit 1.5x)")
 
 
 def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> None:
@@ -181,7 +256,7 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
     async def run(http: aiohttp.ClientSession, sid: str) -> None:
         msgs = [{"role": "user", "content": f"case={sid} begin"}]
         for k in range(turns):
-            body = await chat(http, gw.url, sid, msgs)
+            body = await chat(http, gw, sid, msgs)
             msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
                      {"role": "user", "content": f"next {k}"}]
 
@@ -208,6 +283,7 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
 
 async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, full: tuple) -> None:
     await overhead(stack, *delta, a.requests)
+    await concurrent_overhead(stack, delta[0], a.requests, a.concurrency)
     await per_turn(delta, full, a.turns, a.per_turn_sessions)
     await load(stack, a.sessions, a.load_turns)
 
@@ -219,6 +295,7 @@ def main() -> None:
     ap.add_argument("--per-turn-sessions", type=int, default=7)
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--load-turns", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=8)
     a = ap.parse_args()
     from transformers import AutoTokenizer
 

@@ -84,9 +84,9 @@ def main() -> None:
                 phases["plain"].append(t)
                 del ref
                 batch, t_convert = timed(lambda: convert_samples_to_train_data(args, samples))
-                _, t_sched = timed(lambda: schedule_for(args, batch, {"dp_size": dp}))
-                (per_rank, _), t_split = timed(lambda: split_for_data_parallel(args, batch, {"dp_size": dp}))
-                refs, t_put = timed(lambda: [ray.put(r) for r in per_rank])
+                _, t_sched = timed(lambda b=batch: schedule_for(args, b, {"dp_size": dp}))
+                (per_rank, _), t_split = timed(lambda b=batch: split_for_data_parallel(args, b, {"dp_size": dp}))
+                refs, t_put = timed(lambda ranks=per_rank: [ray.put(r) for r in ranks])
                 phases["convert"].append(t_convert)
                 phases["schedule"].append(t_sched)
                 phases["tensorise"].append(max(0.0, t_split - t_sched))

@@ -50,6 +50,7 @@ def stack(tmp_path_factory):
 def test_claude_code_completes_a_session_through_the_gateway_token_exact(stack, tmp_path):
     # its native binary (npm 11 does not run the postinstall that would link it as `claude`)
     binary = npm_installed(CLAUDE_CODE, "@anthropic-ai/claude-code-linux-x64/claude")
+    stack.gateway.open_session("cc-1")
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ANTHROPIC_API_KEY": "any",
            "ANTHROPIC_BASE_URL": stack.gateway.base_url("cc-1", api="anthropic"),
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
@@ -64,6 +65,7 @@ def test_codex_completes_a_session_through_the_responses_api_token_exact(stack, 
     launcher = npm_installed(CODEX, "@openai/codex/bin/codex.js")
     home = tmp_path / ".codex"
     home.mkdir()
+    stack.gateway.open_session("cx-1")
     (home / "config.toml").write_text(CONFIG_TOML.format(model="slime-actor", base_url=stack.gateway.base_url("cx-1"),
                                                          wire_api="responses"))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CODEX_HOME": str(home), "OPENAI_API_KEY": "any"}

@@ -125,8 +125,9 @@ def test_an_agent_past_its_time_limit_is_stopped_graded_and_every_session_closed
     url, server = start_local_sandbox(max_concurrency=2, extra_args=["--egress", "gateway=127.0.0.1:9"])
     try:
         pool = SandboxPool(lambda egress: SlimeSandbox(url, egress=egress), concurrency=2, cluster_wide=False)
+        grade = 'cd "$SLIME_WORKSPACE" && test -f edited.txt && test -f seed.txt'  # (grading runs in its own dir)
         agent = CommandAgent(CommandAgentConfig(command="echo started; touch edited.txt; sleep 60", timeout=2,
-                                                grade_command="test -f edited.txt && test -f seed.txt"), pool)
+                                                grade_command=grade), pool)
         sample = Sample(index=0, prompt="p", metadata={"files": {"seed.txt": "s"}})
         outcome = asyncio.run(agent.run(sample, session_key="k", base_path="/s/k"))
         with urllib.request.urlopen(url + "/sessions") as r:

@@ -49,6 +49,7 @@ def assert_token_exact(stack, sample: Sample, bodies: list[dict]) -> None:
 
 def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
     msgs = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "case=tool-oa 3+4?"}]
+    stack.gateway.open_session("oa-1")
     with openai.OpenAI(base_url=stack.gateway.base_url("oa-1"), api_key="unused", max_retries=0) as client:
         r1 = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
         call = r1.choices[0].message.tool_calls[0]
@@ -72,7 +73,8 @@ def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
 def test_anthropic_sdk_tool_use_round_trip_streamed_and_not(stack):
     tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD_TOOL["function"]["parameters"]}]
     msgs = [{"role": "user", "content": "case=tool-an 3+4?"}]
-    with anthropic.Anthropic(base_url=stack.gateway.url, api_key="an-1", max_retries=0) as client:
+    key = stack.gateway.open_session("an-1")
+    with anthropic.Anthropic(base_url=stack.gateway.url, api_key=key, max_retries=0) as client:
         m1 = client.messages.create(model="m", max_tokens=64, system="You add numbers.", messages=msgs, tools=tools)
         [use] = [b for b in m1.content if b.type == "tool_use"]
         assert (m1.stop_reason, use.name, use.input) == ("tool_use", "add", {"a": 3, "b": 4})
@@ -92,6 +94,7 @@ def test_openai_responses_api_function_call_round_trip(stack):
     tools = [{"type": "function", "name": "add", "description": "Add two integers.",
               "parameters": ADD_TOOL["function"]["parameters"]}]
     items: list = [{"role": "user", "content": "case=tool-rs 3+4?"}]
+    stack.gateway.open_session("rs-1")
     with openai.OpenAI(base_url=stack.gateway.base_url("rs-1"), api_key="unused", max_retries=0) as client:
         r1 = client.responses.create(model="m", instructions="You add numbers.", input=items, tools=tools)
         [call] = [o for o in r1.output if o.type == "function_call"]
@@ -120,6 +123,7 @@ def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
         return a + b
 
     sid, case = f"ag-{api}", f"tool-ag{api}"
+    stack.gateway.open_session(sid)
 
     async def run_agent():
         """On a loop of its own that `asyncio.run` closes, with the client closed on it first
@@ -139,11 +143,12 @@ def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
     assert_token_exact(stack, sample, bodies)
 
 
-def test_a_session_is_named_by_url_key_header_or_api_key(stack):
+def test_a_session_is_named_by_its_key_in_the_url_a_header_or_the_api_key(stack):
     gw = stack.gateway
+    keys = {sid: gw.open_session(sid) for sid in ("s-url", "s-header", "s-key")}
     by_url = dict(base_url=gw.base_url("s-url"), api_key="other")
-    by_header = dict(base_url=f"{gw.url}/v1", api_key="other", default_headers={"X-Session-Id": "s-header"})
-    by_key = dict(base_url=f"{gw.url}/v1", api_key="s-key")
+    by_header = dict(base_url=f"{gw.url}/v1", api_key="other", default_headers={"X-Session-Id": keys["s-header"]})
+    by_key = dict(base_url=f"{gw.url}/v1", api_key=keys["s-key"])
     for named, case in ((by_url, "chat-u"), (by_header, "chat-h"), (by_key, "chat-k")):
         with openai.OpenAI(**named, max_retries=0) as client:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"case={case} hi"}])
@@ -178,6 +183,7 @@ def test_an_edited_history_forks_a_second_sample_and_later_turns_cost_one_delta(
     gw = stack.gateway
     msgs = [{"role": "user", "content": "case=chat-f hi"}]
     renders = gw.pipeline.renderer.full_renders
+    gw.open_session("fork-1")
     with openai.OpenAI(base_url=gw.base_url("fork-1"), api_key="x", max_retries=0) as client:
         for _ in range(3):
             r = client.chat.completions.create(model="m", messages=msgs)
@@ -194,6 +200,7 @@ def test_an_edited_history_forks_a_second_sample_and_later_turns_cost_one_delta(
 
 
 def test_a_turn_cut_at_max_tokens_is_reported_as_length_and_the_sample_truncated(stack):
+    stack.gateway.open_session("len-1")
     with openai.OpenAI(base_url=stack.gateway.base_url("len-1"), api_key="x", max_retries=0) as client:
         r = client.chat.completions.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "case=long"}])
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
@@ -277,6 +284,7 @@ def test_an_agent_that_crashes_keeps_its_turns_and_one_that_never_speaks_fails_i
 def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_format(stack):
     gw = stack.gateway
     gw.open_session("cap-1", max_turns=1)
+    openai_url = gw.base_url("cap-1")  # (the straggler below keeps the key of the session it had)
     msgs = [{"role": "user", "content": "case=chat-cap hi"}]
     with anthropic.Anthropic(base_url=gw.base_url("cap-1", api="anthropic"), api_key="x", max_retries=0) as client:
         client.messages.create(model="m", max_tokens=16, messages=msgs)
@@ -285,7 +293,7 @@ def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_form
     assert "--agent-max-turns" in capped.value.body["error"]["message"]
     [sample] = finish(stack, "cap-1")
     assert_token_exact(stack, sample, stack.requests_of("chat-cap"))
-    with openai.OpenAI(base_url=gw.base_url("cap-1"), api_key="x", max_retries=0) as client, \
+    with openai.OpenAI(base_url=openai_url, api_key="x", max_retries=0) as client, \
             pytest.raises(openai.InternalServerError) as closed:  # a straggler after the sample was built
         client.chat.completions.create(model="m", messages=msgs)
     assert closed.value.status_code == 503 and "closed" in closed.value.message
@@ -294,13 +302,14 @@ def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_form
 def test_malformed_requests_are_refused_before_any_engine_call_naming_the_field(stack):
     import httpx
 
-    url, before = stack.gateway.url, len(stack.requests)
-    not_json = httpx.post(f"{url}/s/bad-1/v1/chat/completions", content=b"{nope", timeout=30)
+    stack.gateway.open_session("bad-1")
+    url, before = stack.gateway.url + stack.gateway.session_path("bad-1"), len(stack.requests)
+    not_json = httpx.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=30)
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]["message"]
-    no_messages = httpx.post(f"{url}/s/bad-1/v1/messages", json={"model": "m", "max_tokens": 4}, timeout=30)
+    no_messages = httpx.post(f"{url}/v1/messages", json={"model": "m", "max_tokens": 4}, timeout=30)
     assert no_messages.status_code == 400
     assert no_messages.json()["error"]["message"].startswith("messages:")
-    chained = httpx.post(f"{url}/s/bad-1/v1/responses", json={"model": "m", "input": "hi",
+    chained = httpx.post(f"{url}/v1/responses", json={"model": "m", "input": "hi",
                                                                "previous_response_id": "resp_1"}, timeout=30)
     assert chained.status_code == 400 and chained.json()["error"]["message"].startswith("previous_response_id:")
     assert len(stack.requests) == before and finish(stack, "bad-1") == []
@@ -340,6 +349,7 @@ def test_finishing_a_session_waits_for_its_turn_in_flight_or_cancels_and_aborts_
     msgs = [{"role": "user", "content": "case=chat-held hi"}]
 
     def ask(sid: str):
+        gw.open_session(sid)
         with openai.OpenAI(base_url=gw.base_url(sid), api_key="x", max_retries=0) as client:
             return client.chat.completions.create(model="m", messages=msgs)
 

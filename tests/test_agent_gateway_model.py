@@ -30,6 +30,7 @@ def test_openai_sdk_session_on_the_default_model_is_token_exact():
         gw = Gateway(client, tokenizer=tok, config=GatewayConfig(max_context_tokens=2048)).start()
         try:
             msgs = [{"role": "user", "content": "What is the capital of France?"}]
+            gw.open_session("smol-1")
             with openai.OpenAI(base_url=gw.base_url("smol-1"), api_key="x", max_retries=0) as sdk:
                 r1 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0.0)
                 msgs += [{"role": "assistant", "content": r1.choices[0].message.content},

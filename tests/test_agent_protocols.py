@@ -113,3 +113,80 @@ def test_an_engines_400_is_the_clients_bad_request_and_an_over_long_prompt_says_
     assert isinstance(_engine_refusal(HttpError("x", 400, "bad top_p"), 3, "s"), BadRequestError)
     down = _engine_refusal(HttpError("POST /generate failed after 3 attempt(s)", None, ""), 3, "s")
     assert isinstance(down, EngineFailedError) and down.status == 502
+
+
+# ---------------------------------------------------------------- media blocks and tool_choice
+
+MEDIA = {"anthropic": ["image", "document"], "chat": ["image_url", "input_audio", "file"],
+         "responses": ["input_image", "input_file"]}
+
+
+@st.composite
+def content_with_media(draw):
+    """(api, body, path of the first media block): text blocks around one media block, which may sit
+    inside a tool result (Anthropic) or a function output (Responses)."""
+    api = draw(st.sampled_from(sorted(MEDIA)))
+    kind = draw(st.sampled_from(MEDIA[api]))
+    text_type = {"anthropic": "text", "chat": "text", "responses": "input_text"}[api]
+    before = draw(st.integers(0, 3))
+    blocks = [{"type": text_type, "text": f"t{i}"} for i in range(before)]
+    blocks += [{"type": kind, "source": {"data": "QUJD" * 50}}, {"type": text_type, "text": "after"}]
+    nested = api != "chat" and draw(st.booleans())
+    if api == "anthropic":
+        if nested:
+            msg = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": blocks}]}
+            return api, {"max_tokens": 4, "messages": [msg]}, f"messages[0].content[0].content[{before}]"
+        return api, {"max_tokens": 4, "messages": [{"role": "user", "content": blocks}]}, \
+            f"messages[0].content[{before}]"
+    if api == "chat":
+        return api, {"messages": [{"role": "user", "content": blocks}]}, f"messages[0].content[{before}]"
+    if nested:
+        return api, {"input": [{"type": "function_call_output", "call_id": "c", "output": blocks}]}, \
+            f"input[0].output[{before}]"
+    return api, {"input": [{"role": "user", "content": blocks}]}, f"input[0].content[{before}]"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(content_with_media())
+def test_a_media_block_anywhere_is_refused_naming_its_path_and_type(case):
+    from slime.agent.errors import FieldError
+
+    api, body, path = case
+    protocol = {"anthropic": anthropic, "chat": openai_chat, "responses": openai_responses}[api]
+    try:
+        protocol.parse_request(body, {})
+    except FieldError as e:
+        assert e.param == path and str(e).split("'")[1] in MEDIA[api]  # "<path>: a '<type>' block: ..."
+    else:
+        raise AssertionError(f"{api}: a media block at {path} was accepted")
+
+
+TOOLS = {"anthropic": [{"name": "f", "input_schema": {}}, {"name": "g", "input_schema": {}}],
+         "chat": [{"type": "function", "function": {"name": n}} for n in ("f", "g")],
+         "responses": [{"type": "function", "name": n} for n in ("f", "g")]}
+
+
+def spelled(api: str, mode: str, name: str | None, parallel: bool) -> dict:
+    """One tool choice in `api`'s own spelling."""
+    if api == "anthropic":
+        kind = {"auto": "auto", "none": "none", "required": "tool" if name else "any"}[mode]
+        return {"tool_choice": {"type": kind, **({"name": name} if name else {}),
+                                "disable_parallel_tool_use": not parallel}}
+    choice = mode if not name else ({"type": "function", "function": {"name": name}} if api == "chat"
+                                    else {"type": "function", "name": name})
+    return {"tool_choice": choice, "parallel_tool_calls": parallel}
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.sampled_from(sorted(TOOLS)), st.sampled_from(["auto", "none", "required"]),
+       st.sampled_from([None, "f", "g"]), st.booleans())
+def test_each_apis_tool_choice_spelling_means_the_same_and_none_offers_no_tools(api, mode, name, parallel):
+    from slime.agent.records import ToolChoice
+
+    name = name if mode == "required" else None
+    body = {"anthropic": {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},
+            "chat": {"messages": [{"role": "user", "content": "x"}]}, "responses": {"input": "x"}}[api]
+    protocol = {"anthropic": anthropic, "chat": openai_chat, "responses": openai_responses}[api]
+    req = protocol.parse_request({**body, "tools": TOOLS[api], **spelled(api, mode, name, parallel)}, {})
+    assert req.tool_choice == ToolChoice(mode, name, parallel)
+    assert (req.tools is None) == (mode == "none")

@@ -39,6 +39,7 @@ def add(a: int, b: int) -> int:
 
 
 def test_strands_agent_on_its_openai_provider_completes_a_token_exact_gateway_session(stack):
+    stack.gateway.open_session("st-1")
     model = OpenAIModel(client_args={"base_url": stack.gateway.base_url("st-1"), "api_key": "unused",
                                      "max_retries": 0}, model_id="m", params={"max_tokens": 64})
     agent = Agent(model=model, tools=[add], system_prompt="You add numbers.", callback_handler=None)

@@ -72,17 +72,19 @@ def gateway():
 
 
 def post(gw: Gateway, api: str, content: bytes, sid: str = SID) -> httpx.Response:
+    """`content` sent to the session `sid`-`api` (opened on first use), with its key."""
+    if f"{sid}-{api}" not in gw.sessions:
+        gw.open_session(f"{sid}-{api}")
     return httpx.post(gw.url + PATHS[api], content=content, timeout=30.0,
-                      headers={"Content-Type": "application/json", "X-Session-Id": f"{sid}-{api}"})
+                      headers={"Content-Type": "application/json", "X-Session-Id": gw.session_key(f"{sid}-{api}")})
 
 
 def snapshot(gw: Gateway, api: str) -> tuple:
-    """What a refused request must not change: the session's turns and prefix, the trajectory's
+    """What a refused request must not change: the session's turns and answers sent, the trajectory's
     recorded turns, the engine calls made."""
     sid = f"{SID}-{api}"
     session = gw.sessions._sessions.get(sid)
-    prefix = session.prefix if session else None
-    return (session.turns if session else 0, prefix and (list(prefix.ids), list(prefix.output_ids)),
+    return (session.turns if session else 0, len(session.conversations) if session else 0,
             gw.manager.turn_count(sid), len(gw.scripted_engine.requests))
 
 
@@ -236,7 +238,8 @@ def test_bytes_that_are_not_a_json_request_are_refused(gateway, api, raw):
 
 
 def test_count_tokens_refuses_a_broken_body_in_anthropics_format(gateway):
-    url = gateway.url + "/v1/messages/count_tokens"
+    gateway.open_session("counting")
+    url = gateway.base_url("counting", api="anthropic") + "/v1/messages/count_tokens"
     bad = httpx.post(url, json={"messages": [{"role": "narrator", "content": "x"}]}, timeout=30.0)
     assert bad.status_code == 400 and error_field("anthropic", bad) == "messages[0].role"
     deep = httpx.post(url, content=b"[" * 100_000, timeout=30.0)

@@ -105,9 +105,11 @@ def test_a_truncated_file_is_refused_before_anything_starts(ckpt, tiny_model_dir
     size = path.stat().st_size
     with open(path, "r+b") as f:
         f.truncate(size - 100)
-    if not with_manifest:  # a checkpoint from before manifests: the format check alone catches it
+    extra = []
+    if not with_manifest:  # a checkpoint from before manifests, accepted by name: the format check catches it
         (checkpoint_dir(ckpt, 1) / MANIFEST).unlink()
-    rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
+        extra = ["--load-without-manifest"]
+    rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt), *extra), capsys)
     assert rc == 1 and seen == []
     expected = (f"has {size - 100} bytes, manifest.json says {size}" if with_manifest else
                 "truncated")
@@ -124,6 +126,51 @@ def test_a_flipped_byte_is_refused_by_its_hash(ckpt, tiny_model_dir, data_file, 
     assert rc == 1 and seen == []
     assert err == (f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {path}: sha256 differs from "
                    "manifest.json (corrupted)\n")
+
+
+def test_a_checkpoint_without_its_manifest_is_refused_unless_the_risk_is_named(ckpt, tiny_model_dir, data_file,
+                                                                              capsys):
+    """The manifest deleted and 16 bytes of the weights flipped (their format intact): refused, naming
+    the flag that takes the risk; with it, the run starts (as before, when this trained on the
+    corrupted weights: entropy 11.9 -> 0.000)."""
+    path = checkpoint_dir(ckpt, 1) / "model" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) - 16, len(data)):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    (checkpoint_dir(ckpt, 1) / MANIFEST).unlink()
+    rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
+    assert rc == 1 and seen == []
+    assert err == (f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {checkpoint_dir(ckpt, 1) / MANIFEST} "
+                   "is missing, so nothing says its files are the ones written (a byte changed in the weights would "
+                   "be trained on and pushed); restore it, or pass --load-without-manifest to load the checkpoint "
+                   "on its format checks alone\n")
+    rc, seen, _, _ = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt), "--load-without-manifest"), capsys)
+    assert rc == 0 and seen == [2]
+
+
+def test_the_trainer_loads_the_checkpoint_preflight_verified(ckpt, tiny_model_dir, data_file, capsys):
+    """Another run moves the tracker to a newer (here: corrupted) checkpoint after preflight verified
+    rollout 1: the trainer still loads rollout 1 (it loaded whatever the tracker named by then)."""
+    from slime.train.checkpoint import latest_checkpoint
+
+    args = []
+    rc = run_cli("slime-train", _argv(tiny_model_dir, data_file, "--load", str(ckpt)), parse_train_args, args.append)
+    assert rc == 0
+    newer = checkpoint_dir(ckpt, 7)
+    shutil.copytree(checkpoint_dir(ckpt, 1), newer)
+    (newer / "optimizer.pt").write_bytes(b"corrupted")
+    (ckpt / CHECKPOINT_TRACKER).write_text("7")
+    [resolved] = args
+    assert resolved.start_rollout_id == 2 and latest_checkpoint(resolved.load, resolved.ckpt_step) == 1
+    from slime.train.worker import TrainWorker
+    from slime.utils.misc import find_free_port
+
+    worker = TrainWorker(resolved, 1, 0)
+    try:
+        assert worker.init("127.0.0.1", find_free_port("127.0.0.1"))["loaded_rollout_id"] == 1
+    finally:
+        worker.shutdown()
 
 
 def test_resume_says_what_happens_when_the_data_state_is_newer_than_the_model(ckpt, tiny_model_dir, data_file,

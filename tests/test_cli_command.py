@@ -88,14 +88,28 @@ def test_other_errors_get_a_headline(capsys):
 
 
 def test_resume_is_announced_before_the_body(capsys, tmp_path):
+    (tmp_path / "latest_rollout_id.txt").write_text("1")
+    (tmp_path / "rollout_state_1.json").write_text(json.dumps(
+        {"epoch_id": 0, "offset": 4, "group_counter": 2, "sample_counter": 4, "buffer": []}))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"question {i}"}) + "\n" for i in range(8)))
+    seen = []
+    assert _run(lambda a: seen.append(a.start_rollout_id),
+                _args(load=str(tmp_path), num_rollout=3, prompt_data=str(prompts))) == 0
+    assert seen == [2]
+    assert capsys.readouterr().out == f"--load {tmp_path}: resuming after rollout 1, at rollout 2\n"
+
+
+def test_a_resume_with_nothing_left_to_do_ends_before_anything_starts(capsys, tmp_path):
+    """The body (Ray, engines, the first weight push: 70 s) never runs for no rollout."""
     (tmp_path / "latest_rollout_id.txt").write_text("2")
     (tmp_path / "rollout_state_2.json").write_text(json.dumps(
         {"epoch_id": 0, "offset": 6, "group_counter": 3, "sample_counter": 6, "buffer": []}))
     seen = []
     assert _run(lambda a: seen.append(a.start_rollout_id), _args(load=str(tmp_path), num_rollout=3)) == 0
-    assert seen == [3]
+    assert seen == []
     assert capsys.readouterr().out == (f"--load {tmp_path}: resuming after rollout 2, at rollout 3 "
-                                       "(nothing left to do: --num-rollout 3)\n")
+                                       "(nothing left to do: --num-rollout 3; nothing was started)\n")
 
 
 def test_sigterm_re_raised_as_a_plain_keyboard_interrupt_still_exits_143(capsys):

@@ -181,3 +181,16 @@ def test_any_answer_is_a_consistent_output_or_a_classified_bad_answer(body):
     sent = json.loads(body) if isinstance(body, bytes) else body
     assert out.token_ids == [p[1] for p in sent["meta_info"]["output_token_logprobs"]]  # nothing dropped
     assert out.log_probs == [p[0] for p in sent["meta_info"]["output_token_logprobs"]]  # nothing invented
+
+
+def test_top_log_probs_asked_for_are_read_per_position_and_checked_like_the_sampled_ones():
+    body = good()
+    body["meta_info"]["output_top_logprobs"] = [[[-0.1, 9, None], [-0.5, 3, None]], [[-0.2, 4, "x"]],
+                                                [[-0.25, 5, None], [-3.0, 1, None]]]
+    out = parse_generate_answer(body, vocab_size=VOCAB, top_logprobs_num=2)
+    assert out.top_log_probs == [[(-0.1, 9), (-0.5, 3)], [(-0.2, 4)], [(-0.25, 5), (-3.0, 1)]]
+    assert parse(body).top_log_probs == []  # not asked: not read
+    for broken in ([[[-0.1, 9, None]]], [[[0.5, 9, None]], [], []], [[[-0.1, VOCAB, None]], [], []], None):
+        body["meta_info"]["output_top_logprobs"] = broken
+        with pytest.raises(BadAnswer):
+            parse_generate_answer(body, vocab_size=VOCAB, top_logprobs_num=2)

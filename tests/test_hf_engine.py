@@ -209,6 +209,27 @@ def test_generation_with_prompt_logprobs_keeps_its_tokens_and_output_logprobs(en
     assert tail == pytest.approx(out_lps, abs=1e-4)
 
 
+def test_top_logprobs_num_reports_the_k_most_likely_tokens_of_the_sampling_distribution(engine, hf):
+    model, _ = hf
+    ids = PROMPTS[3]
+    for temperature in (0, 0.7):
+        body = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 4,
+                "sampling_params": {"temperature": temperature, "ignore_eos": True, "max_new_tokens": 5,
+                                    "sampling_seed": 3}}
+        answer = engine.post("/generate", json=body).json()
+        out, meta = answer["output_ids"], answer["meta_info"]
+        rows = meta["output_top_logprobs"]
+        with torch.no_grad():  # the whole distribution at each sampled position, as the engine scales it
+            logits = model(torch.tensor([ids + out])).logits[0, len(ids) - 1:-1].float()
+        full = torch.log_softmax(logits / (temperature or 1.0), -1)
+        for row, dist, (lp, token, _) in zip(rows, full, meta["output_token_logprobs"], strict=True):
+            best = torch.topk(dist, 4)
+            assert [i for _, i, _ in row] == best.indices.tolist()
+            assert [v for v, _, _ in row] == pytest.approx(best.values.tolist(), abs=1e-4)
+            assert lp <= row[0][0] + 1e-6 and (temperature or token == row[0][1])  # greedy samples the best
+    assert "output_top_logprobs" not in gen(engine, ids, max_new_tokens=2)["meta_info"]  # not asked, not sent
+
+
 def _background(client, ids, results, key, **sp):
     results[key] = gen(client, ids, **sp)
 
@@ -306,6 +327,7 @@ def test_client_disconnect_aborts_a_non_streaming_request(engine):
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": "0"}, "logprob_start_len"),
+    ({"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
 ])
 def test_bad_requests_are_400_naming_the_field(engine, body, field):
     r = engine.post("/generate", json=body)

@@ -1,8 +1,8 @@
 """An engine killed during a weight push, in slime-train's own pieces (issue 20, item 7): the rollout
 manager with two embedded engines, one trainer worker pushing by the distributed path (shared-memory
 ring), the tiny model. The push notices the death at once (the fleet's exit notice), finishes to the
-survivor, the fleet restarts the engine, the replacement waits in `awaiting_weights` and gets the
-weights at the next push (checksums), and the run goes on."""
+survivor, the fleet restarts the engine, the replacement loads the push the trainer kept (issue 31: it
+serves the trainer's weights at once, checksums equal) and the next push reaches both; the run goes on."""
 
 from __future__ import annotations
 
@@ -50,12 +50,13 @@ def test_engine_killed_mid_push_the_run_goes_on(parts):
                           timeout=60).json()
     assert check["equal"], check["message"]
 
-    # the fleet restarts it; with the disk weights it waits for the trainer's next push
-    replaced = wait_engine_state(manager, 1, ("awaiting_weights",))
+    # the fleet restarts it; it loads the push the trainer kept and serves, without waiting for the next one
+    replaced = wait_engine_state(manager, 1, ("healthy",))
     assert replaced["url"] != old_url and replaced["restarts"] == 1
-    out = group.update_weights(manager, "1", "distributed")
+    checks = ray.get(manager.check_weights.remote("compare", trained))
+    assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
+    out = group.update_weights(manager, "1", "distributed")  # the next push re-forms the group with it
     assert out["engines"] == 2 and out["engines_died"] == []
-    assert wait_engine_state(manager, 1, ("healthy",))["url"] == replaced["url"]
     checks = ray.get(manager.check_weights.remote("compare", trained))
     assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
     boxes = ray.get(manager.generate.remote(1))  # the run goes on, on both engines

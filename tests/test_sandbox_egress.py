@@ -89,8 +89,10 @@ def test_the_gateway_answers_inside_a_session_and_records_exactly_what_was_sampl
     stack = env["stack"]
     s = _open(env["url"], egress="gateway")
     assert s["egress_url"] == "http://127.0.0.1:80"
+    stack.gateway.open_session("eg-1")
     try:
-        out = _python(env["url"], s["session_id"], CHAT.format(base=f"{s['egress_url']}/s/eg-1/v1"))
+        out = _python(env["url"], s["session_id"],
+                      CHAT.format(base=f"{s['egress_url']}{stack.gateway.session_path('eg-1')}/v1"))
         assert (out["returncode"], out["stdout"], out["stderr"]) == (0, f"{REPLY}\n{REPLY} data: [DONE]\n", "")
         counters = requests.get(f"{env['url']}/sessions/{s['session_id']}", timeout=10).json()["egress_counters"]
         assert (counters["connections"], counters["refused"], counters["failed"]) == (2, 0, 0)

@@ -57,10 +57,13 @@ def env(tmp_path_factory):
 def test_claude_code_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
     from slime.agent.sandbox_slime import SlimeSandbox
 
+    env["stack"].gateway.open_session("ccs-1")
+    path = env["stack"].gateway.session_path("ccs-1")
+
     async def agent():
         async with SlimeSandbox(env["url"], egress="gateway", memory_mb=4096) as sb:
             return await sb.exec(f"{env['claude']} -p 'case=ccs say hi' < /dev/null", timeout=300, env={
-                "ANTHROPIC_API_KEY": "any", "ANTHROPIC_BASE_URL": f"{sb.egress_url}/s/ccs-1",
+                "ANTHROPIC_API_KEY": "any", "ANTHROPIC_BASE_URL": f"{sb.egress_url}{path}",
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"})
 
     run = asyncio.run(agent())
@@ -72,10 +75,13 @@ def test_claude_code_runs_inside_a_session_with_the_gateway_as_its_only_way_out(
 def test_codex_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
     from slime.agent.sandbox_slime import SlimeSandbox
 
+    env["stack"].gateway.open_session("cxs-1")
+    path = env["stack"].gateway.session_path("cxs-1")
+
     async def agent():
         async with SlimeSandbox(env["url"], egress="gateway", memory_mb=4096) as sb:
             await sb.write_file("/home/agent/.codex/config.toml", CONFIG_TOML.format(
-                model="slime-actor", base_url=f"{sb.egress_url}/s/cxs-1/v1", wire_api="responses"))
+                model="slime-actor", base_url=f"{sb.egress_url}{path}/v1", wire_api="responses"))
             return await sb.exec(f"node {env['codex']} exec --skip-git-repo-check 'case=cxs say hi' < /dev/null",
                                  timeout=300, env={"CODEX_HOME": "/home/agent/.codex", "OPENAI_API_KEY": "any"})
 
@@ -86,7 +92,7 @@ def test_codex_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
 
 SDK_SCRIPT = """
 import os, openai
-client = openai.OpenAI(base_url=os.environ["SLIME_EGRESS_URL"] + "/s/sdk-1/v1", api_key="any", max_retries=0)
+client = openai.OpenAI(base_url=os.environ["SLIME_EGRESS_URL"] + "/v1", api_key=os.environ["KEY"], max_retries=0)
 reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "case=sdk hi"}], max_tokens=16)
 print(reply.choices[0].message.content)
 """
@@ -95,9 +101,11 @@ print(reply.choices[0].message.content)
 def test_an_openai_sdk_script_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
     from slime.agent.sandbox_slime import SlimeSandbox
 
+    key = env["stack"].gateway.open_session("sdk-1")
+
     async def agent():
         async with SlimeSandbox(env["url"], egress="gateway", memory_mb=1024) as sb:
-            return await sb.exec(f"{sys.executable} -", stdin=SDK_SCRIPT, timeout=120)
+            return await sb.exec(f"{sys.executable} -", stdin=SDK_SCRIPT, timeout=120, env={"KEY": key})
 
     run = asyncio.run(agent())
     assert (run.returncode, run.stdout) == (0, "Done.\n"), run.stderr[-2000:]

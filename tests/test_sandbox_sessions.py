@@ -250,8 +250,8 @@ def test_a_forgotten_session_is_closed_at_its_idle_deadline(url):
     sid = _open(url, idle_timeout=0.5)["session_id"]
     assert _exec(url, sid, "sleep 1; echo not idle while running")["stdout"] == "not idle while running\n"
     assert until(lambda: requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404)
-    listing = requests.get(f"{url}/sessions", timeout=10).json()
-    assert listing["closed_idle"] >= 1 and sid not in {s["session_id"] for s in listing["sessions"]}
+    listing = requests.get(f"{url}/sessions", timeout=10)
+    assert listing.json()["closed_idle"] >= 1 and sid not in listing.text
 
 
 def test_a_session_past_its_lifetime_is_closed_even_while_a_command_runs(url):

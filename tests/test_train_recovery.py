@@ -1,10 +1,11 @@
-"""An engine killed between two training steps (issue 13): the fleet restarts it, but the
-replacement boots with the weights on disk while the other engine serves the trainer's version, so
-it stays out of the router (`awaiting_weights`) until the trainer's next push reaches it
-(slime's flow: `recover_updatable_engines` -> `get_updatable_engines_and_lock` with
-`num_new_engines` -> group re-formed -> push). Then it reports the pushed version, its weights equal
-the trainer's by checksum, and only then it takes requests: no sample ever carries the disk weights'
-version once the trainer has pushed.
+"""An engine killed between two training steps (issue 13): the fleet restarts it, and the
+replacement, booted with the weights on disk while the other engine serves the trainer's version, loads
+the trainer's last push (kept in Ray's object store for that purpose, issue 31) before it takes a request:
+it reports the pushed version and its weights equal the trainer's by checksum, without waiting for the next
+push. No sample ever carries the disk weights' version once the trainer has pushed; the next push (slime's
+flow: `recover_updatable_engines` -> `get_updatable_engines_and_lock` with `num_new_engines` -> group
+re-formed) reaches it like any engine. (Without kept weights it waits in `awaiting_weights` for that push:
+tests/test_fleet_awaiting_weights.py, tests/test_fleet_kept_weights.py.)
 
 slime-train's own pieces: the rollout manager, one trainer worker (the distributed path), the tiny model.
 """
@@ -62,27 +63,19 @@ def test_killed_engine_serves_only_after_the_current_weights_reach_it(loop_parts
     assert batch_weight_versions(boxes) == {"1"}
     assert ray.get(manager.recover_updatable_engines.remote()) == 1  # num_new_engines
 
-    # back, but with the disk weights: kept out of the router, still one of the engines a push reaches
-    restarted = wait_engine_state(manager, 0, ("awaiting_weights",))
+    # back with the trainer's version 1, loaded before it was registered
+    restarted = wait_engine_state(manager, 0, ("healthy",))
     assert restarted["url"] != old_url and restarted["restarts"] == 1
     url = restarted["url"]
-    assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "default"
-    status = ray.get(manager.status.remote())
-    assert url not in status["engine_urls"] and len(status["engine_urls"]) == 1
-    engines, _lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
-    assert len(engines) == 2 and num_new == 1
-    boxes = ray.get(manager.generate.remote(1))  # a rollout while it waits: still never reaches it
-    assert batch_weight_versions(boxes) == {"1"} and _served(url) == 0
-
-    # the trainer's next push (slime's flow: recover, engines + num_new_engines, re-formed group) admits it
-    group.update_weights(manager, "1", "distributed")
-    assert wait_engine_state(manager, 0, ("healthy",))["url"] == url
-    assert _served(url) == 0  # registered only now: no request reached it before its weights were current
     assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "1"
     checks = ray.get(manager.check_weights.remote("compare", trained))
     assert [c["equal"] for c in checks] == [True, True], [c["message"] for c in checks]
-    assert sorted(ray.get(manager.status.remote())["engine_urls"]) == sorted([url, *status["engine_urls"]])
-    assert ray.get(manager.get_updatable_engines_and_lock.remote())[2] == 0
-
     boxes = ray.get(manager.generate.remote(2))
     assert batch_weight_versions(boxes) == {"1"} and _served(url) > 0
+
+    # the trainer's next push (slime's flow: recover, engines + num_new_engines, re-formed group) reaches it too
+    engines, _lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
+    assert len(engines) == 2 and num_new == 1
+    group.update_weights(manager, "2", "distributed")
+    assert requests.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"] == "2"
+    assert ray.get(manager.get_updatable_engines_and_lock.remote())[2] == 0

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from slime.interactions.adapter import InteractionAdapter, InteractionError, UserReply
 from slime.interactions.gsm8k_interaction import CORRECT, INCORRECT, Gsm8kInteraction, strict_gsm8k_score
+from slime.interactions.verl_gsm8k_interaction import Gsm8kInteraction as VerlGsm8kInteraction
 from slime.interactions.registry import (InteractionConfigError, default_name, interaction_names,
                                          load_interaction_config)
 
@@ -91,7 +92,7 @@ def test_names_follow_verl_given_or_from_the_class_and_reach_the_config(tmp_path
                                             {"name": "second", "class_name": SCRIPTED, "config": {"replies": []}}]})
     loaded = load_interaction_config(path)
     assert loaded.names == interaction_names(path) == ["gsm8k", "second"]
-    assert isinstance(loaded.by_name["gsm8k"].inner, Gsm8kInteraction)
+    assert isinstance(loaded.by_name["gsm8k"].inner, VerlGsm8kInteraction)  # verl's name: verl's behaviour
     assert loaded.by_name["second"].inner.config == {"replies": [], "name": "second"}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slime.tools.gsm8k_tool import Gsm8kTool
+from slime.tools.verl_answer_tools import VerlGsm8kTool
 from slime.tools.registry import ToolConfigError, load_tool_config
 from slime.tools.sandbox_fusion_tool import SandboxFusionTool
 from slime.tools.search_tool import SearchTool
@@ -26,7 +26,7 @@ without_verl = pytest.mark.skipif(verl_installed(), reason="checks the mapping u
 # ---- verl's YAMLs, unchanged ----------------------------------------------------------------------
 @without_verl
 @pytest.mark.parametrize("config,names,cls", [
-    ("gsm8k_tool_config.yaml", ["calc_gsm8k_reward"], Gsm8kTool),
+    ("gsm8k_tool_config.yaml", ["calc_gsm8k_reward"], VerlGsm8kTool),
     ("sandbox_fusion_tool_config.yaml", ["code_interpreter"], SandboxFusionTool),
     ("search_tool_config.yaml", ["search"], SearchTool),
 ])
@@ -35,7 +35,7 @@ def test_verl_yaml_loads_unchanged(config, names, cls, caplog):
         tools = load_tool_config(VERL / config)
     assert tools.names == names and type(tools[names[0]]) is cls
     notes = [r.getMessage() for r in caplog.records if r.name == "slime.tools.registry"]
-    verl_name = {Gsm8kTool: "verl.tools.gsm8k_tool.Gsm8kTool", SearchTool: "verl.tools.search_tool.SearchTool",
+    verl_name = {VerlGsm8kTool: "verl.tools.gsm8k_tool.Gsm8kTool", SearchTool: "verl.tools.search_tool.SearchTool",
                  SandboxFusionTool: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"}[cls]
     assert notes == [f"{VERL / config}: tools[0]: {verl_name} -> {cls.__module__}.{cls.__name__} "
                      f"(verl is not installed; slime's equivalent)"]
@@ -53,11 +53,11 @@ def test_verl_search_yaml_keeps_its_schema_and_config():
 @without_verl
 async def test_verl_gsm8k_yaml_runs_with_both_create_conventions():
     tool = load_tool_config(VERL / "gsm8k_tool_config.yaml")["calc_gsm8k_reward"]
-    iid, _ = await tool.create(create_kwargs={"ground_truth": "#### 72"})  # verl's agent loop
+    iid, _ = await tool.create(create_kwargs={"ground_truth": "72"})  # verl's agent loop, verl's data recipe
     resp, step, _ = await tool.execute(iid, {"answer": "72"})
     assert (resp.text, step, await tool.calc_reward(iid)) == ("Current parsed answer='72' reward=1.0", 0.0, 1.0)
     await tool.release(iid)
-    iid, _ = await tool.create("x", ground_truth="#### 72")  # the older convention
+    iid, _ = await tool.create("x", ground_truth="72")  # the older convention
     assert iid == "x" and (await tool.execute(iid, {"answer": "70"}))[1] == -0.05
     await tool.release(iid)
 

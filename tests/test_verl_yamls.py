@@ -9,7 +9,7 @@ own errors and boundaries: tests/test_verl_interactions.py.)
 | tool_config/sandbox_fusion_tool_config.yaml, tests' copy  | loads; refused at start (sandbox URL)     |
 | tool_config/search_tool_config.yaml, tests' copy          | loads; refused at start (retriever URL)   |
 | sandbox / search with only their URL pointed at ours      | runs                                      |
-| tool_config/geo3k_tool_config.yaml                        | loads, runs unchanged (slime's Geo3kTool) |
+| tool_config/geo3k_tool_config.yaml                        | loads, runs unchanged (verl's grading: VerlGeo3kTool) |
 | tool_config/mcp_tool_config.yaml, tests' copy             | refused at load (no MCP client)           |
 | interaction_config/gsm8k_interaction_config.yaml          | loads (--interaction-config-path), runs   |
 |   the same file given to --tool-config-path               | refused at load, pointing to the flag     |
@@ -30,8 +30,7 @@ from slime.tools.reachability import check_services
 from slime.tools.registry import ToolConfigError, load_tool_config
 from slime.tools.sandbox_fusion_tool import SandboxFusionTool
 from slime.tools.search_tool import SearchTool
-from slime.tools.geo3k_tool import Geo3kTool
-from slime.tools.gsm8k_tool import Gsm8kTool
+from slime.tools.verl_answer_tools import VerlGeo3kTool, VerlGsm8kTool
 from slime.tools.verl_compat import verl_installed
 from tests.verl_rollouts import (  # noqa: F401 - tok, stack: the module's fixtures
     PARAMS, call, recipe_sample, rollout, run_turns, say, stack, tok, user_delta)
@@ -44,8 +43,8 @@ INTERACTION = "examples/sglang_multiturn/config/interaction_config/gsm8k_interac
 without_verl = pytest.mark.skipif(verl_installed(), reason="checks the mapping used when verl is not installed")
 
 LOADS = {  # file -> (tool names, slime class)
-    f"{EX}/gsm8k_tool_config.yaml": (["calc_gsm8k_reward"], Gsm8kTool),
-    f"{EX}/geo3k_tool_config.yaml": (["calc_geo3k_reward"], Geo3kTool),
+    f"{EX}/gsm8k_tool_config.yaml": (["calc_gsm8k_reward"], VerlGsm8kTool),
+    f"{EX}/geo3k_tool_config.yaml": (["calc_geo3k_reward"], VerlGeo3kTool),
     f"{EX}/sandbox_fusion_tool_config.yaml": (["code_interpreter"], SandboxFusionTool),
     f"{EX}/search_tool_config.yaml": (["search"], SearchTool),
     f"{TESTS}/sandbox_fusion_tool_config": (["code_interpreter"], SandboxFusionTool),
@@ -72,7 +71,7 @@ REFUSED_AT_LOAD = {  # file -> the whole refusal after "<file>: " ({dir}: the fi
                                  "'./resource/tool_configs/mcp_server.json' (looked in {cwd}/resource/tool_configs, "
                                  "{dir}/resource/tool_configs)"),
 }
-INTERACTIONS = {INTERACTION: (["gsm8k"], "slime.interactions.gsm8k_interaction.Gsm8kInteraction")}
+INTERACTIONS = {INTERACTION: (["gsm8k"], "slime.interactions.verl_gsm8k_interaction.Gsm8kInteraction")}
 SERVER_LISTS = {f"{EX}/mcp_server.json", f"{TESTS}/mcp_server.json"}  # read by the two mcp configs
 
 
@@ -344,12 +343,12 @@ async def test_geo3k_tool_keeps_the_last_submissions_score_as_verl_does():
     tool = load_tool_config(DATA / EX / "geo3k_tool_config.yaml")["calc_geo3k_reward"]
     iid, _ = await tool.create(create_kwargs={"ground_truth": "0.5"})  # verl's agent loop
     assert await tool.execute(iid, {"answer": "\\frac{1}{2}"}) == (
-        ToolResponse(text="Current parsed answer='\\\\frac{1}{2}' reward=1.0"), 0.0, {"score": 1.0})
-    assert (await tool.execute(iid, {"answer": "x"}))[1:] == (-0.05, {"score": 0.0})
+        ToolResponse(text="Current parsed answer='\\\\frac{1}{2}' reward=1.0"), 0.0, {})
+    assert (await tool.execute(iid, {"answer": "x"}))[1:] == (-0.05, {})
     assert await tool.calc_reward(iid) == 0.0  # the last submission's score, not the best
     await tool.release(iid)
     iid, _ = await tool.create("g", ground_truth="3")  # the older convention
-    assert iid == "g" and (await tool.execute(iid, {"answer": 3}))[2] == {"score": 1.0}  # a number is read as text
+    assert iid == "g" and (await tool.execute(iid, {"answer": 3}))[0].text == "Current parsed answer='3' reward=1.0"
     await tool.release(iid)
     assert tool._state == {}
 

@@ -89,7 +89,11 @@ def _status(group_title: str, action: argparse.Action) -> str:
             return "acts"
         return "accepted, not acted on: " + REASONS.get(_title_key(group_title), DEFAULT_REASON)
     if group_title.startswith("sglang-router"):
-        return "stored on `args`, not passed to the router slime starts"
+        from slime.fleet.router_options import NOT_PASSED
+
+        if action.dest in NOT_PASSED:
+            return "accepted, not passed to the router: " + NOT_PASSED[action.dest]
+        return "passed to the router slime starts"
     return "acts"
 
 

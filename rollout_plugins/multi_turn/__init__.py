@@ -42,6 +42,7 @@ from typing import Any
 from rollout_plugins.multi_turn.context import MultiTurnContext
 from rollout_plugins.multi_turn.tool_reward import add_tool_reward
 from rollout_plugins.multi_turn.trajectory import RESUME_KEY, Trajectory
+from rollout_plugins.multi_turn.turn_loop import run_turns
 from slime.utils.types import Sample
 
 __all__ = ["GENERATE_PATH", "RESUME_KEY", "MultiTurnContext", "Trajectory", "add_tool_reward", "generate",
@@ -54,7 +55,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     """slime's per-sample generate contract: one multi-turn trajectory with tools (resumed when it is
     an aborted partial trajectory and --partial-rollout is on)."""
     ctx = MultiTurnContext.get(args)
-    sample = await Trajectory(ctx, args, sample, sampling_params).run()
+    sample = await Trajectory(ctx, args, sample, sampling_params).run(run_turns)
     await add_tool_reward(args, sample)
     return sample
 

@@ -34,6 +34,8 @@ class MultiTurnContext:
         self.parser = get_parser(flag_value(args, "tool_call_parser", "hermes"))
         path = flag_value(args, "interaction_config_path")
         self.interactions: InteractionSet | None = load_interaction_config(path) if path else None
+        for adapter in (self.interactions.by_name.values() if self.interactions else ()):
+            adapter.timeout = flag_value(args, "interaction_timeout")  # None: a Namespace built without it
         kw = flag_value(args, "apply_chat_template_kwargs", {})
         self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
         if not self.delta.renders_tools and self.tools.names:

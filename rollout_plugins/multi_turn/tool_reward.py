@@ -32,7 +32,10 @@ async def add_tool_reward(args: Any, sample: Sample) -> None:
     record.outcome_reward = outcome
     record.store(sample)
     if isinstance(outcome, dict):
-        key = flag_value(args, "reward_key", "score")
+        key = args.reward_key
+        if key is None:
+            raise ValueError("--tool-reward-mode add: the reward function returned a dict; --reward-key must say "
+                             f"which of its entries ({', '.join(map(str, outcome))}) the tool rewards add to")
         sample.reward = {**outcome, key: float(outcome[key]) + extra}
     else:
         sample.reward = float(outcome) + extra

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollout_plugins.multi_turn.budgets import EndReason, TokenBudgets
 from rollout_plugins.multi_turn.context import MultiTurnContext
-from rollout_plugins.multi_turn.turn_loop import run_turns
 from slime.interactions.sample_interaction import SampleInteraction
 from slime.rollout.engine_answer import EngineOutput
 from slime.tools.chat_format import ParseError, ToolCall, conversation_drift
@@ -219,7 +219,9 @@ class Trajectory:
         if not rep.ok:
             self.record.template_drift_detail = rep.detail
 
-    async def run(self) -> Sample:
+    async def run(self, turns: Callable[["Trajectory"], Awaitable[None]]) -> Sample:
+        """Set up, `turns` (the turn loop, `turn_loop.run_turns`: passed in, so the loop may name this class
+        and this class need not import the loop), rewards and checks; the sample, whatever happened."""
         try:
             names = self.active_tools()
             if self.resumed:
@@ -230,7 +232,7 @@ class Trajectory:
             self.select_interaction()
             await self.create_tools(names)
             await self.start_interaction()
-            await run_turns(self)
+            await turns(self)
             await self.final_rewards()
             self.check_drift()
         except asyncio.CancelledError:

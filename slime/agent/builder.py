@@ -5,6 +5,11 @@ prompt tail (mask 0) and then the ids the engine sampled (mask 1, their log-prob
 version) -- CLEAN. A short divergence inside the latest response is healed by re-supplying that
 span from the prompt with mask 0 -- REALIGN. Anything else cannot extend this row -- FORK: the
 caller closes this builder and opens a new one. Tokenizer-free and HTTP-free.
+
+REALIGN over a response this row trains drops sampled ids from training (slime's way, kept for
+its adapters: the row names them in `dropped_turns`). With `absorb_sampled=False` (the gateway's)
+a realignment may only absorb what this row does not train, so it forks there instead and every
+sampled id stays trained in exactly one row.
 """
 
 from __future__ import annotations
@@ -50,14 +55,16 @@ class _Segment:
 
 
 class SampleBuilder:
-    def __init__(self, fork_threshold: int) -> None:
-        self.fork_threshold = fork_threshold
+    def __init__(self, fork_threshold: int, *, absorb_sampled: bool = True) -> None:
+        self.fork_threshold, self.absorb_sampled = fork_threshold, absorb_sampled
         self.tokens: list[int] = []
         self.loss_mask: list[int] = []
         self.log_probs: list[float] = []
         self.segments: list[_Segment] = []
         self.last_response_start: int | None = None
         self.prompt_length = 0  # the first turn's prompt: what the Sample calls its prompt
+        self.last_turn_index: int | None = None
+        self.dropped_turns: list[int] = []  # turns whose trained ids a REALIGN made context
 
     def classify(self, turn: TurnRecord) -> DriftKind:
         """CLEAN when the prompt extends the held tokens; REALIGN when it diverges inside the latest
@@ -66,18 +73,22 @@ class SampleBuilder:
         if at == len(self.tokens):
             return DriftKind.CLEAN
         start = self.last_response_start
-        if start is not None and at >= start and len(turn.output_ids) < self.fork_threshold:
+        if start is not None and at >= start and len(turn.output_ids) < self.fork_threshold and (
+                self.absorb_sampled or not any(self.loss_mask[start:])):
             return DriftKind.REALIGN
         return DriftKind.FORK
 
-    def append(self, turn: TurnRecord, kind: DriftKind, *, trained: bool) -> None:
+    def append(self, turn: TurnRecord, kind: DriftKind, *, trained: bool, turn_index: int | None = None) -> None:
         """Add `turn`'s prompt tail (mask 0) then its sampled ids (mask 1 when `trained`, else
         context a sibling branch already trains)."""
         if kind is DriftKind.FORK:
             raise ValueError("SampleBuilder.append: a FORK turn starts a new builder")
         first = self.last_response_start is None
         if kind is DriftKind.REALIGN:
+            if any(self.loss_mask[self.last_response_start:]) and self.last_turn_index is not None:
+                self.dropped_turns.append(self.last_turn_index)
             self._truncate(self.last_response_start)
+        self.last_turn_index = turn_index
         self._extend(turn.prompt_ids[len(self.tokens):], mask=0)
         self.last_response_start = len(self.tokens)
         if trained and turn.output_ids:

@@ -2,10 +2,12 @@
 
 Per sample: a session whose one way out is the gateway, its workspace seeded from the sample
 (`workspace.WorkspaceSeed`), the command run there within `--agent-timeout` with the OpenAI and
-Anthropic base URLs of the sample's gateway session, the workspace copied out, the session closed
+Anthropic base URLs and API keys of the sample's gateway session (its key, the only credential the
+sandbox holds: other sessions' ids, URLs and keys are refused), the workspace copied out, the session closed
 whatever happened. Then the reward: the grading command in a FRESH session holding the agent's
-workspace with the sample's `grade_files` written over it (exit 0: 1.0, else 0.0), as slime's
-coding example grades a diff in a clean sandbox. Both sessions hold a `SandboxPool` permit.
+workspace, run in the grader's own directory with the sample's `grade_files` (`grading.py`: nothing
+in the workspace can shadow them; exit 0: 1.0, else 0.0), as slime's coding example grades a diff
+in a clean sandbox. Both sessions hold a `SandboxPool` permit.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import sys
 import time
 from typing import Any
 
+from slime.agent.grading import GRADER_DIR, grader_env, install_grader
 from slime.agent.protocols.common import flatten_content
 from slime.agent.sandbox import Sandbox
 from slime.agent.sandbox_pool import EGRESS, SandboxPool
-from slime.agent.workspace import WorkspaceError, WorkspaceSeed, download, pack, upload
+from slime.agent.workspace import WorkspaceError, WorkspaceSeed, download, upload
 from slime.utils.types import Sample
 
 WORKDIR = "/tmp/work"  # the workspace inside a session (the session's tmpfs)
@@ -66,7 +69,8 @@ class CommandAgent:
         self.config, self.pool = config, pool
 
     async def run(self, sample: Sample, *, session_key: str, base_path: str) -> AgentOutcome:
-        """Run the command for `sample`; `base_path` is the gateway path of its session (`/s/<key>`)."""
+        """Run the command for `sample`; `session_key` is its gateway session's key and `base_path`
+        that session's gateway path (`/s/<key>`), all the sandbox is given to reach the gateway."""
         try:
             seed = WorkspaceSeed.from_metadata(sample.metadata, f"sample index={sample.index}")
             tarball = await asyncio.to_thread(seed.tarball)
@@ -104,19 +108,20 @@ class CommandAgent:
             return code, output, await download(sb, WORKDIR)
 
     async def grade(self, workspace: bytes, seed: WorkspaceSeed, command: str) -> tuple[bool, str]:
-        """Run `command` in a fresh session over `workspace` with `seed.grade_files` written over it."""
+        """Run `command` in a fresh session holding `workspace`, from the grader's own directory
+        holding `seed.grade_files` (see `grading.py`)."""
         async with self.pool.session(egress=None) as sb:
             await sb.exec(f"mkdir -p {WORKDIR}", check=True, timeout=30)
             await upload(sb, WORKDIR, workspace)
-            if seed.grade_files:
-                await upload(sb, WORKDIR, pack(seed.grade_files))
-            code, output = await run_command(sb, command, env={"HOME": "/home/agent"},
-                                             timeout=self.config.grade_timeout)
+            await install_grader(sb, seed.grade_files, WORKDIR)
+            code, output = await run_command(sb, command, env=grader_env(WORKDIR), timeout=self.config.grade_timeout,
+                                             cwd=GRADER_DIR)
         return code == 0, output
 
 
-async def run_command(sb: Sandbox, command: str, *, env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """`command` in the workspace within `timeout` seconds: (exit code, stdout + stderr)."""
-    res = await asyncio.wait_for(sb.exec(f"cd {WORKDIR} && {command}", env=env, timeout=max(1, math.ceil(timeout))),
+async def run_command(sb: Sandbox, command: str, *, env: dict[str, str], timeout: float,
+                      cwd: str = WORKDIR) -> tuple[int, str]:
+    """`command` in `cwd` (the workspace) within `timeout` seconds: (exit code, stdout + stderr)."""
+    res = await asyncio.wait_for(sb.exec(f"cd {cwd} && {command}", env=env, timeout=max(1, math.ceil(timeout))),
                                  timeout + EXEC_GRACE)
     return res.returncode, res.stdout + res.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from slime.agent.errors import ContextFullError
+from slime.agent.parsing import CALL_CLOSE
 from slime.agent.records import ChatRequest, TurnRecord
 from slime.agent.session import Session
 from slime.rollout.engine_client import EngineClient
@@ -27,6 +28,8 @@ def sampling_params(session: Session, request: ChatRequest, prompt_len: int) -> 
     params = {**BASE_SAMPLING, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **session.sampling_defaults}
     for key, value in request.sampling.items():
         params[key] = min(int(params["max_new_tokens"]), int(value)) if key == "max_new_tokens" else value
+    if request.tools and not request.tool_choice.parallel:  # at most one call: the engine stops at its close
+        params["stop"] = [*stop_list(params.get("stop")), CALL_CLOSE]
     if session.max_context_tokens > 0:
         room = session.max_context_tokens - prompt_len
         if room <= 0:
@@ -34,6 +37,16 @@ def sampling_params(session: Session, request: ChatRequest, prompt_len: int) -> 
                                    f"{session.max_context_tokens} (--rollout-max-context-len)")
         params["max_new_tokens"] = min(int(params["max_new_tokens"]), room)
     return params
+
+
+def stop_list(stop: Any) -> list[str]:
+    """A `stop` value (a string, a list of them, or None) as a list."""
+    return [stop] if isinstance(stop, str) else list(stop or ())
+
+
+def client_stops(request: ChatRequest) -> list[str]:
+    """The stop strings the client asked for (the ones its API cuts from the text)."""
+    return stop_list(request.sampling.get("stop"))
 
 
 class EngineTurns:
@@ -45,7 +58,11 @@ class EngineTurns:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None) -> TurnRecord:
-        out = await self.client.generate(prompt_ids, params, routing_key=routing_key)
-        return TurnRecord(prompt_ids=list(prompt_ids), output_ids=out.token_ids, finish_reason=out.finish_type,
-                          output_log_probs=out.log_probs, weight_version=out.weight_version)
+    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None,
+                       top_logprobs_num: int = 0) -> TurnRecord:
+        out = await self.client.generate(prompt_ids, params, routing_key=routing_key,
+                                         **({"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}))
+        matched = out.matched if out.finish_type == "stop" and isinstance(out.matched, str) else None  # not an id
+        return TurnRecord(prompt_ids=prompt_ids, output_ids=out.token_ids, finish_reason=out.finish_type,
+                          output_log_probs=out.log_probs, weight_version=out.weight_version, stop_matched=matched,
+                          top_log_probs=out.top_log_probs)

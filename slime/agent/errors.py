@@ -3,6 +3,19 @@ client's own API error format (status in `status`, error type in `kind`)."""
 
 from __future__ import annotations
 
+import re
+
+# An engine's own words for a prompt over its context length: the embedded engine ("input_ids is too
+# long: N tokens"), SGLang's tokenizer manager ("The input (N tokens) is longer than the model's context
+# length (M tokens)"), SGLang's OpenAI server ("... exceeds the model's maximum context length ...")
+_CONTEXT_REFUSAL = re.compile(r"too long|longer than the model's context length|maximum context length",
+                              re.IGNORECASE)
+
+
+def is_context_refusal(body: str) -> bool:
+    """Whether an engine's 400 body says the prompt does not fit its context."""
+    return bool(_CONTEXT_REFUSAL.search(body))
+
 
 class TurnRefused(Exception):
     """A refused turn; a subclass names its answer in its class line: ``(TurnRefused, status=503, kind=...)``."""
@@ -18,6 +31,20 @@ class TurnRefused(Exception):
 
 class SessionClosedError(TurnRefused, status=503, kind="overloaded_error"):
     """The session was finished or dropped; a straggler's turn would belong to no sample."""
+
+
+class SessionKeyError(TurnRefused, status=401, kind="authentication_error"):
+    """The request holds no open session's key (none given, a wrong one, or a session never opened)."""
+
+    code = "invalid_api_key"
+
+
+class UnknownSessionError(TurnRefused, status=404, kind="not_found_error"):
+    """A session id that was never opened (the host's call, not an agent's request)."""
+
+
+class UnknownRouteError(TurnRefused, status=404, kind="not_found_error"):
+    """A path the gateway does not serve."""
 
 
 class TurnCapError(TurnRefused, status=429, kind="rate_limit_error"):

@@ -49,7 +49,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="Turns one session may take; the next is answered 429 in the client's API format.")
     g.add_argument("--agent-fork-threshold", type=int, default=None,
                    help="Response tokens from which a rewritten or drifted answer keeps its own branch "
-                        "(TrajectoryManager's 1024 when unset; 0: always fork).")
+                        "(TrajectoryManager's 1024 when unset; 0: always fork). The gateway never absorbs an "
+                        "answer it trains, whatever its length: there it only bounds realigning context.")
     g.add_argument("--agent-gateway-port", type=int, default=0,
                    help="Port of the gateway (127.0.0.1); 0 picks a free one.")
     return parser

@@ -1,8 +1,11 @@
 """`Gateway`: the HTTP server agents talk to -- OpenAI Chat Completions, OpenAI Responses and
 Anthropic Messages in front of the engine pool, streaming or not.
 
-Every request maps to a session: a key in the base URL (`/s/<sid>/v1/...`), the `X-Session-Id`
-header, or the API key (Bearer / x-api-key), in that order. Turns run through `TurnPipeline` with
+Every request must hold its session's key, an unguessable secret `open_session` mints and the host
+gives only to that session's agent: in the base URL (`/s/<key>/v1/...`), the `X-Session-Id` header,
+or as the API key (Bearer / x-api-key); the first of these the request carries decides. A request
+without an open session's key is refused (401 in its API's error format) before anything is
+recorded, and no session is ever opened by a request. Turns run through `TurnPipeline` with
 `DeltaRender` (append-only prompts) and `EngineClient`; a refusal is answered in the client's
 own API error format. The server (FastAPI on uvicorn, 127.0.0.1 by default) runs on a thread
 of its own, so rollout code on any loop can open and finish sessions.
@@ -10,32 +13,38 @@ of its own, so rollout code on any loop can open and finish sessions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
+import secrets
 import threading
 from collections.abc import AsyncIterator, Iterable
 from types import ModuleType
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.agent.engine_call import EngineTurns, sampling_params
-from slime.agent.errors import BadRequestError, GatewayError, TurnRefused
+from slime.agent.errors import BadRequestError, GatewayError, SessionClosedError, TurnRefused, UnknownRouteError
 from slime.agent.pipeline import Turn, TurnPipeline
 from slime.agent.protocols import anthropic, openai_chat, openai_responses
+from slime.agent.protocols.common import bearer, header_session
 from slime.agent.records import ChatRequest, TurnRecord
 from slime.agent.rendering import DeltaRender, PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
+from slime.utils.client_gone import client_gone
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # seconds `Gateway.start` waits for the socket to listen
+KEY_BYTES = 32  # a session key's entropy (secrets.token_urlsafe: 43 URL-safe characters)
 ROUTES: dict[str, ModuleType] = {"/v1/chat/completions": openai_chat, "/v1/responses": openai_responses,
                                  "/v1/messages": anthropic}
 
@@ -66,7 +75,8 @@ class Gateway:
         self.client = client
         self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer
         self.engine = EngineTurns(client)
-        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens)
+        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens,
+                                         absorb_sampled=False)
         self.sessions = SessionTable(max_turns=self.config.max_turns,
                                      max_context_tokens=self.config.max_context_tokens)
         self.pipeline = TurnPipeline(tokenizer=self.tokenizer, renderer=renderer or DeltaRender(self.tokenizer),
@@ -80,7 +90,8 @@ class Gateway:
 
     async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
         params = sampling_params(session, request, len(prompt_ids))
-        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id)
+        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id,
+                                          top_logprobs_num=request.top_logprobs)
 
     # ---------------------------------------------------------------- HTTP
 
@@ -92,24 +103,27 @@ class Gateway:
 
         app = FastAPI(lifespan=lifespan)
         for path, protocol in ROUTES.items():
-            for prefix in ("", "/s/{sid}"):
+            for prefix in ("", "/s/{key}"):
                 app.add_api_route(prefix + path, self._endpoint(protocol), methods=["POST"])
-        for prefix in ("", "/s/{sid}"):
+        for prefix in ("", "/s/{key}"):
             app.add_api_route(prefix + "/v1/messages/count_tokens", self._count_tokens, methods=["POST"])
             app.add_api_route(prefix + "/v1/models", self._models, methods=["GET"])
         app.add_api_route("/health", self._health, methods=["GET"])
+        app.add_exception_handler(404, _not_found)
         return app
 
     def _endpoint(self, protocol: ModuleType):
         async def endpoint(request: Request):
             try:
-                req = protocol.parse_request(await _json_body(request), request.headers,
-                                             request.path_params.get("sid"))
-                turn = await self.pipeline.run(req)
+                session = self.sessions.by_key(request_key(request))
+                req = protocol.parse_request(await _json_body(request), request.headers, session.sid)
+                turn = await self._answer_unless_gone(req, request)
+                if turn is None:  # nobody is left to read an answer
+                    return Response(status_code=499)
             except TurnRefused as e:
                 return JSONResponse(protocol.render_error(e), status_code=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
-                logger.exception("agent gateway: %s failed", request.url.path)
+                logger.exception("agent gateway: %s failed", request.scope["route"].path)  # (no key in it)
                 return JSONResponse(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status_code=500)
             if req.stream:
                 return StreamingResponse(self._send(turn, protocol.render_stream(turn.reply, req)),
@@ -118,6 +132,26 @@ class Gateway:
             return StreamingResponse(self._send(turn, [body]), media_type="application/json")
 
         return endpoint
+
+    async def _answer_unless_gone(self, req: ChatRequest, request: Request) -> Turn | None:
+        """The answered turn, or None when the client disconnects first: the turn is cancelled, so its
+        engine request is aborted on the engine that has it (`EngineTurns`), and nothing is recorded
+        or counted. A turn cancelled because its session was finished is refused in the API's format."""
+        turn = asyncio.ensure_future(self.pipeline.run(req))
+        gone = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait({turn, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not turn.done():
+                turn.cancel()
+                await asyncio.gather(turn, return_exceptions=True)
+        if turn.cancelled():
+            if gone.done() and not gone.cancelled():
+                return None
+            raise SessionClosedError(f"session {req.session_id!r} was finished while this turn was in flight; "
+                                     "its sample is already built")
+        return turn.result()
 
     async def _send(self, turn: Turn, chunks: Iterable[str]) -> AsyncIterator[bytes]:
         """The answer, then the commit: the response ends (its last chunk) only after the turn is
@@ -131,12 +165,16 @@ class Gateway:
             if sent:
                 self.pipeline.commit(turn)
             else:
-                self.pipeline.abandon(turn)
+                self.pipeline.withdraw(turn)
 
     async def _count_tokens(self, request: Request):
+        """The ids the same body would send as the session's next turn: rendered against the session's
+        prefix (the ids its answers really were), not re-rendered whole, which counts differently once
+        an answer is not the template's canonical text. Opens nothing."""
         try:
-            req = anthropic.parse_request(await _json_body(request), request.headers, request.path_params.get("sid"))
-            ids = self.pipeline.prompt_ids(Session(req.session_id), req)
+            session = self.sessions.by_key(request_key(request))  # the caller's own session only
+            req = anthropic.parse_request(await _json_body(request), request.headers, session.sid)
+            ids = self.pipeline.prompt_ids(session, req)
         except TurnRefused as e:
             return JSONResponse(anthropic.render_error(e), status_code=e.status)
         return {"input_tokens": len(ids)}
@@ -175,15 +213,18 @@ class Gateway:
         return f"http://{self.config.host}:{self.port}"
 
     def base_url(self, sid: str, api: str = "openai") -> str:
-        """What a client's base URL is for session `sid`: OpenAI SDKs append /chat/completions
-        (or /responses) to it, Anthropic's append /v1/messages."""
+        """The base URL of the open session `sid`, its key in the path: OpenAI SDKs append
+        /chat/completions (or /responses) to it, Anthropic's append /v1/messages."""
         return f"{self.url}{self.session_path(sid)}/v1" if api == "openai" else f"{self.url}{self.session_path(sid)}"
 
-    @staticmethod
-    def session_path(sid: str) -> str:
-        """The path prefix naming session `sid`, for a client that reaches the gateway at another
-        address (a sandbox's egress)."""
-        return f"/s/{sid}"
+    def session_path(self, sid: str) -> str:
+        """The path prefix holding the key of the open session `sid`, for a client that reaches the
+        gateway at another address (a sandbox's egress). The key is percent-encoded."""
+        return f"/s/{quote(self.sessions.key_of(sid), safe='')}"
+
+    def session_key(self, sid: str) -> str:
+        """The key of the open session `sid`: its agent's API key."""
+        return self.sessions.key_of(sid)
 
     def stop(self) -> None:
         if self._server is not None:
@@ -194,10 +235,13 @@ class Gateway:
     # ---------------------------------------------------------------- sessions
 
     def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int | None = None,
-                     max_turns: int | None = None) -> None:
-        """Open `sid` ahead of its first turn (an agent speaking first gets the config's defaults)."""
-        self.sessions.open(sid, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens,
+                     max_turns: int | None = None) -> str:
+        """Open `sid` and return its key, a fresh secret: give it to the session's agent only (as
+        its API key, or in `base_url(sid)`); every request of the session must hold it."""
+        key = secrets.token_urlsafe(KEY_BYTES)
+        self.sessions.open(sid, key=key, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens,
                            max_turns=max_turns)
+        return key
 
     async def finish_session(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
                              extra_metadata: dict | None = None, wait_timeout: float = 5.0) -> list[Sample]:
@@ -207,6 +251,20 @@ class Gateway:
 
     async def drop_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
         await self.pipeline.drop(sid, wait_timeout=wait_timeout)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    """A path no route serves (a malformed `/s/<key>` too), in the error format of the API it aims at."""
+    protocol = anthropic if "/messages" in request.url.path else openai_chat
+    return JSONResponse(protocol.render_error(UnknownRouteError(f"no route serves {request.method} at this path; "
+                                                                "base URLs come from `Gateway.base_url`")),
+                        status_code=404)
+
+
+def request_key(request: Request) -> str | None:
+    """The session key a request carries: in its URL, else `X-Session-Id`, else its API key."""
+    return (request.path_params.get("key") or header_session(request.headers) or bearer(request.headers)
+            or (request.headers.get("x-api-key") or "").strip() or None)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

@@ -9,14 +9,17 @@ a fallback when it finds nothing, Qwen3-Coder's XML form `<tool_call><function=.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any
 
-from slime.tools.chat_format import get_parser
+from slime.agent.records import ToolChoice
+from slime.tools.chat_format import HermesParser, get_parser
 
 _XML_CALL = re.compile(r"<tool_call>\s*<function=([^>]+)>(.*?)</function>\s*</tool_call>", re.DOTALL)
 _XML_PARAM = re.compile(r"<parameter=([^>]+)>(.*?)</parameter>", re.DOTALL)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_CLOSE = HermesParser.CLOSE  # where a call ends, in the Hermes form and the XML fallback alike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,3 +71,15 @@ def parse_xml_tool_uses(body_text: str, tools_schema: list[dict]) -> tuple[str, 
             last = m.end()
     kept.append(body_text[last:])
     return "".join(kept), uses
+
+
+def forced_call_prefix(choice: ToolChoice) -> str:
+    """The opening of the answer when the client requires a call (`required`, or a named tool): the
+    Hermes call up to where the model's choice starts -- its name, or, for a named tool, its
+    arguments. It goes at the end of the prompt (template tokens, mask 0); the model samples the
+    rest, and an answer that still makes no valid call is returned and trained as sampled."""
+    if choice.mode != "required":
+        return ""
+    if choice.name is None:
+        return f'{HermesParser.OPEN}\n{{"name": "'
+    return f'{HermesParser.OPEN}\n{{"name": {json.dumps(choice.name, ensure_ascii=False)}, "arguments": '

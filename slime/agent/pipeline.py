@@ -3,8 +3,9 @@
 `run` takes a translated `ChatRequest`: session (open, turn budget) -> prompt ids (`PromptRenderer`)
 -> context check -> engine (`Generate`) -> decode and parse the sampled ids -> `Turn`. The HTTP
 layer sends the reply and then calls `commit`, which records the turn in the `TrajectoryManager`
-and remembers the prompt prefix; a turn whose client went away before the answer is never
-committed, so no sample trains on an answer nobody acted on. Pure of HTTP.
+and remembers the answer sent; a turn whose client went away before the answer is never
+committed (nor counted against the turn budget), so no sample trains on an answer nobody acted
+on, and neither does one the engines aborted half-way (a 503 the client retries). Pure of HTTP.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from slime.agent.engine_call import sampling_params
+from slime.agent.engine_call import client_stops, sampling_params
 from slime.agent.errors import (BadRequestError, ContextFullError, EngineAbortedError, EngineFailedError,
-                                TurnRefused)
-from slime.agent.parsing import parse_model_output
+                                FieldError, TurnRefused, is_context_refusal)
+from slime.agent.parsing import forced_call_prefix, parse_model_output
 from slime.agent.protocols.common import tool_call_dict
-from slime.agent.records import ChatRequest, Reply, ToolUse, TurnRecord, Usage
+from slime.agent.records import ChatRequest, Reply, TokenLogprob, ToolUse, TurnRecord, Usage
 from slime.agent.rendering import PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
@@ -84,37 +85,69 @@ class TurnPipeline:
             record = await self.generate(prompt_ids, session, request)
         except HttpError as e:
             raise _engine_refusal(e, len(prompt_ids), request.session_id) from e
-        if record.finish_reason == "abort" and not record.output_ids:
-            raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn "
-                                     "(weight update); send it again")
+        if record.finish_reason == "abort":  # a partial answer is not a turn the model finished: never trained
+            raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn after "
+                                     f"{len(record.output_ids)} tokens (weight update); send it again")
         return record
 
     def prompt_ids(self, session: Session, request: ChatRequest) -> list[int]:
         """The rendered prompt; a conversation the chat template refuses (its `raise_exception`:
         a role order it does not take) is the client's bad request, named as such."""
         try:
-            return self.renderer.prompt_ids(session, request.messages, request.tools)
+            ids = self.renderer.prompt_ids(session, request.messages, request.tools)
         except TemplateError as e:
             raise BadRequestError(f"messages: the model's chat template refuses this conversation: {e}") from None
+        return ids + self.forced_call_ids(request)
+
+    def forced_call_ids(self, request: ChatRequest) -> list[int]:
+        """The opening of a call the client requires (`parsing.forced_call_prefix`), as prompt ids."""
+        prefix = forced_call_prefix(request.tool_choice)
+        if prefix and not self.tool_parser:
+            raise FieldError("tool_choice", "a required tool call needs the gateway's tool parser "
+                                            "(--tool-call-parser); this gateway runs without one")
+        return list(self.tokenizer.encode(prefix, add_special_tokens=False)) if prefix else []
 
     def _reply(self, record: TurnRecord, request: ChatRequest) -> tuple[TurnRecord, Reply]:
-        parsed = parse_model_output(self.decode(record.output_ids), tools_schema=request.tools,
+        text = forced_call_prefix(request.tool_choice) + self.decode(record.output_ids)
+        stop = record.stop_matched if record.stop_matched in client_stops(request) else None
+        if stop is not None and stop in text:  # the APIs cut the client's stop string off
+            text = text[:text.find(stop)]
+        parsed = parse_model_output(text, tools_schema=request.tools,
                                     tool_parser_name=self.tool_parser, reasoning_parser_name=self.reasoning_parser,
                                     cut_off=record.finish_reason == "length")
         uses = [ToolUse(u["name"], u["input"]) for u in parsed.tool_uses]
         message = recorded_message(parsed.text, parsed.reasoning, uses)
         finish = "tool_calls" if uses else ("length" if record.finish_reason == "length" else "stop")
         reply = Reply(text=parsed.text, tool_uses=uses, finish_reason=finish, reasoning=parsed.reasoning,
-                      usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message)
+                      usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message,
+                      stop_sequence=stop if finish == "stop" else None,
+                      logprobs=self.token_logprobs(record, request.top_logprobs) if request.logprobs else None)
         return dataclasses.replace(record, ill_formed=parsed.ill_formed), reply
 
     def decode(self, ids: list[int]) -> str:
         """The sampled text without the end-of-turn special tokens the engine kept at its end."""
-        special = self._special_ids
-        end = len(ids)
-        while end and ids[end - 1] in special:
-            end -= 1
+        end = self._visible_end(ids)
         return self.tokenizer.decode(ids[:end], skip_special_tokens=False) if end else ""
+
+    def _visible_end(self, ids: list[int]) -> int:
+        end = len(ids)
+        while end and ids[end - 1] in self._special_ids:
+            end -= 1
+        return end
+
+    def token_logprobs(self, record: TurnRecord, top: int) -> list[TokenLogprob]:
+        """The engine's log-prob of each sampled token the text is made of (the closing special tokens
+        left out, as the APIs leave out the stop token), each token decoded alone, with the engine's
+        `top` most likely tokens there."""
+        end = self._visible_end(record.output_ids)
+        if len(record.output_log_probs) < end or (top and len(record.top_log_probs) < end):
+            raise EngineFailedError("the engine answered without the log-probs the client asked for")
+        tops = record.top_log_probs if top else [()] * end
+        return [TokenLogprob(self.token_text(t), lp, tuple((self.token_text(i), alt) for alt, i in row[:top]))
+                for t, lp, row in zip(record.output_ids[:end], record.output_log_probs, tops)]
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def commit(self, turn: Turn) -> bool:
         """The client has the answer: record the turn and remember the prefix its next prompt extends.
@@ -131,7 +164,14 @@ class TurnPipeline:
 
     @staticmethod
     def abandon(turn: Turn) -> None:
-        """The answer never reached the client (or is recorded now): release the session's wait."""
+        """The answer is recorded now: release the session's wait."""
+        _release(turn.session, turn.pending)
+
+    @staticmethod
+    def withdraw(turn: Turn) -> None:
+        """The answer never reached the client: not recorded, not a turn taken (`--agent-max-turns`)."""
+        if not turn.pending.done():
+            turn.session.turns -= 1
         _release(turn.session, turn.pending)
 
     async def finish(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
@@ -164,7 +204,7 @@ def _release(session: Session, pending: asyncio.Future) -> None:
 def _engine_refusal(e: HttpError, prompt_len: int, sid: str) -> TurnRefused:
     """An engine's 400 is the client's bad request (an over-long prompt in the API's own words);
     anything else is the engines failing."""
-    if e.status == 400 and "too long" in e.body:
+    if e.status == 400 and is_context_refusal(e.body):
         return ContextFullError(f"prompt is too long: {prompt_len} tokens; the engine says: {e.body[:300]}")
     if e.status == 400:
         return BadRequestError(f"the engine refused the request: {e.body[:300]}")

@@ -16,7 +16,8 @@ FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 @dataclasses.dataclass(frozen=True)
 class TurnRecord:
     """One `/generate` answer: the prompt ids sent, exactly the ids the engine sampled, their
-    log-probs (empty when the producer had none) and the weight version that sampled them."""
+    log-probs (empty when the producer had none), the weight version that sampled them, and the
+    client's stop string the engine matched (its ids stay in `output_ids`: they were sampled)."""
 
     prompt_ids: list[int]
     output_ids: list[int]
@@ -24,6 +25,8 @@ class TurnRecord:
     output_log_probs: list[float] = dataclasses.field(default_factory=list)
     ill_formed: bool = False
     weight_version: str | None = None
+    stop_matched: str | None = None
+    top_log_probs: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)  # when asked
 
 
 class TurnRecordError(AssertionError):
@@ -45,9 +48,20 @@ class ToolUse:
 
 
 @dataclasses.dataclass(frozen=True)
+class ToolChoice:
+    """Which calls the client allows, whatever its API's spelling: `auto` (the model decides), `none`
+    (no call), `required` (some call), or the tool `name`d; `parallel` False: at most one call."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class ChatRequest:
     """A wire request in chat-template terms: messages as the template takes them, tools in the
-    OpenAI function schema, sampling keys the client set, and whether it wants SSE."""
+    OpenAI function schema (None under `tool_choice` none: not offered), sampling keys the client
+    set, whether it wants SSE, and which tool calls it allows."""
 
     session_id: str
     messages: list[dict[str, Any]]
@@ -55,6 +69,9 @@ class ChatRequest:
     sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
     stream: bool = False
     model: str = "slime-actor"
+    tool_choice: ToolChoice = ToolChoice()
+    logprobs: bool = False  # the client asked for the sampled tokens' log-probs
+    top_logprobs: int = 0  # and for the k most likely tokens at each position
     raw: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
@@ -65,9 +82,20 @@ class Usage:
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token as the APIs show it: its text, the engine's log-prob for it, and (when
+    asked) the engine's k most likely tokens there as (text, log-prob), best first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Reply:
     """The model's turn, parsed: visible text, reasoning, tool calls, why it ended, token counts.
-    `message` is the chat message recorded in the session tree (the form a client echoes back)."""
+    `message` is the chat message recorded in the session tree (the form a client echoes back);
+    `stop_sequence` the client's stop string that ended it (cut from `text`, as the APIs do)."""
 
     text: str
     tool_uses: list[ToolUse]
@@ -75,3 +103,5 @@ class Reply:
     usage: Usage
     reasoning: str = ""
     message: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stop_sequence: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # when asked: every sampled token but the closing special ones

@@ -1,11 +1,11 @@
 """Prompt ids for a turn: `DeltaRender` appends only the template delta, `FullRender` re-renders.
 
-`DeltaRender` (the gateway's): when a request's messages extend the session's last prompt plus
-the answer it recorded, with the same tools, the prompt is those ids -- the rendered prompt and
-exactly the ids the engine sampled -- followed by the chat template's tokens for the new messages
-(`ChatDelta.tool_delta_ids`), so a turn costs the same at turn 64 as at turn 1 and history is
-never re-tokenised. Anything else (compaction, an edited message, a sub-agent) is rendered whole
-and the trajectory forks there. `FullRender` is slime's way, for any `apply_chat_template`.
+`DeltaRender` (the gateway's): when a request's messages continue an answer the session sent
+(any of them: `Conversations`, keyed by conversation), with the same tools, the prompt is that
+answer's ids -- the rendered prompt and exactly the ids the engine sampled -- followed by the chat
+template's tokens for the new messages (`ChatDelta.tool_delta_ids`), so history is never
+re-tokenised. Anything else (compaction, an edited message, a rewritten answer) is rendered whole
+and the trajectory branches there. `FullRender` is slime's way, for any `apply_chat_template`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from slime.agent.session import PromptPrefix, Session
+from slime.agent.session import Session
 from slime.tools.chat_format import ChatDelta, HermesParser, TemplateDriftError
 
 
@@ -46,11 +46,11 @@ class DeltaRender:
 
     def prompt_ids(self, session: Session, messages: list[dict[str, Any]],
                    tools: list[dict[str, Any]] | None) -> list[int]:
-        p = session.prefix
-        n = len(p.messages) if p is not None else 0
-        if p is not None and len(messages) > n and tools == p.tools and messages[:n] == p.messages:
+        found = session.conversations.continued(messages, tools)
+        if found is not None:
+            answer, n = found
             try:
-                return p.ids + self.delta.tool_delta_ids(messages[n:], p.output_ids)
+                return answer.ids.extended(self.delta.tool_delta_ids(messages[n:], answer.output_ids))
             except TemplateDriftError:  # this template closes a turn differently here: render it whole
                 pass
         self.full_renders += 1
@@ -58,7 +58,7 @@ class DeltaRender:
 
     def remember(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  prompt_ids: list[int], answer: dict[str, Any], output_ids: list[int]) -> None:
-        session.prefix = PromptPrefix([*messages, answer], tools, prompt_ids + output_ids, list(output_ids))
+        session.conversations.add(messages, answer, tools, prompt_ids, output_ids)
 
     def for_template(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Assistant tool calls as text when the template would drop structured ones."""

@@ -4,8 +4,9 @@
     --custom-generate-function-path slime.agent.rollout.generate --agent-command "{python} agent.py"
 
 The runtime's one `Gateway` (started on first use, stopped when the controller closes) opens a
-session per sample. `--agent-entry`: a host function gets `base_url`, `api_key` (the session id)
-and the sample, and returns the reward. `--agent-command`: a command in a sandbox session
+session per sample. `--agent-entry`: a host function gets `base_url`, `api_key` (the session's key,
+a secret minted for it: no other agent can write into its session) and the sample, and returns
+the reward. `--agent-command`: a command in a sandbox session
 (`CommandAgent`), rewarded by its grader. Each root-to-leaf chain is a Sample of the sample's group
 with that reward (None: the reward model scores it); a failed agent's turns still train.
 """
@@ -85,7 +86,8 @@ async def run_entry(fn: Any, **kw: Any) -> Any:
 async def entry_outcome(run: AgentRun, gateway: Gateway, sid: str, sample: Sample) -> AgentOutcome:
     fn = load_function(run.entry, "--agent-entry")
     try:
-        reward = await asyncio.wait_for(run_entry(fn, base_url=gateway.base_url(sid, run.api), api_key=sid,
+        reward = await asyncio.wait_for(run_entry(fn, base_url=gateway.base_url(sid, run.api),
+                                                  api_key=gateway.session_key(sid),
                                                   sample=sample), run.timeout)
     except asyncio.TimeoutError:
         return AgentOutcome(error=f"--agent-timeout: the agent ran longer than {run.timeout:g} s")
@@ -99,9 +101,9 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     runtime = current(args)
     gateway = gateway_of(runtime)
     sid = sample.session_id = session_id(sample)
-    gateway.open_session(sid, sampling_defaults=sampling_params)
+    key = gateway.open_session(sid, sampling_defaults=sampling_params)
     if run.command:
-        outcome = await command_agent_of(runtime).run(sample, session_key=sid, base_path=gateway.session_path(sid))
+        outcome = await command_agent_of(runtime).run(sample, session_key=key, base_path=gateway.session_path(sid))
     else:
         outcome = await entry_outcome(run, gateway, sid, sample)
     extra = {**outcome.metadata, **({"agent_error": outcome.error} if outcome.error else {})}

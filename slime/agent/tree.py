@@ -1,9 +1,9 @@
 """`TurnTree`: one session's conversations as a tree of chat messages.
 
-A request's prompt messages are walked down from the root by (role, message equality); the
-first that matches no child starts a new branch, and the model's answer hangs below as a
-generated assistant node carrying its `TurnRecord`. Message identity alone shapes the tree;
-token ids only matter when a chain is turned into Samples (`builder.py`).
+A request's prompt messages are walked down from the root by (role, message equality, see
+`same_message`); the first that matches no child starts a new branch, and the model's answer
+hangs below as a generated assistant node carrying its `TurnRecord`. Message identity alone shapes
+the tree; token ids only matter when a chain is turned into Samples (`builder.py`).
 """
 
 from __future__ import annotations
@@ -61,12 +61,26 @@ class MessageNode:
             yield from child.leaves()
 
 
+REASONING = "reasoning_content"
+
+
+def same_message(ours: dict[str, Any] | None, theirs: dict[str, Any]) -> bool:
+    """`theirs` (a client's message) is `ours`: equal, or our answer echoed without its reasoning --
+    most clients never send `reasoning_content` back, and that echo is still the answer we sampled."""
+    if ours == theirs:
+        return True
+    if ours is None or REASONING not in ours or REASONING in theirs or len(ours) != len(theirs) + 1:
+        return False
+    return all(k == REASONING or (k in theirs and theirs[k] == v) for k, v in ours.items())
+
+
 def find_mount_point(root: MessageNode, messages: list[dict[str, Any]]) -> tuple[MessageNode, int]:
     """The deepest node whose path equals a prefix of `messages`, and that prefix's length."""
     node, depth = root, 0
     while depth < len(messages):
         msg = messages[depth]
-        match = next((c for c in node.children if c.role == msg.get("role") and c.message == msg), None)
+        role = msg.get("role")
+        match = next((c for c in node.children if c.role == role and same_message(c.message, msg)), None)
         if match is None:
             break
         node, depth = match, depth + 1

@@ -2,15 +2,19 @@
 
 A sample's metadata may carry `files` ({relative path: text}), `git` ({"repo": path or URL,
 "rev": commit}, checked out on the host: a sandbox has no way out but the gateway),
-`grade_files` (written over the agent's workspace before grading, so an agent cannot pass by
-editing the tests) and `grade_command` (exit 0 = solved). Workspaces travel as gzipped tars
-through base64 text, because the `Sandbox` contract reads files as text.
+`grade_files` (the grader's own files, run from a directory of their own: `grading.py`) and
+`grade_command` (exit 0 = solved). Workspaces travel as gzipped tars in parts, so no single request
+or answer grows with the workspace (a sandbox caps both: its body limit and the 1 MiB one read
+returns): `upload` writes parts of at most `UPLOAD_PART_BYTES`; `download` reads `READ_PART_BYTES`
+at a time as base64 through `exec` (the one call every `Sandbox` backend has) and checks the
+size and SHA-256 of what it put together. The tar waits next to the workspace, never inside it.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import io
 import json
 import shlex
@@ -23,7 +27,9 @@ from typing import Any
 from slime.agent.sandbox import Sandbox
 from slime.utils.misc import get_by_path
 
-SNAPSHOT_NAME = ".slime-workspace.b64"  # written next to the files, never part of the snapshot
+TRANSFER_SUFFIX = ".slime-transfer"  # `<workdir><suffix>`: the tar in transit, beside the workspace
+UPLOAD_PART_BYTES = 4 << 20  # per write_file: its base64 request body (5.6 MB) is far under a body cap
+READ_PART_BYTES = 384 << 10  # per read: its base64 (512 KiB) fits the 1 MiB output one exec returns
 GIT_TIMEOUT = 300.0  # seconds a host-side clone may take
 
 
@@ -71,8 +77,8 @@ def _file_map(value: Any, where: str) -> dict[str, str]:
         raise WorkspaceError(f"{where} must map relative paths to file contents, got {type(value).__name__}")
     for path, text in value.items():
         p = PurePosixPath(str(path))
-        if p.is_absolute() or ".." in p.parts or not p.parts:
-            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace")
+        if p.is_absolute() or ".." in p.parts or not p.parts or "\x00" in str(path):
+            raise WorkspaceError(f"{where}: {path!r} must be a relative path inside the workspace (without NUL)")
         if not isinstance(text, str):
             raise WorkspaceError(f"{where}[{path!r}] must be the file's text, got {type(text).__name__}")
     return dict(value)
@@ -117,19 +123,40 @@ def git_tarball(src: GitSource) -> bytes:
         return out.getvalue()
 
 
+def transfer_path(workdir: str) -> str:
+    return workdir.rstrip("/") + TRANSFER_SUFFIX
+
+
 async def upload(sb: Sandbox, workdir: str, data: bytes, *, timeout: int = 120) -> None:
-    """Unpack the gzipped tar `data` into `workdir` of the session."""
-    path = f"{workdir}/{SNAPSHOT_NAME}"
-    await sb.write_file(path, base64.b64encode(data).decode("ascii"))
-    cmd = f"cd {shlex.quote(workdir)} && base64 -d {SNAPSHOT_NAME} | tar xzf - && rm -f {SNAPSHOT_NAME}"
-    await sb.exec(cmd, timeout=timeout, check=True)
+    """Unpack the gzipped tar `data` into `workdir` of the session, sent in parts."""
+    parts = transfer_path(workdir)
+    await sb.exec(f"rm -rf {shlex.quote(parts)} && mkdir -p {shlex.quote(parts)} {shlex.quote(workdir)}",
+                  timeout=timeout, check=True)
+    for n, start in enumerate(range(0, max(len(data), 1), UPLOAD_PART_BYTES)):
+        await sb.write_file(f"{parts}/{n:06d}", data[start:start + UPLOAD_PART_BYTES])
+    await sb.exec(f"cd {shlex.quote(workdir)} && cat {shlex.quote(parts)}/* | tar xzf - && rm -rf {shlex.quote(parts)}",
+                  timeout=timeout, check=True)
 
 
 async def download(sb: Sandbox, workdir: str, *, timeout: int = 120) -> bytes:
-    """The session's `workdir` as a gzipped tar."""
-    cmd = (f"cd {shlex.quote(workdir)} && tar czf - --exclude=./{SNAPSHOT_NAME} . | base64 -w0 > {SNAPSHOT_NAME}")
-    await sb.exec(cmd, timeout=timeout, check=True)
-    return base64.b64decode(await sb.read_file(f"{workdir}/{SNAPSHOT_NAME}"))
+    """The session's `workdir` as a gzipped tar, read in parts; its size and SHA-256 checked. tar writes a file
+    (no pipeline), so its own status decides: a file it cannot read fails the copy, its message naming the file."""
+    tar = shlex.quote(transfer_path(workdir))
+    made = await sb.exec(f"cd {shlex.quote(workdir)} && tar czf {tar} . && stat -c %s {tar} && sha256sum {tar}",
+                         timeout=timeout, check=True)
+    size_line, digest_line = made.stdout.splitlines()[:2]
+    size, digest = int(size_line), digest_line.split()[0]
+    parts = []
+    for n in range(-(-size // READ_PART_BYTES)):
+        got = await sb.exec(f"dd if={tar} bs={READ_PART_BYTES} skip={n} count=1 status=none | base64 -w0",
+                            timeout=timeout, check=True)
+        parts.append(base64.b64decode(got.stdout))
+    await sb.exec(f"rm -f {tar}", timeout=timeout)
+    data = b"".join(parts)
+    if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+        raise RuntimeError(f"the workspace copied out of {workdir} is {len(data)} bytes with another SHA-256 than "
+                           f"the {size} bytes packed there")
+    return data
 
 
 def check_prompt_rows(path: str, metadata_key: str | None) -> int:

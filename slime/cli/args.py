@@ -23,6 +23,7 @@ from typing import Any, Sequence
 # every name is importable from here as before the split (noqa: F401 - re-exports)
 from slime.cli.finalize import _count_rows, _cuda_available, _fill_defaults, _finalize_upstream  # noqa: F401
 from slime.cli.finalize import apply_custom_config, finalize_args
+from slime.cli.flag_ranges import check_ranges
 from slime.cli.honest_flags import unused_flags_line
 from slime.cli.parser import SlimeArgumentParser, _optional_groups, _router_groups, build_parser  # noqa: F401
 from slime.cli.upstream_flags import apply_aliases
@@ -32,6 +33,9 @@ from slime.cli.validate import validate_args  # noqa: F401
 logger = logging.getLogger(__name__)
 
 OUR_SGLANG_FLAGS = {"sglang_router_ip", "sglang_router_port", "sglang_server_concurrency"}
+# SGLang's defaults of the server options slime's own rollout reads from args (slime defines every SGLang
+# server option as --sglang-<name>; here they pass through, so one not given would be missing)
+SGLANG_DEFAULTS_PLUGINS_READ = {"dp_size": 1}
 
 
 def _coerce(value: Any) -> Any:
@@ -84,8 +88,14 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -
     args.sglang_extra_args = _sglang_passthrough(unknown, parser)
     for name, value in args.sglang_extra_args.items():
         setattr(args, f"sglang_{name}", _coerce(value))  # where slime plugins look for sglang settings
+    for name, value in SGLANG_DEFAULTS_PLUGINS_READ.items():
+        if not hasattr(args, f"sglang_{name}"):
+            setattr(args, f"sglang_{name}", value)
     line = unused_flags_line(parser, args)  # what the user set, before finalize derives anything
     apply_aliases(args, parser.aliases)
+    problem = check_ranges(args, parser)  # before anything is derived from a value that cannot work
+    if problem:
+        raise ArgError(problem)
     finalize_args(args)
     if line:
         logger.warning("%s: %s", prog, line)

@@ -50,15 +50,33 @@ def sigterm_received() -> bool:
     return signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
-def _announce_resume(args: Any, resolved: dict[str, Any]) -> None:
-    """One line saying what `--load` will really do (preflight resolved it)."""
+def _announce_resume(args: Any, resolved: dict[str, Any]) -> bool:
+    """One line saying what `--load` will really do (preflight resolved it); False when nothing is left
+    to do (the run then ends there: starting Ray, engines and a weight push for no rollout took 70 s)."""
     if resolved.get("resumed_after") is None:
-        return
+        return True
     left = "" if args.start_rollout_id < args.num_rollout else \
-        f" (nothing left to do: --num-rollout {args.num_rollout})"
+        f" (nothing left to do: --num-rollout {args.num_rollout}; nothing was started)"
     message = resolved.get("resume_message") or \
         f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout {args.start_rollout_id}"
     print(message + left, flush=True)
+    return not left
+
+
+@contextlib.contextmanager
+def plugin_import_path(restore: bool) -> Any:
+    """`sys.path` as the Ray workers will have it while the plugins are checked: a plugin a worker
+    cannot import fails here, naming its flag, before Ray starts. With `restore` (a command called
+    in-process, as tests do) `sys.path` is as it was afterwards."""
+    from slime.ray.worker_path import apply_to_sys_path
+
+    saved = list(sys.path)
+    apply_to_sys_path()
+    try:
+        yield
+    finally:
+        if restore:
+            sys.path[:] = saved
 
 
 def _save_dir_lock(args: Any) -> Any:
@@ -87,7 +105,11 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
         return 2
     stop_on_sigterm()
     try:
-        _announce_resume(args, preflight(args))
+        # the path the workers import plugins from (slime.ray.worker_path); a real command keeps it
+        with plugin_import_path(restore=argv is not None):
+            resolved = preflight(args)
+        if not _announce_resume(args, resolved):
+            return 0
         mark(f"{prog}: inputs checked")
         with _save_dir_lock(args):
             body(args)

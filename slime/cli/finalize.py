@@ -11,18 +11,13 @@ from pathlib import Path
 from slime.cli.parser import build_parser
 from slime.cli.validate import ArgError, validate_args
 from slime.rollout.data_source import parse_path_slice
+from slime.utils.devices import cuda_available
 from slime.utils.eval_config import EvalConfigError, resolve_eval_datasets
 
 logger = logging.getLogger(__name__)
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
+_cuda_available = cuda_available  # the name slime.cli.args re-exports
 
 
 def apply_custom_config(args: argparse.Namespace) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from slime.fleet.router_options import not_passed
+
 # upstream-registered flags (by dest) that this project reads and honours (on-policy distillation: --use-opd,
 # --opd-kl-coef and --opd-type sglang; the megatron teacher's --opd-teacher-* are not)
 ACTED_ON = frozenset({
@@ -20,7 +22,8 @@ ACTED_ON = frozenset({
     "apply_chat_template_kwargs", "balance_by_flops", "balance_data", "buffer_filter_path", "calculate_per_token_loss",
     "check_weight_update_equal", "ckpt_step", "clip_grad", "colocate", "custom_advantage_function_path",
     "custom_config_path", "custom_convert_samples_to_train_data_path", "custom_eval_rollout_log_function_path",
-    "custom_reward_post_process_path", "custom_rollout_log_function_path", "custom_tis_function_path",
+    "custom_loss_function_path", "custom_pg_loss_reducer_function_path", "custom_reward_post_process_path",
+    "custom_rollout_log_function_path", "custom_tis_function_path",
     "data_source_path", "dump_details",
     "entropy_coef", "eps_clip", "eps_clip_c", "eps_clip_high", "eval_config", "eval_max_context_len",
     "eval_min_new_tokens", "eval_reward_key", "eval_tool_key", "eval_top_k", "ffn_hidden_size",
@@ -33,7 +36,8 @@ ACTED_ON = frozenset({
     "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "num_workers", "offload_rollout",
     "offload_train", "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
     "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",
-    "rollout_external_engine_addrs", "rollout_global_dataset", "rollout_sample_filter_path",
+    "rollout_data_postprocess_path", "rollout_external_engine_addrs", "rollout_global_dataset",
+    "rollout_sample_filter_path",
     "rollout_sample_hook_path", "save_interval", "seed", "sglang_config", "tis_clip", "tis_clip_low",
     "trust_remote_code", "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
     "use_kl_loss", "use_opd", "use_rollout_logprobs", "use_rollout_routing_replay", "use_routing_replay", "use_tis",
@@ -71,8 +75,10 @@ def _default(action: argparse.Action) -> Any:
     return action.default
 
 
-def _is_set(action: argparse.Action, value: Any) -> bool:
-    return value is not None and value != _default(action) and value != [] and value is not False
+def _is_set(default: Any, value: Any) -> bool:
+    """Set by the user: differs from what an empty command line gives, whatever its type (a `--disable-x`
+    store_false flag set is False against a True default); an empty value where the default is None is not."""
+    return value != default and not (default is None and value in (None, False, []))
 
 
 # SGLang server options the rollout itself reads (slime does too): sampling seeds per sample of a group
@@ -82,13 +88,20 @@ ROLLOUT_READS_SGLANG = {"enable_deterministic_inference"}
 def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[str]]:
     """{reason: [flag, ...]} of the flags set to a non-default value that nothing here acts on."""
     out: dict[str, list[str]] = {}
+    # what an empty command line gives: several upstream flags share one dest (Megatron's --enable-chunked-prefill
+    # and --disable-chunked-prefill), and the namespace holds the first one's default, not each action's
+    baseline = vars(parser.parse_known_args([])[0])
     for group in parser._action_groups:  # noqa: SLF001 - the groups are how upstream flags are told apart
         if not (group.title or "").startswith("upstream"):
             continue
         reason = REASONS.get(_title_key(group.title), DEFAULT_REASON)
         for action in group._group_actions:  # noqa: SLF001
-            if action.dest not in ACTED_ON and _is_set(action, getattr(args, action.dest, None)):
+            if action.dest not in ACTED_ON and _is_set(baseline.get(action.dest), getattr(args, action.dest, None)):
                 out.setdefault(reason, []).append(action.option_strings[0])
+    kept = not_passed(args)
+    if kept:
+        out.setdefault("sglang-router options slime keeps for itself (its engines, its retries, metrics on "
+                       "127.0.0.1)", []).extend(kept)
     if getattr(args, "rollout_backend", None) == "hf":
         extra = sorted(set(getattr(args, "sglang_extra_args", None) or {}) - ROLLOUT_READS_SGLANG)
         if extra:

@@ -8,6 +8,8 @@ import argparse
 
 from slime.cli.upstream_flags import Alias, add_upstream_flags
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
+from slime.fleet.router_options import router_option_actions, router_policies
+from slime.rollout.defaults import REQUEST_MAX_RETRIES, ROLLOUT_BATCH_SIZE
 
 
 class SlimeArgumentParser(argparse.ArgumentParser):
@@ -42,7 +44,8 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--sglang-router-ip", default=None, help="use an existing router instead of starting one")
     g.add_argument("--sglang-router-port", type=int, default=None)
     g.add_argument("--router-policy", default="round_robin",
-                   choices=["round_robin", "cache_aware", "power_of_two", "random", "consistent_hashing"])
+                   choices=router_policies() or ["round_robin", "cache_aware", "power_of_two", "random", "manual"],
+                   help="sglang-router's load-balancing policy (the choices are the installed router's)")
     g.add_argument("--router-health-check-interval", type=int, default=DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
                    help="seconds between the router's health checks of each engine (a dead engine is taken out "
                         "at once by the fleet's own supervision; this catches a stuck one)")
@@ -67,7 +70,7 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--num-rollout", type=int, default=None,
                    help="rollouts to run; default: from --num-epoch, else 1")
     g.add_argument("--start-rollout-id", type=int, default=None, help="default 0")
-    g.add_argument("--rollout-batch-size", type=int, default=4,
+    g.add_argument("--rollout-batch-size", type=int, default=ROLLOUT_BATCH_SIZE,
                    help="prompts (groups) per rollout (required by slime; 4 here)")
     g.add_argument("--n-samples-per-prompt", type=int, default=1)
     g.add_argument("--over-sampling-batch-size", type=int, default=None,
@@ -85,7 +88,7 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-skip-special-tokens", action="store_true")
     g.add_argument("--sglang-server-concurrency", type=int, default=512, help="in-flight requests per process")
     g.add_argument("--request-timeout", type=float, default=300.0, help="deadline of one engine request, seconds")
-    g.add_argument("--request-max-retries", type=int, default=100,
+    g.add_argument("--request-max-retries", type=int, default=REQUEST_MAX_RETRIES,
                    help="cap on the retries of one request (connection errors, timeouts, 429, 5xx); the budget "
                         "is --request-retry-window seconds")
     g.add_argument("--dynamic-sampling-filter-path", default=None)
@@ -103,6 +106,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout")
     g.add_argument("--eval-function-path", default=None, help="default: --rollout-function-path")
     g.add_argument("--custom-generate-function-path", default=None)
+    g.add_argument("--custom-generate-timeout", type=float, default=3600.0,
+                   help="seconds a custom generate function may take on one sample; one that does not return fails "
+                        "its sample (generate_timeout) and the rollout goes on")
 
     g = p.add_argument_group("reward")
     g.add_argument("--rm-type", default=None, help="a rule of slime.rollout.rm_hub (math, deepscaler, dapo, f1, "
@@ -110,6 +116,9 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g.add_argument("--custom-rm-path", default=None)
     g.add_argument("--group-rm", action="store_true")
     g.add_argument("--reward-key", default=None, help="key of dict rewards used for training")
+    g.add_argument("--reward-timeout", type=float, default=1800.0,
+                   help="seconds one reward call (a sample's, or a group's with --group-rm) may take; one that does "
+                        "not return fails its samples (reward_timeout) and the rollout goes on")
 
     g = p.add_argument_group("eval")
     g.add_argument("--eval-prompt-data", nargs="+", default=None, metavar="NAME PATH",
@@ -156,16 +165,11 @@ def _optional_groups(p: argparse.ArgumentParser) -> None:
 
 def _router_groups(p: argparse.ArgumentParser) -> None:
     """sglang-router's own `--router-*` flags, as slime registers them (ours above take precedence)."""
-    try:
-        from sglang_router.router_args import RouterArgs
-    except ImportError:  # the router package is optional for parsing: its flags then stay unknown
-        return
-    scratch = argparse.ArgumentParser(add_help=False)
-    RouterArgs.add_cli_args(scratch, use_router_prefix=True, exclude_host_port=True)
-    g = p.add_argument_group("sglang-router (stored on args; see sglang_router.launch_router)")
+    # the router package is optional for parsing: without it its flags stay unknown
+    g = p.add_argument_group("sglang-router (passed to the router slime starts; see sglang_router.launch_router)")
     taken = p._option_string_actions  # noqa: SLF001
-    for action in scratch._actions:  # noqa: SLF001
-        if not action.option_strings or any(o in taken for o in action.option_strings):
+    for action in router_option_actions():
+        if any(o in taken for o in action.option_strings):
             continue
         g._add_action(action)  # noqa: SLF001 - reuse the action exactly as sglang-router defines it
     # slime's overrides of the router defaults (sglang_utils/arguments.py)

@@ -17,17 +17,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slime.fleet.external_engines import ExternalEngineError, check_reachable, external_urls
 from slime.rollout.data_source import (DEFAULT_ROLLOUT, DataError, DataSource, RolloutDataSourceWithBuffer,
                                        parse_path_slice)
 from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
                                     data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
 from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
+from slime.cli.flag_ranges import vocab_problem
 from slime.utils.misc import load_function
 
 PLUGIN_FLAGS = ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
                 "dynamic_sampling_filter_path", "data_source_path", "buffer_filter_path",
                 "rollout_sample_filter_path", "rollout_all_samples_process_path",
-                "custom_rollout_log_function_path", "custom_eval_rollout_log_function_path")
+                "custom_rollout_log_function_path", "custom_eval_rollout_log_function_path",
+                "custom_loss_function_path", "custom_pg_loss_reducer_function_path", "rollout_data_postprocess_path")
 STATE_KEYS = ("epoch_id", "offset", "group_counter", "sample_counter", "buffer")
 
 
@@ -42,13 +45,23 @@ def _flag(dest: str) -> str:
 def check_utf8(path: Path, flag: str) -> None:
     """Fail on the first line that is not UTF-8, naming file, line and column (the JSON reader
     would only say `UnicodeDecodeError` with a byte offset)."""
+    from slime.rollout.prompt_index import bounded_lines
+
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(_lines_or_refuse(bounded_lines(f, path), flag), 1):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise PreflightError(f"{flag}: {path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
                                      f"column {e.start + 1}); the data must be UTF-8 JSONL or parquet") from None
+
+
+def _lines_or_refuse(lines: Any, flag: str) -> Any:
+    """`lines`, with a DataError (a line too long) raised as the flag's PreflightError."""
+    try:
+        yield from lines
+    except DataError as e:
+        raise PreflightError(f"{flag}: {e}") from None
 
 
 def prompt_tokenizer(args: Any) -> Any:
@@ -142,9 +155,10 @@ def check_interactions(args: Any) -> None:
     from slime.interactions.registry import InteractionConfigError, load_interaction_config
 
     try:
-        load_interaction_config(path)
+        names = load_interaction_config(path).names
     except InteractionConfigError as e:
         raise PreflightError(f"--interaction-config-path: {e}") from None
+    check_rows_name_interactions(args, names)
     if getattr(args, "rollout_function_path", None) == DEFAULT_ROLLOUT \
             and getattr(args, "custom_generate_function_path", None) is None:
         raise PreflightError("--interaction-config-path: the default generate has no multi-turn loop and would never "
@@ -153,6 +167,35 @@ def check_interactions(args: Any) -> None:
     if getattr(args, "max_user_turns", None) is not None and args.max_user_turns < 1:
         raise PreflightError(f"--max-user-turns: must be at least 1, got {args.max_user_turns} (leave it unset "
                              "for no limit)")
+
+
+def check_rows_name_interactions(args: Any, names: list[str]) -> None:
+    """Each prompt row's interaction_kwargs names an interaction the YAML configures (found only when
+    the row was served, mid-run, before)."""
+    if not getattr(args, "prompt_data", None) or getattr(args, "load_debug_rollout_data", None):
+        return  # (a Namespace built by hand for the interaction checks may have neither)
+    path = getattr(args, "data_source_path", None)
+    if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
+        return  # a custom data source reads the rows its own way
+    from slime.interactions.registry import check_sample_kwargs
+    from slime.rollout.prompt_index import PromptIndex
+
+    checked = copy.copy(args)
+    checked.apply_chat_template = False
+    checked.rollout_max_prompt_len = checked.rollout_max_context_len = None
+    try:
+        index = PromptIndex(checked, args.prompt_data, args.input_key, args.label_key)
+        try:
+            for i in range(len(index)):
+                kwargs = index.sample(i, tokenize=False).metadata.get("interaction_kwargs")
+                try:
+                    check_sample_kwargs(kwargs, names, args.interaction_config_path)
+                except ValueError as e:
+                    raise PreflightError(f"--prompt-data: {index.where(i)}: {e}") from None
+        finally:
+            index.close()
+    except DataError as e:
+        raise PreflightError(f"--prompt-data: {e}") from None
 
 
 def check_agent_workspaces(args: Any) -> None:
@@ -268,9 +311,11 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
                 "or once after their last rollout")
         return {"resumed_after": None}
     try:
-        check_same_model(root, model_id, verify_checkpoint(root, model_id), model_dir(args))
+        manifest = verify_checkpoint(root, model_id, without_manifest=args.load_without_manifest)
+        check_same_model(root, model_id, manifest, model_dir(args))
     except CheckpointError as e:
         raise PreflightError(str(e)) from None
+    args.ckpt_step = model_id  # the trainer loads this one, not whatever the tracker names by then
     state = Path(data_state_dir(root, model_id) or root) / data_state_name(model_id)
     if state.is_file():
         check_data_state(state, root)
@@ -317,6 +362,62 @@ def check_save(args: Any) -> None:
         raise PreflightError(str(e)) from None
 
 
+def check_external_engines(args: Any) -> None:
+    """--rollout-external-engine-addrs: every engine answers /health before Ray starts."""
+    if getattr(args, "load_debug_rollout_data", None):
+        return  # a replay starts no engine and reaches none
+    try:
+        check_reachable(external_urls(args))
+    except ExternalEngineError as e:
+        raise PreflightError(str(e)) from e
+
+
+def check_token_ids(args: Any) -> None:
+    """Token-id flags (--rollout-stop-token-ids) within the served model's vocabulary: an id past it
+    made every request fail at the engine, far from the flag."""
+    directory = model_dir(args)
+    config = Path(directory) / "config.json" if directory else None
+    if config is None or not config.is_file():
+        return
+    try:
+        vocab_size = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return  # the model's own loader names a broken config.json
+    if isinstance(vocab_size, int) and vocab_size > 0:
+        problem = vocab_problem(args, vocab_size)
+        if problem:
+            raise PreflightError(f"{problem} of {config}")
+
+
+def check_ray_address(args: Any) -> None:
+    """--ray-address answers (a bounded TCP connect to its GCS port) before `ray.init`, which waits for an
+    unreachable cluster forever, printing only its own warnings, with SIGTERM held."""
+    address = getattr(args, "ray_address", None)
+    if not address or address in ("auto", "local"):
+        return
+    from slime.ray.address import RayAddressError, probe_ray_address
+
+    try:
+        probe_ray_address(address)
+    except RayAddressError as e:
+        raise PreflightError(f"--ray-address {address}: {e}") from None
+
+
+def check_opd_teacher(args: Any) -> None:
+    """--use-opd: the teacher at --rm-url reads the student's ids as the same tokens."""
+    if not (getattr(args, "use_opd", False) and getattr(args, "rm_url", None)):
+        return
+    student = model_dir(args)
+    if not student:
+        return
+    from slime.rollout.opd_tokenizers import TokenizerMismatch, check_teacher_tokenizer
+
+    try:
+        check_teacher_tokenizer(args.rm_url, student)
+    except TokenizerMismatch as e:
+        raise PreflightError(str(e)) from None
+
+
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
     for dest in PLUGIN_FLAGS:
@@ -332,4 +433,8 @@ def preflight(args: Any) -> dict[str, Any]:
     check_interactions(args)
     check_agent_workspaces(args)
     check_debug_rollouts(args)
+    check_external_engines(args)
+    check_token_ids(args)
+    check_opd_teacher(args)
+    check_ray_address(args)
     return resolved

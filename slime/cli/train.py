@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
 from slime.cli.command import run_cli
+from slime.cli.flag_ranges import range_problem
 
 PROG = "slime-train"
 
@@ -26,6 +27,9 @@ def parse_train_args(argv: Sequence[str] | None = None) -> Any:
     args = parse_args(rest, prog=PROG)
     for name, value in vars(train_flags).items():  # taken out of argv above, so these are the user's values
         setattr(args, name, value)
+        problem = range_problem(name, value)
+        if problem:
+            raise ArgError(problem)
     args.trains_model = True  # preflight: --load is a model checkpoint, --save needs room for one
     if args.debug_rollout_only:
         raise ArgError("--debug-rollout-only: nothing to train; use slime-rollout")

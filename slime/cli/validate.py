@@ -43,6 +43,23 @@ def _check_rm_type(args: argparse.Namespace) -> None:
             raise ArgError(f"{eval_flag}: dataset {where!r}: {msg}" if where else msg) from None
 
 
+def data_file_problem(path: Path) -> str | None:
+    """Why `path` cannot be a prompt file (None: it can): missing, or not a regular file (a FIFO, a
+    device, a directory: the prompts are indexed by byte offset and read again, which a pipe cannot be)."""
+    if path.is_file():
+        return None
+    if not path.exists():
+        return "file not found"
+    import stat
+
+    mode = path.stat().st_mode
+    kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+        "not a regular file"
+    return (f"{kind}, not a regular file (prompts are indexed by byte offset and read again; write them to a "
+            f"file first)")
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -110,11 +127,12 @@ def validate_args(args: argparse.Namespace) -> None:
         if path is not None:
             need(Path(path).is_dir(), "--hf-checkpoint", f"{path!r} is not a directory (a local HF model dir)")
     if args.prompt_data is not None and not args.load_debug_rollout_data:
-        need(Path(parse_path_slice(args.prompt_data)[0]).is_file(), "--prompt-data",
-             f"file not found: {args.prompt_data}")
+        problem = data_file_problem(Path(parse_path_slice(args.prompt_data)[0]))
+        need(problem is None, "--prompt-data", f"{problem}: {args.prompt_data}")
     eval_flag = "--eval-config" if args.eval_config else "--eval-prompt-data"
     for d in args.eval_datasets:
-        need(Path(d.file_path).is_file(), eval_flag, f"{d.name}: file not found: {d.file_path}")
+        problem = data_file_problem(Path(d.file_path))
+        need(problem is None, eval_flag, f"{d.name}: {problem}: {d.file_path}")
     for flag in ("save_debug_rollout_data", "load_debug_rollout_data", "save_debug_train_data"):
         v = getattr(args, flag)
         if v is not None and args.num_rollout > 1 and "{rollout_id}" not in v:

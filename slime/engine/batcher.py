@@ -114,11 +114,12 @@ class HFBatcher:
     # ------------------------------------------------------------------ generation
     def submit(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None,
                return_logprob: bool = False, logprob_start_len: int | None = None,
-               stream: bool = False) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
+               stream: bool = False, top_logprobs_num: int = 0) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
         """Queue a request; returns (rid, future of the final response dict, stream queue or None).
 
         A stream queue receives cumulative response dicts after each token and `None` at the end.
-        `logprob_start_len` (with `return_logprob`): None or -1 = the last prompt token (SGLang's default).
+        `logprob_start_len` (with `return_logprob`): None or -1 = the last prompt token (SGLang's default);
+        `top_logprobs_num` (with `return_logprob`): the k most likely tokens reported at each sampled position.
         """
         start = len(input_ids) - 1 if logprob_start_len is None or logprob_start_len == -1 else logprob_start_len
         if not 0 <= start < len(input_ids):
@@ -133,7 +134,7 @@ class HFBatcher:
         loop = asyncio.get_running_loop()
         req = Request(rid=rid, input_ids=list(input_ids), params=params, return_logprob=return_logprob, loop=loop,
                       future=loop.create_future(), stream=asyncio.Queue() if stream else None,
-                      logprob_start_len=start)
+                      logprob_start_len=start, top_logprobs_num=top_logprobs_num if return_logprob else 0)
         self._rids.add(rid)
         req.future.add_done_callback(lambda _f: self._rids.discard(rid))
         self.stats["requests_total"] += 1

@@ -27,7 +27,7 @@ from slime.engine.prefill import prefill
 from slime.engine.request import EngineReleasedError, Request, reject_threadsafe, resolve_threadsafe
 from slime.engine.response import build_response
 from slime.engine.running_batch import RunningBatch
-from slime.engine.sampling import sample_token, sampled_logprob, seeded_generator
+from slime.engine.sampling import sample_token, sampled_logprob, seeded_generator, top_logprobs
 from slime.engine.weight_edits import copy_tensors, randomize_tensors, served_tensors, tensor_checksums
 
 logger = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ class DecodeThread:
         token = sample_token(logits, req.params, req.generator, banned)
         if req.return_logprob:
             req.logprobs.append(sampled_logprob(logits, req.params, token))
+            if req.top_logprobs_num:
+                req.top_logprobs.append(top_logprobs(logits, req.params, req.top_logprobs_num))
         return token
 
     # ---- finishing

@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from slime.utils.devices import cuda_available
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = "slime_converted.ok"
@@ -105,7 +107,9 @@ def resolve_hf_checkpoint(args: Any) -> None:
     Called by the commands and by `RolloutManager` itself (slime's train.py builds one without our CLI)."""
     if getattr(args, "hf_checkpoint", None) is not None:
         return
-    backend = getattr(args, "rollout_backend", "hf")
+    backend = getattr(args, "rollout_backend", "auto")  # the parser's default; finalize resolves it
+    if backend == "auto":
+        backend = "sglang" if cuda_available() else "hf"
     if backend != "hf":
         raise ValueError(f"--hf-checkpoint is required with --rollout-backend {backend} (only the embedded "
                          "engine, --rollout-backend hf, has a default model)")

@@ -52,10 +52,10 @@ class GenerateRoutes:
     def _submit_all(self, parsed: GenerateBody) -> list[Submitted]:
         submitted: list[Submitted] = []
         try:
-            for p, sp, r, lp, start in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
-                                           parsed.logprob_start_lens):
+            for p, sp, r, lp, start, top in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
+                                                parsed.logprob_start_lens, parsed.top_logprobs_nums):
                 submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=lp, logprob_start_len=start,
-                                                     stream=parsed.stream))
+                                                     stream=parsed.stream, top_logprobs_num=top))
         except Exception:  # all or nothing: do not leave half a batch decoding for nobody
             for r, _, _ in submitted:
                 self.batcher.abort(r)
@@ -63,6 +63,13 @@ class GenerateRoutes:
         return submitted
 
     async def _answer(self, request: Request, submitted: list[Submitted], batch: bool) -> Response:
+        results = await self.results(request, submitted)
+        if isinstance(results, Response):
+            return results
+        return JSONResponse(results if batch else results[0])
+
+    async def results(self, request: Request, submitted: list[Submitted]) -> list[dict] | Response:
+        """The answers of `submitted` (SGLang's `/generate` dicts), or the error response to send."""
         work = asyncio.gather(*(fut for _, fut, _ in submitted))
         gone = asyncio.ensure_future(client_gone(request))
         try:
@@ -82,7 +89,7 @@ class GenerateRoutes:
             raise
         except Exception as exc:  # the engine failed this request (logged by the decode thread)
             return error_response(500, f"generation failed: {exc}")
-        return JSONResponse(results if batch else results[0])
+        return results
 
     async def _sse(self, rid: str, fut: asyncio.Future, chunks: asyncio.Queue):
         try:

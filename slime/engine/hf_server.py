@@ -6,7 +6,8 @@ real SGLang engine. All model work happens in the batcher's decode thread; handl
 validate, enqueue and await. `return_logprob` answers `meta_info.output_token_logprobs` and
 `meta_info.input_token_logprobs` (`[logprob, token_id, null]` per token, SGLang's layout; input entries
 from `logprob_start_len`, the first one null), so one engine can score another's samples (a teacher
-for on-policy distillation: `max_new_tokens: 0`, `logprob_start_len: 0`). `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
+for on-policy distillation: `max_new_tokens: 0`, `logprob_start_len: 0`); `top_logprobs_num: k` adds
+`meta_info.output_top_logprobs` (the k most likely tokens per sampled position, SGLang's layout). `/get_load` returns one dict (num_running_reqs, num_waiting_reqs,
 num_reqs, num_tokens, decode_steps_total, max_batch_size_seen, paused, weights_released,
 weight_version, requests_restarted, weight_updates_total).
 

@@ -1,5 +1,5 @@
 """The embedded engine's FastAPI app: SGLang's paths, each served by one handler object around the
-same HFBatcher (generation, status, control, weight sync)."""
+same HFBatcher (generation, OpenAI-compatible generation, status, control, weight sync)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from slime.engine.batcher import HFBatcher
 from slime.engine.control_routes import ControlRoutes
 from slime.engine.generate_routes import GenerateRoutes
+from slime.engine.openai_routes import OpenAIRoutes
 from slime.engine.status_routes import StatusRoutes
 from slime.engine.weight_routes import WeightSync
 from slime.engine.weight_updates import UpdateGroups, WeightChecker
@@ -30,6 +31,7 @@ class Server:
         self.groups = UpdateGroups()
         self.checker = WeightChecker()
         self.generation = GenerateRoutes(batcher, self.tokenizer)
+        self.openai = OpenAIRoutes(self.generation, batcher.tokenizer_path)
         self.status = StatusRoutes(batcher)
         self.control = ControlRoutes(batcher)
         self.weights = WeightSync(batcher, self.groups, self.checker)
@@ -38,6 +40,9 @@ class Server:
         gen, status, control, weights = self.generation, self.status, self.control, self.weights
         return [
             ("/generate", ("POST", "PUT"), gen.generate),
+            ("/v1/completions", POST, self.openai.completions),
+            ("/v1/chat/completions", POST, self.openai.chat_completions),
+            ("/v1/models", GET, self.openai.models),
             ("/health", GET, status.health),
             ("/health_generate", GET, gen.health_generate),
             ("/server_info", GET, status.server_info),

@@ -40,10 +40,13 @@ class Request:
     weight_version: str = ""  # the version the request's tokens come from (set when prefilled)
     logprob_start_len: int = 0  # first prompt position reported in input_token_logprobs (return_logprob only)
     input_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs_num: int = 0  # k most likely tokens kept per sampled position (return_logprob only)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     def forget_output(self) -> None:
         """Back to the state before its prefill, to be recomputed from the prompt (new weights)."""
         self.output_ids, self.logprobs, self.input_logprobs, self.generator = [], [], [], None
+        self.top_logprobs = []
 
     def send_partial(self, response: dict) -> None:
         """A streamed request's cumulative answer after one more token."""

@@ -28,6 +28,7 @@ class GenerateBody:
     return_logprob: list[bool]
     logprob_start_lens: list[int | None]
     stream: bool
+    top_logprobs_nums: list[int]  # per input: the k most likely tokens reported per position (0: none)
     batch: bool
 
 
@@ -40,11 +41,12 @@ def parse_generate_body(body: dict, tokenizer: Any, vocab_size: int, context_len
     logprob = _per_item(body.get("return_logprob"), n, "return_logprob")
     starts = [parse_logprob_start_len(v, len(p)) for v, p in
               zip(_per_item(body.get("logprob_start_len"), n, "logprob_start_len"), prompts)]
+    tops = [parse_top_logprobs_num(v) for v in _per_item(body.get("top_logprobs_num"), n, "top_logprobs_num")]
     stream = bool(body.get("stream") or False)
     if stream and batch:
         raise BadRequest("stream is not supported with batch input")
     return GenerateBody(prompts=prompts, params=params, rids=rids, return_logprob=[bool(lp) for lp in logprob],
-                        logprob_start_lens=starts, stream=stream, batch=batch)
+                        logprob_start_lens=starts, stream=stream, batch=batch, top_logprobs_nums=tops)
 
 
 def parse_prompts(body: dict, tokenizer: Any, vocab_size: int, context_length: int) -> tuple[list[list[int]], bool]:
@@ -156,6 +158,15 @@ def parse_logprob_start_len(value: Any, prompt_len: int) -> int | None:
     if not 0 <= value < prompt_len:
         raise BadRequest(f"logprob_start_len must be -1 or in [0, {prompt_len}) for a prompt of {prompt_len} "
                          f"tokens, got {value}")
+    return value
+
+
+def parse_top_logprobs_num(value: Any) -> int:
+    """SGLang's `top_logprobs_num`: None or a non-negative integer (with `return_logprob`)."""
+    if value is None:
+        return 0
+    if not _is_int(value) or value < 0:
+        raise BadRequest(f"top_logprobs_num must be a non-negative integer, got {value!r}")
     return value
 
 

@@ -27,6 +27,8 @@ def build_response(req: Request, reason: dict | None, tokenizer: Any, engine_ver
         # empty only if the request never reached its prefill (aborted while waiting)
         scored = req.input_ids[req.logprob_start_len:]
         meta["input_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.input_logprobs, scored)]
+        if req.top_logprobs_num:
+            meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in row] for row in req.top_logprobs]
     return {"text": text, "output_ids": list(ids), "meta_info": meta}
 
 

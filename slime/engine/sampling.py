@@ -79,6 +79,12 @@ def sampled_logprob(logits: torch.Tensor, params: SamplingParams, token: int) ->
     return float(torch.log_softmax(_scaled(logits, params), dim=-1)[token])
 
 
+def top_logprobs(logits: torch.Tensor, params: SamplingParams, k: int) -> list[tuple[float, int]]:
+    """The k most likely (log-prob, id) under the same distribution as `sampled_logprob`, best first."""
+    values, ids = torch.topk(torch.log_softmax(_scaled(logits, params), dim=-1), min(k, logits.shape[-1]))
+    return [(float(v), int(i)) for v, i in zip(values, ids)]
+
+
 def top_p_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Smallest probability kept by nucleus sampling: the top tokens whose mass first reaches top_p.
 

@@ -1,8 +1,12 @@
 """`WeightGate`: a replacement engine serves only the weights the fleet serves.
 
 A replacement boots with the weights on disk. If the serving engines report another weight
-version (a trainer pushed weights from memory, which the fleet does not hold), it stays out of the
-router in state `awaiting_weights`: it is one of the updatable engines (slime's
+version (a trainer pushed weights from memory), it loads the trainer's last push at once when the
+trainer kept it for that purpose (`keep`: its tensors in Ray's object store, owned by the trainer,
+with their version; `catch_up` loads them and checks the version the engine then reports), and serves:
+a replacement of every engine of a lost node never waits for a push that comes only after the rollout
+it is needed for. Without kept weights of the serving version (another trainer, or its owner gone), it
+stays out of the router in state `awaiting_weights`: it is one of the updatable engines (slime's
 `recover_updatable_engines` / `num_new_engines`), so the trainer's next push reaches it, and it is
 registered when that push completes (its actor reports the push's end: `continue_generation`
 after the updates, or an update from disk) and it reports the serving engines' version. So no
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -37,6 +42,58 @@ class WeightGate:
                  admit: Callable[[EngineSlot], None]):
         self.lock, self.stopping, self.counters, self.admit = lock, stopping, counters, admit
         self.version: str | None = None  # the version the serving engines last reported
+        # (version, ref of its named tensors in Ray's object store): the trainer's last push, for replacements
+        self.kept: tuple[str, Any] | None = None
+
+    def keep(self, version: str, ref: Any, slots: list[EngineSlot]) -> list[int]:
+        """The trainer's push of `version` completed; `ref` holds its named tensors (owned by the trainer,
+        freed when the next push replaces it). Engines still awaiting weights that this push did not
+        reach (they came up while it ran) load it now. The trainer holds its weight lock meanwhile, so
+        no other push runs; the ranks of the engines admitted."""
+        with self.lock:
+            self.kept, self.version = (str(version), ref), str(version)
+            waiting = [(s, s.actor) for s in slots if s.state == "awaiting_weights"]
+        admitted = []
+        for slot, actor in waiting:
+            try:
+                mine = ray.get(actor.get_weight_version.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - dying: its watcher handles it
+                continue
+            if mine != self.version and not self.catch_up(slot, actor):
+                continue
+            with self.lock:
+                if self.stopping.is_set() or slot.actor is not actor or slot.state != "awaiting_weights":
+                    continue
+                self.admit(slot)
+            admitted.append(slot.rank)
+            logger.warning("engine %d has the current weights (version %s): serving at %s", slot.rank,
+                           self.version, slot.url)
+        return admitted
+
+    def catch_up(self, slot: EngineSlot, actor: Any) -> bool:
+        """Load the kept push into this replacement when it is the version the fleet serves; whether the
+        engine then reports that version. Named in the log: the version, where it came from, how long."""
+        with self.lock:
+            kept, serving = self.kept, self.version
+        if kept is None or kept[0] != serving:
+            return False
+        t0 = time.monotonic()
+        try:
+            got = ray.get(actor.load_kept_weights.remote([kept[1]], kept[0]), timeout=_PUSH_WAIT_S + 600)
+        except ray.exceptions.RayActorError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the trainer (their owner) gone, an SGLang engine: wait for a push
+            logger.warning("engine %d: could not load weight version %s kept from the trainer's last push (%s: %s); "
+                           "it waits for the next push", slot.rank, kept[0], type(e).__name__, str(e)[:300])
+            return False
+        if got != kept[0]:
+            logger.warning("engine %d: loaded the trainer's last push of version %s but reports version %s; it waits "
+                           "for the next push", slot.rank, kept[0], got)
+            return False
+        self.counters["engine_weights_caught_up"] += 1
+        logger.warning("engine %d: loaded weight version %s from the trainer's last push (kept in Ray's object "
+                       "store) in %.1fs", slot.rank, got, time.monotonic() - t0)
+        return True
 
     def note(self, version: str | None) -> None:
         """The trainer pushed `version` to the serving engines (the manager's `end_weight_update`): what a

@@ -165,6 +165,24 @@ class EngineActor:
         return self.server.call("POST", "/init_weights_update_group", body,
                                 timeout=(timeout or WEIGHT_PUSH_TIMEOUT_S) + 30)
 
+    def load_kept_weights(self, kept: list[Any], weight_version: str) -> str | None:
+        """Load the trainer's last push, kept in Ray's object store (`kept`: [the ref of its named
+        tensors], nested so this actor fetches it, not the caller), as a push by shared memory on this
+        host; the version the engine then reports. A replacement serves the current weights at once
+        instead of waiting for a push that comes only after the rollout it is needed for
+        (slime.fleet.awaiting_weights)."""
+        from slime.engine.weight_group import DEFAULT_BUCKET_BYTES
+        from slime.engine.weight_transfer import bucket_named_tensors, serialize_named_tensors
+
+        if self.backend == "sglang":  # SGLang's tensor path takes its own serialiser's payloads
+            raise NotImplementedError("kept weights are loaded into embedded engines only")
+        named = ray.get(kept[0], timeout=WEIGHT_PUSH_TIMEOUT_S)
+        for bucket in bucket_named_tensors(named, DEFAULT_BUCKET_BYTES):
+            with serialize_named_tensors(bucket, transport="shm") as payload:
+                self.update_weights_from_tensor([payload.serialized], weight_version=weight_version)
+        self._push_done()
+        return self.get_weight_version()
+
     def die_during_push(self, at_update: int) -> None:
         """Fault injection for tests and chaos runs: SIGKILL this engine's server when the `at_update`-th
         bucket of the coming distributed pushes (1 = the first) is announced to it."""

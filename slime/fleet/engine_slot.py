@@ -23,6 +23,7 @@ class EngineSlot:
     last_exit: Any = None
     node_id: str | None = None  # the Ray node serving it (node 0's, for a multi-node engine)
     moved_from: str | None = None  # the lost node it was last moved away from
+    node_lost: bool = False  # taken out of service because its node was found lost; its watcher reports it
 
     @property
     def actor(self) -> Any:

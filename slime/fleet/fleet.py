@@ -14,7 +14,7 @@ The fleet's parts, each owned by it and handed its lock, stop event and counters
 - `LostNodes` (slime.fleet.lost_nodes): what each lost Ray node took, and where its engines and the
   router went;
 - `WeightGate` (slime.fleet.awaiting_weights): a replacement with other weights than the fleet serves
-  waits, out of the router, for the trainer's next push.
+  loads the trainer's last push (kept in Ray's object store), or waits, out of the router, for the next push.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from slime.fleet.awaiting_weights import WeightGate
 from slime.fleet.engine_slot import UPDATABLE_STATES, EngineSlot
 from slime.fleet.lost_nodes import NODE_COUNTERS, LostNodes
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
+from slime.fleet.external_engines import check_reachable, external_urls
+from slime.fleet.router_options import SLIME_SETS, router_passthrough
 from slime.fleet.router import Router, register_worker, unregister_worker
 from slime.fleet.router_host import RelocatingRouter
 from slime.fleet.supervised_engine import RemoteSupervisedEngine, SupervisedEngineActor, exit_notice
@@ -93,6 +95,8 @@ class Fleet:
     # ---- start-up ----
     def start(self) -> Endpoints:
         """Engines boot while the router starts; returns when every engine is registered."""
+        if external_urls(self.args):
+            return self._start_external()
         t0 = time.monotonic()
         refs = self._launch_engines()
         self._start_router()
@@ -111,6 +115,20 @@ class Fleet:
         self.weight_gate.serving_version(self.slots)
         self.startup_timings["registered"] = time.monotonic() - t0
         self.supervisor.start()
+        return self.endpoints
+
+    def _start_external(self) -> Endpoints:
+        """--rollout-external-engine-addrs: the given engines behind our router, none of ours (external_engines)."""
+        t0 = time.monotonic()
+        urls = external_urls(self.args)
+        check_reachable(urls)
+        self._start_router()
+        for url in urls:
+            self._register(url)
+        self.endpoints.engine_urls = list(urls)
+        self.startup_timings["registered"] = time.monotonic() - t0
+        logger.info("serving with %d external engine(s) through %s: %s", len(urls), self.endpoints.router_url,
+                    ", ".join(urls))
         return self.endpoints
 
     def _engine_layout(self) -> tuple[int, int, int]:
@@ -156,7 +174,8 @@ class Fleet:
             self.endpoints.router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
             return
         router_kw = {"policy": args.router_policy, "prometheus_port": args.router_prometheus_port,
-                     "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir}
+                     "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir,
+                     "extra_args": router_passthrough(args, taken=SLIME_SETS)}
         resource = getattr(args, "router_resource", None)
         if resource:  # on a node of its own, moved when that node is lost
             here = ray.get_runtime_context().get_node_id()
@@ -208,7 +227,8 @@ class Fleet:
 
     def publish(self) -> None:
         """Swap in the URLs of the engines that take requests (one assignment: readers never see half)."""
-        self.endpoints.engine_urls = [s.url for s in self.slots if s.state == "healthy" and s.url]
+        self.endpoints.engine_urls = urls = [s.url for s in self.slots if s.state == "healthy" and s.url]
+        self.endpoints.outage.published(len(urls))
 
     # ---- status ----
     def lost_node_status(self) -> list[dict[str, Any]]:

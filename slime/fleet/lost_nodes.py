@@ -73,6 +73,52 @@ class LostNodes:
                     for lost in self.nodes.values()]
 
 
+# seconds Ray may take to decide on a node after one of its actors was seen dying: its health checks
+# (defaults: 3 s period x 5 failures, 10 s timeout each) mark a raylet that died dead within ~30 s
+NODE_DECISION_S = 60.0
+
+
+def node_lost(node_id: str | None, actor: Any, stopping: threading.Event, timeout: float = NODE_DECISION_S) -> bool | None:
+    """Whether the death of `actor` (an engine actor on `node_id`) is the loss of its node, asked of Ray
+    until it decides: True once Ray marks the node dead (or the actor dead for its node's death); False
+    once Ray marks the actor dead for another cause (its node's raylet reported it: the node lives); None
+    when Ray has not decided within `timeout` seconds. The owner of an actor sees it die 1-3 s before Ray
+    marks its node dead: a replacement created on its bundle in between lands on the dead node."""
+    if node_id is None:
+        return None
+    deadline, pause = time.monotonic() + timeout, 0.05
+    while not stopping.is_set():
+        if not node_alive(node_id):
+            return True
+        cause = actor_death_cause(actor)
+        if cause is not None:
+            return cause == "NODE_DIED"
+        if time.monotonic() > deadline:
+            return None
+        stopping.wait(pause)  # Ray has no event for this: asked again, less often, until it decides
+        pause = min(2 * pause, 1.0)
+    return None
+
+
+def actor_death_cause(actor: Any) -> str | None:
+    """Ray's reason for the actor's death (WORKER_DIED, NODE_DIED, RAY_KILL, ...; "UNSPECIFIED" when it
+    gives none), or None while Ray's control store still counts it alive."""
+    try:
+        info = ray._private.state.actors(actor._actor_id.hex())  # noqa: SLF001 - the GCS's own record, no dashboard needed
+    except Exception:  # noqa: BLE001 - an actor Ray no longer knows: nothing to decide by
+        return None
+    if not info or info.get("State") != "DEAD":
+        return None
+    cause = info.get("DeathCause")
+    try:
+        if cause.HasField("actor_died_error_context"):
+            ctx = cause.actor_died_error_context
+            return ctx.DESCRIPTOR.fields_by_name["reason"].enum_type.values_by_number[ctx.reason].name
+    except Exception:  # noqa: BLE001 - another shape of the record: dead, for no known reason
+        pass
+    return "UNSPECIFIED"
+
+
 def node_alive(node_id: str) -> bool:
     """Whether Ray's control store still counts `node_id` among the live nodes."""
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from slime.utils.encoded_ids import EncodedIds
+
 # endpoint function -> (HTTP method, path) on the SGLang server
 ENDPOINTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "generate": ("POST", "/generate"),
@@ -42,10 +44,15 @@ def _with_optional(body: dict[str, Any], **optional: Any) -> dict[str, Any]:
 
 
 def generate(input_ids: Iterable[int], sampling_params: Mapping[str, Any], *, rid: str,
-             return_logprob: bool = True) -> dict[str, Any]:
-    """Token-in/token-out `/generate`: ids in, sampled ids with log-probs out (never text)."""
-    return {"input_ids": [int(t) for t in input_ids], "sampling_params": dict(sampling_params),
+             return_logprob: bool = True, top_logprobs_num: int = 0) -> dict[str, Any]:
+    """Token-in/token-out `/generate`: ids in, sampled ids with log-probs out (never text);
+    `top_logprobs_num` > 0 also asks for the k most likely tokens at each position."""
+    ids = input_ids if isinstance(input_ids, EncodedIds) else [int(t) for t in input_ids]  # (already ints)
+    body = {"input_ids": ids, "sampling_params": dict(sampling_params),
             "return_logprob": bool(return_logprob), "rid": rid}
+    if top_logprobs_num:
+        body["top_logprobs_num"] = int(top_logprobs_num)
+    return body
 
 
 def abort_request(*, rid: str | None = None, abort_all: bool = False) -> dict[str, Any]:

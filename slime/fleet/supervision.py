@@ -3,7 +3,9 @@
 Engines are supervised like the router. A watcher thread per engine blocks on a call that only
 returns when the engine's server process exits (or its actor dies): an event, not a poll. A dead
 engine is reported at once (a warning and the `engine_deaths` counter), taken out of the router
-and of the shared `Endpoints` (so requests stop going there), and replaced: its actor is killed
+and of the shared `Endpoints` (so requests stop going there), Ray is asked whether its node was lost
+(until Ray decides: a replacement is never created on a bundle Ray still maps to a dead node, so a node
+loss costs one restart per engine), and it is replaced: its actor is killed
 and a new one created on the same placement-group bundle, started, given the latest weights the
 fleet was told to load, and registered. `--engine-max-restarts` bounds the restarts per engine;
 after that the engine is `failed` and the pool runs without it. Where the replacement lands after a
@@ -20,6 +22,7 @@ import ray
 
 from slime.fleet.engine_slot import UPDATABLE_STATES, EngineSlot, serving
 from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
+from slime.fleet.lost_nodes import NODE_DECISION_S, node_alive, node_lost
 from slime.fleet.room import NoRoomError, RoomWait, place
 
 logger = logging.getLogger(__name__)
@@ -47,37 +50,81 @@ class EngineSupervisor:
         """Block until this engine's server exits; then report it and bring a new one up."""
         while not self.fleet.stopping.is_set():
             actor = slot.actor
+            actor_died = False
             try:
                 code: Any = ray.get(actor.wait_exit.remote())
             except ray.exceptions.RayActorError as e:
-                code = f"actor died ({type(e).__name__})"
+                code, actor_died = f"actor died ({type(e).__name__})", True
             except Exception as e:  # noqa: BLE001 - anything else also means we lost the engine
-                code = f"{type(e).__name__}: {e}"
+                code, actor_died = f"{type(e).__name__}: {e}", True
             if self.fleet.stopping.is_set() or slot.actor is not actor:
                 return
-            self.on_death(slot, code)
+            self.on_death(slot, code, actor=actor if actor_died else None)
             if slot.state not in UPDATABLE_STATES:
                 return
 
-    def on_death(self, slot: EngineSlot, code: Any) -> None:
-        """Report the death, take the engine out of service, and restart it while the budget lasts."""
+    def on_death(self, slot: EngineSlot, code: Any, actor: Any = None) -> None:
+        """Report the death, take the engine out of service at once, ask Ray whether its node was lost
+        (`actor`: its dead actor, whose death may be its node's), and restart it while the budget lasts.
+        A replacement that failed before it served is re-placed, not reported dead a second time."""
         fleet = self.fleet
         with fleet.lock:
+            served = slot.state in UPDATABLE_STATES or slot.node_lost  # taken out with its node: it served
             registered = slot.state == "healthy"
-            if any(s.state == "healthy" for s in fleet.slots if s is not slot):
-                # remembered, in case every engine is gone later
-                fleet.weight_gate.serving_version(fleet.slots, exclude=slot)
             slot.state, slot.last_exit = "dead", code
-            slot.deaths += 1
-            fleet.counters["engine_deaths"] += 1
+            if served:
+                slot.deaths += 1
+                fleet.counters["engine_deaths"] += 1
             fleet.publish()
-        fleet.lost_nodes.note_if_gone(slot.node_id, slot)
-        logger.warning("engine %d at %s died (exit code %s); %s", slot.rank, slot.url, code,
-                       "restarting it" if slot.restarts < self.max_restarts and len(slot.actors) == 1
-                       else "not restarting it")
         if slot.url and registered:
             fleet.unregister(slot.url)
+        lost = self._node_lost(slot, actor)
+        if served and any(s.state == "healthy" for s in fleet.slots):
+            # remembered, in case every engine is gone later
+            fleet.weight_gate.serving_version(fleet.slots, exclude=slot)
+        restarting = slot.restarts < self.max_restarts and len(slot.actors) == 1
+        where = f"; its node {slot.node_id} was lost" if lost else ""
+        if served:
+            logger.warning("engine %d at %s died (exit code %s)%s; %s", slot.rank, slot.url, code, where,
+                           "restarting it" if restarting else "not restarting it")
+        else:
+            logger.warning("engine %d: its replacement failed before it served (%s)%s; %s", slot.rank, code, where,
+                           "placing it again" if restarting else "not placing it again")
         self._restart(slot)
+
+    def _node_lost(self, slot: EngineSlot, actor: Any) -> bool | None:
+        """Ask Ray until it decides whether the engine's node is gone; a lost node is named now (in the
+        rollout it happened in), and its other engines are taken out of service at once (their watchers
+        report their deaths as Ray gets to them)."""
+        fleet = self.fleet
+        node = slot.node_id
+        if slot.node_lost:  # its node was found lost when another of its engines died
+            slot.node_lost = False
+            return True
+        if node is None:
+            return None
+        if actor is None:  # its process exited (its actor lives), or a replacement failed: no death of Ray's to ask about
+            lost = not node_alive(node) or None
+        else:
+            lost = node_lost(node, actor, fleet.stopping)
+        if lost is None and actor is not None:
+            logger.warning("engine %d: Ray did not decide within %.0fs whether its node %s is alive; restarting it "
+                           "on its bundle", slot.rank, NODE_DECISION_S, node)
+        if not lost:
+            return lost
+        fleet.lost_nodes.note(node, slot)
+        with fleet.lock:
+            others = [s for s in fleet.slots if s is not slot and s.node_id == node and s.state in UPDATABLE_STATES]
+            registered = [s.url for s in others if s.state == "healthy" and s.url]
+            for s in others:
+                s.state, s.node_lost = "dead", True
+            if others:
+                fleet.publish()
+        for s in others:
+            fleet.lost_nodes.note(node, s)
+        for url in registered:
+            fleet.unregister(url)
+        return lost
 
     def _restart(self, slot: EngineSlot) -> None:
         while not self.fleet.stopping.is_set():
@@ -142,14 +189,30 @@ class EngineSupervisor:
             for hook in fleet.replacement_hooks:
                 hook(actor)
             slot.url = url
-            stale = fleet.weight_gate.stale(slot, actor, fleet.slots)
-            if stale is not None:
-                fleet.weight_gate.hold(slot, actor)
-                logger.warning("engine %d replaced at %s with weight version %s; the others serve %s: it takes "
-                               "requests after the trainer's next push (restart %d/%d)", slot.rank, url, *stale,
-                               slot.restarts, self.max_restarts)
+        # a replacement with other weights than the fleet serves loads the trainer's kept push (the version
+        # may move while it loads: then again), else awaits the next push out of the router
+        while True:
+            with fleet.lock:
+                stale = fleet.weight_gate.stale(slot, actor, fleet.slots)
+                if stale is None:
+                    fleet.admit(slot)
+                    break
+                kept = fleet.weight_gate.kept
+                if kept is None or kept[0] != stale[1]:
+                    self._hold(slot, actor, stale)
+                    return
+            # not under the lock: a load takes a while, and no push reaches an engine still restarting
+            if not fleet.weight_gate.catch_up(slot, actor):
+                with fleet.lock:
+                    self._hold(slot, actor, stale)
                 return
-            fleet.admit(slot)
         logger.warning("engine %d replaced: serving at %s on node %s (restart %d/%d); %d of %d engines serve",
                        slot.rank, url, slot.node_id, slot.restarts, self.max_restarts, serving(fleet.slots),
                        len(fleet.slots))
+
+    def _hold(self, slot: EngineSlot, actor: Any, stale: tuple[str | None, str]) -> None:
+        """Out of the router until the trainer's next push reaches it (caller holds the lock)."""
+        self.fleet.weight_gate.hold(slot, actor)
+        logger.warning("engine %d replaced at %s with weight version %s; the others serve %s: it takes requests "
+                       "after the trainer's next push (restart %d/%d)", slot.rank, slot.url, *stale, slot.restarts,
+                       self.max_restarts)

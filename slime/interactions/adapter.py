@@ -8,6 +8,7 @@ crash three frames later.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -50,10 +51,6 @@ def _is_bool(value: Any) -> bool:
     return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
 
 
-async def _resolve(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 def _takes_an_argument(fn: Any) -> bool:
     """Whether `fn` (bound) accepts a positional argument: verl's base finalize takes none."""
     try:
@@ -64,27 +61,46 @@ def _takes_an_argument(fn: Any) -> bool:
 
 
 class InteractionAdapter:
-    """The interaction `inner` of config entry `name` (class `class_name`), as the loop calls it."""
+    """The interaction `inner` of config entry `name` (class `class_name`), as the loop calls it.
 
-    def __init__(self, inner: Any, name: str, class_name: str):
-        self.inner, self.name, self.class_name = inner, name, class_name
+    `timeout` (--interaction-timeout): seconds each awaited call may take; one that never returned
+    hung its rollout (170 s observed, --tool-call-timeout does not apply). A method that blocks
+    without awaiting holds the event loop itself and cannot be bounded from it."""
+
+    def __init__(self, inner: Any, name: str, class_name: str, timeout: float | None = None):
+        self.inner, self.name, self.class_name, self.timeout = inner, name, class_name, timeout
         self._finalize_takes_id = _takes_an_argument(inner.finalize_interaction)
+        self.timeouts = 0  # calls that did not return within `timeout`
 
     def _who(self, method: str) -> str:
         return f"interaction {self.name!r} ({self.class_name}).{method}()"
 
+    async def _bounded(self, value: Any, method: str) -> Any:
+        """`value` resolved, within `timeout` seconds; InteractionError naming the method and the flag."""
+        if not inspect.isawaitable(value):
+            return value
+        if self.timeout is None:
+            return await value
+        try:
+            return await asyncio.wait_for(value, self.timeout)
+        except asyncio.TimeoutError:
+            self.timeouts += 1
+            raise InteractionError(f"{self._who(method)} did not return within {self.timeout:g} s "
+                                   f"(--interaction-timeout)") from None
+
     async def start(self, instance_id: str, interaction_kwargs: dict[str, Any]) -> None:
         """verl passes the row's interaction_kwargs (its `name` too) and keeps its own request id."""
-        await _resolve(self.inner.start_interaction(instance_id, **interaction_kwargs))
+        await self._bounded(self.inner.start_interaction(instance_id, **interaction_kwargs), "start_interaction")
 
     async def respond(self, instance_id: str, messages: list[dict[str, Any]],
                       interaction_kwargs: dict[str, Any]) -> UserReply:
-        got = await _resolve(self.inner.generate_response(instance_id, messages, **interaction_kwargs))
+        got = await self._bounded(self.inner.generate_response(instance_id, messages, **interaction_kwargs),
+                                  "generate_response")
         return self._reply(got)
 
     async def finalize(self, instance_id: str) -> None:
         fn = self.inner.finalize_interaction
-        await _resolve(fn(instance_id) if self._finalize_takes_id else fn())
+        await self._bounded(fn(instance_id) if self._finalize_takes_id else fn(), "finalize_interaction")
 
     def _reply(self, got: Any) -> UserReply:
         who = self._who("generate_response")

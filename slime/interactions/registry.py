@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 VERL_EQUIVALENTS: dict[str, str] = {
     "verl.interactions.base.BaseInteraction": "slime.interactions.base.BaseInteraction",
-    "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "slime.interactions.gsm8k_interaction.Gsm8kInteraction",
+    # verl's grading and behaviour; slime.interactions.gsm8k_interaction.Gsm8kInteraction is ours
+    "verl.interactions.gsm8k_interaction.Gsm8kInteraction":
+        "slime.interactions.verl_gsm8k_interaction.Gsm8kInteraction",
 }
 ENTRY_FIELDS = ("name", "class_name", "config")
 

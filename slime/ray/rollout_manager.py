@@ -216,6 +216,15 @@ class RolloutManager:
         if self.controller is not None:
             self.controller.end_weight_update(weight_version)
 
+    def keep_pushed_weights(self, weight_version: str, kept: list[Any]) -> list[int]:
+        """The trainer's push of `weight_version` completed; `kept` = [the ref of its named tensors in Ray's
+        object store] (nested: this actor holds the ref, never the tensors). A replacement engine loads them
+        at once instead of waiting for the next push (slime.fleet.awaiting_weights); the ranks of engines
+        awaiting weights admitted with them now."""
+        if self.fleet is None:
+            return []
+        return self.fleet.weight_gate.keep(weight_version, kept[0], self.fleet.slots)
+
     def get_updatable_engines_and_lock(self) -> tuple:
         """(engine actors, the weight lock, engines restarted since the last push, gpu counts, offsets, configs)."""
         if self._engine_lock is None:

@@ -1,5 +1,6 @@
 """Ray and the rollout manager, started and stopped the same way by every command (`slime-rollout`,
-`slime-train`): join `--ray-address` or start a private local Ray whose workers see this checkout,
+`slime-train`): join `--ray-address` or start a private local Ray whose workers import the user's code first and
+this checkout last (`worker_path`),
 create the `RolloutManager` actor, and stop it (then Ray, if we started it) whatever happened.
 With a private Ray and embedded engines, the session also runs the node's engine fork server (warm
 engine starts); it is stopped with the session.
@@ -21,6 +22,8 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from slime.ray.keep_sigterm import keep_sigterm_handler
+from slime.ray.own_session import ray_processes_in_own_sessions
+from slime.ray.stale_dirs import remove_stale_run_dirs
 from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
@@ -38,6 +41,7 @@ class RaySession:
         self.started, self.fork_server = started, fork_server
         self.fork_server_socket: str | None = None  # handed to the manager (start_manager), once it listens
         self._imported: Future | None = None  # the module `ray_init(import_meanwhile=...)` imports
+        self.ray_tmp: Path | None = None  # the private Ray's temp dir (/tmp/slime-ray-<pid>), removed by stop()
 
     def imported(self) -> ModuleType:
         """The module `ray_init` was asked to import while Ray started (its import error, if any)."""
@@ -52,7 +56,14 @@ class RaySession:
 
                 ray.shutdown()
         finally:
-            self.stop_fork_server()
+            try:
+                self.stop_fork_server()
+            finally:
+                if self.ray_tmp is not None:  # sockets, session logs: every run left one behind
+                    import shutil
+
+                    shutil.rmtree(self.ray_tmp, ignore_errors=True)
+                    self.ray_tmp = None
 
     def stop_fork_server(self) -> None:
         """Stop the fork server (its engines are children: they go with it) and remove its directory."""
@@ -88,7 +99,7 @@ def start_engine_fork_server(args: Any) -> Any:
             or getattr(args, "ray_address", None) or getattr(args, "load_debug_rollout_data", None)
             or int(getattr(args, "rollout_num_engines", 0) or 0) < 1):
         return None
-    where = Path(tempfile.mkdtemp(prefix="slime-fork-"))  # 0700: only this user may ask for a child
+    where = Path(tempfile.mkdtemp(prefix=f"slime-fork-{os.getpid()}-"))  # 0700: only this user may ask for a child
     sock = where / "engines.sock"
     log_dir = Path(getattr(args, "log_dir", None) or where)
     cmd = [sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
@@ -135,6 +146,7 @@ def ray_init(args: Any, *, import_meanwhile: str | None = None) -> RaySession:
         session._imported = _import_in_thread(import_meanwhile, wait=True)
         return session
     mark("ray_init: begin")
+    remove_stale_run_dirs()  # of runs SIGKILLed before their stop could remove them
     # first, before importing Ray (~0.5 s): the fork server's preload is the longest part of a start
     fork_server = start_engine_fork_server(args)
     session = RaySession(False, fork_server)
@@ -174,19 +186,21 @@ def _import_in_thread(name: str | None, *, wait: bool = False) -> Future | None:
 def _start_ray(args: Any, session: RaySession) -> None:
     import ray
 
-    root = str(Path(__file__).resolve().parents[2])  # the checkout holding the `slime` package
+    from slime.ray.worker_path import worker_pythonpath
+
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = worker_pythonpath()  # the user's code first, our checkout last (worker_path)
     if args.ray_address:
         with keep_sigterm_handler():  # a SIGTERM during the start is held, then takes the orderly stop
             ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
         return
     tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
+    session.ray_tmp = tmp
     # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
     # serve our actors at once instead of new ones being started for a runtime env (cold start)
     os.environ.update(env)
-    with keep_sigterm_handler():
+    with keep_sigterm_handler(), ray_processes_in_own_sessions():  # a group SIGTERM is the command's alone
         ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
                  logging_level=logging.WARNING)
         session.started = True  # before a held SIGTERM is raised: the stop then shuts this Ray down

@@ -4,7 +4,7 @@ The data source hands out *groups*: `n_samples_per_prompt` copies of one prompt 
 `group_index`, each with a unique `index`. Recycled groups (aborted partial rollouts, groups a
 filter dropped for later) wait in a buffer and are served first. Its whole state, buffer
 included, is saved and restored, so a resumed run neither repeats nor skips prompts. Prompts are
-read from the file when served (`prompt_index.PromptIndex`); `sample_from_row` turns one row
+read from the file when served (`prompt_index.PromptIndex`); `prompt_rows.sample_from_row` turns one row
 into a template Sample.
 """
 
@@ -15,235 +15,17 @@ import json
 import logging
 import os
 import random
-import re
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slime.tools.registry import decode_tools_value
-from slime.utils.misc import get_by_path, load_function
+from slime.rollout.prompt_rows import (DEFAULT_ROLLOUT, DataError, parse_path_slice, prompt_limit,  # noqa: F401
+                                       read_rows, sample_from_row, too_long)  # (re-exported: their old home)
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """Bad prompt data; the message names the file, the line (row) and the key."""
-
-
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL or parquet file, as dicts."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"prompt data file not found: {path}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as e:  # noqa: BLE001
-            raise DataError(f"{path}: cannot read parquet: {e}") from e
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON: {e}") from e
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
-
-
-_SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
-
-
-def parse_path_slice(path: str | Path) -> tuple[str, slice | None]:
-    """slime's `FILE@[start:end]` syntax: the file and the row slice (Python semantics, negatives allowed)."""
-    m = _SLICE.match(str(path))
-    if m is None:
-        return str(path), None
-    start, stop = m.group("start"), m.group("stop")
-    return m.group("path"), slice(int(start) if start else None, int(stop) if stop else None)
-
-
-def prompt_limit(args: Any) -> tuple[int | None, str]:
-    """Longest prompt kept (tokens) and the flag that sets it; slime keeps len <= max_prompt_len."""
-    if getattr(args, "rollout_max_prompt_len", None) is not None:
-        return args.rollout_max_prompt_len, "--rollout-max-prompt-len"
-    if getattr(args, "rollout_max_context_len", None) is not None:
-        return args.rollout_max_context_len - 1, "--rollout-max-context-len"
-    return None, ""
-
-
-DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
-
-
-def _row_tools(value: Any, where: str) -> Any:
-    """A `--tool-key` value: a tool-schema list (slime; a JSON string of one too) or verl's tools_kwargs dict."""
-    try:
-        return decode_tools_value(value)
-    except ValueError as e:
-        raise DataError(f"{where}: --tool-key: {e}") from None
-
-
-def _check_text(text: str, where: str, what: str) -> None:
-    """Text the tokenizer can take: a lone surrogate (JSON's "\\ud800") is not text."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise DataError(f"{where}: {what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), "
-                        "not text; fix the row") from None
-
-
-def _check_messages(messages: list[Any], where: str, input_key: str, templated: bool) -> None:
-    """What a chat template needs, checked whether preflight renders it (--apply-chat-template) or the
-    default generate will: a non-empty list of messages, each a role and text content (a string, a
-    list of content parts, or null beside tool calls), and no lone surrogate anywhere in it."""
-    if not messages:
-        who = "--apply-chat-template" if templated else "the chat template"
-        raise DataError(f"{where}: key {input_key!r} is an empty message list ({who} has nothing to render)")
-    for k, m in enumerate(messages):
-        if not isinstance(m.get("role"), str):
-            raise DataError(f"{where}: {input_key}[{k}]['role'] must be a string, got {type(m.get('role')).__name__}")
-        if not templated and "content" not in m:  # (templates read it; the default generate renders it later)
-            raise DataError(f"{where}: {input_key}[{k}] has no 'content' (null is allowed beside tool calls)")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise DataError(f"{where}: {input_key}[{k}]['content'] must be a string (or a list of content parts), "
-                            f"got {type(content).__name__} {content!r:.40}")
-        for j, part in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(part, dict):
-                raise DataError(f"{where}: {input_key}[{k}]['content'][{j}] must be a content part (an object), "
-                                f"got {type(part).__name__} {part!r:.40}")
-        _check_strings(m, where, f"{input_key}[{k}]")
-
-
-def _check_strings(value: Any, where: str, what: str) -> None:
-    """Every string inside `value` (keys too) is text the tokenizer can take."""
-    if isinstance(value, str):
-        _check_text(value, where, what)
-    elif isinstance(value, dict):
-        for key, v in value.items():
-            _check_strings(key, where, what)
-            _check_strings(v, where, f"{what}[{key!r}]")
-    elif isinstance(value, list):
-        for j, v in enumerate(value):
-            _check_strings(v, where, f"{what}[{j}]")
-
-
-def _default_generate(args: Any) -> bool:
-    """The rollout reads prompts with the default generate (text or messages only). Only our parsed
-    flags say so: a plugin's own namespace (no `rollout_function_path`) reads what its generate reads."""
-    return (hasattr(args, "rollout_function_path") and getattr(args, "custom_generate_function_path", None) is None
-            and args.rollout_function_path == DEFAULT_ROLLOUT)
-
-
-def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) -> Any:
-    try:
-        return get_by_path(row, key)
-    except KeyError as e:
-        raise DataError(f"{where}: missing {what} key {key!r} (no field {e.args[0]!r}); set {flag}") from None
-
-
-def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str, Any], Any]:
-    """--metadata-key's dict and --tool-key's tools (a schema list, else verl's tools_kwargs)."""
-    metadata: dict[str, Any] = {}
-    mkey = getattr(args, "metadata_key", None)
-    if mkey:
-        try:
-            meta = get_by_path(row, mkey)
-            metadata.update(meta if isinstance(meta, dict) else {"metadata": meta})
-        except KeyError:
-            pass
-    tkey = getattr(args, "tool_key", None)
-    tools = None
-    if tkey:
-        try:
-            value = _row_tools(get_by_path(row, tkey), where)
-        except KeyError:
-            value = None
-        if isinstance(value, list):
-            tools = metadata["tools"] = value
-        elif value is not None:
-            metadata["tools_kwargs"] = value
-    if getattr(args, "interaction_config_path", None):
-        metadata["interaction_kwargs"] = _row_interaction(args, row, where)
-    return metadata, tools
-
-
-def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, Any]:
-    """verl's interaction_kwargs of a row (--interaction-key): a mapping whose 'name' picks the
-    interaction; verl requires it on every row when an interaction config is given."""
-    key = getattr(args, "interaction_key", None) or "extra_info.interaction_kwargs"
-    value = _row_value(row, key, where, "interaction", "--interaction-key")
-    if hasattr(value, "tolist"):  # a Parquet struct read back as numpy
-        value = value.tolist()
-    if not isinstance(value, dict):
-        raise DataError(f"{where}: --interaction-key {key!r}: expected verl's interaction_kwargs mapping, "
-                        f"got {type(value).__name__}")
-    if not isinstance(value.get("name"), str) or not value["name"]:
-        raise DataError(f"{where}: --interaction-key {key!r}: no 'name' string (it picks the interaction of "
-                        f"--interaction-config-path; verl requires it)")
-    return value
-
-
-def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, label_key: str | None,
-                    tokenizer: Any = None, template_kwargs: dict[str, Any] | None = None, *,
-                    tokenize: bool = True) -> Sample:
-    """One row as the template Sample the data source copies into groups: prompt (rendered with
-    --apply-chat-template, given the row's tools and --apply-chat-template-kwargs, as slime passes
-    them), label, metadata, and the prompt's tokens when a tokenizer is given. Every failure is a
-    DataError naming `where` (file and line)."""
-    prompt = _row_value(row, input_key, where, "input", "--input-key")
-    label = _row_value(row, label_key, where, "label", "--label-key") if label_key else None
-    metadata, tools = _row_metadata(args, row, where)
-    if isinstance(prompt, list):
-        if not all(isinstance(m, dict) and "role" in m for m in prompt):
-            raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
-        metadata["messages"] = prompt
-        templated = bool(getattr(args, "apply_chat_template", False))
-        if templated or _default_generate(args):
-            _check_messages(prompt, where, input_key, templated)
-        if templated:
-            if tokenizer is None:
-                raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
-            try:
-                prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False,
-                                                       add_generation_prompt=True, **(template_kwargs or {}))
-            except Exception as e:  # noqa: BLE001 - jinja's errors name neither the file nor the line
-                raise DataError(f"{where}: --apply-chat-template cannot render key {input_key!r}: "
-                                f"{type(e).__name__}: {str(e).strip()[:200]}") from None
-    elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
-        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
-                        "string or a message list")
-    elif not isinstance(prompt, str) and _default_generate(args):
-        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; the default generate reads text "
-                        "or a message list (set --custom-generate-function-path to read other prompts)")
-    # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
-    sample = Sample(prompt=prompt, label=label, metadata=metadata)
-    if isinstance(prompt, str):
-        if not prompt and _default_generate(args):
-            raise DataError(f"{where}: key {input_key!r} is an empty string (no prompt to generate from)")
-        _check_text(prompt, where, f"key {input_key!r}")
-        if tokenizer is not None and tokenize:
-            sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return sample
-
-
-def too_long(args: Any, num_tokens: int, where: str) -> bool:
-    """A prompt of `num_tokens` over the limit: filtered (True), or refused with --over-long-prompt error."""
-    max_len, limit_flag = prompt_limit(args)
-    if max_len is None or num_tokens <= max_len:
-        return False
-    if getattr(args, "over_long_prompt", "filter") == "error":
-        raise DataError(f"{where}: prompt has {num_tokens} tokens, over the limit "
-                        f"{max_len} ({limit_flag}); use --over-long-prompt filter")
-    return True
 
 
 def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key: str | None,
@@ -288,6 +70,7 @@ class DataSource:
         self.group_counter = 0
         self.sample_counter = 0
         self.buffer: list[list[Sample]] = []
+        self.metadata: dict[str, Any] = {}  # slime's: what plugins keep with the data (update_metadata)
         path = getattr(args, "buffer_filter_path", None)
         # --buffer-filter-path: slime's `fn(args, rollout_id, buffer, num_groups) -> groups` (it removes them)
         self.buffer_filter = load_function(path, "--buffer-filter-path") if path else pop_first
@@ -349,13 +132,21 @@ class DataSource:
     def get_buffer_length(self) -> int:
         return len(self.buffer)
 
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """slime's: merge into the data source's metadata (saved with its state)."""
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        return self.metadata
+
     # --- state ---
     def state_dict(self, held: list[list[Sample]] | None = None) -> dict[str, Any]:
         """The whole state; `held` are groups handed out and not yet trained (a background worker's),
         saved behind the buffer so a resumed run serves them again."""
         return {"epoch_id": self.epoch_id, "offset": self.offset, "group_counter": self.group_counter,
                 "sample_counter": self.sample_counter, "num_prompts": len(self.prompts),
-                "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]]}
+                "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]],
+                **({"metadata": dict(self.metadata)} if self.metadata else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_prompts") != len(self.prompts):
@@ -364,6 +155,7 @@ class DataSource:
         self.epoch_id, self.offset = state["epoch_id"], state["offset"]
         self.group_counter, self.sample_counter = state["group_counter"], state["sample_counter"]
         self.buffer = [[Sample.from_dict(d) for d in g] for g in state["buffer"]]
+        self.metadata = dict(state.get("metadata") or {})
         self._order = self._epoch_order()
 
     def save(self, directory: str | Path, rollout_id: int, held: list[list[Sample]] | None = None) -> Path:

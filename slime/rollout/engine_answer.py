@@ -37,6 +37,8 @@ class EngineOutput:
     matched: Any = None
     weight_version: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    # asked for with `top_logprobs_num`: per sampled position, the k most likely (log-prob, id), best first
+    top_log_probs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 class BadAnswer(AnswerError):
@@ -108,11 +110,12 @@ def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], lis
     return ids, lps
 
 
-def parse_generate_answer(body: Any, *, vocab_size: int | None = None,
-                          max_new_tokens: int | None = None) -> EngineOutput:
+def parse_generate_answer(body: Any, *, vocab_size: int | None = None, max_new_tokens: int | None = None,
+                          top_logprobs_num: int = 0) -> EngineOutput:
     """The sampled ids and their log-probs (`meta_info.output_token_logprobs`, item[1] and item[0], as
     slime reads them), or `BadAnswer`. `output_ids`, when the engine sends it, must be the same ids;
-    `vocab_size` and `max_new_tokens` bound the ids and their count when known."""
+    `vocab_size` and `max_new_tokens` bound the ids and their count when known. With `top_logprobs_num`
+    the answer must carry `meta_info.output_top_logprobs`, one list per sampled id."""
     body = decode_body(body)
     meta = body.get("meta_info")
     if not isinstance(meta, dict):
@@ -128,7 +131,23 @@ def parse_generate_answer(body: Any, *, vocab_size: int | None = None,
         raise BadAnswer("text", "not a string", text)
     if version is not None and not isinstance(version, str):
         raise BadAnswer("weight_version", "not a string", version)
-    return EngineOutput(ids, lps, text, kind, matched, version, body)
+    tops = _top_pairs(meta, len(ids), vocab_size) if top_logprobs_num else []
+    return EngineOutput(ids, lps, text, kind, matched, version, body, tops)
+
+
+def _top_pairs(meta: dict[str, Any], n: int, vocab_size: int | None) -> list[list[tuple[float, int]]]:
+    """`output_top_logprobs`: per position, `[[logprob, token_id, text_or_null], ...]`, checked as the
+    sampled pairs are."""
+    tops = meta.get("output_top_logprobs")
+    if not isinstance(tops, list) or len(tops) != n:
+        raise BadAnswer("output_top_logprobs", f"missing, or not one list per sampled id ({n})", tops)
+    out = []
+    for i, row in enumerate(tops):
+        if not isinstance(row, list):
+            raise BadAnswer("output_top_logprobs", f"position {i} is not a list", row)
+        ids, lps = _pairs({"output_token_logprobs": row}, vocab_size)
+        out.append(list(zip(lps, ids)))
+    return out
 
 
 # sglang-router (0.3.2) error codes that say more than their HTTP status

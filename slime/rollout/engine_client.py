@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from slime.rollout.defaults import REQUEST_MAX_RETRIES
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.router_answer import parse_workers
 from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
@@ -87,7 +88,7 @@ def _no_body(raw: bytes) -> None:
 
 class EngineClient:
     def __init__(self, endpoints: Endpoints, *, concurrency: int = 512, request_timeout: float = 300.0,
-                 max_retries: int = 8, retry_window: float | None = DEFAULT_RETRY_WINDOW,
+                 max_retries: int = REQUEST_MAX_RETRIES, retry_window: float | None = DEFAULT_RETRY_WINDOW,
                  tokenizer_path: str | None = None, tokenizer: Any = None, progress: Progress | None = None,
                  vocab_size: int | None = None):
         self.endpoints = endpoints
@@ -115,7 +116,7 @@ class EngineClient:
         # slime's bound: --sglang-server-concurrency per engine
         return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
                    request_timeout=getattr(args, "request_timeout", 300.0),
-                   max_retries=getattr(args, "request_max_retries", 8),
+                   max_retries=getattr(args, "request_max_retries", REQUEST_MAX_RETRIES),
                    retry_window=getattr(args, "request_retry_window", DEFAULT_RETRY_WINDOW),
                    tokenizer_path=getattr(args, "hf_checkpoint", None), **kw)
 
@@ -171,7 +172,8 @@ class EngineClient:
         return await request_json("POST", url, payload, session=self.http.session(),
                                   timeout=timeout or self.request_timeout, policy=policy or self.retry_policy,
                                   stats=self.stats, headers=headers, on_retry=on_retry, answer=answer,
-                                  classify=router_fault, watch=self.endpoints.router_losses.watch)
+                                  classify=router_fault, watch=self.endpoints.router_losses.watch,
+                                  outage=self.endpoints.outage)
 
     def _renew_rid(self, payload: dict[str, Any], failure: Failure, engine: str | None) -> dict[str, Any]:
         """A retried request gets a fresh `rid`; the old one is aborted where it was, if an engine may
@@ -229,14 +231,17 @@ class EngineClient:
                                for u in urls), return_exceptions=True)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
-                       url: str | None = None, routing_key: str | None = None) -> EngineOutput:
+                       url: str | None = None, routing_key: str | None = None,
+                       top_logprobs_num: int = 0) -> EngineOutput:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline.
-        `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine."""
-        payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid())
+        `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine.
+        `top_logprobs_num` > 0: the answer must also carry the k most likely tokens per position."""
+        payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid(),
+                                    top_logprobs_num=top_logprobs_num)
         vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
 
         def answer(raw: bytes) -> EngineOutput:
-            return parse_generate_answer(raw, vocab_size=vocab, max_new_tokens=limit)
+            return parse_generate_answer(raw, vocab_size=vocab, max_new_tokens=limit, top_logprobs_num=top_logprobs_num)
 
         async with self.semaphore:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled

@@ -48,6 +48,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from slime.rollout.defaults import ROLLOUT_BATCH_SIZE
 from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
 from slime.rollout.group_entry import CompletedQueue, GroupEntry
@@ -76,7 +77,7 @@ class AsyncRolloutWorker:
         self.args, self.data_source = args, data_buffer
         self.hub = hub or WorkerHub()
         # at least one rollout's worth of groups, or a rollout would wait for groups never started
-        self.concurrency = max(1, int(concurrency), int(getattr(args, "rollout_batch_size", 1) or 1))
+        self.concurrency = max(1, int(concurrency), int(getattr(args, "rollout_batch_size", ROLLOUT_BATCH_SIZE)))
         self.state = GenerateState(args)
         # slime's keys include stop/stop_token_ids as None when unset; an engine gets only set ones
         self.sampling_params = {k: v for k, v in self.state.sampling_params.items() if v is not None}

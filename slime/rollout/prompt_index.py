@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
-from slime.rollout.data_source import DataError, parse_path_slice, prompt_limit, sample_from_row, too_long
+from slime.rollout.prompt_rows import DataError, parse_path_slice, prompt_limit, sample_from_row, too_long
 from slime.utils.types import Sample
 
 PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while indexing
@@ -47,13 +47,28 @@ class IndexProgress:
                   f"({rows} rows, {now - self.start:.0f} s){'' if not final else ', done'}", flush=True)
 
 
+MAX_LINE_BYTES = 256 << 20  # a prompt row beyond this is not a prompt (a 2.2 GB line took 105 s and 4.5 GB to fail)
+
+
+def bounded_lines(f: Any, path: Path) -> Iterator[bytes]:
+    """The lines of binary file `f`, each read at most MAX_LINE_BYTES at a time: a longer line is a
+    DataError naming the file and line, before it is held in memory whole."""
+    lineno = 0
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise DataError(f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES} bytes; a prompt row is "
+                            f"one JSON object per line (is this JSONL, or a whole dataset on one line?)")
+        yield raw
+
+
 def scan_jsonl(path: Path) -> tuple[array, array, array]:
     """(start, length, line number) of every non-blank line."""
     starts, lengths, lines = array("q"), array("q"), array("q")
     progress = IndexProgress(path, "indexed", path.stat().st_size)
     pos = 0
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(bounded_lines(f, path), 1):
             if not raw.isspace():
                 starts.append(pos)
                 lengths.append(len(raw))
@@ -79,6 +94,11 @@ def count_rows(path: str | Path) -> int:
     return len(range(n)[row_slice]) if row_slice is not None else n
 
 
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes when a file is rewritten or replaced: size, modification time, inode, device."""
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+
 class PromptIndex(Sequence):
     """`index[i]` is the i-th usable prompt as a template `Sample` (a fresh object each time)."""
 
@@ -98,6 +118,7 @@ class PromptIndex(Sequence):
             n = self._table.num_rows
             self._starts, self._lengths, self._lines = array("q", range(n)), array("q"), array("q", range(n))
         else:
+            self._indexed = file_identity(self.path.stat())
             self._starts, self._lengths, self._lines = scan_jsonl(self.path)
         total = len(self._starts)
         if not total:
@@ -201,17 +222,28 @@ class PromptIndex(Sequence):
 
     def row(self, i: int) -> dict[str, Any]:
         if self._table is not None:
-            return self._table.slice(self._starts[i], 1).to_pylist()[0]
+            return self._table.slice(self._starts[i], 1).to_pylist(maps_as_pydicts="lossy")[0]  # map<k,v>: a dict
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         raw = os.pread(self._fd, self._lengths[i], self._starts[i])
         try:
             row = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            self._check_unchanged(i)
             raise DataError(f"{self.where(i)}: invalid JSON: {e}") from e
         if not isinstance(row, dict):
+            self._check_unchanged(i)
             raise DataError(f"{self.where(i)}: expected a JSON object, got {type(row).__name__}")
         return row
+
+    def _check_unchanged(self, i: int) -> None:
+        """A row that no longer parses in a file rewritten since it was indexed: say so (rows are read by
+        their byte offsets; the line itself may be valid). Rows appended at the end are no change here."""
+        now = file_identity(os.fstat(self._fd))
+        if now != self._indexed:
+            raise DataError(f"{self.where(i)}: the file changed after it was indexed (size {self._indexed[0]} -> "
+                            f"{now[0]} bytes, or rewritten in place); prompt rows are read by their byte offsets "
+                            f"while the run goes on: do not rewrite --prompt-data during a run, or start it again")
 
     def sample(self, i: int, tokenize: bool = True) -> Sample:
         return sample_from_row(self.args, self.row(i), self.where(i), self.input_key, self.label_key,

@@ -19,9 +19,18 @@ from slime.utils.types import Sample
 logger = logging.getLogger(__name__)
 
 
+class RewardTimeout(TimeoutError):
+    """A reward function that did not return within --reward-timeout."""
+
+
 def _set_reward(args: Any, sample: Sample, reward: Any) -> None:
     """Keep the reward exactly as returned (numbers are checked when the batch is built,
-    `reward_check`); a reward function that raised fails this sample alone."""
+    `reward_check`); a reward function that raised or timed out fails this sample alone."""
+    if isinstance(reward, RewardTimeout):
+        error = f"{reward_source(args, sample)} on {sample_name(sample)}: {reward}"
+        mark_failed(sample, "reward_timeout", error)
+        logger.warning("%s", error)
+        return
     if isinstance(reward, BaseException):
         error = f"{reward_source(args, sample)} raised on {sample_name(sample)}: {type(reward).__name__}: {reward}"
         mark_failed(sample, "reward_error", error)
@@ -30,10 +39,14 @@ def _set_reward(args: Any, sample: Sample, reward: Any) -> None:
     sample.reward = reward
 
 
-async def _guarded(coro: Any) -> Any:
-    """The coroutine's result, or the exception it raised (a reward bug costs one sample, not the rollout)."""
+async def _guarded(args: Any, coro: Any) -> Any:
+    """The coroutine's result, or the exception it raised (a reward bug costs one sample, not the rollout);
+    one that does not return within --reward-timeout is a RewardTimeout (it hung the rollout before)."""
+    timeout = getattr(args, "reward_timeout", None)  # None: a Namespace built by hand without the flag
     try:
-        return await coro
+        return await asyncio.wait_for(coro, timeout)
+    except asyncio.TimeoutError:
+        return RewardTimeout(f"did not return within {timeout:g} s (--reward-timeout)")
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001 - handed to _set_reward, which names the flag and sample
@@ -46,7 +59,7 @@ def _scorable(samples: list[Sample]) -> list[Sample]:
 
 async def reward_each(args: Any, samples: list[Sample]) -> None:
     todo = [s for s in _scorable(samples) if s.reward is None]  # a custom generate may have set it
-    for s, r in zip(todo, await asyncio.gather(*(_guarded(async_rm(args, s)) for s in todo))):
+    for s, r in zip(todo, await asyncio.gather(*(_guarded(args, async_rm(args, s)) for s in todo))):
         _set_reward(args, s, r)
 
 
@@ -55,7 +68,7 @@ async def _reward_as_group(args: Any, samples: list[Sample]) -> None:
     scorable = _scorable(samples)
     if not scorable:
         return
-    rewards = await _guarded(batched_async_rm(args, scorable))
+    rewards = await _guarded(args, batched_async_rm(args, scorable))
     if isinstance(rewards, BaseException):
         rewards = [rewards] * len(scorable)
     for s, r in zip(scorable, rewards):

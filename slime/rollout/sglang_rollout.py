@@ -160,12 +160,24 @@ def generate_function(args: Any, sample: Sample) -> Any:
     return generate
 
 
+class GenerateTimeout(TimeoutError):
+    """A custom generate function that did not return within --custom-generate-timeout."""
+
+
 async def _call_generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
                          evaluation: bool) -> Sample | list[Sample]:
     fn = generate_function(args, sample)
-    if fn is not generate and _accepts(fn, "evaluation"):
-        return await fn(args, sample, dict(sampling_params), evaluation=evaluation)
-    return await fn(args, sample, dict(sampling_params))
+    if fn is generate:  # ours: every engine request has its deadline and retry budget
+        return await fn(args, sample, dict(sampling_params))
+    call = fn(args, sample, dict(sampling_params), evaluation=evaluation) if _accepts(fn, "evaluation") else \
+        fn(args, sample, dict(sampling_params))
+    timeout = getattr(args, "custom_generate_timeout", None)  # None: a Namespace built by hand without it
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except asyncio.TimeoutError:
+        raise GenerateTimeout(f"the custom generate function ({getattr(fn, '__module__', '?')}."
+                              f"{getattr(fn, '__qualname__', fn)}) did not return within {timeout:g} s on sample "
+                              f"{sample.index} (--custom-generate-timeout)") from None
 
 
 async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any],
@@ -187,9 +199,9 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
         with state.dp_rank_context():
             try:
                 out = await _call_generate(args, sample, sampling_params, evaluation)
-            except HttpError as e:
-                # The retry budget is spent: report the sample as FAILED instead of failing the rollout.
-                mark_failed(sample, e.reason, str(e))
+            except (HttpError, GenerateTimeout) as e:
+                # The retry budget is spent, or the plugin's bound: the sample FAILED, the rollout goes on.
+                mark_failed(sample, e.reason if isinstance(e, HttpError) else "generate_timeout", str(e))
                 sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
                     prompt_ids(args, sample, runtime), 0, [], []
                 out = sample

@@ -33,6 +33,8 @@ class SandboxConfig:
     max_body_mb: int = 32
     max_inodes: int = 65536  # of a run's tmpfs
     max_files: int = 60000  # request files (with their directories, within max_inodes)
+    max_env_vars: int = 4096  # a session's or an exec's environment variables
+    max_env_bytes: int = 1 << 19  # their names and values (a session's and an exec's together fit the kernel's ARG_MAX)
     max_fetch_mb: int = 64  # total of fetched files per request
     compile_memory_mb: int = 1024
     # [host, inside] read-only binds (`ro_binds.py`): --ro-bind's and --ro-path's, one mechanism

@@ -74,7 +74,11 @@ class RunCodeEndpoint:
                 if raw is False:
                     await _reply(send, 413, error_body(f"request body larger than {self.max_body} bytes"))
                     return None
-                request = await self.parse(raw) if raw is not None else None
+                if raw is True:
+                    request = self.parse.too_many_keys()
+                    raw = None
+                else:
+                    request = await self.parse(raw) if raw is not None else None
                 del raw
             finally:
                 self.adm.bodies -= 1
@@ -85,18 +89,24 @@ class RunCodeEndpoint:
         return request
 
     async def _read(self, receive) -> bytes | None | bool:
-        """The whole body; None if the client went away; False once it passes the limit."""
-        chunks, seen = [], 0
+        """The whole body; None if the client went away; False once it passes the size limit; True
+        if it has more keys than the file budget allows (seen while it arrives: the rest is read
+        and dropped, never kept nor parsed, so that the client gets its answer, not a reset)."""
+        chunks, seen, keys, refused = [], 0, self.parse.budget(), False
         while True:
             msg = await receive()
             if msg["type"] != "http.request":
                 return None
-            chunks.append(msg.get("body", b""))
-            seen += len(chunks[-1])
+            chunk = msg.get("body", b"")
+            seen += len(chunk)
             if seen > self.max_body:
                 return False
+            if not refused:
+                chunks.append(chunk)
+                if await keys.over_off_loop(chunks, not msg.get("more_body")):
+                    refused, chunks = True, []
             if not msg.get("more_body"):
-                return b"".join(chunks)
+                return True if refused else b"".join(chunks)
 
     async def _run_watched(self, request, ticket, receive) -> Reply | None:
         """Run it; if the client disconnects meanwhile, cancel the run (None: nobody to answer)."""

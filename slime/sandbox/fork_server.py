@@ -51,6 +51,7 @@ class ForkServer:
     def __init__(self, proc: subprocess.Popen, ctl: socket.socket, data: socket.socket) -> None:
         self.proc, self.ctl = proc, ctl
         self.data = data  # the slot's request stream: one request, then its answer, at a time
+        self.frame_sent: asyncio.Event | None = None  # set once the current request is wholly sent (`stop_program`)
         self.base_bytes = 0
         self.broken = False
 

@@ -23,6 +23,8 @@ MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 SYS_PIVOT_ROOT = 155  # x86_64
+SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)  # the only ones a program may create
+NETLINK_ROUTE = 0
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -42,7 +44,10 @@ def mount(src, dst, fstype, flags, data=None):
 
 # ------------------------------------------------------------------------------ seccomp
 def _seccomp_program():
-    """x86_64 filter: deny namespace, mount, tracing, kernel-module, bpf, keyring syscalls.
+    """x86_64 filter: deny namespace, mount, tracing, kernel-module, bpf, keyring syscalls; sockets
+    of any family but `SOCKET_FAMILIES` (and netlink's route protocol, which ``getaddrinfo`` and
+    ``ip`` use) fail with EAFNOSUPPORT: the network namespace does not cover them all (``AF_VSOCK``
+    shares the VM's port space), and a family added to the kernel later is refused as well.
 
     ``setns`` stays allowed: the fork server, which installs the filter on itself (so that every
     program inherits it, with no per-run cost), joins each run's namespaces with it. A program
@@ -54,12 +59,18 @@ def _seccomp_program():
     ns_flags = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
     ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    NOFAMILY, NOPROTO = 0x00050000 | errno.EAFNOSUPPORT, 0x00050000 | errno.EPROTONOSUPPORT
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     # labels resolved below: ("J", op, k, target)
     body = [("J", JGE, 0x40000000, "deny"), ("J", JEQ, 435, "nosys"), ("J", JEQ, 56, "clone")]
     body += [("J", JEQ, nr, "deny") for nr in deny]
+    body += [("J", JEQ, nr, "socket") for nr in (41, 53)]  # socket, socketpair: by address family
     body += [("R", ALLOW), ("L", "clone"), (LD, 0, 0, 16), ("J", JSET, ns_flags, "deny"), ("R", ALLOW),
-             ("L", "deny"), ("R", EPERM), ("L", "nosys"), ("R", ENOSYS)]
+             ("L", "socket"), (LD, 0, 0, 16)]
+    body += [("J", JEQ, family, "allow") for family in SOCKET_FAMILIES]
+    body += [("J", JEQ, socket.AF_NETLINK, "netlink"), ("R", NOFAMILY),
+             ("L", "netlink"), (LD, 0, 0, 32), ("J", JEQ, NETLINK_ROUTE, "allow"), ("R", NOPROTO),
+             ("L", "allow"), ("R", ALLOW), ("L", "deny"), ("R", EPERM), ("L", "nosys"), ("R", ENOSYS)]
     labels, pos = {}, len(prog)
     for item in body:
         if item[0] == "L":

@@ -257,7 +257,7 @@ def _finalize(code, main, n_names, n_modules):
         code = _exit_code(e)
     except BaseException:  # noqa: BLE001
         pass
-    if not _flush_std() and code == 0:
+    if not _flush_std() and code >= 0:  # (as CPython: a failed flush at exit is status 120, whatever the code)
         code = 120
     if len(main.__dict__) == n_names and len(sys.modules) == n_modules:
         return code
@@ -267,15 +267,19 @@ def _finalize(code, main, n_names, n_modules):
         _flush_open_files()                         # the free lists, whose pages are the fork server's)
     except BaseException:  # noqa: BLE001
         pass
-    if not _flush_std() and code == 0:
+    if not _flush_std() and code >= 0:
         code = 120
     return code
 
 
 def _flush_std():
+    """As CPython's exit flushes ``sys.stdout`` and ``sys.stderr``: one that is None or closed is
+    skipped (a script may close its stdout: still exit status 0); False if a flush failed."""
     ok = True
     for s in (sys.stdout, sys.stderr):
         try:
+            if s is None or getattr(s, "closed", False):
+                continue
             s.flush()
         except BaseException:  # noqa: BLE001
             ok = False

@@ -5,6 +5,10 @@ import json
 import os
 import struct
 
+# the server to the init while a program runs: stop it (the answer comes as usual). Never a frame's first
+# byte (a header is far shorter than 4 GB); one that comes after the program's end is dropped.
+STOP = b"\xff"
+
 
 def send_frame(sock, header, blobs=(), files=()):
     """``<u32 n><header><blobs><files>``; `files` are (fd, size) sent from the file itself in bounded

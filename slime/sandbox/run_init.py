@@ -38,11 +38,28 @@ from .isolation import (CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC,
                         libc, mount, nest_run_binds)
 from .ns_dropper import NamespaceDropper
 from .run_files import fetch_files, write_file
-from .run_frames import Request, send_frame
+from .run_frames import STOP, Request, send_frame
 from .run_memory import LimitNotApplied, RunMemory
 from .slot_session import open_session
 
-__all__ = ["LimitNotApplied", "RunInit", "send_frame"]  # (LimitNotApplied: where it was, for its importers)
+FORK_MSG_MAX = 60000  # a request to the fork server in one message (it reads 64 KiB at most)
+
+__all__ = ["LimitNotApplied", "RunInit", "cpu_limit_killed", "send_frame"]  # (LimitNotApplied: for its importers)
+
+
+def cpu_limit_killed(rc, cpu, cpu_s):
+    """Whether the program died of its CPU limit (``RLIMIT_CPU``: SIGXCPU at `cpu_s` seconds, SIGKILL
+    one second later if it survived that). Decided by the signal's cause, not the time measured:
+    the kernel compares the limit with its tick-sampled clock, while the time we are told (rusage)
+    is the precise one, which lags it by up to a tenth of a second with a few spinning threads. So a
+    SIGXCPU is the limit's unless the program had used less than `cpu_s` - 1 s (then it sent the
+    signal itself, as a plain ``python3`` would show); a SIGKILL is the limit's only past `cpu_s`
+    (anything else that kills, timeout, memory, output, is decided before this)."""
+    if cpu is None:
+        return False
+    if rc == -signal.SIGXCPU:
+        return cpu >= cpu_s - 1
+    return rc == -signal.SIGKILL and cpu >= cpu_s
 
 
 class RunInit(RunMemory):
@@ -68,6 +85,8 @@ class RunInit(RunMemory):
         self.egress_hold = None  # a session's [::1]:<egress port>, held for its life (`slot_session.py`)
 
     def serve(self):
+        if os.geteuid() == 0:
+            os.setgroups([])  # (root's groups would grant group access to what it opens as the run: `run_files`)
         if self.isolate:
             # /proc of this namespace; hidepid: a run sees its own processes, never this init (root)
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
@@ -98,6 +117,9 @@ class RunInit(RunMemory):
                 first = b""
             if not first:
                 os._exit(0)  # the server is gone (or ended the slot): so is this namespace, and with it any run
+            first = first.lstrip(STOP)  # (a stop that came after its program had ended: nothing to stop)
+            if not first:
+                continue
             try:
                 self._run(sock, first)
             finally:
@@ -196,7 +218,7 @@ class RunInit(RunMemory):
                 else:
                     write_file(work, path, data, hdr["uid"])
         except OSError as e:
-            result["input_error"] = "bad input file: %s" % (e.strerror or e)
+            result["input_error"] = "bad input file: %s" % (e.strerror or e)  # (names the path: `run_files`)
             send_frame(sock, result)
             return
         for step in hdr["steps"]:
@@ -235,11 +257,16 @@ class RunInit(RunMemory):
                "env": None if env == self.slot.warm_state.env else env, "work": work,  # (None: the warm one)
                "max_processes": hdr["max_processes"], "max_file_mb": hdr["max_file_mb"],
                "max_open_files": hdr["max_open_files"]}
+        msg, fds = json.dumps(req).encode(), [in_fd, out_w, err_w, *self.run_ns]
+        if len(msg) > FORK_MSG_MAX:  # (a long command or environment: the request goes in a memfd, sent last)
+            big = os.memfd_create("request", os.MFD_CLOEXEC)
+            os.write(big, msg)
+            msg, fds = b'{"seq": %d, "in_memfd": true}' % self.seq, fds + [big]
         t0 = time.monotonic()
         try:
-            socket.send_fds(self.forker, [json.dumps(req).encode()], [in_fd, out_w, err_w, *self.run_ns])
+            socket.send_fds(self.forker, [msg], fds)
         finally:
-            for fd in (out_w, err_w, in_fd):
+            for fd in (out_w, err_w, in_fd, *fds[5 if self.isolate else 3:]):
                 os.close(fd)
         self.child = self.wstatus = self.cpu = None
         self.killing = False
@@ -274,7 +301,11 @@ class RunInit(RunMemory):
                             pass
                     elif fd == forker:
                         self._from_forker()
-                    elif fd == self.sock_fd:  # the server asked us to stop, or is gone
+                    elif fd == self.sock_fd:  # the server asked us to stop (a STOP byte, read), or is gone
+                        try:
+                            os.read(fd, 1)  # (nothing else comes before our answer)
+                        except OSError:
+                            pass
                         if self.wstatus is None:
                             status = "Killed"
                             self._kill_all()
@@ -315,7 +346,7 @@ class RunInit(RunMemory):
             if self._oom_kills() > oom0:
                 memory_exceeded = True
                 notes.append("memory limit exceeded (%d MB for the whole run): a process was killed" % step["mem_mb"])
-            elif rc in (-signal.SIGXCPU, -signal.SIGKILL) and cpu is not None and cpu >= step["cpu_s"] - 0.05:
+            elif cpu_limit_killed(rc, cpu, step["cpu_s"]):
                 status = "TimeLimitExceeded"  # (as a wall-clock timeout: one thread or many, the same answer)
                 notes.append("CPU time limit exceeded (%ds)" % step["cpu_s"])
             elif rc == -signal.SIGXFSZ:

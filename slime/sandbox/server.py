@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import selectors
@@ -310,14 +311,17 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
 
+    from slime.sandbox.open_files import egress_connection_budget, raise_soft_limit
     from slime.sandbox.ro_binds import parse_ro_binds, with_interpreter
     from slime.sandbox.sessions import SessionSettings
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    open_files = raise_soft_limit()
     try:
         ro_binds = with_interpreter(parse_ro_binds(args.ro_bind, args.ro_path), args.python)
-        sessions = SessionSettings.from_args(args)
+        sessions = dataclasses.replace(SessionSettings.from_args(args), egress_budget=egress_connection_budget(
+            open_files, args.max_connections, args.max_concurrency))
     except ValueError as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)

@@ -2,7 +2,7 @@
 
     POST   /sessions                  {memory_mb, disk_mb, max_inodes, idle_timeout, max_lifetime,
                                        egress, env, files: {path: base64}, tar: base64}  -> the session
-    GET    /sessions                  open sessions and counters
+    GET    /sessions                  open sessions (without their ids) and counters
     GET    /sessions/{id}             one session
     POST   /sessions/{id}/exec        {command, env, cwd, timeout, stdin}
                                       -> {status, returncode, stdout, stderr, execution_time, cpu_time, message}
@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
-from slime.sandbox.schema import check_files
+from slime.sandbox.run_plan import b64decode_pieces
+from slime.sandbox.schema import KeyBudget, check_files
 from slime.sandbox.sessions import SessionError, SessionSettings, SessionSpec, SessionTable, inside_path
 
 
@@ -47,10 +48,19 @@ def env_vars(env: dict[str, str]) -> dict[str, str]:
 
 
 ExecText = Annotated[str, AfterValidator(no_nul)]
-Env = Annotated[dict[str, str], AfterValidator(env_vars)]
 
 
 def _models(cfg, settings: SessionSettings):
+    def env_size(env: dict[str, str]) -> dict[str, str]:
+        size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
+        if size > cfg.max_env_bytes:
+            raise ValueError(f"{size} bytes of variables (names and values) exceed the {cfg.max_env_bytes} a "
+                             "program's environment may have")
+        return env
+
+    Env = Annotated[dict[str, str], Field(max_length=cfg.max_env_vars), AfterValidator(env_vars),
+                    AfterValidator(env_size)]
+
     class OpenSession(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
@@ -97,22 +107,39 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
             headers["retry-after"] = str(max(1, int(e.retry_after + 0.999)))
         return JSONResponse(body, status_code=e.status, headers=headers)
 
+    max_keys = cfg.max_files + cfg.max_env_vars + 64  # (a request's own fields on top)
+
     async def parse(request: Request, model):
+        """The body as `model`: bounded in size (413) and time (408); more keys than the file and
+        variable budgets allow are seen while it arrives and refused (422) unparsed (the rest is
+        read and dropped); a large body is parsed off the event loop."""
         size = request.headers.get("content-length", "")
         if size.isdigit() and int(size) > max_body:
             raise SessionError(413, f"request body larger than {max_body} bytes (--max-body-mb)")
-        chunks, seen = [], 0
+        chunks, seen, keys, refused = [], 0, KeyBudget(max_keys), False
         try:
             async with asyncio.timeout(body_timeout):
                 async for chunk in request.stream():
                     seen += len(chunk)
                     if seen > max_body:
                         raise SessionError(413, f"request body larger than {max_body} bytes (--max-body-mb)")
-                    chunks.append(chunk)
+                    if not refused:
+                        chunks.append(chunk)
+                        if await keys.over_off_loop(chunks, False):
+                            refused, chunks = True, []
+                if not refused and chunks and await keys.over_off_loop(chunks + [b""], True):
+                    refused, chunks = True, []
         except TimeoutError:
             raise SessionError(408, f"request body not received within {body_timeout:g}s (--body-timeout)") from None
+        if refused:
+            raise SessionError(422, f"invalid request: more than {max_keys} keys in the body (at most "
+                                    f"{cfg.max_files} files and {cfg.max_env_vars} env variables)")
+        raw = b"".join(chunks) or b"{}"
+        del chunks
         try:
-            return model.model_validate_json(b"".join(chunks) or b"{}")
+            if len(raw) > 65536:
+                return await asyncio.to_thread(model.model_validate_json, raw)
+            return model.model_validate_json(raw)
         except ValidationError as e:
             fields = ", ".join(".".join(str(x) for x in d["loc"]) or "body" for d in e.errors())
             raise SessionError(422, f"invalid request: {fields}: "
@@ -127,8 +154,7 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
             return res if isinstance(res, Response) else JSONResponse(res)
         return route
 
-    async def open_session(request: Request):
-        body = await parse(request, OpenSession)
+    def session_spec(body) -> SessionSpec:
         files = {p: b64decode_field(v, f"files.{p}") for p, v in body.files.items()}
         tar = b64decode_field(body.tar, "tar") if body.tar is not None else None
         spec = SessionSpec(memory_mb=body.memory_mb, disk_mb=body.disk_mb, max_inodes=body.max_inodes,
@@ -138,10 +164,17 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
             check_files({inside_path(p): v for p, v in body.files.items()}, _budget(cfg, spec))
         except ValueError as e:
             raise SessionError(422, f"files: {e}") from None
+        return spec
+
+    async def open_session(request: Request):
+        body = await parse(request, OpenSession)
+        large = len(body.files) > 64 or len(body.tar or "") + sum(map(len, body.files.values())) > 65536
+        spec = await asyncio.to_thread(session_spec, body) if large else session_spec(body)  # (decoding, checks)
         return (await table.open(spec)).info()
 
-    async def list_sessions(request: Request):
-        return {"sessions": [s.info() for s in table.sessions.values()], "opened": table.opened,
+    async def list_sessions(request: Request):  # (no session ids: an id is the key to its session)
+        listed = [{k: v for k, v in s.info().items() if k != "session_id"} for s in table.sessions.values()]
+        return {"sessions": listed, "opened": table.opened,
                 "closed_idle": table.closed_idle, "closed_lifetime": table.closed_lifetime, "failed": table.failed,
                 "max_sessions": table.settings.max_sessions,
                 "egress": sorted(table.settings.egress_targets)}
@@ -151,15 +184,29 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
 
     async def exec_command(request: Request):
         body = await parse(request, Exec)
-        out = await table.exec(request.path_params["sid"], body.command, env=body.env, cwd=body.cwd,
-                               timeout=body.timeout, stdin=body.stdin.encode() if body.stdin is not None else None)
+        run = asyncio.ensure_future(table.exec(request.path_params["sid"], body.command, env=body.env, cwd=body.cwd,
+                                               timeout=body.timeout,
+                                               stdin=body.stdin.encode() if body.stdin is not None else None))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait([run, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not run.done():  # its client went (or the server stops): the command stops, the session stays
+                run.cancel()
+                await asyncio.wait([run])
+        if run.cancelled():
+            return Response(status_code=499)  # (nobody reads it)
+        out = run.result()
         text = await asyncio.to_thread(json.dumps, out.as_dict()) if len(out.stdout) > 65536 \
             else json.dumps(out.as_dict())
         return Response(text, media_type="application/json")
 
     async def write_file(request: Request):
         body = await parse(request, WriteFile)
-        await table.write_file(request.path_params["sid"], body.path, b64decode_field(body.content, "content"))
+        data = await asyncio.to_thread(b64decode_field, body.content, "content") if len(body.content) > 65536 \
+            else b64decode_field(body.content, "content")
+        await table.write_file(request.path_params["sid"], body.path, data)
         return {"path": body.path}
 
     async def read_file(request: Request):
@@ -183,6 +230,12 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
     app.router.add_route("/sessions/{sid}", guarded(close_session), methods=["DELETE"])
 
 
+async def _disconnected(request) -> None:
+    """Returns when the client of `request` (its body read) goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _budget(cfg, spec: SessionSpec):
     """The server's config with the session's disk and inode budget (for `check_files`)."""
     return dataclasses.replace(cfg, disk_mb=spec.disk_mb, max_inodes=spec.max_inodes)
@@ -190,6 +243,6 @@ def _budget(cfg, spec: SessionSpec):
 
 def b64decode_field(value: str, field: str) -> bytes:
     try:
-        return base64.b64decode(value, validate=True)
+        return b64decode_pieces(value)
     except ValueError as e:
         raise SessionError(422, f"{field}: not base64 ({e})") from None

@@ -68,6 +68,7 @@ class SessionSettings:
     max_sessions: int = 4
     max_exec_timeout: float = 3600.0
     max_egress_connections: int = 64
+    egress_budget: int | None = None  # egress connections of all sessions together (`open_files.py`); None: no bound
     max_disk_mb: int = 4096  # a session's tmpfs, at most (its memory limit counts the files too)
     idle_timeout: float = 600.0  # default; a request may ask less or more, up to max_lifetime
     max_lifetime: float = 24 * 3600.0
@@ -124,6 +125,7 @@ class Session:
         self.forwarder: EgressForwarder | None = None
         self.lock = asyncio.Lock()  # one program at a time: the slot serves one request after another
         self.exchange: asyncio.Task | None = None  # the frame in flight (cancelled first when the session ends)
+        self.egress_cap = 0  # egress connections it may hold, reserved against the server's budget
         self.closed = False
         self.execs = 0
         self.created = time.monotonic()
@@ -146,6 +148,7 @@ class SessionTable:
         self.sessions: dict[str, Session] = {}
         self._expiring: set[asyncio.Task] = set()  # sessions being closed by a deadline (held: not collected)
         self._opening = 0  # sessions being set up (they count against --max-sessions already)
+        self.egress_reserved = 0  # egress connections open sessions may hold (their caps), against `egress_budget`
         self.opened = self.closed_idle = self.closed_lifetime = self.failed = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -159,6 +162,14 @@ class SessionTable:
             if target is None:
                 known = ", ".join(sorted(self.settings.egress_targets)) or "none (see --egress)"
                 raise SessionError(422, f"egress {spec.egress!r} is not configured on this server; configured: {known}")
+        cap = self.settings.max_egress_connections if target else 0
+        budget = self.settings.egress_budget
+        if cap and budget is not None and self.egress_reserved + cap > budget:
+            raise SessionError(503, f"this server cannot serve another session with an egress: its open-file limit "
+                                    f"leaves room for {budget} egress connections, {self.egress_reserved} are held by "
+                                    f"open sessions and this one may open {cap} (--max-egress-connections); raise "
+                                    "the hard limit (ulimit -Hn) or lower --max-connections / --max-egress-connections",
+                               retry_after=5.0)
         if len(self.sessions) + self._opening >= self.settings.max_sessions:
             raise SessionError(429, f"{len(self.sessions) + self._opening} sessions are open (--max-sessions "
                                     f"{self.settings.max_sessions})", retry_after=5.0)
@@ -172,6 +183,8 @@ class SessionTable:
         port = self.settings.egress_port if target else 0
         sess = Session(uuid.uuid4().hex, slot, self.runner.uids.base + slot, spec,
                        f"http://127.0.0.1:{port}" if target else None)
+        sess.egress_cap = cap
+        self.egress_reserved += cap  # (given back by `_end`)
         self._opening += 1
         try:
             await self._start(sess, target)
@@ -230,6 +243,7 @@ class SessionTable:
             return
         sess.closed = True
         self.sessions.pop(sess.id, None)
+        self.egress_reserved -= sess.egress_cap
         for timer in (sess.idle_timer, sess.life_timer):
             if timer is not None:
                 timer.cancel()
@@ -328,11 +342,13 @@ class SessionTable:
         """A frame to the session's slot and its answer; a slot that fails ends the session."""
         sess.exchange = asyncio.ensure_future(self.runner.exchange(sess.slot, frame, timeout + MARGIN))
         try:
-            res, steps, _files = await sess.exchange
+            res, steps, _files = await asyncio.shield(sess.exchange)  # (our caller going must not cut it short)
         except asyncio.CancelledError:
             if sess.closed and sess.exchange.cancelled() and not asyncio.current_task().cancelling():
                 raise SessionError(410, f"session {sess.id} was closed while this command ran; "
                                         "its processes were killed") from None
+            if not sess.closed and not sess.exchange.done():
+                await self._stop_program(sess)  # (its client went: the command stops, the session stays)
             raise
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
             self.failed += 1
@@ -346,6 +362,22 @@ class SessionTable:
             await self._end(sess)
             raise SessionError(500, f"session {sess.id} failed inside the sandbox ({res['error']}); it is closed")
         return res, steps
+
+    async def _stop_program(self, sess: Session) -> None:
+        """Stop the session's running command and wait for its answer (dropped), so that the next
+        command finds the slot free and in step; a slot that does not answer ends the session."""
+        exchange = sess.exchange
+        try:
+            async with asyncio.timeout(MARGIN):
+                await self.runner.stop_program(sess.slot, exchange)
+                await asyncio.shield(exchange)
+        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
+            self.failed += 1
+            await self._end(sess)
+        except asyncio.CancelledError:
+            if exchange.cancelled():  # (the session was closed meanwhile: `_end` cancelled it)
+                return
+            raise
 
     def _frame(self, sess: Session, extra: dict[str, Any], *, steps=(), files: dict[str, bytes] | None = None,
                stdin: bytes | None = None, env: dict[str, str] | None = None) -> bytes:

@@ -39,6 +39,7 @@ from slime.sandbox.config import SandboxConfig
 from slime.sandbox.fork_server import ForkServer, fork_server_config, init_pidfd, recv_msg, slot_sources, wait_fd
 from slime.sandbox.languages import find_python, run_env
 from slime.sandbox.run_answer import read_answer
+from slime.sandbox.run_frames import STOP
 from slime.sandbox.uids import FIRST_UID, UidRange
 
 logger = logging.getLogger(__name__)
@@ -156,10 +157,28 @@ class SlotPool:
         if z is None or not z.alive():
             z = await self._spawn(slot)
         loop = asyncio.get_running_loop()
+        z.frame_sent = sent = asyncio.Event()
         async with asyncio.timeout(budget):  # (no extra task per run, unlike wait_for)
             await loop.sock_sendall(z.data, frame)
+            sent.set()
             del frame
             return await read_answer(loop, z.data)
+
+    async def stop_program(self, slot: int, exchange: asyncio.Future) -> None:
+        """Ask `slot`'s init to stop the program it runs for `exchange` (its answer then comes as usual,
+        saying so; a session keeps its slot): once the request is wholly sent, never inside it. A stop
+        after the program's end is dropped by the init."""
+        z = self._zygotes[slot]
+        sent = z.frame_sent
+        if sent is None:
+            return
+        waiter = asyncio.ensure_future(sent.wait())
+        try:
+            await asyncio.wait([waiter, exchange], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if sent.is_set() and not exchange.done():
+            await asyncio.get_running_loop().sock_sendall(z.data, STOP)
 
     async def receive_fds(self, slot: int, timeout: float) -> tuple[bytes, list[int]]:
         """A message with fds from `slot`'s init on its control socket (a session's egress listener)."""

@@ -157,7 +157,7 @@ class Zygote:
         NEWIPC, NEWNS = isolation.CLONE_NEWIPC, isolation.CLONE_NEWNS
         (base_ipc, _), (base_mnt, _) = self.base_ns if isolate else ((-1, 0), (-1, 0))
         recvmsg, send = forker.recvmsg, forker.send
-        anc_space = socket.CMSG_SPACE(5 * 4)
+        anc_space = socket.CMSG_SPACE(6 * 4)  # (stdin, stdout, stderr, 2 namespaces, a long request)
         SOL_SOCKET, SCM_RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
         while True:
             try:
@@ -171,6 +171,10 @@ class Zygote:
                 if level == SOL_SOCKET and kind == SCM_RIGHTS:
                     fds += unpack_from("%di" % (len(data) // 4), data)
             req = loads(msg)
+            if req.get("in_memfd"):  # (a long command or environment: `run_init.FORK_MSG_MAX`)
+                big = fds.pop()
+                req = loads(os.pread(big, os.fstat(big).st_size, 0))
+                close(big)
             seq = req["seq"]
             warm.prepare(req)
             if isolate:  # the program is forked inside the run's namespaces (the init made them)

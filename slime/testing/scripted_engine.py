@@ -26,7 +26,8 @@ from slime.utils.client_gone import client_gone
 from slime.testing.threaded_server import ThreadedServer
 
 # script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
-#                          optional "log_probs": [...], "text": str, "matched": ...}
+#                          optional "log_probs": [...], "text": str, "matched": ...,
+#                          "top_log_probs": [[[logprob, id], ...] per id] (sent when asked: top_logprobs_num)}
 # or a misbehaving engine's answer (see `misbehave`): {"answer": <any JSON, NaN allowed>},
 # {"raw": str, "media_type": str, "status": int} (exact bytes), or {"cut": str} (these bytes, then the
 # connection is dropped mid-answer).
@@ -182,6 +183,8 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
                 "e2e_latency": 0.0}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids)]
+            if body.get("top_logprobs_num") and "top_log_probs" in out:
+                meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in row] for row in out["top_log_probs"]]
         text = out.get("text")
         if text is None:
             text = decode(ids) if decode else ""

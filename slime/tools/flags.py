@@ -10,6 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+# defaults of the per-call tool limits, also `ToolCallLimits`'s (a namespace built by hand gets the same)
+MAX_PARALLEL_CALLS = 4
+MAX_TOOL_RESPONSE_TOKENS = 512
+TOOL_RESPONSE_TRUNCATE_SIDE = "middle"
+
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = parser.add_argument_group("multi-turn tools")
@@ -18,11 +23,12 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--tool-call-parser", type=str, default="hermes",
                    help="How tool calls are read from model output (see slime.tools.chat_format.PARSERS).")
     g.add_argument("--max-turns", type=int, default=8, help="Assistant turns per trajectory.")
-    g.add_argument("--max-parallel-calls", type=int, default=4,
+    g.add_argument("--max-parallel-calls", type=int, default=MAX_PARALLEL_CALLS,
                    help="Tool calls executed per turn; extra calls are answered with an error message.")
-    g.add_argument("--max-tool-response-tokens", type=int, default=512,
+    g.add_argument("--max-tool-response-tokens", type=int, default=MAX_TOOL_RESPONSE_TOKENS,
                    help="Each tool result is cut to this many tokens before it is rendered (0: no limit).")
-    g.add_argument("--tool-response-truncate-side", choices=("left", "right", "middle"), default="middle",
+    g.add_argument("--tool-response-truncate-side", choices=("left", "right", "middle"),
+                   default=TOOL_RESPONSE_TRUNCATE_SIDE,
                    help="verl's meaning: left keeps the beginning, right keeps the end, middle keeps both ends.")
     g.add_argument("--max-tokens-per-turn", type=int, default=None,
                    help="Cap on max_new_tokens of one assistant turn (default: no cap beyond the budgets).")
@@ -40,6 +46,9 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--interaction-key", type=str, default="extra_info.interaction_kwargs",
                    help="Row field holding verl's interaction_kwargs (its 'name' picks the interaction; all of "
                         "it goes to start_interaction and generate_response).")
+    g.add_argument("--interaction-timeout", type=float, default=300.0,
+                   help="Seconds each start_interaction / generate_response / finalize_interaction call may take; "
+                        "one that does not return fails its sample, named, and the rollout goes on.")
     g.add_argument("--max-user-turns", type=int, default=None,
                    help="User turns an interaction may add to one trajectory (default: no limit beyond "
                         "--max-turns and the budgets).")

@@ -14,7 +14,8 @@ from typing import Any
 from uuid import uuid4
 
 from slime.tools.chat_format import ChatDelta, ParseError, ToolCall
-from slime.tools.flags import flag_value
+from slime.tools.flags import (MAX_PARALLEL_CALLS, MAX_TOOL_RESPONSE_TOKENS, TOOL_RESPONSE_TRUNCATE_SIDE,
+                               flag_value)
 from slime.tools.registry import ToolSet
 from slime.utils.trajectory import ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord
 
@@ -23,17 +24,17 @@ from slime.utils.trajectory import ParseErrorRecord, StepReward, ToolErrorRecord
 class ToolCallLimits:
     """How many calls of a turn run, how long one may take, how much of its answer the model sees."""
 
-    max_parallel_calls: int = 4
+    max_parallel_calls: int = MAX_PARALLEL_CALLS
     call_timeout: float | None = None  # seconds; None: no limit
-    max_response_tokens: int = 0  # 0: no limit
-    truncate_side: str = "middle"  # verl's meaning: left keeps the beginning, right the end, middle both
+    max_response_tokens: int = MAX_TOOL_RESPONSE_TOKENS  # 0: no limit
+    truncate_side: str = TOOL_RESPONSE_TRUNCATE_SIDE  # verl's meaning: left keeps the beginning, right the end, middle both
 
     @classmethod
     def from_args(cls, args: Any) -> "ToolCallLimits":
-        return cls(max_parallel_calls=int(flag_value(args, "max_parallel_calls", 4)),
+        return cls(max_parallel_calls=int(flag_value(args, "max_parallel_calls", MAX_PARALLEL_CALLS)),
                    call_timeout=flag_value(args, "tool_call_timeout"),
-                   max_response_tokens=int(flag_value(args, "max_tool_response_tokens", 0)),
-                   truncate_side=flag_value(args, "tool_response_truncate_side", "middle"))
+                   max_response_tokens=int(flag_value(args, "max_tool_response_tokens", MAX_TOOL_RESPONSE_TOKENS)),
+                   truncate_side=flag_value(args, "tool_response_truncate_side", TOOL_RESPONSE_TRUNCATE_SIDE))
 
 
 class TrajectoryTools:

@@ -10,8 +10,8 @@ Two things make verl's tools run here:
    | verl class_name                                | slime equivalent                                  |
    | ---------------------------------------------- | ------------------------------------------------- |
    | verl.tools.base_tool.BaseTool                  | slime.tools.base_tool.BaseTool                    |
-   | verl.tools.gsm8k_tool.Gsm8kTool                | slime.tools.gsm8k_tool.Gsm8kTool                  |
-   | verl.tools.geo3k_tool.Geo3kTool                | slime.tools.geo3k_tool.Geo3kTool                  |
+   | verl.tools.gsm8k_tool.Gsm8kTool                | slime.tools.verl_answer_tools.VerlGsm8kTool       |
+   | verl.tools.geo3k_tool.Geo3kTool                | slime.tools.verl_answer_tools.VerlGeo3kTool       |
    | verl.tools.sandbox_fusion_tools.SandboxFusionTool | slime.tools.sandbox_fusion_tool.SandboxFusionTool |
    | verl.tools.search_tool.SearchTool              | slime.tools.search_tool.SearchTool                |
    | verl.tools.mcp_base_tool.MCPBaseTool           | slime.tools.mcp_tool.MCPTool                      |
@@ -44,8 +44,8 @@ logger = logging.getLogger(__name__)
 
 VERL_EQUIVALENTS: dict[str, str] = {
     "verl.tools.base_tool.BaseTool": "slime.tools.base_tool.BaseTool",
-    "verl.tools.gsm8k_tool.Gsm8kTool": "slime.tools.gsm8k_tool.Gsm8kTool",
-    "verl.tools.geo3k_tool.Geo3kTool": "slime.tools.geo3k_tool.Geo3kTool",
+    "verl.tools.gsm8k_tool.Gsm8kTool": "slime.tools.verl_answer_tools.VerlGsm8kTool",  # verl's grading
+    "verl.tools.geo3k_tool.Geo3kTool": "slime.tools.verl_answer_tools.VerlGeo3kTool",
     "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "slime.tools.sandbox_fusion_tool.SandboxFusionTool",
     "verl.tools.search_tool.SearchTool": "slime.tools.search_tool.SearchTool",
     "verl.tools.mcp_base_tool.MCPBaseTool": "slime.tools.mcp_tool.MCPTool",

@@ -5,7 +5,9 @@
 model and data are one unit) and, written last, `manifest.json` (every file's size, sha256 and
 format, and the model it was trained from). It is built in a staging directory and renamed into
 place; then `latest_checkpointed_iteration.txt` moves. A crash at any point leaves the previous
-checkpoint current and complete. No torch here: preflight verifies a checkpoint before Ray starts.
+checkpoint current and complete. Preflight verifies a checkpoint before Ray starts: sizes, hashes,
+formats, and each tensor file opened by the library the trainer loads it with (torch is imported
+only then, `loader_problem`): a byte the zip CRCs do not cover passed every other check once.
 """
 
 from __future__ import annotations
@@ -133,6 +135,11 @@ def torch_archive_problem(path: Path, size: int) -> str | None:
             names = z.namelist()
             if not any(n.endswith("data.pkl") for n in names):
                 return "a zip archive, but not torch's (no data.pkl)"
+            # torch writes no file attributes and one disk; a changed attribute byte (outside every
+            # CRC) made torch.load fail, or not, at random (miniz reads it as a directory flag)
+            odd = next((i for i in z.infolist() if i.external_attr or i.internal_attr or i.volume), None)
+            if odd is not None:
+                return f"{odd.filename!r} in it has zip attributes torch never writes (corrupted)"
             bad = z.testzip()  # every member against its CRC-32: a byte changed after torch wrote it
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError):
         return f"{size} bytes, not a whole torch zip archive (truncated or corrupted)"
@@ -240,10 +247,35 @@ def latest_checkpoint(root: str | Path, step: int | None = None) -> int | None:
     return tracked_rollout_id(root)
 
 
-def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True) -> dict[str, Any]:
-    """Check `iter_X` against its manifest (every file present, same size, same sha256, whole format);
-    without a manifest (written before manifests existed) the formats alone. Returns the manifest
-    (`{}` without one); raises CheckpointError naming `--load` and the file."""
+def loader_problem(path: Path) -> str | None:
+    """Why the trainer's loader would refuse `path` (None: it reads it): a torch archive through
+    `torch.load` (memory-mapped: the structure is parsed, the tensors' bytes are the hashes' and CRCs'
+    business), a safetensors file through safetensors' own header parser."""
+    try:
+        if path.suffix in (".pt", ".bin"):
+            import torch
+
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    f.get_slice(key)
+    except Exception as e:  # noqa: BLE001 - whatever the loader raises, named with the file
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        return f"the trainer's loader refuses it ({type(e).__name__}: {first})"
+    return None
+
+
+def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True,
+                      without_manifest: bool = False) -> dict[str, Any]:
+    """Check `iter_X` against its manifest (every file present, same size, same sha256, whole format,
+    readable by the trainer's loaders). A checkpoint without a manifest is refused: nothing then says
+    its files are the ones written (a deleted manifest hid 16 flipped bytes in the weights, which
+    were trained on and pushed); `without_manifest` (--load-without-manifest) accepts one on the
+    format and loader checks alone. Returns the manifest (`{}` without one); raises CheckpointError
+    naming `--load` and the file."""
     ckpt = checkpoint_dir(root, rollout_id)
     where = f"--load {root}: the checkpoint of rollout {rollout_id}"
     if not ckpt.is_dir():
@@ -256,6 +288,11 @@ def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True)
         paths = [p for p in ckpt.rglob("*") if p.is_file()]
         if not any(p.suffix == ".safetensors" for p in paths):
             raise CheckpointError(f"{where} has no model weights (no {ckpt}/model/*.safetensors) and no {MANIFEST}")
+        if not without_manifest:
+            raise CheckpointError(
+                f"{where}: {manifest_path} is missing, so nothing says its files are the ones written (a byte "
+                f"changed in the weights would be trained on and pushed); restore it, or pass "
+                f"--load-without-manifest to load the checkpoint on its format checks alone")
         manifest = {}
     else:
         problem = format_problem(manifest_path)
@@ -279,6 +316,10 @@ def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True)
         for name, entry in manifest["files"].items():
             if sha256_of(ckpt / name) != entry["sha256"]:
                 raise CheckpointError(f"{where}: {ckpt / name}: sha256 differs from {MANIFEST} (corrupted)")
+    for path in paths:
+        problem = loader_problem(path)
+        if problem:
+            raise CheckpointError(f"{where}: {path}: {problem}")
     return manifest
 
 

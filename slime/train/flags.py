@@ -24,6 +24,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="bytes of the distributed path: auto = a shared-memory ring when every engine is on the "
                         "trainer's host (the group carries only handshakes), else gloo broadcasts; broadcast = always "
                         "broadcast over the group")
+    g.add_argument("--load-without-manifest", action="store_true",
+                   help="resume from a --load checkpoint that has no manifest.json: its files are then checked for "
+                        "their format only, so a corrupted byte in the weights goes unnoticed")
     g.add_argument("--async", dest="async_train", action="store_true",
                    help="slime's train_async.py: generate rollout k+1 while rollout k trains (one weight version "
                         "off-policy); not with --colocate / --offload-rollout")
@@ -45,6 +48,10 @@ def check_train_arguments(args: argparse.Namespace) -> None:
     from slime.train.loss import check_opd_args
 
     check_opd_args(args)  # LossConfigError (a ValueError) naming --opd-type
+    if getattr(args, "rollout_external_engine_addrs", None):
+        raise ValueError("--rollout-external-engine-addrs with slime-train: the trainer pushes weights to the engines "
+                         "it starts (and restarts); engines started elsewhere are for slime-rollout, whose engines' "
+                         "owner updates them")
     interval = update_weights_interval(args)  # ValueError naming --update-weights-interval
     offloaded = "--colocate" if getattr(args, "colocate", False) else \
         "--offload-rollout" if getattr(args, "offload_rollout", False) else None

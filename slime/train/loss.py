@@ -32,8 +32,9 @@ def check_loss_args(args: Any) -> None:
     if getattr(args, "custom_advantage_function_path", None) is None and estimator not in SUPPORTED_ESTIMATORS:
         raise LossConfigError(f"--advantage-estimator {estimator}: the reference trainer supports "
                               f"{', '.join(SUPPORTED_ESTIMATORS)} (ppo needs a critic)")
-    if getattr(args, "loss_type", "policy_loss") != "policy_loss":
-        raise LossConfigError(f"--loss-type {args.loss_type}: the reference trainer trains policy_loss only")
+    if getattr(args, "loss_type", "policy_loss") not in ("policy_loss", "custom_loss"):
+        raise LossConfigError(f"--loss-type {args.loss_type}: the reference trainer trains policy_loss, or "
+                              f"custom_loss with --custom-loss-function-path")
     if getattr(args, "calculate_per_token_loss", False):
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
     if getattr(args, "kl_loss_type", "k1") not in ("k1", "k2", "k3", "low_var_kl"):
@@ -163,6 +164,58 @@ def tis_function(args: Any) -> Callable[..., TisResult]:
     return load_function(path, "--custom-tis-function-path") if path else vanilla_tis
 
 
+@dataclass(frozen=True)
+class LossHooks:
+    """slime's loss hooks, resolved once (each None when its flag is not set), called as slime's
+    Megatron trainer calls them:
+
+    - `custom_loss` (`--loss-type custom_loss --custom-loss-function-path`):
+      `fn(args, batch, logits, sum_of_sample_mean) -> (loss, {name: tensor})`, instead of the policy
+      loss. `batch` has slime's per-sample lists for the micro-batch (`unconcat_tokens`/`tokens`,
+      `total_lengths`, `response_lengths`, `loss_masks`, `advantages`, `log_probs` (old policy),
+      `rollout_log_probs`, `ref_log_probs`, `rewards`); `logits` are the raw logits `[T, vocab]` at the
+      positions predicting the micro-batch's response tokens, samples in order (Megatron's packed
+      layout has no meaning here); `sum_of_sample_mean` reduces a flat per-token tensor.
+    - `pg_loss_reducer` (`--custom-pg-loss-reducer-function-path`):
+      `fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) -> reducer`, the
+      reducer of pg_loss alone (the other metrics keep `sum_of_sample_mean`).
+    - `rollout_data_postprocess` (`--rollout-data-postprocess-path`): `fn(args, rollout_id, rollout_data)`
+      after advantages are computed, before training; it may change `rollout_data` in place
+      (`loss_masks`, `advantages`, ...), and the trainer trains on what it left there.
+    """
+
+    custom_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
+    pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
+    rollout_data_postprocess: Callable[..., None] | None = None
+
+    @classmethod
+    def of(cls, args: Any) -> "LossHooks":
+        custom = None
+        if args.loss_type == "custom_loss":
+            if not args.custom_loss_function_path:
+                raise LossConfigError("--loss-type custom_loss needs --custom-loss-function-path")
+            custom = load_function(args.custom_loss_function_path, "--custom-loss-function-path")
+        reducer, post = args.custom_pg_loss_reducer_function_path, args.rollout_data_postprocess_path
+        return cls(custom_loss=custom,
+                   pg_loss_reducer=load_function(reducer, "--custom-pg-loss-reducer-function-path") if reducer else None,
+                   rollout_data_postprocess=load_function(post, "--rollout-data-postprocess-path") if post else None)
+
+
+def call_custom_loss(args: Any, hooks: LossHooks, batch: dict[str, Any], logits: torch.Tensor,
+                     reduce: Callable[[torch.Tensor], torch.Tensor]) -> PolicyLossOutput:
+    """`--custom-loss-function-path` on one micro-batch; its log values become the step's metrics."""
+    result = hooks.custom_loss(args, batch, logits, reduce)
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)
+            and isinstance(result[1], dict)):
+        raise LossConfigError(f"--custom-loss-function-path {args.custom_loss_function_path}: expected "
+                              f"(loss tensor, {{name: value}}) as slime's loss functions return, got "
+                              f"{type(result).__name__}")
+    loss, log = result
+    metrics = {str(k): torch.as_tensor(v, dtype=torch.float32).detach().reshape(()) for k, v in log.items()}
+    metrics.setdefault("loss", loss.detach())
+    return PolicyLossOutput(loss, metrics)
+
+
 @dataclass
 class PolicyLossOutput:
     loss: torch.Tensor
@@ -174,7 +227,9 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
                 ref_log_probs: torch.Tensor | None, response_lengths: list[int], loss_masks: list[torch.Tensor],
                 reduce: Callable[[torch.Tensor], torch.Tensor], denominators: torch.Tensor | None = None,
                 total_lengths: list[int] | None = None,
-                tis: Callable[..., TisResult] | None = None) -> PolicyLossOutput:
+                tis: Callable[..., TisResult] | None = None,
+                pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
+                ) -> PolicyLossOutput:
     """slime's `policy_loss_function` for one micro-batch (flat per-token tensors, `reduce` from
     `sample_reducer` over `loss_masks` and `denominators`). The returned loss is the micro-batch's
     share of the step loss before the step's scaling (1 / rollouts in the step). `tis`: the TIS
@@ -208,6 +263,7 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
             pg_losses = torch.where(advantages < 0, torch.minimum(-eps_c * advantages, pg_losses), pg_losses)
     metrics: dict[str, torch.Tensor] = {}
     reduce_pg = reduce
+    pg_masks = list(loss_masks)
     if getattr(args, "use_tis", False) or getattr(args, "get_mismatch_metrics", False):
         if rollout_log_probs is None:
             raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
@@ -223,6 +279,10 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
                 raise LossConfigError("--custom-tis-function-path returned new loss masks; policy_loss needs "
                                       "the samples' denominators to reduce with them")
             reduce_pg = sample_reducer(response_lengths, masks, denominators)  # slime: same denominators
+        pg_masks = list(masks)
+    if pg_loss_reducer is not None:  # slime: the TIS-modified masks when TIS or mismatch metrics are on
+        reduce_pg = pg_loss_reducer(total_lengths, list(response_lengths), pg_masks,
+                                    bool(args.calculate_per_token_loss))
     pg_loss = reduce_pg(pg_losses)
     entropy_loss = reduce(entropy)
     loss = pg_loss - float(getattr(args, "entropy_coef", 0.0) or 0.0) * entropy_loss

@@ -11,6 +11,7 @@ exactly what the embedded engine reports for each sampled token (before top-k/to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -54,14 +55,16 @@ class PolicyModel(torch.nn.Module):
         self.temperature = float(temperature) if temperature and temperature > 0 else 1.0
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                targets: torch.Tensor, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                targets: torch.Tensor, with_entropy: bool = True, with_logits: bool = False) -> tuple[Any, ...]:
+        """(log-probs, entropy or None), plus the raw logits `[T, vocab]` at the positions predicting the
+        response tokens with `with_logits` (what `--custom-loss-function-path` is given)."""
         hidden = self.hf.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                        use_cache=False).last_hidden_state
         logits = self.hf.get_output_embeddings()(hidden[rows, cols]).float()
         log_dist = torch.log_softmax(logits / self.temperature, dim=-1)
         log_probs = log_dist.gather(-1, targets[:, None]).squeeze(-1)
         entropy = -(log_dist.exp() * log_dist).sum(-1) if with_entropy else None
-        return log_probs, entropy
+        return (log_probs, entropy, logits) if with_logits else (log_probs, entropy)
 
     def run(self, mb: PackedMicroBatch, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets, with_entropy)

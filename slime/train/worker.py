@@ -36,14 +36,16 @@ from slime.engine.weight_updates import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
-    advantages_for, apply_opd_kl_to_advantages, approx_kl, check_loss_args, needs_reference, policy_loss, sample_reducer,
-    tis_function,
+    LossHooks, advantages_for, apply_opd_kl_to_advantages, approx_kl, call_custom_loss, check_loss_args,
+    needs_reference, policy_loss, sample_reducer, tis_function,
 )
+from slime.train.finite_guard import check_step, check_weights
 from slime.train.model import PolicyModel, pack
 
 logger = logging.getLogger(__name__)
 
 GROUP_NAME = "slime-pp_0"
+WEIGHT_KEEP_TIMEOUT_S = 900.0  # the manager loads the kept push into engines that missed this one
 WEIGHT_GROUP_TIMEOUT_S = 30.0  # every collective of a push (gloo's default is 120 s): a lost member fails it soon
 
 
@@ -51,10 +53,12 @@ class TrainWorker:
     def __init__(self, args: Any, world_size: int, rank: int):
         self.args, self.world_size, self.rank = args, world_size, rank
         self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = self.tis = None
+        self.hooks = LossHooks()
         self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
         self._group_engines: list[Any] = []
         self._groups_formed = 0  # each group gets its own name (see _connect)
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
+        self._kept: Any = None  # the last push's tensors in Ray's object store, for replacement engines
         self.global_step = 0
         threads = getattr(args, "train_threads", None) or max(
             1, (os.cpu_count() or 1) // max(1, int(getattr(args, "actor_num_workers", 1) or 1)))
@@ -76,6 +80,7 @@ class TrainWorker:
         args = self.args
         check_loss_args(args)
         self.tis = tis_function(args)  # --custom-tis-function-path, resolved once rather than per micro-batch
+        self.hooks = LossHooks.of(args)  # slime's custom loss, pg_loss reducer and rollout-data post-process
         torch.manual_seed(int(getattr(args, "seed", 1234) or 0))
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
@@ -175,6 +180,8 @@ class TrainWorker:
             reverse_kl = apply_opd_kl_to_advantages(args, advantages, student, data.get("teacher_log_probs"))
         if getattr(args, "normalize_advantages", False):
             advantages = self._whiten(advantages, masks)
+        if self.hooks.rollout_data_postprocess is not None:  # slime: after advantages, before training
+            masks, advantages = self._postprocess(rollout_id, data, masks, advantages, old_lp, ref_lp)
 
         # the schedule's steps
         steps_out: list[dict[str, float]] = []
@@ -188,8 +195,17 @@ class TrainWorker:
                 mb, batch = mb_indices[j], packed[j]
                 sync = contextlib.nullcontext() if k == n_mb - 1 else self.ddp.no_sync()
                 with sync:
-                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets)
                     reduce = sample_reducer([lengths[i] for i in mb], [masks[i] for i in mb], denoms[mb])
+                    if self.hooks.custom_loss is not None:
+                        *_, logits = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols,
+                                              batch.targets, with_entropy=False, with_logits=True)
+                        mb_batch = self._custom_loss_batch(mb, data, masks, advantages, old_lp, ref_lp, totals)
+                        out = call_custom_loss(args, self.hooks, mb_batch, logits, reduce)
+                        (out.loss * (self.world_size / n_rollouts)).backward()
+                        for key, value in out.metrics.items():
+                            sums[key] = sums[key] + value
+                        continue
+                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets)
                     out = policy_loss(
                         args, log_probs=lp, entropy=ent,
                         old_log_probs=(torch.cat([rollout_lp[i] for i in mb])
@@ -199,23 +215,25 @@ class TrainWorker:
                         rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
                         ref_log_probs=torch.cat([ref_lp[i] for i in mb]) if ref_lp is not None else None,
                         response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce,
-                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb], tis=self.tis)
+                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb], tis=self.tis,
+                        pg_loss_reducer=self.hooks.pg_loss_reducer)
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value
                 if reverse_kl is not None:
                     sums["opd_reverse_kl"] = sums["opd_reverse_kl"] + reduce(torch.cat([reverse_kl[i] for i in mb]))
-            max_norm = float(getattr(args, "clip_grad", 0.0) or 0.0)
+            max_norm = float(args.clip_grad or 0.0)  # Megatron's --clip-grad, 1.0 by default; 0 = none
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
+            keys = sorted(sums)
+            vec = torch.stack([sums[k] for k in keys]).to(torch.float64)
+            dist.all_reduce(vec)  # before the step: a NaN of any rank is seen by all, which all stop alike
+            step_metrics = {k: float(v) / n_rollouts for k, v in zip(keys, vec)}
+            step_metrics["grad_norm"] = float(grad_norm)
+            check_step(rollout_id, self.global_step + 1, step_metrics)
             self.optimizer.step()
             self.scheduler.step()
             self.global_step += 1
-            keys = sorted(sums)
-            vec = torch.stack([sums[k] for k in keys]).to(torch.float64)
-            dist.all_reduce(vec)
-            step_metrics = {k: float(v) / n_rollouts for k, v in zip(keys, vec)}
             step_metrics["entropy"] = step_metrics.get("entropy_loss", 0.0)
-            step_metrics["grad_norm"] = float(grad_norm)
             step_metrics["lr"] = float(self.scheduler.get_last_lr()[0])
             step_metrics["step"] = self.global_step
             steps_out.append(step_metrics)
@@ -235,6 +253,38 @@ class TrainWorker:
         return {"rollout_id": rollout_id, "steps": steps_out, "rollout": rollout_metrics,
                 "raw_reward": sum(raw) / len(raw) if raw else None, "seconds": time.monotonic() - t0,
                 "weight_versions": sorted({v for vs in data.get("weight_versions", []) for v in vs})}
+
+    def _postprocess(self, rollout_id: int, data: dict[str, Any], masks: list[torch.Tensor],
+                     advantages: list[torch.Tensor], old_lp: list[torch.Tensor], ref_lp: list[torch.Tensor] | None
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`--rollout-data-postprocess-path` on this rank's rollout data (slime's keys); the loss masks
+        and advantages it leaves are the ones trained on."""
+        rollout_data = {**data, "loss_masks": list(masks), "advantages": list(advantages), "returns": list(advantages),
+                        "log_probs": list(old_lp), "ref_log_probs": list(ref_lp) if ref_lp is not None else None,
+                        "total_lengths": [len(t) for t in data["tokens"]]}
+        self.hooks.rollout_data_postprocess(self.args, rollout_id, rollout_data)
+        masks = [torch.as_tensor(m, dtype=torch.float32) for m in rollout_data["loss_masks"]]
+        advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
+        for i, (m, a, n) in enumerate(zip(masks, advantages, data["response_lengths"])):
+            if m.numel() != n or a.numel() != n:
+                raise ValueError(f"--rollout-data-postprocess-path {self.args.rollout_data_postprocess_path}: "
+                                 f"sample {i} has {n} response tokens, but {m.numel()} loss-mask values and "
+                                 f"{a.numel()} advantages after the post-process")
+        return masks, advantages
+
+    @staticmethod
+    def _custom_loss_batch(mb: list[int], data: dict[str, Any], masks: list[torch.Tensor],
+                           advantages: list[torch.Tensor], old_lp: list[torch.Tensor],
+                           ref_lp: list[torch.Tensor] | None, totals: list[int]) -> dict[str, Any]:
+        """One micro-batch as slime's loss functions receive it: per-sample lists under slime's keys."""
+        rollout_lp = data.get("rollout_log_probs")
+        tokens = [data["tokens"][i] for i in mb]
+        return {"tokens": tokens, "unconcat_tokens": tokens, "total_lengths": [totals[i] for i in mb],
+                "response_lengths": [int(data["response_lengths"][i]) for i in mb],
+                "loss_masks": [masks[i] for i in mb], "advantages": [advantages[i] for i in mb],
+                "log_probs": [old_lp[i] for i in mb], "rewards": [data["rewards"][i] for i in mb],
+                "rollout_log_probs": [rollout_lp[i] for i in mb] if rollout_lp is not None else None,
+                "ref_log_probs": [ref_lp[i] for i in mb] if ref_lp is not None else None}
 
     def _whiten(self, advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
         """Masked whitening over every rank's tokens (slime's --normalize-advantages)."""
@@ -261,11 +311,14 @@ class TrainWorker:
         from slime.engine.weight_sync import paused, push_tensors, trainer_named_tensors
 
         t0 = time.monotonic()
+        named = trainer_named_tensors(self.model)
+        check_weights(named, "pushed to the engines")  # before any engine is touched
         ray.get(manager.recover_updatable_engines.remote())
         engines, lock, num_new, *_ = ray.get(manager.get_updatable_engines_and_lock.remote())
-        named = trainer_named_tensors(self.model)
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
-        if not engines:
+        if not engines:  # every engine is being replaced: they load this version once up
+            if mode != "disk":
+                self._keep_for_replacements(manager, weight_version, named)
             return {"engines": 0, "bytes": nbytes, "seconds": time.monotonic() - t0, "mode": mode}
         if not ray.get(lock.acquire.remote(600.0)):
             raise TimeoutError("update_weights: the engines' weight lock was not released within 600 s")
@@ -288,6 +341,7 @@ class TrainWorker:
                         self.weight_group.push(named, weight_version=weight_version,
                                                bucket_bytes=int(self.args.update_weight_buffer_size))
                         died = [repr(e) for e, _ in self.weight_group.died[seen:]]
+                self._keep_for_replacements(manager, weight_version, named)
             ray.get(manager.clear_updatable_num_new_engines.remote())
         finally:
             ray.get(lock.release.remote())
@@ -296,6 +350,18 @@ class TrainWorker:
                            weight_version, ", ".join(died), len(engines) - len(died))
         return {"engines": len(engines) - len(died), "engines_died": died, "bytes": nbytes,
                 "seconds": time.monotonic() - t0, "mode": mode}
+
+    def _keep_for_replacements(self, manager: Any, weight_version: str, named: list[tuple[str, Any]]) -> None:
+        """The pushed tensors, kept in Ray's object store (owned by this worker: they live while it does)
+        for an engine that replaces a lost one: it loads them at once, version checked, instead of waiting
+        for the next push, which comes only after the rollout it is needed for. One copy of the weights,
+        replaced at each push; a manager without `keep_pushed_weights` is not given any."""
+        try:
+            keep = manager.keep_pushed_weights
+        except AttributeError:
+            return
+        self._kept = ray.put(named)
+        ray.get(keep.remote(weight_version, [self._kept]), timeout=WEIGHT_KEEP_TIMEOUT_S)
 
     def _remote_engines(self, engines: list[Any]) -> list[Any]:
         """The engines as RemoteEngine, each with its exit notice and its name (asked once per engine

@@ -1,5 +1,6 @@
 """slime's data helpers at `slime.utils.data`: row reading with the `path@[start:end]` slice,
-the prompt-length filter, and the trainer's view of one rank's rollout data.
+the prompt-length filter, slime's `Dataset` (a prompt file as Samples, shuffled per epoch), and the
+trainer's view of one rank's rollout data.
 
 `read_file` streams rows (a negative slice bound needs the row count, so only then are the rows
 listed first). A malformed JSON line is an error naming the file and line, not a skipped row.
@@ -11,6 +12,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import re
 from typing import Any, Iterator
 
@@ -45,7 +47,7 @@ def _parquet_rows(path: str) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     for batch in pq.ParquetFile(path).iter_batches():
-        yield from batch.to_pylist()
+        yield from batch.to_pylist(maps_as_pydicts="lossy")  # a map<k,v> column is a dict, as in JSON
 
 
 def read_file(path: str) -> Iterator[Any]:
@@ -125,3 +127,75 @@ def get_source(sample: Sample) -> str:
         return sample.source
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     return metadata.get("source_name") or "unknown"
+
+
+class Dataset:
+    """slime's `Dataset(path, tokenizer, processor, max_length, *, prompt_key, ...)`: every row of a
+    prompt file as a `Sample` (prompt as text, or as messages / the chat template's text with
+    `apply_chat_template`; `label`, `metadata` with `tools`), prompts longer than `max_length` tokens
+    dropped, `shuffle(epoch)` a seeded permutation of the whole set. What plugins written against
+    slime's data source build; our own rollout reads prompts through `slime.rollout.data_source`."""
+
+    def __init__(self, path: str, tokenizer: Any, processor: Any, max_length: int | None, *,
+                 prompt_key: str = "text", multimodal_keys: dict | None = None, label_key: str | None = None,
+                 tool_key: str | None = None, metadata_key: str = "metadata", seed: int = 42,
+                 apply_chat_template: bool = False, apply_chat_template_kwargs: dict | None = None):
+        samples = []
+        for row in read_file(path):
+            messages = _messages(row, prompt_key, apply_chat_template or multimodal_keys is not None,
+                                 multimodal_keys)
+            metadata = dict(row.get(metadata_key) or {})
+            tools = row.get(tool_key) if tool_key is not None else None
+            if isinstance(tools, str):
+                tools = json.loads(tools)
+            if tools is not None:
+                tools = list(tools)
+                metadata["tools"] = tools
+            prompt = messages
+            if apply_chat_template:
+                prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                       add_generation_prompt=True,
+                                                       **(apply_chat_template_kwargs or {}))
+            multimodal = None
+            if processor:
+                from slime.utils.processing_utils import process_vision_info
+
+                multimodal = process_vision_info(messages, processor)
+            samples.append(Sample(prompt=prompt, label=row[label_key] if label_key is not None else None,
+                                  metadata=metadata, multimodal_inputs=multimodal))
+        self.origin_samples = filter_long_prompt(samples, tokenizer, processor, max_length)
+        self.samples = self.origin_samples
+        self.epoch_id, self.seed = -1, seed
+
+    def shuffle(self, new_epoch_id: int) -> None:
+        if self.epoch_id == new_epoch_id:
+            return
+        order = list(range(len(self.origin_samples)))
+        random.Random(self.seed + new_epoch_id).shuffle(order)
+        self.samples = [self.origin_samples[i] for i in order]
+        self.epoch_id = new_epoch_id
+
+    def __getitem__(self, idx: int) -> Sample:
+        return self.samples[idx]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def _messages(row: dict[str, Any], prompt_key: str, as_conversation: bool, multimodal_keys: dict | None) -> Any:
+    """The row's prompt: as it is, or as a message list (a string becomes one user message; with
+    `multimodal_keys`, the row's images/videos are appended to that message's content)."""
+    prompt = row.get(prompt_key)
+    if not as_conversation:
+        return prompt
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if multimodal_keys:
+        parts = [{"type": "text", "text": prompt[-1]["content"]}] if isinstance(prompt[-1]["content"], str) \
+            else list(prompt[-1]["content"])
+        for kind, key in multimodal_keys.items():
+            values = row.get(key) or []
+            for value in values if isinstance(values, list) else [values]:
+                parts.append({"type": kind, kind: value})
+        prompt = [*prompt[:-1], {**prompt[-1], "content": parts}]
+    return prompt

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import aiohttp
 
+from slime.utils.encoded_ids import EncodedIds, dumps
 from slime.utils.per_loop import PerLoop
 from slime.utils.router_loss import RouterLost
 
@@ -86,8 +87,9 @@ class HttpStats:
 
 @dataclass
 class RetryPolicy:
-    """Retry while `window` seconds (from the first attempt) have not passed, at most `max_retries`
-    times; `window=None` is a pure count. The next attempt must start inside the window."""
+    """Retry while `window` seconds (from the first attempt, or from the pool's last outage or return:
+    `request_json(outage=)`) have not passed, at most `max_retries` times; `window=None` is a pure
+    count. The next attempt must start inside the window."""
 
     max_retries: int = 8
     window: float | None = None
@@ -178,6 +180,13 @@ def _retry_after(headers: Any) -> float | None:
         return None
 
 
+def _body(payload: Any, headers: dict[str, str] | None) -> dict[str, Any]:
+    """aiohttp's `json=`, except a body whose `input_ids` carry their JSON text is written from it."""
+    if isinstance(payload, dict) and isinstance(payload.get("input_ids"), EncodedIds):
+        return {"data": dumps(payload).encode(), "headers": {"Content-Type": "application/json", **(headers or {})}}
+    return {"json": payload, "headers": headers}
+
+
 async def request_json(
     method: str,
     url: str | Callable[[], str],
@@ -192,6 +201,7 @@ async def request_json(
     answer: Callable[[bytes], Any] | None = None,
     classify: Callable[[int, str], str | None] | None = None,
     watch: Callable[[str], Any] | None = None,
+    outage: Any = None,
 ) -> Any:
     """Send one JSON request; return the decoded body (or text when it is not JSON), or what
     `answer(body_bytes)` makes of a 2xx body (it raises `AnswerError` for an unusable one).
@@ -205,17 +215,20 @@ async def request_json(
     abandoned one, which `failure.may_still_run` says). `url` may be a function, asked again before
     every attempt (a router restarted elsewhere is at a new address). `watch(url)`: an async context
     around each attempt that raises RouterLost when that address is known gone (slime.utils.router_loss):
-    the attempt fails at once (`router_lost`) instead of at its deadline, and is retried.
+    the attempt fails at once (`router_lost`) instead of at its deadline, and is retried. `outage`
+    (slime.utils.endpoints.EngineOutage: `since`, `empty`): the retry window counts from the later of the
+    first attempt and the moment the pool of engines last emptied or came back, and a failure while it is
+    empty does not count against `policy.max_retries`.
     """
     if session is None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
             return await request_json(method, url, payload, timeout=timeout, policy=policy, stats=stats,
                                       session=own, headers=headers, on_retry=on_retry, answer=answer,
-                                      classify=classify, watch=watch)
+                                      classify=classify, watch=watch, outage=outage)
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     where = url if callable(url) else (lambda fixed=url: fixed)
-    attempt = 0
+    attempt = counted = 0  # attempts made; those that count against max_retries (not while no engine exists)
     started = time.monotonic()
     first: Failure | None = None
     while True:
@@ -224,7 +237,7 @@ async def request_json(
         url = where()
         try:
             async with watch(url) if watch is not None else contextlib.nullcontext(), \
-                    session.request(method, url, json=payload, headers=headers,
+                    session.request(method, url, **_body(payload, headers),
                                     timeout=_attempt_timeout(timeout)) as resp:
                 status = resp.status
                 if status < 400:
@@ -253,13 +266,16 @@ async def request_json(
             failure = Failure("timeout", f"no answer within {timeout:.1f}s", True)
         first = first or failure
         delay = policy.delay(attempt, retry_after)
-        elapsed = time.monotonic() - started
-        if policy.gives_up(attempt, elapsed, delay):
-            raise _spent(method, url, attempt, elapsed, first, failure, status if (status or 0) >= 400 else None,
-                         stats)
+        now = time.monotonic()
+        window_from = started if outage is None or outage.since is None else max(started, outage.since)
+        if policy.gives_up(counted, now - window_from, delay):
+            raise _spent(method, url, attempt, now - started, first, failure,
+                         status if (status or 0) >= 400 else None, stats)
         stats.retries[failure.reason] += 1
         await asyncio.sleep(delay)
         attempt += 1
+        if outage is None or not outage.empty:
+            counted += 1
         if on_retry is not None:
             payload = on_retry(payload, failure)
 

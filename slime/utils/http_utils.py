@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from slime.utils import http_retry
 from slime.utils.endpoints import rollout_num_engines
+from slime.utils.misc import is_port_available  # noqa: F401 - slime's path for it, used below too
 
 logger = logging.getLogger(__name__)
 
@@ -86,18 +87,6 @@ def init_http_client(args: Any) -> None:
     """slime sets up its global HTTP client here; ours lives in the controller's engine client, so
     there is nothing to do (kept so plugins that call it run unchanged)."""
     return None
-
-
-def is_port_available(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether `port` can be bound on `host` right now (loopback by default: nothing here listens
-    on every interface)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-            return True
-        except (OSError, OverflowError):
-            return False
 
 
 def find_available_port(base_port: int) -> int:

@@ -43,6 +43,18 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def is_port_available(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether `port` can be bound on `host` right now (loopback by default: nothing here listens
+    on every interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+            return True
+        except (OSError, OverflowError):
+            return False
+
+
 def get_by_path(obj: Any, dotted: str) -> Any:
     """`get_by_path(row, "extra_info.answer")`; raises KeyError naming the missing part."""
     cur = obj
@@ -87,8 +99,6 @@ def get_current_node_ip() -> str:
 
 def get_free_port(start_port: int = 10000, consecutive: int = 1) -> int:
     """The first port >= `start_port` such that it and the next `consecutive - 1` are free."""
-    from slime.utils.http_utils import is_port_available
-
     port = start_port
     while not all(is_port_available(port + i) for i in range(consecutive)):
         port += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +37,7 @@ class AnthropicAdapter(BaseAdapter):
             if not isinstance(body, dict):
                 raise BadRequestError("the request body must be a JSON object")
             req = protocol.parse_request(body, request.headers)
+            req = dataclasses.replace(req, session_id=self.sessions.by_key(req.session_id).sid)
             ids = self.pipeline.prompt_ids(Session(req.session_id), req)
         except (ValueError, RecursionError) as e:
             return web.json_response(protocol.render_error(BadRequestError(f"the body is not JSON: {e}")), status=400)

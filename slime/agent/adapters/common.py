@@ -5,11 +5,17 @@ routes map to protocol modules; every turn goes through `TurnPipeline` with `Ful
 renders every prompt whole, with any tokenizer) and reaches the engines through
 `call_sglang_generate`, looked up at call time so tests can replace it as slime's do. The
 FastAPI `Gateway` is the same pipeline with append-only prompts.
+
+As in slime, a request names its session by a key (Bearer / x-api-key / X-Session-Id, OpenAI's
+body fallbacks) and the key is the sid unless `open_session(sid, key=...)` says otherwise; unlike
+slime, only an opened session's key is accepted (401 otherwise): no request opens a session or
+writes into one it was not given. The key is the credential: name sessions unguessably.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -52,7 +58,7 @@ async def call_sglang_generate(prompt_ids: list[int], session: Session, body: di
     request = adapter.parse(adapter.protocol_of(body), body, {}, session_id)
     params = sampling_params(session, request, len(prompt_ids))
     key = session_id if session_id and session_id != "default" else None
-    return await adapter.engine.generate(prompt_ids, params, routing_key=key)
+    return await adapter.engine.generate(prompt_ids, params, routing_key=key, top_logprobs_num=request.top_logprobs)
 
 
 class BaseAdapter:
@@ -110,7 +116,9 @@ class BaseAdapter:
             try:
                 if not isinstance(body, dict):
                     raise BadRequestError("the request body must be a JSON object")
-                turn = await self.pipeline.run(self.parse(protocol, body, request.headers, None))
+                req = self.parse(protocol, body, request.headers, None)
+                req = dataclasses.replace(req, session_id=self.sessions.by_key(req.session_id).sid)
+                turn = await self.pipeline.run(req)
             except TurnRefused as e:
                 return web.json_response(protocol.render_error(e), status=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
@@ -149,8 +157,11 @@ class BaseAdapter:
 
     # ---------------------------------------------------------------- sessions (slime's API)
 
-    def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int = 0) -> None:
-        self.sessions.open(sid, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens)
+    def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int = 0,
+                     key: str | None = None) -> str:
+        """Open `sid`; its requests must carry `key` (default: the sid, slime's contract), returned."""
+        self.sessions.open(sid, key=key, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens)
+        return self.sessions.key_of(sid)
 
     async def finish_session(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
                              extra_metadata: dict | None = None, wait_timeout: float = 5.0) -> list[Sample]:

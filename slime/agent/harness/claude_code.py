@@ -41,7 +41,7 @@ class ClaudeCodeHarness(BaseHarness):
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:
         cmd = " ".join(filter(None, [f"claude -p {shlex.quote(prompt)}", self.launch_flags,
                                      self.config.extra_args]))
-        # the session id travels as the API key: the gateway reads it from Authorization
+        # the session's key travels as the API key (Authorization): the agent's only credential
         env = {"ANTHROPIC_BASE_URL": ctx.adapter_url, "ANTHROPIC_AUTH_TOKEN": ctx.session_id,
                "ANTHROPIC_MODEL": ctx.model_label, **self.static_env, **self.config.extra_env}
         return await run_agent(sb, workdir=ctx.workdir, start_cmd=cmd, env=env, time_budget_sec=time_budget_sec)

@@ -46,6 +46,6 @@ class CodexHarness(BaseHarness):
 
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:
         cmd = " ".join(filter(None, [f"codex exec {self.exec_flags} {shlex.quote(prompt)}", self.config.extra_args]))
-        # Codex sends OPENAI_API_KEY as the bearer token: that is the session id
+        # Codex sends OPENAI_API_KEY as the bearer token: the session's key, its only credential
         env = {"OPENAI_API_KEY": ctx.session_id, "OPENAI_BASE_URL": f"{ctx.adapter_url}/v1", **self.config.extra_env}
         return await run_agent(sb, workdir=ctx.workdir, start_cmd=cmd, env=env, time_budget_sec=time_budget_sec)

@@ -27,7 +27,9 @@ NPM_INSTALL_BACKOFF_SEC = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class HarnessContext:
-    """What one run needs, free of task fields. `model_label` is only what the CLI is told: the
+    """What one run needs, free of task fields. `session_id` is the session's key, the one
+    credential the CLI is given (its API key): with the gateway a minted secret, with slime's
+    adapters the sid they were opened with. `model_label` is only what the CLI is told: the
     gateway serves whatever the engines hold."""
 
     workdir: str

@@ -18,6 +18,8 @@ from slime.agent.errors import FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, sse, tool_call_dict,
                                           want_stream)
+from slime.agent.protocols.media import refuse_media
+from slime.agent.protocols.tool_choice import anthropic_choice, names, offered
 from slime.agent.records import ChatRequest, Reply
 
 REMINDER_OPEN, REMINDER_CLOSE = "<system-reminder>\n", "\n</system-reminder>\n"
@@ -41,6 +43,7 @@ def check_body(body: Mapping[str, Any]) -> None:
     check.top_k(body)
     check.stop_strings(body, "stop_sequences")
     check.text_parts(body.get("system"), "system", {"text"})
+    refuse_media(body.get("system"), "system")
     messages = body.get("messages")
     check.expect(messages, "messages", "array")
     if not messages:
@@ -49,6 +52,7 @@ def check_body(body: Mapping[str, Any]) -> None:
         check.expect(m, f"messages[{i}]", "object")
         check.role(m.get("role"), f"messages[{i}].role", ROLES)
         check_content(m.get("content"), f"messages[{i}].content")
+        refuse_media(m.get("content"), f"messages[{i}].content")
     for i, t in enumerate(body.get("tools") or []):
         check.expect(t, f"tools[{i}]", "object")
         check.nonempty_str(t.get("name"), f"tools[{i}].name")
@@ -78,10 +82,12 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
     body = copy.deepcopy(body)
     fold_mid_list_system(body)
     sampling = {dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None}
+    tools = tools_to_chat_tools(body.get("tools"))
+    choice = anthropic_choice(body, names(tools))
     return ChatRequest(session_id=session_id or header_session(headers) or session_key(headers) or "default",
                        messages=translate_messages(body["messages"], body.get("system")),
-                       tools=tools_to_chat_tools(body.get("tools")), sampling=sampling,
-                       stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"), raw=body)
+                       tools=offered(tools, choice), sampling=sampling, stream=want_stream(body, headers),
+                       model=str(body.get("model") or "slime-actor"), tool_choice=choice, raw=body)
 
 
 def translate_messages(msgs: list[dict], system: Any) -> list[dict]:
@@ -105,7 +111,7 @@ def _user_block(b: Any) -> dict:
         return {"role": "tool", "content": flatten_content(b.get("content"))}
     if isinstance(b, dict) and b.get("type") == "text":
         return {"role": "user", "content": b.get("text", "")}
-    return {"role": "user", "content": flatten_content(b)}
+    return {"role": "user", "content": flatten_content([b])}  # a block of another type: its text, never its repr
 
 
 def _assistant(blocks: list) -> dict:
@@ -177,20 +183,27 @@ def reply_blocks(reply: Reply) -> list[dict]:
     return blocks or [{"type": "text", "text": ""}]
 
 
-def _message(reply: Reply, request: ChatRequest, content: list[dict], stop_reason: str | None,
+def stop_fields(reply: Reply) -> dict[str, Any]:
+    """`stop_reason`, and `stop_sequence` when one of the client's `stop_sequences` ended the turn."""
+    if reply.stop_sequence is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": reply.stop_sequence}
+    return {"stop_reason": STOP_REASON[reply.finish_reason], "stop_sequence": None}
+
+
+def _message(reply: Reply, request: ChatRequest, content: list[dict], stop: dict[str, Any],
              output_tokens: int) -> dict:
     return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": request.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": None,
-            "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": output_tokens}}
+            **stop, "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": output_tokens}}
 
 
 def render_reply(reply: Reply, request: ChatRequest) -> dict:
-    return _message(reply, request, reply_blocks(reply), STOP_REASON[reply.finish_reason], reply.usage.output_tokens)
+    return _message(reply, request, reply_blocks(reply), stop_fields(reply), reply.usage.output_tokens)
 
 
 def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
     """message_start, then start/delta/stop per block, message_delta, message_stop."""
-    yield sse({"type": "message_start", "message": _message(reply, request, [], None, 0)}, "message_start")
+    unset = {"stop_reason": None, "stop_sequence": None}
+    yield sse({"type": "message_start", "message": _message(reply, request, [], unset, 0)}, "message_start")
     for i, block in enumerate(reply_blocks(reply)):
         if block["type"] == "thinking":
             start = {"type": "thinking", "thinking": "", "signature": ""}
@@ -204,8 +217,7 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
         yield sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
         yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
     usage = {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens}
-    stop = {"stop_reason": STOP_REASON[reply.finish_reason], "stop_sequence": None}
-    yield sse({"type": "message_delta", "delta": stop, "usage": usage}, "message_delta")
+    yield sse({"type": "message_delta", "delta": stop_fields(reply), "usage": usage}, "message_delta")
     yield sse({"type": "message_stop"}, "message_stop")
 
 

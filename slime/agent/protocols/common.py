@@ -7,11 +7,14 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from slime.agent.protocols import body_checks as check
+
 SESSION_HEADER = "X-Session-Id"
 
 
 def flatten_content(c: Any) -> str:
-    """A wire content value (string, or a list of Anthropic / OpenAI blocks) as template text."""
+    """A wire content value (string, or a list of Anthropic / OpenAI blocks) as template text (media
+    blocks never get here: `media.refuse_media` refused them)."""
     if c is None:
         return ""
     if isinstance(c, str):
@@ -24,8 +27,6 @@ def flatten_content(c: Any) -> str:
             parts.append(str(b))
         elif b.get("type") in {"text", "input_text", "output_text"}:
             parts.append(b.get("text", ""))
-        elif b.get("type") in {"image", "image_url", "input_image"}:
-            parts.append("[image omitted]")
         elif "content" in b:
             parts.append(flatten_content(b.get("content")))
         elif "text" in b:
@@ -68,3 +69,21 @@ def tool_call_dict(name: str, arguments: Any) -> dict[str, Any]:
 
 def want_stream(body: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
     return body.get("stream") is True or "text/event-stream" in (headers.get("Accept") or headers.get("accept") or "")
+
+
+def logprob_entries(reply: Any) -> list[dict[str, Any]]:
+    """OpenAI's per-token log-prob objects for a reply's sampled tokens, with the engine's most likely
+    alternatives when asked (`top_logprobs`); every number is the engine's own."""
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
+            for t in reply.logprobs or []]
+
+
+def top_logprobs(body: Mapping[str, Any]) -> int:
+    """`top_logprobs`: 0 to 20 alternatives per position (OpenAI's range), answered by the engine
+    (`top_logprobs_num`)."""
+    check.integer(body, "top_logprobs", 0, 20)
+    return body.get("top_logprobs") or 0

@@ -15,8 +15,10 @@ from typing import Any
 
 from slime.agent.errors import FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
-from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, parse_arguments, sse,
-                                          tool_call_dict, want_stream)
+from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
+                                          parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
+from slime.agent.protocols.media import refuse_media
+from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.records import ChatRequest, Reply
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -68,12 +70,27 @@ def sampling_ranges(body: Mapping[str, Any]) -> None:
     check.number(body, "top_p", 0, 1, open_low=True)
     check.top_k(body)
     check.stop_strings(body, "stop")
+    one_choice(body)
+    check.optional(body, "logprobs", "boolean")
+    if top_logprobs(body) and body.get("logprobs") is not True:
+        raise FieldError("top_logprobs", "needs logprobs: true")
+
+
+def one_choice(body: Mapping[str, Any]) -> None:
+    """`n` > 1 is refused: an agent acts on one answer, so the other n-1 would be sampled answers no
+    conversation continues (trained as dead-end branches or not at all). Several samples of one task
+    are several sessions (`--n-samples-per-prompt`), each with its own reward."""
+    check.integer(body, "n", 1, 128)
+    if (body.get("n") or 1) > 1:
+        raise FieldError("n", f"must be 1 (got {body['n']}): each agent session samples one answer per turn; "
+                              "draw several samples as several sessions (--n-samples-per-prompt)")
 
 
 def check_message(m: Any, path: str) -> None:
     check.expect(m, path, "object")
     check.role(m.get("role"), f"{path}.role", ROLES)
     check.text_parts(m.get("content"), f"{path}.content", TEXT_PARTS)
+    refuse_media(m.get("content"), f"{path}.content")
     check.optional(m, "reasoning_content", "string", path=f"{path}.")
     check.optional(m, "tool_calls", "array", path=f"{path}.")
     for j, call in enumerate(m.get("tool_calls") or []):
@@ -97,10 +114,13 @@ def check_tool(t: Any, path: str) -> None:
 
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
     check_body(body)
+    tools = chat_tools(body.get("tools"))
+    choice = openai_choice(body, names(tools))
     return ChatRequest(session_id=request_session(headers, body, session_id),
-                       messages=translate_messages(body["messages"]), tools=chat_tools(body.get("tools")),
+                       messages=translate_messages(body["messages"]), tools=offered(tools, choice),
                        sampling=sampling(body), stream=want_stream(body, headers),
-                       model=str(body.get("model") or "slime-actor"), raw=body)
+                       model=str(body.get("model") or "slime-actor"), tool_choice=choice,
+                       logprobs=body.get("logprobs") is True, top_logprobs=top_logprobs(body), raw=body)
 
 
 def translate_messages(msgs: list[dict]) -> list[dict]:
@@ -152,18 +172,23 @@ def _usage(reply: Reply) -> dict[str, int]:
 def render_reply(reply: Reply, request: ChatRequest) -> dict:
     return {"id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
             "model": request.model, "choices": [{"index": 0, "message": _message(reply),
-                                                 "finish_reason": reply.finish_reason, "logprobs": None}],
+                                                 "finish_reason": reply.finish_reason,
+                                                 "logprobs": _logprobs(reply)}],
             "usage": _usage(reply)}
+
+
+def _logprobs(reply: Reply) -> dict[str, Any] | None:
+    return None if reply.logprobs is None else {"content": logprob_entries(reply), "refusal": None}
 
 
 def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
     head = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()),
             "model": request.model}
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
-        return sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    def chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> str:
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]})
 
-    yield chunk({"role": "assistant"})
+    yield chunk({"role": "assistant"}, logprobs=_logprobs(reply))  # every sampled token's, in the first chunk
     if reply.reasoning:
         yield chunk({"reasoning_content": reply.reasoning})
     if reply.text:

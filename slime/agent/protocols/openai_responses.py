@@ -16,14 +16,17 @@ from typing import Any
 
 from slime.agent.errors import BadRequestError, FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
-from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, parse_arguments, sse,
-                                          tool_call_dict, want_stream)
+from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
+                                          parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
+from slime.agent.protocols.media import refuse_media
+from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.protocols.openai_chat import body_session
 from slime.agent.records import ChatRequest, Reply
 
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 SAMPLING_KEYS = {"max_output_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p"}
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` value asking for the text's log-probs
 
 
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
@@ -36,10 +39,14 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
         items = [{"role": "user", "content": items}]
     messages = ([{"role": "system", "content": flatten_content(body["instructions"])}]
                 if body.get("instructions") else []) + translate_items(items)
+    tools = function_tools(body.get("tools"))
+    choice = openai_choice(body, names(tools), responses=True)
     return ChatRequest(session_id=session_id or header_session(headers) or bearer(headers) or body_session(body)
-                       or "default", messages=messages, tools=function_tools(body.get("tools")),
+                       or "default", messages=messages, tools=offered(tools, choice),
                        sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
-                       stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"), raw=body)
+                       stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"),
+                       tool_choice=choice, logprobs=LOGPROBS_INCLUDE in (body.get("include") or []),
+                       top_logprobs=top_logprobs(body), raw=body)
 
 
 def check_body(body: Mapping[str, Any]) -> None:
@@ -49,6 +56,8 @@ def check_body(body: Mapping[str, Any]) -> None:
     check.integer(body, "max_output_tokens", 1, check.MAX_TOKENS_CAP)
     check.number(body, "temperature", 0, 2)
     check.number(body, "top_p", 0, 1, open_low=True)
+    check.optional(body, "include", "array")
+    top_logprobs(body)
     items = body.get("input")
     check.expect(items, "input", "string", "array")
     if not items:
@@ -70,11 +79,13 @@ def check_item(item: Any, path: str) -> None:
     if kind == "message":
         check.role(item.get("role", "user"), f"{path}.role", ROLES)
         check.text_parts(item.get("content"), f"{path}.content", TEXT_PARTS)
+        refuse_media(item.get("content"), f"{path}.content")
     elif kind == "function_call":
         check.nonempty_str(item.get("name"), f"{path}.name")
         check.optional(item, "arguments", "string", "object", path=f"{path}.")
     elif kind == "function_call_output":
         check.text_parts(item.get("output"), f"{path}.output", TEXT_PARTS)
+        refuse_media(item.get("output"), f"{path}.output")
     elif kind == "reasoning":
         check.optional(item, "summary", "array", path=f"{path}.")
         for j, part in enumerate(item.get("summary") or []):
@@ -129,7 +140,8 @@ def output_items(reply: Reply) -> list[dict]:
                       "summary": [{"type": "summary_text", "text": reply.reasoning}]})
     if reply.text or not reply.tool_uses:
         items.append({"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant",
-                      "content": [{"type": "output_text", "text": reply.text, "annotations": []}]})
+                      "content": [{"type": "output_text", "text": reply.text, "annotations": [],
+                                   "logprobs": logprob_entries(reply)}]})
     for u in reply.tool_uses:
         call_id = new_id("call_")
         items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call_id, "name": u.name,
@@ -141,7 +153,8 @@ def _response(reply: Reply, request: ChatRequest, output: list[dict], status: st
     u = reply.usage
     done = status != "in_progress"
     return {"id": new_id("resp_"), "object": "response", "created_at": int(time.time()), "status": status,
-            "model": request.model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+            "model": request.model, "output": output, "parallel_tool_calls": request.tool_choice.parallel,
+            "tool_choice": request.raw.get("tool_choice") or "auto",
             "tools": request.raw.get("tools") or [], "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
@@ -177,15 +190,15 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
 
 def _item_events(event, i: int, item: dict) -> Iterator[str]:
     if item["type"] == "message":
-        text = item["content"][0]["text"]
+        text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
         yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress",
                                                                         "content": []})
         part = {"type": "output_text", "text": "", "annotations": []}
         yield event("response.content_part.added", output_index=i, item_id=item["id"], content_index=0, part=part)
         yield event("response.output_text.delta", output_index=i, item_id=item["id"], content_index=0, delta=text,
-                    logprobs=[])
+                    logprobs=logprobs)
         yield event("response.output_text.done", output_index=i, item_id=item["id"], content_index=0, text=text,
-                    logprobs=[])
+                    logprobs=logprobs)
         yield event("response.content_part.done", output_index=i, item_id=item["id"], content_index=0,
                     part={**part, "text": text})
     elif item["type"] == "function_call":

@@ -1,0 +1,136 @@
+"""The range of every numeric flag that has one, declared once, and the check that refuses a value
+outside it with the flag's name before anything starts (`check_ranges`, called by `validate_args`).
+
+Why a table: a value that cannot work (`--engine-max-batch-size 0`, `--rollout-top-k -5`, `--eps-clip
+-0.2`) was accepted and failed far from its cause (a rollout that never progressed, a 400 on every
+request, a loss of the wrong sign). Every float flag must also be finite (`--kl-loss-coef nan` trained
+NaN weights and pushed them). One entry per flag, keyed by its `dest`, so the table can move with the
+flags into typed configs. `vocab_problem` is the one range that needs the model (preflight asks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Range:
+    """Values `low <= v` (`low < v` when `open_low`) and `v <= high`, plus the `also` values."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    also: tuple[float, ...] = ()
+    text: str = ""
+
+    def holds(self, value: float) -> bool:
+        if value in self.also:
+            return True
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def describe(self) -> str:
+        return self.text or " and ".join(filter(None, [
+            None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}",
+            None if self.high is None else f"<= {self.high:g}"]))
+
+
+POSITIVE = Range(0, open_low=True, text="> 0")
+AT_LEAST_ONE = Range(1, text=">= 1")
+NON_NEGATIVE = Range(0, text=">= 0")
+FRACTION = Range(0, 1, text="in [0, 1]")
+
+# dest -> its range; a flag left unset (None) is not checked. Flags checked elsewhere with a message of
+# their own (validate.py's --rollout-batch-size, --rollout-top-p, ...) are not repeated here.
+RANGES: dict[str, Range] = {
+    # engines
+    "engine_max_batch_size": AT_LEAST_ONE,
+    "engine_threads": AT_LEAST_ONE,
+    "engine_startup_timeout": POSITIVE,
+    "rollout_num_cpus_per_engine": POSITIVE,
+    "rollout_num_gpus_per_engine": AT_LEAST_ONE,
+    # router and requests
+    "router_health_check_interval": AT_LEAST_ONE,
+    "request_max_retries": NON_NEGATIVE,
+    "request_retry_window": NON_NEGATIVE,
+    # sampling
+    "rollout_top_k": Range(1, also=(-1,), text=">= 1, or -1 (no top-k)"),
+    "rollout_max_prompt_len": AT_LEAST_ONE,
+    "eval_max_response_len": AT_LEAST_ONE,
+    "eval_temperature": NON_NEGATIVE,
+    "eval_top_p": Range(0, 1, open_low=True, text="in (0, 1]"),
+    # multi-turn and tools
+    "max_turns": AT_LEAST_ONE,
+    "tool_call_timeout": POSITIVE,
+    "interaction_timeout": POSITIVE,
+    "reward_timeout": POSITIVE,
+    "custom_generate_timeout": POSITIVE,
+    # trainer
+    "save_interval": AT_LEAST_ONE,
+    "micro_batch_size": AT_LEAST_ONE,
+    "global_batch_size": AT_LEAST_ONE,
+    "actor_num_cpus_per_worker": POSITIVE,
+    "train_threads": AT_LEAST_ONE,
+    "lr": NON_NEGATIVE,
+    "clip_grad": NON_NEGATIVE,
+    "eps_clip": POSITIVE,
+    "eps_clip_high": POSITIVE,
+    "update_weight_buffer_size": AT_LEAST_ONE,
+}
+
+# token-id flags: each id must be a row of the model's embedding (checked by preflight, which has the model)
+TOKEN_ID_FLAGS = ("rollout_stop_token_ids",)
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _numbers(value: Any) -> list[float]:
+    """The numbers a flag holds (a list flag holds several); bools are switches, not numbers."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def float_dests(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag parsed as a float (upstream's included): each must be finite unless its default is not."""
+    return [a.dest for a in parser._actions if a.type is float  # noqa: SLF001
+            and not (isinstance(a.default, float) and not math.isfinite(a.default))]
+
+
+def range_problem(dest: str, value: Any, *, finite: bool = False) -> str | None:
+    """Why `value` cannot be `dest`'s (None: it can): "--flag: must be ..., got v"."""
+    if value is None:
+        return None
+    rng = RANGES.get(dest)
+    for v in _numbers(value):
+        if (finite or rng is not None) and isinstance(v, float) and not math.isfinite(v):
+            return f"{flag_name(dest)}: must be a finite number, got {v}"
+        if rng is not None and not rng.holds(v):
+            return f"{flag_name(dest)}: must be {rng.describe()}, got {v}"
+    return None
+
+
+def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> str | None:
+    """The first flag value outside its range (or a non-finite float), as an error line; None if all hold."""
+    values = vars(args)
+    finite = set(float_dests(parser)) if parser is not None else set()
+    for dest in [*RANGES, *sorted(finite - set(RANGES))]:
+        problem = range_problem(dest, values.get(dest), finite=dest in finite)
+        if problem:
+            return problem
+    return None
+
+
+def vocab_problem(args: argparse.Namespace, vocab_size: int) -> str | None:
+    """A token-id flag naming an id the model has no embedding row for."""
+    for dest in TOKEN_ID_FLAGS:
+        for v in _numbers(vars(args).get(dest)):
+            if not 0 <= v < vocab_size:
+                return (f"{flag_name(dest)}: token id {v} is outside the model's vocabulary "
+                        f"(0..{vocab_size - 1})")
+    return None

@@ -1,0 +1,1 @@
+"""verl's `verl.interactions.utils` path, for code written against verl's interaction registry."""

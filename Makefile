@@ -23,7 +23,7 @@ export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
 export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
 export SLIME_CACHE ?= $(HOME)/.cache/slime
 
-.PHONY: setup demo train-demo async-train-demo agent-demo test test-explore bench clean
+.PHONY: setup demo train-demo async-train-demo agent-demo test test-explore bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON_EXE) -m venv $(VENV)
@@ -100,6 +100,18 @@ test: setup
 # A failure found here is pinned with `@example(...)` on its test and fixed.
 test-explore: setup
 	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q -p no:randomly $(or $(TESTS),$(shell grep -l hypothesis tests/test_*.py))
+
+# The docs site: reference pages regenerated from the code (tools/gen_docs.py), then built in strict mode (a broken
+# link, an anchor that does not exist or a page missing from the nav fails) into outputs/site.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PIP) -q mkdocs mkdocs-material
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) tools/gen_docs.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "docs built: open $(CURDIR)/outputs/site/index.html"
 
 bench: setup
 	$(PY) -m bench.run_all

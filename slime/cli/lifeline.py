@@ -10,11 +10,7 @@ Three measures, each for a way things leaked:
 - A lifeline process, forked before anything else, blocks on a pipe only the command holds: when
   the command dies by any means (SIGKILL included) the pipe closes and the lifeline kills the
   command's process group. It is only used when the command leads that group, so it never
-  touches a pipeline it shares with others. Ray's processes lead sessions of their own
-  (`slime.ray.own_session`: a SIGTERM to the command's group must not kill them before the orderly
-  stop), so they are found another way: every process the command starts inherits
-  `SLIME_LIFELINE_OF=<command pid>` in its environment (setproctitle renames them, the environment
-  stays), and the lifeline kills each process that carries it.
+  touches a pipeline it shares with others.
 """
 
 from __future__ import annotations
@@ -57,33 +53,10 @@ def become_subreaper() -> bool:
         return False
 
 
-MARK = "SLIME_LIFELINE_OF"  # environment variable naming the command whose lifeline kills the process
-
-
-def marked_pids(command_pid: int, proc: str = "/proc") -> list[int]:
-    """Processes whose environment carries `MARK=<command_pid>` (those the command started, in whatever
-    session or group they lead); readable ones only."""
-    mark = f"{MARK}={command_pid}".encode() + b"\0"
-    found = []
-    for entry in os.listdir(proc):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"{proc}/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:  # gone, or not ours to read
-            continue
-        if env.startswith(mark) or b"\0" + mark in env:
-            found.append(int(entry))
-    return found
-
-
 def start_lifeline() -> int | None:
     """Fork the lifeline (call before any thread starts); its pid, or None when we do not lead our group."""
     if os.getpgrp() != os.getpid():
         return None
-    command = os.getpid()
-    os.environ[MARK] = str(command)  # inherited by everything the command starts from now on
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the lifeline: no Python clean-up of the parent's state, ever
@@ -93,13 +66,7 @@ def start_lifeline() -> int | None:
                 signal.signal(sig, signal.SIG_IGN)
             while os.read(read_end, 1):
                 pass
-            for _ in range(3):  # Ray's processes, in sessions of their own (looked at again for late forks)
-                for marked in marked_pids(command):
-                    try:
-                        os.kill(marked, signal.SIGKILL)
-                    except OSError:
-                        pass
-            os.killpg(os.getpgrp(), signal.SIGKILL)  # the command is gone: so is all it started (us last)
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # the command is gone: so is all it started
         finally:
             os._exit(0)
     os.close(read_end)

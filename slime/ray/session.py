@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from slime.ray.keep_sigterm import keep_sigterm_handler
-from slime.ray.own_session import ray_processes_in_own_sessions
 from slime.ray.stale_dirs import remove_stale_run_dirs
 from slime.utils.startup_trace import mark
 
@@ -200,7 +199,7 @@ def _start_ray(args: Any, session: RaySession) -> None:
     # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
     # serve our actors at once instead of new ones being started for a runtime env (cold start)
     os.environ.update(env)
-    with keep_sigterm_handler(), ray_processes_in_own_sessions():  # a group SIGTERM is the command's alone
+    with keep_sigterm_handler():
         ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
                  logging_level=logging.WARNING)
         session.started = True  # before a held SIGTERM is raised: the stop then shuts this Ray down

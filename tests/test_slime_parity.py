@@ -332,6 +332,6 @@ def test_every_flag_counted_as_acted_on_is_read_by_the_code():
 # ---- item 10: the user scripts live in tools/ ------------------------------------------------------
 def test_user_scripts_are_in_tools_and_the_makefile_uses_them():
     assert sorted(p.name for p in (ROOT / "tools").glob("*.py")) == [
-        "gen_sglang_contract.py", "gen_trainer_flags.py", "report.py", "rollout_viewer.py"]
+        "gen_docs.py", "gen_sglang_contract.py", "gen_trainer_flags.py", "report.py", "rollout_viewer.py"]
     assert not (ROOT / "scripts").exists()
     assert "$(PY) tools/report.py" in (ROOT / "Makefile").read_text()

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
 from slime.engine.http_errors import error_response, released_response
-from slime.engine.request_parsing import BadRequest, GenerateBody, parse_generate_body
+from slime.engine.request_parsing import BadRequest, GenerateBody, generation_body, parse_generate_body
 from slime.utils.client_gone import client_gone
 
 Submitted = tuple[str, asyncio.Future, "asyncio.Queue | None"]  # what HFBatcher.submit returns
@@ -27,12 +27,9 @@ class GenerateRoutes:
         self.batcher, self.tokenizer = batcher, tokenizer
 
     async def generate(self, request: Request) -> Response:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(400, "request body must be JSON")
-        if not isinstance(body, dict):
-            return error_response(400, "request body must be a JSON object")
+        body = await generation_body(request)
+        if isinstance(body, JSONResponse):
+            return body
         if not self.batcher.serving:
             return released_response()
         try:

@@ -8,7 +8,6 @@ carries `usage` and, when asked (`logprobs`), the sampled tokens' log-probs.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -19,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from slime.engine.batcher import EngineReleasedError
 from slime.engine.generate_routes import GenerateRoutes
 from slime.engine.http_errors import error_response, released_response
-from slime.engine.request_parsing import BadRequest, parse_generate_body
+from slime.engine.request_parsing import BadRequest, generation_body, parse_generate_body
 
 
 class OpenAIRoutes:
@@ -37,12 +36,9 @@ class OpenAIRoutes:
         return await self._serve(request, chat=True)
 
     async def _serve(self, request: Request, chat: bool) -> Response:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(400, "request body must be JSON")
-        if not isinstance(body, dict):
-            return error_response(400, "request body must be a JSON object")
+        body = await generation_body(request)
+        if isinstance(body, JSONResponse):
+            return body
         gen = self.generation
         if not gen.batcher.serving:
             return released_response()

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
+from slime.engine.http_errors import error_response
 from slime.engine.sampling import SamplingParams
 
 
@@ -175,6 +177,16 @@ def parse_weight_version(body: dict) -> str | None:
     if v is not None and not isinstance(v, (str, int)):
         raise BadRequest(f"weight_version must be a string, got {v!r}")
     return None if v is None else str(v)
+
+
+async def generation_body(request: Any) -> dict | JSONResponse:
+    """A generation request's body (`/generate`, the OpenAI routes): its JSON object, or the 400 naming what it
+    is instead (SGLang refuses both)."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error_response(400, "request body must be JSON")
+    return body if isinstance(body, dict) else error_response(400, "request body must be a JSON object")
 
 
 async def read_json_object(request: Request) -> dict:

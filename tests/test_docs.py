@@ -138,3 +138,19 @@ def test_the_debugging_guides_save_then_replay_commands_give_the_same_batch(tiny
     assert samples and all(s["tokens"] for s in samples)
     # the replay reports the same rollout: same sample count and rewards (it never reached an engine)
     assert outs[0] and outs[1] and outs[0][0].split("tokens/s")[0] == outs[1][0].split("tokens/s")[0]
+
+
+def test_the_sandbox_guides_synopsis_is_the_servers_parser():
+    """docs/guides/sandbox.md's `slime-sandbox` synopsis names every flag the server takes (the two a parent
+    process passes it excepted) and no other, and each number it shows is that flag's default."""
+    from slime.sandbox.server import _parser
+
+    synopsis = next(b for b in code_blocks((ROOT / "docs/guides/sandbox.md").read_text())
+                    if b.startswith("slime-sandbox "))
+    shown = dict(re.findall(r"(--[a-z-]+)(?: ([^\s\]]+))?", synopsis))
+    parser = {a.option_strings[0]: a.default for a in _parser()._actions if a.option_strings[0].startswith("--")}
+    internal = {"--help", "--fd", "--lifeline-fd"}  # a parent's handover, not a user's
+    assert set(shown) == set(parser) - internal
+    numbers = {flag: value for flag, value in shown.items() if re.fullmatch(r"\d+(\.\d+)?", value)}
+    assert numbers and {flag: float(value) for flag, value in numbers.items()} == {
+        flag: float(parser[flag]) for flag in numbers}

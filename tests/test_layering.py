@@ -28,11 +28,7 @@ UPWARD_SHIMS = {
     ("slime/train/__main__.py", "slime.cli.train"): "`python -m slime.train` is the slime-train command",
 }
 # circles still to break, each with what ties it (this list only shrinks)
-KNOWN_CIRCLES: list[frozenset[str]] = [
-    # the Sandbox contract names its backends (slime's E2BSandbox path) and the backends implement the contract
-    frozenset({"slime/agent/sandbox.py", "slime/agent/sandbox_backend.py", "slime/agent/sandbox_e2b.py",
-               "slime/agent/sandbox_slime.py"}),
-]
+KNOWN_CIRCLES: list[frozenset[str]] = []
 
 
 def source_files() -> list[Path]:

@@ -12,7 +12,8 @@ from typing import Any
 from slime.agent.sandbox_contract import (EXIT_TIME_BUDGET_EXCEEDED, MARKER_POLL_SECONDS, ExecResult,
                                           FileContent, RunsToEnd, Sandbox, ensure_agent_user, exec_and_wait)
 
-__all__ = ["EXIT_TIME_BUDGET_EXCEEDED", "MARKER_POLL_SECONDS", "E2BSandbox", "ExecResult", "FileContent",
+__all__ = [  # E2BSandbox is named on access only (a star import must not load a backend)
+    "EXIT_TIME_BUDGET_EXCEEDED", "MARKER_POLL_SECONDS", "ExecResult", "FileContent",
            "RunsToEnd", "Sandbox", "ensure_agent_user", "exec_and_wait"]
 
 

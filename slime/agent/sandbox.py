@@ -13,8 +13,8 @@ from slime.agent.sandbox_contract import (EXIT_TIME_BUDGET_EXCEEDED, MARKER_POLL
                                           FileContent, RunsToEnd, Sandbox, ensure_agent_user, exec_and_wait)
 
 __all__ = [  # E2BSandbox is named on access only (a star import must not load a backend)
-    "EXIT_TIME_BUDGET_EXCEEDED", "MARKER_POLL_SECONDS", "ExecResult", "FileContent",
-           "RunsToEnd", "Sandbox", "ensure_agent_user", "exec_and_wait"]
+    "EXIT_TIME_BUDGET_EXCEEDED", "MARKER_POLL_SECONDS", "ExecResult", "FileContent", "RunsToEnd", "Sandbox",
+    "ensure_agent_user", "exec_and_wait"]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,6 @@ import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from slime.cli.honest_flags import ACTED_ON
 from slime.cli.train import parse_train_args

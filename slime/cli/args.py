@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 # every name is importable from here as before the split (noqa: F401 - re-exports)
 from slime.cli.finalize import _count_rows, _cuda_available, _fill_defaults, _finalize_upstream  # noqa: F401
-from slime.cli.finalize import apply_custom_config, finalize_args
+from slime.cli.finalize import apply_custom_config, finalize_args  # noqa: F401 (apply_custom_config: a re-export)
 from slime.cli.flag_ranges import check_ranges
 from slime.cli.honest_flags import unused_flags_line
 from slime.cli.parser import SlimeArgumentParser, _optional_groups, _router_groups, build_parser  # noqa: F401

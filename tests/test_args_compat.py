@@ -493,7 +493,7 @@ def test_slime_run_scripts_parse_whole(name, tmp_path, data):
     if "--colocate" in argv:  # slime: colocate offloads both sides
         assert args.colocate and args.offload_train and args.offload_rollout and args.offload
     if name == "multi_agent":
-        assert args.moe_layer_freq == "[" + ",".join(["1"] * 48) + "]"  # Megatron's own parser types it later
+        assert args.moe_layer_freq == [1] * 48  # Megatron's moe_freq_type: a per-layer list
         assert args.sglang_extra_args["cuda_graph_bs"] == [str(b) for b in [1, 2, 4] + list(range(8, 257, 8))]
         assert args.sglang_cuda_graph_bs[:3] == [1, 2, 4]
         assert args.rollout_max_prompt_len == 16383 and args.eval_max_context_len == 16384

@@ -16,7 +16,10 @@ from typing import Any
 from slime.fleet.router_options import not_passed
 
 # upstream-registered flags (by dest) that this project reads and honours (on-policy distillation: --use-opd,
-# --opd-kl-coef and --opd-type sglang; the megatron teacher's --opd-teacher-* are not)
+# --opd-kl-coef and --opd-type sglang; the megatron teacher's --opd-teacher-* are not); each has a test that
+# changes it and sees a difference, or is on that test's list still to prove (tests/test_flag_effects.py).
+# Filled by `finalize` as slime fills them but read by nothing here, so named when set: --log-probs-max-tokens-
+# per-gpu, --use-routing-replay, --use-rollout-routing-replay, --offload-train, --eval-max-context-len.
 ACTED_ON = frozenset({
     "actor_num_gpus_per_node", "actor_num_nodes", "adam_beta1", "adam_beta2", "adam_eps", "advantage_estimator",
     "apply_chat_template_kwargs", "balance_by_flops", "balance_data", "buffer_filter_path", "calculate_per_token_loss",
@@ -25,22 +28,22 @@ ACTED_ON = frozenset({
     "custom_loss_function_path", "custom_pg_loss_reducer_function_path", "custom_reward_post_process_path",
     "custom_rollout_log_function_path", "custom_tis_function_path",
     "data_source_path", "dump_details",
-    "entropy_coef", "eps_clip", "eps_clip_c", "eps_clip_high", "eval_config", "eval_max_context_len",
-    "eval_min_new_tokens", "eval_reward_key", "eval_tool_key", "eval_top_k", "ffn_hidden_size",
+    "entropy_coef", "eps_clip", "eps_clip_c", "eps_clip_high", "eval_config", "eval_min_new_tokens",
+    "eval_reward_key", "eval_tool_key", "eval_top_k", "ffn_hidden_size",
     "freeze_params_name_list", "gamma", "get_mismatch_metrics", "grpo_std_normalization", "hidden_size", "kl_coef",
     "kl_loss_coef",
-    "kl_loss_type", "kv_channels", "log_probs_max_tokens_per_gpu", "loss_mask_type", "loss_type", "lr",
+    "kl_loss_type", "kv_channels", "loss_mask_type", "loss_type", "lr",
     "lr_warmup_iters", "max_tokens_per_gpu", "micro_batch_size", "microbatch_group_size_per_vp_stage",
     "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk", "moe_shared_expert_intermediate_size",
     "multimodal_keys", "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
     "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "num_workers", "offload_rollout",
-    "offload_train", "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
+    "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
     "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",
     "rollout_data_postprocess_path", "rollout_external_engine_addrs", "rollout_global_dataset",
     "rollout_sample_filter_path",
     "rollout_sample_hook_path", "save_interval", "seed", "sglang_config", "tis_clip", "tis_clip_low",
     "trust_remote_code", "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
-    "use_kl_loss", "use_opd", "use_rollout_logprobs", "use_rollout_routing_replay", "use_routing_replay", "use_tis",
+    "use_kl_loss", "use_opd", "use_rollout_logprobs", "use_tis",
     "use_unbiased_kl", "vocab_size", "weight_decay",
 })
 

@@ -14,6 +14,7 @@ string stores under another `dest` (e.g. slime's `--disable-rewards-normalizatio
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,33 @@ def _bool_value(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
 
 
+def moe_freq_value(text: str) -> int | list[int]:
+    """Megatron's `moe_freq_type`: an int (every N-th layer is MoE) or a per-layer list written as a
+    list expression (`[1,0,1,0]`, `([1]*3+[0]*1)`), read without evaluating code."""
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add)):
+            left, right = value(node.left), value(node.right)
+            return left * right if isinstance(node.op, ast.Mult) else left + right
+        raise ValueError(ast.dump(node))
+
+    try:
+        out = value(ast.parse(str(text).strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
+        out = None
+    if isinstance(out, int) or (isinstance(out, list) and all(type(x) is int for x in out)):
+        return out
+    raise argparse.ArgumentTypeError(f"expected an int or a list of 0/1 per layer such as ([1]*3+[0]*1), got {text!r}")
+
+
+moe_freq_value.__name__ = "MoE layer frequency"
+
 _TYPES: dict[str | None, Callable[[str], Any]] = {
     "int": int, "float": float, "str": str, None: str, "json.loads": json_value, "bool": _bool_value,
+    "moe_freq_type": moe_freq_value,
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from pathlib import Path
 
 from slime.rollout.data_source import parse_path_slice
@@ -109,8 +110,17 @@ def validate_args(args: argparse.Namespace) -> None:
         need(args.max_tokens_per_gpu is not None, "--use-dynamic-batch-size", "needs --max-tokens-per-gpu")
     if args.balance_by_flops:
         need(args.use_dynamic_batch_size, "--balance-by-flops", "needs --use-dynamic-batch-size")
+    need(args.optimizer == "adam", "--optimizer", f"{args.optimizer}: the reference trainer runs AdamW (Megatron's "
+         "adam with --weight-decay); it has no other optimizer")
     need(not (args.only_train_params_name_list and args.freeze_params_name_list),
          "--only-train-params-name-list/--freeze-params-name-list", "give only one of them")
+    for flag, patterns in (("--only-train-params-name-list", args.only_train_params_name_list),
+                           ("--freeze-params-name-list", args.freeze_params_name_list)):
+        for pattern in patterns or []:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                need(False, flag, f"{pattern!r} is not a regular expression: {e}")
     if args.use_opd:
         need(args.opd_type is not None, "--opd-type", "required with --use-opd (sglang or megatron)")
     else:

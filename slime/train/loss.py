@@ -182,11 +182,15 @@ class LossHooks:
     - `rollout_data_postprocess` (`--rollout-data-postprocess-path`): `fn(args, rollout_id, rollout_data)`
       after advantages are computed, before training; it may change `rollout_data` in place
       (`loss_masks`, `advantages`, ...), and the trainer trains on what it left there.
+    - `custom_advantage` (`--custom-advantage-function-path`): `fn(args, rollout_data)` after the KL, instead
+      of the estimator; it sets `rollout_data["advantages"]` (and `"returns"`), one tensor per sample
+      (`advantages_of_rollout`).
     """
 
     custom_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
     pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
     rollout_data_postprocess: Callable[..., None] | None = None
+    custom_advantage: Callable[..., None] | None = None
 
     @classmethod
     def of(cls, args: Any) -> "LossHooks":
@@ -196,9 +200,29 @@ class LossHooks:
                 raise LossConfigError("--loss-type custom_loss needs --custom-loss-function-path")
             custom = load_function(args.custom_loss_function_path, "--custom-loss-function-path")
         reducer, post = args.custom_pg_loss_reducer_function_path, args.rollout_data_postprocess_path
+        advantage = args.custom_advantage_function_path
         return cls(custom_loss=custom,
                    pg_loss_reducer=load_function(reducer, "--custom-pg-loss-reducer-function-path") if reducer else None,
-                   rollout_data_postprocess=load_function(post, "--rollout-data-postprocess-path") if post else None)
+                   rollout_data_postprocess=load_function(post, "--rollout-data-postprocess-path") if post else None,
+                   custom_advantage=(load_function(advantage, "--custom-advantage-function-path")
+                                     if advantage else None))
+
+
+def advantages_of_rollout(args: Any, hooks: LossHooks, rollout_data: dict[str, Any]) -> list[torch.Tensor]:
+    """Per-token advantages of a rank's samples, in slime's order: `--custom-advantage-function-path`
+    (`fn(args, rollout_data)`, which must leave one tensor per sample, of its response length, in
+    `rollout_data["advantages"]`), else `--advantage-estimator` over the rewards and the KL."""
+    masks = rollout_data["loss_masks"]
+    if hooks.custom_advantage is None:
+        return advantages_for(args, rollout_data["rewards"], masks, rollout_data["kl"])
+    hooks.custom_advantage(args, rollout_data)
+    out = rollout_data.get("advantages")
+    if not (isinstance(out, (list, tuple)) and len(out) == len(masks)
+            and all(isinstance(a, torch.Tensor) and a.numel() == m.numel() for a, m in zip(out, masks))):
+        raise LossConfigError(f"--custom-advantage-function-path {args.custom_advantage_function_path}: it must set "
+                              f"rollout_data['advantages'] to one tensor per sample ({len(masks)}), each of its "
+                              f"response length, as slime's hook does; got {type(out).__name__}")
+    return [a.detach().reshape(-1).to(torch.float32) for a in out]
 
 
 def call_custom_loss(args: Any, hooks: LossHooks, batch: dict[str, Any], logits: torch.Tensor,

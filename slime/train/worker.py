@@ -36,11 +36,13 @@ from slime.engine.weight_updates import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
-    LossHooks, advantages_for, apply_opd_kl_to_advantages, approx_kl, call_custom_loss, check_loss_args,
+    LossHooks, advantages_of_rollout, apply_opd_kl_to_advantages, approx_kl, call_custom_loss, check_loss_args,
     needs_reference, policy_loss, sample_reducer, tis_function,
 )
 from slime.train.finite_guard import check_step, check_weights
 from slime.train.model import PolicyModel, pack
+from slime.train.optimizer import build_optimizer
+from slime.train.trainable import apply_trainable_patterns
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class TrainWorker:
             raise CheckpointError(f"--load {args.load}: cannot load the model of the checkpoint of rollout "
                                   f"{loaded} ({source}): {first_line(e)}") from e
         self.model.eval()  # no dropout: the trainer's log-probs must be the engine's
+        apply_trainable_patterns(self.model, args)  # before DDP, which registers the trainable ones
         self.policy = PolicyModel(self.model, getattr(args, "rollout_temperature", 1.0))
         from torch.nn.parallel import DistributedDataParallel
 
@@ -108,11 +111,7 @@ class TrainWorker:
                 p.requires_grad_(False)
             self.ref = PolicyModel(ref_model, getattr(args, "rollout_temperature", 1.0))
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=float(args.lr), betas=(args.adam_beta1, args.adam_beta2),
-                                           eps=args.adam_eps, weight_decay=float(args.weight_decay or 0.0))
-        warmup = int(getattr(args, "lr_warmup_iters", 0) or 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda it: min(1.0, (it + 1) / warmup) if warmup > 0 else 1.0)
+        self.optimizer, self.scheduler = build_optimizer(params, args)
         start = int(getattr(args, "start_rollout_id", 0) or 0)
         if loaded is not None:
             self._load_state(checkpoint_dir(args.load, loaded))
@@ -173,7 +172,11 @@ class TrainWorker:
         kl = None
         if self.ref is not None:
             kl = [approx_kl(o, r, args.kl_loss_type) for o, r in zip(old_lp, ref_lp)]
-        advantages = advantages_for(args, list(data["rewards"]), masks, kl)
+        advantages = advantages_of_rollout(args, self.hooks, {
+            "rewards": list(data["rewards"]), "loss_masks": masks, "response_lengths": lengths,
+            "total_lengths": totals, "log_probs": old_lp, "rollout_log_probs": rollout_lp,
+            "ref_log_probs": ref_lp, "values": None,
+            "kl": kl if kl is not None or self.hooks.custom_advantage is None else [torch.zeros_like(m) for m in masks]})
         reverse_kl = None
         if getattr(args, "use_opd", False):  # slime: after the estimator, before whitening
             student = rollout_lp if getattr(args, "use_rollout_logprobs", False) else old_lp

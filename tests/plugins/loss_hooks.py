@@ -35,3 +35,15 @@ def mask_nothing(args, rollout_id, rollout_data):
     """Post-process: train on no token at all."""
     args.postprocess_seen = (rollout_id, sorted(rollout_data))
     rollout_data["loss_masks"] = [torch.zeros_like(m) for m in rollout_data["loss_masks"]]
+
+
+def kl_shaped_advantage(args, rollout_data):
+    """slime's --custom-advantage-function-path shape: fills rollout_data["advantages"] and ["returns"] from
+    the rewards and the KL (here: reward minus twice the per-token KL, a shape no estimator gives)."""
+    rollout_data["advantages"] = [torch.full_like(kl, float(r)) - 2.0 * kl
+                                  for r, kl in zip(rollout_data["rewards"], rollout_data["kl"])]
+    rollout_data["returns"] = rollout_data["advantages"]
+
+
+def advantage_of_wrong_length(args, rollout_data):
+    rollout_data["advantages"] = [torch.zeros(1) for _ in rollout_data["rewards"]]

@@ -167,6 +167,37 @@ def test_warm_up_scales_the_first_steps_learning_rate():
     assert rates == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
 
 
+def test_normalize_advantages_whitens_over_the_masked_tokens_of_every_rank():
+    from slime.train.loss import normalized_advantages
+
+    advantages, masks = [torch.tensor([1.0, 1.0, 5.0]), torch.tensor([-1.0, 0.0])], [torch.tensor([1.0, 1.0, 0.0]),
+                                                                                     torch.ones(2)]
+    assert normalized_advantages(parse_train_args([]), advantages, masks) is advantages
+    out = torch.cat(normalized_advantages(parse_train_args(["--normalize-advantages"]), advantages, masks))
+    kept = out[torch.cat(masks) > 0]
+    assert float(kept.mean()) == pytest.approx(0.0, abs=1e-6) and float(kept.std(unbiased=False)) == pytest.approx(
+        1.0, rel=1e-4)
+    doubled = normalized_advantages(parse_train_args(["--normalize-advantages"]), advantages, masks,
+                                    all_reduce=lambda stats: stats.mul_(2))  # a second rank with the same tokens
+    assert torch.allclose(torch.cat(doubled), out)
+
+
+def test_eval_flags_reach_the_eval_requests_and_rewards():
+    from slime.rollout.evaluation import eval_reward, eval_sampling_params
+
+    data = ["--eval-prompt-data", "demo_eval", "configs/demo/eval.jsonl"]
+    plain = parse_train_args(data)
+    tuned = parse_train_args([*data, "--eval-top-k", "5", "--eval-min-new-tokens", "3", "--eval-tool-key", "eval_tools"])
+    before, after = (eval_sampling_params(plain, plain.eval_datasets[0]),
+                     eval_sampling_params(tuned, tuned.eval_datasets[0]))
+    assert (after["top_k"], after["min_new_tokens"]) == (5, 3) and (before.get("top_k"), before.get(
+        "min_new_tokens")) != (5, 3)
+    assert (plain.eval_datasets[0].tool_key, tuned.eval_datasets[0].tool_key) == ("tools", "eval_tools")
+    sample = Sample(index=0, reward={"acc": 1.0, "format": 0.5})
+    assert eval_reward(parse_train_args([*data, "--eval-reward-key", "format"]), sample) == 0.5
+    assert eval_reward(parse_train_args([*data, "--eval-reward-key", "acc"]), sample) == 1.0
+
+
 MODEL_SHAPE = ["--hidden-size", "16", "--num-attention-heads", "2", "--num-query-groups", "2", "--vocab-size", "32",
                "--ffn-hidden-size", "64", "--num-layers", "4", "--kv-channels", "8"]
 MOE = ["--num-experts", "8", "--moe-ffn-hidden-size", "48", "--moe-router-topk", "2"]  # 96 wide, not 64
@@ -274,8 +305,8 @@ PROVEN_IN = {
 # acted on, with no test yet that changes them and sees the difference (this list only shrinks)
 TO_PROVE = {
     "actor_num_gpus_per_node", "actor_num_nodes", "clip_grad", "custom_eval_rollout_log_function_path",
-    "eval_min_new_tokens", "eval_reward_key", "eval_tool_key", "eval_top_k", "multimodal_keys", "no_load_optim",
-    "no_save_optim", "normalize_advantages", "num_epoch", "num_workers", "offload_rollout", "ref_load", "seed",
+    "multimodal_keys", "no_load_optim", "no_save_optim", "num_epoch", "num_workers", "offload_rollout", "ref_load",
+    "seed",
     "sglang_config", "trust_remote_code", "use_rollout_logprobs",
 }
 
@@ -283,7 +314,8 @@ TO_PROVE = {
 def proven_here() -> set[str]:
     return {*LOSS_FLAGS, *ADVANTAGE_FLAGS, *OPTIMIZER_FLAGS, *SHAPE_FLAGS, "rewards_normalization",
             "grpo_std_normalization", "balance_by_flops", "num_steps_per_rollout", "dump_details", "optimizer",
-            "calculate_per_token_loss", "freeze_params_name_list", "only_train_params_name_list"}
+            "calculate_per_token_loss", "freeze_params_name_list", "only_train_params_name_list",
+            "normalize_advantages", "eval_top_k", "eval_min_new_tokens", "eval_tool_key", "eval_reward_key"}
 
 
 def test_every_acted_on_flag_has_a_proof():

@@ -13,6 +13,7 @@ rollouts of each rollout's token mean, whatever the split.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -142,6 +143,22 @@ def apply_opd_kl_to_advantages(args: Any, advantages: list[torch.Tensor], studen
         advantages[i] = advantages[i] - coef * reverse_kl
         reverse_kls.append(reverse_kl)
     return reverse_kls
+
+
+def normalized_advantages(args: Any, advantages: list[torch.Tensor], masks: list[torch.Tensor],
+                          all_reduce: Callable[[torch.Tensor], Any] = lambda stats: None) -> list[torch.Tensor]:
+    """slime's `--normalize-advantages`: masked whitening over every rank's tokens (`all_reduce` sums the
+    three statistics across ranks in place: `dist.all_reduce` in the trainer); unchanged without the flag."""
+    if not args.normalize_advantages:
+        return advantages
+    flat, m = torch.cat(advantages), torch.cat(masks)
+    stats = torch.stack([(flat * m).sum(), m.sum(), (flat * flat * m).sum()]).to(torch.float64)
+    all_reduce(stats)
+    n = max(float(stats[1]), 1.0)
+    mean = float(stats[0]) / n
+    var = max(float(stats[2]) / n - mean * mean, 0.0)
+    out = (flat - mean) / math.sqrt(var + 1e-8)
+    return list(out.split([a.numel() for a in advantages]))
 
 
 TisResult = tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]

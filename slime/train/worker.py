@@ -36,7 +36,7 @@ from slime.engine.weight_updates import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
-    LossHooks, advantages_of_rollout, apply_opd_kl_to_advantages, approx_kl, call_custom_loss, check_loss_args,
+    LossHooks, advantages_of_rollout, apply_opd_kl_to_advantages, normalized_advantages, approx_kl, call_custom_loss, check_loss_args,
     needs_reference, policy_loss, sample_reducer, tis_function,
 )
 from slime.train.finite_guard import check_step, check_weights
@@ -181,8 +181,7 @@ class TrainWorker:
         if getattr(args, "use_opd", False):  # slime: after the estimator, before whitening
             student = rollout_lp if getattr(args, "use_rollout_logprobs", False) else old_lp
             reverse_kl = apply_opd_kl_to_advantages(args, advantages, student, data.get("teacher_log_probs"))
-        if getattr(args, "normalize_advantages", False):
-            advantages = self._whiten(advantages, masks)
+        advantages = normalized_advantages(args, advantages, masks, dist.all_reduce)
         if self.hooks.rollout_data_postprocess is not None:  # slime: after advantages, before training
             masks, advantages = self._postprocess(rollout_id, data, masks, advantages, old_lp, ref_lp)
 
@@ -288,17 +287,6 @@ class TrainWorker:
                 "log_probs": [old_lp[i] for i in mb], "rewards": [data["rewards"][i] for i in mb],
                 "rollout_log_probs": [rollout_lp[i] for i in mb] if rollout_lp is not None else None,
                 "ref_log_probs": [ref_lp[i] for i in mb] if ref_lp is not None else None}
-
-    def _whiten(self, advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Masked whitening over every rank's tokens (slime's --normalize-advantages)."""
-        flat, m = torch.cat(advantages), torch.cat(masks)
-        stats = torch.stack([(flat * m).sum(), m.sum(), (flat * flat * m).sum()]).to(torch.float64)
-        dist.all_reduce(stats)
-        n = max(float(stats[1]), 1.0)
-        mean = float(stats[0]) / n
-        var = max(float(stats[2]) / n - mean * mean, 0.0)
-        out = (flat - mean) / math.sqrt(var + 1e-8)
-        return list(out.split([a.numel() for a in advantages]))
 
     # ---- weights ----
     def weight_checksums(self) -> dict[str, str]:

@@ -46,6 +46,8 @@ class SlimeHttpClient:
         return self._clients.get()
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # copy/pickle probes and our own attributes are not httpx's
+            raise AttributeError(name)
         return getattr(self.client(), name)  # post, get, request, send...: httpx's, unchanged
 
     @contextlib.asynccontextmanager

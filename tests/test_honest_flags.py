@@ -49,3 +49,11 @@ def test_both_kinds_of_switch_are_among_the_upstream_flags():
 @given(st.lists(st.sampled_from(switches()), min_size=1, max_size=6, unique=True))
 def test_every_switch_set_is_named(flags):
     assert named(flags) == set(flags)
+
+
+def test_the_rollout_buffer_flags_say_a_plugin_reads_them():
+    """slime's rollout-buffer example reads them (it runs here): the notice says so, not "not implemented"."""
+    groups = unused_flags(PARSER, PARSER.parse_args(["--rollout-buffer-url", "http://127.0.0.1:1",
+                                                     "--data-pad-size-multiplier", "64"]))
+    assert groups == {"read only by a rollout function that asks for it (slime's rollout-buffer example, which runs "
+                      "here)": ["--rollout-buffer-url"], "not implemented here": ["--data-pad-size-multiplier"]}

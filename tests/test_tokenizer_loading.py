@@ -71,3 +71,26 @@ def test_unnamed_or_remote_code_class_goes_through_autotokenizer(tiny_model_dir,
     assert processing_utils._named_tokenizer_class(copy) is None  # noqa: SLF001 - the decision under test
     if "auto_map" not in change:  # a remote-code class would need trust_remote_code to load at all
         _same_as_auto(copy)
+
+
+def test_a_text_only_checkpoint_has_no_processor_without_asking_autoprocessor(tiny_model_dir, tmp_path, monkeypatch):
+    """slime's `GenerateState.processor` loads one per process: for a checkpoint without processor files
+    AutoProcessor would only fall back to the tokenizer after seconds of imports (41 s on a loaded box),
+    so it is not asked; one with a processor file still is."""
+    import shutil
+
+    import transformers
+
+    from slime.utils.processing_utils import load_processor
+
+    asked = []
+
+    def from_pretrained(path, **kw):
+        asked.append(Path(path).name)
+        raise OSError("no processor here")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", from_pretrained)
+    assert load_processor(tiny_model_dir) is None and asked == []
+    vision = shutil.copytree(tiny_model_dir, tmp_path / "vision")
+    (vision / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Qwen2VLImageProcessor"}))
+    assert load_processor(vision) is None and asked == ["vision"]

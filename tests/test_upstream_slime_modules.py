@@ -76,7 +76,7 @@ def test_slimes_sglang_rollout_runs_unchanged_with_spans_on_each_sample(tmp_path
 
 def test_slimes_streaming_rollout_imports_unchanged_on_slimes_rollout(monkeypatch):
     """It imports `GenerateState` and `_prepare_prompt_ids` from slime's own sglang_rollout (loaded
-    from slime's file here); running it needs slime's module-global httpx client, see the README."""
+    from slime's file here); it runs on ours in `test_upstream_slime_on_engine.py`."""
     load_upstream(monkeypatch, "slime/rollout/sglang_rollout.py", "slime.rollout.sglang_rollout")
     streaming = load_upstream(monkeypatch, "slime/rollout/sglang_streaming_rollout.py",
                               "slime.rollout.sglang_streaming_rollout")

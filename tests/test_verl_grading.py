@@ -89,3 +89,21 @@ def test_gsm8k_score_is_verls(text, truth, method, pad):
     text = "x" * pad + text
     assert gsm8k.extract_solution(text, method) == verl_reference.extract_solution(text, method)
     assert gsm8k.compute_score(text, truth, method) == verl_reference.compute_score(text, truth, method)
+
+
+GEO3K_TEXT = st.lists(st.sampled_from(["90", "45", "\\boxed{", "}", "^\\circ", "\\frac{1}{2}", "0.5", "1/2", " ", "x=",
+                                       "2\\sqrt{3}", "<think>", "</think>", "-", "."]), max_size=8).map("".join)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(GEO3K_TEXT, st.sampled_from(["90", "45", "0.5", "\\frac{1}{2}", "2\\sqrt{3}", "-1"]))
+def test_verl_named_tools_grade_as_verls_own_files(answer, truth):
+    """The verl-named gsm8k and geo3k tools against verl's own scorers (`tests/upstream_verl/`, verl's
+    latest commit), called as verl's tools call them, on random submissions."""
+    from tests.upstream_verl import verl_geo3k_score
+
+    assert submit(VerlGeo3kTool, answer, truth)[1] == verl_geo3k_score.compute_score(answer, truth, use_boxed=False,
+                                                                                     format_score=0.0)
+    prefixed = answer if answer.startswith("#### ") else "#### " + answer
+    assert submit(VerlGsm8kTool, answer, truth)[1] == verl_reference.compute_score(
+        prefixed, truth, method="flexible", format_score=0.0, score=1.0)

@@ -82,12 +82,13 @@ def _help_text(action: argparse.Action) -> str:
 
 
 def _status(group_title: str, action: argparse.Action) -> str:
-    from slime.cli.honest_flags import ACTED_ON, DEFAULT_REASON, REASONS, _title_key
+    from slime.cli.honest_flags import ACTED_ON, DEFAULT_REASON, FLAG_REASONS, REASONS, _title_key
 
     if group_title.startswith("upstream"):
         if action.dest in ACTED_ON:
             return "acts"
-        return "accepted, not acted on: " + REASONS.get(_title_key(group_title), DEFAULT_REASON)
+        reason = FLAG_REASONS.get(action.dest) or REASONS.get(_title_key(group_title), DEFAULT_REASON)
+        return "accepted, not acted on: " + reason
     if group_title.startswith("sglang-router"):
         from slime.fleet.router_options import NOT_PASSED
 

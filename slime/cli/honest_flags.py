@@ -59,6 +59,10 @@ REASONS = {
     "slime: fault_tolerance": "slime's fault-tolerance options (the fleet restarts engines its own way)",
 }
 DEFAULT_REASON = "not implemented here"
+# single flags whose reason is not their group's: read by a plugin only, which runs here
+_BUFFER_PLUGIN = "read only by a rollout function that asks for it (slime's rollout-buffer example, which runs here)"
+FLAG_REASONS = {"rollout_buffer_url": _BUFFER_PLUGIN, "rollout_task_type": _BUFFER_PLUGIN,
+                "fetch_trajectory_retry_times": _BUFFER_PLUGIN}
 SGLANG_PASSTHROUGH = "slime: sglang passthrough"
 
 
@@ -100,7 +104,7 @@ def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[s
         reason = REASONS.get(_title_key(group.title), DEFAULT_REASON)
         for action in group._group_actions:  # noqa: SLF001
             if action.dest not in ACTED_ON and _is_set(baseline.get(action.dest), getattr(args, action.dest, None)):
-                out.setdefault(reason, []).append(action.option_strings[0])
+                out.setdefault(FLAG_REASONS.get(action.dest, reason), []).append(action.option_strings[0])
     kept = not_passed(args)
     if kept:
         out.setdefault("sglang-router options slime keeps for itself (its engines, its retries, metrics on "

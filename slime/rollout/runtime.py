@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from slime.rollout.engine_client import EngineClient
+from slime.rollout.slime_http_client import SlimeHttpClient
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.tools.services import ToolServices
@@ -38,6 +39,12 @@ class RolloutRuntime:
     _closers: list[Callable[[], Any]] = field(default_factory=list)
     owned_by_binding: bool = False  # nobody else holds it (`current(args)` made it): closed when unbound or replaced
     closing: asyncio.Task | None = None  # the closing, when `close()` was called from a coroutine
+    # slime's `http_utils._http_client` for slime-style plugins (made here as slime's RolloutManager calls
+    # `init_http_client`; see slime_http_client), closed with the engine client
+    slime_http: SlimeHttpClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slime_http = SlimeHttpClient(self.client)
 
     @property
     def progress(self):
@@ -86,7 +93,10 @@ class RolloutRuntime:
         try:
             await self.tool_sets.close()
         finally:
-            await self.client.close()
+            try:
+                await self.slime_http.close()
+            finally:
+                await self.client.close()
 
     def bind(self) -> "RolloutRuntime":
         """Make this the runtime that slime-style plugins of this process see (a previous one the

@@ -129,6 +129,30 @@ class GenerateState:
         self.remaining_batch_size += len(groups)
 
 
+_PROCESSOR_PROMPT_KEYS = ("input_ids", "attention_mask")  # the prompt itself, not inputs the trainer needs
+
+
+def _prepare_prompt_ids(sample: Sample, tokenizer: Any, processor: Any) -> list[int]:
+    """slime's private helper, imported by its `sglang_streaming_rollout`: the ids to send for `sample`.
+    Its tokens when it has them (a pre-tokenised prompt, or prompt + partial response to continue);
+    with images (or other media) and a processor, the processor's ids, its other outputs kept once as
+    `multimodal_train_inputs`; else the prompt tokenised (messages through the chat template)."""
+    media = {k: v for k, v in (sample.multimodal_inputs or {}).items() if v is not None}
+    if sample.tokens and (sample.multimodal_train_inputs is not None or not media):
+        return list(sample.tokens)
+    if processor is not None and media:
+        from slime.utils.processing_utils import build_processor_kwargs
+
+        out = processor(text=sample.prompt, **build_processor_kwargs(sample.multimodal_inputs))
+        if sample.multimodal_train_inputs is None:
+            sample.multimodal_train_inputs = {k: v for k, v in out.items() if k not in _PROCESSOR_PROMPT_KEYS} or None
+        return list(out["input_ids"][0])
+    prompt = sample.prompt
+    if isinstance(prompt, list):
+        prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
 def get_model_url(args: Any, model_name: str = "default", endpoint: str = "/generate") -> str:
     """slime's helper: the URL of `endpoint` on `model_name`'s router (`args.sglang_model_routers`
     {name: (ip, port)} when set), else on the process's router."""

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import aiohttp
 
 from slime.utils.encoded_ids import EncodedIds, dumps
-from slime.utils.per_loop import PerLoop
+from slime.utils.per_loop import PerLoop, close_on_their_loops
 from slime.utils.router_loss import RouterLost
 
 logger = logging.getLogger(__name__)
@@ -138,21 +138,8 @@ class HttpClient:
         """Close every session: the running loop's here, another running loop's on that loop (within
         `CLOSE_TIMEOUT` seconds). A session of a loop that no longer runs cannot be closed: it is
         counted in a log line (its user should have called `close_loop()` before its loop ended)."""
-        here = asyncio.get_running_loop()
-        ended = 0
-        for loop, s in self._sessions.drain():
-            if s.closed:
-                continue
-            if not loop.is_running():
-                ended += 1
-            elif loop is here:
-                await s.close()
-            else:
-                closing = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.close(), loop))
-                try:
-                    await asyncio.wait_for(closing, CLOSE_TIMEOUT)
-                except asyncio.TimeoutError:
-                    logger.warning("an HTTP session on another event loop did not close within %.0fs", CLOSE_TIMEOUT)
+        open_sessions = [(loop, s) for loop, s in self._sessions.drain() if not s.closed]
+        ended = await close_on_their_loops(open_sessions, lambda s: s.close(), CLOSE_TIMEOUT)
         if ended:
             logger.info("%d HTTP session(s) of event loops that no longer run could not be closed", ended)
 

@@ -2,7 +2,8 @@
 for slime: a thin compatibility layer over the controller's engine client (its sessions, deadline,
 retry counters). Unlike slime's, only transient failures (connection errors, timeouts, 429, 5xx)
 are retried, each attempt has a deadline, and a 4xx fails at once with the body in the error.
-Outside a controller (a plugin run by hand) each call opens its own session.
+Outside a controller (a plugin run by hand) each call opens its own session. slime's module-global
+httpx client `_http_client` is answered by the bound runtime's `SlimeHttpClient` (see `__getattr__`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import logging
 import os
 import socket
 from typing import Any
-from urllib.parse import urlsplit
 
 from slime.utils import http_retry
+from slime.utils.generate_traffic import is_generate_url, output_token_count
 from slime.utils.endpoints import rollout_num_engines
 from slime.utils.misc import is_port_available  # noqa: F401 - slime's path for it, used below too
 
@@ -54,24 +55,6 @@ async def post(url: str, payload: Any, max_retries: int = 60, headers: dict[str,
     return body
 
 
-def is_generate_url(url: str) -> bool:
-    return urlsplit(url).path.rstrip("/").endswith("/generate")
-
-
-def output_token_count(body: Any) -> int:
-    """Tokens an SGLang `/generate` answer carries (0 for anything else; a list answers a batch)."""
-    if isinstance(body, list):
-        return sum(output_token_count(b) for b in body)
-    if not isinstance(body, dict):
-        return 0
-    meta = body.get("meta_info") or {}
-    for items in (meta.get("output_token_logprobs"), body.get("output_ids")):
-        if isinstance(items, list):
-            return len(items)
-    n = meta.get("completion_tokens")
-    return n if isinstance(n, int) else 0
-
-
 async def get(url: str, max_retries: int = 5, timeout: float = 60.0) -> Any:
     client = _client()
     policy = http_retry.RetryPolicy(max_retries=max_retries)
@@ -84,9 +67,25 @@ get_rollout_num_engines = rollout_num_engines  # slime's name
 
 
 def init_http_client(args: Any) -> None:
-    """slime sets up its global HTTP client here; ours lives in the controller's engine client, so
-    there is nothing to do (kept so plugins that call it run unchanged)."""
-    return None
+    """slime creates its module-global httpx client here (its RolloutManager calls it). Ours belongs to
+    the process's rollout runtime, which our RolloutManager creates at that point; called by hand
+    outside one (a plugin run alone), this binds a runtime for `args`, as slime's call makes a client."""
+    from slime.rollout.runtime import current
+
+    current(args)
+
+
+def __getattr__(name: str) -> Any:
+    """`_http_client`, slime's module-global `httpx.AsyncClient`, read by slime's plugins
+    (`sglang_streaming_rollout` streams `/generate` through it): here the bound rollout runtime's
+    `SlimeHttpClient`, None when no runtime is bound (as slime's before `init_http_client`). A module
+    attribute computed on each read, because this package keeps no module-level mutable state."""
+    if name == "_http_client":
+        from slime.rollout.runtime import bound
+
+        rt = bound()
+        return rt.slime_http if rt is not None else None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def find_available_port(base_port: int) -> int:

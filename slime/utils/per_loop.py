@@ -9,10 +9,12 @@ value is kept on a fast path, so the per-request cost is one weak-reference call
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class PerLoop(Generic[T]):
@@ -49,3 +51,24 @@ class PerLoop(Generic[T]):
         items = list(self._by_loop.items())
         self._by_loop.clear()
         return items
+
+
+async def close_on_their_loops(items: list[tuple[asyncio.AbstractEventLoop, T]], close: Callable[[T], Any],
+                               timeout: float) -> int:
+    """Close each value of `PerLoop.drain()` on the loop that made it (`close(value)` is a coroutine):
+    the running loop's here, another running loop's on that loop (waiting at most `timeout` seconds,
+    then a warning). A value of a loop that no longer runs cannot be closed: returns how many were left."""
+    here = asyncio.get_running_loop()
+    ended = 0
+    for loop, value in items:
+        if not loop.is_running():
+            ended += 1
+        elif loop is here:
+            await close(value)
+        else:
+            closing = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(close(value), loop))
+            try:
+                await asyncio.wait_for(closing, timeout)
+            except asyncio.TimeoutError:
+                logger.warning("a client on another event loop did not close within %.0fs", timeout)
+    return ended

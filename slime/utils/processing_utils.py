@@ -67,6 +67,8 @@ def load_processor(name_or_path: str | Path, **kwargs: Any):
     from transformers import AutoProcessor, PreTrainedTokenizerBase, ProcessorMixin
 
     path = _local_dir(name_or_path, "load_processor")
+    if not _has_processor_files(Path(path)):
+        return None  # AutoProcessor would only fall back to the tokenizer, after seconds of imports and loading
     kwargs.setdefault("local_files_only", True)
     try:
         proc = AutoProcessor.from_pretrained(path, **kwargs)
@@ -76,6 +78,20 @@ def load_processor(name_or_path: str | Path, **kwargs: Any):
     if isinstance(proc, PreTrainedTokenizerBase) or not isinstance(proc, ProcessorMixin):
         return None  # AutoProcessor falls back to the tokenizer for text-only models
     return proc
+
+
+# what AutoProcessor reads before falling back to the tokenizer: a checkpoint with none is text-only
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def _has_processor_files(path: Path) -> bool:
+    if any((path / name).is_file() for name in PROCESSOR_FILES):
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return True  # unreadable: let AutoProcessor decide
+    return isinstance(config, dict) and "processor_class" in config
 
 
 def build_processor_kwargs(multimodal_inputs: dict | None = None) -> dict:

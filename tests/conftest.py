@@ -55,10 +55,18 @@ def work_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny random Qwen2 with the real Qwen3 chat tokenizer (see slime/utils/tiny_model.py)."""
+    """A tiny random Qwen2 with the real Qwen3 chat tokenizer (see slime/testing/tiny_model.py)."""
     from slime.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2-VL with the Qwen3 tokenizer and a small image processor (slime/testing/tiny_model.py)."""
+    from slime.testing.tiny_model import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 
 
 @pytest.fixture(scope="session")

@@ -328,6 +328,7 @@ def test_client_disconnect_aborts_a_non_streaming_request(engine):
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": "0"}, "logprob_start_len"),
     ({"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+    ({"input_ids": [1, 2], "image_data": ["data:image/png;base64,AAAA"]}, "image_data: the served model"),
 ])
 def test_bad_requests_are_400_naming_the_field(engine, body, field):
     r = engine.post("/generate", json=body)

@@ -212,7 +212,9 @@ def test_every_endpoint_is_a_route_of_the_pinned_sglang(contract):
 
 
 BODIES = {
-    "generate": [P.generate([1, 2, 3], {"max_new_tokens": 8, "temperature": 1.0}, rid="slime-1-0")],
+    "generate": [P.generate([1, 2, 3], {"max_new_tokens": 8, "temperature": 1.0}, rid="slime-1-0"),
+                 P.generate([1, 151655, 3], {"max_new_tokens": 8}, rid="slime-1-1",
+                            image_data=["data:image/png;base64,iVBORw0KGgo="])],
     "abort_request": [P.abort_request(rid="slime-1-0"), P.abort_request(abort_all=True)],
     "pause_generation": [P.pause_generation(), P.pause_generation("retract"), P.pause_generation("in_place")],
     "continue_generation": [P.continue_generation()],
@@ -244,6 +246,9 @@ def test_bodies_are_exact(contract):
     assert P.update_weights_from_distributed(["w"], ["torch.bfloat16"], [(2, 3)], "g") == {
         "names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 3]], "group_name": "g", "flush_cache": False}
     assert P.flush_cache() == {} and P.update_weights_from_disk("/m") == {"model_path": "/m"}
+    assert P.generate([5], {}, rid="r", image_data=["data:image/png;base64,AA=="])["image_data"] == [
+        "data:image/png;base64,AA=="]
+    assert "image_data" not in P.generate([5], {}, rid="r", image_data=[])  # no images: SGLang's default
 
 
 def test_bad_arguments_are_refused_before_sending():

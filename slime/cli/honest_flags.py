@@ -35,7 +35,7 @@ ACTED_ON = frozenset({
     "kl_loss_type", "kv_channels", "loss_mask_type", "loss_type", "lr",
     "lr_warmup_iters", "max_tokens_per_gpu", "micro_batch_size", "microbatch_group_size_per_vp_stage",
     "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk", "moe_shared_expert_intermediate_size",
-    "multimodal_keys", "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
+    "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
     "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "num_workers", "offload_rollout",
     "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
     "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",

@@ -5,6 +5,7 @@ observability, fleet, trainer), sglang-router's `--router-*`, and upstream slime
 from __future__ import annotations
 
 import argparse
+import json
 
 from slime.cli.upstream_flags import Alias, add_upstream_flags
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
@@ -60,6 +61,10 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
                    help="per-sample tools: a list of tool schemas (given to the chat template, metadata['tools']) "
                         "or verl's tools_kwargs mapping (metadata['tools_kwargs'])")
     g.add_argument("--apply-chat-template", action="store_true")
+    g.add_argument("--multimodal-keys", type=json.loads, default=None,
+                   help="slime's JSON {type: row key}, e.g. '{\"image\": \"images\"}': each row's images (paths, "
+                        "data URIs, base64; no URLs) go into its prompt where its text says `<image>` (else "
+                        "before the text), checked at preflight, and to a vision-language engine as image_data")
     g.add_argument("--rollout-shuffle", action="store_true")
     g.add_argument("--rollout-seed", type=int, default=42)
     g.add_argument("--rollout-max-prompt-len", type=int, default=None)

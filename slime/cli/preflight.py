@@ -418,6 +418,19 @@ def check_opd_teacher(args: Any) -> None:
         raise PreflightError(str(e)) from None
 
 
+def check_multimodal(args: Any) -> None:
+    """--multimodal-keys needs a checkpoint that can see images (its config has a vision tower)."""
+    from slime.utils.vision_model import is_vision_checkpoint
+
+    path = getattr(args, "hf_checkpoint", None)
+    if not getattr(args, "multimodal_keys", None) or not path or not (Path(path) / "config.json").is_file():
+        return
+    if not is_vision_checkpoint(path):
+        raise PreflightError(f"--multimodal-keys: --hf-checkpoint {path} has no vision tower (its config.json has "
+                             "no vision_config), so the rows' images would reach no model; point it at a "
+                             "vision-language checkpoint (e.g. a Qwen2.5-VL one)")
+
+
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
     for dest in PLUGIN_FLAGS:
@@ -428,6 +441,7 @@ def preflight(args: Any) -> dict[str, Any]:
                 raise PreflightError(str(e)) from e
     resolved = resolve_resume(args)
     check_save(args)
+    check_multimodal(args)
     check_data(args)
     check_tools(args)
     check_interactions(args)

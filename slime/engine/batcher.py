@@ -8,24 +8,29 @@ prompt forward and prompt log-probs), `sampling` (per-row sampling and the repor
 answer reaches the event loop), `model_loading`, `weight_edits`.
 
 Limits: models whose cache is a plain full-attention `DynamicCache` (Llama, Qwen2/3, Mistral without
-sliding window, ...); no prefix cache (`cached_tokens` is always 0).
+sliding window, Qwen2-VL / Qwen2.5-VL with images, ...); no prefix cache (`cached_tokens` is always 0).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any, Callable
 
 import torch
 
 from slime.engine.decode_thread import DecodeThread
+from slime.engine.image_inputs import ImageInputs
 from slime.engine.model_loading import PreloadedModel, eos_token_ids, load_model
 from slime.engine.request import EngineReleasedError, Request
 from slime.engine.sampling import SamplingParams
+from slime.utils.processing_utils import load_processor
+from slime.utils.vision_model import image_token_id, is_vision_model
 
 __all__ = ["EngineReleasedError", "HFBatcher", "PreloadedModel", "SamplingParams", "load_model"]
 
+logger = logging.getLogger(__name__)
 _DEFAULT_RELEASE_TAGS = ("weights", "kv_cache")
 _SHUTDOWN_JOIN_SECONDS = 10
 
@@ -57,6 +62,7 @@ class HFBatcher:
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.eos_ids = eos_token_ids(model, self.tokenizer)
+        self.image_inputs = self._image_inputs(model, str(model_path))
         self._rids: set[str] = set()  # in flight (asyncio side bookkeeping)
         self._weights_lock = asyncio.Lock()
         self._decode = DecodeThread(model, self.tokenizer, model_path=str(model_path), weight_version=str(weight_version),
@@ -64,6 +70,17 @@ class HFBatcher:
 
     def _load_model(self, path: str):
         return load_model(path, self.dtype)
+
+    @staticmethod
+    def _image_inputs(model: Any, path: str) -> ImageInputs | None:
+        """A vision-language model's image side (its processor's image processor), else None (no images)."""
+        if not is_vision_model(model):
+            return None
+        processor = load_processor(path)
+        if processor is None or getattr(processor, "image_processor", None) is None:
+            logger.warning("%s has a vision tower but no image processor: image_data will be refused", path)
+            return None
+        return ImageInputs(processor, image_token_id(model))
 
     # ------------------------------------------------------------------ state (owned by the decode thread)
     @property
@@ -114,12 +131,14 @@ class HFBatcher:
     # ------------------------------------------------------------------ generation
     def submit(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None,
                return_logprob: bool = False, logprob_start_len: int | None = None,
-               stream: bool = False, top_logprobs_num: int = 0) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
+               stream: bool = False, top_logprobs_num: int = 0,
+               images: dict[str, torch.Tensor] | None = None) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
         """Queue a request; returns (rid, future of the final response dict, stream queue or None).
 
         A stream queue receives cumulative response dicts after each token and `None` at the end.
         `logprob_start_len` (with `return_logprob`): None or -1 = the last prompt token (SGLang's default);
         `top_logprobs_num` (with `return_logprob`): the k most likely tokens reported at each sampled position.
+        `images`: a vision-language model's pixel_values and image_grid_thw for the image tokens of `input_ids`.
         """
         start = len(input_ids) - 1 if logprob_start_len is None or logprob_start_len == -1 else logprob_start_len
         if not 0 <= start < len(input_ids):
@@ -134,7 +153,8 @@ class HFBatcher:
         loop = asyncio.get_running_loop()
         req = Request(rid=rid, input_ids=list(input_ids), params=params, return_logprob=return_logprob, loop=loop,
                       future=loop.create_future(), stream=asyncio.Queue() if stream else None,
-                      logprob_start_len=start, top_logprobs_num=top_logprobs_num if return_logprob else 0)
+                      logprob_start_len=start, top_logprobs_num=top_logprobs_num if return_logprob else 0,
+                      images=images)
         self._rids.add(rid)
         req.future.add_done_callback(lambda _f: self._rids.discard(rid))
         self.stats["requests_total"] += 1

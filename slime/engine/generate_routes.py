@@ -1,7 +1,7 @@
 """`/generate` (one input or a batch, answered whole or streamed as server-sent events) and
 `/health_generate`. Handlers only validate, enqueue and await: all model work happens in the decode thread.
 A batch is submitted all or nothing, and requests whose client went away are aborted, so nothing keeps
-decoding for nobody."""
+decoding for nobody. `image_data` (a vision-language model's images, SGLang's field) is read by `image_inputs`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
 from slime.engine.http_errors import error_response, released_response
+from slime.engine.image_inputs import images_per_input
 from slime.engine.request_parsing import BadRequest, GenerateBody, generation_body, parse_generate_body
 from slime.utils.client_gone import client_gone
 
@@ -34,7 +35,8 @@ class GenerateRoutes:
             return released_response()
         try:
             parsed = parse_generate_body(body, self.tokenizer, self.batcher.vocab_size, self.batcher.context_length)
-            submitted = self._submit_all(parsed)
+            images = await self._images(body, parsed)
+            submitted = self._submit_all(parsed, images)
         except BadRequest as exc:
             return error_response(400, str(exc))
         except EngineReleasedError:
@@ -46,13 +48,39 @@ class GenerateRoutes:
             return StreamingResponse(self._sse(rid, fut, chunks), media_type="text/event-stream")
         return await self._answer(request, submitted, parsed.batch)
 
-    def _submit_all(self, parsed: GenerateBody) -> list[Submitted]:
+    async def _images(self, body: dict, parsed: GenerateBody) -> list[dict | None]:
+        """Per input: its prompt's placeholders expanded in place and its image tensors (None: no images).
+        A model without a vision tower refuses `image_data`."""
+        per_input = images_per_input(body.get("image_data"), len(parsed.prompts), parsed.batch)
+        if not any(per_input):
+            return [None] * len(parsed.prompts)
+        vision = self.batcher.image_inputs
+        if vision is None:
+            raise BadRequest(f"image_data: the served model ({self.batcher.model_path}) takes no images (no vision "
+                             "tower, or no image processor beside it); it takes text and token ids only")
+        out: list[dict | None] = []
+        for i, items in enumerate(per_input):
+            if not items:
+                out.append(None)
+                continue
+            where = f"image_data[{i}]" if parsed.batch else "image_data"
+            ids, tensors = await asyncio.to_thread(vision.prepare, parsed.prompts[i], items, where)
+            ctx = self.batcher.context_length
+            if len(ids) >= ctx:
+                raise BadRequest(f"input_ids is too long with its images: {len(ids)} tokens, the model's context "
+                                 f"length is {ctx}")
+            parsed.prompts[i] = ids
+            parsed.params[i].max_new_tokens = min(parsed.params[i].max_new_tokens, ctx - len(ids))
+            out.append(tensors)
+        return out
+
+    def _submit_all(self, parsed: GenerateBody, images: list[dict | None]) -> list[Submitted]:
         submitted: list[Submitted] = []
         try:
-            for p, sp, r, lp, start, top in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
-                                                parsed.logprob_start_lens, parsed.top_logprobs_nums):
+            for p, sp, r, lp, start, top, mm in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
+                                                    parsed.logprob_start_lens, parsed.top_logprobs_nums, images):
                 submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=lp, logprob_start_len=start,
-                                                     stream=parsed.stream, top_logprobs_num=top))
+                                                     stream=parsed.stream, top_logprobs_num=top, images=mm))
         except Exception:  # all or nothing: do not leave half a batch decoding for nobody
             for r, _, _ in submitted:
                 self.batcher.abort(r)

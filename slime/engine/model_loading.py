@@ -11,10 +11,11 @@ import torch
 
 
 def load_model(path: str, dtype: torch.dtype):
-    """The checkpoint as an inference-only module (eval mode, no grads)."""
-    from transformers import AutoModelForCausalLM
+    """The checkpoint as an inference-only module (eval mode, no grads); a vision-language checkpoint with
+    its vision tower (`slime.utils.vision_model.load_hf_model`)."""
+    from slime.utils.vision_model import load_hf_model
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = load_hf_model(path, dtype)
     model.eval()
     model.requires_grad_(False)
     return model

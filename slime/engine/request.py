@@ -42,6 +42,8 @@ class Request:
     input_logprobs: list[float | None] = field(default_factory=list)
     top_logprobs_num: int = 0  # k most likely tokens kept per sampled position (return_logprob only)
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    images: dict[str, torch.Tensor] | None = None  # a VLM's pixel_values and image_grid_thw (image_data)
+    position_delta: int = 0  # a VLM's M-RoPE offset: the token at index i sits at position i + delta (at prefill)
 
     def forget_output(self) -> None:
         """Back to the state before its prefill, to be recomputed from the prompt (new weights)."""

@@ -31,7 +31,7 @@ class RunningBatch:
     def add(self, req: Request, cache: Any, length: int, token: int) -> None:
         """Merge a prefilled request (its cache of `length` prompt tokens, its first sampled `token`)."""
         mask = torch.ones(1, length, dtype=torch.long)
-        pos = torch.tensor([length])
+        pos = torch.tensor([length + req.position_delta])  # a VLM's image tokens shift later text positions
         tok = torch.tensor([token])
         if not self.rows:
             self.rows, self.cache, self.mask, self.next_pos, self.pending = [req], cache, mask, pos, tok

@@ -44,14 +44,22 @@ def _with_optional(body: dict[str, Any], **optional: Any) -> dict[str, Any]:
 
 
 def generate(input_ids: Iterable[int], sampling_params: Mapping[str, Any], *, rid: str,
-             return_logprob: bool = True, top_logprobs_num: int = 0) -> dict[str, Any]:
+             return_logprob: bool = True, top_logprobs_num: int = 0,
+             image_data: Iterable[str] | None = None) -> dict[str, Any]:
     """Token-in/token-out `/generate`: ids in, sampled ids with log-probs out (never text);
-    `top_logprobs_num` > 0 also asks for the k most likely tokens at each position."""
+    `top_logprobs_num` > 0 also asks for the k most likely tokens at each position; `image_data`: a
+    vision-language model's images for the `<|image_pad|>` placeholders of `input_ids`, in order, each a
+    data URI, base64 text or a path the engine can read (SGLang's `MultimodalDataInputFormat`)."""
     ids = input_ids if isinstance(input_ids, EncodedIds) else [int(t) for t in input_ids]  # (already ints)
     body = {"input_ids": ids, "sampling_params": dict(sampling_params),
             "return_logprob": bool(return_logprob), "rid": rid}
     if top_logprobs_num:
         body["top_logprobs_num"] = int(top_logprobs_num)
+    if image_data:
+        images = list(image_data)
+        if not all(isinstance(i, str) for i in images):
+            raise ValueError("generate: image_data items must be strings (data URIs, base64 or paths)")
+        body["image_data"] = images
     return body
 
 

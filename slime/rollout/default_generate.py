@@ -1,7 +1,9 @@
 """The default per-sample generate: one engine call, token-in/token-out.
 
 `tokens` = prompt ids + exactly the ids the engine returned, with their log-probs and a loss mask of
-ones, appended as one segment (`Sample.append_segment`). With `--partial-rollout` an ABORTED sample
+ones, appended as one segment (`Sample.append_segment`). A sample with images (`--multimodal-keys`) is
+expanded by the checkpoint's processor (`multimodal_prompt`): its image tokens are prompt tokens, and the
+images go to the engine as `image_data`. With `--partial-rollout` an ABORTED sample
 with a partial response is continued (`partial_rollout`). The engine client is the process's bound
 runtime's (`slime.rollout.runtime.current`); slime's path for it is `slime.rollout.sglang_rollout.generate`.
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from slime.rollout import partial_rollout as partial
+from slime.rollout.multimodal_prompt import multimodal_prompt, sample_images
 from slime.rollout.runtime import RolloutRuntime, current
+from slime.utils.images import encode_png_data_uri
 from slime.utils.types import Sample
 
 
@@ -37,8 +41,13 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     runtime's (`current(args)`)."""
     runtime = current(args)
     continued = bool(getattr(args, "partial_rollout", False)) and sample.is_partial
+    image_data = None
     if continued:  # --partial-rollout: prompt + partial response, the remaining budget
         ids, params = partial.continuation_input(sample, sampling_params)
+        if sample_images(sample):
+            image_data = [encode_png_data_uri(img) for img in sample_images(sample)]
+    elif sample_images(sample):  # --multimodal-keys: the processor's expanded ids, the images as image_data
+        (ids, image_data), params = multimodal_prompt(args, sample, runtime), dict(sampling_params)
     else:
         ids, params = prompt_ids(args, sample, runtime), dict(sampling_params)
     if args.rollout_max_context_len is not None:
@@ -58,7 +67,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
             sample.start_response(ids)
         sample.status = Sample.Status.ABORTED
         return sample
-    out = await runtime.client.generate(ids, params)
+    out = await runtime.client.generate(ids, params, image_data=image_data)
     if not continued:
         sample.start_response(ids)
     return sample.append_segment(out.token_ids, out.log_probs, text=out.text or "", finish_reason=out.finish_type,

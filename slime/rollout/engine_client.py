@@ -232,12 +232,13 @@ class EngineClient:
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
                        url: str | None = None, routing_key: str | None = None,
-                       top_logprobs_num: int = 0) -> EngineOutput:
+                       top_logprobs_num: int = 0, image_data: list[str] | None = None) -> EngineOutput:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline.
         `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine.
-        `top_logprobs_num` > 0: the answer must also carry the k most likely tokens per position."""
+        `top_logprobs_num` > 0: the answer must also carry the k most likely tokens per position.
+        `image_data`: a vision-language model's images for the image placeholders of `input_ids` (data URIs)."""
         payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid(),
-                                    top_logprobs_num=top_logprobs_num)
+                                    top_logprobs_num=top_logprobs_num, image_data=image_data)
         vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
 
         def answer(raw: bytes) -> EngineOutput:

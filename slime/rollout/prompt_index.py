@@ -247,7 +247,7 @@ class PromptIndex(Sequence):
 
     def sample(self, i: int, tokenize: bool = True) -> Sample:
         return sample_from_row(self.args, self.row(i), self.where(i), self.input_key, self.label_key,
-                               self.tokenizer, self.template_kwargs, tokenize=tokenize)
+                               self.tokenizer, self.template_kwargs, tokenize=tokenize, base_dir=self.path.parent)
 
     def __len__(self) -> int:
         return len(self._starts)

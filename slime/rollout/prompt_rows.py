@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from slime.rollout.multimodal_rows import row_images, with_image_parts
 from slime.tools.registry import decode_tools_value
 from slime.utils.misc import get_by_path
 from slime.utils.types import Sample
@@ -186,14 +187,24 @@ def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, An
 
 def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, label_key: str | None,
                     tokenizer: Any = None, template_kwargs: dict[str, Any] | None = None, *,
-                    tokenize: bool = True) -> Sample:
+                    tokenize: bool = True, base_dir: Path | None = None) -> Sample:
     """One row as the template Sample the data source copies into groups: prompt (rendered with
     --apply-chat-template, given the row's tools and --apply-chat-template-kwargs, as slime passes
-    them), label, metadata, and the prompt's tokens when a tokenizer is given. Every failure is a
-    DataError naming `where` (file and line)."""
+    them), label, metadata, the row's images (--multimodal-keys, read and checked; relative paths also
+    under `base_dir`) and the prompt's tokens when a tokenizer is given (not for a prompt with images:
+    the processor expands their placeholders when it is generated). Every failure is a DataError naming
+    `where` (file and line)."""
     prompt = _row_value(row, input_key, where, "input", "--input-key")
     label = _row_value(row, label_key, where, "label", "--label-key") if label_key else None
     metadata, tools = _row_metadata(args, row, where)
+    images = row_images(args, row, where, base_dir, DataError)
+    if images is not None and isinstance(prompt, (str, list)):  # slime: --multimodal-keys rows are conversations
+        if isinstance(prompt, list) and not all(isinstance(m, dict) and "role" in m for m in prompt):
+            raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
+        prompt = with_image_parts(prompt, images[0], where, DataError)
+    elif images and images[1]:
+        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; a prompt with images "
+                        "(--multimodal-keys) must be text or a message list")
     if isinstance(prompt, list):
         if not all(isinstance(m, dict) and "role" in m for m in prompt):
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
@@ -218,11 +229,13 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
                         "or a message list (set --custom-generate-function-path to read other prompts)")
     # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
     sample = Sample(prompt=prompt, label=label, metadata=metadata)
+    if images and images[1]:
+        sample.multimodal_inputs = {"images": images[1], "videos": None}  # as slime's process_vision_info
     if isinstance(prompt, str):
         if not prompt and _default_generate(args):
             raise DataError(f"{where}: key {input_key!r} is an empty string (no prompt to generate from)")
         _check_text(prompt, where, f"key {input_key!r}")
-        if tokenizer is not None and tokenize:
+        if tokenizer is not None and tokenize and sample.multimodal_inputs is None:
             sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     return sample
 

@@ -90,11 +90,9 @@ class GenerateState:
     @property
     def processor(self):
         """slime's `load_processor(--hf-checkpoint)`: None for text-only models; loaded once."""
-        from slime.utils.processing_utils import load_processor
+        from slime.rollout.multimodal_prompt import shared_processor
 
-        path = getattr(self.args, "hf_checkpoint", None)
-        return self.runtime.shared("sglang_rollout.processor",
-                                   lambda: load_processor(path, trust_remote_code=True) if path else None)
+        return shared_processor(self.args, self.runtime)
 
     @property
     def semaphore(self) -> asyncio.Semaphore:

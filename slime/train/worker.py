@@ -43,6 +43,7 @@ from slime.train.finite_guard import check_step, check_weights
 from slime.train.model import PolicyModel, pack
 from slime.train.optimizer import build_optimizer
 from slime.train.trainable import apply_trainable_patterns
+from slime.utils.vision_model import is_vision_model, load_hf_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,6 @@ class TrainWorker:
     def init(self, master_addr: str, master_port: int, timeout: float = 300.0) -> dict[str, Any]:
         """Join the gloo group, build model / reference / optimizer, resume from `--load`. Returns
         `{"start_rollout_id", "loaded_rollout_id"}`."""
-        from transformers import AutoModelForCausalLM
-
         args = self.args
         check_loss_args(args)
         self.tis = tis_function(args)  # --custom-tis-function-path, resolved once rather than per micro-batch
@@ -90,7 +89,7 @@ class TrainWorker:
         loaded = latest_checkpoint(args.load, getattr(args, "ckpt_step", None)) if args.load else None
         source = str(checkpoint_dir(args.load, loaded) / "model") if loaded is not None else args.hf_checkpoint
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+            self.model = load_hf_model(source, torch.float32)  # a vision-language one with its vision tower
         except Exception as e:  # noqa: BLE001 - safetensors' text names neither the flag nor the file
             if loaded is None:
                 raise
@@ -101,12 +100,13 @@ class TrainWorker:
         self.policy = PolicyModel(self.model, getattr(args, "rollout_temperature", 1.0))
         from torch.nn.parallel import DistributedDataParallel
 
-        self.ddp = DistributedDataParallel(self.policy)
+        # a VLM's micro-batch without images leaves the vision tower out of the backward
+        self.ddp = DistributedDataParallel(self.policy, find_unused_parameters=is_vision_model(self.model))
         if needs_reference(args):
             ref_path = getattr(args, "ref_load", None) or args.hf_checkpoint
             if ref_path and not (Path(ref_path) / "config.json").is_file():
                 ref_path = args.hf_checkpoint  # a Megatron --ref-load dir: the HF model is the reference
-            ref_model = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32).eval()
+            ref_model = load_hf_model(ref_path, torch.float32).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
             self.ref = PolicyModel(ref_model, getattr(args, "rollout_temperature", 1.0))
@@ -147,7 +147,9 @@ class TrainWorker:
         denoms = data["rollout_mask_sums"]
         rollout_lp = data.get("rollout_log_probs")
         mb_indices = data["micro_batch_indices"]
-        packed = [pack([tokens[i] for i in mb], [lengths[i] for i in mb]) for mb in mb_indices]
+        images = data.get("multimodal_train_inputs") or [None] * len(tokens)  # a VLM's, per sample
+        packed = [pack([tokens[i] for i in mb], [lengths[i] for i in mb], images=[images[i] for i in mb])
+                  for mb in mb_indices]
         total_rollouts = float(sum(data["global_batch_sizes"]))
 
         # the current weights' log-probs ("old" policy) and the reference's, before any update
@@ -200,14 +202,15 @@ class TrainWorker:
                     reduce = sample_reducer([lengths[i] for i in mb], [masks[i] for i in mb], denoms[mb])
                     if self.hooks.custom_loss is not None:
                         *_, logits = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols,
-                                              batch.targets, with_entropy=False, with_logits=True)
+                                              batch.targets, with_entropy=False, with_logits=True, **batch.images)
                         mb_batch = self._custom_loss_batch(mb, data, masks, advantages, old_lp, ref_lp, totals)
                         out = call_custom_loss(args, self.hooks, mb_batch, logits, reduce)
                         (out.loss * (self.world_size / n_rollouts)).backward()
                         for key, value in out.metrics.items():
                             sums[key] = sums[key] + value
                         continue
-                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets)
+                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets,
+                                       **batch.images)
                     out = policy_loss(
                         args, log_probs=lp, entropy=ent,
                         old_log_probs=(torch.cat([rollout_lp[i] for i in mb])
@@ -416,7 +419,7 @@ class TrainWorker:
         src = Path(self.args.hf_checkpoint)
         for name in os.listdir(src):  # tokenizer and generation config, so the dir serves as is
             if name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges",
-                                "chat_template")) and (src / name).is_file():
+                                "chat_template", "preprocessor_config", "processor_config")) and (src / name).is_file():
                 shutil.copy(src / name, directory / name)
 
     def save_model(self, rollout_id: int) -> str | None:

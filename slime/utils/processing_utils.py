@@ -6,8 +6,6 @@ directory is refused with a message naming it). transformers and PIL are importe
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import logging
 from pathlib import Path
@@ -72,11 +70,13 @@ def load_processor(name_or_path: str | Path, **kwargs: Any):
     kwargs.setdefault("local_files_only", True)
     try:
         proc = AutoProcessor.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        logger.info("no processor in %s (%s: %s); text-only model", path, type(e).__name__, e)
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as e:
+        proc = image_only_processor(path)
+        if proc is None:
+            logger.info("no processor in %s (%s: %s); text-only model", path, type(e).__name__, e)
+        return proc
     if isinstance(proc, PreTrainedTokenizerBase) or not isinstance(proc, ProcessorMixin):
-        return None  # AutoProcessor falls back to the tokenizer for text-only models
+        return image_only_processor(path)  # AutoProcessor falls back to the tokenizer for text-only models
     return proc
 
 
@@ -94,6 +94,59 @@ def _has_processor_files(path: Path) -> bool:
     return isinstance(config, dict) and "processor_class" in config
 
 
+def image_only_processor(path: str | Path) -> Any:
+    """A Qwen2-VL / Qwen2.5-VL checkpoint's processor built without its video processor, or None for any
+    other checkpoint. transformers' video processors need torchvision, which CPU boxes here do not have (its
+    wheels pull a CUDA torch), and the stock processor refuses to exist without one; images need only the
+    PIL image processor and the tokenizer."""
+    from slime.utils.vision_model import VISION_MODEL_TYPES, model_type
+
+    kind = model_type(path)
+    config_file = Path(path) / "preprocessor_config.json"
+    if kind not in VISION_MODEL_TYPES or not config_file.is_file():
+        return None
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.processing_utils import ProcessorMixin
+
+    if kind == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLProcessor as Stock
+    else:
+        from transformers import Qwen2VLProcessor as Stock
+
+    class ImageOnlyProcessor(Stock):
+        """The stock processor's image path; `videos` are refused (no video processor)."""
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+        def __call__(self, images=None, text=None, videos=None, **kwargs):
+            if videos is not None:
+                raise ValueError(f"{path}: videos need transformers' video processor (torchvision), "
+                                 "not installed here; only images are processed")
+            return super().__call__(images=images, text=text, **kwargs)
+
+    settings = json.loads(config_file.read_text())
+    known = {"min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std",
+             "do_resize", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb", "size"}
+    image_processor = Qwen2VLImageProcessorPil(**{k: v for k, v in settings.items() if k in known})
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    template = _chat_template(Path(path)) or getattr(tokenizer, "chat_template", None)
+    return ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+
+
+def _chat_template(path: Path) -> str | None:
+    for name in ("chat_template.jinja", "chat_template.json"):
+        file = path / name
+        if file.is_file():
+            text = file.read_text(encoding="utf-8")
+            return json.loads(text).get("chat_template") if name.endswith(".json") else text
+    return None
+
+
 def build_processor_kwargs(multimodal_inputs: dict | None = None) -> dict:
     """Processor call kwargs: text as plain id lists, modality outputs as torch tensors."""
     result = dict(multimodal_inputs or {})
@@ -105,17 +158,10 @@ def build_processor_kwargs(multimodal_inputs: dict | None = None) -> dict:
 
 
 def _open_image(data: Any):
-    from PIL import Image
+    """A PIL image, a data URI, base64 text or a file path as a PIL image (`slime.utils.images`: URLs refused)."""
+    from slime.utils.images import open_image
 
-    if isinstance(data, Image.Image):
-        return data
-    if not isinstance(data, str):
-        raise TypeError(f"image must be a PIL image, a base64 string or a file path, got {type(data).__name__}")
-    if data.startswith("data:"):
-        return Image.open(io.BytesIO(base64.b64decode(data.split(",", 1)[1])))
-    if Path(data).is_file():
-        return Image.open(data)
-    return Image.open(io.BytesIO(base64.b64decode(data)))
+    return open_image(data)
 
 
 def _extract_images_from_messages(messages: list[dict]) -> list:
@@ -149,9 +195,6 @@ def process_vision_info(prompt: list[dict], processor: Any) -> dict:
 
 def encode_image_for_rollout_engine(image: Any) -> str:
     """An image as the `data:image/png;base64,...` string SGLang's `image_data` accepts (RGB PNG)."""
-    image = _open_image(image)
-    if image.mode != "RGB":
-        image = image.convert("RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    from slime.utils.images import encode_png_data_uri
+
+    return encode_png_data_uri(image)

@@ -114,6 +114,22 @@ def _to_builtin(value: Any) -> Any:
     return value
 
 
+def _plain_images(multimodal: Any) -> Any:
+    """`multimodal_inputs` with its PIL images as PNG data URIs (what `image_data` and our readers accept),
+    so a sample's dict stays JSON- and `weights_only`-safe."""
+    if not isinstance(multimodal, dict):
+        return multimodal
+
+    def plain(v: Any) -> Any:
+        if type(v).__module__.startswith("PIL."):
+            from slime.utils.images import encode_png_data_uri
+
+            return encode_png_data_uri(v)
+        return [plain(x) for x in v] if isinstance(v, list) else v
+
+    return {k: plain(v) for k, v in multimodal.items()}
+
+
 # ---------------------------------------------------------------- Sample
 
 @dataclass
@@ -193,8 +209,8 @@ class Sample:
     # prompt
     prompt: str | list[dict[str, Any]] = ""
     tokens: list[int] = field(default_factory=list)
-    multimodal_inputs: dict[str, Any] | None = None  # raw multimodal data (images, videos, ...)
-    multimodal_train_inputs: dict[str, Any] | None = None  # processed (pixel_values, ...)
+    multimodal_inputs: dict[str, Any] | None = None  # raw data: {"images": [PIL images]} (data URIs in to_dict)
+    multimodal_train_inputs: dict[str, Any] | None = None  # processed (pixel_values, image_grid_thw, ...)
     multimodal_train_input_id: str | None = None
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     # response
@@ -261,6 +277,7 @@ class Sample:
         names = self._field_names()
         d = {name: _to_builtin(getattr(self, name)) for name in names}
         d["status"] = Sample.Status(self.status).value
+        d["multimodal_inputs"] = _plain_images(self.multimodal_inputs)
         d["spec_info"] = self.spec_info.to_dict()
         d["prefix_cache_info"] = self.prefix_cache_info.to_dict()
         for key, value in self.extra_fields.items():

@@ -305,8 +305,7 @@ PROVEN_IN = {
 # acted on, with no test yet that changes them and sees the difference (this list only shrinks)
 TO_PROVE = {
     "actor_num_gpus_per_node", "actor_num_nodes", "clip_grad", "custom_eval_rollout_log_function_path",
-    "no_load_optim", "no_save_optim", "num_epoch", "num_workers", "offload_rollout", "ref_load",
-    "seed",
+    "no_load_optim", "no_save_optim", "num_epoch", "num_workers", "offload_rollout", "ref_load", "seed",
     "sglang_config", "trust_remote_code", "use_rollout_logprobs",
 }
 

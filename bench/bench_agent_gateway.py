@@ -223,8 +223,18 @@ async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list
         med[k] = (d, f, t)
         print(f"| {k} | {d:.3f} | {f:.3f} | {t:.3f} |")
     (d1, f1, t1), (dn, fn, tn) = med[1], med[max(med)]
-    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x (limit 1.5x), re-render {fn / f1:.2f}x, "
-          f"4 kB tool results {tn / t1:.2f}x (limit 1.5x)")
+    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x, re-render {fn / f1:.2f}x, "
+          f"4 kB tool results {tn / t1:.2f}x (turn 1 renders two short messages, later turns a 4 kB tool result)")
+    if turns >= 16:
+        first, last = range(8), range(turns - 8, turns)
+
+        def mean_ms(costs: list[list[float]], ks: range) -> float:
+            return statistics.mean(statistics.median(c[k] for c in costs) for k in ks) * 1e3
+
+        spans = {name: (mean_ms(c, first), mean_ms(c, last)) for name, c in
+                 (("delta", delta_costs), ("re-render", full_costs), ("4 kB tool results", tool_costs))}
+        print(f"mean CPU ms per turn, turns 1-8 -> {turns - 7}-{turns}: " + "; ".join(
+            f"{name} {a:.3f} -> {b:.3f} ({b / a:.2f}x)" for name, (a, b) in spans.items()) + " (limit 1.5x)")
 
 
 def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> None:

@@ -201,3 +201,29 @@ def test_a_session_keeps_a_few_bodies_per_protocol():
                        {"role": "assistant", "content": "a"}])
     assert kept.parse(grown, "messages", "chat").known.count == 1
     assert kept.parse(grown, "messages", "anthropic").known is None  # another protocol's parse is not reused
+
+
+def test_sessions_opening_with_one_prompt_render_it_once_and_any_other_prompt_anew():
+    """A GRPO group's sessions open with one task prompt: the gateway renders it once (keyed by the
+    messages' and tools' content), and a prompt differing in one character or in its tools is rendered."""
+    from transformers import AutoTokenizer
+
+    from slime.agent.rendering import DeltaRender
+    from slime.agent.session import Session
+    from slime.testing.tiny_model import qwen_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    render = DeltaRender(tok)
+    task = [{"role": "system", "content": "You fix code."}, {"role": "user", "content": "fix add()"}]
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+    def fresh(messages, tools=None):
+        return tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
+                                       return_dict=False)
+
+    first = render.prompt_ids(Session("a"), task, None)
+    assert render.prompt_ids(Session("b"), json.loads(json.dumps(task)), None) is first and render.full_renders == 1
+    assert first == fresh(task)
+    other = [task[0], {"role": "user", "content": "fix add!"}]
+    assert render.prompt_ids(Session("c"), other, None) == fresh(other) and render.full_renders == 2
+    assert render.prompt_ids(Session("d"), task, tools) == fresh(task, tools) and render.full_renders == 3

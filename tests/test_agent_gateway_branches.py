@@ -137,4 +137,5 @@ def test_a_turn_checks_only_its_new_messages_and_an_edited_history_is_still_seen
     samples = finish(stack, "branch-4")
     assert len(samples) == 2  # the edit branched at that message
     assert sorted(sum(trained_spans(samples), [])) == sorted(sum((lps for *_, lps in chain_of(stack, "main-3")), []))
-    assert stack.gateway.pipeline.renderer.full_renders - renders == 2  # the first prompt and the edited one
+    # rendered whole once: the edited body continues the first answer (the last its messages still spell)
+    assert stack.gateway.pipeline.renderer.full_renders - renders == 1

@@ -103,8 +103,8 @@ class Gateway:
 
         app = FastAPI(lifespan=lifespan)
         for path, protocol in ROUTES.items():
-            for prefix in ("", "/s/{key}"):
-                app.add_api_route(prefix + path, self._endpoint(protocol), methods=["POST"])
+            for prefix in ("", "/s/{key}"):  # plain routes: the endpoint reads its Request, FastAPI's
+                app.add_route(prefix + path, self._endpoint(protocol), methods=["POST"])  # dependencies unused
         for prefix in ("", "/s/{key}"):
             app.add_api_route(prefix + "/v1/messages/count_tokens", self._count_tokens, methods=["POST"])
             app.add_api_route(prefix + "/v1/models", self._models, methods=["GET"])

@@ -107,3 +107,35 @@ def test_a_retried_request_and_an_edited_answer_branch_and_train_every_answer_on
     samples = finish(stack, "branch-3")
     sampled = [lps for _, _, lps in chain_of(stack, "sub-2")]
     assert sorted(trained_spans(samples)) == sorted(sampled)  # three answers, each trained in one Sample
+
+
+def test_a_turn_checks_only_its_new_messages_and_an_edited_history_is_still_seen(stack, monkeypatch):
+    """Issue 29's cost: the gateway checks and translates a body only past the history an earlier body
+    of the session held (counted through the protocol's own functions), and an earlier message
+    edited in place is still read, so the edit branches and every answer is trained once."""
+    from slime.agent.protocols import openai_chat
+
+    checked: list[str] = []
+    check_message = openai_chat.check_message
+    monkeypatch.setattr(openai_chat, "check_message", lambda m, path: (checked.append(path), check_message(m, path)))
+    msgs = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "case=main-3 3+4?"}]
+    per_request, renders = [], stack.gateway.pipeline.renderer.full_renders
+    with openai.OpenAI(base_url=url_of(stack, "branch-4"), api_key="x", max_retries=0) as client:
+        for k in range(8):
+            del checked[:]
+            message = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL],
+                                                     max_tokens=64).choices[0].message
+            per_request.append(len(checked))
+            msgs.append(message.model_dump(exclude_none=True))
+            msgs.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"{k} " * 1000}
+                        if message.tool_calls else {"role": "user", "content": f"step {k} " * 500})
+        assert per_request == [2] + [2] * 7  # the two new messages, not 4, 6, ... 16
+        del checked[:]
+        msgs[3] = {**msgs[3], "content": "7 (edited)"}  # the first tool result, edited in place
+        client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
+        assert len(checked) == len(msgs)  # read whole
+    samples = finish(stack, "branch-4")
+    assert len(samples) == 2  # the edit branched at that message
+    assert sorted(sum(trained_spans(samples), [])) == sorted(sum((lps for *_, lps in chain_of(stack, "main-3")), []))
+    # rendered whole once: the edited body continues the first answer (the last its messages still spell)
+    assert stack.gateway.pipeline.renderer.full_renders - renders == 1

@@ -18,11 +18,12 @@ from slime.utils.encoded_ids import EncodedIds
 
 @dataclasses.dataclass(frozen=True)
 class PromptPrefix:
-    """One answer we sent: the tools of its request, and its ids -- the prompt, then exactly the
-    sampled ids -- with their JSON text, so the next prompt encodes only its delta."""
+    """One answer we sent: the tools of its request, the prompt's ids with their JSON text, then
+    exactly the sampled ids; the next prompt is `prompt.extended(output_ids, delta)`, which copies
+    the ids once and encodes only the answer and the delta."""
 
     tools: list[dict[str, Any]] | None
-    ids: EncodedIds
+    prompt: EncodedIds
     output_ids: list[int]
 
 
@@ -35,6 +36,9 @@ class _Node:
         self.answers: list[PromptPrefix] = []  # set on the node of an answer we sent
 
     def child(self, message: dict[str, Any]) -> _Node | None:
+        for c in self.children:  # the very message this node holds (a known history's): no comparison
+            if c.message is message:
+                return c
         role = message.get("role")
         return next((c for c in self.children
                      if c.message.get("role") == role and same_message(c.message, message)), None)
@@ -58,7 +62,7 @@ class Conversations:
                 node.children.append(nxt)
             node = nxt
         prompt = prompt_ids if isinstance(prompt_ids, EncodedIds) else EncodedIds(prompt_ids)
-        node.answers.append(PromptPrefix(tools, prompt.extended(output_ids), list(output_ids)))
+        node.answers.append(PromptPrefix(tools, prompt, list(output_ids)))
         self.sent += 1
 
     def continued(self, messages: list[dict[str, Any]],

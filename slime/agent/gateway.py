@@ -103,8 +103,8 @@ class Gateway:
 
         app = FastAPI(lifespan=lifespan)
         for path, protocol in ROUTES.items():
-            for prefix in ("", "/s/{key}"):
-                app.add_api_route(prefix + path, self._endpoint(protocol), methods=["POST"])
+            for prefix in ("", "/s/{key}"):  # plain routes: the endpoint reads its Request, FastAPI's
+                app.add_route(prefix + path, self._endpoint(protocol), methods=["POST"])  # dependencies unused
         for prefix in ("", "/s/{key}"):
             app.add_api_route(prefix + "/v1/messages/count_tokens", self._count_tokens, methods=["POST"])
             app.add_api_route(prefix + "/v1/models", self._models, methods=["GET"])
@@ -115,8 +115,7 @@ class Gateway:
     def _endpoint(self, protocol: ModuleType):
         async def endpoint(request: Request):
             try:
-                session = self.sessions.by_key(request_key(request))
-                req = protocol.parse_request(await _json_body(request), request.headers, session.sid)
+                req = await self._parse(protocol, request)
                 turn = await self._answer_unless_gone(req, request)
                 if turn is None:  # nobody is left to read an answer
                     return Response(status_code=499)
@@ -132,6 +131,18 @@ class Gateway:
             return StreamingResponse(self._send(turn, [body]), media_type="application/json")
 
         return endpoint
+
+    async def _parse(self, protocol: ModuleType, request: Request) -> ChatRequest:
+        """The request of the session its key opens, its body parsed once and checked and translated
+        only past the history an earlier body of the session already held (`BodyPrefixes`)."""
+        session = self.sessions.by_key(request_key(request))
+        parsed = session.bodies.parse(await request.body(), protocol.HISTORY, protocol.__name__)
+        if not isinstance(parsed.body, dict):
+            raise BadRequestError("the request body must be a JSON object")
+        req = protocol.parse_request(parsed.body, request.headers, session.sid, parsed.known)
+        if req.known is not None:
+            session.bodies.keep(parsed, req.known)
+        return req
 
     async def _answer_unless_gone(self, req: ChatRequest, request: Request) -> Turn | None:
         """The answered turn, or None when the client disconnects first: the turn is cancelled, so its
@@ -172,9 +183,8 @@ class Gateway:
         prefix (the ids its answers really were), not re-rendered whole, which counts differently once
         an answer is not the template's canonical text. Opens nothing."""
         try:
-            session = self.sessions.by_key(request_key(request))  # the caller's own session only
-            req = anthropic.parse_request(await _json_body(request), request.headers, session.sid)
-            ids = self.pipeline.prompt_ids(session, req)
+            req = await self._parse(anthropic, request)  # the caller's own session only
+            ids = self.pipeline.prompt_ids(self.sessions.get(req.session_id), req)
         except TurnRefused as e:
             return JSONResponse(anthropic.render_error(e), status_code=e.status)
         return {"input_tokens": len(ids)}
@@ -266,14 +276,3 @@ def request_key(request: Request) -> str | None:
     return (request.path_params.get("key") or header_session(request.headers) or bearer(request.headers)
             or (request.headers.get("x-api-key") or "").strip() or None)
 
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as e:  # UnicodeDecodeError too: the body is not UTF-8
-        raise BadRequestError(f"the request body is not JSON: {e}") from None
-    except RecursionError:
-        raise BadRequestError("the request body is not JSON this server reads: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    return body

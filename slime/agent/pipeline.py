@@ -26,6 +26,7 @@ from slime.agent.records import ChatRequest, Reply, TokenLogprob, ToolUse, TurnR
 from slime.agent.rendering import PromptRenderer
 from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
+from slime.utils.encoded_ids import EncodedIds
 from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
 
@@ -97,7 +98,10 @@ class TurnPipeline:
             ids = self.renderer.prompt_ids(session, request.messages, request.tools)
         except TemplateError as e:
             raise BadRequestError(f"messages: the model's chat template refuses this conversation: {e}") from None
-        return ids + self.forced_call_ids(request)
+        forced = self.forced_call_ids(request)
+        if not forced:  # (`ids + []` would be a plain list: its JSON text, kept by `EncodedIds`, lost)
+            return ids
+        return ids.extended(forced) if isinstance(ids, EncodedIds) else ids + forced
 
     def forced_call_ids(self, request: ChatRequest) -> list[int]:
         """The opening of a call the client requires (`parsing.forced_call_prefix`), as prompt ids."""

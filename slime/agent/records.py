@@ -58,6 +58,16 @@ class ToolChoice:
 
 
 @dataclasses.dataclass(frozen=True)
+class Known:
+    """What a protocol made of the first `count` elements of a body's history array (`messages`, or
+    Responses' `input`): all checked, translated into `messages`, so a body of the same session that
+    repeats them byte for byte (`protocols.body_prefix`) checks and translates only what follows."""
+
+    count: int
+    messages: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
 class ChatRequest:
     """A wire request in chat-template terms: messages as the template takes them, tools in the
     OpenAI function schema (None under `tool_choice` none: not offered), sampling keys the client
@@ -73,6 +83,7 @@ class ChatRequest:
     logprobs: bool = False  # the client asked for the sampled tokens' log-probs
     top_logprobs: int = 0  # and for the k most likely tokens at each position
     raw: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    known: Known | None = dataclasses.field(default=None, compare=False, repr=False)  # for the next body
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,8 @@ nothing opens a session implicitly, so a request can only add turns to a session
 
 A session holds its sampling defaults, context budget, turn count, the turns in flight and the
 answers it sent, keyed by conversation (`Conversations`: a prompt that continues one costs one
-template delta, not a re-render). Closing refuses new turns and waits for the ones in flight, on whichever event loop
+template delta, not a re-render), and its last request bodies with what their protocol made of
+them (`BodyPrefixes`: a body that repeats one's history is checked and translated past it only). Closing refuses new turns and waits for the ones in flight, on whichever event loop
 serves them (the compatibility adapters serve from their own thread).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from slime.agent.conversations import Conversations
 from slime.agent.errors import SessionClosedError, SessionKeyError, TurnCapError, UnknownSessionError
+from slime.agent.protocols.body_prefix import BodyPrefixes
 
 
 @dataclasses.dataclass
@@ -29,6 +31,7 @@ class Session:
     turns: int = 0
     closed: bool = False
     conversations: Conversations = dataclasses.field(default_factory=Conversations)
+    bodies: BodyPrefixes = dataclasses.field(default_factory=BodyPrefixes)  # its last bodies, parsed and checked
     # engine calls (tasks) and answers sent but not yet recorded (futures), all on `loop`
     in_flight: set[asyncio.Future] = dataclasses.field(default_factory=set)
     loop: asyncio.AbstractEventLoop | None = None

@@ -79,8 +79,12 @@ def find_mount_point(root: MessageNode, messages: list[dict[str, Any]]) -> tuple
     node, depth = root, 0
     while depth < len(messages):
         msg = messages[depth]
-        role = msg.get("role")
-        match = next((c for c in node.children if c.role == role and same_message(c.message, msg)), None)
+        for match in node.children:  # a known history's very message (`protocols.body_prefix`): no comparison
+            if match.message is msg:
+                break
+        else:
+            role = msg.get("role")
+            match = next((c for c in node.children if c.role == role and same_message(c.message, msg)), None)
         if match is None:
             break
         node, depth = match, depth + 1

@@ -20,10 +20,11 @@ from slime.agent.protocols.common import (bearer, flatten_content, header_sessio
                                           want_stream)
 from slime.agent.protocols.media import refuse_media
 from slime.agent.protocols.tool_choice import anthropic_choice, names, offered
-from slime.agent.records import ChatRequest, Reply
+from slime.agent.records import ChatRequest, Known, Reply
 
 REMINDER_OPEN, REMINDER_CLOSE = "<system-reminder>\n", "\n</system-reminder>\n"
 STOP_REASON = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+HISTORY = "messages"  # the array holding the conversation, which grows turn by turn (`body_prefix`)
 ROLES = frozenset({"user", "assistant", "system"})  # system mid-list: folded into a user turn
 SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                  "stop_sequences": "stop"}
@@ -34,9 +35,10 @@ def session_key(headers: Mapping[str, str]) -> str | None:
     return bearer(headers) or (headers.get("X-Api-Key") or headers.get("x-api-key") or "").strip() or None
 
 
-def check_body(body: Mapping[str, Any]) -> None:
-    """A `FieldError` naming the first malformed field (`body_checks`)."""
-    check.common(body)
+def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
+    """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
+    passed in an earlier body of the session (`Known`)."""
+    check.common(body, "messages", checked)
     check.integer(body, "max_tokens", 1, check.MAX_TOKENS_CAP)
     check.number(body, "temperature", 0, 1)
     check.number(body, "top_p", 0, 1, open_low=True)
@@ -48,7 +50,8 @@ def check_body(body: Mapping[str, Any]) -> None:
     check.expect(messages, "messages", "array")
     if not messages:
         raise FieldError("messages", "at least one message is required")
-    for i, m in enumerate(messages):
+    for i in range(checked, len(messages)):
+        m = messages[i]
         check.expect(m, f"messages[{i}]", "object")
         check.role(m.get("role"), f"messages[{i}].role", ROLES)
         check_content(m.get("content"), f"messages[{i}].content")
@@ -77,21 +80,42 @@ def check_content(content: Any, path: str) -> None:
             check.text_parts(b.get("content"), f"{where}.content", {"text"})
 
 
-def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
-    check_body(body)
-    body = copy.deepcopy(body)
-    fold_mid_list_system(body)
+def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
+                  known: Known | None = None) -> ChatRequest:
+    """`known`: what an earlier body made of this one's first messages (the same objects): only the
+    messages after them are checked and translated. A system message mid-list folds into an
+    earlier user message, so such a body is translated whole (and nothing of it is kept)."""
+    check_body(body, known.count if known else 0)
+    raw = body["messages"]
+    start = known.count if known else 0
+    folds = any(isinstance(m, dict) and m.get("role") == "system" for m in raw[max(start, 1):])
+    if folds:
+        body = copy.deepcopy(body)
+        fold_mid_list_system(body)
+        history, known = translate_history(body["messages"]), None
+    else:
+        history = known.messages + translate_history(raw[start:]) if known else translate_history(raw)
+        known = Known(len(raw), history)
     sampling = {dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None}
     tools = tools_to_chat_tools(body.get("tools"))
     choice = anthropic_choice(body, names(tools))
     return ChatRequest(session_id=session_id or header_session(headers) or session_key(headers) or "default",
-                       messages=translate_messages(body["messages"], body.get("system")),
+                       messages=system_messages(body.get("system")) + history,
                        tools=offered(tools, choice), sampling=sampling, stream=want_stream(body, headers),
-                       model=str(body.get("model") or "slime-actor"), tool_choice=choice, raw=body)
+                       model=str(body.get("model") or "slime-actor"), tool_choice=choice, raw=body, known=known)
 
 
 def translate_messages(msgs: list[dict], system: Any) -> list[dict]:
-    out: list[dict] = [{"role": "system", "content": flatten_content(system)}] if system else []
+    return system_messages(system) + translate_history(msgs)
+
+
+def system_messages(system: Any) -> list[dict]:
+    return [{"role": "system", "content": flatten_content(system)}] if system else []
+
+
+def translate_history(msgs: list[dict]) -> list[dict]:
+    """The messages (no system prompt): each translated on its own, so a known prefix stays valid."""
+    out: list[dict] = []
     for m in msgs:
         if not isinstance(m, dict):
             continue

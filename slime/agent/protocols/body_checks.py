@@ -38,6 +38,18 @@ def no_lone_surrogates(value: Any, path: str = "body", depth: int = 0) -> None:
             no_lone_surrogates(v, f"{path}[{i}]", depth + 1)
 
 
+def strings_past(body: Mapping[str, Any], history: str, checked: int) -> None:
+    """`no_lone_surrogates(body)` (same order, same paths) over all but the first `checked` elements
+    of `body[history]`."""
+    for k, v in body.items():
+        no_lone_surrogates(k, "body", 1)
+        if k == history:
+            for i in range(checked, len(v)):
+                no_lone_surrogates(v[i], f"{k}[{i}]", 2)
+        else:
+            no_lone_surrogates(v, k, 1)
+
+
 def kind(value: Any) -> str:
     """The JSON name of a value's type, for error messages."""
     if value is None:
@@ -131,9 +143,13 @@ def json_schema(value: Any, path: str) -> None:
     expect(value, path, "null", "object")
 
 
-def common(body: Mapping[str, Any]) -> None:
-    """Checks every protocol shares: the body's strings, `model`, `stream`, `metadata`."""
-    no_lone_surrogates(body)
+def common(body: Mapping[str, Any], history: str = "", checked: int = 0) -> None:
+    """Checks every protocol shares: the body's strings, `model`, `stream`, `metadata`. The first
+    `checked` elements of `body[history]` passed these checks in an earlier body (`Known`)."""
+    if checked:
+        strings_past(body, history, checked)
+    else:
+        no_lone_surrogates(body)
     optional(body, "model", "string")
     optional(body, "stream", "boolean")
     optional(body, "metadata", "object")

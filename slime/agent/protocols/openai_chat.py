@@ -19,8 +19,9 @@ from slime.agent.protocols.common import (bearer, flatten_content, header_sessio
                                           parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
 from slime.agent.protocols.media import refuse_media
 from slime.agent.protocols.tool_choice import names, offered, openai_choice
-from slime.agent.records import ChatRequest, Reply
+from slime.agent.records import ChatRequest, Known, Reply
 
+HISTORY = "messages"  # the array holding the conversation, which grows turn by turn (`body_prefix`)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 SAMPLING_KEYS = {"max_completion_tokens": "max_new_tokens", "max_tokens": "max_new_tokens",
@@ -47,9 +48,10 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_body(body: Mapping[str, Any]) -> None:
-    """A `FieldError` naming the first malformed field (`body_checks`)."""
-    check.common(body)
+def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
+    """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
+    passed in an earlier body of the session (`Known`)."""
+    check.common(body, "messages", checked)
     check.optional(body, "stream_options", "object")
     check.optional(body, "user", "string")
     sampling_ranges(body)
@@ -57,8 +59,8 @@ def check_body(body: Mapping[str, Any]) -> None:
     check.expect(messages, "messages", "array")
     if not messages:
         raise FieldError("messages", "at least one message is required")
-    for i, m in enumerate(messages):
-        check_message(m, f"messages[{i}]")
+    for i in range(checked, len(messages)):
+        check_message(messages[i], f"messages[{i}]")
     for i, t in enumerate(body.get("tools") or []):
         check_tool(t, f"tools[{i}]")
 
@@ -112,15 +114,21 @@ def check_tool(t: Any, path: str) -> None:
     check.json_schema(t["function"].get("parameters"), f"{path}.function.parameters")
 
 
-def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
-    check_body(body)
+def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
+                  known: Known | None = None) -> ChatRequest:
+    """`known`: what an earlier body made of this one's first messages (the same objects): only the
+    messages after them are checked and translated."""
+    check_body(body, known.count if known else 0)
     tools = chat_tools(body.get("tools"))
     choice = openai_choice(body, names(tools))
+    raw = body["messages"]
+    messages = known.messages + translate_messages(raw[known.count:]) if known else translate_messages(raw)
     return ChatRequest(session_id=request_session(headers, body, session_id),
-                       messages=translate_messages(body["messages"]), tools=offered(tools, choice),
+                       messages=messages, tools=offered(tools, choice),
                        sampling=sampling(body), stream=want_stream(body, headers),
                        model=str(body.get("model") or "slime-actor"), tool_choice=choice,
-                       logprobs=body.get("logprobs") is True, top_logprobs=top_logprobs(body), raw=body)
+                       logprobs=body.get("logprobs") is True, top_logprobs=top_logprobs(body), raw=body,
+                       known=Known(len(raw), messages))
 
 
 def translate_messages(msgs: list[dict]) -> list[dict]:

@@ -21,24 +21,31 @@ from slime.agent.protocols.common import (bearer, flatten_content, header_sessio
 from slime.agent.protocols.media import refuse_media
 from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.protocols.openai_chat import body_session
-from slime.agent.records import ChatRequest, Reply
+from slime.agent.records import ChatRequest, Known, Reply
 
+HISTORY = "input"  # the array holding the conversation, which grows turn by turn (`body_prefix`)
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 SAMPLING_KEYS = {"max_output_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` value asking for the text's log-probs
 
 
-def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None) -> ChatRequest:
+def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
+                  known: Known | None = None) -> ChatRequest:
+    """`known`: what an earlier body made of this one's first input items (the same objects): only
+    the items after them are checked and translated."""
     if body.get("previous_response_id"):
         raise BadRequestError("previous_response_id: this gateway keeps no responses; send the whole input "
                               "(store=false)")
-    check_body(body)
+    check_body(body, known.count if known else 0)
     items = body["input"]
     if isinstance(items, str):
-        items = [{"role": "user", "content": items}]
+        history, known = translate_items([{"role": "user", "content": items}]), None
+    else:
+        history = translate_items(items[known.count:], known.messages) if known else translate_items(items)
+        known = Known(len(items), history)
     messages = ([{"role": "system", "content": flatten_content(body["instructions"])}]
-                if body.get("instructions") else []) + translate_items(items)
+                if body.get("instructions") else []) + history
     tools = function_tools(body.get("tools"))
     choice = openai_choice(body, names(tools), responses=True)
     return ChatRequest(session_id=session_id or header_session(headers) or bearer(headers) or body_session(body)
@@ -46,12 +53,13 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
                        sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
                        stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"),
                        tool_choice=choice, logprobs=LOGPROBS_INCLUDE in (body.get("include") or []),
-                       top_logprobs=top_logprobs(body), raw=body)
+                       top_logprobs=top_logprobs(body), raw=body, known=known)
 
 
-def check_body(body: Mapping[str, Any]) -> None:
-    """A `FieldError` naming the first malformed field (`body_checks`)."""
-    check.common(body)
+def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
+    """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` input
+    items passed in an earlier body of the session (`Known`)."""
+    check.common(body, "input", checked)
     check.optional(body, "instructions", "string")
     check.integer(body, "max_output_tokens", 1, check.MAX_TOKENS_CAP)
     check.number(body, "temperature", 0, 2)
@@ -62,8 +70,8 @@ def check_body(body: Mapping[str, Any]) -> None:
     check.expect(items, "input", "string", "array")
     if not items:
         raise FieldError("input", "must not be empty")
-    for i, item in enumerate(items if isinstance(items, list) else []):
-        check_item(item, f"input[{i}]")
+    for i in range(checked, len(items) if isinstance(items, list) else 0):
+        check_item(items[i], f"input[{i}]")
     for i, t in enumerate(body.get("tools") or []):
         check.block(t, f"tools[{i}]")
         if t["type"] == "function":
@@ -93,8 +101,12 @@ def check_item(item: Any, path: str) -> None:
             check.expect(part.get("text"), f"{path}.summary[{j}].text", "string")
 
 
-def translate_items(items: list[Any]) -> list[dict]:
-    out: list[dict] = []
+def translate_items(items: list[Any], translated: list[dict] = ()) -> list[dict]:
+    """`items` as template messages, continuing the translation `translated` of the items before
+    them (never changed: an assistant message the items continue is copied first)."""
+    out = list(translated)
+    if out and out[-1]["role"] == "assistant":
+        out[-1] = {**out[-1], **({"tool_calls": list(out[-1]["tool_calls"])} if "tool_calls" in out[-1] else {})}
     for item in items:
         if not isinstance(item, dict):
             continue

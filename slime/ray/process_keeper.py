@@ -1,4 +1,4 @@
-"""`RayProcessKeeper`: a private Ray's processes (GCS, raylet, log monitor; the raylet's agents and
+"""`RayProcessKeeper`: a private Ray's processes (GCS, raylet, monitors; the raylet's agents and
 workers follow the raylet) lead sessions of their own, and a keeper process takes every process of those
 sessions down when the command stops its Ray or dies, by whatever means.
 

@@ -10,7 +10,9 @@ Three measures, each for a way things leaked:
 - A lifeline process, forked before anything else, blocks on a pipe only the command holds: when
   the command dies by any means (SIGKILL included) the pipe closes and the lifeline kills the
   command's process group. It is only used when the command leads that group, so it never
-  touches a pipeline it shares with others.
+  touches a pipeline it shares with others. A private Ray's processes are not in that group (a
+  group SIGTERM must reach the command alone): their own keeper takes them down the same way
+  (`slime.ray.process_keeper`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from slime.ray.keep_sigterm import keep_sigterm_handler
+from slime.ray.process_keeper import RayProcessKeeper
 from slime.ray.stale_dirs import remove_stale_run_dirs
 from slime.utils.startup_trace import mark
 
@@ -41,6 +42,7 @@ class RaySession:
         self.fork_server_socket: str | None = None  # handed to the manager (start_manager), once it listens
         self._imported: Future | None = None  # the module `ray_init(import_meanwhile=...)` imports
         self.ray_tmp: Path | None = None  # the private Ray's temp dir (/tmp/slime-ray-<pid>), removed by stop()
+        self.ray_keeper: RayProcessKeeper | None = None  # takes down what of a private Ray stop() left (process_keeper)
 
     def imported(self) -> ModuleType:
         """The module `ray_init` was asked to import while Ray started (its import error, if any)."""
@@ -49,20 +51,30 @@ class RaySession:
         return self._imported.result()
 
     def stop(self) -> None:
-        try:
+        """Ray (if ours), the fork server, what is left of Ray's processes, Ray's temp dir: each step
+        runs whatever the ones before raised."""
+        with contextlib.ExitStack() as steps:
+            steps.callback(self._remove_ray_tmp)
+            steps.callback(self._take_down_ray_sessions)
+            steps.callback(self.stop_fork_server)
             if self.started:
                 import ray
 
                 ray.shutdown()
-        finally:
-            try:
-                self.stop_fork_server()
-            finally:
-                if self.ray_tmp is not None:  # sockets, session logs: every run left one behind
-                    import shutil
 
-                    shutil.rmtree(self.ray_tmp, ignore_errors=True)
-                    self.ray_tmp = None
+    def _take_down_ray_sessions(self) -> None:
+        """What of a private Ray's processes `ray.shutdown()` left (agents, workers) is killed (process_keeper)."""
+        keeper, self.ray_keeper = self.ray_keeper, None
+        if keeper is not None:
+            keeper.stop()
+
+    def _remove_ray_tmp(self) -> None:
+        """Sockets, session logs: every run left one behind."""
+        tmp, self.ray_tmp = self.ray_tmp, None
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def stop_fork_server(self) -> None:
         """Stop the fork server (its engines are children: they go with it) and remove its directory."""
@@ -199,7 +211,9 @@ def _start_ray(args: Any, session: RaySession) -> None:
     # A private Ray's processes inherit our environment: no runtime env, so the workers Ray prestarts
     # serve our actors at once instead of new ones being started for a runtime env (cold start)
     os.environ.update(env)
-    with keep_sigterm_handler():
+    # Ray's processes in sessions of their own: a SIGTERM to the command's group is the command's alone
+    session.ray_keeper = RayProcessKeeper.start()
+    with keep_sigterm_handler(), session.ray_keeper.inside() if session.ray_keeper else contextlib.nullcontext():
         ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
                  logging_level=logging.WARNING)
         session.started = True  # before a held SIGTERM is raised: the stop then shuts this Ray down

@@ -54,9 +54,11 @@ class RaySession:
                 import ray
 
                 ray.shutdown()
+                mark("exit: ray.shutdown done")
         finally:
             try:
                 self.stop_fork_server()
+                mark("exit: fork server stopped")
             finally:
                 if self.ray_tmp is not None:  # sockets, session logs: every run left one behind
                     import shutil

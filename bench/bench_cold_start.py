@@ -37,7 +37,7 @@ def settle(started: list, timeout: float = 30.0) -> int:
     return len(kill_survivors(started, timeout))
 
 
-def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, int, list]:
+def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, int, list, float]:
     trace = Path(tempfile.mkdtemp(prefix="slime-cold-trace-")) / "trace.jsonl"
     env = {**os.environ, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "HF_ENDPOINT": "http://127.0.0.1:9", "SLIME_STARTUP_TRACE": str(trace)}
@@ -60,12 +60,14 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, 
 
             started = psutil.Process(proc.pid).children(recursive=True)
     proc.wait()
+    exited = time.perf_counter() - t0
     leftovers = settle(started)
     if first is None or proc.returncode != 0:
         raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode})")
     timeline = [(e["t"] - wall0, e["event"]) for e in read_trace(str(trace))]  # old trees write none
-    timeline += [(ready, "CLI: router + engines ready line"), (first, "CLI: first sample served")]
-    return ready, first, phases, leftovers, sorted(timeline)
+    timeline += [(ready, "CLI: router + engines ready line"), (first, "CLI: first sample served"),
+                 (exited, "command exited")]
+    return ready, first, phases, leftovers, sorted(timeline), exited
 
 
 def export_tree(ref: str) -> Path:
@@ -81,6 +83,9 @@ def report(name: str, runs: list[tuple]) -> None:
           f"(runs: {', '.join(f'{r[0]:.1f}' for r in runs)})")
     print(f"{name:<7} command -> first sample served  : {statistics.median(r[1] for r in runs):6.1f} s  "
           f"(runs: {', '.join(f'{r[1]:.1f}' for r in runs)})")
+    print(f"{name:<7} command -> exit                 : {statistics.median(r[5] for r in runs):6.1f} s  "
+          f"(runs: {', '.join(f'{r[5]:.1f}' for r in runs)}; after the first sample: "
+          f"{', '.join(f'{r[5] - r[1]:.1f}' for r in runs)})")
     if runs[-1][2]:
         print(f"{name:<7} manager start-up phases (last run) : {runs[-1][2]}")
     print(f"{name:<7} processes alive 30 s after exit    : {', '.join(str(r[3]) for r in runs)}")

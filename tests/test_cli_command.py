@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -137,3 +138,41 @@ def test_both_commands_use_run_cli(monkeypatch):
     assert rollout.main([]) == 7 and train.main([]) == 8
     assert calls == [("slime-rollout", rollout.parse_args, rollout.run),
                      ("slime-train", train.parse_train_args, train.run)]
+
+
+def test_a_real_command_line_ends_without_interpreter_teardown(tmp_path):
+    """From a real command line (argv None) the command ends at once when its body is done: exit
+    handlers run, unflushed output is written, the exit code is kept, and the interpreter's teardown
+    (here a finalizer standing for Ray's and the tokenizer's modules) is skipped."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "cmd.py"
+    script.write_text(textwrap.dedent(f"""
+        import atexit, sys
+        from types import SimpleNamespace
+        from slime.cli.command import run_cli
+
+        class Teardown:
+            def __del__(self):
+                print("teardown ran", flush=True)
+
+        keep = Teardown()
+        atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
+
+        def body(args):
+            sys.stdout.write("last line, unflushed")
+            raise RuntimeError("the body failed")
+
+        args = SimpleNamespace(load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0,
+                               num_rollout=0, eval_datasets=None, tool_config_path=None, input_key="input",
+                               label_key=None)
+        sys.exit(run_cli("slime-x", None, lambda argv: args, body))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stdout == "last line, unflushed"  # written, and no teardown after it
+    assert "the body failed" in proc.stderr
+    assert (tmp_path / "atexit").read_text() == "ran"

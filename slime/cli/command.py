@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from slime.cli import lifeline
 from slime.cli.args import ArgError
 from slime.cli.errors import describe
+from slime.cli.exit_now import exit_now
 from slime.cli.preflight import PreflightError, preflight
 from slime.train.save_dir import SaveDirError, SaveDirLock
 from slime.utils.startup_trace import mark
@@ -89,8 +90,17 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
     """Parse, check every input, then run `body(args)`; the exit code.
 
     With `argv` None (a real command line) the process is also made to take everything it started
-    down with it (`lifeline`); called with a list (tests, scripts) the process is left alone.
+    down with it (`lifeline`), and ends as soon as it has (`exit_now`: no interpreter teardown);
+    called with a list (tests, scripts) the process is left alone and the code returned.
     """
+    code = _run(prog, argv, parse, body)
+    if argv is None:
+        exit_now(code)
+    return code
+
+
+def _run(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],
+         body: Callable[[Any], Any]) -> int:
     mark(f"{prog}: imported")
     lifeline_pid = None
     if argv is None:
@@ -132,4 +142,5 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
             left = lifeline.reap_descendants(keep=(lifeline_pid,) if lifeline_pid else ())
             if left:
                 logger.warning("stopped %d leftover process(es) at exit: %s", len(left), "; ".join(left))
+            mark(f"{prog}: descendants reaped")
     return 0

@@ -15,6 +15,7 @@ from slime.cli.args import parse_args
 from slime.cli.command import run_cli
 from slime.ray.session import format_startup, start_manager, stop_manager
 from slime.ray.session import ray_init as _ray_init
+from slime.utils.startup_trace import mark
 
 
 def _format_summary(s: dict[str, Any]) -> str:
@@ -120,7 +121,9 @@ def run(args: Any) -> list[dict[str, Any]]:
                       ("debug rollouts", args.save_debug_rollout_data)) if where), flush=True)
         return summaries
     finally:
+        mark("exit: last line printed")
         stop_manager(manager)  # (None: nothing started, or start_manager already stopped it)
+        mark("exit: manager stopped")
         session.stop()  # Ray (if ours) and the engine fork server: nothing outlives the command
 
 

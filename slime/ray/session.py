@@ -56,11 +56,13 @@ class RaySession:
         with contextlib.ExitStack() as steps:
             steps.callback(self._remove_ray_tmp)
             steps.callback(self._take_down_ray_sessions)
+            steps.callback(mark, "exit: fork server stopped")
             steps.callback(self.stop_fork_server)
             if self.started:
                 import ray
 
                 ray.shutdown()
+                mark("exit: ray.shutdown done")
 
     def _take_down_ray_sessions(self) -> None:
         """What of a private Ray's processes `ray.shutdown()` left (agents, workers) is killed (process_keeper)."""

@@ -10,7 +10,6 @@ into a template Sample.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from typing import Any
 
 from slime.rollout.prompt_rows import (DEFAULT_ROLLOUT, DataError, parse_path_slice, prompt_limit,  # noqa: F401
                                        read_rows, sample_from_row, too_long)  # (re-exported: their old home)
+from slime.rollout.sample_clone import clone_sample
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -114,7 +114,7 @@ class DataSource:
     def _make_group(self, template: Sample) -> list[Sample]:
         group = []
         for _ in range(self.n):
-            s = copy.deepcopy(template)
+            s = clone_sample(template)  # as copy.deepcopy, at a fraction of its CPU
             s.group_index = self.group_counter
             s.index = self.sample_counter
             self.sample_counter += 1

@@ -97,16 +97,19 @@ def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], lis
     if not isinstance(pairs, list):
         raise BadAnswer("output_token_logprobs", "missing or not a list (the request asked for log-probs)", pairs)
     ids, lps = [], []
-    for i, item in enumerate(pairs):
-        if not isinstance(item, (list, tuple)) or len(item) < 2:
+    top = vocab_size if vocab_size is not None else math.inf
+    for i, item in enumerate(pairs):  # per token: the fast path tests exact JSON types, the rest the helpers
+        kind = type(item)
+        if (kind is not list and kind is not tuple and not isinstance(item, (list, tuple))) or len(item) < 2:
             raise BadAnswer("output_token_logprobs", f"item {i} is not [logprob, token_id, ...]", item)
         lp, tid = item[0], item[1]
-        if not _is_number(lp) or not math.isfinite(lp) or lp > LOGPROB_TOLERANCE:
+        if (type(lp) is not float and type(lp) is not int and not _is_number(lp)) \
+                or not -math.inf < lp <= LOGPROB_TOLERANCE:  # (NaN fails both comparisons)
             raise BadAnswer("logprob", f"item {i}: must be a finite number <= 0 (+{LOGPROB_TOLERANCE})", item)
-        if not _is_int(tid) or tid < 0 or (vocab_size is not None and tid >= vocab_size):
+        if (type(tid) is not int and not _is_int(tid)) or not 0 <= tid < top:
             raise BadAnswer("token_id", f"item {i}: must be an integer in [0, {vocab_size})", item)
         ids.append(tid)
-        lps.append(float(lp))
+        lps.append(lp if type(lp) is float else float(lp))
     return ids, lps
 
 

@@ -17,6 +17,7 @@ from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
+_deadline = getattr(asyncio, "timeout", None)  # Python >= 3.11
 
 
 class RewardTimeout(TimeoutError):
@@ -44,6 +45,11 @@ async def _guarded(args: Any, coro: Any) -> Any:
     one that does not return within --reward-timeout is a RewardTimeout (it hung the rollout before)."""
     timeout = getattr(args, "reward_timeout", None)  # None: a Namespace built by hand without the flag
     try:
+        if timeout is None:
+            return await coro
+        if _deadline is not None:  # the same deadline without a task of its own per reward (wait_for's)
+            async with _deadline(timeout):
+                return await coro
         return await asyncio.wait_for(coro, timeout)
     except asyncio.TimeoutError:
         return RewardTimeout(f"did not return within {timeout:g} s (--reward-timeout)")

@@ -20,6 +20,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.rollout.slime_http_client import SlimeHttpClient
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
+from slime.utils.gc_freeze import freeze_startup_heap
 from slime.tools.services import ToolServices
 from slime.tools.registry import ToolSet
 from slime.tools.tool_sets import ToolSetCache
@@ -100,7 +101,9 @@ class RolloutRuntime:
 
     def bind(self) -> "RolloutRuntime":
         """Make this the runtime that slime-style plugins of this process see (a previous one the
-        binding owned is closed: nothing else holds it)."""
+        binding owned is closed: nothing else holds it). The first binding of a process freezes what it
+        holds by then out of garbage collection (`freeze_startup_heap`)."""
+        freeze_startup_heap()
         previous = _bound.get(os.getpid())
         _bound[os.getpid()] = self
         if previous is not None and previous is not self and previous.owned_by_binding:

@@ -1,0 +1,34 @@
+"""The first runtime a rollout process binds freezes the start-up heap out of garbage collection, once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_first_binding_freezes_the_startup_heap_once() -> None:
+    code = textwrap.dedent("""
+        import argparse, gc
+        from slime.rollout.engine_client import EngineClient
+        from slime.rollout.runtime import RolloutRuntime, unbind
+        from slime.utils.endpoints import Endpoints
+        from slime.utils.gc_freeze import freeze_startup_heap
+
+        assert gc.get_freeze_count() == 0
+        runtime = RolloutRuntime(argparse.Namespace(), EngineClient(Endpoints(None, [])))
+        runtime.bind()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000, frozen  # the modules imported above, at least
+        runtime.bind()
+        assert gc.get_freeze_count() == frozen and not freeze_startup_heap()
+        unbind(runtime)
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

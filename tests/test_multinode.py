@@ -259,7 +259,6 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.utils.misc import find_free_port
 
     warm = contextlib.ExitStack()
-    fork_server = warm.enter_context(warm_engines(model_dir, work))  # it preloads while the cluster starts
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
                                                             "_system_config": FAST_NODE_DEATH})
@@ -271,6 +270,8 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     try:
         router_node = cluster.add_node(num_cpus=0, resources={ROUTER_RESOURCE: 1}, **node_args)
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # only it has room for the engines
+        # after the nodes' own starts (a raylet has 30 s to register, a preload competes for the CPU)
+        fork_server = warm.enter_context(warm_engines(model_dir, work))
         args = parse_args(_argv(model_dir, work, cluster.address))
         session = ray_init(args)
         assert not session.started  # joined, not started

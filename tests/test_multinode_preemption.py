@@ -164,7 +164,6 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.utils.misc import find_free_port
 
     warm = contextlib.ExitStack()
-    fork_server = warm.enter_context(warm_engines(model_dir, work))  # it preloads while the cluster starts
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
                                                             "_system_config": NODE_DEATH})
@@ -177,6 +176,8 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     try:
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # both engines (PACK), nothing else fits
         cluster.add_node(num_cpus=1, **node_args)  # the trainer's worker
+        # after the nodes' own starts (a raylet has 30 s to register, a preload competes for the CPU)
+        fork_server = warm.enter_context(warm_engines(model_dir, work))
         args = parse_train_args(_argv(model_dir, work, cluster.address, router_resource=None) + [
             "--num-rollout", str(NUM_ROLLOUT), "--request-retry-window", "180"])
         session = ray_init(args)

@@ -93,8 +93,9 @@ agent-demo: setup
 	  --num-rollout 2 --lr 1e-5 --global-batch-size 4 --micro-batch-size 2 --rollout-data-dir outputs/agent-demo
 
 # TESTS narrows the run: `make test TESTS="tests/test_agent_strands.py tests/test_agent_gateway.py"`.
+# WORKERS=N runs the files on N processes (pytest-xdist, --dist loadfile: each file on one worker).
 test: setup
-	$(PY) -m pytest -q $(TESTS)
+	$(PY) -m pytest -q $(if $(WORKERS),-n $(WORKERS) --dist loadfile) $(TESTS)
 
 # Not a gate: hypothesis draws fresh examples (`make test` draws the same ones every run, tests/conftest.py).
 # A failure found here is pinned with `@example(...)` on its test and fixed.

@@ -8,6 +8,12 @@ workers to a fourth. Then, in one run on that one cluster:
    until a new node (the same resources) joins, which takes the engines; that rollout is whole too;
 3. the trainer's group is formed again over the moved engines and its push reaches them.
 
+Engines start warm, forked from one engine fork server (slime.engine.warm_start) as `slime-train` starts
+them on its own Ray: every node of this cluster is this machine. An engine still runs in its node's Ray
+actor's lifetime (the actor's connection is the forked child's lifeline), so a lost node takes its engines.
+Engines started cold, as `--ray-address` starts them (children of their node's actors), are lost with a node
+in tests/test_multinode_push.py.
+
 The scenario runs once per module, in a process of its own (`python -m tests.test_multinode MODEL_DIR
 WORK_DIR`, which prints one JSON line of facts): a Ray driver joins one cluster, and this test process may
 already have joined the suite's single-node Ray. The tests below assert its facts.
@@ -15,13 +21,15 @@ already have joined the suite's single-node Ray. The tests below assert its fact
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Iterator
 
 import pytest
 import requests
@@ -223,6 +231,23 @@ class Run:
         self.facts["trained"].append({"rollout_id": metrics["rollout_id"], "steps": len(metrics["steps"])})
 
 
+@contextlib.contextmanager
+def warm_engines(model_dir: str, work: Path) -> Iterator[str | None]:
+    """The socket of an engine fork server preloaded with `model_dir`, for every node's engines and their
+    replacements (each cold start imports torch and loads the model again: seconds per engine), or None
+    when `SLIME_ENGINE_FORK_SERVER=0` (cold starts). Stopped, with its engines, at the end."""
+    from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
+
+    server = start_engine_fork_server(SimpleNamespace(
+        rollout_backend="hf", hf_checkpoint=model_dir, ray_address=None, load_debug_rollout_data=None,
+        rollout_num_engines=1, log_dir=str(work)))
+    session = RaySession(False, server)
+    try:
+        yield server.socket_path if server is not None and _await_socket(server) else None
+    finally:
+        session.stop_fork_server()
+
+
 def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
@@ -233,6 +258,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.train.actor_group import TrainGroup
     from slime.utils.misc import find_free_port
 
+    warm = contextlib.ExitStack()
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
                                                             "_system_config": FAST_NODE_DEATH})
@@ -244,10 +270,12 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     try:
         router_node = cluster.add_node(num_cpus=0, resources={ROUTER_RESOURCE: 1}, **node_args)
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # only it has room for the engines
+        # after the nodes' own starts (a raylet has 30 s to register, a preload competes for the CPU)
+        fork_server = warm.enter_context(warm_engines(model_dir, work))
         args = parse_args(_argv(model_dir, work, cluster.address))
         session = ray_init(args)
         assert not session.started  # joined, not started
-        manager, info = start_manager(args)
+        manager, info = start_manager(args, fork_server=fork_server)
         trainer_node = cluster.add_node(num_cpus=1, **node_args)  # room for the trainer's worker only
         facts["manager_node"] = _actor_node(manager)
         facts["router_pid_is_managers_child"] = ray.get(manager.router_pid.remote()) in _children_of_manager(
@@ -309,6 +337,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        warm.close()
     return facts
 
 

@@ -9,11 +9,13 @@ which it happened, and the engines are out of service at once.
 Ray marks a dead raylet's node dead only after 5 failed health checks 1 s apart here, so the engines' deaths
 are seen seconds before (as on a real cluster, where it takes ~15-30 s): what made the first restart land on
 the dead node and fail. The scenario runs in a process of its own (`python -m tests.test_multinode_preemption
-MODEL_DIR WORK_DIR`, one JSON line of facts): a Ray driver joins one cluster only.
+MODEL_DIR WORK_DIR`, one JSON line of facts): a Ray driver joins one cluster only. Engines, and their
+replacements, start warm (tests/test_multinode.py says how).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.test_multinode import N, _argv
+from tests.test_multinode import N, _argv, warm_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 # a killed raylet fails every check at once (its port is closed): its node is marked dead ~5 s after the kill,
@@ -161,6 +163,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.train.loop import train
     from slime.utils.misc import find_free_port
 
+    warm = contextlib.ExitStack()
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
                                                             "_system_config": NODE_DEATH})
@@ -173,6 +176,8 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     try:
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # both engines (PACK), nothing else fits
         cluster.add_node(num_cpus=1, **node_args)  # the trainer's worker
+        # after the nodes' own starts (a raylet has 30 s to register, a preload competes for the CPU)
+        fork_server = warm.enter_context(warm_engines(model_dir, work))
         args = parse_train_args(_argv(model_dir, work, cluster.address, router_resource=None) + [
             "--num-rollout", str(NUM_ROLLOUT), "--request-retry-window", "180"])
         session = ray_init(args)
@@ -194,7 +199,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
             cluster.remove_node(engines_node, allow_graceful=False)
             lap("engines' node lost")
 
-        train(args, on_record=on_record, manager_cls=_manager_class(work))
+        train(args, on_record=on_record, manager_cls=_manager_class(work), fork_server=fork_server)
         facts["batches"] = [json.loads(line) for line in (work / "batches.jsonl").read_text().splitlines()]
         facts["status_at_end"] = json.loads((work / "status.json").read_text())
         facts["nodes"] = {"engines": engines_node.node_id, "spare": spare[0].node_id}
@@ -202,6 +207,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        warm.close()
     return facts
 
 

@@ -18,7 +18,7 @@ from slime.testing.manager_probe import (
 
 
 @pytest.fixture
-def parts(ray_cluster, tiny_model_dir, tmp_path):
+def parts(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(8)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = parse_train_args([
@@ -30,7 +30,8 @@ def parts(ray_cluster, tiny_model_dir, tmp_path):
         "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
         "--num-rollout", "2", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2",
         "--update-weight-buffer-size", str(64 << 10)])  # many buckets: the death lands mid-push
-    with manager_and_trainer(args, warm=True) as parts:  # engines and their replacement fork warm
+    # engines and their replacement fork warm from the session's fork server (the model preloaded once)
+    with manager_and_trainer(args, engine_fork_server) as parts:
         yield parts
 
 

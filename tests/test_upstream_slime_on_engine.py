@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from urllib.parse import urlsplit
 
 import pytest
@@ -140,6 +141,30 @@ def buffer_server(tmp_path):
         log.close()
 
 
+def within(seconds: float, fn, *args, what):
+    """`fn(*args)` in a daemon thread, failing the test after `seconds` instead of hanging the suite."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True, name="bounded-call")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"no answer within {seconds} s: {what()}")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def buffer_log(tmp_path) -> str:
+    return (tmp_path / "buffer.log").read_text()[-3000:] if (tmp_path / "buffer.log").is_file() else ""
+
+
 def _answers(url: str) -> bool:
     try:
         return requests.post(f"{url}/get_rollout_data", json={}, timeout=5).status_code == 200
@@ -168,7 +193,8 @@ def test_slimes_rollout_buffer_example_runs_its_loop(tmp_path, engine, tiny_mode
     args.rollout_num_process = 2  # the example's own knob (`getattr(args, "rollout_num_process", 100)`)
     controller = RolloutController(args, Endpoints(engine, [engine]))
     try:
-        batch = controller.generate(0)
+        batch = within(300, controller.generate, 0, what=lambda: "slime's rollout-buffer example (it polls the "
+                       f"buffer until a group is there, with no deadline of its own); buffer log:\n{buffer_log(tmp_path)}")
         metadata = controller.data_source.get_metadata()
     finally:
         controller.close()

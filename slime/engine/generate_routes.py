@@ -74,7 +74,9 @@ class GenerateRoutes:
             out.append(tensors)
         return out
 
-    def _submit_all(self, parsed: GenerateBody, images: list[dict | None]) -> list[Submitted]:
+    def _submit_all(self, parsed: GenerateBody, images: list[dict | None] | None = None) -> list[Submitted]:
+        """Each prompt to the batcher (with its images: None for text, the OpenAI routes' case)."""
+        images = images if images is not None else [None] * len(parsed.prompts)
         submitted: list[Submitted] = []
         try:
             for p, sp, r, lp, start, top, mm in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,

@@ -13,7 +13,7 @@ _PUBLIC = {
     "TrajectoryManager": "slime.agent.trajectory", "TurnRecord": "slime.agent.records",
     "AnthropicAdapter": "slime.agent.adapters", "OpenAIAdapter": "slime.agent.adapters",
     "BaseHarness": "slime.agent.harness", "HarnessContext": "slime.agent.harness",
-    "Sandbox": "slime.agent.sandbox_contract",
+    "Sandbox": "slime.agent.sandbox",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from slime.agent.grading import GRADER_DIR, grader_env, install_grader
 from slime.agent.protocols.common import flatten_content
-from slime.agent.sandbox_contract import Sandbox
+from slime.agent.sandbox import Sandbox
 from slime.agent.sandbox_pool import EGRESS, SandboxPool
 from slime.agent.workspace import WorkspaceError, WorkspaceSeed, download, upload
 from slime.utils.types import Sample

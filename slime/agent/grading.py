@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shlex
 
-from slime.agent.sandbox_contract import Sandbox
+from slime.agent.sandbox import Sandbox
 from slime.agent.workspace import pack, upload
 
 GRADER_DIR = "/tmp/grader"  # the grader's files and working directory (not under the workspace)

@@ -19,7 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from slime.agent.sandbox_contract import ExecResult, FileContent
+from slime.agent.sandbox_types import ExecResult, FileContent
 
 BACKENDS = ("e2b", "slime")
 

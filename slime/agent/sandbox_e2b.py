@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from slime.agent.sandbox_contract import ExecResult, FileContent
+from slime.agent.sandbox_types import ExecResult, FileContent
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from slime.agent.sandbox_contract import Sandbox
+from slime.agent.sandbox import Sandbox
 from slime.tools.rate_limiter import (RateLimiter, RateLimiterUnavailable, client_for, get_or_create_rate_limiter,
                                       local_rate_limiter)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from slime.agent.sandbox_contract import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, FileContent
+from slime.agent.sandbox_types import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, FileContent
 
 logger = logging.getLogger(__name__)
 EXIT_TIMEOUT = 124  # a command past its deadline (as coreutils' `timeout`)

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import PurePosixPath
 from typing import Any
 
-from slime.agent.sandbox_contract import Sandbox
+from slime.agent.sandbox import Sandbox
 from slime.utils.misc import get_by_path
 
 TRANSFER_SUFFIX = ".slime-transfer"  # `<workdir><suffix>`: the tar in transit, beside the workspace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from slime.agent.sandbox_contract import Sandbox
+from slime.agent.sandbox import Sandbox
 
 from .common import BaseHarness, HarnessContext, cli_present, give_to_agent, install_npm_cli, run_agent
 

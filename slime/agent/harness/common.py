@@ -18,8 +18,8 @@ import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from slime.agent import sandbox_contract as _sandbox
-from slime.agent.sandbox_contract import Sandbox, exec_and_wait
+from slime.agent import sandbox as _sandbox
+from slime.agent.sandbox import Sandbox, exec_and_wait
 
 NPM_INSTALL_RETRIES = 3  # transient npm failures (exit 217, disk flakes) are retried in place
 NPM_INSTALL_BACKOFF_SEC = 2.0

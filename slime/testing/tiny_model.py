@@ -23,19 +23,26 @@ def qwen_tokenizer_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
-    """Write a tiny Qwen2 model + Qwen3 chat tokenizer to `out_dir` (idempotent)."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+def _with_qwen_tokenizer(out: Path):
+    """`out` created, holding the Qwen3 tokenizer's files; the tokenizer loaded from there."""
+    from transformers import AutoTokenizer
 
-    out = Path(out_dir)
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
-        return out
     out.mkdir(parents=True, exist_ok=True)
     src = qwen_tokenizer_dir()
     for name in _TOKENIZER_FILES:
         shutil.copy(src / name, out / name)
-    tok = AutoTokenizer.from_pretrained(str(out))
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
+    """Write a tiny Qwen2 model + Qwen3 chat tokenizer to `out_dir` (idempotent)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    tok = _with_qwen_tokenizer(out)
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
@@ -70,17 +77,13 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, nu
     the Qwen3 tokenizer (which has the vision tokens), an image processor that keeps images at 56-112 px
     (4 to 16 image tokens each) and a chat template that renders image parts (idempotent)."""
     import torch
-    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out = Path(out_dir)
     if (out / "config.json").exists() and (out / "preprocessor_config.json").exists():
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    src = qwen_tokenizer_dir()
-    for name in _TOKENIZER_FILES:
-        shutil.copy(src / name, out / name)
-    tok = AutoTokenizer.from_pretrained(str(out))
+    tok = _with_qwen_tokenizer(out)
     tok.chat_template = TINY_VLM_CHAT_TEMPLATE
     ids = {name: tok.convert_tokens_to_ids(f"<|{name}|>") for name in
            ("image_pad", "video_pad", "vision_start", "vision_end")}

@@ -75,10 +75,11 @@ def test_the_engine_client_of_a_hand_built_namespace_retries_as_the_command_line
 
 
 def test_tool_limits_of_a_hand_built_namespace_are_the_flags_defaults():
+    from slime.cli.finalize import complete_namespace
     from slime.tools.trajectory_tools import ToolCallLimits
 
     d = parser_defaults()
-    limits = ToolCallLimits.from_args(SimpleNamespace())
+    limits = ToolCallLimits.from_args(complete_namespace(SimpleNamespace()))
     assert limits == ToolCallLimits()
     assert (limits.max_parallel_calls, limits.max_response_tokens, limits.truncate_side) == (
         d["max_parallel_calls"], d["max_tool_response_tokens"], d["tool_response_truncate_side"]) == (4, 512, "middle")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 from slime.cli.parser import build_parser
 from slime.cli.validate import ArgError, validate_args
@@ -41,6 +42,13 @@ def apply_custom_config(args: argparse.Namespace) -> None:
         if hasattr(args, key):
             logger.info("--custom-config-path %s: %s = %r (was %r)", path, key, value, getattr(args, key))
         setattr(args, key, value)
+
+
+def complete_namespace(args: Any) -> Any:
+    """The one place a namespace built by hand (a test, a script, slime's train.py) gets every flag it lacks,
+    with the parser's default (the packages' configs' defaults, `slime.utils.flag_config`); returns it."""
+    _fill_defaults(args)
+    return args
 
 
 def _fill_defaults(args: argparse.Namespace) -> None:

@@ -4,45 +4,25 @@ outside it with the flag's name before anything starts (`check_ranges`, called b
 Why a table: a value that cannot work (`--engine-max-batch-size 0`, `--rollout-top-k -5`, `--eps-clip
 -0.2`) was accepted and failed far from its cause (a rollout that never progressed, a 400 on every
 request, a loss of the wrong sign). Every float flag must also be finite (`--kl-loss-coef nan` trained
-NaN weights and pushed them). One entry per flag, keyed by its `dest`, so the table can move with the
-flags into typed configs. `vocab_problem` is the one range that needs the model (preflight asks it).
+NaN weights and pushed them). One entry per flag, keyed by its `dest`: here for the core parser's
+flags, on the field for the flags of a package's typed config (`slime.utils.flag_config`). `vocab_problem` is the one range that needs the model (preflight asks it).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Range:
-    """Values `low <= v` (`low < v` when `open_low`) and `v <= high`, plus the `also` values."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    also: tuple[float, ...] = ()
-    text: str = ""
-
-    def holds(self, value: float) -> bool:
-        if value in self.also:
-            return True
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-            return False
-        return self.high is None or value <= self.high
-
-    def describe(self) -> str:
-        return self.text or " and ".join(filter(None, [
-            None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}",
-            None if self.high is None else f"<= {self.high:g}"]))
+from slime.utils.flag_config import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range  # noqa: F401 (re-exports)
 
 
-POSITIVE = Range(0, open_low=True, text="> 0")
-AT_LEAST_ONE = Range(1, text=">= 1")
-NON_NEGATIVE = Range(0, text=">= 0")
-FRACTION = Range(0, 1, text="in [0, 1]")
+def _config_ranges() -> dict[str, Range]:
+    """The ranges declared on the packages' flag configs (`flag(..., range=...)`)."""
+    from slime.cli.parser import flag_configs
+
+    return {dest: rng for config in flag_configs() for dest, rng in config.ranges().items()}
+
 
 # dest -> its range; a flag left unset (None) is not checked. Flags checked elsewhere with a message of
 # their own (validate.py's --rollout-batch-size, --rollout-top-p, ...) are not repeated here.
@@ -56,7 +36,6 @@ RANGES: dict[str, Range] = {
     # router and requests
     "router_health_check_interval": AT_LEAST_ONE,
     "request_max_retries": NON_NEGATIVE,
-    "request_retry_window": NON_NEGATIVE,
     # sampling
     "rollout_top_k": Range(1, also=(-1,), text=">= 1, or -1 (no top-k)"),
     "rollout_max_prompt_len": AT_LEAST_ONE,
@@ -64,22 +43,18 @@ RANGES: dict[str, Range] = {
     "eval_temperature": NON_NEGATIVE,
     "eval_top_p": Range(0, 1, open_low=True, text="in (0, 1]"),
     # multi-turn and tools
-    "max_turns": AT_LEAST_ONE,
-    "tool_call_timeout": POSITIVE,
-    "interaction_timeout": POSITIVE,
     "reward_timeout": POSITIVE,
     "custom_generate_timeout": POSITIVE,
     # trainer
     "save_interval": AT_LEAST_ONE,
     "micro_batch_size": AT_LEAST_ONE,
     "global_batch_size": AT_LEAST_ONE,
-    "actor_num_cpus_per_worker": POSITIVE,
-    "train_threads": AT_LEAST_ONE,
     "lr": NON_NEGATIVE,
     "clip_grad": NON_NEGATIVE,
     "eps_clip": POSITIVE,
     "eps_clip_high": POSITIVE,
     "update_weight_buffer_size": AT_LEAST_ONE,
+    **_config_ranges(),
 }
 
 # token-id flags: each id must be a row of the model's embedding (checked by preflight, which has the model)

@@ -153,19 +153,21 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     return p
 
 
-def _optional_groups(p: argparse.ArgumentParser) -> None:
-    """Flags owned by the tool, observability, fleet, reference-trainer and agent packages."""
-    from slime.observability.flags import add_observability_arguments
-    from slime.tools.flags import add_tool_arguments
-    from slime.fleet.flags import add_fleet_arguments
-    from slime.train.flags import add_train_arguments
-    from slime.agent.flags import add_agent_arguments
+def flag_configs() -> tuple[type, ...]:
+    """The packages' typed flag configs (`slime.utils.flag_config`), in the order their groups are added."""
+    from slime.agent.flags import AgentConfig
+    from slime.fleet.flags import FleetConfig
+    from slime.observability.flags import ObservabilityConfig
+    from slime.tools.flags import ToolConfig
+    from slime.train.flags import TrainConfig
 
-    add_tool_arguments(p)
-    add_agent_arguments(p)
-    add_observability_arguments(p)
-    add_fleet_arguments(p)
-    add_train_arguments(p)
+    return ToolConfig, AgentConfig, ObservabilityConfig, FleetConfig, TrainConfig
+
+
+def _optional_groups(p: argparse.ArgumentParser) -> None:
+    """Flags owned by the tool, agent, observability, fleet and reference-trainer packages (their configs)."""
+    for config in flag_configs():
+        config.add_arguments(p)
 
 
 def _router_groups(p: argparse.ArgumentParser) -> None:

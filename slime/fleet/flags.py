@@ -1,13 +1,16 @@
 """Flags of the fleet's self-healing: engine restarts, the request retry window, and the router's health-check
 interval's default (the flag itself is defined with the router's in `slime.cli.args`).
 
-`add_fleet_arguments(parser)` is meant for `slime.cli.args.build_parser` (`_optional_groups`).
-Until it is called there, the code reads these with their defaults (`getattr(args, name, DEFAULT)`).
+The flags are `FleetConfig`'s fields; `add_fleet_arguments(parser)` (generated from them) is called by
+`slime.cli.parser.build_parser` (`_optional_groups`).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+from slime.utils.flag_config import NON_NEGATIVE, FlagConfig, flag
 
 DEFAULT_ENGINE_MAX_RESTARTS = 3
 # seconds a failing engine request keeps being retried: a router restart (~1 s), an engine restart
@@ -21,17 +24,24 @@ DEFAULT_REQUEST_RETRY_WINDOW = 60.0
 DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL = 30
 
 
+@dataclass(frozen=True)
+class FleetConfig(FlagConfig):
+    GROUP = "fleet faults"
+
+    engine_max_restarts: int = flag(DEFAULT_ENGINE_MAX_RESTARTS, type=int,
+                                    help="restarts of each engine whose server died; after that it is 'failed' and "
+                                         "the pool goes on without it")
+    request_retry_window: float = flag(DEFAULT_REQUEST_RETRY_WINDOW, type=float, range=NON_NEGATIVE,
+                                       help="seconds a request failing with a connection error, timeout, 429 or 5xx "
+                                            "keeps being retried (back-off up to 2 s, fresh rid each time); "
+                                            "--request-max-retries caps the count")
+    router_resource: str | None = flag(
+        None, metavar="NAME",
+        help="run the router on a node offering this Ray resource (ray start --resources "
+             "'{\"NAME\": 1}'), listening on that node's IP; when that node is lost the router is "
+             "started again on another node offering it, else on the manager's node, and requests in "
+             "flight are retried there. Default: on the manager's node, its child, on 127.0.0.1")
+
+
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    g = parser.add_argument_group("fleet faults")
-    g.add_argument("--engine-max-restarts", type=int, default=DEFAULT_ENGINE_MAX_RESTARTS,
-                   help="restarts of each engine whose server died; after that it is 'failed' and the pool "
-                        "goes on without it")
-    g.add_argument("--request-retry-window", type=float, default=DEFAULT_REQUEST_RETRY_WINDOW,
-                   help="seconds a request failing with a connection error, timeout, 429 or 5xx keeps being "
-                        "retried (back-off up to 2 s, fresh rid each time); --request-max-retries caps the count")
-    g.add_argument("--router-resource", default=None, metavar="NAME",
-                   help="run the router on a node offering this Ray resource (ray start --resources "
-                        "'{\"NAME\": 1}'), listening on that node's IP; when that node is lost the router is "
-                        "started again on another node offering it, else on the manager's node, and requests in "
-                        "flight are retried there. Default: on the manager's node, its child, on 127.0.0.1")
-    return parser
+    return FleetConfig.add_arguments(parser)

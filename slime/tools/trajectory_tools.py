@@ -14,8 +14,7 @@ from typing import Any
 from uuid import uuid4
 
 from slime.tools.chat_format import ChatDelta, ParseError, ToolCall
-from slime.tools.flags import (MAX_PARALLEL_CALLS, MAX_TOOL_RESPONSE_TOKENS, TOOL_RESPONSE_TRUNCATE_SIDE,
-                               flag_value)
+from slime.tools.flags import MAX_PARALLEL_CALLS, MAX_TOOL_RESPONSE_TOKENS, TOOL_RESPONSE_TRUNCATE_SIDE, ToolConfig
 from slime.tools.registry import ToolSet
 from slime.utils.trajectory import ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage, TrajectoryRecord
 
@@ -31,10 +30,9 @@ class ToolCallLimits:
 
     @classmethod
     def from_args(cls, args: Any) -> "ToolCallLimits":
-        return cls(max_parallel_calls=int(flag_value(args, "max_parallel_calls", MAX_PARALLEL_CALLS)),
-                   call_timeout=flag_value(args, "tool_call_timeout"),
-                   max_response_tokens=int(flag_value(args, "max_tool_response_tokens", MAX_TOOL_RESPONSE_TOKENS)),
-                   truncate_side=flag_value(args, "tool_response_truncate_side", TOOL_RESPONSE_TRUNCATE_SIDE))
+        config = ToolConfig.from_args(args)
+        return cls(max_parallel_calls=config.max_parallel_calls, call_timeout=config.tool_call_timeout,
+                   max_response_tokens=config.max_tool_response_tokens, truncate_side=config.tool_response_truncate_side)
 
 
 class TrajectoryTools:

@@ -7,30 +7,41 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Sequence
+
+from slime.utils.flag_config import AT_LEAST_ONE, POSITIVE, FlagConfig, flag
+
+
+@dataclass(frozen=True)
+class TrainConfig(FlagConfig):
+    GROUP = "reference trainer (slime-train)"
+
+    actor_num_workers: int = flag(1, type=int,
+                                  help="trainer processes (data-parallel ranks, DDP over gloo), one CPU bundle each")
+    actor_num_cpus_per_worker: float = flag(1.0, type=float, range=POSITIVE,
+                                            help="CPUs of each trainer worker's placement-group bundle")
+    train_threads: int | None = flag(None, type=int, range=AT_LEAST_ONE,
+                                     help="torch threads per trainer worker (default: the bundle's CPUs, at least 1)")
+    weight_sync: str = flag("auto", choices=["auto", "tensor", "distributed", "disk"],
+                            help="how weights reach the engines: auto = tensor when --colocate, else distributed")
+    weight_sync_transport: str = flag(
+        "auto", choices=["auto", "broadcast"],
+        help="bytes of the distributed path: auto = a shared-memory ring when every engine is on the "
+             "trainer's host (the group carries only handshakes), else gloo broadcasts; broadcast = always "
+             "broadcast over the group")
+    load_without_manifest: bool = flag(
+        False, action="store_true",
+        help="resume from a --load checkpoint that has no manifest.json: its files are then checked for "
+             "their format only, so a corrupted byte in the weights goes unnoticed")
+    async_train: bool = flag(
+        False, action="store_true", options=("--async",),
+        help="slime's train_async.py: generate rollout k+1 while rollout k trains (one weight version "
+             "off-policy); not with --colocate / --offload-rollout")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    g = parser.add_argument_group("reference trainer (slime-train)")
-    g.add_argument("--actor-num-workers", type=int, default=1,
-                   help="trainer processes (data-parallel ranks, DDP over gloo), one CPU bundle each")
-    g.add_argument("--actor-num-cpus-per-worker", type=float, default=1.0,
-                   help="CPUs of each trainer worker's placement-group bundle")
-    g.add_argument("--train-threads", type=int, default=None,
-                   help="torch threads per trainer worker (default: the bundle's CPUs, at least 1)")
-    g.add_argument("--weight-sync", choices=["auto", "tensor", "distributed", "disk"], default="auto",
-                   help="how weights reach the engines: auto = tensor when --colocate, else distributed")
-    g.add_argument("--weight-sync-transport", choices=["auto", "broadcast"], default="auto",
-                   help="bytes of the distributed path: auto = a shared-memory ring when every engine is on the "
-                        "trainer's host (the group carries only handshakes), else gloo broadcasts; broadcast = always "
-                        "broadcast over the group")
-    g.add_argument("--load-without-manifest", action="store_true",
-                   help="resume from a --load checkpoint that has no manifest.json: its files are then checked for "
-                        "their format only, so a corrupted byte in the weights goes unnoticed")
-    g.add_argument("--async", dest="async_train", action="store_true",
-                   help="slime's train_async.py: generate rollout k+1 while rollout k trains (one weight version "
-                        "off-policy); not with --colocate / --offload-rollout")
-    return parser
+    return TrainConfig.add_arguments(parser)
 
 
 def update_weights_interval(args: argparse.Namespace) -> int:

@@ -1,0 +1,141 @@
+"""A subsystem's flags as one frozen, typed config: each field is a flag, its default and range written once.
+
+Why: a default restated at a call site (`getattr(args, "x", default)`) drifts from the parser's, and a
+caller that builds its namespace by hand then runs differently from the CLI. Here a package declares
+`@dataclass(frozen=True) class XConfig(FlagConfig)` with `flag(...)` fields; the parser's arguments are
+generated from them (`add_arguments`), preflight's range check reads their `range` (`ranges`), and
+code below the CLI gets `XConfig.from_args(args)`, which reads `args.<field>` with no fallback (a
+namespace built by hand is completed from the same defaults by `slime.cli.finalize.finalize_args`).
+A field that mirrors a flag upstream slime or Megatron-LM defines (`upstream_flag`) takes upstream's
+default from `slime/cli/upstream_flags.json`, its one declaration, and adds no argument of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+UPSTREAM_FLAGS_FILE = Path(__file__).parents[1] / "cli" / "upstream_flags.json"
+
+
+@dataclass(frozen=True)
+class Range:
+    """Values `low <= v` (`low < v` when `open_low`) and `v <= high`, plus the `also` values."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    also: tuple[float, ...] = ()
+    text: str = ""
+
+    def holds(self, value: float) -> bool:
+        if value in self.also:
+            return True
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def describe(self) -> str:
+        return self.text or " and ".join(filter(None, [
+            None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}",
+            None if self.high is None else f"<= {self.high:g}"]))
+
+
+POSITIVE = Range(0, open_low=True, text="> 0")
+AT_LEAST_ONE = Range(1, text=">= 1")
+NON_NEGATIVE = Range(0, text=">= 0")
+FRACTION = Range(0, 1, text="in [0, 1]")
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """How one field is a command-line flag (argparse's keywords, plus its range and group)."""
+
+    kwargs: dict[str, Any]
+    range: Range | None = None
+    group: str | None = None
+    options: tuple[str, ...] = ()
+    upstream: bool = False
+
+
+def flag(default: Any = None, *, help: str | None = None, type: Callable[[str], Any] | None = None,  # noqa: A002
+         range: Range | None = None, group: str | None = None, options: tuple[str, ...] = (),  # noqa: A002
+         **argparse_kwargs: Any) -> Any:
+    """A config field that is the flag `--<field-name>` (or `options`); `argparse_kwargs` are add_argument's
+    (choices, action, nargs, metavar). A list default is copied per instance, as argparse's is shared."""
+    kwargs = {k: v for k, v in {"help": help, "type": type, **argparse_kwargs}.items() if v is not None}
+    if kwargs.get("action") in ("store_true",) and default is None:
+        default = False
+    spec = FlagSpec(kwargs, range, group, tuple(options))
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"flag": spec})
+    return dataclasses.field(default=default, metadata={"flag": spec})
+
+
+def _upstream_defaults(path: Path = UPSTREAM_FLAGS_FILE) -> dict[str, Any]:
+    return {e["dest"]: e.get("default") for e in json.loads(path.read_text())["flags"]}
+
+
+UPSTREAM_DEFAULTS: dict[str, Any] = _upstream_defaults()
+
+
+def upstream_flag(dest: str, *, range: Range | None = None) -> Any:  # noqa: A002
+    """A field mirroring upstream's flag `dest`: upstream's default (upstream_flags.json), no argument of ours."""
+    if dest not in UPSTREAM_DEFAULTS:
+        raise KeyError(f"{dest}: not a flag of upstream_flags.json")
+    default = UPSTREAM_DEFAULTS[dest]
+    spec = FlagSpec({}, range, upstream=True)
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"flag": spec})
+    return dataclasses.field(default=default, metadata={"flag": spec})
+
+
+class FlagConfig:
+    """Base of a package's frozen flag dataclass: the parser's arguments, defaults and ranges from its fields."""
+
+    GROUP: ClassVar[str] = ""
+
+    @classmethod
+    def flag_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]  # type: ignore[arg-type]
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """One add_argument per field of ours (upstream's are registered from their JSON), grouped as declared."""
+        groups: dict[str, Any] = {}
+        for f in cls.flag_fields():
+            spec: FlagSpec = f.metadata["flag"]
+            if spec.upstream:
+                continue
+            title = spec.group or cls.GROUP
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title) if title else parser
+            options = spec.options or ("--" + f.name.replace("_", "-"),)
+            dest = {} if options[0].lstrip("-").replace("-", "_") == f.name else {"dest": f.name}
+            groups[title].add_argument(*options, **dest, default=_default(f), **spec.kwargs)
+        return parser
+
+    @classmethod
+    def from_args(cls, args: Any) -> Any:
+        """The config of a namespace built by our parser (or completed by finalize_args): `args.<field>`,
+        no fallback, so a missing flag is an AttributeError naming it rather than a second default."""
+        return cls(**{f.name: getattr(args, f.name) for f in cls.flag_fields()})
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every field's default, by dest (for a namespace built by hand)."""
+        return {f.name: _default(f) for f in cls.flag_fields()}
+
+    @classmethod
+    def ranges(cls) -> dict[str, Range]:
+        return {f.name: f.metadata["flag"].range for f in cls.flag_fields() if f.metadata["flag"].range}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return f.default

@@ -17,7 +17,7 @@ from slime.utils.flag_config import FlagConfig, flag
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("slime", "rollout_plugins", "tools")
 # packages whose code below the CLI receives its config: no restated default may come back
-CONVERTED = ("slime/tools/", "slime/agent/")
+CONVERTED = ("slime/tools/", "slime/agent/", "slime/train/", "slime/fleet/", "slime/observability/")
 # files not converted yet, each with a restated default of a parser flag: this list only shrinks
 NOT_CONVERTED = {
     "rollout_plugins/multi_turn/context.py",
@@ -30,15 +30,6 @@ NOT_CONVERTED = {
     "slime/cli/preflight.py",
     "slime/cli/rollout.py",
     "slime/engine/default_model.py",
-    "slime/fleet/engine_server.py",
-    "slime/fleet/external_engines.py",
-    "slime/fleet/fleet.py",
-    "slime/fleet/supervision.py",
-    "slime/observability/metrics.py",
-    "slime/observability/rollout_data_utils.py",
-    "slime/observability/rollout_dump.py",
-    "slime/observability/rollout_metrics.py",
-    "slime/observability/wandb_logger.py",
     "slime/ray/rollout_manager.py",
     "slime/ray/session.py",
     "slime/ray/weight_sync.py",
@@ -66,11 +57,6 @@ NOT_CONVERTED = {
     "slime/rollout/sglang_rollout.py",
     "slime/rollout/train_data.py",
     "slime/testing/runtime.py",
-    "slime/train/actor_group.py",
-    "slime/train/flags.py",
-    "slime/train/loop.py",
-    "slime/train/loss.py",
-    "slime/train/worker.py",
     "slime/train_batch/rank_batches.py",
     "slime/utils/dp_schedule.py",
     "slime/utils/endpoints.py",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slime.cli.finalize import complete_namespace
 from slime.observability import metrics as M
 from slime.observability import reporting, rollout_dump
 from slime.observability.flags import add_observability_arguments
@@ -21,6 +22,11 @@ from slime.observability.metrics_log import read_metrics
 from slime.observability.progress import RolloutProgress
 from slime.utils.trajectory import ParseErrorRecord, ToolErrorRecord, ToolMessage, TrajectoryRecord, TurnSpan
 from slime.utils.types import Sample
+
+
+def _ns(**kw) -> argparse.Namespace:
+    """A namespace built by hand, completed with the flags' defaults where the command line's would be."""
+    return complete_namespace(argparse.Namespace(**kw))
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +90,7 @@ def test_flags_and_defaults():
 
 
 def test_rollout_metrics():
-    m = M.compute_rollout_metrics(argparse.Namespace(), 3, groups(),
+    m = M.compute_rollout_metrics(_ns(), 3, groups(),
                                   {"rollout_time": 2.0, "engine": {"requests": 7, "retries": 2, "failures": 0}})
     assert m["rollout/num_samples"] == 6 and m["rollout/num_groups"] == 3
     assert m["rollout/reward_mean"] == pytest.approx(2 / 6)
@@ -103,8 +109,8 @@ def test_rollout_metrics():
     assert m["perf/longest_sample_tokens"] == 8 and m["perf/tool_time_total"] == 1.5
     # a flat list grouped by group_index gives the same numbers
     flat = [s for g in groups() for s in g]
-    assert M.compute_rollout_metrics(argparse.Namespace(), 3, flat, {}) == pytest.approx(
-        M.compute_rollout_metrics(argparse.Namespace(), 3, groups(), {}))
+    assert M.compute_rollout_metrics(_ns(), 3, flat, {}) == pytest.approx(
+        M.compute_rollout_metrics(_ns(), 3, groups(), {}))
     assert M.compute_rollout_metrics(None, 0, [], {})["rollout/num_samples"] == 0
 
 
@@ -119,7 +125,7 @@ def eval_data() -> dict:
 
 
 def test_eval_metrics_and_passrate():
-    args = argparse.Namespace(n_samples_per_eval_prompt=4, log_passrate=True)
+    args = _ns(n_samples_per_eval_prompt=4, log_passrate=True)
     m = M.compute_eval_metrics(args, 5, eval_data())
     assert m["eval/gsm8k"] == pytest.approx(5 / 8)
     assert m["eval/gsm8k-truncated_ratio"] == pytest.approx(1 / 8)
@@ -129,11 +135,11 @@ def test_eval_metrics_and_passrate():
     assert "eval/gsm8k-pass@8" not in m
     assert m["eval/gsm8k-response_len_max"] == 10 and m["eval/gsm8k-response_len_mean"] == pytest.approx(6.5)
     assert m["eval/aime-24"] == 0.5
-    assert not any("pass@" in k for k in M.compute_eval_metrics(argparse.Namespace(), 5, eval_data()))
+    assert not any("pass@" in k for k in M.compute_eval_metrics(_ns(), 5, eval_data()))
 
 
 def test_train_step():
-    a = argparse.Namespace(rollout_batch_size=8, n_samples_per_prompt=4, global_batch_size=16,
+    a = _ns(rollout_batch_size=8, n_samples_per_prompt=4, global_batch_size=16,
                            wandb_always_use_train_step=True)
     assert M.log_step(a, 3) == 3 * 8 * 4 // 16
     a.wandb_always_use_train_step = False
@@ -141,8 +147,8 @@ def test_train_step():
 
 
 def test_dumps_validate_against_schema(tmp_path):
-    args = argparse.Namespace(rollout_data_dir=str(tmp_path), hf_checkpoint="/models/x")
-    assert rollout_dump.dump_rollout(argparse.Namespace(), 0, groups()) is None  # flag unset: no-op
+    args = _ns(rollout_data_dir=str(tmp_path), hf_checkpoint="/models/x")
+    assert rollout_dump.dump_rollout(_ns(), 0, groups()) is None  # flag unset: no-op
     path = rollout_dump.dump_rollout(args, 7, groups())
     assert path == tmp_path / "7.jsonl"
     lines = path.read_text().splitlines()
@@ -173,7 +179,7 @@ def test_dumps_validate_against_schema(tmp_path):
 
 
 def test_metrics_jsonl_and_report(tmp_path):
-    args = argparse.Namespace(metrics_dir=str(tmp_path), n_samples_per_eval_prompt=4, log_passrate=True,
+    args = _ns(metrics_dir=str(tmp_path), n_samples_per_eval_prompt=4, log_passrate=True,
                               rollout_batch_size=2, n_samples_per_prompt=2, global_batch_size=2,
                               wandb_always_use_train_step=True)
     for rid in range(3):
@@ -204,7 +210,7 @@ def test_metrics_jsonl_and_report(tmp_path):
 
 
 def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path, monkeypatch):
-    args = argparse.Namespace(rollout_data_dir=str(tmp_path / "dumps"))
+    args = _ns(rollout_data_dir=str(tmp_path / "dumps"))
     out = reporting.log_rollout(args, 0, groups(), {})
     recs = list(read_metrics(tmp_path / "dumps" / "metrics.jsonl"))
     assert [(r["kind"], r["step_key"], r["step"]) for r in recs] == [("rollout", "rollout/step", 0),
@@ -214,7 +220,7 @@ def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path, monkeypatch):
     # no --metrics-dir, --rollout-data-dir or wandb: the same metrics are returned, no file is written
     monkeypatch.chdir(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    assert reporting.log_rollout(argparse.Namespace(), 0, groups(), {}) == pytest.approx(out)
+    assert reporting.log_rollout(_ns(), 0, groups(), {}) == pytest.approx(out)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 

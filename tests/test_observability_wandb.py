@@ -12,16 +12,23 @@ from pathlib import Path
 
 import pytest
 
+from slime.cli.finalize import complete_namespace
 from slime.observability import reporting, wandb_reader
 from slime.observability.metrics_log import read_metrics
 from slime.observability.wandb_logger import WandbRun, end_wandb_session
+
+
+def _ns(**kw) -> argparse.Namespace:
+    """A namespace built by hand, completed with the flags' defaults where the command line's would be."""
+    return complete_namespace(argparse.Namespace(**kw))
 
 ROOT = Path(__file__).resolve().parents[1]
 
 TRAINER = textwrap.dedent("""
     import argparse, sys
     from slime.observability.wandb_logger import WandbRun
-    args = argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], wandb_project="slime-test")
+    from slime.cli.finalize import complete_namespace
+    args = complete_namespace(argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], wandb_project="slime-test"))
     run = WandbRun.join(args, sys.argv[2])
     assert run.id == sys.argv[2]
     run.log({"train/loss": 0.5}, "train/step", step=2)
@@ -38,9 +45,9 @@ def _wandb_service_stopped():
 
 
 def _args(wdir: Path) -> argparse.Namespace:
-    return argparse.Namespace(use_wandb=True, wandb_dir=str(wdir), wandb_project="slime-test", wandb_group="g",
-                              log_passrate=True, n_samples_per_eval_prompt=4, wandb_always_use_train_step=True,
-                              rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=4)
+    return _ns(use_wandb=True, wandb_dir=str(wdir), wandb_project="slime-test", wandb_group="g",
+               log_passrate=True, n_samples_per_eval_prompt=4, wandb_always_use_train_step=True,
+               rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=4)
 
 
 def test_offline_run_holds_every_namespace_against_its_step(tmp_path):
@@ -110,12 +117,12 @@ def test_another_process_joins_the_run_by_id(tmp_path):
 
 
 def test_off_and_disabled_give_no_run(tmp_path):
-    assert WandbRun.start(argparse.Namespace()) is None
-    assert WandbRun.start(argparse.Namespace(use_wandb=True, wandb_mode="disabled")) is None
+    assert WandbRun.start(_ns()) is None
+    assert WandbRun.start(_ns(use_wandb=True, wandb_mode="disabled")) is None
     # without a run, reporting still writes metrics.jsonl where asked
     from tests.test_observability import groups
 
-    args = argparse.Namespace(metrics_dir=str(tmp_path))
+    args = _ns(metrics_dir=str(tmp_path))
     reporting.log_rollout(args, 0, groups(), {}, None)
     assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["rollout", "perf"]
 
@@ -127,7 +134,8 @@ INTERRUPTED_TRAINER = textwrap.dedent("""
     from slime.train.loop import MetricsSink
 
     command.preflight = lambda args: {"resumed_after": None}  # no data or model to check here
-    args = argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], wandb_project="slime-test")
+    from slime.cli.finalize import complete_namespace
+    args = complete_namespace(argparse.Namespace(use_wandb=True, wandb_dir=sys.argv[1], wandb_project="slime-test"))
 
     def body(args):
         sink = MetricsSink(args, wandb=WandbRun.start(args, label="trainer"))

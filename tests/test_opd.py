@@ -15,6 +15,7 @@ from slime.rollout.controller import convert_samples_to_train_data
 from slime.rollout.on_policy_distillation import (
     TeacherAnswerError, post_process_rewards, reward_func, teacher_log_probs, teacher_request,
 )
+from slime.cli.finalize import complete_namespace
 from slime.train.loss import LossConfigError, apply_opd_kl_to_advantages, check_loss_args
 from slime.utils.types import Sample
 
@@ -47,9 +48,9 @@ def test_the_penalty_without_teacher_log_probs_names_the_recipe():
 
 
 def test_the_reference_trainer_takes_the_sglang_teacher_only():
-    check_loss_args(Namespace(use_opd=True, opd_type="sglang"))
+    check_loss_args(complete_namespace(Namespace(use_opd=True, opd_type="sglang")))
     with pytest.raises(LossConfigError, match="--opd-type megatron"):
-        check_loss_args(Namespace(use_opd=True, opd_type="megatron"))
+        check_loss_args(complete_namespace(Namespace(use_opd=True, opd_type="megatron")))
 
 
 def test_the_teacher_request_scores_the_samples_own_tokens_without_sampling():

@@ -59,9 +59,12 @@ def test_load_function_errors_name_flag_and_cause():
 
 
 def test_sglang_server_args():
-    args = SimpleNamespace(hf_checkpoint="/models/qwen", sglang_mem_fraction_static=0.7, offload=True,
-                           rollout_seed=3, sglang_extra_args={"attention_backend": "fa3", "enable_metrics": True},
-                           num_gpus_per_node=8, rollout_num_gpus_per_engine=2)
+    from slime.cli.finalize import complete_namespace
+
+    args = complete_namespace(SimpleNamespace(
+        hf_checkpoint="/models/qwen", sglang_mem_fraction_static=0.7, offload=True, rollout_seed=3,
+        sglang_extra_args={"attention_backend": "fa3", "enable_metrics": True}, num_gpus_per_node=8,
+        rollout_num_gpus_per_engine=2))
     cmd = sglang_server_args(args, host="10.0.0.2", port=30001, base_gpu_id=base_gpu_id(args, 3), tp_size=2)
     assert cmd[:12] == ["--model-path", "/models/qwen", "--host", "10.0.0.2", "--port", "30001", "--tp-size", "2",
                         "--base-gpu-id", "6", "--skip-server-warmup", "--trust-remote-code"]

@@ -140,7 +140,9 @@ async def test_viewer_without_tokenizer_shows_spans_and_text(tmp_path):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(qwen_tokenizer_dir() / "tokenizer.json"))
-    dump_rollout(argparse.Namespace(rollout_data_dir=str(tmp_path)), 0, [multi_turn_sample(tok)])
+    from slime.cli.finalize import complete_namespace
+
+    dump_rollout(complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path))), 0, [multi_turn_sample(tok)])
     app = RolloutViewer(tmp_path)
     async with app.run_test() as pilot:
         await pilot.pause()

@@ -45,7 +45,7 @@ def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_
     """Arguments for `python -m sglang.launch_server` (checked against SGLang's own parser in
     tests/test_sglang_contract.py). `tp_size` is the engine's GPU count; with `--sglang-pp-size P` the
     engine runs tensor parallel `tp_size // P` times pipeline parallel `P`, as slime does."""
-    pp = int(getattr(args, "sglang_pp_size", None) or 1)
+    pp = int(args.sglang_pp_size or 1)
     if pp < 1 or tp_size % pp:
         raise ValueError(f"--sglang-pp-size {pp} must divide the engine's {tp_size} GPUs "
                          f"(--rollout-num-gpus-per-engine)")
@@ -58,13 +58,13 @@ def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_
         if not dist_init_addr:
             raise ValueError(f"an SGLang engine over {nnodes} nodes needs dist_init_addr (host:port of node 0)")
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--dist-init-addr", str(dist_init_addr)]
-    if getattr(args, "sglang_mem_fraction_static", None) is not None:
+    if args.sglang_mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(args.sglang_mem_fraction_static)]
-    if getattr(args, "offload", False):
+    if args.offload:
         cmd += ["--enable-memory-saver"]
-    if getattr(args, "rollout_seed", None) is not None:
+    if args.rollout_seed is not None:
         cmd += ["--random-seed", str(args.rollout_seed)]
-    if getattr(args, "sglang_config", None):
+    if args.sglang_config:
         cmd += ["--config", str(args.sglang_config)]
     for name, value in sorted((getattr(args, "sglang_extra_args", None) or {}).items()):
         if name in MANAGED_SGLANG_FLAGS:

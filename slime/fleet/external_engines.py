@@ -21,7 +21,7 @@ class ExternalEngineError(ValueError):
 
 def external_urls(args: Any) -> list[str]:
     """The engines' base URLs ([] when the flag is not given)."""
-    addrs = getattr(args, "rollout_external_engine_addrs", None) or []
+    addrs = args.rollout_external_engine_addrs or []
     return [a.rstrip("/") if "://" in a else f"http://{a.rstrip('/')}" for a in addrs]
 
 

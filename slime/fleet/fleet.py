@@ -176,7 +176,7 @@ class Fleet:
         router_kw = {"policy": args.router_policy, "prometheus_port": args.router_prometheus_port,
                      "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir,
                      "extra_args": router_passthrough(args, taken=SLIME_SETS)}
-        resource = getattr(args, "router_resource", None)
+        resource = args.router_resource
         if resource:  # on a node of its own, moved when that node is lost
             here = ray.get_runtime_context().get_node_id()
             self.router = RelocatingRouter(resource, here, router_kw, self._router_moved).start()

@@ -21,7 +21,6 @@ from typing import Any
 import ray
 
 from slime.fleet.engine_slot import UPDATABLE_STATES, EngineSlot, serving
-from slime.fleet.flags import DEFAULT_ENGINE_MAX_RESTARTS
 from slime.fleet.lost_nodes import NODE_DECISION_S, node_alive, node_lost
 from slime.fleet.room import NoRoomError, RoomWait, place
 
@@ -34,7 +33,7 @@ class EngineSupervisor:
 
     def __init__(self, fleet: Any):
         self.fleet = fleet
-        self.max_restarts = int(getattr(fleet.args, "engine_max_restarts", DEFAULT_ENGINE_MAX_RESTARTS))
+        self.max_restarts = int(fleet.args.engine_max_restarts)
         self.room = RoomWait(fleet.counters, fleet.stopping, fleet.lost_nodes, resume=self._resume,
                              died=self.on_death)
         self.watchers: list[threading.Thread] = []
@@ -179,7 +178,7 @@ class EngineSupervisor:
     def bring_up(self, slot: EngineSlot, actor: Any) -> None:
         """Start the placed replacement, give it what the others got, and admit it (or let it await weights)."""
         fleet = self.fleet
-        timeout = float(getattr(fleet.args, "engine_startup_timeout", 300.0)) + 60.0
+        timeout = float(fleet.args.engine_startup_timeout) + 60.0
         url = ray.get(actor.start.remote(), timeout=timeout)
         if fleet.stopping.is_set():
             return

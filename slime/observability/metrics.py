@@ -84,9 +84,9 @@ def trajectories(flat: list[Sample]) -> list[TrajectoryRecord | None]:
 
 def train_step(args: Any, rollout_id: int) -> int:
     """slime's train step for a rollout: rollout_id * rollout_batch_size * n_samples_per_prompt // global_batch_size."""
-    rbs = getattr(args, "rollout_batch_size", None)
-    n = getattr(args, "n_samples_per_prompt", None) or 1
-    gbs = getattr(args, "global_batch_size", None)
+    rbs = args.rollout_batch_size
+    n = args.n_samples_per_prompt
+    gbs = args.global_batch_size
     if not rbs or not gbs:
         return int(rollout_id)
     return int(rollout_id) * int(rbs) * int(n) // int(gbs)
@@ -94,7 +94,7 @@ def train_step(args: Any, rollout_id: int) -> int:
 
 def log_step(args: Any, rollout_id: int) -> int:
     """The x value for rollout/perf/eval: the rollout id, or the train step with --wandb-always-use-train-step."""
-    if getattr(args, "wandb_always_use_train_step", False):
+    if args.wandb_always_use_train_step:
         return train_step(args, rollout_id)
     return int(rollout_id)
 
@@ -239,7 +239,7 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
     slime's `reward == 1`).
     """
     m: dict[str, float] = {}
-    group_size = int(getattr(args, "n_samples_per_eval_prompt", None) or 1)
+    group_size = int(args.n_samples_per_eval_prompt or 1)
     threshold = float(getattr(args, "pass_at_k_threshold", 1.0))
     for name, data in (eval_data or {}).items():
         data = getattr(data, "data", data)  # tolerate RolloutFnEvalOutput-like wrappers
@@ -262,7 +262,7 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
             turns = [r.turns if r else 0 for r in trajectories(samples)]
             if any(turns):
                 m[f"eval/{name}-turns_mean"] = sum(turns) / len(turns)
-        if getattr(args, "log_passrate", False) and rewards:
+        if args.log_passrate and rewards:
             groups = _eval_groups(samples, rewards, group_size)
             n = min(len(g) for g in groups)
             k = 1

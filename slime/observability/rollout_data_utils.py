@@ -71,7 +71,7 @@ def tensorize_rollout_data_for_training(rollout_data: dict[str, Any]) -> None:
 
 
 def _moe_layers(args: Any, num_layers: int) -> list[int]:
-    freq = getattr(args, "moe_layer_freq", None)
+    freq = args.moe_layer_freq
     if isinstance(freq, (list, tuple)):
         return [i for i, f in enumerate(freq[:num_layers]) if int(f) != 0]
     return list(range(num_layers))

@@ -109,7 +109,8 @@ def render_prompt(prompt: Any) -> str:
 
 def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool = False,
                      dataset: str | None = None) -> dict[str, Any]:
-    """The dump line for one sample, as a plain dict validated against `DumpRecord`."""
+    """The dump line for one sample, as a plain dict validated against `DumpRecord` (`args` None: a sample
+    read back from a `.pt` dump, whose run's flags are not known)."""
     meta = dict(sample.metadata or {})
     score = reward_value(args, sample) if sample.reward is not None else None
     trajectory = TrajectoryRecord.of(sample)
@@ -131,7 +132,7 @@ def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool =
         "trajectory": trajectory,
         "weight_versions": [str(v) for v in sample.weight_versions or []],
         "metadata": json_safe(meta),
-        "tokenizer": getattr(args, "hf_checkpoint", None),
+        "tokenizer": None if args is None else args.hf_checkpoint,
     }
     return DumpRecord.model_validate(rec).model_dump(mode="json")
 
@@ -145,7 +146,7 @@ def _safe_name(name: str) -> str:
 
 
 def dump_path(args: Any, rollout_id: int, evaluation: bool = False, dataset: str | None = None) -> Path | None:
-    root = getattr(args, "rollout_data_dir", None)
+    root = args.rollout_data_dir
     if not root:
         return None
     if evaluation:

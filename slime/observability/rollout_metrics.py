@@ -40,7 +40,7 @@ def compute_perf_metrics_from_samples(args: Any, samples: list[Sample], rollout_
                          ("effective_", [s.effective_response_length for s in flat])):
         if not lengths or rollout_time <= 0:
             continue
-        if getattr(args, "rollout_num_gpus", None):
+        if args.rollout_num_gpus:
             out[f"{key}tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / args.rollout_num_gpus
         out[f"longest_{key}sample_tokens_per_sec"] = max(lengths) / rollout_time
     return out

@@ -22,7 +22,7 @@ STANDARD_STEP_KEYS = ("rollout/step", "perf/step", "eval/step")
 
 def wandb_dir(args: Any) -> Path:
     """--wandb-dir, else $WANDB_DIR, else ./outputs/wandb (inside the work tree, never $HOME)."""
-    d = getattr(args, "wandb_dir", None) or os.environ.get("WANDB_DIR") or os.path.join(os.getcwd(), "outputs", "wandb")
+    d = args.wandb_dir or os.environ.get("WANDB_DIR") or os.path.join(os.getcwd(), "outputs", "wandb")
     return Path(d).resolve()
 
 
@@ -36,7 +36,7 @@ def _prepare_env(args: Any) -> Path:
 
 
 def _mode(args: Any) -> str:
-    return getattr(args, "wandb_mode", None) or "offline"
+    return args.wandb_mode
 
 
 def _config(args: Any) -> dict:
@@ -70,13 +70,13 @@ class WandbRun:
 
     @classmethod
     def _init(cls, args: Any, *, label: str, **kw: Any) -> "WandbRun | None":
-        if not getattr(args, "use_wandb", False) or _mode(args) == "disabled":
+        if not args.use_wandb or _mode(args) == "disabled":
             return None
         import wandb
 
         d = _prepare_env(args)
-        run = wandb.init(project=getattr(args, "wandb_project", None) or "slime",
-                         group=getattr(args, "wandb_group", None), name=getattr(args, "wandb_run_name", None),
+        run = wandb.init(project=args.wandb_project,
+                         group=args.wandb_group, name=args.wandb_run_name,
                          dir=str(d), mode=_mode(args), config=_config(args),
                          settings=wandb.Settings(x_label=label, console="off"), **kw)
         return cls(run)

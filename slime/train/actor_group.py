@@ -24,7 +24,7 @@ INIT_TIMEOUT_S = 900.0  # model load on a busy 2-core box
 class TrainGroup:
     def __init__(self, args: Any):
         self.args = args
-        self.num_workers = int(getattr(args, "actor_num_workers", 1) or 1)
+        self.num_workers = int(args.actor_num_workers)
         if self.num_workers < 1:
             raise ValueError(f"--actor-num-workers must be >= 1, got {self.num_workers}")
         self.pg = None
@@ -33,7 +33,7 @@ class TrainGroup:
         self.loaded_rollout_id: int | None = None
 
     def start(self) -> dict[str, Any]:
-        cpus = float(getattr(self.args, "actor_num_cpus_per_worker", 1.0) or 1.0)
+        cpus = float(self.args.actor_num_cpus_per_worker)
         try:
             self.pg = reserve([{"CPU": cpus}] * self.num_workers, name="slime-trainer", what="the trainer",
                               flags="--actor-num-workers / --actor-num-cpus-per-worker")

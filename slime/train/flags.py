@@ -46,8 +46,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def update_weights_interval(args: argparse.Namespace) -> int:
     """--update-weights-interval (slime's default 1); ValueError naming the flag when below 1."""
-    interval = getattr(args, "update_weights_interval", None)
-    interval = 1 if interval is None else interval
+    interval = args.update_weights_interval
     if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
         raise ValueError(f"--update-weights-interval must be an integer >= 1 (push weights every N rollouts), "
                          f"got {interval!r}")
@@ -59,20 +58,19 @@ def check_train_arguments(args: argparse.Namespace) -> None:
     from slime.train.loss import check_opd_args
 
     check_opd_args(args)  # LossConfigError (a ValueError) naming --opd-type
-    if getattr(args, "rollout_external_engine_addrs", None):
+    if args.rollout_external_engine_addrs:
         raise ValueError("--rollout-external-engine-addrs with slime-train: the trainer pushes weights to the engines "
                          "it starts (and restarts); engines started elsewhere are for slime-rollout, whose engines' "
                          "owner updates them")
     interval = update_weights_interval(args)  # ValueError naming --update-weights-interval
-    offloaded = "--colocate" if getattr(args, "colocate", False) else \
-        "--offload-rollout" if getattr(args, "offload_rollout", False) else None
+    offloaded = "--colocate" if args.colocate else \
+        "--offload-rollout" if args.offload_rollout else None
     if interval > 1 and offloaded:
         raise ValueError(f"--update-weights-interval {interval} with {offloaded}: the engines give their weights' "
                          f"memory back while the trainer runs, so weights must be pushed after every rollout; "
                          f"drop {offloaded} or use --update-weights-interval 1")
-    if getattr(args, "async_train", False) and (getattr(args, "colocate", False)
-                                                or getattr(args, "offload_rollout", False)):
-        flag = "--colocate" if getattr(args, "colocate", False) else "--offload-rollout"
+    if args.async_train and (args.colocate or args.offload_rollout):
+        flag = "--colocate" if args.colocate else "--offload-rollout"
         raise ValueError(f"--async overlaps generation with training, so the engines cannot be offloaded while the "
                          f"trainer runs: drop {flag} or --async (slime's train_async.py asserts the same)")
 

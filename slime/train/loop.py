@@ -63,9 +63,9 @@ def weights_due(rollout_id: int, interval: int) -> bool:
 
 
 def weight_sync_mode(args: Any) -> str:
-    mode = getattr(args, "weight_sync", "auto") or "auto"
+    mode = args.weight_sync
     if mode == "auto":
-        return "tensor" if getattr(args, "colocate", False) else "distributed"
+        return "tensor" if args.colocate else "distributed"
     return mode
 
 
@@ -125,7 +125,7 @@ class MetricsSink:
         except AttributeError:  # a manager without these methods: metrics are printed only
             pass
         wandb = None
-        if run_id and getattr(args, "use_wandb", False):
+        if run_id and args.use_wandb:
             from slime.observability.wandb_logger import WandbRun
 
             wandb = WandbRun.join(args, run_id)
@@ -199,7 +199,7 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
 
     check_train_arguments(args)  # before anything starts
     mode = weight_sync_mode(args)
-    async_train = bool(getattr(args, "async_train", False))
+    async_train = bool(args.async_train)
     interval = update_weights_interval(args)
     manager, group, sink = None, None, None
     records: list[TrainRecord] = []
@@ -245,7 +245,7 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
                 if bracketed:
                     ray.get(manager.end_weight_update.remote(version if pushed_ok else None))
             check = None
-            if getattr(args, "check_weight_update_equal", False):
+            if args.check_weight_update_equal:
                 pushed.clear()
                 pushed.update(group.weight_checksums())
                 check = ray.get(manager.check_weights.remote("compare", pushed))

@@ -29,18 +29,18 @@ class LossConfigError(ValueError):
 
 
 def check_loss_args(args: Any) -> None:
-    estimator = getattr(args, "advantage_estimator", "grpo")
-    if getattr(args, "custom_advantage_function_path", None) is None and estimator not in SUPPORTED_ESTIMATORS:
+    estimator = args.advantage_estimator
+    if args.custom_advantage_function_path is None and estimator not in SUPPORTED_ESTIMATORS:
         raise LossConfigError(f"--advantage-estimator {estimator}: the reference trainer supports "
                               f"{', '.join(SUPPORTED_ESTIMATORS)} (ppo needs a critic)")
-    if getattr(args, "loss_type", "policy_loss") not in ("policy_loss", "custom_loss"):
+    if args.loss_type not in ("policy_loss", "custom_loss"):
         raise LossConfigError(f"--loss-type {args.loss_type}: the reference trainer trains policy_loss, or "
                               f"custom_loss with --custom-loss-function-path")
-    if getattr(args, "calculate_per_token_loss", False):
+    if args.calculate_per_token_loss:
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
-    if getattr(args, "kl_loss_type", "k1") not in ("k1", "k2", "k3", "low_var_kl"):
+    if args.kl_loss_type not in ("k1", "k2", "k3", "low_var_kl"):
         raise LossConfigError(f"--kl-loss-type {args.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
-    if getattr(args, "get_mismatch_metrics", False) and not getattr(args, "custom_tis_function_path", None):
+    if args.get_mismatch_metrics and not args.custom_tis_function_path:
         raise LossConfigError("--get-mismatch-metrics needs --custom-tis-function-path (the function computing them)")
     tis_function(args)  # a bad --custom-tis-function-path fails before the first step
     check_opd_args(args)
@@ -48,17 +48,17 @@ def check_loss_args(args: Any) -> None:
 
 def check_opd_args(args: Any) -> None:
     """`--use-opd` needs the teacher's log-probs from the rollout (`--opd-type sglang`)."""
-    if getattr(args, "use_opd", False) and getattr(args, "opd_type", None) != "sglang":
-        raise LossConfigError(f"--opd-type {getattr(args, 'opd_type', None)}: the reference trainer takes the "
+    if args.use_opd and args.opd_type != "sglang":
+        raise LossConfigError(f"--opd-type {args.opd_type}: the reference trainer takes the "
                               f"teacher's log-probs from the rollout (--opd-type sglang, teacher at --rm-url); "
                               f"it loads no Megatron teacher")
 
 
 def needs_reference(args: Any) -> bool:
     """A frozen reference model is needed for the KL loss or a KL-shaped reward."""
-    return bool(getattr(args, "use_kl_loss", False)) or (
-        float(getattr(args, "kl_coef", 0.0) or 0.0) != 0.0
-        and getattr(args, "advantage_estimator", "grpo") in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+    return bool(args.use_kl_loss) or (
+        float(args.kl_coef) != 0.0
+        and args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"))
 
 
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str,
@@ -99,8 +99,8 @@ def advantages_for(args: Any, rewards: list[float], loss_masks: list[torch.Tenso
     """Per-token advantages from the batch's (already group-normalised) rewards, as slime computes them
     for `--advantage-estimator` (GRPO family: the sample's reward on every token; REINFORCE++: the
     discounted return of the KL-shaped token rewards; REINFORCE++-baseline: reward minus KL penalty)."""
-    estimator = getattr(args, "advantage_estimator", "grpo")
-    kl_coef = float(getattr(args, "kl_coef", 0.0) or 0.0)
+    estimator = args.advantage_estimator
+    kl_coef = float(args.kl_coef)
     out = []
     for i, (reward, mask) in enumerate(zip(rewards, loss_masks)):
         n = mask.numel()
@@ -114,7 +114,7 @@ def advantages_for(args: Any, rewards: list[float], loss_masks: list[torch.Tenso
             nz = mask.nonzero()
             if len(nz):
                 token_rewards[int(nz[-1])] += float(reward)
-            gamma = float(getattr(args, "gamma", 1.0) or 1.0)
+            gamma = float(args.gamma)
             returns = torch.zeros(n)
             running = 0.0
             for t in range(n - 1, -1, -1):
@@ -136,7 +136,7 @@ def apply_opd_kl_to_advantages(args: Any, advantages: list[torch.Tensor], studen
         raise LossConfigError("--use-opd needs teacher_log_probs in the batch: set --custom-rm-path "
                               "slime.rollout.on_policy_distillation.reward_func and --custom-reward-post-process-path "
                               "slime.rollout.on_policy_distillation.post_process_rewards with --rm-url at the teacher")
-    coef = float(getattr(args, "opd_kl_coef", 1.0))
+    coef = float(args.opd_kl_coef)
     reverse_kls = []
     for i, (student, teacher) in enumerate(zip(student_log_probs, teacher_log_probs)):
         reverse_kl = student.float() - teacher.float()
@@ -169,7 +169,7 @@ def vanilla_tis(args: Any, *, pg_loss: torch.Tensor, train_log_probs: list[torch
     """slime's vanilla truncated importance sampling: pi_train(old) / pi_rollout, clipped to
     [--tis-clip-low, --tis-clip]; the masks stay as they are."""
     tis = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
-    weights = tis.clamp(float(getattr(args, "tis_clip_low", 0.0) or 0.0), float(getattr(args, "tis_clip", 2.0)))
+    weights = tis.clamp(float(args.tis_clip_low), float(args.tis_clip))
     metrics = {"tis": tis, "tis_clipfrac": (weights != tis).float(), "tis_abs": (tis - 1).abs()}
     return pg_loss * weights, loss_masks, metrics
 
@@ -177,7 +177,7 @@ def vanilla_tis(args: Any, *, pg_loss: torch.Tensor, train_log_probs: list[torch
 def tis_function(args: Any) -> Callable[..., TisResult]:
     """--custom-tis-function-path (slime's keywords: args, pg_loss, train_log_probs, rollout_log_probs,
     loss_masks, total_lengths, response_lengths -> pg_loss, loss masks, per-token metrics), else vanilla."""
-    path = getattr(args, "custom_tis_function_path", None)
+    path = args.custom_tis_function_path
     return load_function(path, "--custom-tis-function-path") if path else vanilla_tis
 
 
@@ -275,7 +275,7 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
     `sample_reducer` over `loss_masks` and `denominators`). The returned loss is the micro-batch's
     share of the step loss before the step's scaling (1 / rollouts in the step). `tis`: the TIS
     function the worker resolved once (`tis_function(args)`); a direct caller may leave it to this call."""
-    estimator = getattr(args, "advantage_estimator", "grpo")
+    estimator = args.advantage_estimator
     if estimator == "gspo":
         # sequence-level ratio: every token of a sample gets the sample's mean log-ratio
         parts = []
@@ -287,7 +287,7 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
     else:
         ppo_kl = old_log_probs - log_probs
     ratio = torch.exp(-ppo_kl)
-    eps_low, eps_high = float(args.eps_clip), float(getattr(args, "eps_clip_high", None) or args.eps_clip)
+    eps_low, eps_high = float(args.eps_clip), float(args.eps_clip_high or args.eps_clip)
     if estimator == "cispo":
         clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
         pg_losses = -clipped.detach() * advantages * log_probs
@@ -297,7 +297,7 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
         loss2 = -ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
         pg_losses = torch.maximum(loss1, loss2)
         clipfrac = (loss2 > loss1).float()
-        eps_c = getattr(args, "eps_clip_c", None)
+        eps_c = args.eps_clip_c
         if eps_c is not None:
             if eps_c <= 1.0:
                 raise LossConfigError(f"--eps-clip-c must be > 1.0 for dual-clip PPO, got {eps_c}")
@@ -305,7 +305,7 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
     metrics: dict[str, torch.Tensor] = {}
     reduce_pg = reduce
     pg_masks = list(loss_masks)
-    if getattr(args, "use_tis", False) or getattr(args, "get_mismatch_metrics", False):
+    if args.use_tis or args.get_mismatch_metrics:
         if rollout_log_probs is None:
             raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
         pg_losses, masks, tis_metrics = (tis or tis_function(args))(
@@ -326,13 +326,13 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
                                     bool(args.calculate_per_token_loss))
     pg_loss = reduce_pg(pg_losses)
     entropy_loss = reduce(entropy)
-    loss = pg_loss - float(getattr(args, "entropy_coef", 0.0) or 0.0) * entropy_loss
-    if getattr(args, "use_kl_loss", False):
+    loss = pg_loss - float(args.entropy_coef) * entropy_loss
+    if args.use_kl_loss:
         if ref_log_probs is None:
             raise LossConfigError("--use-kl-loss needs reference log-probs")
-        ratio_for_kl = torch.exp(log_probs - old_log_probs) if getattr(args, "use_unbiased_kl", False) else None
+        ratio_for_kl = torch.exp(log_probs - old_log_probs) if args.use_unbiased_kl else None
         kl_loss = reduce(approx_kl(log_probs, ref_log_probs, args.kl_loss_type, ratio_for_kl))
-        loss = loss + float(getattr(args, "kl_loss_coef", 0.0) or 0.0) * kl_loss
+        loss = loss + float(args.kl_loss_coef) * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
     metrics.update({"loss": loss.detach(), "pg_loss": pg_loss.detach(), "entropy_loss": entropy_loss.detach(),
                     "pg_clipfrac": reduce(clipfrac).detach(), "ppo_kl": reduce(ppo_kl.detach()).detach()})

@@ -63,15 +63,15 @@ class TrainWorker:
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
         self._kept: Any = None  # the last push's tensors in Ray's object store, for replacement engines
         self.global_step = 0
-        threads = getattr(args, "train_threads", None) or max(
-            1, (os.cpu_count() or 1) // max(1, int(getattr(args, "actor_num_workers", 1) or 1)))
+        threads = args.train_threads or max(
+            1, (os.cpu_count() or 1) // max(1, int(args.actor_num_workers)))
         torch.set_num_threads(int(threads))
 
     # ---- set-up ----
     def master_address(self) -> tuple[str, int]:
         from slime.utils.misc import find_free_port
 
-        host = "127.0.0.1" if getattr(self.args, "engine_host", "127.0.0.1") == "127.0.0.1" \
+        host = "127.0.0.1" if self.args.engine_host == "127.0.0.1" \
             else ray.util.get_node_ip_address()
         return host, find_free_port(host)
 
@@ -82,11 +82,11 @@ class TrainWorker:
         check_loss_args(args)
         self.tis = tis_function(args)  # --custom-tis-function-path, resolved once rather than per micro-batch
         self.hooks = LossHooks.of(args)  # slime's custom loss, pg_loss reducer and rollout-data post-process
-        torch.manual_seed(int(getattr(args, "seed", 1234) or 0))
+        torch.manual_seed(int(args.seed))
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
                                     world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout))
-        loaded = latest_checkpoint(args.load, getattr(args, "ckpt_step", None)) if args.load else None
+        loaded = latest_checkpoint(args.load, args.ckpt_step) if args.load else None
         source = str(checkpoint_dir(args.load, loaded) / "model") if loaded is not None else args.hf_checkpoint
         try:
             self.model = load_hf_model(source, torch.float32)  # a vision-language one with its vision tower
@@ -97,22 +97,22 @@ class TrainWorker:
                                   f"{loaded} ({source}): {first_line(e)}") from e
         self.model.eval()  # no dropout: the trainer's log-probs must be the engine's
         apply_trainable_patterns(self.model, args)  # before DDP, which registers the trainable ones
-        self.policy = PolicyModel(self.model, getattr(args, "rollout_temperature", 1.0))
+        self.policy = PolicyModel(self.model, args.rollout_temperature)
         from torch.nn.parallel import DistributedDataParallel
 
         # a VLM's micro-batch without images leaves the vision tower out of the backward
         self.ddp = DistributedDataParallel(self.policy, find_unused_parameters=is_vision_model(self.model))
         if needs_reference(args):
-            ref_path = getattr(args, "ref_load", None) or args.hf_checkpoint
+            ref_path = args.ref_load or args.hf_checkpoint
             if ref_path and not (Path(ref_path) / "config.json").is_file():
                 ref_path = args.hf_checkpoint  # a Megatron --ref-load dir: the HF model is the reference
             ref_model = load_hf_model(ref_path, torch.float32).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
-            self.ref = PolicyModel(ref_model, getattr(args, "rollout_temperature", 1.0))
+            self.ref = PolicyModel(ref_model, args.rollout_temperature)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(params, args)
-        start = int(getattr(args, "start_rollout_id", 0) or 0)
+        start = int(args.start_rollout_id or 0)
         if loaded is not None:
             self._load_state(checkpoint_dir(args.load, loaded))
             start = loaded + 1
@@ -122,7 +122,7 @@ class TrainWorker:
         state_path = ckpt / "trainer_state.json"
         if state_path.is_file():
             self.global_step = int(json.loads(state_path.read_text()).get("global_step", 0))
-        if getattr(self.args, "no_load_optim", False):
+        if self.args.no_load_optim:
             return
         optim_path = ckpt / "optimizer.pt"
         if not optim_path.is_file():
@@ -180,8 +180,8 @@ class TrainWorker:
             "ref_log_probs": ref_lp, "values": None,
             "kl": kl if kl is not None or self.hooks.custom_advantage is None else [torch.zeros_like(m) for m in masks]})
         reverse_kl = None
-        if getattr(args, "use_opd", False):  # slime: after the estimator, before whitening
-            student = rollout_lp if getattr(args, "use_rollout_logprobs", False) else old_lp
+        if args.use_opd:  # slime: after the estimator, before whitening
+            student = rollout_lp if args.use_rollout_logprobs else old_lp
             reverse_kl = apply_opd_kl_to_advantages(args, advantages, student, data.get("teacher_log_probs"))
         advantages = normalized_advantages(args, advantages, masks, dist.all_reduce)
         if self.hooks.rollout_data_postprocess is not None:  # slime: after advantages, before training
@@ -214,7 +214,7 @@ class TrainWorker:
                     out = policy_loss(
                         args, log_probs=lp, entropy=ent,
                         old_log_probs=(torch.cat([rollout_lp[i] for i in mb])
-                                       if getattr(args, "use_rollout_logprobs", False) else
+                                       if args.use_rollout_logprobs else
                                        torch.cat([old_lp[i] for i in mb])),
                         advantages=torch.cat([advantages[i] for i in mb]),
                         rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
@@ -434,7 +434,7 @@ class TrainWorker:
         writer = CheckpointWriter(root, rollout_id)
         try:
             self._write_hf(writer.staging / "model")
-            if not getattr(self.args, "no_save_optim", False):
+            if not self.args.no_save_optim:
                 torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                            writer.staging / "optimizer.pt")
             (writer.staging / "trainer_state.json").write_text(json.dumps({"rollout_id": rollout_id,

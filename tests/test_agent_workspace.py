@@ -129,7 +129,9 @@ def test_a_bad_workspace_row_is_refused_before_the_run_naming_file_and_line(tmp_
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"prompt": "a", "metadata": {"files": {"a.py": "x"}}}\n'
                     '{"prompt": "b", "metadata": {"files": {"../b.py": "x"}}}\n')
-    args = argparse.Namespace(agent_command="true", prompt_data=str(data), metadata_key="metadata")
+    from slime.cli.finalize import complete_namespace
+
+    args = complete_namespace(argparse.Namespace(agent_command="true", prompt_data=str(data), metadata_key="metadata"))
     with pytest.raises(PreflightError, match=rf"--prompt-data: {data}:2: metadata.files: '../b.py' must be a relative"):
         check_agent_workspaces(args)
     demo = Path(__file__).resolve().parent.parent / "configs" / "agent_demo" / "tasks.jsonl"

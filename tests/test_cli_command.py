@@ -13,12 +13,13 @@ import pytest
 from slime.cli import rollout, train
 from slime.cli.args import ArgError
 from slime.cli.command import Terminated, run_cli
+from slime.cli.finalize import complete_namespace
 
 
 def _args(**kw):
     base = dict(load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0, num_rollout=0,
                 eval_datasets=None, tool_config_path=None, input_key="input", label_key=None)
-    return SimpleNamespace(**{**base, **kw})
+    return complete_namespace(SimpleNamespace(**{**base, **kw}))
 
 
 def _run(body, args=None, parse=None):
@@ -165,9 +166,11 @@ def test_a_real_command_line_ends_without_interpreter_teardown(tmp_path):
             sys.stdout.write("last line, unflushed")
             raise RuntimeError("the body failed")
 
-        args = SimpleNamespace(load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0,
-                               num_rollout=0, eval_datasets=None, tool_config_path=None, input_key="input",
-                               label_key=None)
+        from slime.cli.finalize import complete_namespace
+
+        args = complete_namespace(SimpleNamespace(
+            load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0, num_rollout=0,
+            eval_datasets=None, tool_config_path=None, input_key="input", label_key=None))
         sys.exit(run_cli("slime-x", None, lambda argv: args, body))
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,

@@ -17,18 +17,13 @@ from slime.utils.flag_config import FlagConfig, flag
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("slime", "rollout_plugins", "tools")
 # packages whose code below the CLI receives its config: no restated default may come back
-CONVERTED = ("slime/tools/", "slime/agent/", "slime/train/", "slime/fleet/", "slime/observability/")
+CONVERTED = ("slime/tools/", "slime/agent/", "slime/train/", "slime/fleet/", "slime/observability/", "slime/cli/")
 # files not converted yet, each with a restated default of a parser flag: this list only shrinks
 NOT_CONVERTED = {
     "rollout_plugins/multi_turn/context.py",
     "rollout_plugins/multi_turn/tool_reward.py",
     "rollout_plugins/multi_turn/trajectory.py",
     "rollout_plugins/multi_turn/turn_loop.py",
-    "slime/cli/command.py",
-    "slime/cli/finalize.py",
-    "slime/cli/honest_flags.py",
-    "slime/cli/preflight.py",
-    "slime/cli/rollout.py",
     "slime/engine/default_model.py",
     "slime/ray/rollout_manager.py",
     "slime/ray/session.py",
@@ -137,7 +132,7 @@ def test_no_flag_default_is_declared_twice():
     declared = list(literal)
     for config in flag_configs():
         assert issubclass(config, FlagConfig) and config.__dataclass_params__.frozen
-        declared += [f.name for f in config.flag_fields() if not f.metadata["flag"].upstream]
+        declared += [f.name for f in config.flag_fields()]
     twice = sorted({d for d in declared if declared.count(d) > 1})
     assert not twice, f"flags declared in two places: {twice}"
     # every config flag is a parser flag with the config's default, and its range is preflight's
@@ -161,3 +156,13 @@ def test_generated_arguments_match_a_hand_written_parser():
     args = p.parse_args(["--size", "5", "--paths", "a", "--paths", "b", "--switch"])
     assert Demo.from_args(args) == Demo(size=5, paths=["a", "b"], on=True)
     assert Demo.from_args(p.parse_args([])) == Demo() and Demo().paths is not Demo().paths
+
+
+def test_a_zero_gamma_is_read_as_zero_not_as_a_restated_default():
+    """`float(getattr(args, "gamma", 1.0) or 1.0)` read --gamma 0 as 1: REINFORCE++ discounted nothing."""
+    import torch
+
+    from slime.train.loss import advantages_for
+
+    args = build_parser().parse_args(["--advantage-estimator", "reinforce_plus_plus", "--gamma", "0"])
+    assert advantages_for(args, [1.0], [torch.ones(3)], None)[0].tolist() == [0.0, 0.0, 1.0]

@@ -85,9 +85,9 @@ def check_agent_run(args: Any) -> None:
         raise ValueError(f"--custom-generate-function-path {AGENT_GENERATE} needs exactly one of --agent-entry "
                          "package.module.function (an agent on the host) and --agent-command '...' (an agent "
                          "command in a sandbox session)")
-    for flag in ("agent_timeout", "agent_grade_timeout"):
-        if getattr(args, flag) <= 0:
-            raise ValueError(f"--{flag.replace('_', '-')}: must be > 0 seconds, got {getattr(args, flag)}")
+    for dest in ("agent_timeout", "agent_grade_timeout"):
+        if getattr(args, dest) <= 0:
+            raise ValueError(f"--{dest.replace('_', '-')}: must be > 0 seconds, got {getattr(args, dest)}")
     if args.agent_sandbox_concurrency < 1:
         raise ValueError(f"--agent-sandbox-concurrency: must be >= 1, got {args.agent_sandbox_concurrency}")
     for path in args.agent_sandbox_ro_path:

@@ -82,7 +82,7 @@ def plugin_import_path(restore: bool) -> Any:
 
 def _save_dir_lock(args: Any) -> Any:
     """The `--save` directory's lock, held while the command runs (a second run is refused)."""
-    return SaveDirLock(args.save) if getattr(args, "save", None) else contextlib.nullcontext()
+    return SaveDirLock(args.save) if args.save else contextlib.nullcontext()
 
 
 def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],

@@ -24,7 +24,7 @@ _cuda_available = cuda_available  # the name slime.cli.args re-exports
 def apply_custom_config(args: argparse.Namespace) -> None:
     """`--custom-config-path FILE.yaml`: each top-level key is set on args (upstream: overrides, and new
     keys for custom functions)."""
-    path = getattr(args, "custom_config_path", None)
+    path = args.custom_config_path
     if not path:
         return
     import yaml
@@ -96,7 +96,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.eval_function_path = args.rollout_function_path
     if args.over_sampling_batch_size is None:
         args.over_sampling_batch_size = args.rollout_batch_size
-    if getattr(args, "num_steps_per_rollout", None):
+    if args.num_steps_per_rollout:
         gbs = args.rollout_batch_size * args.n_samples_per_prompt // args.num_steps_per_rollout
         if args.global_batch_size is not None and args.global_batch_size != gbs:
             raise ArgError(f"--global-batch-size {args.global_batch_size} disagrees with --num-steps-per-rollout "
@@ -109,7 +109,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.start_rollout_id is None:
         args.start_rollout_id = 0
     if args.num_rollout is None:
-        if getattr(args, "num_epoch", None) is not None and args.prompt_data and Path(
+        if args.num_epoch is not None and args.prompt_data and Path(
                 parse_path_slice(args.prompt_data)[0]).is_file():
             # upstream: num_epoch * len(dataset) // rollout_batch_size (over-long prompts are not discounted here)
             args.num_rollout = args.num_epoch * _count_rows(args.prompt_data) // args.rollout_batch_size

@@ -109,7 +109,7 @@ def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[s
     if kept:
         out.setdefault("sglang-router options slime keeps for itself (its engines, its retries, metrics on "
                        "127.0.0.1)", []).extend(kept)
-    if getattr(args, "rollout_backend", None) == "hf":
+    if args.rollout_backend == "hf":
         extra = sorted(set(getattr(args, "sglang_extra_args", None) or {}) - ROLLOUT_READS_SGLANG)
         if extra:
             out.setdefault("SGLang server options (the embedded engine has none of them)", []).extend(

@@ -66,7 +66,7 @@ def _lines_or_refuse(lines: Any, flag: str) -> Any:
 
 def prompt_tokenizer(args: Any) -> Any:
     """The tokenizer the manager templates with, when --apply-chat-template asks for one."""
-    if not getattr(args, "apply_chat_template", False):
+    if not args.apply_chat_template:
         return None
     from slime.utils.processing_utils import load_tokenizer
 
@@ -118,7 +118,7 @@ def check_data(args: Any) -> None:
         return  # the replayed files are checked by check_debug_rollouts; no prompt is read
     tokenizer = prompt_tokenizer(args) if args.prompt_data or getattr(args, "eval_datasets", None) else None
     if args.prompt_data:
-        path = getattr(args, "data_source_path", None)
+        path = args.data_source_path
         if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
             p = Path(parse_path_slice(args.prompt_data)[0])
             if p.is_file() and p.suffix != ".parquet":
@@ -129,13 +129,13 @@ def check_data(args: Any) -> None:
         name, path = dataset[0], dataset[1]
         input_key = getattr(dataset, "input_key", None) or args.eval_input_key or args.input_key
         label_key = getattr(dataset, "label_key", None) or args.eval_label_key or args.label_key
-        flag = f"--eval-config {args.eval_config} [{name}]" if getattr(args, "eval_config", None) \
+        flag = f"--eval-config {args.eval_config} [{name}]" if args.eval_config \
             else f"--eval-prompt-data {name}"
         check_prompt_file(args, flag, path, input_key, label_key, tokenizer)
 
 
 def check_tools(args: Any) -> None:
-    path = getattr(args, "tool_config_path", None)
+    path = args.tool_config_path
     if not path:
         return
     from slime.tools.reachability import check_services
@@ -149,7 +149,7 @@ def check_tools(args: Any) -> None:
 
 def check_interactions(args: Any) -> None:
     """--interaction-config-path loads (every class imported and built), as the rollout will."""
-    path = getattr(args, "interaction_config_path", None)
+    path = args.interaction_config_path
     if not path:
         return
     from slime.interactions.registry import InteractionConfigError, load_interaction_config
@@ -159,12 +159,12 @@ def check_interactions(args: Any) -> None:
     except InteractionConfigError as e:
         raise PreflightError(f"--interaction-config-path: {e}") from None
     check_rows_name_interactions(args, names)
-    if getattr(args, "rollout_function_path", None) == DEFAULT_ROLLOUT \
-            and getattr(args, "custom_generate_function_path", None) is None:
+    if args.rollout_function_path == DEFAULT_ROLLOUT \
+            and args.custom_generate_function_path is None:
         raise PreflightError("--interaction-config-path: the default generate has no multi-turn loop and would never "
                              "ask the interaction; set --rollout-function-path rollout_plugins.multi_turn."
                              "generate_rollout (or --custom-generate-function-path rollout_plugins.multi_turn.generate)")
-    if getattr(args, "max_user_turns", None) is not None and args.max_user_turns < 1:
+    if args.max_user_turns is not None and args.max_user_turns < 1:
         raise PreflightError(f"--max-user-turns: must be at least 1, got {args.max_user_turns} (leave it unset "
                              "for no limit)")
 
@@ -172,9 +172,9 @@ def check_interactions(args: Any) -> None:
 def check_rows_name_interactions(args: Any, names: list[str]) -> None:
     """Each prompt row's interaction_kwargs names an interaction the YAML configures (found only when
     the row was served, mid-run, before)."""
-    if not getattr(args, "prompt_data", None) or getattr(args, "load_debug_rollout_data", None):
+    if not args.prompt_data or args.load_debug_rollout_data:
         return  # (a Namespace built by hand for the interaction checks may have neither)
-    path = getattr(args, "data_source_path", None)
+    path = args.data_source_path
     if path and load_function(path, "--data-source-path") not in (DataSource, RolloutDataSourceWithBuffer):
         return  # a custom data source reads the rows its own way
     from slime.interactions.registry import check_sample_kwargs
@@ -201,7 +201,7 @@ def check_rows_name_interactions(args: Any, names: list[str]) -> None:
 def check_agent_workspaces(args: Any) -> None:
     """With --agent-command, each prompt row's workspace fields (files, git, grading), as the agent
     rollout reads them (`slime.agent.workspace`)."""
-    if not (getattr(args, "agent_command", None) and args.prompt_data):
+    if not (args.agent_command and args.prompt_data):
         return
     from slime.agent.workspace import WorkspaceError, check_prompt_rows
 
@@ -276,7 +276,7 @@ def trains_model(args: Any) -> bool:
 
 def model_dir(args: Any) -> str | None:
     """The model the run will serve: --hf-checkpoint, else the default model when already converted."""
-    if getattr(args, "hf_checkpoint", None):
+    if args.hf_checkpoint:
         return args.hf_checkpoint
     from slime.engine.default_model import converted_default_model
 
@@ -288,7 +288,7 @@ def uses_default_data_source(args: Any) -> bool:
     """Prompts served by our DataSource (whose state a checkpoint carries), not a custom --data-source-path."""
     if not args.prompt_data or args.load_debug_rollout_data:
         return False
-    path = getattr(args, "data_source_path", None)
+    path = args.data_source_path
     return not path or load_function(path, "--data-source-path") is DataSource
 
 
@@ -298,7 +298,7 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
     alone (that would continue the data on the base model)."""
     root = args.load
     try:
-        model_id = latest_checkpoint(root, getattr(args, "ckpt_step", None))
+        model_id = latest_checkpoint(root, args.ckpt_step)
     except CheckpointError as e:
         raise PreflightError(str(e)) from None
     data_id = newest_data_state(root)
@@ -329,7 +329,7 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
                              f"from the checkpoint of rollout {model_id}, at rollout {start}; drop "
                              "--start-rollout-id (--ckpt-step picks another checkpoint)")
     args.start_rollout_id = start
-    optimizer = "fresh optimizer (--no-load-optim)" if getattr(args, "no_load_optim", False) else "optimizer"
+    optimizer = "fresh optimizer (--no-load-optim)" if args.no_load_optim else "optimizer"
     message = (f"--load {root}: resuming from the checkpoint of rollout {model_id} (model, {optimizer}, data "
                f"state), at rollout {start}")
     if data_id is not None and data_id > model_id:
@@ -341,7 +341,7 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
 def resolve_resume(args: Any) -> dict[str, Any]:
     """`--load DIR` continues at the saved rollout id + 1 (slime's rule); slime-rollout unless
     --start-rollout-id says otherwise, slime-train from its model checkpoint (`resolve_train_resume`)."""
-    if not getattr(args, "load", None):
+    if not args.load:
         return {"resumed_after": None}
     if trains_model(args):
         return resolve_train_resume(args)
@@ -353,9 +353,9 @@ def resolve_resume(args: Any) -> dict[str, Any]:
 
 def check_save(args: Any) -> None:
     """--save writable, with room for one checkpoint (slime-train), before anything starts."""
-    if not getattr(args, "save", None):
+    if not args.save:
         return
-    need = checkpoint_bytes(model_dir(args), not getattr(args, "no_save_optim", False)) if trains_model(args) else 0
+    need = checkpoint_bytes(model_dir(args), not args.no_save_optim) if trains_model(args) else 0
     try:
         check_save_dir(args.save, need)
     except SaveDirError as e:
@@ -364,7 +364,7 @@ def check_save(args: Any) -> None:
 
 def check_external_engines(args: Any) -> None:
     """--rollout-external-engine-addrs: every engine answers /health before Ray starts."""
-    if getattr(args, "load_debug_rollout_data", None):
+    if args.load_debug_rollout_data:
         return  # a replay starts no engine and reaches none
     try:
         check_reachable(external_urls(args))
@@ -392,7 +392,7 @@ def check_token_ids(args: Any) -> None:
 def check_ray_address(args: Any) -> None:
     """--ray-address answers (a bounded TCP connect to its GCS port) before `ray.init`, which waits for an
     unreachable cluster forever, printing only its own warnings, with SIGTERM held."""
-    address = getattr(args, "ray_address", None)
+    address = args.ray_address
     if not address or address in ("auto", "local"):
         return
     from slime.ray.address import RayAddressError, probe_ray_address
@@ -405,7 +405,7 @@ def check_ray_address(args: Any) -> None:
 
 def check_opd_teacher(args: Any) -> None:
     """--use-opd: the teacher at --rm-url reads the student's ids as the same tokens."""
-    if not (getattr(args, "use_opd", False) and getattr(args, "rm_url", None)):
+    if not (args.use_opd and args.rm_url):
         return
     student = model_dir(args)
     if not student:
@@ -422,8 +422,8 @@ def check_multimodal(args: Any) -> None:
     """--multimodal-keys needs a checkpoint that can see images (its config has a vision tower)."""
     from slime.utils.vision_model import is_vision_checkpoint
 
-    path = getattr(args, "hf_checkpoint", None)
-    if not getattr(args, "multimodal_keys", None) or not path or not (Path(path) / "config.json").is_file():
+    path = args.hf_checkpoint
+    if not args.multimodal_keys or not path or not (Path(path) / "config.json").is_file():
         return
     if not is_vision_checkpoint(path):
         raise PreflightError(f"--multimodal-keys: --hf-checkpoint {path} has no vision tower (its config.json has "

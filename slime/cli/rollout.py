@@ -117,7 +117,7 @@ def run(args: Any) -> list[dict[str, Any]]:
             print(f"done: {len(summaries)} rollout(s), {n} samples, mean_reward={mean:.4f}, "
                   f"{sum(s['seconds'] for s in summaries):.1f}s in rollouts"
                   + "".join(f"; {what} in {where}" for what, where in (
-                      ("dumps", getattr(args, "rollout_data_dir", None)),
+                      ("dumps", args.rollout_data_dir),
                       ("debug rollouts", args.save_debug_rollout_data)) if where), flush=True)
         return summaries
     finally:

@@ -70,9 +70,9 @@ def check_train_arguments(args: argparse.Namespace) -> None:
                          f"memory back while the trainer runs, so weights must be pushed after every rollout; "
                          f"drop {offloaded} or use --update-weights-interval 1")
     if args.async_train and (args.colocate or args.offload_rollout):
-        flag = "--colocate" if args.colocate else "--offload-rollout"
+        offloaded = "--colocate" if args.colocate else "--offload-rollout"
         raise ValueError(f"--async overlaps generation with training, so the engines cannot be offloaded while the "
-                         f"trainer runs: drop {flag} or --async (slime's train_async.py asserts the same)")
+                         f"trainer runs: drop {offloaded} or --async (slime's train_async.py asserts the same)")
 
 
 def split_train_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

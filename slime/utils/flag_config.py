@@ -5,21 +5,17 @@ caller that builds its namespace by hand then runs differently from the CLI. Her
 `@dataclass(frozen=True) class XConfig(FlagConfig)` with `flag(...)` fields; the parser's arguments are
 generated from them (`add_arguments`), preflight's range check reads their `range` (`ranges`), and
 code below the CLI gets `XConfig.from_args(args)`, which reads `args.<field>` with no fallback (a
-namespace built by hand is completed from the same defaults by `slime.cli.finalize.finalize_args`).
-A field that mirrors a flag upstream slime or Megatron-LM defines (`upstream_flag`) takes upstream's
-default from `slime/cli/upstream_flags.json`, its one declaration, and adds no argument of its own.
+namespace built by hand is completed from the same defaults by `slime.cli.finalize.complete_namespace`).
+Flags upstream slime and Megatron-LM define and we do not are declared once too, by the generated
+`slime/cli/upstream_flags.json` (`slime.cli.upstream_flags`); code reads them as `args.<dest>`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, ClassVar
-
-UPSTREAM_FLAGS_FILE = Path(__file__).parents[1] / "cli" / "upstream_flags.json"
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,6 @@ class FlagSpec:
     range: Range | None = None
     group: str | None = None
     options: tuple[str, ...] = ()
-    upstream: bool = False
 
 
 def flag(default: Any = None, *, help: str | None = None, type: Callable[[str], Any] | None = None,  # noqa: A002
@@ -68,27 +63,9 @@ def flag(default: Any = None, *, help: str | None = None, type: Callable[[str], 
     """A config field that is the flag `--<field-name>` (or `options`); `argparse_kwargs` are add_argument's
     (choices, action, nargs, metavar). A list default is copied per instance, as argparse's is shared."""
     kwargs = {k: v for k, v in {"help": help, "type": type, **argparse_kwargs}.items() if v is not None}
-    if kwargs.get("action") in ("store_true",) and default is None:
+    if kwargs.get("action") == "store_true" and default is None:
         default = False
     spec = FlagSpec(kwargs, range, group, tuple(options))
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata={"flag": spec})
-    return dataclasses.field(default=default, metadata={"flag": spec})
-
-
-def _upstream_defaults(path: Path = UPSTREAM_FLAGS_FILE) -> dict[str, Any]:
-    return {e["dest"]: e.get("default") for e in json.loads(path.read_text())["flags"]}
-
-
-UPSTREAM_DEFAULTS: dict[str, Any] = _upstream_defaults()
-
-
-def upstream_flag(dest: str, *, range: Range | None = None) -> Any:  # noqa: A002
-    """A field mirroring upstream's flag `dest`: upstream's default (upstream_flags.json), no argument of ours."""
-    if dest not in UPSTREAM_DEFAULTS:
-        raise KeyError(f"{dest}: not a flag of upstream_flags.json")
-    default = UPSTREAM_DEFAULTS[dest]
-    spec = FlagSpec({}, range, upstream=True)
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata={"flag": spec})
     return dataclasses.field(default=default, metadata={"flag": spec})
@@ -105,12 +82,10 @@ class FlagConfig:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """One add_argument per field of ours (upstream's are registered from their JSON), grouped as declared."""
+        """One add_argument per field, grouped as declared."""
         groups: dict[str, Any] = {}
         for f in cls.flag_fields():
             spec: FlagSpec = f.metadata["flag"]
-            if spec.upstream:
-                continue
             title = spec.group or cls.GROUP
             if title not in groups:
                 groups[title] = parser.add_argument_group(title) if title else parser

@@ -23,7 +23,7 @@ export WANDB_DATA_DIR := $(CURDIR)/outputs/wandb/.data
 export WANDB_CONFIG_DIR := $(CURDIR)/outputs/wandb/.config
 export SLIME_CACHE ?= $(HOME)/.cache/slime
 
-.PHONY: setup demo train-demo async-train-demo agent-demo test test-explore bench docs clean
+.PHONY: setup demo train-demo async-train-demo agent-demo vlm-demo test test-explore bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON_EXE) -m venv $(VENV)
@@ -75,6 +75,23 @@ async-train-demo: setup
 	  --global-batch-size 16 --micro-batch-size 4 --check-weight-update-equal --rollout-data-dir outputs/async-train-demo \
 	  --use-wandb --wandb-project slime-train-demo
 	$(PY) tools/report.py outputs/async-train-demo -o outputs/async-train-demo/report
+
+# A vision-language model on image questions: the tiny random Qwen2-VL (built here, no download) answers "what
+# shape is drawn?" about 8 pictures drawn with Pillow (--multimodal-keys); two rollouts and two GRPO steps with
+# slime-train, one line per rollout; the dump writes each sample's picture beside it (images/), and the viewer
+# shows it next to the answer. The model's words do not matter here (random weights), the plumbing does.
+VLM_DEMO := outputs/vlm-demo
+vlm-demo: setup
+	$(PY) -m slime.testing.tiny_model vlm $(VLM_DEMO)/tiny-vlm
+	$(PY) configs/vlm_demo/make_data.py $(VLM_DEMO)/data
+	$(PY) -m slime.train --rollout-backend hf --hf-checkpoint $(VLM_DEMO)/tiny-vlm --rollout-num-engines 1 \
+	  --rollout-num-cpus-per-engine 0.5 --engine-threads 1 --actor-num-workers 1 --actor-num-cpus-per-worker 1 \
+	  --train-threads 1 --prompt-data $(VLM_DEMO)/data/shapes.jsonl --input-key prompt --label-key label \
+	  --apply-chat-template --multimodal-keys '{"image": "images"}' --custom-rm-path configs.vlm_demo.reward.names_the_shape \
+	  --rollout-batch-size 4 --n-samples-per-prompt 4 --rollout-max-response-len 8 --num-rollout 2 --lr 1e-3 \
+	  --global-batch-size 16 --micro-batch-size 4 --rollout-data-dir $(VLM_DEMO)/rollouts
+	$(PY) tools/rollout_viewer.py --print 2 $(VLM_DEMO)/rollouts/1.jsonl --tokenizer $(VLM_DEMO)/tiny-vlm
+	@echo "browse the dump: $(PY) tools/rollout_viewer.py $(VLM_DEMO)/rollouts --tokenizer $(VLM_DEMO)/tiny-vlm"
 
 # An OpenAI-SDK ReAct agent (configs/agent_demo/react_agent.py) fixes tiny Python functions inside our sandbox,
 # one session per sample whose only way out is the agent gateway; a fresh session grades the workspace (the

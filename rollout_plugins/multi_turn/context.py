@@ -10,10 +10,12 @@ import logging
 from typing import Any
 
 from slime.interactions.registry import InteractionSet, load_interaction_config
+from slime.rollout.multimodal_prompt import shared_processor
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.tools.chat_format import ChatDelta, TemplateDriftError, check_append_only, get_parser
 from slime.tools.flags import flag_value
 from slime.tools.registry import ToolSet, load_tool_config
+from slime.utils.prompt_images import PromptImages
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ class MultiTurnContext:
         if not self.delta.renders_tools and self.tools.names:
             logger.warning("the chat template ignores `tools`: tool schemas are described in the system message "
                            "(Hermes format) instead")
+        # a vision-language checkpoint's image side: prompt and tool images are expanded and sent as image_data
+        processor = shared_processor(args, self.runtime) if self.runtime is not None else None
+        self.images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
         self.check_mode = flag_value(args, "chat_template_check", "error")
         self.template_report = None
         if self.check_mode != "off":

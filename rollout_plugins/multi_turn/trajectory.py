@@ -19,7 +19,9 @@ from slime.rollout.engine_answer import EngineOutput
 from slime.tools.chat_format import ParseError, ToolCall, conversation_drift
 from slime.tools.flags import flag_value
 from slime.tools.trajectory_tools import ToolCallLimits, TrajectoryTools
+from slime.rollout.multimodal_prompt import sample_images
 from slime.utils.http_retry import HttpError
+from slime.utils.prompt_images import PreparedImage, collapse, train_inputs
 from slime.utils.trajectory import TrajectoryRecord, TurnSpan
 from slime.utils.types import Sample
 
@@ -53,7 +55,9 @@ class Trajectory:
             sample.clear_segments()
             sample.reward = None
             self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
-        self.tools = TrajectoryTools(ctx.tools, self.record, ctx.delta, ToolCallLimits.from_args(args))
+        self.tools = TrajectoryTools(ctx.tools, self.record, ctx.delta, ToolCallLimits.from_args(args),
+                                     reads_images=ctx.images is not None)
+        self.images: list[PreparedImage] = []  # every image of `ids`, in placeholder order (image_data)
         self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
         self.interaction: SampleInteraction | None = None  # the sample's simulated user, if any
 
@@ -79,6 +83,7 @@ class Trajectory:
         self.ids, self.prompt_len = list(s.tokens), s.prompt_length
         self.mask, self.logps = list(s.loss_mask or []), list(s.rollout_log_probs or [])
         self.messages = state.get("messages")
+        self.images = list(state.get("images") or [])
 
     def resume_point(self) -> tuple[int, list[int], bool]:
         """(turn to run next, the ids that turn sampled before an abort, whether it resumes inside a turn)."""
@@ -100,13 +105,30 @@ class Trajectory:
             if specials:  # already rendered by the data source: use as is
                 self.ctx.warn_once("rendered", "multi-turn: prompts are pre-rendered strings; tool schemas must "
                                    "already be in them (give message lists to have them rendered with tools)")
-                self.ids = self.ctx.delta.encode(text)
+                self.ids = self.with_prompt_images(self.ctx.delta.encode(text))
                 self.prompt_len = len(self.ids)
                 return
             msgs = [{"role": "user", "content": text}]
         self.messages = [dict(m) for m in msgs]
-        self.ids = self.ctx.delta.prompt_ids(self.messages, self.schemas)
+        self.ids = self.with_prompt_images(self.ctx.delta.prompt_ids(self.messages, self.schemas))
         self.prompt_len = len(self.ids)
+
+    def with_prompt_images(self, ids: list[int]) -> list[int]:
+        """The prompt's ids with the sample's images (`--multimodal-keys`) expanded, as the default generate
+        does; the images kept for `image_data` and the trainer."""
+        pictures = sample_images(self.sample)
+        if not pictures:
+            return ids
+        if self.ctx.images is None:
+            raise ValueError(f"sample {self.sample.index} has {len(pictures)} image(s) but --hf-checkpoint has no "
+                             "image processor (a vision-language checkpoint ships preprocessor_config.json)")
+        self.images = [self.ctx.images.prepare(p) for p in pictures]
+        return self.ctx.images.expand(ids, self.images)
+
+    @property
+    def image_data(self) -> list[str] | None:
+        """The conversation's images as SGLang's `image_data` (None: a text-only conversation)."""
+        return [image.data_uri for image in self.images] or None
 
     async def create_tools(self, names: list[str]) -> None:
         await self.tools.create(names, self.sample.index)
@@ -167,9 +189,14 @@ class Trajectory:
         tokens at the very end would cost compute and teach nothing.
         """
         delta = self.ctx.delta.tool_delta_ids(tool_msgs, model_ids)
+        new = [self.ctx.images.prepare(part["image"]) for m in tool_msgs if isinstance(m["content"], list)
+               for part in m["content"] if part.get("type") == "image"]
+        if new:  # a tool's images: one placeholder each in the delta, expanded to their token counts
+            delta = self.ctx.images.expand(delta, new)
         if not self.fits(len(delta)):
             self.record.dropped_tool_tokens = len(delta)
             return False
+        self.images += new
         self._append(delta, None, turn, "tool")
         if self.messages is not None:
             self.messages.extend(tool_msgs)
@@ -197,6 +224,9 @@ class Trajectory:
         s.response_length = len(self.ids) - self.prompt_len
         s.response = self.ctx.tok.decode(self.ids[self.prompt_len:], skip_special_tokens=False)
         s.loss_mask, s.rollout_log_probs = self.mask, self.logps
+        if self.images:  # the prompt's and the tools' images, in token order: what the trainer's forward needs
+            s.multimodal_inputs = {**(s.multimodal_inputs or {}), "images": [i.data_uri for i in self.images]}
+            s.multimodal_train_inputs = train_inputs(self.images)
         s.status = self.status if self.status != Sample.Status.PENDING else Sample.Status.FAILED
         self.record.finish_reason = self.reason
         self.record.store(s)
@@ -204,7 +234,8 @@ class Trajectory:
         if s.status == Sample.Status.ABORTED and self.reason in ("engine_abort", "rollout_abort") \
                 and flag_value(self.args, "partial_rollout", False):
             # a clean stop (not a cancellation mid tool call): resumable by a later rollout
-            s.metadata[RESUME_KEY] = {"messages": self.messages, "aborted_turn": self.aborted_turn}
+            s.metadata[RESUME_KEY] = {"messages": self.messages, "aborted_turn": self.aborted_turn,
+                                      "images": self.images}
         return s
 
     def check_drift(self) -> None:
@@ -214,7 +245,11 @@ class Trajectory:
         if self.ctx.check_mode == "off" or self.messages is None or not complete:
             self.record.template_drift = None  # not checked: no complete final turn to compare
             return
-        rep = conversation_drift(self.ctx.delta, self.messages, self.schemas, self.ids, self.prompt_len)
+        ids, prompt_len = self.ids, self.prompt_len
+        if self.images:  # the template renders one placeholder per image: compare in that form
+            pad = self.ctx.images.image_token_id
+            ids, prompt_len = collapse(ids, pad), len(collapse(ids[:prompt_len], pad))
+        rep = conversation_drift(self.ctx.delta, self.messages, self.schemas, ids, prompt_len)
         self.record.template_drift = not rep.ok
         if not rep.ok:
             self.record.template_drift_detail = rep.detail

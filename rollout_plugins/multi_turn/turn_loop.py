@@ -37,7 +37,8 @@ async def run_turns(traj: Trajectory) -> None:
         if gate is not None and gate.closed:  # the rollout is aborting: stop at this turn boundary
             traj.aborted_turn = inside
             return traj.end(Sample.Status.ABORTED, "rollout_abort")
-        out = await client.generate(traj.ids, {**traj.params, "max_new_tokens": room})
+        images = {"image_data": traj.image_data} if traj.images else {}  # every image of the conversation so far
+        out = await client.generate(traj.ids, {**traj.params, "max_new_tokens": room}, **images)
         t0 = time.perf_counter()
         traj.add_engine_turn(out, turn)
         model_ids, carried, inside = carried + list(out.token_ids), [], False

@@ -19,6 +19,7 @@ import enum
 from typing import Any
 
 from slime.agent.records import TurnRecord
+from slime.utils.prompt_images import train_inputs
 from slime.utils.types import Sample
 
 # an aborted last turn stays COMPLETED: a gateway session is not continued by --partial-rollout
@@ -65,6 +66,7 @@ class SampleBuilder:
         self.prompt_length = 0  # the first turn's prompt: what the Sample calls its prompt
         self.last_turn_index: int | None = None
         self.dropped_turns: list[int] = []  # turns whose trained ids a REALIGN made context
+        self.images: tuple = ()  # the last prompt's images: every image token of the row is in it
 
     def classify(self, turn: TurnRecord) -> DriftKind:
         """CLEAN when the prompt extends the held tokens; REALIGN when it diverges inside the latest
@@ -89,6 +91,7 @@ class SampleBuilder:
                 self.dropped_turns.append(self.last_turn_index)
             self._truncate(self.last_response_start)
         self.last_turn_index = turn_index
+        self.images = turn.images or self.images
         self._extend(turn.prompt_ids[len(self.tokens):], mask=0)
         self.last_response_start = len(self.tokens)
         if trained and turn.output_ids:
@@ -125,6 +128,9 @@ class SampleBuilder:
                         loss_mask=self.loss_mask[p:end], rollout_log_probs=self.log_probs[p:end],
                         status=_FINISH_STATUS.get(finish_reason, Sample.Status.COMPLETED),
                         metadata={**metadata, "finish_reason": finish_reason})
+        if self.images:  # the image tokens are prompt tokens (mask 0); the trainer needs their pixels
+            sample.multimodal_inputs = {"images": [image.data_uri for image in self.images], "videos": None}
+            sample.multimodal_train_inputs = train_inputs(self.images)
         for seg in self.segments:
             if seg.start < end:
                 sample.record_segment(seg.start - p, min(seg.end, end) - p, seg.weight_version, rollout_id)

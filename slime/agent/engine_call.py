@@ -59,10 +59,13 @@ class EngineTurns:
         self.client = client
 
     async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None,
-                       top_logprobs_num: int = 0) -> TurnRecord:
-        out = await self.client.generate(prompt_ids, params, routing_key=routing_key,
-                                         **({"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}))
+                       top_logprobs_num: int = 0, images: tuple[Any, ...] = ()) -> TurnRecord:
+        """`images`: the prompt's `PreparedImage`s, in placeholder order (their data URIs as `image_data`)."""
+        extra: dict[str, Any] = {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}
+        if images:
+            extra["image_data"] = [image.data_uri for image in images]
+        out = await self.client.generate(prompt_ids, params, routing_key=routing_key, **extra)
         matched = out.matched if out.finish_type == "stop" and isinstance(out.matched, str) else None  # not an id
         return TurnRecord(prompt_ids=prompt_ids, output_ids=out.token_ids, finish_reason=out.finish_type,
                           output_log_probs=out.log_probs, weight_version=out.weight_version, stop_matched=matched,
-                          top_log_probs=out.top_log_probs)
+                          top_log_probs=out.top_log_probs, images=tuple(images))

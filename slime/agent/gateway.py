@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.agent.engine_call import EngineTurns, sampling_params
 from slime.agent.errors import BadRequestError, GatewayError, SessionClosedError, TurnRefused, UnknownRouteError
+from slime.agent.images import ConversationImages
 from slime.agent.pipeline import Turn, TurnPipeline
 from slime.agent.protocols import anthropic, openai_chat, openai_responses
 from slime.agent.protocols.common import bearer, header_session
@@ -40,6 +41,7 @@ from slime.agent.session import Session, SessionTable
 from slime.agent.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
 from slime.utils.client_gone import client_gone
+from slime.utils.prompt_images import PromptImages
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -70,7 +72,9 @@ class GatewayConfig:
 
 class Gateway:
     def __init__(self, client: EngineClient, *, tokenizer: Any = None, config: GatewayConfig | None = None,
-                 renderer: PromptRenderer | None = None) -> None:
+                 renderer: PromptRenderer | None = None, images: PromptImages | None = None) -> None:
+        """`images`: a vision-language model's image side (`PromptImages.of_checkpoint`): image blocks are
+        rendered with its placeholder tokens and sent as `image_data`; None refuses them by path."""
         self.config = config or GatewayConfig()
         self.client = client
         self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer
@@ -82,7 +86,8 @@ class Gateway:
         self.pipeline = TurnPipeline(tokenizer=self.tokenizer, renderer=renderer or DeltaRender(self.tokenizer),
                                      generate=self._generate, manager=self.manager, sessions=self.sessions,
                                      tool_parser=self.config.tool_parser,
-                                     reasoning_parser=self.config.reasoning_parser)
+                                     reasoning_parser=self.config.reasoning_parser,
+                                     images=ConversationImages(images) if images is not None else None)
         self.app = self._build_app()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -91,7 +96,8 @@ class Gateway:
     async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
         params = sampling_params(session, request, len(prompt_ids))
         return await self.engine.generate(prompt_ids, params, routing_key=request.session_id,
-                                          top_logprobs_num=request.top_logprobs)
+                                          top_logprobs_num=request.top_logprobs,
+                                          images=tuple(self.pipeline.images_of(session, request)))
 
     # ---------------------------------------------------------------- HTTP
 
@@ -139,7 +145,8 @@ class Gateway:
         parsed = session.bodies.parse(await request.body(), protocol.HISTORY, protocol.__name__)
         if not isinstance(parsed.body, dict):
             raise BadRequestError("the request body must be a JSON object")
-        req = protocol.parse_request(parsed.body, request.headers, session.sid, parsed.known)
+        req = protocol.parse_request(parsed.body, request.headers, session.sid, parsed.known,
+                                     vision=self.pipeline.images is not None)
         if req.known is not None:
             session.bodies.keep(parsed, req.known)
         return req

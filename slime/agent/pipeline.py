@@ -20,6 +20,7 @@ from jinja2 import TemplateError
 from slime.agent.engine_call import client_stops, sampling_params
 from slime.agent.errors import (BadRequestError, ContextFullError, EngineAbortedError, EngineFailedError,
                                 FieldError, TurnRefused, is_context_refusal)
+from slime.agent.images import ConversationImages
 from slime.agent.parsing import forced_call_prefix, parse_model_output
 from slime.agent.protocols.common import tool_call_dict
 from slime.agent.records import ChatRequest, Reply, TokenLogprob, ToolUse, TurnRecord, Usage
@@ -57,8 +58,9 @@ def recorded_message(text: str, reasoning: str, uses: list[ToolUse]) -> dict[str
 class TurnPipeline:
     def __init__(self, *, tokenizer: Any, renderer: PromptRenderer, generate: Generate,
                  manager: TrajectoryManager, sessions: SessionTable, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None) -> None:
-        self.tokenizer, self.renderer, self.generate = tokenizer, renderer, generate
+                 reasoning_parser: str | None = None, images: ConversationImages | None = None) -> None:
+        """`images`: the model's image side (a vision-language model), None for a text-only model."""
+        self.tokenizer, self.renderer, self.generate, self.images = tokenizer, renderer, generate, images
         self.manager, self.sessions = manager, sessions
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
@@ -98,10 +100,19 @@ class TurnPipeline:
             ids = self.renderer.prompt_ids(session, request.messages, request.tools)
         except TemplateError as e:
             raise BadRequestError(f"messages: the model's chat template refuses this conversation: {e}") from None
+        images = self.images_of(session, request)
+        if images:  # each image's placeholder at its token count: the ids the engine runs and the Sample trains
+            ids = self.images.expand(ids, images)
         forced = self.forced_call_ids(request)
         if not forced:  # (`ids + []` would be a plain list: its JSON text, kept by `EncodedIds`, lost)
             return ids
         return ids.extended(forced) if isinstance(ids, EncodedIds) else ids + forced
+
+    def images_of(self, session: Session, request: ChatRequest) -> list[Any]:
+        """The conversation's images (`PreparedImage`s, each processed once per session), in prompt order."""
+        if self.images is None:
+            return []
+        return self.images.of(session.images, request.messages)
 
     def forced_call_ids(self, request: ChatRequest) -> list[int]:
         """The opening of a call the client requires (`parsing.forced_call_prefix`), as prompt ids."""

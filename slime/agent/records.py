@@ -27,6 +27,8 @@ class TurnRecord:
     weight_version: str | None = None
     stop_matched: str | None = None
     top_log_probs: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)  # when asked
+    # the prompt's images in placeholder order (`PreparedImage`s), sent as `image_data`
+    images: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
 class TurnRecordError(AssertionError):

@@ -24,9 +24,11 @@ from slime.agent.command_agent import AgentOutcome, CommandAgent, CommandAgentCo
 from slime.agent.flags import check_agent_run
 from slime.agent.gateway import Gateway, GatewayConfig
 from slime.agent.sandbox_pool import pool_from_args
+from slime.rollout.multimodal_prompt import shared_processor
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import mark_failed, prompt_ids
 from slime.utils.misc import load_function
+from slime.utils.prompt_images import PromptImages
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -51,8 +53,10 @@ class AgentRun:
 def gateway_of(runtime: RolloutRuntime) -> Gateway:
     """The runtime's gateway, started on first use and stopped when the runtime closes."""
     def start() -> Gateway:
+        processor = shared_processor(runtime.args, runtime)  # a vision-language checkpoint's: images read
+        images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
         gateway = Gateway(runtime.client, tokenizer=runtime.tokenizer,
-                          config=GatewayConfig.from_args(runtime.args)).start()
+                          config=GatewayConfig.from_args(runtime.args), images=images).start()
         runtime.on_close(gateway.stop)
         return gateway
 

@@ -32,6 +32,7 @@ class Session:
     closed: bool = False
     conversations: Conversations = dataclasses.field(default_factory=Conversations)
     bodies: BodyPrefixes = dataclasses.field(default_factory=BodyPrefixes)  # its last bodies, parsed and checked
+    images: dict[str, Any] = dataclasses.field(default_factory=dict)  # image source -> PreparedImage, read once
     # engine calls (tasks) and answers sent but not yet recorded (futures), all on `loop`
     in_flight: set[asyncio.Future] = dataclasses.field(default_factory=set)
     loop: asyncio.AbstractEventLoop | None = None

@@ -11,6 +11,7 @@ other writers).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from slime.utils.trajectory import TrajectoryRecord
 from slime.utils.types import Sample
 
 SCHEMA_VERSION = 2  # 2: multi-turn fields moved into `trajectory`, errors as records (1 held counts)
+IMAGES_DIR = "images"  # beside a dump: its samples' pictures, one PNG per distinct image (named by content)
 
 
 class Span(BaseModel):
@@ -67,6 +69,8 @@ class DumpRecord(BaseModel):
     weight_versions: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict, description="the rest of sample.metadata, JSON-safe")
     tokenizer: str | None = Field(None, description="tokenizer path the ids belong to (--hf-checkpoint)")
+    images: list[str] = Field(default_factory=list, description="the sample's pictures (a VLM's), as PNG files "
+                                                                "relative to the dump's directory")
 
 
 def json_safe(v: Any, depth: int = 0) -> Any:
@@ -108,9 +112,10 @@ def render_prompt(prompt: Any) -> str:
 
 
 def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool = False,
-                     dataset: str | None = None) -> dict[str, Any]:
+                     dataset: str | None = None, images_dir: Path | None = None) -> dict[str, Any]:
     """The dump line for one sample, as a plain dict validated against `DumpRecord` (`args` None: a sample
-    read back from a `.pt` dump, whose run's flags are not known)."""
+    read back from a `.pt` dump, whose run's flags are not known); with `images_dir` (beside the dump file)
+    the sample's pictures are written there and named in `images`."""
     meta = dict(sample.metadata or {})
     score = reward_value(args, sample) if sample.reward is not None else None
     trajectory = TrajectoryRecord.of(sample)
@@ -133,8 +138,38 @@ def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool =
         "weight_versions": [str(v) for v in sample.weight_versions or []],
         "metadata": json_safe(meta),
         "tokenizer": None if args is None else args.hf_checkpoint,
+        "images": save_images(sample, images_dir) if images_dir is not None else [],
     }
     return DumpRecord.model_validate(rec).model_dump(mode="json")
+
+
+def save_images(sample: Sample, images_dir: Path) -> list[str]:
+    """The sample's pictures (`multimodal_inputs["images"]`: PIL or data URIs) as PNG files named by their
+    content (a GRPO group's samples share one file), paths relative to the dump's directory."""
+    values = list((sample.multimodal_inputs or {}).get("images") or []) if isinstance(
+        sample.multimodal_inputs, dict) else []
+    if not values:
+        return []
+    import hashlib
+
+    from slime.utils.images import ImageError, open_image
+
+    names = []
+    for value in values:
+        try:
+            image = open_image(value)
+        except ImageError:
+            continue  # a dump never fails a rollout
+        png = io.BytesIO()
+        image.save(png, format="PNG")
+        data = png.getvalue()
+        name = f"{IMAGES_DIR}/{hashlib.sha256(data).hexdigest()[:16]}.png"
+        path = images_dir.parent / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        names.append(name)
+    return names
 
 
 def _str_or_none(v: Any) -> str | None:
@@ -164,7 +199,8 @@ def dump_rollout(args: Any, rollout_id: int, samples: list, evaluation: bool = F
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for s in flatten_samples(samples):
-            rec = sample_to_record(args, rollout_id, s, evaluation=evaluation, dataset=dataset)
+            rec = sample_to_record(args, rollout_id, s, evaluation=evaluation, dataset=dataset,
+                                   images_dir=path.parent / IMAGES_DIR)
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path

@@ -98,6 +98,7 @@ def load(src: Source) -> Loaded:
         except ValueError:
             res.bad_lines += 1
             continue
+        rec["images"] = [str(src.path.parent / name) for name in rec.get("images") or []]  # found from anywhere
         res.records.append(rec)
     return res
 
@@ -279,6 +280,25 @@ def _mask_pieces(rec: dict, start: int, end: int) -> list[tuple[int, int, int]]:
     return pieces or [(start, end, 1)]
 
 
+def _pictures_beside_answer(rec: dict) -> Text:
+    """The sample's pictures as terminal cells, its answer beside them (a VLM sample at a glance)."""
+    from PIL import Image, UnidentifiedImageError
+
+    from slime.observability.image_cells import beside, thumbnail_rows
+
+    rows: list[Text] = []
+    for path in rec["images"]:
+        try:
+            with Image.open(path) as image:
+                rows += thumbnail_rows(image)
+        except (OSError, UnidentifiedImageError) as e:
+            rows.append(Text(f"(cannot show {path}: {e})"[:60], style="red"))
+        rows.append(Text(path.rsplit("/", 1)[-1], style="grey62"))
+    t = Text(f"\n── {len(rec['images'])} image(s) · the answer ──\n", style="bold cyan")
+    t.append_text(beside(rows, rec.get("output") or "", right_style="bold"))
+    return t
+
+
 def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
     """Header, prompt, the response turn by turn (trained green, masked grey), then tool calls and errors."""
     decoder = decoder or Decoder()
@@ -301,6 +321,8 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
             t.append(f"tool rewards {json.dumps(traj.tool_rewards)}  step rewards {steps}\n")
     t.append("\n── prompt ──\n", style="bold cyan")
     t.append(rec.get("input", "") + "\n", style="cyan")
+    if rec.get("images"):
+        t.append_text(_pictures_beside_answer(rec))
     tokens, plen = rec.get("tokens") or [], rec.get("prompt_length", 0)
     resp_ids = tokens[plen:] if tokens else []
     decoded_any = False

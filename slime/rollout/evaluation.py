@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from typing import Any
 
 from slime.rollout.base_types import GroupStep
@@ -31,11 +32,15 @@ def eval_prompts(args: Any, dataset: Any, runtime: RolloutRuntime) -> list[Sampl
     input_key = _dataset_setting(dataset, "input_key", args.eval_input_key or args.input_key)
     label_key = _dataset_setting(dataset, "label_key", args.eval_label_key or args.label_key)
 
+    keys = dataset_multimodal_keys(dataset, args.multimodal_keys)
+
     def read() -> list[Sample]:
         tok = runtime.tokenizer if args.hf_checkpoint else None
+        overrides: dict[str, Any] = {"multimodal_keys": keys} if keys != args.multimodal_keys else {}
         generate = getattr(dataset, "custom_generate_function_path", None)  # (its prompts are read by its generate)
-        reader = args if generate is None else \
-            argparse.Namespace(**{**vars(args), "custom_generate_function_path": generate})
+        if generate is not None:
+            overrides["custom_generate_function_path"] = generate
+        reader = argparse.Namespace(**{**vars(args), **overrides}) if overrides else args
         prompts, _ = build_prompt_samples(reader, path, input_key, label_key, tok)
         inject = getattr(dataset, "inject_metadata", None)
         if inject is not None:  # per-dataset rm_type / metadata_overrides
@@ -43,7 +48,22 @@ def eval_prompts(args: Any, dataset: Any, runtime: RolloutRuntime) -> list[Sampl
                 p.metadata = inject(p.metadata)
         return prompts
 
-    return runtime.shared(f"eval_prompts:{(name, path, input_key, label_key)!r}", read)
+    return runtime.shared(f"eval_prompts:{(name, path, input_key, label_key, keys)!r}", read)
+
+
+def dataset_multimodal_keys(dataset: Any, default: Any) -> Any:
+    """An eval dataset's `multimodal_keys` (`--eval-config`, as slime's: a mapping or its JSON text), else the
+    flag's: one eval set may read images under another key, or none."""
+    keys = _dataset_setting(dataset, "multimodal_keys", default)
+    if isinstance(keys, str):
+        try:
+            keys = json.loads(keys)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--eval-config: dataset {dataset[0]!r}: multimodal_keys is not JSON: {e}") from None
+    if keys is not None and not isinstance(keys, dict):
+        raise ValueError(f"--eval-config: dataset {dataset[0]!r}: multimodal_keys must be a mapping like "
+                         f"{{\"image\": \"images\"}}, got {keys!r}")
+    return keys
 
 
 def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:

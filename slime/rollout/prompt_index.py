@@ -129,6 +129,7 @@ class PromptIndex(Sequence):
                 raise DataError(f"{self.path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
                                 f"(the file has {total})")
         self.filtered = 0
+        self._images: Any = None  # the checkpoint's image side, loaded for the first prompt with images
         self.dropped: array | None = None  # rows the length filter dropped (positions before dropping)
         self.read_through = False  # every row converted once (while filtering, or by check_all)
         max_len, _ = prompt_limit(args)
@@ -200,7 +201,7 @@ class PromptIndex(Sequence):
         for i in range(len(self)):
             sample = self.sample(i, tokenize=False)
             if self.tokenizer is not None and isinstance(sample.prompt, str):
-                pending.append((i, sample.prompt))
+                pending.append((i, sample.prompt, self._image_tokens(sample)))
             else:
                 yield i, None
             if len(pending) >= TOKENIZE_BATCH:
@@ -211,10 +212,23 @@ class PromptIndex(Sequence):
         yield from self._count(pending)
         progress.tick(size, len(self), final=True)
 
-    def _count(self, pending: list[tuple[int, str]]) -> Iterator[tuple[int, int]]:
+    def _count(self, pending: list[tuple[int, str, int]]) -> Iterator[tuple[int, int]]:
         if pending:
-            ids = self.tokenizer([text for _, text in pending], add_special_tokens=False)["input_ids"]
-            yield from ((i, len(tokens)) for (i, _), tokens in zip(pending, ids))
+            ids = self.tokenizer([text for _, text, _ in pending], add_special_tokens=False)["input_ids"]
+            yield from ((i, len(tokens) + extra) for (i, _, extra), tokens in zip(pending, ids))
+
+    def _image_tokens(self, sample: Any) -> int:
+        """The tokens a prompt's images add past their one placeholder each (`--multimodal-keys`): the
+        processor expands each to its own count before the engine runs it, so the length filter counts
+        them as the engine will."""
+        images = (sample.multimodal_inputs or {}).get("images") or []
+        if not images:
+            return 0
+        if self._images is None:
+            from slime.utils.prompt_images import PromptImages
+
+            self._images = PromptImages.of_checkpoint(getattr(self.args, "hf_checkpoint", None)) or False
+        return sum(self._images.count(image) - 1 for image in images) if self._images else 0
 
     def where(self, i: int) -> str:
         """`FILE:LINE` (JSONL) or `FILE row N` (parquet) of the i-th prompt, for messages."""

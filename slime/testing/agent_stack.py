@@ -36,10 +36,12 @@ class RecordingClient(EngineClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.answers: list = []
+        self.image_data: list = []  # each request's `image_data` (None without images), in the same order
 
     async def generate(self, input_ids, sampling_params, **kwargs):
         out = await super().generate(input_ids, sampling_params, **kwargs)
         self.answers.append((list(input_ids), out))
+        self.image_data.append(kwargs.get("image_data"))
         return out
 
 

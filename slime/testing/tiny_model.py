@@ -113,3 +113,10 @@ def _mrope_section(head_dim: int) -> list[int]:
     half = head_dim // 2
     t = half // 4
     return [t, (half - t) // 2, half - t - (half - t) // 2]
+
+
+if __name__ == "__main__":  # `python -m slime.testing.tiny_model vlm DIR`: the tiny VLM of `make vlm-demo`
+    import sys
+
+    kind, where = sys.argv[1], sys.argv[2]
+    print((build_tiny_vlm if kind == "vlm" else build_tiny_model)(where))

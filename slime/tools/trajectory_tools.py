@@ -38,8 +38,12 @@ class ToolCallLimits:
 class TrajectoryTools:
     """One sample's tool instances and calls, recorded on its `TrajectoryRecord`."""
 
-    def __init__(self, tools: ToolSet, record: TrajectoryRecord, delta: ChatDelta, limits: ToolCallLimits):
+    def __init__(self, tools: ToolSet, record: TrajectoryRecord, delta: ChatDelta, limits: ToolCallLimits,
+                 *, reads_images: bool = False):
+        """`reads_images`: the model is a vision-language model, so the images a tool returns (verl's
+        `ToolResponse.image`) go into its tool message as image parts; else they are named as not shown."""
         self.tools, self.record, self.delta, self.limits = tools, record, delta, limits
+        self.reads_images = reads_images
         self.schemas: list[dict[str, Any]] = []
         self.kwargs: dict[str, dict[str, Any]] = {}
         self.instances: dict[str, str] = {}
@@ -113,6 +117,7 @@ class TrajectoryTools:
     async def run_calls(self, items: list[ToolCall | ParseError], turn: int) -> list[dict[str, Any]]:
         """One tool message per call or parse error, in the model's order; valid calls run concurrently."""
         texts: list[str | None] = [None] * len(items)
+        images: list[list[Any]] = [[] for _ in items]
         errors: list[str | None] = [None] * len(items)
         names: list[str] = ["error"] * len(items)
         jobs: list[tuple[int, ToolCall, dict[str, Any]]] = []
@@ -132,10 +137,10 @@ class TrajectoryTools:
             else:
                 jobs.append((i, item, arguments))
         results = await asyncio.gather(*(self._execute(call, arguments, turn) for _, call, arguments in jobs))
-        for (i, _, _), (text, error) in zip(jobs, results):
-            texts[i], errors[i] = text, error
+        for (i, _, _), (text, error, returned) in zip(jobs, results):
+            texts[i], errors[i], images[i] = text, error, returned
         executed = {i for i, _, _ in jobs}
-        return [self._message(item, chat_name, text, errors[i], turn, i in executed)
+        return [self._message(item, chat_name, text, errors[i], turn, i in executed, images[i])
                 for i, (item, chat_name, text) in enumerate(zip(items, names, texts))]
 
     def _refusal(self, call: ToolCall, n_calls: int) -> tuple[str | None, str | None, dict[str, Any]]:
@@ -152,17 +157,22 @@ class TrajectoryTools:
         return None, None, arguments
 
     def _message(self, item: ToolCall | ParseError, chat_name: str, text: str | None, error: str | None,
-                 turn: int, executed: bool) -> dict[str, Any]:
-        """The tool message answered to the model (its text cut to the limit), recorded as such."""
+                 turn: int, executed: bool, images: list[Any] = ()) -> dict[str, Any]:
+        """The tool message answered to the model (its text cut to the limit), recorded as such; the
+        tool's images (for a vision-language model) come first as image parts, then the text."""
         content = self._truncate(text or "")
         name, arguments = (item.name, item.arguments) if isinstance(item, ToolCall) else (None, None)
         self.record.tool_messages.append(ToolMessage(
             turn=turn, name=name, arguments=arguments, response=content, error=error,
             executed=executed, truncated=content != (text or "")))
+        if images:
+            parts = [{"type": "image", "image": image} for image in images]
+            return {"role": "tool", "name": chat_name, "content": parts + [{"type": "text", "text": content}]}
         return {"role": "tool", "name": chat_name, "content": content}
 
-    async def _execute(self, call: ToolCall, arguments: dict[str, Any], turn: int) -> tuple[str, str | None]:
-        """(the text answered to the model, the error or None)."""
+    async def _execute(self, call: ToolCall, arguments: dict[str, Any],
+                       turn: int) -> tuple[str, str | None, list[Any]]:
+        """(the text answered to the model, the error or None, the images shown to it)."""
         tool = self.tools[call.name]
         timeout = self.limits.call_timeout
         try:
@@ -171,17 +181,20 @@ class TrajectoryTools:
         except asyncio.TimeoutError:
             msg = f"tool {call.name!r} did not answer within {timeout}s"
             self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=call.name, kind="timeout", message=msg))
-            return f"Error: {msg}", msg
+            return f"Error: {msg}", msg, []
         except Exception as e:  # noqa: BLE001 - a tool bug becomes a message, not a crashed rollout
             msg = f"tool {call.name!r} failed: {type(e).__name__}: {e}"
             self.record.tool_errors.append(ToolErrorRecord(turn=turn, tool=call.name, kind="exception", message=msg))
-            return f"Error: {msg}", msg
+            return f"Error: {msg}", msg, []
         self.record.step_rewards.append(StepReward(turn=turn, tool=call.name, reward=float(step_reward or 0.0)))
         text = resp.text or ""
-        media = len(resp.image or []) + len(resp.video or [])
-        if media:
-            text += f"\n({media} image/video item(s) returned by the tool are not shown to this text model)"
-        return text, None
+        images = list(resp.image or []) if self.reads_images else []
+        unseen = len(resp.image or []) - len(images) + len(resp.video or [])
+        if unseen:
+            what = "video item(s)" if self.reads_images else "image/video item(s)"
+            model = "this model" if self.reads_images else "this text model"
+            text += f"\n({unseen} {what} returned by the tool are not shown to {model})"
+        return text, None, images
 
     def _truncate(self, text: str) -> str:
         limit = self.limits.max_response_tokens

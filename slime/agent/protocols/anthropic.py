@@ -18,7 +18,7 @@ from slime.agent.errors import FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, new_id, sse, tool_call_dict,
                                           want_stream)
-from slime.agent.protocols.media import refuse_media
+from slime.agent.protocols.media import has_images, refuse_media, template_content
 from slime.agent.protocols.tool_choice import anthropic_choice, names, offered
 from slime.agent.records import ChatRequest, Known, Reply
 
@@ -35,9 +35,9 @@ def session_key(headers: Mapping[str, str]) -> str | None:
     return bearer(headers) or (headers.get("X-Api-Key") or headers.get("x-api-key") or "").strip() or None
 
 
-def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
+def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
-    passed in an earlier body of the session (`Known`)."""
+    passed in an earlier body of the session (`Known`). `vision`: image blocks are read (`media`)."""
     check.common(body, "messages", checked)
     check.integer(body, "max_tokens", 1, check.MAX_TOKENS_CAP)
     check.number(body, "temperature", 0, 1)
@@ -55,7 +55,7 @@ def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
         check.expect(m, f"messages[{i}]", "object")
         check.role(m.get("role"), f"messages[{i}].role", ROLES)
         check_content(m.get("content"), f"messages[{i}].content")
-        refuse_media(m.get("content"), f"messages[{i}].content")
+        refuse_media(m.get("content"), f"messages[{i}].content", vision=vision)
     for i, t in enumerate(body.get("tools") or []):
         check.expect(t, f"tools[{i}]", "object")
         check.nonempty_str(t.get("name"), f"tools[{i}].name")
@@ -81,11 +81,12 @@ def check_content(content: Any, path: str) -> None:
 
 
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
-                  known: Known | None = None) -> ChatRequest:
+                  known: Known | None = None, *, vision: bool = False) -> ChatRequest:
     """`known`: what an earlier body made of this one's first messages (the same objects): only the
     messages after them are checked and translated. A system message mid-list folds into an
-    earlier user message, so such a body is translated whole (and nothing of it is kept)."""
-    check_body(body, known.count if known else 0)
+    earlier user message, so such a body is translated whole (and nothing of it is kept).
+    `vision`: the model reads `image` blocks."""
+    check_body(body, known.count if known else 0, vision=vision)
     raw = body["messages"]
     start = known.count if known else 0
     folds = any(isinstance(m, dict) and m.get("role") == "system" for m in raw[max(start, 1):])
@@ -121,7 +122,11 @@ def translate_history(msgs: list[dict]) -> list[dict]:
             continue
         role, content = m.get("role"), m.get("content")
         blocks = content if isinstance(content, list) else [{"type": "text", "text": flatten_content(content)}]
-        if role == "user":
+        if role == "user" and has_images(blocks):  # the text and images of a turn stay one message
+            out.extend(_user_block(b) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result")
+            out.append({"role": "user", "content": template_content(
+                [b for b in blocks if not (isinstance(b, dict) and b.get("type") == "tool_result")])})
+        elif role == "user":
             out.extend(_user_block(b) for b in blocks)
         elif role == "assistant":
             out.append(_assistant(blocks))
@@ -132,7 +137,7 @@ def translate_history(msgs: list[dict]) -> list[dict]:
 
 def _user_block(b: Any) -> dict:
     if isinstance(b, dict) and b.get("type") == "tool_result":
-        return {"role": "tool", "content": flatten_content(b.get("content"))}
+        return {"role": "tool", "content": template_content(b.get("content"))}
     if isinstance(b, dict) and b.get("type") == "text":
         return {"role": "user", "content": b.get("text", "")}
     return {"role": "user", "content": flatten_content([b])}  # a block of another type: its text, never its repr

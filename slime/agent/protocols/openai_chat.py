@@ -17,7 +17,7 @@ from slime.agent.errors import FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
                                           parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
-from slime.agent.protocols.media import refuse_media
+from slime.agent.protocols.media import refuse_media, template_content
 from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.records import ChatRequest, Known, Reply
 
@@ -48,9 +48,9 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
+def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
-    passed in an earlier body of the session (`Known`)."""
+    passed in an earlier body of the session (`Known`). `vision`: image parts are read (`media`)."""
     check.common(body, "messages", checked)
     check.optional(body, "stream_options", "object")
     check.optional(body, "user", "string")
@@ -61,6 +61,7 @@ def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
         raise FieldError("messages", "at least one message is required")
     for i in range(checked, len(messages)):
         check_message(messages[i], f"messages[{i}]")
+        refuse_media(messages[i].get("content"), f"messages[{i}].content", vision=vision)
     for i, t in enumerate(body.get("tools") or []):
         check_tool(t, f"tools[{i}]")
 
@@ -89,10 +90,10 @@ def one_choice(body: Mapping[str, Any]) -> None:
 
 
 def check_message(m: Any, path: str) -> None:
+    """The message's shape; its media blocks are `refuse_media`'s (read or refused by the model's kind)."""
     check.expect(m, path, "object")
     check.role(m.get("role"), f"{path}.role", ROLES)
     check.text_parts(m.get("content"), f"{path}.content", TEXT_PARTS)
-    refuse_media(m.get("content"), f"{path}.content")
     check.optional(m, "reasoning_content", "string", path=f"{path}.")
     check.optional(m, "tool_calls", "array", path=f"{path}.")
     for j, call in enumerate(m.get("tool_calls") or []):
@@ -115,10 +116,10 @@ def check_tool(t: Any, path: str) -> None:
 
 
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
-                  known: Known | None = None) -> ChatRequest:
+                  known: Known | None = None, *, vision: bool = False) -> ChatRequest:
     """`known`: what an earlier body made of this one's first messages (the same objects): only the
-    messages after them are checked and translated."""
-    check_body(body, known.count if known else 0)
+    messages after them are checked and translated. `vision`: the model reads `image_url` parts."""
+    check_body(body, known.count if known else 0, vision=vision)
     tools = chat_tools(body.get("tools"))
     choice = openai_choice(body, names(tools))
     raw = body["messages"]
@@ -137,7 +138,7 @@ def translate_messages(msgs: list[dict]) -> list[dict]:
         if not isinstance(m, dict):
             continue
         role = "system" if m.get("role") == "developer" else m.get("role")
-        msg: dict[str, Any] = {"role": role, "content": flatten_content(m.get("content"))}
+        msg: dict[str, Any] = {"role": role, "content": template_content(m.get("content"))}
         if role == "assistant":
             if m.get("reasoning_content"):
                 msg["reasoning_content"] = m["reasoning_content"]

@@ -18,7 +18,7 @@ from slime.agent.errors import BadRequestError, FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
 from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
                                           parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
-from slime.agent.protocols.media import refuse_media
+from slime.agent.protocols.media import refuse_media, template_content
 from slime.agent.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.protocols.openai_chat import body_session
 from slime.agent.records import ChatRequest, Known, Reply
@@ -31,13 +31,13 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` value asking 
 
 
 def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
-                  known: Known | None = None) -> ChatRequest:
+                  known: Known | None = None, *, vision: bool = False) -> ChatRequest:
     """`known`: what an earlier body made of this one's first input items (the same objects): only
     the items after them are checked and translated."""
     if body.get("previous_response_id"):
         raise BadRequestError("previous_response_id: this gateway keeps no responses; send the whole input "
                               "(store=false)")
-    check_body(body, known.count if known else 0)
+    check_body(body, known.count if known else 0, vision=vision)
     items = body["input"]
     if isinstance(items, str):
         history, known = translate_items([{"role": "user", "content": items}]), None
@@ -56,7 +56,7 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
                        top_logprobs=top_logprobs(body), raw=body, known=known)
 
 
-def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
+def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` input
     items passed in an earlier body of the session (`Known`)."""
     check.common(body, "input", checked)
@@ -71,7 +71,7 @@ def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
     if not items:
         raise FieldError("input", "must not be empty")
     for i in range(checked, len(items) if isinstance(items, list) else 0):
-        check_item(items[i], f"input[{i}]")
+        check_item(items[i], f"input[{i}]", vision=vision)
     for i, t in enumerate(body.get("tools") or []):
         check.block(t, f"tools[{i}]")
         if t["type"] == "function":
@@ -80,20 +80,21 @@ def check_body(body: Mapping[str, Any], checked: int = 0) -> None:
             check.json_schema(t.get("parameters"), f"tools[{i}].parameters")
 
 
-def check_item(item: Any, path: str) -> None:
+def check_item(item: Any, path: str, *, vision: bool = False) -> None:
+    """`vision`: `input_image` parts are read (`media`), else refused by path."""
     check.expect(item, path, "object")
     check.optional(item, "type", "string", path=f"{path}.")
     kind = item.get("type") or "message"
     if kind == "message":
         check.role(item.get("role", "user"), f"{path}.role", ROLES)
         check.text_parts(item.get("content"), f"{path}.content", TEXT_PARTS)
-        refuse_media(item.get("content"), f"{path}.content")
+        refuse_media(item.get("content"), f"{path}.content", vision=vision)
     elif kind == "function_call":
         check.nonempty_str(item.get("name"), f"{path}.name")
         check.optional(item, "arguments", "string", "object", path=f"{path}.")
     elif kind == "function_call_output":
         check.text_parts(item.get("output"), f"{path}.output", TEXT_PARTS)
-        refuse_media(item.get("output"), f"{path}.output")
+        refuse_media(item.get("output"), f"{path}.output", vision=vision)
     elif kind == "reasoning":
         check.optional(item, "summary", "array", path=f"{path}.")
         for j, part in enumerate(item.get("summary") or []):
@@ -119,13 +120,13 @@ def translate_items(items: list[Any], translated: list[dict] = ()) -> list[dict]
             if text:
                 _open_assistant(out)["reasoning_content"] = text
         elif kind == "function_call_output":
-            out.append({"role": "tool", "content": flatten_content(item.get("output"))})
+            out.append({"role": "tool", "content": template_content(item.get("output"))})
         elif kind == "message" and item.get("role") == "assistant":
             msg = _open_assistant(out)
             msg["content"] += flatten_content(item.get("content"))
         elif kind == "message":
             role = "system" if item.get("role") == "developer" else item.get("role", "user")
-            out.append({"role": role, "content": flatten_content(item.get("content"))})
+            out.append({"role": role, "content": template_content(item.get("content"))})
     return out
 
 

@@ -1,0 +1,113 @@
+"""Images in prompts a rollout renders itself (the agent gateway, the multi-turn tool loop): each image read
+and run through the checkpoint's image processor once, its `<|image_pad|>` placeholder expanded to the
+image's token count in the ids, and the processor's outputs kept for the trainer.
+
+Why here: a conversation that grows turn by turn renders only its new messages (a template delta with one
+placeholder per new image) and keeps the ids it already sent (earlier images already expanded). `expand`
+takes both: a run of one placeholder token is expanded, a run already at the image's count is kept. So the
+ids the engine runs are the ids the Sample trains on, and `train_inputs` are the pixels of exactly those
+image tokens, in order (slime's `multimodal_train_inputs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from slime.utils.images import encode_png_data_uri, open_image
+from slime.utils.vision_model import tokens_per_image
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedImage:
+    """One image as the engine and the trainer take it: a PNG data URI (`image_data`), the processor's
+    `pixel_values` rows and `image_grid_thw` row, and how many placeholder tokens it fills."""
+
+    data_uri: str
+    pixel_values: Any
+    grid_thw: Any
+    tokens: int
+
+
+class ImageCountError(ValueError):
+    """The prompt's image placeholders do not match its images (count, or a run of another length)."""
+
+
+class PromptImages:
+    """The checkpoint's image side: its processor's image processor and image token."""
+
+    def __init__(self, processor: Any) -> None:
+        self.image_processor = processor.image_processor
+        self.image_token_id = int(processor.image_token_id)
+        self.merge_size = int(getattr(self.image_processor, "merge_size", 2))
+
+    @classmethod
+    def of_checkpoint(cls, path: Any) -> PromptImages | None:
+        """None for a checkpoint without an image processor (a text-only model)."""
+        from slime.utils.processing_utils import load_processor
+
+        processor = load_processor(path, trust_remote_code=True) if path else None
+        if processor is None or getattr(processor, "image_processor", None) is None:
+            return None
+        return cls(processor)
+
+    def prepare(self, value: Any, base_dir: Any = None) -> PreparedImage:
+        """`value` (a path, data URI, base64, bytes or PIL image) read and processed; raises
+        `slime.utils.images.ImageError` naming what is wrong with it."""
+        image = open_image(value, base_dir=base_dir)
+        out = self.image_processor(images=[image], return_tensors="pt")
+        grid = out["image_grid_thw"]
+        return PreparedImage(encode_png_data_uri(image), out["pixel_values"], grid,
+                             tokens_per_image(grid, self.merge_size)[0])
+
+    def count(self, value: Any) -> int:
+        """How many placeholder tokens the image `value` fills (the processor's grid, no pixels kept)."""
+        grid = self.image_processor(images=[open_image(value)], return_tensors="pt")["image_grid_thw"]
+        return tokens_per_image(grid, self.merge_size)[0]
+
+    def expand(self, ids: list[int], images: list[PreparedImage]) -> list[int]:
+        """`ids` with each image's placeholder run at its token count (a run of 1 expanded, a full one kept)."""
+        runs = placeholder_runs(ids, self.image_token_id)
+        if len(runs) != len(images):
+            raise ImageCountError(f"{len(images)} image(s) but the prompt has {len(runs)} image placeholder(s)")
+        if all(length == image.tokens for (_, length), image in zip(runs, images)):
+            return ids
+        out: list[int] = []
+        cursor = 0
+        for j, ((start, length), image) in enumerate(zip(runs, images)):
+            if length not in (1, image.tokens):
+                raise ImageCountError(f"image {j} fills {image.tokens} tokens but its placeholder is {length}")
+            out += ids[cursor:start]
+            out += [self.image_token_id] * image.tokens
+            cursor = start + length
+        return out + ids[cursor:]
+
+
+def collapse(ids: list[int], token: int) -> list[int]:
+    """`ids` with each run of `token` as one token: the form a chat template renders (for comparing with it)."""
+    return [t for i, t in enumerate(ids) if t != token or i == 0 or ids[i - 1] != token]
+
+
+def train_inputs(images: Iterable[PreparedImage]) -> dict[str, Any] | None:
+    """slime's `multimodal_train_inputs` of a prompt holding `images` in this order (None: no image)."""
+    import torch
+
+    images = list(images)
+    if not images:
+        return None
+    return {"pixel_values": torch.cat([i.pixel_values for i in images]),
+            "image_grid_thw": torch.cat([i.grid_thw for i in images])}
+
+
+def placeholder_runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """(start, length) of each maximal run of `token` in `ids`."""
+    runs: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t != token:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs

@@ -144,3 +144,16 @@ def test_the_template_text_is_tokenised_as_the_tokenizer_does_even_after_a_trunc
     if truncated:
         tok("some text that is long enough", truncation=True, max_length=2)
     assert delta.encode(text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_a_template_text_is_tokenised_without_the_hf_wrapper_when_nothing_is_set(tok, monkeypatch):
+    """The direct read is taken (half the CPU of a short text's `tok.encode`, each gateway turn pays it),
+    and given up once a call left truncation set."""
+    delta = ChatDelta(tok)
+    calls = []
+    real = tok.encode
+    monkeypatch.setattr(tok, "encode", lambda *a, **k: calls.append(a) or real(*a, **k))
+    text = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert delta.encode(text) == real(text, add_special_tokens=False) and len(calls) == 0
+    tok("some text that is long enough", truncation=True, max_length=2)
+    assert delta.encode(text) == real(text, add_special_tokens=False) and len(calls) == 1

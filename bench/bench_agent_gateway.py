@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("SLIME_BENCH_TREE", str(ROOT)))  # a worker imports slime from the tree it measures
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -91,7 +93,7 @@ class ThreadCPU:
 def timed_gateway(stack: AgentStack, **kw) -> tuple[Gateway, list[float]]:
     cpu: list[float] = []
     gw = Gateway(stack.client, tokenizer=stack.tok, **kw)
-    gw.app.add_middleware(ThreadCPU, cpu=cpu)
+    gw.asgi = ThreadCPU(gw.asgi, cpu)  # around the app the gateway serves (its turn routes too)
     return gw.start(), cpu
 
 
@@ -166,8 +168,10 @@ async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], si
     return costs
 
 
-async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrency: int) -> None:
-    """CPU per request with `concurrency` requests in flight: each path's doing thread, whole run / n."""
+async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrency: int,
+                              tag: str = "") -> dict[str, float]:
+    """CPU per request with `concurrency` requests in flight: each path's doing thread, whole run / n
+    (ms), and requests/s: `direct`, `shared` (sessions opening with one prompt), `own` (each its own)."""
     client, tok = stack.client, stack.tok
     msgs = [{"role": "user", "content": "case=ovc hello"}]
     ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
@@ -189,28 +193,111 @@ async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrenc
         c = time.thread_time()
         direct_wall = await pool(lambda i: client.generate(ids, params))
         direct_cpu = time.thread_time() - c
-        await pool(lambda i: chat(http, gw, f"ovc-w{i}", msgs))
+        await pool(lambda i: chat(http, gw, f"ovc{tag}-w{i}", msgs))
         c0 = time.clock_gettime(server_clock)
-        gw_wall = await pool(lambda i: chat(http, gw, f"ovc-{i}", msgs))
+        gw_wall = await pool(lambda i: chat(http, gw, f"ovc{tag}-{i}", msgs))
         gw_cpu = time.clock_gettime(server_clock) - c0
         c0 = time.clock_gettime(server_clock)  # each session its own first prompt: rendered, not reused
-        own_wall = await pool(lambda i: chat(http, gw, f"ovc-own-{i}", [{"role": "user", "content": f"case=ovc {i}"}]))
+        own_wall = await pool(lambda i: chat(http, gw, f"ovc{tag}-own-{i}",
+                                             [{"role": "user", "content": f"case=ovc {tag} {i}"}]))
         own_cpu = time.clock_gettime(server_clock) - c0
-    for sid in [f"ovc{kind}{i}" for kind in ("-w", "-", "-own-") for i in range(n)]:
+    for sid in [f"ovc{tag}{kind}{i}" for kind in ("-w", "-", "-own-") for i in range(n)]:
         await gw.drop_session(sid)
+    return {"direct": direct_cpu / n * 1e3, "shared": gw_cpu / n * 1e3, "own": own_cpu / n * 1e3,
+            "direct_rate": n / direct_wall, "shared_rate": n / gw_wall, "own_rate": n / own_wall}
+
+
+def print_concurrent(r: dict[str, float], n: int, concurrency: int) -> None:
     print(f"1b. overhead at concurrency {concurrency}: {n} single-turn requests per path; CPU = the doing thread's "
           "CPU over the run / requests")
     print("| path | CPU ms/request | requests/s |")
     print("|---|---:|---:|")
-    print(f"| direct /generate (EngineClient, bench thread) | {direct_cpu / n * 1e3:.3f} | {n / direct_wall:.0f} |")
-    print(f"| gateway /v1/chat/completions (server thread, its engine call included) | {gw_cpu / n * 1e3:.3f} | "
-          f"{n / gw_wall:.0f} |")
-    print(f"| gateway, each session its own first prompt (rendered each time) | {own_cpu / n * 1e3:.3f} | "
-          f"{n / own_wall:.0f} |")
-    print(f"gateway CPU per request beyond the direct call: {(gw_cpu - direct_cpu) / n * 1e3:.3f} ms (target <= 1 ms; "
+    print(f"| direct /generate (EngineClient, bench thread) | {r['direct']:.3f} | {r['direct_rate']:.0f} |")
+    print(f"| gateway /v1/chat/completions (server thread, its engine call included) | {r['shared']:.3f} | "
+          f"{r['shared_rate']:.0f} |")
+    print(f"| gateway, each session its own first prompt (rendered each time) | {r['own']:.3f} | "
+          f"{r['own_rate']:.0f} |")
+    print(f"gateway CPU per request beyond the direct call: {r['shared'] - r['direct']:.3f} ms (target <= 1 ms; "
           f"sessions opening with one prompt, as a GRPO group's do: rendered once), "
-          f"{(own_cpu - direct_cpu) / n * 1e3:.3f} ms with a prompt of its own each; "
-          f"gateway rate / direct rate: {direct_wall / gw_wall:.2f} ({direct_wall / own_wall:.2f})")
+          f"{r['own'] - r['direct']:.3f} ms with a prompt of its own each; "
+          f"gateway rate / direct rate: {r['shared_rate'] / r['direct_rate']:.2f} "
+          f"({r['own_rate'] / r['direct_rate']:.2f})")
+
+
+class TreeWorker:
+    """Section 1b of one source tree, in a process of its own (its own stack and gateway) that imports
+    slime from that tree: one measured round per `run` line on stdin, its figures as JSON."""
+
+    def __init__(self, tree: Path, a: argparse.Namespace) -> None:
+        env = {**os.environ, "SLIME_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)}
+        self.tree = tree
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", "--requests", str(a.requests),
+             "--concurrency", str(a.concurrency)], cwd=tree, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"bench worker for {tree} did not start (exit code {self.proc.poll()})")
+
+    def run(self) -> dict[str, float]:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench worker for {self.tree} ended (exit code {self.proc.poll()})")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def worker(a: argparse.Namespace) -> None:
+    """`TreeWorker`'s side: a stack and a gateway of this process's tree, a warm-up round, then rounds."""
+    stack = start_stack()
+    gw = Gateway(stack.client, tokenizer=stack.tok).start()
+    try:
+        asyncio.run(concurrent_overhead(stack, gw, a.requests, a.concurrency, tag="warm"))
+        print("ready", flush=True)
+        for k, line in enumerate(sys.stdin):
+            if line.strip() != "run":
+                break
+            r = asyncio.run(concurrent_overhead(stack, gw, a.requests, a.concurrency, tag=f"r{k}"))
+            print(json.dumps(r), flush=True)
+    finally:
+        gw.stop()
+        stack.stop()
+
+
+def trees_side_by_side(a: argparse.Namespace) -> None:
+    """Section 1b for this tree and each `--before-tree`, rounds interleaved, medians per tree."""
+    workers = {"this tree": TreeWorker(ROOT, a)}
+    try:
+        for tree in a.before_tree:
+            workers[f"before ({tree})"] = TreeWorker(tree.resolve(), a)
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in workers}
+        for _ in range(a.rounds):
+            for name, w in workers.items():
+                rounds[name].append(w.run())
+    finally:
+        for w in workers.values():
+            w.stop()
+    print(f"1b. side by side: {a.requests} single-turn requests per path at concurrency {a.concurrency}, "
+          f"{a.rounds} rounds interleaved between trees (each tree in a process of its own), medians; "
+          "CPU ms per request of the doing thread")
+    print("| tree | direct /generate | gateway, shared first prompt | beyond direct | gateway, own prompt each "
+          "| beyond direct | rounds (own prompt, beyond direct) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, rs in rounds.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in ("direct", "shared", "own")}
+        beyond = [r["own"] - r["direct"] for r in rs]
+        print(f"| {name} | {med['direct']:.3f} | {med['shared']:.3f} | "
+              f"{statistics.median(r['shared'] - r['direct'] for r in rs):.3f} | {med['own']:.3f} | "
+              f"{statistics.median(beyond):.3f} | {', '.join(f'{b:.3f}' for b in beyond)} |")
 
 
 async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list[float]], turns: int,
@@ -303,10 +390,24 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
 
 
 async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, full: tuple) -> None:
-    await overhead(stack, *delta, a.requests)
-    await concurrent_overhead(stack, delta[0], a.requests, a.concurrency)
-    await per_turn(delta, full, a.turns, a.per_turn_sessions)
-    await load(stack, a.sessions, a.load_turns)
+    if "1" in a.sections:
+        await overhead(stack, *delta, a.requests)
+    if "1b" in a.sections and not a.before_tree:
+        print_concurrent(await concurrent_overhead(stack, delta[0], a.requests, a.concurrency), a.requests,
+                         a.concurrency)
+    if "2" in a.sections:
+        await per_turn(delta, full, a.turns, a.per_turn_sessions)
+    if "3" in a.sections:
+        await load(stack, a.sessions, a.load_turns)
+
+
+def start_stack() -> AgentStack:
+    """Two zero-latency scripted engines behind the router (Qwen3 chat template)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    return AgentStack(tok, qwen_tokenizer_dir(), replies, engines=2,
+                      log_dir=tempfile.mkdtemp(prefix="bench-agent-")).start()
 
 
 def main() -> None:
@@ -317,20 +418,28 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--load-turns", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--sections", default="1,1b,2,3", type=lambda v: set(v.split(",")),
+                    help="which sections to run, comma-separated (1, 1b, 2, 3)")
+    ap.add_argument("--before-tree", type=Path, action="append", default=[],
+                    help="another source tree whose section 1b runs side by side with this tree's, rounds "
+                         "interleaved (e.g. `git worktree add /tmp/before main`); repeatable")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of section 1b per tree with --before-tree")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    stack = AgentStack(tok, qwen_tokenizer_dir(), replies, engines=2,
-                       log_dir=tempfile.mkdtemp(prefix="bench-agent-")).start()
-    delta = timed_gateway(stack)
-    full = timed_gateway(stack, renderer=FullRender(tok))
+    if a.worker:
+        return worker(a)
+    if a.before_tree and "1b" in a.sections:
+        trees_side_by_side(a)
+    if not a.sections - {"1b"}:
+        return
+    stack = start_stack()
+    delta, full = timed_gateway(stack), timed_gateway(stack, renderer=FullRender(stack.tok))
     print("zero-latency scripted engines behind sglang-router; Qwen3 chat template; gateways on 127.0.0.1")
     try:
         asyncio.run(main_async(a, stack, delta, full))
     finally:
-        for gw, _ in (delta, full):
-            gw.stop()
+        for g, _ in (delta, full):
+            g.stop()
         stack.stop()
 
 

@@ -273,3 +273,25 @@ def test_an_agent_inside_the_sandbox_reaches_only_its_own_session_through_the_eg
     [own] = finish(gw, attacker)
     assert "case=sandbox-intruder" in tok.decode(own.tokens)
     assert sum("sandbox-intruder" in t for t in texts_sent(engine, tok)) == 1, "only its own turn reached the engine"
+
+
+SEGMENTS = st.one_of(st.sampled_from(["s", "v1", "chat", "completions", "responses", "messages", "count_tokens",
+                                      "models", "health", ""]), st.text(max_size=6))
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(SEGMENTS, max_size=6), st.booleans())
+def test_a_turn_route_and_its_key_are_found_as_fastapis_router_finds_them(gw, segments, slash):
+    """The gateway serves turns past FastAPI's routing (`AgentRoutes`): any path reaches a turn's
+    endpoint, with the key FastAPI's `/s/{key}` would read, exactly when FastAPI routes it there."""
+    from starlette.routing import Match
+
+    path = "/" + "/".join(segments) + ("/" if slash else "")
+    want = (None, None)
+    for route in gw.app.routes:
+        match, child = route.matches({"type": "http", "method": "POST", "path": path, "root_path": ""})
+        if match is Match.FULL:
+            if getattr(route.endpoint, "route_path", None) is not None:
+                want = route.endpoint, child.get("path_params", {}).get("key")
+            break
+    assert gw.asgi.route(path) == want

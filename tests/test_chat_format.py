@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slime.tools.chat_format import (PARSERS, ChatDelta, HermesParser, ParseError, ToolCall, check_append_only,
                                      conversation_drift, get_parser)
@@ -125,3 +127,33 @@ def test_tool_turn_delta_and_drift_of_a_finished_conversation(tok):
     changed[prompt_len + 3] = tok.convert_tokens_to_ids("<|im_start|>")
     rep = conversation_drift(d, msgs, None, changed, prompt_len)
     assert not rep.ok and rep.position == 3  # counted from the start of the response
+
+
+TEXTS = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>",
+                                                                   "<think>", "\n", "  ", "é😀"])), max_size=8)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(TEXTS, st.booleans())
+def test_the_template_text_is_tokenised_as_the_tokenizer_does_even_after_a_truncating_call(tok, parts, truncated):
+    """`ChatDelta.encode` reads the Rust tokenizer directly (a gateway turn's cost), and gives what
+    `tok.encode(text, add_special_tokens=False)` does: also after a call that left truncation set on
+    that Rust tokenizer, which the HF call resets and a direct read would apply."""
+    delta = ChatDelta(tok)
+    text = "".join(parts)
+    if truncated:
+        tok("some text that is long enough", truncation=True, max_length=2)
+    assert delta.encode(text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_a_template_text_is_tokenised_without_the_hf_wrapper_when_nothing_is_set(tok, monkeypatch):
+    """The direct read is taken (half the CPU of a short text's `tok.encode`, each gateway turn pays it),
+    and given up once a call left truncation set."""
+    delta = ChatDelta(tok)
+    calls = []
+    real = tok.encode
+    monkeypatch.setattr(tok, "encode", lambda *a, **k: calls.append(a) or real(*a, **k))
+    text = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert delta.encode(text) == real(text, add_special_tokens=False) and len(calls) == 0
+    tok("some text that is long enough", truncation=True, max_length=2)
+    assert delta.encode(text) == real(text, add_special_tokens=False) and len(calls) == 1

@@ -7,8 +7,9 @@ or as the API key (Bearer / x-api-key); the first of these the request carries d
 without an open session's key is refused (401 in its API's error format) before anything is
 recorded, and no session is ever opened by a request. Turns run through `TurnPipeline` with
 `DeltaRender` (append-only prompts) and `EngineClient`; a refusal is answered in the client's
-own API error format. The server (FastAPI on uvicorn, 127.0.0.1 by default) runs on a thread
-of its own, so rollout code on any loop can open and finish sessions.
+own API error format. The server (FastAPI on uvicorn, 127.0.0.1 by default; the turn routes are
+served ahead of FastAPI's middleware and routing, `AgentRoutes`) runs on a thread of its own, so
+rollout code on any loop can open and finish sessions.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Gateway:
                                      reasoning_parser=self.config.reasoning_parser,
                                      images=ConversationImages(images) if images is not None else None)
         self.app = self._build_app()
+        self.asgi = AgentRoutes(self.app)  # what the server serves: the turn routes first, then FastAPI
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -110,7 +112,7 @@ class Gateway:
         app = FastAPI(lifespan=lifespan)
         for path, protocol in ROUTES.items():
             for prefix in ("", "/s/{key}"):  # plain routes: the endpoint reads its Request, FastAPI's
-                app.add_route(prefix + path, self._endpoint(protocol), methods=["POST"])  # dependencies unused
+                app.add_route(prefix + path, self._endpoint(protocol, path), methods=["POST"])  # dependencies unused
         for prefix in ("", "/s/{key}"):
             app.add_api_route(prefix + "/v1/messages/count_tokens", self._count_tokens, methods=["POST"])
             app.add_api_route(prefix + "/v1/models", self._models, methods=["GET"])
@@ -118,24 +120,27 @@ class Gateway:
         app.add_exception_handler(404, _not_found)
         return app
 
-    def _endpoint(self, protocol: ModuleType):
+    def _endpoint(self, protocol: ModuleType, path: str):
         async def endpoint(request: Request):
             try:
                 req = await self._parse(protocol, request)
-                turn = await self._answer_unless_gone(req, request)
-                if turn is None:  # nobody is left to read an answer
+                answered = await self._answer_unless_gone(req, request)
+                if answered is None:  # nobody is left to read an answer
                     return Response(status_code=499)
             except TurnRefused as e:
                 return JSONResponse(protocol.render_error(e), status_code=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
-                logger.exception("agent gateway: %s failed", request.scope["route"].path)  # (no key in it)
+                logger.exception("agent gateway: %s failed", path)  # (the route, no key in it)
                 return JSONResponse(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status_code=500)
+            turn, gone = answered
             if req.stream:
+                gone.cancel()  # (the stream notices a departure itself)
                 return StreamingResponse(self._send(turn, protocol.render_stream(turn.reply, req)),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            body = json.dumps(protocol.render_reply(turn.reply, req), ensure_ascii=False)
-            return StreamingResponse(self._send(turn, [body]), media_type="application/json")
+            body = json.dumps(protocol.render_reply(turn.reply, req), ensure_ascii=False).encode()
+            return TurnResponse(body, turn, gone, self.pipeline)
 
+        endpoint.route_path = path
         return endpoint
 
     async def _parse(self, protocol: ModuleType, request: Request) -> ChatRequest:
@@ -151,25 +156,28 @@ class Gateway:
             session.bodies.keep(parsed, req.known)
         return req
 
-    async def _answer_unless_gone(self, req: ChatRequest, request: Request) -> Turn | None:
-        """The answered turn, or None when the client disconnects first: the turn is cancelled, so its
-        engine request is aborted on the engine that has it (`EngineTurns`), and nothing is recorded
-        or counted. A turn cancelled because its session was finished is refused in the API's format."""
+    async def _answer_unless_gone(self, req: ChatRequest, request: Request) -> tuple[Turn, asyncio.Future] | None:
+        """The answered turn and the watch on its client (still watching: the answer's sender
+        commits the turn only if the client is still there once the answer is out), or None when the
+        client disconnects first: the turn is cancelled, so its engine request is aborted on the
+        engine that has it (`EngineTurns`), and nothing is recorded or counted. A turn cancelled
+        because its session was finished is refused in the API's format."""
         turn = asyncio.ensure_future(self.pipeline.run(req))
         gone = asyncio.ensure_future(client_gone(request))
         try:
             await asyncio.wait({turn, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            gone.cancel()
             if not turn.done():
                 turn.cancel()
                 await asyncio.gather(turn, return_exceptions=True)
+            if not turn.done() or turn.cancelled() or turn.exception() is not None:
+                gone.cancel()
         if turn.cancelled():
             if gone.done() and not gone.cancelled():
                 return None
             raise SessionClosedError(f"session {req.session_id!r} was finished while this turn was in flight; "
                                      "its sample is already built")
-        return turn.result()
+        return turn.result(), gone
 
     async def _send(self, turn: Turn, chunks: Iterable[str]) -> AsyncIterator[bytes]:
         """The answer, then the commit: the response ends (its last chunk) only after the turn is
@@ -206,7 +214,7 @@ class Gateway:
 
     def start(self) -> Gateway:
         """Serve on a daemon thread; returns once the socket listens."""
-        config = uvicorn.Config(self.app, host=self.config.host, port=self.config.port, log_level="warning",
+        config = uvicorn.Config(self.asgi, host=self.config.host, port=self.config.port, log_level="warning",
                                 access_log=False, lifespan="on")
         self._server = server = uvicorn.Server(config)
         started = threading.Event()
@@ -268,6 +276,64 @@ class Gateway:
 
     async def drop_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
         await self.pipeline.drop(sid, wait_timeout=wait_timeout)
+
+
+class TurnResponse:
+    """A non-streamed answer (an ASGI response), then the commit: the turn is recorded only once the
+    whole body is out and its client was still there (`gone` not done); else it is withdrawn."""
+
+    def __init__(self, body: bytes, turn: Turn, gone: asyncio.Future, pipeline: TurnPipeline) -> None:
+        self.body, self.turn, self.gone, self.pipeline = body, turn, gone, pipeline
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        delivered = False
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(self.body)).encode())]})
+            await send({"type": "http.response.body", "body": self.body})
+            delivered = not self.gone.done()  # (checked before any await lets the watch see the end)
+        finally:
+            self.gone.cancel()
+            if delivered:
+                self.pipeline.commit(self.turn)
+            else:
+                self.pipeline.withdraw(self.turn)
+
+
+class AgentRoutes:
+    """The ASGI app the gateway serves: a POST to a turn route (`ROUTES`, plain or under `/s/<key>`)
+    goes straight to its endpoint, everything else to the FastAPI app. A turn is the one request an
+    agent makes thousands of times; its endpoint answers every outcome itself, in its API's format,
+    so FastAPI's middleware layers and route matching (about a fifth of a request's CPU) add nothing
+    to it. The key is a path segment, as the FastAPI route `/s/{key}` matches it."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.endpoints = {route.path: route.endpoint for route in app.routes
+                          if getattr(getattr(route, "endpoint", None), "route_path", None) in ROUTES}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint, key = self.route(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self.app
+                scope["path_params"] = {"key": key} if key is not None else {}
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def route(self, path: str) -> tuple[Any, str | None]:
+        """The endpoint serving `path` and the key in it (None: a plain route; no endpoint: not a turn)."""
+        endpoint = self.endpoints.get(path)
+        if endpoint is not None or not path.startswith("/s/"):
+            return endpoint, None
+        cut = path.find("/", 3)
+        if cut <= 3:
+            return None, None
+        endpoint = self.endpoints.get("/s/{key}" + path[cut:])
+        return (endpoint, path[3:cut]) if endpoint is not None else (None, None)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:

@@ -13,7 +13,10 @@ tree (e.g. `git archive 7390f02 | tar -x -C /tmp/before`, or a copy of this one 
 undone) against this one in the same run, rounds interleaved: raw, this tree, before tree, ...
 
     python -m bench.bench_rollout_overhead [--samples 2000] [--concurrency 64] [--rounds 5]
-                                           [--before-tree DIR ...]
+                                           [--before-tree DIR ...] [--profile]
+
+`--profile`: after the measured rounds, each worker runs one more rollout under cProfile on the rollout
+loop's thread (where the path's CPU goes) and prints its top functions by own time to stderr.
 """
 
 from __future__ import annotations
@@ -116,10 +119,35 @@ def worker(a: argparse.Namespace) -> None:
         if line.strip() != "run":
             break
         print(*slime_path(args, DataSource(args, prompts, N_PER_PROMPT), runtime, n=n), flush=True)
+    if a.profile:
+        profile_rollout(lambda: slime_path(args, DataSource(args, prompts, N_PER_PROMPT), runtime, n=n))
     if runtime is not None:
         from slime.utils.async_utils import run
 
         run(runtime.client.close())
+
+
+def profile_rollout(rollout) -> None:
+    """One rollout under cProfile on the background loop's thread (the rollout path runs there), printed to
+    stderr: the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+    import threading
+
+    from slime.utils.async_utils import get_loop
+
+    prof, switched = cProfile.Profile(), threading.Event()
+    loop = get_loop()
+    loop.call_soon_threadsafe(lambda: (prof.enable(), switched.set()))
+    switched.wait()
+    rollout()
+    switched.clear()
+    loop.call_soon_threadsafe(lambda: (prof.disable(), switched.set()))
+    switched.wait()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+    print(f"cProfile of one rollout on the loop thread ({TREE}):\n{out.getvalue()}", file=sys.stderr, flush=True)
 
 
 class Worker:
@@ -128,7 +156,8 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker", "--model-dir", str(model_dir),
              "--router-host", router.host, "--router-port", str(router.port), "--samples", str(a.samples),
-             "--concurrency", str(a.concurrency)], cwd=tree, env=env, stdin=subprocess.PIPE,
+             "--concurrency", str(a.concurrency)] + (["--profile"] if a.profile else []), cwd=tree, env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
@@ -143,7 +172,7 @@ class Worker:
     def stop(self) -> None:
         if self.proc.stdin:
             self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        self.proc.wait(timeout=300)  # a --profile rollout runs after the last round
 
 
 def main() -> None:
@@ -153,6 +182,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--before-tree", type=Path, action="append", default=[],
                     help="another source tree measured in the same run (its slime/ package is imported); repeatable")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the rounds, cProfile one rollout per worker on its loop thread (stderr)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--router-host", help=argparse.SUPPRESS)

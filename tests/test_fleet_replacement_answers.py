@@ -21,6 +21,7 @@ from slime.engine.weight_version_answer import BadWeightVersion
 from slime.fleet.engine_server import EngineServer, engine_env
 from slime.fleet.fleet import Fleet, SupervisedEngineActor
 from slime.fleet.placement import bundle_strategy
+from slime.fleet.supervised_engine import ENGINE_CONCURRENCY_GROUPS
 from slime.utils.misc import find_free_port
 
 BAD_VERSION_BODY = "<html>502 Bad Gateway</html>"
@@ -77,7 +78,7 @@ def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_th
     args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--rollout-num-engines", "2",
                        "--rollout-num-cpus-per-engine", "0.5", "--engine-max-restarts", "2",
                        "--log-dir", str(tmp_path)])
-    remote = ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(ScriptedFleetEngine)
+    remote = ray.remote(concurrency_groups=ENGINE_CONCURRENCY_GROUPS)(ScriptedFleetEngine)
     fleet = Fleet(args)
     created = []
 

@@ -64,7 +64,7 @@ def gather(engines: Sequence[Any], futures: list[cf.Future], what: str, timeout:
         # may be the first news of a peer's death (a reset collective), its exit notice the last
         dead = dead_engines(engines, suspects(engines, futures))
     if dead:
-        raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died", dead)
+        raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died", dead, zip(engines, futures))
     errors = call_errors(engines, futures, timeout)
     raise WeightSyncError(f"{what} failed on {len(errors)} of {len(engines)} engines: " + "; ".join(errors))
 

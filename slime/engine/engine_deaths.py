@@ -8,7 +8,7 @@ failed without an answer makes the engine a suspect; its exit notice, not the fa
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import requests
@@ -27,17 +27,48 @@ class EngineAnswered(WeightSyncError):
 
 
 class EnginesDied(WeightSyncError):
-    """Engines whose process exited during a group operation (`dead`); the group was dropped."""
+    """Engines whose process exited during a group operation (`dead`); the group was dropped. `calls`:
+    (engine, future) of each engine's call in the operation the deaths cut short (how the survivors' ended
+    is part of the loss's record)."""
 
-    def __init__(self, message: str, dead: list[Any]):
+    def __init__(self, message: str, dead: list[Any], calls: Iterable[tuple[Any, cf.Future]] = ()):
         super().__init__(message)
         self.dead = dead
+        self.calls = list(calls)
 
 
 def exit_notice(engine: Any) -> cf.Future | None:
     """The engine's exit notice (a future done once its process is gone), or None when it has none."""
     notice = getattr(engine, "exited", None)
     return notice if isinstance(notice, cf.Future) else None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error in one line; a remote call's error (Ray's RayTaskError: its `cause`) as the callee raised it,
+    without the remote traceback."""
+    cause = getattr(exc, "cause", None)
+    exc = cause if isinstance(cause, BaseException) else exc
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:1000]
+
+
+def exit_reason(engine: Any) -> str | None:
+    """How the engine's exit notice says it ended (for a Ray actor lost with its node, the error names
+    the node), or None when it has no notice."""
+    notice = exit_notice(engine)
+    if notice is None:
+        return None
+    if not notice.done():
+        return "no exit notice yet"
+    exc = notice.exception()
+    return _one_line(exc) if exc is not None else f"exited with code {notice.result()}"
+
+
+def call_outcome(f: cf.Future) -> str:
+    """How one engine call ended: "answered", its failure in one line, or "no answer yet"."""
+    if not f.done():
+        return "no answer yet"
+    exc = failure(f)
+    return "answered" if exc is None else _one_line(exc)
 
 
 def answered(exc: BaseException | None) -> bool:

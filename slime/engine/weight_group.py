@@ -8,6 +8,7 @@ and slime.engine.engine_deaths.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import logging
 import threading
@@ -18,7 +19,9 @@ from typing import Any
 import torch
 
 from slime.engine.engine_calls import call_errors, in_thread, on_all_engines_quietly, settled
-from slime.engine.engine_deaths import EnginesDied, WeightSyncError, dead_engines, exit_notice, failure, suspects
+from slime.engine.engine_deaths import (
+    EnginesDied, WeightSyncError, call_outcome, dead_engines, exit_notice, exit_reason, failure, suspects,
+)
 from slime.engine.weight_group_transport import GroupTransport
 from slime.engine.weight_ring import (
     BROADCAST, DECISION_KEY, DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, OFFER_KEY, RING, TRANSPORTS, RingWriter,
@@ -48,7 +51,10 @@ class WeightUpdateGroup(GroupTransport):
 
     An engine that dies (see the module doc: its exit notice) during `connect` or `push` is dropped:
     the group is formed again without it (named `<group_name>-<n>`) and the push repeated to the
-    survivors; `died` lists the dropped engines with the push they died in.
+    survivors; `died` lists the dropped engines with the push they died in, and `losses` records each
+    loss: how each death was known (`exit`: its exit notice; a Ray actor lost with its node names the
+    node) and how each survivor's call in the dropped group ended (`survivors`: released by the destroy,
+    or answered; never left to the group's deadline, see SupervisedEngineActor's "control" group).
     """
 
     def __init__(self, engines: Sequence[Any], *, group_name: str = "slime", master_address: str = "127.0.0.1",
@@ -61,6 +67,7 @@ class WeightUpdateGroup(GroupTransport):
         self.engines, self.group_name, self.backend, self.timeout = list(engines), group_name, backend, timeout
         self.base_name, self._formations = group_name, 0
         self.died: list[tuple[Any, str]] = []  # (engine, the operation it died in), in order
+        self.losses: list[dict[str, Any]] = []  # one record per dropped group (see the class doc)
         self._waiters: set[threading.Event] = set()  # waits of rank 0 that an engine's death must wake
         self._wake_lock = threading.Lock()
         for notice in filter(None, map(exit_notice, self.engines)):
@@ -95,18 +102,30 @@ class WeightUpdateGroup(GroupTransport):
             try:
                 return self._connect_once()
             except EnginesDied as exc:
-                self._drop(exc.dead, f"forming weight-update group {self.group_name!r}")
+                self._drop(exc, f"forming weight-update group {self.group_name!r}")
 
-    def _drop(self, dead: list[Any], during: str) -> None:
+    def _drop(self, lost: EnginesDied, during: str) -> None:
         """Leave the broken group, forget the dead engines, and name the next formation afresh (a
-        survivor may still hold the old group until its collective fails)."""
+        survivor may still hold the old group until its collective fails). In a formed group the
+        survivors' calls end once the destroy reaches them: awaited (bounded) before the next formation,
+        which they could not join before; how they ended is recorded in `losses`. (A rendezvous the
+        dead never joined is not awaited: its survivors' joins end at their own deadline.)"""
+        dead = lost.dead
         gone = {id(e) for e in dead}
         self.engines = [e for e in self.engines if id(e) not in gone]
+        formed = self._pg is not None
         self._abandon()
+        theirs = [(e, f) for e, f in lost.calls if id(e) not in gone]
+        if formed:
+            cf.wait([f for _, f in theirs], timeout=self.timeout + 30)
+        exits = {repr(e): exit_reason(e) for e in dead}
+        self.losses.append({"engines": [repr(e) for e in dead], "during": during, "exit": exits,
+                            "survivors": {repr(e): call_outcome(f) for e, f in theirs}})
         self.died += [(e, during) for e in dead]
         self._formations += 1
         self.group_name = f"{self.base_name}-{self._formations}"
-        logger.warning("%s died during %s; %s", ", ".join(map(repr, dead)), during,
+        logger.warning("%s died during %s (%s); %s", ", ".join(map(repr, dead)), during,
+                       "; ".join(f"{k}: {v}" for k, v in exits.items() if v) or "no exit notice",
                        f"going on with the {len(self.engines)} surviving engine(s)" if self.engines
                        else "no engine is left")
         if not self.engines:
@@ -173,7 +192,7 @@ class WeightUpdateGroup(GroupTransport):
                 on_all_engines_quietly([e for e in self.engines if id(e) not in gone], "destroy_weights_update_group",
                                        group_name=self.group_name)
                 raise EnginesDied(f"init_weights_update_group {self.group_name!r}: "
-                                  f"{', '.join(map(repr, dead))} died", dead)
+                                  f"{', '.join(map(repr, dead))} died", dead, zip(self.engines, theirs))
             raise WeightSyncError(f"init_weights_update_group {self.group_name!r} failed: "
                                   + "; ".join(call_errors(self.engines, theirs, deadline)))
         try:
@@ -201,7 +220,7 @@ class WeightUpdateGroup(GroupTransport):
             try:
                 return self._push_once(named, weight_version, bucket_bytes, load_format, flush_cache)
             except EnginesDied as exc:  # the survivors get the whole push again, in a group without the dead
-                self._drop(exc.dead, f"the push of weight version {weight_version!r}")
+                self._drop(exc, f"the push of weight version {weight_version!r}")
                 self.connect()
 
     def _push_once(self, named, weight_version, bucket_bytes, load_format, flush_cache) -> list[dict]:

@@ -179,7 +179,8 @@ class GroupTransport:
             else self.engines  # rank 0 was draining its last chunks: any engine may be the one lost
         dead = dead_engines(self.engines, suspects)
         if dead:
-            raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died ({error})", dead)
+            raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died ({error})", dead,
+                              zip(self.engines, requests))
         said = [f"{e!r}: {failure(f)}" for e, f in zip(self.engines, requests) if failure(f)]
         self._abandon()  # out of step, collectives may be pending: freed off this thread; connect again
         raise WeightSyncError(f"{what} failed: {error}" + (f"; engines said: {'; '.join(said)}" if said else ""))

@@ -1,5 +1,6 @@
 """The fleet's engine actor: an `EngineActor` that can be waited on, for its process's exit and for a
-completed weight push, each in a concurrency group of its own."""
+completed weight push, each in a concurrency group of its own; and whose weight group can be destroyed
+while an update waits in one of its collectives (the "control" group)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,18 @@ class SupervisedEngineActor(EngineActor):
         """`pushes_after`, in its own group so it waits while the push itself runs in the default one."""
         return self.pushes_after(seen, timeout)
 
+    @ray.method(concurrency_group="control")
+    def destroy_weights_update_group(self, group_name: str) -> object:
+        """Not behind the update it ends: when a member of the group is lost without closing its
+        connections (its node powered off or cut off), this engine's update waits in a collective with it
+        until the group's deadline, and the trainer's destroy must reach the engine (which wakes that
+        update at once) instead of queueing behind it in the default group until then."""
+        return super().destroy_weights_update_group(group_name)
 
-RemoteSupervisedEngine = ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(SupervisedEngineActor)
+
+# every concurrency group of the fleet's engine actor (one call each at a time besides the default group)
+ENGINE_CONCURRENCY_GROUPS = {"watch": 1, "pushes": 1, "control": 1}
+RemoteSupervisedEngine = ray.remote(concurrency_groups=ENGINE_CONCURRENCY_GROUPS)(SupervisedEngineActor)
 
 
 def exit_notice(actor: Any) -> concurrent.futures.Future:

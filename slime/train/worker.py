@@ -317,6 +317,7 @@ class TrainWorker:
         if not ray.get(lock.acquire.remote(600.0)):
             raise TimeoutError("update_weights: the engines' weight lock was not released within 600 s")
         died: list[str] = []
+        losses: list[dict[str, Any]] = []  # how each death was known and how the survivors left (WeightUpdateGroup)
         try:
             remote = self._remote_engines(engines)
             if mode == "disk":
@@ -332,9 +333,11 @@ class TrainWorker:
                         before = self.weight_group
                         self._connect(remote, engines, num_new)  # deaths while forming the group count too
                         seen = len(before.died) if before is self.weight_group else 0
+                        seen_losses = len(before.losses) if before is self.weight_group else 0
                         self.weight_group.push(named, weight_version=weight_version,
                                                bucket_bytes=int(self.args.update_weight_buffer_size))
                         died = [repr(e) for e, _ in self.weight_group.died[seen:]]
+                        losses = self.weight_group.losses[seen_losses:]
                 self._keep_for_replacements(manager, weight_version, named)
             ray.get(manager.clear_updatable_num_new_engines.remote())
         finally:
@@ -342,7 +345,7 @@ class TrainWorker:
         if died:  # the fleet replaces them; a replacement gets the weights at the next push (awaiting_weights)
             logger.warning("weight version %s: %s died during the push; pushed to the %d surviving engine(s)",
                            weight_version, ", ".join(died), len(engines) - len(died))
-        return {"engines": len(engines) - len(died), "engines_died": died, "bytes": nbytes,
+        return {"engines": len(engines) - len(died), "engines_died": died, "engine_losses": losses, "bytes": nbytes,
                 "seconds": time.monotonic() - t0, "mode": mode}
 
     def _keep_for_replacements(self, manager: Any, weight_version: str, named: list[tuple[str, Any]]) -> None:

@@ -76,8 +76,13 @@ def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir,
                 answers = group.push(tensors_b, weight_version="d1", bucket_bytes=bucket_bytes)
             assert [a["weight_version"] for a in answers] == ["d1", "d1"]
             assert group.died == [(members[1], "the push of weight version 'd1'")]
-            assert "engine 7 died during the push of weight version 'd1'; going on with the 2 surviving engine(s)" \
-                in caplog.messages
+            assert "engine 7 died during the push of weight version 'd1' (engine 7: exited with code -9); going on " \
+                   "with the 2 surviving engine(s)" in caplog.messages
+            # the loss's record: how the death was known, and each survivor's call in the dropped group ended
+            [loss] = group.losses
+            assert loss["engines"] == ["engine 7"] and loss["exit"] == {"engine 7": "exited with code -9"}
+            assert sorted(loss["survivors"]) == sorted(map(repr, [members[0], members[2]]))
+            assert "no answer yet" not in loss["survivors"].values(), loss
             assert group.engines == [members[0], members[2]] and group.group_name == "g-death-1"
             assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")
             assert victim.server.process.wait() is not None
@@ -113,8 +118,8 @@ def test_group_formation_survives_an_engine_killed_while_joining(engines, tiny_m
             with caplog.at_level("WARNING", logger="slime.engine"):
                 group.connect()
             assert group.died == [(members[1], f"forming weight-update group 'g-join-{transport}'")]
-            assert f"engine 9 died during forming weight-update group 'g-join-{transport}'; going on with the 2 " \
-                   "surviving engine(s)" in caplog.messages
+            assert f"engine 9 died during forming weight-update group 'g-join-{transport}' (engine 9: exited with code " \
+                   "-9); going on with the 2 surviving engine(s)" in caplog.messages
             assert group.engines == [members[0], members[2]] and group.group_name == f"g-join-{transport}-1"
             assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")
             with paused(group.engines):

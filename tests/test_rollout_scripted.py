@@ -268,6 +268,11 @@ def custom_log(rollout_id, args, samples, metrics, seconds):
     return True
 
 
+def custom_eval_log(rollout_id, args, data, extra_metrics):
+    CALLS["eval_log"] = (rollout_id, {name: len(d["rewards"]) for name, d in data.items()})
+    return True
+
+
 class CountingSource:
     """A data source class given by --data-source-path (built as cls(args), as slime does)."""
 
@@ -298,14 +303,19 @@ def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_m
                      "--rollout-all-samples-process-path", me + "record_all",
                      "--dynamic-sampling-filter-path", me + "keep_even_groups", "--over-sampling-batch-size", "6",
                      "--custom-rollout-log-function-path", me + "custom_log",
-                     "--data-source-path", me + "CountingSource", "--rollout-batch-size", "2")
+                     "--data-source-path", me + "CountingSource", "--rollout-batch-size", "2",
+                     "--eval-prompt-data", "held_out", str(tmp_path / "prompts.jsonl"),
+                     "--custom-eval-rollout-log-function-path", me + "custom_eval_log")
     CALLS.clear()
     controller = RolloutController(args, Endpoints(router.url, [e.url for e in engines]))
     try:
         batch = controller.generate(5)
+        assert "eval_log" not in CALLS
+        controller.eval(5)
     finally:
         controller.close()
     assert CALLS["source"] is True and CALLS["log"] == (5, 6)
+    assert CALLS["eval_log"] == (5, {"held_out": 10})  # the eval's own log function, with its data
     # the sample hook saw every generated sample, with the rollout id
     assert len(CALLS["hook"]) >= 6 and {rid for _, rid in CALLS["hook"]} == {5}
     # the sample filter saw exactly the kept (even) groups, in index order; the all-samples hook saw every

@@ -64,8 +64,6 @@ def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_
         cmd += ["--enable-memory-saver"]
     if getattr(args, "rollout_seed", None) is not None:
         cmd += ["--random-seed", str(args.rollout_seed)]
-    if getattr(args, "sglang_config", None):
-        cmd += ["--config", str(args.sglang_config)]
     for name, value in sorted((getattr(args, "sglang_extra_args", None) or {}).items()):
         if name in MANAGED_SGLANG_FLAGS:
             raise ValueError(f"--sglang-{name.replace('_', '-')} is set by slime; use "

@@ -326,6 +326,35 @@ def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_m
     assert batch["loss_masks"] == [[1] * n for n in batch["response_lengths"]]  # even groups: kept trainable
 
 
+def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, tiny_model_dir):
+    """Two rollouts generated at the same time on one runtime (as two rollout functions may be, or a rollout and
+    an eval): every segment and every sample hook of each records its own id, never the other's."""
+    import asyncio
+
+    from slime.rollout.rollout_loop import collect_rollout
+    from slime.rollout.sglang_rollout import generate_and_rm_group
+    from slime.utils.async_utils import run
+
+    router, _, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-sample-hook-path",
+                     "tests.test_rollout_scripted.tag_hook", "--rollout-batch-size", "3")
+    first, _ = data_source(args, tiny_model_dir)
+    second, _ = data_source(args, tiny_model_dir)
+
+    async def both():
+        return await asyncio.gather(collect_rollout(args, 7, first, generate_and_rm_group),
+                                    collect_rollout(args, 8, second, generate_and_rm_group))
+
+    CALLS.clear()
+    outs = run(both())
+    for rollout_id, out in zip((7, 8), outs):
+        samples = [s for g in out.samples for s in g]
+        assert len(samples) == 9
+        assert {seg["rollout_id"] for s in samples for seg in s.metadata["segments"]} == {rollout_id}
+        assert {s.metadata["hooked"] for s in samples} == {rollout_id}
+    assert sorted(rid for _, rid in CALLS["hook"]) == [7] * 9 + [8] * 9
+
+
 def test_buffer_filter_path_chooses_from_the_buffer(tmp_path, cluster, tiny_model_dir):
     router, _, _ = cluster
     args = make_args(tmp_path, router, tiny_model_dir, "--buffer-filter-path", "tests.test_rollout_scripted.take_last")

@@ -276,6 +276,54 @@ def test_freeze_and_only_train_choose_the_trained_parameters_by_regex():
         apply_trainable_patterns(TwoLayers(), parse_train_args(["--freeze-params-name-list", "self_attention"]))
 
 
+def test_colocated_engines_take_the_actors_gpus(tmp_path):
+    """slime: with --colocate the rollout has the actors' GPUs, --actor-num-gpus-per-node x --actor-num-nodes."""
+    colocated = ["--colocate", "--rollout-backend", "sglang", "--hf-checkpoint", str(tmp_path),
+                 "--rollout-num-gpus-per-engine", "2"]
+    gpus = {argv: (a.rollout_num_gpus, a.rollout_num_engines) for argv, a in (
+        (tag, parse_train_args([*colocated, *extra])) for tag, extra in (
+            ("base", []), ("per_node", ["--actor-num-gpus-per-node", "4"]),
+            ("nodes", ["--actor-num-gpus-per-node", "4", "--actor-num-nodes", "2"])))}
+    assert gpus == {"base": (8, 4), "per_node": (4, 2), "nodes": (8, 4)}
+    assert parse_train_args([*colocated, "--actor-num-nodes", "3"]).rollout_num_gpus == 24
+
+
+def test_offload_rollout_makes_engines_release_memory_and_refuses_what_it_cannot_overlap(tmp_path):
+    """--offload-rollout (alone, without --colocate): SGLang engines start able to release their memory
+    (slime's --enable-memory-saver), the loop offloads them around training (tests/test_train_loop.py runs it
+    colocated), so --async, which overlaps the two, is refused by name."""
+    from slime.fleet.engine_server import sglang_server_args
+
+    def server_argv(extra: list[str]) -> list[str]:
+        args = parse_train_args(["--rollout-backend", "sglang", "--hf-checkpoint", str(tmp_path), "--rollout-num-gpus", "1",
+                                 *extra])
+        return sglang_server_args(args, host="127.0.0.1", port=1, base_gpu_id=0, tp_size=1)
+
+    assert "--enable-memory-saver" not in server_argv([])
+    assert "--enable-memory-saver" in server_argv(["--offload-rollout"])
+    from slime.cli.validate import ArgError
+
+    assert parse_train_args(["--async"]).async_train
+    with pytest.raises(ArgError, match="drop --offload-rollout or --async"):
+        parse_train_args(["--async", "--offload-rollout"])
+
+
+def test_flags_not_acted_on_are_named_at_start_up(tmp_path):
+    """--sglang-config is slime's deployment YAML, not SGLang's --config: not passed to the engines, named."""
+    from slime.cli.honest_flags import unused_flags_line
+    from slime.cli.parser import build_parser
+    from slime.fleet.engine_server import sglang_server_args
+
+    argv = ["--rollout-backend", "sglang", "--hf-checkpoint", str(tmp_path), "--rollout-num-gpus", "1",
+            "--sglang-config", "deploy.yaml",
+            "--trust-remote-code", "--num-workers", "4"]
+    args = parse_train_args(argv)
+    assert "--config" not in sglang_server_args(args, host="127.0.0.1", port=1, base_gpu_id=0, tp_size=1)
+    parser = build_parser()
+    line = unused_flags_line(parser, parser.parse_args(argv))
+    assert all(flag in line for flag in ("--sglang-config", "--trust-remote-code", "--num-workers")), line
+
+
 # flags whose effect needs a model, a fleet or a run: the test file that changes each and observes the difference
 PROVEN_IN = {
     "apply_chat_template_kwargs": "tests/test_prompt_data.py", "balance_data": "tests/test_slime_parity.py",
@@ -301,20 +349,20 @@ PROVEN_IN = {
     "rollout_global_dataset": "tests/test_sft_rollout.py", "save_interval": "tests/test_train_loop.py",
     "update_weight_buffer_size": "tests/test_push_faults.py",
     "update_weights_interval": "tests/test_train_weights_interval.py",
+    "num_epoch": "tests/test_args_compat.py", "custom_eval_rollout_log_function_path": "tests/test_rollout_scripted.py",
+    **{dest: "tests/test_trainer_flag_effects.py" for dest in (
+        "clip_grad", "seed", "use_rollout_logprobs", "ref_load", "no_save_optim", "no_load_optim")},
 }
 # acted on, with no test yet that changes them and sees the difference (this list only shrinks)
-TO_PROVE = {
-    "actor_num_gpus_per_node", "actor_num_nodes", "clip_grad", "custom_eval_rollout_log_function_path",
-    "no_load_optim", "no_save_optim", "num_epoch", "num_workers", "offload_rollout", "ref_load", "seed",
-    "sglang_config", "trust_remote_code", "use_rollout_logprobs",
-}
+TO_PROVE: set[str] = set()
 
 
 def proven_here() -> set[str]:
     return {*LOSS_FLAGS, *ADVANTAGE_FLAGS, *OPTIMIZER_FLAGS, *SHAPE_FLAGS, "rewards_normalization",
             "grpo_std_normalization", "balance_by_flops", "num_steps_per_rollout", "dump_details", "optimizer",
             "calculate_per_token_loss", "freeze_params_name_list", "only_train_params_name_list",
-            "normalize_advantages", "eval_top_k", "eval_min_new_tokens", "eval_tool_key", "eval_reward_key"}
+            "normalize_advantages", "eval_top_k", "eval_min_new_tokens", "eval_tool_key", "eval_reward_key",
+            "actor_num_gpus_per_node", "actor_num_nodes", "offload_rollout"}
 
 
 def test_every_acted_on_flag_has_a_proof():

@@ -197,6 +197,10 @@ def test_three_rollouts_with_weight_updates_respect_staleness(tmp_path, fleet_of
         assert [o.metrics["rollout/mean_staleness"] for o in outs] == [0.0, 1.0, 1.0]
     assert all(o.metrics["rollout/max_staleness"] <= k for o in outs)
     assert [o.metrics["rollout/weight_version"] for o in outs] == [0, 1, 2]
+    # each segment records the rollout its group was started for: the one taking groups then (rollout_id passed
+    # to the rollout function), so a group a rollout serves was started by it or by the one before
+    started_for = [{seg["rollout_id"] for g in o.samples for s in g for seg in s.metadata["segments"]} for o in outs]
+    assert started_for[0] == {0} and all(ids <= {i - 1, i} for i, ids in enumerate(started_for))
     assert stop(runtime) == {"returned_groups": 4}
     assert not pending_generation_tasks()
     assert_accounted(source, trained)

@@ -278,7 +278,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         manager, info = start_manager(args, fork_server=fork_server)
         trainer_node = cluster.add_node(num_cpus=1, **node_args)  # room for the trainer's worker only
         facts["manager_node"] = _actor_node(manager)
-        facts["router_pid_is_managers_child"] = ray.get(manager.router_pid.remote()) in _children_of_manager(
+        facts["router_pid_is_managers_child"] = info["router_pid"] in _children_of_manager(
             manager)
         facts["before"] = ray.get(manager.status.remote())
         lap("cluster and manager up")

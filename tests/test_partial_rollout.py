@@ -23,6 +23,7 @@ from slime.fleet.router import Router
 from slime.rollout import partial_rollout as partial
 from slime.rollout.data_source import DataSource
 from slime.rollout.sglang_rollout import generate_rollout
+from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.testing.runtime import bind_runtime
 from slime.testing.scripted_engine import ScriptedEngine
 from slime.tools.example_tools import CalculatorTool
@@ -377,7 +378,7 @@ async def test_multi_turn_tool_call_in_flight_finishes_then_resumes_at_the_next_
     script, engine, args, rt = multi_turn_stack
     script.release = True
     GATE.update(started=asyncio.Event(), go=asyncio.Event())
-    rt.rollout_id = 0
+    set_current_rollout_id(0)
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 3 + 4?"}], metadata={})
     task = asyncio.ensure_future(generate(args, sample, dict(MT_PARAMS)))
     await asyncio.wait_for(GATE["started"].wait(), 20)
@@ -394,7 +395,7 @@ async def test_multi_turn_tool_call_in_flight_finishes_then_resumes_at_the_next_
     assert spans == [(1, "assistant"), (1, "tool")]  # the tool call finished and its turn was appended
     assert "<tool_response>\n7\n</tool_response>" in tok_decode(rt, first)
     GATE.clear()
-    rt.rollout_id = 1
+    set_current_rollout_id(1)
     n0 = len(engine.requests)
     sample = await generate(args, sample, dict(MT_PARAMS))
     [req] = engine.requests[n0:]
@@ -415,7 +416,7 @@ async def test_multi_turn_resumes_inside_the_aborted_turn(multi_turn_stack):
     from rollout_plugins.multi_turn import generate
 
     script, engine, args, rt = multi_turn_stack
-    rt.rollout_id = 0
+    set_current_rollout_id(0)
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 3 + 4?"}], metadata={})
     task = asyncio.ensure_future(generate(args, sample, dict(MT_PARAMS)))
     assert await asyncio.to_thread(script.holding.wait, 20)
@@ -426,7 +427,7 @@ async def test_multi_turn_resumes_inside_the_aborted_turn(multi_turn_stack):
     assert first == script.turn2_input + script.turn2[:K]
     # the next rollout (new weights): resumed inside turn 2, from every token so far
     script.release = True
-    rt.rollout_id = 1
+    set_current_rollout_id(1)
     n0 = len(engine.requests)
     sample = await generate(args, sample, dict(MT_PARAMS))
     [req] = engine.requests[n0:]

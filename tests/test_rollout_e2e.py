@@ -45,7 +45,7 @@ def base_argv(tiny_model_dir, data_files, tmp, *extra):
 def manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path_factory):
     import ray
 
-    from slime.ray.rollout_manager import RolloutManager
+    from slime.testing.fault_manager import FaultInjectingManager
 
     tmp = tmp_path_factory.mktemp("e2e")
     args = parse_args(base_argv(tiny_model_dir, data_files, tmp, "--custom-rm-path",
@@ -55,7 +55,7 @@ def manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_pat
                                 "--eval-prompt-data", "mini", str(data_files / "eval.jsonl"),
                                 "--n-samples-per-eval-prompt", "2", "--use-wandb", "--wandb-dir",
                                 str(tmp / "wandb"), "--rollout-data-dir", str(tmp / "dumps")))
-    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
+    m = ray.remote(FaultInjectingManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
     info = ray.get(m.start.remote())
     yield m, info, tmp, args
     ray.get(m.shutdown.remote())
@@ -222,10 +222,10 @@ def own_manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp
     """A manager of its own, for a test that breaks it."""
     import ray
 
-    from slime.ray.rollout_manager import RolloutManager
+    from slime.testing.fault_manager import FaultInjectingManager
 
     args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact"))
-    m = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
+    m = ray.remote(FaultInjectingManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
     try:
         info = ray.get(m.start.remote())
         yield m, info

@@ -268,6 +268,11 @@ def custom_log(rollout_id, args, samples, metrics, seconds):
     return True
 
 
+def custom_eval_log(rollout_id, args, data, extra_metrics):
+    CALLS["eval_log"] = (rollout_id, {name: len(d["rewards"]) for name, d in data.items()})
+    return True
+
+
 class CountingSource:
     """A data source class given by --data-source-path (built as cls(args), as slime does)."""
 
@@ -298,14 +303,19 @@ def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_m
                      "--rollout-all-samples-process-path", me + "record_all",
                      "--dynamic-sampling-filter-path", me + "keep_even_groups", "--over-sampling-batch-size", "6",
                      "--custom-rollout-log-function-path", me + "custom_log",
-                     "--data-source-path", me + "CountingSource", "--rollout-batch-size", "2")
+                     "--data-source-path", me + "CountingSource", "--rollout-batch-size", "2",
+                     "--eval-prompt-data", "held_out", str(tmp_path / "prompts.jsonl"),
+                     "--custom-eval-rollout-log-function-path", me + "custom_eval_log")
     CALLS.clear()
     controller = RolloutController(args, Endpoints(router.url, [e.url for e in engines]))
     try:
         batch = controller.generate(5)
+        assert "eval_log" not in CALLS
+        controller.eval(5)
     finally:
         controller.close()
     assert CALLS["source"] is True and CALLS["log"] == (5, 6)
+    assert CALLS["eval_log"] == (5, {"held_out": 10})  # the eval's own log function, with its data
     # the sample hook saw every generated sample, with the rollout id
     assert len(CALLS["hook"]) >= 6 and {rid for _, rid in CALLS["hook"]} == {5}
     # the sample filter saw exactly the kept (even) groups, in index order; the all-samples hook saw every
@@ -314,6 +324,35 @@ def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_m
     assert len(kept) == 2 and kept == sorted(kept) and all(g % 2 == 0 for g in kept)
     assert set(kept) <= set(CALLS["all"]) and all(g not in kept for g in CALLS["all"] if g % 2)
     assert batch["loss_masks"] == [[1] * n for n in batch["response_lengths"]]  # even groups: kept trainable
+
+
+def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, tiny_model_dir):
+    """Two rollouts generated at the same time on one runtime (as two rollout functions may be, or a rollout and
+    an eval): every segment and every sample hook of each records its own id, never the other's."""
+    import asyncio
+
+    from slime.rollout.rollout_loop import collect_rollout
+    from slime.rollout.sglang_rollout import generate_and_rm_group
+    from slime.utils.async_utils import run
+
+    router, _, _ = cluster
+    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-sample-hook-path",
+                     "tests.test_rollout_scripted.tag_hook", "--rollout-batch-size", "3")
+    first, _ = data_source(args, tiny_model_dir)
+    second, _ = data_source(args, tiny_model_dir)
+
+    async def both():
+        return await asyncio.gather(collect_rollout(args, 7, first, generate_and_rm_group),
+                                    collect_rollout(args, 8, second, generate_and_rm_group))
+
+    CALLS.clear()
+    outs = run(both())
+    for rollout_id, out in zip((7, 8), outs):
+        samples = [s for g in out.samples for s in g]
+        assert len(samples) == 9
+        assert {seg["rollout_id"] for s in samples for seg in s.metadata["segments"]} == {rollout_id}
+        assert {s.metadata["hooked"] for s in samples} == {rollout_id}
+    assert sorted(rid for _, rid in CALLS["hook"]) == [7] * 9 + [8] * 9
 
 
 def test_buffer_filter_path_chooses_from_the_buffer(tmp_path, cluster, tiny_model_dir):

@@ -15,6 +15,7 @@ from typing import Any
 from rollout_plugins.multi_turn.budgets import EndReason, TokenBudgets
 from rollout_plugins.multi_turn.context import MultiTurnContext
 from slime.interactions.sample_interaction import SampleInteraction
+from slime.rollout.current_rollout import current_rollout_id
 from slime.rollout.engine_answer import EngineOutput
 from slime.tools.chat_format import ParseError, ToolCall, conversation_drift
 from slime.tools.flags import flag_value
@@ -43,7 +44,7 @@ class Trajectory:
         self.logps: list[float] = []
         self.messages: list[dict[str, Any]] | None = None
         self.status, self.reason = Sample.Status.PENDING, ""
-        self.rollout_id = ctx.runtime.rollout_id if ctx.runtime is not None else None
+        self.rollout_id = current_rollout_id()
         # --partial-rollout: an aborted trajectory resumes where it stopped
         self.resumed = bool(flag_value(args, "partial_rollout", False)) and sample.is_partial \
             and RESUME_KEY in sample.metadata and TrajectoryRecord.of(sample) is not None

@@ -20,6 +20,9 @@ from slime.fleet.router_options import not_passed
 # changes it and sees a difference, or is on that test's list still to prove (tests/test_flag_effects.py).
 # Filled by `finalize` as slime fills them but read by nothing here, so named when set: --log-probs-max-tokens-
 # per-gpu, --use-routing-replay, --use-rollout-routing-replay, --offload-train, --eval-max-context-len.
+# Named too: --sglang-config (slime's engine-deployment YAML of server groups, not SGLang's own --config),
+# --trust-remote-code (Megatron's tokenizer option; SGLang engines are given it always, as slime's are) and
+# --num-workers (Megatron's data-loader processes; there is no data loader here).
 ACTED_ON = frozenset({
     "actor_num_gpus_per_node", "actor_num_nodes", "adam_beta1", "adam_beta2", "adam_eps", "advantage_estimator",
     "apply_chat_template_kwargs", "balance_by_flops", "balance_data", "buffer_filter_path", "calculate_per_token_loss",
@@ -36,13 +39,13 @@ ACTED_ON = frozenset({
     "lr_warmup_iters", "max_tokens_per_gpu", "micro_batch_size", "microbatch_group_size_per_vp_stage",
     "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk", "moe_shared_expert_intermediate_size",
     "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
-    "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "num_workers", "offload_rollout",
+    "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "offload_rollout",
     "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
     "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",
     "rollout_data_postprocess_path", "rollout_external_engine_addrs", "rollout_global_dataset",
     "rollout_sample_filter_path",
-    "rollout_sample_hook_path", "save_interval", "seed", "sglang_config", "tis_clip", "tis_clip_low",
-    "trust_remote_code", "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
+    "rollout_sample_hook_path", "save_interval", "seed", "tis_clip", "tis_clip_low",
+    "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
     "use_kl_loss", "use_opd", "use_rollout_logprobs", "use_tis",
     "use_unbiased_kl", "vocab_size", "weight_decay",
 })

@@ -64,8 +64,6 @@ def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_
         cmd += ["--enable-memory-saver"]
     if args.rollout_seed is not None:
         cmd += ["--random-seed", str(args.rollout_seed)]
-    if args.sglang_config:
-        cmd += ["--config", str(args.sglang_config)]
     for name, value in sorted((getattr(args, "sglang_extra_args", None) or {}).items()):
         if name in MANAGED_SGLANG_FLAGS:
             raise ValueError(f"--sglang-{name.replace('_', '-')} is set by slime; use "

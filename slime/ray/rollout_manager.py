@@ -273,18 +273,7 @@ class RolloutManager:
         """slime's end-of-training call: stop everything."""
         self.shutdown()
 
-    # ---- fault injection, for tests and chaos runs ----
-    def kill_engine(self, index: int) -> int | None:
-        return self.fleet.kill_engine(index)
-
-    def kill_engine_during_push(self, index: int, at_update: int) -> None:
-        self.fleet.kill_engine_during_push(index, at_update)
-
-    def router_pid(self) -> int | None:
-        return self.fleet.router.pid if self.fleet and self.fleet.router else None
-
-    def router_alive(self) -> bool:
-        return bool(self.fleet and self.fleet.router and self.fleet.router.alive())
+    # fault injection (killing engines mid-run) is not here: tests start slime.testing.fault_manager's subclass
 
     def shutdown(self) -> None:
         """Stop everything this manager started; each step runs even if an earlier one fails."""

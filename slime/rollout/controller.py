@@ -21,6 +21,7 @@ from slime.observability import reporting, rollout_dump
 from slime.observability.metrics import reward_value
 from slime.observability.wandb_logger import WandbRun
 from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
+from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
@@ -135,13 +136,13 @@ class RolloutController:
                 "buffer": self.data_source.get_buffer_length() if self.data_source else 0}
 
     def _samples(self, rollout_id: int) -> tuple[list[Sample], dict[str, Any]]:
-        self.runtime.rollout_id = rollout_id
         if self.args.load_debug_rollout_data:
             return load_debug_rollout(self.args.load_debug_rollout_data, rollout_id), {}
         if self.data_source is None:
             raise ValueError("--prompt-data is required to generate rollouts")
-        out = _call_rollout_function(self.generate_rollout, self.args, rollout_id, self.data_source, False,
-                                     self.runtime)
+        with rollout_scope(rollout_id):  # what the function starts knows its rollout (current_rollout.py)
+            out = _call_rollout_function(self.generate_rollout, self.args, rollout_id, self.data_source, False,
+                                         self.runtime)
         return flatten_groups(out)
 
     def generate(self, rollout_id: int, parallel_config: dict[str, Any] | None = None) -> Any:
@@ -195,11 +196,11 @@ class RolloutController:
         return out
 
     def eval(self, rollout_id: int) -> dict[str, Any]:
-        self.runtime.rollout_id = rollout_id
         self._retries_base = self.runtime.client.stats.total_retries
         try:
-            out = _call_rollout_function(self.eval_generate_rollout, self.args, rollout_id, self.data_source, True,
-                                         self.runtime)
+            with rollout_scope(rollout_id):
+                out = _call_rollout_function(self.eval_generate_rollout, self.args, rollout_id, self.data_source,
+                                             True, self.runtime)
         finally:
             self.progress.finish()
         data = out.data

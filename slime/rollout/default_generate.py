@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from slime.rollout import partial_rollout as partial
+from slime.rollout.current_rollout import current_rollout_id
 from slime.rollout.multimodal_prompt import multimodal_prompt, sample_images
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.utils.images import encode_png_data_uri
@@ -71,7 +72,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     if not continued:
         sample.start_response(ids)
     return sample.append_segment(out.token_ids, out.log_probs, text=out.text or "", finish_reason=out.finish_type,
-                                 weight_version=out.weight_version, rollout_id=runtime.rollout_id,
+                                 weight_version=out.weight_version, rollout_id=current_rollout_id(),
                                  continued=continued)
 
 

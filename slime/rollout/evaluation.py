@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from slime.rollout.base_types import GroupStep
+from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource, build_prompt_samples
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sampling_params import sampling_params_from_args
@@ -88,6 +89,11 @@ async def evaluate_dataset(args: Any, rollout_id: int, dataset: Any,
     """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}`. Its settings come
     from the `EvalDatasetConfig` (else the flags); its `custom_generate_function_path` and
     `custom_rm_path` are set on every sample, so they replace the flags' for this dataset only."""
+    with rollout_scope(rollout_id):  # the groups' tasks know the eval's rollout id (current_rollout.py)
+        return await _evaluate(args, dataset, generate_group)
+
+
+async def _evaluate(args: Any, dataset: Any, generate_group: GroupStep) -> dict[str, dict[str, Any]]:
     runtime = current(args)
     name = dataset[0]
     prompts = eval_prompts(args, dataset, runtime)

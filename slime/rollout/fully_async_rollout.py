@@ -50,6 +50,7 @@ from typing import Any
 
 from slime.rollout.defaults import ROLLOUT_BATCH_SIZE
 from slime.rollout.base_types import RolloutFnTrainOutput
+from slime.rollout.current_rollout import current_rollout_id, rollout_scope
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
 from slime.rollout.group_entry import CompletedQueue, GroupEntry
 from slime.rollout.runtime import current
@@ -98,6 +99,9 @@ class AsyncRolloutWorker:
         self.counters: Counter = Counter()  # cumulative; each rollout reports what changed since the last
         self._reported: Counter = Counter()
         self._dropped_in_a_row = 0
+        # the rollout the groups it starts are for (their segments and sample hooks see it): the one that
+        # last took groups; a group outlives rollouts, so the worker, not the caller's context, says which
+        self.rollout_id = current_rollout_id()
         self.error: BaseException | None = None
         self._changed = asyncio.Event()
 
@@ -155,7 +159,8 @@ class AsyncRolloutWorker:
 
     # ---- generating ----
     def _launch(self, group: list[Sample], entry: GroupEntry) -> None:
-        task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params), False))
+        with rollout_scope(self.rollout_id):  # the task copies it (a completion's callback has the old one)
+            task = asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params), False))
         self.active[task] = entry
         task.add_done_callback(self._make_done_cb(entry.gid))
 
@@ -329,6 +334,7 @@ class AsyncRolloutWorker:
     # ---- rollouts ----
     async def take(self, n: int) -> list[list[Sample]]:
         """The first `n` finished groups (waiting for them); the rest stay queued."""
+        self.rollout_id = current_rollout_id()  # the caller's rollout: groups started from now on are its
         self._top_up()
         while True:
             self._enforce_staleness()
@@ -389,7 +395,8 @@ def _get_global_worker(args: Any, data_buffer: Any) -> AsyncRolloutWorker:
 async def _rollout(args: Any, rollout_id: int, data_buffer: Any) -> RolloutFnTrainOutput:
     worker = _get_global_worker(args, data_buffer)
     start, warm = time.monotonic(), worker.queue_size()
-    groups = await worker.take(args.rollout_batch_size)
+    with rollout_scope(rollout_id):
+        groups = await worker.take(args.rollout_batch_size)
     groups.sort(key=lambda g: min((s.index for s in g if s.index is not None), default=0))
     elapsed = time.monotonic() - start
     current_version = worker.current_version

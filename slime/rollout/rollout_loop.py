@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from slime.rollout.base_types import GroupStep, RolloutFnTrainOutput
+from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
 from slime.rollout.leftovers import Leftovers, abort_leftovers
@@ -31,9 +32,15 @@ async def collect_rollout(args: Any, rollout_id: int, data_source: DataSource,
                           generate_group: GroupStep) -> RolloutFnTrainOutput:
     """Generate groups until `--rollout-batch-size` are kept, `--over-sampling-batch-size` in flight
     (extra groups over-provision: the rollout stops as soon as its target is met); then abort the rest
-    (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`."""
+    (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`.
+    The groups' tasks know `rollout_id` (segments and sample hooks record it: `current_rollout.py`)."""
+    with rollout_scope(rollout_id):
+        return await _collect(args, rollout_id, data_source, generate_group)
+
+
+async def _collect(args: Any, rollout_id: int, data_source: DataSource,
+                   generate_group: GroupStep) -> RolloutFnTrainOutput:
     runtime = current(args)
-    runtime.rollout_id = rollout_id  # segments record it
     runtime.client.gate.open()
     target = args.rollout_batch_size
     over = max(target, int(getattr(args, "over_sampling_batch_size", None) or target))

@@ -34,7 +34,6 @@ class RolloutRuntime:
     client: EngineClient
     tool_services: ToolServices = field(default_factory=ToolServices)
     tool_sets: ToolSetCache = field(default_factory=ToolSetCache)  # --tool-config-path's tools, closed with it
-    rollout_id: int | None = None  # the rollout (or eval) being generated, for hooks that ask
     _shared: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)  # a factory may build other shared state
     _closers: list[Callable[[], Any]] = field(default_factory=list)

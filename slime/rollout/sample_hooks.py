@@ -2,37 +2,18 @@
 
 `hook(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None` (sync or async; keyword
 arguments it does not declare are not passed). Returning a Sample replaces it; None keeps it.
-A hook's `rollout_id` is the caller's, else the one `set_current_rollout_id` set (slime's way), which
-is the bound runtime's rollout when there is one and this context's otherwise.
+A hook's `rollout_id` is the caller's, else the rollout this code runs for (`current_rollout.py`: set
+where the rollout id is passed in, or by slime's `set_current_rollout_id`).
 """
 
 from __future__ import annotations
 
 import inspect
-from contextvars import ContextVar
 from typing import Any
 
-from slime.rollout.runtime import bound
+from slime.rollout.current_rollout import current_rollout_id, set_current_rollout_id  # noqa: F401 - slime's names
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
-
-# the rollout id when no runtime is bound (a plugin run by hand); context-local, not process-global
-_unbound_rollout_id: ContextVar[int | None] = ContextVar("slime_sample_hooks_rollout_id", default=None)
-
-
-def set_current_rollout_id(rollout_id: int | None) -> None:
-    """slime's: the rollout the next hooks belong to (the controller sets its runtime's itself)."""
-    runtime = bound()
-    if runtime is not None:
-        runtime.rollout_id = rollout_id
-    _unbound_rollout_id.set(rollout_id)
-
-
-def current_rollout_id() -> int | None:
-    runtime = bound()
-    if runtime is not None and runtime.rollout_id is not None:
-        return runtime.rollout_id
-    return _unbound_rollout_id.get()
 
 
 def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

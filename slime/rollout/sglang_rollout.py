@@ -232,8 +232,7 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
         for s in samples:
             if s.status in partial.FINISHED:
                 partial.mask_offpolicy(s)
-    rollout_id = runtime.rollout_id if runtime is not None else None
-    samples = await apply_rollout_sample_hooks(args, samples, rollout_id=rollout_id, evaluation=evaluation)
+    samples = await apply_rollout_sample_hooks(args, samples, evaluation=evaluation)  # this rollout's id
     if runtime is not None:
         runtime.progress.on_samples(len(samples))
     return samples

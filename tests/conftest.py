@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_WORK = Path(os.environ.get("SLIME_TEST_WORKDIR") or tempfile.mkdtemp(prefix="slime-test-"))
+# One directory per test process: with `make test WORKERS=N` (pytest-xdist) each worker has its own (wandb's
+# directories, the fork server's log), also when SLIME_TEST_WORKDIR names one for the whole run.
+_WORK = (Path(os.environ["SLIME_TEST_WORKDIR"]) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+         if os.environ.get("SLIME_TEST_WORKDIR") else Path(tempfile.mkdtemp(prefix="slime-test-")))
+_WORK.mkdir(parents=True, exist_ok=True)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -46,6 +50,14 @@ def _hypothesis_profiles() -> None:
 
 
 _hypothesis_profiles()
+
+
+def pytest_collection_modifyitems(items):
+    """Runs after pytest-randomly's shuffle (a hook wrapper): each folder's files together, so the package
+    fixtures of tests/weight_sync are set up once (slime/testing/suite_order.py)."""
+    from slime.testing.suite_order import group_by_folder
+
+    items[:] = group_by_folder(items)
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,16 @@ def pytest_collection_modifyitems(items):
     items[:] = group_by_folder(items)
 
 
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: unknown when it is not loaded)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` hands a worker each sub-folder of tests/ whole (slime/testing/suite_order.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from slime.testing.suite_order import folder_scheduler
+
+    return folder_scheduler(config, log)
+
+
 @pytest.fixture(scope="session")
 def work_dir() -> Path:
     return _WORK

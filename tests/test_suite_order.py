@@ -45,3 +45,21 @@ def test_the_shuffled_suite_runs_the_weight_sync_files_one_after_the_other():
     in_package = [m.startswith("tests/weight_sync/") for m in order]
     start = in_package.index(True)
     assert in_package[start:start + 4] == [True] * 4, order
+
+
+def test_xdist_hands_a_worker_each_sub_folder_whole():
+    from slime.testing.suite_order import xdist_scope
+
+    assert xdist_scope("tests/test_a.py::test_x[1-2]") == "tests/test_a.py"
+    assert xdist_scope("tests/weight_sync/test_tensor_updates.py::test_y") == "tests/weight_sync"
+    assert xdist_scope("tests/weight_sync/test_distributed_updates.py::test_z[a/b]") == "tests/weight_sync"
+
+
+def test_two_workers_run_a_sub_folders_files_on_one():
+    """tests/upstream_verl's two files (fast ones) on one worker: under plain `loadfile` they went to two."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-p", "no:randomly", "-p",
+                          "no:cacheprovider", "-v", "tests/upstream_verl",
+                          "tests/test_suite_order.py::test_xdist_hands_a_worker_each_sub_folder_whole"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    ran = [line.split()[0] for line in out.stdout.splitlines() if "PASSED tests/upstream_verl/" in line]
+    assert len(ran) == 29 and len(set(ran)) == 1, out.stdout[-3000:] + out.stderr[-2000:]

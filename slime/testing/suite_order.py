@@ -19,3 +19,22 @@ def group_by_folder(items: list[Any]) -> list[Any]:
     for i, item in enumerate(items):
         first.setdefault(item.path.parent, i)
     return sorted(items, key=lambda item: first[item.path.parent])
+
+
+def xdist_scope(nodeid: str) -> str:
+    """What `make test WORKERS=N` (pytest-xdist, `--dist loadfile`) hands one worker whole: a file at the top
+    of tests/, or a whole sub-folder (tests/weight_sync: its package fixtures set up on one worker, once)."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else path
+
+
+def folder_scheduler(config: Any, log: Any) -> Any:
+    """xdist's `loadfile` scheduler, with a sub-folder's files as one unit (`xdist_scope`)."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFolderScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return LoadFolderScheduling(config, log)

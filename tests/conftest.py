@@ -126,9 +126,11 @@ def ray_cluster():
     """One local Ray instance for the whole session (ray.init costs ~3 s)."""
     import ray
 
+    from slime.testing.ray_start import init_with_retries
+
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(_ray_tmp()),
-                 runtime_env={"env_vars": _ray_env()}, log_to_driver=False)
+        init_with_retries(lambda: ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(_ray_tmp()),
+                                           runtime_env={"env_vars": _ray_env()}, log_to_driver=False), _ray_tmp())
     yield ray
     ray.shutdown()
 

@@ -18,8 +18,10 @@ PROMPTS = [[100 + 7 * i + j for j in range(n)] for i, n in enumerate((3, 11, 5, 
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    with run_engine(tiny_model_dir, "--max-batch-size", "16") as url:
+def engine(tiny_model_dir, engine_fork_server):
+    """Forked warm from the session's fork server, as slime-train starts its engines (the cold start is
+    tests/test_cold_start.py's)."""
+    with run_engine(tiny_model_dir, "--max-batch-size", "16", fork_server=engine_fork_server) as url:
         with httpx.Client(base_url=url, timeout=60) as client:
             yield client
 
@@ -256,7 +258,7 @@ def test_abort_by_rid_and_abort_all(engine):
     assert until(lambda: load(engine)["num_running_reqs"] == 2, 120)
     engine.post("/abort_request", json={"abort_all": True})
     for th in threads:
-        th.join(30)
+        th.join(300)
     assert [results[i]["meta_info"]["finish_reason"]["type"] for i in range(2)] == ["abort", "abort"]
     assert load(engine)["num_reqs"] == 0
 
@@ -273,7 +275,7 @@ def test_pause_and_continue(engine):
     assert info["paused"] and info["num_running_reqs"] == 1 and info["decode_steps_total"] == steps
     assert "r" not in results
     engine.post("/continue_generation", json={})
-    th.join(30)
+    th.join(300)
     assert len(results["r"]["output_ids"]) == 60
     assert results["r"]["output_ids"] == gen(engine, PROMPTS[4], max_new_tokens=60)["output_ids"]
 
@@ -388,7 +390,7 @@ def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
     restarted = load(engine)["requests_restarted"]
     r = engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "7"})
     assert r.json()["success"] and engine.get("/get_weight_version").json()["weight_version"] == "7"
-    th.join(30)
+    th.join(300)
     assert load(engine)["requests_restarted"] == restarted + 1
     assert results["r"]["meta_info"]["weight_version"] == "7"
     assert results["r"]["meta_info"]["weight_versions"] == [{"version": "7", "start": 0, "end": 400}]

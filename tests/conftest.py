@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_WORK = Path(os.environ.get("SLIME_TEST_WORKDIR") or tempfile.mkdtemp(prefix="slime-test-"))
+# One directory per test process: with `make test WORKERS=N` (pytest-xdist) each worker has its own (wandb's
+# directories, the fork server's log), also when SLIME_TEST_WORKDIR names one for the whole run.
+_WORK = (Path(os.environ["SLIME_TEST_WORKDIR"]) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+         if os.environ.get("SLIME_TEST_WORKDIR") else Path(tempfile.mkdtemp(prefix="slime-test-")))
+_WORK.mkdir(parents=True, exist_ok=True)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -46,6 +50,24 @@ def _hypothesis_profiles() -> None:
 
 
 _hypothesis_profiles()
+
+
+def pytest_collection_modifyitems(items):
+    """Runs after pytest-randomly's shuffle (a hook wrapper): each folder's files together, so the package
+    fixtures of tests/weight_sync are set up once (slime/testing/suite_order.py)."""
+    from slime.testing.suite_order import group_by_folder
+
+    items[:] = group_by_folder(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: unknown when it is not loaded)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` hands a worker each sub-folder of tests/ whole (slime/testing/suite_order.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from slime.testing.suite_order import folder_scheduler
+
+    return folder_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -104,9 +126,11 @@ def ray_cluster():
     """One local Ray instance for the whole session (ray.init costs ~3 s)."""
     import ray
 
+    from slime.testing.ray_start import init_with_retries
+
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(_ray_tmp()),
-                 runtime_env={"env_vars": _ray_env()}, log_to_driver=False)
+        init_with_retries(lambda: ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(_ray_tmp()),
+                                           runtime_env={"env_vars": _ray_env()}, log_to_driver=False), _ray_tmp())
     yield ray
     ray.shutdown()
 

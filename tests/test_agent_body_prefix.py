@@ -17,7 +17,7 @@ from slime.agent.errors import BadRequestError, FieldError
 from slime.agent.protocols import anthropic, openai_chat, openai_responses
 from slime.agent.protocols.body_prefix import KEPT_BODIES, BodyPrefixes
 
-PROPERTY = settings(max_examples=60, deadline=None, derandomize=True,
+PROPERTY = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 PROTOCOLS = {"chat": openai_chat, "anthropic": anthropic, "responses": openai_responses}
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12) | st.sampled_from(

@@ -47,11 +47,11 @@ def long_context_model(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gateway(long_context_model, tmp_path_factory):
+def gateway(long_context_model, tmp_path_factory, engine_fork_server):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(long_context_model))
-    with run_engine(long_context_model) as url:
+    with run_engine(long_context_model, fork_server=engine_fork_server) as url:  # warm: torch imported
         router = Router(log_dir=str(tmp_path_factory.mktemp("router"))).start()
         try:
             router.add_worker(url)

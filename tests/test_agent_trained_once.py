@@ -26,7 +26,7 @@ from slime.agent.trajectory import TrajectoryManager
 from slime.utils.types import Sample
 
 SAMPLED = 100_000  # ids at or above this were sampled by the engine; below, template/context text
-PROPERTY = settings(max_examples=150, deadline=None, derandomize=True,
+PROPERTY = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -17,7 +17,7 @@ from slime.utils.encoded_ids import EncodedIds, dumps
 ids = st.lists(st.integers(0, 200_000), max_size=20)
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=100, deadline=None)
 @given(first=ids, parts=st.lists(ids, max_size=4), rid=st.text(max_size=5))
 def test_a_body_written_from_encoded_ids_is_the_json_of_the_plain_body(first, parts, rid):
     encoded = EncodedIds(first).extended(*parts)

@@ -120,7 +120,7 @@ async def test_in_flight_bound_holds_requests_back():
         client = EngineClient(Endpoints(eng.url, []), concurrency=2)
         assert client.semaphore is client.semaphore
         tasks = [asyncio.ensure_future(client.generate([i, i], {})) for i in range(5)]
-        await asyncio.wait_for(until_async(lambda: eng.waiting == 2, interval=0), 10)
+        await asyncio.wait_for(until_async(lambda: eng.waiting == 2, interval=0), 60)
         assert (client.in_flight, len(eng.generated)) == (2, 2)
         gate.set()
         outs = await asyncio.gather(*tasks)
@@ -154,7 +154,7 @@ async def test_a_closed_gate_answers_abort_for_requests_waiting_for_a_slot():
     async with Engine(gate=gate) as eng:
         client = EngineClient(Endpoints(eng.url, [eng.url]), concurrency=1)
         first = asyncio.ensure_future(client.generate([1, 2], {}))
-        await asyncio.wait_for(until_async(lambda: eng.waiting == 1, interval=0), 10)
+        await asyncio.wait_for(until_async(lambda: eng.waiting == 1, interval=0), 60)
         second = asyncio.ensure_future(client.generate([3, 4], {}))  # waits for the only slot
         client.gate.close()
         gate.set()

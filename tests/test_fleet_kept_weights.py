@@ -81,7 +81,7 @@ def fleet_without_engines(ray_cluster):
     made: list[Any] = []
 
     def make(reports: str | None = None) -> tuple[Any, Any]:
-        fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
+        fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=300.0))  # the default: a deadline for a hang
         fleet.router = RecordingRouter()
         replacement = _engine(ray, reports)
         fleet.slots = [EngineSlot(0, [replacement], [0], state="restarting", restarts=1)]

@@ -18,8 +18,10 @@ PROMPTS = [[100 + 7 * i + j for j in range(n)] for i, n in enumerate((3, 11, 5, 
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    with run_engine(tiny_model_dir, "--max-batch-size", "16") as url:
+def engine(tiny_model_dir, engine_fork_server):
+    """Forked warm from the session's fork server, as slime-train starts its engines (the cold start is
+    tests/test_cold_start.py's)."""
+    with run_engine(tiny_model_dir, "--max-batch-size", "16", fork_server=engine_fork_server) as url:
         with httpx.Client(base_url=url, timeout=60) as client:
             yield client
 
@@ -240,7 +242,7 @@ def test_abort_by_rid_and_abort_all(engine):
             "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}, "return_logprob": True}
     t = threading.Thread(target=lambda: results.update(a=engine.post("/generate", json=body).json()))
     t.start()
-    assert until(lambda: load(engine)["num_tokens"] > len(PROMPTS[3]) + 3, 20)
+    assert until(lambda: load(engine)["num_tokens"] > len(PROMPTS[3]) + 3, 120)
     assert engine.post("/abort_request", json={"rid": "abort-me"}).status_code == 200
     t.join(30)
     r = results["a"]
@@ -253,10 +255,10 @@ def test_abort_by_rid_and_abort_all(engine):
                                 kwargs=dict(max_new_tokens=3000)) for i, p in enumerate(PROMPTS[:2])]
     for th in threads:
         th.start()
-    assert until(lambda: load(engine)["num_running_reqs"] == 2, 20)
+    assert until(lambda: load(engine)["num_running_reqs"] == 2, 120)
     engine.post("/abort_request", json={"abort_all": True})
     for th in threads:
-        th.join(30)
+        th.join(300)
     assert [results[i]["meta_info"]["finish_reason"]["type"] for i in range(2)] == ["abort", "abort"]
     assert load(engine)["num_reqs"] == 0
 
@@ -265,7 +267,7 @@ def test_pause_and_continue(engine):
     results: dict = {}
     th = threading.Thread(target=_background, args=(engine, PROMPTS[4], results, "r"), kwargs=dict(max_new_tokens=60))
     th.start()
-    assert until(lambda: load(engine)["num_tokens"] > len(PROMPTS[4]) + 2, 20)
+    assert until(lambda: load(engine)["num_tokens"] > len(PROMPTS[4]) + 2, 120)
     assert engine.post("/pause_generation", json={}).status_code == 200
     steps = load(engine)["decode_steps_total"]
     time.sleep(0.3)
@@ -273,7 +275,7 @@ def test_pause_and_continue(engine):
     assert info["paused"] and info["num_running_reqs"] == 1 and info["decode_steps_total"] == steps
     assert "r" not in results
     engine.post("/continue_generation", json={})
-    th.join(30)
+    th.join(300)
     assert len(results["r"]["output_ids"]) == 60
     assert results["r"]["output_ids"] == gen(engine, PROMPTS[4], max_new_tokens=60)["output_ids"]
 
@@ -295,7 +297,7 @@ def test_stream_client_disconnect_aborts_the_request(engine):
     with engine.stream("POST", "/generate", json=body) as r:
         lines = r.iter_lines()
         assert next(ln for ln in lines if ln).startswith("data: {")
-    assert until(lambda: load(engine)["num_reqs"] == 0, 20)
+    assert until(lambda: load(engine)["num_reqs"] == 0, 120)
 
 
 def test_client_disconnect_aborts_a_non_streaming_request(engine):
@@ -306,13 +308,13 @@ def test_client_disconnect_aborts_a_non_streaming_request(engine):
         return float(next(ln.split()[-1] for ln in text.splitlines()
                           if ln.startswith("sglang:num_aborted_requests_total")))
 
-    assert until(lambda: load(engine)["num_reqs"] == 0, 20)
+    assert until(lambda: load(engine)["num_reqs"] == 0, 120)
     before = aborted()  # (another test's abort may still be counted after this: hence ">")
     body = {"input_ids": PROMPTS[2], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     with httpx.Client(base_url=str(engine.base_url), timeout=1.0) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/generate", json=body)
-    assert until(lambda: load(engine)["num_reqs"] == 0 and aborted() > before, 20)
+    assert until(lambda: load(engine)["num_reqs"] == 0 and aborted() > before, 120)
 
 
 @pytest.mark.parametrize("body, field", [
@@ -384,11 +386,11 @@ def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
     results: dict = {}
     th = threading.Thread(target=_background, args=(engine, PROMPTS[0], results, "r"), kwargs=dict(max_new_tokens=400))
     th.start()
-    assert until(lambda: load(engine)["num_running_reqs"] == 1, 20)
+    assert until(lambda: load(engine)["num_running_reqs"] == 1, 120)
     restarted = load(engine)["requests_restarted"]
     r = engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "7"})
     assert r.json()["success"] and engine.get("/get_weight_version").json()["weight_version"] == "7"
-    th.join(30)
+    th.join(300)
     assert load(engine)["requests_restarted"] == restarted + 1
     assert results["r"]["meta_info"]["weight_version"] == "7"
     assert results["r"]["meta_info"]["weight_versions"] == [{"version": "7", "start": 0, "end": 400}]

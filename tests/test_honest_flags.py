@@ -45,7 +45,7 @@ def test_both_kinds_of_switch_are_among_the_upstream_flags():
     assert kinds == {"_StoreTrueAction", "_StoreFalseAction"}
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from(switches()), min_size=1, max_size=6, unique=True))
 def test_every_switch_set_is_named(flags):
     assert named(flags) == set(flags)

@@ -54,7 +54,7 @@ class TrackingTool(BaseTool):
             await asyncio.sleep(float(mode[5:]))
         if mode.startswith("together"):  # returns once N executions run at the same time (else fails)
             RUNNING_TOGETHER.append(instance_id)
-            await asyncio.wait_for(until_async(lambda: len(RUNNING_TOGETHER) >= int(mode[8:])), 20)
+            await asyncio.wait_for(until_async(lambda: len(RUNNING_TOGETHER) >= int(mode[8:])), 120)
         return ToolResponse(text=f"done {mode} {json.dumps(kw, sort_keys=True)}"), 0.25, {}
 
     async def calc_reward(self, instance_id, **kw):

@@ -134,7 +134,7 @@ def test_with_no_replacement_they_fail_once_the_window_from_the_fault_has_passed
     assert {r.reason for r in results} == {"http_502"}  # the cause: the engine lost under them
 
 
-@settings(max_examples=50, deadline=None, derandomize=True)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 3), max_size=12))
 def test_the_window_starts_at_the_last_change_of_the_pool(counts):
     """Whatever the fleet publishes, `since` moves exactly when the pool empties or comes back, forward."""

@@ -98,7 +98,7 @@ def test_env_is_capped_in_count_and_bytes_for_a_session_and_an_exec(url):
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
 
 
-@settings(max_examples=60, derandomize=True, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(doc=st.recursive(st.text(max_size=5) | st.integers(),
                         lambda c: st.dictionaries(st.text(max_size=6), c, max_size=6) | st.lists(c, max_size=4),
                         max_leaves=40),

@@ -109,7 +109,7 @@ def _lexical_links(root: str, parts: list[str]) -> bool:
     return False
 
 
-@settings(max_examples=300, derandomize=True, deadline=None,
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(st.sampled_from(COMPONENTS), min_size=0, max_size=6), lead=st.booleans(),
        write=st.booleans())

@@ -109,7 +109,7 @@ def test_rollout_metrics_use_slimes_keys():
                  "effective_tokens_per_gpu_per_sec": 1.5, "longest_effective_sample_tokens_per_sec": 2.0}
 
 
-@settings(max_examples=50, deadline=None, derandomize=True)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=4))
 def test_load_answers_count_running_and_waiting(pairs):
     loads = [{"num_running_reqs": r, "num_waiting_reqs": w} for r, w in pairs]

@@ -67,7 +67,7 @@ def test_a_user_examples_package_wins_over_ours_wherever_it_is_on_the_path(tmp_p
     assert ours.stdout.strip() == str(ROOT / "examples/multi_agent/rollout_with_multi_agents.py")
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from(["a", "b", "c/d", "", "user-repo", "."]), max_size=5))
 def test_worker_path_order(entries):
     """Working directory first, then the user's PYTHONPATH in its order, our checkout never before

@@ -46,8 +46,9 @@ def vlm(tiny_vlm_dir):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_vlm_dir):
-    with run_engine(tiny_vlm_dir, "--max-batch-size", "8") as url:
+def engine(tiny_vlm_dir, engine_fork_server):
+    # forked from the session's fork server (torch and transformers imported; it loads the VLM itself)
+    with run_engine(tiny_vlm_dir, "--max-batch-size", "8", fork_server=engine_fork_server) as url:
         with httpx.Client(base_url=url, timeout=120) as client:
             yield client
 

@@ -121,7 +121,7 @@ def test_placeholders_must_match_the_images_and_the_checkpoint_must_see(tiny_vlm
 # ---------------------------------------------------------------- one rollout and one GRPO step
 
 @pytest.fixture(scope="module")
-def trained(ray_cluster, tiny_vlm_dir, tmp_path_factory):
+def trained(ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path_factory):
     from slime.cli.train import parse_train_args
     from slime.train.loop import train
 
@@ -136,7 +136,7 @@ def trained(ray_cluster, tiny_vlm_dir, tmp_path_factory):
         "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction", "--lr", "1e-3",
         "--global-batch-size", "4", "--micro-batch-size", "2", "--num-rollout", "1", "--check-weight-update-equal",
         "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"), "--log-dir", str(out / "logs")])
-    return train(args), out
+    return train(args, fork_server=engine_fork_server), out  # the engine forked warm, loading the VLM itself
 
 
 def test_one_rollout_and_one_grpo_step_on_images(trained, tiny_vlm_dir):

@@ -15,7 +15,10 @@ from slime.utils.misc import find_free_port
 from tests.weight_sync.helpers import assert_serves, ring_files
 
 
-@pytest.mark.parametrize("transport, ring_slot_bytes", [("auto", 4096), ("auto", 1 << 20), ("broadcast", 4096)])
+# The tiny model is ~39 MB (its embedding nearly all of it). 64 KiB slots: each 1 MiB bucket travels in 16
+# chunks, chunk boundaries cut through tensors, the embedding spans ~600 chunks and the 4-slot ring wraps
+# ~150 times per push. (4 KiB slots proved nothing more at 9,500 chunks a push: 158 s of a 48-min suite.)
+@pytest.mark.parametrize("transport, ring_slot_bytes", [("auto", 64 << 10), ("auto", 1 << 20), ("broadcast", 4096)])
 def test_distributed_push_in_buckets_to_two_engines(engines, refs, tensors_a, tensors_b, ck_b, transport,
                                                     ring_slot_bytes):
     """The shared-memory ring (chunks smaller and larger than the buckets) and the forced broadcast."""
@@ -111,7 +114,7 @@ from transformers import AutoModelForCausalLM
 from slime.engine.weight_sync import trainer_named_tensors
 engines = [HttpEngine(u) for u in sys.argv[2:]]
 named = trainer_named_tensors(AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32))
-group = WeightUpdateGroup(engines, group_name="g-killed", timeout=60, ring_slot_bytes=8192)
+group = WeightUpdateGroup(engines, group_name="g-killed", timeout=60, ring_slot_bytes=64 << 10)
 group.connect()
 with paused(engines):
     group.push(named, weight_version="from-killed", bucket_bytes=1 << 20)

@@ -279,7 +279,7 @@ SEGMENTS = st.one_of(st.sampled_from(["s", "v1", "chat", "completions", "respons
                                       "models", "health", ""]), st.text(max_size=6))
 
 
-@settings(max_examples=300, derandomize=True, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(SEGMENTS, max_size=6), st.booleans())
 def test_a_turn_route_and_its_key_are_found_as_fastapis_router_finds_them(gw, segments, slash):
     """The gateway serves turns past FastAPI's routing (`AgentRoutes`): any path reaches a turn's

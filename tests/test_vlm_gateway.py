@@ -19,7 +19,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-import torch
 
 from slime.agent.gateway import Gateway
 from slime.testing.agent_stack import RecordingClient, assert_chain

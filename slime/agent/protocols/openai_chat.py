@@ -15,7 +15,7 @@ from typing import Any
 
 from slime.agent.errors import FieldError, TurnRefused
 from slime.agent.protocols import body_checks as check
-from slime.agent.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
+from slime.agent.protocols.common import (bearer, header_session, logprob_entries, new_id,
                                           parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
 from slime.agent.protocols.media import refuse_media, template_content
 from slime.agent.protocols.tool_choice import names, offered, openai_choice

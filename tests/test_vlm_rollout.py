@@ -89,6 +89,27 @@ def test_rows_with_images_are_read_into_the_prompt_and_the_samples(tiny_vlm_dir,
     index.close()
 
 
+def test_the_processor_gives_torch_tensors_unasked_as_slimes_multi_turn_recipe_needs(tiny_vlm_dir):
+    """slime's geo3k_vlm_multi_turn calls the processor without `return_tensors` and keeps only its
+    `torch.Tensor` values as `multimodal_train_inputs` (torchvision's image backend returns tensors): with
+    numpy arrays its samples trained without their pictures (train/rollout log-prob gap 5.6e-2)."""
+    import torch
+
+    from slime.utils.processing_utils import load_processor
+
+    processor = load_processor(tiny_vlm_dir)
+    text = "<|vision_start|><|image_pad|><|vision_end|>Which shape?"
+    unasked = processor(text=text, images=[picture("red")])
+    kept = {k: v for k, v in unasked.items() if isinstance(v, torch.Tensor)}  # the recipe's merge rule
+    asked = processor(text=text, images=[picture("red")], return_tensors="pt")
+    assert set(kept) == {"pixel_values", "image_grid_thw"}
+    assert torch.equal(kept["pixel_values"], asked["pixel_values"])
+    assert torch.equal(kept["image_grid_thw"], asked["image_grid_thw"])
+    assert unasked["input_ids"][0] == asked["input_ids"][0].tolist()
+    assert not isinstance(processor.image_processor(images=[picture("red")], return_tensors="np")["pixel_values"],
+                          torch.Tensor)  # an explicit request is still honoured
+
+
 @pytest.mark.parametrize("images, words", [
     (["https://example.com/a.png"], "is a URL; images are not downloaded"),
     (["img/none.png"], "image file not found: img/none.png"),

@@ -129,10 +129,20 @@ def image_only_processor(path: str | Path) -> Any:
                                  "not installed here; only images are processed")
             return super().__call__(images=images, text=text, **kwargs)
 
+    class TensorImageProcessor(Qwen2VLImageProcessorPil):
+        """PIL's image path with torchvision's outputs: torch tensors when no `return_tensors` is given, as
+        the torchvision backend slime's users run returns them (slime's geo3k_vlm_multi_turn keeps only
+        `torch.Tensor` values of the processor's output: numpy arrays would drop the images from training)."""
+
+        def _preprocess(self, images, *args, **kwargs):
+            if kwargs.get("return_tensors") is None:
+                kwargs["return_tensors"] = "pt"
+            return super()._preprocess(images, *args, **kwargs)
+
     settings = json.loads(config_file.read_text())
     known = {"min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std",
              "do_resize", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb", "size"}
-    image_processor = Qwen2VLImageProcessorPil(**{k: v for k, v in settings.items() if k in known})
+    image_processor = TensorImageProcessor(**{k: v for k, v in settings.items() if k in known})
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     template = _chat_template(Path(path)) or getattr(tokenizer, "chat_template", None)
     return ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)

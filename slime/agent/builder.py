@@ -19,7 +19,7 @@ import enum
 from typing import Any
 
 from slime.agent.records import TurnRecord
-from slime.utils.prompt_images import train_inputs
+from slime.utils.prompt_images import train_inputs, whole_images
 from slime.utils.types import Sample
 
 # an aborted last turn stays COMPLETED: a gateway session is not continued by --partial-rollout
@@ -120,6 +120,7 @@ class SampleBuilder:
         """The row as a `Sample` of `base`'s prompt/label/ids: the first prompt is the prompt, the rest
         the response; each trained span one segment (weight version, rollout id)."""
         end = min(len(self.tokens), max_tokens) if max_tokens else len(self.tokens)
+        end, images = whole_images(self.tokens, end, list(self.images))
         p = self.prompt_length
         rollout_id = base.rollout_id if base.rollout_id is not None else base.index
         sample = Sample(index=base.index, group_index=base.group_index, rollout_id=rollout_id,
@@ -128,9 +129,9 @@ class SampleBuilder:
                         loss_mask=self.loss_mask[p:end], rollout_log_probs=self.log_probs[p:end],
                         status=_FINISH_STATUS.get(finish_reason, Sample.Status.COMPLETED),
                         metadata={**metadata, "finish_reason": finish_reason})
-        if self.images:  # the image tokens are prompt tokens (mask 0); the trainer needs their pixels
-            sample.multimodal_inputs = {"images": [image.data_uri for image in self.images], "videos": None}
-            sample.multimodal_train_inputs = train_inputs(self.images)
+        if images:  # the image tokens are prompt tokens (mask 0); the trainer needs their pixels
+            sample.multimodal_inputs = {"images": [image.data_uri for image in images], "videos": None}
+            sample.multimodal_train_inputs = train_inputs(images)
         for seg in self.segments:
             if seg.start < end:
                 sample.record_segment(seg.start - p, min(seg.end, end) - p, seg.weight_version, rollout_id)

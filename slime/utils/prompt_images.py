@@ -22,12 +22,13 @@ from slime.utils.vision_model import tokens_per_image
 @dataclasses.dataclass(frozen=True, eq=False)
 class PreparedImage:
     """One image as the engine and the trainer take it: a PNG data URI (`image_data`), the processor's
-    `pixel_values` rows and `image_grid_thw` row, and how many placeholder tokens it fills."""
+    `pixel_values` rows and `image_grid_thw` row, how many placeholder tokens it fills, and which token."""
 
     data_uri: str
     pixel_values: Any
     grid_thw: Any
     tokens: int
+    token_id: int
 
 
 class ImageCountError(ValueError):
@@ -59,7 +60,7 @@ class PromptImages:
         out = self.image_processor(images=[image], return_tensors="pt")
         grid = out["image_grid_thw"]
         return PreparedImage(encode_png_data_uri(image), out["pixel_values"], grid,
-                             tokens_per_image(grid, self.merge_size)[0])
+                             tokens_per_image(grid, self.merge_size)[0], self.image_token_id)
 
     def count(self, value: Any) -> int:
         """How many placeholder tokens the image `value` fills (the processor's grid, no pixels kept)."""
@@ -98,6 +99,20 @@ def train_inputs(images: Iterable[PreparedImage]) -> dict[str, Any] | None:
         return None
     return {"pixel_values": torch.cat([i.pixel_values for i in images]),
             "image_grid_thw": torch.cat([i.grid_thw for i in images])}
+
+
+def whole_images(ids: list[int], end: int, images: list[PreparedImage]) -> tuple[int, list[PreparedImage]]:
+    """A row of `ids` (holding `images`, expanded, in order) cut at `end` keeps only whole images: a cut inside
+    an image's tokens moves before them, and images past the cut leave the row, so its train inputs match its
+    image tokens (the trainer's forward needs every image token's pixels and no others)."""
+    if not images:
+        return end, []
+    kept: list[PreparedImage] = []
+    for (start, length), image in zip(placeholder_runs(ids, images[0].token_id), images):
+        if start + length > end:
+            return min(end, start), kept
+        kept.append(image)
+    return end, kept
 
 
 def placeholder_runs(ids: list[int], token: int) -> list[tuple[int, int]]:

@@ -282,11 +282,13 @@ INTERACTION = str(Path(__file__).parent / "data" / "verl" / "examples" / "sglang
     ({}, None),
 ])
 def test_the_start_up_checks_refuse_what_would_not_run(tmp_path, flags, expected):
+    from slime.cli.finalize import complete_namespace
     from slime.cli.preflight import PreflightError, check_interactions
 
     bad = write(tmp_path, "interaction: []\n")
-    args = argparse.Namespace(**{"interaction_config_path": INTERACTION, "rollout_function_path": MULTI_TURN,
-                                 "custom_generate_function_path": None, "max_user_turns": None, **flags})
+    args = complete_namespace(argparse.Namespace(**{
+        "interaction_config_path": INTERACTION, "rollout_function_path": MULTI_TURN,
+        "custom_generate_function_path": None, "max_user_turns": None, **flags}))
     args.interaction_config_path = args.interaction_config_path.format(bad=bad)
     if expected is None:
         check_interactions(args)

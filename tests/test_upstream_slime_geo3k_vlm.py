@@ -37,39 +37,37 @@ def geometry_parquet(directory: Path) -> Path:
     return path
 
 
-def test_slimes_geo3k_vlm_multi_turn_recipe_runs_unchanged_and_its_samples_are_token_exact(
-        ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path):
+def rollout(tiny_vlm_dir, tmp_path, engine_fork_server, *recipe: str, env: dict | None = None) -> list:
+    """One rollout of 2 samples with the recipe's flags through our RolloutManager, the samples as dumped."""
     import ray
 
     from slime.ray.rollout_manager import RolloutManager
-    from slime.train.model import PolicyModel, pack
     from slime.rollout.debug_data import load_debug_rollout
-    from slime.utils.vision_model import load_hf_model
 
     dump = str(tmp_path / "r_{rollout_id}.pt")
     args = parse_args([
         "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_vlm_dir), "--rollout-num-engines", "1",
-        "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1",
-        "--prompt-data", str(geometry_parquet(tmp_path)), "--input-key", "problem", "--label-key", "answer",
-        "--apply-chat-template", "--multimodal-keys", '{"image": "images"}', "--rm-type", "math",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "1", "--rollout-max-response-len", "120",
-        "--rollout-temperature", "1", "--num-rollout", "1",
-        "--custom-generate-function-path", "examples.geo3k_vlm_multi_turn.rollout.generate",
-        "--custom-config-path", str(RECIPE / "geo3k_vlm_multi_turn_config.yaml"),
-        "--save-debug-rollout-data", dump])
-    assert args.max_turns == 3 and args.rollout_interaction_env_path == "examples.geo3k_vlm_multi_turn.env_geo3k"
-    # the recipe's package `examples` is importable where its generate runs, as slime's checkout puts it
-    env = {"PYTHONPATH": f"{UPSTREAM}:{Path(__file__).parents[1]}"}
-    manager = ray.remote(RolloutManager).options(num_cpus=0, runtime_env={"env_vars": env}).remote(
-        args, engine_fork_server)
+        "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1", "--prompt-data", str(geometry_parquet(tmp_path)),
+        "--input-key", "problem", "--label-key", "answer", "--apply-chat-template", "--rollout-shuffle",
+        "--multimodal-keys", '{"image": "images"}', "--rollout-batch-size", "2", "--n-samples-per-prompt", "1",
+        "--rollout-max-response-len", "120", "--num-rollout", "1", "--save-debug-rollout-data", dump, *recipe])
+    options = {"num_cpus": 0, **({"runtime_env": {"env_vars": env}} if env else {})}
+    manager = ray.remote(RolloutManager).options(**options).remote(args, engine_fork_server)
     try:
         ray.get(manager.start.remote())
         ray.get(ray.get(manager.generate.remote(0)).inner)
     finally:
         ray.get(manager.shutdown.remote())
+    return load_debug_rollout(dump, 0)
 
-    samples = load_debug_rollout(dump, 0)
-    model = PolicyModel(load_hf_model(tiny_vlm_dir, torch.float32).eval())
+
+def assert_token_exact_with_pictures(samples: list, tiny_vlm_dir: Path, temperature: float) -> None:
+    """slime-train's forward (its logits over `--rollout-temperature`, as the engine's log-probs are) over each
+    sample's tokens and pictures gives the log-probs the engine sampled with."""
+    from slime.train.model import PolicyModel, pack
+    from slime.utils.vision_model import load_hf_model
+
+    model = PolicyModel(load_hf_model(tiny_vlm_dir, torch.float32).eval(), temperature)
     image_token = 151655  # <|image_pad|>
     assert len(samples) == 2
     for s in samples:
@@ -87,3 +85,22 @@ def test_slimes_geo3k_vlm_multi_turn_recipe_runs_unchanged_and_its_samples_are_t
         assert mask.any()
         assert torch.allclose(trained[mask], sampled[mask], atol=1e-4), \
             float((trained[mask] - sampled[mask]).abs().max())
+
+
+def test_slimes_geo3k_vlm_multi_turn_recipe_runs_unchanged_and_its_samples_are_token_exact(
+        ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path):
+    config = RECIPE / "geo3k_vlm_multi_turn_config.yaml"
+    # the recipe's package `examples` is importable where its generate runs, as slime's checkout puts it
+    env = {"PYTHONPATH": f"{UPSTREAM}:{Path(__file__).parents[1]}"}
+    samples = rollout(tiny_vlm_dir, tmp_path, engine_fork_server, "--rm-type", "math", "--rollout-temperature", "1",
+                      "--custom-generate-function-path", "examples.geo3k_vlm_multi_turn.rollout.generate",
+                      "--custom-config-path", str(config), env=env)
+    assert_token_exact_with_pictures(samples, tiny_vlm_dir, 1.0)
+
+
+def test_slimes_geo3k_vlm_recipe_flags_give_token_exact_samples_with_their_pictures(
+        ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path):
+    """geo3k_vlm (single turn) is flags on the default generate (`run_geo3k_qwen35.sh`'s rollout flags)."""
+    samples = rollout(tiny_vlm_dir, tmp_path, engine_fork_server, "--rm-type", "deepscaler",
+                      "--rollout-temperature", "0.8")
+    assert_token_exact_with_pictures(samples, tiny_vlm_dir, 0.8)

@@ -14,6 +14,7 @@ from typing import Any
 
 from slime.engine.request_parsing import BadRequest
 from slime.utils.images import ImageError, open_image
+from slime.utils.prompt_images import placeholder_runs
 from slime.utils.vision_model import tokens_per_image
 
 
@@ -63,7 +64,7 @@ class ImageInputs:
         return ids, {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
 
     def expand(self, input_ids: list[int], counts: list[int], where: str) -> list[int]:
-        runs = _runs(input_ids, self.image_token_id)
+        runs = placeholder_runs(input_ids, self.image_token_id)
         if len(runs) != len(counts):
             raise BadRequest(f"{where}: {len(counts)} image(s) but the prompt has {len(runs)} image placeholder(s) "
                              f"(runs of token {self.image_token_id}, <|image_pad|>): one per image, in order")
@@ -76,15 +77,3 @@ class ImageInputs:
             cursor = start + length
         return out + input_ids[cursor:]
 
-
-def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
-    """(start, length) of each maximal run of `token`."""
-    runs: list[tuple[int, int]] = []
-    for i, t in enumerate(ids):
-        if t != token:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs

@@ -47,8 +47,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slime.engine.weight_ring import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS
-    from slime.engine.weight_sync import (
+    from slime.weights.ring import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS
+    from slime.weights.push import (
         WeightUpdateGroup, model_checksums, on_all_engines, paused, push_tensors, trainer_named_tensors,
     )
     from slime.fleet.engine_actor import EngineActor

@@ -27,7 +27,7 @@ NOT_CONVERTED = {
     "slime/engine/default_model.py",
     "slime/ray/rollout_manager.py",
     "slime/ray/session.py",
-    "slime/ray/weight_sync.py",
+    "slime/weights/manager.py",
     "slime/rollout/controller.py",
     "slime/rollout/data_source.py",
     "slime/rollout/default_generate.py",

@@ -17,7 +17,7 @@ import threading
 
 import requests
 
-from slime.engine.weight_version_answer import BadWeightVersion
+from slime.weights.version_answer import BadWeightVersion
 from slime.fleet.engine_server import EngineServer, engine_env
 from slime.fleet.fleet import Fleet, SupervisedEngineActor
 from slime.fleet.placement import bundle_strategy

@@ -14,7 +14,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from slime.engine.weight_transfer import SHM_PREFIX, shm_dir
+from slime.weights.transfer import SHM_PREFIX, shm_dir
 from slime.testing.processes import cmdline, descendants, survivors
 
 RAY_PARTS = ("raylet", "gcs_server", "ray::RolloutManager", "ray::TrainWorker")

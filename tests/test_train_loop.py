@@ -137,7 +137,7 @@ def test_resume_from_a_checkpoint_continues_exactly_colocated(first_run, engine_
     generate, weights resumed, pushed by the tensor path, KV resumed, and rollout 3 served by the push."""
     from safetensors.torch import load_file
 
-    from slime.engine.weight_transfer import named_checksums
+    from slime.weights.transfer import named_checksums
 
     records_a, out_a = first_run
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",

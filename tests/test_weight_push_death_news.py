@@ -12,9 +12,9 @@ import threading
 import pytest
 import requests
 
-from slime.engine.engine_calls import gather
-from slime.engine.engine_deaths import EnginesDied, WeightSyncError
-from slime.engine.weight_group import WeightUpdateGroup
+from slime.weights.engine_calls import gather
+from slime.weights.engine_deaths import EnginesDied, WeightSyncError
+from slime.weights.group import WeightUpdateGroup
 
 LATE_S = 0.3  # how long after its call failed the lost engine's exit notice arrives (a loaded Ray cluster)
 

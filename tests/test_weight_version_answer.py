@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime.engine.http_engine import HttpEngine
-from slime.engine.weight_version_answer import MAX_VERSION_CHARS, BadWeightVersion, parse_weight_version_answer
+from slime.weights.http_engine import HttpEngine
+from slime.weights.version_answer import MAX_VERSION_CHARS, BadWeightVersion, parse_weight_version_answer
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=15), inner, max_size=4),

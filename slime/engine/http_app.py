@@ -13,7 +13,7 @@ from slime.engine.generate_routes import GenerateRoutes
 from slime.engine.openai_routes import OpenAIRoutes
 from slime.engine.status_routes import StatusRoutes
 from slime.engine.weight_routes import WeightSync
-from slime.engine.weight_updates import UpdateGroups, WeightChecker
+from slime.weights.receive import UpdateGroups, WeightChecker
 
 GET, POST = ("GET",), ("POST",)
 

@@ -13,7 +13,7 @@ from slime.engine.request import EngineReleasedError
 
 def served_tensors(model: Any) -> dict[str, torch.Tensor]:
     """Name -> tensor of the served model (SGLang's names), or EngineReleasedError while it is released."""
-    from slime.engine.weight_updates import model_tensors
+    from slime.weights.receive import model_tensors
 
     if model is None:
         raise EngineReleasedError("weights are released (release_memory_occupation)")
@@ -37,6 +37,6 @@ def randomize_tensors(table: dict[str, torch.Tensor], seed: int | None) -> None:
 
 def tensor_checksums(table: dict[str, torch.Tensor]) -> dict[str, str]:
     """SHA-256 per tensor."""
-    from slime.engine.weight_transfer import tensor_checksum
+    from slime.weights.transfer import tensor_checksum
 
     return {name: tensor_checksum(t) for name, t in table.items()}

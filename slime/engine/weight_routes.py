@@ -1,8 +1,8 @@
 """Weight-sync endpoints, SGLang's paths and bodies (answers `{"success", "message", ...}`, 400 on refusal):
-`/update_weights_from_disk`, `/update_weights_from_tensor` (payloads of slime.engine.weight_transfer),
+`/update_weights_from_disk`, `/update_weights_from_tensor` (payloads of slime.weights.transfer),
 `/init_weights_update_group` (gloo only; optional `timeout` seconds, default 120; optional
 `weight_transport` "auto" | "broadcast": "auto" maps the trainer's shared-memory ring when on its host,
-see slime.engine.weight_ring), `/update_weights_from_distributed`, `/destroy_weights_update_group` and
+see slime.weights.ring), `/update_weights_from_distributed`, `/destroy_weights_update_group` and
 `/weights_checker` (`action`: snapshot | compare [with optional `checksums` {name: sha256}] |
 compare_checksum | checksum | reset/reset_tensors; a compare answers per-tensor equality, 200 when all
 equal, 400 otherwise). A push is validated against the model before anything is written.
@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from slime.engine.batcher import HFBatcher
 from slime.engine.http_errors import error_response, refusal, weights_released_refusal
 from slime.engine.request_parsing import BadRequest, parse_weight_version, read_json_object, read_strict_json_object
-from slime.engine.weight_transfer import WeightFormatError, deserialize_named_tensors
-from slime.engine.weight_updates import (
+from slime.weights.transfer import WeightFormatError, deserialize_named_tensors
+from slime.weights.receive import (
     UpdateGroups, WeightChecker, WeightUpdateError, check_against_model, model_tensors, parse_metadata,
 )
 
@@ -176,7 +176,7 @@ def _one_serialized_bucket(body: dict) -> str:
     items = body.get("serialized_named_tensors")
     if not (isinstance(items, list) and len(items) == 1 and isinstance(items[0], str)):
         raise BadRequest("serialized_named_tensors must be a list of one string (one per TP rank; this "
-                         "engine has tp_size 1) made by slime.engine.weight_transfer.serialize_named_tensors")
+                         "engine has tp_size 1) made by slime.weights.transfer.serialize_named_tensors")
     if body.get("load_format") not in (None, "flattened_bucket"):
         raise BadRequest(f"load_format must be null or 'flattened_bucket', got {body.get('load_format')!r}")
     return items[0]

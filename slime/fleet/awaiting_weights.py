@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import ray
 
-from slime.engine.weight_version_answer import BadWeightVersion
+from slime.weights.version_answer import BadWeightVersion
 from slime.fleet.engine_slot import EngineSlot
 
 logger = logging.getLogger(__name__)

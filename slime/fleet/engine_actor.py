@@ -9,7 +9,7 @@ from typing import Any
 import ray
 import requests
 
-from slime.engine.weight_version_answer import parse_weight_version_answer
+from slime.weights.version_answer import parse_weight_version_answer
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.engine_server import EngineServer, hf_server, sglang_server
 
@@ -171,8 +171,8 @@ class EngineActor:
         host; the version the engine then reports. A replacement serves the current weights at once
         instead of waiting for a push that comes only after the rollout it is needed for
         (slime.fleet.awaiting_weights)."""
-        from slime.engine.weight_group import DEFAULT_BUCKET_BYTES
-        from slime.engine.weight_transfer import bucket_named_tensors, serialize_named_tensors
+        from slime.weights.group import DEFAULT_BUCKET_BYTES
+        from slime.weights.transfer import bucket_named_tensors, serialize_named_tensors
 
         if self.backend == "sglang":  # SGLang's tensor path takes its own serialiser's payloads
             raise NotImplementedError("kept weights are loaded into embedded engines only")
@@ -230,7 +230,7 @@ class EngineActor:
 
 
 class RemoteEngine:
-    """An `EngineActor` handle with blocking methods, for slime.engine.weight_sync (which calls engines in threads):
+    """An `EngineActor` handle with blocking methods, for slime.weights.push (which calls engines in threads):
     `WeightUpdateGroup([RemoteEngine(a) for a in actors])`. `exited`: the engine's exit notice (a future
     done when its process is gone; slime.fleet.supervised_engine.exit_notice), so a push notices its death at once;
     `label` names it in messages (e.g. "engine 1 at http://...")."""

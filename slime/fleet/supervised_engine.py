@@ -42,6 +42,6 @@ RemoteSupervisedEngine = ray.remote(concurrency_groups=ENGINE_CONCURRENCY_GROUPS
 
 def exit_notice(actor: Any) -> concurrent.futures.Future:
     """A future done when this supervised engine's server process exits (its exit code) or its actor
-    dies (the error): what a weight push watches to notice the death at once (slime.engine.weight_sync).
+    dies (the error): what a weight push watches to notice the death at once (slime.weights.push).
     Queued behind the fleet's own watcher in the actor's "watch" group: both end with the process."""
     return actor.wait_exit.remote().future()

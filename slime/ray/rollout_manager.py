@@ -24,7 +24,7 @@ from slime.fleet.fleet import NODE_COUNTERS, Fleet
 from slime.observability import reporting
 from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 from slime.observability.wandb_logger import WandbRun
-from slime.ray import weight_sync
+from slime.weights import manager as weight_sync
 from slime.ray.box import Box
 from slime.tools.services import ToolServices
 from slime.utils.endpoints import Endpoints
@@ -200,7 +200,7 @@ class RolloutManager:
             return None
         return source.load(directory or self.args.load, rollout_id)
 
-    # ---- weights (slime's names; the engines' side is slime/engine/weight_updates.py) ----
+    # ---- weights (slime's names; the engines' side is slime/weights/receive.py) ----
     def begin_weight_update(self) -> None:
         """Call before pushing weights: the fully-async rollout worker starts no new group until
         `end_weight_update` (with --partial-rollout it aborts its requests and keeps their tokens)."""

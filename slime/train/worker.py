@@ -32,7 +32,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from slime.engine.weight_updates import first_line
+from slime.weights.receive import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
@@ -293,7 +293,7 @@ class TrainWorker:
 
     # ---- weights ----
     def weight_checksums(self) -> dict[str, str]:
-        from slime.engine.weight_sync import model_checksums
+        from slime.weights.push import model_checksums
 
         return model_checksums(self.model)
 
@@ -302,7 +302,7 @@ class TrainWorker:
         take the engines and the lock, pause, push, continue, release). Other ranks: nothing."""
         if self.rank != 0:
             return None
-        from slime.engine.weight_sync import paused, push_tensors, trainer_named_tensors
+        from slime.weights.push import paused, push_tensors, trainer_named_tensors
 
         t0 = time.monotonic()
         named = trainer_named_tensors(self.model)
@@ -381,7 +381,7 @@ class TrainWorker:
 
     def _connect(self, remote: list[Any], engines: list[Any], num_new: int) -> None:
         """(Re)form the gloo group with the engines when it is new or the engines changed."""
-        from slime.engine.weight_sync import WeightUpdateGroup
+        from slime.weights.push import WeightUpdateGroup
 
         ids = [e._actor_id.hex() for e in engines]  # noqa: SLF001 - identity of the actor, not its handle
         # a push that lost step with the engines closed the group (not connected): form it again

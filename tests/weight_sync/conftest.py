@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from slime.engine.weight_sync import trainer_named_tensors
-from slime.engine.weight_transfer import named_checksums
+from slime.weights.push import trainer_named_tensors
+from slime.weights.transfer import named_checksums
 from slime.fleet.engine_actor import EngineActor
 from tests.weight_sync.helpers import PROMPTS, actor, all_of, gen, hf_model, kind
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 import torch
 
-from slime.engine.weight_transfer import SHM_PREFIX, shm_dir
+from slime.weights.transfer import SHM_PREFIX, shm_dir
 from slime.fleet.engine_actor import EngineActor
 
 PROMPTS = [[100 + 7 * i + j for j in range(n)] for i, n in enumerate((3, 11, 5, 17, 8, 2))]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from slime.engine.weight_sync import WeightUpdateGroup, paused
+from slime.weights.push import WeightUpdateGroup, paused
 from slime.fleet.engine_actor import EngineActor
 from tests.weight_sync.helpers import load, actor, assert_serves, ring_files
 
@@ -56,7 +56,7 @@ def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir,
     broken group's deadline (600 s here) could pass: nothing waits in the dead member's collective
     (neither rank 0 nor a survivor's decode thread frees the broken gloo group); the log names the
     engine and the push."""
-    from slime.engine.weight_transfer import bucket_named_tensors
+    from slime.weights.transfer import bucket_named_tensors
 
     bucket_bytes = 64 << 10
     n = len(list(bucket_named_tensors(tensors_b, bucket_bytes)))

@@ -9,8 +9,8 @@ import pytest
 import requests
 import torch
 
-from slime.engine.weight_sync import HttpEngine, WeightSyncError, WeightUpdateGroup, paused
-from slime.engine.weight_transfer import shm_dir
+from slime.weights.push import HttpEngine, WeightSyncError, WeightUpdateGroup, paused
+from slime.weights.transfer import shm_dir
 from slime.utils.misc import find_free_port
 from tests.weight_sync.helpers import assert_serves, ring_files
 
@@ -82,7 +82,7 @@ def test_ring_falls_back_to_broadcast_when_one_engine_cannot_map_it(engines, ref
 
 
 def test_engine_maps_only_a_trainer_ring_on_its_own_host(tmp_path):
-    from slime.engine.weight_ring import RingReader, RingUnavailable, RingWriter, host_id
+    from slime.weights.ring import RingReader, RingUnavailable, RingWriter, host_id
 
     ring = RingWriter.create(2, 4096)
     try:
@@ -109,9 +109,9 @@ def test_engine_maps_only_a_trainer_ring_on_its_own_host(tmp_path):
 
 TRAINER = """
 import sys, torch
-from slime.engine.weight_sync import HttpEngine, WeightUpdateGroup, paused
+from slime.weights.push import HttpEngine, WeightUpdateGroup, paused
 from transformers import AutoModelForCausalLM
-from slime.engine.weight_sync import trainer_named_tensors
+from slime.weights.push import trainer_named_tensors
 engines = [HttpEngine(u) for u in sys.argv[2:]]
 named = trainer_named_tensors(AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32))
 group = WeightUpdateGroup(engines, group_name="g-killed", timeout=60, ring_slot_bytes=64 << 10)

@@ -7,8 +7,8 @@ import pytest
 import requests
 import torch
 
-from slime.engine.weight_sync import model_checksums, push_tensors
-from slime.engine.weight_transfer import serialize_named_tensors
+from slime.weights.push import model_checksums, push_tensors
+from slime.weights.transfer import serialize_named_tensors
 from tests.weight_sync.helpers import hf_model, assert_serves
 
 
@@ -39,7 +39,7 @@ def test_shared_memory_payload_is_removed_and_confined():
         path = payload.path
         assert path.exists()
     assert not path.exists()
-    from slime.engine.weight_transfer import WeightFormatError, deserialize_named_tensors
+    from slime.weights.transfer import WeightFormatError, deserialize_named_tensors
 
     forged = payload.serialized.replace(str(path), "/etc/passwd")
     with pytest.raises(WeightFormatError, match="must be a slime-weights-"):

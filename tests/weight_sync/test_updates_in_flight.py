@@ -10,7 +10,7 @@ import threading
 import pytest
 import requests
 
-from slime.engine.weight_sync import WeightUpdateGroup, push_tensors
+from slime.weights.push import WeightUpdateGroup, push_tensors
 from slime.testing.until import until
 from tests.weight_sync.helpers import LONG, PROMPTS, assert_answer_of, assert_serves, gen, kind, load
 

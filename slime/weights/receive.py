@@ -16,7 +16,7 @@ Why:
   releases the group on a thread of its own: when a member died mid-push the trainer forms a new group
   with the survivors, and their next update must not wait behind the old one until its deadline.
 - A trainer may ask (optional init field `weight_transport`: "auto") for the host-local shared-memory
-  ring of slime.engine.weight_ring: the engine maps the offered slots if it can and says so in its
+  ring of slime.weights.ring: the engine maps the offered slots if it can and says so in its
   answer; the trainer's decision (ring for every engine, else broadcast) is read from the group's
   store at the first push. Without the field (slime's and SGLang's requests) nothing changes.
 """
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from slime.engine.weight_ring import (
+from slime.weights.ring import (
     BROADCAST, DECISION_KEY, HEADER_WORDS, MAGIC, OFFER_KEY, RING, TRANSPORTS, RingReader, RingUnavailable,
     bucket_digest, bucket_layout, chunks,
 )
-from slime.engine.weight_transfer import (
+from slime.weights.transfer import (
     WeightFormatError, dtype_name, nbytes_of, parse_dtype, unflatten_bucket,
 )
 

@@ -2,8 +2,8 @@
 member dies: the group is dropped, formed again with the survivors and the push repeated to them.
 
 How the bytes travel once the group is formed (shared-memory ring or broadcast) is
-slime.engine.weight_group_transport; engine calls and death detection are slime.engine.engine_calls
-and slime.engine.engine_deaths.
+slime.weights.group_transport; engine calls and death detection are slime.weights.engine_calls
+and slime.weights.engine_deaths.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Any
 
 import torch
 
-from slime.engine.engine_calls import call_errors, in_thread, on_all_engines_quietly, settled
-from slime.engine.engine_deaths import (
+from slime.weights.engine_calls import call_errors, in_thread, on_all_engines_quietly, settled
+from slime.weights.engine_deaths import (
     EnginesDied, WeightSyncError, call_outcome, dead_engines, exit_notice, exit_reason, failure, suspects,
 )
-from slime.engine.weight_group_transport import GroupTransport
-from slime.engine.weight_ring import (
+from slime.weights.group_transport import GroupTransport
+from slime.weights.ring import (
     BROADCAST, DECISION_KEY, DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, OFFER_KEY, RING, TRANSPORTS, RingWriter,
 )
-from slime.engine.weight_transfer import bucket_named_tensors
-from slime.engine.weight_updates import first_line, new_gloo_group, new_store
+from slime.weights.transfer import bucket_named_tensors
+from slime.weights.receive import first_line, new_gloo_group, new_store
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # slime's --update-weight-buffer-size default
 

@@ -11,7 +11,7 @@ Every engine is called concurrently (one thread each) while rank 0 broadcasts, a
 trainer does; every wait is bounded (`timeout`), and a failure names the engine and the tensor.
 
 Transport of the distributed path (`WeightUpdateGroup(transport=...)`): "auto" (default) offers the
-engines a shared-memory ring (slime.engine.weight_ring) at connect and uses it when every engine is on
+engines a shared-memory ring (slime.weights.ring) at connect and uses it when every engine is on
 this host and mapped it: the bytes are copied once by rank 0 and once by each engine, and the gloo
 group carries only tiny per-chunk handshakes. Otherwise, or with "broadcast", the tensors themselves
 are broadcast over gloo (what slime does across hosts). Both keep slime's request bodies; "auto" adds
@@ -27,7 +27,7 @@ at gloo's deadline), formed again with the survivors and the whole push repeated
 warning names the engine and the push. `paused` skips dead engines too. A restarted engine gets
 the weights at the next push (slime.fleet.awaiting_weights).
 
-The pieces, one idea each (every name stays importable from here): slime.engine.engine_deaths (errors,
+The pieces, one idea each (every name stays importable from here): slime.weights.engine_deaths (errors,
 exit notices), http_engine (`HttpEngine`), engine_calls (concurrent calls, `paused`), weight_group
 (`WeightUpdateGroup`: formation and deaths), weight_group_transport (ring and broadcast pushes).
 """
@@ -39,16 +39,16 @@ from typing import Any
 
 import torch
 
-from slime.engine.engine_calls import (
+from slime.weights.engine_calls import (
     gather, in_thread, on_all_engines, on_all_engines_quietly, on_live_engines, paused, settled,
 )
-from slime.engine.engine_deaths import (
+from slime.weights.engine_deaths import (
     DEATH_GRACE_S, EngineAnswered, EnginesDied, WeightSyncError, dead_engines, exit_notice,
 )
-from slime.engine.http_engine import HttpEngine
-from slime.engine.weight_group import DEFAULT_BUCKET_BYTES, WeightUpdateGroup
-from slime.engine.weight_transfer import bucket_named_tensors, named_checksums, serialize_named_tensors
-from slime.engine.weight_updates import model_tensors
+from slime.weights.http_engine import HttpEngine
+from slime.weights.group import DEFAULT_BUCKET_BYTES, WeightUpdateGroup
+from slime.weights.transfer import bucket_named_tensors, named_checksums, serialize_named_tensors
+from slime.weights.receive import model_tensors
 
 __all__ = [
     "DEATH_GRACE_S", "DEFAULT_BUCKET_BYTES", "EngineAnswered", "EnginesDied", "HttpEngine", "WeightSyncError",

@@ -7,7 +7,7 @@ and each engine copies it once, straight into its parameters. The group's collec
 6-word "chunk ready" header (broadcast from rank 0) and a 1-word "slot done" allreduce, so the
 ordering, the deadlines and the failure detection stay torch.distributed's.
 
-How a ring is agreed (slime.engine.weight_sync / weight_updates drive it):
+How a ring is agreed (slime.weights.push / weight_updates drive it):
 1. Rank 0 creates `slots` files `slime-weights-<pid>-ring-<random>` under the shared-memory directory,
    fills them (pages allocated once, never page-faulted again), writes a random token at the start
    of each, and publishes an *offer* (paths, sizes, token, host id) in the group's store.
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from slime.engine.weight_transfer import SHM_PREFIX, dtype_name, map_read_only, nbytes_of, shm_dir
+from slime.weights.transfer import SHM_PREFIX, dtype_name, map_read_only, nbytes_of, shm_dir
 
 OFFER_KEY = "slime/shm-ring/offer"
 DECISION_KEY = "slime/shm-ring/decision"

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from slime.engine.engine_deaths import EnginesDied, WeightSyncError, dead_engines, exit_notice, failure, suspects
+from slime.weights.engine_deaths import EnginesDied, WeightSyncError, dead_engines, exit_notice, failure, suspects
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any
 import requests
 import torch
 
-from slime.engine.engine_deaths import EngineAnswered
-from slime.engine.weight_transfer import dtype_name
-from slime.engine.weight_version_answer import parse_weight_version_answer
+from slime.weights.engine_deaths import EngineAnswered
+from slime.weights.transfer import dtype_name
+from slime.weights.version_answer import parse_weight_version_answer
 
 
 class HttpEngine:

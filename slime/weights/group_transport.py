@@ -1,8 +1,8 @@
 """How a push's bytes travel through a formed weight-update group, bucket by bucket: the
-shared-memory ring (slime.engine.weight_ring; rank 0 copies once, each engine once, gloo carries
+shared-memory ring (slime.weights.ring; rank 0 copies once, each engine once, gloo carries
 only per-chunk handshakes) or a gloo broadcast of the tensors (slime's way across hosts).
 
-`GroupTransport` is the push half of `slime.engine.weight_group.WeightUpdateGroup`: it uses the
+`GroupTransport` is the push half of `slime.weights.group.WeightUpdateGroup`: it uses the
 group's `engines`, `group_name`, `timeout`, `_pg`, `_ring`, `_seq`, `_scratch`, `_waiters` and
 `_abandon`, and raises EnginesDied (the group re-forms) or WeightSyncError (the group, out of step, is
 abandoned: connect again) when a step is lost.
@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from slime.engine.engine_calls import gather, in_thread
-from slime.engine.engine_deaths import EnginesDied, WeightSyncError, answered, dead_engines, exit_notice, failure
-from slime.engine.weight_ring import bucket_digest, bucket_layout, chunks, header
-from slime.engine.weight_transfer import dtype_name
-from slime.engine.weight_updates import all_reduce_done, first_line
+from slime.weights.engine_calls import gather, in_thread
+from slime.weights.engine_deaths import EnginesDied, WeightSyncError, answered, dead_engines, exit_notice, failure
+from slime.weights.ring import bucket_digest, bucket_layout, chunks, header
+from slime.weights.transfer import dtype_name
+from slime.weights.receive import all_reduce_done, first_line
 
 
 class GroupTransport:

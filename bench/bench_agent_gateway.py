@@ -43,8 +43,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import aiohttp  # noqa: E402
 
-from slime.agent.gateway import Gateway  # noqa: E402
-from slime.agent.rendering import FullRender  # noqa: E402
+from slime.agent.gateway.server import Gateway  # noqa: E402
+from slime.agent.gateway.rendering import FullRender  # noqa: E402
 from slime.testing.agent_stack import AgentStack  # noqa: E402
 from slime.testing.tiny_model import qwen_tokenizer_dir  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402

@@ -36,12 +36,12 @@ def cpu() -> float:
 def per_turn(model: Path, turns: int, repeats: int) -> dict[str, list[float]]:
     from transformers import AutoTokenizer
 
-    from slime.agent.images import ConversationImages
-    from slime.agent.pipeline import TurnPipeline
-    from slime.agent.records import ChatRequest
-    from slime.agent.rendering import DeltaRender
-    from slime.agent.session import SessionTable
-    from slime.agent.trajectory import TrajectoryManager
+    from slime.agent.gateway.images import ConversationImages
+    from slime.agent.gateway.pipeline import TurnPipeline
+    from slime.agent.gateway.records import ChatRequest
+    from slime.agent.gateway.rendering import DeltaRender
+    from slime.agent.gateway.session import SessionTable
+    from slime.agent.gateway.trajectory import TrajectoryManager
     from slime.utils.images import encode_png_data_uri
     from slime.utils.prompt_images import PromptImages
 

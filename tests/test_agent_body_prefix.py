@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime.agent.errors import BadRequestError, FieldError
-from slime.agent.protocols import anthropic, openai_chat, openai_responses
-from slime.agent.protocols.body_prefix import KEPT_BODIES, BodyPrefixes
+from slime.agent.gateway.errors import BadRequestError, FieldError
+from slime.agent.gateway.protocols import anthropic, openai_chat, openai_responses
+from slime.agent.gateway.protocols.body_prefix import KEPT_BODIES, BodyPrefixes
 
 PROPERTY = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -208,8 +208,8 @@ def test_sessions_opening_with_one_prompt_render_it_once_and_any_other_prompt_an
     messages' and tools' content), and a prompt differing in one character or in its tools is rendered."""
     from transformers import AutoTokenizer
 
-    from slime.agent.rendering import DeltaRender
-    from slime.agent.session import Session
+    from slime.agent.gateway.rendering import DeltaRender
+    from slime.agent.gateway.session import Session
     from slime.testing.tiny_model import qwen_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))

@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 
-from slime.agent.gateway import GatewayConfig
-from slime.agent.harness.codex import CONFIG_TOML
+from slime.agent.gateway.server import GatewayConfig
+from slime.agent.sandboxes.harness.codex import CONFIG_TOML
 from slime.testing.agent_clis import CLAUDE_CODE, CLI_CACHE, CODEX, npm_installed  # noqa: F401 - (CLI_CACHE: for importers)
 from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample

@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 
-from slime.agent.gateway import Gateway, GatewayConfig
-from slime.agent.harness.codex import CONFIG_TOML
+from slime.agent.gateway.server import Gateway, GatewayConfig
+from slime.agent.sandboxes.harness.codex import CONFIG_TOML
 from slime.fleet.router import Router
 from slime.testing.agent_clis import CLAUDE_CODE, CODEX, npm_installed
 from slime.testing.agent_stack import RecordingClient, assert_chain

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slime.agent.gateway import GatewayConfig
+from slime.agent.gateway.server import GatewayConfig
 from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
@@ -117,9 +117,9 @@ def test_closing_the_runtime_runs_what_plugins_registered_newest_first_even_past
 def test_an_agent_past_its_time_limit_is_stopped_graded_and_every_session_closed():
     import urllib.request
 
-    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
-    from slime.agent.sandbox_pool import SandboxPool
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandboxes.sandbox_pool import SandboxPool
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
     from slime.sandbox.server import start_local_sandbox
 
     url, server = start_local_sandbox(max_concurrency=2, extra_args=["--egress", "gateway=127.0.0.1:9"])
@@ -141,9 +141,9 @@ def test_an_agent_past_its_time_limit_is_stopped_graded_and_every_session_closed
 
 
 def test_a_sandbox_that_cannot_be_reached_fails_the_sample_without_a_reward():
-    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
-    from slime.agent.sandbox_pool import SandboxPool
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandboxes.sandbox_pool import SandboxPool
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,7 +156,7 @@ def test_a_sandbox_that_cannot_be_reached_fails_the_sample_without_a_reward():
 
 
 def test_the_pool_holds_a_permit_for_each_sessions_whole_life():
-    from slime.agent.sandbox_pool import SandboxPool
+    from slime.agent.sandboxes.sandbox_pool import SandboxPool
 
     events: list[str] = []
 
@@ -197,8 +197,8 @@ def test_the_pool_holds_a_permit_for_each_sessions_whole_life():
 
 
 def test_a_git_seed_that_cannot_be_checked_out_fails_the_sample_naming_the_repository(tmp_path):
-    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
-    from slime.agent.sandbox_pool import SandboxPool
+    from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandboxes.sandbox_pool import SandboxPool
 
     def no_sandbox(egress):
         raise AssertionError("no session is opened for a workspace that cannot be seeded")

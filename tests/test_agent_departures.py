@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from slime.agent.gateway import Gateway
+from slime.agent.gateway.server import Gateway
 from slime.rollout.engine_client import EngineClient
 from slime.testing.agent_stack import IM_END
 from slime.testing.scripted_fleet import scripted_fleet

@@ -54,7 +54,7 @@ def image(tmp_path):
 
 
 def test_the_example_names_our_sandbox_when_the_backend_variable_says_so(swe):
-    from slime.agent.sandbox_backend import SlimeImageSandbox
+    from slime.agent.sandboxes.sandbox_backend import SlimeImageSandbox
 
     assert swe.E2BSandbox is SlimeImageSandbox
 
@@ -63,8 +63,8 @@ def test_our_sandbox_holds_the_agent_to_its_end_on_every_python(tmp_path):
     """`exec_and_wait` runs the agent through `exec_to_end` only on a `RunsToEnd` backend; a detached
     spawn dies with its exec in our sandbox. Python 3.12 checks protocols statically, so an
     `exec_to_end` reached only through `__getattr__` would not count."""
-    from slime.agent.sandbox import RunsToEnd
-    from slime.agent.sandbox_backend import SlimeBackendSettings, SlimeImageSandbox
+    from slime.agent.sandboxes.sandbox import RunsToEnd
+    from slime.agent.sandboxes.sandbox_backend import SlimeBackendSettings, SlimeImageSandbox
 
     sb = SlimeImageSandbox(str(tmp_path), settings=SlimeBackendSettings(url="http://127.0.0.1:9"))
     assert isinstance(sb, RunsToEnd)

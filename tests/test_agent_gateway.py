@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from slime.agent.gateway import GatewayConfig
+from slime.agent.gateway.server import GatewayConfig
 from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
@@ -320,7 +320,7 @@ def held_engine(stack):
     """One scripted engine (no router) whose answers wait for `release`; `arrived` is set per request."""
     import threading
 
-    from slime.agent.gateway import Gateway
+    from slime.agent.gateway.server import Gateway
     from slime.rollout.engine_client import EngineClient
     from slime.testing.scripted_engine import ScriptedEngine
     from slime.utils.endpoints import Endpoints

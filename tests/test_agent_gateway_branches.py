@@ -13,7 +13,7 @@ import json
 import openai
 import pytest
 
-from slime.agent.gateway import GatewayConfig
+from slime.agent.gateway.server import GatewayConfig
 from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
@@ -113,7 +113,7 @@ def test_a_turn_checks_only_its_new_messages_and_an_edited_history_is_still_seen
     """Issue 29's cost: the gateway checks and translates a body only past the history an earlier body
     of the session held (counted through the protocol's own functions), and an earlier message
     edited in place is still read, so the edit branches and every answer is trained once."""
-    from slime.agent.protocols import openai_chat
+    from slime.agent.gateway.protocols import openai_chat
 
     checked: list[str] = []
     check_message = openai_chat.check_message

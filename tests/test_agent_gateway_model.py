@@ -9,7 +9,7 @@ import asyncio
 import openai
 import pytest
 
-from slime.agent.gateway import Gateway, GatewayConfig
+from slime.agent.gateway.server import Gateway, GatewayConfig
 from slime.testing.agent_stack import RecordingClient, assert_chain
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample

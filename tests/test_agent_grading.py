@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from slime.agent.workspace import WorkspaceSeed, pack
+from slime.agent.sandboxes.workspace import WorkspaceSeed, pack
 from slime.utils.types import Sample
 from tests.test_sandbox import ISOLATED
 
@@ -51,8 +51,8 @@ PLANTS = {
 
 @pytest.fixture(scope="module")
 def pool():
-    from slime.agent.sandbox_pool import SandboxPool
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.sandbox_pool import SandboxPool
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
     from slime.sandbox.server import start_local_sandbox
 
     ro = sorted({sys.prefix, sys.base_prefix})
@@ -63,7 +63,7 @@ def pool():
 
 
 def grade(pool, workspace: dict[str, str], grade_files: dict[str, str], command: str) -> tuple[bool, str]:
-    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
 
     agent = CommandAgent(CommandAgentConfig(command="true"), pool)
     seed = WorkspaceSeed(grade_files=grade_files)
@@ -90,7 +90,7 @@ def test_the_workspace_is_importable_after_the_standard_library_and_named_by_sli
 
 
 def test_a_10_mb_workspace_is_copied_out_and_graded(pool):
-    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
 
     make = "head -c 10000000 /dev/urandom > big.bin && sha256sum big.bin > big.sha256"
     agent = CommandAgent(CommandAgentConfig(command=make, timeout=120,

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slime.agent.builder import DriftKind, SampleBuilder
-from slime.agent.records import TurnRecord
+from slime.agent.gateway.builder import DriftKind, SampleBuilder
+from slime.agent.gateway.records import TurnRecord
 from slime.utils.prompt_images import PreparedImage, placeholder_runs
 from slime.utils.types import Sample
 

@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from slime.agent.gateway import GatewayConfig
+from slime.agent.gateway.server import GatewayConfig
 from slime.testing.agent_stack import AgentStack, log_probs
 from slime.utils.types import Sample
 

@@ -9,10 +9,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime.agent.errors import ContextFullError, SessionClosedError, TurnCapError
-from slime.agent.pipeline import recorded_message
-from slime.agent.protocols import anthropic, openai_chat, openai_responses
-from slime.agent.records import ChatRequest, Reply, ToolUse, Usage
+from slime.agent.gateway.errors import ContextFullError, SessionClosedError, TurnCapError
+from slime.agent.gateway.pipeline import recorded_message
+from slime.agent.gateway.protocols import anthropic, openai_chat, openai_responses
+from slime.agent.gateway.records import ChatRequest, Reply, ToolUse, Usage
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=12),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
@@ -102,8 +102,8 @@ def test_responses_input_groups_assistant_items_into_one_message():
 
 
 def test_an_engines_400_is_the_clients_bad_request_and_an_over_long_prompt_says_so():
-    from slime.agent.errors import BadRequestError, EngineFailedError
-    from slime.agent.pipeline import _engine_refusal
+    from slime.agent.gateway.errors import BadRequestError, EngineFailedError
+    from slime.agent.gateway.pipeline import _engine_refusal
     from slime.utils.http_retry import HttpError
 
     long = _engine_refusal(HttpError("x", 400, "input_ids is too long: 9000 tokens, the model's context length is "
@@ -149,7 +149,7 @@ def content_with_media(draw):
 @settings(max_examples=60, deadline=None)
 @given(content_with_media())
 def test_a_media_block_anywhere_is_refused_naming_its_path_and_type(case):
-    from slime.agent.errors import FieldError
+    from slime.agent.gateway.errors import FieldError
 
     api, body, path = case
     protocol = {"anthropic": anthropic, "chat": openai_chat, "responses": openai_responses}[api]
@@ -181,7 +181,7 @@ def spelled(api: str, mode: str, name: str | None, parallel: bool) -> dict:
 @given(st.sampled_from(sorted(TOOLS)), st.sampled_from(["auto", "none", "required"]),
        st.sampled_from([None, "f", "g"]), st.booleans())
 def test_each_apis_tool_choice_spelling_means_the_same_and_none_offers_no_tools(api, mode, name, parallel):
-    from slime.agent.records import ToolChoice
+    from slime.agent.gateway.records import ToolChoice
 
     name = name if mode == "required" else None
     body = {"anthropic": {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},

@@ -55,7 +55,7 @@ def engine(tok):
 
 @pytest.fixture(scope="module")
 def gw(tok, engine):
-    from slime.agent.gateway import Gateway
+    from slime.agent.gateway.server import Gateway
     from slime.rollout.engine_client import EngineClient
     from slime.utils.endpoints import Endpoints
 
@@ -162,8 +162,8 @@ def test_odd_session_ids_reach_their_own_session_through_base_url(gw, engine, to
 @settings(max_examples=40, deadline=None)
 @given(st.one_of(st.none(), st.text(max_size=60)))
 def test_any_string_that_is_not_an_open_sessions_key_is_refused_and_opens_nothing(credential):
-    from slime.agent.errors import SessionKeyError
-    from slime.agent.session import SessionTable
+    from slime.agent.gateway.errors import SessionKeyError
+    from slime.agent.gateway.session import SessionTable
 
     table = SessionTable()
     table.open("s-1", key=secrets.token_urlsafe(32))
@@ -249,9 +249,9 @@ def sandbox_url(gw):
 
 
 def test_an_agent_inside_the_sandbox_reaches_only_its_own_session_through_the_egress(gw, engine, tok, sandbox_url):
-    from slime.agent.command_agent import CommandAgent, CommandAgentConfig
-    from slime.agent.sandbox_pool import SandboxPool
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
+    from slime.agent.sandboxes.sandbox_pool import SandboxPool
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     victim, attacker = "agent-4242-0-0", "agent-4242-1-1"
     gw.open_session(victim)

@@ -21,8 +21,8 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime.agent.records import TurnRecord
-from slime.agent.trajectory import TrajectoryManager
+from slime.agent.gateway.records import TurnRecord
+from slime.agent.gateway.trajectory import TrajectoryManager
 from slime.utils.types import Sample
 
 SAMPLED = 100_000  # ids at or above this were sampled by the engine; below, template/context text

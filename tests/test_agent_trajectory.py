@@ -4,8 +4,8 @@ a span healed by REALIGN stops being one, truncation clips them, and statuses fo
 
 from __future__ import annotations
 
-from slime.agent.records import TurnRecord
-from slime.agent.trajectory import TrajectoryManager
+from slime.agent.gateway.records import TurnRecord
+from slime.agent.gateway.trajectory import TrajectoryManager
 from slime.utils.types import Sample
 
 SYS, USER, TOOL = {"role": "system", "content": "S"}, {"role": "user", "content": "u"}, {"role": "tool", "content": "t"}

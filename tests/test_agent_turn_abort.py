@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from slime.agent.engine_call import EngineTurns
+from slime.agent.gateway.engine_call import EngineTurns
 from slime.rollout.engine_client import EngineClient
 from slime.utils.endpoints import Endpoints
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from slime.agent.flags import agent_defaults
 from slime.agent.report import format_line, summarize
 from slime.agent.rollout import AgentRun
-from slime.agent.workspace import GitSource, WorkspaceError, WorkspaceSeed, git_tarball, pack, unpack
+from slime.agent.sandboxes.workspace import GitSource, WorkspaceError, WorkspaceSeed, git_tarball, pack, unpack
 from slime.utils.types import Sample
 
 WHO = "sample index=7"
@@ -123,7 +123,7 @@ def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
 
 
 def test_a_bad_workspace_row_is_refused_before_the_run_naming_file_and_line(tmp_path):
-    from slime.agent.workspace import check_prompt_rows
+    from slime.agent.sandboxes.workspace import check_prompt_rows
     from slime.cli.preflight import PreflightError, check_agent_workspaces
 
     data = tmp_path / "tasks.jsonl"

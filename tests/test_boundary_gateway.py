@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from slime.agent.gateway import Gateway
+from slime.agent.gateway.server import Gateway
 from slime.rollout.engine_client import EngineClient
 from slime.testing.json_paths import paths_of, replaced
 from slime.testing.scripted_engine import ScriptedEngine

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from slime.agent.parsing import parse_model_output
+from slime.agent.gateway.parsing import parse_model_output
 from slime.tools.chat_format import get_parser
 from slime.tools.registry import ToolConfigError, load_tool_config
 

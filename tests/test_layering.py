@@ -4,6 +4,7 @@ public paths, named below with their reason), and no files import each other in 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,24 @@ UPWARD_SHIMS = {
 }
 # circles still to break, each with what ties it (this list only shrinks)
 KNOWN_CIRCLES: list[frozenset[str]] = []
+# slime/agent/'s two wings: the gateway serves any agent, sandboxed or not; agents in sandboxes reach the model only
+# through its URL. Neither imports the other, nor the files above them in slime/agent/ (rollout, adapters, shims),
+# but the agent's flags and the crossings named here.
+AGENT_WINGS = ("slime/agent/gateway/", "slime/agent/sandboxes/")
+WING_CROSSINGS = {
+    ("slime/agent/sandboxes/command_agent.py", "slime.agent.gateway.protocols.common"):
+        "flatten_content: an agent's final message as text, read as the gateway reads message content",
+}
+# slime's public paths whose code moved into a wing: each name is bound to the very module it names
+MOVED_SLIME_PATHS = {
+    "slime.agent.sandbox": "slime.agent.sandboxes.sandbox",
+    "slime.agent.harness": "slime.agent.sandboxes.harness",
+    "slime.agent.harness.common": "slime.agent.sandboxes.harness.common",
+    "slime.agent.harness.claude_code": "slime.agent.sandboxes.harness.claude_code",
+    "slime.agent.harness.codex": "slime.agent.sandboxes.harness.codex",
+    "slime.agent.trajectory": "slime.agent.gateway.trajectory",
+    "slime.agent.parsing": "slime.agent.gateway.parsing",
+}
 
 
 def source_files() -> list[Path]:
@@ -142,3 +161,29 @@ def test_the_circle_finder_finds_a_circle_and_the_layering_an_upward_import():
     assert circles(edges) == [frozenset({"a.py", "b.py", "c.py"})]
     assert folder("slime/utils/misc.py") == "utils" and folder("rollout_plugins/multi_turn/x.py") == "rollout_plugins"
     assert LAYERS["utils"] < LAYERS["rollout"]  # so http_utils -> rollout.runtime is upward, and named above
+
+
+def test_the_agent_wings_do_not_import_each_other():
+    crossing = []
+    for path in source_files():
+        here = path.relative_to(ROOT).as_posix()
+        wing = next((w for w in AGENT_WINGS if here.startswith(w)), None)
+        if wing is None:
+            continue
+        for module, target in imports(path):
+            other_wing = target.startswith("slime/agent/") and not target.startswith(wing)
+            if other_wing and target != "slime/agent/flags.py" and (here, module) not in WING_CROSSINGS:
+                crossing.append(f"{here} imports {module}")
+    assert crossing == []
+
+
+def test_every_named_exception_is_still_an_import():
+    """A shim or crossing that no longer exists leaves the list (it only shrinks)."""
+    found = {(path.relative_to(ROOT).as_posix(), module) for path in source_files() for module, _ in imports(path)}
+    assert set(UPWARD_SHIMS) - found == set() and set(WING_CROSSINGS) - found == set()
+
+
+def test_slimes_moved_paths_are_the_very_modules():
+    """A plugin or slime's own test that patches `slime.agent.sandbox.asyncio` patches the code that runs."""
+    for old, new in MOVED_SLIME_PATHS.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old

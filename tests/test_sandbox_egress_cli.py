@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from slime.agent.gateway import GatewayConfig
-from slime.agent.harness.codex import CONFIG_TOML
+from slime.agent.gateway.server import GatewayConfig
+from slime.agent.sandboxes.harness.codex import CONFIG_TOML
 from slime.testing.agent_stack import AgentStack
 from tests.test_agent_cli import CLAUDE_CODE, CLI_CACHE, CODEX, assert_each_request_is_a_token_exact_sample, \
     npm_installed
@@ -55,7 +55,7 @@ def env(tmp_path_factory):
 
 
 def test_claude_code_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     env["stack"].gateway.open_session("ccs-1")
     path = env["stack"].gateway.session_path("ccs-1")
@@ -73,7 +73,7 @@ def test_claude_code_runs_inside_a_session_with_the_gateway_as_its_only_way_out(
 
 
 def test_codex_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     env["stack"].gateway.open_session("cxs-1")
     path = env["stack"].gateway.session_path("cxs-1")
@@ -99,7 +99,7 @@ print(reply.choices[0].message.content)
 
 
 def test_an_openai_sdk_script_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     key = env["stack"].gateway.open_session("sdk-1")
 

@@ -204,7 +204,7 @@ def test_the_lifeline_ends_running_runs_at_once():
 
 OWNER_KILLED_WITH_A_SESSION_OPEN = """
 import asyncio, os, signal
-from slime.agent.sandbox_slime import SlimeSandbox
+from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 from slime.sandbox.server import start_local_sandbox
 
 url, handle = start_local_sandbox(max_concurrency=1, allow_no_isolation=True)

@@ -10,7 +10,7 @@ import socket
 import pytest
 import requests
 
-from slime.agent.workspace import WorkspaceError, WorkspaceSeed
+from slime.agent.sandboxes.workspace import WorkspaceError, WorkspaceSeed
 from slime.testing.until import until
 from tests.test_sandbox import ISOLATED, _processes_of_uids
 
@@ -57,8 +57,8 @@ def test_a_command_whose_client_went_is_stopped_and_the_next_one_runs(url):
 
 @needs_isolation
 async def test_a_copy_out_that_tar_could_not_read_whole_fails_naming_the_file(url):
-    from slime.agent.sandbox_slime import SlimeSandbox
-    from slime.agent.workspace import download, unpack
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.workspace import download, unpack
 
     async with SlimeSandbox(url, files={"w/a.txt": "A", "w/secret.txt": "S"}) as sb:
         assert unpack(await download(sb, "/tmp/w")) == {"a.txt": b"A", "secret.txt": b"S"}

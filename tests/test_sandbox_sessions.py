@@ -264,8 +264,8 @@ def test_a_session_past_its_lifetime_is_closed_even_while_a_command_runs(url):
 
 
 async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
-    from slime.agent.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, ensure_agent_user, exec_and_wait
-    from slime.agent.sandbox_slime import SlimeSandbox
+    from slime.agent.sandboxes.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, ensure_agent_user, exec_and_wait
+    from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     async with SlimeSandbox(url, files={"w/a.txt": "A"}, env={"X": "1"}) as sb:
         assert isinstance(sb, Sandbox) and sb.sandbox_id and sb.egress_url is None

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from slime.agent.gateway import Gateway
+from slime.agent.gateway.server import Gateway
 from slime.testing.agent_stack import RecordingClient, assert_chain
 from slime.utils.endpoints import Endpoints
 from slime.utils.images import open_image
@@ -163,8 +163,8 @@ def text_only_gateway_refuses_images(stack):
 
 def test_image_blocks_become_template_image_parts_in_each_protocol():
     """Pure translation (no server): where each API's image lands in the chat-template messages."""
-    from slime.agent.errors import FieldError
-    from slime.agent.protocols import anthropic as an, openai_chat as oc, openai_responses as orr
+    from slime.agent.gateway.errors import FieldError
+    from slime.agent.gateway.protocols import anthropic as an, openai_chat as oc, openai_responses as orr
 
     uri = "data:image/png;base64," + b64_png(drawing("red"))
     chat = oc.parse_request({"messages": [{"role": "user", "content": [

@@ -9,11 +9,11 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "Gateway": "slime.agent.gateway", "GatewayConfig": "slime.agent.gateway",
-    "TrajectoryManager": "slime.agent.trajectory", "TurnRecord": "slime.agent.records",
+    "Gateway": "slime.agent.gateway.server", "GatewayConfig": "slime.agent.gateway.server",
+    "TrajectoryManager": "slime.agent.gateway.trajectory", "TurnRecord": "slime.agent.gateway.records",
     "AnthropicAdapter": "slime.agent.adapters", "OpenAIAdapter": "slime.agent.adapters",
-    "BaseHarness": "slime.agent.harness", "HarnessContext": "slime.agent.harness",
-    "Sandbox": "slime.agent.sandbox",
+    "BaseHarness": "slime.agent.sandboxes.harness", "HarnessContext": "slime.agent.sandboxes.harness",
+    "Sandbox": "slime.agent.sandboxes.sandbox",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -20,10 +20,10 @@ import logging
 import os
 from typing import Any
 
-from slime.agent.command_agent import AgentOutcome, CommandAgent, CommandAgentConfig
+from slime.agent.sandboxes.command_agent import AgentOutcome, CommandAgent, CommandAgentConfig
 from slime.agent.flags import check_agent_run
-from slime.agent.gateway import Gateway, GatewayConfig
-from slime.agent.sandbox_pool import pool_from_args
+from slime.agent.gateway.server import Gateway, GatewayConfig
+from slime.agent.sandboxes.sandbox_pool import pool_from_args
 from slime.rollout.multimodal_prompt import shared_processor
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import mark_failed, prompt_ids

@@ -200,10 +200,10 @@ def check_rows_name_interactions(args: Any, names: list[str]) -> None:
 
 def check_agent_workspaces(args: Any) -> None:
     """With --agent-command, each prompt row's workspace fields (files, git, grading), as the agent
-    rollout reads them (`slime.agent.workspace`)."""
+    rollout reads them (`slime.agent.sandboxes.workspace`)."""
     if not (args.agent_command and args.prompt_data):
         return
-    from slime.agent.workspace import WorkspaceError, check_prompt_rows
+    from slime.agent.sandboxes.workspace import WorkspaceError, check_prompt_rows
 
     try:
         check_prompt_rows(parse_path_slice(args.prompt_data)[0], args.metadata_key)

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from slime.agent.gateway import Gateway, GatewayConfig
+from slime.agent.gateway.server import Gateway, GatewayConfig
 from slime.fleet.router import Router
 from slime.rollout.engine_client import EngineClient
 from slime.testing.scripted_engine import ScriptedEngine

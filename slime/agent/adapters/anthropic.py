@@ -8,9 +8,9 @@ from typing import Any
 from aiohttp import web
 
 from slime.agent.adapters.common import BaseAdapter
-from slime.agent.errors import BadRequestError, TurnRefused
-from slime.agent.protocols import anthropic as protocol
-from slime.agent.session import Session
+from slime.agent.gateway.errors import BadRequestError, TurnRefused
+from slime.agent.gateway.protocols import anthropic as protocol
+from slime.agent.gateway.session import Session
 
 # slime's names for the protocol functions
 _translate_messages = protocol.translate_messages

@@ -23,16 +23,16 @@ from typing import Any
 
 from aiohttp import web
 
-from slime.agent.engine_call import EngineTurns, sampling_params
-from slime.agent.errors import BadRequestError, GatewayError, TurnRefused
-from slime.agent.pipeline import Turn, TurnPipeline
-from slime.agent.protocols import openai_responses
-from slime.agent.protocols.common import bearer, flatten_content, tool_call_dict
-from slime.agent.protocols.openai_chat import body_session
-from slime.agent.records import ChatRequest, TurnRecord
-from slime.agent.rendering import FullRender, PromptRenderer
-from slime.agent.session import Session, SessionTable
-from slime.agent.trajectory import TrajectoryManager
+from slime.agent.gateway.engine_call import EngineTurns, sampling_params
+from slime.agent.gateway.errors import BadRequestError, GatewayError, TurnRefused
+from slime.agent.gateway.pipeline import Turn, TurnPipeline
+from slime.agent.gateway.protocols import openai_responses
+from slime.agent.gateway.protocols.common import bearer, flatten_content, tool_call_dict
+from slime.agent.gateway.protocols.openai_chat import body_session
+from slime.agent.gateway.records import ChatRequest, TurnRecord
+from slime.agent.gateway.rendering import FullRender, PromptRenderer
+from slime.agent.gateway.session import Session, SessionTable
+from slime.agent.gateway.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from slime.agent.adapters.common import BaseAdapter
-from slime.agent.protocols import openai_chat as protocol
-from slime.agent.protocols import openai_responses
+from slime.agent.gateway.protocols import openai_chat as protocol
+from slime.agent.gateway.protocols import openai_responses
 
 _translate_messages = protocol.translate_messages
 

@@ -1,0 +1,156 @@
+"""Shape checks of a wire request body, run before it is translated.
+
+A wrong type, an out-of-range number, an unknown role, a content block of the wrong shape or a
+string no tokenizer can encode (a lone surrogate) is refused as a `FieldError` naming the field
+(`messages[2].content[0].text`), so a malformed body is a 400 in the client's own API format --
+never a 500 from deep inside the chat template, and never a turn counted against its session.
+Fields this gateway ignores are not checked; unknown content block types pass (a newer client's
+blocks are dropped by `flatten_content`, not refused).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from slime.agent.gateway.errors import FieldError
+
+MAX_TOKENS_CAP = 2**31 - 1  # the engines' int32 bound on max_new_tokens
+MAX_DEPTH = 256  # nesting of a body (tool schemas nest; nothing sane nests deeper)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def no_lone_surrogates(value: Any, path: str = "body", depth: int = 0) -> None:
+    """Every string (and key) of the body encodes as UTF-8; nesting stays under `MAX_DEPTH`."""
+    if depth > MAX_DEPTH:
+        raise FieldError(path, f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise FieldError(path, "contains a lone UTF-16 surrogate, which is not valid UTF-8 text")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            no_lone_surrogates(k, path, depth + 1)
+            no_lone_surrogates(v, f"{path}.{k}" if path != "body" else k, depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            no_lone_surrogates(v, f"{path}[{i}]", depth + 1)
+
+
+def strings_past(body: Mapping[str, Any], history: str, checked: int) -> None:
+    """`no_lone_surrogates(body)` (same order, same paths) over all but the first `checked` elements
+    of `body[history]`."""
+    for k, v in body.items():
+        no_lone_surrogates(k, "body", 1)
+        if k == history:
+            for i in range(checked, len(v)):
+                no_lone_surrogates(v[i], f"{k}[{i}]", 2)
+        else:
+            no_lone_surrogates(v, k, 1)
+
+
+def kind(value: Any) -> str:
+    """The JSON name of a value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value),
+                                                                                            type(value).__name__)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def expect(value: Any, path: str, *types: str) -> None:
+    """`value` is one of the JSON types named (`"string"`, `"array"`, `"null"`, ...)."""
+    if kind(value) not in types:
+        raise FieldError(path, f"must be {' or '.join(types)}, got {kind(value)}")
+
+
+def optional(body: Mapping[str, Any], key: str, *types: str, path: str = "") -> None:
+    if key in body:
+        expect(body[key], f"{path}{key}", "null", *types)
+
+
+def nonempty_str(value: Any, path: str) -> None:
+    expect(value, path, "string")
+    if not value:
+        raise FieldError(path, "must not be empty")
+
+
+def integer(body: Mapping[str, Any], key: str, lo: int, hi: int) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    if not is_int(value) or not lo <= value <= hi:
+        raise FieldError(key, f"must be an integer in [{lo}, {hi}], got {value!r:.60}")
+
+
+def number(body: Mapping[str, Any], key: str, lo: float, hi: float, *, open_low: bool = False) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    low_ok = is_number(value) and (value > lo if open_low else value >= lo)
+    if not low_ok or value > hi:
+        bracket = "(" if open_low else "["
+        raise FieldError(key, f"must be a finite number in {bracket}{lo}, {hi}], got {value!r:.60}")
+
+
+def top_k(body: Mapping[str, Any]) -> None:
+    value = body.get("top_k")
+    if value is not None and (not is_int(value) or not (value == -1 or 1 <= value <= MAX_TOKENS_CAP)):
+        raise FieldError("top_k", f"must be -1 (off) or a positive integer, got {value!r:.60}")
+
+
+def stop_strings(body: Mapping[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is None or isinstance(value, str):
+        return
+    expect(value, key, "string", "array")
+    for i, s in enumerate(value):
+        expect(s, f"{key}[{i}]", "string")
+
+
+def role(value: Any, path: str, allowed: Collection[str]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise FieldError(path, f"must be one of {', '.join(sorted(allowed))}; got {value!r:.60}")
+
+
+def text_parts(content: Any, path: str, text_types: Collection[str]) -> None:
+    """A content value: null, a string, or a list of typed parts whose text parts carry a string."""
+    expect(content, path, "null", "string", "array")
+    for i, part in enumerate(content if isinstance(content, list) else []):
+        block(part, f"{path}[{i}]")
+        if part["type"] in text_types:
+            expect(part.get("text"), f"{path}[{i}].text", "string")
+
+
+def block(value: Any, path: str) -> None:
+    """A typed part: an object with a string `type`."""
+    expect(value, path, "object")
+    expect(value.get("type"), f"{path}.type", "string")
+
+
+def json_schema(value: Any, path: str) -> None:
+    """A tool's parameter schema: absent/null or an object (JSON Schema is an object)."""
+    expect(value, path, "null", "object")
+
+
+def common(body: Mapping[str, Any], history: str = "", checked: int = 0) -> None:
+    """Checks every protocol shares: the body's strings, `model`, `stream`, `metadata`. The first
+    `checked` elements of `body[history]` passed these checks in an earlier body (`Known`)."""
+    if checked:
+        strings_past(body, history, checked)
+    else:
+        no_lone_surrogates(body)
+    optional(body, "model", "string")
+    optional(body, "stream", "boolean")
+    optional(body, "metadata", "object")
+    optional(body, "tools", "array")

@@ -1,0 +1,121 @@
+"""`TurnTree`: one session's conversations as a tree of chat messages.
+
+A request's prompt messages are walked down from the root by (role, message equality, see
+`same_message`); the first that matches no child starts a new branch, and the model's answer
+hangs below as a generated assistant node carrying its `TurnRecord`. Message identity alone shapes
+the tree; token ids only matter when a chain is turned into Samples (`builder.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from slime.agent.gateway.records import TurnRecord
+
+logger = logging.getLogger(__name__)
+
+
+class MessageNode:
+    """One chat message. `turn` is set on an assistant message the model generated here; every
+    other node (system, user, tool, an assistant the client supplied) only routes."""
+
+    def __init__(self, *, role: str | None = None, message: dict[str, Any] | None = None,
+                 metadata: dict[str, Any] | None = None, parent: MessageNode | None = None) -> None:
+        self.role = role
+        self.message = message
+        self.metadata = dict(metadata or {})
+        self.parent = parent
+        self.children: list[MessageNode] = []
+        self.turn: TurnRecord | None = None
+        self.turn_index: int | None = None
+        # a generated turn shared by sibling branches is trained by the first branch only
+        self.response_trained = False
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def is_generated(self) -> bool:
+        return self.role == "assistant" and self.turn is not None
+
+    def add_child(self, child: MessageNode) -> MessageNode:
+        child.parent = self
+        self.children.append(child)
+        return child
+
+    def path_from_root(self) -> list[MessageNode]:
+        chain: list[MessageNode] = []
+        node: MessageNode | None = self
+        while node is not None and not node.is_root:
+            chain.append(node)
+            node = node.parent
+        return chain[::-1]
+
+    def leaves(self) -> Iterator[MessageNode]:
+        if not self.children:
+            yield self
+        for child in self.children:
+            yield from child.leaves()
+
+
+REASONING = "reasoning_content"
+
+
+def same_message(ours: dict[str, Any] | None, theirs: dict[str, Any]) -> bool:
+    """`theirs` (a client's message) is `ours`: equal, or our answer echoed without its reasoning --
+    most clients never send `reasoning_content` back, and that echo is still the answer we sampled."""
+    if ours == theirs:
+        return True
+    if ours is None or REASONING not in ours or REASONING in theirs or len(ours) != len(theirs) + 1:
+        return False
+    return all(k == REASONING or (k in theirs and theirs[k] == v) for k, v in ours.items())
+
+
+def find_mount_point(root: MessageNode, messages: list[dict[str, Any]]) -> tuple[MessageNode, int]:
+    """The deepest node whose path equals a prefix of `messages`, and that prefix's length."""
+    node, depth = root, 0
+    while depth < len(messages):
+        msg = messages[depth]
+        for match in node.children:  # a known history's very message (`protocols.body_prefix`): no comparison
+            if match.message is msg:
+                break
+        else:
+            role = msg.get("role")
+            match = next((c for c in node.children if c.role == role and same_message(c.message, msg)), None)
+        if match is None:
+            break
+        node, depth = match, depth + 1
+    return node, depth
+
+
+def merge_assistant_rewrite(node: MessageNode, messages: list[dict[str, Any]], depth: int,
+                            fork_threshold: int) -> tuple[MessageNode, int]:
+    """A client that replays our last answer slightly re-rendered (whitespace, reordered keys)
+    would fork and leave the original answer as a dead-end branch trained on its own. When the
+    mount point has exactly one generated assistant child, a leaf shorter than `fork_threshold`,
+    take the replayed message in its place and stop training it (a long answer keeps its branch)."""
+    if fork_threshold <= 0 or depth >= len(messages) or messages[depth].get("role") != "assistant":
+        return node, depth
+    answers = [c for c in node.children if c.role == "assistant"]
+    if len(answers) != 1:
+        if answers:
+            logger.warning("%d assistant answers at the mount point: the rewrite's target is ambiguous, "
+                           "so it forks", len(answers))
+        return node, depth
+    old = answers[0]
+    if old.children or old.turn is None or len(old.turn.output_ids) >= fork_threshold:
+        return node, depth
+    old.metadata["merged_rewrite"] = {"abandoned_turn_index": old.turn_index,
+                                      "abandoned_response_tokens": len(old.turn.output_ids)}
+    old.turn, old.turn_index, old.message = None, None, messages[depth]
+    return old, depth + 1
+
+
+def mount(node: MessageNode, messages: list[dict[str, Any]]) -> MessageNode:
+    """Hang `messages` below `node` as a chain of routing nodes; returns the last."""
+    for m in messages:
+        node = node.add_child(MessageNode(role=m.get("role"), message=m))
+    return node

@@ -28,7 +28,6 @@ UPWARD_SHIMS = {
     ("slime/utils/dp_schedule.py", "slime.train_batch.schedule"):
         "slime's public dp_schedule path over our schedule (imported when called)",
     ("slime/train/__main__.py", "slime.cli.train"): "`python -m slime.train` is the slime-train command",
-    ("slime/weights/manager.py", "slime.fleet.fleet"): "moved from slime/ray/ as it was; the next commit cuts it",
 }
 # circles still to break, each with what ties it (this list only shrinks)
 KNOWN_CIRCLES: list[frozenset[str]] = []

@@ -84,6 +84,13 @@ class Fleet:
         return [a for s in self.slots for a in s.actors]
 
     @property
+    def updatable_engines(self) -> list[Any]:
+        """Node-0 actors of the engines a weight push must reach: serving ones and restarted ones awaiting the
+        current weights (slime.weights.manager hands them to the trainer)."""
+        with self.lock:
+            return [s.actor for s in self.slots if s.state in UPDATABLE_STATES]
+
+    @property
     def weight_version(self) -> str | None:
         """The version the serving engines last reported (or the trainer last pushed)."""
         return self.weight_gate.version

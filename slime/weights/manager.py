@@ -18,8 +18,6 @@ from typing import Any
 
 import ray
 
-from slime.fleet.fleet import UPDATABLE_STATES
-
 GPU_MEMORY_TYPE_WEIGHTS = "weights"
 GPU_MEMORY_TYPE_KV_CACHE = "kv_cache"
 GPU_MEMORY_TYPE_CUDA_GRAPH = "cuda_graph"
@@ -62,9 +60,7 @@ def updatable_engines(fleet: Any) -> list[Any]:
     """Node-0 actors of the engines that serve now and of restarted ones awaiting the current weights
     (kept out of the router until this push reaches them; an engine still being restarted gets the
     weights when `recover_updatable_engines` has brought it back)."""
-    if fleet is None:
-        return []
-    return [s.actor for s in fleet.slots if s.state in UPDATABLE_STATES]
+    return fleet.updatable_engines if fleet is not None else []
 
 
 def get_updatable_engines_and_lock(fleet: Any, lock: Any, num_new_engines: int = 0) -> tuple:

@@ -56,7 +56,7 @@ NOT_CONVERTED = {
     "slime/utils/dp_schedule.py",
     "slime/utils/endpoints.py",
     "slime/utils/eval_config.py",
-    "slime/utils/flops.py",
+    "slime/train_batch/flops.py",
     "slime/utils/types.py",
 }
 

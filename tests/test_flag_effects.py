@@ -214,7 +214,7 @@ SHAPE_FLAGS = {  # forward FLOPs, the weight --balance-data balances ranks by (s
 
 @pytest.mark.parametrize("dest", sorted(SHAPE_FLAGS))
 def test_a_model_shape_flag_changes_the_flops_ranks_are_balanced_by(dest):
-    from slime.utils.flops import FlopsModel
+    from slime.train_batch.flops import FlopsModel
 
     base = MOE if dest.startswith("moe_") else []
     before = FlopsModel.from_args(parse_train_args([*MODEL_SHAPE, *base]))

@@ -234,7 +234,7 @@ MODEL = dict(hidden_size=16, num_attention_heads=2, num_query_groups=2, vocab_si
 
 
 def test_forward_flops_follow_slimes_cost_model():
-    from slime.utils.flops import FlopsModel
+    from slime.train_batch.flops import FlopsModel
 
     flops = FlopsModel.from_args(SimpleNamespace(**MODEL))
     # per layer: qkv 1536 s + attention 32 s^2 + output 512 s + mlp 6144 s; 2 layers; lm head 1024 s
@@ -243,7 +243,7 @@ def test_forward_flops_follow_slimes_cost_model():
 
 
 def test_flops_need_the_model_shape_and_say_which_flags(tmp_path):
-    from slime.utils.flops import FlopsModel, FlopsModelError
+    from slime.train_batch.flops import FlopsModel, FlopsModelError
 
     with pytest.raises(FlopsModelError, match="--hidden-size, --num-attention-heads.*or --hf-checkpoint"):
         FlopsModel.from_args(SimpleNamespace(hf_checkpoint=None))

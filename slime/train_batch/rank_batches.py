@@ -83,7 +83,7 @@ def schedule_for(args: Any, batch: dict, parallel_config: dict) -> DPSchedule:
     gbs = getattr(args, "global_batch_size", None) or len(set(rollout_ids))
     weights = None
     if getattr(args, "balance_data", False):  # slime: ranks balanced by forward FLOPs, not tokens
-        from slime.utils.flops import FlopsModel
+        from slime.train_batch.flops import FlopsModel
 
         flops = FlopsModel.from_args(args)
         weights = [round(flops(length)) for length in total_lengths]

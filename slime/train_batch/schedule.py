@@ -302,7 +302,7 @@ def build_dp_schedule(
 
     `total_lengths[i]`: tokens of sample i (prompt + response); `rollout_ids[i]`: its rollout;
     `global_batch_size`: rollouts (not samples) per training step; `balance_weights[i]`: what ranks
-    are balanced by (default: tokens; --balance-data: forward FLOPs, `slime.utils.flops`)."""
+    are balanced by (default: tokens; --balance-data: forward FLOPs, `slime.train_batch.flops`)."""
     n = len(total_lengths)
     if len(rollout_ids) != n:
         raise ScheduleError(f"{n} total_lengths but {len(rollout_ids)} rollout_ids")

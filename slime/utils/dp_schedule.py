@@ -1,9 +1,8 @@
 """slime's `build_dp_schedule` at `slime.utils.dp_schedule`: which DP rank trains which samples, in
-which micro-batches. A shim over our schedule (`slime.train_batch.schedule`, pure Python), reached
-lazily as `http_utils` reaches the rollout layer: same invariants, same 4-tuple, slime's
-AssertionError on a rollout that cannot be scheduled.
+which micro-batches. A shim over our schedule (`slime.train_batch.schedule`, pure Python, below utils):
+same invariants, same 4-tuple, slime's AssertionError on a rollout that cannot be scheduled.
 
-With `balance_data` ranks are balanced by forward FLOPs (`slime.utils.flops`), as slime's schedule
+With `balance_data` ranks are balanced by forward FLOPs (`slime.train_batch.flops`), as slime's schedule
 does; without it by tokens (slime deals micro-batches round-robin there). Ours always balances the
 ranks first (see the schedule's docstring), so partitions may differ from slime's while every
 invariant holds.
@@ -19,7 +18,7 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths: lis
     """`(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)` of one rollout;
     `global_batch_size` counts rollouts (samples sharing `rollout_indices[i]` stay in one step)."""
     from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
-    from slime.utils.flops import FlopsModel
+    from slime.train_batch.flops import FlopsModel
 
     weights = None
     if getattr(args, "balance_data", False):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,3 +186,21 @@ def test_slimes_moved_paths_are_the_very_modules():
     """A plugin or slime's own test that patches `slime.agent.sandbox.asyncio` patches the code that runs."""
     for old, new in MOVED_SLIME_PATHS.items():
         assert importlib.import_module(old) is importlib.import_module(new), old
+
+
+def stated_layers(text: str) -> list[set[str]]:
+    """The layering rule as a page states it: `a` < `b`, `c` < ... (after "Lower layers never import upper ones")."""
+    rule = re.search(r"Lower layers never import upper ones[^:]*:(.*?)[;.]", text, re.S)
+    assert rule, "the page states no layering rule"
+    return [set(re.findall(r"`(\w+)`", step)) for step in rule.group(1).split("<")]
+
+
+def test_the_readme_maps_every_folder_and_the_docs_state_the_layers_the_test_holds():
+    readme = (ROOT / "README.md").read_text()
+    mapped = set(re.findall(r"^\| `slime/(\w+)/` \|", readme, re.M))
+    folders = {p.name for p in (ROOT / "slime").iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert folders - mapped == set()
+    layers = [{f for f, n in LAYERS.items() if n == number and f != "slime"} for number in sorted(set(LAYERS.values()))]
+    layers = [step for step in layers if step]
+    assert stated_layers(readme) == layers
+    assert stated_layers((ROOT / "docs" / "design" / "architecture.md").read_text()) == layers

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from slime.agent.gateway.engine_call import EngineTurns, sampling_params
-from slime.agent.gateway.errors import BadRequestError, GatewayError, TurnRefused
+from slime.agent.gateway.errors import BadRequestError, error_answer
 from slime.agent.gateway.pipeline import Turn, TurnPipeline
 from slime.agent.gateway.protocols import openai_responses
 from slime.agent.gateway.protocols.common import bearer, flatten_content, tool_call_dict
@@ -119,11 +119,9 @@ class BaseAdapter:
                 req = self.parse(protocol, body, request.headers, None)
                 req = dataclasses.replace(req, session_id=self.sessions.by_key(req.session_id).sid)
                 turn = await self.pipeline.run(req)
-            except TurnRefused as e:
-                return web.json_response(protocol.render_error(e), status=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
-                logger.exception("agent adapter: %s failed", request.path)
-                return web.json_response(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status=500)
+                status, answer = error_answer(protocol, e, f"agent adapter: {request.path}")
+                return web.json_response(answer, status=status)
             try:
                 response = await self._respond(request, protocol, turn)
             except (ConnectionResetError, asyncio.CancelledError):

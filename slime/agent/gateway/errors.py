@@ -1,9 +1,13 @@
-"""What can refuse a turn; `gateway.py` and the adapters map each to an HTTP answer in the
-client's own API error format (status in `status`, error type in `kind`)."""
+"""What can refuse a turn; the gateway (`server.py`) and slime's adapters map each to an HTTP answer in the
+client's own API error format (status in `status`, error type in `kind`), both by `error_answer`."""
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # An engine's own words for a prompt over its context length: the embedded engine ("input_ids is too
 # long: N tokens"), SGLang's tokenizer manager ("The input (N tokens) is longer than the model's context
@@ -79,3 +83,13 @@ class EngineAbortedError(TurnRefused, status=503, kind="overloaded_error"):
 
 class GatewayError(TurnRefused, status=500, kind="api_error"):
     """A failure of the gateway itself, answered with its reason instead of a bare 500."""
+
+
+def error_answer(protocol: Any, error: Exception, where: str) -> tuple[int, dict]:
+    """`(status, body)` answering a turn that failed, in its API's error format (`protocol.render_error`): a
+    refusal with its own status; anything else a 500 naming the exception (never a bare 500), logged with its
+    traceback as `where` failed."""
+    if isinstance(error, TurnRefused):
+        return error.status, protocol.render_error(error)
+    logger.error("%s failed", where, exc_info=error)
+    return 500, protocol.render_error(GatewayError(f"{type(error).__name__}: {error}"))

@@ -31,7 +31,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.agent.gateway.engine_call import EngineTurns, sampling_params
-from slime.agent.gateway.errors import BadRequestError, GatewayError, SessionClosedError, TurnRefused, UnknownRouteError
+from slime.agent.gateway.errors import (BadRequestError, SessionClosedError, TurnRefused, UnknownRouteError,
+                                       error_answer)
 from slime.agent.gateway.images import ConversationImages
 from slime.agent.gateway.pipeline import Turn, TurnPipeline
 from slime.agent.gateway.protocols import anthropic, openai_chat, openai_responses
@@ -127,11 +128,9 @@ class Gateway:
                 answered = await self._answer_unless_gone(req, request)
                 if answered is None:  # nobody is left to read an answer
                     return Response(status_code=499)
-            except TurnRefused as e:
-                return JSONResponse(protocol.render_error(e), status_code=e.status)
             except Exception as e:  # noqa: BLE001 - never a bare 500: the client gets the reason in its format
-                logger.exception("agent gateway: %s failed", path)  # (the route, no key in it)
-                return JSONResponse(protocol.render_error(GatewayError(f"{type(e).__name__}: {e}")), status_code=500)
+                status, answer = error_answer(protocol, e, f"agent gateway: {path}")  # (the route, no key in it)
+                return JSONResponse(answer, status_code=status)
             turn, gone = answered
             if req.stream:
                 gone.cancel()  # (the stream notices a departure itself)

@@ -58,7 +58,8 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
     shm_before = scratch_entries()
     children_cpu0 = _children_cpu()
     t0, wall0 = time.perf_counter(), time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tree)
+    err = tempfile.TemporaryFile(mode="w+")  # shown if the run fails
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tree)
     sampler = CpuSampler(proc.pid)
     ready = first = None
     phases = ""
@@ -79,7 +80,9 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
     total_cpu = _children_cpu() - children_cpu0  # exact: the command and every descendant it reaped
     left_files = sorted(scratch_entries(proc.pid) - shm_before)
     if first is None or proc.returncode != 0:
-        raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode})")
+        err.seek(0)
+        raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode}):\n{err.read()[-3000:]}")
+    err.close()
     timeline = [(e["t"] - wall0, e["event"]) for e in read_trace(str(trace))]  # old trees write none
     timeline += [(ready, "CLI: router + engines ready line"), (first, "CLI: first sample served"),
                  (exited, "command exited")]

@@ -25,6 +25,8 @@ def component(proc: psutil.Process, root_pid: int, fork_server_pids: set[int]) -
         ppid = proc.ppid()
     except psutil.Error:
         return "?"
+    if not cmd:  # a zombie's command line reads empty: it keeps the name it had
+        return "?"
     if proc.pid == root_pid:
         return "driver (the command)"
     if "slime.utils.fork_server" in cmd:
@@ -32,19 +34,24 @@ def component(proc: psutil.Process, root_pid: int, fork_server_pids: set[int]) -
         return "engine fork server (preload)"
     if ppid in fork_server_pids:
         return "engines (forked)"
-    for needle, label in (("gcs_server", "ray: gcs_server"), ("raylet", "ray: raylet"),
+    if cmd.startswith("ray::"):  # a title Ray gave the process
+        title = cmd.split()[0]
+        return f"ray worker {title}" if title not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent") else f"ray: {title[5:]}"
+    for needle, label in (("gcs_server", "ray: gcs_server"), ("raylet/raylet", "ray: raylet"),
                           ("dashboard/agent.py", "ray: dashboard agent"), ("runtime_env/agent", "ray: runtime env agent"),
                           ("log_monitor", "ray: log monitor"), ("monitor.py", "ray: monitor"),
                           ("dashboard.py", "ray: dashboard"), ("process_keeper", "ray process keeper"),
                           ("sglang", "router"), ("router", "router")):
         if needle in cmd or needle == name:
             return label
-    if cmd.startswith("ray::") or "default_worker.py" in cmd:
-        title = cmd.split()[0] if cmd.startswith("ray::") else "ray::IDLE"
-        return f"ray worker {title}"
-    if proc.ppid() == root_pid and "lifeline" in cmd:
-        return "lifeline"
-    return name or "?"
+    if "default_worker.py" in cmd:
+        return "ray worker ray::IDLE"
+    try:
+        if ppid == root_pid and cmd == " ".join(psutil.Process(root_pid).cmdline()):
+            return "driver's fork (lifeline)"
+    except psutil.Error:
+        pass
+    return (cmd or name or "?")[:70]
 
 
 class CpuSampler:
@@ -77,7 +84,9 @@ class CpuSampler:
                 except psutil.Error:
                     continue
                 self.cpu[p.pid] = t.user + t.system
-                self.label[p.pid] = component(p, self.root_pid, self._fork_servers)
+                label = component(p, self.root_pid, self._fork_servers)
+                if label != "?" or p.pid not in self.label:  # a process being reaped keeps the name it had
+                    self.label[p.pid] = label
             self.ticks.append((time.time(), dict(self.cpu)))
             self._stop.wait(self.period)
 

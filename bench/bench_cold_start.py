@@ -8,7 +8,9 @@ fleet hardening), the "after" tree is this checkout; runs alternate so both see 
 
 Each run also prints its timeline: the milestones the run's processes write to
 SLIME_STARTUP_TRACE (Ray started, engine fork server preloaded, engines forked and loaded; see
-slime.utils.startup_trace) next to what the command printed.
+slime.utils.startup_trace) next to what the command printed, and the CPU seconds each part of the run
+burnt, in all and between those milestones (bench/cpu_sampler.py): on a shared box the wall time says
+more about the other tenants than about us. What a run left in /dev/shm and /tmp is listed.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
            "--rm-type", "exact", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
            "--rollout-max-response-len", "1", "--num-rollout", "1"]
     shm_before = scratch_entries()
-    children_cpu0 = _children_cpu()
     t0, wall0 = time.perf_counter(), time.time()
     err = tempfile.TemporaryFile(mode="w+")  # shown if the run fails
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tree)
@@ -77,7 +78,6 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
     exited = time.perf_counter() - t0
     sampler.stop()
     leftovers = settle(started)
-    total_cpu = _children_cpu() - children_cpu0  # exact: the command and every descendant it reaped
     left_files = sorted(scratch_entries(proc.pid) - shm_before)
     if first is None or proc.returncode != 0:
         err.seek(0)
@@ -89,15 +89,10 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
     wanted = ("ray_init: begin", "ray_init: ray.init done", "fork server: preloaded", "fleet: engines serving",
               "CLI: router + engines ready line", "exit: last line printed", "command exited")
     edges = [(wall0, "command")] + [(wall0 + t, e) for t, e in sorted(timeline) if e in wanted]
-    cpu = {"total": total_cpu, "components": sampler.totals(), "phases": sampler.phases(edges), "left": left_files}
+    components = sampler.totals()
+    cpu = {"total": sum(components.values()), "components": components, "phases": sampler.phases(edges),
+           "left": left_files}
     return ready, first, phases, leftovers, sorted(timeline), exited, cpu
-
-
-def _children_cpu() -> float:
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def export_tree(ref: str) -> Path:
@@ -121,7 +116,7 @@ def report(name: str, runs: list[tuple]) -> None:
     print(f"{name:<7} processes alive 30 s after exit    : {', '.join(str(r[3]) for r in runs)}")
     print(f"{name:<7} left in /dev/shm and /tmp           : "
           f"{'; '.join(', '.join(r[6]['left']) or 'nothing' for r in runs)}")
-    print(f"{name:<7} CPU seconds, whole command tree     : {statistics.median(r[6]['total'] for r in runs):6.1f} s  "
+    print(f"{name:<7} CPU seconds, every process of the run: {statistics.median(r[6]['total'] for r in runs):6.1f} s  "
           f"(runs: {', '.join(format(r[6]['total'], '.1f') for r in runs)})")
     cpu = runs[-1][6]
     print(f"{name:<7} CPU seconds per component (last run, sampled every 0.2 s):")

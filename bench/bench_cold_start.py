@@ -8,7 +8,9 @@ fleet hardening), the "after" tree is this checkout; runs alternate so both see 
 
 Each run also prints its timeline: the milestones the run's processes write to
 SLIME_STARTUP_TRACE (Ray started, engine fork server preloaded, engines forked and loaded; see
-slime.utils.startup_trace) next to what the command printed.
+slime.utils.startup_trace) next to what the command printed, and the CPU seconds each part of the run
+burnt, in all and between those milestones (bench/cpu_sampler.py): on a shared box the wall time says
+more about the other tenants than about us. What a run left in /dev/shm and /tmp is listed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.cpu_sampler import CpuSampler  # noqa: E402
 from slime.utils.startup_trace import read as read_trace  # noqa: E402
+
 BEFORE_DEFAULT = "7390f02"  # README: benchmarks (18-19 s to the first sample)
 
 
@@ -37,7 +41,15 @@ def settle(started: list, timeout: float = 30.0) -> int:
     return len(kill_survivors(started, timeout))
 
 
-def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, int, list, float]:
+def scratch_entries(pid: int | None = None) -> set[str]:
+    """/dev/shm entries, and /tmp entries naming `pid` (a run's private dirs carry its pid): what a
+    run must not leave behind."""
+    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm")} if os.path.isdir("/dev/shm") else set()
+    tmp = {f"/tmp/{n}" for n in os.listdir("/tmp") if pid is not None and str(pid) in n}
+    return shm | tmp
+
+
+def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
     trace = Path(tempfile.mkdtemp(prefix="slime-cold-trace-")) / "trace.jsonl"
     env = {**os.environ, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "HF_ENDPOINT": "http://127.0.0.1:9", "SLIME_STARTUP_TRACE": str(trace)}
@@ -45,8 +57,11 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, 
            model_dir, "--rollout-num-engines", "2", "--engine-threads", "1", "--prompt-data", str(data),
            "--rm-type", "exact", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
            "--rollout-max-response-len", "1", "--num-rollout", "1"]
+    shm_before = scratch_entries()
     t0, wall0 = time.perf_counter(), time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tree)
+    err = tempfile.TemporaryFile(mode="w+")  # shown if the run fails
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tree)
+    sampler = CpuSampler(proc.pid)
     ready = first = None
     phases = ""
     started: list = []
@@ -61,13 +76,23 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple[float, float, str, 
             started = psutil.Process(proc.pid).children(recursive=True)
     proc.wait()
     exited = time.perf_counter() - t0
+    sampler.stop()
     leftovers = settle(started)
+    left_files = sorted(scratch_entries(proc.pid) - shm_before)
     if first is None or proc.returncode != 0:
-        raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode})")
+        err.seek(0)
+        raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode}):\n{err.read()[-3000:]}")
+    err.close()
     timeline = [(e["t"] - wall0, e["event"]) for e in read_trace(str(trace))]  # old trees write none
     timeline += [(ready, "CLI: router + engines ready line"), (first, "CLI: first sample served"),
                  (exited, "command exited")]
-    return ready, first, phases, leftovers, sorted(timeline), exited
+    wanted = ("ray_init: begin", "ray_init: ray.init done", "fork server: preloaded", "fleet: engines serving",
+              "CLI: router + engines ready line", "exit: last line printed", "command exited")
+    edges = [(wall0, "command")] + [(wall0 + t, e) for t, e in sorted(timeline) if e in wanted]
+    components = sampler.totals()
+    cpu = {"total": sum(components.values()), "components": components, "phases": sampler.phases(edges),
+           "left": left_files}
+    return ready, first, phases, leftovers, sorted(timeline), exited, cpu
 
 
 def export_tree(ref: str) -> Path:
@@ -89,6 +114,19 @@ def report(name: str, runs: list[tuple]) -> None:
     if runs[-1][2]:
         print(f"{name:<7} manager start-up phases (last run) : {runs[-1][2]}")
     print(f"{name:<7} processes alive 30 s after exit    : {', '.join(str(r[3]) for r in runs)}")
+    print(f"{name:<7} left in /dev/shm and /tmp           : "
+          f"{'; '.join(', '.join(r[6]['left']) or 'nothing' for r in runs)}")
+    print(f"{name:<7} CPU seconds, every process of the run: {statistics.median(r[6]['total'] for r in runs):6.1f} s  "
+          f"(runs: {', '.join(format(r[6]['total'], '.1f') for r in runs)})")
+    cpu = runs[-1][6]
+    print(f"{name:<7} CPU seconds per component (last run, sampled every 0.2 s):")
+    for label, secs in cpu["components"].items():
+        if secs >= 0.05:
+            print(f"          {secs:6.2f}  {label}")
+    print(f"{name:<7} CPU seconds per phase (last run; wall seconds of the phase in brackets):")
+    for window, wall, per in cpu["phases"]:
+        parts = ", ".join(f"{label} {secs:.2f}" for label, secs in per.items() if secs >= 0.05)
+        print(f"          [{wall:5.2f}] {sum(per.values()):5.2f}  {window}: {parts}")
     print(f"{name:<7} timeline of the last run (s after the command started):")
     for t, event in runs[-1][4]:
         print(f"          {t:6.2f}  {event}")

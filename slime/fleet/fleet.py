@@ -289,10 +289,13 @@ class Fleet:
         up when the step runs, so an engine replaced meanwhile is the one stopped."""
         steps: list[tuple[str, Any]] = [("engine supervision", self.stopping.set),
                                         ("router", lambda: self.router and self.router.stop())]
-        # an engine waiting for room has no server, only an actor Ray has not placed: killed below
-        steps += [(f"engine {s.rank}", lambda s=s: s.state == "unplaced" or ray.get([a.stop.remote() for a in s.actors],
-                                                                                    timeout=60))
-                  for s in self.slots]
+        # every engine is asked to stop at once (each takes a few tenths of a second to end its server), then each
+        # is waited for in its own step; an engine waiting for room has no server, only an actor Ray has not
+        # placed: killed below
+        stops: dict[int, list] = {}
+        steps.append(("engines (asked to stop)", lambda: stops.update(
+            {s.rank: [a.stop.remote() for a in s.actors] for s in self.slots if s.state != "unplaced"})))
+        steps += [(f"engine {s.rank}", lambda s=s: ray.get(stops.get(s.rank) or [], timeout=60)) for s in self.slots]
         steps += [(f"engine actor {s.rank}", lambda s=s: [ray.kill(a) for a in s.actors]) for s in self.slots]
         steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
         steps.append(("engine states", lambda: [setattr(s, "state", "stopped") for s in self.slots]))

@@ -170,8 +170,11 @@ class Router:
         return self._process is not None and self._process.alive()
 
     def stop(self) -> None:
+        """The router is stopped once nothing will be sent through it again (the fleet's end, or its host's),
+        so there is nothing to drain: it is killed, not asked. Its graceful shutdown took 0.6-1.0 s with no
+        request in flight, most of it waiting (0.16 s of CPU), and was the longest step of a command's exit."""
         self._stopping.set()
         with self._lock:
             process = self._process
         if process is not None:
-            process.stop(timeout=10)
+            process.kill()

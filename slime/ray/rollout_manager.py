@@ -290,3 +290,4 @@ class RolloutManager:
                 step()
             except Exception as e:  # noqa: BLE001 - keep stopping the rest
                 logger.warning("shutdown: stopping %s failed: %s", what, e)
+            mark(f"exit: manager stopped {what}")

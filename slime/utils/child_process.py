@@ -129,6 +129,11 @@ class ChildProcess:
             self._signal_group(signal.SIGKILL)
             self.proc.wait()
 
+    def ask_to_stop(self) -> None:
+        """SIGTERM the group and return: `stop()` later waits for it (another stop can run meanwhile)."""
+        if self.alive():
+            self._signal_group(signal.SIGTERM)
+
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the group, SIGKILL it if it is still there after `timeout`."""
         if not self.alive():

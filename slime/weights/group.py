@@ -53,8 +53,9 @@ class WeightUpdateGroup(GroupTransport):
     the group is formed again without it (named `<group_name>-<n>`) and the push repeated to the
     survivors; `died` lists the dropped engines with the push they died in, and `losses` records each
     loss: how each death was known (`exit`: its exit notice; a Ray actor lost with its node names the
-    node) and how each survivor's call in the dropped group ended (`survivors`: released by the destroy,
-    or answered; never left to the group's deadline, see SupervisedEngineActor's "control" group).
+    node; `cause`: what ended rank 0's wait, the notice or the group's deadline) and how each survivor's call
+    in the dropped group ended (`survivors`: released by the destroy, or answered; never left to the
+    group's deadline, see SupervisedEngineActor's "control" group).
     """
 
     def __init__(self, engines: Sequence[Any], *, group_name: str = "slime", master_address: str = "127.0.0.1",
@@ -119,7 +120,7 @@ class WeightUpdateGroup(GroupTransport):
         if formed:
             cf.wait([f for _, f in theirs], timeout=self.timeout + 30)
         exits = {repr(e): exit_reason(e) for e in dead}
-        self.losses.append({"engines": [repr(e) for e in dead], "during": during, "exit": exits,
+        self.losses.append({"engines": [repr(e) for e in dead], "during": during, "exit": exits, "cause": str(lost),
                             "survivors": {repr(e): call_outcome(f) for e, f in theirs}})
         self.died += [(e, during) for e in dead]
         self._formations += 1

@@ -18,13 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("slime", "rollout_plugins", "tools")
 # packages whose code below the CLI receives its config: no restated default may come back
 CONVERTED = ("slime/tools/", "slime/agent/", "slime/train/", "slime/fleet/", "slime/observability/", "slime/cli/",
-             "slime/rollout/")
+             "slime/rollout/", "rollout_plugins/")
 # files not converted yet, each with a restated default of a parser flag: this list only shrinks
 NOT_CONVERTED = {
-    "rollout_plugins/multi_turn/context.py",
-    "rollout_plugins/multi_turn/tool_reward.py",
-    "rollout_plugins/multi_turn/trajectory.py",
-    "rollout_plugins/multi_turn/turn_loop.py",
     "slime/engine/default_model.py",
     "slime/ray/rollout_manager.py",
     "slime/ray/session.py",

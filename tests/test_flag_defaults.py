@@ -68,8 +68,10 @@ def test_the_scan_finds_the_shapes_the_code_used(tmp_path):
 def test_the_engine_client_of_a_hand_built_namespace_retries_as_the_command_line_does():
     from slime.rollout.engine_client import EngineClient
     from slime.utils.endpoints import Endpoints
+    from slime.utils.plugin_args import completed
 
-    client = EngineClient.from_args(SimpleNamespace(sglang_server_concurrency=1, rollout_num_engines=1),
+    # completed where it enters (runtime.current, RolloutManager), not by a fallback in from_args
+    client = EngineClient.from_args(completed(SimpleNamespace(sglang_server_concurrency=1, rollout_num_engines=1)),
                                     Endpoints(router_url="http://127.0.0.1:9"))
     assert client.retry_policy.max_retries == parser_defaults()["request_max_retries"] == 100
 
@@ -87,10 +89,11 @@ def test_tool_limits_of_a_hand_built_namespace_are_the_flags_defaults():
 
 def test_a_namespace_without_a_backend_resolves_auto_as_the_parser_does(monkeypatch):
     from slime.engine import default_model
+    from slime.utils.plugin_args import completed
 
     monkeypatch.setattr(default_model, "cuda_available", lambda: True)
     with pytest.raises(ValueError, match="--hf-checkpoint is required with --rollout-backend sglang"):
-        default_model.resolve_hf_checkpoint(SimpleNamespace(hf_checkpoint=None))
+        default_model.resolve_hf_checkpoint(completed(SimpleNamespace(hf_checkpoint=None)))
     assert parser_defaults()["rollout_backend"] == "auto"
 
 

@@ -11,6 +11,7 @@ import torch
 
 from slime.train_batch.packing import PackedSeqParams, PackingError, pack_micro_batch, unpack_micro_batch
 from slime.train_batch.rank_batches import split_for_data_parallel
+from slime.utils.plugin_args import completed
 
 A = [11, 12, 13, 14, 15]  # prompt 3, response 2
 B = [21, 22, 23, 24]  # prompt 1, response 3
@@ -63,8 +64,8 @@ def test_round_trip_every_micro_batch_of_a_rank_batch():
         batch["loss_masks"].append([rng.randint(0, 1) for _ in range(resp)])
         batch["rollout_log_probs"].append([-rng.random() for _ in range(resp)])
         batch["rollout_ids"].append(i)
-    ranks, _ = split_for_data_parallel(SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=200),
-                                       batch, {"dp_size": 2})
+    args = completed(SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=200))
+    ranks, _ = split_for_data_parallel(args, batch, {"dp_size": 2})
     for r in ranks:
         for mb in r["micro_batch_indices"]:
             pick = {k: [r[k][i] for i in mb] for k in ("tokens", "response_lengths", "loss_masks",

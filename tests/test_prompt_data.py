@@ -21,13 +21,14 @@ from slime.cli.args import parse_args
 from slime.cli.command import run_cli
 from slime.rollout.data_source import DataSource
 from slime.rollout.prompt_index import IndexProgress, PromptIndex, count_rows
+from slime.utils.plugin_args import completed
 
 
 def _args(**kw):
     base = dict(apply_chat_template=False, apply_chat_template_kwargs={}, rollout_max_prompt_len=None,
                 rollout_max_context_len=None, metadata_key=None, tool_key=None, over_long_prompt="filter",
                 rollout_seed=42, buffer_filter_path=None)
-    return SimpleNamespace(**{**base, **kw})
+    return completed(SimpleNamespace(**{**base, **kw}))  # the parser's defaults for the rest
 
 
 def _preflight(capsys, model: Path, data: Path, *extra: str) -> tuple[int, list, str]:

@@ -15,6 +15,7 @@ from slime.rollout.data_source import DataError, DataSource, build_prompt_sample
 from slime.rollout.debug_data import DebugDataError, load_debug_rollout, save_debug_rollout
 from slime.rollout.controller import BatchError, convert_samples_to_train_data
 from slime.cli.args import ArgError, parse_args
+from slime.cli.finalize import complete_namespace
 from slime.utils.misc import PluginLoadError, load_function
 from slime.utils.types import Sample
 
@@ -86,7 +87,7 @@ def _args(**kw):
     base = dict(metadata_key="metadata", tool_key=None, apply_chat_template=False, rollout_max_context_len=None,
                 rollout_max_prompt_len=None, over_long_prompt="filter", rollout_seed=1)
     base.update(kw)
-    return SimpleNamespace(**base)
+    return complete_namespace(SimpleNamespace(**base))  # the parser's defaults for the rest, as at any entry
 
 
 def test_data_source_groups_epochs_buffer_and_state(tmp_path):

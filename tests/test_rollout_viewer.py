@@ -47,9 +47,11 @@ def simple(i: int, reward: float, status=Sample.Status.COMPLETED, text: str = ""
 def dump_dir(tmp_path) -> Path:
     from tokenizers import Tokenizer
 
+    from slime.cli.finalize import complete_namespace
+
     tok_dir = qwen_tokenizer_dir()
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    args = argparse.Namespace(rollout_data_dir=str(tmp_path), hf_checkpoint=str(tok_dir))
+    args = complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path), hf_checkpoint=str(tok_dir)))
     dump_rollout(args, 0, [[simple(0, 0.0), simple(1, 1.0, Sample.Status.TRUNCATED)],
                            [simple(2, 0.5, text="a needle in the haystack"), simple(3, 0.0)]])
     dump_rollout(args, 1, [multi_turn_sample(tok), simple(4, 0.25)])

@@ -26,6 +26,7 @@ from slime.rollout.data_source import DataError, build_prompt_samples, pop_first
 from slime.rollout.reward_check import fail_invalid_rewards
 from slime.rollout.runtime import unbind
 from slime.utils.async_utils import run
+from slime.utils.plugin_args import completed
 from slime.utils.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,14 +88,16 @@ def index_prompts(tmp_path):
 
 
 def test_non_string_prompts_pass_through_without_a_chat_template(index_prompts):
-    args = SimpleNamespace(apply_chat_template=False)
+    # a rollout function of the user's own reads the prompt as it is (ours needs text or messages)
+    args = completed(SimpleNamespace(apply_chat_template=False, rollout_function_path="my_plugin.generate_rollout"))
     samples, _ = build_prompt_samples(args, index_prompts, "index", "label", None)
     assert [s.prompt for s in samples] == [3, 5] and all(s.tokens == [] for s in samples)
 
 
 def test_a_chat_template_over_a_non_string_prompt_is_an_error_naming_the_key_and_line(index_prompts):
     with pytest.raises(DataError, match=r"tau.jsonl:1: key 'index' is int; --apply-chat-template needs"):
-        build_prompt_samples(SimpleNamespace(apply_chat_template=True), index_prompts, "index", "label", None)
+        build_prompt_samples(completed(SimpleNamespace(apply_chat_template=True)), index_prompts, "index", "label",
+                             None)
     args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(index_prompts), "--input-key", "index",
                        "--apply-chat-template"])
     with pytest.raises(PreflightError, match=r"--prompt-data: .*tau.jsonl:1: key 'index' is int; --apply-chat"):
@@ -236,7 +239,7 @@ MODEL = dict(hidden_size=16, num_attention_heads=2, num_query_groups=2, vocab_si
 def test_forward_flops_follow_slimes_cost_model():
     from slime.train_batch.flops import FlopsModel
 
-    flops = FlopsModel.from_args(SimpleNamespace(**MODEL))
+    flops = FlopsModel.from_args(completed(SimpleNamespace(**MODEL)))
     # per layer: qkv 1536 s + attention 32 s^2 + output 512 s + mlp 6144 s; 2 layers; lm head 1024 s
     assert (flops.linear, flops.quadratic) == (17408.0, 64.0)
     assert flops(10) == 17408 * 10 + 64 * 100
@@ -246,11 +249,11 @@ def test_flops_need_the_model_shape_and_say_which_flags(tmp_path):
     from slime.train_batch.flops import FlopsModel, FlopsModelError
 
     with pytest.raises(FlopsModelError, match="--hidden-size, --num-attention-heads.*or --hf-checkpoint"):
-        FlopsModel.from_args(SimpleNamespace(hf_checkpoint=None))
+        FlopsModel.from_args(completed(SimpleNamespace(hf_checkpoint=None)))
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 16, "num_attention_heads": 2,
                                                       "num_key_value_heads": 2, "intermediate_size": 64,
                                                       "num_hidden_layers": 2, "vocab_size": 32, "head_dim": 8}))
-    assert FlopsModel.from_args(SimpleNamespace(hf_checkpoint=str(tmp_path))).linear == 17408.0
+    assert FlopsModel.from_args(completed(SimpleNamespace(hf_checkpoint=str(tmp_path)))).linear == 17408.0
 
 
 def test_balance_data_weights_ranks_by_flops_not_tokens():
@@ -259,8 +262,9 @@ def test_balance_data_weights_ranks_by_flops_not_tokens():
     lengths = [1, 2, 3, 4, 5, 7, 9, 10]
     batch = {"tokens": [[0] * n for n in lengths], "rollout_ids": list(range(8))}
     config = {"dp_size": 2}
-    by_flops = schedule_for(SimpleNamespace(balance_data=True, global_batch_size=8, **MODEL), batch, config)
-    by_tokens = schedule_for(SimpleNamespace(balance_data=False, global_batch_size=8, **MODEL), batch, config)
+    by_flops = schedule_for(completed(SimpleNamespace(balance_data=True, global_batch_size=8, **MODEL)), batch, config)
+    by_tokens = schedule_for(completed(SimpleNamespace(balance_data=False, global_batch_size=8, **MODEL)), batch,
+                             config)
     assert by_flops.partitions == [[1, 2, 5, 6], [0, 3, 4, 7]]  # slime's own test expects this split
     assert by_tokens.partitions == [[1, 3, 4, 7], [0, 2, 5, 6]]
 

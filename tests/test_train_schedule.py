@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from slime.train_batch.rank_batches import split_for_data_parallel
 from slime.train_batch.schedule import (DPSchedule, ScheduleError, balanced_equal_split, build_dp_schedule,
                                         karmarkar_karp)
+from slime.utils.plugin_args import completed
 
 
 def check_invariants(s: DPSchedule, lengths, rollout_ids, *, dp, gbs, mbs=None, cap=None, mb_group=1):
@@ -297,7 +298,7 @@ def _batch(n=16, seed=0):
 
 def test_split_for_data_parallel_layout_and_dtypes():
     batch = _batch(16)
-    args = SimpleNamespace(global_batch_size=4, micro_batch_size=1)  # 4 rollouts (8 samples) per step
+    args = completed(SimpleNamespace(global_batch_size=4, micro_batch_size=1))  # 4 rollouts (8 samples) per step
     ranks, metrics = split_for_data_parallel(args, batch, {"dp_size": 2})
     assert len(ranks) == 2
     assert sorted(i for r in ranks for i in r["partition"]) == list(range(16))
@@ -325,8 +326,8 @@ def test_split_for_data_parallel_layout_and_dtypes():
 def test_split_drops_trailing_rollouts_with_a_warning(caplog):
     batch = _batch(14)  # 7 rollouts, 3 per step -> 2 steps, rollout 6 (samples 12, 13) dropped
     with caplog.at_level(logging.WARNING):
-        ranks, metrics = split_for_data_parallel(SimpleNamespace(global_batch_size=3, micro_batch_size=1),
-                                                 batch, {"dp_size": 2})
+        args = completed(SimpleNamespace(global_batch_size=3, micro_batch_size=1))
+        ranks, metrics = split_for_data_parallel(args, batch, {"dp_size": 2})
     assert metrics["rollout/train_dropped_rollouts"] == 1 and metrics["rollout/train_dropped_samples"] == 2
     assert "dropping the trailing 1 rollouts (2 samples)" in caplog.text
     assert sorted(i for r in ranks for i in r["partition"]) == list(range(12))
@@ -335,7 +336,7 @@ def test_split_drops_trailing_rollouts_with_a_warning(caplog):
 
 def test_split_errors_name_the_numbers():
     batch = _batch(6)
-    args = SimpleNamespace(global_batch_size=3, micro_batch_size=1)
+    args = completed(SimpleNamespace(global_batch_size=3, micro_batch_size=1))
     with pytest.raises(ScheduleError, match="needs a dict with 'dp_size'"):
         split_for_data_parallel(args, batch, {"tp_size": 2})
     with pytest.raises(ScheduleError, match="dp_size must be a positive integer, got 0"):
@@ -350,7 +351,8 @@ def test_split_dynamic_and_defaults():
     batch["loss_masks"][0] = [1] * len(batch["loss_masks"][0])  # the all-ones / all-zeros fast path
     batch["loss_masks"][1] = [0] * len(batch["loss_masks"][1])
     ranks, metrics = split_for_data_parallel(
-        SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=60), batch, {"dp_size": 4, "cp_size": 1})
+        completed(SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=60)), batch,
+        {"dp_size": 4, "cp_size": 1})
     assert metrics["rollout/train_steps"] == 1 and metrics["rollout/train_dp_token_spread"] < 1
     for r in ranks:
         for mb in r["micro_batch_indices"]:

@@ -227,8 +227,11 @@ def test_gsm8k_interaction_scores_the_last_answer_with_verls_strict_rule():
 # ------------------------------------------------------------------ rows, flags, start-up checks
 
 def row_args(**kw):
-    return argparse.Namespace(**{"metadata_key": None, "tool_key": None, "interaction_config_path": "i.yaml",
-                                 "interaction_key": "extra_info.interaction_kwargs", **kw})
+    from slime.cli.finalize import complete_namespace
+
+    return complete_namespace(argparse.Namespace(**{
+        "metadata_key": None, "tool_key": None, "interaction_config_path": "i.yaml",
+        "interaction_key": "extra_info.interaction_kwargs", **kw}))
 
 
 @pytest.mark.parametrize("extra_info, problem", [

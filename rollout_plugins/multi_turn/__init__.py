@@ -44,6 +44,7 @@ from rollout_plugins.multi_turn.tool_reward import add_tool_reward
 from rollout_plugins.multi_turn.trajectory import RESUME_KEY, Trajectory
 from rollout_plugins.multi_turn.turn_loop import run_turns
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 __all__ = ["GENERATE_PATH", "RESUME_KEY", "MultiTurnContext", "Trajectory", "add_tool_reward", "generate",
            "generate_rollout"]
@@ -54,6 +55,7 @@ GENERATE_PATH = "rollout_plugins.multi_turn.generate"
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """slime's per-sample generate contract: one multi-turn trajectory with tools (resumed when it is
     an aborted partial trajectory and --partial-rollout is on)."""
+    args = completed(args)
     ctx = MultiTurnContext.get(args)
     sample = await Trajectory(ctx, args, sample, sampling_params).run(run_turns)
     await add_tool_reward(args, sample)
@@ -65,6 +67,7 @@ generate.supports_partial_rollout = True  # resumes at turn granularity (module 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
     """slime's rollout contract: the default rollout with `generate` above as the per-sample step."""
+    args = completed(args)
     from slime.rollout import sglang_rollout
 
     if args.custom_generate_function_path not in (None, GENERATE_PATH):

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from slime.tools.flags import flag_value
 
 # The trajectory's `finish_reason` (TrajectoryRecord), set once by `Trajectory.end`.
 EndReason = Literal[
@@ -35,8 +34,8 @@ class TokenBudgets:
     @classmethod
     def from_args(cls, args: Any, sampling_params: dict[str, Any]) -> "TokenBudgets":
         return cls(response=int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len),
-                   context=flag_value(args, "rollout_max_context_len"),
-                   per_turn=flag_value(args, "max_tokens_per_turn"))
+                   context=args.rollout_max_context_len,
+                   per_turn=args.max_tokens_per_turn)
 
     def left(self, total: int, prompt_len: int) -> list[tuple[int, str]]:
         """(tokens left, name) of the response budget and the context budget."""

@@ -13,9 +13,9 @@ from slime.interactions.registry import InteractionSet, load_interaction_config
 from slime.rollout.multimodal_prompt import shared_processor
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.tools.chat_format import ChatDelta, TemplateDriftError, check_append_only, get_parser
-from slime.tools.flags import flag_value
 from slime.tools.registry import ToolSet, load_tool_config
 from slime.utils.prompt_images import PromptImages
+from slime.utils.plugin_args import completed
 
 logger = logging.getLogger(__name__)
 
@@ -24,21 +24,22 @@ class MultiTurnContext:
     """What all trajectories of a process share: tools, parser, template deltas (built once)."""
 
     def __init__(self, args: Any, runtime: RolloutRuntime | None = None, tokenizer: Any = None):
+        args = completed(args)
         self.args = args
         self.runtime = runtime if runtime is not None or tokenizer is not None else current(args)
         self.tok = tokenizer if tokenizer is not None else self.runtime.tokenizer
-        path = flag_value(args, "tool_config_path")
+        path = args.tool_config_path
         self.tools: ToolSet = ToolSet([], source="<no --tool-config-path>")
         if path:  # the runtime's shared set (it closes them); a context made by hand without one loads its own
             self.tools = self.runtime.tool_sets.get(path) if self.runtime is not None else load_tool_config(path)
         if self.runtime is not None:
             self.tools.use_services(self.runtime.tool_services)  # e.g. the manager's sandbox URL
-        self.parser = get_parser(flag_value(args, "tool_call_parser", "hermes"))
-        path = flag_value(args, "interaction_config_path")
+        self.parser = get_parser(args.tool_call_parser)
+        path = args.interaction_config_path
         self.interactions: InteractionSet | None = load_interaction_config(path) if path else None
         for adapter in (self.interactions.by_name.values() if self.interactions else ()):
-            adapter.timeout = flag_value(args, "interaction_timeout")  # None: a Namespace built without it
-        kw = flag_value(args, "apply_chat_template_kwargs", {})
+            adapter.timeout = args.interaction_timeout
+        kw = args.apply_chat_template_kwargs or {}
         self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
         if not self.delta.renders_tools and self.tools.names:
             logger.warning("the chat template ignores `tools`: tool schemas are described in the system message "
@@ -46,7 +47,7 @@ class MultiTurnContext:
         # a vision-language checkpoint's image side: prompt and tool images are expanded and sent as image_data
         processor = shared_processor(args, self.runtime) if self.runtime is not None else None
         self.images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
-        self.check_mode = flag_value(args, "chat_template_check", "error")
+        self.check_mode = args.chat_template_check
         self.template_report = None
         if self.check_mode != "off":
             self.check_template()
@@ -57,7 +58,7 @@ class MultiTurnContext:
         self.template_report = check_append_only(self.delta, self.tools.schemas())
         if self.template_report.ok:
             return
-        msg = (f"the chat template of {flag_value(self.args, 'hf_checkpoint', 'the tokenizer')!r} is not "
+        msg = (f"the chat template of {self.args.hf_checkpoint or 'the tokenizer'!r} is not "
                f"append-only for tool turns: {self.template_report.detail}. Token accounting stays exact (the "
                "batch holds the sampled ids), but re-rendering these conversations would give different tokens "
                "than the model saw. Fix the template, or pass --chat-template-check warn to accept it.")

@@ -5,23 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_plugins.multi_turn.context import MultiTurnContext
-from slime.tools.flags import flag_value
 from slime.utils.trajectory import TrajectoryRecord
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 
 async def add_tool_reward(args: Any, sample: Sample) -> None:
     """--tool-reward-mode add: reward = outcome reward (RM) + step rewards + final tool rewards."""
-    if flag_value(args, "tool_reward_mode", "none") != "add" or sample.status in (Sample.Status.ABORTED,
+    args = completed(args)
+    if args.tool_reward_mode != "add" or sample.status in (Sample.Status.ABORTED,
                                                                                   Sample.Status.FAILED):
         return
-    if getattr(args, "group_rm", False):
+    if args.group_rm:
         MultiTurnContext.get(args).warn_once("group_rm", "--tool-reward-mode add is ignored with --group-rm; "
                                              "tool rewards are in metadata['tool_reward_total']")
         return
     from slime.rollout.rm_hub import async_rm
 
-    if not (flag_value(args, "custom_rm_path") or flag_value(args, "rm_type")):
+    if not (args.custom_rm_path or args.rm_type):
         MultiTurnContext.get(args).warn_once("no_rm", "--tool-reward-mode add without --rm-type/--custom-rm-path: "
                                              "the outcome reward is 0 and the reward is the tool reward")
         outcome: Any = 0.0

@@ -18,7 +18,6 @@ from slime.interactions.sample_interaction import SampleInteraction
 from slime.rollout.current_rollout import current_rollout_id
 from slime.rollout.engine_answer import EngineOutput
 from slime.tools.chat_format import ParseError, ToolCall, conversation_drift
-from slime.tools.flags import flag_value
 from slime.tools.trajectory_tools import ToolCallLimits, TrajectoryTools
 from slime.rollout.multimodal_prompt import sample_images
 from slime.utils.http_retry import HttpError
@@ -46,7 +45,7 @@ class Trajectory:
         self.status, self.reason = Sample.Status.PENDING, ""
         self.rollout_id = current_rollout_id()
         # --partial-rollout: an aborted trajectory resumes where it stopped
-        self.resumed = bool(flag_value(args, "partial_rollout", False)) and sample.is_partial \
+        self.resumed = bool(args.partial_rollout) and sample.is_partial \
             and RESUME_KEY in sample.metadata and TrajectoryRecord.of(sample) is not None
         if self.resumed:
             self.record = TrajectoryRecord.of(sample)
@@ -233,7 +232,7 @@ class Trajectory:
         self.record.store(s)
         s.metadata.pop(RESUME_KEY, None)
         if s.status == Sample.Status.ABORTED and self.reason in ("engine_abort", "rollout_abort") \
-                and flag_value(self.args, "partial_rollout", False):
+                and self.args.partial_rollout:
             # a clean stop (not a cancellation mid tool call): resumable by a later rollout
             s.metadata[RESUME_KEY] = {"messages": self.messages, "aborted_turn": self.aborted_turn,
                                       "images": self.images}

@@ -15,7 +15,6 @@ from rollout_plugins.multi_turn.tool_turn import tool_turn
 from rollout_plugins.multi_turn.user_turn import user_turn
 from slime.rollout.runtime import current
 from slime.tools.chat_format import ParseResult
-from slime.tools.flags import flag_value
 from slime.utils.types import Sample
 
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 async def run_turns(traj: Trajectory) -> None:
     """Turns from the start (or the resume point) until the trajectory ends; `traj.end` says why."""
-    max_turns = int(flag_value(traj.args, "max_turns", 8))
+    max_turns = int(traj.args.max_turns)
     client = (traj.ctx.runtime or current(traj.args)).client
     if traj.budgets.context and traj.prompt_len >= traj.budgets.context:
         return traj.end(Sample.Status.TRUNCATED, "prompt_fills_context")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from slime.tools.flags import flag_value
 from slime.utils.trajectory import UserTurn
 from slime.utils.types import Sample
 
@@ -23,7 +22,7 @@ async def user_turn(traj: Trajectory, model_ids: list[int], turn: int, last_turn
     terminate the reply is recorded but not appended: the trajectory ends on the model's turn.
     A reply that does not fit the remaining budget is not appended in part (as tool results).
     """
-    limit = flag_value(traj.args, "max_user_turns")
+    limit = traj.args.max_user_turns
     if limit is not None and len(traj.record.user_turns) >= int(limit):
         traj.end(Sample.Status.COMPLETED, "max_user_turns")
         return False

@@ -9,11 +9,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from slime.cli.parser import build_parser
 from slime.cli.validate import ArgError, validate_args
 from slime.rollout.data_source import parse_path_slice
 from slime.utils.devices import cuda_available
 from slime.utils.eval_config import EvalConfigError, resolve_eval_datasets
+from slime.utils.plugin_args import completed
 
 logger = logging.getLogger(__name__)
 
@@ -46,23 +46,12 @@ def apply_custom_config(args: argparse.Namespace) -> None:
 
 def complete_namespace(args: Any) -> Any:
     """The one place a namespace built by hand (a test, a script, slime's train.py) gets every flag it lacks,
-    with the parser's default (the packages' configs' defaults, `slime.utils.flag_config`); returns it."""
-    _fill_defaults(args)
-    return args
+    with the parser's default (the packages' configs' defaults, `slime.utils.flag_config`); returns it.
+    The same completion our plugin entry points apply (`slime.utils.plugin_args.completed`)."""
+    return completed(args)
 
 
-def _fill_defaults(args: argparse.Namespace) -> None:
-    if hasattr(args, "sglang_extra_args") and hasattr(args, "eps_clip"):
-        return  # made by parse_args
-    for action in build_parser()._actions:  # noqa: SLF001
-        if action.dest not in ("help", argparse.SUPPRESS) and not hasattr(args, action.dest) \
-                and action.default is not argparse.SUPPRESS:
-            value = action.default
-            if isinstance(value, str) and callable(action.type):  # as argparse converts string defaults
-                value = action.type(value)
-            setattr(args, action.dest, value)
-    if not hasattr(args, "sglang_extra_args"):
-        args.sglang_extra_args = {}
+_fill_defaults = complete_namespace  # the name slime.cli.args re-exports
 
 
 def _count_rows(path: str) -> int:
@@ -77,7 +66,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 
     A namespace built by hand (not by parse_args) gets every missing flag's default first.
     """
-    _fill_defaults(args)
+    completed(args)
     apply_custom_config(args)
     if args.rollout_backend == "auto":
         args.rollout_backend = "sglang" if _cuda_available() else "hf"

@@ -35,20 +35,9 @@ RANGES: dict[str, Range] = {
     "rollout_num_gpus_per_engine": AT_LEAST_ONE,
     # router and requests
     "router_health_check_interval": AT_LEAST_ONE,
-    "request_max_retries": NON_NEGATIVE,
-    # sampling
-    "rollout_top_k": Range(1, also=(-1,), text=">= 1, or -1 (no top-k)"),
-    "rollout_max_prompt_len": AT_LEAST_ONE,
-    "eval_max_response_len": AT_LEAST_ONE,
-    "eval_temperature": NON_NEGATIVE,
-    "eval_top_p": Range(0, 1, open_low=True, text="in (0, 1]"),
-    # multi-turn and tools
-    "reward_timeout": POSITIVE,
-    "custom_generate_timeout": POSITIVE,
     # trainer
     "save_interval": AT_LEAST_ONE,
     "micro_batch_size": AT_LEAST_ONE,
-    "global_batch_size": AT_LEAST_ONE,
     "lr": NON_NEGATIVE,
     "clip_grad": NON_NEGATIVE,
     "eps_clip": POSITIVE,

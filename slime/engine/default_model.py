@@ -105,9 +105,9 @@ def resolve_hf_checkpoint(args: Any) -> None:
     """Fill in a missing `--hf-checkpoint` the one way every entry point does: the default model for the
     embedded engine (`--rollout-backend hf`). SGLang engines have no default: refused, naming the flag.
     Called by the commands and by `RolloutManager` itself (slime's train.py builds one without our CLI)."""
-    if getattr(args, "hf_checkpoint", None) is not None:
+    if args.hf_checkpoint is not None:
         return
-    backend = getattr(args, "rollout_backend", "auto")  # the parser's default; finalize resolves it
+    backend = args.rollout_backend  # the parser's default; finalize resolves it
     if backend == "auto":
         backend = "sglang" if cuda_available() else "hf"
     if backend != "hf":

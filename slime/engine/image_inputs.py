@@ -14,7 +14,7 @@ from typing import Any
 
 from slime.engine.request_parsing import BadRequest
 from slime.utils.images import ImageError, open_image
-from slime.utils.prompt_images import placeholder_runs
+from slime.utils.prompt_images import ImageCountError, expand_placeholders
 from slime.utils.vision_model import tokens_per_image
 
 
@@ -64,16 +64,9 @@ class ImageInputs:
         return ids, {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
 
     def expand(self, input_ids: list[int], counts: list[int], where: str) -> list[int]:
-        runs = placeholder_runs(input_ids, self.image_token_id)
-        if len(runs) != len(counts):
-            raise BadRequest(f"{where}: {len(counts)} image(s) but the prompt has {len(runs)} image placeholder(s) "
-                             f"(runs of token {self.image_token_id}, <|image_pad|>): one per image, in order")
-        out, cursor = [], 0
-        for j, ((start, length), need) in enumerate(zip(runs, counts)):
-            if length not in (1, need):
-                raise BadRequest(f"{where}[{j}]: the image fills {need} tokens but its placeholder is {length} "
-                                 "tokens (give 1 to have it expanded, or exactly the image's count)")
-            out += input_ids[cursor:start] + [self.image_token_id] * need
-            cursor = start + length
-        return out + input_ids[cursor:]
-
+        """`expand_placeholders`, its error a 400 naming `where` (and the image)."""
+        try:
+            return expand_placeholders(input_ids, self.image_token_id, counts)
+        except ImageCountError as e:
+            at = where if e.image is None else f"{where}[{e.image}]"
+            raise BadRequest(f"{at}: {e.detail}") from None

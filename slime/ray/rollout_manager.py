@@ -53,8 +53,10 @@ def log_warnings_to_stderr() -> None:
 class RolloutManager:
     def __init__(self, args: Any, fork_server: str | None = None):
         from slime.engine.default_model import resolve_hf_checkpoint
+        from slime.utils.plugin_args import completed
 
         log_warnings_to_stderr()
+        args = completed(args)  # slime's train.py builds its namespace with slime's parser, not ours
         resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
         self.args = args
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
@@ -106,7 +108,7 @@ class RolloutManager:
     def _start_tool_services(self) -> None:
         """Services the tools share, owned here so they outlive any rollout: each tool class of
         `--tool-config-path` starts its own (the local sandbox, its global rate limiter)."""
-        path = getattr(self.args, "tool_config_path", None)
+        path = self.args.tool_config_path
         if path:
             from slime.tools.registry import start_shared_services
 

@@ -139,13 +139,13 @@ def start_engine_fork_server(args: Any) -> Any:
 
     if fork_server_disabled():
         return None
-    if (getattr(args, "rollout_backend", None) != "hf" or not getattr(args, "hf_checkpoint", None)
-            or getattr(args, "ray_address", None) or getattr(args, "load_debug_rollout_data", None)
-            or int(getattr(args, "rollout_num_engines", 0) or 0) < 1):
+    if (args.rollout_backend != "hf" or not args.hf_checkpoint
+            or args.ray_address or args.load_debug_rollout_data
+            or int(args.rollout_num_engines or 0) < 1):
         return None
     where = Path(tempfile.mkdtemp(prefix=f"slime-fork-{os.getpid()}-"))  # 0700: only this user may ask for a child
     sock = where / "engines.sock"
-    log_dir = Path(getattr(args, "log_dir", None) or where)
+    log_dir = Path(args.log_dir or where)
     cmd = [sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
            "--main", "slime.engine.warm_start:serve", "--preload", "slime.engine.warm_start:preload",
            "--preload-json", json.dumps([str(args.hf_checkpoint)])]

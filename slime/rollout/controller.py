@@ -25,6 +25,7 @@ from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
+from slime.rollout.flags import RolloutConfig
 from slime.rollout.failures import RolloutFailedError, describe_failures, failure_reasons
 from slime.rollout.reward_check import fail_invalid_rewards, number_problem
 from slime.rollout.runtime import RolloutRuntime, unbind
@@ -86,7 +87,7 @@ def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any
 
 def make_data_source(args: Any, tokenizer: Any) -> Any:
     """`--data-source-path` (slime's: a class built as `cls(args)`); ours by default."""
-    path = getattr(args, "data_source_path", None)
+    path = args.data_source_path
     cls = load_function(path, "--data-source-path") if path else DataSource
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
 
@@ -96,7 +97,7 @@ def make_data_source(args: Any, tokenizer: Any) -> Any:
 
 def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
     """slime's `--custom-(eval-)rollout-log-function-path`: True means it logged, skip ours."""
-    path = getattr(args, flag, None)
+    path = getattr(args, flag)
     return bool(path and load_function(path, "--" + flag.replace("_", "-"))(*call_args))
 
 
@@ -104,6 +105,8 @@ class RolloutController:
     def __init__(self, args: Any, endpoints: Endpoints, *, tool_services: ToolServices | None = None,
                  wandb_run: WandbRun | None = None, fleet_counters: Callable[[], dict[str, int]] | None = None):
         self.args = args
+        # the rollout's flags, read once: a namespace lacking one is refused here, naming it (plugins get `args`)
+        self.config = config = RolloutConfig.from_args(args)
         self.wandb_run = wandb_run
         # the fleet's cumulative counters (engine deaths, restarts); each rollout reports its own share
         self.fleet_counters = fleet_counters or (lambda: {})
@@ -113,15 +116,15 @@ class RolloutController:
         self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).bind()
         self.data_source = None
         self.loaded_rollout_id: int | None = None  # the rollout whose saved state `--load` restored
-        if args.prompt_data and not args.load_debug_rollout_data:
+        if config.prompt_data and not args.load_debug_rollout_data:
             self.data_source = make_data_source(args, tokenizer)
             if args.load:
                 self.loaded_rollout_id = self.data_source.load(args.load)
-        self.generate_rollout = load_function(args.rollout_function_path, "--rollout-function-path")
-        self.eval_generate_rollout = load_function(args.eval_function_path, "--eval-function-path")
+        self.generate_rollout = load_function(config.rollout_function_path, "--rollout-function-path")
+        self.eval_generate_rollout = load_function(config.eval_function_path, "--eval-function-path")
         for flag in ("custom_generate_function_path", "custom_rm_path", "dynamic_sampling_filter_path"):
-            if getattr(args, flag, None):
-                load_function(getattr(args, flag), "--" + flag.replace("_", "-"))
+            if getattr(config, flag):
+                load_function(getattr(config, flag), "--" + flag.replace("_", "-"))
         self.last_summary: dict[str, Any] | None = None
 
     @property
@@ -149,15 +152,15 @@ class RolloutController:
         """One rollout. Without a parallel config: the training batch (one dict). With one (slime's
         `set_train_parallel_config`): one dict per data-parallel rank, scheduled into micro-batches."""
         start = time.monotonic()
-        self.progress.reset(self.args.rollout_batch_size * self.args.n_samples_per_prompt, phase="rollout")
+        self.progress.reset(self.config.rollout_batch_size * self.config.n_samples_per_prompt, phase="rollout")
         retries_before = self._retries_base = self.runtime.client.stats.total_retries
         fleet_before = dict(self.fleet_counters())
         try:
             samples, metrics = self._samples(rollout_id)
         finally:
             self.progress.finish()
-        if not (getattr(self.args, "custom_reward_post_process_path", None)
-                or getattr(self.args, "custom_convert_samples_to_train_data_path", None)):
+        if not (self.args.custom_reward_post_process_path
+                or self.args.custom_convert_samples_to_train_data_path):
             fail_invalid_rewards(self.args, samples)  # the default post-processing needs numbers
         metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
         for key, value in self.fleet_counters().items():

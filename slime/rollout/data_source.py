@@ -24,6 +24,7 @@ from slime.rollout.prompt_rows import (DEFAULT_ROLLOUT, DataError, parse_path_sl
 from slime.rollout.sample_clone import clone_sample
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +60,12 @@ class DataSource:
 
     def __init__(self, args: Any, prompts: list[Sample], n_samples_per_prompt: int, shuffle: bool = False,
                  filtered: int = 0):
+        args = completed(args)
         self.args = args
         self.prompts = prompts
         self.n = n_samples_per_prompt
         self.shuffle = shuffle
-        self.seed = int(getattr(args, "rollout_seed", 42))
+        self.seed = int(args.rollout_seed)
         self.filtered_prompts = filtered
         self.epoch_id = 0
         self.offset = 0
@@ -71,7 +73,7 @@ class DataSource:
         self.sample_counter = 0
         self.buffer: list[list[Sample]] = []
         self.metadata: dict[str, Any] = {}  # slime's: what plugins keep with the data (update_metadata)
-        path = getattr(args, "buffer_filter_path", None)
+        path = args.buffer_filter_path
         # --buffer-filter-path: slime's `fn(args, rollout_id, buffer, num_groups) -> groups` (it removes them)
         self.buffer_filter = load_function(path, "--buffer-filter-path") if path else pop_first
         self._order = self._epoch_order()
@@ -79,6 +81,7 @@ class DataSource:
     @classmethod
     def from_args(cls, args: Any, tokenizer: Any = None) -> "DataSource":
         """The prompts of --prompt-data, indexed and read as they are served (`PromptIndex`)."""
+        args = completed(args)
         from slime.rollout.prompt_index import PromptIndex
 
         if not args.prompt_data:
@@ -192,15 +195,16 @@ class RolloutDataSourceWithBuffer(DataSource):
 
     def __init__(self, args: Any, prompts: Any = None, n_samples_per_prompt: int | None = None,
                  shuffle: bool | None = None, filtered: int = 0):
+        args = completed(args)
         if prompts is None:
             prompts = []
-            if getattr(args, "rollout_global_dataset", True) and getattr(args, "prompt_data", None):
+            if args.rollout_global_dataset and args.prompt_data:
                 from slime.rollout.prompt_index import PromptIndex
 
                 prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, None)
                 filtered = prompts.filtered
         super().__init__(args, prompts, n_samples_per_prompt or args.n_samples_per_prompt,
-                         bool(getattr(args, "rollout_shuffle", False) if shuffle is None else shuffle), filtered)
+                         bool(args.rollout_shuffle if shuffle is None else shuffle), filtered)
 
 
 RolloutDataSource = RolloutDataSourceWithBuffer  # slime's other name

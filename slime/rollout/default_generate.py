@@ -18,6 +18,7 @@ from slime.rollout.multimodal_prompt import multimodal_prompt, sample_images
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.utils.images import encode_png_data_uri
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 
 def prompt_ids(args: Any, sample: Sample, runtime: RolloutRuntime | None = None) -> list[int]:
@@ -40,8 +41,9 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     sample as one segment (`Sample.append_segment`). With `--partial-rollout` an ABORTED sample with a
     partial response is continued (see `partial_rollout`). The engine client is the process's
     runtime's (`current(args)`)."""
+    args = completed(args)
     runtime = current(args)
-    continued = bool(getattr(args, "partial_rollout", False)) and sample.is_partial
+    continued = bool(args.partial_rollout) and sample.is_partial
     image_data = None
     if continued:  # --partial-rollout: prompt + partial response, the remaining budget
         ids, params = partial.continuation_input(sample, sampling_params)

@@ -115,10 +115,10 @@ class EngineClient:
     def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
         # slime's bound: --sglang-server-concurrency per engine
         return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
-                   request_timeout=getattr(args, "request_timeout", 300.0),
-                   max_retries=getattr(args, "request_max_retries", REQUEST_MAX_RETRIES),
-                   retry_window=getattr(args, "request_retry_window", DEFAULT_RETRY_WINDOW),
-                   tokenizer_path=getattr(args, "hf_checkpoint", None), **kw)
+                   request_timeout=args.request_timeout,
+                   max_retries=args.request_max_retries,
+                   retry_window=args.request_retry_window,
+                   tokenizer_path=args.hf_checkpoint, **kw)
 
     @property
     def router_url(self) -> str:

@@ -80,7 +80,7 @@ def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:
 
 def eval_reward(args: Any, sample: Sample) -> Any:
     """slime's eval reward: the reward, or its `--eval-reward-key` entry when it is a dict."""
-    key = getattr(args, "eval_reward_key", None)
+    key = args.eval_reward_key
     return sample.reward[key] if key and isinstance(sample.reward, dict) else sample.reward
 
 

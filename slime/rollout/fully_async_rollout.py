@@ -48,7 +48,6 @@ import time
 from collections import Counter
 from typing import Any
 
-from slime.rollout.defaults import ROLLOUT_BATCH_SIZE
 from slime.rollout.base_types import RolloutFnTrainOutput
 from slime.rollout.current_rollout import current_rollout_id, rollout_scope
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
@@ -61,13 +60,13 @@ from slime.utils.async_utils import get_loop, run
 from slime.utils.endpoints import rollout_num_engines as get_rollout_num_engines
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 __all__ = ["AsyncRolloutWorker", "WorkerHub", "generate_rollout_fully_async", "worker_hub"]
 
 logger = logging.getLogger(__name__)
 
 MAX_DROPPED_PER_KEPT = 50  # a filter dropping this many groups per wanted group in a row is broken
-DEFAULT_ABORT_TIMEOUT = 5.0  # seconds aborted requests get to answer before their tasks are cancelled
 
 
 class AsyncRolloutWorker:
@@ -75,10 +74,11 @@ class AsyncRolloutWorker:
     method but `start`/`stop` runs there, so no lock; the output queue is thread-safe anyway)."""
 
     def __init__(self, args: Any, data_buffer: Any, concurrency: int = 10, *, hub: "WorkerHub | None" = None):
+        args = completed(args)
         self.args, self.data_source = args, data_buffer
         self.hub = hub or WorkerHub()
         # at least one rollout's worth of groups, or a rollout would wait for groups never started
-        self.concurrency = max(1, int(concurrency), int(getattr(args, "rollout_batch_size", ROLLOUT_BATCH_SIZE)))
+        self.concurrency = max(1, int(concurrency), int(args.rollout_batch_size))
         self.state = GenerateState(args)
         # slime's keys include stop/stop_token_ids as None when unset; an engine gets only set ones
         self.sampling_params = {k: v for k, v in self.state.sampling_params.items() if v is not None}
@@ -86,11 +86,10 @@ class AsyncRolloutWorker:
         self.poll_interval = 1.0  # slime's attribute; nothing polls here (completions drive the pool)
         self._entries: dict[int, GroupEntry] = {}  # gid -> entry of each group in output_queue
         self._gids = itertools.count()
-        self.max_staleness = getattr(args, "max_staleness", None)
-        self.partial = bool(getattr(args, "partial_rollout", False))
-        timeout = getattr(args, "abort_timeout", None)
-        self.abort_timeout = float(DEFAULT_ABORT_TIMEOUT if timeout is None else timeout)
-        path = getattr(args, "dynamic_sampling_filter_path", None)
+        self.max_staleness = args.max_staleness
+        self.partial = bool(args.partial_rollout)
+        self.abort_timeout = args.abort_timeout
+        path = args.dynamic_sampling_filter_path
         self.filter_fn = load_function(path, "--dynamic-sampling-filter-path") if path else None
         self.active: dict[asyncio.Task, GroupEntry] = {}
         self.suspended: list[GroupEntry] = []  # aborted by a weight update, continued when it ends
@@ -386,7 +385,7 @@ def _get_global_worker(args: Any, data_buffer: Any) -> AsyncRolloutWorker:
     """slime's name: the worker of this process's runtime for `data_buffer`, created on first use with
     a pool of `--sglang-server-concurrency` x engines groups."""
     runtime = current(args)
-    concurrency = (getattr(args, "sglang_server_concurrency", None) or 512) * max(1, get_rollout_num_engines(args))
+    concurrency = args.sglang_server_concurrency * max(1, get_rollout_num_engines(args))
     hub = worker_hub(runtime)
     return runtime.shared(f"fully_async_rollout.worker:{id(data_buffer)}",
                           lambda: hub.add(AsyncRolloutWorker(args, data_buffer, concurrency, hub=hub)))
@@ -423,12 +422,14 @@ async def _rollout(args: Any, rollout_id: int, data_buffer: Any) -> RolloutFnTra
 
 async def _generate_rollout_async(args: Any, rollout_id: int, data_buffer: Any) -> list[list[Sample]]:
     """slime's: the `--rollout-batch-size` oldest finished groups; the rest stay queued."""
+    args = completed(args)
     return (await _rollout(args, rollout_id, data_buffer)).samples
 
 
 def generate_rollout_fully_async(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False):
     """slime's rollout-function contract (slime's four parameters; the runtime is the bound one);
     evaluation runs the default (synchronous) eval, where slime refuses."""
+    args = completed(args)
     if evaluation:
         return generate_rollout(args, rollout_id, data_buffer, evaluation=True)
     return run(_rollout(args, rollout_id, data_buffer))

@@ -37,7 +37,7 @@ class Leftovers:
 
     def __init__(self, args: Any, rollout_id: int, data_source: Any):
         self.args, self.rollout_id, self.data_source = args, rollout_id, data_source
-        self.partial = bool(getattr(args, "partial_rollout", False))
+        self.partial = bool(args.partial_rollout)
         self.aborted_samples = self.wasted_tokens = self.requeued = self.continued = 0
 
     def taken(self, group: list[Sample]) -> list[Sample] | None:
@@ -80,7 +80,7 @@ async def abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asyn
     done: set[asyncio.Task] = set()
     late: set[asyncio.Task] = set(pending)
     try:
-        done, late = await runtime.client.abort_until_settled(set(pending), getattr(args, "abort_timeout", None))
+        done, late = await runtime.client.abort_until_settled(set(pending), args.abort_timeout)
     finally:
         # even when the abort itself failed or was cancelled: nothing keeps running, every group goes back
         for task in late:
@@ -96,5 +96,5 @@ async def abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asyn
                     leftovers.restore(group, before[task], interrupted=True)
     if late:
         logger.warning("rollout: %d group(s) did not answer the abort within --abort-timeout %ss; cancelled and "
-                       "returned to the buffer as they were handed out", len(late), getattr(args, "abort_timeout", None))
+                       "returned to the buffer as they were handed out", len(late), args.abort_timeout)
     return time.monotonic() - start

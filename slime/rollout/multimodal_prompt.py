@@ -26,7 +26,7 @@ def sample_images(sample: Sample) -> list[Any]:
 
 def shared_processor(args: Any, runtime: Any) -> Any:
     """`load_processor(--hf-checkpoint)` once per runtime; None for a text-only checkpoint."""
-    path = getattr(args, "hf_checkpoint", None)
+    path = args.hf_checkpoint
     return runtime.shared(PROCESSOR_KEY, lambda: load_processor(path, trust_remote_code=True) if path else None)
 
 
@@ -40,7 +40,7 @@ def multimodal_prompt(args: Any, sample: Sample, runtime: Any) -> tuple[list[int
     processor = shared_processor(args, runtime)
     if processor is None:
         raise ValueError(f"sample {sample.index} has {len(images)} image(s) (--multimodal-keys) but "
-                         f"--hf-checkpoint {getattr(args, 'hf_checkpoint', None)} has no image processor "
+                         f"--hf-checkpoint {args.hf_checkpoint} has no image processor "
                          "(a vision-language checkpoint ships preprocessor_config.json)")
     text = sample.prompt
     if not isinstance(text, str):

@@ -24,7 +24,7 @@ def row_images(args: Any, row: dict[str, Any], where: str, base_dir: Path | None
                error: type) -> tuple[list[Any], list[Any]] | None:
     """(the row's image values as written, the images as PIL RGB) by `--multimodal-keys`, in order;
     None when the flag is unset."""
-    keys = getattr(args, "multimodal_keys", None)
+    keys = args.multimodal_keys
     if not keys:
         return None
     raw: list[Any] = []

@@ -21,6 +21,7 @@ from typing import Any
 from slime.rollout.engine_answer import LOGPROB_TOLERANCE
 from slime.utils import http_retry
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 RM_URL_FLAG = "--rm-url"
 TEACHER_TIMEOUT = 300.0  # seconds per attempt (a long sequence on a busy teacher); retries on top, budgeted
@@ -33,14 +34,15 @@ class TeacherAnswerError(ValueError):
 def teacher_request(args: Any, sample: Sample) -> dict[str, Any]:
     """The `/generate` body that scores `sample.tokens` without sampling anything."""
     return {"input_ids": list(sample.tokens),
-            "sampling_params": {"temperature": getattr(args, "rollout_temperature", 1.0), "max_new_tokens": 0,
+            "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0,
                                 "skip_special_tokens": False},
             "return_logprob": True, "logprob_start_len": 0}
 
 
 async def reward_func(args: Any, sample: Sample, **kwargs: Any) -> dict[str, Any]:
     """slime's OPD reward: the teacher's `/generate` answer for the sample's tokens, kept whole."""
-    url = getattr(args, "rm_url", None)
+    args = completed(args)
+    url = args.rm_url
     if not url:
         raise ValueError(f"{RM_URL_FLAG} is required by slime.rollout.on_policy_distillation.reward_func "
                          f"(the teacher's /generate URL)")
@@ -92,6 +94,7 @@ def _is_entry(entry: Any) -> bool:
 def post_process_rewards(args: Any, samples: list[Sample], **kwargs: Any) -> tuple[list[float], list[float]]:
     """slime's OPD post-process: `sample.teacher_log_probs` from each teacher answer, and zero task
     rewards as both raw and training rewards (pure distillation; the OPD penalty carries the signal)."""
+    args = completed(args)
     for sample in samples:
         sample.teacher_log_probs = teacher_log_probs(sample, sample.reward)
     zeros = [0.0] * len(samples)

@@ -46,8 +46,8 @@ def supports_partial_rollout(fn: Any) -> bool:
 
 def check_generate_function(args: Any) -> None:
     """`--partial-rollout` needs a generate function that can continue a sample; ValueError otherwise."""
-    path = getattr(args, "custom_generate_function_path", None)
-    if not getattr(args, "partial_rollout", False) or not path:
+    path = args.custom_generate_function_path
+    if not args.partial_rollout or not path:
         return
     from slime.utils.misc import load_function
 
@@ -61,12 +61,12 @@ def check_generate_function(args: Any) -> None:
 
 # ---- one sample --------------------------------------------------------------------------------
 def is_continuation(args: Any, sample: Sample) -> bool:
-    return bool(getattr(args, "partial_rollout", False)) and sample.is_partial
+    return bool(args.partial_rollout) and sample.is_partial
 
 
 def is_finished(args: Any, sample: Sample) -> bool:
     """A sample returned to the buffer already finished (its group was interrupted): not regenerated."""
-    return bool(getattr(args, "partial_rollout", False)) and sample.status in FINISHED \
+    return bool(args.partial_rollout) and sample.status in FINISHED \
         and sample.response_length > 0
 
 

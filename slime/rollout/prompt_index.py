@@ -108,7 +108,7 @@ class PromptIndex(Sequence):
         if not self.path.is_file():
             raise DataError(f"prompt data file not found: {self.path}")
         self.args, self.input_key, self.label_key, self.tokenizer = args, input_key, label_key, tokenizer
-        self.template_kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
+        self.template_kwargs = args.apply_chat_template_kwargs or {}
         if not isinstance(self.template_kwargs, dict):
             raise DataError(f"--apply-chat-template-kwargs must be a JSON object, got {self.template_kwargs!r}")
         self._table = None
@@ -156,8 +156,8 @@ class PromptIndex(Sequence):
         the template, the tokenizer and the limit. Equal keys, equal rows dropped."""
         st = self.path.stat()
         return (str(self.path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, repr(self._slice), self.input_key,
-                self.label_key, bool(getattr(self.args, "apply_chat_template", False)),
-                json.dumps(self.template_kwargs, sort_keys=True, default=repr), getattr(self.args, "tool_key", None),
+                self.label_key, bool(self.args.apply_chat_template),
+                json.dumps(self.template_kwargs, sort_keys=True, default=repr), self.args.tool_key,
                 getattr(self.tokenizer, "name_or_path", None), prompt_limit(self.args)[0])
 
     def carry_filter(self, args: Any) -> None:
@@ -227,7 +227,7 @@ class PromptIndex(Sequence):
         if self._images is None:
             from slime.utils.prompt_images import PromptImages
 
-            self._images = PromptImages.of_checkpoint(getattr(self.args, "hf_checkpoint", None)) or False
+            self._images = PromptImages.of_checkpoint(self.args.hf_checkpoint) or False
         return sum(self._images.count(image) - 1 for image in images) if self._images else 0
 
     def where(self, i: int) -> str:

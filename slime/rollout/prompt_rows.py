@@ -66,9 +66,9 @@ def parse_path_slice(path: str | Path) -> tuple[str, slice | None]:
 
 def prompt_limit(args: Any) -> tuple[int | None, str]:
     """Longest prompt kept (tokens) and the flag that sets it; slime keeps len <= max_prompt_len."""
-    if getattr(args, "rollout_max_prompt_len", None) is not None:
+    if args.rollout_max_prompt_len is not None:
         return args.rollout_max_prompt_len, "--rollout-max-prompt-len"
-    if getattr(args, "rollout_max_context_len", None) is not None:
+    if args.rollout_max_context_len is not None:
         return args.rollout_max_context_len - 1, "--rollout-max-context-len"
     return None, ""
 
@@ -130,10 +130,10 @@ def _check_strings(value: Any, where: str, what: str) -> None:
 
 
 def _default_generate(args: Any) -> bool:
-    """The rollout reads prompts with the default generate (text or messages only). Only our parsed
-    flags say so: a plugin's own namespace (no `rollout_function_path`) reads what its generate reads."""
-    return (hasattr(args, "rollout_function_path") and getattr(args, "custom_generate_function_path", None) is None
-            and args.rollout_function_path == DEFAULT_ROLLOUT)
+    """The rollout reads prompts with the default generate (text or messages only); a rollout or generate
+    function of the user's own reads what it reads. The flags say so, however the namespace was built (one
+    built by hand has the parser's defaults, `slime.utils.plugin_args.completed`)."""
+    return args.custom_generate_function_path is None and args.rollout_function_path == DEFAULT_ROLLOUT
 
 
 def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) -> Any:
@@ -146,14 +146,14 @@ def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) 
 def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str, Any], Any]:
     """--metadata-key's dict and --tool-key's tools (a schema list, else verl's tools_kwargs)."""
     metadata: dict[str, Any] = {}
-    mkey = getattr(args, "metadata_key", None)
+    mkey = args.metadata_key
     if mkey:
         try:
             meta = get_by_path(row, mkey)
             metadata.update(meta if isinstance(meta, dict) else {"metadata": meta})
         except KeyError:
             pass
-    tkey = getattr(args, "tool_key", None)
+    tkey = args.tool_key
     tools = None
     if tkey:
         try:
@@ -164,7 +164,7 @@ def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str,
             tools = metadata["tools"] = value
         elif value is not None:
             metadata["tools_kwargs"] = value
-    if getattr(args, "interaction_config_path", None):
+    if args.interaction_config_path:
         metadata["interaction_kwargs"] = _row_interaction(args, row, where)
     return metadata, tools
 
@@ -172,7 +172,7 @@ def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str,
 def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, Any]:
     """verl's interaction_kwargs of a row (--interaction-key): a mapping whose 'name' picks the
     interaction; verl requires it on every row when an interaction config is given."""
-    key = getattr(args, "interaction_key", None) or "extra_info.interaction_kwargs"
+    key = args.interaction_key
     value = _row_value(row, key, where, "interaction", "--interaction-key")
     if hasattr(value, "tolist"):  # a Parquet struct read back as numpy
         value = value.tolist()
@@ -209,7 +209,7 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
         if not all(isinstance(m, dict) and "role" in m for m in prompt):
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
         metadata["messages"] = prompt
-        templated = bool(getattr(args, "apply_chat_template", False))
+        templated = bool(args.apply_chat_template)
         if templated or _default_generate(args):
             _check_messages(prompt, where, input_key, templated)
         if templated:
@@ -221,7 +221,7 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
             except Exception as e:  # noqa: BLE001 - jinja's errors name neither the file nor the line
                 raise DataError(f"{where}: --apply-chat-template cannot render key {input_key!r}: "
                                 f"{type(e).__name__}: {str(e).strip()[:200]}") from None
-    elif not isinstance(prompt, str) and getattr(args, "apply_chat_template", False):
+    elif not isinstance(prompt, str) and args.apply_chat_template:
         raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
                         "string or a message list")
     elif not isinstance(prompt, str) and _default_generate(args):
@@ -245,7 +245,7 @@ def too_long(args: Any, num_tokens: int, where: str) -> bool:
     max_len, limit_flag = prompt_limit(args)
     if max_len is None or num_tokens <= max_len:
         return False
-    if getattr(args, "over_long_prompt", "filter") == "error":
+    if args.over_long_prompt == "error":
         raise DataError(f"{where}: prompt has {num_tokens} tokens, over the limit "
                         f"{max_len} ({limit_flag}); use --over-long-prompt filter")
     return True

@@ -23,12 +23,12 @@ def reward_source(args: Any, sample: Sample) -> str:
     """The flag (or per-sample setting) that chose this sample's reward function."""
     if getattr(sample, "custom_rm_path", None):
         return f"Sample.custom_rm_path {sample.custom_rm_path!r}"
-    if getattr(args, "custom_rm_path", None):
+    if args.custom_rm_path:
         return f"--custom-rm-path {args.custom_rm_path!r}"
     meta = sample.metadata if isinstance(sample.metadata, dict) else {}
     if meta.get("rm_type"):
         return f"metadata['rm_type'] {meta['rm_type']!r}"
-    return f"--rm-type {getattr(args, 'rm_type', None)!r}"
+    return f"--rm-type {args.rm_type!r}"
 
 
 def sample_name(sample: Sample) -> str:
@@ -45,7 +45,7 @@ def number_problem(value: Any) -> str | None:
 
 def reward_problem(args: Any, sample: Sample) -> str | None:
     """Why the default post-processing cannot read a number from this sample's reward, or None."""
-    reward, key = sample.reward, getattr(args, "reward_key", None)
+    reward, key = sample.reward, args.reward_key
     if key:
         if not isinstance(reward, dict) or key not in reward:
             return f"returned {reward!r}, which has no key {key!r} (--reward-key)"

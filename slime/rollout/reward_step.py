@@ -43,7 +43,7 @@ def _set_reward(args: Any, sample: Sample, reward: Any) -> None:
 async def _guarded(args: Any, coro: Any) -> Any:
     """The coroutine's result, or the exception it raised (a reward bug costs one sample, not the rollout);
     one that does not return within --reward-timeout is a RewardTimeout (it hung the rollout before)."""
-    timeout = getattr(args, "reward_timeout", None)  # None: a Namespace built by hand without the flag
+    timeout = args.reward_timeout
     try:
         if timeout is None:
             return await coro
@@ -82,7 +82,7 @@ async def _reward_as_group(args: Any, samples: list[Sample]) -> None:
 
 
 def group_rm_applies(args: Any, evaluation: bool) -> bool:
-    return bool(getattr(args, "group_rm", False)) and not evaluation
+    return bool(args.group_rm) and not evaluation
 
 
 async def reward_group(args: Any, samples: list[Sample], evaluation: bool) -> None:

@@ -43,7 +43,7 @@ async def _collect(args: Any, rollout_id: int, data_source: DataSource,
     runtime = current(args)
     runtime.client.gate.open()
     target = args.rollout_batch_size
-    over = max(target, int(getattr(args, "over_sampling_batch_size", None) or target))
+    over = max(target, int(args.over_sampling_batch_size or target))
     stats = runtime.client.stats
     retries_before, failures_before = stats.total_retries, stats.failures
     params = sampling_params_from_args(args)
@@ -127,8 +127,8 @@ async def _collect(args: Any, rollout_id: int, data_source: DataSource,
 def _run_sample_hooks(args: Any, kept: list[list[Sample]], finished: list[list[Sample]], data_source: Any) -> None:
     """slime's end-of-rollout hooks: the sample filter sees the kept groups, the all-samples hook every
     group generated this rollout (filtered ones too)."""
-    if getattr(args, "rollout_sample_filter_path", None):  # slime's hook: marks samples remove_sample
+    if args.rollout_sample_filter_path:  # slime's hook: marks samples remove_sample
         load_function(args.rollout_sample_filter_path, "--rollout-sample-filter-path")(args, kept)
-    if getattr(args, "rollout_all_samples_process_path", None):  # slime's hook: sees filtered groups too
+    if args.rollout_all_samples_process_path:  # slime's hook: sees filtered groups too
         load_function(args.rollout_all_samples_process_path, "--rollout-all-samples-process-path")(
             args, finished, data_source)

@@ -21,6 +21,7 @@ from slime.rollout.slime_http_client import SlimeHttpClient
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
 from slime.utils.gc_freeze import freeze_startup_heap
+from slime.utils.plugin_args import completed
 from slime.tools.services import ToolServices
 from slime.tools.registry import ToolSet
 from slime.tools.tool_sets import ToolSetCache
@@ -128,8 +129,9 @@ def current(args: Any = None) -> RolloutRuntime:
     if args is None:
         raise RuntimeError("no rollout runtime in this process: rollout functions run inside the RolloutManager "
                            "(or bind one with RolloutRuntime(...).bind())")
+    args = completed(args)
     router = (f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-              if getattr(args, "sglang_router_ip", None) else None)
+              if args.sglang_router_ip else None)
     return RolloutRuntime(args, EngineClient.from_args(args, Endpoints(router)), owned_by_binding=True).bind()
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from slime.rollout.current_rollout import current_rollout_id, set_current_rollout_id  # noqa: F401 - slime's names
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 
 def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +40,8 @@ async def _apply(args: Any, sample: Sample, paths: list[str], kwargs: dict[str, 
 
 async def apply_rollout_sample_hooks(args: Any, value: Any, **kwargs: Any) -> Any:
     """Apply the configured hooks to every Sample in `value` (a Sample or nested lists), keeping the shape."""
-    paths = getattr(args, "rollout_sample_hook_path", None) or []
+    args = completed(args)
+    paths = args.rollout_sample_hook_path or []
     if not paths:
         return value
     if kwargs.get("rollout_id") is None:

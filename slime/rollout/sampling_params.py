@@ -34,5 +34,5 @@ def group_sampling_params(args: Any, sampling_params: dict[str, Any], n: int) ->
     repeats its samples; otherwise every sample shares the flags' parameters."""
     if not getattr(args, "sglang_enable_deterministic_inference", False):
         return [sampling_params] * n
-    seed = int(getattr(args, "rollout_seed", 42) or 0)
+    seed = int(args.rollout_seed or 0)
     return [{**sampling_params, "sampling_seed": seed + i} for i in range(n)]

@@ -15,6 +15,7 @@ from typing import Any
 from slime.utils.mask_utils import MultiTurnLossMaskGenerator
 from slime.utils.processing_utils import load_tokenizer
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 __all__ = ["generate_rollout"]
 
@@ -23,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 def _mask_generator(args: Any, runtime: Any) -> MultiTurnLossMaskGenerator:
     """One generator per runtime and mask type (the tokenizer is the runtime's, loaded once)."""
-    mask_type = getattr(args, "loss_mask_type", None) or "qwen"
-    if not getattr(args, "hf_checkpoint", None):
+    mask_type = args.loss_mask_type
+    if not args.hf_checkpoint:
         raise ValueError("slime.rollout.sft_rollout needs --hf-checkpoint (its tokenizer builds the loss masks)")
     if runtime is None:
         return MultiTurnLossMaskGenerator(load_tokenizer(args.hf_checkpoint, trust_remote_code=True), mask_type)
@@ -66,10 +67,11 @@ def build_sft_sample(sample: Sample, generator: MultiTurnLossMaskGenerator) -> S
 
 def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list[list[Sample]]:
     """`--rollout-batch-size` groups from the data source, each sample tokenised with its loss mask."""
+    args = completed(args)
     if evaluation:
         raise ValueError("slime.rollout.sft_rollout cannot evaluate; set --eval-function-path to a generating "
                          "rollout (e.g. slime.rollout.sglang_rollout.generate_rollout) or drop --eval-prompt-data")
-    if not getattr(args, "rollout_global_dataset", True):
+    if not args.rollout_global_dataset:
         raise ValueError("slime.rollout.sft_rollout reads the global dataset; drop --disable-rollout-global-dataset")
     generator = _mask_generator(args, _bound_runtime())
     groups = data_buffer.get_samples(args.rollout_batch_size)

@@ -34,6 +34,7 @@ from slime.utils.async_utils import run
 from slime.utils.http_retry import HttpError
 from slime.utils.misc import PluginLoadError, load_function
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 # every name slime's plugins and our modules import from here (the ones defined elsewhere re-exported)
 __all__ = ["GenerateState", "MAX_DROPPED_PER_KEPT", "abort", "eval_prompts", "eval_reward", "eval_rollout",
@@ -65,9 +66,9 @@ class GenerateState:
         self.runtime, self.args = rt, rt.args
         # slime's keys, `stop`/`stop_token_ids` included (None when unset), as plugins read them
         self.sampling_params = {"stop": None, "stop_token_ids": None, **sampling_params_from_args(rt.args)}
-        seed = getattr(rt.args, "rollout_seed", None)
-        self.group_sampling_seeds = [(seed or 0) + i for i in range(int(getattr(rt.args, "n_samples_per_prompt", 1)))]
-        self.plugin_concurrency = max(1, int(getattr(rt.args, "sglang_server_concurrency", 512) or 512)
+        seed = rt.args.rollout_seed
+        self.group_sampling_seeds = [(seed or 0) + i for i in range(int(rt.args.n_samples_per_prompt))]
+        self.plugin_concurrency = max(1, int(rt.args.sglang_server_concurrency)
                                       * max(1, get_rollout_num_engines(rt.args)))
         self._semaphores: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
             weakref.WeakKeyDictionary()
@@ -173,7 +174,7 @@ def generate_function(args: Any, sample: Sample) -> Any:
     """The sample's generate function: `Sample.generate_function_path` (an eval dataset's
     `custom_generate_function_path` sets it), else `--custom-generate-function-path`, else `generate`."""
     for where, path in (("Sample.generate_function_path", getattr(sample, "generate_function_path", None)),
-                        ("--custom-generate-function-path", getattr(args, "custom_generate_function_path", None))):
+                        ("--custom-generate-function-path", args.custom_generate_function_path)):
         if path:
             try:
                 return load_function(path)
@@ -193,7 +194,7 @@ async def _call_generate(args: Any, sample: Sample, sampling_params: dict[str, A
         return await fn(args, sample, dict(sampling_params))
     call = fn(args, sample, dict(sampling_params), evaluation=evaluation) if _accepts(fn, "evaluation") else \
         fn(args, sample, dict(sampling_params))
-    timeout = getattr(args, "custom_generate_timeout", None)  # None: a Namespace built by hand without it
+    timeout = args.custom_generate_timeout
     try:
         return await asyncio.wait_for(call, timeout)
     except asyncio.TimeoutError:
@@ -209,7 +210,7 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
     then nothing is counted in the progress."""
     state = GenerateState(args)
     runtime = getattr(state, "runtime", None)
-    partial_on = bool(getattr(args, "partial_rollout", False))
+    partial_on = bool(args.partial_rollout)
     if partial_on and not evaluation and partial.is_finished(args, sample):
         if runtime is not None:
             runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
@@ -228,7 +229,7 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
                     prompt_ids(args, sample, runtime), 0, [], []
                 out = sample
     samples = out if isinstance(out, list) else [out]
-    if partial_on and getattr(args, "mask_offpolicy_in_partial_rollout", False):
+    if partial_on and args.mask_offpolicy_in_partial_rollout:
         for s in samples:
             if s.status in partial.FINISHED:
                 partial.mask_offpolicy(s)
@@ -243,6 +244,7 @@ async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params:
     """Generate every sample of a group concurrently, then reward the ones that need it (the whole
     group at once with `--group-rm`). A reward function that raises marks its sample FAILED (flag and
     sample named); what it returns is kept as it is."""
+    args = completed(args)
     if GenerateState(args).aborted:
         return group
     params = group_sampling_params(args, sampling_params, len(group))
@@ -256,6 +258,7 @@ async def generate_and_rm(args: Any, sample: Sample, sampling_params: dict[str, 
                           evaluation: bool = False) -> Sample | list[Sample]:
     """slime's per-sample step: generate (the sample's or the flag's custom function, else `generate`)
     through `GenerateState`, then reward unless aborted, failed or `--group-rm` (the group does it)."""
+    args = completed(args)
     samples = await _generate_one(args, sample, sampling_params, evaluation)
     if not group_rm_applies(args, evaluation):
         await reward_each(args, samples)
@@ -271,6 +274,7 @@ async def abort(args: Any, rollout_id: int) -> None:
 async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSource) -> RolloutFnTrainOutput:
     """slime's name for the train rollout (`rollout_loop.collect_rollout`), each group through
     `generate_and_rm_group`."""
+    args = completed(args)
     return await collect_rollout(args, rollout_id, data_source, generate_and_rm_group)
 
 
@@ -283,6 +287,7 @@ async def eval_rollout_single_dataset(args: Any, rollout_id: int, dataset: Any) 
 async def eval_rollout(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
     """Every eval dataset (`--eval-prompt-data` / `--eval-config`), one after the other, each with its
     own settings."""
+    args = completed(args)
     data: dict[str, dict[str, Any]] = {}
     start = time.monotonic()
     for dataset in args.eval_datasets:
@@ -294,6 +299,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     """slime's rollout-function contract (REFERENCE §3): exactly slime's four parameters. The engine
     client and progress come from the process's runtime (`runtime.current(args)`: the controller's,
     or one built from `--sglang-router-ip/--sglang-router-port`)."""
+    args = completed(args)
     if evaluation:
         return run(eval_rollout(args, rollout_id))
     return run(generate_rollout_async(args, rollout_id, data_source))

@@ -18,6 +18,7 @@ from typing import Any
 from slime.rollout.reward_check import number_problem, reward_problem, reward_source
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def normalization_groups(args: Any, samples: list[Sample]) -> list[list[int]]:
         for i, s in enumerate(samples):
             by_group[s.group_index].append(i)
         return list(by_group.values())
-    n = int(getattr(args, "n_samples_per_prompt", 1) or 1)
+    n = int(args.n_samples_per_prompt or 1)
     if len(samples) % n == 0:
         return [list(range(i, i + n)) for i in range(0, len(samples), n)]
     logger.warning("reward normalisation: %d samples lack group_index and %d is not a multiple of "
@@ -87,7 +88,7 @@ def normalization_groups(args: Any, samples: list[Sample]) -> list[list[int]]:
 
 
 def normalize_group_rewards(args: Any, samples: list[Sample], raw: list[float]) -> list[float]:
-    estimator = getattr(args, "advantage_estimator", "grpo")
+    estimator = args.advantage_estimator
     if getattr(args, "disable_rewards_normalization", False) or estimator not in (
             "grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
         return list(raw)
@@ -103,7 +104,7 @@ def normalize_group_rewards(args: Any, samples: list[Sample], raw: list[float]) 
 
 
 def _hook(args: Any, attr: str, flag: str):
-    path = getattr(args, attr, None)
+    path = getattr(args, attr)
     return load_function(path, flag) if path else None
 
 
@@ -113,6 +114,7 @@ def post_process_rewards(args: Any, samples: list[Sample]) -> tuple[list[float],
     `--custom-reward-post-process-path fn(args, samples) -> (raw_rewards, rewards)` replaces the
     default group normalisation; anything else than two sequences of `len(samples)` is an error
     naming the flag (a silent mismatch would pair rewards with the wrong samples)."""
+    args = completed(args)
     hook = _hook(args, "custom_reward_post_process_path", REWARD_FLAG)
     if hook is None:
         for s in samples:
@@ -181,6 +183,7 @@ def convert_samples_to_train_data(args: Any, samples: list[Sample]) -> dict[str,
     `--custom-convert-samples-to-train-data-path fn(args, samples) -> dict` replaces it; its output is
     checked by `check_custom_train_data` and completed with `total_lengths`, `rollout_ids` and
     `rollout_mask_sums` when it lacks them."""
+    args = completed(args)
     if not samples:
         raise BatchError("no samples to convert (every sample failed or was filtered)")
     hook = _hook(args, "custom_convert_samples_to_train_data_path", CONVERT_FLAG)
@@ -244,7 +247,7 @@ def check_custom_train_data(args: Any, samples: list[Sample], data: Any) -> dict
     """What a custom convert hook returned must be a batch the trainer can read: a dict with at least
     `tokens`, `response_lengths`, `rewards` and `loss_masks`, every per-sample list of one length, and
     per-token lists of `response_length`. Errors name the flag and the entry."""
-    where = f"{CONVERT_FLAG} {getattr(args, 'custom_convert_samples_to_train_data_path', None)!r}"
+    where = f"{CONVERT_FLAG} {args.custom_convert_samples_to_train_data_path!r}"
     if not isinstance(data, dict):
         raise BatchError(f"{where} returned {type(data).__name__}; expected a dict of per-sample lists")
     missing = [k for k in ("tokens", "response_lengths", "rewards", "loss_masks") if k not in data]

@@ -71,9 +71,3 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def tool_defaults() -> dict[str, Any]:
     """The flag defaults as a dict (for tests and scripts that build a Namespace)."""
     return ToolConfig.defaults()
-
-
-def flag_value(args: Any, name: str, default: Any = None) -> Any:
-    """`args.<name>`, or `default` when it is missing or None (a Namespace built by hand may lack it)."""
-    value = getattr(args, name, None)
-    return default if value is None else value

@@ -52,6 +52,8 @@ class FlopsModel:
 
 def _model_dims(args: Any) -> dict[str, Any]:
     dims = {key: getattr(args, key, None) for key in HF_KEYS}
+    if not args.group_query_attention:  # Megatron reads --num-query-groups only with --group-query-attention
+        dims["num_query_groups"] = None
     missing = [k for k in ("hidden_size", "num_attention_heads", "num_layers", "ffn_hidden_size", "vocab_size")
                if dims[k] is None]
     if missing:
@@ -63,7 +65,7 @@ def _model_dims(args: Any) -> dict[str, Any]:
 
 
 def _hf_config(args: Any, missing: list[str]) -> dict[str, Any]:
-    path = getattr(args, "hf_checkpoint", None)
+    path = args.hf_checkpoint
     config = Path(path) / "config.json" if path else None
     if config is None or not config.is_file():
         raise FlopsModelError(f"--balance-data weighs samples by FLOPs and needs the model's shape: set "
@@ -74,15 +76,14 @@ def _hf_config(args: Any, missing: list[str]) -> dict[str, Any]:
 
 def _layer_split(args: Any, layers: int) -> tuple[int, int, float]:
     """(dense layers, MoE layers, MoE FFN width per token)."""
-    if getattr(args, "num_experts", None) is None:
+    if args.num_experts is None:
         return layers, 0, 0.0
-    freq = getattr(args, "moe_layer_freq", None)
+    freq = args.moe_layer_freq
     if isinstance(freq, (list, tuple)):
         moe = sum(1 for f in freq if f > 0)
     elif freq:
         moe = sum(1 for i in range(layers) if i % freq == 0)
     else:
         moe = layers
-    width = args.moe_ffn_hidden_size * args.moe_router_topk + (getattr(args, "moe_shared_expert_intermediate_size",
-                                                                       None) or 0)
+    width = args.moe_ffn_hidden_size * args.moe_router_topk + (args.moe_shared_expert_intermediate_size or 0)
     return layers - moe, moe, float(width)

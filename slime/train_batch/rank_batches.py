@@ -80,18 +80,18 @@ def schedule_for(args: Any, batch: dict, parallel_config: dict) -> DPSchedule:
     n = len(batch["tokens"])
     total_lengths = batch.get("total_lengths") or [len(t) for t in batch["tokens"]]
     rollout_ids = batch.get("rollout_ids") or list(range(n))  # no ids: every sample is its own rollout
-    gbs = getattr(args, "global_batch_size", None) or len(set(rollout_ids))
+    gbs = args.global_batch_size or len(set(rollout_ids))
     weights = None
-    if getattr(args, "balance_data", False):  # slime: ranks balanced by forward FLOPs, not tokens
+    if args.balance_data:  # slime: ranks balanced by forward FLOPs, not tokens
         from slime.train_batch.flops import FlopsModel
 
         flops = FlopsModel.from_args(args)
         weights = [round(flops(length)) for length in total_lengths]
     return build_dp_schedule(
         total_lengths, rollout_ids, dp_size=dp_size, global_batch_size=gbs,
-        micro_batch_size=getattr(args, "micro_batch_size", None) or 1,
-        use_dynamic_batch_size=bool(getattr(args, "use_dynamic_batch_size", False)),
-        max_tokens_per_gpu=getattr(args, "max_tokens_per_gpu", None),
+        micro_batch_size=args.micro_batch_size or 1,
+        use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
+        max_tokens_per_gpu=args.max_tokens_per_gpu,
         cp_size=parallel_config.get("cp_size") or 1, vpp_size=parallel_config.get("vpp_size") or 1,
         microbatch_group_size_per_vp_stage=parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
         balance_weights=weights)

@@ -19,17 +19,19 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths: lis
     `global_batch_size` counts rollouts (samples sharing `rollout_indices[i]` stay in one step)."""
     from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
     from slime.train_batch.flops import FlopsModel
+    from slime.utils.plugin_args import completed
 
+    args = completed(args)  # slime's callers and tests build it by hand
     weights = None
-    if getattr(args, "balance_data", False):
+    if args.balance_data:
         flops = FlopsModel.from_args(args)
         weights = [round(flops(length)) for length in total_lengths]
     try:
         sched = schedule(
             total_lengths, rollout_indices, dp_size=train_parallel_config["dp_size"],
-            global_batch_size=global_batch_size, micro_batch_size=getattr(args, "micro_batch_size", None),
-            use_dynamic_batch_size=bool(getattr(args, "use_dynamic_batch_size", False)),
-            max_tokens_per_gpu=getattr(args, "max_tokens_per_gpu", None),
+            global_batch_size=global_batch_size, micro_batch_size=args.micro_batch_size,
+            use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
+            max_tokens_per_gpu=args.max_tokens_per_gpu,
             cp_size=train_parallel_config.get("cp_size") or 1, vpp_size=train_parallel_config.get("vpp_size") or 1,
             microbatch_group_size_per_vp_stage=train_parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
             balance_weights=weights)

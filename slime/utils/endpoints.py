@@ -45,7 +45,7 @@ class Endpoints:
 
 def rollout_num_engines(args: Any) -> int:
     """Engines behind the router: `--rollout-num-engines`, else GPUs / GPUs per engine (slime's rule)."""
-    if getattr(args, "rollout_num_engines", None) is not None:
+    if args.rollout_num_engines is not None:
         return int(args.rollout_num_engines)
-    gpus = getattr(args, "rollout_num_gpus", None) or 0
-    return max(1, gpus // (getattr(args, "rollout_num_gpus_per_engine", None) or 1)) if gpus > 0 else 0
+    gpus = args.rollout_num_gpus or 0
+    return max(1, gpus // (args.rollout_num_gpus_per_engine or 1)) if gpus > 0 else 0

@@ -212,10 +212,10 @@ def load_eval_config(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def resolve_eval_datasets(args: Any) -> list[EvalDatasetConfig]:
     """Upstream's `_resolve_eval_datasets`: --eval-config wins over --eval-prompt-data."""
-    if getattr(args, "eval_config", None):
+    if args.eval_config:
         raw, defaults = load_eval_config(args.eval_config)
         return build_eval_datasets(args, raw, defaults, f"--eval-config {args.eval_config}")
-    values = list(getattr(args, "eval_prompt_data", None) or [])
+    values = list(args.eval_prompt_data or [])
     if not values:
         return []
     if len(values) == 1:  # upstream's legacy form: one path is the "aime" set

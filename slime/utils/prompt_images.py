@@ -32,7 +32,12 @@ class PreparedImage:
 
 
 class ImageCountError(ValueError):
-    """The prompt's image placeholders do not match its images (count, or a run of another length)."""
+    """The prompt's image placeholders do not match its images: their count (`image` None), or the run of
+    image `image` has another length than 1 or the image's token count. The engine answers it as a 400."""
+
+    def __init__(self, detail: str, image: int | None = None) -> None:
+        super().__init__(detail if image is None else f"image {image}: {detail}")
+        self.detail, self.image = detail, image
 
 
 class PromptImages:
@@ -68,21 +73,31 @@ class PromptImages:
         return tokens_per_image(grid, self.merge_size)[0]
 
     def expand(self, ids: list[int], images: list[PreparedImage]) -> list[int]:
-        """`ids` with each image's placeholder run at its token count (a run of 1 expanded, a full one kept)."""
-        runs = placeholder_runs(ids, self.image_token_id)
-        if len(runs) != len(images):
-            raise ImageCountError(f"{len(images)} image(s) but the prompt has {len(runs)} image placeholder(s)")
-        if all(length == image.tokens for (_, length), image in zip(runs, images)):
-            return ids
-        out: list[int] = []
-        cursor = 0
-        for j, ((start, length), image) in enumerate(zip(runs, images)):
-            if length not in (1, image.tokens):
-                raise ImageCountError(f"image {j} fills {image.tokens} tokens but its placeholder is {length}")
-            out += ids[cursor:start]
-            out += [self.image_token_id] * image.tokens
-            cursor = start + length
-        return out + ids[cursor:]
+        """`ids` with each image's placeholder run at its token count (`expand_placeholders`)."""
+        return expand_placeholders(ids, self.image_token_id, [image.tokens for image in images])
+
+
+def expand_placeholders(ids: list[int], token: int, counts: list[int]) -> list[int]:
+    """`ids` with the j-th run of the placeholder `token` at `counts[j]` tokens: a run of 1 is expanded (what a
+    chat template renders), a run already at the count is kept (ids a rollout sent before). Anything else
+    raises `ImageCountError`. One function for the engine's `image_data` and the rollouts' own prompts, so
+    both accept the same ids."""
+    runs = placeholder_runs(ids, token)
+    if len(runs) != len(counts):
+        raise ImageCountError(f"{len(counts)} image(s) but the prompt has {len(runs)} image placeholder(s) "
+                              f"(runs of token {token}, <|image_pad|>): one per image, in order")
+    if all(length == need for (_, length), need in zip(runs, counts)):
+        return ids
+    out: list[int] = []
+    cursor = 0
+    for j, ((start, length), need) in enumerate(zip(runs, counts)):
+        if length not in (1, need):
+            raise ImageCountError(f"the image fills {need} tokens but its placeholder is {length} tokens "
+                                  "(give 1 to have it expanded, or exactly the image's count)", image=j)
+        out += ids[cursor:start]
+        out += [token] * need
+        cursor = start + length
+    return out + ids[cursor:]
 
 
 def collapse(ids: list[int], token: int) -> list[int]:

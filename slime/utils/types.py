@@ -254,7 +254,7 @@ class Sample:
         """slime's: the reward as the reward function returned it, or its `--reward-key` entry. Not
         necessarily a number (a dict, a teacher's answer): the batch conversion checks that
         (`slime.rollout.reward_check`), after `--custom-reward-post-process-path` had its turn."""
-        key = getattr(args, "reward_key", None)
+        key = args.reward_key if args is not None else None
         return self.reward[key] if key else self.reward
 
     def __getattr__(self, name: str) -> Any:

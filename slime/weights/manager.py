@@ -67,7 +67,7 @@ def get_updatable_engines_and_lock(fleet: Any, lock: Any, num_new_engines: int =
     """slime's tuple: `(engines, lock, num_new_engines, engine_gpu_counts, engine_gpu_offsets,
     engine_parallel_configs)`. On CPU an engine holds no GPU: counts 0, offsets 0, tp 1."""
     engines = updatable_engines(fleet)
-    gpus = int(getattr(fleet.args, "rollout_num_gpus_per_engine", 1) or 1) \
+    gpus = int(fleet.args.rollout_num_gpus_per_engine or 1) \
         if fleet is not None and fleet.args.rollout_backend == "sglang" else 0
     counts = [gpus] * len(engines)
     offsets = [i * gpus for i in range(len(engines))]

@@ -29,6 +29,7 @@ from slime.rollout.rm_hub.math_utils import extract_answer as extract_boxed_answ
 from slime.rollout.rm_hub.math_utils import grade_answer_verl, mathd_normalize_answer
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
+from slime.utils.plugin_args import completed
 
 __all__ = ["async_rm", "batched_async_rm", "remote_rm", "check_rm_type", "RM_TYPES", "UnknownRmType",
            "get_deepscaler_rule_based_reward", "f1_score", "compute_gpqa_reward", "compute_score_dapo",
@@ -125,7 +126,7 @@ def check_rm_type(rm_type: str | None, *, args: Any = None) -> None:
                             f"or set --custom-rm-path")
     if name == "ifbench" and ifbench_available() is None:
         raise UnknownRmType(_IFBENCH_MISSING)
-    if name == "remote_rm" and args is not None and not getattr(args, "rm_url", None):
+    if name == "remote_rm" and args is not None and not args.rm_url:
         raise ValueError("--rm-type remote_rm needs --rm-url (the reward server's URL)")
 
 
@@ -133,7 +134,7 @@ async def remote_rm(args: Any, sample: Sample, max_retries: int = 10) -> Any:
     """POST `{"prompt", "response", "label"}` to `--rm-url`; the reward is the JSON answer."""
     from slime.utils.http_utils import post
 
-    url = getattr(args, "rm_url", None)
+    url = args.rm_url
     if not url:
         raise ValueError("--rm-type remote_rm needs --rm-url (the reward server's URL)")
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
@@ -142,16 +143,17 @@ async def remote_rm(args: Any, sample: Sample, max_retries: int = 10) -> Any:
 
 async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     """The reward of one sample (see the module docstring for the order of precedence)."""
+    args = completed(args)
     path = getattr(sample, "custom_rm_path", None)
     if path:
         return await load_function(path, "Sample.custom_rm_path")(args, sample, **kwargs)
-    path = getattr(args, "custom_rm_path", None)
+    path = args.custom_rm_path
     if path:
         return await load_function(path, "--custom-rm-path")(args, sample, **kwargs)
 
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     source = "metadata['rm_type']" if metadata.get("rm_type") else "--rm-type"
-    rm_type = (metadata.get("rm_type") or getattr(args, "rm_type", None) or "").strip()
+    rm_type = (metadata.get("rm_type") or args.rm_type or "").strip()
     if not rm_type:
         raise UnknownRmType("no reward: set --rm-type, --custom-rm-path, or metadata['rm_type'] per sample")
     name, boxed_only = _split_type(rm_type)
@@ -175,7 +177,8 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
 async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> list[Any]:
     """Rewards of a list: `--custom-rm-path` gets the whole list (`async fn(args, samples)`),
     else each sample goes through `async_rm`."""
-    path = getattr(args, "custom_rm_path", None)
+    args = completed(args)
+    path = args.custom_rm_path
     if path:
         rewards = await load_function(path, "--custom-rm-path")(args, samples, **kwargs)
         if not isinstance(rewards, (list, tuple)) or len(rewards) != len(samples):

@@ -32,6 +32,7 @@ from slime.engine.http_app import Server, create_app
 from slime.engine.request_parsing import BadRequest, parse_logprob_start_len, parse_sampling_params
 from slime.engine.status_routes import BACKEND
 from slime.engine.weight_routes import WeightSync
+from slime.utils.http1_server import Http1Only
 from slime.utils.startup_trace import mark
 
 # the names this module served before the server was split by idea
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None)
     try:
         # Bounded graceful shutdown: a paused request would otherwise keep uvicorn waiting forever.
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS)
+                    timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS, http=Http1Only)
     finally:
         app.state.server.groups.destroy_all()
         batcher.shutdown()

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.utils.client_gone import client_gone
+from slime.utils.http1_server import Http1Only
 from slime.testing.threaded_server import ThreadedServer
 
 # script(request_body) -> {"output_ids": [...], "finish_type": "stop"|"length"|"abort",
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         return {"output_ids": ids[:n], "finish_type": "length" if n < len(ids) else "stop", "text": ""}
 
     uvicorn.run(build_app(script, a.model_path), host=a.host, port=a.port, log_level="warning",
-                access_log=False)
+                access_log=False, http=Http1Only)
 
 
 if __name__ == "__main__":

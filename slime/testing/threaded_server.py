@@ -9,6 +9,8 @@ from typing import Any
 
 import uvicorn
 
+from slime.utils.http1_server import Http1Only
+
 _STOP_JOIN_SECONDS = 10
 
 
@@ -17,7 +19,7 @@ class ThreadedServer:
         """`what` names the server in the start-up error, e.g. "retriever at http://127.0.0.1:8000"."""
         self.what = what
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off"))
+                                                     lifespan="off", http=Http1Only))
         self._thread = threading.Thread(target=self._server.run, daemon=True, name=thread_name)
 
     def start(self, timeout: float) -> None:

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from slime.tools.chat_render import TemplateRender
+
 # ================================================================ the model's tool calls (reading)
 
 
@@ -224,6 +226,32 @@ def plain_backend(tokenizer: Any) -> Any:
     return backend
 
 
+_PLAIN_DECODE = {"decode": "transformers.tokenization_utils_base",
+                 "_decode": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")}
+
+
+def plain_decoder(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` whose `decode(ids, skip_special_tokens=False)` is what the HF
+    tokenizer's own is (the library's `decode`/`_decode`, which add only a clean-up of spaces when
+    `clean_up_tokenization_spaces` is set: `decode_text` checks that per call), else None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or type(backend).__module__.split(".")[0] != "tokenizers":
+        return None
+    for name, modules in _PLAIN_DECODE.items():
+        if getattr(getattr(type(tokenizer), name, None), "__module__", None) not in modules:
+            return None
+    return backend
+
+
+def decode_text(tokenizer: Any, backend: Any, ids: list[int]) -> str:
+    """`tokenizer.decode(ids, skip_special_tokens=False)`, straight from the Rust tokenizer when
+    `backend` (`plain_decoder`) is set and no clean-up of spaces is asked for: a third of the cost
+    of the HF wrapper, for the answer text a gateway decodes every turn."""
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
 class ChatDelta:
     """Prompt rendering, end-of-turn tokens and tool-result deltas for one tokenizer."""
 
@@ -231,6 +259,8 @@ class ChatDelta:
         self.tok = tokenizer
         self.kwargs = dict(template_kwargs or {})
         self._backend = plain_backend(tokenizer)
+        self._template = TemplateRender(tokenizer, self.kwargs)
+        self._template.agrees()  # HF's own render wherever the faster one would differ
         full = self.render([_STUB_USER, {"role": "assistant", "content": SENTINEL}])
         at = full.rfind(SENTINEL)
         if at < 0:
@@ -269,8 +299,7 @@ class ChatDelta:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = False) -> str:
-        return self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **self.kwargs)
+        return self._template.render(messages, tools or None, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """`tok.encode(text, add_special_tokens=False)`; straight from the Rust tokenizer when the HF

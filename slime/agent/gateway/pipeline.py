@@ -27,6 +27,7 @@ from slime.agent.gateway.records import ChatRequest, Reply, TokenLogprob, ToolUs
 from slime.agent.gateway.rendering import PromptRenderer
 from slime.agent.gateway.session import Session, SessionTable
 from slime.agent.gateway.trajectory import TrajectoryManager
+from slime.tools.chat_format import decode_text, plain_decoder
 from slime.utils.encoded_ids import EncodedIds
 from slime.utils.http_retry import HttpError
 from slime.utils.types import Sample
@@ -64,6 +65,7 @@ class TurnPipeline:
         self.manager, self.sessions = manager, sessions
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+        self._decoder = plain_decoder(tokenizer)
 
     async def run(self, request: ChatRequest) -> Turn:
         """The answered turn. The session waits for it (`pending`) from the start, so a session
@@ -142,7 +144,7 @@ class TurnPipeline:
     def decode(self, ids: list[int]) -> str:
         """The sampled text without the end-of-turn special tokens the engine kept at its end."""
         end = self._visible_end(ids)
-        return self.tokenizer.decode(ids[:end], skip_special_tokens=False) if end else ""
+        return decode_text(self.tokenizer, self._decoder, ids[:end]) if end else ""
 
     def _visible_end(self, ids: list[int]) -> int:
         end = len(ids)
@@ -162,7 +164,7 @@ class TurnPipeline:
                 for t, lp, row in zip(record.output_ids[:end], record.output_log_probs, tops)]
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return decode_text(self.tokenizer, self._decoder, [token_id])
 
     def commit(self, turn: Turn) -> bool:
         """The client has the answer: record the turn and remember the prefix its next prompt extends.

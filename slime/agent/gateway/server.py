@@ -214,7 +214,8 @@ class Gateway:
     def start(self) -> Gateway:
         """Serve on a daemon thread; returns once the socket listens."""
         config = uvicorn.Config(self.asgi, host=self.config.host, port=self.config.port, log_level="warning",
-                                access_log=False, lifespan="on")
+                                access_log=False, lifespan="on", proxy_headers=False)  # (nothing reads the
+        # client's address: uvicorn's X-Forwarded-* middleware would be one more layer per request)
         self._server = server = uvicorn.Server(config)
         started = threading.Event()
         startup = server.startup

@@ -135,6 +135,18 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def train_worker_host(ray_cluster):
+    """The Ray actor in whose process tests build real TrainWorkers one after another, with
+    `tests.train_worker_host.in_host(host, body)`: one process start for the session, not one per test."""
+    from tests.train_worker_host import TrainWorkerHost
+
+    host = ray_cluster.remote(num_cpus=0)(TrainWorkerHost).remote()
+    ray_cluster.get(host.ready.remote())
+    yield host
+    ray_cluster.kill(host)
+
+
 def _ray_tmp() -> Path:
     # Ray's socket paths must stay short (AF_UNIX limit ~107 bytes).
     p = Path(tempfile.gettempdir()) / f"sr{os.getpid()}"

@@ -1,7 +1,8 @@
 """slime's loss hooks in `slime-train` (`--custom-loss-function-path` with `--loss-type custom_loss`,
 `--custom-pg-loss-reducer-function-path`, `--rollout-data-postprocess-path`), each with slime's call
 shape, on the real `TrainWorker` (tiny model, a one-rank gloo group, in a Ray actor as slime-train runs it): each changes the
-step's loss and the change is observed in the step's metrics and gradient."""
+step's loss and the change is observed in the step's metrics and gradient. Each run builds a fresh worker of its own
+command line in the session's train-worker host process (tests/train_worker_host.py)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ HOOK_FLAGS = ("custom_loss_function_path", "custom_pg_loss_reducer_function_path
 
 
 @pytest.fixture(scope="module")
-def base(tiny_model_dir, data_file, ray_cluster) -> dict:
+def base(train_worker_host, tiny_model_dir, data_file) -> dict:
     """The same step with slime's default policy loss."""
-    return _train(tiny_model_dir, data_file)[0]
+    return _train(train_worker_host, tiny_model_dir, data_file)[0]
 
 
 @pytest.fixture(scope="module")
@@ -55,26 +56,27 @@ def _batch(n: int = 4, seed: int = 0) -> dict:
     return batch
 
 
-def _train(tiny_model_dir, data_file, *flags: str) -> tuple[dict, object]:
-    import ray
+def _train(host, tiny_model_dir, data_file, *flags: str) -> tuple[dict, object]:
+    from tests.train_worker_host import in_host
 
-    from slime.train.worker import TrainWorker
-    from slime.utils.misc import find_free_port
+    argv = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-backend", "hf", "--prompt-data", str(data_file),
+            "--label-key", "label", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--global-batch-size", "2", "--lr", "1e-3", *flags]
+    ranks, _ = split_for_data_parallel(parse_train_args(argv), _batch(), {"dp_size": 1})
 
-    args = parse_train_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-backend", "hf", "--prompt-data",
-                             str(data_file), "--label-key", "label", "--rollout-batch-size", "2",
-                             "--n-samples-per-prompt", "2", "--global-batch-size", "2", "--lr", "1e-3", *flags])
-    ranks, _ = split_for_data_parallel(args, _batch(), {"dp_size": 1})
-    # in an actor process of its own, as slime-train runs it: freeing a gloo group in the test process joins
-    # gloo's threads while holding the GIL one of them may wait for (a deadlock seen in a whole-suite run)
-    worker = ray.remote(num_cpus=0)(TrainWorker).remote(args, 1, 0)
-    try:
-        ray.get(worker.init.remote("127.0.0.1", find_free_port("127.0.0.1")))
-        out = ray.get(worker.train.remote(0, [Box(ray.put(ranks[0]))]))
-        seen = ray.get(worker.__ray_call__.remote(_what_the_hooks_saw))
-    finally:
-        ray.kill(worker)
-    return out, seen
+    # in an actor process, as slime-train runs it: freeing a gloo group in the test process joins gloo's threads
+    # while holding the GIL one of them may wait for (a deadlock seen in a whole-suite run)
+    def body(make):
+        import ray
+
+        from tests.plugins import loss_hooks as hooks
+
+        hooks.zero_pg_loss_reducer.calls.clear()  # what this run's reducer was given, not an earlier run's
+        worker = make(argv)
+        out = worker.train(0, [Box(ray.put(ranks[0]))])
+        return out, _what_the_hooks_saw(worker)
+
+    return in_host(host, body)
 
 
 def _what_the_hooks_saw(worker) -> SimpleNamespace:
@@ -90,9 +92,9 @@ def test_the_hooks_are_acted_on():
     assert set(HOOK_FLAGS) <= ACTED_ON
 
 
-def test_custom_loss_replaces_the_policy_loss(tiny_model_dir, data_file, base):
-    out, args = _train(tiny_model_dir, data_file, "--loss-type", "custom_loss", "--custom-loss-function-path",
-                       "tests.plugins.loss_hooks.custom_loss")
+def test_custom_loss_replaces_the_policy_loss(train_worker_host, tiny_model_dir, data_file, base):
+    out, args = _train(train_worker_host, tiny_model_dir, data_file, "--loss-type", "custom_loss",
+                       "--custom-loss-function-path", "tests.plugins.loss_hooks.custom_loss")
     step = out["steps"][0]
     assert "pg_loss" in base["steps"][0] and "pg_loss" not in step
     assert step["custom_marker"] > 0  # the hook's own log values are the step's metrics
@@ -104,29 +106,29 @@ def test_custom_loss_replaces_the_policy_loss(tiny_model_dir, data_file, base):
     assert seen["logits_shape"][0] == sum(seen["response_lengths"])  # one logit row per response token
 
 
-def test_custom_loss_type_needs_the_function(tiny_model_dir, data_file, ray_cluster):
+def test_custom_loss_type_needs_the_function(train_worker_host, tiny_model_dir, data_file):
     from slime.train.loss import LossConfigError
 
     with pytest.raises(LossConfigError, match="--custom-loss-function-path"):
-        _train(tiny_model_dir, data_file, "--loss-type", "custom_loss")
+        _train(train_worker_host, tiny_model_dir, data_file, "--loss-type", "custom_loss")
 
 
-def test_pg_loss_reducer_reduces_pg_loss_alone(tiny_model_dir, data_file, base):
-    zero, zero_seen = _train(tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",
-                     "tests.plugins.loss_hooks.zero_pg_loss_reducer")
+def test_pg_loss_reducer_reduces_pg_loss_alone(train_worker_host, tiny_model_dir, data_file, base):
+    zero, zero_seen = _train(train_worker_host, tiny_model_dir, data_file,
+                             "--custom-pg-loss-reducer-function-path", "tests.plugins.loss_hooks.zero_pg_loss_reducer")
     b, z = base["steps"][0], zero["steps"][0]
     assert b["pg_loss"] != 0 and z["pg_loss"] == 0 and z["grad_norm"] == 0
     assert z["ppo_kl"] == pytest.approx(b["ppo_kl"])  # the other metrics keep sum_of_sample_mean
     totals, lengths, masks, per_token = zero_seen.reducer_calls[0]
     assert lengths == [len(m) for m in masks] and all(t > r for t, r in zip(totals, lengths))
     assert per_token is False
-    summed, _ = _train(tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",
+    summed, _ = _train(train_worker_host, tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",
                        "tests.plugins.loss_hooks.sum_pg_loss_reducer")
     assert summed["steps"][0]["pg_loss"] != pytest.approx(b["pg_loss"])
 
 
-def test_rollout_data_postprocess_changes_what_is_trained(tiny_model_dir, data_file, base):
-    out, args = _train(tiny_model_dir, data_file, "--rollout-data-postprocess-path",
+def test_rollout_data_postprocess_changes_what_is_trained(train_worker_host, tiny_model_dir, data_file, base):
+    out, args = _train(train_worker_host, tiny_model_dir, data_file, "--rollout-data-postprocess-path",
                        "tests.plugins.loss_hooks.mask_nothing")
     assert base["steps"][0]["grad_norm"] > 0
     assert out["steps"][0]["pg_loss"] == 0 and out["steps"][0]["grad_norm"] == 0

@@ -13,35 +13,26 @@ import re
 import pytest
 import torch
 
-from slime.cli.train import parse_train_args
 from slime.train.finite_guard import NonFiniteError, check_step
 
 
 @pytest.fixture
-def worker(tiny_model_dir, tmp_path, ray_cluster):
-    import ray
-
-    from slime.train.worker import TrainWorker
-    from slime.utils.misc import find_free_port
-
+def worker(train_worker_host, tiny_model_dir, tmp_path):
+    """(the session's train-worker host, a command line): each test's TrainWorker is built fresh in that actor's
+    process (tests/train_worker_host.py), so what one test breaks (NaN weights, a coefficient) no other sees."""
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "hi"}) + "\n")
-    args = parse_train_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-                             str(data), "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
-                             "--global-batch-size", "2", "--lr", "1e-2"])
-    w = ray.remote(num_cpus=0)(TrainWorker).remote(args, 1, 0)
-    try:
-        ray.get(w.init.remote("127.0.0.1", find_free_port("127.0.0.1")))
-        yield w
-    finally:
-        ray.kill(w)
+    return train_worker_host, ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+                               str(data), "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
+                               "--global-batch-size", "2", "--lr", "1e-2"]
 
 
 def in_worker(worker, body):
-    """`body(the TrainWorker)` run in the worker's process; its return value."""
-    import ray
+    """`body(a fresh TrainWorker)` run in the host's process; its return value."""
+    from tests.train_worker_host import in_host
 
-    return ray.get(worker.__ray_call__.remote(body))
+    host, argv = worker
+    return in_host(host, lambda make: body(make(argv)))
 
 
 def raised(fn) -> str | None:

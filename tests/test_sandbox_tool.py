@@ -95,9 +95,9 @@ async def test_model_cannot_raise_timeout_or_switch_language(sandbox_url, tools)
     assert text == "hi\n"
     text, m = await ex(tool, {"code": "int main(){}", "language": "cpp"})
     assert "not available" in text and m["status"] == "bad_arguments"
-    t0 = time.monotonic()
     text, m = await ex(tool, {"code": "import time; time.sleep(5)", "timeout": 100})
-    assert m["status"] == "timeout" and "within 1s" in text and time.monotonic() - t0 < 4
+    # the asked 100 s would have let the 5 s sleep finish: a timeout naming 1 s is max_timeout's (no clock read)
+    assert m["status"] == "timeout" and "within 1s" in text
 
 
 async def test_unreachable_sandbox_is_a_clear_error_and_releases_permits(tools):

@@ -18,6 +18,8 @@ from slime.train.loop import train
 from tests.test_train_loop import argv, prompts  # noqa: F401 - the train test's data and settings
 
 N_ROLLOUT = 3
+N_PROMPTS, N_SAMPLES = 2, 2  # a rollout of 4 samples (the train test's 16 are for its reward curve); the pool of
+# --sglang-server-concurrency 4 groups is two rollouts' worth, so groups are in flight across every rollout boundary
 
 
 def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_server, tiny_model_dir,
@@ -26,7 +28,9 @@ def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_s
                                  "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT), "--async",
                                  "--rollout-function-path",
                                  "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
-                                 "--sglang-server-concurrency", "4", "--max-staleness", "1"))
+                                 "--sglang-server-concurrency", "4", "--max-staleness", "1",
+                                 "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt", str(N_SAMPLES),
+                                 "--global-batch-size", str(N_PROMPTS * N_SAMPLES)))
     records = train(args, fork_server=engine_fork_server)
     assert [r.rollout_id for r in records] == list(range(N_ROLLOUT))
     # rollout 0 by the initial weights; rollout k+1 launched before rollout k trained: version k
@@ -36,7 +40,8 @@ def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_s
         assert all(c["equal"] for c in r.weight_check)
         assert {c["weight_version"] for c in r.weight_check} == {str(r.rollout_id + 1)}
         samples = load_debug_rollout(str(tmp_path / "debug" / "rollout_{rollout_id}.pt"), r.rollout_id)
-        assert len(samples) == 16 and len({s.index for s in samples}) == 16
+        n = N_PROMPTS * N_SAMPLES
+        assert len(samples) == n and len({s.index for s in samples}) == n
         used = {int(v) for s in samples for v in s.weight_versions}
         # nothing newer than what served at launch (no push lands mid-generation); within --max-staleness 1
         assert used and max(used) <= int(r.weight_version) and min(used) >= int(r.weight_version) - 1, \

@@ -20,19 +20,23 @@ from slime.train.loop import train, weights_due
 from tests.test_train_loop import argv, prompts  # noqa: F401 - the train test's data and settings
 
 N_ROLLOUT, INTERVAL = 4, 2
+# 2 prompts x 2 samples a rollout (the train test's 16 are for its reward curve): what is checked here is the
+# version every sample carries, which holds for any rollout size, and each run costs a quarter of the generation
+SMALL_ROLLOUT = ("--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4")
+N_SAMPLES = 4
 
 
 def _run(fork_server, tiny_model_dir, prompts, tmp_path, *extra):  # noqa: F811
     args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
                                  "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT),
-                                 "--update-weights-interval", str(INTERVAL), *extra))
+                                 "--update-weights-interval", str(INTERVAL), *SMALL_ROLLOUT, *extra))
     assert args.update_weights_interval == INTERVAL
     return train(args, fork_server=fork_server)
 
 
 def _sample_versions(tmp_path, rollout_id: int) -> set[tuple[str, ...]]:
     samples = load_debug_rollout(str(tmp_path / "debug" / "rollout_{rollout_id}.pt"), rollout_id)
-    assert len(samples) == 16
+    assert len(samples) == N_SAMPLES
     return {tuple(s.weight_versions) for s in samples}
 
 

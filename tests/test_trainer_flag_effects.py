@@ -2,9 +2,9 @@
 --clip-grad, --seed, --use-rollout-logprobs, --ref-load, --no-save-optim and --no-load-optim, each changed
 on the real `TrainWorker` (the tiny model, a one-rank gloo group) and the difference observed.
 
-Every worker of this file lives in one Ray actor's process (as slime-train runs them; freeing a gloo group
-in the test process can deadlock, see tests/test_nonfinite_training.py): each test's body builds the
-workers it compares there, so the model loads a few times but Ray and gloo start once."""
+Every worker of this file lives in one Ray actor's process, the session's train-worker host (as slime-train runs
+them; freeing a gloo group in the test process can deadlock, see tests/test_nonfinite_training.py): each test's
+body builds the workers it compares there, so the model loads a few times but Ray and gloo start once."""
 
 from __future__ import annotations
 
@@ -17,45 +17,22 @@ FLAGS = ("--clip-grad", "--seed", "--use-rollout-logprobs", "--ref-load", "--no-
 
 
 @pytest.fixture(scope="module")
-def host(tiny_model_dir, tmp_path_factory, ray_cluster):
-    """(a Ray actor holding a TrainWorker whose gloo group the others share, the base command line)."""
-    import ray
-
-    from slime.cli.train import parse_train_args
-    from slime.train.worker import TrainWorker
-    from slime.utils.misc import find_free_port
-
+def host(train_worker_host, tiny_model_dir, tmp_path_factory):
+    """(the session's train-worker host actor, the base command line)."""
     data = tmp_path_factory.mktemp("trainer-flags") / "train.jsonl"
     data.write_text(json.dumps({"input": "hi"}) + "\n")
     argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
             "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--global-batch-size", "2", "--lr", "1e-2"]
-    actor = ray.remote(num_cpus=0)(TrainWorker).remote(parse_train_args(argv), 1, 0)
-    try:
-        ray.get(actor.init.remote("127.0.0.1", find_free_port("127.0.0.1")))
-        yield actor, argv
-    finally:
-        ray.kill(actor)
+    return train_worker_host, argv
 
 
 def in_host(host, body):
     """`body(make)` run in the actor's process, where `make(extra_argv)` is an initialised TrainWorker
     of the base command line plus `extra_argv` (parsed there: a --load directory exists by then)."""
-    import ray
+    from tests.train_worker_host import in_host as run_in_host
 
     actor, argv = host
-
-    def call(_first):
-        from slime.cli.train import parse_train_args
-        from slime.train.worker import TrainWorker
-
-        def make(extra: list[str]) -> TrainWorker:
-            worker = TrainWorker(parse_train_args([*argv, *extra]), 1, 0)
-            worker.init("127.0.0.1", 0)  # the process's gloo group is up: not joined again
-            return worker
-
-        return body(make)
-
-    return ray.get(actor.__ray_call__.remote(call))
+    return run_in_host(actor, lambda make_worker: body(lambda extra: make_worker([*argv, *extra])))
 
 
 def train_once(worker, rollout_log_probs=None) -> dict:

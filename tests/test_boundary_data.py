@@ -28,12 +28,15 @@ def tok():
 
 
 def _args(path, templated: bool) -> SimpleNamespace:
-    return SimpleNamespace(apply_chat_template=templated, apply_chat_template_kwargs={}, rollout_max_prompt_len=None,
+    """The flags these tests set; every other one at the parser's default, as the data source completes it."""
+    from slime.utils.plugin_args import completed
+
+    return completed(SimpleNamespace(apply_chat_template=templated, apply_chat_template_kwargs={}, rollout_max_prompt_len=None,
                            rollout_max_context_len=None, metadata_key="metadata", tool_key="tools",
                            over_long_prompt="filter", rollout_seed=42, buffer_filter_path=None, prompt_data=str(path),
                            input_key="messages", label_key="label", n_samples_per_prompt=2, rollout_shuffle=False,
                            custom_generate_function_path=None,
-                           rollout_function_path="slime.rollout.sglang_rollout.generate_rollout")
+                           rollout_function_path="slime.rollout.sglang_rollout.generate_rollout"))
 
 
 text = st.one_of(st.text(max_size=8), st.text(max_size=4).map(lambda s: s + "\ud800"))  # (a lone surrogate)

@@ -198,8 +198,8 @@ def test_eval_flags_reach_the_eval_requests_and_rewards():
     assert eval_reward(parse_train_args([*data, "--eval-reward-key", "acc"]), sample) == 1.0
 
 
-MODEL_SHAPE = ["--hidden-size", "16", "--num-attention-heads", "2", "--num-query-groups", "2", "--vocab-size", "32",
-               "--ffn-hidden-size", "64", "--num-layers", "4", "--kv-channels", "8"]
+MODEL_SHAPE = ["--hidden-size", "16", "--num-attention-heads", "2", "--group-query-attention", "--num-query-groups", "2",
+               "--vocab-size", "32", "--ffn-hidden-size", "64", "--num-layers", "4", "--kv-channels", "8"]
 MOE = ["--num-experts", "8", "--moe-ffn-hidden-size", "48", "--moe-router-topk", "2"]  # 96 wide, not 64
 SHAPE_FLAGS = {  # forward FLOPs, the weight --balance-data balances ranks by (slime's cost model)
     "hidden_size": ["--hidden-size", "32"], "num_attention_heads": ["--num-attention-heads", "4"],

@@ -53,9 +53,11 @@ def echo_server(loop: asyncio.AbstractEventLoop) -> Iterator[str]:
 
 
 def args_for(url: str) -> SimpleNamespace:
+    from slime.utils.plugin_args import completed
+
     host, port = url.removeprefix("http://").split(":")
-    return SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), sglang_server_concurrency=2,
-                           rollout_num_engines=1, request_timeout=10.0, request_max_retries=0)
+    return completed(SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), sglang_server_concurrency=2,
+                                     rollout_num_engines=1, request_timeout=10.0, request_max_retries=0))
 
 
 async def _session_of(client: HttpClient):

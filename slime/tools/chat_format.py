@@ -210,37 +210,35 @@ class DriftReport:
     position: int | None = None
 
 
-_PLAIN_ENCODE = {"encode": "transformers.tokenization_utils_base",
+_PLAIN_ENCODE = {"encode": ("transformers.tokenization_utils_base",),
                  "_encode_plus": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")}
+_PLAIN_DECODE = {"decode": ("transformers.tokenization_utils_base",),
+                 "_decode": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")}
 
 
-def plain_backend(tokenizer: Any) -> Any:
-    """The `tokenizers.Tokenizer` of an HF fast tokenizer whose `encode` is the library's own (no
-    subclass changing the text or the ids on the way), else None."""
+def _library_backend(tokenizer: Any, methods: dict[str, tuple[str, ...]]) -> Any:
+    """The `tokenizers.Tokenizer` under an HF fast tokenizer when each of `methods` is the library's own
+    (defined in one of the listed modules, not overridden by a subclass), else None."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or type(backend).__module__.split(".")[0] != "tokenizers":
         return None
-    for name, modules in _PLAIN_ENCODE.items():
+    for name, modules in methods.items():
         if getattr(getattr(type(tokenizer), name, None), "__module__", None) not in modules:
             return None
     return backend
 
 
-_PLAIN_DECODE = {"decode": "transformers.tokenization_utils_base",
-                 "_decode": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")}
+def plain_backend(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` of an HF fast tokenizer whose `encode` is the library's own (no
+    subclass changing the text or the ids on the way), else None."""
+    return _library_backend(tokenizer, _PLAIN_ENCODE)
 
 
 def plain_decoder(tokenizer: Any) -> Any:
     """The `tokenizers.Tokenizer` whose `decode(ids, skip_special_tokens=False)` is what the HF
     tokenizer's own is (the library's `decode`/`_decode`, which add only a clean-up of spaces when
     `clean_up_tokenization_spaces` is set: `decode_text` checks that per call), else None."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or type(backend).__module__.split(".")[0] != "tokenizers":
-        return None
-    for name, modules in _PLAIN_DECODE.items():
-        if getattr(getattr(type(tokenizer), name, None), "__module__", None) not in modules:
-            return None
-    return backend
+    return _library_backend(tokenizer, _PLAIN_DECODE)
 
 
 def decode_text(tokenizer: Any, backend: Any, ids: list[int]) -> str:

@@ -91,9 +91,12 @@ class Fleet:
         from slime.utils.child_process import wait_until
 
         started, self.router = time.monotonic(), None
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.bench_abort", "--host", "--model-dir",
-                                      str(model_dir), "--engines", str(n)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.bench_abort", "--host", "--model-dir", str(model_dir), "--engines", str(n)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             self.urls = [f"http://127.0.0.1:{p}" for p in self.proc.stdout.readline().split()]
             if len(self.urls) != n:
@@ -107,12 +110,14 @@ class Fleet:
         except BaseException:
             self.stop()
             raise
-        print(f"  ({n} engines serving and registered in {time.monotonic() - started:.0f} s)", file=sys.stderr,
-              flush=True)
+        print(
+            f"  ({n} engines serving and registered in {time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True
+        )
 
     def set_error_rate(self, rate: float, seed: int, kind: str) -> None:
-        r = requests.post(f"{self.urls[0]}/bench/error_rate", json={"rate": rate, "seed": seed, "kind": kind},
-                          timeout=10)
+        r = requests.post(
+            f"{self.urls[0]}/bench/error_rate", json={"rate": rate, "seed": seed, "kind": kind}, timeout=10
+        )
         r.raise_for_status()
 
     def stop_engines(self) -> None:
@@ -149,8 +154,9 @@ async def generate_all(client, n: int) -> int:
     """Samples that failed (their budget spent: the old policy's abort storm can starve requests)."""
     from slime.utils.http_retry import HttpError
 
-    outs = await asyncio.gather(*(client.generate(PROMPT, {"max_new_tokens": 8}) for _ in range(n)),
-                                return_exceptions=True)
+    outs = await asyncio.gather(
+        *(client.generate(PROMPT, {"max_new_tokens": 8}) for _ in range(n)), return_exceptions=True
+    )
     unexpected = [o for o in outs if isinstance(o, BaseException) and not isinstance(o, HttpError)]
     if unexpected:
         raise unexpected[0]
@@ -160,8 +166,12 @@ async def generate_all(client, n: int) -> int:
 
 
 # condition -> (error kind, abort everywhere); the error rate is --error-rate for all but "0%"
-CONDITIONS = {"0%": ("503", False), "1% 503s": ("503", False), "1% timeouts": ("timeout", False),
-              "1% timeouts, abort everywhere": ("timeout", True)}
+CONDITIONS = {
+    "0%": ("503", False),
+    "1% 503s": ("503", False),
+    "1% timeouts": ("timeout", False),
+    "1% timeouts, abort everywhere": ("timeout", True),
+}
 
 
 def measure(fleet: Fleet, condition: str, rate: float, n: int, seed: int, timeout: float) -> dict[str, float]:
@@ -179,8 +189,13 @@ def measure(fleet: Fleet, condition: str, rate: float, n: int, seed: int, timeou
 
     cpu = time.process_time()
     failed = asyncio.run(go())
-    return {"cpu": (time.process_time() - cpu) * 1000 / n, "retries": client.stats.total_retries,
-            "aborts": client.abort_stats.requests, "disconnects": client.disconnect_aborts, "failed": failed}
+    return {
+        "cpu": (time.process_time() - cpu) * 1000 / n,
+        "retries": client.stats.total_retries,
+        "aborts": client.abort_stats.requests,
+        "disconnects": client.disconnect_aborts,
+        "failed": failed,
+    }
 
 
 def main() -> None:
@@ -190,9 +205,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--error-rate", type=float, default=0.01)
     ap.add_argument("--timeout", type=float, default=10.0, help="the client's deadline per request, seconds")
-    ap.add_argument("--no-reference", action="store_true",
-                    help="skip the old abort-everywhere policy (at 256 engines its abort storms can exhaust the "
-                         "engine host's file descriptors)")
+    ap.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the old abort-everywhere policy (at 256 engines its abort storms can exhaust the "
+        "engine host's file descriptors)",
+    )
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -202,8 +220,10 @@ def main() -> None:
     from slime.testing.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny")
-    print(f"samples={a.samples} per round, rounds={a.rounds}, errors={a.error_rate:.0%} (engine 503s, or requests "
-          f"left hanging past the client's {a.timeout} s deadline), client CPU ms per sample (median of rounds)")
+    print(
+        f"samples={a.samples} per round, rounds={a.rounds}, errors={a.error_rate:.0%} (engine 503s, or requests "
+        f"left hanging past the client's {a.timeout} s deadline), client CPU ms per sample (median of rounds)"
+    )
     ratios = {}
     for n_engines in a.engines:
         fleet = Fleet(n_engines, model_dir)
@@ -223,13 +243,17 @@ def main() -> None:
             ratios[n_engines, name] = cpu / base
             total = {k: int(sum(x[k] for x in xs)) for k in ("retries", "aborts", "disconnects", "failed")}
             rounds = ", ".join(f"{x['cpu']:.3f}" for x in xs)
-            print(f"  {name:<30}: {cpu:6.3f} ms/sample  ratio {cpu / base:5.2f}x  (retries {total['retries']}, "
-                  f"abort requests {total['aborts']}, aborted by the closed connection {total['disconnects']}, "
-                  f"failed samples {total['failed']}; "
-                  f"rounds {rounds})")
+            print(
+                f"  {name:<30}: {cpu:6.3f} ms/sample  ratio {cpu / base:5.2f}x  (retries {total['retries']}, "
+                f"abort requests {total['aborts']}, aborted by the closed connection {total['disconnects']}, "
+                f"failed samples {total['failed']}; "
+                f"rounds {rounds})"
+            )
     worst = max((r for (n, c), r in ratios.items() if c in ("1% 503s", "1% timeouts")), default=float("nan"))
-    print(f"target: the 1% ratios <= 1.2x with every fleet size: worst {worst:.2f}x "
-          f"({'met' if worst <= 1.2 else 'NOT met'})")
+    print(
+        f"target: the 1% ratios <= 1.2x with every fleet size: worst {worst:.2f}x "
+        f"({'met' if worst <= 1.2 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -53,9 +53,14 @@ REPORT_TURNS = (1, 2, 4, 8, 16, 32, 48, 64)
 
 
 TOOL_CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/module_%d.py"}}\n</tool_call>'
-READ_FILE = {"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository.",
-                                              "parameters": {"type": "object", "properties": {
-                                                  "path": {"type": "string"}}, "required": ["path"]}}}
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the repository.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
 
 
 def replies(case: str, turn: int) -> str:
@@ -66,8 +71,10 @@ def replies(case: str, turn: int) -> str:
 
 def tool_result(k: int, size: int = 4096) -> str:
     """A realistic 4 kB tool result: source lines, distinct per turn."""
-    lines = (f"{k}.{i}: def function_{i}(value):  return value * {i} + {k}  # helper of module {k}\n"
-             for i in range(size // 40))
+    lines = (
+        f"{k}.{i}: def function_{i}(value):  return value * {i} + {k}  # helper of module {k}\n"
+        for i in range(size // 40)
+    )
     return "".join(lines)[:size]
 
 
@@ -97,8 +104,9 @@ def timed_gateway(stack: AgentStack, **kw) -> tuple[Gateway, list[float]]:
     return gw.start(), cpu
 
 
-async def chat(http: aiohttp.ClientSession, gw: Gateway, sid: str, messages: list[dict],
-               tools: list[dict] | None = None) -> dict:
+async def chat(
+    http: aiohttp.ClientSession, gw: Gateway, sid: str, messages: list[dict], tools: list[dict] | None = None
+) -> dict:
     """One turn of session `sid` (opened on its first turn: a request holds its session's key)."""
     if sid not in gw.sessions:
         gw.open_session(sid)
@@ -131,24 +139,31 @@ async def overhead(stack: AgentStack, gw: Gateway, gw_cpu: list[float], n: int) 
             gw_lat.append(time.perf_counter() - t)
     for sid in [f"ovh-w{i}" for i in range(n // 10)] + [f"ovh-{i}" for i in range(n)]:
         await gw.drop_session(sid)
-    med = {k: statistics.median(v) * 1e3 for k, v in
-           (("dc", direct_cpu), ("dl", direct_lat), ("gc", gw_cpu), ("gl", gw_lat))}
+    med = {
+        k: statistics.median(v) * 1e3
+        for k, v in (("dc", direct_cpu), ("dl", direct_lat), ("gc", gw_cpu), ("gl", gw_lat))
+    }
     print(f"1. overhead: {n} single-turn requests per path, alternating request by request (medians)")
     print("| path | CPU ms/request (the thread doing the work) | latency ms |")
     print("|---|---:|---:|")
     print(f"| direct /generate (EngineClient, bench thread) | {med['dc']:.3f} | {med['dl']:.3f} |")
     print(f"| gateway /v1/chat/completions (server thread) | {med['gc']:.3f} | {med['gl']:.3f} |")
-    print(f"gateway adds {med['gl'] - med['dl']:.3f} ms latency and {med['gc'] - med['dc']:.3f} ms CPU per request "
-          "(HTTP server, parse, render, parse the answer, reply, record; "
-          "its engine call costs what the direct one does)")
+    print(
+        f"gateway adds {med['gl'] - med['dl']:.3f} ms latency and {med['gc'] - med['dc']:.3f} ms CPU per request "
+        "(HTTP server, parse, render, parse the answer, reply, record; "
+        "its engine call costs what the direct one does)"
+    )
 
 
-async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int,
-                  tools: bool = False) -> list[float]:
+async def session(
+    http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], sid: str, turns: int, tools: bool = False
+) -> list[float]:
     """The gateway thread's CPU seconds for each turn of one session (`tools`: a tool call and a
     4 kB tool result per turn; else a short user follow-up)."""
-    msgs = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": f"case={sid} let us start"}]
+    msgs = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": f"case={sid} let us start"},
+    ]
     costs = []
     for k in range(turns):
         n = len(cpu)
@@ -159,17 +174,22 @@ async def session(http: aiohttp.ClientSession, gw: Gateway, cpu: list[float], si
         costs.append(sum(cpu[n:]))
         message = body["choices"][0]["message"]
         if tools:
-            msgs += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
-                               "content": tool_result(k)}]
+            msgs += [
+                message,
+                {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": tool_result(k)},
+            ]
         else:
-            msgs += [{"role": "assistant", "content": message["content"]},
-                     {"role": "user", "content": f"ok, step {k + 2} please"}]
+            msgs += [
+                {"role": "assistant", "content": message["content"]},
+                {"role": "user", "content": f"ok, step {k + 2} please"},
+            ]
     await gw.drop_session(sid)
     return costs
 
 
-async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrency: int,
-                              tag: str = "") -> dict[str, float]:
+async def concurrent_overhead(
+    stack: AgentStack, gw: Gateway, n: int, concurrency: int, tag: str = ""
+) -> dict[str, float]:
     """CPU per request with `concurrency` requests in flight: each path's doing thread, whole run / n
     (ms), and requests/s: `direct`, `shared` (sessions opening with one prompt), `own` (each its own)."""
     client, tok = stack.client, stack.tok
@@ -184,6 +204,7 @@ async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrenc
         async def worker():
             for i in queue:
                 await work(i)
+
         t = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return time.perf_counter() - t
@@ -198,30 +219,42 @@ async def concurrent_overhead(stack: AgentStack, gw: Gateway, n: int, concurrenc
         gw_wall = await pool(lambda i: chat(http, gw, f"ovc{tag}-{i}", msgs))
         gw_cpu = time.clock_gettime(server_clock) - c0
         c0 = time.clock_gettime(server_clock)  # each session its own first prompt: rendered, not reused
-        own_wall = await pool(lambda i: chat(http, gw, f"ovc{tag}-own-{i}",
-                                             [{"role": "user", "content": f"case=ovc {tag} {i}"}]))
+        own_wall = await pool(
+            lambda i: chat(http, gw, f"ovc{tag}-own-{i}", [{"role": "user", "content": f"case=ovc {tag} {i}"}])
+        )
         own_cpu = time.clock_gettime(server_clock) - c0
     for sid in [f"ovc{tag}{kind}{i}" for kind in ("-w", "-", "-own-") for i in range(n)]:
         await gw.drop_session(sid)
-    return {"direct": direct_cpu / n * 1e3, "shared": gw_cpu / n * 1e3, "own": own_cpu / n * 1e3,
-            "direct_rate": n / direct_wall, "shared_rate": n / gw_wall, "own_rate": n / own_wall}
+    return {
+        "direct": direct_cpu / n * 1e3,
+        "shared": gw_cpu / n * 1e3,
+        "own": own_cpu / n * 1e3,
+        "direct_rate": n / direct_wall,
+        "shared_rate": n / gw_wall,
+        "own_rate": n / own_wall,
+    }
 
 
 def print_concurrent(r: dict[str, float], n: int, concurrency: int) -> None:
-    print(f"1b. overhead at concurrency {concurrency}: {n} single-turn requests per path; CPU = the doing thread's "
-          "CPU over the run / requests")
+    print(
+        f"1b. overhead at concurrency {concurrency}: {n} single-turn requests per path; CPU = the doing thread's "
+        "CPU over the run / requests"
+    )
     print("| path | CPU ms/request | requests/s |")
     print("|---|---:|---:|")
     print(f"| direct /generate (EngineClient, bench thread) | {r['direct']:.3f} | {r['direct_rate']:.0f} |")
-    print(f"| gateway /v1/chat/completions (server thread, its engine call included) | {r['shared']:.3f} | "
-          f"{r['shared_rate']:.0f} |")
-    print(f"| gateway, each session its own first prompt (rendered each time) | {r['own']:.3f} | "
-          f"{r['own_rate']:.0f} |")
-    print(f"gateway CPU per request beyond the direct call: {r['shared'] - r['direct']:.3f} ms (target <= 1 ms; "
-          f"sessions opening with one prompt, as a GRPO group's do: rendered once), "
-          f"{r['own'] - r['direct']:.3f} ms with a prompt of its own each; "
-          f"gateway rate / direct rate: {r['shared_rate'] / r['direct_rate']:.2f} "
-          f"({r['own_rate'] / r['direct_rate']:.2f})")
+    print(
+        f"| gateway /v1/chat/completions (server thread, its engine call included) | {r['shared']:.3f} | "
+        f"{r['shared_rate']:.0f} |"
+    )
+    print(f"| gateway, each session its own first prompt (rendered each time) | {r['own']:.3f} | {r['own_rate']:.0f} |")
+    print(
+        f"gateway CPU per request beyond the direct call: {r['shared'] - r['direct']:.3f} ms (target <= 1 ms; "
+        f"sessions opening with one prompt, as a GRPO group's do: rendered once), "
+        f"{r['own'] - r['direct']:.3f} ms with a prompt of its own each; "
+        f"gateway rate / direct rate: {r['shared_rate'] / r['direct_rate']:.2f} "
+        f"({r['own_rate'] / r['direct_rate']:.2f})"
+    )
 
 
 class TreeWorker:
@@ -232,9 +265,21 @@ class TreeWorker:
         env = {**os.environ, "SLIME_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)}
         self.tree = tree
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", "--requests", str(a.requests),
-             "--concurrency", str(a.concurrency)], cwd=tree, env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--requests",
+                str(a.requests),
+                "--concurrency",
+                str(a.concurrency),
+            ],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"bench worker for {tree} did not start (exit code {self.proc.poll()})")
 
@@ -286,31 +331,40 @@ def trees_side_by_side(a: argparse.Namespace) -> None:
     finally:
         for w in workers.values():
             w.stop()
-    print(f"1b. side by side: {a.requests} single-turn requests per path at concurrency {a.concurrency}, "
-          f"{a.rounds} rounds interleaved between trees (each tree in a process of its own), medians; "
-          "CPU ms per request of the doing thread")
-    print("| tree | direct /generate | gateway, shared first prompt | beyond direct | gateway, own prompt each "
-          "| beyond direct | rounds (own prompt, beyond direct) |")
+    print(
+        f"1b. side by side: {a.requests} single-turn requests per path at concurrency {a.concurrency}, "
+        f"{a.rounds} rounds interleaved between trees (each tree in a process of its own), medians; "
+        "CPU ms per request of the doing thread"
+    )
+    print(
+        "| tree | direct /generate | gateway, shared first prompt | beyond direct | gateway, own prompt each "
+        "| beyond direct | rounds (own prompt, beyond direct) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     for name, rs in rounds.items():
         med = {k: statistics.median(r[k] for r in rs) for k in ("direct", "shared", "own")}
         beyond = [r["own"] - r["direct"] for r in rs]
-        print(f"| {name} | {med['direct']:.3f} | {med['shared']:.3f} | "
-              f"{statistics.median(r['shared'] - r['direct'] for r in rs):.3f} | {med['own']:.3f} | "
-              f"{statistics.median(beyond):.3f} | {', '.join(f'{b:.3f}' for b in beyond)} |")
+        print(
+            f"| {name} | {med['direct']:.3f} | {med['shared']:.3f} | "
+            f"{statistics.median(r['shared'] - r['direct'] for r in rs):.3f} | {med['own']:.3f} | "
+            f"{statistics.median(beyond):.3f} | {', '.join(f'{b:.3f}' for b in beyond)} |"
+        )
 
 
-async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list[float]], turns: int,
-                   sessions: int) -> None:
+async def per_turn(
+    delta: tuple[Gateway, list[float]], full: tuple[Gateway, list[float]], turns: int, sessions: int
+) -> None:
     delta_costs, full_costs, tool_costs = [], [], []
     async with aiohttp.ClientSession() as http:
         for s in range(sessions):  # interleaved, so both see the same machine load
             delta_costs.append(await session(http, *delta, f"pt-d{s}", turns))
             full_costs.append(await session(http, *full, f"pt-f{s}", turns))
             tool_costs.append(await session(http, *delta, f"tool-pt{s}", turns, tools=True))
-    print(f"2. per-turn cost: {sessions} sessions of {turns} turns each per approach, interleaved; the client sends "
-          "the whole history each turn; cost = the gateway thread's CPU ms for the turn (median over sessions); "
-          "last column: each turn a tool call and a 4 kB tool result (delta gateway)")
+    print(
+        f"2. per-turn cost: {sessions} sessions of {turns} turns each per approach, interleaved; the client sends "
+        "the whole history each turn; cost = the gateway thread's CPU ms for the turn (median over sessions); "
+        "last column: each turn a tool call and a 4 kB tool result (delta gateway)"
+    )
     print("| turn | delta (gateway) ms | re-render (FullRender) ms | 4 kB tool results, delta ms |")
     print("|---:|---:|---:|---:|")
     med = {}
@@ -321,18 +375,25 @@ async def per_turn(delta: tuple[Gateway, list[float]], full: tuple[Gateway, list
         med[k] = (d, f, t)
         print(f"| {k} | {d:.3f} | {f:.3f} | {t:.3f} |")
     (d1, f1, t1), (dn, fn, tn) = med[1], med[max(med)]
-    print(f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x, re-render {fn / f1:.2f}x, "
-          f"4 kB tool results {tn / t1:.2f}x (turn 1 renders two short messages, later turns a 4 kB tool result)")
+    print(
+        f"ratio turn {max(med)} / turn 1: delta {dn / d1:.2f}x, re-render {fn / f1:.2f}x, "
+        f"4 kB tool results {tn / t1:.2f}x (turn 1 renders two short messages, later turns a 4 kB tool result)"
+    )
     if turns >= 16:
         first, last = range(8), range(turns - 8, turns)
 
         def mean_ms(costs: list[list[float]], ks: range) -> float:
             return statistics.mean(statistics.median(c[k] for c in costs) for k in ks) * 1e3
 
-        spans = {name: (mean_ms(c, first), mean_ms(c, last)) for name, c in
-                 (("delta", delta_costs), ("re-render", full_costs), ("4 kB tool results", tool_costs))}
-        print(f"mean CPU ms per turn, turns 1-8 -> {turns - 7}-{turns}: " + "; ".join(
-            f"{name} {a:.3f} -> {b:.3f} ({b / a:.2f}x)" for name, (a, b) in spans.items()) + " (limit 1.5x)")
+        spans = {
+            name: (mean_ms(c, first), mean_ms(c, last))
+            for name, c in (("delta", delta_costs), ("re-render", full_costs), ("4 kB tool results", tool_costs))
+        }
+        print(
+            f"mean CPU ms per turn, turns 1-8 -> {turns - 7}-{turns}: "
+            + "; ".join(f"{name} {a:.3f} -> {b:.3f} ({b / a:.2f}x)" for name, (a, b) in spans.items())
+            + " (limit 1.5x)"
+        )
 
 
 def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> None:
@@ -355,7 +416,7 @@ def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> No
     for a, b in spans:
         want = stack.answer({"input_ids": sample.tokens[:a], "sampling_params": {"max_new_tokens": 64}})
         assert sample.tokens[a:b] == want["output_ids"], f"{sid}: span {a}:{b} is not what the engine sampled"
-        assert sample.rollout_log_probs[a - start:b - start] == want["log_probs"], f"{sid}: log-probs differ"
+        assert sample.rollout_log_probs[a - start : b - start] == want["log_probs"], f"{sid}: log-probs differ"
 
 
 async def load(stack: AgentStack, sessions: int, turns: int) -> None:
@@ -365,8 +426,10 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
         msgs = [{"role": "user", "content": f"case={sid} begin"}]
         for k in range(turns):
             body = await chat(http, gw, sid, msgs)
-            msgs += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
-                     {"role": "user", "content": f"next {k}"}]
+            msgs += [
+                {"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                {"role": "user", "content": f"next {k}"},
+            ]
 
     sids = [f"load{i}" for i in range(sessions)]
     t = time.perf_counter()
@@ -382,9 +445,11 @@ async def load(stack: AgentStack, sessions: int, turns: int) -> None:
         except AssertionError as e:
             bad += 1
             print(f"   {e}")
-    print(f"3. load: {sessions} concurrent sessions x {turns} turns against {stack.n_engines} engines: "
-          f"{sessions * turns} turns in {wall:.1f} s ({sessions * turns / wall:.0f} turns/s); "
-          f"sessions with a lost or mixed-up turn: {bad}")
+    print(
+        f"3. load: {sessions} concurrent sessions x {turns} turns against {stack.n_engines} engines: "
+        f"{sessions * turns} turns in {wall:.1f} s ({sessions * turns / wall:.0f} turns/s); "
+        f"sessions with a lost or mixed-up turn: {bad}"
+    )
     if bad:
         raise SystemExit(1)
 
@@ -393,8 +458,9 @@ async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, ful
     if "1" in a.sections:
         await overhead(stack, *delta, a.requests)
     if "1b" in a.sections and not a.before_tree:
-        print_concurrent(await concurrent_overhead(stack, delta[0], a.requests, a.concurrency), a.requests,
-                         a.concurrency)
+        print_concurrent(
+            await concurrent_overhead(stack, delta[0], a.requests, a.concurrency), a.requests, a.concurrency
+        )
     if "2" in a.sections:
         await per_turn(delta, full, a.turns, a.per_turn_sessions)
     if "3" in a.sections:
@@ -406,8 +472,9 @@ def start_stack() -> AgentStack:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    return AgentStack(tok, qwen_tokenizer_dir(), replies, engines=2,
-                      log_dir=tempfile.mkdtemp(prefix="bench-agent-")).start()
+    return AgentStack(
+        tok, qwen_tokenizer_dir(), replies, engines=2, log_dir=tempfile.mkdtemp(prefix="bench-agent-")
+    ).start()
 
 
 def main() -> None:
@@ -418,11 +485,20 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--load-turns", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--sections", default="1,1b,2,3", type=lambda v: set(v.split(",")),
-                    help="which sections to run, comma-separated (1, 1b, 2, 3)")
-    ap.add_argument("--before-tree", type=Path, action="append", default=[],
-                    help="another source tree whose section 1b runs side by side with this tree's, rounds "
-                         "interleaved (e.g. `git worktree add /tmp/before main`); repeatable")
+    ap.add_argument(
+        "--sections",
+        default="1,1b,2,3",
+        type=lambda v: set(v.split(",")),
+        help="which sections to run, comma-separated (1, 1b, 2, 3)",
+    )
+    ap.add_argument(
+        "--before-tree",
+        type=Path,
+        action="append",
+        default=[],
+        help="another source tree whose section 1b runs side by side with this tree's, rounds "
+        "interleaved (e.g. `git worktree add /tmp/before main`); repeatable",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="rounds of section 1b per tree with --before-tree")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()

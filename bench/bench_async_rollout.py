@@ -100,8 +100,9 @@ MODES = {
     "b": Mode("b", "over-provisioned + abort", over_sampling=True),
     "c": Mode("c", "over-provisioned + partial rollout", ("--partial-rollout",), over_sampling=True),
     "d": Mode("d", "fully async, staleness 1", ASYNC_FLAGS, fully_async=True),
-    "e": Mode("e", "fully async + partial rollout, staleness 1", ASYNC_FLAGS + ("--partial-rollout",),
-              fully_async=True),
+    "e": Mode(
+        "e", "fully async + partial rollout, staleness 1", ASYNC_FLAGS + ("--partial-rollout",), fully_async=True
+    ),
 }
 
 
@@ -188,8 +189,12 @@ class PacedCluster:
 
     def __init__(self, router: Router, workload: Workload, model_dir: str, seed: int):
         self.router, self.workload = router, workload
-        self.scripts = [PacedScript(workload.lengths, slots=workload.slots, tokens_per_s=workload.tokens_per_s,
-                                    seed=seed * 1000 + i) for i in range(workload.engines)]
+        self.scripts = [
+            PacedScript(
+                workload.lengths, slots=workload.slots, tokens_per_s=workload.tokens_per_s, seed=seed * 1000 + i
+            )
+            for i in range(workload.engines)
+        ]
         self.engines = [ScriptedEngine(s, model_dir, find_free_port()) for s in self.scripts]
 
     def __enter__(self) -> "PacedCluster":
@@ -216,8 +221,9 @@ class PacedCluster:
 
     def set_weight_version(self, version: int) -> None:
         for url in self.urls:
-            requests.post(f"{url}/update_weights_from_disk", json={"weight_version": str(version)},
-                          timeout=10).raise_for_status()
+            requests.post(
+                f"{url}/update_weights_from_disk", json={"weight_version": str(version)}, timeout=10
+            ).raise_for_status()
 
     def reset_window(self) -> None:
         for s in self.scripts:
@@ -228,14 +234,20 @@ class PacedCluster:
 
     def totals(self) -> dict[str, int]:
         snaps = [s.snapshot() for s in self.scripts]
-        return {k: sum(int(sn[k]) for sn in snaps) for k in ("generated_tokens", "aborted_tokens", "requests",
-                                                           "aborts", "continuations")}
+        return {
+            k: sum(int(sn[k]) for sn in snaps)
+            for k in ("generated_tokens", "aborted_tokens", "requests", "aborts", "continuations")
+        }
 
 
 def make_prompts(n: int) -> list[Sample]:
     """Distinct pre-tokenised prompts (ids below the paced engine's response range)."""
-    return [Sample(prompt=f"prompt {i}", tokens=[1000 + (i * PROMPT_LEN + j) % 100_000 for j in range(PROMPT_LEN)],
-                   label="x") for i in range(n)]
+    return [
+        Sample(
+            prompt=f"prompt {i}", tokens=[1000 + (i * PROMPT_LEN + j) % 100_000 for j in range(PROMPT_LEN)], label="x"
+        )
+        for i in range(n)
+    ]
 
 
 def build_args(mode: Mode, w: Workload, router: Router, model_dir: str):
@@ -246,11 +258,30 @@ def build_args(mode: Mode, w: Workload, router: Router, model_dir: str):
         concurrency = w.pool_groups // w.engines
     else:  # the client's in-flight bound never binds: the engines' slots and queues are the limit
         concurrency = max(64, w.over_sampling_groups * w.n_samples)
-    argv = ["--rollout-backend", "hf", "--hf-checkpoint", model_dir, "--sglang-router-ip", router.host,
-            "--sglang-router-port", str(router.port), "--rm-type", "exact", "--rollout-batch-size", str(w.groups),
-            "--n-samples-per-prompt", str(w.n_samples), "--rollout-max-response-len", str(w.lengths.max_len),
-            "--rollout-num-engines", str(w.engines), "--sglang-server-concurrency", str(concurrency),
-            "--rollout-seed", str(w.seed)]
+    argv = [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        model_dir,
+        "--sglang-router-ip",
+        router.host,
+        "--sglang-router-port",
+        str(router.port),
+        "--rm-type",
+        "exact",
+        "--rollout-batch-size",
+        str(w.groups),
+        "--n-samples-per-prompt",
+        str(w.n_samples),
+        "--rollout-max-response-len",
+        str(w.lengths.max_len),
+        "--rollout-num-engines",
+        str(w.engines),
+        "--sglang-server-concurrency",
+        str(concurrency),
+        "--rollout-seed",
+        str(w.seed),
+    ]
     if mode.over_sampling:
         argv += ["--over-sampling-batch-size", str(w.over_sampling_groups)]
     return parse_args(argv + list(mode.flags))
@@ -383,10 +414,12 @@ def mode_available(mode: Mode, router: Router, model_dir: str, w: Workload) -> s
 
 def fmt_table(results: list[ModeResult]) -> str:
     base = next((r for r in results if r.mode.key == "a" and not r.error), None)
-    lines = ["| mode | trained tokens/s | vs sync | samples/s | vs sync | mean trained len | in rollout fn s "
-             "| abort s | weight push s | engine busy: whole run | busy: in rollout fn | aborted tokens | wasted tokens "
-             "| staleness mean (max) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| mode | trained tokens/s | vs sync | samples/s | vs sync | mean trained len | in rollout fn s "
+        "| abort s | weight push s | engine busy: whole run | busy: in rollout fn | aborted tokens | wasted tokens "
+        "| staleness mean (max) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         if r.error:
             lines.append(f"| ({r.mode.key}) {r.mode.title} | n/a: {r.error} |" + " |" * 13)
@@ -395,10 +428,12 @@ def fmt_table(results: list[ModeResult]) -> str:
         ratio = f"{r.samples_per_s / base.samples_per_s:.2f}x" if base else "-"
         stale = f"{statistics.fmean(r.staleness):.2f} ({max(r.staleness)})" if r.staleness else "-"
         mean_len = r.trained_tokens / r.trained_samples if r.trained_samples else 0.0
-        lines.append(f"| ({r.mode.key}) {r.mode.title} | {r.tokens_per_s:.0f} | {tokens_ratio} | "
-                     f"{r.samples_per_s:.1f} | {ratio} | {mean_len:.0f} | "
-                     f"{r.rollout_time:.1f} | {r.metrics.get('perf/abort_time', 0.0):.1f} | {r.push_time:.1f} | "
-                     f"{r.busy_whole:.0%} | {r.busy_rollout:.0%} | {r.aborted_tokens} | {r.wasted_tokens} | {stale} |")
+        lines.append(
+            f"| ({r.mode.key}) {r.mode.title} | {r.tokens_per_s:.0f} | {tokens_ratio} | "
+            f"{r.samples_per_s:.1f} | {ratio} | {mean_len:.0f} | "
+            f"{r.rollout_time:.1f} | {r.metrics.get('perf/abort_time', 0.0):.1f} | {r.push_time:.1f} | "
+            f"{r.busy_whole:.0%} | {r.busy_rollout:.0%} | {r.aborted_tokens} | {r.wasted_tokens} | {stale} |"
+        )
     return "\n".join(lines)
 
 
@@ -408,8 +443,16 @@ def merge(results: list[ModeResult]) -> ModeResult:
         return next(r for r in results if r.error)
     out = ModeResult(results[0].mode)
     for r in results:
-        for name in ("trained_samples", "trained_tokens", "wall", "rollout_time", "push_time", "generated_tokens",
-                     "aborted_tokens", "carried_tokens"):
+        for name in (
+            "trained_samples",
+            "trained_tokens",
+            "wall",
+            "rollout_time",
+            "push_time",
+            "generated_tokens",
+            "aborted_tokens",
+            "carried_tokens",
+        ):
             setattr(out, name, getattr(out, name) + getattr(r, name))
         out.busy_whole += r.busy_whole * r.wall
         out.busy_rollout += r.busy_rollout * r.rollout_time
@@ -447,15 +490,20 @@ def per_round_ratios(rounds: list[list[ModeResult]]) -> list[str]:
 
 def describe(w: Workload) -> str:
     L = w.lengths
-    train = (f"{w.train_seconds:.2f} s (= one batch's decode time at full capacity)" if w.train_time is None
-             else f"{w.train_seconds:.2f} s")
-    return (f"{w.engines} paced engines x {w.slots} slots at {w.tokens_per_s:g} tokens/s per request, behind "
-            f"sglang-router; {w.rollouts} rollouts of {w.groups} groups x {w.n_samples} samples "
-            f"({w.rollouts * w.batch_samples} trained samples per mode); lengths: "
-            f"{1 - L.long_fraction:.0%} uniform in [{L.short_len // 2}, {L.short_len}], {L.long_fraction:.0%} "
-            f"log-uniform in [{2 * L.short_len}, {L.max_len}] tokens (mean {L.mean():.0f}); train step {train}; "
-            f"over-sampling {w.over_sampling_groups} groups in (b), (c); fully-async pool {w.pool_groups} groups; "
-            f"seed {w.seed}.")
+    train = (
+        f"{w.train_seconds:.2f} s (= one batch's decode time at full capacity)"
+        if w.train_time is None
+        else f"{w.train_seconds:.2f} s"
+    )
+    return (
+        f"{w.engines} paced engines x {w.slots} slots at {w.tokens_per_s:g} tokens/s per request, behind "
+        f"sglang-router; {w.rollouts} rollouts of {w.groups} groups x {w.n_samples} samples "
+        f"({w.rollouts * w.batch_samples} trained samples per mode); lengths: "
+        f"{1 - L.long_fraction:.0%} uniform in [{L.short_len // 2}, {L.short_len}], {L.long_fraction:.0%} "
+        f"log-uniform in [{2 * L.short_len}, {L.max_len}] tokens (mean {L.mean():.0f}); train step {train}; "
+        f"over-sampling {w.over_sampling_groups} groups in (b), (c); fully-async pool {w.pool_groups} groups; "
+        f"seed {w.seed}."
+    )
 
 
 def run_all(w: Workload, modes: list[str], *, keep_samples: bool = False) -> list[ModeResult]:
@@ -494,20 +542,37 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--train-time", type=float, default=None, help="seconds; default: one batch at full capacity")
     ap.add_argument("--over-sampling", type=float, default=2.0, help="x --groups, for modes b and c")
-    ap.add_argument("--async-pool", type=int, default=None,
-                    help="groups the fully-async worker owns (in flight + finished); default 2 x --groups")
+    ap.add_argument(
+        "--async-pool",
+        type=int,
+        default=None,
+        help="groups the fully-async worker owns (in flight + finished); default 2 x --groups",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="abcde", help="letters of the modes to run (see the module docstring)")
     ap.add_argument("--short", action="store_true", help="a quick run (tests): small batch, fast engine")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="runs of every mode, interleaved (abcde, edcba, ...) so load drift falls on all alike")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of every mode, interleaved (abcde, edcba, ...) so load drift falls on all alike",
+    )
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {a.rounds}")
-    w = Workload(engines=a.engines, slots=a.slots, tokens_per_s=a.tokens_per_s,
-                 lengths=LongTail(a.short_len, a.long_fraction, a.long_max_factor), groups=a.groups,
-                 n_samples=a.n_samples, rollouts=a.rollouts, train_time=a.train_time, over_sampling=a.over_sampling,
-                 async_pool=a.async_pool, seed=a.seed)
+    w = Workload(
+        engines=a.engines,
+        slots=a.slots,
+        tokens_per_s=a.tokens_per_s,
+        lengths=LongTail(a.short_len, a.long_fraction, a.long_max_factor),
+        groups=a.groups,
+        n_samples=a.n_samples,
+        rollouts=a.rollouts,
+        train_time=a.train_time,
+        over_sampling=a.over_sampling,
+        async_pool=a.async_pool,
+        seed=a.seed,
+    )
     if a.short:
         w = short_workload(w)
     logging.getLogger("uvicorn.error").addFilter(_QuietEngines())
@@ -521,12 +586,15 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         if r.error or base is None:
             continue
-        goal = {"c": "over + partial >= 1.3x sync", "d": "fully async >= 2x sync",
-                "e": "fully async >= 2x sync"}.get(r.mode.key)
+        goal = {"c": "over + partial >= 1.3x sync", "d": "fully async >= 2x sync", "e": "fully async >= 2x sync"}.get(
+            r.mode.key
+        )
         if goal:
-            print(f"goal ({r.mode.key}) {goal} in trained tokens/s, engine busy >= 90%: "
-                  f"{r.tokens_per_s / base.tokens_per_s:.2f}x (samples/s {r.samples_per_s / base.samples_per_s:.2f}x), "
-                  f"busy whole run {r.busy_whole:.0%}, in rollout fn {r.busy_rollout:.0%}")
+            print(
+                f"goal ({r.mode.key}) {goal} in trained tokens/s, engine busy >= 90%: "
+                f"{r.tokens_per_s / base.tokens_per_s:.2f}x (samples/s {r.samples_per_s / base.samples_per_s:.2f}x), "
+                f"busy whole run {r.busy_whole:.0%}, in rollout fn {r.busy_rollout:.0%}"
+            )
     failed = [r.mode.key for r in results if r.error]
     if failed:
         sys.exit(f"modes failed: {failed}")
@@ -541,8 +609,18 @@ class _QuietEngines(logging.Filter):
 
 def short_workload(w: Workload) -> Workload:
     """A few seconds per mode: small batch, a fast engine, a short train step."""
-    return dataclasses.replace(w, engines=2, slots=4, tokens_per_s=400.0, lengths=LongTail(8, 0.25, 8.0), groups=4,
-                               n_samples=2, rollouts=3, train_time=0.1, prompts=256)
+    return dataclasses.replace(
+        w,
+        engines=2,
+        slots=4,
+        tokens_per_s=400.0,
+        lengths=LongTail(8, 0.25, 8.0),
+        groups=4,
+        n_samples=2,
+        rollouts=3,
+        train_time=0.1,
+        prompts=256,
+    )
 
 
 if __name__ == "__main__":

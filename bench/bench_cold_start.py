@@ -51,12 +51,40 @@ def scratch_entries(pid: int | None = None) -> set[str]:
 
 def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
     trace = Path(tempfile.mkdtemp(prefix="slime-cold-trace-")) / "trace.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-           "HF_ENDPOINT": "http://127.0.0.1:9", "SLIME_STARTUP_TRACE": str(trace)}
-    cmd = [sys.executable, "-m", "slime", "--debug-rollout-only", "--rollout-backend", "hf", "--hf-checkpoint",
-           model_dir, "--rollout-num-engines", "2", "--engine-threads", "1", "--prompt-data", str(data),
-           "--rm-type", "exact", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
-           "--rollout-max-response-len", "1", "--num-rollout", "1"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "RAY_AUTH_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "SLIME_STARTUP_TRACE": str(trace),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime",
+        "--debug-rollout-only",
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        model_dir,
+        "--rollout-num-engines",
+        "2",
+        "--engine-threads",
+        "1",
+        "--prompt-data",
+        str(data),
+        "--rm-type",
+        "exact",
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "1",
+        "--rollout-max-response-len",
+        "1",
+        "--num-rollout",
+        "1",
+    ]
     shm_before = scratch_entries()
     t0, wall0 = time.perf_counter(), time.time()
     err = tempfile.TemporaryFile(mode="w+")  # shown if the run fails
@@ -84,14 +112,28 @@ def one_run(tree: Path, model_dir: str, data: Path) -> tuple:
         raise SystemExit(f"cold start run in {tree} failed (exit {proc.returncode}):\n{err.read()[-3000:]}")
     err.close()
     timeline = [(e["t"] - wall0, e["event"]) for e in read_trace(str(trace))]  # old trees write none
-    timeline += [(ready, "CLI: router + engines ready line"), (first, "CLI: first sample served"),
-                 (exited, "command exited")]
-    wanted = ("ray_init: begin", "ray_init: ray.init done", "fork server: preloaded", "fleet: engines serving",
-              "CLI: router + engines ready line", "exit: last line printed", "command exited")
+    timeline += [
+        (ready, "CLI: router + engines ready line"),
+        (first, "CLI: first sample served"),
+        (exited, "command exited"),
+    ]
+    wanted = (
+        "ray_init: begin",
+        "ray_init: ray.init done",
+        "fork server: preloaded",
+        "fleet: engines serving",
+        "CLI: router + engines ready line",
+        "exit: last line printed",
+        "command exited",
+    )
     edges = [(wall0, "command")] + [(wall0 + t, e) for t, e in sorted(timeline) if e in wanted]
     components = sampler.totals()
-    cpu = {"total": sum(components.values()), "components": components, "phases": sampler.phases(edges),
-           "left": left_files}
+    cpu = {
+        "total": sum(components.values()),
+        "components": components,
+        "phases": sampler.phases(edges),
+        "left": left_files,
+    }
     return ready, first, phases, leftovers, sorted(timeline), exited, cpu
 
 
@@ -104,20 +146,30 @@ def export_tree(ref: str) -> Path:
 
 
 def report(name: str, runs: list[tuple]) -> None:
-    print(f"{name:<7} command -> router+engines ready : {statistics.median(r[0] for r in runs):6.1f} s  "
-          f"(runs: {', '.join(f'{r[0]:.1f}' for r in runs)})")
-    print(f"{name:<7} command -> first sample served  : {statistics.median(r[1] for r in runs):6.1f} s  "
-          f"(runs: {', '.join(f'{r[1]:.1f}' for r in runs)})")
-    print(f"{name:<7} command -> exit                 : {statistics.median(r[5] for r in runs):6.1f} s  "
-          f"(runs: {', '.join(f'{r[5]:.1f}' for r in runs)}; after the first sample: "
-          f"{', '.join(f'{r[5] - r[1]:.1f}' for r in runs)})")
+    print(
+        f"{name:<7} command -> router+engines ready : {statistics.median(r[0] for r in runs):6.1f} s  "
+        f"(runs: {', '.join(f'{r[0]:.1f}' for r in runs)})"
+    )
+    print(
+        f"{name:<7} command -> first sample served  : {statistics.median(r[1] for r in runs):6.1f} s  "
+        f"(runs: {', '.join(f'{r[1]:.1f}' for r in runs)})"
+    )
+    print(
+        f"{name:<7} command -> exit                 : {statistics.median(r[5] for r in runs):6.1f} s  "
+        f"(runs: {', '.join(f'{r[5]:.1f}' for r in runs)}; after the first sample: "
+        f"{', '.join(f'{r[5] - r[1]:.1f}' for r in runs)})"
+    )
     if runs[-1][2]:
         print(f"{name:<7} manager start-up phases (last run) : {runs[-1][2]}")
     print(f"{name:<7} processes alive 30 s after exit    : {', '.join(str(r[3]) for r in runs)}")
-    print(f"{name:<7} left in /dev/shm and /tmp           : "
-          f"{'; '.join(', '.join(r[6]['left']) or 'nothing' for r in runs)}")
-    print(f"{name:<7} CPU seconds, every process of the run: {statistics.median(r[6]['total'] for r in runs):6.1f} s  "
-          f"(runs: {', '.join(format(r[6]['total'], '.1f') for r in runs)})")
+    print(
+        f"{name:<7} left in /dev/shm and /tmp           : "
+        f"{'; '.join(', '.join(r[6]['left']) or 'nothing' for r in runs)}"
+    )
+    print(
+        f"{name:<7} CPU seconds, every process of the run: {statistics.median(r[6]['total'] for r in runs):6.1f} s  "
+        f"(runs: {', '.join(format(r[6]['total'], '.1f') for r in runs)})"
+    )
     cpu = runs[-1][6]
     print(f"{name:<7} CPU seconds per component (last run, sampled every 0.2 s):")
     for label, secs in cpu["components"].items():
@@ -157,10 +209,14 @@ def main() -> None:
         for name, tree in trees.items():
             results[name].append(one_run(tree, model_dir, data))
             loads.append(os.getloadavg()[0])
-    print(f"model={a.model} ({model_dir}) engines=2 runs={a.runs} cpus={os.cpu_count()} "
-          f"before={a.before} after=working tree")
-    print(f"load average (1 min) before/after each run: {', '.join(f'{x:.1f}' for x in loads)} "
-          f"(the runs are CPU-bound: compare before and after of one sitting only)")
+    print(
+        f"model={a.model} ({model_dir}) engines=2 runs={a.runs} cpus={os.cpu_count()} "
+        f"before={a.before} after=working tree"
+    )
+    print(
+        f"load average (1 min) before/after each run: {', '.join(f'{x:.1f}' for x in loads)} "
+        f"(the runs are CPU-bound: compare before and after of one sitting only)"
+    )
     for name, runs in results.items():
         report(name, runs)
 

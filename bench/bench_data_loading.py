@@ -70,16 +70,31 @@ def make_file(path: Path, megabytes: int) -> int:
     filler = "lorem ipsum dolor sit amet " * 30
     with open(path, "w") as f:
         for i in range(rows):
-            f.write(json.dumps({"messages": [{"role": "system", "content": "You are a careful solver."},
-                                             {"role": "user", "content": f"Problem {i}: {filler[:800]}"}],
-                                "label": str(i % 97)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "system", "content": "You are a careful solver."},
+                            {"role": "user", "content": f"Problem {i}: {filler[:800]}"},
+                        ],
+                        "label": str(i % 97),
+                    }
+                )
+                + "\n"
+            )
     return rows
 
 
 def measure(tree: Path, mode: str, data: Path, model: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(data), str(model)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(data), str(model)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = out.stdout.strip().splitlines()
     result = json.loads(lines[-1])
     result["progress_lines"] = sum(1 for line in lines if line.startswith("prompt data "))
@@ -95,9 +110,11 @@ def export_tree(ref: str, into: Path) -> Path:
 
 
 def line(label: str, size_mb: int, r: dict) -> str:
-    return (f"{label:<26} {size_mb:>5} MB {r['rows']:>8} rows  peak RSS {r['peak_mb']:7.0f} MB "
-            f"(+{r['peak_mb'] - r['base_mb']:6.0f} MB over baseline {r['base_mb']:4.0f})  "
-            f"{r['seconds']:7.1f} s" + (f"  progress lines {r['progress_lines']}" if r["progress_lines"] else ""))
+    return (
+        f"{label:<26} {size_mb:>5} MB {r['rows']:>8} rows  peak RSS {r['peak_mb']:7.0f} MB "
+        f"(+{r['peak_mb'] - r['base_mb']:6.0f} MB over baseline {r['base_mb']:4.0f})  "
+        f"{r['seconds']:7.1f} s" + (f"  progress lines {r['progress_lines']}" if r["progress_lines"] else "")
+    )
 
 
 def main() -> None:
@@ -105,8 +122,13 @@ def main() -> None:
     ap.add_argument("--sizes-mb", type=int, nargs="*", default=[20, 200])
     ap.add_argument("--before", default="main", help="git ref of the tree to compare with, or none")
     ap.add_argument("--before-sizes-mb", type=int, nargs="*", default=[20])
-    ap.add_argument("--limit-mb", type=int, nargs="*", default=[20],
-                    help="sizes loaded with --rollout-max-prompt-len (the manager tokenises every row at start)")
+    ap.add_argument(
+        "--limit-mb",
+        type=int,
+        nargs="*",
+        default=[20],
+        help="sizes loaded with --rollout-max-prompt-len (the manager tokenises every row at start)",
+    )
     ap.add_argument("--preflight-mb", type=int, nargs="*", default=[20])
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -126,13 +148,16 @@ def main() -> None:
             if mb in a.sizes_mb:
                 print(line("after (indexed)", mb, measure(ROOT, "manager", files[mb], model)), flush=True)
             if mb in a.limit_mb:  # the manager alone tokenises every row; after preflight it reuses its rows
-                print(line("limit, manager alone", mb, measure(ROOT, "manager-limit", files[mb], model)),
-                      flush=True)
-                print(line("limit, after preflight", mb, measure(ROOT, "manager-limit-carried", files[mb], model)),
-                      flush=True)
+                print(line("limit, manager alone", mb, measure(ROOT, "manager-limit", files[mb], model)), flush=True)
+                print(
+                    line("limit, after preflight", mb, measure(ROOT, "manager-limit-carried", files[mb], model)),
+                    flush=True,
+                )
             if before is not None and mb in a.before_sizes_mb:
-                print(line(f"before ({a.before}, whole file)", mb, measure(before, "manager", files[mb], model)),
-                      flush=True)
+                print(
+                    line(f"before ({a.before}, whole file)", mb, measure(before, "manager", files[mb], model)),
+                    flush=True,
+                )
         if a.preflight_mb:
             print("preflight: every row rendered and tokenised, one at a time", flush=True)
         for mb in a.preflight_mb:

@@ -73,9 +73,14 @@ async def run(args, kinds, n: int) -> dict[str, list[list[float]]]:
     finals: dict[str, list[int]] = {}
     for i in range(n):
         for kind, cls in kinds.items():
-            s = Sample(index=i, prompt=[{"role": "system", "content": "You are a math expert."},
-                                        {"role": "user", "content": "Add up 32 values with the calculator."}],
-                       metadata={"tools_kwargs": {"calculator": {}}})
+            s = Sample(
+                index=i,
+                prompt=[
+                    {"role": "system", "content": "You are a math expert."},
+                    {"role": "user", "content": "Add up 32 values with the calculator."},
+                ],
+                metadata={"tools_kwargs": {"calculator": {}}},
+            )
             traj = cls(ctx, args, s, {"temperature": 1.0, "max_new_tokens": args.rollout_max_response_len})
             s = await traj.run()
             assert s.status == Sample.Status.COMPLETED, (kind, s.metadata)
@@ -107,12 +112,21 @@ def main() -> int:
     router = Router(log_dir=tempfile.mkdtemp(prefix="bench-mt-")).start()
     try:
         router.add_worker(engine.url)
-        args = argparse.Namespace(**{**tool_defaults(), "sglang_router_ip": "127.0.0.1",
-                                     "sglang_router_port": router.port, "hf_checkpoint": model,
-                                     "rollout_max_response_len": 100_000, "rollout_max_context_len": None,
-                                     "sglang_server_concurrency": 8, "request_timeout": 30.0,
-                                     "request_max_retries": 1, "max_turns": cli.turns + 1,
-                                     "tool_config_path": str(ROOT / "configs" / "example_tool.yaml")})
+        args = argparse.Namespace(
+            **{
+                **tool_defaults(),
+                "sglang_router_ip": "127.0.0.1",
+                "sglang_router_port": router.port,
+                "hf_checkpoint": model,
+                "rollout_max_response_len": 100_000,
+                "rollout_max_context_len": None,
+                "sglang_server_concurrency": 8,
+                "request_timeout": 30.0,
+                "request_max_retries": 1,
+                "max_turns": cli.turns + 1,
+                "tool_config_path": str(ROOT / "configs" / "example_tool.yaml"),
+            }
+        )
         bind_runtime(args, tokenizer=tok)
         curves = asyncio.run(run(args, {"delta": Trajectory, "rerender": RerenderTrajectory}, cli.trajectories))
     finally:
@@ -123,11 +137,15 @@ def main() -> int:
         return statistics.median(c[turn - 1] for c in curves[kind]) * 1e3
 
     ctx_len = curves["_context"][0]
-    print(f"{cli.turns} tool turns per trajectory, {cli.trajectories} trajectories per approach, interleaved; "
-          "zero-latency scripted engine behind sglang-router; Qwen3 chat template with tools.")
-    print("Cost of turn k = loop time between the engine's answer for turn k and the request for turn k+1, "
-          "without the engine round trip and the tool's run time (median over trajectories). "
-          "Both approaches produced identical token sequences.")
+    print(
+        f"{cli.turns} tool turns per trajectory, {cli.trajectories} trajectories per approach, interleaved; "
+        "zero-latency scripted engine behind sglang-router; Qwen3 chat template with tools."
+    )
+    print(
+        "Cost of turn k = loop time between the engine's answer for turn k and the request for turn k+1, "
+        "without the engine round trip and the tool's run time (median over trajectories). "
+        "Both approaches produced identical token sequences."
+    )
     print("| turn | context tokens | delta (slime) ms | re-render ms |")
     print("|---:|---:|---:|---:|")
     shown = sorted({1, 2, 4, 8, 16, 24, cli.turns} & set(range(1, cli.turns + 1)))

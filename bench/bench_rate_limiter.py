@@ -69,6 +69,7 @@ class Caller:
                 t2 = time.perf_counter()
                 lim.release()
                 return (t1 - t) + (time.perf_counter() - t2)
+
         self.one = one
         await one()
 
@@ -89,9 +90,12 @@ class Caller:
 
         await asyncio.sleep(max(0.0, start_at - time.time()))
         counts = await asyncio.gather(*[caller() for _ in range(n_callers)])
-        out = {"calls": sum(counts), "mean_lat": statistics.fmean(lat) if lat else None,
-               "p50": statistics.median(lat) if lat else None,
-               "p99": sorted(lat)[int(len(lat) * 0.99)] if lat else None}
+        out = {
+            "calls": sum(counts),
+            "mean_lat": statistics.fmean(lat) if lat else None,
+            "p50": statistics.median(lat) if lat else None,
+            "p99": sorted(lat)[int(len(lat) * 0.99)] if lat else None,
+        }
         if self.design != "seed":
             lim = self.lim
             out["client"] = {"in_flight": lim.inflight, "waiting": lim.n_waiting, "handed_over": lim.handed_over}
@@ -116,10 +120,17 @@ def run_case(design: str, cap: int, conc: int, duration: float, case_id: str) ->
     p50 = [r["p50"] for r in res if r["p50"] is not None]
     p99 = [r["p99"] for r in res if r["p99"] is not None]
     nan = float("nan")
-    out = {"design": design, "cap": cap, "callers": conc, "calls_per_s": calls / duration,
-           "added_latency_ms": 1e3 * statistics.fmean(lat) if lat else nan,
-           "p50_ms": 1e3 * statistics.fmean(p50) if p50 else nan, "p99_ms": 1e3 * max(p99) if p99 else nan,
-           "stalled": calls == 0, "per_process_calls": [r["calls"] for r in res]}
+    out = {
+        "design": design,
+        "cap": cap,
+        "callers": conc,
+        "calls_per_s": calls / duration,
+        "added_latency_ms": 1e3 * statistics.fmean(lat) if lat else nan,
+        "p50_ms": 1e3 * statistics.fmean(p50) if p50 else nan,
+        "p99_ms": 1e3 * max(p99) if p99 else nan,
+        "stalled": calls == 0,
+        "per_process_calls": [r["calls"] for r in res],
+    }
     if design == "slime":
         out["client_stats"] = [r["client"] for r in res]
         kill_rate_limiter(name)
@@ -144,6 +155,7 @@ def bench_sandbox(concurrency: int = 8, total: int = 200) -> dict:
         url, handle = start_local_sandbox(max_concurrency=concurrency, allow_no_isolation=True)
         isolation = "WITHOUT isolation (unavailable here)"
     try:
+
         async def go():
             async with aiohttp.ClientSession() as s:
                 sem = asyncio.Semaphore(concurrency)
@@ -156,13 +168,20 @@ def bench_sandbox(concurrency: int = 8, total: int = 200) -> dict:
                             body = await r.json()
                         assert body["status"] == "Success" and body["run_result"]["stdout"] == "1\n", body
                         lat.append(time.perf_counter() - t)
+
                 await asyncio.gather(*[one() for _ in range(8)])  # warm-up
                 lat.clear()
                 t0 = time.perf_counter()
                 await asyncio.gather(*[one() for _ in range(total)])
                 dt = time.perf_counter() - t0
-                return {"concurrency": concurrency, "executions": total, "exec_per_s": total / dt,
-                        "isolation": isolation, "p50_ms": 1e3 * statistics.median(lat)}
+                return {
+                    "concurrency": concurrency,
+                    "executions": total,
+                    "exec_per_s": total / dt,
+                    "isolation": isolation,
+                    "p50_ms": 1e3 * statistics.median(lat),
+                }
+
         return asyncio.run(go())
     finally:
         handle.stop()
@@ -177,8 +196,12 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="print every case as JSON")
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}})
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}},
+    )
     rows = []
     for cap in args.caps:
         for conc in args.concurrency:
@@ -188,8 +211,10 @@ def main() -> None:
                 if args.verbose:
                     print(json.dumps(r), flush=True)
     ray.shutdown()
-    print(f"No-op guarded calls, callers spread over 2 processes, {args.duration:g} s per case; cap {max(args.caps)} = "
-          f"uncontended, cap {min(args.caps)} = contended once there are more callers (FIFO across processes).")
+    print(
+        f"No-op guarded calls, callers spread over 2 processes, {args.duration:g} s per case; cap {max(args.caps)} = "
+        f"uncontended, cap {min(args.caps)} = contended once there are more callers (FIFO across processes)."
+    )
     print("\n| cap | callers | seed calls/s | slime calls/s | speed-up | seed added ms/call | slime added ms/call |")
     print("|---|---|---|---|---|---|---|")
     for cap in args.caps:
@@ -197,16 +222,20 @@ def main() -> None:
             s = next(r for r in rows if r["design"] == "seed" and r["cap"] == cap and r["callers"] == conc)
             o = next(r for r in rows if r["design"] == "slime" and r["cap"] == cap and r["callers"] == conc)
             speed = f"{o['calls_per_s'] / s['calls_per_s']:.0f}x" if s["calls_per_s"] else "seed stalled"
-            print(f"| {cap} | {conc} | {s['calls_per_s']:.0f} | {o['calls_per_s']:.0f} | {speed} | "
-                  f"{s['added_latency_ms']:.3f} | {o['added_latency_ms']:.4f} |")
+            print(
+                f"| {cap} | {conc} | {s['calls_per_s']:.0f} | {o['calls_per_s']:.0f} | {speed} | "
+                f"{s['added_latency_ms']:.3f} | {o['added_latency_ms']:.4f} |"
+            )
     speedups = [o["calls_per_s"] / s["calls_per_s"] for s, o in zip(rows[::2], rows[1::2]) if s["calls_per_s"]]
     if speedups:
         print(f"\nlowest speed-up: {min(speedups):.0f}x (target >= 10x in every row)")
     sb = None
     if not args.no_sandbox:
         sb = bench_sandbox()
-        print(f"\nsandbox (slime-sandbox, {sb['isolation']}): print(1) at concurrency {sb['concurrency']}: "
-              f"{sb['exec_per_s']:.1f} executions/s, p50 {sb['p50_ms']:.1f} ms per execution")
+        print(
+            f"\nsandbox (slime-sandbox, {sb['isolation']}): print(1) at concurrency {sb['concurrency']}: "
+            f"{sb['exec_per_s']:.1f} executions/s, p50 {sb['p50_ms']:.1f} ms per execution"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "sandbox": sb}, indent=1))
 

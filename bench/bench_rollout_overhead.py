@@ -51,18 +51,24 @@ WALL_TARGET = 0.75
 def timed(fn):
     """(samples/s, CPU ms per sample of this process): CPU time is the cost itself, which the
     other processes sharing the machine do not inflate the way they inflate wall time."""
+
     def wrapper(*args, n: int, **kw):
         wall, cpu = time.perf_counter(), time.process_time()
         fn(*args, n=n, **kw)
         return n / (time.perf_counter() - wall), (time.process_time() - cpu) * 1000 / n
+
     return wrapper
 
 
 async def raw_client(url: str, n: int, concurrency: int) -> None:
     sem = asyncio.Semaphore(concurrency)
-    payload = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
-               "return_logprob": True}
+    payload = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
+        "return_logprob": True,
+    }
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def one():
             async with sem:
                 for _ in range(10):  # an error answer (the router under the box's load) is sent again, as slime does
@@ -102,13 +108,32 @@ def worker(a: argparse.Namespace) -> None:
     from slime.utils.types import Sample
 
     n_prompts = a.samples // N_PER_PROMPT
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", a.model_dir, "--sglang-router-ip",
-                       a.router_host, "--sglang-router-port", str(a.router_port), "--rm-type", "exact",
-                       "--rollout-batch-size", str(n_prompts), "--n-samples-per-prompt", str(N_PER_PROMPT),
-                       "--rollout-max-response-len", "8", "--sglang-server-concurrency", str(a.concurrency)])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            a.model_dir,
+            "--sglang-router-ip",
+            a.router_host,
+            "--sglang-router-port",
+            str(a.router_port),
+            "--rm-type",
+            "exact",
+            "--rollout-batch-size",
+            str(n_prompts),
+            "--n-samples-per-prompt",
+            str(N_PER_PROMPT),
+            "--rollout-max-response-len",
+            "8",
+            "--sglang-server-concurrency",
+            str(a.concurrency),
+        ]
+    )
     prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n_prompts)]
     try:  # what the controller creates: one engine client for every round
         from slime.testing.runtime import bind_runtime
+
         runtime = bind_runtime(args)
     except ImportError:
         runtime = None
@@ -154,11 +179,28 @@ class Worker:
     def __init__(self, tree: Path, a: argparse.Namespace, model_dir: Path, router) -> None:
         env = {**os.environ, "SLIME_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", "--model-dir", str(model_dir),
-             "--router-host", router.host, "--router-port", str(router.port), "--samples", str(a.samples),
-             "--concurrency", str(a.concurrency)] + (["--profile"] if a.profile else []), cwd=tree, env=env,
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--model-dir",
+                str(model_dir),
+                "--router-host",
+                router.host,
+                "--router-port",
+                str(router.port),
+                "--samples",
+                str(a.samples),
+                "--concurrency",
+                str(a.concurrency),
+            ]
+            + (["--profile"] if a.profile else []),
+            cwd=tree,
+            env=env,
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"worker for {tree} did not start (exit code {self.proc.poll()})")
@@ -180,10 +222,18 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--before-tree", type=Path, action="append", default=[],
-                    help="another source tree measured in the same run (its slime/ package is imported); repeatable")
-    ap.add_argument("--profile", action="store_true",
-                    help="after the rounds, cProfile one rollout per worker on its loop thread (stderr)")
+    ap.add_argument(
+        "--before-tree",
+        type=Path,
+        action="append",
+        default=[],
+        help="another source tree measured in the same run (its slime/ package is imported); repeatable",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the rounds, cProfile one rollout per worker on its loop thread (stderr)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--router-host", help=argparse.SUPPRESS)
@@ -199,8 +249,20 @@ def main() -> None:
 
     model_dir = build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny")
     port = find_free_port()
-    stub = subprocess.Popen([sys.executable, "-m", "slime.testing.scripted_engine", "--port", str(port),
-                             "--model-path", str(model_dir), "--tokens", "8"], cwd=ROOT)
+    stub = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slime.testing.scripted_engine",
+            "--port",
+            str(port),
+            "--model-path",
+            str(model_dir),
+            "--tokens",
+            "8",
+        ],
+        cwd=ROOT,
+    )
     router = Router().start()
     workers: dict[str, Worker] = {}
     try:
@@ -219,19 +281,27 @@ def main() -> None:
             for name, w in workers.items():
                 rounds[name].append(w.run())
         r, r_cpu = (statistics.median(x) for x in zip(*raw))
-        print(f"samples={n} concurrency={a.concurrency} rounds={a.rounds}; headline: CPU per sample against the raw "
-              f"client's (wall clock swings with the other load on the box, CPU time does not)")
-        print(f"raw aiohttp -> router -> stub : CPU {r_cpu:.3f} ms/sample; {r:8.0f} samples/s  "
-              f"(rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})")
+        print(
+            f"samples={n} concurrency={a.concurrency} rounds={a.rounds}; headline: CPU per sample against the raw "
+            f"client's (wall clock swings with the other load on the box, CPU time does not)"
+        )
+        print(
+            f"raw aiohttp -> router -> stub : CPU {r_cpu:.3f} ms/sample; {r:8.0f} samples/s  "
+            f"(rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})"
+        )
         for name, xs in rounds.items():
             o, o_cpu = (statistics.median(x) for x in zip(*xs))
             overhead_ms = (1 / o - 1 / r) * 1000  # negative: slime was faster in this run (noise)
             print(f"{name:<29}: CPU {o_cpu:.3f} ms/sample  (rounds: {', '.join(f'{c:.3f}' for _, c in xs)})")
             print(f"  CPU per sample vs raw      : {o_cpu / r_cpu:8.2f}x   (target <= {CPU_TARGET:g}x)")
-            print(f"  wall clock                 : {o:8.0f} samples/s = {o / r:.2f}x raw (target >= {WALL_TARGET:g}x; "
-                  f"rounds: {', '.join(f'{x:.0f}' for x, _ in xs)})")
-            print(f"  orchestration per sample   : {overhead_ms:8.3f} ms wall  (1/slime - 1/raw, negative = within "
-                  "run-to-run noise)")
+            print(
+                f"  wall clock                 : {o:8.0f} samples/s = {o / r:.2f}x raw (target >= {WALL_TARGET:g}x; "
+                f"rounds: {', '.join(f'{x:.0f}' for x, _ in xs)})"
+            )
+            print(
+                f"  orchestration per sample   : {overhead_ms:8.3f} ms wall  (1/slime - 1/raw, negative = within "
+                "run-to-run noise)"
+            )
     finally:
         for w in workers.values():
             w.stop()

@@ -45,6 +45,7 @@ async def _closed_loop_rate(open_client, conc: int, seconds: float) -> float:
             while time.monotonic() < stop:
                 await run_once()
                 done += 1
+
     t0 = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(conc)))
     return done / (time.monotonic() - t0)
@@ -55,8 +56,10 @@ async def _sandbox_rate(url: str, conc: int, seconds: float) -> float:
     generator, like wrk: the client's own cost should not be what is measured)."""
     host, port = url.split("//", 1)[1].split(":")
     body = json.dumps({"code": "print(1)", "language": "python"}).encode()
-    req = (f"POST /run_code HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    req = (
+        f"POST /run_code HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
     @contextlib.asynccontextmanager
     async def connection():
@@ -65,15 +68,16 @@ async def _sandbox_rate(url: str, conc: int, seconds: float) -> float:
         async def post_once() -> None:
             writer.write(req)
             head = await reader.readuntil(b"\r\n\r\n")
-            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
-                              if h.lower().startswith(b"content-length")))
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
             res = json.loads(await reader.readexactly(length))
             if not head.startswith(b"HTTP/1.1 200") or res["run_result"]["stdout"] != "1\n":
                 raise SystemExit(f"sandbox run failed: {head[:40]!r} {str(res)[:300]}")
+
         try:
             yield post_once
         finally:
             writer.close()
+
     return await _closed_loop_rate(connection, conc, seconds)
 
 
@@ -103,12 +107,17 @@ sys.stdout.flush()
 os.write(1, b"%d %f\\n" % (n, time.monotonic() - t0))
 """
 
-_SPAWNER = _CHILD_LOOP.replace("START_CHILD", """
+_SPAWNER = _CHILD_LOOP.replace(
+    "START_CHILD",
+    """
 def start_child(r, w):
     return os.posix_spawn(arg, [arg, "-c", "print(1)"], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
-""")
+""",
+)
 
-_WARM_FORKER = _CHILD_LOOP.replace("START_CHILD", """
+_WARM_FORKER = _CHILD_LOOP.replace(
+    "START_CHILD",
+    """
 for m in arg.split(","):
     __import__(m)
 
@@ -122,7 +131,8 @@ def start_child(r, w):
         sys.stdout.flush()
         os._exit(0)
     return pid
-""")
+""",
+)
 
 
 def _warm_fork_rate(python: str, conc: int, seconds: float) -> float:
@@ -154,13 +164,16 @@ def _rate_of(argv: list[str], conc: int) -> float:
 
 async def _spawn_rate_one_process(python: str, conc: int, seconds: float) -> float:
     """The same spawns from one asyncio process (how a Python service would spawn them)."""
+
     @contextlib.asynccontextmanager
     async def spawner():
         async def spawn_once() -> None:
             p = await asyncio.create_subprocess_exec(python, "-c", "print(1)", stdout=asyncio.subprocess.PIPE)
             out, _ = await p.communicate()
             assert out == b"1\n"
+
         yield spawn_once
+
     return await _closed_loop_rate(spawner, conc, seconds)
 
 
@@ -180,8 +193,12 @@ def _start_server(tree: str | None, slots: int, queue: int, isolated: bool, uid_
     here = os.getcwd()
     os.chdir(tree or here)  # (`python -m` puts the working directory first on sys.path: `tree`'s slime)
     try:
-        return start_local_sandbox(max_concurrency=slots, max_queue=queue, allow_no_isolation=not isolated,
-                                   extra_args=["--uid-base", str(uid_base)] if uid_base else [])
+        return start_local_sandbox(
+            max_concurrency=slots,
+            max_queue=queue,
+            allow_no_isolation=not isolated,
+            extra_args=["--uid-base", str(uid_base)] if uid_base else [],
+        )
     finally:
         os.chdir(here)
 
@@ -194,8 +211,9 @@ class _CpuPriority:
         self.dir = self.parent = None
         try:
             with open("/proc/self/cgroup") as f:
-                path = next(line.rstrip("\n").split(":", 2)[2] for line in f
-                            if "cpu" in line.split(":", 2)[1].split(","))
+                path = next(
+                    line.rstrip("\n").split(":", 2)[2] for line in f if "cpu" in line.split(":", 2)[1].split(",")
+                )
             self.parent = os.path.join("/sys/fs/cgroup/cpu", path.lstrip("/"))
             d = os.path.join(self.parent, f"slime-bench-{os.getpid()}")
             os.mkdir(d)
@@ -229,10 +247,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--slots", type=int, default=None, help="server --max-concurrency (default: --concurrency)")
-    ap.add_argument("--compare-tree", default=None,
-                    help="root of another checkout: its sandbox runs in the same rounds (before/after)")
-    ap.add_argument("--cpu-priority", action="store_true",
-                    help="run the bench in a cpu cgroup with the largest weight (root, cgroup v1)")
+    ap.add_argument(
+        "--compare-tree",
+        default=None,
+        help="root of another checkout: its sandbox runs in the same rounds (before/after)",
+    )
+    ap.add_argument(
+        "--cpu-priority",
+        action="store_true",
+        help="run the bench in a cpu cgroup with the largest weight (root, cgroup v1)",
+    )
     a = ap.parse_args()
     prio = _CpuPriority() if a.cpu_priority else None
     try:
@@ -249,8 +273,7 @@ def _bench(a) -> None:
     isolated = os.geteuid() == 0
     slots = a.slots or a.concurrency
     url, handle = _start_server(None, slots, 4 * a.concurrency, isolated, None)  # (its own uid range)
-    other = _start_server(a.compare_tree, slots, 4 * a.concurrency, isolated, 64000) \
-        if a.compare_tree else None
+    other = _start_server(a.compare_tree, slots, 4 * a.concurrency, isolated, 64000) if a.compare_tree else None
     try:
         import requests
 
@@ -272,16 +295,22 @@ def _bench(a) -> None:
             other[1].stop()
     ms, mb, mb1, mw = statistics.median(sb), statistics.median(bare), statistics.median(bare1), statistics.median(warm)
     load = os.getloadavg()[0]
-    print(f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
-          f"interpreter={python} isolation={health['isolation']} cgroups={health['cgroups']} "
-          f"seccomp={health['seccomp']} per-process-only={','.join(health['per_process_only']) or '-'} "
-          f"load-avg-1min-at-end={load:.1f} cpu-priority={bool(a.cpu_priority)}")
+    print(
+        f"concurrency={a.concurrency} seconds/round={a.seconds:g} rounds={a.rounds} cores={os.cpu_count()} "
+        f"interpreter={python} isolation={health['isolation']} cgroups={health['cgroups']} "
+        f"seccomp={health['seccomp']} per-process-only={','.join(health['per_process_only']) or '-'} "
+        f"load-avg-1min-at-end={load:.1f} cpu-priority={bool(a.cpu_priority)}"
+    )
     print("| path | runs/s (median) | rounds |")
     print("|---|---:|---|")
-    print(f"| warm fork of `{os.path.basename(python)}` running `print(1)`, no isolation, {a.concurrency} forkers | "
-          f"{mw:.0f} | {', '.join(f'{x:.0f}' for x in warm)} |")
-    print(f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns, {a.concurrency} spawner processes | {mb:.0f} | "
-          f"{', '.join(f'{x:.0f}' for x in bare)} |")
+    print(
+        f"| warm fork of `{os.path.basename(python)}` running `print(1)`, no isolation, {a.concurrency} forkers | "
+        f"{mw:.0f} | {', '.join(f'{x:.0f}' for x in warm)} |"
+    )
+    print(
+        f"| bare `{os.path.basename(python)} -c 'print(1)'` spawns, {a.concurrency} spawner processes | {mb:.0f} | "
+        f"{', '.join(f'{x:.0f}' for x in bare)} |"
+    )
     print(f"| same spawns from one asyncio process | {mb1:.0f} | {', '.join(f'{x:.0f}' for x in bare1)} |")
     print(f"| slime-sandbox `print(1)` (HTTP, isolated, limited) | {ms:.0f} | {', '.join(f'{x:.0f}' for x in sb)} |")
     if other:

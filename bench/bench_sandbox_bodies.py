@@ -30,10 +30,14 @@ def _post(url: str, path: str, body: bytes) -> tuple[int, float]:
     host, port = url.split("//", 1)[1].split(":")
     s = socket.create_connection((host, int(port)), timeout=300)
     try:
-        s.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode())
+        s.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+        )
         for i in range(0, len(body), 1 << 20):
-            s.sendall(body[i:i + (1 << 20)])
+            s.sendall(body[i : i + (1 << 20)])
         t0 = time.monotonic()
         head = s.recv(65536)
         return int(head.split(b" ", 2)[1]), time.monotonic() - t0
@@ -73,8 +77,11 @@ def _measure(url: str, path: str, body: bytes, sid: str | None, seconds: float) 
     probe: dict = {}
 
     def egress() -> None:
-        out = requests.post(f"{url}/sessions/{sid}/exec", timeout=300, json={
-            "command": "python3 -c " + shlex.quote(EGRESS_PROBE.format(seconds=seconds)), "timeout": 120}).json()
+        out = requests.post(
+            f"{url}/sessions/{sid}/exec",
+            timeout=300,
+            json={"command": "python3 -c " + shlex.quote(EGRESS_PROBE.format(seconds=seconds)), "timeout": 120},
+        ).json()
         probe.update(json.loads(out["stdout"]) if out["returncode"] == 0 else {"egress_error": out})
 
     def pinger() -> None:
@@ -93,9 +100,16 @@ def _measure(url: str, path: str, body: bytes, sid: str | None, seconds: float) 
         done.set()
         for th in threads:
             th.join()
-    return {"route": path, "body_mb": round(len(body) / 2 ** 20, 1), "status": status,
-            "answer_after_body_s": round(answer_s, 3), "pings": len(lat),
-            "ping_p50_ms": round(1000 * statistics.median(lat), 1), "ping_max_ms": round(1000 * max(lat), 1), **probe}
+    return {
+        "route": path,
+        "body_mb": round(len(body) / 2**20, 1),
+        "status": status,
+        "answer_after_body_s": round(answer_s, 3),
+        "pings": len(lat),
+        "ping_p50_ms": round(1000 * statistics.median(lat), 1),
+        "ping_max_ms": round(1000 * max(lat), 1),
+        **probe,
+    }
 
 
 def main() -> None:
@@ -110,13 +124,16 @@ def main() -> None:
 
     keys = b",".join(b'"%x":""' % i for i in range(a.entries))
     one_file = base64.b64encode(b"x" * (19_500 << 10))  # (26 MB as base64: a body within the limits, run)
-    bodies = [("/sessions", b'{"env": {' + keys + b"}}"),
-              ("/run_code", b'{"code": "print(1)", "files": {' + keys + b"}}"),
-              ("/run_code", b'{"code": "print(1)", "files": {"big.bin": "' + one_file + b'"}}')]
+    bodies = [
+        ("/sessions", b'{"env": {' + keys + b"}}"),
+        ("/run_code", b'{"code": "print(1)", "files": {' + keys + b"}}"),
+        ("/run_code", b'{"code": "print(1)", "files": {"big.bin": "' + one_file + b'"}}'),
+    ]
     echo = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=echo.serve_forever, daemon=True).start()
-    url, handle = start_local_sandbox(max_concurrency=3, extra_args=[
-        "--egress", f"echo=127.0.0.1:{echo.server_address[1]}"])
+    url, handle = start_local_sandbox(
+        max_concurrency=3, extra_args=["--egress", f"echo=127.0.0.1:{echo.server_address[1]}"]
+    )
     try:
         import requests
 

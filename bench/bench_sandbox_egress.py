@@ -66,6 +66,7 @@ def main() -> None:
     url, handle = start_local_sandbox(max_concurrency=2, extra_args=["--egress", f"t=127.0.0.1:{port}"])
     http_ = requests.Session()
     try:
+
         def open_close():
             sid = http_.post(f"{url}/sessions", json={}).json()["session_id"]
             http_.delete(f"{url}/sessions/{sid}")
@@ -79,15 +80,26 @@ def main() -> None:
         print(f"`true`: {in_session:.1f} ms in a session, {as_run:.1f} ms as a /run_code run (median of 50)")
         argv = [str(args.requests), str(args.bulk_mb)]
         for r in range(args.rounds):
-            out = http_.post(f"{url}/sessions/{sid}/exec", json={
-                "command": "python3 - 127.0.0.1 80 " + " ".join(argv), "stdin": CLIENT, "timeout": 600}).json()
+            out = http_.post(
+                f"{url}/sessions/{sid}/exec",
+                json={"command": "python3 - 127.0.0.1 80 " + " ".join(argv), "stdin": CLIENT, "timeout": 600},
+            ).json()
             assert out["returncode"] == 0, out
             egress = [float(x) for x in out["stdout"].split()]
-            direct = [float(x) for x in subprocess.run(["/usr/bin/python3", "-", "127.0.0.1", str(port), *argv],
-                                                       input=CLIENT, capture_output=True, text=True,
-                                                       check=True).stdout.split()]
-            print(f"round {r + 1}: keep-alive req/s {egress[0]:.0f} via egress vs {direct[0]:.0f} direct; "
-                  f"new connections/s {egress[1]:.0f} vs {direct[1]:.0f}; bulk MB/s {egress[2]:.0f} vs {direct[2]:.0f}")
+            direct = [
+                float(x)
+                for x in subprocess.run(
+                    ["/usr/bin/python3", "-", "127.0.0.1", str(port), *argv],
+                    input=CLIENT,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.split()
+            ]
+            print(
+                f"round {r + 1}: keep-alive req/s {egress[0]:.0f} via egress vs {direct[0]:.0f} direct; "
+                f"new connections/s {egress[1]:.0f} vs {direct[1]:.0f}; bulk MB/s {egress[2]:.0f} vs {direct[2]:.0f}"
+            )
         http_.delete(f"{url}/sessions/{sid}")
     finally:
         handle.stop()

@@ -100,8 +100,9 @@ def engine_host(a: argparse.Namespace) -> None:
         s.listen(4096)  # connections queue here until the server accepts them
         socks.append(s)
     print(*(s.getsockname()[1] for s in socks), flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", access_log=False, lifespan="off",
-                                           backlog=4096, timeout_keep_alive=300))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="error", access_log=False, lifespan="off", backlog=4096, timeout_keep_alive=300)
+    )
     server.run(sockets=socks)
 
 
@@ -116,12 +117,30 @@ def manager(a: argparse.Namespace) -> None:
     from slime.utils.types import Sample
 
     def setup(samples: int) -> tuple[Any, Any]:
-        args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", a.model_dir, "--sglang-router-ip",
-                           "127.0.0.1", "--sglang-router-port", str(a.router_port), "--rm-type", "exact",
-                           "--rollout-num-engines", str(a.engines), "--rollout-batch-size",
-                           str(samples // N_PER_PROMPT),
-                           "--n-samples-per-prompt", str(N_PER_PROMPT), "--rollout-max-response-len", str(TOKENS),
-                           "--sglang-server-concurrency", str(max(1, a.concurrency // a.engines))])
+        args = parse_args(
+            [
+                "--rollout-backend",
+                "hf",
+                "--hf-checkpoint",
+                a.model_dir,
+                "--sglang-router-ip",
+                "127.0.0.1",
+                "--sglang-router-port",
+                str(a.router_port),
+                "--rm-type",
+                "exact",
+                "--rollout-num-engines",
+                str(a.engines),
+                "--rollout-batch-size",
+                str(samples // N_PER_PROMPT),
+                "--n-samples-per-prompt",
+                str(N_PER_PROMPT),
+                "--rollout-max-response-len",
+                str(TOKENS),
+                "--sglang-server-concurrency",
+                str(max(1, a.concurrency // a.engines)),
+            ]
+        )
         return args, bind_runtime(args)
 
     def rollout(samples: int) -> None:
@@ -166,8 +185,13 @@ class Child:
     """A role of this file in its own process, talking over stdin/stdout lines."""
 
     def __init__(self, *role_args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *role_args], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *role_args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.ps = psutil.Process(self.proc.pid)
 
     def line(self) -> str:
@@ -204,9 +228,19 @@ class ScaleFleet:
         with ThreadPoolExecutor(8) as pool:  # registrations wait for the router's first check: overlap them
             list(pool.map(lambda url: register_worker(self.router.url, url), self.urls))
         self.router_ps = psutil.Process(self.router.pid)
-        self.manager = Child("--manager", "--router-port", str(self.router.port), "--engines", str(size),
-                             "--samples", str(a.samples), "--concurrency", str(a.concurrency), "--model-dir",
-                             model_dir)
+        self.manager = Child(
+            "--manager",
+            "--router-port",
+            str(self.router.port),
+            "--engines",
+            str(size),
+            "--samples",
+            str(a.samples),
+            "--concurrency",
+            str(a.concurrency),
+            "--model-dir",
+            model_dir,
+        )
         if self.manager.line() != "ready":
             raise RuntimeError(f"manager for {size} engines did not start")
         self.rounds: list[tuple[float, float, float]] = []  # CPU ms per sample: manager, router, engines
@@ -242,8 +276,19 @@ def in_flight_memory(n: int, model_dir: str) -> tuple[float, float, float]:
     url = f"http://127.0.0.1:{host.line()}"
     mgr = None
     try:
-        mgr = Child("--manager", "--router-port", url.rsplit(":", 1)[1], "--engines", "1", "--samples", str(n),
-                    "--concurrency", str(n), "--model-dir", model_dir)
+        mgr = Child(
+            "--manager",
+            "--router-port",
+            url.rsplit(":", 1)[1],
+            "--engines",
+            "1",
+            "--samples",
+            str(n),
+            "--concurrency",
+            str(n),
+            "--model-dir",
+            model_dir,
+        )
         if mgr.line() != "ready":
             raise RuntimeError("in-flight manager did not start")
         rest = mgr.ps.memory_info().rss
@@ -271,9 +316,11 @@ def idle_window(fleets: list[ScaleFleet], seconds: float) -> None:
 
 
 def report(fleets: list[ScaleFleet], a: argparse.Namespace) -> list[str]:
-    lines = ["| health check s | engines | manager CPU ms/sample | router | engines | manager RSS MB "
-             "| manager x | router x | engines x | memory x | idle CPU ms/s: router | engines |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| health check s | engines | manager CPU ms/sample | router | engines | manager RSS MB "
+        "| manager x | router x | engines x | memory x | idle CPU ms/s: router | engines |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     verdicts = []
     for interval in a.intervals:
         rows = [f for f in fleets if f.interval == interval]
@@ -281,14 +328,18 @@ def report(fleets: list[ScaleFleet], a: argparse.Namespace) -> list[str]:
         for f in rows:
             m = f.medians()
             x = [v / b if b else float("nan") for v, b in zip(m, base)]
-            lines.append(f"| {interval} | {f.size} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.0f} "
-                         f"| {x[0]:.2f}x | {x[1]:.2f}x | {x[2]:.2f}x | {x[3]:.2f}x | {f.idle[0]:.1f} | {f.idle[1]:.1f} |")
+            lines.append(
+                f"| {interval} | {f.size} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.0f} "
+                f"| {x[0]:.2f}x | {x[1]:.2f}x | {x[2]:.2f}x | {x[3]:.2f}x | {f.idle[0]:.1f} | {f.idle[1]:.1f} |"
+            )
         big = rows[-1].medians()
         x = [v / b for v, b in zip(big, base)]
         ok = x[0] <= 1.2 and x[1] <= 1.5 and x[2] <= 1.5
-        verdicts.append(f"health check every {interval} s, {rows[-1].size} vs {rows[0].size} engine(s): manager "
-                        f"{x[0]:.2f}x (target <= 1.2x), router {x[1]:.2f}x, engines {x[2]:.2f}x (targets <= 1.5x), "
-                        f"manager memory {x[3]:.2f}x: {'met' if ok else 'NOT met'}")
+        verdicts.append(
+            f"health check every {interval} s, {rows[-1].size} vs {rows[0].size} engine(s): manager "
+            f"{x[0]:.2f}x (target <= 1.2x), router {x[1]:.2f}x, engines {x[2]:.2f}x (targets <= 1.5x), "
+            f"manager memory {x[3]:.2f}x: {'met' if ok else 'NOT met'}"
+        )
     return lines + verdicts
 
 
@@ -300,11 +351,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=2048, help="samples per rollout (round)")
     ap.add_argument("--concurrency", type=int, default=256, help="in-flight bound of every fleet's manager")
-    ap.add_argument("--intervals", type=int, nargs="+", default=[DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL],
-                    help="router health-check intervals (s) to compare; one set of fleets each")
+    ap.add_argument(
+        "--intervals",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL],
+        help="router health-check intervals (s) to compare; one set of fleets each",
+    )
     ap.add_argument("--engines-per-process", type=int, default=64)
-    ap.add_argument("--idle-seconds", type=float, default=10.0,
-                    help="window in which the idle fleets' background CPU (health checks) is measured")
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=10.0,
+        help="window in which the idle fleets' background CPU (health checks) is measured",
+    )
     ap.add_argument("--in-flight", type=int, default=10000, help="0: skip the in-flight memory figure")
     ap.add_argument("--engine-host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--manager", action="store_true", help=argparse.SUPPRESS)
@@ -324,11 +384,14 @@ def main() -> None:
     model_dir = str(build_tiny_model(Path(tempfile.gettempdir()) / "slime-bench-tiny"))
     sizes = sorted(a.sizes)
     procs = {s: -(-s // a.engines_per_process) for s in sizes}
-    print(f"zero-latency scripted engines, up to {a.engines_per_process} per process "
-          f"({', '.join(f'{s}: {p} process(es)' for s, p in procs.items())}); one router and one manager per "
-          f"fleet; {a.samples} samples per round ({N_PER_PROMPT} per prompt, {TOKENS} tokens each), in-flight bound "
-          f"{a.concurrency} for every fleet; {a.rounds} rounds, fleet sizes interleaved; medians; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"zero-latency scripted engines, up to {a.engines_per_process} per process "
+        f"({', '.join(f'{s}: {p} process(es)' for s, p in procs.items())}); one router and one manager per "
+        f"fleet; {a.samples} samples per round ({N_PER_PROMPT} per prompt, {TOKENS} tokens each), in-flight bound "
+        f"{a.concurrency} for every fleet; {a.rounds} rounds, fleet sizes interleaved; medians; "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     fleets: list[ScaleFleet] = []
     try:
         for interval in a.intervals:
@@ -344,8 +407,10 @@ def main() -> None:
     print("\n".join(report(fleets, a)), flush=True)
     if a.in_flight:
         rest, held, per = in_flight_memory(a.in_flight, model_dir)
-        print(f"memory per in-flight sample: {per:.1f} KB ({a.in_flight} samples held open by the engine: manager "
-              f"RSS {rest:.0f} MB at rest -> {held:.0f} MB); load average at end {os.getloadavg()[0]:.1f}")
+        print(
+            f"memory per in-flight sample: {per:.1f} KB ({a.in_flight} samples held open by the engine: manager "
+            f"RSS {rest:.0f} MB at rest -> {held:.0f} MB); load average at end {os.getloadavg()[0]:.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -40,11 +40,18 @@ def make_samples(n: int, tokens: int, n_per_prompt: int = 8) -> list[Sample]:
     resp = tokens - prompt
     out = []
     for i in range(n):
-        out.append(Sample(group_index=i // n_per_prompt, index=i,
-                          tokens=[rng.randrange(150_000) for _ in range(tokens)], response_length=resp,
-                          reward=float(rng.random() < 0.5), loss_mask=[1] * resp,
-                          rollout_log_probs=[-rng.random() for _ in range(resp)],
-                          status=Sample.Status.COMPLETED))
+        out.append(
+            Sample(
+                group_index=i // n_per_prompt,
+                index=i,
+                tokens=[rng.randrange(150_000) for _ in range(tokens)],
+                response_length=resp,
+                reward=float(rng.random() < 0.5),
+                loss_mask=[1] * resp,
+                rollout_log_probs=[-rng.random() for _ in range(resp)],
+                status=Sample.Status.COMPLETED,
+            )
+        )
     return out
 
 
@@ -61,9 +68,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     n = a.samples
-    args = SimpleNamespace(advantage_estimator="grpo", disable_rewards_normalization=False,
-                           disable_grpo_std_normalization=False, reward_key=None, global_batch_size=256,
-                           use_dynamic_batch_size=True, max_tokens_per_gpu=16384, micro_batch_size=1)
+    args = SimpleNamespace(
+        advantage_estimator="grpo",
+        disable_rewards_normalization=False,
+        disable_grpo_std_normalization=False,
+        reward_key=None,
+        global_batch_size=256,
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=16384,
+        micro_batch_size=1,
+    )
     samples = make_samples(n, a.tokens)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
@@ -71,11 +85,15 @@ def main() -> None:
         ranks, _ = split_for_data_parallel(args, convert_samples_to_train_data(args, samples), {"dp_size": 1})
         plain = {k: ranks[0][k] for k in ("tokens", "loss_masks", "rollout_log_probs", "rollout_mask_sums")}
         ray.get(ray.put(plain))  # warm-up
-        print(f"samples={n} tokens/sample={a.tokens} rounds={a.rounds} (medians); dynamic batching, "
-              f"max_tokens_per_gpu=16384, global_batch_size=256; load average {os.getloadavg()[0]:.1f} "
-              f"on {os.cpu_count()} cores")
-        print("| dp | convert ms | schedule ms (per 1k samples) | tensorise ms | put ms | total ms | "
-              "us/sample | plain put ms | total / plain put |")
+        print(
+            f"samples={n} tokens/sample={a.tokens} rounds={a.rounds} (medians); dynamic batching, "
+            f"max_tokens_per_gpu=16384, global_batch_size=256; load average {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} cores"
+        )
+        print(
+            "| dp | convert ms | schedule ms (per 1k samples) | tensorise ms | put ms | total ms | "
+            "us/sample | plain put ms | total / plain put |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for dp in (1, 2, 8):
             phases: dict[str, list[float]] = {k: [] for k in ("convert", "schedule", "tensorise", "put", "plain")}
@@ -94,9 +112,11 @@ def main() -> None:
                 del refs, per_rank, batch
             med = {k: statistics.median(v) * 1000 for k, v in phases.items()}
             total = med["convert"] + med["schedule"] + med["tensorise"] + med["put"]
-            print(f"| {dp} | {med['convert']:.1f} | {med['schedule']:.2f} ({med['schedule'] * 1000 / n:.2f}) | "
-                  f"{med['tensorise']:.1f} | {med['put']:.1f} | {total:.1f} | {total * 1000 / n:.0f} | "
-                  f"{med['plain']:.1f} | {total / med['plain']:.2f}x |")
+            print(
+                f"| {dp} | {med['convert']:.1f} | {med['schedule']:.2f} ({med['schedule'] * 1000 / n:.2f}) | "
+                f"{med['tensorise']:.1f} | {med['put']:.1f} | {total:.1f} | {total * 1000 / n:.0f} | "
+                f"{med['plain']:.1f} | {total / med['plain']:.2f}x |"
+            )
         print("targets: schedule < 5 ms per 1,000 samples; total / plain put <= 2x")
     finally:
         ray.shutdown()

@@ -24,8 +24,9 @@ def picture(i: int, size=(112, 112)):
     from PIL import Image, ImageDraw
 
     img = Image.new("RGB", size, "white")
-    ImageDraw.Draw(img).ellipse((8 + i % 20, 8, size[0] - 8, size[1] - 8 - i % 20), outline=(i * 37 % 255, 0, 90),
-                                width=3)
+    ImageDraw.Draw(img).ellipse(
+        (8 + i % 20, 8, size[0] - 8, size[1] - 8 - i % 20), outline=(i * 37 % 255, 0, 90), width=3
+    )
     return img
 
 
@@ -48,18 +49,32 @@ def per_turn(model: Path, turns: int, repeats: int) -> dict[str, list[float]]:
     tok = AutoTokenizer.from_pretrained(str(model))
     images = PromptImages.of_checkpoint(model)
     uris = [encode_png_data_uri(picture(i)) for i in range(turns + 1)]
-    answer = tok.encode("Let me look closer.<tool_call>\n{\"name\": \"zoom\", \"arguments\": {}}\n</tool_call>",
-                        add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    answer = tok.encode(
+        'Let me look closer.<tool_call>\n{"name": "zoom", "arguments": {}}\n</tool_call>', add_special_tokens=False
+    ) + [tok.convert_tokens_to_ids("<|im_end|>")]
     out: dict[str, list[float]] = {"cached": [0.0] * turns, "reprocessed": [0.0] * turns, "tokens": [0] * turns}
     for mode in ("cached", "reprocessed"):
         for r in range(repeats):
             sessions = SessionTable()
             render = DeltaRender(tok, kept_prompts=0)
-            pipe = TurnPipeline(tokenizer=tok, renderer=render, generate=None, manager=TrajectoryManager(),
-                                sessions=sessions, images=ConversationImages(images))
+            pipe = TurnPipeline(
+                tokenizer=tok,
+                renderer=render,
+                generate=None,
+                manager=TrajectoryManager(),
+                sessions=sessions,
+                images=ConversationImages(images),
+            )
             session = sessions.open(f"s{r}")
-            messages = [{"role": "user", "content": [{"type": "image", "image": uris[0]},
-                                                     {"type": "text", "text": "What is drawn? Zoom in."}]}]
+            messages = [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": uris[0]},
+                        {"type": "text", "text": "What is drawn? Zoom in."},
+                    ],
+                }
+            ]
             for turn in range(turns):
                 if mode == "reprocessed":
                     session.images.clear()
@@ -70,8 +85,16 @@ def per_turn(model: Path, turns: int, repeats: int) -> dict[str, list[float]]:
                 out["tokens"][turn] = len(ids)
                 reply = {"role": "assistant", "content": tok.decode(answer[:-1])}
                 render.remember(session, messages, None, ids, reply, answer)
-                messages = messages + [reply, {"role": "tool", "content": [
-                    {"type": "image", "image": uris[turn + 1]}, {"type": "text", "text": f"zoomed view {turn}"}]}]
+                messages = messages + [
+                    reply,
+                    {
+                        "role": "tool",
+                        "content": [
+                            {"type": "image", "image": uris[turn + 1]},
+                            {"type": "text", "text": f"zoomed view {turn}"},
+                        ],
+                    },
+                ]
     return out
 
 
@@ -83,9 +106,16 @@ def per_sample(model: Path, samples: int) -> dict[str, float]:
     tok, processor = load_tokenizer(model), load_processor(model)
     runtime = SimpleNamespace(tokenizer=tok, shared=lambda key, build: processor)
     args = SimpleNamespace(hf_checkpoint=str(model))
-    text = tok.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text":
-                                    "What shape is drawn? Answer in one word."}]}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": "What shape is drawn? Answer in one word."}],
+            }
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     plain = text.replace("<|vision_start|><|image_pad|><|vision_end|>", "")
     params = {"max_new_tokens": 64, "temperature": 1.0}
     t0 = cpu()
@@ -114,18 +144,26 @@ def main(argv: list[str] | None = None) -> None:
     model = build_tiny_vlm(Path("outputs/bench/tiny-vlm"))
     load = os.getloadavg()[0]
     turns = per_turn(model, a.turns, a.repeats)
-    print(f"multi-turn VLM prompt path (gateway, one new 112x112 image per turn, {a.repeats} sessions each; "
-          f"load {load:.1f}): CPU ms per turn")
+    print(
+        f"multi-turn VLM prompt path (gateway, one new 112x112 image per turn, {a.repeats} sessions each; "
+        f"load {load:.1f}): CPU ms per turn"
+    )
     print(f"{'turn':>5} {'tokens':>7} {'cached':>9} {'reprocessed':>12}")
     for t in range(a.turns):
-        print(f"{t + 1:>5} {turns['tokens'][t]:>7} {turns['cached'][t] * 1e3:>9.2f} {turns['reprocessed'][t] * 1e3:>12.2f}")
+        print(
+            f"{t + 1:>5} {turns['tokens'][t]:>7} {turns['cached'][t] * 1e3:>9.2f} {turns['reprocessed'][t] * 1e3:>12.2f}"
+        )
     last, first = turns["cached"][-1], turns["cached"][0]
-    print(f"turn {a.turns} / turn 1: cached {last / first:.2f}x, reprocessed "
-          f"{turns['reprocessed'][-1] / turns['reprocessed'][0]:.2f}x")
+    print(
+        f"turn {a.turns} / turn 1: cached {last / first:.2f}x, reprocessed "
+        f"{turns['reprocessed'][-1] / turns['reprocessed'][0]:.2f}x"
+    )
     sample = per_sample(model, a.samples)
-    print(f"default generate prompt work per sample ({a.samples} samples; load {os.getloadavg()[0]:.1f}): "
-          f"one 112x112 image {sample['images'] * 1e3:.2f} ms CPU, text only {sample['text'] * 1e3:.2f} ms CPU "
-          f"({sample['images'] / sample['text']:.1f}x)")
+    print(
+        f"default generate prompt work per sample ({a.samples} samples; load {os.getloadavg()[0]:.1f}): "
+        f"one 112x112 image {sample['images'] * 1e3:.2f} ms CPU, text only {sample['text'] * 1e3:.2f} ms CPU "
+        f"({sample['images'] / sample['text']:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,12 @@ def main() -> None:
 
     from slime.weights.ring import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS
     from slime.weights.push import (
-        WeightUpdateGroup, model_checksums, on_all_engines, paused, push_tensors, trainer_named_tensors,
+        WeightUpdateGroup,
+        model_checksums,
+        on_all_engines,
+        paused,
+        push_tensors,
+        trainer_named_tensors,
     )
     from slime.fleet.engine_actor import EngineActor
 
@@ -65,13 +70,29 @@ def main() -> None:
     trainer = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     named = trainer_named_tensors(trainer)
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", hf_checkpoint=str(model_dir),
-                           engine_max_batch_size=8, engine_threads=1, engine_startup_timeout=300, log_dir=str(work))
+    args = SimpleNamespace(
+        engine_host="127.0.0.1",
+        rollout_backend="hf",
+        hf_checkpoint=str(model_dir),
+        engine_max_batch_size=8,
+        engine_threads=1,
+        engine_startup_timeout=300,
+        log_dir=str(work),
+    )
     engines = [EngineActor(args, rank=i) for i in range(2)]
-    ring = {"ring_slots": a.ring_slots or DEFAULT_SLOTS, "ring_slot_bytes": (a.ring_slot_mb << 20) if a.ring_slot_mb
-            else DEFAULT_SLOT_BYTES}
-    rows = ["memcpy (floor: one copy)", "tensor (shm)", "tensor (inline)", "distributed (shm ring)",
-            "distributed (broadcast)", "distributed (broadcast flat)", "disk"]
+    ring = {
+        "ring_slots": a.ring_slots or DEFAULT_SLOTS,
+        "ring_slot_bytes": (a.ring_slot_mb << 20) if a.ring_slot_mb else DEFAULT_SLOT_BYTES,
+    }
+    rows = [
+        "memcpy (floor: one copy)",
+        "tensor (shm)",
+        "tensor (inline)",
+        "distributed (shm ring)",
+        "distributed (broadcast)",
+        "distributed (broadcast flat)",
+        "disk",
+    ]
     wanted = [p.strip() for p in a.paths.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in rows]
     if unknown:
@@ -89,8 +110,9 @@ def main() -> None:
         ring_group = stack.enter_context(WeightUpdateGroup(engines, group_name="bench-ring", timeout=300, **ring))
         connect_s = time.perf_counter() - t
         assert ring_group.transport == "shm_ring", ring_group.transport_reason
-        bcast_group = stack.enter_context(WeightUpdateGroup(engines, group_name="bench-bcast", timeout=300,
-                                                            transport="broadcast"))
+        bcast_group = stack.enter_context(
+            WeightUpdateGroup(engines, group_name="bench-bcast", timeout=300, transport="broadcast")
+        )
         version = 0
         for _ in range(a.rounds):
             for path in times:
@@ -105,18 +127,27 @@ def main() -> None:
                 if path == "disk":
                     ckpt = work / f"ckpt-{version}"
                     trainer.save_pretrained(str(ckpt))
-                    on_all_engines(engines, "update_weights_from_disk", model_path=str(ckpt), weight_version=str(version))
+                    on_all_engines(
+                        engines, "update_weights_from_disk", model_path=str(ckpt), weight_version=str(version)
+                    )
                 else:
                     with paused(engines):
                         if path.startswith("distributed"):
                             group = ring_group if "ring" in path else bcast_group
-                            group.push(named, weight_version=str(version),
-                                       load_format="flattened_bucket" if "flat" in path else None)
+                            group.push(
+                                named,
+                                weight_version=str(version),
+                                load_format="flattened_bucket" if "flat" in path else None,
+                            )
                         else:
                             inline = path == "tensor (inline)"
-                            push_tensors(engines, named, weight_version=str(version),
-                                         transport="inline" if inline else "shm",
-                                         **({"bucket_bytes": 64 << 20} if inline else {}))
+                            push_tensors(
+                                engines,
+                                named,
+                                weight_version=str(version),
+                                transport="inline" if inline else "shm",
+                                **({"bucket_bytes": 64 << 20} if inline else {}),
+                            )
                 times[path].append(time.perf_counter() - t)
                 if path.startswith("distributed"):
                     split.setdefault(path, []).append({**group.last_push_seconds, "push": times[path][-1]})
@@ -128,25 +159,34 @@ def main() -> None:
                     shutil.rmtree(work / f"ckpt-{version}")
 
     name = "SmolLM2-135M-Instruct" if a.model == "default" else "tiny"
-    print(f"model={name} float32 {nbytes / 1e9:.3f} GB ({len(named)} tensors), engines=2, rounds={a.rounds}, "
-          f"interleaved; median of rounds; GB/s = model bytes / push time (each engine receives all of them)")
+    print(
+        f"model={name} float32 {nbytes / 1e9:.3f} GB ({len(named)} tensors), engines=2, rounds={a.rounds}, "
+        f"interleaved; median of rounds; GB/s = model bytes / push time (each engine receives all of them)"
+    )
     print("| path | push s (median) | GB/s | rounds s |")
     print("|---|---:|---:|---|")
     med = {p: statistics.median(v) for p, v in times.items()}
     for p, v in times.items():
         print(f"| {p} | {med[p]:.2f} | {nbytes / 1e9 / med[p]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
-    print(f"ring: {ring['ring_slots']} slots x {ring['ring_slot_bytes'] >> 20} MiB; distributed group set-up "
-          f"(once per trainer/engine set, ring included): {connect_s:.2f} s")
+    print(
+        f"ring: {ring['ring_slots']} slots x {ring['ring_slot_bytes'] >> 20} MiB; distributed group set-up "
+        f"(once per trainer/engine set, ring included): {connect_s:.2f} s"
+    )
     for path, parts in split.items():
         part = {k: statistics.median(d[k] for d in parts) for k in ("push", "collectives", "copy", "answers")}
-        print(f"{path}, where the time goes (median): rank 0 waiting on collectives {part['collectives']:.3f} s, "
-              f"rank 0 copying into the ring {part['copy']:.3f} s, last answers {part['answers']:.3f} s, "
-              f"pause + continue + rest {part['push'] - part['collectives'] - part['copy'] - part['answers']:.3f} s")
+        print(
+            f"{path}, where the time goes (median): rank 0 waiting on collectives {part['collectives']:.3f} s, "
+            f"rank 0 copying into the ring {part['copy']:.3f} s, last answers {part['answers']:.3f} s, "
+            f"pause + continue + rest {part['push'] - part['collectives'] - part['copy'] - part['answers']:.3f} s"
+        )
     if "disk" in med:
-        ratios = ", ".join(f"{p} {med['disk'] / med[p]:.1f}x" for p in med if p not in ("disk",) and
-                           not p.startswith("memcpy"))
-        print(f"speed-up vs disk: {ratios} (goal: distributed >= 3x); every push verified equal by checksum "
-              "on both engines")
+        ratios = ", ".join(
+            f"{p} {med['disk'] / med[p]:.1f}x" for p in med if p not in ("disk",) and not p.startswith("memcpy")
+        )
+        print(
+            f"speed-up vs disk: {ratios} (goal: distributed >= 3x); every push verified equal by checksum "
+            "on both engines"
+        )
 
 
 if __name__ == "__main__":

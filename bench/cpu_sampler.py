@@ -36,12 +36,23 @@ def component(proc: psutil.Process, root_pid: int, fork_server_pids: set[int]) -
         return "engines (forked)"
     if cmd.startswith("ray::"):  # a title Ray gave the process
         title = cmd.split()[0]
-        return f"ray worker {title}" if title not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent") else f"ray: {title[5:]}"
-    for needle, label in (("gcs_server", "ray: gcs_server"), ("raylet/raylet", "ray: raylet"),
-                          ("dashboard/agent.py", "ray: dashboard agent"), ("runtime_env/agent", "ray: runtime env agent"),
-                          ("log_monitor", "ray: log monitor"), ("monitor.py", "ray: monitor"),
-                          ("dashboard.py", "ray: dashboard"), ("process_keeper", "ray process keeper"),
-                          ("sglang", "router"), ("router", "router")):
+        return (
+            f"ray worker {title}"
+            if title not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+            else f"ray: {title[5:]}"
+        )
+    for needle, label in (
+        ("gcs_server", "ray: gcs_server"),
+        ("raylet/raylet", "ray: raylet"),
+        ("dashboard/agent.py", "ray: dashboard agent"),
+        ("runtime_env/agent", "ray: runtime env agent"),
+        ("log_monitor", "ray: log monitor"),
+        ("monitor.py", "ray: monitor"),
+        ("dashboard.py", "ray: dashboard"),
+        ("process_keeper", "ray process keeper"),
+        ("sglang", "router"),
+        ("router", "router"),
+    ):
         if needle in cmd or needle == name:
             return label
     if "default_worker.py" in cmd:

@@ -50,10 +50,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", default=None, help="substrings of benchmark titles")
     a = ap.parse_args()
-    out = ["# Benchmark results", "",
-           f"Written by `python -m bench.run_all` (`make bench`) on {time.strftime('%Y-%m-%d')}, "
-           f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}. "
-           "Each section gives the command that produced it; ratios are measured side by side in one run.", ""]
+    out = [
+        "# Benchmark results",
+        "",
+        f"Written by `python -m bench.run_all` (`make bench`) on {time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}. "
+        "Each section gives the command that produced it; ratios are measured side by side in one run.",
+        "",
+    ]
     failed = []
     previous = _sections(ROOT / "bench" / "RESULTS.md")
     for title, cmd in BENCHMARKS:
@@ -69,8 +73,16 @@ def main() -> None:
         if proc.returncode:
             failed.append(title)
             text += f"\n(exit {proc.returncode})\n" + proc.stderr[-2000:]
-        out += [f"## {title}", "", f"`python {' '.join(cmd)}` ({time.monotonic() - t:.0f} s)", "", "```", text,
-                "```", ""]
+        out += [
+            f"## {title}",
+            "",
+            f"`python {' '.join(cmd)}` ({time.monotonic() - t:.0f} s)",
+            "",
+            "```",
+            text,
+            "```",
+            "",
+        ]
     (ROOT / "bench" / "RESULTS.md").write_text("\n".join(out))
     if failed:
         sys.exit(f"benchmarks failed: {failed}")

@@ -14,8 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # One directory per test process: with `make test WORKERS=N` (pytest-xdist) each worker has its own (wandb's
 # directories, the fork server's log), also when SLIME_TEST_WORKDIR names one for the whole run.
-_WORK = (Path(os.environ["SLIME_TEST_WORKDIR"]) / os.environ.get("PYTEST_XDIST_WORKER", "main")
-         if os.environ.get("SLIME_TEST_WORKDIR") else Path(tempfile.mkdtemp(prefix="slime-test-")))
+_WORK = (
+    Path(os.environ["SLIME_TEST_WORKDIR"]) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if os.environ.get("SLIME_TEST_WORKDIR")
+    else Path(tempfile.mkdtemp(prefix="slime-test-"))
+)
 _WORK.mkdir(parents=True, exist_ok=True)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -25,8 +28,12 @@ os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
-for var, sub in (("WANDB_DIR", "wandb"), ("WANDB_CACHE_DIR", "wandb-cache"),
-                 ("WANDB_DATA_DIR", "wandb-data"), ("WANDB_CONFIG_DIR", "wandb-config")):
+for var, sub in (
+    ("WANDB_DIR", "wandb"),
+    ("WANDB_CACHE_DIR", "wandb-cache"),
+    ("WANDB_DATA_DIR", "wandb-data"),
+    ("WANDB_CONFIG_DIR", "wandb-config"),
+):
     os.environ.setdefault(var, str(_WORK / sub))
 
 # A non-interactive shell starts background commands with SIGINT ignored, and an ignored signal is
@@ -42,10 +49,17 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def _hypothesis_profiles() -> None:
     from hypothesis import HealthCheck, settings
 
-    settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True,
-                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "explore", derandomize=False, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+    )
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -102,9 +116,16 @@ def engine_fork_server(tiny_model_dir, work_dir):
 
     from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
 
-    server = start_engine_fork_server(SimpleNamespace(
-        rollout_backend="hf", hf_checkpoint=str(tiny_model_dir), ray_address=None, load_debug_rollout_data=None,
-        rollout_num_engines=1, log_dir=str(work_dir)))
+    server = start_engine_fork_server(
+        SimpleNamespace(
+            rollout_backend="hf",
+            hf_checkpoint=str(tiny_model_dir),
+            ray_address=None,
+            load_debug_rollout_data=None,
+            rollout_num_engines=1,
+            log_dir=str(work_dir),
+        )
+    )
     session = RaySession(False, server)
     try:
         yield server.socket_path if server is not None and _await_socket(server) else None
@@ -129,8 +150,16 @@ def ray_cluster():
     from slime.testing.ray_start import init_with_retries
 
     if not ray.is_initialized():
-        init_with_retries(lambda: ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(_ray_tmp()),
-                                           runtime_env={"env_vars": _ray_env()}, log_to_driver=False), _ray_tmp())
+        init_with_retries(
+            lambda: ray.init(
+                num_cpus=8,
+                include_dashboard=False,
+                _temp_dir=str(_ray_tmp()),
+                runtime_env={"env_vars": _ray_env()},
+                log_to_driver=False,
+            ),
+            _ray_tmp(),
+        )
     yield ray
     ray.shutdown()
 
@@ -155,8 +184,19 @@ def _ray_tmp() -> Path:
 
 
 def _ray_env() -> dict[str, str]:
-    keys = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
-            "WANDB_MODE", "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "PYTHONPATH")
+    keys = (
+        "RAY_AUTH_MODE",
+        "HF_HUB_OFFLINE",
+        "HF_ENDPOINT",
+        "TRANSFORMERS_OFFLINE",
+        "TOKENIZERS_PARALLELISM",
+        "WANDB_MODE",
+        "WANDB_DIR",
+        "WANDB_CACHE_DIR",
+        "WANDB_DATA_DIR",
+        "WANDB_CONFIG_DIR",
+        "PYTHONPATH",
+    )
     env = {k: os.environ[k] for k in keys if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
@@ -190,10 +230,22 @@ def native_tools_yaml(*tools: tuple[str, str, str, dict]) -> str:
     JSON-schema parameters)."""
     import yaml
 
-    return yaml.safe_dump({"tools": [
-        {"class_name": cls, "config": {"type": "native"},
-         "tool_schema": {"type": "function", "function": {"name": name, "description": text, "parameters": params}}}
-        for cls, name, text, params in tools]}, sort_keys=False)
+    return yaml.safe_dump(
+        {
+            "tools": [
+                {
+                    "class_name": cls,
+                    "config": {"type": "native"},
+                    "tool_schema": {
+                        "type": "function",
+                        "function": {"name": name, "description": text, "parameters": params},
+                    },
+                }
+                for cls, name, text, params in tools
+            ]
+        },
+        sort_keys=False,
+    )
 
 
 class CliRuns:
@@ -209,8 +261,14 @@ class CliRuns:
         import sys
         import threading
 
-        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            start_new_session=True,
+        )
         self._watchdogs[proc] = threading.Timer(deadline, _kill_group, (proc,))
         self._watchdogs[proc].start()
         return proc

@@ -17,20 +17,34 @@ from slime.agent.gateway.errors import BadRequestError, FieldError
 from slime.agent.gateway.protocols import anthropic, openai_chat, openai_responses
 from slime.agent.gateway.protocols.body_prefix import KEPT_BODIES, BodyPrefixes
 
-PROPERTY = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 PROTOCOLS = {"chat": openai_chat, "anthropic": anthropic, "responses": openai_responses}
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12) | st.sampled_from(
-    ["", "x" * 300, 'quote " and \\ back', "é中🙂", "\n\t"])
-CALL = st.fixed_dictionaries({"name": st.sampled_from(["read", "add"]), "args": st.dictionaries(
-    st.sampled_from(["a", "path"]), st.integers(-3, 3) | TEXT, max_size=2)})
+    ["", "x" * 300, 'quote " and \\ back', "é中🙂", "\n\t"]
+)
+CALL = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["read", "add"]),
+        "args": st.dictionaries(st.sampled_from(["a", "path"]), st.integers(-3, 3) | TEXT, max_size=2),
+    }
+)
 
 
 def chat_message(draw_role: str, text: str, call: dict) -> dict:
     if draw_role == "assistant+call":
-        return {"role": "assistant", "content": text or None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": call["name"], "arguments": json.dumps(call["args"])}}]}
+        return {
+            "role": "assistant",
+            "content": text or None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
+                }
+            ],
+        }
     if draw_role == "tool":
         return {"role": "tool", "tool_call_id": "call_1", "content": text}
     if draw_role == "parts":
@@ -40,13 +54,22 @@ def chat_message(draw_role: str, text: str, call: dict) -> dict:
 
 def anthropic_message(kind: str, text: str, call: dict) -> dict:
     if kind == "assistant+call":
-        return {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
-                                                 {"type": "text", "text": text},
-                                                 {"type": "tool_use", "id": "toolu_1", "name": call["name"],
-                                                  "input": call["args"]}]}
+        return {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hm", "signature": ""},
+                {"type": "text", "text": text},
+                {"type": "tool_use", "id": "toolu_1", "name": call["name"], "input": call["args"]},
+            ],
+        }
     if kind == "tool":
-        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": text},
-                                            {"type": "text", "text": "and"}]}
+        return {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": text},
+                {"type": "text", "text": "and"},
+            ],
+        }
     if kind == "system":  # mid-list: folded into a user message, so the body is translated whole
         return {"role": "system", "content": text}
     return {"role": kind if kind in ("user", "assistant") else "user", "content": text}
@@ -97,7 +120,7 @@ def sessions(draw, api: str):
             at = draw(st.integers(0, len(h) - 1))
             h[at] = message()
         elif step == "cut":
-            h = h[:draw(st.integers(1, len(h)))]
+            h = h[: draw(st.integers(1, len(h)))]
         elif step == "other":
             h = [message()] + [message() for _ in range(draw(st.integers(0, 3)))]
         else:
@@ -141,9 +164,14 @@ def test_only_the_new_messages_are_checked_and_translated_and_an_edit_is_seen(mo
     monkeypatch.setattr(openai_chat, "translate_messages", lambda ms: (translated.extend(ms), translate(ms))[1])
     kept, history, per_body = BodyPrefixes(), [{"role": "user", "content": "go"}], []
     for k in range(20):
-        history += [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{k}", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
-                    {"role": "tool", "tool_call_id": f"c{k}", "content": f"{k}: " + "data " * 800}]
+        history += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "read", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": f"c{k}", "content": f"{k}: " + "data " * 800},
+        ]
         del checked[:], translated[:]
         parsed = kept.parse(chat_body(history), "messages", "chat")
         req = openai_chat.parse_request(parsed.body, {}, "s", parsed.known)
@@ -166,9 +194,11 @@ def test_a_malformed_new_message_is_refused_by_its_path_as_when_read_whole():
     history = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]
     parsed = kept.parse(chat_body(history), "messages", "chat")
     kept.keep(parsed, openai_chat.parse_request(parsed.body, {}, "s").known)
-    for bad, path in (({"role": "robot", "content": "x"}, "messages[2].role"),
-                      ({"role": "user", "content": "\ud800"}, "messages[2].content"),
-                      ({"role": "user", "content": [{"type": "image_url"}]}, "messages[2].content[0]")):
+    for bad, path in (
+        ({"role": "robot", "content": "x"}, "messages[2].role"),
+        ({"role": "user", "content": "\ud800"}, "messages[2].content"),
+        ({"role": "user", "content": [{"type": "image_url"}]}, "messages[2].content[0]"),
+    ):
         raw = json.dumps({"model": "m", "messages": [*history, bad], "max_tokens": 8}).encode()
         parsed = kept.parse(raw, "messages", "chat")
         assert parsed.known is not None and parsed.known.count == 2
@@ -177,9 +207,20 @@ def test_a_malformed_new_message_is_refused_by_its_path_as_when_read_whole():
         assert e.value.param == path
 
 
-@pytest.mark.parametrize("raw", [b"", b"[1]", b'{"messages": [1', b'\xef\xbb\xbf{"messages": []}',
-                                 b'{"messages": [], "messages": [{"role": "user"}]}', b"\xff", b'"x"',
-                                 b'{"messages": [{"a": NaN}], "model": "m"} ', b'{"a": 1}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"[1]",
+        b'{"messages": [1',
+        b'\xef\xbb\xbf{"messages": []}',
+        b'{"messages": [], "messages": [{"role": "user"}]}',
+        b"\xff",
+        b'"x"',
+        b'{"messages": [{"a": NaN}], "model": "m"} ',
+        b'{"a": 1}',
+    ],
+)
 def test_odd_bodies_parse_as_json_loads_does(raw):
     try:
         want = json.loads(raw)
@@ -197,8 +238,9 @@ def test_a_session_keeps_a_few_bodies_per_protocol():
         parsed = kept.parse(chat_body([{"role": "user", "content": f"conversation {i}"}]), "messages", "chat")
         kept.keep(parsed, openai_chat.parse_request(parsed.body, {}, "s").known)
     assert len(kept._kept) == KEPT_BODIES
-    grown = chat_body([{"role": "user", "content": f"conversation {KEPT_BODIES + 2}"},
-                       {"role": "assistant", "content": "a"}])
+    grown = chat_body(
+        [{"role": "user", "content": f"conversation {KEPT_BODIES + 2}"}, {"role": "assistant", "content": "a"}]
+    )
     assert kept.parse(grown, "messages", "chat").known.count == 1
     assert kept.parse(grown, "messages", "anthropic").known is None  # another protocol's parse is not reused
 
@@ -218,8 +260,9 @@ def test_sessions_opening_with_one_prompt_render_it_once_and_any_other_prompt_an
     tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
 
     def fresh(messages, tools=None):
-        return tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
-                                       return_dict=False)
+        return tok.apply_chat_template(
+            messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
 
     first = render.prompt_ids(Session("a"), task, None)
     assert render.prompt_ids(Session("b"), json.loads(json.dumps(task)), None) is first and render.full_renders == 1

@@ -33,7 +33,7 @@ def assert_each_request_is_a_token_exact_sample(stack, case: str, sid: str) -> l
     assert bodies and len(samples) == len(bodies)
     answers = {tuple(b["input_ids"]): stack.answer(b) for b in bodies}
     for sample in samples:
-        prompt = tuple(sample.tokens[:len(sample.tokens) - sample.response_length])
+        prompt = tuple(sample.tokens[: len(sample.tokens) - sample.response_length])
         a = answers[prompt]
         assert_chain(sample, [(list(prompt), a["output_ids"], a["log_probs"])])
     return bodies
@@ -41,8 +41,9 @@ def assert_each_request_is_a_token_exact_sample(stack, case: str, sid: str) -> l
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = AgentStack.started_on_tiny_qwen(lambda case, turn: "Done.", config=GatewayConfig(),
-                                        log_dir=str(tmp_path_factory.mktemp("router")))
+    s = AgentStack.started_on_tiny_qwen(
+        lambda case, turn: "Done.", config=GatewayConfig(), log_dir=str(tmp_path_factory.mktemp("router"))
+    )
     yield s
     s.stop()
 
@@ -51,11 +52,23 @@ def test_claude_code_completes_a_session_through_the_gateway_token_exact(stack, 
     # its native binary (npm 11 does not run the postinstall that would link it as `claude`)
     binary = npm_installed(CLAUDE_CODE, "@anthropic-ai/claude-code-linux-x64/claude")
     stack.gateway.open_session("cc-1")
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ANTHROPIC_API_KEY": "any",
-           "ANTHROPIC_BASE_URL": stack.gateway.base_url("cc-1", api="anthropic"),
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
-    run = subprocess.run([str(binary), "-p", "case=cc say hi"], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, stdin=subprocess.DEVNULL)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "ANTHROPIC_API_KEY": "any",
+        "ANTHROPIC_BASE_URL": stack.gateway.base_url("cc-1", api="anthropic"),
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    run = subprocess.run(
+        [str(binary), "-p", "case=cc say hi"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert (run.returncode, run.stdout.strip()) == (0, "Done."), run.stderr[-2000:]
     bodies = assert_each_request_is_a_token_exact_sample(stack, "cc", "cc-1")
     assert len(bodies[0]["input_ids"]) > 8192, "Claude Code's opening prompt is ~12k tokens"
@@ -66,10 +79,18 @@ def test_codex_completes_a_session_through_the_responses_api_token_exact(stack, 
     home = tmp_path / ".codex"
     home.mkdir()
     stack.gateway.open_session("cx-1")
-    (home / "config.toml").write_text(CONFIG_TOML.format(model="slime-actor", base_url=stack.gateway.base_url("cx-1"),
-                                                         wire_api="responses"))
+    (home / "config.toml").write_text(
+        CONFIG_TOML.format(model="slime-actor", base_url=stack.gateway.base_url("cx-1"), wire_api="responses")
+    )
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CODEX_HOME": str(home), "OPENAI_API_KEY": "any"}
-    run = subprocess.run(["node", str(launcher), "exec", "--skip-git-repo-check", "case=cx say hi"], env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    run = subprocess.run(
+        ["node", str(launcher), "exec", "--skip-git-repo-check", "case=cx say hi"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert (run.returncode, run.stdout.strip()) == (0, "Done."), run.stderr[-2000:]
     assert_each_request_is_a_token_exact_sample(stack, "cx", "cx-1")

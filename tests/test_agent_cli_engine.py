@@ -73,9 +73,14 @@ def assert_sampled_exactly(gw: Gateway, sid: str, known: int) -> list[Sample]:
     assert answers and samples, "no request went through the gateway to the engine"
     placed: set[int] = set()
     for sample in samples:
-        on_chain = sorted((i for i, (p, out) in enumerate(answers)
-                           if sample.tokens[:len(p) + len(out.token_ids)] == p + out.token_ids),
-                          key=lambda i: len(answers[i][0]))
+        on_chain = sorted(
+            (
+                i
+                for i, (p, out) in enumerate(answers)
+                if sample.tokens[: len(p) + len(out.token_ids)] == p + out.token_ids
+            ),
+            key=lambda i: len(answers[i][0]),
+        )
         assert on_chain, "a recorded chain holds no answer the engine sampled"
         assert_chain(sample, [(answers[i][0], answers[i][1].token_ids, answers[i][1].log_probs) for i in on_chain])
         assert all(lp <= 0 for lp, m in zip(sample.rollout_log_probs, sample.loss_mask) if m)
@@ -88,11 +93,23 @@ def test_claude_code_completes_a_session_on_the_embedded_engine_token_exact(gate
     binary = npm_installed(CLAUDE_CODE, "@anthropic-ai/claude-code-linux-x64/claude")
     known = len(gateway.client.answers)
     gateway.open_session("cc-engine", sampling_defaults={"max_new_tokens": MAX_NEW_TOKENS})
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ANTHROPIC_API_KEY": "any",
-           "ANTHROPIC_BASE_URL": gateway.base_url("cc-engine", api="anthropic"),
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
-    run = subprocess.run([str(binary), "-p", "say hi"], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, stdin=subprocess.DEVNULL)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "ANTHROPIC_API_KEY": "any",
+        "ANTHROPIC_BASE_URL": gateway.base_url("cc-engine", api="anthropic"),
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    run = subprocess.run(
+        [str(binary), "-p", "say hi"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     samples = assert_sampled_exactly(gateway, "cc-engine", known)
     longest = max(len(s.tokens) for s in samples)
     assert longest > 8192, f"Claude Code's opening prompt is ~12k tokens, not {longest}: {run.stderr[-2000:]}"
@@ -104,9 +121,17 @@ def test_codex_completes_a_session_on_the_embedded_engine_token_exact(gateway, t
     gateway.open_session("cx-engine", sampling_defaults={"max_new_tokens": MAX_NEW_TOKENS})
     home = tmp_path / ".codex"
     home.mkdir()
-    (home / "config.toml").write_text(CONFIG_TOML.format(model="slime-actor", base_url=gateway.base_url("cx-engine"),
-                                                         wire_api="responses"))
+    (home / "config.toml").write_text(
+        CONFIG_TOML.format(model="slime-actor", base_url=gateway.base_url("cx-engine"), wire_api="responses")
+    )
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CODEX_HOME": str(home), "OPENAI_API_KEY": "any"}
-    subprocess.run(["node", str(launcher), "exec", "--skip-git-repo-check", "say hi"], env=env, cwd=tmp_path,
-                   capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        ["node", str(launcher), "exec", "--skip-git-repo-check", "say hi"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert_sampled_exactly(gateway, "cx-engine", known)

@@ -21,8 +21,13 @@ from slime.utils.types import Sample
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "agent_demo"
 FIXED = "def add(a, b):\n    return a + b\n"
 REPLIES = {
-    "fix": ['<tool_call>\n' + json.dumps({"name": "write_file", "arguments": {"path": "add.py", "content": FIXED}})
-            + '\n</tool_call>', '<tool_call>\n{"name": "run_tests", "arguments": {}}\n</tool_call>', "Fixed."],
+    "fix": [
+        "<tool_call>\n"
+        + json.dumps({"name": "write_file", "arguments": {"path": "add.py", "content": FIXED}})
+        + "\n</tool_call>",
+        '<tool_call>\n{"name": "run_tests", "arguments": {}}\n</tool_call>',
+        "Fixed.",
+    ],
     "idle": ["I cannot fix it."],
 }
 
@@ -39,8 +44,9 @@ def demo_task(label: str) -> dict:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = AgentStack.started_on_tiny_qwen(replies, config=GatewayConfig(max_context_tokens=4096),
-                                        log_dir=str(tmp_path_factory.mktemp("router")))
+    s = AgentStack.started_on_tiny_qwen(
+        replies, config=GatewayConfig(max_context_tokens=4096), log_dir=str(tmp_path_factory.mktemp("router"))
+    )
     yield s
     s.stop()
 
@@ -52,12 +58,24 @@ def runtime(stack):
     from slime.testing.runtime import bind_runtime
     from slime.tools.flags import tool_defaults
 
-    args = argparse.Namespace(**{
-        **agent_defaults(), **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack.router.port,
-        "hf_checkpoint": stack.model_dir, "sglang_server_concurrency": 16, "rollout_max_context_len": 4096,
-        "request_timeout": 30.0, "request_max_retries": 0, "agent_sandbox_concurrency": 2,
-        "agent_command": f"{{python}} {DEMO / 'react_agent.py'} --max-turns 4",
-        "agent_sandbox_ro_path": [str(DEMO)], "agent_timeout": 120.0, "agent_grade_timeout": 60.0})
+    args = argparse.Namespace(
+        **{
+            **agent_defaults(),
+            **tool_defaults(),
+            "sglang_router_ip": "127.0.0.1",
+            "sglang_router_port": stack.router.port,
+            "hf_checkpoint": stack.model_dir,
+            "sglang_server_concurrency": 16,
+            "rollout_max_context_len": 4096,
+            "request_timeout": 30.0,
+            "request_max_retries": 0,
+            "agent_sandbox_concurrency": 2,
+            "agent_command": f"{{python}} {DEMO / 'react_agent.py'} --max-turns 4",
+            "agent_sandbox_ro_path": [str(DEMO)],
+            "agent_timeout": 120.0,
+            "agent_grade_timeout": 60.0,
+        }
+    )
     rt = bind_runtime(args, tokenizer=stack.tok, engine_urls=[e.url for e in stack.engines])
     yield rt
     rt.close_shared()
@@ -78,8 +96,10 @@ def test_the_demo_agent_fixes_a_task_in_the_sandbox_and_the_grader_rewards_it(st
     from slime.agent.rollout import COMMAND_AGENT_KEY, GATEWAY_KEY, generate
 
     async def both():
-        return await asyncio.gather(generate(runtime.args, sample_of("fix", 0), {"max_new_tokens": 256}),
-                                    generate(runtime.args, sample_of("idle", 1), {"max_new_tokens": 256}))
+        return await asyncio.gather(
+            generate(runtime.args, sample_of("fix", 0), {"max_new_tokens": 256}),
+            generate(runtime.args, sample_of("idle", 1), {"max_new_tokens": 256}),
+        )
 
     [fixed], [idle] = asyncio.run(both())
     assert (fixed.reward, fixed.metadata["grading_solved"], fixed.metadata["agent_exit_code"]) == (1.0, True, 0)
@@ -126,8 +146,9 @@ def test_an_agent_past_its_time_limit_is_stopped_graded_and_every_session_closed
     try:
         pool = SandboxPool(lambda egress: SlimeSandbox(url, egress=egress), concurrency=2, cluster_wide=False)
         grade = 'cd "$SLIME_WORKSPACE" && test -f edited.txt && test -f seed.txt'  # (grading runs in its own dir)
-        agent = CommandAgent(CommandAgentConfig(command="echo started; touch edited.txt; sleep 60", timeout=2,
-                                                grade_command=grade), pool)
+        agent = CommandAgent(
+            CommandAgentConfig(command="echo started; touch edited.txt; sleep 60", timeout=2, grade_command=grade), pool
+        )
         sample = Sample(index=0, prompt="p", metadata={"files": {"seed.txt": "s"}})
         outcome = asyncio.run(agent.run(sample, session_key="k", base_path="/s/k"))
         with urllib.request.urlopen(url + "/sessions") as r:
@@ -203,8 +224,7 @@ def test_a_git_seed_that_cannot_be_checked_out_fails_the_sample_naming_the_repos
     def no_sandbox(egress):
         raise AssertionError("no session is opened for a workspace that cannot be seeded")
 
-    agent = CommandAgent(CommandAgentConfig(command="true"), SandboxPool(no_sandbox, concurrency=1,
-                                                                         cluster_wide=False))
+    agent = CommandAgent(CommandAgentConfig(command="true"), SandboxPool(no_sandbox, concurrency=1, cluster_wide=False))
     sample = Sample(index=3, prompt="p", metadata={"git": {"repo": str(tmp_path / "missing")}})
     outcome = asyncio.run(agent.run(sample, session_key="k", base_path="/s/k"))
     assert (outcome.reward, outcome.failure) == (None, "agent_bad_workspace")

@@ -17,7 +17,7 @@ FIXES = {  # label -> (file, the fixed function)
     "add": ("add.py", "def add(a, b):\n    return a + b\n"),
     "is_even": ("is_even.py", "def is_even(n):\n    return n % 2 == 0\n"),
     "largest": ("largest.py", "def largest(xs):\n    return max(xs)\n"),
-    "shout": ("shout.py", "def shout(s):\n    return s.upper() + \"!\"\n"),
+    "shout": ("shout.py", 'def shout(s):\n    return s.upper() + "!"\n'),
 }
 
 
@@ -56,11 +56,16 @@ def test_every_demo_task_fails_as_seeded_and_passes_once_fixed(tmp_path):
 
 def demo_argv() -> list[str]:
     """The arguments `make agent-demo` passes to `python -m slime.train` (make -n: printed, not run)."""
-    out = subprocess.run(["make", "-n", "-C", str(ROOT), "--no-print-directory", "agent-demo"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "--no-print-directory", "agent-demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     line = next(c for c in out.replace("\\\n", " ").splitlines() if " -m slime.train " in c)
     argv = shlex.split(line)
-    return argv[argv.index("slime.train") + 1:]
+    return argv[argv.index("slime.train") + 1 :]
 
 
 def test_the_make_target_command_line_is_accepted_by_slime_train():

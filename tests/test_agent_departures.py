@@ -124,8 +124,10 @@ def test_an_engine_abort_without_retries_is_a_503_in_each_apis_format(gateway):
 def post_then_leave(gw: Gateway, sid: str, body: dict) -> None:
     """Send a chat request on a raw connection and close it once the engine has the request."""
     data = json.dumps(body).encode()
-    head = (f"POST {gw.session_path(sid)}/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode()
+    head = (
+        f"POST {gw.session_path(sid)}/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
         s.sendall(head + data)
         assert gw.engine_script.arrived.wait(30), "the engine never got the turn"

@@ -10,8 +10,14 @@ import pytest
 from slime.agent.gateway import errors
 from slime.agent.gateway.protocols import anthropic, openai_chat, openai_responses
 
-REFUSALS = [errors.SessionClosedError("finished"), errors.SessionKeyError("no such key"), errors.TurnCapError("cap"),
-            errors.ContextFullError("too long"), errors.BadRequestError("not JSON"), errors.EngineFailedError("502")]
+REFUSALS = [
+    errors.SessionClosedError("finished"),
+    errors.SessionKeyError("no such key"),
+    errors.TurnCapError("cap"),
+    errors.ContextFullError("too long"),
+    errors.BadRequestError("not JSON"),
+    errors.EngineFailedError("502"),
+]
 
 
 @pytest.mark.parametrize("protocol", [anthropic, openai_chat, openai_responses], ids=lambda p: p.__name__)

@@ -17,10 +17,19 @@ from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
 CALL_ADD = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
-ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
-REPLIES = {"tool": [CALL_ADD, "3 + 4 = 7."], "chat": ["Hello there.", "Still here.", "Bye."],
-           "long": ["x " * 30]}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+REPLIES = {"tool": [CALL_ADD, "3 + 4 = 7."], "chat": ["Hello there.", "Still here.", "Bye."], "long": ["x " * 30]}
 
 
 def replies(case: str, turn: int) -> str:
@@ -30,8 +39,9 @@ def replies(case: str, turn: int) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = AgentStack.started_on_tiny_qwen(replies, config=GatewayConfig(max_context_tokens=256),
-                                        log_dir=str(tmp_path_factory.mktemp("router")))
+    s = AgentStack.started_on_tiny_qwen(
+        replies, config=GatewayConfig(max_context_tokens=256), log_dir=str(tmp_path_factory.mktemp("router"))
+    )
     yield s
     s.stop()
 
@@ -55,8 +65,10 @@ def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
         call = r1.choices[0].message.tool_calls[0]
         assert (r1.choices[0].finish_reason, call.function.name) == ("tool_calls", "add")
         assert json.loads(call.function.arguments) == {"a": 3, "b": 4}
-        msgs += [r1.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "7"}]
+        msgs += [
+            r1.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "7"},
+        ]
         chunks = list(client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "3 + 4 = 7."
     assert chunks[-1].choices[0].finish_reason == "stop"
@@ -64,9 +76,11 @@ def test_openai_sdk_tool_loop_records_exactly_the_sampled_tokens(stack):
     bodies = stack.requests_of("tool-oa")
     [sample] = finish(stack, "oa-1")
     assert_token_exact(stack, sample, bodies)
-    delta = bodies[1]["input_ids"][len(bodies[0]["input_ids"]) + len(stack.answer(bodies[0])["output_ids"]):]
-    assert stack.tok.decode(delta) == "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n" \
-                                      "<|im_start|>assistant\n"
+    delta = bodies[1]["input_ids"][len(bodies[0]["input_ids"]) + len(stack.answer(bodies[0])["output_ids"]) :]
+    assert (
+        stack.tok.decode(delta) == "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert sample.metadata["use_tool"] is True and sample.reward == 1.0
 
 
@@ -78,10 +92,13 @@ def test_anthropic_sdk_tool_use_round_trip_streamed_and_not(stack):
         m1 = client.messages.create(model="m", max_tokens=64, system="You add numbers.", messages=msgs, tools=tools)
         [use] = [b for b in m1.content if b.type == "tool_use"]
         assert (m1.stop_reason, use.name, use.input) == ("tool_use", "add", {"a": 3, "b": 4})
-        msgs += [{"role": "assistant", "content": [b.model_dump() for b in m1.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "7"}]}]
-        with client.messages.stream(model="m", max_tokens=64, system="You add numbers.", messages=msgs,
-                                    tools=tools) as stream:
+        msgs += [
+            {"role": "assistant", "content": [b.model_dump() for b in m1.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "7"}]},
+        ]
+        with client.messages.stream(
+            model="m", max_tokens=64, system="You add numbers.", messages=msgs, tools=tools
+        ) as stream:
             final = stream.get_final_message()
     assert [b.text for b in final.content] == ["3 + 4 = 7."] and final.stop_reason == "end_turn"
 
@@ -91,8 +108,14 @@ def test_anthropic_sdk_tool_use_round_trip_streamed_and_not(stack):
 
 
 def test_openai_responses_api_function_call_round_trip(stack):
-    tools = [{"type": "function", "name": "add", "description": "Add two integers.",
-              "parameters": ADD_TOOL["function"]["parameters"]}]
+    tools = [
+        {
+            "type": "function",
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": ADD_TOOL["function"]["parameters"],
+        }
+    ]
     items: list = [{"role": "user", "content": "case=tool-rs 3+4?"}]
     stack.gateway.open_session("rs-1")
     with openai.OpenAI(base_url=stack.gateway.base_url("rs-1"), api_key="unused", max_retries=0) as client:
@@ -112,8 +135,14 @@ def test_openai_responses_api_function_call_round_trip(stack):
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
-    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool,
-                        set_tracing_disabled)
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)  # no trace upload to api.openai.com
 
@@ -130,8 +159,12 @@ def test_openai_agents_sdk_runs_a_tool_agent_through_the_gateway(stack, api):
         (`Runner.run_sync` would leave its loop, and the client's connection on it, open)."""
         async with openai.AsyncOpenAI(base_url=stack.gateway.base_url(sid), api_key="unused", max_retries=0) as client:
             model_class = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
-            agent = Agent(name="adder", instructions="You add numbers.", tools=[add],
-                          model=model_class(model="m", openai_client=client))
+            agent = Agent(
+                name="adder",
+                instructions="You add numbers.",
+                tools=[add],
+                model=model_class(model="m", openai_client=client),
+            )
             return await Runner.run(agent, f"case={case} 3+4?")
 
     result = asyncio.run(run_agent())
@@ -219,8 +252,10 @@ def adder_agent(base_url: str, api_key: str, sample: Sample) -> float:
         r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
         call = r.choices[0].message.tool_calls[0]
         args = json.loads(call.function.arguments)
-        msgs += [r.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+        msgs += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])},
+        ]
         r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
     return 1.0 if r.choices[0].message.content == "3 + 4 = 7." else 0.0
 
@@ -243,10 +278,19 @@ def agent_args(stack):
     from slime.testing.runtime import bind_runtime
     from slime.tools.flags import tool_defaults
 
-    args = argparse.Namespace(**{**agent_defaults(), **tool_defaults(), "sglang_router_ip": "127.0.0.1",
-                                 "sglang_router_port": stack.router.port, "hf_checkpoint": stack.model_dir,
-                                 "sglang_server_concurrency": 16, "rollout_max_context_len": None,
-                                 "request_timeout": 30.0, "request_max_retries": 0})
+    args = argparse.Namespace(
+        **{
+            **agent_defaults(),
+            **tool_defaults(),
+            "sglang_router_ip": "127.0.0.1",
+            "sglang_router_port": stack.router.port,
+            "hf_checkpoint": stack.model_dir,
+            "sglang_server_concurrency": 16,
+            "rollout_max_context_len": None,
+            "request_timeout": 30.0,
+            "request_max_retries": 0,
+        }
+    )
     runtime = bind_runtime(args, tokenizer=stack.tok, engine_urls=[e.url for e in stack.engines])
     yield args
     from slime.agent.rollout import GATEWAY_KEY
@@ -293,8 +337,10 @@ def test_a_session_past_its_turn_budget_or_closed_is_refused_in_the_clients_form
     assert "--agent-max-turns" in capped.value.body["error"]["message"]
     [sample] = finish(stack, "cap-1")
     assert_token_exact(stack, sample, stack.requests_of("chat-cap"))
-    with openai.OpenAI(base_url=openai_url, api_key="x", max_retries=0) as client, \
-            pytest.raises(openai.InternalServerError) as closed:  # a straggler after the sample was built
+    with (
+        openai.OpenAI(base_url=openai_url, api_key="x", max_retries=0) as client,
+        pytest.raises(openai.InternalServerError) as closed,
+    ):  # a straggler after the sample was built
         client.chat.completions.create(model="m", messages=msgs)
     assert closed.value.status_code == 503 and "closed" in closed.value.message
 
@@ -309,8 +355,9 @@ def test_malformed_requests_are_refused_before_any_engine_call_naming_the_field(
     no_messages = httpx.post(f"{url}/v1/messages", json={"model": "m", "max_tokens": 4}, timeout=30)
     assert no_messages.status_code == 400
     assert no_messages.json()["error"]["message"].startswith("messages:")
-    chained = httpx.post(f"{url}/v1/responses", json={"model": "m", "input": "hi",
-                                                               "previous_response_id": "resp_1"}, timeout=30)
+    chained = httpx.post(
+        f"{url}/v1/responses", json={"model": "m", "input": "hi", "previous_response_id": "resp_1"}, timeout=30
+    )
     assert chained.status_code == 400 and chained.json()["error"]["message"].startswith("previous_response_id:")
     assert len(stack.requests) == before and finish(stack, "bad-1") == []
 

@@ -18,11 +18,27 @@ from slime.testing.agent_stack import AgentStack, assert_chain
 from slime.utils.types import Sample
 
 COMPACT_CALL = '<tool_call>\n{"name":"add","arguments":{"a":3,"b":4}}\n</tool_call>'
-ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
-REPLIES = {"main": [COMPACT_CALL, COMPACT_CALL, "3 + 4 = 7."], "sub": ["Looking.", COMPACT_CALL, "Found it."],
-           "think": ["<think>\nThe user greets me.\n</think>\n\nHello there.", "<think>\nAgain.\n</think>\n\nStill here.",
-                     "Bye."]}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+REPLIES = {
+    "main": [COMPACT_CALL, COMPACT_CALL, "3 + 4 = 7."],
+    "sub": ["Looking.", COMPACT_CALL, "Found it."],
+    "think": [
+        "<think>\nThe user greets me.\n</think>\n\nHello there.",
+        "<think>\nAgain.\n</think>\n\nStill here.",
+        "Bye.",
+    ],
+}
 
 
 def replies(case: str, turn: int) -> str:
@@ -32,8 +48,9 @@ def replies(case: str, turn: int) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = AgentStack.started_on_tiny_qwen(replies, config=GatewayConfig(reasoning_parser="qwen3"),
-                                        log_dir=str(tmp_path_factory.mktemp("router")))
+    s = AgentStack.started_on_tiny_qwen(
+        replies, config=GatewayConfig(reasoning_parser="qwen3"), log_dir=str(tmp_path_factory.mktemp("router"))
+    )
     yield s
     s.stop()
 
@@ -63,6 +80,7 @@ def test_a_sub_agent_interleaved_with_the_main_agent_trains_each_answer_once(sta
     main = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "case=main-1 3+4?"}]
     sub = [{"role": "system", "content": "You search."}, {"role": "user", "content": "case=sub-1 find add"}]
     with openai.OpenAI(base_url=url_of(stack, "branch-1"), api_key="x", max_retries=0) as client:
+
         def turn(msgs: list[dict]) -> None:
             r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
             message = r.choices[0].message
@@ -81,7 +99,8 @@ def test_a_sub_agent_interleaved_with_the_main_agent_trains_each_answer_once(sta
     assert_chain(by_case["main"], chain_of(stack, "main-1"))  # three turns, no re-rendered answer
     assert_chain(by_case["sub"], chain_of(stack, "sub-1"))
     assert sorted(map(len, trained_spans(samples))) == sorted(
-        sum(len(ids) for _, ids, _ in chain_of(stack, c)) for c in ("main-1", "sub-1"))
+        sum(len(ids) for _, ids, _ in chain_of(stack, c)) for c in ("main-1", "sub-1")
+    )
 
 
 def test_an_agent_that_drops_reasoning_content_keeps_its_answers_trained(stack):
@@ -90,8 +109,10 @@ def test_an_agent_that_drops_reasoning_content_keeps_its_answers_trained(stack):
         for _ in range(3):
             r = client.chat.completions.create(model="m", messages=msgs, max_tokens=64)
             assert "think" not in r.choices[0].message.content
-            msgs += [{"role": "assistant", "content": r.choices[0].message.content},  # no reasoning_content
-                     {"role": "user", "content": "and?"}]
+            msgs += [
+                {"role": "assistant", "content": r.choices[0].message.content},  # no reasoning_content
+                {"role": "user", "content": "and?"},
+            ]
     [sample] = finish(stack, "branch-2")
     assert_chain(sample, chain_of(stack, "think-1"))  # the reasoning the model sampled stays, trained once
 
@@ -100,8 +121,11 @@ def test_a_retried_request_and_an_edited_answer_branch_and_train_every_answer_on
     msgs = [{"role": "user", "content": "case=sub-2 find add"}]
     with openai.OpenAI(base_url=url_of(stack, "branch-3"), api_key="x", max_retries=0) as client:
         first = client.chat.completions.create(model="m", messages=msgs, max_tokens=64)
-        edited = [*msgs, {"role": "assistant", "content": first.choices[0].message.content + " (edited)"},
-                  {"role": "user", "content": "go on"}]
+        edited = [
+            *msgs,
+            {"role": "assistant", "content": first.choices[0].message.content + " (edited)"},
+            {"role": "user", "content": "go on"},
+        ]
         client.chat.completions.create(model="m", messages=edited, max_tokens=64)
         client.chat.completions.create(model="m", messages=edited, max_tokens=64)  # a retry of the same request
     samples = finish(stack, "branch-3")
@@ -123,12 +147,18 @@ def test_a_turn_checks_only_its_new_messages_and_an_edited_history_is_still_seen
     with openai.OpenAI(base_url=url_of(stack, "branch-4"), api_key="x", max_retries=0) as client:
         for k in range(8):
             del checked[:]
-            message = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL],
-                                                     max_tokens=64).choices[0].message
+            message = (
+                client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL], max_tokens=64)
+                .choices[0]
+                .message
+            )
             per_request.append(len(checked))
             msgs.append(message.model_dump(exclude_none=True))
-            msgs.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"{k} " * 1000}
-                        if message.tool_calls else {"role": "user", "content": f"step {k} " * 500})
+            msgs.append(
+                {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"{k} " * 1000}
+                if message.tool_calls
+                else {"role": "user", "content": f"step {k} " * 500}
+            )
         assert per_request == [2] + [2] * 7  # the two new messages, not 4, 6, ... 16
         del checked[:]
         msgs[3] = {**msgs[3], "content": "7 (edited)"}  # the first tool result, edited in place

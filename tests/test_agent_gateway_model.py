@@ -33,8 +33,10 @@ def test_openai_sdk_session_on_the_default_model_is_token_exact():
             gw.open_session("smol-1")
             with openai.OpenAI(base_url=gw.base_url("smol-1"), api_key="x", max_retries=0) as sdk:
                 r1 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0.0)
-                msgs += [{"role": "assistant", "content": r1.choices[0].message.content},
-                         {"role": "user", "content": "And of Italy?"}]
+                msgs += [
+                    {"role": "assistant", "content": r1.choices[0].message.content},
+                    {"role": "user", "content": "And of Italy?"},
+                ]
                 r2 = sdk.chat.completions.create(model="m", messages=msgs, max_tokens=12, stream=False)
             samples = asyncio.run(gw.finish_session("smol-1", base_sample=Sample(index=0, prompt=""), reward=1.0))
         finally:

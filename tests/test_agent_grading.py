@@ -18,8 +18,10 @@ from tests.test_sandbox import ISOLATED
 pytestmark = pytest.mark.skipif(not ISOLATED, reason="the sandbox needs namespaces/uid switching")
 
 BUGGY, FIXED = "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n"
-UNITTEST = ("import unittest\n\nfrom add import add\n\n\nclass TestAdd(unittest.TestCase):\n"
-            "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")
+UNITTEST = (
+    "import unittest\n\nfrom add import add\n\n\nclass TestAdd(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+)
 PYTEST = "from add import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 PASS_EVERYTHING = """import pytest
 
@@ -33,19 +35,29 @@ def pytest_runtest_makereport(item, call):
 PLANTS = {
     "a test_<name> package shadowing the grader's test module": (
         {"test_add/__init__.py": "", "test_add.py": UNITTEST.replace("5", "-1")},
-        {"test_add.py": UNITTEST}, "{python} -m unittest -q test_add"),
+        {"test_add.py": UNITTEST},
+        "{python} -m unittest -q test_add",
+    ),
     "a unittest package shadowing the test runner": (
         {"unittest/__init__.py": "", "unittest/__main__.py": "raise SystemExit(0)\n"},
-        {"test_add.py": UNITTEST}, "cd \"$SLIME_WORKSPACE\" && {python} -m unittest -q test_add"),
+        {"test_add.py": UNITTEST},
+        'cd "$SLIME_WORKSPACE" && {python} -m unittest -q test_add',
+    ),
     "a pytest plugin registered by an entry point of the workspace": (
-        {"evil_plugin.py": PASS_EVERYTHING, "evil_plugin-1.0.dist-info/METADATA":
-            "Metadata-Version: 2.1\nName: evil-plugin\nVersion: 1.0\n",
-         "evil_plugin-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n"},
-        {"test_add.py": PYTEST}, "cd \"$SLIME_WORKSPACE\" && {python} -m pytest -q -p no:randomly -p no:cacheprovider "
-        "\"$SLIME_GRADER_DIR/test_add.py\""),
+        {
+            "evil_plugin.py": PASS_EVERYTHING,
+            "evil_plugin-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil-plugin\nVersion: 1.0\n",
+            "evil_plugin-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n",
+        },
+        {"test_add.py": PYTEST},
+        'cd "$SLIME_WORKSPACE" && {python} -m pytest -q -p no:randomly -p no:cacheprovider '
+        '"$SLIME_GRADER_DIR/test_add.py"',
+    ),
     "a conftest.py that passes every test": (
         {"conftest.py": PASS_EVERYTHING, "pytest.ini": "[pytest]\naddopts = -p no:randomly\n"},
-        {"test_add.py": PYTEST}, "{python} -m pytest -q -p no:randomly -p no:cacheprovider test_add.py"),
+        {"test_add.py": PYTEST},
+        "{python} -m pytest -q -p no:randomly -p no:cacheprovider test_add.py",
+    ),
 }
 
 
@@ -80,12 +92,15 @@ def test_a_planted_package_cannot_make_unfixed_code_pass_and_fixed_code_still_pa
 
 
 def test_the_workspace_is_importable_after_the_standard_library_and_named_by_slime_workspace(pool):
-    probe = ("import json, os, sys, add\n"
-             "print(json.__file__.startswith(sys.base_prefix),"
-             " add.__file__ == os.environ['SLIME_WORKSPACE'] + '/add.py',"
-             " os.getcwd() == os.environ['SLIME_GRADER_DIR'])\n")
-    solved, out = grade(pool, {"add.py": FIXED, "json.py": "raise SystemExit(0)\n"}, {"probe.py": probe},
-                        "{python} probe.py")
+    probe = (
+        "import json, os, sys, add\n"
+        "print(json.__file__.startswith(sys.base_prefix),"
+        " add.__file__ == os.environ['SLIME_WORKSPACE'] + '/add.py',"
+        " os.getcwd() == os.environ['SLIME_GRADER_DIR'])\n"
+    )
+    solved, out = grade(
+        pool, {"add.py": FIXED, "json.py": "raise SystemExit(0)\n"}, {"probe.py": probe}, "{python} probe.py"
+    )
     assert solved and out.strip() == "True True True", out
 
 
@@ -93,9 +108,12 @@ def test_a_10_mb_workspace_is_copied_out_and_graded(pool):
     from slime.agent.sandboxes.command_agent import CommandAgent, CommandAgentConfig
 
     make = "head -c 10000000 /dev/urandom > big.bin && sha256sum big.bin > big.sha256"
-    agent = CommandAgent(CommandAgentConfig(command=make, timeout=120,
-                                            grade_command='cd "$SLIME_WORKSPACE" && sha256sum -c big.sha256'), pool)
-    outcome = asyncio.run(agent.run(Sample(index=0, prompt="p", metadata={"files": {"seed.txt": "s"}}),
-                                    session_key="k", base_path="/s/k"))
+    agent = CommandAgent(
+        CommandAgentConfig(command=make, timeout=120, grade_command='cd "$SLIME_WORKSPACE" && sha256sum -c big.sha256'),
+        pool,
+    )
+    outcome = asyncio.run(
+        agent.run(Sample(index=0, prompt="p", metadata={"files": {"seed.txt": "s"}}), session_key="k", base_path="/s/k")
+    )
     assert (outcome.reward, outcome.failure, outcome.error) == (1.0, None, None), outcome
     assert "big.bin: OK" in outcome.metadata["grade_output"]

@@ -41,8 +41,17 @@ def rows(draw):
 def test_a_cut_row_carries_the_pixels_of_exactly_its_whole_images(row):
     ids, images, out, cut = row
     builder = SampleBuilder(fork_threshold=1024)
-    builder.append(TurnRecord(prompt_ids=ids, output_ids=out, finish_reason="stop", output_log_probs=[-1.0] * len(out),
-                              images=tuple(images)), DriftKind.CLEAN, trained=True)
+    builder.append(
+        TurnRecord(
+            prompt_ids=ids,
+            output_ids=out,
+            finish_reason="stop",
+            output_log_probs=[-1.0] * len(out),
+            images=tuple(images),
+        ),
+        DriftKind.CLEAN,
+        trained=True,
+    )
     sample = builder.to_sample(Sample(index=0, prompt="p"), {}, finish_reason="stop", max_tokens=cut)
 
     runs = placeholder_runs(sample.tokens, PAD)

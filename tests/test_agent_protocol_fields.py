@@ -23,11 +23,15 @@ CALL_ADD = '<tool_call>\n{"name":"add","arguments":{"a":3,"b":4}}\n</tool_call>'
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": ADD_SCHEMA}}
 ANTHROPIC_ADD = {"name": "add", "description": "Add.", "input_schema": ADD_SCHEMA}
-SGLANG_TOO_LONG = ("The input (5000 tokens) is longer than the model's context length (4096 tokens).")
-REPLIES = {"stop": ["The answer is 7. DONE and some more words", "Next. DONE again"],
-           "tool": [CALL_ADD, "It is 7.", "Still 7."], "chat": ["Hello there."],
-           "toolong": [{"raw": json.dumps({"error": {"message": SGLANG_TOO_LONG}}), "status": 400,
-                        "media_type": "application/json"}]}
+SGLANG_TOO_LONG = "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
+REPLIES = {
+    "stop": ["The answer is 7. DONE and some more words", "Next. DONE again"],
+    "tool": [CALL_ADD, "It is 7.", "Still 7."],
+    "chat": ["Hello there."],
+    "toolong": [
+        {"raw": json.dumps({"error": {"message": SGLANG_TOO_LONG}}), "status": 400, "media_type": "application/json"}
+    ],
+}
 PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 40_000).decode()  # 40 kB of "image"
 
 
@@ -46,17 +50,19 @@ class StopHonouringStack(AgentStack):
         ids = self.tok.encode(reply, add_special_tokens=False)
         stops = body["sampling_params"].get("stop") or []
         for n in range(1, len(ids) + 1):
-            hit = next((s for s in ([stops] if isinstance(stops, str) else stops)
-                        if s in self.tok.decode(ids[:n])), None)
+            hit = next(
+                (s for s in ([stops] if isinstance(stops, str) else stops) if s in self.tok.decode(ids[:n])), None
+            )
             if hit is not None:
-                return {"output_ids": ids[:n], "finish_type": "stop", "matched": hit,
-                        "log_probs": log_probs(turn, n)}
+                return {"output_ids": ids[:n], "finish_type": "stop", "matched": hit, "log_probs": log_probs(turn, n)}
         ids.append(self.end_id)
         out = {"output_ids": ids, "finish_type": "stop", "log_probs": log_probs(turn, len(ids))}
         k = body.get("top_logprobs_num") or 0
         if k:  # the sampled id first, then ids of "A", "B", ... each less likely than the one before
-            out["top_log_probs"] = [[[lp, t]] + [[lp - j - 1, alt] for j, alt in enumerate(self.alternatives[:k - 1])]
-                                    for t, lp in zip(ids, out["log_probs"])]
+            out["top_log_probs"] = [
+                [[lp, t]] + [[lp - j - 1, alt] for j, alt in enumerate(self.alternatives[: k - 1])]
+                for t, lp in zip(ids, out["log_probs"])
+            ]
         return out
 
     @property
@@ -66,8 +72,9 @@ class StopHonouringStack(AgentStack):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = StopHonouringStack.started_on_tiny_qwen(lambda case, turn: "", config=GatewayConfig(),
-                                                log_dir=str(tmp_path_factory.mktemp("router")))
+    s = StopHonouringStack.started_on_tiny_qwen(
+        lambda case, turn: "", config=GatewayConfig(), log_dir=str(tmp_path_factory.mktemp("router"))
+    )
     yield s
     s.stop()
 
@@ -123,9 +130,9 @@ def test_openai_stop_is_cut_from_the_text_and_the_ids_stay_what_was_sampled(stac
     first = stack.answer(bodies[0])["output_ids"]
     assert stack.tok.decode(first).endswith("DONE")  # the sampled ids keep the stop string
     p0 = len(bodies[0]["input_ids"])
-    assert sample.tokens[:p0] == bodies[0]["input_ids"] and sample.tokens[p0:p0 + len(first)] == first
-    assert sample.loss_mask[:len(first)] == [1] * len(first)
-    assert bodies[1]["input_ids"][:p0 + len(first)] == sample.tokens[:p0 + len(first)]  # history not re-tokenised
+    assert sample.tokens[:p0] == bodies[0]["input_ids"] and sample.tokens[p0 : p0 + len(first)] == first
+    assert sample.loss_mask[: len(first)] == [1] * len(first)
+    assert bodies[1]["input_ids"][: p0 + len(first)] == sample.tokens[: p0 + len(first)]  # history not re-tokenised
 
 
 def test_anthropic_stop_sequences_answer_stop_sequence_with_the_string_streamed_and_not(stack):
@@ -134,14 +141,17 @@ def test_anthropic_stop_sequences_answer_stop_sequence_with_the_string_streamed_
         m1 = client.messages.create(model="m", max_tokens=64, messages=msgs, stop_sequences=["DONE"])
         assert (m1.stop_reason, m1.stop_sequence) == ("stop_sequence", "DONE")
         assert [b.text for b in m1.content] == ["The answer is 7."]
-        msgs += [{"role": "assistant", "content": [b.model_dump() for b in m1.content]},
-                 {"role": "user", "content": "more"}]
+        msgs += [
+            {"role": "assistant", "content": [b.model_dump() for b in m1.content]},
+            {"role": "user", "content": "more"},
+        ]
         with client.messages.stream(model="m", max_tokens=64, messages=msgs, stop_sequences=["DONE"]) as stream:
             final = stream.get_final_message()
         assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", "DONE", "Next.")
     with anthropic_client(stack, "stop-an-none") as client:  # no stop string matched: end_turn
-        m3 = client.messages.create(model="m", max_tokens=64, messages=[{"role": "user", "content": "case=chat x"}],
-                                    stop_sequences=["never"])
+        m3 = client.messages.create(
+            model="m", max_tokens=64, messages=[{"role": "user", "content": "case=chat x"}], stop_sequences=["never"]
+        )
     finish(stack, "stop-an-none")
     assert (m3.stop_reason, m3.stop_sequence) == ("end_turn", None)
     [sample] = finish(stack, "stop-an")
@@ -156,28 +166,57 @@ def test_images_and_documents_are_refused_naming_the_block_in_each_apis_format(s
     document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "a doc"}}
     with anthropic_client(stack, "img-an") as client:
         with pytest.raises(anthropic.BadRequestError) as e:
-            client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": [
-                {"type": "text", "text": "case=chat-img what is this?"}, image]}])
+            client.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[
+                    {"role": "user", "content": [{"type": "text", "text": "case=chat-img what is this?"}, image]}
+                ],
+            )
         assert e.value.body["error"]["type"] == "invalid_request_error"
         assert e.value.body["error"]["message"].startswith("messages[0].content[1]: a 'image' block")
         with pytest.raises(anthropic.BadRequestError) as e:
-            client.messages.create(model="m", max_tokens=8, messages=[
-                {"role": "user", "content": "case=chat-img add"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                              "content": [{"type": "text", "text": "see"}, document]}]}],
-                tools=[ANTHROPIC_ADD])
+            client.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[
+                    {"role": "user", "content": "case=chat-img add"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "t1",
+                                "content": [{"type": "text", "text": "see"}, document],
+                            }
+                        ],
+                    },
+                ],
+                tools=[ANTHROPIC_ADD],
+            )
         assert e.value.body["error"]["message"].startswith("messages[2].content[0].content[1]: a 'document' block")
     url = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}
     with openai_client(stack, "img-oa") as client:
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": [
-                {"type": "text", "text": "case=chat-img what?"}, url]}])
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": [{"type": "text", "text": "case=chat-img what?"}, url]}],
+            )
         assert e.value.body["param"] == "messages[0].content[1]"
         with pytest.raises(openai.BadRequestError) as e:
-            client.responses.create(model="m", input=[{"role": "user", "content": [
-                {"type": "input_text", "text": "case=chat-img what?"},
-                {"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL}"}]}])
+            client.responses.create(
+                model="m",
+                input=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "case=chat-img what?"},
+                            {"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL}"},
+                        ],
+                    }
+                ],
+            )
         assert e.value.body["param"] == "input[0].content[1]"
     assert stack.requests_of("chat-img") == []  # nothing reached an engine
 
@@ -212,8 +251,9 @@ def test_openai_logprobs_are_the_engines_own_for_each_sampled_token_streamed_and
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="m", messages=msgs, top_logprobs=3)
         assert e.value.body["param"] == "top_logprobs"
-        resp = client.responses.create(model="m", input="case=chat-lp hi", include=["message.output_text.logprobs"],
-                                       top_logprobs=2)
+        resp = client.responses.create(
+            model="m", input="case=chat-lp hi", include=["message.output_text.logprobs"], top_logprobs=2
+        )
     body = stack.requests_of("chat-lp")[1]
     sampled = stack.answer(body)  # the text's ids, then <|im_end|>, which no API shows
     expected = [(stack.tok.decode([t]), lp) for t, lp in zip(sampled["output_ids"][:-1], sampled["log_probs"])]
@@ -228,8 +268,9 @@ def test_openai_logprobs_are_the_engines_own_for_each_sampled_token_streamed_and
     asked = [b.get("top_logprobs_num") for b in stack.requests_of("chat-lp")]
     assert asked == [None, None, None, 3, 2]
     engine_tops = stack.answer(stack.requests_of("chat-lp")[3])["top_log_probs"]
-    assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in top.choices[0].logprobs.content] == \
-        [[(stack.tok.decode([i]), lp) for lp, i in row] for row in engine_tops[:-1]]
+    assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in top.choices[0].logprobs.content] == [
+        [(stack.tok.decode([i]), lp) for lp, i in row] for row in engine_tops[:-1]
+    ]
     assert [len(t.top_logprobs) for t in resp_lps] == [2] * len(expected)
     assert all(t.top_logprobs == [] for t in r.choices[0].logprobs.content)
     finish(stack, "lp-oa")
@@ -238,8 +279,13 @@ def test_openai_logprobs_are_the_engines_own_for_each_sampled_token_streamed_and
 # ---------------------------------------------------------------- tool_choice and parallel calls
 
 TWO_CALLS = CALL_ADD + "\n" + CALL_ADD.replace('"a":3', '"a":5')
-REPLIES.update({"two": [TWO_CALLS, "Both done."], "plain": ["I will not call anything.", "ok"],
-                "args": ['{"a":1,"b":2}}\n</tool_call>', "3."]})
+REPLIES.update(
+    {
+        "two": [TWO_CALLS, "Both done."],
+        "plain": ["I will not call anything.", "ok"],
+        "args": ['{"a":1,"b":2}}\n</tool_call>', "3."],
+    }
+)
 
 
 def test_tool_choice_none_offers_no_tools_and_returns_no_call(stack):
@@ -251,8 +297,13 @@ def test_tool_choice_none_offers_no_tools_and_returns_no_call(stack):
     [body] = stack.requests_of("tool-none")
     assert '"name": "add"' not in stack.tok.decode(body["input_ids"])  # the tool was not offered
     with anthropic_client(stack, "tc-none-an") as client:
-        m = client.messages.create(model="m", max_tokens=64, tools=[ANTHROPIC_ADD], tool_choice={"type": "none"},
-                                   messages=[{"role": "user", "content": "case=tool-nan 3+4?"}])
+        m = client.messages.create(
+            model="m",
+            max_tokens=64,
+            tools=[ANTHROPIC_ADD],
+            tool_choice={"type": "none"},
+            messages=[{"role": "user", "content": "case=tool-nan 3+4?"}],
+        )
     assert m.stop_reason == "end_turn" and [b.type for b in m.content] == ["text"]
     finish(stack, "tc-none")
     finish(stack, "tc-none-an")
@@ -266,13 +317,19 @@ def test_a_named_or_required_tool_starts_the_answer_with_the_call_and_trains_onl
         [call] = r.choices[0].message.tool_calls
         assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 1, "b": 2})
         assert r.choices[0].finish_reason == "tool_calls"
-        msgs += [r.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+        msgs += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "3"},
+        ]
         r2 = client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL])
         assert r2.choices[0].message.content == "3."
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="m", messages=msgs, tools=[ADD_TOOL],
-                                           tool_choice={"type": "function", "function": {"name": "mul"}})
+            client.chat.completions.create(
+                model="m",
+                messages=msgs,
+                tools=[ADD_TOOL],
+                tool_choice={"type": "function", "function": {"name": "mul"}},
+            )
         assert e.value.body["param"] == "tool_choice.function.name"
     bodies = stack.requests_of("args-named")
     prompt = stack.tok.decode(bodies[0]["input_ids"])
@@ -280,24 +337,37 @@ def test_a_named_or_required_tool_starts_the_answer_with_the_call_and_trains_onl
     [sample] = finish(stack, "tc-named")
     first = stack.answer(bodies[0])["output_ids"]
     p0 = len(bodies[0]["input_ids"])  # the forced opening is prompt (mask 0); the model's arguments are mask 1
-    assert sample.tokens[:p0] == bodies[0]["input_ids"] and sample.tokens[p0:p0 + len(first)] == first
-    assert sample.loss_mask[:len(first)] == [1] * len(first)
-    assert bodies[1]["input_ids"][:p0 + len(first)] == sample.tokens[:p0 + len(first)]
+    assert sample.tokens[:p0] == bodies[0]["input_ids"] and sample.tokens[p0 : p0 + len(first)] == first
+    assert sample.loss_mask[: len(first)] == [1] * len(first)
+    assert bodies[1]["input_ids"][: p0 + len(first)] == sample.tokens[: p0 + len(first)]
 
 
 def test_anthropic_any_and_tool_choices_force_a_call_and_an_unmet_one_is_answered_as_sampled(stack):
     with anthropic_client(stack, "tc-an") as client:
-        m = client.messages.create(model="m", max_tokens=64, tools=[ANTHROPIC_ADD],
-                                   tool_choice={"type": "tool", "name": "add"},
-                                   messages=[{"role": "user", "content": "case=args-an add 1 and 2"}])
+        m = client.messages.create(
+            model="m",
+            max_tokens=64,
+            tools=[ANTHROPIC_ADD],
+            tool_choice={"type": "tool", "name": "add"},
+            messages=[{"role": "user", "content": "case=args-an add 1 and 2"}],
+        )
         assert m.stop_reason == "tool_use" and [(b.name, b.input) for b in m.content] == [("add", {"a": 1, "b": 2})]
         # the model ignores the forced opening: its answer is returned as sampled, not retried or made up
-        m2 = client.messages.create(model="m", max_tokens=64, tools=[ANTHROPIC_ADD], tool_choice={"type": "any"},
-                                    messages=[{"role": "user", "content": "case=plain-an add 1 and 2"}])
+        m2 = client.messages.create(
+            model="m",
+            max_tokens=64,
+            tools=[ANTHROPIC_ADD],
+            tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": "case=plain-an add 1 and 2"}],
+        )
         assert m2.stop_reason == "end_turn" and [(b.type, b.text) for b in m2.content] == [("text", "")]
         with pytest.raises(anthropic.BadRequestError) as e:
-            client.messages.create(model="m", max_tokens=8, tool_choice={"type": "any"},
-                                   messages=[{"role": "user", "content": "case=plain-an x"}])
+            client.messages.create(
+                model="m",
+                max_tokens=8,
+                tool_choice={"type": "any"},
+                messages=[{"role": "user", "content": "case=plain-an x"}],
+            )
         assert e.value.body["error"]["message"].startswith("tool_choice: asks for a tool call")
     samples = finish(stack, "tc-an")
     [unmet] = [s for s in samples if "case=plain-an" in stack.tok.decode(s.tokens)]
@@ -313,9 +383,13 @@ def test_parallel_tool_calls_false_returns_at_most_one_call_in_each_api(stack):
         assert [json.loads(c.function.arguments)["a"] for c in one.choices[0].message.tool_calls] == [3]
         assert one.choices[0].finish_reason == "tool_calls"
     with anthropic_client(stack, "par-an") as client:
-        m = client.messages.create(model="m", max_tokens=64, tools=[ANTHROPIC_ADD],
-                                   tool_choice={"type": "auto", "disable_parallel_tool_use": True},
-                                   messages=[{"role": "user", "content": "case=two-an add twice"}])
+        m = client.messages.create(
+            model="m",
+            max_tokens=64,
+            tools=[ANTHROPIC_ADD],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+            messages=[{"role": "user", "content": "case=two-an add twice"}],
+        )
     assert [b.input["a"] for b in m.content if b.type == "tool_use"] == [3] and m.stop_reason == "tool_use"
     [body] = stack.requests_of("two-an")
     assert body["sampling_params"]["stop"] == ["</tool_call>"]  # the engine stopped after the first call
@@ -332,14 +406,21 @@ def test_count_tokens_is_the_prompt_the_next_turn_really_sends_over_a_multi_turn
     counted, sent = [], []
     with anthropic_client(stack, "count-an") as client:
         for _ in range(3):
-            counted.append(client.messages.count_tokens(model="m", system="Add.", messages=msgs,
-                                                        tools=[ANTHROPIC_ADD]).input_tokens)
+            counted.append(
+                client.messages.count_tokens(
+                    model="m", system="Add.", messages=msgs, tools=[ANTHROPIC_ADD]
+                ).input_tokens
+            )
             m = client.messages.create(model="m", max_tokens=64, system="Add.", messages=msgs, tools=[ANTHROPIC_ADD])
             sent.append(m.usage.input_tokens)
             msgs.append({"role": "assistant", "content": [b.model_dump() for b in m.content]})
             uses = [b for b in m.content if b.type == "tool_use"]
-            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "7"}
-                                                     for u in uses] or "go on"})
+            msgs.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "7"} for u in uses] or "go on",
+                }
+            )
     bodies = stack.requests_of("tool-count")
     assert sent == [len(b["input_ids"]) for b in bodies]
     assert counted == sent

@@ -47,8 +47,9 @@ def engine(tok):
     from slime.utils.misc import find_free_port
 
     answer = tok.encode("ok", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-    e = ScriptedEngine(lambda b: {"output_ids": answer, "finish_type": "stop"}, str(qwen_tokenizer_dir()),
-                       find_free_port()).start()
+    e = ScriptedEngine(
+        lambda b: {"output_ids": answer, "finish_type": "stop"}, str(qwen_tokenizer_dir()), find_free_port()
+    ).start()
     yield e
     e.stop()
 
@@ -87,11 +88,17 @@ def attacks(gw, api: str, own_key: str) -> dict[str, tuple[str, dict, dict]]:
     meta = {**b, "metadata": {"session_id": VICTIM}, "user": VICTIM} if api != "anthropic" else b
     return {
         "victim id in the URL": (f"{root}/s/{VICTIM}{path}", {}, b),
-        "victim id in the URL, own key as API key": (f"{root}/s/{VICTIM}{path}",
-                                                     {"Authorization": f"Bearer {own_key}"}, b),
+        "victim id in the URL, own key as API key": (
+            f"{root}/s/{VICTIM}{path}",
+            {"Authorization": f"Bearer {own_key}"},
+            b,
+        ),
         "victim id in X-Session-Id": (root + path, {"X-Session-Id": VICTIM}, b),
-        "victim id in X-Session-Id, own key as API key": (root + path, {"X-Session-Id": VICTIM,
-                                                                        "Authorization": f"Bearer {own_key}"}, b),
+        "victim id in X-Session-Id, own key as API key": (
+            root + path,
+            {"X-Session-Id": VICTIM, "Authorization": f"Bearer {own_key}"},
+            b,
+        ),
         "victim id as bearer API key": (root + path, {"Authorization": f"Bearer {VICTIM}"}, b),
         "victim id as x-api-key": (root + path, {"x-api-key": VICTIM}, b),
         "victim id in the body only": (root + path, {}, meta),
@@ -137,8 +144,9 @@ def test_no_request_without_the_victims_key_reaches_its_session(gw, engine, tok,
 def test_a_key_from_a_finished_session_is_refused_as_closed_and_count_tokens_needs_a_key(gw, engine):
     key = gw.open_session("short-lived")
     finish(gw, "short-lived")
-    late = httpx.post(f"{gw.url}/v1/chat/completions", json=body("chat", "hi"),
-                      headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    late = httpx.post(
+        f"{gw.url}/v1/chat/completions", json=body("chat", "hi"), headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
     assert late.status_code == 503 and "closed" in late.json()["error"]["message"]
     counted = httpx.post(f"{gw.url}/v1/messages/count_tokens", json=body("anthropic", "hi"), timeout=30)
     assert counted.status_code == 401 and counted.json()["error"]["type"] == "authentication_error"
@@ -207,7 +215,7 @@ def test_slimes_adapter_keeps_sid_keys_refuses_unknown_ones_and_takes_a_minted_k
 
 # ---------------------------------------------------------------- from inside the sandbox
 
-ATTACK_SCRIPT = r'''
+ATTACK_SCRIPT = r"""
 import json, os, urllib.error, urllib.request
 base, key, victim = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["VICTIM"]
 root = base.split("/s/")[0]
@@ -232,7 +240,7 @@ tries = [("url", root + "/s/" + victim + chat, {}),
          ("none", root + chat, {}),
          ("own", base + "/chat/completions", {})]
 print(json.dumps({name: post(url, h) for name, url, h in tries}))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -258,8 +266,11 @@ def test_an_agent_inside_the_sandbox_reaches_only_its_own_session_through_the_eg
     ok = httpx.post(gw.base_url(victim) + "/chat/completions", json=body("chat", "case=sb-victim hi"), timeout=30)
     assert ok.status_code == 200
     key = gw.open_session(attacker)
-    pool = SandboxPool(lambda egress: SlimeSandbox(sandbox_url, egress=egress, env={"VICTIM": victim}),
-                       concurrency=1, cluster_wide=False)
+    pool = SandboxPool(
+        lambda egress: SlimeSandbox(sandbox_url, egress=egress, env={"VICTIM": victim}),
+        concurrency=1,
+        cluster_wide=False,
+    )
     agent = CommandAgent(CommandAgentConfig(command="python3 attack.py", timeout=120), pool)
     sample = Sample(index=1, prompt="p", metadata={"files": {"attack.py": ATTACK_SCRIPT}})
     outcome = asyncio.run(agent.run(sample, session_key=key, base_path=gw.session_path(attacker)))
@@ -275,8 +286,12 @@ def test_an_agent_inside_the_sandbox_reaches_only_its_own_session_through_the_eg
     assert sum("sandbox-intruder" in t for t in texts_sent(engine, tok)) == 1, "only its own turn reached the engine"
 
 
-SEGMENTS = st.one_of(st.sampled_from(["s", "v1", "chat", "completions", "responses", "messages", "count_tokens",
-                                      "models", "health", ""]), st.text(max_size=6))
+SEGMENTS = st.one_of(
+    st.sampled_from(
+        ["s", "v1", "chat", "completions", "responses", "messages", "count_tokens", "models", "health", ""]
+    ),
+    st.text(max_size=6),
+)
 
 
 @settings(max_examples=300, deadline=None)

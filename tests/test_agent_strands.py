@@ -12,8 +12,10 @@ import sys
 import pytest
 
 if sys.version_info < (3, 12):  # reported by `-ra`; .ci/run runs this file in its Python 3.12 venv
-    pytest.skip("Strands' SGLang provider (strands-sglang >= 0.5) needs Python >= 3.12: run with "
-                "`make test PYTHON=python3.12`", allow_module_level=True)
+    pytest.skip(
+        "Strands' SGLang provider (strands-sglang >= 0.5) needs Python >= 3.12: run with `make test PYTHON=python3.12`",
+        allow_module_level=True,
+    )
 
 from strands import Agent, tool  # noqa: E402
 from strands.models.openai import OpenAIModel  # noqa: E402
@@ -40,8 +42,11 @@ def add(a: int, b: int) -> int:
 
 def test_strands_agent_on_its_openai_provider_completes_a_token_exact_gateway_session(stack):
     stack.gateway.open_session("st-1")
-    model = OpenAIModel(client_args={"base_url": stack.gateway.base_url("st-1"), "api_key": "unused",
-                                     "max_retries": 0}, model_id="m", params={"max_tokens": 64})
+    model = OpenAIModel(
+        client_args={"base_url": stack.gateway.base_url("st-1"), "api_key": "unused", "max_retries": 0},
+        model_id="m",
+        params={"max_tokens": 64},
+    )
     agent = Agent(model=model, tools=[add], system_prompt="You add numbers.", callback_handler=None)
     result = agent("case=tool-strands 3+4?")
     assert str(result).strip() == "3 + 4 = 7."
@@ -73,6 +78,10 @@ async def test_strands_sglang_provider_records_exactly_what_the_engines_sampled(
     (p1, a1), (p2, a2) = ((len(b["input_ids"]), len(a["output_ids"])) for b, a in zip(bodies, answers))
     rollout = model.rollout
     assert rollout.segment_info == [(False, p1), (True, a1), (False, p2 - p1 - a1), (True, a2)]
-    as_sample = Sample(tokens=rollout.token_ids, response_length=len(rollout.token_ids) - p1,
-                       loss_mask=rollout.loss_mask[p1:], rollout_log_probs=[lp or 0.0 for lp in rollout.logprobs[p1:]])
+    as_sample = Sample(
+        tokens=rollout.token_ids,
+        response_length=len(rollout.token_ids) - p1,
+        loss_mask=rollout.loss_mask[p1:],
+        rollout_log_probs=[lp or 0.0 for lp in rollout.logprobs[p1:]],
+    )
     assert_chain(as_sample, [(b["input_ids"], a["output_ids"], a["log_probs"]) for b, a in zip(bodies, answers)])

@@ -26,8 +26,9 @@ from slime.agent.gateway.trajectory import TrajectoryManager
 from slime.utils.types import Sample
 
 SAMPLED = 100_000  # ids at or above this were sampled by the engine; below, template/context text
-PROPERTY = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @dataclasses.dataclass
@@ -58,8 +59,13 @@ class SessionScript:
 
     def new_conversation(self) -> Conversation:
         k = len(self.conversations)
-        c = Conversation([{"role": "system", "content": f"sys{self.draw(st.integers(0, 1))}"},
-                          {"role": "user", "content": f"task{k}"}], self.context(3))
+        c = Conversation(
+            [
+                {"role": "system", "content": f"sys{self.draw(st.integers(0, 1))}"},
+                {"role": "user", "content": f"task{k}"},
+            ],
+            self.context(3),
+        )
         self.conversations.append(c)
         return c
 
@@ -69,7 +75,7 @@ class SessionScript:
         how = self.draw(st.sampled_from(["faithful", "faithful", "recode", "drift", "cut"]))
         if how == "recode" and any(i >= SAMPLED for i in ids):  # sampled ids re-tokenised otherwise
             at = self.draw(st.sampled_from([j for j, i in enumerate(ids) if i >= SAMPLED]))
-            ids = ids[:at] + self.context(self.draw(st.integers(1, 3))) + ids[at + 1:]
+            ids = ids[:at] + self.context(self.draw(st.integers(1, 3))) + ids[at + 1 :]
         elif how == "drift":
             at = self.draw(st.integers(0, len(ids)))
             ids = ids[:at] + self.context(1) + ids[at:]
@@ -88,8 +94,12 @@ class SessionScript:
         if self.draw(st.booleans()):
             message["reasoning_content"] = f"think{self.turns}"
         finish = self.draw(st.sampled_from(["stop", "tool_calls", "length"]))
-        self.manager.record_turn("s", turn=TurnRecord(prompt_ids, out, finish, log_probs),
-                                 prompt_messages=list(c.messages), response_message=dict(message))
+        self.manager.record_turn(
+            "s",
+            turn=TurnRecord(prompt_ids, out, finish, log_probs),
+            prompt_messages=list(c.messages),
+            response_message=dict(message),
+        )
         echo = dict(message)
         how = self.draw(st.sampled_from(["exact", "exact", "no_reasoning", "rewritten"]))
         if how == "no_reasoning":
@@ -134,7 +144,7 @@ def trained(samples: list[Sample]) -> Counter:
     seen: Counter = Counter()
     for s in samples:
         assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
-        response = s.tokens[len(s.tokens) - s.response_length:]
+        response = s.tokens[len(s.tokens) - s.response_length :]
         for tok, m, lp in zip(response, s.loss_mask, s.rollout_log_probs):
             if m:
                 seen[(tok, lp)] += 1

@@ -16,8 +16,12 @@ def answer(text: str) -> dict:
 
 
 def record(mgr, prompt, out, messages, reply, *, version, finish="stop"):
-    mgr.record_turn("s", turn=TurnRecord(prompt, out, finish, [-0.5] * len(out), weight_version=version),
-                    prompt_messages=messages, response_message=answer(reply))
+    mgr.record_turn(
+        "s",
+        turn=TurnRecord(prompt, out, finish, [-0.5] * len(out), weight_version=version),
+        prompt_messages=messages,
+        response_message=answer(reply),
+    )
 
 
 def test_each_trained_span_is_a_segment_with_the_weight_version_that_sampled_it():

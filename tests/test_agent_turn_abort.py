@@ -33,9 +33,11 @@ class HangUntilAborted:
 
 def cancel_a_turn(client: EngineClient, script: HangUntilAborted) -> None:
     """Start one turn, cancel it once an engine has it, and wait for the cancellation to complete."""
+
     async def go():
-        turn = asyncio.ensure_future(EngineTurns(client).generate([1, 2, 3], {"max_new_tokens": 4},
-                                                                   routing_key="session-1"))
+        turn = asyncio.ensure_future(
+            EngineTurns(client).generate([1, 2, 3], {"max_new_tokens": 4}, routing_key="session-1")
+        )
         try:
             assert await asyncio.to_thread(script.arrived.wait, 30), "no engine received the turn"
             turn.cancel()

@@ -21,23 +21,35 @@ WHO = "sample index=7"
 
 
 def test_a_seed_reads_files_git_grading_files_and_command_from_the_metadata():
-    seed = WorkspaceSeed.from_metadata({"files": {"a.py": "x = 1\n", "pkg/b.py": ""},
-                                        "git": {"repo": "/src/repo", "rev": "abc123"},
-                                        "grade_files": {"test_a.py": "assert True\n"},
-                                        "grade_command": "python3 test_a.py"}, WHO)
-    assert seed == WorkspaceSeed(files={"a.py": "x = 1\n", "pkg/b.py": ""}, git=GitSource("/src/repo", "abc123"),
-                                 grade_files={"test_a.py": "assert True\n"}, grade_command="python3 test_a.py")
+    seed = WorkspaceSeed.from_metadata(
+        {
+            "files": {"a.py": "x = 1\n", "pkg/b.py": ""},
+            "git": {"repo": "/src/repo", "rev": "abc123"},
+            "grade_files": {"test_a.py": "assert True\n"},
+            "grade_command": "python3 test_a.py",
+        },
+        WHO,
+    )
+    assert seed == WorkspaceSeed(
+        files={"a.py": "x = 1\n", "pkg/b.py": ""},
+        git=GitSource("/src/repo", "abc123"),
+        grade_files={"test_a.py": "assert True\n"},
+        grade_command="python3 test_a.py",
+    )
     assert WorkspaceSeed.from_metadata(None, WHO) == WorkspaceSeed()
 
 
-@pytest.mark.parametrize("metadata, message", [
-    ({"files": ["a.py"]}, "sample index=7: metadata.files must map relative paths to file contents, got list"),
-    ({"files": {"/etc/passwd": "x"}}, "sample index=7: metadata.files: '/etc/passwd' must be a relative path"),
-    ({"grade_files": {"../up.py": "x"}}, "sample index=7: metadata.grade_files: '../up.py' must be a relative"),
-    ({"files": {"a.py": 3}}, "sample index=7: metadata.files['a.py'] must be the file's text, got int"),
-    ({"git": "https://example.com/r.git"}, "sample index=7: metadata.git must be {'repo': path or URL"),
-    ({"grade_command": "  "}, "sample index=7: metadata.grade_command must be a non-empty shell command"),
-])
+@pytest.mark.parametrize(
+    "metadata, message",
+    [
+        ({"files": ["a.py"]}, "sample index=7: metadata.files must map relative paths to file contents, got list"),
+        ({"files": {"/etc/passwd": "x"}}, "sample index=7: metadata.files: '/etc/passwd' must be a relative path"),
+        ({"grade_files": {"../up.py": "x"}}, "sample index=7: metadata.grade_files: '../up.py' must be a relative"),
+        ({"files": {"a.py": 3}}, "sample index=7: metadata.files['a.py'] must be the file's text, got int"),
+        ({"git": "https://example.com/r.git"}, "sample index=7: metadata.git must be {'repo': path or URL"),
+        ({"grade_command": "  "}, "sample index=7: metadata.grade_command must be a non-empty shell command"),
+    ],
+)
 def test_a_malformed_seed_is_refused_naming_the_sample_and_the_field(metadata, message):
     with pytest.raises(WorkspaceError) as e:
         WorkspaceSeed.from_metadata(metadata, WHO)
@@ -48,11 +60,13 @@ paths = st.lists(st.text("abcxyz_", min_size=1, max_size=6), min_size=1, max_siz
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.dictionaries(paths, st.text(max_size=50), max_size=5), st.dictionaries(paths, st.text(max_size=50),
-                                                                                 max_size=5))
+@given(
+    st.dictionaries(paths, st.text(max_size=50), max_size=5), st.dictionaries(paths, st.text(max_size=50), max_size=5)
+)
 def test_packed_files_come_back_exactly_and_files_win_over_the_base(base, files):
-    if any(a != b and (a.startswith(b + "/") or b.startswith(a + "/")) for a in {*base, *files}
-           for b in {*base, *files}):
+    if any(
+        a != b and (a.startswith(b + "/") or b.startswith(a + "/")) for a in {*base, *files} for b in {*base, *files}
+    ):
         return  # a path cannot be a file and a directory at once
     out = unpack(pack(files, base=pack(base)))
     assert out == {p: t.encode() for p, t in {**base, **files}.items()}
@@ -91,13 +105,24 @@ def test_the_report_counts_branches_per_sample_and_the_mean_reward():
     def s(sid, reward, status=Sample.Status.COMPLETED, **md):
         return Sample(session_id=sid, reward=reward, status=status, metadata=md)
 
-    samples = [s("a", 1.0), s("a", 1.0), s("b", 0.0), s("c", None, Sample.Status.FAILED,
-                                                       failure_reason="agent_grading_failed")]
+    samples = [
+        s("a", 1.0),
+        s("a", 1.0),
+        s("b", 0.0),
+        s("c", None, Sample.Status.FAILED, failure_reason="agent_grading_failed"),
+    ]
     summary = summarize(samples)
-    assert summary == {"samples": 3, "reward_mean": 2 / 3, "solved": 2, "branches_per_sample": [1, 1, 2],
-                       "failed": {"agent_grading_failed": 1}}
-    assert format_line(4, summary) == ("agent rollout 4: reward mean 0.667 (2 solved) over 3 samples; branches per "
-                                       "sample [1, 1, 2]; failed {'agent_grading_failed': 1}")
+    assert summary == {
+        "samples": 3,
+        "reward_mean": 2 / 3,
+        "solved": 2,
+        "branches_per_sample": [1, 1, 2],
+        "failed": {"agent_grading_failed": 1},
+    }
+    assert format_line(4, summary) == (
+        "agent rollout 4: reward mean 0.667 (2 solved) over 3 samples; branches per "
+        "sample [1, 1, 2]; failed {'agent_grading_failed': 1}"
+    )
 
 
 def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
@@ -109,8 +134,14 @@ def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
         parse_args(["--custom-generate-function-path", "slime.agent.rollout.generate", "--prompt-data", tasks])
 
     def args(**kw):
-        return argparse.Namespace(**{**agent_defaults(), "agent_command": "true",
-                                     "custom_generate_function_path": "slime.agent.rollout.generate", **kw})
+        return argparse.Namespace(
+            **{
+                **agent_defaults(),
+                "agent_command": "true",
+                "custom_generate_function_path": "slime.agent.rollout.generate",
+                **kw,
+            }
+        )
 
     with pytest.raises(ValueError, match="--agent-sandbox-ro-path /no/such/dir: no such file or directory"):
         check_agent_args(args(agent_sandbox_ro_path=["/no/such/dir"]))
@@ -127,8 +158,10 @@ def test_a_bad_workspace_row_is_refused_before_the_run_naming_file_and_line(tmp_
     from slime.cli.preflight import PreflightError, check_agent_workspaces
 
     data = tmp_path / "tasks.jsonl"
-    data.write_text('{"prompt": "a", "metadata": {"files": {"a.py": "x"}}}\n'
-                    '{"prompt": "b", "metadata": {"files": {"../b.py": "x"}}}\n')
+    data.write_text(
+        '{"prompt": "a", "metadata": {"files": {"a.py": "x"}}}\n'
+        '{"prompt": "b", "metadata": {"files": {"../b.py": "x"}}}\n'
+    )
     from slime.cli.finalize import complete_namespace
 
     args = complete_namespace(argparse.Namespace(agent_command="true", prompt_data=str(data), metadata_key="metadata"))

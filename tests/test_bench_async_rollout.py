@@ -15,8 +15,7 @@ import statistics
 import pytest
 
 from bench.bench_async_rollout import MODES, ModeResult, Workload, merge, per_round_ratios, run_all, short_workload
-from slime.testing.paced_engine import (LENGTH_BASE, LongTail, PacedScript, response_ids, split_input,
-                                        total_length)
+from slime.testing.paced_engine import LENGTH_BASE, LongTail, PacedScript, response_ids, split_input, total_length
 from slime.utils.types import Sample
 
 PROMPT = list(range(1000, 1016))
@@ -75,7 +74,7 @@ def test_slots_bound_decoding_and_aborts_answer_with_what_was_decoded():
         assert out["finish_type"] == "abort"
         ids = out["output_ids"]
         if ids:  # a prefix of the response it would have given
-            assert ids == response_ids(PROMPT, total_length(ids))[:len(ids)]
+            assert ids == response_ids(PROMPT, total_length(ids))[: len(ids)]
         c = await engine(body(PROMPT, 4), asyncio.Event())  # the slot was released
         assert c["finish_type"] == "length" and len(c["output_ids"]) == 4
 
@@ -142,8 +141,9 @@ def test_trained_samples_hold_exactly_the_uninterrupted_response(results, key):
 def test_partial_rollout_modes_continue_samples(results):
     _, by_mode = results
     for key in ("c", "e"):
-        continued = [s for groups in by_mode[key].rollouts for g in groups for s in g
-                     if s.metadata.get("continuations")]
+        continued = [
+            s for groups in by_mode[key].rollouts for g in groups for s in g if s.metadata.get("continuations")
+        ]
         assert continued, f"mode {key}: no trained sample was continued"
         assert by_mode[key].engine["continuations"] > 0
         for s in continued:
@@ -163,10 +163,28 @@ def test_staleness_and_token_accounting(results):
 
 # ---- rounds interleaved (--rounds): summed, and each mode against sync of its own round -------------
 def test_rounds_are_summed_with_busy_fractions_weighted_by_their_time():
-    a1 = ModeResult(MODES["d"], trained_samples=10, trained_tokens=600, wall=10.0, rollout_time=4.0, busy_whole=0.5,
-                    busy_rollout=0.25, staleness=[0, 1], metrics={"perf/abort_time": 1.0})
-    a2 = ModeResult(MODES["d"], trained_samples=20, trained_tokens=900, wall=30.0, rollout_time=12.0, busy_whole=0.9,
-                    busy_rollout=0.5, staleness=[1], metrics={"perf/abort_time": 2.0})
+    a1 = ModeResult(
+        MODES["d"],
+        trained_samples=10,
+        trained_tokens=600,
+        wall=10.0,
+        rollout_time=4.0,
+        busy_whole=0.5,
+        busy_rollout=0.25,
+        staleness=[0, 1],
+        metrics={"perf/abort_time": 1.0},
+    )
+    a2 = ModeResult(
+        MODES["d"],
+        trained_samples=20,
+        trained_tokens=900,
+        wall=30.0,
+        rollout_time=12.0,
+        busy_whole=0.9,
+        busy_rollout=0.5,
+        staleness=[1],
+        metrics={"perf/abort_time": 2.0},
+    )
     m = merge([a1, a2])
     assert (m.trained_samples, m.trained_tokens, m.wall, m.rollout_time) == (30, 1500, 40.0, 16.0)
     assert m.tokens_per_s == 37.5 and m.staleness == [0, 1, 1] and m.metrics == {"perf/abort_time": 3.0}

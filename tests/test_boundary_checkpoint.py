@@ -19,8 +19,15 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from slime.train.checkpoint import (CHECKPOINT_TRACKER, MANIFEST, CheckpointError, CheckpointWriter, checkpoint_dir,
-                                    latest_checkpoint, verify_checkpoint)
+from slime.train.checkpoint import (
+    CHECKPOINT_TRACKER,
+    MANIFEST,
+    CheckpointError,
+    CheckpointWriter,
+    checkpoint_dir,
+    latest_checkpoint,
+    verify_checkpoint,
+)
 
 FILES = ["model/model.safetensors", "model/config.json", "optimizer.pt", "trainer_state.json"]
 
@@ -31,11 +38,15 @@ def saved(tmp_path_factory) -> Path:
     root.mkdir()
     writer = CheckpointWriter(root, 1)
     (writer.staging / "model").mkdir()
-    save_file({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3)},
-              str(writer.staging / "model/model.safetensors"))
+    save_file(
+        {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3)},
+        str(writer.staging / "model/model.safetensors"),
+    )
     (writer.staging / "model/config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 3}))
-    torch.save({"optimizer": {"state": {}, "param_groups": []}, "scheduler": {"last_epoch": 1}},
-               writer.staging / "optimizer.pt")
+    torch.save(
+        {"optimizer": {"state": {}, "param_groups": []}, "scheduler": {"last_epoch": 1}},
+        writer.staging / "optimizer.pt",
+    )
     (writer.staging / "trainer_state.json").write_text(json.dumps({"rollout_id": 1, "global_step": 3}))
     writer.commit(None, {"global_step": 3, "data_state": False})
     return root
@@ -79,9 +90,11 @@ def refused_naming_the_file_or_loadable(root: Path) -> str:
     return "accepted"
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 10**20) | st.floats() | st.text(max_size=6),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                        max_size=3), max_leaves=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10**20) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -97,8 +110,11 @@ def test_a_corrupted_tracker_is_refused_naming_it(saved, tmp_path_factory, text)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from([MANIFEST, "trainer_state.json", "model/config.json"]), value=json_values,
-       resealed=st.booleans())
+@given(
+    name=st.sampled_from([MANIFEST, "trainer_state.json", "model/config.json"]),
+    value=json_values,
+    resealed=st.booleans(),
+)
 @example(name="trainer_state.json", value=[], resealed=True)
 @example(name="trainer_state.json", value={"global_step": "x"}, resealed=True)
 @example(name=MANIFEST, value={"files": {"x": 3}}, resealed=False)
@@ -121,7 +137,7 @@ def test_a_safetensors_header_of_the_wrong_shape_is_refused(saved, tmp_path_fact
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
     head = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(head)) + head + data[8 + n:])
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data[8 + n :])
     reseal(root, "model/model.safetensors")
     refused_naming_the_file_or_loadable(root)
 
@@ -158,8 +174,9 @@ def test_a_zip_that_is_not_a_torch_archive_is_refused(saved, tmp_path):
     reseal(root, "optimizer.pt")
     with pytest.raises(CheckpointError) as e:
         verify_checkpoint(root, 1)
-    assert str(e.value) == (f"--load {root}: the checkpoint of rollout 1: {path}: a zip archive, but not torch's "
-                            "(no data.pkl)")
+    assert str(e.value) == (
+        f"--load {root}: the checkpoint of rollout 1: {path}: a zip archive, but not torch's (no data.pkl)"
+    )
 
 
 def test_slime_train_refuses_a_bad_trainer_state_before_anything_starts(saved, tmp_path, tiny_model_dir, capsys):
@@ -174,13 +191,32 @@ def test_slime_train_refuses_a_bad_trainer_state_before_anything_starts(saved, t
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
     started = []
-    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-            "--input-key", "messages", "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
-            "--global-batch-size", "2", "--num-rollout", "3", "--load", str(root)]
+    argv = [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "messages",
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--num-rollout",
+        "3",
+        "--load",
+        str(root),
+    ]
     rc = run_cli("slime-train", argv, parse_train_args, started.append)
     assert rc == 1 and started == []
-    assert capsys.readouterr().err == (f"slime-train: error: --load {root}: the checkpoint of rollout 1: {state}: "
-                                       "'global_step' must be a non-negative integer, got 'three'\n")
+    assert capsys.readouterr().err == (
+        f"slime-train: error: --load {root}: the checkpoint of rollout 1: {state}: "
+        "'global_step' must be a non-negative integer, got 'three'\n"
+    )
 
 
 def test_no_byte_flip_of_the_optimizer_passes_preflight_and_fails_the_trainer(saved, tmp_path):

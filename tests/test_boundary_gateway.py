@@ -26,28 +26,56 @@ from slime.utils.misc import find_free_port
 SID = "victim"
 TOOL_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 VALID = {
-    "chat": {"model": "m", "max_tokens": 8, "temperature": 0.5, "top_p": 0.9, "stop": ["\n\n"],
-             "messages": [{"role": "system", "content": "Be brief."},
-                          {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                          {"role": "assistant", "content": None, "tool_calls": [
-                              {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
-                          {"role": "tool", "tool_call_id": "c1", "content": "1"}],
-             "tools": [{"type": "function", "function": {"name": "f", "description": "d",
-                                                         "parameters": TOOL_SCHEMA}}]},
-    "responses": {"model": "m", "max_output_tokens": 8, "temperature": 0.5, "instructions": "Be brief.",
-                  "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-                            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\": 1}"},
-                            {"type": "function_call_output", "call_id": "c1", "output": "1"}],
-                  "tools": [{"type": "function", "name": "f", "description": "d", "parameters": TOOL_SCHEMA}]},
-    "anthropic": {"model": "m", "max_tokens": 8, "temperature": 0.5, "top_k": 5, "system": "Be brief.",
-                  "stop_sequences": ["\n\n"],
-                  "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                               {"role": "assistant", "content": [
-                                   {"type": "thinking", "thinking": "t", "signature": ""},
-                                   {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
-                               {"role": "user", "content": [
-                                   {"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
-                  "tools": [{"name": "f", "description": "d", "input_schema": TOOL_SCHEMA}]},
+    "chat": {
+        "model": "m",
+        "max_tokens": 8,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": TOOL_SCHEMA}}],
+    },
+    "responses": {
+        "model": "m",
+        "max_output_tokens": 8,
+        "temperature": 0.5,
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        ],
+        "tools": [{"type": "function", "name": "f", "description": "d", "parameters": TOOL_SCHEMA}],
+    },
+    "anthropic": {
+        "model": "m",
+        "max_tokens": 8,
+        "temperature": 0.5,
+        "top_k": 5,
+        "system": "Be brief.",
+        "stop_sequences": ["\n\n"],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "t", "signature": ""},
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]},
+        ],
+        "tools": [{"name": "f", "description": "d", "input_schema": TOOL_SCHEMA}],
+    },
 }
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}
 APIS = sorted(PATHS)
@@ -62,7 +90,9 @@ def gateway():
     model_dir = str(qwen_tokenizer_dir())
     tok = AutoTokenizer.from_pretrained(model_dir)
     answer = tok.encode("ok", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-    engine = ScriptedEngine(lambda body: {"output_ids": answer, "finish_type": "stop"}, model_dir, find_free_port()).start()
+    engine = ScriptedEngine(
+        lambda body: {"output_ids": answer, "finish_type": "stop"}, model_dir, find_free_port()
+    ).start()
     client = EngineClient(Endpoints(engine.url, [engine.url]), tokenizer=tok, request_timeout=30.0, max_retries=0)
     gw = Gateway(client, tokenizer=tok).start()
     gw.scripted_engine = engine
@@ -75,8 +105,12 @@ def post(gw: Gateway, api: str, content: bytes, sid: str = SID) -> httpx.Respons
     """`content` sent to the session `sid`-`api` (opened on first use), with its key."""
     if f"{sid}-{api}" not in gw.sessions:
         gw.open_session(f"{sid}-{api}")
-    return httpx.post(gw.url + PATHS[api], content=content, timeout=30.0,
-                      headers={"Content-Type": "application/json", "X-Session-Id": gw.session_key(f"{sid}-{api}")})
+    return httpx.post(
+        gw.url + PATHS[api],
+        content=content,
+        timeout=30.0,
+        headers={"Content-Type": "application/json", "X-Session-Id": gw.session_key(f"{sid}-{api}")},
+    )
 
 
 def snapshot(gw: Gateway, api: str) -> tuple:
@@ -84,8 +118,12 @@ def snapshot(gw: Gateway, api: str) -> tuple:
     recorded turns, the engine calls made."""
     sid = f"{SID}-{api}"
     session = gw.sessions._sessions.get(sid)
-    return (session.turns if session else 0, len(session.conversations) if session else 0,
-            gw.manager.turn_count(sid), len(gw.scripted_engine.requests))
+    return (
+        session.turns if session else 0,
+        len(session.conversations) if session else 0,
+        gw.manager.turn_count(sid),
+        len(gw.scripted_engine.requests),
+    )
 
 
 def error_field(api: str, resp: httpx.Response) -> str:
@@ -129,10 +167,16 @@ def field_name(path: tuple) -> str:
 
 
 bad_values = st.one_of(
-    st.integers(min_value=-(10**30), max_value=10**30), st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(), st.none(), st.lists(st.integers(), max_size=3),
-    st.dictionaries(st.sampled_from(["type", "role", "text", "name", "x"]),
-                    st.one_of(st.integers(), st.text(max_size=5), st.none()), max_size=3),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(
+        st.sampled_from(["type", "role", "text", "name", "x"]),
+        st.one_of(st.integers(), st.text(max_size=5), st.none()),
+        max_size=3,
+    ),
     st.text(max_size=20).map(lambda s: s + "\ud800"),  # a lone surrogate: not encodable as UTF-8
     st.sampled_from(["", "narrator", "function_call", "image", "tool_use", "-1"]),
 )
@@ -150,8 +194,9 @@ def broken_body(draw):
 @given(case=broken_body())
 @example(case=("chat", ("messages", 1, "role"), replaced(VALID["chat"], ("messages", 1, "role"), "narrator")))
 @example(case=("anthropic", ("max_tokens",), replaced(VALID["anthropic"], ("max_tokens",), -5)))
-@example(case=("responses", ("tools", 0, "parameters"), replaced(VALID["responses"], ("tools", 0, "parameters"),
-                                                                   [1, 2])))
+@example(
+    case=("responses", ("tools", 0, "parameters"), replaced(VALID["responses"], ("tools", 0, "parameters"), [1, 2]))
+)
 def test_a_body_with_one_broken_field_is_refused_naming_it_or_served(gateway, case):
     api, path, body = case
     assert_refused_or_served(gateway, api, json.dumps(body).encode(), field_name(path))
@@ -174,7 +219,7 @@ BROKEN = [  # (api, path, value, the field the error names)
     ("responses", ("max_output_tokens",), 0, "max_output_tokens"),
     ("responses", ("instructions",), ["x"], "instructions"),
     ("anthropic", ("messages", 0, "role"), "tool", "messages[0].role"),
-    ("anthropic", ("messages", 1, "content", 1, "input"), "{\"a\": 1}", "messages[1].content[1].input"),
+    ("anthropic", ("messages", 1, "content", 1, "input"), '{"a": 1}', "messages[1].content[1].input"),
     ("anthropic", ("messages", 2, "content", 0), "tool_result", "messages[2].content[0]"),
     ("anthropic", ("top_k",), 0, "top_k"),
     ("anthropic", ("temperature",), 1.5, "temperature"),
@@ -207,9 +252,11 @@ def test_the_valid_bodies_are_served_streamed_and_not(gateway):
 
 # ------------------------------------------------------------------ bodies that are not a request at all
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -243,7 +290,9 @@ def test_count_tokens_refuses_a_broken_body_in_anthropics_format(gateway):
     bad = httpx.post(url, json={"messages": [{"role": "narrator", "content": "x"}]}, timeout=30.0)
     assert bad.status_code == 400 and error_field("anthropic", bad) == "messages[0].role"
     deep = httpx.post(url, content=b"[" * 100_000, timeout=30.0)
-    assert deep.status_code == 400 and error_field("anthropic", deep) == "the request body is not JSON this server reads"
+    assert (
+        deep.status_code == 400 and error_field("anthropic", deep) == "the request body is not JSON this server reads"
+    )
     good = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30.0)
     assert good.status_code == 200 and good.json()["input_tokens"] > 0
 

@@ -19,9 +19,16 @@ from slime.testing.json_paths import paths_of, replaced
 from tests.test_sandbox import ISOLATED
 
 pytestmark = pytest.mark.skipif(not ISOLATED, reason="the sandbox needs namespaces/uid switching")
-RUN = {"code": "import sys; print(sys.stdin.read() + open('a.txt').read())", "language": "python",
-       "run_timeout": 5, "compile_timeout": 5, "memory_limit_MB": -1, "stdin": "in", "files": {"a.txt": "YQ=="},
-       "fetch_files": ["a.txt"]}
+RUN = {
+    "code": "import sys; print(sys.stdin.read() + open('a.txt').read())",
+    "language": "python",
+    "run_timeout": 5,
+    "compile_timeout": 5,
+    "memory_limit_MB": -1,
+    "stdin": "in",
+    "files": {"a.txt": "YQ=="},
+    "fetch_files": ["a.txt"],
+}
 EXEC = {"command": "cat; echo hi", "env": {"A": "b"}, "cwd": "/tmp", "timeout": 10, "stdin": "x"}
 WRITE = {"path": "w.txt", "content": "YQ=="}
 RUN_STATUSES = {"Success", "Failed", "SandboxError"}
@@ -53,12 +60,16 @@ def refused_field(resp: requests.Response) -> str:
     assert resp.status_code == 422, resp.text
     body = resp.json()
     assert body["status"] == "SandboxError" and body["message"].startswith("invalid request: "), body
-    return body["message"][len("invalid request: "):]
+    return body["message"][len("invalid request: ") :]
 
 
 bad_values = st.one_of(
-    st.integers(min_value=-(10**30), max_value=10**30), st.floats(allow_nan=False), st.booleans(), st.none(),
-    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
     st.text(max_size=10).map(lambda s: s + "\x00"),  # a NUL byte: cuts an exec argument short
     st.sampled_from(["", "!!not base64", "cobol", "../../etc/passwd", "A=B", "-1"]),
 )
@@ -129,8 +140,10 @@ def test_a_read_of_a_path_with_a_nul_byte_is_refused(url, sid):
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=st.one_of(st.binary(max_size=40), st.lists(st.integers(), max_size=3).map(lambda v: json.dumps(v).encode())),
-       route=st.sampled_from(["run_code", "exec", "open"]))
+@given(
+    raw=st.one_of(st.binary(max_size=40), st.lists(st.integers(), max_size=3).map(lambda v: json.dumps(v).encode())),
+    route=st.sampled_from(["run_code", "exec", "open"]),
+)
 @example(raw=b"[" * 100_000, route="run_code")
 @example(raw=b"\xff\xfe", route="exec")
 def test_bytes_that_are_not_a_json_object_are_refused(url, sid, raw, route):

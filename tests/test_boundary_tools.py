@@ -17,9 +17,29 @@ from slime.agent.gateway.parsing import parse_model_output
 from slime.tools.chat_format import get_parser
 from slime.tools.registry import ToolConfigError, load_tool_config
 
-FRAGMENTS = ["<tool_call>", "</tool_call>", "\n", '{"name": "add", "arguments": {"a": 1}}', '{"name": ', '"add"',
-             '"arguments": ', '"\\ud800"', '"\\udc00x"', "[" * 3000, "{", "}", "null", "[1, 2]", '"', "<think>",
-             "</think>", "<function=add>", "<parameter=a>", "</parameter>", "</function>"]
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "\n",
+    '{"name": "add", "arguments": {"a": 1}}',
+    '{"name": ',
+    '"add"',
+    '"arguments": ',
+    '"\\ud800"',
+    '"\\udc00x"',
+    "[" * 3000,
+    "{",
+    "}",
+    "null",
+    "[1, 2]",
+    '"',
+    "<think>",
+    "</think>",
+    "<function=add>",
+    "<parameter=a>",
+    "</parameter>",
+    "</function>",
+]
 model_text = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=12).map("".join)
 ADD = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
 
@@ -50,8 +70,9 @@ def test_the_hermes_parser_reads_any_model_text_without_raising(text, cut_off):
     for call in result.calls:
         assert isinstance(call.name, str) and call.name
         assert encodable(call.name) and encodable(call.arguments), call
-    assert all(e.kind in {"unclosed", "unmatched_close", "cut_off", "malformed_json", "bad_call"}
-               for e in result.errors)
+    assert all(
+        e.kind in {"unclosed", "unmatched_close", "cut_off", "malformed_json", "bad_call"} for e in result.errors
+    )
     assert len(result.calls) + len(result.errors) == len(result.items)
 
 
@@ -69,13 +90,33 @@ def test_the_gateway_reads_any_model_text_without_raising(text, parser, reasonin
 # ------------------------------------------------------------------ the tool YAML loader
 
 yaml_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
-yaml_data = st.recursive(yaml_scalars, lambda inner: st.lists(inner, max_size=3)
-                         | st.dictionaries(st.sampled_from(["tools", "class_name", "config", "tool_schema", "mcp",
-                                                            "type", "function", "name", "x"]), inner, max_size=3),
-                         max_leaves=10)
-GOOD_ENTRY = {"class_name": "slime.tools.example_tools.CalculatorTool",
-              "tool_schema": {"type": "function", "function": {"name": "calc", "description": "d", "parameters": {
-                  "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}}
+yaml_data = st.recursive(
+    yaml_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["tools", "class_name", "config", "tool_schema", "mcp", "type", "function", "name", "x"]),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=10,
+)
+GOOD_ENTRY = {
+    "class_name": "slime.tools.example_tools.CalculatorTool",
+    "tool_schema": {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "d",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+}
 
 
 def loaded_or_refused_naming_the_file(path) -> str:
@@ -88,9 +129,17 @@ def loaded_or_refused_naming_the_file(path) -> str:
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.one_of(yaml_data, st.builds(lambda e: {"tools": [e]}, yaml_data),
-                      st.builds(lambda k, v: {"tools": [{**GOOD_ENTRY, k: v}]},
-                                st.sampled_from(["class_name", "config", "tool_schema", "mcp"]), yaml_data)))
+@given(
+    data=st.one_of(
+        yaml_data,
+        st.builds(lambda e: {"tools": [e]}, yaml_data),
+        st.builds(
+            lambda k, v: {"tools": [{**GOOD_ENTRY, k: v}]},
+            st.sampled_from(["class_name", "config", "tool_schema", "mcp"]),
+            yaml_data,
+        ),
+    )
+)
 def test_any_yaml_data_is_a_tool_set_or_an_error_naming_the_file(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("yaml") / "tools.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime.tools.chat_format import (PARSERS, ChatDelta, HermesParser, ParseError, ToolCall, check_append_only,
-                                     conversation_drift, get_parser)
+from slime.tools.chat_format import (
+    PARSERS,
+    ChatDelta,
+    HermesParser,
+    ParseError,
+    ToolCall,
+    check_append_only,
+    conversation_drift,
+    get_parser,
+)
 from slime.tools.registry import load_tool_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,11 +36,13 @@ def tok():
 def test_hermes_parser_several_calls_and_errors():
     p = get_parser("hermes")
     assert {"hermes", "qwen"} <= set(PARSERS)
-    text = ('I will check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
-            '<tool_call>{"name": "c", "arguments": {"x": }</tool_call>'
-            '<tool_call>{"arguments": {}}</tool_call>'
-            '<tool_call>{"name": "d", "arguments": {"x"')
+    text = (
+        'I will check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
+        '<tool_call>{"name": "c", "arguments": {"x": }</tool_call>'
+        '<tool_call>{"arguments": {}}</tool_call>'
+        '<tool_call>{"name": "d", "arguments": {"x"'
+    )
     r = p.parse(text, cut_off=True)
     assert r.content == "I will check."
     assert [(c.name, c.arguments) for c in r.calls] == [("a", {"x": 1}), ("b", {"y": 2})]
@@ -59,8 +69,11 @@ def test_hermes_writes_what_it_reads():
 def test_errors_keep_the_models_order_and_text():
     r = get_parser("qwen3").parse('</tool_call><tool_call>[1]</tool_call><tool_call>{"name": "a"}<tool_call> {"x"')
     assert [(type(i).__name__, getattr(i, "kind", None), i.index) for i in r.items] == [
-        ("ParseError", "unmatched_close", 0), ("ParseError", "bad_call", 1), ("ParseError", "unclosed", 2),
-        ("ParseError", "unclosed", 3)]
+        ("ParseError", "unmatched_close", 0),
+        ("ParseError", "bad_call", 1),
+        ("ParseError", "unclosed", 2),
+        ("ParseError", "unclosed", 3),
+    ]
     assert [e.raw for e in r.errors] == ["</tool_call>", "[1]", '{"name": "a"}', ' {"x"']
     assert r.errors[1].message == "a tool call must be a JSON object with 'name' and 'arguments'"
 
@@ -99,8 +112,9 @@ def test_template_without_tool_support(tok):
     d = ChatDelta(Plain())
     assert not d.renders_tools and not d.renders_tool_calls
     tools = load_tool_config(ROOT / "configs" / "gsm8k_tool.yaml").schemas()
-    text = tok.decode(d.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
-                                   tools))
+    text = tok.decode(
+        d.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], tools)
+    )
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and '"calc_gsm8k_reward"' in text
     assert d.assistant_message("c", [("a", {})], "c\n<tool_call>x</tool_call>")["content"].endswith("</tool_call>")
     assert check_append_only(d, tools).ok
@@ -114,14 +128,18 @@ def test_tool_turn_delta_and_drift_of_a_finished_conversation(tok):
     model = d.encode("<think>\nadd\n</think>\n\n" + HermesParser.call_text("calc", {"e": "3+4"})) + [d.stop_id]
     tool_msgs = [{"role": "tool", "name": "calc", "content": "7"}]
     ids += model + d.tool_delta_ids(tool_msgs, model)
-    assert tok.decode(ids[prompt_len + len(model):]) == (
-        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(ids[prompt_len + len(model) :]) == (
+        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     final = "<think>\ndone\n</think>\n\nIt is 7."
     ids += d.encode(final) + [d.stop_id]
     parsed = get_parser("hermes").parse(tok.decode(model[:-1]))
     assert parsed.content == "<think>\nadd\n</think>\n" and [c.name for c in parsed.calls] == ["calc"]
-    msgs += [d.assistant_message(parsed.content, [(c.name, c.arguments) for c in parsed.calls],
-                                 tok.decode(model[:-1])), *tool_msgs, d.assistant_message(final, [], final)]
+    msgs += [
+        d.assistant_message(parsed.content, [(c.name, c.arguments) for c in parsed.calls], tok.decode(model[:-1])),
+        *tool_msgs,
+        d.assistant_message(final, [], final),
+    ]
     assert conversation_drift(d, msgs, None, ids, prompt_len).ok
     changed = list(ids)
     changed[prompt_len + 3] = tok.convert_tokens_to_ids("<|im_start|>")
@@ -129,8 +147,13 @@ def test_tool_turn_delta_and_drift_of_a_finished_conversation(tok):
     assert not rep.ok and rep.position == 3  # counted from the start of the response
 
 
-TEXTS = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>",
-                                                                   "<think>", "\n", "  ", "é😀"])), max_size=8)
+TEXTS = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "<think>", "\n", "  ", "é😀"]),
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=60, deadline=None)

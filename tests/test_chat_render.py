@@ -24,7 +24,8 @@ OTHER_TEMPLATE = (
     "{% if m.reasoning_content %}<r>{{ m.reasoning_content | trim }}</r>{% endif %}"
     "{{ m.content if m.content is string else m.content | tojson }}"
     "{% for c in m.tool_calls or [] %}<call>{{ c.function | tojson }}</call>{% endfor %}<|im_end|>"
-    "{%- endfor -%}{% if add_generation_prompt %}[{{ ns.n }}:ASSISTANT]{% endif %}{{ eos_token }}")
+    "{%- endfor -%}{% if add_generation_prompt %}[{{ ns.n }}:ASSISTANT]{% endif %}{{ eos_token }}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,20 +36,41 @@ def tokenizers():
 
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12) | st.sampled_from(
-    ["<tool_response>\n7\n</tool_response>", "<think>\nr\n</think>\n\nA", "  padded  ", "", "<|im_end|>"])
-call = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
-    {"name": st.sampled_from(["lookup", "read_file"]), "arguments": st.dictionaries(
-        st.sampled_from(["q", "path"]), st.integers(0, 9) | text, max_size=2)})})
+    ["<tool_response>\n7\n</tool_response>", "<think>\nr\n</think>\n\nA", "  padded  ", "", "<|im_end|>"]
+)
+call = st.fixed_dictionaries(
+    {
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {
+                "name": st.sampled_from(["lookup", "read_file"]),
+                "arguments": st.dictionaries(st.sampled_from(["q", "path"]), st.integers(0, 9) | text, max_size=2),
+            }
+        ),
+    }
+)
 message = st.one_of(
     st.fixed_dictionaries({"role": st.just("user"), "content": text}, optional={"name": st.none() | text}),
-    st.fixed_dictionaries({"role": st.just("assistant"), "content": text},
-                          optional={"reasoning_content": st.none() | text, "tool_calls": st.lists(call, max_size=2)}),
-    st.fixed_dictionaries({"role": st.just("tool"), "content": text}))
-tool = st.builds(lambda name: {"type": "function", "function": {
-    "name": name, "description": "d", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
-    st.sampled_from(["lookup", "read_file"]))
+    st.fixed_dictionaries(
+        {"role": st.just("assistant"), "content": text},
+        optional={"reasoning_content": st.none() | text, "tool_calls": st.lists(call, max_size=2)},
+    ),
+    st.fixed_dictionaries({"role": st.just("tool"), "content": text}),
+)
+tool = st.builds(
+    lambda name: {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    },
+    st.sampled_from(["lookup", "read_file"]),
+)
 conversation = st.tuples(st.booleans(), st.lists(message, min_size=1, max_size=5)).map(
-    lambda t: ([{"role": "system", "content": "S"}] if t[0] else []) + t[1])
+    lambda t: ([{"role": "system", "content": "S"}] if t[0] else []) + t[1]
+)
 
 
 def outcome(render, *args):
@@ -59,8 +81,12 @@ def outcome(render, *args):
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(["qwen", "other"]), messages=conversation, tools=st.none() | st.lists(tool, max_size=2),
-       gen=st.booleans())
+@given(
+    name=st.sampled_from(["qwen", "other"]),
+    messages=conversation,
+    tools=st.none() | st.lists(tool, max_size=2),
+    gen=st.booleans(),
+)
 def test_fast_render_is_apply_chat_templates_text(tokenizers, name, messages, tools, gen):
     render = tokenizers[name][1]
     assert render.agrees() and render.fast

@@ -26,21 +26,47 @@ ROWS = 8
 
 
 def _argv(model: Path, data: Path, *extra: str) -> list[str]:
-    return ["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-            "--input-key", "messages", "--apply-chat-template", "--rollout-batch-size", "2",
-            "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "5", *extra]
+    return [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "messages",
+        "--apply-chat-template",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--num-rollout",
+        "5",
+        *extra,
+    ]
 
 
 def _state(offset: int) -> str:
-    return json.dumps({"epoch_id": 0, "offset": offset, "group_counter": offset, "sample_counter": 2 * offset,
-                       "num_prompts": ROWS, "buffer": []})
+    return json.dumps(
+        {
+            "epoch_id": 0,
+            "offset": offset,
+            "group_counter": offset,
+            "sample_counter": 2 * offset,
+            "num_prompts": ROWS,
+            "buffer": [],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Count to {i}."}]}) + "\n"
-                            for i in range(ROWS)))
+    path.write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": f"Count to {i}."}]}) + "\n" for i in range(ROWS))
+    )
     return path
 
 
@@ -87,20 +113,28 @@ def test_the_manifest_is_written_last_and_lists_every_file(saved):
     manifest = json.loads((ckpt / MANIFEST).read_text())
     on_disk = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST)
     assert sorted(manifest["files"]) == on_disk
-    assert {"model/model.safetensors", "model/config.json", "model/tokenizer.json", "optimizer.pt",
-            "trainer_state.json", "rollout_state_1.json"} <= set(on_disk)
+    assert {
+        "model/model.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
+        "optimizer.pt",
+        "trainer_state.json",
+        "rollout_state_1.json",
+    } <= set(on_disk)
     assert all(manifest["files"][n]["size"] == (ckpt / n).stat().st_size for n in on_disk)
     assert manifest["rollout_id"] == 1 and manifest["data_state"] is True
     assert (ckpt / "rollout_state_1.json").read_text() == _state(4)  # the data state is part of the unit
     assert (saved / CHECKPOINT_TRACKER).read_text() == "1"
-    assert sorted(p.name for p in saved.iterdir()) == sorted([CHECKPOINT_TRACKER, "iter_0000001", "latest_rollout_id.txt",
-                                                              "rollout_state_1.json"])  # no staging left
+    assert sorted(p.name for p in saved.iterdir()) == sorted(
+        [CHECKPOINT_TRACKER, "iter_0000001", "latest_rollout_id.txt", "rollout_state_1.json"]
+    )  # no staging left
 
 
 @pytest.mark.parametrize("name", ["model/model.safetensors", "optimizer.pt"])
 @pytest.mark.parametrize("with_manifest", [True, False])
-def test_a_truncated_file_is_refused_before_anything_starts(ckpt, tiny_model_dir, data_file, capsys, name,
-                                                            with_manifest):
+def test_a_truncated_file_is_refused_before_anything_starts(
+    ckpt, tiny_model_dir, data_file, capsys, name, with_manifest
+):
     path = checkpoint_dir(ckpt, 1) / name
     size = path.stat().st_size
     with open(path, "r+b") as f:
@@ -111,8 +145,7 @@ def test_a_truncated_file_is_refused_before_anything_starts(ckpt, tiny_model_dir
         extra = ["--load-without-manifest"]
     rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt), *extra), capsys)
     assert rc == 1 and seen == []
-    expected = (f"has {size - 100} bytes, manifest.json says {size}" if with_manifest else
-                "truncated")
+    expected = f"has {size - 100} bytes, manifest.json says {size}" if with_manifest else "truncated"
     assert err.startswith(f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {path}")
     assert expected in err
 
@@ -124,12 +157,13 @@ def test_a_flipped_byte_is_refused_by_its_hash(ckpt, tiny_model_dir, data_file, 
     path.write_bytes(bytes(data))
     rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
     assert rc == 1 and seen == []
-    assert err == (f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {path}: sha256 differs from "
-                   "manifest.json (corrupted)\n")
+    assert err == (
+        f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {path}: sha256 differs from "
+        "manifest.json (corrupted)\n"
+    )
 
 
-def test_a_checkpoint_without_its_manifest_is_refused_unless_the_risk_is_named(ckpt, tiny_model_dir, data_file,
-                                                                              capsys):
+def test_a_checkpoint_without_its_manifest_is_refused_unless_the_risk_is_named(ckpt, tiny_model_dir, data_file, capsys):
     """The manifest deleted and 16 bytes of the weights flipped (their format intact): refused, naming
     the flag that takes the risk; with it, the run starts (as before, when this trained on the
     corrupted weights: entropy 11.9 -> 0.000)."""
@@ -141,10 +175,12 @@ def test_a_checkpoint_without_its_manifest_is_refused_unless_the_risk_is_named(c
     (checkpoint_dir(ckpt, 1) / MANIFEST).unlink()
     rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
     assert rc == 1 and seen == []
-    assert err == (f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {checkpoint_dir(ckpt, 1) / MANIFEST} "
-                   "is missing, so nothing says its files are the ones written (a byte changed in the weights would "
-                   "be trained on and pushed); restore it, or pass --load-without-manifest to load the checkpoint "
-                   "on its format checks alone\n")
+    assert err == (
+        f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1: {checkpoint_dir(ckpt, 1) / MANIFEST} "
+        "is missing, so nothing says its files are the ones written (a byte changed in the weights would "
+        "be trained on and pushed); restore it, or pass --load-without-manifest to load the checkpoint "
+        "on its format checks alone\n"
+    )
     rc, seen, _, _ = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt), "--load-without-manifest"), capsys)
     assert rc == 0 and seen == [2]
 
@@ -173,15 +209,16 @@ def test_the_trainer_loads_the_checkpoint_preflight_verified(ckpt, tiny_model_di
         worker.shutdown()
 
 
-def test_resume_says_what_happens_when_the_data_state_is_newer_than_the_model(ckpt, tiny_model_dir, data_file,
-                                                                              capsys):
+def test_resume_says_what_happens_when_the_data_state_is_newer_than_the_model(ckpt, tiny_model_dir, data_file, capsys):
     (ckpt / "rollout_state_3.json").write_text(_state(8))
     (ckpt / "latest_rollout_id.txt").write_text("3")
     rc, seen, out, _ = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
     assert rc == 0 and seen == [2]
-    assert out == (f"--load {ckpt}: resuming from the checkpoint of rollout 1 (model, optimizer, data state), at "
-                   "rollout 2; the data state saved after rollout 3 is newer than this checkpoint and is not used "
-                   "(rollouts 2..3 run again)\n")
+    assert out == (
+        f"--load {ckpt}: resuming from the checkpoint of rollout 1 (model, optimizer, data state), at "
+        "rollout 2; the data state saved after rollout 3 is newer than this checkpoint and is not used "
+        "(rollouts 2..3 run again)\n"
+    )
 
 
 def test_the_data_state_of_the_checkpoint_is_the_one_restored(ckpt, tiny_model_dir, data_file):
@@ -203,15 +240,19 @@ def test_a_data_state_without_a_model_checkpoint_is_refused(tmp_path, tiny_model
     (tmp_path / "latest_rollout_id.txt").write_text("2")
     rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(tmp_path)), capsys)
     assert rc == 1 and seen == []
-    assert err.startswith(f"slime-train: error: --load {tmp_path}: holds the data source's state after rollout 2 "
-                          f"but no model checkpoint ({CHECKPOINT_TRACKER})")
+    assert err.startswith(
+        f"slime-train: error: --load {tmp_path}: holds the data source's state after rollout 2 "
+        f"but no model checkpoint ({CHECKPOINT_TRACKER})"
+    )
 
 
 def test_an_explicit_start_that_disagrees_with_the_checkpoint_is_refused(ckpt, tiny_model_dir, data_file, capsys):
     rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt), "--start-rollout-id", "4"), capsys)
     assert rc == 1 and seen == []
-    assert err.startswith(f"slime-train: error: --start-rollout-id 4 with --load {ckpt}: the trainer resumes from "
-                          "the checkpoint of rollout 1, at rollout 2")
+    assert err.startswith(
+        f"slime-train: error: --start-rollout-id 4 with --load {ckpt}: the trainer resumes from "
+        "the checkpoint of rollout 1, at rollout 2"
+    )
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_both_names(ckpt, data_file, tmp_path, capsys):
@@ -221,8 +262,10 @@ def test_a_checkpoint_of_another_model_is_refused_with_both_names(ckpt, data_fil
     capsys.readouterr()  # its progress bars
     rc, seen, _, err = _run(_argv(other, data_file, "--load", str(ckpt)), capsys)
     assert rc == 1 and seen == []
-    assert err.startswith(f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1 is another model than "
-                          f"--hf-checkpoint: {checkpoint_dir(ckpt, 1) / 'model'} (")
+    assert err.startswith(
+        f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1 is another model than "
+        f"--hf-checkpoint: {checkpoint_dir(ckpt, 1) / 'model'} ("
+    )
     assert "hidden_size=64" in err and f"vs --hf-checkpoint {other} (" in err and "hidden_size=32" in err
 
 
@@ -236,8 +279,10 @@ def test_a_second_run_on_the_same_save_dir_is_refused(tmp_path, tiny_model_dir, 
     assert run_cli("slime-train", argv, parse_train_args, body) == 0
     [(rc, seen, _, err)] = inner
     assert rc == 1 and seen == []
-    assert err == (f"slime-train: error: --save {tmp_path / 'out'}: another run is writing checkpoints there (the "
-                   "directory is locked); give each run its own --save directory\n")
+    assert err == (
+        f"slime-train: error: --save {tmp_path / 'out'}: another run is writing checkpoints there (the "
+        "directory is locked); give each run its own --save directory\n"
+    )
     with SaveDirLock(tmp_path / "out"):  # released when the first run ended
         pass
 
@@ -252,8 +297,11 @@ def test_an_unwritable_save_dir_is_refused_before_anything_starts(tmp_path, tiny
 def test_a_save_dir_without_room_for_a_checkpoint_is_refused(tmp_path):
     check_save_dir(tmp_path, 1 << 20)  # 1 MB fits
     free = shutil.disk_usage(tmp_path).free
-    with pytest.raises(SaveDirError, match=rf"^--save {tmp_path}: \d+ MB free, a checkpoint needs about "
-                                           rf"{free * 1.1 / (1 << 20):.0f} MB \(float32 weights and AdamW"):
+    with pytest.raises(
+        SaveDirError,
+        match=rf"^--save {tmp_path}: \d+ MB free, a checkpoint needs about "
+        rf"{free * 1.1 / (1 << 20):.0f} MB \(float32 weights and AdamW",
+    ):
         check_save_dir(tmp_path, free)
 
 
@@ -265,8 +313,11 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_current(ckpt, tiny_mod
     before = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, hard))
-        with pytest.raises(Exception, match=rf"^--save {ckpt}: the checkpoint of rollout 2 could not be written "
-                                            r"\(.*\); the previous checkpoint stays current$"):
+        with pytest.raises(
+            Exception,
+            match=rf"^--save {ckpt}: the checkpoint of rollout 2 could not be written "
+            r"\(.*\); the previous checkpoint stays current$",
+        ):
             worker.save_model(2)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
@@ -307,8 +358,10 @@ def test_a_crash_between_the_two_renames_names_the_copy_to_restore(ckpt, tiny_mo
     final.replace(aside)
     rc, seen, _, err = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
     assert rc == 1 and seen == []
-    assert err == (f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1 is missing: {final} does not "
-                   f"exist; a crash while saving it again left the previous copy {aside}: rename it to {final}\n")
+    assert err == (
+        f"slime-train: error: --load {ckpt}: the checkpoint of rollout 1 is missing: {final} does not "
+        f"exist; a crash while saving it again left the previous copy {aside}: rename it to {final}\n"
+    )
     aside.replace(final)
     rc, seen, _, _ = _run(_argv(tiny_model_dir, data_file, "--load", str(ckpt)), capsys)
     assert rc == 0 and seen == [2]

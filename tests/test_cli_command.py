@@ -17,8 +17,17 @@ from slime.cli.finalize import complete_namespace
 
 
 def _args(**kw):
-    base = dict(load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0, num_rollout=0,
-                eval_datasets=None, tool_config_path=None, input_key="input", label_key=None)
+    base = dict(
+        load=None,
+        prompt_data=None,
+        load_debug_rollout_data=None,
+        start_rollout_id=0,
+        num_rollout=0,
+        eval_datasets=None,
+        tool_config_path=None,
+        input_key="input",
+        label_key=None,
+    )
     return complete_namespace(SimpleNamespace(**{**base, **kw}))
 
 
@@ -91,13 +100,19 @@ def test_other_errors_get_a_headline(capsys):
 
 def test_resume_is_announced_before_the_body(capsys, tmp_path):
     (tmp_path / "latest_rollout_id.txt").write_text("1")
-    (tmp_path / "rollout_state_1.json").write_text(json.dumps(
-        {"epoch_id": 0, "offset": 4, "group_counter": 2, "sample_counter": 4, "buffer": []}))
+    (tmp_path / "rollout_state_1.json").write_text(
+        json.dumps({"epoch_id": 0, "offset": 4, "group_counter": 2, "sample_counter": 4, "buffer": []})
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"question {i}"}) + "\n" for i in range(8)))
     seen = []
-    assert _run(lambda a: seen.append(a.start_rollout_id),
-                _args(load=str(tmp_path), num_rollout=3, prompt_data=str(prompts))) == 0
+    assert (
+        _run(
+            lambda a: seen.append(a.start_rollout_id),
+            _args(load=str(tmp_path), num_rollout=3, prompt_data=str(prompts)),
+        )
+        == 0
+    )
     assert seen == [2]
     assert capsys.readouterr().out == f"--load {tmp_path}: resuming after rollout 1, at rollout 2\n"
 
@@ -105,18 +120,22 @@ def test_resume_is_announced_before_the_body(capsys, tmp_path):
 def test_a_resume_with_nothing_left_to_do_ends_before_anything_starts(capsys, tmp_path):
     """The body (Ray, engines, the first weight push: 70 s) never runs for no rollout."""
     (tmp_path / "latest_rollout_id.txt").write_text("2")
-    (tmp_path / "rollout_state_2.json").write_text(json.dumps(
-        {"epoch_id": 0, "offset": 6, "group_counter": 3, "sample_counter": 6, "buffer": []}))
+    (tmp_path / "rollout_state_2.json").write_text(
+        json.dumps({"epoch_id": 0, "offset": 6, "group_counter": 3, "sample_counter": 6, "buffer": []})
+    )
     seen = []
     assert _run(lambda a: seen.append(a.start_rollout_id), _args(load=str(tmp_path), num_rollout=3)) == 0
     assert seen == []
-    assert capsys.readouterr().out == (f"--load {tmp_path}: resuming after rollout 2, at rollout 3 "
-                                       "(nothing left to do: --num-rollout 3; nothing was started)\n")
+    assert capsys.readouterr().out == (
+        f"--load {tmp_path}: resuming after rollout 2, at rollout 3 "
+        "(nothing left to do: --num-rollout 3; nothing was started)\n"
+    )
 
 
 def test_sigterm_re_raised_as_a_plain_keyboard_interrupt_still_exits_143(capsys):
     """Ray's `ray.get` catches the signal handler's exception (KeyboardInterrupt and subclasses) and
     raises a plain KeyboardInterrupt of its own: a SIGTERM while the driver waits on Ray is still one."""
+
     def body(args):
         try:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -137,8 +156,10 @@ def test_both_commands_use_run_cli(monkeypatch):
     monkeypatch.setattr(rollout, "run_cli", lambda prog, argv, parse, body: calls.append((prog, parse, body)) or 7)
     monkeypatch.setattr(train, "run_cli", lambda prog, argv, parse, body: calls.append((prog, parse, body)) or 8)
     assert rollout.main([]) == 7 and train.main([]) == 8
-    assert calls == [("slime-rollout", rollout.parse_args, rollout.run),
-                     ("slime-train", train.parse_train_args, train.run)]
+    assert calls == [
+        ("slime-rollout", rollout.parse_args, rollout.run),
+        ("slime-train", train.parse_train_args, train.run),
+    ]
 
 
 def test_a_real_command_line_ends_without_interpreter_teardown(tmp_path):
@@ -150,7 +171,8 @@ def test_a_real_command_line_ends_without_interpreter_teardown(tmp_path):
     import textwrap
 
     script = tmp_path / "cmd.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import atexit, sys
         from types import SimpleNamespace
         from slime.cli.command import run_cli
@@ -172,9 +194,16 @@ def test_a_real_command_line_ends_without_interpreter_teardown(tmp_path):
             load=None, prompt_data=None, load_debug_rollout_data=None, start_rollout_id=0, num_rollout=0,
             eval_datasets=None, tool_config_path=None, input_key="input", label_key=None))
         sys.exit(run_cli("slime-x", None, lambda argv: args, body))
-    """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stdout == "last line, unflushed"  # written, and no teardown after it
     assert "the body failed" in proc.stderr

@@ -16,13 +16,36 @@ ROWS = 100_000  # ~75 MB: the manager tokenises every row for the limit, for lon
 
 def test_sigterm_while_the_manager_loads_the_data_stops_everything(tiny_model_dir, tmp_path, cli_runs):
     data = tmp_path / "big.jsonl"
-    data.write_text((json.dumps({"text": "Solve: " + "lorem ipsum dolor sit amet " * 26, "label": "x"}) + "\n")
-                    * ROWS)
-    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-                           "--prompt-data", str(data), "--input-key", "text", "--label-key", "label",
-                           "--rollout-max-prompt-len", "4096", "--num-rollout", "1", "--rollout-batch-size", "2",
-                           "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-                           "--log-dir", str(tmp_path / "logs")], deadline=400)
+    data.write_text((json.dumps({"text": "Solve: " + "lorem ipsum dolor sit amet " * 26, "label": "x"}) + "\n") * ROWS)
+    proc = cli_runs.start(
+        [
+            "-m",
+            "slime",
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "text",
+            "--label-key",
+            "label",
+            "--rollout-max-prompt-len",
+            "4096",
+            "--num-rollout",
+            "1",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        deadline=400,
+    )
     lines: list[str] = []
     cli_runs.read_until(proc, f"prompt data {data}: tokenised", lines, anywhere=True)
     started = descendants(proc.pid)

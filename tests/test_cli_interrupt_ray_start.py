@@ -41,11 +41,35 @@ def test_sigterm_while_ray_starts_exits_143_and_stops_everything(tiny_model_dir,
     window, command, prog = "ray._private.worker.connect", "slime.cli.train", "slime-train"
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"text": f"Solve {i}", "label": "x"}) + "\n" for i in range(4)))
-    proc = cli_runs.start(["-c", HOOKED_COMMAND, window, command, "--rollout-backend", "hf",
-                           "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                           "--input-key", "text", "--label-key", "label", "--num-rollout", "1",
-                           "--rollout-batch-size", "2", "--n-samples-per-prompt", "1",
-                           "--rollout-max-response-len", "4", "--log-dir", str(tmp_path / "logs")], deadline=300)
+    proc = cli_runs.start(
+        [
+            "-c",
+            HOOKED_COMMAND,
+            window,
+            command,
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "text",
+            "--label-key",
+            "label",
+            "--num-rollout",
+            "1",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "1",
+            "--rollout-max-response-len",
+            "4",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        deadline=300,
+    )
     lines: list[str] = []
     cli_runs.read_until(proc, f"hook: SIGTERM sent at the end of {window}", lines)
     out = cli_runs.stop(proc, 0, 240)  # signal 0: the hook sent the real one; only wait for the end

@@ -34,8 +34,11 @@ def preload_state(tag: str) -> dict:
 
 def child_main(argv: list[str], state: dict) -> None:
     """Prints what it got, then does what argv[0] says."""
-    print(f"argv={argv} tag={state['tag']} preloaded_in={state['preloaded_in']} pid={os.getpid()} "
-          f"env={os.environ.get('COLD_START_TEST')}", flush=True)
+    print(
+        f"argv={argv} tag={state['tag']} preloaded_in={state['preloaded_in']} pid={os.getpid()} "
+        f"env={os.environ.get('COLD_START_TEST')}",
+        flush=True,
+    )
     if argv[0] == "exit":
         sys.exit(int(argv[1]))
     if argv[0] == "raise":
@@ -55,9 +58,11 @@ def child_main(argv: list[str], state: dict) -> None:
 
 def signal_handlers() -> dict[str, str]:
     """This process's handlers of the signals a fork server child must get as a fresh interpreter has them."""
-    return {s.name: getattr(h, "name", None) or h.__name__ for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT,
-                                                                     signal.SIGTERM, signal.SIGCHLD)
-            for h in [signal.getsignal(s)]}
+    return {
+        s.name: getattr(h, "name", None) or h.__name__
+        for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)
+        for h in [signal.getsignal(s)]
+    }
 
 
 def _wait_gone(pid: int, timeout: float = 20.0) -> None:
@@ -70,6 +75,7 @@ def _wait_gone(pid: int, timeout: float = 20.0) -> None:
             return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
         except OSError:
             return True
+
     wait_until(gone, timeout, f"pid {pid} gone")
 
 
@@ -78,19 +84,35 @@ def server(tmp_path):
     where = Path(tempfile.mkdtemp(prefix="slime-fs-test-"))  # short: a Unix socket path has ~107 bytes
     sock = where / "s.sock"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = ChildProcess([sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
-                         "--main", "tests.test_cold_start:child_main", "--preload",
-                         "tests.test_cold_start:preload_state", "--preload-json", '["warm"]'],
-                        name="test fork server", log_path=tmp_path / "server.log", env=env,
-                        ready=lambda: sock.exists(), startup_timeout=60).start()
+    proc = ChildProcess(
+        [
+            sys.executable,
+            "-m",
+            "slime.utils.fork_server",
+            "--socket",
+            str(sock),
+            "--main",
+            "tests.test_cold_start:child_main",
+            "--preload",
+            "tests.test_cold_start:preload_state",
+            "--preload-json",
+            '["warm"]',
+        ],
+        name="test fork server",
+        log_path=tmp_path / "server.log",
+        env=env,
+        ready=lambda: sock.exists(),
+        startup_timeout=60,
+    ).start()
     yield SimpleNamespace(proc=proc, sock=str(sock), tmp=tmp_path)
     proc.kill()
 
 
 def _spawn(server, *argv: str, name: str = "child") -> tuple[fork_server.ForkedProcess, Path]:
     log = server.tmp / f"{name}.log"
-    child = fork_server.spawn(server.sock, list(argv), {"COLD_START_TEST": "yes", "PATH": os.environ["PATH"]},
-                              str(log), timeout=60)
+    child = fork_server.spawn(
+        server.sock, list(argv), {"COLD_START_TEST": "yes", "PATH": os.environ["PATH"]}, str(log), timeout=60
+    )
     return child, log
 
 
@@ -117,8 +139,14 @@ def test_a_child_survives_a_write_to_a_dead_peer_as_a_cold_process_does(server):
     assert "the write raised BrokenPipeError" in log.read_text()
     child, log = _spawn(server, "signals", name="signals")
     assert child.wait(timeout=60) == 0
-    fresh = subprocess.run([sys.executable, "-c", "from tests.test_cold_start import signal_handlers as h; print(h())"],
-                           capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout.strip()
+    fresh = subprocess.run(
+        [sys.executable, "-c", "from tests.test_cold_start import signal_handlers as h; print(h())"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
     assert "'SIGPIPE': 'SIG_IGN'" in fresh and f"handlers={fresh}" in log.read_text()
 
 
@@ -158,8 +186,9 @@ def test_unreachable_server_is_an_error_and_the_launcher_falls_back_to_a_cold_st
     with pytest.raises(fork_server.ForkServerError):
         fork_server.spawn(str(tmp_path / "missing.sock"), ["x"], {}, str(tmp_path / "l.log"), timeout=5)
     launch = fork_server_launcher(str(tmp_path / "missing.sock"))
-    child = ChildProcess([sys.executable, "-c", "print('cold')"], name="cold", log_path=tmp_path / "cold.log",
-                         launcher=launch)
+    child = ChildProcess(
+        [sys.executable, "-c", "print('cold')"], name="cold", log_path=tmp_path / "cold.log", launcher=launch
+    )
     child.start()
     assert child.wait() == 0
     assert "cold" in (tmp_path / "cold.log").read_text()
@@ -173,15 +202,26 @@ def test_child_process_supervises_a_forked_child(server):
     def launch(cp: ChildProcess):
         return fork_server.spawn(server.sock, ["sleep"], {"PATH": os.environ["PATH"]}, str(cp.log_path), timeout=60)
 
-    cp = ChildProcess(["unused"], name="forked", log_path=server.tmp / "forked.log", launcher=launch,
-                      ready=lambda: ready.touch() or True, startup_timeout=30).start()
+    cp = ChildProcess(
+        ["unused"],
+        name="forked",
+        log_path=server.tmp / "forked.log",
+        launcher=launch,
+        ready=lambda: ready.touch() or True,
+        startup_timeout=30,
+    ).start()
     assert cp.alive()
     cp.stop(timeout=30)  # SIGTERM to the group
     assert not cp.alive() and cp.proc.returncode == -signal.SIGTERM
 
-    cp2 = ChildProcess(["unused"], name="forked-dies", log_path=server.tmp / "dies.log",
-                       launcher=lambda c: fork_server.spawn(server.sock, ["exit", "7"], {}, str(c.log_path), 60),
-                       ready=lambda: False, startup_timeout=30)
+    cp2 = ChildProcess(
+        ["unused"],
+        name="forked-dies",
+        log_path=server.tmp / "dies.log",
+        launcher=lambda c: fork_server.spawn(server.sock, ["exit", "7"], {}, str(c.log_path), 60),
+        ready=lambda: False,
+        startup_timeout=30,
+    )
     with pytest.raises(ReadinessError, match="exited with code 7"):
         cp2.start()
 
@@ -189,14 +229,25 @@ def test_child_process_supervises_a_forked_child(server):
 def test_no_fork_server_without_embedded_engines_or_when_disabled(monkeypatch):
     from slime.ray.session import start_engine_fork_server
 
-    base = dict(rollout_backend="hf", hf_checkpoint="/m", ray_address=None, load_debug_rollout_data=None,
-                rollout_num_engines=2, log_dir=None)
+    base = dict(
+        rollout_backend="hf",
+        hf_checkpoint="/m",
+        ray_address=None,
+        load_debug_rollout_data=None,
+        rollout_num_engines=2,
+        log_dir=None,
+    )
     for off in ("0", "off", "false", "no", " OFF "):
         monkeypatch.setenv(FORK_SERVER_ENV, off)
         assert start_engine_fork_server(SimpleNamespace(**base)) is None
     monkeypatch.delenv(FORK_SERVER_ENV)
-    for change in ({"rollout_backend": "sglang"}, {"ray_address": "10.0.0.1:6379"}, {"rollout_num_engines": 0},
-                   {"load_debug_rollout_data": "x.pt"}, {"hf_checkpoint": None}):
+    for change in (
+        {"rollout_backend": "sglang"},
+        {"ray_address": "10.0.0.1:6379"},
+        {"rollout_num_engines": 0},
+        {"load_debug_rollout_data": "x.pt"},
+        {"hf_checkpoint": None},
+    ):
         assert start_engine_fork_server(SimpleNamespace(**{**base, **change})) is None
     assert FORK_SERVER_ENV not in os.environ
 
@@ -207,8 +258,14 @@ def test_session_stops_the_fork_server_and_removes_its_directory(tmp_path, monke
     from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
 
     monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
-    args = SimpleNamespace(rollout_backend="hf", hf_checkpoint=str(tmp_path / "no-model"), ray_address=None,
-                           load_debug_rollout_data=None, rollout_num_engines=1, log_dir=str(tmp_path))
+    args = SimpleNamespace(
+        rollout_backend="hf",
+        hf_checkpoint=str(tmp_path / "no-model"),
+        ray_address=None,
+        load_debug_rollout_data=None,
+        rollout_num_engines=1,
+        log_dir=str(tmp_path),
+    )
     fs = start_engine_fork_server(args)
     session = RaySession(False, fs)
     try:
@@ -228,14 +285,28 @@ def test_session_stops_the_fork_server_and_removes_its_directory(tmp_path, monke
 # ---- warm engines ----
 def _engine(model_dir: Path, launcher, log_dir: Path) -> EngineServer:
     port = find_free_port()
-    cmd = [sys.executable, "-m", "slime.engine.hf_server", "--model-path", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "info"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime.engine.hf_server",
+        "--model-path",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "info",
+    ]
     return EngineServer(cmd, "127.0.0.1", port, f"warm-{port}", str(log_dir), engine_env(), 120.0, launcher=launcher)
 
 
 def _generate(url: str) -> dict:
-    body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 6, "temperature": 0},
-            "return_logprob": True}
+    body = {
+        "input_ids": [1, 2, 3, 4],
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0},
+        "return_logprob": True,
+    }
     r = requests.post(f"{url}/generate", json=body, timeout=60)
     r.raise_for_status()
     return r.json()
@@ -246,15 +317,27 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_
     from slime.testing.tiny_model import build_tiny_model
 
     monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
-    args = SimpleNamespace(rollout_backend="hf", hf_checkpoint=str(tiny_model_dir), ray_address=None,
-                           load_debug_rollout_data=None, rollout_num_engines=2, log_dir=str(tmp_path))
+    args = SimpleNamespace(
+        rollout_backend="hf",
+        hf_checkpoint=str(tiny_model_dir),
+        ray_address=None,
+        load_debug_rollout_data=None,
+        rollout_num_engines=2,
+        log_dir=str(tmp_path),
+    )
     fs = start_engine_fork_server(args)
     try:
         assert _await_socket(fs) is True
         # the socket reaches an engine as an argument: EngineActor(..., fork_server=) -> hf_server -> launcher
-        engine_args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", log_dir=str(tmp_path),
-                                      hf_checkpoint=str(tiny_model_dir), engine_max_batch_size=8, engine_threads=1,
-                                      engine_startup_timeout=120.0)
+        engine_args = SimpleNamespace(
+            engine_host="127.0.0.1",
+            rollout_backend="hf",
+            log_dir=str(tmp_path),
+            hf_checkpoint=str(tiny_model_dir),
+            engine_max_batch_size=8,
+            engine_threads=1,
+            engine_startup_timeout=120.0,
+        )
         warm = [EngineActor(engine_args, rank, fork_server=fs.socket_path).server for rank in range(2)]
         assert EngineActor(engine_args, 2).server.process.launcher is None  # no fork server: a cold start
         cold = _engine(tiny_model_dir, None, tmp_path)
@@ -263,10 +346,13 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_
         try:
             assert all(isinstance(e.process.proc, fork_server.ForkedProcess) for e in warm)
             for e in warm:  # ps shows the command the engine stands for, not the fork server's
-                assert Path(f"/proc/{e.pid}/cmdline").read_bytes().replace(b"\0", b" ").strip() == \
-                    " ".join(e.command).encode()
-            assert all("warm start: model and tokenizers preloaded" in (tmp_path / f"{e.name}.log").read_text()
-                       for e in warm)
+                assert (
+                    Path(f"/proc/{e.pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+                    == " ".join(e.command).encode()
+                )
+            assert all(
+                "warm start: model and tokenizers preloaded" in (tmp_path / f"{e.name}.log").read_text() for e in warm
+            )
             expected = _generate(cold.url)
             for e in warm:
                 got = _generate(e.url)
@@ -280,8 +366,10 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_
             updated = _generate(e0.url)
             assert updated["meta_info"]["weight_version"] == "v2"
             assert updated["meta_info"]["output_token_logprobs"] != expected["meta_info"]["output_token_logprobs"]
-            assert _generate(e1.url)["meta_info"]["output_token_logprobs"] == \
-                expected["meta_info"]["output_token_logprobs"]
+            assert (
+                _generate(e1.url)["meta_info"]["output_token_logprobs"]
+                == expected["meta_info"]["output_token_logprobs"]
+            )
             pid = e1.pid
             e1.kill()
             assert e1.process.proc.returncode == -signal.SIGKILL
@@ -375,8 +463,14 @@ def test_asking_whether_ray_runs_waits_for_an_import_in_progress(tmp_path):
     'ray' has no attribute 'is_initialized'`; the import system makes the question wait for the import."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", STALLED_RAY_IMPORT], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", STALLED_RAY_IMPORT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "{'running': False}", out.stdout + out.stderr
 
@@ -390,8 +484,9 @@ def test_ray_init_imports_the_manager_module_after_its_check(ray_cluster, monkey
     real = session_mod.ray_running
     monkeypatch.setattr(session_mod, "ray_running", lambda: asked.append("asked") or real())
     real_import = session_mod._import_in_thread
-    monkeypatch.setattr(session_mod, "_import_in_thread",
-                        lambda name, **kw: asked.append(f"import {name}") or real_import(name, **kw))
+    monkeypatch.setattr(
+        session_mod, "_import_in_thread", lambda name, **kw: asked.append(f"import {name}") or real_import(name, **kw)
+    )
     session = session_mod.ray_init(SimpleNamespace(), import_meanwhile="slime.ray.rollout_manager")
     assert asked == ["asked", "import slime.ray.rollout_manager"]
     assert session.imported().RolloutManager.__name__ == "RolloutManager"

@@ -17,17 +17,26 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import gen_docs  # noqa: E402  (tools/ is a folder of scripts, as in slime)
 
-PROGRAMS = {"python -m slime": "slime-rollout", "slime-rollout": "slime-rollout", "python -m slime.train": "slime-train",
-            "slime-train": "slime-train"}
-HAND_WRITTEN = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-                if "reference" not in p.relative_to(ROOT).parts or p.name == "benchmarks.md"]
+PROGRAMS = {
+    "python -m slime": "slime-rollout",
+    "slime-rollout": "slime-rollout",
+    "python -m slime.train": "slime-train",
+    "slime-train": "slime-train",
+}
+HAND_WRITTEN = [
+    p
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    if "reference" not in p.relative_to(ROOT).parts or p.name == "benchmarks.md"
+]
 
 
 def code_blocks(text: str) -> list[str]:
     """Fenced blocks and 4-space indented blocks, as written."""
     fenced = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.M | re.S)
-    indented = ["\n".join(line[4:] for line in block.splitlines())
-                for block in re.findall(r"(?:^\n)((?:^    \S.*\n)+)", text, flags=re.M)]
+    indented = [
+        "\n".join(line[4:] for line in block.splitlines())
+        for block in re.findall(r"(?:^\n)((?:^    \S.*\n)+)", text, flags=re.M)
+    ]
     return fenced + indented
 
 
@@ -38,15 +47,18 @@ def commands(text: str) -> list[tuple[str, list[str]]]:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
             for prefix, prog in sorted(PROGRAMS.items(), key=lambda kv: -len(kv[0])):
-                if line.startswith(prefix + " ") and line[len(prefix):].lstrip().startswith("--"):
-                    out.append((prog, shlex.split(line[len(prefix):])))
+                if line.startswith(prefix + " ") and line[len(prefix) :].lstrip().startswith("--"):
+                    out.append((prog, shlex.split(line[len(prefix) :])))
                     break
     return out
 
 
 def documented_commands() -> list[tuple[str, str, list[str]]]:
-    return [(path.relative_to(ROOT).as_posix(), prog, argv)
-            for path in HAND_WRITTEN for prog, argv in commands(path.read_text())]
+    return [
+        (path.relative_to(ROOT).as_posix(), prog, argv)
+        for path in HAND_WRITTEN
+        for prog, argv in commands(path.read_text())
+    ]
 
 
 def test_the_reference_pages_are_what_the_code_gives():
@@ -55,16 +67,21 @@ def test_the_reference_pages_are_what_the_code_gives():
 
 def test_a_changed_parser_makes_the_flag_page_stale(monkeypatch):
     real = gen_docs.flags_page
-    monkeypatch.setitem(gen_docs.PAGES, "flags.md", lambda: real().replace("| `--rollout-seed` | `42` |",
-                                                                            "| `--rollout-seed` | `43` |"))
+    monkeypatch.setitem(
+        gen_docs.PAGES, "flags.md", lambda: real().replace("| `--rollout-seed` | `42` |", "| `--rollout-seed` | `43` |")
+    )
     assert gen_docs.stale_pages() == ["flags.md"]
 
 
 def test_the_docs_find_commands_in_every_shape_they_are_written():
-    text = ("```bash\npython -m slime --num-rollout 2 \\\n  --rollout-seed 3   # two\n```\n\nrun it:\n\n"
-            "    slime-train --lr 1e-5\n    --agent-timeout 5\n")
-    assert commands(text) == [("slime-rollout", ["--num-rollout", "2", "--rollout-seed", "3"]),
-                              ("slime-train", ["--lr", "1e-5"])]
+    text = (
+        "```bash\npython -m slime --num-rollout 2 \\\n  --rollout-seed 3   # two\n```\n\nrun it:\n\n"
+        "    slime-train --lr 1e-5\n    --agent-timeout 5\n"
+    )
+    assert commands(text) == [
+        ("slime-rollout", ["--num-rollout", "2", "--rollout-seed", "3"]),
+        ("slime-train", ["--lr", "1e-5"]),
+    ]
 
 
 def test_the_docs_hold_commands():
@@ -72,8 +89,9 @@ def test_the_docs_hold_commands():
     assert {"README.md", "docs/quick-start.md", "docs/guides/debugging.md"} <= found
 
 
-@pytest.mark.parametrize("where,prog,argv", documented_commands(),
-                         ids=lambda v: v if isinstance(v, str) and v.endswith(".md") else "")
+@pytest.mark.parametrize(
+    "where,prog,argv", documented_commands(), ids=lambda v: v if isinstance(v, str) and v.endswith(".md") else ""
+)
 def test_every_documented_command_parses_with_our_parser(where, prog, argv):
     from slime.cli.args import ArgError, parse_args
     from slime.cli.train import parse_train_args
@@ -89,8 +107,12 @@ def test_every_documented_command_parses_with_our_parser(where, prog, argv):
 
 def test_nothing_in_the_docs_points_outside_the_repository():
     outside = re.compile(r"\.\./shared|REFERENCE(\.md| §)|/work/|~/work")
-    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in HAND_WRITTEN
-                 for n, line in enumerate(p.read_text().splitlines(), 1) if outside.search(line)]
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in HAND_WRITTEN
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if outside.search(line)
+    ]
     assert offenders == []
 
 
@@ -105,10 +127,18 @@ def test_the_quick_start_rollout_command_runs(tiny_model_dir, tmp_path):
     """The README's quick-start command, as written, on the tests' tiny model (shorter answers)."""
     prog, argv = next(c for c in commands((ROOT / "README.md").read_text()) if "--debug-rollout-only" in c[1])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [*argv, "--hf-checkpoint", str(tiny_model_dir), "--rollout-max-response-len", "8",
-            "--log-dir", str(tmp_path / "logs")]
-    proc = subprocess.run([sys.executable, "-m", "slime", *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    argv = [
+        *argv,
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--rollout-max-response-len",
+        "8",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "slime", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if re.match(r"rollout \d+: samples=", line)]
     assert [line.split(":")[0] for line in lines] == ["rollout 0", "rollout 1"], proc.stdout[-2000:]
@@ -126,8 +156,14 @@ def test_the_debugging_guides_save_then_replay_commands_give_the_same_batch(tiny
     tiny = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-max-response-len", "8"]
     outs = []
     for argv in (save, replay):
-        proc = subprocess.run([sys.executable, "-m", "slime", *argv, *tiny, "--log-dir", str(tmp_path / "logs")],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "slime", *argv, *tiny, "--log-dir", str(tmp_path / "logs")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs.append([line for line in proc.stdout.splitlines() if re.match(r"rollout 0: samples=", line)])
     saved = tmp_path / "outputs/debug/rollout_0.pt"
@@ -145,12 +181,14 @@ def test_the_sandbox_guides_synopsis_is_the_servers_parser():
     process passes it excepted) and no other, and each number it shows is that flag's default."""
     from slime.sandbox.server import _parser
 
-    synopsis = next(b for b in code_blocks((ROOT / "docs/guides/sandbox.md").read_text())
-                    if b.startswith("slime-sandbox "))
+    synopsis = next(
+        b for b in code_blocks((ROOT / "docs/guides/sandbox.md").read_text()) if b.startswith("slime-sandbox ")
+    )
     shown = dict(re.findall(r"(--[a-z-]+)(?: ([^\s\]]+))?", synopsis))
     parser = {a.option_strings[0]: a.default for a in _parser()._actions if a.option_strings[0].startswith("--")}
     internal = {"--help", "--fd", "--lifeline-fd"}  # a parent's handover, not a user's
     assert set(shown) == set(parser) - internal
     numbers = {flag: value for flag, value in shown.items() if re.fullmatch(r"\d+(\.\d+)?", value)}
     assert numbers and {flag: float(value) for flag, value in numbers.items()} == {
-        flag: float(parser[flag]) for flag in numbers}
+        flag: float(parser[flag]) for flag in numbers
+    }

@@ -41,8 +41,15 @@ def test_extending_a_prompt_encodes_only_the_new_ids(monkeypatch):
 
 def test_encoded_ids_refuse_a_change_in_place_that_would_leave_their_text_stale():
     ids = EncodedIds([1, 2, 3])
-    for change in (lambda: ids.append(4), lambda: ids.extend([4]), lambda: ids.__setitem__(0, 9),
-                   lambda: ids.__delitem__(0), lambda: ids.pop(), lambda: ids.__iadd__([4]), lambda: ids.sort()):
+    for change in (
+        lambda: ids.append(4),
+        lambda: ids.extend([4]),
+        lambda: ids.__setitem__(0, 9),
+        lambda: ids.__delitem__(0),
+        lambda: ids.pop(),
+        lambda: ids.__iadd__([4]),
+        lambda: ids.sort(),
+    ):
         with pytest.raises(TypeError, match="cannot change in place"):
             change()
     assert list(ids) == [1, 2, 3] and json.loads(f"[{ids.text}]") == [1, 2, 3]

@@ -10,16 +10,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime.rollout.engine_answer import (LOGPROB_TOLERANCE, BadAnswer, EngineOutput, parse_generate_answer,
-                                         router_fault)
+from slime.rollout.engine_answer import LOGPROB_TOLERANCE, BadAnswer, EngineOutput, parse_generate_answer, router_fault
 
 VOCAB, MAX_NEW = 50, 6
 
 
 def good(ids=(3, 4, 5), lps=(-0.5, -1.0, -0.25), finish="length", **top):
-    return {"text": "abc", "output_ids": list(ids), **top,
-            "meta_info": {"id": "r", "finish_reason": {"type": finish, "matched": None}, "weight_version": "2",
-                          "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)]}}
+    return {
+        "text": "abc",
+        "output_ids": list(ids),
+        **top,
+        "meta_info": {
+            "id": "r",
+            "finish_reason": {"type": finish, "matched": None},
+            "weight_version": "2",
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)],
+        },
+    }
 
 
 def parse(body):
@@ -35,8 +42,13 @@ def field_of(body) -> str:
 
 def test_a_good_answer_is_read_as_sent():
     out = parse(json.dumps(good()).encode())
-    assert (out.token_ids, out.log_probs, out.finish_type, out.weight_version, out.text) == \
-        ([3, 4, 5], [-0.5, -1.0, -0.25], "length", "2", "abc")
+    assert (out.token_ids, out.log_probs, out.finish_type, out.weight_version, out.text) == (
+        [3, 4, 5],
+        [-0.5, -1.0, -0.25],
+        "length",
+        "2",
+        "abc",
+    )
 
 
 def test_a_string_finish_reason_and_no_output_ids_are_sglang_shapes_too():
@@ -47,13 +59,16 @@ def test_a_string_finish_reason_and_no_output_ids_are_sglang_shapes_too():
     assert (out.token_ids, out.finish_type) == ([3, 4, 5], "stop")
 
 
-@pytest.mark.parametrize("raw, field", [
-    (b'{"text": "abc", "meta_info": {"id": "r", "finish_re', "body"),  # truncated JSON
-    (b"[1, 2, 3]", "body"),  # a JSON list
-    (b"<html><body>502 Bad Gateway</body></html>", "body"),
-    (b"\xff\xfe not utf-8", "body"),
-    (b"", "body"),
-])
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        (b'{"text": "abc", "meta_info": {"id": "r", "finish_re', "body"),  # truncated JSON
+        (b"[1, 2, 3]", "body"),  # a JSON list
+        (b"<html><body>502 Bad Gateway</body></html>", "body"),
+        (b"\xff\xfe not utf-8", "body"),
+        (b"", "body"),
+    ],
+)
 def test_bodies_that_are_not_a_json_object(raw, field):
     assert field_of(raw) == field
 
@@ -78,7 +93,7 @@ def test_nan_written_as_a_bare_json_token_is_refused():
     assert b"NaN" in raw and field_of(raw) == "logprob"
 
 
-@pytest.mark.parametrize("tid", [10 ** 9, -5, VOCAB, 3.0, "3", None, False])
+@pytest.mark.parametrize("tid", [10**9, -5, VOCAB, 3.0, "3", None, False])
 def test_token_ids_must_be_integers_inside_the_vocabulary(tid):
     assert field_of(good(ids=(3, tid, 5))) == "token_id"
 
@@ -99,14 +114,17 @@ def test_more_tokens_than_max_new_tokens_are_refused():
     assert len(parse(good(ids=[7] * MAX_NEW, lps=[-0.1] * MAX_NEW)).token_ids) == MAX_NEW
 
 
-@pytest.mark.parametrize("meta_change, field", [
-    ({"finish_reason": {"type": "done"}}, "finish_reason"),
-    ({"finish_reason": None}, "finish_reason"),
-    ({"output_token_logprobs": None}, "output_token_logprobs"),
-    ({"output_token_logprobs": [[-0.1]]}, "output_token_logprobs"),
-    ({"output_token_logprobs": {"0": [-0.1, 3]}}, "output_token_logprobs"),
-    ({"weight_version": 3}, "weight_version"),
-])
+@pytest.mark.parametrize(
+    "meta_change, field",
+    [
+        ({"finish_reason": {"type": "done"}}, "finish_reason"),
+        ({"finish_reason": None}, "finish_reason"),
+        ({"output_token_logprobs": None}, "output_token_logprobs"),
+        ({"output_token_logprobs": [[-0.1]]}, "output_token_logprobs"),
+        ({"output_token_logprobs": {"0": [-0.1, 3]}}, "output_token_logprobs"),
+        ({"weight_version": 3}, "weight_version"),
+    ],
+)
 def test_meta_info_fields(meta_change, field):
     body = good()
     body["meta_info"].update(meta_change)
@@ -117,9 +135,11 @@ def test_meta_info_fields(meta_change, field):
 
 def test_the_error_names_the_item_with_a_short_excerpt():
     with pytest.raises(BadAnswer) as e:
-        parse(good(ids=(3, 10 ** 9, 5)))
-    assert str(e.value) == f"bad engine answer (token_id): item 1: must be an integer in [0, {VOCAB}): " \
-                           f"[-1.0, 1000000000, None]"
+        parse(good(ids=(3, 10**9, 5)))
+    assert (
+        str(e.value) == f"bad engine answer (token_id): item 1: must be an integer in [0, {VOCAB}): "
+        f"[-1.0, 1000000000, None]"
+    )
     with pytest.raises(BadAnswer) as e:
         parse(b"<html>" + b"x" * 5000)
     assert len(str(e.value)) < 400 and str(e.value).endswith("...")
@@ -134,33 +154,40 @@ def test_the_routers_code_for_a_cut_answer_is_its_own_reason():
 
 # ---- property: malformed bodies ----
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-10 ** 12, 10 ** 12) |
-                           st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                        max_size=4),
-                           max_leaves=12)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**12), 10**12)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @st.composite
 def mutated_answers(draw):
     """A good answer with one part replaced by anything JSON can hold, or garbage bytes."""
     n = draw(st.integers(0, MAX_NEW + 2))
-    body = good(ids=[draw(st.integers(-2, VOCAB + 2)) for _ in range(n)],
-                lps=[draw(st.floats(allow_nan=True, allow_infinity=True)) for _ in range(n)],
-                finish=draw(st.sampled_from(["stop", "length", "abort", "other"])))
+    body = good(
+        ids=[draw(st.integers(-2, VOCAB + 2)) for _ in range(n)],
+        lps=[draw(st.floats(allow_nan=True, allow_infinity=True)) for _ in range(n)],
+        finish=draw(st.sampled_from(["stop", "length", "abort", "other"])),
+    )
     where = draw(st.sampled_from(["none", "top", "meta", "pair", "pairs", "cut", "bytes"]))
     if where == "top":
         body[draw(st.sampled_from(["text", "output_ids", "meta_info"]))] = draw(json_values)
     elif where == "meta":
-        body["meta_info"][draw(st.sampled_from(["finish_reason", "output_token_logprobs", "weight_version"]))] = \
-            draw(json_values)
+        body["meta_info"][draw(st.sampled_from(["finish_reason", "output_token_logprobs", "weight_version"]))] = draw(
+            json_values
+        )
     elif where == "pair" and n:
         body["meta_info"]["output_token_logprobs"][draw(st.integers(0, n - 1))] = draw(json_values)
     elif where == "pairs":
         body["meta_info"]["output_token_logprobs"] = draw(json_values)
     raw = json.dumps(body).encode()
     if where == "cut":
-        return raw[:draw(st.integers(0, len(raw)))]
+        return raw[: draw(st.integers(0, len(raw)))]
     if where == "bytes":
         return draw(st.binary(max_size=64))
     return raw if draw(st.booleans()) else body
@@ -185,8 +212,11 @@ def test_any_answer_is_a_consistent_output_or_a_classified_bad_answer(body):
 
 def test_top_log_probs_asked_for_are_read_per_position_and_checked_like_the_sampled_ones():
     body = good()
-    body["meta_info"]["output_top_logprobs"] = [[[-0.1, 9, None], [-0.5, 3, None]], [[-0.2, 4, "x"]],
-                                                [[-0.25, 5, None], [-3.0, 1, None]]]
+    body["meta_info"]["output_top_logprobs"] = [
+        [[-0.1, 9, None], [-0.5, 3, None]],
+        [[-0.2, 4, "x"]],
+        [[-0.25, 5, None], [-3.0, 1, None]],
+    ]
     out = parse_generate_answer(body, vocab_size=VOCAB, top_logprobs_num=2)
     assert out.top_log_probs == [[(-0.1, 9), (-0.5, 3)], [(-0.2, 4)], [(-0.25, 5), (-3.0, 1)]]
     assert parse(body).top_log_probs == []  # not asked: not read

@@ -29,9 +29,19 @@ MAX_NEW = 5  # --rollout-max-response-len
 
 def sglang(ids, lps, finish="stop", **meta):
     """An SGLang-shaped /generate answer with exactly these ids and log-probs."""
-    return {"answer": {"text": "x", "output_ids": list(ids), "meta_info": {
-        "id": "r", "finish_reason": {"type": finish, "matched": None}, "weight_version": "default",
-        "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)], **meta}}}
+    return {
+        "answer": {
+            "text": "x",
+            "output_ids": list(ids),
+            "meta_info": {
+                "id": "r",
+                "finish_reason": {"type": finish, "matched": None},
+                "weight_version": "default",
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)],
+                **meta,
+            },
+        }
+    }
 
 
 NAN, INF = float("nan"), float("inf")
@@ -44,10 +54,12 @@ FAULTS = {  # item: (the bad engine's answer, the field named in the reason)
     "3-minus-inf-logprob": (sglang(GOOD, [-0.1, -INF, -0.1]), "logprob"),
     "3-positive-logprob": (sglang(GOOD, [-0.1, 0.7, -0.1]), "logprob"),
     "3-null-logprob": (sglang(GOOD, [-0.1, None, -0.1]), "logprob"),
-    "4-huge-id": (sglang([7, 10 ** 9, 9], [-0.1] * 3), "token_id"),
+    "4-huge-id": (sglang([7, 10**9, 9], [-0.1] * 3), "token_id"),
     "4-negative-id": (sglang([7, -5, 9], [-0.1] * 3), "token_id"),
-    "5-logprobs-shorter-than-ids": ({"answer": {**sglang(GOOD, [-0.1, -0.1])["answer"], "output_ids": GOOD}},
-                                    "output_ids"),
+    "5-logprobs-shorter-than-ids": (
+        {"answer": {**sglang(GOOD, [-0.1, -0.1])["answer"], "output_ids": GOOD}},
+        "output_ids",
+    ),
     "5-more-than-max-new-tokens": (sglang([7] * 11, [-0.1] * 11, "length"), "output_ids"),
     "unknown-finish-reason": (sglang(GOOD, [-0.1] * 3, "finished"), "finish_reason"),
 }
@@ -93,10 +105,31 @@ def rollout(tmp_path, router, engines, tok, *extra, n_prompts=3):
     """One rollout of `n_prompts` x 2 samples through `router`; returns (samples, engine client)."""
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"question {i}", "label": "7 8 9"}) + "\n" for i in range(n_prompts)))
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", tok.name_or_path, "--prompt-data", str(data),
-                       "--label-key", "label", "--sglang-router-ip", router.host, "--sglang-router-port",
-                       str(router.port), "--rm-type", "exact", "--rollout-batch-size", str(n_prompts),
-                       "--n-samples-per-prompt", "2", "--rollout-max-response-len", str(MAX_NEW), *extra])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            tok.name_or_path,
+            "--prompt-data",
+            str(data),
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rm-type",
+            "exact",
+            "--rollout-batch-size",
+            str(n_prompts),
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            str(MAX_NEW),
+            *extra,
+        ]
+    )
     client = EngineClient.from_args(args, Endpoints(router.url, [e.url for e in engines]), tokenizer=tok)
     client.retry_policy.base_delay = client.retry_policy.max_delay = 0.0  # nothing here waits on a clock
     runtime = RolloutRuntime(args, client).bind()
@@ -167,8 +200,9 @@ def test_an_engine_that_cuts_its_answer_and_dies_is_reported_by_the_cut(tmp_path
 
     router, engines = fleet_of(cut_and_die, 1)
     holder.update(router=router, engine=engines[0])
-    samples, client = rollout(tmp_path, router, engines, tok, "--request-retry-window", "2",
-                              "--request-max-retries", "1000", n_prompts=1)
+    samples, client = rollout(
+        tmp_path, router, engines, tok, "--request-retry-window", "2", "--request-max-retries", "1000", n_prompts=1
+    )
     assert [s.metadata["failure_reason"] for s in samples] == ["answer_cut"] * 2
     error = samples[0].metadata["error"]
     assert "cause: answer_cut: " in error and "last: http_503: " in error and "no_available_workers" in error

@@ -41,9 +41,16 @@ class Engine:
             self.waiting += 1
             await self.gate.wait()
         ids = body["input_ids"][-2:]
-        return web.json_response({"text": "t", "meta_info": {
-            "output_token_logprobs": [[-0.5 * (i + 1), t, None] for i, t in enumerate(ids)],
-            "finish_reason": {"type": "length"}, "weight_version": "3"}})
+        return web.json_response(
+            {
+                "text": "t",
+                "meta_info": {
+                    "output_token_logprobs": [[-0.5 * (i + 1), t, None] for i, t in enumerate(ids)],
+                    "finish_reason": {"type": "length"},
+                    "weight_version": "3",
+                },
+            }
+        )
 
     async def abort(self, request):
         self.aborted.append(await request.json())
@@ -97,8 +104,11 @@ async def test_a_retry_after_no_answer_aborts_the_old_rid_only_on_the_engine_tha
     assert out.token_ids == [1, 2]
     assert [b["rid"] for b in eng.generated] == ["mine", f"slime-{os.getpid()}-0"]
     assert (eng.aborted, other.aborted) == ([{"rid": "mine"}], [])
-    assert client.stats.retries == {"timeout": 1} and client.abort_stats.as_dict() == \
-        {"requests": 1, "retries": 0, "failures": 0}
+    assert client.stats.retries == {"timeout": 1} and client.abort_stats.as_dict() == {
+        "requests": 1,
+        "retries": 0,
+        "failures": 0,
+    }
     assert client.disconnect_aborts == 0  # sent to a known engine: aborted there, by request
 
 
@@ -144,9 +154,13 @@ async def test_a_bad_answer_is_retried_and_a_spent_budget_names_the_field_and_th
     assert e.value.reason == "engine_bad_answer:token_id" and f"(engine: {eng.url})" in str(e.value)
     assert "item 1: must be an integer in [0, 4): [-1.0, 7, None]" in str(e.value)
     assert len({b["rid"] for b in eng.generated}) == 3 and eng.aborted == []
-    assert client.stats.as_dict() == {"requests": 3, "retries": 2, "failures": 1,
-                                      "retries_engine_bad_answer:token_id": 2,
-                                      "failures_engine_bad_answer:token_id": 1}
+    assert client.stats.as_dict() == {
+        "requests": 3,
+        "retries": 2,
+        "failures": 1,
+        "retries_engine_bad_answer:token_id": 2,
+        "failures_engine_bad_answer:token_id": 1,
+    }
 
 
 async def test_a_closed_gate_answers_abort_for_requests_waiting_for_a_slot():

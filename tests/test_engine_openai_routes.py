@@ -30,8 +30,10 @@ def test_completions_are_generate_with_openai_shapes(engine, tiny_model_dir):
 
     client = OpenAI(base_url=f"{engine}/v1", api_key="none", max_retries=0, timeout=120)
     out = client.completions.create(model="m", prompt="Count: one two", max_tokens=6, temperature=0, logprobs=1)
-    ref = _generate(engine, {"text": "Count: one two", "return_logprob": True,
-                             "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    ref = _generate(
+        engine,
+        {"text": "Count: one two", "return_logprob": True, "sampling_params": {"max_new_tokens": 6, "temperature": 0}},
+    )
     choice = out.choices[0]
     assert choice.text == ref["text"] and choice.finish_reason == ref["meta_info"]["finish_reason"]["type"]
     assert out.usage.prompt_tokens == ref["meta_info"]["prompt_tokens"]
@@ -54,12 +56,15 @@ def test_chat_completions_render_the_chat_template(engine, tiny_model_dir):
     assert out.usage.prompt_tokens == len(ids) and out.object == "chat.completion"
 
 
-@pytest.mark.parametrize("path,body,message", [
-    ("/v1/chat/completions", {"messages": []}, "messages: a non-empty list is required"),
-    ("/v1/completions", {"prompt": {"x": 1}}, "prompt: a string or a list of token ids is required"),
-    ("/v1/completions", {"prompt": "a", "n": 2}, "n: only one choice per request"),
-    ("/v1/completions", {"prompt": "a", "stream": True}, "stream is not supported"),
-])
+@pytest.mark.parametrize(
+    "path,body,message",
+    [
+        ("/v1/chat/completions", {"messages": []}, "messages: a non-empty list is required"),
+        ("/v1/completions", {"prompt": {"x": 1}}, "prompt: a string or a list of token ids is required"),
+        ("/v1/completions", {"prompt": "a", "n": 2}, "n: only one choice per request"),
+        ("/v1/completions", {"prompt": "a", "stream": True}, "stream is not supported"),
+    ],
+)
 def test_bad_requests_say_what_is_wrong(engine, path, body, message):
     r = requests.post(f"{engine}{path}", json=body, timeout=60)
     assert r.status_code == 400 and message in r.json()["error"]["message"]
@@ -80,8 +85,9 @@ def test_slimes_rollout_buffer_generator_queries_the_engine_unchanged(engine):
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
     client = OpenAI(api_key="test", base_url=f"{engine}/v1", max_retries=0, timeout=120)
-    messages, finish = generator.query_single_turn(client, [{"role": "user", "content": "1+1?"}],
-                                                   {"max_tokens": 4, "temperature": 0.7, "top_p": 1})
+    messages, finish = generator.query_single_turn(
+        client, [{"role": "user", "content": "1+1?"}], {"max_tokens": 4, "temperature": 0.7, "top_p": 1}
+    )
     assert messages[-1]["role"] == "assistant" and isinstance(messages[-1]["content"], str)
     assert finish in ("stop", "length")
     assert generator.get_rule_based_math_reward({"messages": messages, "label": "2"}) in (0, 1, 0.0, 1.0)

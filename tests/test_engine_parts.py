@@ -26,8 +26,15 @@ class CharTokenizer:
 def make_request(output_ids: list[int], rid: str = "r", **params) -> Request:
     loop = asyncio.new_event_loop()
     try:
-        req = Request(rid=rid, input_ids=[1, 2], params=SamplingParams(**params), return_logprob=False, loop=loop,
-                      future=loop.create_future(), stream=None)
+        req = Request(
+            rid=rid,
+            input_ids=[1, 2],
+            params=SamplingParams(**params),
+            return_logprob=False,
+            loop=loop,
+            future=loop.create_future(),
+            stream=None,
+        )
     finally:
         loop.close()
     req.output_ids = list(output_ids)
@@ -43,12 +50,17 @@ def test_a_stop_token_on_the_last_allowed_token_is_reported_as_stop_not_length()
 def test_stop_tokens_and_strings_count_only_once_min_new_tokens_exist():
     tok = CharTokenizer()
     assert finish_reason(make_request([0], max_new_tokens=5, min_new_tokens=2), tok) is None
-    assert finish_reason(make_request([ord("x"), 0], max_new_tokens=5, min_new_tokens=2), tok) == \
-        {"type": "stop", "matched": 0}
-    assert finish_reason(make_request([ord("a"), ord("b")], max_new_tokens=5, min_new_tokens=3, stop=["ab"]),
-                         tok) is None
-    assert finish_reason(make_request([ord("a"), ord("b")], max_new_tokens=5, stop=["zz", "ab"]), tok) == \
-        {"type": "stop", "matched": "ab"}
+    assert finish_reason(make_request([ord("x"), 0], max_new_tokens=5, min_new_tokens=2), tok) == {
+        "type": "stop",
+        "matched": 0,
+    }
+    assert (
+        finish_reason(make_request([ord("a"), ord("b")], max_new_tokens=5, min_new_tokens=3, stop=["ab"]), tok) is None
+    )
+    assert finish_reason(make_request([ord("a"), ord("b")], max_new_tokens=5, stop=["zz", "ab"]), tok) == {
+        "type": "stop",
+        "matched": "ab",
+    }
 
 
 def test_ignore_eos_drops_the_models_eos_but_keeps_the_requests_stop_ids():

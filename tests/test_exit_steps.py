@@ -16,8 +16,10 @@ from types import SimpleNamespace
 from slime.utils.child_process import ChildProcess, wait_until
 
 # sits out a SIGTERM as a server draining its requests would, and says when it is ready to
-IGNORES_SIGTERM = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0) if len(sys.argv) > 1 "
-                   "else None)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+IGNORES_SIGTERM = (
+    "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0) if len(sys.argv) > 1 "
+    "else None)\nprint('ready', flush=True)\ntime.sleep(600)\n"
+)
 
 
 def _ready(path) -> bool:
@@ -30,8 +32,12 @@ def test_the_router_is_killed_not_drained(tmp_path):
 
     router = Router(log_dir=str(tmp_path))
     log = tmp_path / "fake-router.log"
-    router._process = ChildProcess([sys.executable, "-c", IGNORES_SIGTERM, "drain-then-exit-0"], name="fake router",
-                                   log_path=log, ready=lambda: _ready(log)).start()
+    router._process = ChildProcess(
+        [sys.executable, "-c", IGNORES_SIGTERM, "drain-then-exit-0"],
+        name="fake router",
+        log_path=log,
+        ready=lambda: _ready(log),
+    ).start()
     router.stop()
     assert router._process.proc.returncode == -signal.SIGKILL
     assert not router.alive()

@@ -17,15 +17,40 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def rollout_argv(model_dir, tmp_path, *extra):
-    return [sys.executable, "-m", "slime", "--debug-rollout-only", "--hf-checkpoint", str(model_dir),
-            "--prompt-data", str(ROOT / "configs/demo/train.jsonl"), "--input-key", "messages", "--label-key", "label",
-            "--apply-chat-template", "--rm-type", "gsm8k", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--num-rollout", "1", "--rollout-max-response-len", "8", "--log-dir", str(tmp_path / "logs"), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "slime",
+        "--debug-rollout-only",
+        "--hf-checkpoint",
+        str(model_dir),
+        "--prompt-data",
+        str(ROOT / "configs/demo/train.jsonl"),
+        "--input-key",
+        "messages",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rm-type",
+        "gsm8k",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--num-rollout",
+        "1",
+        "--rollout-max-response-len",
+        "8",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        *extra,
+    ]
 
 
 def run(argv):
-    return subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_an_unreachable_external_engine_is_refused_before_ray_starts(tiny_model_dir, tmp_path):
@@ -43,8 +68,11 @@ def test_the_external_engine_serves_every_request_and_none_of_ours_starts(tiny_m
 
     engine = ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start()
     try:
-        proc = run(rollout_argv(tiny_model_dir, tmp_path, "--rollout-external-engine-addrs",
-                                engine.url.removeprefix("http://")))
+        proc = run(
+            rollout_argv(
+                tiny_model_dir, tmp_path, "--rollout-external-engine-addrs", engine.url.removeprefix("http://")
+            )
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rollout 0: samples=4" in proc.stdout and "failed=0" in proc.stdout, proc.stdout[-2000:]
         # round robin over two workers would have sent this engine half: it is the only one

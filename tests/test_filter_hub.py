@@ -8,8 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from slime.rollout.filter_hub.base_types import (DynamicFilterOutput, MetricGatherer, apply_filter,
-                                                  call_dynamic_filter, should_drop_dynamic_filter_output)
+from slime.rollout.filter_hub.base_types import (
+    DynamicFilterOutput,
+    MetricGatherer,
+    apply_filter,
+    call_dynamic_filter,
+    should_drop_dynamic_filter_output,
+)
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -55,8 +60,9 @@ def test_fallback_variant_keeps_a_group_only_when_the_batch_would_be_short():
 def test_call_dynamic_filter_accepts_older_bool_filters_and_none():
     assert call_dynamic_filter(None, ARGS, group(1.0)) == DynamicFilterOutput(keep=True)
     assert call_dynamic_filter(lambda a, g: True, ARGS, group(1.0)) == DynamicFilterOutput(keep=True)
-    assert call_dynamic_filter(lambda a, g: False, ARGS, group(1.0)) == DynamicFilterOutput(keep=False,
-                                                                                          reason="filtered")
+    assert call_dynamic_filter(lambda a, g: False, ARGS, group(1.0)) == DynamicFilterOutput(
+        keep=False, reason="filtered"
+    )
     assert call_dynamic_filter(lambda a, g: np.bool_(False), ARGS, group(1.0)).keep is False
     out = call_dynamic_filter(lambda a, g: DynamicFilterOutput(keep=np.bool_(True)), ARGS, group(1.0))
     assert out.keep is True  # normalized to a Python bool

@@ -30,8 +30,12 @@ def restated_defaults(root: Path = ROOT) -> dict[str, list[str]]:
         for path in sorted((root / top).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
             for node in ast.walk(ast.parse(path.read_text(), rel)):
-                if not (isinstance(node, ast.Call) and len(node.args) == 3 and isinstance(node.func, ast.Name)
-                        and node.func.id in ("getattr", "flag_value")):
+                if not (
+                    isinstance(node, ast.Call)
+                    and len(node.args) == 3
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "flag_value")
+                ):
                     continue
                 target, name = node.args[0], node.args[1]
                 reads_args = ast.unparse(target).split(".")[-1].endswith("args")
@@ -49,8 +53,10 @@ def test_no_flag_default_is_restated_at_a_call_site():
 
 def test_the_scan_finds_a_restated_default(tmp_path):
     (tmp_path / "slime").mkdir()
-    (tmp_path / "slime" / "x.py").write_text('def f(args, self):\n    return getattr(args, "max_turns", 8), '
-                                              'getattr(self.args, "use_wandb", False), getattr(args, "nope", 1)\n')
+    (tmp_path / "slime" / "x.py").write_text(
+        'def f(args, self):\n    return getattr(args, "max_turns", 8), '
+        'getattr(self.args, "use_wandb", False), getattr(args, "nope", 1)\n'
+    )
     assert restated_defaults(tmp_path) == {"slime/x.py": ["max_turns (line 2)", "use_wandb (line 2)"]}
 
 

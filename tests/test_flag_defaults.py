@@ -34,7 +34,9 @@ def restated_defaults(paths: list[Path], root: Path = ROOT):
                 continue
             name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
             target, flag = node.args[0], node.args[1]
-            if name not in ("getattr", "flag_value") or not (isinstance(flag, ast.Constant) and isinstance(flag.value, str)):
+            if name not in ("getattr", "flag_value") or not (
+                isinstance(flag, ast.Constant) and isinstance(flag.value, str)
+            ):
                 continue
             if (getattr(target, "id", None) or getattr(target, "attr", None)) != "args":
                 continue
@@ -48,21 +50,29 @@ def restated_defaults(paths: list[Path], root: Path = ROOT):
 
 def test_no_call_site_restates_a_flag_default_that_differs_from_the_parser():
     defaults = parser_defaults()
-    drifted = [f"{where}:{line} {flag}: {fallback!r} here, {defaults[flag]!r} in the parser"
-               for where, line, flag, fallback in restated_defaults(source_files())
-               if flag in defaults and fallback != defaults[flag] and (where, flag) not in LABELS
-               and not (defaults[flag] is None and not fallback)]  # unset: False / 0 read as None is
+    drifted = [
+        f"{where}:{line} {flag}: {fallback!r} here, {defaults[flag]!r} in the parser"
+        for where, line, flag, fallback in restated_defaults(source_files())
+        if flag in defaults
+        and fallback != defaults[flag]
+        and (where, flag) not in LABELS
+        and not (defaults[flag] is None and not fallback)
+    ]  # unset: False / 0 read as None is
     assert drifted == []
 
 
 def test_the_scan_finds_the_shapes_the_code_used(tmp_path):
     """The two drifts this test was written for, as they were written (guards it against finding nothing)."""
     old = tmp_path / "old.py"
-    old.write_text("def f(args, self):\n    a = getattr(args, 'request_max_retries', 8)\n"
-                   "    b = int(flag_value(self.args, 'max_tool_response_tokens', 0))\n"
-                   "    c = getattr(args, 'rollout_seed', None)\n")
-    assert list(restated_defaults([old], tmp_path)) == [("old.py", 2, "request_max_retries", 8),
-                                                        ("old.py", 3, "max_tool_response_tokens", 0)]
+    old.write_text(
+        "def f(args, self):\n    a = getattr(args, 'request_max_retries', 8)\n"
+        "    b = int(flag_value(self.args, 'max_tool_response_tokens', 0))\n"
+        "    c = getattr(args, 'rollout_seed', None)\n"
+    )
+    assert list(restated_defaults([old], tmp_path)) == [
+        ("old.py", 2, "request_max_retries", 8),
+        ("old.py", 3, "max_tool_response_tokens", 0),
+    ]
 
 
 def test_the_engine_client_of_a_hand_built_namespace_retries_as_the_command_line_does():
@@ -71,8 +81,10 @@ def test_the_engine_client_of_a_hand_built_namespace_retries_as_the_command_line
     from slime.utils.plugin_args import completed
 
     # completed where it enters (runtime.current, RolloutManager), not by a fallback in from_args
-    client = EngineClient.from_args(completed(SimpleNamespace(sglang_server_concurrency=1, rollout_num_engines=1)),
-                                    Endpoints(router_url="http://127.0.0.1:9"))
+    client = EngineClient.from_args(
+        completed(SimpleNamespace(sglang_server_concurrency=1, rollout_num_engines=1)),
+        Endpoints(router_url="http://127.0.0.1:9"),
+    )
     assert client.retry_policy.max_retries == parser_defaults()["request_max_retries"] == 100
 
 
@@ -83,8 +95,11 @@ def test_tool_limits_of_a_hand_built_namespace_are_the_flags_defaults():
     d = parser_defaults()
     limits = ToolCallLimits.from_args(complete_namespace(SimpleNamespace()))
     assert limits == ToolCallLimits()
-    assert (limits.max_parallel_calls, limits.max_response_tokens, limits.truncate_side) == (
-        d["max_parallel_calls"], d["max_tool_response_tokens"], d["tool_response_truncate_side"]) == (4, 512, "middle")
+    assert (
+        (limits.max_parallel_calls, limits.max_response_tokens, limits.truncate_side)
+        == (d["max_parallel_calls"], d["max_tool_response_tokens"], d["tool_response_truncate_side"])
+        == (4, 512, "middle")
+    )
 
 
 def test_a_namespace_without_a_backend_resolves_auto_as_the_parser_does(monkeypatch):

@@ -25,11 +25,13 @@ def outside(rng: Range, integer: bool) -> st.SearchStrategy:
     parts = []
     if rng.low is not None:
         top = rng.low if rng.open_low else (math.ceil(rng.low) - 1 if integer else math.nextafter(rng.low, -math.inf))
-        parts.append(st.integers(-10**9, int(math.floor(top))) if integer else
-                     st.floats(-1e12, top, allow_nan=False))
+        parts.append(st.integers(-(10**9), int(math.floor(top))) if integer else st.floats(-1e12, top, allow_nan=False))
     if rng.high is not None:
-        parts.append(st.integers(int(math.floor(rng.high)) + 1, 10**9) if integer else
-                     st.floats(math.nextafter(rng.high, math.inf), 1e12, allow_nan=False))
+        parts.append(
+            st.integers(int(math.floor(rng.high)) + 1, 10**9)
+            if integer
+            else st.floats(math.nextafter(rng.high, math.inf), 1e12, allow_nan=False)
+        )
     return st.one_of(parts).filter(lambda v: v not in rng.also)
 
 
@@ -67,13 +69,27 @@ def test_every_float_flag_refuses_nan_and_inf(dest, value):
     assert str(e.value).startswith(f"{flag_name(dest)}: must be "), str(e.value)
 
 
-@pytest.mark.parametrize("argv", [
-    ["--engine-max-batch-size", "0"], ["--request-max-retries", "-1"], ["--request-retry-window", "-1"],
-    ["--engine-threads", "0"], ["--router-health-check-interval", "0"], ["--max-turns", "0"],
-    ["--save-interval", "0"], ["--save-interval", "-1"], ["--micro-batch-size", "0"], ["--eps-clip", "-0.2"],
-    ["--rollout-top-k", "-5"], ["--rollout-top-k", "0"], ["--rollout-num-cpus-per-engine", "0"],
-    ["--kl-loss-coef", "nan"], ["--opd-kl-coef", "nan"], ["--actor-num-cpus-per-worker", "0"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--engine-max-batch-size", "0"],
+        ["--request-max-retries", "-1"],
+        ["--request-retry-window", "-1"],
+        ["--engine-threads", "0"],
+        ["--router-health-check-interval", "0"],
+        ["--max-turns", "0"],
+        ["--save-interval", "0"],
+        ["--save-interval", "-1"],
+        ["--micro-batch-size", "0"],
+        ["--eps-clip", "-0.2"],
+        ["--rollout-top-k", "-5"],
+        ["--rollout-top-k", "0"],
+        ["--rollout-num-cpus-per-engine", "0"],
+        ["--kl-loss-coef", "nan"],
+        ["--opd-kl-coef", "nan"],
+        ["--actor-num-cpus-per-worker", "0"],
+    ],
+)
 def test_the_values_the_fault_injection_found_are_refused_before_anything_starts(argv, capsys):
     ran = []
     assert run_cli("slime-train", argv, parse_train_args, ran.append) == 2
@@ -81,8 +97,16 @@ def test_the_values_the_fault_injection_found_are_refused_before_anything_starts
     assert capsys.readouterr().err.startswith(f"slime-train: error: {argv[0]}: must be ")
 
 
-@pytest.mark.parametrize("argv", [["--rollout-top-k", "-1"], ["--rollout-top-k", "20"], ["--eps-clip", "0.2"],
-                                  ["--request-max-retries", "0"], ["--rollout-num-cpus-per-engine", "0.5"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rollout-top-k", "-1"],
+        ["--rollout-top-k", "20"],
+        ["--eps-clip", "0.2"],
+        ["--request-max-retries", "0"],
+        ["--rollout-num-cpus-per-engine", "0.5"],
+    ],
+)
 def test_values_inside_their_range_parse(argv):
     parse_args(argv)
 
@@ -92,6 +116,8 @@ def test_a_stop_token_id_outside_the_vocabulary_is_refused_by_preflight(tiny_mod
     args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "2", "999999999"])
     with pytest.raises(PreflightError) as e:
         check_token_ids(args)
-    assert str(e.value) == (f"--rollout-stop-token-ids: token id 999999999 is outside the model's vocabulary "
-                            f"(0..{vocab - 1}) of {tiny_model_dir / 'config.json'}")
+    assert str(e.value) == (
+        f"--rollout-stop-token-ids: token id 999999999 is outside the model's vocabulary "
+        f"(0..{vocab - 1}) of {tiny_model_dir / 'config.json'}"
+    )
     check_token_ids(parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", str(vocab - 1)]))

@@ -67,8 +67,10 @@ class RecordingRouter:
 
 def _engine(ray: Any, version: str, failing_waits: int = 0) -> Any:
     # the real actor's groups (slime.fleet.supervised_engine.SupervisedEngineActor): the waits never block its other calls
-    methods = {"wait_push": ray.method(concurrency_group="pushes")(PushCountingEngine.wait_push),
-               "wait_exit": ray.method(concurrency_group="watch")(PushCountingEngine.wait_exit)}
+    methods = {
+        "wait_push": ray.method(concurrency_group="pushes")(PushCountingEngine.wait_push),
+        "wait_exit": ray.method(concurrency_group="watch")(PushCountingEngine.wait_exit),
+    }
     cls = type("SupervisedPushCountingEngine", (PushCountingEngine,), methods)
     remote = ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(cls)
     return remote.options(num_cpus=0).remote(version, failing_waits)
@@ -95,8 +97,10 @@ def fleet_with_a_replacement(ray_cluster, serving_engine):
         fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
         fleet.router = RecordingRouter()
         replacement = _engine(ray, "default", failing_waits)
-        fleet.slots = [EngineSlot(0, [serving_engine], [0], url="http://127.0.0.1:8", state="healthy"),
-                       slot_class(1, [replacement], [1], state="restarting", restarts=1)]
+        fleet.slots = [
+            EngineSlot(0, [serving_engine], [0], url="http://127.0.0.1:8", state="healthy"),
+            slot_class(1, [replacement], [1], state="restarting", restarts=1),
+        ]
         made.append((fleet, replacement))
         return fleet, replacement
 
@@ -138,8 +142,9 @@ def test_a_failed_wait_for_the_push_is_asked_again_and_the_push_admits_it(fleet_
     assert fleet.slots[1].state == "healthy" and fleet.endpoints.engine_urls == ["http://127.0.0.1:8", URL]
 
 
-def test_an_engine_whose_waits_keep_failing_is_killed_for_its_watcher_to_replace(fleet_with_a_replacement,
-                                                                                 monkeypatch, caplog):
+def test_an_engine_whose_waits_keep_failing_is_killed_for_its_watcher_to_replace(
+    fleet_with_a_replacement, monkeypatch, caplog
+):
     import logging
 
     import ray
@@ -154,7 +159,9 @@ def test_an_engine_whose_waits_keep_failing_is_killed_for_its_watcher_to_replace
             ray.get(replacement.wait_exit.remote(), timeout=60)
     assert fleet.slots[1].state == "awaiting_weights" and fleet.router.workers == []  # never admitted
     said = [r.getMessage() for r in caplog.records]
-    assert any("engine 1 awaiting weights: waiting for its push failed (RayTaskError" in m and "(1/2)" in m
-               for m in said), said
-    assert any("engine 1 awaiting weights: 2 waits for its push failed" in m and m.endswith("replacing it")
-               for m in said), said
+    assert any(
+        "engine 1 awaiting weights: waiting for its push failed (RayTaskError" in m and "(1/2)" in m for m in said
+    ), said
+    assert any(
+        "engine 1 awaiting weights: 2 waits for its push failed" in m and m.endswith("replacing it") for m in said
+    ), said

@@ -64,17 +64,37 @@ class Steady:
 
 
 def write_prompts(path, n=6):
-    path.write_text("".join(json.dumps({"input": f"question number {i}", "label": "7 8 9"}) + "\n"
-                            for i in range(n)))
+    path.write_text("".join(json.dumps({"input": f"question number {i}", "label": "7 8 9"}) + "\n" for i in range(n)))
     return path
 
 
 def make_args(tmp_path, router, tiny_model_dir, *extra):
     data = write_prompts(tmp_path / "prompts.jsonl")
-    return parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--label-key", "label", "--sglang-router-ip", router.host, "--sglang-router-port",
-                       str(router.port), "--rm-type", "exact", "--rollout-batch-size", "2",
-                       "--n-samples-per-prompt", "2", "--rollout-max-response-len", "5", *extra])
+    return parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rm-type",
+            "exact",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "5",
+            *extra,
+        ]
+    )
 
 
 def runtime_for(args, router, engines, tiny_model_dir):
@@ -182,8 +202,17 @@ def test_only_engine_frozen_for_six_request_deadlines_rollout_completes(tmp_path
 def test_retry_window_bounds_a_dead_fleet(tmp_path, fleet_of, tiny_model_dir):
     """Nothing answers: each request gives up once the window is spent, counted, and the sample is FAILED."""
     router, engines = fleet_of(Steady(), 1)
-    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
-                     "--request-max-retries", "1000")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "1",
+        "--request-max-retries",
+        "1000",
+    )
     args.request_retry_window = 2.0
     engines[0].stop()
     router.remove_worker(engines[0].url)
@@ -245,8 +274,18 @@ def test_all_failed_summary_in_cli_output(ray_cluster, tmp_path, tiny_model_dir,
         s.metadata = {"failure_reason": "timeout" if i else "reward_error", "error": f"boom {i}"}
         samples.append(s)
     save_debug_rollout(str(tmp_path / "r_{rollout_id}.pt"), 0, samples)
-    rc = main(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--load-debug-rollout-data",
-               str(tmp_path / "r_{rollout_id}.pt"), "--rm-type", "exact"])
+    rc = main(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--load-debug-rollout-data",
+            str(tmp_path / "r_{rollout_id}.pt"),
+            "--rm-type",
+            "exact",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "RolloutFailedError: rollout 0: all 3 sample(s) failed; reasons:" in err
@@ -258,8 +297,9 @@ def test_all_failed_summary_in_cli_output(ray_cluster, tmp_path, tiny_model_dir,
 def test_bad_reward_fails_only_its_sample(tmp_path, fleet_of, tiny_model_dir, group_rm):
     router, engines = fleet_of(Steady(), 1)
     extra = ["--custom-rm-path", "tests.test_fleet_faults.flaky_reward", "--rollout-batch-size", "3"]
-    args = make_args(tmp_path, router, tiny_model_dir, *extra, "--save-debug-rollout-data",
-                     str(tmp_path / "r_{rollout_id}.pt"))
+    args = make_args(
+        tmp_path, router, tiny_model_dir, *extra, "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")
+    )
     if group_rm:
         args.custom_rm_path = "tests.test_fleet_faults.batched_flaky_reward"
         args.group_rm = True
@@ -302,31 +342,50 @@ def _bad_inputs(tmp_path, tiny_model_dir):
     no_state.mkdir()
     (no_state / "latest_rollout_id.txt").write_text("3")
     return good, {
-        "empty": (["--prompt-data", str(tmp_path / "empty.jsonl")],
-                  f"--prompt-data: {tmp_path / 'empty.jsonl'}: no prompts in file"),
-        "malformed": (["--prompt-data", str(tmp_path / "broken.jsonl")],
-                      f"--prompt-data: {tmp_path / 'broken.jsonl'}:2: invalid JSON"),
-        "non_utf8": (["--prompt-data", str(tmp_path / "latin1.jsonl")],
-                     f"--prompt-data: {tmp_path / 'latin1.jsonl'}:2: not UTF-8 text (byte 0xe9 at column 15)"),
-        "missing_key": (["--prompt-data", str(tmp_path / "nokey.jsonl")],
-                        f"--prompt-data: {tmp_path / 'nokey.jsonl'}:2: missing input key 'input'"),
-        "eval_data": (["--eval-prompt-data", "mini", str(tmp_path / "broken.jsonl")],
-                      f"--eval-prompt-data mini: {tmp_path / 'broken.jsonl'}:2: invalid JSON"),
-        "tool_yaml": (["--tool-config-path", str(tmp_path / "tools.yaml")],
-                      f"--tool-config-path: {tmp_path / 'tools.yaml'}: invalid YAML"),
-        "debug_file": (["--load-debug-rollout-data", str(tmp_path / "nope_{rollout_id}.pt")],
-                       f"--load-debug-rollout-data: file not found: {tmp_path / 'nope_0.pt'}"),
-        "load_id": (["--load", str(bad_load)],
-                    f"--load {bad_load}: {bad_load / 'latest_rollout_id.txt'}: expected a rollout id (an integer), "
-                    "got 'abc'"),
-        "load_state": (["--load", str(no_state)],
-                       f"--load {no_state}: {no_state / 'latest_rollout_id.txt'} names rollout 3 but "
-                       f"{no_state / 'rollout_state_3.json'} does not exist"),
+        "empty": (
+            ["--prompt-data", str(tmp_path / "empty.jsonl")],
+            f"--prompt-data: {tmp_path / 'empty.jsonl'}: no prompts in file",
+        ),
+        "malformed": (
+            ["--prompt-data", str(tmp_path / "broken.jsonl")],
+            f"--prompt-data: {tmp_path / 'broken.jsonl'}:2: invalid JSON",
+        ),
+        "non_utf8": (
+            ["--prompt-data", str(tmp_path / "latin1.jsonl")],
+            f"--prompt-data: {tmp_path / 'latin1.jsonl'}:2: not UTF-8 text (byte 0xe9 at column 15)",
+        ),
+        "missing_key": (
+            ["--prompt-data", str(tmp_path / "nokey.jsonl")],
+            f"--prompt-data: {tmp_path / 'nokey.jsonl'}:2: missing input key 'input'",
+        ),
+        "eval_data": (
+            ["--eval-prompt-data", "mini", str(tmp_path / "broken.jsonl")],
+            f"--eval-prompt-data mini: {tmp_path / 'broken.jsonl'}:2: invalid JSON",
+        ),
+        "tool_yaml": (
+            ["--tool-config-path", str(tmp_path / "tools.yaml")],
+            f"--tool-config-path: {tmp_path / 'tools.yaml'}: invalid YAML",
+        ),
+        "debug_file": (
+            ["--load-debug-rollout-data", str(tmp_path / "nope_{rollout_id}.pt")],
+            f"--load-debug-rollout-data: file not found: {tmp_path / 'nope_0.pt'}",
+        ),
+        "load_id": (
+            ["--load", str(bad_load)],
+            f"--load {bad_load}: {bad_load / 'latest_rollout_id.txt'}: expected a rollout id (an integer), got 'abc'",
+        ),
+        "load_state": (
+            ["--load", str(no_state)],
+            f"--load {no_state}: {no_state / 'latest_rollout_id.txt'} names rollout 3 but "
+            f"{no_state / 'rollout_state_3.json'} does not exist",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["empty", "malformed", "non_utf8", "missing_key", "eval_data", "tool_yaml",
-                                  "debug_file", "load_id", "load_state"])
+@pytest.mark.parametrize(
+    "case",
+    ["empty", "malformed", "non_utf8", "missing_key", "eval_data", "tool_yaml", "debug_file", "load_id", "load_state"],
+)
 def test_bad_input_fails_before_anything_starts(case, tmp_path, tiny_model_dir, capsys, monkeypatch):
     import slime.cli.rollout as cli
 
@@ -336,8 +395,17 @@ def test_bad_input_fails_before_anything_starts(case, tmp_path, tiny_model_dir, 
     monkeypatch.setattr(cli, "_ray_init", no_ray)
     good, cases = _bad_inputs(tmp_path, tiny_model_dir)
     extra, headline = cases[case]
-    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(good),
-            "--rm-type", "exact", *extra]
+    argv = [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(good),
+        "--rm-type",
+        "exact",
+        *extra,
+    ]
     rc = cli.main(argv)
     err = capsys.readouterr().err
     assert rc == 1
@@ -360,8 +428,9 @@ def test_load_resumes_at_next_rollout_id(tmp_path, fleet_of, tiny_model_dir):
     finally:
         first.close()
     assert (ckpt / "latest_rollout_id.txt").read_text() == "1"
-    resumed = make_args(tmp_path, router, tiny_model_dir, "--save", str(ckpt), "--load", str(ckpt),
-                        "--num-rollout", "4")
+    resumed = make_args(
+        tmp_path, router, tiny_model_dir, "--save", str(ckpt), "--load", str(ckpt), "--num-rollout", "4"
+    )
     assert preflight(resumed) == {"resumed_after": 1}
     assert resumed.start_rollout_id == 2
     second = RolloutController(resumed, Endpoints(router.url, [e.url for e in engines]))
@@ -371,10 +440,14 @@ def test_load_resumes_at_next_rollout_id(tmp_path, fleet_of, tiny_model_dir):
     finally:
         second.close()
     assert (ckpt / "latest_rollout_id.txt").read_text() == "2"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["latest_rollout_id.txt", "rollout_state_0.json",
-                                                       "rollout_state_1.json", "rollout_state_2.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "latest_rollout_id.txt",
+        "rollout_state_0.json",
+        "rollout_state_1.json",
+        "rollout_state_2.json",
+    ]
     # the data continued: rollout 2 served prompts 4 and 5, none of the first two rollouts' again
-    later = [r["input_ids"] for r in engines[0].requests[len(served):]]
+    later = [r["input_ids"] for r in engines[0].requests[len(served) :]]
     assert later and not any(ids in served for ids in later)
     explicit = make_args(tmp_path, router, tiny_model_dir, "--load", str(ckpt), "--start-rollout-id", "7")
     preflight(explicit)
@@ -391,12 +464,37 @@ def _descendants(pid):
 
 def test_sigterm_stops_everything_after_engine_replaced(tiny_model_dir, tmp_path, cli_runs):
     data = write_prompts(tmp_path / "p.jsonl", 8)
-    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-                           "--prompt-data", str(data), "--rm-type", "exact",
-                           "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
-                           "--engine-threads", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                           "--rollout-max-response-len", "4", "--num-rollout", "100000",
-                           "--log-dir", str(tmp_path / "logs")], deadline=300)
+    proc = cli_runs.start(
+        [
+            "-m",
+            "slime",
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--rm-type",
+            "exact",
+            "--rollout-num-engines",
+            "2",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--engine-threads",
+            "1",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--num-rollout",
+            "100000",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        deadline=300,
+    )
     lines: list[str] = []
     killed_pid = None
     for line in proc.stdout:
@@ -432,11 +530,33 @@ def test_sigkill_of_the_command_leaves_nothing(tiny_model_dir, tmp_path, cli_run
     """Even SIGKILL (no clean-up code runs): the lifeline takes Ray (agents included), the router and
     the engines with it."""
     data = write_prompts(tmp_path / "p.jsonl", 4)
-    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-                           "--prompt-data", str(data), "--rm-type", "exact",
-                           "--rollout-num-engines", "1", "--engine-threads", "1", "--rollout-batch-size", "1",
-                           "--rollout-max-response-len", "2", "--num-rollout", "100000",
-                           "--log-dir", str(tmp_path / "logs")], deadline=240)
+    proc = cli_runs.start(
+        [
+            "-m",
+            "slime",
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--rm-type",
+            "exact",
+            "--rollout-num-engines",
+            "1",
+            "--engine-threads",
+            "1",
+            "--rollout-batch-size",
+            "1",
+            "--rollout-max-response-len",
+            "2",
+            "--num-rollout",
+            "100000",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        deadline=240,
+    )
     lines: list[str] = []
     cli_runs.read_until(proc, "rollout 1:", lines)
     started = _descendants(proc.pid)
@@ -454,10 +574,33 @@ def test_a_successful_run_stops_everything_in_order(tiny_model_dir, tmp_path, cl
     """Issue 20: the exit hook finds nothing to stop after a normal end (it says `stopped N leftover
     process(es) at exit`, naming them, only when something outlived its orderly stop)."""
     data = write_prompts(tmp_path / "p.jsonl", 2)
-    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-                           "--prompt-data", str(data), "--rm-type", "exact", "--rollout-num-engines", "1",
-                           "--engine-threads", "1", "--rollout-batch-size", "1", "--rollout-max-response-len", "2",
-                           "--num-rollout", "1", "--log-dir", str(tmp_path / "logs")], deadline=240)
+    proc = cli_runs.start(
+        [
+            "-m",
+            "slime",
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--rm-type",
+            "exact",
+            "--rollout-num-engines",
+            "1",
+            "--engine-threads",
+            "1",
+            "--rollout-batch-size",
+            "1",
+            "--rollout-max-response-len",
+            "2",
+            "--num-rollout",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        deadline=240,
+    )
     out, _ = proc.communicate(timeout=240)  # the watchdog (240 s) ends a run that hangs
     assert proc.returncode == 0, out[-3000:]
     assert "done: 1 rollout(s)" in out

@@ -65,8 +65,10 @@ class RecordingRouter:
 
 
 def _engine(ray: Any, reports: str | None = None) -> Any:
-    methods = {"wait_push": ray.method(concurrency_group="pushes")(KeptWeightsEngine.wait_push),
-               "wait_exit": ray.method(concurrency_group="watch")(KeptWeightsEngine.wait_exit)}
+    methods = {
+        "wait_push": ray.method(concurrency_group="pushes")(KeptWeightsEngine.wait_push),
+        "wait_exit": ray.method(concurrency_group="watch")(KeptWeightsEngine.wait_exit),
+    }
     cls = type("SupervisedKeptWeightsEngine", (KeptWeightsEngine,), methods)
     return ray.remote(concurrency_groups={"watch": 1, "pushes": 1})(cls).options(num_cpus=0).remote(reports)
 
@@ -81,7 +83,9 @@ def fleet_without_engines(ray_cluster):
     made: list[Any] = []
 
     def make(reports: str | None = None) -> tuple[Any, Any]:
-        fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=300.0))  # the default: a deadline for a hang
+        fleet = Fleet(
+            SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=300.0)
+        )  # the default: a deadline for a hang
         fleet.router = RecordingRouter()
         replacement = _engine(ray, reports)
         fleet.slots = [EngineSlot(0, [replacement], [0], state="restarting", restarts=1)]
@@ -99,8 +103,9 @@ WEIGHTS = [("layer.weight", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
 
 
 def _same(got: Any) -> bool:
-    return [n for n, _ in got] == [n for n, _ in WEIGHTS] and all(torch.equal(a, b) for (_, a), (_, b) in
-                                                                   zip(got, WEIGHTS))
+    return [n for n, _ in got] == [n for n, _ in WEIGHTS] and all(
+        torch.equal(a, b) for (_, a), (_, b) in zip(got, WEIGHTS)
+    )
 
 
 def test_a_replacement_loads_the_kept_push_and_serves_at_once(fleet_without_engines, caplog):
@@ -114,8 +119,10 @@ def test_a_replacement_loads_the_kept_push_and_serves_at_once(fleet_without_engi
     assert fleet.endpoints.engine_urls == [URL]
     assert _same(ray.get(replacement.got.remote()))
     said = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("engine 0: loaded weight version 3 from the trainer's last push (kept in Ray's object "
-                            "store)") for m in said), said
+    assert any(
+        m.startswith("engine 0: loaded weight version 3 from the trainer's last push (kept in Ray's object store)")
+        for m in said
+    ), said
     assert fleet.counters["engine_weights_caught_up"] == 1
 
 
@@ -144,5 +151,6 @@ def test_a_load_that_leaves_another_version_keeps_it_out_of_the_router(fleet_wit
     assert fleet.slots[0].state == "awaiting_weights" and fleet.router.workers == []
     assert fleet.endpoints.engine_urls == []
     said = [r.getMessage() for r in caplog.records]
-    assert any("engine 0: loaded the trainer's last push of version 3 but reports version default" in m
-               for m in said), said
+    assert any(
+        "engine 0: loaded the trainer's last push of version 3 but reports version default" in m for m in said
+    ), said

@@ -32,9 +32,11 @@ def fleet(ray_cluster, monkeypatch):
     fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
     here = ray.get_runtime_context().get_node_id()
     actors = [ray.remote(Placeholder).options(num_cpus=0).remote() for _ in range(3)]
-    fleet.slots = [EngineSlot(0, [actors[0]], [0], url="http://127.0.0.1:7", state="healthy", node_id=GONE),
-                   EngineSlot(1, [actors[1]], [1], url="http://127.0.0.1:8", state="healthy", node_id=GONE),
-                   EngineSlot(2, [actors[2]], [2], url="http://127.0.0.1:9", state="healthy", node_id=here)]
+    fleet.slots = [
+        EngineSlot(0, [actors[0]], [0], url="http://127.0.0.1:7", state="healthy", node_id=GONE),
+        EngineSlot(1, [actors[1]], [1], url="http://127.0.0.1:8", state="healthy", node_id=GONE),
+        EngineSlot(2, [actors[2]], [2], url="http://127.0.0.1:9", state="healthy", node_id=here),
+    ]
     fleet.publish()
     restarted: list[int] = []
     monkeypatch.setattr(fleet.supervisor, "_restart", lambda slot: restarted.append(slot.rank))
@@ -58,8 +60,10 @@ def test_a_lost_node_takes_every_engine_it_held_out_at_once_and_is_named(fleet, 
     assert fleet.counters["engine_deaths"] == 2 and fleet.counters["nodes_lost"] == 1
     assert [s.deaths for s in fleet.slots] == [1, 1, 0] and fleet.restarted == [0, 1]
     said = [r.getMessage() for r in caplog.records]
-    assert sum(f"died (exit code actor died (ActorDiedError)); its node {GONE} was lost; restarting it" in m
-               for m in said) == 2, said
+    assert (
+        sum(f"died (exit code actor died (ActorDiedError)); its node {GONE} was lost; restarting it" in m for m in said)
+        == 2
+    ), said
 
 
 def test_a_replacement_that_fails_before_it_serves_is_placed_again_not_reported_dead(fleet, caplog):
@@ -69,8 +73,9 @@ def test_a_replacement_that_fails_before_it_serves_is_placed_again_not_reported_
         fleet.supervisor.on_death(slot, "restart failed: RuntimeError: boom")
     assert fleet.counters["engine_deaths"] == 0 and slot.deaths == 0 and fleet.restarted == [2]
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["engine 2: its replacement failed before it served (restart failed: RuntimeError: boom); "
-                    "placing it again"], said
+    assert said == [
+        "engine 2: its replacement failed before it served (restart failed: RuntimeError: boom); placing it again"
+    ], said
 
 
 def test_an_actor_killed_on_a_live_node_is_not_a_node_loss(ray_cluster):

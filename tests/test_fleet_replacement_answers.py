@@ -38,8 +38,9 @@ class ScriptedFleetEngine(SupervisedEngineActor):
         cmd = [sys.executable, "-m", __name__, "--port", str(port), "--model-path", str(args.hf_checkpoint)]
         if version_body is not None:
             cmd += ["--version-body", version_body]
-        self.server = EngineServer(cmd, "127.0.0.1", port, f"engine-scripted-{rank}", args.log_dir, engine_env(),
-                                   startup_timeout=120.0)
+        self.server = EngineServer(
+            cmd, "127.0.0.1", port, f"engine-scripted-{rank}", args.log_dir, engine_env(), startup_timeout=120.0
+        )
 
 
 def serve(argv: list[str] | None = None) -> None:
@@ -66,25 +67,45 @@ def test_a_bad_version_answer_crosses_a_process_boundary_whole():
     raised = BadWeightVersion("weight_version", "a int, not a string", 3, "http://127.0.0.1:9")
     seen = pickle.loads(pickle.dumps(raised))
     assert (type(seen), str(seen), seen.field, seen.reason) == (
-        BadWeightVersion, "http://127.0.0.1:9: bad /get_weight_version answer (weight_version): a int, not a string: 3",
-        "weight_version", "engine_bad_answer:weight_version")
+        BadWeightVersion,
+        "http://127.0.0.1:9: bad /get_weight_version answer (weight_version): a int, not a string: 3",
+        "weight_version",
+        "engine_bad_answer:weight_version",
+    )
 
 
 def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_the_run_goes_on(
-        ray_cluster, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    ray_cluster, tiny_model_dir, tmp_path, monkeypatch, caplog
+):
     from slime.cli.args import parse_args
 
     ray = ray_cluster
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--rollout-num-engines", "2",
-                       "--rollout-num-cpus-per-engine", "0.5", "--engine-max-restarts", "2",
-                       "--log-dir", str(tmp_path)])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-num-engines",
+            "2",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--engine-max-restarts",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+        ]
+    )
     remote = ray.remote(concurrency_groups=ENGINE_CONCURRENCY_GROUPS)(ScriptedFleetEngine)
     fleet = Fleet(args)
     created = []
 
     def new_actor(rank, bundle, *rest):  # the first two boot well; the replacement answers badly
-        created.append(remote.options(num_cpus=0.5, scheduling_strategy=bundle_strategy(fleet.pg, bundle)).remote(
-            args, rank, BAD_VERSION_BODY if len(created) >= 2 else None))
+        created.append(
+            remote.options(num_cpus=0.5, scheduling_strategy=bundle_strategy(fleet.pg, bundle)).remote(
+                args, rank, BAD_VERSION_BODY if len(created) >= 2 else None
+            )
+        )
         return created[-1]
 
     awaiting = threading.Event()
@@ -108,14 +129,20 @@ def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_th
         assert (replacement.state, replacement.restarts, replacement.deaths) == ("awaiting_weights", 1, 1)
         assert replacement.actor is created[2] and replacement.url != survivor
         assert fleet.info()["engine_bad_answers"] == {"engine_bad_answer:body": 1}
-        assert any(f"engine 0: {replacement.url}: bad /get_weight_version answer (body): not JSON (JSONDecodeError): "
-                   f"{BAD_VERSION_BODY}; its weight version is not trusted" in r.getMessage() for r in caplog.records)
+        assert any(
+            f"engine 0: {replacement.url}: bad /get_weight_version answer (body): not JSON (JSONDecodeError): "
+            f"{BAD_VERSION_BODY}; its weight version is not trusted" in r.getMessage()
+            for r in caplog.records
+        )
         # never trusted: neither published nor in the router; the run goes on with the survivor
         assert fleet.endpoints.engine_urls == [survivor]
         assert [w.url for w in fleet.router.list_workers()] == [survivor]
         for _ in range(3):
-            out = requests.post(f"{fleet.router.url}/generate", json={"input_ids": [1, 2], "sampling_params": {
-                "max_new_tokens": 3}, "return_logprob": True}, timeout=60).json()
+            out = requests.post(
+                f"{fleet.router.url}/generate",
+                json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}, "return_logprob": True},
+                timeout=60,
+            ).json()
             assert out["output_ids"] == SAMPLED
 
         # a push reaches it (an engine awaiting weights is updatable): then, and only then, it serves

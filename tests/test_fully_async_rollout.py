@@ -76,15 +76,40 @@ def tok(tiny_model_dir):
 
 def make_args(tmp_path, router, tiny_model_dir, *extra, n_prompts=40):
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"input": f"question number {i}", "label": "7 8 9"}) + "\n"
-                            for i in range(n_prompts)))
-    return parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--label-key", "label", "--sglang-router-ip", router.host, "--sglang-router-port",
-                       str(router.port), "--rm-type", "exact", "--rollout-batch-size", "2",
-                       "--n-samples-per-prompt", "2", "--rollout-max-response-len", "5",
-                       "--sglang-server-concurrency", "4", "--rollout-num-engines", "1",
-                       "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
-                       *extra])
+    data.write_text(
+        "".join(json.dumps({"input": f"question number {i}", "label": "7 8 9"}) + "\n" for i in range(n_prompts))
+    )
+    return parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rm-type",
+            "exact",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "5",
+            "--sglang-server-concurrency",
+            "4",
+            "--rollout-num-engines",
+            "1",
+            "--rollout-function-path",
+            "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
+            *extra,
+        ]
+    )
 
 
 class CountingSource:
@@ -107,8 +132,9 @@ class CountingSource:
         with self.lock:
             for g in groups:
                 assert len({s.group_index for s in g}) == 1
-                assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for s in g), \
+                assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for s in g), (
                     "a group handed back must be fresh"
+                )
                 self.back[g[0].group_index] += 1
         self.inner.add_samples(groups)
 
@@ -121,8 +147,9 @@ def set_version(runtime, engines, version: str) -> None:
     hub = worker_hub(runtime)
     run(hub.pause())
     for e in engines:
-        requests.post(f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": version},
-                      timeout=10).raise_for_status()
+        requests.post(
+            f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": version}, timeout=10
+        ).raise_for_status()
     run(hub.resume(version))
 
 
@@ -151,11 +178,15 @@ def assert_accounted(source: CountingSource, trained: list[list[Sample]], filter
     assert max(taken.values()) == 1, f"a group was trained twice: {taken}"
     filtered = filtered or Counter()
     keys = set(source.out) | set(source.back) | set(taken) | set(filtered)
-    wrong = {k: (source.out[k], source.back[k], taken[k], filtered[k]) for k in keys
-             if source.out[k] != source.back[k] + taken[k] + filtered[k]}
+    wrong = {
+        k: (source.out[k], source.back[k], taken[k], filtered[k])
+        for k in keys
+        if source.out[k] != source.back[k] + taken[k] + filtered[k]
+    }
     assert not wrong, f"(out, back, trained, filtered) do not add up: {wrong}"
     assert source.inner.get_buffer_length() == sum(source.back.values()) - sum(
-        source.out[k] - 1 for k in source.out if source.out[k] > 1)
+        source.out[k] - 1 for k in source.out if source.out[k] > 1
+    )
 
 
 def versions(groups):
@@ -220,8 +251,15 @@ def even_groups_only(args, samples, **kwargs):
 def test_filter_sees_whole_groups_and_drops_are_counted(tmp_path, fleet_of, tiny_model_dir, tok):
     SEEN_BY_FILTER.clear()
     router, engines = fleet_of(Script())
-    args = make_args(tmp_path, router, tiny_model_dir, "--dynamic-sampling-filter-path",
-                     f"{__name__}.even_groups_only", "--n-samples-per-prompt", "3")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--dynamic-sampling-filter-path",
+        f"{__name__}.even_groups_only",
+        "--n-samples-per-prompt",
+        "3",
+    )
     runtime = bind_runtime(args, tokenizer=tok, engine_urls=[e.url for e in engines])
     source = CountingSource(DataSource.from_args(args, tok))
     trained, dropped = [], 0
@@ -263,12 +301,14 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
     assert until(lambda: script.holding == 4, DEADLINE), "timed out waiting for 4 requests held on the engine"
     run(hub.pause())
     assert len(worker.suspended) == 2 and worker.in_flight() == 0  # aborted, kept with their tokens
-    assert all(s.status == Sample.Status.ABORTED and s.weight_versions == ["0"] for e in worker.suspended
-               for s in e.result)
+    assert all(
+        s.status == Sample.Status.ABORTED and s.weight_versions == ["0"] for e in worker.suspended for s in e.result
+    )
     script.hold = False
     for e in engines:
-        requests.post(f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": "1"},
-                      timeout=10).raise_for_status()
+        requests.post(
+            f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": "1"}, timeout=10
+        ).raise_for_status()
     run(hub.resume("1"))
     out2 = generate_rollout_fully_async(args, 2, source)
     run(worker.settled())
@@ -276,11 +316,15 @@ def test_weight_update_with_partial_rollout_aborts_and_continues(tmp_path, fleet
     # the 2 queued version-0 groups were dropped (K=0); the 2 aborted ones were continued, not dropped
     assert out2.metrics["rollout/stale_dropped_groups"] == 2
     assert out2.metrics["rollout/fully_async_continued_groups"] == 2
-    continued = [g for g in out2.samples if g[0].weight_versions[0] == "0"] + \
-        [group for _, group in worker.output_queue.items() if group[0].weight_versions[0] == "0"]
+    continued = [g for g in out2.samples if g[0].weight_versions[0] == "0"] + [
+        group for _, group in worker.output_queue.items() if group[0].weight_versions[0] == "0"
+    ]
     assert len(continued) == 2
-    assert all(s.weight_versions == ["0", "1"] and s.status == Sample.Status.COMPLETED and s.tokens[-3:] == ANSWER
-               for g in continued for s in g)
+    assert all(
+        s.weight_versions == ["0", "1"] and s.status == Sample.Status.COMPLETED and s.tokens[-3:] == ANSWER
+        for g in continued
+        for s in g
+    )
     assert counts.get("stale_dropped", 0) == 0
     assert any(a.get("abort_all") for e in engines for a in e.aborts)
     stop(runtime)
@@ -307,14 +351,22 @@ def test_engine_killed_mid_run_loses_nothing(tmp_path, fleet_of, tiny_model_dir,
     router, (good,) = fleet_of(Script())
     port, log = find_free_port(), tmp_path / "stuck.log"
     log.touch()
-    stuck = subprocess.Popen([sys.executable, "-c", f"from tests.test_fully_async_rollout import serve_stuck_engine;"
-                              f"serve_stuck_engine({port}, {str(tiny_model_dir)!r}, {str(log)!r})"],
-                             cwd=str(ROOT), start_new_session=True)
+    stuck = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from tests.test_fully_async_rollout import serve_stuck_engine;"
+            f"serve_stuck_engine({port}, {str(tiny_model_dir)!r}, {str(log)!r})",
+        ],
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         router.add_worker(url)
-        args = make_args(tmp_path, router, tiny_model_dir, "--rollout-num-engines", "2",
-                         "--sglang-server-concurrency", "2")
+        args = make_args(
+            tmp_path, router, tiny_model_dir, "--rollout-num-engines", "2", "--sglang-server-concurrency", "2"
+        )
         runtime = bind_runtime(args, tokenizer=tok, engine_urls=[good.url, url])
         source = CountingSource(DataSource.from_args(args, tok))
         with ThreadPoolExecutor(1) as pool:
@@ -322,8 +374,9 @@ def test_engine_killed_mid_run_loses_nothing(tmp_path, fleet_of, tiny_model_dir,
             # round robin: samples of the pool's groups wait on the stuck engine, until every
             # request the client may have in flight (--sglang-server-concurrency x 2) is one of them
             stuck_rids = lambda: log.read_text().split()  # noqa: E731
-            assert until(lambda: len(stuck_rids()) == runtime.client.concurrency == runtime.client.in_flight,
-                         DEADLINE), "timed out waiting for the client's in-flight requests all on the stuck engine"
+            assert until(
+                lambda: len(stuck_rids()) == runtime.client.concurrency == runtime.client.in_flight, DEADLINE
+            ), "timed out waiting for the client's in-flight requests all on the stuck engine"
             os.killpg(stuck.pid, signal.SIGKILL)
             stuck.wait(10)
             held = len(stuck_rids())
@@ -352,16 +405,18 @@ def test_controller_weight_updates_and_shutdown_return_everything(tmp_path, flee
     try:
         controller.begin_weight_update()
         for e in engines:
-            requests.post(f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": "3"},
-                          timeout=10).raise_for_status()
+            requests.post(
+                f"{e.url}/update_weights_from_disk", json={"model_path": "x", "weight_version": "3"}, timeout=10
+            ).raise_for_status()
         controller.end_weight_update("3")
         batch = controller.generate(0)
         assert batch["weight_versions"] == [["3"]] * 4
         [worker] = worker_hub(controller.runtime).workers
         # The next 2 groups hold at the engine once rollout 0 took 2 of the pool; the other 2 answered
         # groups may still be scoring then (in flight, not yet queued): wait for both events.
-        assert until(lambda: script.holding == 4 and worker.queue_size() == 2, DEADLINE), \
+        assert until(lambda: script.holding == 4 and worker.queue_size() == 2, DEADLINE), (
             f"timed out: {script.holding} requests held, {worker.queue_size()} groups queued"
+        )
         assert worker.in_flight() == 2 and worker.current_version == 3
         controller.save(0)  # a checkpoint now: the 4 groups the worker holds are saved as buffered prompts
         resumed = DataSource(args, controller.data_source.prompts, args.n_samples_per_prompt)
@@ -372,8 +427,11 @@ def test_controller_weight_updates_and_shutdown_return_everything(tmp_path, flee
         closed = True
         assert not pending_generation_tasks()
         assert controller.data_source.get_buffer_length() == 4
-        assert all(s.response_length == 0 and s.status == Sample.Status.PENDING
-                   for g in controller.data_source.buffer for s in g)
+        assert all(
+            s.response_length == 0 and s.status == Sample.Status.PENDING
+            for g in controller.data_source.buffer
+            for s in g
+        )
         trained = set(batch["sample_indices"])
         returned = {s.index for g in controller.data_source.buffer for s in g}
         assert not trained & returned and len(trained | returned) == 12  # 6 groups of 2, each once

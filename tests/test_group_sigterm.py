@@ -23,14 +23,49 @@ RAY_PARTS = ("raylet", "gcs_server", "ray::RolloutManager", "ray::TrainWorker")
 def _argv(tmp_path: Path, model: Path) -> list[str]:
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(32)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return ["-m", "slime.train", "--rollout-backend", "hf", "--hf-checkpoint", str(model),
-            "--prompt-data", str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
-            "--apply-chat-template", "--rollout-num-engines", "1", "--rollout-num-cpus-per-engine", "0.5",
-            "--engine-threads", "1", "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "0.5",
-            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-            "--global-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
-            "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction", "--num-rollout", "100000",
-            "--log-dir", str(tmp_path / "logs")]
+    return [
+        "-m",
+        "slime.train",
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(tmp_path / "train.jsonl"),
+        "--input-key",
+        "messages",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-num-engines",
+        "1",
+        "--rollout-num-cpus-per-engine",
+        "0.5",
+        "--engine-threads",
+        "1",
+        "--actor-num-workers",
+        "1",
+        "--actor-num-cpus-per-worker",
+        "0.5",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--rollout-max-response-len",
+        "6",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "2",
+        "--lr",
+        "1e-3",
+        "--custom-rm-path",
+        "tests.plugins.train_rewards.even_token_fraction",
+        "--num-rollout",
+        "100000",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
 
 
 def _group_of(pid: int) -> int | None:
@@ -64,7 +99,7 @@ def test_sigterm_to_the_process_group_mid_run_stops_in_order(tiny_model_dir, tmp
     assert in_group == []  # the group signal did not reach them
     assert survivors(started, tmp_path, timeout=30) == []
     assert not ray_tmp.exists()
-    owners = {p.name: p.name[len(SHM_PREFIX):].split("-")[0] for p in shm_dir().glob(f"{SHM_PREFIX}*")}
+    owners = {p.name: p.name[len(SHM_PREFIX) :].split("-")[0] for p in shm_dir().glob(f"{SHM_PREFIX}*")}
     rings = [name for name, owner in owners.items() if owner.isdigit() and int(owner) in pids]  # slime-weights-<pid>-*
     assert rings == []
     assert list(Path(tempfile.gettempdir()).glob(f"slime-fork-{proc.pid}-*")) == []

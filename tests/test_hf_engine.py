@@ -48,7 +48,7 @@ def load(client: httpx.Client) -> dict:
 def teacher_forced_logprobs(model, prompt, output, temperature):
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
 
 
@@ -65,7 +65,7 @@ def test_greedy_is_deterministic_and_logprobs_match_teacher_forcing(engine, hf):
     assert [lp for lp, _, _ in meta["output_token_logprobs"]] == pytest.approx(ref, abs=1e-4)
     # the greedy token is the argmax of the teacher-forced logits
     with torch.no_grad():
-        logits = model(torch.tensor([PROMPTS[1] + a["output_ids"]])).logits[0, len(PROMPTS[1]) - 1:-1]
+        logits = model(torch.tensor([PROMPTS[1] + a["output_ids"]])).logits[0, len(PROMPTS[1]) - 1 : -1]
     assert logits.argmax(-1).tolist() == a["output_ids"]
 
 
@@ -84,8 +84,10 @@ def test_sampling_seed_reproducible_and_logprobs_use_temperature(engine, hf):
 def test_concurrent_requests_share_decode_steps_and_match_solo_results(engine):
     n = 24
     # half greedy, half seeded sampling (the random tiny model's greedy output tends to repeat one token)
-    sps = [dict(max_new_tokens=n) if i % 2 else dict(max_new_tokens=n, temperature=1.0, sampling_seed=i)
-           for i in range(len(PROMPTS))]
+    sps = [
+        dict(max_new_tokens=n) if i % 2 else dict(max_new_tokens=n, temperature=1.0, sampling_seed=i)
+        for i in range(len(PROMPTS))
+    ]
     solo = [gen(engine, p, **sp) for p, sp in zip(PROMPTS, sps)]
     steps0 = load(engine)["decode_steps_total"]
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -124,7 +126,7 @@ def test_stop_strings_and_stop_token_ids(engine, hf):
     k = full.index(stop_id) + 1
     assert r["output_ids"] == full[:k]
     assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
-    assert r["text"] == tok.decode(full[:k - 1])  # the stop token is trimmed from the text
+    assert r["text"] == tok.decode(full[: k - 1])  # the stop token is trimmed from the text
     # stop string: the shortest prefix whose text contains it; text cut before the string
     stop = tok.decode(full[4:6]).strip() or tok.decode(full[4:6])
     k = next(i for i in range(1, 13) if stop in tok.decode(full[:i]))
@@ -132,7 +134,7 @@ def test_stop_strings_and_stop_token_ids(engine, hf):
     assert r["output_ids"] == full[:k]
     assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     text = tok.decode(full[:k])
-    assert r["text"] == text[:text.find(stop)]
+    assert r["text"] == text[: text.find(stop)]
     r = gen(engine, PROMPTS[2], **sp, stop=stop, no_stop_trim=True)
     assert r["output_ids"] == full[:k] and r["text"] == text
     # min_new_tokens masks the stop token until enough tokens exist
@@ -196,14 +198,19 @@ def test_generation_with_prompt_logprobs_keeps_its_tokens_and_output_logprobs(en
     model, _ = hf
     ids = PROMPTS[2]
     plain = gen(engine, ids, max_new_tokens=6)
-    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
-            "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": 6}}
+    body = {
+        "input_ids": ids,
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": 6},
+    }
     scored = engine.post("/generate", json=body).json()
     assert scored["output_ids"] == plain["output_ids"]
     out_lps = [lp for lp, _, _ in scored["meta_info"]["output_token_logprobs"]]
     assert out_lps == pytest.approx([lp for lp, _, _ in plain["meta_info"]["output_token_logprobs"]], abs=1e-5)
     assert [lp for lp, _, _ in scored["meta_info"]["input_token_logprobs"][1:]] == pytest.approx(
-        prompt_logprobs(model, ids), abs=1e-4)
+        prompt_logprobs(model, ids), abs=1e-4
+    )
     # the whole sequence scored afterwards gives the sampled tokens their output log-probs (greedy: T = 1)
     seq = ids + scored["output_ids"]
     rescored = score(engine, seq, logprob_start_len=0, sampling_params={"max_new_tokens": 0})
@@ -215,14 +222,22 @@ def test_top_logprobs_num_reports_the_k_most_likely_tokens_of_the_sampling_distr
     model, _ = hf
     ids = PROMPTS[3]
     for temperature in (0, 0.7):
-        body = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 4,
-                "sampling_params": {"temperature": temperature, "ignore_eos": True, "max_new_tokens": 5,
-                                    "sampling_seed": 3}}
+        body = {
+            "input_ids": ids,
+            "return_logprob": True,
+            "top_logprobs_num": 4,
+            "sampling_params": {
+                "temperature": temperature,
+                "ignore_eos": True,
+                "max_new_tokens": 5,
+                "sampling_seed": 3,
+            },
+        }
         answer = engine.post("/generate", json=body).json()
         out, meta = answer["output_ids"], answer["meta_info"]
         rows = meta["output_top_logprobs"]
         with torch.no_grad():  # the whole distribution at each sampled position, as the engine scales it
-            logits = model(torch.tensor([ids + out])).logits[0, len(ids) - 1:-1].float()
+            logits = model(torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1].float()
         full = torch.log_softmax(logits / (temperature or 1.0), -1)
         for row, dist, (lp, token, _) in zip(rows, full, meta["output_token_logprobs"], strict=True):
             best = torch.topk(dist, 4)
@@ -238,8 +253,12 @@ def _background(client, ids, results, key, **sp):
 
 def test_abort_by_rid_and_abort_all(engine):
     results: dict = {}
-    body = {"input_ids": PROMPTS[3], "rid": "abort-me",
-            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}, "return_logprob": True}
+    body = {
+        "input_ids": PROMPTS[3],
+        "rid": "abort-me",
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0},
+        "return_logprob": True,
+    }
     t = threading.Thread(target=lambda: results.update(a=engine.post("/generate", json=body).json()))
     t.start()
     assert until(lambda: load(engine)["num_tokens"] > len(PROMPTS[3]) + 3, 120)
@@ -251,8 +270,10 @@ def test_abort_by_rid_and_abort_all(engine):
     assert 3 <= len(r["output_ids"]) < 3000
     assert [x[1] for x in r["meta_info"]["output_token_logprobs"]] == r["output_ids"]
 
-    threads = [threading.Thread(target=_background, args=(engine, p, results, i),
-                                kwargs=dict(max_new_tokens=3000)) for i, p in enumerate(PROMPTS[:2])]
+    threads = [
+        threading.Thread(target=_background, args=(engine, p, results, i), kwargs=dict(max_new_tokens=3000))
+        for i, p in enumerate(PROMPTS[:2])
+    ]
     for th in threads:
         th.start()
     assert until(lambda: load(engine)["num_running_reqs"] == 2, 120)
@@ -286,7 +307,7 @@ def test_stream_is_cumulative_and_ends_with_done(engine):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [ln for ln in r.iter_lines() if ln]
     assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(ln[len("data: "):]) for ln in lines[:-1]]
+    chunks = [json.loads(ln[len("data: ") :]) for ln in lines[:-1]]
     assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5, 6]
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert chunks[-1]["output_ids"] == gen(engine, PROMPTS[5], max_new_tokens=6)["output_ids"]
@@ -303,10 +324,12 @@ def test_stream_client_disconnect_aborts_the_request(engine):
 def test_client_disconnect_aborts_a_non_streaming_request(engine):
     """As SGLang: a request whose client went away (our deadline, or the router closing its connection
     because ours closed) is aborted, not decoded to the end for nobody."""
+
     def aborted() -> float:
         text = engine.get("/metrics").text
-        return float(next(ln.split()[-1] for ln in text.splitlines()
-                          if ln.startswith("sglang:num_aborted_requests_total")))
+        return float(
+            next(ln.split()[-1] for ln in text.splitlines() if ln.startswith("sglang:num_aborted_requests_total"))
+        )
 
     assert until(lambda: load(engine)["num_reqs"] == 0, 120)
     before = aborted()  # (another test's abort may still be counted after this: hence ">")
@@ -317,21 +340,24 @@ def test_client_disconnect_aborts_a_non_streaming_request(engine):
     assert until(lambda: load(engine)["num_reqs"] == 0 and aborted() > before, 120)
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"sampling_params": {}}, "input_ids or text"),
-    ({"input_ids": []}, "input_ids"),
-    ({"text": ""}, "text"),
-    ({"input_ids": [1, 10**9]}, "input_ids"),
-    ({"input_ids": [1, -1]}, "input_ids"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
-    ({"input_ids": [1, 2], "sampling_params": {"temperature": -0.5}}, "temperature"),
-    ({"input_ids": [1] * 5000}, "too long"),
-    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
-    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
-    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": "0"}, "logprob_start_len"),
-    ({"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
-    ({"input_ids": [1, 2], "image_data": ["data:image/png;base64,AAAA"]}, "image_data: the served model"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"sampling_params": {}}, "input_ids or text"),
+        ({"input_ids": []}, "input_ids"),
+        ({"text": ""}, "text"),
+        ({"input_ids": [1, 10**9]}, "input_ids"),
+        ({"input_ids": [1, -1]}, "input_ids"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        ({"input_ids": [1, 2], "sampling_params": {"temperature": -0.5}}, "temperature"),
+        ({"input_ids": [1] * 5000}, "too long"),
+        ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
+        ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
+        ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": "0"}, "logprob_start_len"),
+        ({"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+        ({"input_ids": [1, 2], "image_data": ["data:image/png;base64,AAAA"]}, "image_data: the served model"),
+    ],
+)
 def test_bad_requests_are_400_naming_the_field(engine, body, field):
     r = engine.post("/generate", json=body)
     assert r.status_code == 400
@@ -429,9 +455,10 @@ def test_ensure_default_model_is_a_real_chat_model():
     assert ensure_default_model() == path
     assert (path / "model.safetensors").exists() and (path / "tokenizer.json").exists()
     tok = AutoTokenizer.from_pretrained(str(path))
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_dict=False
+    )
     assert tok.decode(ids).rstrip().endswith("<|im_start|>assistant")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
-    assert "Paris" in tok.decode(out[0, len(ids):])
+    assert "Paris" in tok.decode(out[0, len(ids) :])

@@ -25,9 +25,13 @@ def switches() -> list[str]:
     out = []
     for group in PARSER._action_groups:  # noqa: SLF001
         if (group.title or "").startswith("upstream"):
-            out += [a.option_strings[0] for a in group._group_actions  # noqa: SLF001
-                    if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))  # noqa: SLF001
-                    and a.dest not in ACTED_ON and dests[a.dest] == 1]
+            out += [
+                a.option_strings[0]
+                for a in group._group_actions  # noqa: SLF001
+                if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))  # noqa: SLF001
+                and a.dest not in ACTED_ON
+                and dests[a.dest] == 1
+            ]
     return sorted(out)
 
 
@@ -37,7 +41,9 @@ def test_an_empty_command_line_names_nothing():
 
 def test_disable_flags_set_to_true_are_named():
     assert named(["--disable-compute-advantages-and-returns", "--disable-wandb-random-suffix"]) == {
-        "--disable-compute-advantages-and-returns", "--disable-wandb-random-suffix"}
+        "--disable-compute-advantages-and-returns",
+        "--disable-wandb-random-suffix",
+    }
 
 
 def test_both_kinds_of_switch_are_among_the_upstream_flags():
@@ -53,7 +59,12 @@ def test_every_switch_set_is_named(flags):
 
 def test_the_rollout_buffer_flags_say_a_plugin_reads_them():
     """slime's rollout-buffer example reads them (it runs here): the notice says so, not "not implemented"."""
-    groups = unused_flags(PARSER, PARSER.parse_args(["--rollout-buffer-url", "http://127.0.0.1:1",
-                                                     "--data-pad-size-multiplier", "64"]))
-    assert groups == {"read only by a rollout function that asks for it (slime's rollout-buffer example, which runs "
-                      "here)": ["--rollout-buffer-url"], "not implemented here": ["--data-pad-size-multiplier"]}
+    groups = unused_flags(
+        PARSER, PARSER.parse_args(["--rollout-buffer-url", "http://127.0.0.1:1", "--data-pad-size-multiplier", "64"])
+    )
+    assert groups == {
+        "read only by a rollout function that asks for it (slime's rollout-buffer example, which runs here)": [
+            "--rollout-buffer-url"
+        ],
+        "not implemented here": ["--data-pad-size-multiplier"],
+    }

@@ -49,12 +49,18 @@ async def test_answer_on_first_attempt_counts_one_request():
 async def test_5xx_and_429_are_retried_with_the_next_payload():
     stats = HttpStats()
     async with Server([(503, "busy"), (429, "slow down"), (200, "plain text")]) as srv:
-        body = await request_json("POST", srv.url, {"n": 0}, timeout=5, stats=stats,
-                                  policy=RetryPolicy(max_retries=3, **FAST), on_retry=lambda p, failure: {"n": p["n"] + 1})
+        body = await request_json(
+            "POST",
+            srv.url,
+            {"n": 0},
+            timeout=5,
+            stats=stats,
+            policy=RetryPolicy(max_retries=3, **FAST),
+            on_retry=lambda p, failure: {"n": p["n"] + 1},
+        )
     assert body == "plain text"
     assert srv.seen == [{"n": 0}, {"n": 1}, {"n": 2}]
-    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "retries_http_503": 1,
-                               "retries_http_429": 1}
+    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "retries_http_503": 1, "retries_http_429": 1}
 
 
 async def test_4xx_is_raised_at_once_with_the_body():
@@ -73,8 +79,13 @@ async def test_spent_budget_names_attempts_and_the_reason():
             await request_json("POST", srv.url, {}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=2, **FAST))
     assert len(srv.seen) == 3 and (e.value.status, e.value.reason) == (502, "http_502")
     assert "failed after 3 attempt(s)" in str(e.value) and str(e.value).endswith("cause: http_502: bad gateway")
-    assert stats.as_dict() == {"requests": 3, "retries": 2, "failures": 1, "retries_http_502": 2,
-                               "failures_http_502": 1}
+    assert stats.as_dict() == {
+        "requests": 3,
+        "retries": 2,
+        "failures": 1,
+        "retries_http_502": 2,
+        "failures_http_502": 1,
+    }
 
 
 async def test_a_spent_budget_is_reported_by_its_first_fault_not_the_refusals_it_led_to():
@@ -94,9 +105,16 @@ async def test_an_unusable_2xx_answer_is_retried_under_the_checks_reason():
     stats = HttpStats()
     failures = []
     async with Server([(200, "<html>"), (200, {"a": 1}), (200, "good")]) as srv:
-        body = await request_json("POST", srv.url, {"n": 0}, timeout=5, stats=stats, answer=answer,
-                                  policy=RetryPolicy(max_retries=3, **FAST),
-                                  on_retry=lambda p, failure: failures.append(failure) or p)
+        body = await request_json(
+            "POST",
+            srv.url,
+            {"n": 0},
+            timeout=5,
+            stats=stats,
+            answer=answer,
+            policy=RetryPolicy(max_retries=3, **FAST),
+            on_retry=lambda p, failure: failures.append(failure) or p,
+        )
     assert body == "checked" and [f.reason for f in failures] == ["bad_shape", "bad_shape"]
     assert not any(f.may_still_run for f in failures)  # an answer came back: nothing left running
     assert stats.retries == {"bad_shape": 2}
@@ -114,8 +132,9 @@ async def test_connection_refused_is_retried_then_reported():
 async def test_a_window_of_zero_allows_no_retry():
     async with Server([(503, "x")]) as srv:
         with pytest.raises(HttpError, match="after 1 attempt"):
-            await request_json("POST", srv.url, {}, timeout=5, policy=RetryPolicy(max_retries=5, window=0.0,
-                                                                                   base_delay=0.01))
+            await request_json(
+                "POST", srv.url, {}, timeout=5, policy=RetryPolicy(max_retries=5, window=0.0, base_delay=0.01)
+            )
     assert len(srv.seen) == 1
 
 
@@ -171,6 +190,7 @@ def test_per_loop_in_two_threads_at_once():
             mine = cache.get()
             ready.wait(timeout=10)  # both loops hold a value before either reads again
             results[name] = (mine, cache.get())
+
         asyncio.run(go())
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
@@ -196,6 +216,8 @@ async def test_a_url_given_as_a_function_is_asked_again_before_each_retry():
             asked.append(next(urls))
             return asked[-1]
 
-        body = await request_json("POST", where, {"n": 1}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=2, **FAST))
+        body = await request_json(
+            "POST", where, {"n": 1}, timeout=5, stats=stats, policy=RetryPolicy(max_retries=2, **FAST)
+        )
     assert body == {"ok": 1} and asked == [gone, srv.url] and srv.seen == [{"n": 1}]
     assert stats.as_dict() == {"requests": 2, "retries": 1, "failures": 0, "retries_connection": 1}

@@ -18,10 +18,19 @@ def _profile_settings(profile: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
     if profile is not None:
         env["HYPOTHESIS_PROFILE"] = profile
-    code = ("import tests.conftest\nfrom hypothesis import settings\n"
-            "print(settings.default.derandomize, settings.default.database is None)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    code = (
+        "import tests.conftest\nfrom hypothesis import settings\n"
+        "print(settings.default.derandomize, settings.default.database is None)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
     return {"derandomize": out[0] == "True", "no_database": out[1] == "True"}
 
 
@@ -33,6 +42,11 @@ def test_the_suite_draws_fixed_examples_and_explore_draws_fresh_ones():
 
 def test_no_test_pins_its_own_seed_policy():
     """A test's own derandomize setting outranks the profile: `make test-explore` would never explore it."""
-    pinned = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "tests").rglob("*.py")) if p.name != "conftest.py"
-              for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bderandomize\s*=", line)]
+    pinned = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if p.name != "conftest.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\bderandomize\s*=", line)
+    ]
     assert pinned == []

@@ -51,8 +51,9 @@ async def test_a_call_that_never_returns_fails_naming_the_flag(stuck):
 
     with pytest.raises(InteractionError) as e:
         await asyncio.wait_for(trajectory(), OUTER_BOUND_S)
-    assert str(e.value) == (f"interaction 'user' (tests.NeverAnswers).{stuck}() did not return within 0.2 s "
-                            "(--interaction-timeout)")
+    assert str(e.value) == (
+        f"interaction 'user' (tests.NeverAnswers).{stuck}() did not return within 0.2 s (--interaction-timeout)"
+    )
     assert adapter.timeouts == 1
 
 
@@ -61,8 +62,10 @@ async def test_a_finalize_that_never_returns_is_reported_not_hung():
     await sample.start()
     assert (await sample.respond([{"role": "user", "content": "hi"}])).content == "go on"
     error = await asyncio.wait_for(sample.finalize(), OUTER_BOUND_S)
-    assert error == ("interaction 'user' finalize_interaction failed: InteractionError: interaction 'user' "
-                     "(tests.NeverAnswers).finalize_interaction() did not return within 0.2 s (--interaction-timeout)")
+    assert error == (
+        "interaction 'user' finalize_interaction failed: InteractionError: interaction 'user' "
+        "(tests.NeverAnswers).finalize_interaction() did not return within 0.2 s (--interaction-timeout)"
+    )
     assert adapter.timeouts == 1
 
 

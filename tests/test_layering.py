@@ -13,23 +13,35 @@ ROOT = Path(__file__).resolve().parents[1]
 # lower number = lower layer; a folder may import its own layer and the ones below (README "How it fits together")
 LAYERS = {
     "train_batch": 0,  # pure computation over lengths and tensors: imports nothing of ours
-    "utils": 1, "backends": 1,
+    "utils": 1,
+    "backends": 1,
     "weights": 2,  # both sides of weight sync: the engine's routes, the fleet and the trainer import it
-    "tools": 3, "engine": 3, "sandbox": 3, "observability": 3,
-    "interactions": 4, "fleet": 4,
+    "tools": 3,
+    "engine": 3,
+    "sandbox": 3,
+    "observability": 3,
+    "interactions": 4,
+    "fleet": 4,
     "rollout": 5,
-    "agent": 6, "rollout_plugins": 6,
+    "agent": 6,
+    "rollout_plugins": 6,
     "ray": 7,
     "train": 8,
-    "cli": 9, "testing": 9, "slime": 10,  # slime/__main__.py, the package's entry
+    "cli": 9,
+    "testing": 9,
+    "slime": 10,  # slime/__main__.py, the package's entry
 }
 # (file, imported module) -> why it may import upward
 UPWARD_SHIMS = {
-    ("slime/utils/http_utils.py", "slime.rollout.runtime"):
-        "slime's public http_utils is a view over the process's bound rollout runtime (imported when called)",
+    (
+        "slime/utils/http_utils.py",
+        "slime.rollout.runtime",
+    ): "slime's public http_utils is a view over the process's bound rollout runtime (imported when called)",
     ("slime/train/__main__.py", "slime.cli.train"): "`python -m slime.train` is the slime-train command",
-    ("slime/utils/plugin_args.py", "slime.cli.parser"):
-        "a hand-built namespace entering at a slime plugin path gets the parser's defaults (imported when called)",
+    (
+        "slime/utils/plugin_args.py",
+        "slime.cli.parser",
+    ): "a hand-built namespace entering at a slime plugin path gets the parser's defaults (imported when called)",
 }
 # circles still to break, each with what ties it (this list only shrinks)
 KNOWN_CIRCLES: list[frozenset[str]] = []
@@ -38,8 +50,10 @@ KNOWN_CIRCLES: list[frozenset[str]] = []
 # but the agent's flags and the crossings named here.
 AGENT_WINGS = ("slime/agent/gateway/", "slime/agent/sandboxes/")
 WING_CROSSINGS = {
-    ("slime/agent/sandboxes/command_agent.py", "slime.agent.gateway.protocols.common"):
-        "flatten_content: an agent's final message as text, read as the gateway reads message content",
+    (
+        "slime/agent/sandboxes/command_agent.py",
+        "slime.agent.gateway.protocols.common",
+    ): "flatten_content: an agent's final message as text, read as the gateway reads message content",
 }
 # slime's public paths whose code moved into a wing: each name is bound to the very module it names
 MOVED_SLIME_PATHS = {
@@ -80,8 +94,9 @@ def imports(path: Path) -> list[tuple[str, str]]:
             modules = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from pkg import sub` imports the submodule when there is one
-            modules = [f"{node.module}.{a.name}" if module_file(f"{node.module}.{a.name}") else node.module
-                       for a in node.names]
+            modules = [
+                f"{node.module}.{a.name}" if module_file(f"{node.module}.{a.name}") else node.module for a in node.names
+            ]
         else:
             continue
         for module in modules:

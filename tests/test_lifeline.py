@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 
+
 def _run(code: str) -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": root})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": root}
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

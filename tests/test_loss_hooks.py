@@ -36,8 +36,21 @@ def data_file(tmp_path_factory):
 def _batch(n: int = 4, seed: int = 0) -> dict:
     """Two rollouts of two samples, rewards of both signs (a non-zero policy gradient)."""
     rng = random.Random(seed)
-    batch = {k: [] for k in ("tokens", "response_lengths", "total_lengths", "rewards", "raw_reward", "rollout_ids",
-                             "loss_masks", "rollout_log_probs", "rollout_mask_sums", "sample_indices")}
+    batch = {
+        k: []
+        for k in (
+            "tokens",
+            "response_lengths",
+            "total_lengths",
+            "rewards",
+            "raw_reward",
+            "rollout_ids",
+            "loss_masks",
+            "rollout_log_probs",
+            "rollout_mask_sums",
+            "sample_indices",
+        )
+    }
     for i in range(n):
         prompt, resp = 3, 4 + i
         batch["tokens"].append([rng.randrange(1, 200) for _ in range(prompt + resp)])
@@ -59,9 +72,25 @@ def _batch(n: int = 4, seed: int = 0) -> dict:
 def _train(host, tiny_model_dir, data_file, *flags: str) -> tuple[dict, object]:
     from tests.train_worker_host import in_host
 
-    argv = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-backend", "hf", "--prompt-data", str(data_file),
-            "--label-key", "label", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--global-batch-size", "2", "--lr", "1e-3", *flags]
+    argv = [
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--rollout-backend",
+        "hf",
+        "--prompt-data",
+        str(data_file),
+        "--label-key",
+        "label",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--lr",
+        "1e-3",
+        *flags,
+    ]
     ranks, _ = split_for_data_parallel(parse_train_args(argv), _batch(), {"dp_size": 1})
 
     # in an actor process, as slime-train runs it: freeing a gloo group in the test process joins gloo's threads
@@ -83,9 +112,11 @@ def _what_the_hooks_saw(worker) -> SimpleNamespace:
     """Run in the worker: what the hooks recorded there (on its args, and the reducer's calls)."""
     from tests.plugins import loss_hooks as hooks
 
-    return SimpleNamespace(custom_loss_seen=getattr(worker.args, "custom_loss_seen", None),
-                           postprocess_seen=getattr(worker.args, "postprocess_seen", None),
-                           reducer_calls=list(hooks.zero_pg_loss_reducer.calls))
+    return SimpleNamespace(
+        custom_loss_seen=getattr(worker.args, "custom_loss_seen", None),
+        postprocess_seen=getattr(worker.args, "postprocess_seen", None),
+        reducer_calls=list(hooks.zero_pg_loss_reducer.calls),
+    )
 
 
 def test_the_hooks_are_acted_on():
@@ -93,16 +124,30 @@ def test_the_hooks_are_acted_on():
 
 
 def test_custom_loss_replaces_the_policy_loss(train_worker_host, tiny_model_dir, data_file, base):
-    out, args = _train(train_worker_host, tiny_model_dir, data_file, "--loss-type", "custom_loss",
-                       "--custom-loss-function-path", "tests.plugins.loss_hooks.custom_loss")
+    out, args = _train(
+        train_worker_host,
+        tiny_model_dir,
+        data_file,
+        "--loss-type",
+        "custom_loss",
+        "--custom-loss-function-path",
+        "tests.plugins.loss_hooks.custom_loss",
+    )
     step = out["steps"][0]
     assert "pg_loss" in base["steps"][0] and "pg_loss" not in step
     assert step["custom_marker"] > 0  # the hook's own log values are the step's metrics
     assert step["loss"] == pytest.approx(step["custom_lse"]) and step["custom_lse"] > 0
     assert step["grad_norm"] > 0
     seen = args.custom_loss_seen
-    assert {"advantages", "log_probs", "loss_masks", "response_lengths", "total_lengths",
-            "unconcat_tokens", "rollout_log_probs"} <= set(seen["keys"])
+    assert {
+        "advantages",
+        "log_probs",
+        "loss_masks",
+        "response_lengths",
+        "total_lengths",
+        "unconcat_tokens",
+        "rollout_log_probs",
+    } <= set(seen["keys"])
     assert seen["logits_shape"][0] == sum(seen["response_lengths"])  # one logit row per response token
 
 
@@ -114,22 +159,37 @@ def test_custom_loss_type_needs_the_function(train_worker_host, tiny_model_dir, 
 
 
 def test_pg_loss_reducer_reduces_pg_loss_alone(train_worker_host, tiny_model_dir, data_file, base):
-    zero, zero_seen = _train(train_worker_host, tiny_model_dir, data_file,
-                             "--custom-pg-loss-reducer-function-path", "tests.plugins.loss_hooks.zero_pg_loss_reducer")
+    zero, zero_seen = _train(
+        train_worker_host,
+        tiny_model_dir,
+        data_file,
+        "--custom-pg-loss-reducer-function-path",
+        "tests.plugins.loss_hooks.zero_pg_loss_reducer",
+    )
     b, z = base["steps"][0], zero["steps"][0]
     assert b["pg_loss"] != 0 and z["pg_loss"] == 0 and z["grad_norm"] == 0
     assert z["ppo_kl"] == pytest.approx(b["ppo_kl"])  # the other metrics keep sum_of_sample_mean
     totals, lengths, masks, per_token = zero_seen.reducer_calls[0]
     assert lengths == [len(m) for m in masks] and all(t > r for t, r in zip(totals, lengths))
     assert per_token is False
-    summed, _ = _train(train_worker_host, tiny_model_dir, data_file, "--custom-pg-loss-reducer-function-path",
-                       "tests.plugins.loss_hooks.sum_pg_loss_reducer")
+    summed, _ = _train(
+        train_worker_host,
+        tiny_model_dir,
+        data_file,
+        "--custom-pg-loss-reducer-function-path",
+        "tests.plugins.loss_hooks.sum_pg_loss_reducer",
+    )
     assert summed["steps"][0]["pg_loss"] != pytest.approx(b["pg_loss"])
 
 
 def test_rollout_data_postprocess_changes_what_is_trained(train_worker_host, tiny_model_dir, data_file, base):
-    out, args = _train(train_worker_host, tiny_model_dir, data_file, "--rollout-data-postprocess-path",
-                       "tests.plugins.loss_hooks.mask_nothing")
+    out, args = _train(
+        train_worker_host,
+        tiny_model_dir,
+        data_file,
+        "--rollout-data-postprocess-path",
+        "tests.plugins.loss_hooks.mask_nothing",
+    )
     assert base["steps"][0]["grad_norm"] > 0
     assert out["steps"][0]["pg_loss"] == 0 and out["steps"][0]["grad_norm"] == 0
     rollout_id, keys = args.postprocess_seen

@@ -13,8 +13,23 @@ from slime.rollout.rm_hub import braces as rm_braces
 from slime.rollout.rm_hub import math_utils as rm_math_utils
 from slime.rollout.rm_hub import symbolic as rm_symbolic
 
-_STDLIB = {"re", "unicodedata", "functools", "json", "logging", "os", "select", "subprocess", "sys", "threading",
-           "time", "weakref", "Path", "logger", "annotations"}
+_STDLIB = {
+    "re",
+    "unicodedata",
+    "functools",
+    "json",
+    "logging",
+    "os",
+    "select",
+    "subprocess",
+    "sys",
+    "threading",
+    "time",
+    "weakref",
+    "Path",
+    "logger",
+    "annotations",
+}
 
 
 def _own_names(module) -> list[str]:
@@ -36,7 +51,9 @@ def test_the_symbolic_worker_is_started_from_its_new_file():
 
 
 def test_tools_grade_math_answers_without_importing_the_rollout_layer():
-    code = ("import sys, slime.tools.geo3k_tool as g; print(g.geo3k_score('0.5', '\\\\frac{1}{2}'), "
-            "sorted(m for m in sys.modules if m.startswith('slime.rollout')))")
+    code = (
+        "import sys, slime.tools.geo3k_tool as g; print(g.geo3k_score('0.5', '\\\\frac{1}{2}'), "
+        "sorted(m for m in sys.modules if m.startswith('slime.rollout')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["1.0", "[]"]

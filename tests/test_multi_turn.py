@@ -65,12 +65,24 @@ class TrackingTool(BaseTool):
 
 
 TOOLS_YAML = native_tools_yaml(
-    ("slime.tools.gsm8k_tool.Gsm8kTool", "calc_gsm8k_reward", "check an answer",
-     {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}),
-    ("slime.tools.example_tools.CalculatorTool", "calculator", "arithmetic",
-     {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
-    (f"{__name__}.TrackingTool", "track", "lifecycle probe",
-     {"type": "object", "properties": {"mode": {"type": "string", "default": "ok"}}}),
+    (
+        "slime.tools.gsm8k_tool.Gsm8kTool",
+        "calc_gsm8k_reward",
+        "check an answer",
+        {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    ),
+    (
+        "slime.tools.example_tools.CalculatorTool",
+        "calculator",
+        "arithmetic",
+        {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    ),
+    (
+        f"{__name__}.TrackingTool",
+        "track",
+        "lifecycle probe",
+        {"type": "object", "properties": {"mode": {"type": "string", "default": "ok"}}},
+    ),
 )
 
 
@@ -114,10 +126,21 @@ def stack(tok, tmp_path_factory):
 
 
 def make_args(stack, tok, **kw) -> argparse.Namespace:
-    base = {**tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
-            "hf_checkpoint": stack["model"], "rollout_max_response_len": 1024, "rollout_max_context_len": None,
-            "sglang_server_concurrency": 64, "request_timeout": 30.0, "request_max_retries": 0,
-            "tool_config_path": stack["config"], "rm_type": "gsm8k", "custom_rm_path": None, "group_rm": False}
+    base = {
+        **tool_defaults(),
+        "sglang_router_ip": "127.0.0.1",
+        "sglang_router_port": stack["router"].port,
+        "hf_checkpoint": stack["model"],
+        "rollout_max_response_len": 1024,
+        "rollout_max_context_len": None,
+        "sglang_server_concurrency": 64,
+        "request_timeout": 30.0,
+        "request_max_retries": 0,
+        "tool_config_path": stack["config"],
+        "rm_type": "gsm8k",
+        "custom_rm_path": None,
+        "group_rm": False,
+    }
     args = argparse.Namespace(**{**base, **kw})
     bind_runtime(args, tokenizer=tok)  # share one tokenizer across tests
     return args
@@ -132,7 +155,7 @@ def say(tok, text: str, stop: bool = True, lp0: float = -0.5) -> dict[str, Any]:
 
 
 def call(name: str, arguments: Any) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def think(text: str) -> str:
@@ -141,13 +164,25 @@ def think(text: str) -> str:
 
 def sample_for(case: str, tools_kwargs: dict | None = None, label: Any = None, index: int = 0) -> Sample:
     md = {"tools_kwargs": tools_kwargs} if tools_kwargs is not None else {}
-    return Sample(index=index, prompt=[{"role": "system", "content": "You are a math expert."},
-                                       {"role": "user", "content": f"case:{case} What is 3 + 4?"}],
-                  label=label, metadata=md)
+    return Sample(
+        index=index,
+        prompt=[
+            {"role": "system", "content": "You are a math expert."},
+            {"role": "user", "content": f"case:{case} What is 3 + 4?"},
+        ],
+        label=label,
+        metadata=md,
+    )
 
 
-PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 1024, "skip_special_tokens": False,
-          "no_stop_trim": True}
+PARAMS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 1024,
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+}
 
 
 def tool_delta(tok, contents: list[str]) -> list[int]:
@@ -176,9 +211,12 @@ async def test_rollout_req_creation(stack, tok):
     s = sample_for("req", {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "7"}}}, label="7")
     s = await generate(args, s, dict(PARAMS))
     req = stack["engine"].requests[n0]
-    expected = tok.apply_chat_template(s.metadata["messages"] if "messages" in s.metadata else s.prompt,
-                                       tools=schemas(args, ["calc_gsm8k_reward"]), tokenize=False,
-                                       add_generation_prompt=True)
+    expected = tok.apply_chat_template(
+        s.metadata["messages"] if "messages" in s.metadata else s.prompt,
+        tools=schemas(args, ["calc_gsm8k_reward"]),
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert req["input_ids"] == tok.encode(expected, add_special_tokens=False)
     assert '"name": "calc_gsm8k_reward"' in expected and '"calculator"' not in expected
     assert req["sampling_params"]["max_new_tokens"] == 100 and req["return_logprob"] is True
@@ -188,17 +226,27 @@ async def test_rollout_req_creation(stack, tok):
 
 async def test_tool_call_basic_case(stack, tok):
     """Two tool calls over three turns: exact tokens, masks and log-probs, rewards, spans."""
-    outs = [say(tok, think("compute first") + "Let me compute.\n" + call("calculator", {"expression": "3 + 4"}), lp0=-1),
-            say(tok, think("now check") + call("calc_gsm8k_reward", {"answer": "7"}), lp0=-2),
-            say(tok, think("correct") + "The answer is #### 7", lp0=-3)]
+    outs = [
+        say(tok, think("compute first") + "Let me compute.\n" + call("calculator", {"expression": "3 + 4"}), lp0=-1),
+        say(tok, think("now check") + call("calc_gsm8k_reward", {"answer": "7"}), lp0=-2),
+        say(tok, think("correct") + "The answer is #### 7", lp0=-3),
+    ]
     CASES["basic"] = lambda t, b: outs[t]
     args = make_args(stack, tok, tool_reward_mode="add")
     n0 = len(stack["engine"].requests)
-    s = sample_for("basic", {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "#### 7"}}, "calculator": {}},
-                   label="7")
+    s = sample_for(
+        "basic", {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "#### 7"}}, "calculator": {}}, label="7"
+    )
     s = await generate(args, s, dict(PARAMS))
-    prompt = tok.encode(tok.apply_chat_template(s.prompt, tools=schemas(args, ["calc_gsm8k_reward", "calculator"]),
-                                                tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    prompt = tok.encode(
+        tok.apply_chat_template(
+            s.prompt,
+            tools=schemas(args, ["calc_gsm8k_reward", "calculator"]),
+            tokenize=False,
+            add_generation_prompt=True,
+        ),
+        add_special_tokens=False,
+    )
     d1 = tool_delta(tok, ["7"])
     d2 = tool_delta(tok, ["Current parsed answer='7' reward=1.0"])
     o = [x["output_ids"] for x in outs]
@@ -216,15 +264,22 @@ async def test_tool_call_basic_case(stack, tok):
     assert s.status == Sample.Status.COMPLETED and md["turns"] == 3
     assert md["tool_calls"] == {"calculator": 1, "calc_gsm8k_reward": 1}
     assert md["tool_errors"] == [] and md["parse_errors"] == []
-    assert md["step_rewards"] == [{"turn": 1, "tool": "calculator", "reward": 0.0},
-                                  {"turn": 2, "tool": "calc_gsm8k_reward", "reward": 0.0}]
+    assert md["step_rewards"] == [
+        {"turn": 1, "tool": "calculator", "reward": 0.0},
+        {"turn": 2, "tool": "calc_gsm8k_reward", "reward": 0.0},
+    ]
     assert md["tool_rewards"] == {"calc_gsm8k_reward": 1.0, "calculator": 0.0}
     assert md["outcome_reward"] == 1.0 and s.reward == 2.0  # --tool-reward-mode add
     spans = md["turn_spans"]
-    assert [(x["turn"], x["role"]) for x in spans] == [(1, "assistant"), (1, "tool"), (2, "assistant"), (2, "tool"),
-                                                      (3, "assistant")]
+    assert [(x["turn"], x["role"]) for x in spans] == [
+        (1, "assistant"),
+        (1, "tool"),
+        (2, "assistant"),
+        (2, "tool"),
+        (3, "assistant"),
+    ]
     assert spans[-1]["end"] == s.response_length
-    assert all(set(s.loss_mask[x["start"]:x["end"]]) == {1 if x["role"] == "assistant" else 0} for x in spans)
+    assert all(set(s.loss_mask[x["start"] : x["end"]]) == {1 if x["role"] == "assistant" else 0} for x in spans)
     assert md["non_generation_time"] >= 0 and len(md["turn_overhead_s"]) == 2
     assert "<tool_response>\n7\n</tool_response>" in s.response
 
@@ -259,16 +314,28 @@ async def test_tools_do_not_hold_the_engine_slot(stack, tok):
     assert all(s.metadata["tool_errors"] == [] and "done together3" in s.response for s in res)
 
 
-@pytest.mark.parametrize("bad,kind,needle", [
-    ('<tool_call>\n{"name": "calculator", "arguments": {"expression": }\n</tool_call>', "malformed_json",
-     "the tool call is not valid JSON"),
-    (call("web_search", {"q": "x"}), "unknown_tool", "unknown tool 'web_search'; available tools: ['calculator']"),
-    (call("calculator", {"expression": 5, "timeout": 9}), "invalid_arguments",
-     "invalid arguments for 'calculator': (root): Additional properties"),
-])
+@pytest.mark.parametrize(
+    "bad,kind,needle",
+    [
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": }\n</tool_call>',
+            "malformed_json",
+            "the tool call is not valid JSON",
+        ),
+        (call("web_search", {"q": "x"}), "unknown_tool", "unknown tool 'web_search'; available tools: ['calculator']"),
+        (
+            call("calculator", {"expression": 5, "timeout": 9}),
+            "invalid_arguments",
+            "invalid arguments for 'calculator': (root): Additional properties",
+        ),
+    ],
+)
 async def test_bad_calls_are_answered_not_dropped(stack, tok, bad, kind, needle):
-    outs = [say(tok, think("try") + bad), say(tok, think("fix") + call("calculator", {"expression": "3+4"})),
-            say(tok, "7")]
+    outs = [
+        say(tok, think("try") + bad),
+        say(tok, think("fix") + call("calculator", {"expression": "3+4"})),
+        say(tok, "7"),
+    ]
     CASES[f"bad-{kind}"] = lambda t, b: outs[t]
     args = make_args(stack, tok)
     n0 = len(stack["engine"].requests)
@@ -286,15 +353,19 @@ async def test_call_cut_off_by_length(stack, tok):
     long_call = think("x") + call("calculator", {"expression": " + ".join(["1"] * 40)})
     outs = [say(tok, long_call), say(tok, "ok")]
     CASES["cut"] = lambda t, b: outs[t]
-    s = await generate(make_args(stack, tok, max_tokens_per_turn=30), sample_for("cut", {"calculator": {}}),
-                       dict(PARAMS))
+    s = await generate(
+        make_args(stack, tok, max_tokens_per_turn=30), sample_for("cut", {"calculator": {}}), dict(PARAMS)
+    )
     assert s.status == Sample.Status.COMPLETED and s.metadata["turns"] == 2
     assert [e["kind"] for e in s.metadata["parse_errors"]] == ["cut_off"]
     assert "cut off by the length limit" in s.response
     assert s.metadata["turn_spans"][0]["end"] == 30 and s.metadata["tool_calls"] == {}
     # now the whole response budget ends inside the call
-    s = await generate(make_args(stack, tok, rollout_max_response_len=30), sample_for("cut", {"calculator": {}}),
-                       dict(PARAMS, max_new_tokens=30))
+    s = await generate(
+        make_args(stack, tok, rollout_max_response_len=30),
+        sample_for("cut", {"calculator": {}}),
+        dict(PARAMS, max_new_tokens=30),
+    )
     assert s.status == Sample.Status.TRUNCATED and s.metadata["finish_reason"] == "response_budget_exhausted"
     assert [e["kind"] for e in s.metadata["parse_errors"]] == ["cut_off"] and s.response_length == 30
 
@@ -305,8 +376,9 @@ async def test_max_turns(stack, tok):
     md = s.metadata
     assert s.status == Sample.Status.TRUNCATED and md["finish_reason"] == "max_turns" and md["turns"] == 3
     assert md["tool_calls"] == {"calculator": 2}
-    assert md["tool_errors"] == [{"turn": 3, "tool": "calculator", "kind": "not_executed",
-                                  "message": "not executed: --max-turns was reached"}]
+    assert md["tool_errors"] == [
+        {"turn": 3, "tool": "calculator", "kind": "not_executed", "message": "not executed: --max-turns was reached"}
+    ]
     assert md["template_drift"] is True  # no <think> blocks: Qwen3 would re-render these turns differently
 
 
@@ -318,7 +390,7 @@ async def test_per_sample_drift_is_recorded(stack, tok):
     s = await generate(make_args(stack, tok), sample_for("drift", {"calculator": {}}), dict(PARAMS))
     assert s.status == Sample.Status.COMPLETED and s.metadata["tool_calls"] == {"calculator": 1}
     assert s.metadata["template_drift"] is True
-    assert 're-rendering has' in s.metadata["template_drift_detail"]
+    assert "re-rendering has" in s.metadata["template_drift_detail"]
     assert '{"name": "calculator"' in s.metadata["template_drift_detail"]
     assert compact in s.response  # what the model sampled, not what the template would write
 
@@ -330,15 +402,17 @@ async def test_over_size_case(stack, tok):
     s = sample_for("size", {"calculator": {}})
     prompt_len = len(MultiTurnContext.get(args).delta.prompt_ids(s.prompt, schemas(args, ["calculator"])))
     # the prompt alone fills the context
-    s = await generate(make_args(stack, tok, rollout_max_context_len=prompt_len), sample_for("size", {"calculator": {}}),
-                       dict(PARAMS))
+    s = await generate(
+        make_args(stack, tok, rollout_max_context_len=prompt_len), sample_for("size", {"calculator": {}}), dict(PARAMS)
+    )
     assert s.status == Sample.Status.TRUNCATED and s.metadata["finish_reason"] == "prompt_fills_context"
     assert s.response_length == 0 and s.loss_mask == []
     # the context budget caps each turn and ends the rollout
     n0 = len(stack["engine"].requests)
     ctx = prompt_len + 60
-    s = await generate(make_args(stack, tok, rollout_max_context_len=ctx), sample_for("size", {"calculator": {}}),
-                       dict(PARAMS))
+    s = await generate(
+        make_args(stack, tok, rollout_max_context_len=ctx), sample_for("size", {"calculator": {}}), dict(PARAMS)
+    )
     reqs = stack["engine"].requests[n0:]
     assert reqs[0]["sampling_params"]["max_new_tokens"] == 60
     for r in reqs:
@@ -351,8 +425,11 @@ async def test_budget_exhausted_in_tool_response(stack, tok):
     first = say(tok, call("track", {"mode": "ok"}))
     CASES["mid"] = lambda t, b: first
     n = len(first["output_ids"])
-    s = await generate(make_args(stack, tok, rollout_max_response_len=n + 5), sample_for("mid", {"track": {}}),
-                       dict(PARAMS, max_new_tokens=n + 5))
+    s = await generate(
+        make_args(stack, tok, rollout_max_response_len=n + 5),
+        sample_for("mid", {"track": {}}),
+        dict(PARAMS, max_new_tokens=n + 5),
+    )
     assert s.status == Sample.Status.TRUNCATED
     assert s.metadata["finish_reason"] == "budget_exhausted_in_tool_response"
     assert s.metadata["dropped_tool_tokens"] > 5 and s.tokens[-n:] == first["output_ids"]
@@ -374,16 +451,16 @@ async def test_release_on_every_path(stack, tok):
     assert s.status == Sample.Status.COMPLETED and "tool 'track' failed: ValueError: boom" in s.response
     assert s.metadata["tool_errors"][0]["kind"] == "exception" and released_all()
     # create raises: FAILED, and everything created is released
-    s = await generate(args, sample_for("ok", {"track": {"create_kwargs": {"fail": True}}, "calculator": {}}),
-                       dict(PARAMS))
+    s = await generate(
+        args, sample_for("ok", {"track": {"create_kwargs": {"fail": True}}, "calculator": {}}), dict(PARAMS)
+    )
     assert s.status == Sample.Status.FAILED and "create failed on purpose" in s.metadata["error"] and released_all()
     # the engine aborts
     CASES["abort"] = lambda t, b: [say(tok, call("track", {})), {"output_ids": [9, 9], "finish_type": "abort"}][t]
     s = await generate(args, sample_for("abort", kw), dict(PARAMS))
     assert s.status == Sample.Status.ABORTED and s.metadata["finish_reason"] == "engine_abort" and released_all()
     # the engine cannot be reached (retries spent)
-    s = await generate(make_args(stack, tok, sglang_router_port=find_free_port()), sample_for("down", kw),
-                       dict(PARAMS))
+    s = await generate(make_args(stack, tok, sglang_router_port=find_free_port()), sample_for("down", kw), dict(PARAMS))
     assert s.status == Sample.Status.FAILED and s.metadata["finish_reason"] == "engine_error" and released_all()
     bind_runtime(args, tokenizer=tok)  # back to the reachable router
     # the task is cancelled while a tool runs (rollout abort)
@@ -405,8 +482,11 @@ async def test_release_on_every_path(stack, tok):
 
 async def test_tool_response_truncation(stack, tok):
     CASES["trunc"] = lambda t, b: [say(tok, call("calculator", {"expression": "7" * 150})), say(tok, "ok")][t]
-    s = await generate(make_args(stack, tok, max_tool_response_tokens=8, tool_response_truncate_side="left"),
-                       sample_for("trunc", {"calculator": {}}), dict(PARAMS))
+    s = await generate(
+        make_args(stack, tok, max_tool_response_tokens=8, tool_response_truncate_side="left"),
+        sample_for("trunc", {"calculator": {}}),
+        dict(PARAMS),
+    )
     assert s.metadata["truncated_tool_responses"] == 1 and "...(truncated)" in s.response
 
 
@@ -420,8 +500,14 @@ def _write_data(tmp_path: Path, n: int) -> tuple[Path, Path]:
             kw["calculator"] = {"create_kwargs": {"note": "x"}}
         return kw
 
-    rows = [{"prompt": [{"role": "user", "content": f"case:batch#{i} What is {i} + 1?"}],
-             "label": str(i + 1), "extra_info": {"index": i, "tools_kwargs": tools_kwargs(i)}} for i in range(n)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"case:batch#{i} What is {i} + 1?"}],
+            "label": str(i + 1),
+            "extra_info": {"index": i, "tools_kwargs": tools_kwargs(i)},
+        }
+        for i in range(n)
+    ]
     pq_path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), pq_path)
     jl = tmp_path / "train.jsonl"
@@ -438,17 +524,45 @@ def test_tool_call_batch_case(stack, tok, tmp_path):
         text = tok.decode(body["input_ids"])
         i = int(re.search(r"case:batch#(\d+)", text).group(1))
         answer = str(i + 1) if i % 2 == 0 else "0"
-        return [say(tok, think("check") + call("calc_gsm8k_reward", {"answer": answer})),
-                say(tok, think("done") + f"#### {answer}")][t]
+        return [
+            say(tok, think("check") + call("calc_gsm8k_reward", {"answer": answer})),
+            say(tok, think("done") + f"#### {answer}"),
+        ][t]
 
     CASES["batch"] = batch
     pq_path, jl = _write_data(tmp_path, 25)
-    argv = ["--hf-checkpoint", stack["model"], "--prompt-data", str(pq_path), "--input-key", "prompt",
-            "--label-key", "label", "--tool-key", "extra_info.tools_kwargs", "--rollout-batch-size", "25",
-            "--n-samples-per-prompt", "4", "--rollout-max-response-len", "512", "--rm-type", "gsm8k",
-            "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", str(stack["router"].port),
-            "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout",
-            "--tool-config-path", stack["config"], "--tool-reward-mode", "add", "--rollout-backend", "hf"]
+    argv = [
+        "--hf-checkpoint",
+        stack["model"],
+        "--prompt-data",
+        str(pq_path),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--tool-key",
+        "extra_info.tools_kwargs",
+        "--rollout-batch-size",
+        "25",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "512",
+        "--rm-type",
+        "gsm8k",
+        "--sglang-router-ip",
+        "127.0.0.1",
+        "--sglang-router-port",
+        str(stack["router"].port),
+        "--rollout-function-path",
+        "rollout_plugins.multi_turn.generate_rollout",
+        "--tool-config-path",
+        stack["config"],
+        "--tool-reward-mode",
+        "add",
+        "--rollout-backend",
+        "hf",
+    ]
     args = parse_args(argv)
     bind_runtime(args, tokenizer=tok)
     from slime.utils.misc import load_function

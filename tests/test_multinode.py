@@ -39,8 +39,12 @@ N_PROMPTS, N_SAMPLES, MAX_LEN = 3, 2, 8
 N = N_PROMPTS * N_SAMPLES
 ROUTER_RESOURCE = "slime_router"
 # the head notices a dead raylet within ~2 s (Ray's defaults: 3 s x 5 checks)
-FAST_NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                   "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+FAST_NODE_DEATH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +54,14 @@ def cluster_run(tiny_model_dir, tmp_path_factory) -> dict[str, Any]:
     """The facts of the whole scenario (one cluster for every test of this module) and its log."""
     work = tmp_path_factory.mktemp("multinode")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_multinode", str(tiny_model_dir), str(work)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.test_multinode", str(tiny_model_dir), str(work)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     facts["log"] = proc.stderr
@@ -92,13 +102,13 @@ def test_engines_node_and_router_node_lost_mid_rollout_both_move_nothing_lost(cl
     st = facts["status_after_first_loss"]
     assert st["router_node_id"] == nodes["head"] and st["router_url"] != facts["before"]["router_url"]
     assert st["router_url"].startswith("http://127.0.0.1:") and st["router_moves"] == 1
-    assert [(e["state"], e["node_id"], e["moved_from"]) for e in st["engines"]] == \
-        [("healthy", nodes["spare"], nodes["engines"])] * 2
+    assert [(e["state"], e["node_id"], e["moved_from"]) for e in st["engines"]] == [
+        ("healthy", nodes["spare"], nodes["engines"])
+    ] * 2
     lost = {e["node_id"]: e for e in st["lost_nodes"]}
     assert sorted(lost) == sorted([nodes["engines"], nodes["router"]])
     assert sorted(lost[nodes["engines"]]["engines"]) == [0, 1]
-    assert {int(k): v for k, v in lost[nodes["engines"]]["moved_to"].items()} == {0: nodes["spare"],
-                                                                                  1: nodes["spare"]}
+    assert {int(k): v for k, v in lost[nodes["engines"]]["moved_to"].items()} == {0: nodes["spare"], 1: nodes["spare"]}
     assert lost[nodes["engines"]]["router_moved_to"] is None
     assert (lost[nodes["router"]]["engines"], lost[nodes["router"]]["router_moved_to"]) == ([], nodes["head"])
 
@@ -115,8 +125,9 @@ def test_a_node_that_joins_takes_the_engines_that_had_no_room_and_the_pool_grows
     assert got["engine_retries"] >= 1
     assert facts["trained"][1] == {"rollout_id": 1, "steps": 1}
     st = facts["after_status"]
-    assert [(e["state"], e["node_id"], e["moved_from"], e["deaths"]) for e in st["engines"]] == \
-        [("healthy", nodes["joined"], nodes["spare"], 2)] * 2
+    assert [(e["state"], e["node_id"], e["moved_from"], e["deaths"]) for e in st["engines"]] == [
+        ("healthy", nodes["joined"], nodes["spare"], 2)
+    ] * 2
     assert len(st["engine_urls"]) == 2 and st["engine_deaths"] == 4
     assert (st["nodes_lost"], st["engines_moved"], st["router_moves"]) == (3, 4, 1)
     log = facts["log"]
@@ -138,46 +149,99 @@ def test_lost_nodes_are_named_in_the_rollout_line_and_on_the_dashboard(cluster_r
     router_went = f"node {nodes['router']}: no engine; router -> node {nodes['head']}"
     # the two losses of rollout 0, in the order the fleet noticed them
     both = {f"{engines_went}; {router_went}", f"{router_went}; {engines_went}"}
-    second = (f"nodes_lost=1 (node {nodes['spare']}: engine 0 -> node {nodes['joined']}, engine 1 -> node "
-              f"{nodes['joined']})")
+    second = (
+        f"nodes_lost=1 (node {nodes['spare']}: engine 0 -> node {nodes['joined']}, engine 1 -> node {nodes['joined']})"
+    )
     lines = facts["lines"]
-    assert lines[0].startswith("rollout 0: samples=6 ") and lines[0].split(" nodes_lost=2 (")[1][:-1] in both, \
-        lines[0]
+    assert lines[0].startswith("rollout 0: samples=6 ") and lines[0].split(" nodes_lost=2 (")[1][:-1] in both, lines[0]
     assert lines[1].startswith("rollout 1: samples=6 ") and lines[1].endswith(second), lines[1]
     assert "nodes_lost" not in lines[2]
     fleet = facts["fleet_records"]  # metrics.jsonl: what the wandb run gets
-    assert [(r["rollout_id"], r["metrics"]["fleet/nodes_lost"], r["metrics"]["fleet/engines_moved"],
-             r["metrics"]["fleet/engines_waiting_for_room"], r["metrics"]["fleet/router_moves"]) for r in fleet] == \
-        [(0, 2, 2, 0, 1), (1, 1, 2, 0, 0)]
+    assert [
+        (
+            r["rollout_id"],
+            r["metrics"]["fleet/nodes_lost"],
+            r["metrics"]["fleet/engines_moved"],
+            r["metrics"]["fleet/engines_waiting_for_room"],
+            r["metrics"]["fleet/router_moves"],
+        )
+        for r in fleet
+    ] == [(0, 2, 2, 0, 1), (1, 1, 2, 0, 0)]
     assert fleet[0]["metrics"]["fleet/lost_nodes"] == lines[0].split(" nodes_lost=2 (")[1][:-1]
-    assert fleet[1]["metrics"]["fleet/lost_nodes"] == second[len("nodes_lost=1 ("):-1]
+    assert fleet[1]["metrics"]["fleet/lost_nodes"] == second[len("nodes_lost=1 (") : -1]
     perf = {r["rollout_id"]: r["metrics"] for r in facts["perf_records"]}
-    assert [(perf[i]["perf/nodes_lost"], perf[i]["perf/engines_moved"], perf[i]["perf/router_moves"])
-            for i in range(3)] == [(2, 2, 1), (1, 2, 0), (0, 0, 0)]
+    assert [
+        (perf[i]["perf/nodes_lost"], perf[i]["perf/engines_moved"], perf[i]["perf/router_moves"]) for i in range(3)
+    ] == [(2, 2, 1), (1, 2, 0), (0, 0, 0)]
 
 
 # ---- the scenario, in its own process ----------------------------------------------------------------
 def _argv(model_dir: str, work: Path, address: str, router_resource: str | None = ROUTER_RESOURCE) -> list[str]:
     """The scenario's flags; `router_resource` None keeps the router on the manager's node."""
     data = work / "train.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}],
-                                        "label": str(2 * i)}) + "\n" for i in range(12)))
-    return ["--ray-address", address, "--rollout-backend", "hf", "--hf-checkpoint", model_dir,
-            "--prompt-data", str(data), "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
-            "--rm-type", "exact", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "1",
-            "--engine-threads", "1", "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt",
-            str(N_SAMPLES), "--rollout-max-response-len", str(MAX_LEN), "--request-retry-window", "600",
-            "--request-max-retries", "10000", "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "1",
-            "--global-batch-size", str(N), "--micro-batch-size", "2",
-            "--log-dir", str(work / "logs"), "--metrics-dir", str(work / "metrics")] + (
-        ["--router-resource", router_resource] if router_resource else [])
+    data.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}], "label": str(2 * i)})
+            + "\n"
+            for i in range(12)
+        )
+    )
+    return [
+        "--ray-address",
+        address,
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        model_dir,
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "messages",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rm-type",
+        "exact",
+        "--rollout-num-engines",
+        "2",
+        "--rollout-num-cpus-per-engine",
+        "1",
+        "--engine-threads",
+        "1",
+        "--rollout-batch-size",
+        str(N_PROMPTS),
+        "--n-samples-per-prompt",
+        str(N_SAMPLES),
+        "--rollout-max-response-len",
+        str(MAX_LEN),
+        "--request-retry-window",
+        "600",
+        "--request-max-retries",
+        "10000",
+        "--actor-num-workers",
+        "1",
+        "--actor-num-cpus-per-worker",
+        "1",
+        "--global-batch-size",
+        str(N),
+        "--micro-batch-size",
+        "2",
+        "--log-dir",
+        str(work / "logs"),
+        "--metrics-dir",
+        str(work / "metrics"),
+    ] + (["--router-resource", router_resource] if router_resource else [])
 
 
 def _batch_facts(batch: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
-    return {"samples": len(batch["tokens"]), "sample_indices": list(batch["sample_indices"]),
-            "response_lengths": list(batch["response_lengths"]), "failed": summary["failed"],
-            "engine_retries": summary["engine_retries"],
-            "weight_versions": sorted({v for vs in batch["weight_versions"] for v in vs})}
+    return {
+        "samples": len(batch["tokens"]),
+        "sample_indices": list(batch["sample_indices"]),
+        "response_lengths": list(batch["response_lengths"]),
+        "failed": summary["failed"],
+        "engine_retries": summary["engine_retries"],
+        "weight_versions": sorted({v for vs in batch["weight_versions"] for v in vs}),
+    }
 
 
 def _hold_requests(urls: list[str]) -> int:
@@ -238,9 +302,16 @@ def warm_engines(model_dir: str, work: Path) -> Iterator[str | None]:
     when `SLIME_ENGINE_FORK_SERVER=0` (cold starts). Stopped, with its engines, at the end."""
     from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
 
-    server = start_engine_fork_server(SimpleNamespace(
-        rollout_backend="hf", hf_checkpoint=model_dir, ray_address=None, load_debug_rollout_data=None,
-        rollout_num_engines=1, log_dir=str(work)))
+    server = start_engine_fork_server(
+        SimpleNamespace(
+            rollout_backend="hf",
+            hf_checkpoint=model_dir,
+            ray_address=None,
+            load_debug_rollout_data=None,
+            rollout_num_engines=1,
+            log_dir=str(work),
+        )
+    )
     session = RaySession(False, server)
     try:
         yield server.socket_path if server is not None and _await_socket(server) else None
@@ -260,13 +331,21 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
 
     warm = contextlib.ExitStack()
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
-                                                            "_system_config": FAST_NODE_DEATH})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **node_args,
+            "num_cpus": 0,
+            "gcs_server_port": find_free_port(),
+            "_system_config": FAST_NODE_DEATH,
+        },
+    )
     facts: dict[str, Any] = {"rollouts": [], "lines": [], "trained": [], "seconds": {}}
     t0 = time.monotonic()
 
     def lap(what: str) -> None:  # where the scenario's time goes (reported by the test run, not asserted)
         facts["seconds"][what] = round(time.monotonic() - t0, 1)
+
     try:
         router_node = cluster.add_node(num_cpus=0, resources={ROUTER_RESOURCE: 1}, **node_args)
         engines_node = cluster.add_node(num_cpus=2, **node_args)  # only it has room for the engines
@@ -278,8 +357,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         manager, info = start_manager(args, fork_server=fork_server)
         trainer_node = cluster.add_node(num_cpus=1, **node_args)  # room for the trainer's worker only
         facts["manager_node"] = _actor_node(manager)
-        facts["router_pid_is_managers_child"] = info["router_pid"] in _children_of_manager(
-            manager)
+        facts["router_pid_is_managers_child"] = info["router_pid"] in _children_of_manager(manager)
         facts["before"] = ray.get(manager.status.remote())
         lap("cluster and manager up")
         trainer = TrainGroup(args)
@@ -305,8 +383,10 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         def lose_spare_then_join() -> None:
             cluster.remove_node(spare_node, allow_graceful=False)
             facts["status_waiting_for_room"] = _status_when(
-                manager, lambda st: not st["engine_urls"] and all(e["deaths"] == 2 for e in st["engines"]),
-                "the spare node's engines reported dead")
+                manager,
+                lambda st: not st["engine_urls"] and all(e["deaths"] == 2 for e in st["engines"]),
+                "the spare node's engines reported dead",
+            )
             joined.append(cluster.add_node(num_cpus=2, **node_args))  # the same resources as the lost one
 
         run.rollout_with_kill(1, lose_spare_then_join, "held_requests_at_second_kill")
@@ -315,15 +395,22 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
 
         # 3. the trainer's group is formed again over the moved engines: a distributed push reaches both
         trainer.update_weights(manager, "1", "distributed")
-        facts["versions_after_push"] = [requests.get(f"{e['url']}/get_weight_version", timeout=10).json()
-                                        ["weight_version"] for e in ray.get(manager.status.remote())["engines"]]
+        facts["versions_after_push"] = [
+            requests.get(f"{e['url']}/get_weight_version", timeout=10).json()["weight_version"]
+            for e in ray.get(manager.status.remote())["engines"]
+        ]
         lap("push over the re-formed group")
         run.rollout_with_kill(2, None, "")
         lap("rollout 2 trained")
         facts["after_status"] = ray.get(manager.status.remote())
-        facts["nodes"] = {"head": cluster.head_node.node_id, "router": router_node.node_id,
-                          "engines": engines_node.node_id, "trainer": trainer_node.node_id,
-                          "spare": spare_node.node_id, "joined": joined[0].node_id}
+        facts["nodes"] = {
+            "head": cluster.head_node.node_id,
+            "router": router_node.node_id,
+            "engines": engines_node.node_id,
+            "trainer": trainer_node.node_id,
+            "spare": spare_node.node_id,
+            "joined": joined[0].node_id,
+        }
         records = list(read_metrics(work / "metrics"))
         facts["fleet_records"] = [r for r in records if r["kind"] == "fleet"]
         facts["perf_records"] = [r for r in records if r["kind"] == "perf"]
@@ -347,8 +434,9 @@ def _actors_left(within: float = 60.0) -> list[str]:
     import ray
 
     deadline = time.monotonic() + within
-    while (left := [a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]) \
-            and time.monotonic() < deadline:
+    while (
+        left := [a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+    ) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 

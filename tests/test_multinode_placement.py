@@ -26,8 +26,7 @@ class Placeholder:
         return ray.get_runtime_context().get_node_id()
 
 
-def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shrinks(ray_cluster, monkeypatch,
-                                                                                      caplog):
+def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shrinks(ray_cluster, monkeypatch, caplog):
     ray = ray_cluster
     from slime.fleet import room
     from slime.fleet.fleet import EngineSlot, Fleet
@@ -40,8 +39,10 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
     assert ray.get(old.ping.remote())
     here = ray.get_runtime_context().get_node_id()
     gone = "f" * 56  # a node id Ray does not know: not alive
-    fleet.slots = [EngineSlot(0, [old], [0], state="healthy", node_id=gone),
-                   EngineSlot(1, [survivor], [1], url="http://127.0.0.1:9", state="healthy", node_id=here)]
+    fleet.slots = [
+        EngineSlot(0, [old], [0], state="healthy", node_id=gone),
+        EngineSlot(1, [survivor], [1], url="http://127.0.0.1:9", state="healthy", node_id=here),
+    ]
     unplaceable = []
 
     def new_actor(rank, bundle, *rest):  # its bundle cannot be placed anywhere: no node has this resource
@@ -58,19 +59,26 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
     assert fleet.counters["engine_failed"] == 0 and fleet.counters["engines_moved"] == 0
     assert fleet.counters["engine_deaths"] == 1 and fleet.counters["engine_restarts"] == 1
     [lost] = fleet.lost_node_status()
-    assert (lost["node_id"], lost["engines"], lost["moved_to"], lost["router_moved_to"]) == (gone, [0], {0: None},
-                                                                                             None)
+    assert (lost["node_id"], lost["engines"], lost["moved_to"], lost["router_moved_to"]) == (gone, [0], {0: None}, None)
     # in words and numbers, as the rollout's line and the dashboard show it
     assert describe_lost_node(lost) == "node ffffffff: engine 0 -> waiting for room"
-    assert node_loss_metrics([lost]) == {"fleet/nodes_lost": 1, "fleet/engines_moved": 0,
-                                         "fleet/engines_waiting_for_room": 1, "fleet/router_moves": 0,
-                                         "fleet/lost_nodes": "node ffffffff: engine 0 -> waiting for room"}
+    assert node_loss_metrics([lost]) == {
+        "fleet/nodes_lost": 1,
+        "fleet/engines_moved": 0,
+        "fleet/engines_waiting_for_room": 1,
+        "fleet/router_moves": 0,
+        "fleet/lost_nodes": "node ffffffff: engine 0 -> waiting for room",
+    }
     info = fleet.info()
     assert info["lost_nodes"] == [lost]
     assert (info["nodes_lost"], info["engines_moved"], info["engines_unplaced"], info["router_moves"]) == (1, 0, 1, 0)
     assert fleet.engine_status()[0]["node_id"] == gone and fleet.engine_status()[0]["moved_from"] is None
-    assert any("no room for a replacement" in r.getMessage() and "the pool shrinks until a node with room joins"
-               in r.getMessage() and "1 of 2 engines serve" in r.getMessage() for r in caplog.records)
+    assert any(
+        "no room for a replacement" in r.getMessage()
+        and "the pool shrinks until a node with room joins" in r.getMessage()
+        and "1 of 2 engines serve" in r.getMessage()
+        for r in caplog.records
+    )
     assert any(f"Ray node {gone} is gone" in r.getMessage() for r in caplog.records)
     [pending] = unplaceable  # still waiting in Ray for a node with room, as the engine's own actor
     assert fleet.slots[0].actor is pending

@@ -33,8 +33,12 @@ from tests.test_multinode import N, _argv, warm_engines
 ROOT = Path(__file__).resolve().parents[1]
 # a killed raylet fails every check at once (its port is closed): its node is marked dead ~5 s after the kill,
 # while its engines' deaths are seen within ~1-3 s; a live raylet on this loaded box gets 10 s per check
-NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_timeout_ms": 10_000,
-              "health_check_failure_threshold": 5}
+NODE_DEATH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 10_000,
+    "health_check_failure_threshold": 5,
+}
 WAIT_S = 600.0  # the bound on each wait of the scenario: a failing one names what it waited for
 NUM_ROLLOUT = 3
 LOST_IN = 1  # the rollout in the middle of which the engines' node is lost (after the pushes of versions 0, 1)
@@ -46,14 +50,25 @@ pytestmark = pytest.mark.slow
 def preemption(tiny_model_dir, tmp_path_factory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("preemption")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_multinode_preemption", str(tiny_model_dir), str(work)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.test_multinode_preemption", str(tiny_model_dir), str(work)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     facts["log"] = proc.stderr
     print(f"preemption scenario, seconds since start: {facts['seconds']}")  # shown with -s
-    print("\n".join(line for line in proc.stderr.splitlines() if any(
-        word in line for word in ("is gone", " died ", "loaded weight version", "replaced", "moved from"))))
+    print(
+        "\n".join(
+            line
+            for line in proc.stderr.splitlines()
+            if any(word in line for word in ("is gone", " died ", "loaded weight version", "replaced", "moved from"))
+        )
+    )
     return facts
 
 
@@ -78,8 +93,9 @@ def test_one_restart_per_engine_on_the_spare_node(preemption):
     facts = preemption
     nodes = facts["nodes"]
     st = facts["status_at_end"]
-    assert [(e["state"], e["node_id"], e["moved_from"], e["restarts"], e["deaths"]) for e in st["engines"]] == \
-        [("healthy", nodes["spare"], nodes["engines"], 1, 1)] * 2
+    assert [(e["state"], e["node_id"], e["moved_from"], e["restarts"], e["deaths"]) for e in st["engines"]] == [
+        ("healthy", nodes["spare"], nodes["engines"], 1, 1)
+    ] * 2
     assert (st["engine_deaths"], st["engine_restarts"], st["nodes_lost"], st["engines_moved"]) == (2, 2, 1, 2)
     assert "restart 1/3 failed" not in facts["log"] and "never ran" not in facts["log"]
 
@@ -92,7 +108,8 @@ def test_the_loss_is_named_in_the_rollout_it_happened_in(preemption):
     assert [(e.get("engine_deaths", 0), e.get("engine_restarts", 0)) for e in events] == [(0, 0), (2, 2), (0, 0)]
     short = {k: v[:8] for k, v in nodes.items()}
     assert events[LOST_IN]["lost_nodes"] == [
-        f"node {short['engines']}: engine 0 -> node {short['spare']}, engine 1 -> node {short['spare']}"]
+        f"node {short['engines']}: engine 0 -> node {short['spare']}, engine 1 -> node {short['spare']}"
+    ]
     # both engines out of service as soon as the fleet knew, and the loss worded once per engine
     log = facts["log"]
     assert log.count(f"its node {nodes['engines']} was lost") == 2
@@ -140,11 +157,19 @@ def _manager_class(work: Path) -> Any:
 
             batch, summary = ray.get(out[0].inner), self.controller.last_summary
             with open(work / "batches.jsonl", "a") as f:
-                f.write(json.dumps({"rollout_id": rollout_id, "samples": len(batch["tokens"]),
-                                    "sample_indices": list(batch["sample_indices"]), "failed": summary["failed"],
-                                    "engine_retries": summary["engine_retries"],
-                                    "weight_versions": sorted({v for vs in batch["weight_versions"] for v in vs})})
-                        + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "rollout_id": rollout_id,
+                            "samples": len(batch["tokens"]),
+                            "sample_indices": list(batch["sample_indices"]),
+                            "failed": summary["failed"],
+                            "engine_retries": summary["engine_retries"],
+                            "weight_versions": sorted({v for vs in batch["weight_versions"] for v in vs}),
+                        }
+                    )
+                    + "\n"
+                )
             return out
 
         def dispose(self) -> None:
@@ -165,8 +190,10 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
 
     warm = contextlib.ExitStack()
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(),
-                                                            "_system_config": NODE_DEATH})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(), "_system_config": NODE_DEATH},
+    )
     facts: dict[str, Any] = {"seconds": {}, "records": []}
     t0 = time.monotonic()
 
@@ -178,15 +205,22 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         cluster.add_node(num_cpus=1, **node_args)  # the trainer's worker
         # after the nodes' own starts (a raylet has 30 s to register, a preload competes for the CPU)
         fork_server = warm.enter_context(warm_engines(model_dir, work))
-        args = parse_train_args(_argv(model_dir, work, cluster.address, router_resource=None) + [
-            "--num-rollout", str(NUM_ROLLOUT), "--request-retry-window", "180"])
+        args = parse_train_args(
+            _argv(model_dir, work, cluster.address, router_resource=None)
+            + ["--num-rollout", str(NUM_ROLLOUT), "--request-retry-window", "180"]
+        )
         session = ray_init(args)
         spare: list[Any] = []
 
         def on_record(record: Any) -> None:
-            facts["records"].append({"rollout_id": record.rollout_id, "steps": len(record.steps),
-                                     "sample_weight_versions": sorted(set(record.sample_weight_versions)),
-                                     "fleet": record.fleet})
+            facts["records"].append(
+                {
+                    "rollout_id": record.rollout_id,
+                    "steps": len(record.steps),
+                    "sample_weight_versions": sorted(set(record.sample_weight_versions)),
+                    "fleet": record.fleet,
+                }
+            )
             lap(f"rollout {record.rollout_id} trained")
             if record.rollout_id == LOST_IN - 1:  # a spare node with room for both engines, then the loss
                 spare.append(cluster.add_node(num_cpus=2, **node_args))

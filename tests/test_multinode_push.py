@@ -37,7 +37,14 @@ import pytest
 import requests
 
 from tests.test_multinode import (
-    FAST_NODE_DEATH, N_PROMPTS, N_SAMPLES, _actor_node, _all_healthy, _argv, _batch_facts, _status_when,
+    FAST_NODE_DEATH,
+    N_PROMPTS,
+    N_SAMPLES,
+    _actor_node,
+    _all_healthy,
+    _argv,
+    _batch_facts,
+    _status_when,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +57,14 @@ WAIT_S = 300.0  # the bound on each step of the scenario: a failing step fails w
 @pytest.mark.slow
 def test_node_lost_during_a_push_survivor_pushed_replacement_gets_the_next_push(tiny_model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_multinode_push", str(tiny_model_dir), str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.test_multinode_push", str(tiny_model_dir), str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     a, b, trainer_node = facts["nodes"]["kept"], facts["nodes"]["lost"], facts["nodes"]["trainer"]
@@ -102,8 +115,11 @@ def _ended_by_deadline(cause: str) -> bool:
 def _released_at_once(how: str) -> bool:
     """A survivor's call in a dropped group ended by the trainer leaving it (the engine's destroy wakes it, or
     rank 0's abort closes its connections), or was answered; not by the group's deadline (gloo: "Timed out")."""
-    return how == "answered" or "destroyed while this update waited" in how or (
-        "timed out" not in how.lower() and any(w in how for w in ("Connection closed by peer", "Connection reset")))
+    return (
+        how == "answered"
+        or "destroyed while this update waited" in how
+        or ("timed out" not in how.lower() and any(w in how for w in ("Connection closed by peer", "Connection reset")))
+    )
 
 
 # ---- the scenario, in its own process ----------------------------------------------------------------
@@ -147,14 +163,18 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.utils.misc import find_free_port
 
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={
-        **node_args, "num_cpus": 0, "gcs_server_port": find_free_port(), "_system_config": NODE_DEATH})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**node_args, "num_cpus": 0, "gcs_server_port": find_free_port(), "_system_config": NODE_DEATH},
+    )
     facts: dict[str, Any] = {}
     try:
         engine_nodes = [cluster.add_node(num_cpus=1, **node_args) for _ in range(2)]  # one engine each
         # the router stays on the manager's node (the node lost here takes an engine only)
-        args = parse_args(_argv(model_dir, work, cluster.address, router_resource=None)
-                          + ["--update-weight-buffer-size", str(64 << 10)])
+        args = parse_args(
+            _argv(model_dir, work, cluster.address, router_resource=None)
+            + ["--update-weight-buffer-size", str(64 << 10)]
+        )
         session = ray_init(args)
         manager, info = start_manager(args)
         trainer_node = cluster.add_node(num_cpus=3, **node_args)  # the trainer's, with room for a moved engine
@@ -187,23 +207,32 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         trained = trainer.weight_checksums()
-        facts["survivor_equal_after_loss"] = requests.post(f"{urls[0]}/weights_checker", timeout=60, json={
-            "action": "compare", "checksums": trained}).json()["equal"]
+        facts["survivor_equal_after_loss"] = requests.post(
+            f"{urls[0]}/weights_checker", timeout=60, json={"action": "compare", "checksums": trained}
+        ).json()["equal"]
 
         # replaced: placed on another node, up, waiting for weights. Not just "healthy": a push that finished
         # before Ray marked the node dead leaves the lost engine shown healthy until then, and a push started
         # in that window goes to the dead engine (which it drops) instead of the replacement
-        _status_when(manager, lambda st: st["engines"][1]["moved_from"] == lost.node_id
-                     and st["engines"][1]["state"] in ("awaiting_weights", "healthy"), "the lost engine replaced",
-                     WAIT_S)
+        _status_when(
+            manager,
+            lambda st: (
+                st["engines"][1]["moved_from"] == lost.node_id
+                and st["engines"][1]["state"] in ("awaiting_weights", "healthy")
+            ),
+            "the lost engine replaced",
+            WAIT_S,
+        )
         facts["next_push"] = trainer.update_weights(manager, "2", "distributed")
-        facts["after_status"] = _status_when(manager, _all_healthy, "the replacement admitted by the next push",
-                                             WAIT_S)
-        facts["equal_after_next_push"] = [c["equal"] for c in _got(manager.check_weights.remote(
-            "compare", trainer.weight_checksums()), "check_weights")]
+        facts["after_status"] = _status_when(manager, _all_healthy, "the replacement admitted by the next push", WAIT_S)
+        facts["equal_after_next_push"] = [
+            c["equal"]
+            for c in _got(manager.check_weights.remote("compare", trainer.weight_checksums()), "check_weights")
+        ]
         [box] = _got(manager.generate.remote(1), "rollout 1")
-        facts["after"] = _batch_facts(_got(box.inner, "rollout 1's batch"), _got(manager.last_summary.remote(),
-                                                                                  "last_summary"))
+        facts["after"] = _batch_facts(
+            _got(box.inner, "rollout 1's batch"), _got(manager.last_summary.remote(), "last_summary")
+        )
 
         trainer.shutdown()
         stop_manager(manager)

@@ -22,9 +22,22 @@ def worker(train_worker_host, tiny_model_dir, tmp_path):
     process (tests/train_worker_host.py), so what one test breaks (NaN weights, a coefficient) no other sees."""
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "hi"}) + "\n")
-    return train_worker_host, ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-                               str(data), "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
-                               "--global-batch-size", "2", "--lr", "1e-2"]
+    return train_worker_host, [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(data),
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--lr",
+        "1e-2",
+    ]
 
 
 def in_worker(worker, body):
@@ -53,10 +66,17 @@ def batch(rewards: list[float]) -> list[Box]:
     """Two samples of one rollout, one micro-batch, one step."""
     import ray
 
-    data = {"tokens": [torch.tensor([11, 12, 13, 14, 15]), torch.tensor([21, 22, 23, 24])],
-            "response_lengths": [2, 2], "loss_masks": [torch.ones(2), torch.ones(2)],
-            "rollout_mask_sums": torch.tensor([4.0, 4.0]), "micro_batch_indices": [[0, 1]],
-            "num_microbatches": [1], "global_batch_sizes": [1], "rewards": rewards, "raw_reward": rewards}
+    data = {
+        "tokens": [torch.tensor([11, 12, 13, 14, 15]), torch.tensor([21, 22, 23, 24])],
+        "response_lengths": [2, 2],
+        "loss_masks": [torch.ones(2), torch.ones(2)],
+        "rollout_mask_sums": torch.tensor([4.0, 4.0]),
+        "micro_batch_indices": [[0, 1]],
+        "num_microbatches": [1],
+        "global_batch_sizes": [1],
+        "rewards": rewards,
+        "raw_reward": rewards,
+    }
     return [Box(ray.put(data))]
 
 
@@ -73,8 +93,10 @@ def test_a_nan_reward_stops_the_step_naming_the_terms_and_leaves_the_weights(wor
         return message, unchanged, w.global_step, w.train(1, batch([0.0, 1.0]))["steps"][0]["step"]
 
     message, unchanged, step, next_step = in_worker(worker, body)
-    assert message and message.startswith("rollout 0, step 1: pg_loss=nan, loss=nan, grad_norm=nan is not finite; "
-                                          "the step was not taken and no weights were pushed"), message
+    assert message and message.startswith(
+        "rollout 0, step 1: pg_loss=nan, loss=nan, grad_norm=nan is not finite; "
+        "the step was not taken and no weights were pushed"
+    ), message
     assert unchanged and step == 0
     assert next_step == 1  # a finite batch trains on
 
@@ -106,12 +128,17 @@ def test_nan_weights_are_never_pushed(worker):
     assert message is not None and message.startswith(f"the weight {name} holds NaN/inf: not pushed to the engines")
 
 
-@pytest.mark.parametrize("values, named", [
-    ({"pg_loss": 0.5, "kl_loss": float("nan"), "loss": float("nan"), "grad_norm": 1.0}, "kl_loss=nan, loss=nan"),
-    ({"pg_loss": 0.5, "opd_reverse_kl": float("-inf"), "loss": 1.0, "grad_norm": 1.0}, "opd_reverse_kl=-inf"),
-    ({"pg_loss": 0.5, "entropy_loss": float("inf"), "loss": 1.0, "grad_norm": float("inf")},
-     "entropy_loss=inf, grad_norm=inf"),
-])
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"pg_loss": 0.5, "kl_loss": float("nan"), "loss": float("nan"), "grad_norm": 1.0}, "kl_loss=nan, loss=nan"),
+        ({"pg_loss": 0.5, "opd_reverse_kl": float("-inf"), "loss": 1.0, "grad_norm": 1.0}, "opd_reverse_kl=-inf"),
+        (
+            {"pg_loss": 0.5, "entropy_loss": float("inf"), "loss": 1.0, "grad_norm": float("inf")},
+            "entropy_loss=inf, grad_norm=inf",
+        ),
+    ],
+)
 def test_each_term_is_named(values, named):
     with pytest.raises(NonFiniteError, match=rf"^rollout 3, step 7: {named} is not finite"):
         check_step(3, 7, values)

@@ -28,15 +28,34 @@ def _ns(**kw) -> argparse.Namespace:
     """A namespace built by hand, completed with the flags' defaults where the command line's would be."""
     return complete_namespace(argparse.Namespace(**kw))
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_sample(g: int, i: int, reward, length: int = 4, status=Sample.Status.COMPLETED,
-                trajectory: TrajectoryRecord | None = None, mask: list[int] | None = None, **meta) -> Sample:
+def make_sample(
+    g: int,
+    i: int,
+    reward,
+    length: int = 4,
+    status=Sample.Status.COMPLETED,
+    trajectory: TrajectoryRecord | None = None,
+    mask: list[int] | None = None,
+    **meta,
+) -> Sample:
     prompt = [1, 2, 3]
-    s = Sample(group_index=g, index=i, prompt=f"question {g}", tokens=prompt + list(range(10, 10 + length)),
-               response=f"answer {g}.{i}", response_length=length, label=str(g), reward=reward,
-               loss_mask=mask or [1] * length, status=status, metadata=meta)
+    s = Sample(
+        group_index=g,
+        index=i,
+        prompt=f"question {g}",
+        tokens=prompt + list(range(10, 10 + length)),
+        response=f"answer {g}.{i}",
+        response_length=length,
+        label=str(g),
+        reward=reward,
+        loss_mask=mask or [1] * length,
+        status=status,
+        metadata=meta,
+    )
     if trajectory is not None:
         trajectory.store(s)
     return s
@@ -49,20 +68,34 @@ def call(turn: int, name: str, **kw) -> ToolMessage:
 def tool_trajectory() -> TrajectoryRecord:
     """3 turns, 3 executed calls (python x2, search), one of which raised."""
     return TrajectoryRecord(
-        turns=3, finish_reason="no_tool_call", non_generation_time=1.5,
-        turn_spans=[TurnSpan(turn=1, role="assistant", start=0, end=2), TurnSpan(turn=1, role="tool", start=2, end=4),
-                    TurnSpan(turn=2, role="assistant", start=4, end=6)],
-        tool_messages=[call(1, "python", arguments={"code": "1+1"}, response="2"),
-                       call(2, "python", arguments={"code": "1/0"}, response="Error: boom", error="boom"),
-                       call(2, "search", arguments={"q": "x"}, response="found")],
-        tool_errors=[ToolErrorRecord(turn=2, tool="python", kind="exception", message="boom")])
+        turns=3,
+        finish_reason="no_tool_call",
+        non_generation_time=1.5,
+        turn_spans=[
+            TurnSpan(turn=1, role="assistant", start=0, end=2),
+            TurnSpan(turn=1, role="tool", start=2, end=4),
+            TurnSpan(turn=2, role="assistant", start=4, end=6),
+        ],
+        tool_messages=[
+            call(1, "python", arguments={"code": "1+1"}, response="2"),
+            call(2, "python", arguments={"code": "1/0"}, response="Error: boom", error="boom"),
+            call(2, "search", arguments={"q": "x"}, response="found"),
+        ],
+        tool_errors=[ToolErrorRecord(turn=2, tool="python", kind="exception", message="boom")],
+    )
 
 
 def parse_error_trajectory() -> TrajectoryRecord:
-    bad = [ParseErrorRecord(turn=1, kind="malformed_json", message="not JSON", raw="<tool_call>{"),
-           ParseErrorRecord(turn=1, kind="unclosed", message="no </tool_call>", raw="<tool_call>")]
-    return TrajectoryRecord(turns=1, finish_reason="no_tool_call", parse_errors=bad,
-                            tool_messages=[ToolMessage(turn=1, error=e.message) for e in bad])
+    bad = [
+        ParseErrorRecord(turn=1, kind="malformed_json", message="not JSON", raw="<tool_call>{"),
+        ParseErrorRecord(turn=1, kind="unclosed", message="no </tool_call>", raw="<tool_call>"),
+    ]
+    return TrajectoryRecord(
+        turns=1,
+        finish_reason="no_tool_call",
+        parse_errors=bad,
+        tool_messages=[ToolMessage(turn=1, error=e.message) for e in bad],
+    )
 
 
 def groups() -> list[list[Sample]]:
@@ -70,8 +103,10 @@ def groups() -> list[list[Sample]]:
     return [
         [make_sample(0, 0, 1.0, 4), make_sample(0, 1, 0.0, 8, Sample.Status.TRUNCATED)],
         [make_sample(1, 2, 0.0, 2), make_sample(1, 3, 0.0, 2)],
-        [make_sample(2, 4, {"score": 1.0, "format": 0.5}, 6, trajectory=tool_trajectory(), mask=[1, 1, 0, 0, 1, 1]),
-         make_sample(2, 5, {"score": 0.0, "format": 1.0}, 4, trajectory=parse_error_trajectory())],
+        [
+            make_sample(2, 4, {"score": 1.0, "format": 0.5}, 6, trajectory=tool_trajectory(), mask=[1, 1, 0, 0, 1, 1]),
+            make_sample(2, 5, {"score": 0.0, "format": 1.0}, 4, trajectory=parse_error_trajectory()),
+        ],
     ]
 
 
@@ -82,16 +117,35 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_flags_and_defaults():
     a = parse([])
     assert a.use_wandb is False and a.wandb_mode == "offline" and a.rollout_data_dir is None
-    a = parse(["--use-wandb", "--wandb-project", "p", "--wandb-group", "g", "--wandb-dir", "x",
-               "--wandb-always-use-train-step", "--log-passrate", "--rollout-data-dir", "d", "--metrics-dir", "m",
-               "--wandb-run-name", "n", "--wandb-mode", "online"])
+    a = parse(
+        [
+            "--use-wandb",
+            "--wandb-project",
+            "p",
+            "--wandb-group",
+            "g",
+            "--wandb-dir",
+            "x",
+            "--wandb-always-use-train-step",
+            "--log-passrate",
+            "--rollout-data-dir",
+            "d",
+            "--metrics-dir",
+            "m",
+            "--wandb-run-name",
+            "n",
+            "--wandb-mode",
+            "online",
+        ]
+    )
     assert (a.wandb_project, a.wandb_group, a.wandb_dir, a.metrics_dir, a.wandb_mode) == ("p", "g", "x", "m", "online")
     assert a.wandb_always_use_train_step and a.log_passrate
 
 
 def test_rollout_metrics():
-    m = M.compute_rollout_metrics(_ns(), 3, groups(),
-                                  {"rollout_time": 2.0, "engine": {"requests": 7, "retries": 2, "failures": 0}})
+    m = M.compute_rollout_metrics(
+        _ns(), 3, groups(), {"rollout_time": 2.0, "engine": {"requests": 7, "retries": 2, "failures": 0}}
+    )
     assert m["rollout/num_samples"] == 6 and m["rollout/num_groups"] == 3
     assert m["rollout/reward_mean"] == pytest.approx(2 / 6)
     assert m["rollout/reward_std"] == pytest.approx(math.sqrt(2 / 6 * 4 / 6))
@@ -110,18 +164,22 @@ def test_rollout_metrics():
     # a flat list grouped by group_index gives the same numbers
     flat = [s for g in groups() for s in g]
     assert M.compute_rollout_metrics(_ns(), 3, flat, {}) == pytest.approx(
-        M.compute_rollout_metrics(_ns(), 3, groups(), {}))
+        M.compute_rollout_metrics(_ns(), 3, groups(), {})
+    )
     assert M.compute_rollout_metrics(None, 0, [], {})["rollout/num_samples"] == 0
 
 
 def eval_data() -> dict:
     # 2 prompts x 4 samples: prompt 0 solves 1/4, prompt 1 solves 4/4
     rewards = [1, 0, 0, 0, 1, 1, 1, 1]
-    samples = [make_sample(i // 4, i, float(r), 3 + i, Sample.Status.TRUNCATED if i == 7 else Sample.Status.COMPLETED)
-               for i, r in enumerate(rewards)]
-    return {"gsm8k": {"rewards": [float(r) for r in rewards], "truncated": [i == 7 for i in range(8)],
-                      "samples": samples},
-            "aime-24": {"rewards": [0.0, 1.0], "truncated": [False, False], "samples": samples[:2]}}
+    samples = [
+        make_sample(i // 4, i, float(r), 3 + i, Sample.Status.TRUNCATED if i == 7 else Sample.Status.COMPLETED)
+        for i, r in enumerate(rewards)
+    ]
+    return {
+        "gsm8k": {"rewards": [float(r) for r in rewards], "truncated": [i == 7 for i in range(8)], "samples": samples},
+        "aime-24": {"rewards": [0.0, 1.0], "truncated": [False, False], "samples": samples[:2]},
+    }
 
 
 def test_eval_metrics_and_passrate():
@@ -139,8 +197,7 @@ def test_eval_metrics_and_passrate():
 
 
 def test_train_step():
-    a = _ns(rollout_batch_size=8, n_samples_per_prompt=4, global_batch_size=16,
-                           wandb_always_use_train_step=True)
+    a = _ns(rollout_batch_size=8, n_samples_per_prompt=4, global_batch_size=16, wandb_always_use_train_step=True)
     assert M.log_step(a, 3) == 3 * 8 * 4 // 16
     a.wandb_always_use_train_step = False
     assert M.log_step(a, 3) == 3
@@ -179,9 +236,15 @@ def test_dumps_validate_against_schema(tmp_path):
 
 
 def test_metrics_jsonl_and_report(tmp_path):
-    args = _ns(metrics_dir=str(tmp_path), n_samples_per_eval_prompt=4, log_passrate=True,
-                              rollout_batch_size=2, n_samples_per_prompt=2, global_batch_size=2,
-                              wandb_always_use_train_step=True)
+    args = _ns(
+        metrics_dir=str(tmp_path),
+        n_samples_per_eval_prompt=4,
+        log_passrate=True,
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        global_batch_size=2,
+        wandb_always_use_train_step=True,
+    )
     for rid in range(3):
         out = reporting.log_rollout(args, rid, groups(), {"rollout_time": 1.0 + rid})
         assert out["rollout/step"] == out["perf/step"] == rid * 2
@@ -213,8 +276,10 @@ def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path, monkeypatch):
     args = _ns(rollout_data_dir=str(tmp_path / "dumps"))
     out = reporting.log_rollout(args, 0, groups(), {})
     recs = list(read_metrics(tmp_path / "dumps" / "metrics.jsonl"))
-    assert [(r["kind"], r["step_key"], r["step"]) for r in recs] == [("rollout", "rollout/step", 0),
-                                                                     ("perf", "perf/step", 0)]
+    assert [(r["kind"], r["step_key"], r["step"]) for r in recs] == [
+        ("rollout", "rollout/step", 0),
+        ("perf", "perf/step", 0),
+    ]
     assert recs[0]["metrics"]["rollout/num_samples"] == 6 and recs[0]["metrics"]["rollout/tool_errors"] == 1
     assert {**recs[0]["metrics"], **recs[1]["metrics"]} == pytest.approx(out)
     # no --metrics-dir, --rollout-data-dir or wandb: the same metrics are returned, no file is written

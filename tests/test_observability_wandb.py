@@ -22,6 +22,7 @@ def _ns(**kw) -> argparse.Namespace:
     """A namespace built by hand, completed with the flags' defaults where the command line's would be."""
     return complete_namespace(argparse.Namespace(**kw))
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TRAINER = textwrap.dedent("""
@@ -45,9 +46,18 @@ def _wandb_service_stopped():
 
 
 def _args(wdir: Path) -> argparse.Namespace:
-    return _ns(use_wandb=True, wandb_dir=str(wdir), wandb_project="slime-test", wandb_group="g",
-               log_passrate=True, n_samples_per_eval_prompt=4, wandb_always_use_train_step=True,
-               rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=4)
+    return _ns(
+        use_wandb=True,
+        wandb_dir=str(wdir),
+        wandb_project="slime-test",
+        wandb_group="g",
+        log_passrate=True,
+        n_samples_per_eval_prompt=4,
+        wandb_always_use_train_step=True,
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        global_batch_size=4,
+    )
 
 
 def test_offline_run_holds_every_namespace_against_its_step(tmp_path):
@@ -69,20 +79,41 @@ def test_offline_run_holds_every_namespace_against_its_step(tmp_path):
     assert wandb_reader.find_run_dirs(wdir) == [run_dir]
     rows = wandb_reader.read_history(run_dir)
     keys = set().union(*rows)
-    for k in ("rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean", "rollout/response_len_max",
-              "rollout/truncated_ratio", "rollout/zero_std_group_ratio", "rollout/turns_mean",
-              "rollout/tool_calls_per_sample", "rollout/tool_errors", "rollout/parse_errors",
-              "perf/rollout_time", "perf/tokens_per_s", "perf/longest_sample_tokens", "perf/tool_time_total",
-              "perf/engine_retries", "eval/gsm8k", "eval/gsm8k-truncated_ratio", "eval/gsm8k-pass@4",
-              "eval/gsm8k-response_len_mean", "eval/aime-24", "train/loss", "train/step"):
+    for k in (
+        "rollout/reward_mean",
+        "rollout/reward_std",
+        "rollout/response_len_mean",
+        "rollout/response_len_max",
+        "rollout/truncated_ratio",
+        "rollout/zero_std_group_ratio",
+        "rollout/turns_mean",
+        "rollout/tool_calls_per_sample",
+        "rollout/tool_errors",
+        "rollout/parse_errors",
+        "perf/rollout_time",
+        "perf/tokens_per_s",
+        "perf/longest_sample_tokens",
+        "perf/tool_time_total",
+        "perf/engine_retries",
+        "eval/gsm8k",
+        "eval/gsm8k-truncated_ratio",
+        "eval/gsm8k-pass@4",
+        "eval/gsm8k-response_len_mean",
+        "eval/aime-24",
+        "train/loss",
+        "train/step",
+    ):
         assert k in keys, k
     # each namespace against its own step (train step: rollout_id * 4 * 2 // 4)
     assert sorted(r["rollout/step"] for r in rows if "rollout/reward_mean" in r) == [0, 2]
     assert sorted(r["perf/step"] for r in rows if "perf/tokens_per_s" in r) == [0, 2]
     assert sorted(r["eval/step"] for r in rows if "eval/gsm8k" in r) == [2, 4]
-    assert all(set(r) - {"_step", "_runtime", "_timestamp"} <= {k for k in r if k.startswith(ns)}
-               for r in rows for ns in ("rollout/", "perf/", "eval/", "train/")
-               if any(k.startswith(ns) for k in r))
+    assert all(
+        set(r) - {"_step", "_runtime", "_timestamp"} <= {k for k in r if k.startswith(ns)}
+        for r in rows
+        for ns in ("rollout/", "perf/", "eval/", "train/")
+        if any(k.startswith(ns) for k in r)
+    )
 
     tables = [r["eval/gsm8k-samples"] for r in rows if "eval/gsm8k-samples" in r]
     assert len(tables) == 2 and tables[0]["_type"] == "table-file"
@@ -94,7 +125,13 @@ def test_offline_run_holds_every_namespace_against_its_step(tmp_path):
     # the run's metrics.jsonl has every record too
     recs = list(read_metrics(run_dir / "metrics.jsonl"))
     assert sorted((r["kind"], r["rollout_id"]) for r in recs) == [
-        ("eval", 1), ("eval", 2), ("perf", 0), ("perf", 1), ("rollout", 0), ("rollout", 1)]
+        ("eval", 1),
+        ("eval", 2),
+        ("perf", 0),
+        ("perf", 1),
+        ("rollout", 0),
+        ("rollout", 1),
+    ]
 
 
 def test_another_process_joins_the_run_by_id(tmp_path):
@@ -159,8 +196,14 @@ def test_ctrl_c_stop_finishes_the_run_without_a_traceback(tmp_path):
     wdir = tmp_path / "wb"
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_TRAINER, str(wdir)], env=env, capture_output=True,
-                          text=True, timeout=180, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_TRAINER, str(wdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 130, out[-4000:]
     assert "wandb-core" in out and "slime-train: interrupted" in out, out[-4000:]

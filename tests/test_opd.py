@@ -13,7 +13,11 @@ from hypothesis import strategies as st
 
 from slime.rollout.controller import convert_samples_to_train_data
 from slime.rollout.on_policy_distillation import (
-    TeacherAnswerError, post_process_rewards, reward_func, teacher_log_probs, teacher_request,
+    TeacherAnswerError,
+    post_process_rewards,
+    reward_func,
+    teacher_log_probs,
+    teacher_request,
 )
 from slime.cli.finalize import complete_namespace
 from slime.train.loss import LossConfigError, apply_opd_kl_to_advantages, check_loss_args
@@ -29,8 +33,15 @@ def teacher_answer(tokens: list[int], logprobs: list[float]) -> dict:
 
 
 def sample(index: int, tokens: list[int], response_length: int, reward=None) -> Sample:
-    return Sample(group_index=index // 2, index=index, tokens=tokens, response_length=response_length,
-                  rollout_log_probs=[-0.5] * response_length, reward=reward, status=Sample.Status.COMPLETED)
+    return Sample(
+        group_index=index // 2,
+        index=index,
+        tokens=tokens,
+        response_length=response_length,
+        rollout_log_probs=[-0.5] * response_length,
+        reward=reward,
+        status=Sample.Status.COMPLETED,
+    )
 
 
 def test_the_penalty_subtracts_the_scaled_reverse_kl_from_each_tokens_advantage():
@@ -56,8 +67,12 @@ def test_the_reference_trainer_takes_the_sglang_teacher_only():
 def test_the_teacher_request_scores_the_samples_own_tokens_without_sampling():
     s = sample(0, [5, 6, 7, 8], 2)
     body = teacher_request(Namespace(rollout_temperature=0.7), s)
-    assert body == {"input_ids": [5, 6, 7, 8], "return_logprob": True, "logprob_start_len": 0,
-                    "sampling_params": {"temperature": 0.7, "max_new_tokens": 0, "skip_special_tokens": False}}
+    assert body == {
+        "input_ids": [5, 6, 7, 8],
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "sampling_params": {"temperature": 0.7, "max_new_tokens": 0, "skip_special_tokens": False},
+    }
 
 
 async def test_reward_func_without_rm_url_names_the_flag():
@@ -72,12 +87,15 @@ def test_teacher_log_probs_are_the_response_part_of_the_answer():
     assert teacher_log_probs(empty, teacher_answer(empty.tokens, [-0.1])) == []
 
 
-@pytest.mark.parametrize("answer, message", [
-    (0.0, "not a teacher answer.*--rm-url"),
-    ({"meta_info": {}}, "not a teacher answer"),
-    (teacher_answer([11, 12, 13, 99, 15], [-0.1, -0.2, -0.3, -0.4]), "other token ids"),
-    (teacher_answer([13, 14, 15], [-0.3, -0.4]), "scored 3 tokens, the sample has 5"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (0.0, "not a teacher answer.*--rm-url"),
+        ({"meta_info": {}}, "not a teacher answer"),
+        (teacher_answer([11, 12, 13, 99, 15], [-0.1, -0.2, -0.3, -0.4]), "other token ids"),
+        (teacher_answer([13, 14, 15], [-0.3, -0.4]), "scored 3 tokens, the sample has 5"),
+    ],
+)
 def test_a_wrong_teacher_answer_is_an_error_naming_the_sample(answer, message):
     with pytest.raises(TeacherAnswerError, match=f"sample index=0 group=0: .*{message}"):
         teacher_log_probs(sample(0, [11, 12, 13, 14, 15], 2), answer)
@@ -92,9 +110,20 @@ def test_a_teacher_log_prob_that_is_not_finite_and_at_most_0_is_refused(bad):
 
 
 @settings(max_examples=300, deadline=None)
-@given(entries=st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=3),
-                                  st.lists(st.one_of(st.none(), st.booleans(), st.integers(-2, 20), st.floats(),
-                                                     st.text(max_size=2)), max_size=3)), max_size=6))
+@given(
+    entries=st.lists(
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=3),
+            st.lists(
+                st.one_of(st.none(), st.booleans(), st.integers(-2, 20), st.floats(), st.text(max_size=2)), max_size=3
+            ),
+        ),
+        max_size=6,
+    )
+)
 def test_any_teacher_answer_gives_checked_log_probs_or_a_teacher_answer_error(entries):
     s = sample(0, [11, 12, 13, 14, 15], 2)
     try:
@@ -113,8 +142,11 @@ def test_teacher_log_probs_reach_the_batch_and_rewards_are_zero():
     samples = [sample(i, [1, 2, 3 + i, 4 + i], 2) for i in range(4)]
     for i, s in enumerate(samples):
         s.reward = teacher_answer(s.tokens, [-0.1, -0.2 - i, -0.3 - i])
-    args = Namespace(custom_reward_post_process_path=POST_PROCESS, custom_convert_samples_to_train_data_path=None,
-                     advantage_estimator="grpo")
+    args = Namespace(
+        custom_reward_post_process_path=POST_PROCESS,
+        custom_convert_samples_to_train_data_path=None,
+        advantage_estimator="grpo",
+    )
     batch = convert_samples_to_train_data(args, samples)
     assert batch["teacher_log_probs"] == [pytest.approx([-0.2 - i, -0.3 - i]) for i in range(4)]
     assert batch["rewards"] == [0.0] * 4 and batch["raw_reward"] == [0.0] * 4
@@ -128,5 +160,18 @@ def test_slime_train_refuses_a_megatron_teacher_before_anything_starts(tiny_mode
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "hi", "label": ""}\n')
     with pytest.raises(ArgError, match="--opd-type megatron: the reference trainer"):
-        parse_train_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-                          str(data), "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(tmp_path)])
+        parse_train_args(
+            [
+                "--rollout-backend",
+                "hf",
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--prompt-data",
+                str(data),
+                "--use-opd",
+                "--opd-type",
+                "megatron",
+                "--opd-teacher-load",
+                str(tmp_path),
+            ]
+        )

@@ -47,7 +47,9 @@ def sharpened(model_dir: Path, out: Path, sharpness: float, noise: float = 0.0) 
     return out
 
 
-pytestmark = pytest.mark.slow  # about 90 s on a quiet 2-core box (8 min under heavy load) (two engines, Ray, 16 optimizer steps)
+pytestmark = (
+    pytest.mark.slow
+)  # about 90 s on a quiet 2-core box (8 min under heavy load) (two engines, Ray, 16 optimizer steps)
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +60,65 @@ def opd_run(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path_factory):
     student = sharpened(tiny_model_dir, d / "student", STUDENT_SHARPNESS)
     teacher = sharpened(tiny_model_dir, d / "teacher", TEACHER_SHARPNESS, noise=TEACHER_NOISE)
     with run_engine(teacher, fork_server=engine_fork_server) as teacher_url:
-        args = parse_train_args([
-            "--rollout-backend", "hf", "--hf-checkpoint", str(student), "--prompt-data", str(d / "train.jsonl"),
-            "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
-            "--rollout-num-engines", "1", "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1",
-            "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "0.5",
-            "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "12",
-            "--num-rollout", str(N_ROLLOUT), "--lr", "3e-4", "--global-batch-size", "16", "--micro-batch-size", "8",
-            # slime's OPD recipe (examples/on_policy_distillation/run-qwen3-8B-opd.sh)
-            "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
-            "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
-            "--rm-url", f"{teacher_url}/generate", "--use-opd", "--opd-type", "sglang", "--opd-kl-coef", "1.0",
-            "--save-debug-rollout-data", str(d / "debug" / "rollout_{rollout_id}.pt"), "--save", str(d / "ckpt"),
-            "--save-interval", str(N_ROLLOUT),
-            "--log-dir", str(d / "logs")])
+        args = parse_train_args(
+            [
+                "--rollout-backend",
+                "hf",
+                "--hf-checkpoint",
+                str(student),
+                "--prompt-data",
+                str(d / "train.jsonl"),
+                "--input-key",
+                "messages",
+                "--label-key",
+                "label",
+                "--apply-chat-template",
+                "--rollout-num-engines",
+                "1",
+                "--rollout-num-cpus-per-engine",
+                "0.5",
+                "--engine-threads",
+                "1",
+                "--actor-num-workers",
+                "1",
+                "--actor-num-cpus-per-worker",
+                "0.5",
+                "--rollout-batch-size",
+                "8",
+                "--n-samples-per-prompt",
+                "4",
+                "--rollout-max-response-len",
+                "12",
+                "--num-rollout",
+                str(N_ROLLOUT),
+                "--lr",
+                "3e-4",
+                "--global-batch-size",
+                "16",
+                "--micro-batch-size",
+                "8",
+                # slime's OPD recipe (examples/on_policy_distillation/run-qwen3-8B-opd.sh)
+                "--custom-rm-path",
+                "slime.rollout.on_policy_distillation.reward_func",
+                "--custom-reward-post-process-path",
+                "slime.rollout.on_policy_distillation.post_process_rewards",
+                "--rm-url",
+                f"{teacher_url}/generate",
+                "--use-opd",
+                "--opd-type",
+                "sglang",
+                "--opd-kl-coef",
+                "1.0",
+                "--save-debug-rollout-data",
+                str(d / "debug" / "rollout_{rollout_id}.pt"),
+                "--save",
+                str(d / "ckpt"),
+                "--save-interval",
+                str(N_ROLLOUT),
+                "--log-dir",
+                str(d / "logs"),
+            ]
+        )
         records = train(args, fork_server=engine_fork_server)
     return records, d, teacher
 
@@ -84,8 +131,10 @@ def exact_reverse_kl(student: Path, teacher: Path, samples: list) -> float:
     models = [AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval() for p in (student, teacher)]
     with torch.no_grad():
         for s in samples:
-            s_lp, t_lp = (torch.log_softmax(m(torch.tensor([s.tokens])).logits[0, -s.response_length - 1:-1], -1)
-                          for m in models)
+            s_lp, t_lp = (
+                torch.log_softmax(m(torch.tensor([s.tokens])).logits[0, -s.response_length - 1 : -1], -1)
+                for m in models
+            )
             total += float((s_lp.exp() * (s_lp - t_lp)).sum(-1).mean())
     return total / len(samples)
 
@@ -128,7 +177,7 @@ def test_samples_carry_the_teachers_log_probs_of_their_own_tokens(opd_run):
     for s in samples[:4]:
         n = s.response_length
         with torch.no_grad():
-            logits = teacher(torch.tensor([s.tokens])).logits[0, -n - 1:-1]
+            logits = teacher(torch.tensor([s.tokens])).logits[0, -n - 1 : -1]
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.tokens[-n:])[:, None])[:, 0]
         got = teacher_log_probs(s, s.reward)  # the teacher's answer is the sample's raw reward
         assert len(got) == n == len(s.rollout_log_probs)

@@ -72,8 +72,7 @@ def teacher_at():
 
 
 def opd_args(tiny_model_dir, rm_url):
-    return parse_args(["--hf-checkpoint", str(tiny_model_dir), "--use-opd", "--opd-type", "sglang",
-                       "--rm-url", rm_url])
+    return parse_args(["--hf-checkpoint", str(tiny_model_dir), "--use-opd", "--opd-type", "sglang", "--rm-url", rm_url])
 
 
 def test_preflight_refuses_a_teacher_with_another_tokenizer(tiny_model_dir, swapped_tokenizer, teacher_at):
@@ -81,8 +80,10 @@ def test_preflight_refuses_a_teacher_with_another_tokenizer(tiny_model_dir, swap
     with pytest.raises(PreflightError) as e:
         check_opd_teacher(opd_args(tiny_model_dir, url))
     message = str(e.value)
-    assert message.startswith(f"--rm-url {url}: the teacher's tokenizer ({swapped_tokenizer}) is not the "
-                              f"student's ({tiny_model_dir}): the student's token "), message
+    assert message.startswith(
+        f"--rm-url {url}: the teacher's tokenizer ({swapped_tokenizer}) is not the "
+        f"student's ({tiny_model_dir}): the student's token "
+    ), message
     assert message.endswith("; its log-probs would be of other tokens")
 
 

@@ -18,8 +18,9 @@ B = [21, 22, 23, 24]  # prompt 1, response 3
 
 
 def test_hand_example():
-    p = pack_micro_batch([A, torch.tensor(B)], [2, 3], [[1, 0], [1, 1, 1]], [[-0.1, -0.2], [-1.0, -2.0, -3.0]],
-                         pad_multiple=4)
+    p = pack_micro_batch(
+        [A, torch.tensor(B)], [2, 3], [[1, 0], [1, 1, 1]], [[-0.1, -0.2], [-1.0, -2.0, -3.0]], pad_multiple=4
+    )
     assert p.tokens.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23, 24, 0, 0, 0]]
     assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]]
     # value of response token j at the position whose logits predict it: prompt_length - 1 + j
@@ -27,7 +28,11 @@ def test_hand_example():
     assert p.rollout_log_probs[0].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, -1, -2, -3, 0, 0, 0, 0])
     assert p.cu_seqlens.tolist() == [0, 5, 9, 12] and p.max_seqlen == 5 and p.seq_lengths == [5, 4]
     assert (p.tokens.dtype, p.position_ids.dtype, p.loss_mask.dtype, p.rollout_log_probs.dtype) == (
-        torch.int64, torch.int64, torch.int32, torch.float32)
+        torch.int64,
+        torch.int64,
+        torch.int32,
+        torch.float32,
+    )
     assert p.tokens.shape == p.position_ids.shape == p.loss_mask.shape == (1, 12)
 
 
@@ -68,12 +73,18 @@ def test_round_trip_every_micro_batch_of_a_rank_batch():
     ranks, _ = split_for_data_parallel(args, batch, {"dp_size": 2})
     for r in ranks:
         for mb in r["micro_batch_indices"]:
-            pick = {k: [r[k][i] for i in mb] for k in ("tokens", "response_lengths", "loss_masks",
-                                                       "rollout_log_probs")}
-            p = pack_micro_batch(pick["tokens"], pick["response_lengths"], pick["loss_masks"],
-                                 pick["rollout_log_probs"], pad_multiple=8, seq_pad_multiple=2)
-            assert p.tokens.shape[1] % 8 == 0 and int(p.loss_mask.sum()) == sum(int(m.sum()) for m in
-                                                                                 pick["loss_masks"])
+            pick = {k: [r[k][i] for i in mb] for k in ("tokens", "response_lengths", "loss_masks", "rollout_log_probs")}
+            p = pack_micro_batch(
+                pick["tokens"],
+                pick["response_lengths"],
+                pick["loss_masks"],
+                pick["rollout_log_probs"],
+                pad_multiple=8,
+                seq_pad_multiple=2,
+            )
+            assert p.tokens.shape[1] % 8 == 0 and int(p.loss_mask.sum()) == sum(
+                int(m.sum()) for m in pick["loss_masks"]
+            )
             back = unpack_micro_batch(p, pick["response_lengths"])
             for key in ("tokens", "loss_masks", "rollout_log_probs"):
                 assert all(torch.equal(x, y) for x, y in zip(back[key], pick[key])), key

@@ -41,8 +41,7 @@ def lp(pos: int) -> float:
 class Plan:
     """What the engine does this test (the script delegates to the current plan)."""
 
-    def __init__(self, kinds: dict[tuple[int, ...], str], hold: int = 0, finish_long: bool = False,
-                 deaf: bool = False):
+    def __init__(self, kinds: dict[tuple[int, ...], str], hold: int = 0, finish_long: bool = False, deaf: bool = False):
         self.kinds, self.hold, self.finish_long, self.deaf = kinds, hold, finish_long, deaf
         self.holding = 0
         self.release = threading.Event()  # lets a deaf request end when the test is over
@@ -55,14 +54,18 @@ class Plan:
 
     def lookup(self, ids: list[int]) -> tuple[str, int]:
         for prompt, kind in self.kinds.items():
-            if tuple(ids[:len(prompt)]) == prompt:
+            if tuple(ids[: len(prompt)]) == prompt:
                 return kind, len(prompt)
         raise AssertionError(f"unknown prompt {ids}")
 
     @staticmethod
     def answer(start: int, end: int, finish: str) -> dict[str, Any]:
-        return {"output_ids": [300 + p for p in range(start, end)], "log_probs": [lp(p) for p in range(start, end)],
-                "finish_type": finish, "text": "".join(f"<{p}>" for p in range(start, end))}
+        return {
+            "output_ids": [300 + p for p in range(start, end)],
+            "log_probs": [lp(p) for p in range(start, end)],
+            "finish_type": finish,
+            "text": "".join(f"<{p}>" for p in range(start, end)),
+        }
 
     async def __call__(self, body: dict[str, Any], aborted: asyncio.Event) -> dict[str, Any]:
         ids, max_new = body["input_ids"], body["sampling_params"]["max_new_tokens"]
@@ -115,9 +118,12 @@ def tok(tiny_model_dir):
 
 
 def set_version(engine: ScriptedEngine, version: str) -> None:
-    req = urllib.request.Request(f"{engine.url}/update_weights_from_disk", method="POST",
-                                 data=json.dumps({"weight_version": version}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{engine.url}/update_weights_from_disk",
+        method="POST",
+        data=json.dumps({"weight_version": version}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         assert json.loads(r.read())["success"]
 
@@ -126,12 +132,32 @@ def setup(tmp_path, cluster, tok, tiny_model_dir, kinds: list[str], *extra: str,
     """Args, data source (one prompt per kind, in order), bound runtime and plan."""
     router, engine, script = cluster
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"input": f"{kind} prompt {i}", "label": "x"}) + "\n"
-                            for i, kind in enumerate(kinds)))
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--label-key", "label", "--sglang-router-ip", router.host, "--sglang-router-port",
-                       str(router.port), "--rm-type", "exact", "--n-samples-per-prompt", "2",
-                       "--rollout-max-response-len", str(BUDGET), *extra])
+    data.write_text(
+        "".join(json.dumps({"input": f"{kind} prompt {i}", "label": "x"}) + "\n" for i, kind in enumerate(kinds))
+    )
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rm-type",
+            "exact",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            str(BUDGET),
+            *extra,
+        ]
+    )
     src = DataSource.from_args(args, tok)
     bind_runtime(args, tokenizer=tok, engine_urls=[engine.url])
     script.plan = Plan({tuple(p.tokens): k for p, k in zip(src.prompts, kinds)}, **plan_kw)
@@ -155,18 +181,28 @@ def first_rollout(args, src, engine, script):
 @pytest.mark.parametrize("mask_offpolicy,new_version", [(False, "2"), (True, "2"), (True, "1")])
 def test_continuation_is_exact(tmp_path, cluster, tok, tiny_model_dir, mask_offpolicy, new_version):
     extra = ["--mask-offpolicy-in-partial-rollout"] if mask_offpolicy else []
-    args, src, engine, script = setup(tmp_path, cluster, tok, tiny_model_dir, ["short", "short", "long", "long"],
-                                      "--partial-rollout", "--rollout-batch-size", "2",
-                                      "--over-sampling-batch-size", "4", *extra, hold=4)
+    args, src, engine, script = setup(
+        tmp_path,
+        cluster,
+        tok,
+        tiny_model_dir,
+        ["short", "short", "long", "long"],
+        "--partial-rollout",
+        "--rollout-batch-size",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        *extra,
+        hold=4,
+    )
     out = first_rollout(args, src, engine, script)
-    assert {k: out.metrics[k] for k in ("rollout/aborted_samples", "rollout/continued_samples",
-                                        "rollout/wasted_tokens")} == {"rollout/aborted_samples": 4,
-                                                                     "rollout/continued_samples": 0,
-                                                                     "rollout/wasted_tokens": 0}
+    assert {
+        k: out.metrics[k] for k in ("rollout/aborted_samples", "rollout/continued_samples", "rollout/wasted_tokens")
+    } == {"rollout/aborted_samples": 4, "rollout/continued_samples": 0, "rollout/wasted_tokens": 0}
     assert out.metrics["perf/abort_time"] > 0
     for s in (s for g in src.buffer for s in g):
         assert s.status == Sample.Status.ABORTED and s.response_length == K
-        assert s.tokens[s.prompt_length:] == [300, 301, 302] and s.rollout_log_probs == [lp(p) for p in range(K)]
+        assert s.tokens[s.prompt_length :] == [300, 301, 302] and s.rollout_log_probs == [lp(p) for p in range(K)]
         assert s.loss_mask == [1] * K and s.reward is None
         assert s.metadata["weight_versions"] == ["1"] and s.metadata["start_rollout_id"] == 0
     src.load_state_dict(json.loads(json.dumps(src.state_dict())))  # a save/resume in between loses nothing
@@ -197,8 +233,18 @@ def test_continuation_is_exact(tmp_path, cluster, tok, tiny_model_dir, mask_offp
 
 
 def test_without_partial_rollout_regenerates_and_counts_waste(tmp_path, cluster, tok, tiny_model_dir):
-    args, src, engine, script = setup(tmp_path, cluster, tok, tiny_model_dir, ["short", "short", "long", "long"],
-                                      "--rollout-batch-size", "2", "--over-sampling-batch-size", "4", hold=4)
+    args, src, engine, script = setup(
+        tmp_path,
+        cluster,
+        tok,
+        tiny_model_dir,
+        ["short", "short", "long", "long"],
+        "--rollout-batch-size",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        hold=4,
+    )
     out = first_rollout(args, src, engine, script)
     assert out.metrics["rollout/aborted_samples"] == 4 and out.metrics["rollout/wasted_tokens"] == 4 * K
     for s in (s for g in src.buffer for s in g):
@@ -219,9 +265,22 @@ def test_without_partial_rollout_regenerates_and_counts_waste(tmp_path, cluster,
 
 
 def test_abort_timeout_bounds_the_wait_on_an_engine_ignoring_the_abort(tmp_path, cluster, tok, tiny_model_dir):
-    args, src, engine, script = setup(tmp_path, cluster, tok, tiny_model_dir, ["short", "short", "long", "long"],
-                                      "--partial-rollout", "--rollout-batch-size", "2", "--over-sampling-batch-size",
-                                      "4", "--abort-timeout", "0.5", hold=4, deaf=True)
+    args, src, engine, script = setup(
+        tmp_path,
+        cluster,
+        tok,
+        tiny_model_dir,
+        ["short", "short", "long", "long"],
+        "--partial-rollout",
+        "--rollout-batch-size",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        "--abort-timeout",
+        "0.5",
+        hold=4,
+        deaf=True,
+    )
     try:
         out = first_rollout(args, src, engine, script)
     finally:
@@ -235,13 +294,14 @@ def test_abort_timeout_bounds_the_wait_on_an_engine_ignoring_the_abort(tmp_path,
 
 
 def test_group_aborted_by_the_engine_is_continued_in_the_same_rollout(tmp_path, cluster, tok, tiny_model_dir):
-    args, src, engine, script = setup(tmp_path, cluster, tok, tiny_model_dir, ["flaky", "short"],
-                                      "--partial-rollout", "--rollout-batch-size", "2")
+    args, src, engine, script = setup(
+        tmp_path, cluster, tok, tiny_model_dir, ["flaky", "short"], "--partial-rollout", "--rollout-batch-size", "2"
+    )
     out = generate_rollout(args, 0, src)
     assert [g[0].group_index for g in out.samples] == [0, 1] and src.get_buffer_length() == 0
     assert out.metrics["rollout/aborted_samples"] == 2 and out.metrics["rollout/continued_samples"] == 2
     for s in out.samples[0]:
-        assert s.tokens[s.prompt_length:] == [300 + p for p in range(L)] and s.loss_mask == [1] * L
+        assert s.tokens[s.prompt_length :] == [300 + p for p in range(L)] and s.loss_mask == [1] * L
         assert s.rollout_log_probs == [lp(p) for p in range(L)] and s.metadata["continuations"] == 1
         assert s.status == Sample.Status.COMPLETED
 
@@ -250,8 +310,19 @@ def test_over_provisioning_returns_the_target_and_keeps_the_rest(tmp_path, clust
     """6 groups in flight for a target of 2: exactly 2 returned, 4 in the buffer, every prompt counted once;
     the next rollout serves the buffer first and loses nothing."""
     kinds = ["short", "short", "long", "long", "long", "long"]
-    args, src, engine, script = setup(tmp_path, cluster, tok, tiny_model_dir, kinds, "--partial-rollout",
-                                      "--rollout-batch-size", "2", "--over-sampling-batch-size", "6", hold=8)
+    args, src, engine, script = setup(
+        tmp_path,
+        cluster,
+        tok,
+        tiny_model_dir,
+        kinds,
+        "--partial-rollout",
+        "--rollout-batch-size",
+        "2",
+        "--over-sampling-batch-size",
+        "6",
+        hold=8,
+    )
     out = generate_rollout(args, 0, src)
     assert len(out.samples) == 2 and src.group_counter == 6 and src.get_buffer_length() == 4
     assert indices(out.samples) + indices(src.buffer) == list(range(12))
@@ -270,9 +341,14 @@ def test_units_continuation_input_and_offpolicy_mask_without_versions():
     ids, params = partial.continuation_input(s, {"max_new_tokens": 16, "temperature": 1.0})
     assert ids == [1, 2, 3, 300, 301] and params == {"max_new_tokens": 14, "temperature": 1.0}
     # engines reporting no version: segments of an earlier rollout are off-policy (slime's rule)
-    s.metadata = {"weight_versions": [None, None, None],
-                  "segments": [{"start": 0, "end": 1, "rollout_id": 0}, {"start": 1, "end": 2, "rollout_id": 0},
-                               {"start": 2, "end": 4, "rollout_id": 1}]}
+    s.metadata = {
+        "weight_versions": [None, None, None],
+        "segments": [
+            {"start": 0, "end": 1, "rollout_id": 0},
+            {"start": 1, "end": 2, "rollout_id": 0},
+            {"start": 2, "end": 4, "rollout_id": 1},
+        ],
+    }
     s.response_length, s.loss_mask = 4, [1, 1, 1, 1]
     assert partial.mask_offpolicy(s) == 2 and s.loss_mask == [0, 0, 1, 1]
     assert partial.mask_offpolicy(s) == 0  # idempotent
@@ -283,11 +359,15 @@ def test_bad_input_errors(tmp_path, tiny_model_dir):
     data.write_text(json.dumps({"input": "hi"}) + "\n")
     base = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data)]
     with pytest.raises(ArgError) as e:
-        parse_args(base + ["--partial-rollout", "--custom-generate-function-path",
-                           "tests.test_rollout_scripted.broken_generate"])
+        parse_args(
+            base
+            + ["--partial-rollout", "--custom-generate-function-path", "tests.test_rollout_scripted.broken_generate"]
+        )
     msg = str(e.value)
-    assert msg.startswith("--partial-rollout: --custom-generate-function-path "
-                          "'tests.test_rollout_scripted.broken_generate' cannot continue")
+    assert msg.startswith(
+        "--partial-rollout: --custom-generate-function-path "
+        "'tests.test_rollout_scripted.broken_generate' cannot continue"
+    )
     assert "broken_generate.supports_partial_rollout = True" in msg
     with pytest.raises(ArgError, match="^--custom-generate-function-path 'no.such.fn': cannot import"):
         parse_args(base + ["--partial-rollout", "--custom-generate-function-path", "no.such.fn"])
@@ -304,8 +384,13 @@ def test_bad_input_errors(tmp_path, tiny_model_dir):
 
 # ---- multi-turn --------------------------------------------------------------------------------
 TOOLS_YAML = native_tools_yaml(
-    ("tests.test_partial_rollout.GatedCalculator", "calculator", "arithmetic",
-     {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}))
+    (
+        "tests.test_partial_rollout.GatedCalculator",
+        "calculator",
+        "arithmetic",
+        {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    )
+)
 IM_END = 151645
 
 
@@ -336,20 +421,26 @@ class TurnScript:
     async def __call__(self, body, aborted):
         ids = body["input_ids"]
         if "<tool_response>" not in self.tok.decode(ids, skip_special_tokens=False):
-            return {"output_ids": self.turn1, "finish_type": "stop",
-                    "log_probs": [-0.5 - 0.001 * i for i in range(len(self.turn1))]}
+            return {
+                "output_ids": self.turn1,
+                "finish_type": "stop",
+                "log_probs": [-0.5 - 0.001 * i for i in range(len(self.turn1))],
+            }
         if self.release:
             if self.turn2_input is None:
                 self.turn2_input = list(ids)
             done = len(ids) - len(self.turn2_input)
             rest = self.turn2[done:]
-            return {"output_ids": rest, "finish_type": "stop", "weight_version": "2",
-                    "log_probs": [-0.7 - 0.001 * (done + i) for i in range(len(rest))]}
+            return {
+                "output_ids": rest,
+                "finish_type": "stop",
+                "weight_version": "2",
+                "log_probs": [-0.7 - 0.001 * (done + i) for i in range(len(rest))],
+            }
         self.turn2_input = list(ids)
         self.holding.set()
         await asyncio.wait_for(aborted.wait(), 30)
-        return {"output_ids": self.turn2[:K], "finish_type": "abort",
-                "log_probs": [-0.7 - 0.001 * i for i in range(K)]}
+        return {"output_ids": self.turn2[:K], "finish_type": "abort", "log_probs": [-0.7 - 0.001 * i for i in range(K)]}
 
 
 @pytest.fixture
@@ -368,8 +459,14 @@ def multi_turn_stack(tmp_path, tok, cluster, runtime_closed_on_the_test_loop):
     GATE.clear()
 
 
-MT_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 200, "skip_special_tokens": False,
-             "no_stop_trim": True}
+MT_PARAMS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 200,
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+}
 
 
 async def test_multi_turn_tool_call_in_flight_finishes_then_resumes_at_the_next_turn(multi_turn_stack):
@@ -439,13 +536,20 @@ async def test_multi_turn_resumes_inside_the_aborted_turn(multi_turn_stack):
     delta = len(script.turn2_input) - prompt_len - n1  # the tool turn's template tokens
     assert sample.loss_mask == [1] * n1 + [0] * delta + [1] * n2
     assert sample.rollout_log_probs == pytest.approx(
-        [-0.5 - 0.001 * i for i in range(n1)] + [0.0] * delta + [-0.7 - 0.001 * i for i in range(n2)])
+        [-0.5 - 0.001 * i for i in range(n1)] + [0.0] * delta + [-0.7 - 0.001 * i for i in range(n2)]
+    )
     spans = [(x["turn"], x["role"], x["start"], x["end"]) for x in sample.metadata["turn_spans"]]
-    assert spans == [(1, "assistant", 0, n1), (1, "tool", n1, n1 + delta),
-                     (2, "assistant", n1 + delta, sample.response_length)]
+    assert spans == [
+        (1, "assistant", 0, n1),
+        (1, "tool", n1, n1 + delta),
+        (2, "assistant", n1 + delta, sample.response_length),
+    ]
     assert sample.metadata["weight_versions"] == sample.weight_versions == ["1", "1", "2"]
     assert [(x["start"], x["end"], x["rollout_id"]) for x in sample.metadata["segments"]] == [
-        (0, n1, 0), (n1 + delta, n1 + delta + K, 0), (n1 + delta + K, sample.response_length, 1)]
+        (0, n1, 0),
+        (n1 + delta, n1 + delta + K, 0),
+        (n1 + delta + K, sample.response_length, 1),
+    ]
     assert sample.metadata["turns"] == 2 and "multi_turn_resume" not in sample.metadata
     assert "The answer is 7" in sample.response and sample.metadata["tool_calls"] == {"calculator": 1}
     # --mask-offpolicy-in-partial-rollout: the tokens sampled by version 1 are masked
@@ -456,9 +560,22 @@ async def test_multi_turn_resumes_inside_the_aborted_turn(multi_turn_stack):
 def multi_turn_args(defaults, router, cfg):
     import argparse
 
-    return argparse.Namespace(**{**defaults, "sglang_router_ip": "127.0.0.1", "sglang_router_port": router.port,
-                                 "hf_checkpoint": None, "rollout_max_response_len": 200,
-                                 "rollout_max_context_len": None, "sglang_server_concurrency": 8,
-                                 "request_timeout": 30.0, "request_max_retries": 0, "tool_config_path": str(cfg),
-                                 "rm_type": None, "custom_rm_path": None, "group_rm": False,
-                                 "partial_rollout": True, "rollout_num_engines": 1})
+    return argparse.Namespace(
+        **{
+            **defaults,
+            "sglang_router_ip": "127.0.0.1",
+            "sglang_router_port": router.port,
+            "hf_checkpoint": None,
+            "rollout_max_response_len": 200,
+            "rollout_max_context_len": None,
+            "sglang_server_concurrency": 8,
+            "request_timeout": 30.0,
+            "request_max_retries": 0,
+            "tool_config_path": str(cfg),
+            "rm_type": None,
+            "custom_rm_path": None,
+            "group_rm": False,
+            "partial_rollout": True,
+            "rollout_num_engines": 1,
+        }
+    )

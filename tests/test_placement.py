@@ -15,8 +15,21 @@ from slime.train.actor_group import TrainGroup
 
 def _train_args(tmp_path, tiny_model_dir, *extra: str):
     (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}], "label": ""}\n')
-    return parse_train_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-                             str(tmp_path / "p.jsonl"), "--input-key", "messages", "--label-key", "label", *extra])
+    return parse_train_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(tmp_path / "p.jsonl"),
+            "--input-key",
+            "messages",
+            "--label-key",
+            "label",
+            *extra,
+        ]
+    )
 
 
 def _trainer_placement_groups() -> set[str]:
@@ -39,12 +52,17 @@ def test_trainer_beyond_the_cluster_fails_at_once_with_the_arithmetic(ray_cluste
         # refused before any reservation was asked for, so the 120 s placement wait never began (the event, not
         # the clock: a loaded box stretches any time bound); the wait's own error would read "could not reserve"
         assert _trainer_placement_groups() == trainer_groups_before
-        assert str(err.value) == ("cannot place the trainer: 2 bundle(s) of 3 CPU = 6 CPU + 3 CPU held by "
-                                  "slime-engines = 9 CPU, but the cluster has 8 CPU in total "
-                                  "(check --actor-num-workers / --actor-num-cpus-per-worker)")
+        assert str(err.value) == (
+            "cannot place the trainer: 2 bundle(s) of 3 CPU = 6 CPU + 3 CPU held by "
+            "slime-engines = 9 CPU, but the cluster has 8 CPU in total "
+            "(check --actor-num-workers / --actor-num-cpus-per-worker)"
+        )
         assert group.pg is None and group.workers == []
-        assert not [e for e in ray.util.placement_group_table().values()
-                    if e["name"].startswith("slime-trainer#") and e["state"] != "REMOVED"]
+        assert not [
+            e
+            for e in ray.util.placement_group_table().values()
+            if e["name"].startswith("slime-trainer#") and e["state"] != "REMOVED"
+        ]
     finally:
         ray.util.remove_placement_group(engines)
 
@@ -52,8 +70,11 @@ def test_trainer_beyond_the_cluster_fails_at_once_with_the_arithmetic(ray_cluste
 def test_bundle_larger_than_any_node_and_a_grantable_reservation(ray_cluster):
     import ray
 
-    with pytest.raises(PlacementError, match=r"^cannot place the engines: a bundle needs 9 CPU, the largest node "
-                                             r"has 8 CPU \(check --rollout-num-cpus-per-engine\)$"):
+    with pytest.raises(
+        PlacementError,
+        match=r"^cannot place the engines: a bundle needs 9 CPU, the largest node "
+        r"has 8 CPU \(check --rollout-num-cpus-per-engine\)$",
+    ):
         reserve([{"CPU": 9.0}], name="slime-engines", what="the engines", flags="--rollout-num-cpus-per-engine")
     pg = reserve([{"CPU": 4.0}, {"CPU": 4.0}], name="slime-engines", what="the engines", flags="-")
     try:  # exactly the cluster: granted

@@ -25,9 +25,17 @@ from slime.utils.plugin_args import completed
 
 
 def _args(**kw):
-    base = dict(apply_chat_template=False, apply_chat_template_kwargs={}, rollout_max_prompt_len=None,
-                rollout_max_context_len=None, metadata_key=None, tool_key=None, over_long_prompt="filter",
-                rollout_seed=42, buffer_filter_path=None)
+    base = dict(
+        apply_chat_template=False,
+        apply_chat_template_kwargs={},
+        rollout_max_prompt_len=None,
+        rollout_max_context_len=None,
+        metadata_key=None,
+        tool_key=None,
+        over_long_prompt="filter",
+        rollout_seed=42,
+        buffer_filter_path=None,
+    )
     return completed(SimpleNamespace(**{**base, **kw}))  # the parser's defaults for the rest
 
 
@@ -41,14 +49,21 @@ def _preflight(capsys, model: Path, data: Path, *extra: str) -> tuple[int, list,
 GOOD = '{"messages": [{"role": "user", "content": "Hi"}]}\n'
 
 
-@pytest.mark.parametrize("row,expected", [
-    ('{"messages": []}', "key 'messages' is an empty message list (--apply-chat-template has nothing to render)"),
-    ('{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
-     "messages[0]['content'] holds a lone surrogate ('\\ud800' at character 1), not text; fix the row"),
-    ('{"messages": [{"role": "user", "content": 7}]}',
-     "messages[0]['content'] must be a string (or a list of content parts), got int 7"),
-    ('{"messages": [{"role": 1, "content": "x"}]}', "messages[0]['role'] must be a string, got int"),
-])
+@pytest.mark.parametrize(
+    "row,expected",
+    [
+        ('{"messages": []}', "key 'messages' is an empty message list (--apply-chat-template has nothing to render)"),
+        (
+            '{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+            "messages[0]['content'] holds a lone surrogate ('\\ud800' at character 1), not text; fix the row",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": 7}]}',
+            "messages[0]['content'] must be a string (or a list of content parts), got int 7",
+        ),
+        ('{"messages": [{"role": 1, "content": "x"}]}', "messages[0]['role'] must be a string, got int"),
+    ],
+)
 def test_a_bad_chat_row_is_named_before_anything_starts(tmp_path, tiny_model_dir, capsys, row, expected):
     data = tmp_path / "d.jsonl"
     data.write_text(GOOD + "\n" + row + "\n" + GOOD)
@@ -62,32 +77,50 @@ def test_a_lone_surrogate_in_a_plain_prompt_is_named(tmp_path, tiny_model_dir, c
     data.write_text('{"input": "ok"}\n{"input": "\\udc80"}\n')
     rc, seen, err = _preflight(capsys, tiny_model_dir, data)
     assert rc == 1 and seen == []
-    assert err == (f"slime-rollout: error: --prompt-data: {data}:2: key 'input' holds a lone surrogate ('\\udc80' "
-                   "at character 0), not text; fix the row\n")
+    assert err == (
+        f"slime-rollout: error: --prompt-data: {data}:2: key 'input' holds a lone surrogate ('\\udc80' "
+        "at character 0), not text; fix the row\n"
+    )
 
 
 def test_an_over_long_prompt_is_counted_by_the_template_preflight_renders(tmp_path, tiny_model_dir, capsys):
     """--over-long-prompt error with --apply-chat-template: the rendered prompt's tokens decide."""
     data = tmp_path / "d.jsonl"
     data.write_text(GOOD + json.dumps({"messages": [{"role": "user", "content": "word " * 40}]}) + "\n")
-    rc, seen, err = _preflight(capsys, tiny_model_dir, data, "--input-key", "messages", "--apply-chat-template",
-                               "--rollout-max-prompt-len", "30", "--over-long-prompt", "error")
+    rc, seen, err = _preflight(
+        capsys,
+        tiny_model_dir,
+        data,
+        "--input-key",
+        "messages",
+        "--apply-chat-template",
+        "--rollout-max-prompt-len",
+        "30",
+        "--over-long-prompt",
+        "error",
+    )
     assert rc == 1 and seen == []
     assert err.startswith(f"slime-rollout: error: --prompt-data: {data}:2: prompt has ")
     assert err.endswith("tokens, over the limit 30 (--rollout-max-prompt-len); use --over-long-prompt filter\n")
 
 
-lines = st.lists(st.one_of(
-    st.fixed_dictionaries({"input": st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)}),
-    st.sampled_from(["", "   ", "\t"])), max_size=25)
+lines = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"input": st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)}),
+        st.sampled_from(["", "   ", "\t"]),
+    ),
+    max_size=25,
+)
 
 
 @settings(max_examples=60, deadline=None)
 @given(lines=lines, start=st.integers(-5, 5), stop=st.one_of(st.none(), st.integers(-5, 30)))
 def test_the_index_serves_every_non_blank_line_with_its_line_number(tmp_path_factory, lines, start, stop):
     data = tmp_path_factory.mktemp("idx") / "d.jsonl"
-    data.write_text("".join((json.dumps(x, ensure_ascii=False) if isinstance(x, dict) else x) + "\n"
-                            for x in lines), encoding="utf-8")
+    data.write_text(
+        "".join((json.dumps(x, ensure_ascii=False) if isinstance(x, dict) else x) + "\n" for x in lines),
+        encoding="utf-8",
+    )
     rows = [(n, x["input"]) for n, x in enumerate(lines, 1) if isinstance(x, dict)][start:stop]
     spec = f"{data}@[{start}:{'' if stop is None else stop}]"
     if not rows:
@@ -104,10 +137,19 @@ def test_the_data_source_serves_the_same_groups_from_the_index_as_from_a_list(tm
     from slime.utils.processing_utils import load_tokenizer
 
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "label": str(i)}) + "\n"
-                            for i in range(7)))
-    args = _args(apply_chat_template=True, prompt_data=str(data), input_key="messages", label_key="label",
-                 n_samples_per_prompt=2, rollout_shuffle=True)
+    data.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "label": str(i)}) + "\n" for i in range(7)
+        )
+    )
+    args = _args(
+        apply_chat_template=True,
+        prompt_data=str(data),
+        input_key="messages",
+        label_key="label",
+        n_samples_per_prompt=2,
+        rollout_shuffle=True,
+    )
     tok = load_tokenizer(tiny_model_dir)
     streamed = DataSource.from_args(args, tok)
     assert isinstance(streamed.prompts, PromptIndex)
@@ -140,9 +182,24 @@ def test_sigterm_while_preflight_checks_a_large_file_stops_the_command(tmp_path,
     data = tmp_path / "big.jsonl"
     row = {"messages": [{"role": "user", "content": "lorem ipsum " * 60}]}
     data.write_text((json.dumps(row) + "\n") * 40000)
-    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-                           "--prompt-data", str(data), "--input-key", "messages", "--apply-chat-template",
-                           "--log-dir", str(tmp_path / "logs")], deadline=300)
+    proc = cli_runs.start(
+        [
+            "-m",
+            "slime",
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "messages",
+            "--apply-chat-template",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        deadline=300,
+    )
     lines: list[str] = []
     cli_runs.read_until(proc, f"prompt data {data}: checked", lines)
     sent = time.monotonic()
@@ -152,8 +209,9 @@ def test_sigterm_while_preflight_checks_a_large_file_stops_the_command(tmp_path,
     assert "slime-rollout: terminated; everything started was stopped" in out
 
 
-def test_the_length_filter_runs_once_preflight_hands_its_rows_to_the_manager(tmp_path, tiny_model_dir, capsys,
-                                                                            monkeypatch):
+def test_the_length_filter_runs_once_preflight_hands_its_rows_to_the_manager(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
     """Issue 20: with --apply-chat-template and a prompt limit, preflight tokenises every row; the
     manager's index of the same file drops the same rows without tokenising them again, and a file
     changed since preflight is filtered anew."""
@@ -161,10 +219,24 @@ def test_the_length_filter_runs_once_preflight_hands_its_rows_to_the_manager(tmp
 
     data = tmp_path / "d.jsonl"
     rows = [("long " * 40 if i % 3 == 1 else f"q{i}") for i in range(9)]
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r}], "label": str(i)}) + "\n"
-                            for i, r in enumerate(rows)))
-    rc, seen, err = _preflight(capsys, tiny_model_dir, data, "--input-key", "messages", "--label-key", "label",
-                               "--apply-chat-template", "--rollout-max-prompt-len", "30")
+    data.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": r}], "label": str(i)}) + "\n"
+            for i, r in enumerate(rows)
+        )
+    )
+    rc, seen, err = _preflight(
+        capsys,
+        tiny_model_dir,
+        data,
+        "--input-key",
+        "messages",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-max-prompt-len",
+        "30",
+    )
     assert (rc, err) == (0, "") and len(seen) == 1
     args = seen[0]
     tokenised = []
@@ -176,8 +248,9 @@ def test_the_length_filter_runs_once_preflight_hands_its_rows_to_the_manager(tmp
     assert [s.label for s in source.prompts] == ["0", "2", "3", "5", "6", "8"]
     assert "filtered 3 prompt(s) longer than 30 tokens" in capsys.readouterr().out
 
-    data.write_text(data.read_text() + json.dumps({"messages": [{"role": "user", "content": "long " * 40}],
-                                                   "label": "9"}) + "\n")
+    data.write_text(
+        data.read_text() + json.dumps({"messages": [{"role": "user", "content": "long " * 40}], "label": "9"}) + "\n"
+    )
     again = DataSource.from_args(args, tok)  # the file changed: its rows are tokenised and filtered here
     assert tokenised == ["tokenised"] and again.filtered_prompts == 4
     assert [s.label for s in again.prompts] == ["0", "2", "3", "5", "6", "8"]

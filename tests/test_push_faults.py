@@ -13,7 +13,10 @@ import requests
 
 from slime.cli.train import parse_train_args
 from slime.testing.manager_probe import (
-    batch_weight_versions, engine_status, manager_and_trainer, wait_engine_state,
+    batch_weight_versions,
+    engine_status,
+    manager_and_trainer,
+    wait_engine_state,
 )
 
 
@@ -21,15 +24,53 @@ from slime.testing.manager_probe import (
 def parts(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(8)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = parse_train_args([
-        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-        str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
-        "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1",
-        "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "0.5", "--rollout-batch-size", "2",
-        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4", "--global-batch-size", "4",
-        "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
-        "--num-rollout", "2", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2",
-        "--update-weight-buffer-size", str(64 << 10)])  # many buckets: the death lands mid-push
+    args = parse_train_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(tmp_path / "train.jsonl"),
+            "--input-key",
+            "messages",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rollout-num-engines",
+            "2",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--engine-threads",
+            "1",
+            "--actor-num-workers",
+            "1",
+            "--actor-num-cpus-per-worker",
+            "0.5",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+            "--lr",
+            "5e-2",
+            "--custom-rm-path",
+            "tests.plugins.train_rewards.even_token_fraction",
+            "--num-rollout",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--engine-max-restarts",
+            "2",
+            "--update-weight-buffer-size",
+            str(64 << 10),
+        ]
+    )  # many buckets: the death lands mid-push
     # engines and their replacement fork warm from the session's fork server (the model preloaded once)
     with manager_and_trainer(args, engine_fork_server) as parts:
         yield parts
@@ -47,8 +88,9 @@ def test_engine_killed_mid_push_the_run_goes_on(parts):
     assert out["engines_died"] == [f"engine at {old_url}"] and out["engines"] == 1
     trained = group.weight_checksums()
     survivor = engine_status(manager, 0)["url"]
-    check = requests.post(f"{survivor}/weights_checker", json={"action": "compare", "checksums": trained},
-                          timeout=60).json()
+    check = requests.post(
+        f"{survivor}/weights_checker", json={"action": "compare", "checksums": trained}, timeout=60
+    ).json()
     assert check["equal"], check["message"]
 
     # the fleet restarts it; it loads the push the trainer kept and serves, without waiting for the next one

@@ -13,8 +13,14 @@ import time
 
 import pytest
 
-from slime.tools.rate_limiter import (LimiterCore, RateLimiter, RateLimiterConfigError, RateLimiterUnavailable,
-                                      RateLimitTimeout, local_rate_limiter)
+from slime.tools.rate_limiter import (
+    LimiterCore,
+    RateLimiter,
+    RateLimiterConfigError,
+    RateLimiterUnavailable,
+    RateLimitTimeout,
+    local_rate_limiter,
+)
 
 
 @contextlib.asynccontextmanager
@@ -377,8 +383,9 @@ def test_cap_is_exact_across_processes(ray_env):
         ray.get(probe.open.remote())
         ray.get(gated)
         probe = Probe.remote()  # many callers per process, some calls raising
-        stats = ray.get([w.call.remote("rl-cap", probe, n_callers=16, n_calls=4, rotten=(i == 1))
-                         for i, w in enumerate(workers)])
+        stats = ray.get(
+            [w.call.remote("rl-cap", probe, n_callers=16, n_calls=4, rotten=(i == 1)) for i, w in enumerate(workers)]
+        )
         p = ray.get(probe.get.remote())
         assert p["total"] == 2 * 16 * 4 and p["now"] == 0 and p["max"] <= 4, p
         assert all(s["in_flight"] == 0 and s["waiting"] == 0 for s in stats), stats
@@ -509,9 +516,19 @@ def test_sandbox_sees_the_cap(ray_env):
                 from slime.tools.sandbox_fusion_tool import SandboxFusionTool
                 from slime.tools.schemas import OpenAIFunctionToolSchema
 
-                schema = OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
-                    "name": "code_interpreter_cap", "parameters": {"type": "object", "properties": {
-                        "code": {"type": "string"}}, "required": ["code"]}}})
+                schema = OpenAIFunctionToolSchema.model_validate(
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "code_interpreter_cap",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"code": {"type": "string"}},
+                                "required": ["code"],
+                            },
+                        },
+                    }
+                )
                 tool = SandboxFusionTool({"sandbox_fusion_url": url, "rate_limit": 3}, schema)
                 iid, _ = await tool.create()
                 code = "import time; time.sleep(0.1); print('ok')"  # the sandboxed workload

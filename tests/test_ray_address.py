@@ -18,11 +18,17 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("address, expected", [
-    ("10.0.0.5:6380", ("10.0.0.5", 6380)), ("head-node", ("head-node", GCS_DEFAULT_PORT)),
-    ("ray://head:10002", ("head", 10002)), ("ray://head", ("head", CLIENT_DEFAULT_PORT)),
-    ("[::1]:7000", ("::1", 7000)), ("[fe80::1]", ("fe80::1", GCS_DEFAULT_PORT)),
-])
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("10.0.0.5:6380", ("10.0.0.5", 6380)),
+        ("head-node", ("head-node", GCS_DEFAULT_PORT)),
+        ("ray://head:10002", ("head", 10002)),
+        ("ray://head", ("head", CLIENT_DEFAULT_PORT)),
+        ("[::1]:7000", ("::1", 7000)),
+        ("[fe80::1]", ("fe80::1", GCS_DEFAULT_PORT)),
+    ],
+)
 def test_addresses_split_as_ray_reads_them(address, expected):
     assert split_address(address) == expected
 
@@ -41,12 +47,27 @@ def test_a_port_nothing_listens_on_is_refused_at_once():
 
 def test_the_command_exits_with_our_error_before_starting_ray(tiny_model_dir, tmp_path, cli_runs):
     (tmp_path / "p.jsonl").write_text(json.dumps({"input": "hi"}) + "\n")
-    proc = cli_runs.start(["-m", "slime", "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-                           "--prompt-data", str(tmp_path / "p.jsonl"), "--ray-address", "127.0.0.1:1"], deadline=120)
+    proc = cli_runs.start(
+        [
+            "-m",
+            "slime",
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(tmp_path / "p.jsonl"),
+            "--ray-address",
+            "127.0.0.1:1",
+        ],
+        deadline=120,
+    )
     out = cli_runs.stop(proc, 0, 120)  # (signal 0: nothing sent) wait for the end, read the output
     assert proc.returncode == 1, out[-3000:]
-    assert "slime-rollout: error: --ray-address 127.0.0.1:1: cannot connect to 127.0.0.1:1 (Connection refused); " \
-           "start the cluster there with `ray start --head`, or drop --ray-address to start a private Ray" in out, out
+    assert (
+        "slime-rollout: error: --ray-address 127.0.0.1:1: cannot connect to 127.0.0.1:1 (Connection refused); "
+        "start the cluster there with `ray start --head`, or drop --ray-address to start a private Ray" in out
+    ), out
     assert "Connecting to existing Ray cluster" not in out
 
 

@@ -83,8 +83,11 @@ def test_the_session_of_a_process_is_read_from_its_stat():
 
 
 @settings(max_examples=60, deadline=None)
-@given(comm=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
-                    max_size=16), pgrp=st.integers(1, 2**22), session=st.integers(1, 2**22))
+@given(
+    comm=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=16),
+    pgrp=st.integers(1, 2**22),
+    session=st.integers(1, 2**22),
+)
 def test_a_command_name_with_spaces_or_parentheses_does_not_shift_the_fields(comm, pgrp, session):
     """setproctitle and users name processes as they like: `ray::Foo (bar) 1 2` must not be read as
     the group."""

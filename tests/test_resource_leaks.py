@@ -41,6 +41,7 @@ def loop_thread() -> Iterator[asyncio.AbstractEventLoop]:
 @contextlib.contextmanager
 def echo_server(loop: asyncio.AbstractEventLoop) -> Iterator[str]:
     """A real HTTP peer on `loop`: POST /generate answers {"got": <the body>}."""
+
     async def generate(request: web.Request) -> web.Response:
         return web.json_response({"got": await request.json()})
 
@@ -56,8 +57,16 @@ def args_for(url: str) -> SimpleNamespace:
     from slime.utils.plugin_args import completed
 
     host, port = url.removeprefix("http://").split(":")
-    return completed(SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), sglang_server_concurrency=2,
-                                     rollout_num_engines=1, request_timeout=10.0, request_max_retries=0))
+    return completed(
+        SimpleNamespace(
+            sglang_router_ip=host,
+            sglang_router_port=int(port),
+            sglang_server_concurrency=2,
+            rollout_num_engines=1,
+            request_timeout=10.0,
+            request_max_retries=0,
+        )
+    )
 
 
 async def _session_of(client: HttpClient):
@@ -122,8 +131,9 @@ async def test_http_client_close_closes_its_sessions_on_every_running_loop():
     client = HttpClient()
     with loop_thread() as other_loop, echo_server(other_loop) as url:
         there = asyncio.run_coroutine_threadsafe(_session_of(client), other_loop).result(30)
-        answer = asyncio.run_coroutine_threadsafe(client.post(f"{url}/generate", {"x": 1}, timeout=10),
-                                                  other_loop).result(30)
+        answer = asyncio.run_coroutine_threadsafe(
+            client.post(f"{url}/generate", {"x": 1}, timeout=10), other_loop
+        ).result(30)
         here = client.session()
         assert answer == {"got": {"x": 1}} and there is not here
         await client.close()
@@ -172,7 +182,8 @@ def test_a_session_of_a_loop_that_no_longer_runs_is_counted_not_silently_dropped
             run(client.close())
         assert not orphan.closed
         assert [r.getMessage() for r in caplog.records] == [
-            "1 HTTP session(s) of event loops that no longer run could not be closed"]
+            "1 HTTP session(s) of event loops that no longer run could not be closed"
+        ]
         stopped.run_until_complete(orphan.close())  # (its loop's owner can still close it)
     finally:
         stopped.close()

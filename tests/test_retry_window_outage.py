@@ -75,8 +75,9 @@ class Router:
 async def _until(event: asyncio.Event, calls: list[asyncio.Task], bound: float = 300.0) -> None:
     """Wait for `event`, or for every call to have ended (they gave up: nothing left to wait for)."""
     waiter = asyncio.create_task(event.wait())
-    await asyncio.wait([waiter, asyncio.gather(*calls, return_exceptions=True)], timeout=bound,
-                       return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        [waiter, asyncio.gather(*calls, return_exceptions=True)], timeout=bound, return_when=asyncio.FIRST_COMPLETED
+    )
     waiter.cancel()
 
 

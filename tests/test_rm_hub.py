@@ -123,25 +123,31 @@ async def test_math_reads_latex_that_slime_misreads(given, truth, expected):
     assert await reward("math", "\\boxed{" + given + "}", truth) == expected
 
 
-@pytest.mark.parametrize("response,label,expected", [
-    (r"\boxed{42}", "42", 0),  # no </think>: nothing graded
-    (r"x###Response\boxed{42}", "42", 1),
-    (r"\boxed{9}</think>\boxed{42}", "42", 1),  # only the part after </think>
-    (r"</think>\boxed{42}", 42, 1),
-    (r"</think>\boxed{42}", 42.0, 1),
-    (r"</think>no box", "42", 0),
-    (r"</think>\boxed{42}", "", 0),
-])
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        (r"\boxed{42}", "42", 0),  # no </think>: nothing graded
+        (r"x###Response\boxed{42}", "42", 1),
+        (r"\boxed{9}</think>\boxed{42}", "42", 1),  # only the part after </think>
+        (r"</think>\boxed{42}", 42, 1),
+        (r"</think>\boxed{42}", 42.0, 1),
+        (r"</think>no box", "42", 0),
+        (r"</think>\boxed{42}", "", 0),
+    ],
+)
 async def test_deepscaler_cases(response, label, expected):
     assert await reward("deepscaler", response, label) == expected
 
 
-@pytest.mark.parametrize("response,label,expected", [
-    (r"\fbox{42}", "42", 0),  # \fbox is found, but only \boxed{} is unwrapped (slime)
-    (r"\boxed{42} and \boxed{43}", "43", 1),
-    (r"\boxed{42}", 42, 1),
-    (r"\boxed{42", "42", 0),
-])
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        (r"\fbox{42}", "42", 0),  # \fbox is found, but only \boxed{} is unwrapped (slime)
+        (r"\boxed{42} and \boxed{43}", "43", 1),
+        (r"\boxed{42}", 42, 1),
+        (r"\boxed{42", "42", 0),
+    ],
+)
 async def test_math_extraction_cases(response, label, expected):
     assert await reward("math", response, label) == expected
 
@@ -159,14 +165,17 @@ def test_dapo_compute_score_from_submodule():
         remove_boxed("8")
 
 
-@pytest.mark.parametrize("response,label,expected", [
-    ("The Eiffel Tower", "eiffel tower", 1.0),
-    ("Paris, France", "Paris", 2 / 3),
-    ("yes", "no", 0),
-    ("yes", "Yes.", 1.0),
-    ("a cat sat on the mat", "the cat sat", 2 / 3),
-    ("", "x", 0),
-])
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        ("The Eiffel Tower", "eiffel tower", 1.0),
+        ("Paris, France", "Paris", 2 / 3),
+        ("yes", "no", 0),
+        ("yes", "Yes.", 1.0),
+        ("a cat sat on the mat", "the cat sat", 2 / 3),
+        ("", "x", 0),
+    ],
+)
 async def test_f1(response, label, expected):
     assert await reward("f1", response, label) == pytest.approx(expected)
 
@@ -176,18 +185,21 @@ async def test_boxed_prefix_grades_only_the_boxed_part():
     assert await reward("boxed_f1", "Paris without a box", "paris") == 0
 
 
-@pytest.mark.parametrize("response,label,metadata,expected", [
-    ("The answer is B.", "B", {}, 1.0),
-    ("Answer: C", "B", {}, 0.0),
-    ("<think>A</think> final answer: D", "D", {}, 1.0),
-    ("I pick green", "green", {"choices": ["red", "green", "blue", "yellow"]}, 1.0),
-    ("it is B", 1, {"choices": ["red", "green", "blue", "yellow"]}, 1.0),
-    ("B is correct", "x", {"correct_letter": "b"}, 1.0),
-    # E is no option here, but the label's text "e" occurs in the response: slime accepts it
-    ("the answer is E", "E", {"choices": ["red", "green", "blue", "yellow"]}, 1.0),
-    ("the answer is D", "B", {"choices": ["red", "green", "blue", "yellow"]}, 0.0),
-    ("We ruled out A, then B, settled on C", "C", {}, 1.0),
-])
+@pytest.mark.parametrize(
+    "response,label,metadata,expected",
+    [
+        ("The answer is B.", "B", {}, 1.0),
+        ("Answer: C", "B", {}, 0.0),
+        ("<think>A</think> final answer: D", "D", {}, 1.0),
+        ("I pick green", "green", {"choices": ["red", "green", "blue", "yellow"]}, 1.0),
+        ("it is B", 1, {"choices": ["red", "green", "blue", "yellow"]}, 1.0),
+        ("B is correct", "x", {"correct_letter": "b"}, 1.0),
+        # E is no option here, but the label's text "e" occurs in the response: slime accepts it
+        ("the answer is E", "E", {"choices": ["red", "green", "blue", "yellow"]}, 1.0),
+        ("the answer is D", "B", {"choices": ["red", "green", "blue", "yellow"]}, 0.0),
+        ("We ruled out A, then B, settled on C", "C", {}, 1.0),
+    ],
+)
 async def test_gpqa(response, label, metadata, expected):
     assert await reward("gpqa", response, label, metadata) == expected
 
@@ -209,6 +221,7 @@ async def test_random_is_zero_or_one_and_follows_the_seed():
 
 
 # ------------------------------------------------------------------ dispatch
+
 
 async def rm_from_sample(args, sample, **kw):
     return {"who": "sample", **kw}
@@ -240,8 +253,11 @@ async def test_precedence_sample_custom_then_args_custom_then_metadata_then_flag
 
 
 async def test_batched_async_rm():
-    samples = [Sample(response="a", label="a"), Sample(response="b", label="c"),
-               Sample(response=r"\boxed{1/2}", label="0.5", metadata={"rm_type": "math"})]
+    samples = [
+        Sample(response="a", label="a"),
+        Sample(response="b", label="c"),
+        Sample(response=r"\boxed{1/2}", label="0.5", metadata={"rm_type": "math"}),
+    ]
     assert await batched_async_rm(args(rm_type="exact"), samples) == [1.0, 0.0, 1]
     # --custom-rm-path is called once with the whole list (slime's batch mode)
     assert await batched_async_rm(args(custom_rm_path="tests.test_rm_hub.batch_rm"), samples) == [30, 31, 32]
@@ -263,8 +279,21 @@ async def test_unknown_or_missing_type_is_rejected():
 
 
 def test_check_rm_type_at_start_up(monkeypatch):
-    for ok in (None, "", "math", "deepscaler", "dapo", "f1", "gpqa", "random", "remote_rm", "boxed_math",
-               "gsm8k", "exact", "boxed"):
+    for ok in (
+        None,
+        "",
+        "math",
+        "deepscaler",
+        "dapo",
+        "f1",
+        "gpqa",
+        "random",
+        "remote_rm",
+        "boxed_math",
+        "gsm8k",
+        "exact",
+        "boxed",
+    ):
         check_rm_type(ok)
     for bad in ("nope", "boxed_nope", "Math"):
         with pytest.raises(ValueError, match=f"--rm-type '{bad}': unknown reward type"):
@@ -280,6 +309,7 @@ def test_check_rm_type_at_start_up(monkeypatch):
 
 
 # ------------------------------------------------------------------ remote_rm
+
 
 async def test_remote_rm_posts_prompt_response_label():
     seen = []
@@ -298,12 +328,15 @@ async def test_remote_rm_posts_prompt_response_label():
     port = site._server.sockets[0].getsockname()[1]
     try:
         a = args(rm_type="remote_rm", rm_url=f"http://127.0.0.1:{port}/rm")
-        samples = [Sample(prompt=[{"role": "user", "content": "q"}], response="4", label="4"),
-                   Sample(prompt="q2", response="5", label="4")]
+        samples = [
+            Sample(prompt=[{"role": "user", "content": "q"}], response="4", label="4"),
+            Sample(prompt="q2", response="5", label="4"),
+        ]
         assert await batched_async_rm(a, samples) == [{"score": 1.0}, {"score": 0.0}]
         assert sorted(seen, key=lambda b: b["response"]) == [
             {"prompt": [{"role": "user", "content": "q"}], "response": "4", "label": "4"},
-            {"prompt": "q2", "response": "5", "label": "4"}]
+            {"prompt": "q2", "response": "5", "label": "4"},
+        ]
         assert samples[0].prompt  # unchanged
     finally:
         await runner.cleanup()
@@ -316,7 +349,7 @@ async def test_remote_rm_without_url_names_the_flag():
 
 # ------------------------------------------------------------------ ifbench
 
-FAKE_EVALUATION_LIB = '''
+FAKE_EVALUATION_LIB = """
 class _MaxWords:
     def __init__(self, instruction_id):
         self.id = instruction_id
@@ -338,7 +371,7 @@ class _EchoesPrompt(_MaxWords):
 
 class instructions_registry:
     INSTRUCTION_DICT = {"length:max_words": _MaxWords, "copy:prompt": _EchoesPrompt}
-'''
+"""
 
 
 @pytest.fixture
@@ -356,8 +389,12 @@ def fake_ifbench(tmp_path, monkeypatch):
 
 
 async def test_ifbench_with_checkers_on_path(fake_ifbench):
-    md = {"instruction_id_list": ["length:max_words", "copy:prompt"], "kwargs": [{"num_words": 4}, {}],
-          "prompt_text": "hi", "record_id": 3}
+    md = {
+        "instruction_id_list": ["length:max_words", "copy:prompt"],
+        "kwargs": [{"num_words": 4}, {}],
+        "prompt_text": "hi",
+        "record_id": 3,
+    }
     check_rm_type("ifbench")
     assert await reward("ifbench", "hi there", None, md) == 1.0
     assert await reward("ifbench", "hi there you all now", None, md) == 0.0  # 5 words
@@ -385,11 +422,17 @@ async def test_ifbench_without_checkers_says_what_to_install(monkeypatch):
 
 # ------------------------------------------------------------------ bounded symbolic checker
 
+
 def test_symbolic_checker_works_from_threads_and_gives_math_verify_verdicts():
     checker = SymbolicChecker(timeout=20, workers=2)
     try:
-        pairs = [(r"\frac{1}{2}", "0.5", True), (r"\sqrt{2}/2", r"\frac{\sqrt{2}}{2}", True), ("x+1", "1+x", True),
-                 ("2", "3", False), (r"\pi", "3.14", False)] * 3
+        pairs = [
+            (r"\frac{1}{2}", "0.5", True),
+            (r"\sqrt{2}/2", r"\frac{\sqrt{2}}{2}", True),
+            ("x+1", "1+x", True),
+            ("2", "3", False),
+            (r"\pi", "3.14", False),
+        ] * 3
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda p: checker.equivalent(p[0], p[1]), pairs))
         assert got == [p[2] for p in pairs]

@@ -26,19 +26,43 @@ N_PROMPTS, N_SAMPLES, MAX_LEN = 3, 2, 12
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
-    rows = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}], "label": str(2 * i)}
-            for i in range(8)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}], "label": str(2 * i)} for i in range(8)
+    ]
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     return d
 
 
 def base_argv(tiny_model_dir, data_files, tmp, *extra):
-    return ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-            "--prompt-data", str(data_files / "train.jsonl"), "--input-key", "messages", "--label-key", "label",
-            "--apply-chat-template", "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5",
-            "--engine-threads", "1", "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt",
-            str(N_SAMPLES), "--rollout-max-response-len", str(MAX_LEN), "--log-dir", str(tmp / "logs"), *extra]
+    return [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(data_files / "train.jsonl"),
+        "--input-key",
+        "messages",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-num-engines",
+        "2",
+        "--rollout-num-cpus-per-engine",
+        "0.5",
+        "--engine-threads",
+        "1",
+        "--rollout-batch-size",
+        str(N_PROMPTS),
+        "--n-samples-per-prompt",
+        str(N_SAMPLES),
+        "--rollout-max-response-len",
+        str(MAX_LEN),
+        "--log-dir",
+        str(tmp / "logs"),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +72,29 @@ def manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_pat
     from slime.testing.fault_manager import FaultInjectingManager
 
     tmp = tmp_path_factory.mktemp("e2e")
-    args = parse_args(base_argv(tiny_model_dir, data_files, tmp, "--custom-rm-path",
-                                "tests.plugins.rewards.token_parity_rm",
-                                "--save-debug-rollout-data", str(tmp / "debug" / "rollout_{rollout_id}.pt"),
-                                "--save-debug-train-data", str(tmp / "debug" / "train_{rollout_id}.pt"),
-                                "--eval-prompt-data", "mini", str(data_files / "eval.jsonl"),
-                                "--n-samples-per-eval-prompt", "2", "--use-wandb", "--wandb-dir",
-                                str(tmp / "wandb"), "--rollout-data-dir", str(tmp / "dumps")))
+    args = parse_args(
+        base_argv(
+            tiny_model_dir,
+            data_files,
+            tmp,
+            "--custom-rm-path",
+            "tests.plugins.rewards.token_parity_rm",
+            "--save-debug-rollout-data",
+            str(tmp / "debug" / "rollout_{rollout_id}.pt"),
+            "--save-debug-train-data",
+            str(tmp / "debug" / "train_{rollout_id}.pt"),
+            "--eval-prompt-data",
+            "mini",
+            str(data_files / "eval.jsonl"),
+            "--n-samples-per-eval-prompt",
+            "2",
+            "--use-wandb",
+            "--wandb-dir",
+            str(tmp / "wandb"),
+            "--rollout-data-dir",
+            str(tmp / "dumps"),
+        )
+    )
     m = ray.remote(FaultInjectingManager).options(num_cpus=0, max_concurrency=8).remote(args, engine_fork_server)
     info = ray.get(m.start.remote())
     yield m, info, tmp, args
@@ -79,8 +119,16 @@ def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
     assert len(info["engine_urls"]) == 2
     batch = ray.get(ray.get(m.generate.remote(0)).inner)
     n = N_PROMPTS * N_SAMPLES
-    assert set(batch) >= {"tokens", "response_lengths", "rewards", "raw_reward", "truncated", "sample_indices",
-                          "loss_masks", "rollout_log_probs"}
+    assert set(batch) >= {
+        "tokens",
+        "response_lengths",
+        "rewards",
+        "raw_reward",
+        "truncated",
+        "sample_indices",
+        "loss_masks",
+        "rollout_log_probs",
+    }
     assert all(len(v) == n for v in batch.values())
     # consecutive fresh indices (other tests on this module's manager may have drawn samples before)
     first = min(batch["sample_indices"])
@@ -93,14 +141,14 @@ def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
         prompt = tok.apply_chat_template(s.metadata["messages"], tokenize=False, add_generation_prompt=True)
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         tokens, rl = batch["tokens"][i], batch["response_lengths"][i]
-        assert tokens[:len(prompt_ids)] == prompt_ids and len(tokens) == len(prompt_ids) + rl
+        assert tokens[: len(prompt_ids)] == prompt_ids and len(tokens) == len(prompt_ids) + rl
         assert batch["loss_masks"][i] == [1] * rl and len(batch["rollout_log_probs"][i]) == rl
         # the log-probs are the engine's own for exactly these tokens (temperature 1)
         expect = teacher_forced_logprobs(tiny_model_dir, tokens, len(prompt_ids))
         assert batch["rollout_log_probs"][i] == pytest.approx(expect, abs=2e-3)
         # status from finish reason: hitting the length limit is TRUNCATED
         assert batch["truncated"][i] == (1 if rl == MAX_LEN and s.metadata["finish_reason"] == "length" else 0)
-        assert batch["raw_reward"][i] == float(sum(tokens[len(prompt_ids):]) % 3)
+        assert batch["raw_reward"][i] == float(sum(tokens[len(prompt_ids) :]) % 3)
     # GRPO: normalised within each group, never across the batch
     groups = {}
     for i, idx in enumerate(batch["sample_indices"]):
@@ -116,8 +164,9 @@ def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
     for url in info["engine_urls"]:
         assert requests.get(f"{url}/metrics", timeout=5).text.count("sglang:num_requests_total") >= 1
         load = requests.get(f"{url}/metrics", timeout=5).text
-        served = [float(line.rsplit(" ", 1)[1]) for line in load.splitlines()
-                  if line.startswith("sglang:num_requests_total")]
+        served = [
+            float(line.rsplit(" ", 1)[1]) for line in load.splitlines() if line.startswith("sglang:num_requests_total")
+        ]
         assert served and served[0] > 0
     summary = ray.get(m.last_summary.remote())
     assert summary["samples"] == n and summary["rollout_id"] == 0
@@ -138,9 +187,17 @@ def test_debug_round_trip_without_engines(manager, ray_cluster, tiny_model_dir, 
     m, info, tmp, args = manager
     ray.get(ray.get(m.generate.remote(7)).inner)
     saved = torch.load(tmp / "debug" / "train_7.pt", weights_only=True)["data"]
-    replay_args = parse_args(base_argv(tiny_model_dir, data_files, tmp, "--custom-rm-path",
-                                       "tests.plugins.rewards.token_parity_rm", "--load-debug-rollout-data",
-                                       args.save_debug_rollout_data))
+    replay_args = parse_args(
+        base_argv(
+            tiny_model_dir,
+            data_files,
+            tmp,
+            "--custom-rm-path",
+            "tests.plugins.rewards.token_parity_rm",
+            "--load-debug-rollout-data",
+            args.save_debug_rollout_data,
+        )
+    )
     r = ray.remote(RolloutManager).options(num_cpus=0).remote(replay_args)
     try:
         replay_info = ray.get(r.start.remote())
@@ -266,8 +323,10 @@ def test_engine_killed_mid_rollout_loses_nothing(own_manager):
     assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
     ray.get(ray.get(m.generate.remote(4)).inner)
     served = requests.get(f"{engine0['url']}/metrics", timeout=5).text
-    assert any(line.startswith("sglang:num_requests_total") and float(line.rsplit(" ", 1)[1]) > 0
-               for line in served.splitlines())
+    assert any(
+        line.startswith("sglang:num_requests_total") and float(line.rsplit(" ", 1)[1]) > 0
+        for line in served.splitlines()
+    )
     summary = ray.get(m.last_summary.remote())
     assert summary["failed"] == 0 and summary["engine_deaths"] == 0
 
@@ -282,13 +341,33 @@ def test_rollout_and_eval_metrics_reach_the_wandb_run(ray_cluster, tiny_model_di
     from slime.ray.rollout_manager import RolloutManager
     from slime.utils.types import Sample
 
-    samples = [Sample(group_index=i // 2, index=i, prompt="p", tokens=[1, 2, 3, 4], response_length=2,
-                      reward=float(i % 2), loss_mask=[1, 1], rollout_log_probs=[-0.5, -0.25],
-                      status=Sample.Status.COMPLETED) for i in range(4)]
+    samples = [
+        Sample(
+            group_index=i // 2,
+            index=i,
+            prompt="p",
+            tokens=[1, 2, 3, 4],
+            response_length=2,
+            reward=float(i % 2),
+            loss_mask=[1, 1],
+            rollout_log_probs=[-0.5, -0.25],
+            status=Sample.Status.COMPLETED,
+        )
+        for i in range(4)
+    ]
     save_debug_rollout(str(tmp_path / "r_{rollout_id}.pt"), 0, samples)
-    args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--load-debug-rollout-data",
-                                str(tmp_path / "r_{rollout_id}.pt"), "--use-wandb", "--wandb-dir",
-                                str(tmp_path / "wandb")))
+    args = parse_args(
+        base_argv(
+            tiny_model_dir,
+            data_files,
+            tmp_path,
+            "--load-debug-rollout-data",
+            str(tmp_path / "r_{rollout_id}.pt"),
+            "--use-wandb",
+            "--wandb-dir",
+            str(tmp_path / "wandb"),
+        )
+    )
     m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
     try:
         ray.get(m.start.remote())
@@ -300,8 +379,13 @@ def test_rollout_and_eval_metrics_reach_the_wandb_run(ray_cluster, tiny_model_di
     assert wandb_reader.wait_closed(run_dir)
     rows = wandb_reader.read_history(run_dir)
     keys = set().union(*rows)
-    assert {"rollout/reward_mean", "rollout/truncated_ratio", "perf/rollout_time", "perf/tokens_per_s",
-            "perf/engine_retries"} <= keys
+    assert {
+        "rollout/reward_mean",
+        "rollout/truncated_ratio",
+        "perf/rollout_time",
+        "perf/tokens_per_s",
+        "perf/engine_retries",
+    } <= keys
     assert [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r] == [0.5]
 
 
@@ -313,9 +397,21 @@ def test_external_router_mode(ray_cluster, engine_fork_server, tiny_model_dir, d
 
     router = Router().start()
     try:
-        args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact",
-                                    "--rollout-num-engines", "1", "--sglang-router-ip", router.host,
-                                    "--sglang-router-port", str(router.port)))
+        args = parse_args(
+            base_argv(
+                tiny_model_dir,
+                data_files,
+                tmp_path,
+                "--rm-type",
+                "exact",
+                "--rollout-num-engines",
+                "1",
+                "--sglang-router-ip",
+                router.host,
+                "--sglang-router-port",
+                str(router.port),
+            )
+        )
         m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
         info = ray.get(m.start.remote())
         assert info["router_url"] == router.url and info["router_pid"] is None
@@ -328,8 +424,9 @@ def test_external_router_mode(ray_cluster, engine_fork_server, tiny_model_dir, d
         router.stop()
 
 
-def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, engine_fork_server, tiny_model_dir, data_files,
-                                                    tmp_path):
+def test_manager_owns_sandbox_and_limiter_for_tools(
+    ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path
+):
     """`sandbox_fusion_url: local`: the manager starts one sandbox and the tool's global limiter;
     tool calls made inside the controller actor run in that sandbox."""
     import ray
@@ -337,12 +434,27 @@ def test_manager_owns_sandbox_and_limiter_for_tools(ray_cluster, engine_fork_ser
     from slime.ray.rollout_manager import RolloutManager
     from slime.tools.rate_limiter import get_rate_limiter
 
-    args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rm-type", "exact",
-                                "--rollout-num-engines", "1", "--tool-config-path",
-                                os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
-                                "--custom-generate-function-path", "tests.plugins.sandbox_probe.generate",
-                                "--chat-template-check", "warn", "--max-turns", "1",
-                                "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")))
+    args = parse_args(
+        base_argv(
+            tiny_model_dir,
+            data_files,
+            tmp_path,
+            "--rm-type",
+            "exact",
+            "--rollout-num-engines",
+            "1",
+            "--tool-config-path",
+            os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
+            "--custom-generate-function-path",
+            "tests.plugins.sandbox_probe.generate",
+            "--chat-template-check",
+            "warn",
+            "--max-turns",
+            "1",
+            "--save-debug-rollout-data",
+            str(tmp_path / "r_{rollout_id}.pt"),
+        )
+    )
     m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
     try:
         info = ray.get(m.start.remote())
@@ -374,19 +486,53 @@ def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, engine_fork_serve
     call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
     shots = [{"role": "system", "content": "You call tools. To run code, answer with exactly one <tool_call> block."}]
     for _ in range(2):
-        shots += [{"role": "user", "content": "Run print(6 * 7)."},
-                  {"role": "assistant", "content": "Running it.\n" + call + "\nDone."}]
+        shots += [
+            {"role": "user", "content": "Run print(6 * 7)."},
+            {"role": "assistant", "content": "Running it.\n" + call + "\nDone."},
+        ]
     shots.append({"role": "user", "content": "Run print(6 * 7)."})
     data = tmp_path / "calls.jsonl"
     data.write_text(json.dumps({"messages": shots, "label": "42"}) + "\n")
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", model, "--prompt-data", str(data),
-                       "--input-key", "messages", "--label-key", "label", "--rollout-num-engines", "1",
-                       "--engine-threads", "1", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
-                       "--rollout-temperature", "0", "--rollout-max-response-len", "96", "--rm-type", "exact",
-                       "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout",
-                       "--tool-config-path", os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
-                       "--chat-template-check", "warn", "--max-turns", "2", "--log-dir", str(tmp_path / "logs"),
-                       "--save-debug-rollout-data", str(tmp_path / "r_{rollout_id}.pt")])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            model,
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "messages",
+            "--label-key",
+            "label",
+            "--rollout-num-engines",
+            "1",
+            "--engine-threads",
+            "1",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "1",
+            "--rollout-temperature",
+            "0",
+            "--rollout-max-response-len",
+            "96",
+            "--rm-type",
+            "exact",
+            "--rollout-function-path",
+            "rollout_plugins.multi_turn.generate_rollout",
+            "--tool-config-path",
+            os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
+            "--chat-template-check",
+            "warn",
+            "--max-turns",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--save-debug-rollout-data",
+            str(tmp_path / "r_{rollout_id}.pt"),
+        ]
+    )
     m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
     try:
         info = ray.get(m.start.remote())
@@ -403,12 +549,12 @@ def test_embedded_model_tool_calls_run_in_sandbox(ray_cluster, engine_fork_serve
     tool_spans = [x for x in s.metadata["turn_spans"] if x["role"] == "tool"]
     assert len(tool_spans) == 1
     tok = AutoTokenizer.from_pretrained(model)
-    resp = s.tokens[s.prompt_length:]
-    tool_text = tok.decode(resp[tool_spans[0]["start"]:tool_spans[0]["end"]])
+    resp = s.tokens[s.prompt_length :]
+    tool_text = tok.decode(resp[tool_spans[0]["start"] : tool_spans[0]["end"]])
     assert "42" in tool_text  # what the sandbox printed, rendered as the tool turn
     assert batch["loss_masks"][0] == s.loss_mask
-    assert set(s.loss_mask[tool_spans[0]["start"]:tool_spans[0]["end"]]) == {0}
-    assert set(s.loss_mask[:tool_spans[0]["start"]]) == {1}
+    assert set(s.loss_mask[tool_spans[0]["start"] : tool_spans[0]["end"]]) == {0}
+    assert set(s.loss_mask[: tool_spans[0]["start"]]) == {1}
     assert stats["total"] == 1 and stats["isolation"]  # exactly the one call, run isolated
 
 
@@ -432,9 +578,24 @@ def test_engine_that_fails_to_start_reports_log_and_leaves_nothing(ray_cluster, 
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{ this is not json")
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(broken), "--prompt-data",
-                       str(data_files / "train.jsonl"), "--input-key", "messages", "--rollout-num-engines", "2",
-                       "--engine-startup-timeout", "120", "--log-dir", str(tmp_path / "logs")])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(broken),
+            "--prompt-data",
+            str(data_files / "train.jsonl"),
+            "--input-key",
+            "messages",
+            "--rollout-num-engines",
+            "2",
+            "--engine-startup-timeout",
+            "120",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ]
+    )
     before = {pg_id for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"}
     m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
     with pytest.raises(ray.exceptions.RayTaskError) as e:
@@ -450,9 +611,28 @@ def test_engine_that_fails_to_start_reports_log_and_leaves_nothing(ray_cluster, 
 def test_ctrl_c_stops_everything(tiny_model_dir, data_files, tmp_path):
     logs = tmp_path / "ctrlc-logs"
     env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.Popen([sys.executable, "-m", "slime", *base_argv(tiny_model_dir, data_files, tmp_path,
-                            "--rm-type", "exact", "--num-rollout", "1000", "--log-dir", str(logs))],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slime",
+            *base_argv(
+                tiny_model_dir,
+                data_files,
+                tmp_path,
+                "--rm-type",
+                "exact",
+                "--num-rollout",
+                "1000",
+                "--log-dir",
+                str(logs),
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -489,11 +669,23 @@ def test_trainer_gets_one_box_per_dp_rank(ray_cluster, engine_fork_server, tiny_
 
     from slime.ray.rollout_manager import RolloutManager
 
-    args = parse_args(base_argv(tiny_model_dir, data_files, tmp_path, "--rollout-num-engines", "1",
-                                "--rollout-function-path", "tests.plugins.slime_style_rollout.generate_rollout",
-                                "--save-debug-rollout-data",
-                                str(tmp_path / "r_{rollout_id}.pt"), "--global-batch-size", "2",
-                                "--micro-batch-size", "1"))
+    args = parse_args(
+        base_argv(
+            tiny_model_dir,
+            data_files,
+            tmp_path,
+            "--rollout-num-engines",
+            "1",
+            "--rollout-function-path",
+            "tests.plugins.slime_style_rollout.generate_rollout",
+            "--save-debug-rollout-data",
+            str(tmp_path / "r_{rollout_id}.pt"),
+            "--global-batch-size",
+            "2",
+            "--micro-batch-size",
+            "1",
+        )
+    )
     m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
     try:
         ray.get(m.start.remote())

@@ -63,12 +63,32 @@ def cluster(tiny_model_dir):
 
 def make_args(tmp_path, router, tiny_model_dir, *extra):
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"input": f"question number {i}", "label": str(i)}) + "\n"
-                            for i in range(10)))
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--label-key", "label", "--sglang-router-ip", router.host, "--sglang-router-port",
-                       str(router.port), "--rm-type", "exact", "--rollout-batch-size", "4",
-                       "--n-samples-per-prompt", "3", "--rollout-max-response-len", "5", *extra])
+    data.write_text("".join(json.dumps({"input": f"question number {i}", "label": str(i)}) + "\n" for i in range(10)))
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rm-type",
+            "exact",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "3",
+            "--rollout-max-response-len",
+            "5",
+            *extra,
+        ]
+    )
     return args
 
 
@@ -104,8 +124,7 @@ def test_exact_tokens_masks_logprobs_and_statuses(tmp_path, cluster, tiny_model_
 
 def test_concurrency_bound_holds(tmp_path, cluster, tiny_model_dir):
     router, _, script = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, "--sglang-server-concurrency", "2",
-                     "--rollout-batch-size", "6")
+    args = make_args(tmp_path, router, tiny_model_dir, "--sglang-server-concurrency", "2", "--rollout-batch-size", "6")
     src, _ = data_source(args, tiny_model_dir)
     script.max_in_flight = 0
     generate_rollout(args, 0, src)
@@ -143,15 +162,24 @@ async def test_4xx_is_not_retried(cluster):
 
 def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir):
     router, engines, _ = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-max-context-len", "8",
-                     "--rollout-batch-size", "1", "--n-samples-per-prompt", "1")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--rollout-max-context-len",
+        "8",
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "1",
+    )
     src, tok = data_source(args, tiny_model_dir)
     for e in engines:
         e.requests.clear()
     s = generate_rollout(args, 0, src).samples[0][0]
     assert len(s.tokens) == 8 and s.status == Sample.Status.TRUNCATED
     [sent] = [r for e in engines for r in e.requests]
-    assert sent["input_ids"] == s.tokens[:s.prompt_length]
+    assert sent["input_ids"] == s.tokens[: s.prompt_length]
     assert sent["sampling_params"]["max_new_tokens"] == 8 - s.prompt_length
 
 
@@ -175,9 +203,19 @@ def test_deterministic_inference_seeds_each_sample_of_a_group(tmp_path, cluster,
 
 def test_dynamic_filter_keeps_target_and_returns_leftovers(tmp_path, cluster, tiny_model_dir):
     router, _, _ = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-batch-size", "2", "--over-sampling-batch-size",
-                     "4", "--n-samples-per-prompt", "2", "--dynamic-sampling-filter-path",
-                     "tests.test_rollout_scripted.keep_even_groups")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--rollout-batch-size",
+        "2",
+        "--over-sampling-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--dynamic-sampling-filter-path",
+        "tests.test_rollout_scripted.keep_even_groups",
+    )
     src, _ = data_source(args, tiny_model_dir)
     out = generate_rollout(args, 0, src)
     assert len(out.samples) == 2
@@ -204,8 +242,13 @@ def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
     from slime.utils.misc import load_function
 
     router, _, _ = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-function-path",
-                     "tests.plugins.slime_style_rollout.generate_rollout")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--rollout-function-path",
+        "tests.plugins.slime_style_rollout.generate_rollout",
+    )
     src, tok = data_source(args, tiny_model_dir)
     fn = load_function(args.rollout_function_path, "--rollout-function-path")
     samples, _ = flatten_groups(fn(args, 0, src))
@@ -217,9 +260,17 @@ def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
 
 def test_failed_rollout_returns_its_prompts_to_the_buffer(tmp_path, cluster, tiny_model_dir):
     router, _, _ = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, "--custom-generate-function-path",
-                     "tests.test_rollout_scripted.broken_generate", "--rollout-batch-size", "3",
-                     "--n-samples-per-prompt", "2")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--custom-generate-function-path",
+        "tests.test_rollout_scripted.broken_generate",
+        "--rollout-batch-size",
+        "3",
+        "--n-samples-per-prompt",
+        "2",
+    )
     src, _ = data_source(args, tiny_model_dir)
     with pytest.raises(ZeroDivisionError):
         generate_rollout(args, 0, src)
@@ -298,14 +349,32 @@ def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_m
 
     router, engines, _ = cluster
     me = "tests.test_rollout_scripted."
-    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-sample-hook-path", me + "tag_hook",
-                     "--rollout-sample-filter-path", me + "remove_odd_groups",
-                     "--rollout-all-samples-process-path", me + "record_all",
-                     "--dynamic-sampling-filter-path", me + "keep_even_groups", "--over-sampling-batch-size", "6",
-                     "--custom-rollout-log-function-path", me + "custom_log",
-                     "--data-source-path", me + "CountingSource", "--rollout-batch-size", "2",
-                     "--eval-prompt-data", "held_out", str(tmp_path / "prompts.jsonl"),
-                     "--custom-eval-rollout-log-function-path", me + "custom_eval_log")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--rollout-sample-hook-path",
+        me + "tag_hook",
+        "--rollout-sample-filter-path",
+        me + "remove_odd_groups",
+        "--rollout-all-samples-process-path",
+        me + "record_all",
+        "--dynamic-sampling-filter-path",
+        me + "keep_even_groups",
+        "--over-sampling-batch-size",
+        "6",
+        "--custom-rollout-log-function-path",
+        me + "custom_log",
+        "--data-source-path",
+        me + "CountingSource",
+        "--rollout-batch-size",
+        "2",
+        "--eval-prompt-data",
+        "held_out",
+        str(tmp_path / "prompts.jsonl"),
+        "--custom-eval-rollout-log-function-path",
+        me + "custom_eval_log",
+    )
     CALLS.clear()
     controller = RolloutController(args, Endpoints(router.url, [e.url for e in engines]))
     try:
@@ -336,14 +405,23 @@ def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, t
     from slime.utils.async_utils import run
 
     router, _, _ = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, "--rollout-sample-hook-path",
-                     "tests.test_rollout_scripted.tag_hook", "--rollout-batch-size", "3")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        "--rollout-sample-hook-path",
+        "tests.test_rollout_scripted.tag_hook",
+        "--rollout-batch-size",
+        "3",
+    )
     first, _ = data_source(args, tiny_model_dir)
     second, _ = data_source(args, tiny_model_dir)
 
     async def both():
-        return await asyncio.gather(collect_rollout(args, 7, first, generate_and_rm_group),
-                                    collect_rollout(args, 8, second, generate_and_rm_group))
+        return await asyncio.gather(
+            collect_rollout(args, 7, first, generate_and_rm_group),
+            collect_rollout(args, 8, second, generate_and_rm_group),
+        )
 
     CALLS.clear()
     outs = run(both())

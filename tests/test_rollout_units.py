@@ -27,25 +27,41 @@ def write_jsonl(path, rows):
 
 # ---------------- flags ----------------
 
+
 def test_args_defaults_and_passthrough(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"input": "x"}])
-    args = parse_args(["--prompt-data", str(data), "--rollout-backend", "hf", "--sglang-attention-backend",
-                       "triton", "--sglang-enable-torch-compile", "--eval-prompt-data", "a", str(data)])
+    args = parse_args(
+        [
+            "--prompt-data",
+            str(data),
+            "--rollout-backend",
+            "hf",
+            "--sglang-attention-backend",
+            "triton",
+            "--sglang-enable-torch-compile",
+            "--eval-prompt-data",
+            "a",
+            str(data),
+        ]
+    )
     assert args.sglang_extra_args == {"attention_backend": "triton", "enable_torch_compile": True}
     assert args.eval_datasets == [("a", str(data))]
     assert args.eval_function_path == args.rollout_function_path == "slime.rollout.sglang_rollout.generate_rollout"
     assert args.over_sampling_batch_size == args.rollout_batch_size
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--prompt-data", "/nonexistent.jsonl"], "--prompt-data"),
-    (["--rollout-batch-size", "0"], "--rollout-batch-size"),
-    (["--eval-prompt-data", "only_name"], "--eval-prompt-data"),
-    (["--sglang-router-ip", "127.0.0.1"], "--sglang-router-ip"),
-    (["--rollout-top-p", "1.5"], "--rollout-top-p"),
-    (["--hf-checkpoint", "/nonexistent-model"], "--hf-checkpoint"),
-    (["--num-rollout", "3", "--save-debug-rollout-data", "/tmp/x.pt"], "--save-debug-rollout-data"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--prompt-data", "/nonexistent.jsonl"], "--prompt-data"),
+        (["--rollout-batch-size", "0"], "--rollout-batch-size"),
+        (["--eval-prompt-data", "only_name"], "--eval-prompt-data"),
+        (["--sglang-router-ip", "127.0.0.1"], "--sglang-router-ip"),
+        (["--rollout-top-p", "1.5"], "--rollout-top-p"),
+        (["--hf-checkpoint", "/nonexistent-model"], "--hf-checkpoint"),
+        (["--num-rollout", "3", "--save-debug-rollout-data", "/tmp/x.pt"], "--save-debug-rollout-data"),
+    ],
+)
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ArgError, match=flag):
         parse_args(["--rollout-backend", "hf", *argv])
@@ -62,30 +78,64 @@ def test_load_function_errors_name_flag_and_cause():
 def test_sglang_server_args():
     from slime.cli.finalize import complete_namespace
 
-    args = complete_namespace(SimpleNamespace(
-        hf_checkpoint="/models/qwen", sglang_mem_fraction_static=0.7, offload=True, rollout_seed=3,
-        sglang_extra_args={"attention_backend": "fa3", "enable_metrics": True}, num_gpus_per_node=8,
-        rollout_num_gpus_per_engine=2))
+    args = complete_namespace(
+        SimpleNamespace(
+            hf_checkpoint="/models/qwen",
+            sglang_mem_fraction_static=0.7,
+            offload=True,
+            rollout_seed=3,
+            sglang_extra_args={"attention_backend": "fa3", "enable_metrics": True},
+            num_gpus_per_node=8,
+            rollout_num_gpus_per_engine=2,
+        )
+    )
     cmd = sglang_server_args(args, host="10.0.0.2", port=30001, base_gpu_id=base_gpu_id(args, 3), tp_size=2)
-    assert cmd[:12] == ["--model-path", "/models/qwen", "--host", "10.0.0.2", "--port", "30001", "--tp-size", "2",
-                        "--base-gpu-id", "6", "--skip-server-warmup", "--trust-remote-code"]
-    assert ["--mem-fraction-static", "0.7"] == cmd[cmd.index("--mem-fraction-static"):][:2]
-    assert "--enable-memory-saver" in cmd and ["--random-seed", "3"] == cmd[cmd.index("--random-seed"):][:2]
+    assert cmd[:12] == [
+        "--model-path",
+        "/models/qwen",
+        "--host",
+        "10.0.0.2",
+        "--port",
+        "30001",
+        "--tp-size",
+        "2",
+        "--base-gpu-id",
+        "6",
+        "--skip-server-warmup",
+        "--trust-remote-code",
+    ]
+    assert ["--mem-fraction-static", "0.7"] == cmd[cmd.index("--mem-fraction-static") :][:2]
+    assert "--enable-memory-saver" in cmd and ["--random-seed", "3"] == cmd[cmd.index("--random-seed") :][:2]
     assert cmd[-3:] == ["--attention-backend", "fa3", "--enable-metrics"]
     # an engine spanning two 8-GPU nodes
     args.rollout_num_gpus_per_engine = 16
     assert base_gpu_id(args, 1) == 0
-    multi = sglang_server_args(args, host="h", port=1, base_gpu_id=0, tp_size=16, nnodes=2, node_rank=1,
-                               dist_init_addr="10.0.0.1:5000")
-    assert multi[multi.index("--nnodes"):][:6] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr",
-                                                   "10.0.0.1:5000"]
+    multi = sglang_server_args(
+        args, host="h", port=1, base_gpu_id=0, tp_size=16, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000"
+    )
+    assert multi[multi.index("--nnodes") :][:6] == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--dist-init-addr",
+        "10.0.0.1:5000",
+    ]
 
 
 # ---------------- data source ----------------
 
+
 def _args(**kw):
-    base = dict(metadata_key="metadata", tool_key=None, apply_chat_template=False, rollout_max_context_len=None,
-                rollout_max_prompt_len=None, over_long_prompt="filter", rollout_seed=1)
+    base = dict(
+        metadata_key="metadata",
+        tool_key=None,
+        apply_chat_template=False,
+        rollout_max_context_len=None,
+        rollout_max_prompt_len=None,
+        over_long_prompt="filter",
+        rollout_seed=1,
+    )
     base.update(kw)
     return complete_namespace(SimpleNamespace(**base))  # the parser's defaults for the rest, as at any entry
 
@@ -126,11 +176,16 @@ def test_parquet_and_verl_style_keys(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"prompt": [{"role": "user", "content": "hi"}], "extra_info": {"answer": "4",
-             "tools_kwargs": {"calc": {"create_kwargs": {"ground_truth": "4"}}}}}]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "hi"}],
+            "extra_info": {"answer": "4", "tools_kwargs": {"calc": {"create_kwargs": {"ground_truth": "4"}}}},
+        }
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
-    prompts, _ = build_prompt_samples(_args(tool_key="extra_info.tools_kwargs"), tmp_path / "d.parquet", "prompt",
-                                      "extra_info.answer")
+    prompts, _ = build_prompt_samples(
+        _args(tool_key="extra_info.tools_kwargs"), tmp_path / "d.parquet", "prompt", "extra_info.answer"
+    )
     s = prompts[0]
     assert s.prompt == [{"role": "user", "content": "hi"}] and s.label == "4"
     assert s.metadata["tools_kwargs"] == {"calc": {"create_kwargs": {"ground_truth": "4"}}}
@@ -174,13 +229,17 @@ def test_apply_chat_template(tmp_path, tiny_model_dir):
 
 # ---------------- rewards ----------------
 
-@pytest.mark.parametrize("response,label,expected", [
-    ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),
-    ("\\boxed{42}", "\\boxed{42.0}", 1.0),
-    ("\\boxed{41}", "42", 0.0),
-    ("no box 42", "42", 0.0),
-    ("\\boxed{\\text{yes}}", "Yes", 1.0),
-])
+
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{42}", "\\boxed{42.0}", 1.0),
+        ("\\boxed{41}", "42", 0.0),
+        ("no box 42", "42", 0.0),
+        ("\\boxed{\\text{yes}}", "Yes", 1.0),
+    ],
+)
 def test_math_reward(response, label, expected):
     assert rm.math_reward(response, label) == expected
 
@@ -205,20 +264,37 @@ async def test_async_rm_dispatch_and_errors():
 
 # ---------------- batch ----------------
 
+
 def _sample(idx, group, reward, n_resp=2, status=Sample.Status.COMPLETED):
-    return Sample(group_index=group, index=idx, tokens=[1, 2, 3] + list(range(10, 10 + n_resp)),
-                  response_length=n_resp, reward=reward, loss_mask=[1] * n_resp,
-                  rollout_log_probs=[-0.1] * n_resp, status=status)
+    return Sample(
+        group_index=group,
+        index=idx,
+        tokens=[1, 2, 3] + list(range(10, 10 + n_resp)),
+        response_length=n_resp,
+        reward=reward,
+        loss_mask=[1] * n_resp,
+        rollout_log_probs=[-0.1] * n_resp,
+        status=status,
+    )
 
 
 def test_group_normalisation_never_across_groups():
-    args = SimpleNamespace(advantage_estimator="grpo", disable_rewards_normalization=False,
-                           disable_grpo_std_normalization=False, reward_key=None)
+    args = SimpleNamespace(
+        advantage_estimator="grpo",
+        disable_rewards_normalization=False,
+        disable_grpo_std_normalization=False,
+        reward_key=None,
+    )
     # groups of unequal size (2 and 3): each normalised on its own
-    samples = [_sample(0, 0, 1.0), _sample(1, 0, 0.0), _sample(2, 1, 5.0), _sample(3, 1, 5.0),
-               _sample(4, 1, 5.0, status=Sample.Status.TRUNCATED)]
+    samples = [
+        _sample(0, 0, 1.0),
+        _sample(1, 0, 0.0),
+        _sample(2, 1, 5.0),
+        _sample(3, 1, 5.0),
+        _sample(4, 1, 5.0, status=Sample.Status.TRUNCATED),
+    ]
     b = convert_samples_to_train_data(args, samples)
-    std0 = (0.5 ** 0.5)
+    std0 = 0.5**0.5
     assert b["rewards"][:2] == pytest.approx([0.5 / (std0 + 1e-6), -0.5 / (std0 + 1e-6)])
     assert b["rewards"][2:] == [0.0, 0.0, 0.0]
     assert b["raw_reward"] == [1.0, 0.0, 5.0, 5.0, 5.0]
@@ -244,6 +320,7 @@ def test_length_invariants_name_the_sample():
 
 
 # ---------------- debug files ----------------
+
 
 def test_debug_rollout_round_trip_and_corrupt_file(tmp_path):
     samples = [_sample(0, 0, 1.0), _sample(1, 0, {"score": 0.5, "acc": True})]

@@ -28,19 +28,45 @@ def multi_turn_sample(tok) -> Sample:
         spans.append(TurnSpan(turn=turn, role=role, start=pos, end=pos + len(ids)))
         mask += [1 if role == "assistant" else 0] * len(ids)
         pos += len(ids)
-    s = Sample(group_index=9, index=99, prompt=prompt, tokens=p_ids + sum(parts, []), response=A1 + T1 + A2,
-               response_length=pos, label="42", reward={"score": 1.0, "format": 1.0}, loss_mask=mask,
-               status=Sample.Status.COMPLETED)
-    TrajectoryRecord(turns=2, finish_reason="no_tool_call", turn_spans=spans,
-                     tool_messages=[ToolMessage(turn=1, name="python", arguments={"code": "print(6*7)"},
-                                                response="FORTY-TWO-FROM-TOOL", executed=True)]).store(s)
+    s = Sample(
+        group_index=9,
+        index=99,
+        prompt=prompt,
+        tokens=p_ids + sum(parts, []),
+        response=A1 + T1 + A2,
+        response_length=pos,
+        label="42",
+        reward={"score": 1.0, "format": 1.0},
+        loss_mask=mask,
+        status=Sample.Status.COMPLETED,
+    )
+    TrajectoryRecord(
+        turns=2,
+        finish_reason="no_tool_call",
+        turn_spans=spans,
+        tool_messages=[
+            ToolMessage(
+                turn=1, name="python", arguments={"code": "print(6*7)"}, response="FORTY-TWO-FROM-TOOL", executed=True
+            )
+        ],
+    ).store(s)
     return s
 
 
 def simple(i: int, reward: float, status=Sample.Status.COMPLETED, text: str = "") -> Sample:
-    return Sample(group_index=i // 2, index=i, prompt=f"question {i}", tokens=[1, 2, 3, 4, 5],
-                  response=text or f"answer number {i}", response_length=2, label=str(i), reward=reward,
-                  loss_mask=[1, 1], status=status, metadata={"data_source": "gsm8k" if i % 2 else "math"})
+    return Sample(
+        group_index=i // 2,
+        index=i,
+        prompt=f"question {i}",
+        tokens=[1, 2, 3, 4, 5],
+        response=text or f"answer number {i}",
+        response_length=2,
+        label=str(i),
+        reward=reward,
+        loss_mask=[1, 1],
+        status=status,
+        metadata={"data_source": "gsm8k" if i % 2 else "math"},
+    )
 
 
 @pytest.fixture
@@ -52,8 +78,14 @@ def dump_dir(tmp_path) -> Path:
     tok_dir = qwen_tokenizer_dir()
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     args = complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path), hf_checkpoint=str(tok_dir)))
-    dump_rollout(args, 0, [[simple(0, 0.0), simple(1, 1.0, Sample.Status.TRUNCATED)],
-                           [simple(2, 0.5, text="a needle in the haystack"), simple(3, 0.0)]])
+    dump_rollout(
+        args,
+        0,
+        [
+            [simple(0, 0.0), simple(1, 1.0, Sample.Status.TRUNCATED)],
+            [simple(2, 0.5, text="a needle in the haystack"), simple(3, 0.0)],
+        ],
+    )
     dump_rollout(args, 1, [multi_turn_sample(tok), simple(4, 0.25)])
     dump_eval(args, 0, {"gsm8k": {"rewards": [1.0], "truncated": [False], "samples": [simple(5, 1.0)]}})
     # a dump cut off mid-line (writer killed) and an empty one
@@ -62,8 +94,10 @@ def dump_dir(tmp_path) -> Path:
     (tmp_path / "4.jsonl").write_text("")
     import torch
 
-    torch.save({"rollout_id": 3, "samples": [simple(6, 0.75).to_dict(), multi_turn_sample(tok).to_dict()]},
-               tmp_path / "rollout_3.pt")
+    torch.save(
+        {"rollout_id": 3, "samples": [simple(6, 0.75).to_dict(), multi_turn_sample(tok).to_dict()]},
+        tmp_path / "rollout_3.pt",
+    )
     return tmp_path
 
 
@@ -84,8 +118,7 @@ async def test_viewer_navigate_search_filter_sort(dump_dir):
     app = RolloutViewer(dump_dir)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause()
-        assert [s.label for s in app.sources] == ["step 0", "step 1", "step 2", "step 4", "eval gsm8k @ 0",
-                                                  "debug 3"]
+        assert [s.label for s in app.sources] == ["step 0", "step 1", "step 2", "step 4", "eval gsm8k @ 0", "debug 3"]
         assert indices(app) == [0, 1, 2, 3] and "step 0" in app.detail_plain and "question 0" in app.detail_plain
         await pilot.press("j")
         await pilot.pause()

@@ -41,8 +41,10 @@ def _url(server: TestServer) -> str:
 
 async def test_a_request_on_a_router_that_moved_is_cut_and_answered_at_the_new_address():
     arrived = threading.Event()
-    async with TestServer(_router(False, arrived), host="127.0.0.1") as dead, \
-            TestServer(_router(True), host="127.0.0.1") as moved:
+    async with (
+        TestServer(_router(False, arrived), host="127.0.0.1") as dead,
+        TestServer(_router(True), host="127.0.0.1") as moved,
+    ):
         dead_url, moved_url = _url(dead), _url(moved)
         endpoints = Endpoints(dead_url, [])
         client = EngineClient(endpoints, request_timeout=3600.0)
@@ -59,8 +61,9 @@ async def test_a_request_on_a_router_that_moved_is_cut_and_answered_at_the_new_a
 
         mover = threading.Thread(target=fleet_moves_the_router)
         mover.start()
-        answer = await asyncio.wait_for(client.post(lambda: f"{endpoints.router_url}/generate", {"rid": "r1"},
-                                                    on_retry=renew), BOUND_S)
+        answer = await asyncio.wait_for(
+            client.post(lambda: f"{endpoints.router_url}/generate", {"rid": "r1"}, on_retry=renew), BOUND_S
+        )
         mover.join(BOUND_S)
         await client.close()
     assert answer == {"text": "ok", "rid": "r2"}
@@ -113,8 +116,10 @@ def test_the_fleet_cuts_the_old_routers_requests_when_it_publishes_the_new_addre
 
     with pytest.raises(RouterLost) as err:
         asyncio.run(attempt_on_the_old_router())
-    assert str(err.value) == ("router at http://10.0.0.5:30000 is gone: its node n1 was lost; the router serves "
-                              "at http://127.0.0.1:30001 on node n2 now")
+    assert str(err.value) == (
+        "router at http://10.0.0.5:30000 is gone: its node n1 was lost; the router serves "
+        "at http://127.0.0.1:30001 on node n2 now"
+    )
     # a later router at that address again (a node back with its IP, the same port): its requests go through
     fleet._router_moved(None, "n1", "http://10.0.0.5:30000")
     asyncio.run(attempt_on_the_old_router())

@@ -12,19 +12,26 @@ from slime.rollout.sample_clone import clone_sample
 from slime.utils.types import Sample
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=4))
-nested = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=3), inner, max_size=3)),
-                      max_leaves=8)
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=5)}),
-                    max_size=3)
+nested = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=8,
+)
+messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=5)}), max_size=3
+)
 
 
 @st.composite
 def templates(draw) -> Sample:
-    s = Sample(prompt=draw(st.one_of(st.text(max_size=5), messages)),
-               tokens=draw(st.lists(st.integers(0, 50_000), max_size=40)),
-               label=draw(nested), metadata=draw(st.dictionaries(st.text(max_size=3), nested, max_size=3)),
-               status=draw(st.sampled_from(list(Sample.Status))), train_metadata=draw(st.none() | st.just({"k": [1]})))
+    s = Sample(
+        prompt=draw(st.one_of(st.text(max_size=5), messages)),
+        tokens=draw(st.lists(st.integers(0, 50_000), max_size=40)),
+        label=draw(nested),
+        metadata=draw(st.dictionaries(st.text(max_size=3), nested, max_size=3)),
+        status=draw(st.sampled_from(list(Sample.Status))),
+        train_metadata=draw(st.none() | st.just({"k": [1]})),
+    )
     s.spec_info.spec_verify_ct = draw(st.integers(0, 3))
     if draw(st.booleans()):  # one object under two fields: deepcopy keeps it shared in the copy
         s.multimodal_inputs = s.metadata

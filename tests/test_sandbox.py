@@ -35,9 +35,12 @@ def sandbox():
 
     os.environ["SLIME_TEST_SANDBOX_SECRET"] = SECRET  # the server inherits it; runs must not
     try:
-        url, handle = start_local_sandbox(max_concurrency=4, max_queue=64, allow_no_isolation=not ISOLATED,
-                                          extra_args=["--max-output-bytes", "65536", "--max-processes", "32",
-                                                      "--uid-base", str(UID_BASE)])
+        url, handle = start_local_sandbox(
+            max_concurrency=4,
+            max_queue=64,
+            allow_no_isolation=not ISOLATED,
+            extra_args=["--max-output-bytes", "65536", "--max-processes", "32", "--uid-base", str(UID_BASE)],
+        )
     finally:
         os.environ.pop("SLIME_TEST_SANDBOX_SECRET", None)
     yield url, handle
@@ -62,11 +65,17 @@ def test_sandbox_fusion_client(sandbox):
     url, _ = sandbox
     from sandbox_fusion import RunCodeRequest, RunStatus, run_code
 
-    res = run_code(RunCodeRequest(
-        code="import sys\nprint(open('data/in.txt').read().strip(), sys.stdin.read().strip())\n"
-             "open('out.bin','wb').write(b'\\x00\\x01')",
-        language="python", stdin="from-stdin", files={"data/in.txt": base64.b64encode(b"from-file").decode()},
-        fetch_files=["out.bin", "missing.txt"]), endpoint=url)
+    res = run_code(
+        RunCodeRequest(
+            code="import sys\nprint(open('data/in.txt').read().strip(), sys.stdin.read().strip())\n"
+            "open('out.bin','wb').write(b'\\x00\\x01')",
+            language="python",
+            stdin="from-stdin",
+            files={"data/in.txt": base64.b64encode(b"from-file").decode()},
+            fetch_files=["out.bin", "missing.txt"],
+        ),
+        endpoint=url,
+    )
     assert res.status == RunStatus.Success
     assert res.run_result.stdout == "from-file from-stdin\n"
     assert base64.b64decode(res.files["out.bin"]) == b"\x00\x01" and "missing.txt" not in res.files
@@ -93,9 +102,12 @@ def test_queue_and_429(sandbox):
 
     url, handle = start_local_sandbox(max_concurrency=1, max_queue=1, allow_no_isolation=not ISOLATED)
     try:
+
         def one(_):
-            return requests.post(f"{url}/run_code", json={"code": "import time; time.sleep(0.4)",
-                                                          "language": "python"}, timeout=60)
+            return requests.post(
+                f"{url}/run_code", json={"code": "import time; time.sleep(0.4)", "language": "python"}, timeout=60
+            )
+
         with concurrent.futures.ThreadPoolExecutor(6) as ex:
             rs = list(ex.map(one, range(6)))
         codes = sorted(r.status_code for r in rs)
@@ -128,22 +140,43 @@ def test_fail_closed_without_isolation(monkeypatch, capsys):
 HOSTILE = {
     "infinite_loop": ("python", "while True: pass", {"run_timeout": 1}),
     "fork_bomb": ("bash", ":(){ :|:& };:", {"run_timeout": 2}),
-    "fork_bomb_py": ("python", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
-                     {"run_timeout": 2}),
+    "fork_bomb_py": (
+        "python",
+        "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+        {"run_timeout": 2},
+    ),
     "memory_bomb": ("python", "x = []\nwhile True: x.append(bytearray(50 << 20))", {"memory_limit_MB": 256}),
-    "network": ("python", "import socket\ns = socket.create_connection(('1.1.1.1', 80), timeout=3)\nprint('CONNECTED')",
-                {}),
-    "network_loopback": ("python", "import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=3)\n"
-                         "print('CONNECTED')", {}),
+    "network": (
+        "python",
+        "import socket\ns = socket.create_connection(('1.1.1.1', 80), timeout=3)\nprint('CONNECTED')",
+        {},
+    ),
+    "network_loopback": (
+        "python",
+        "import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=3)\nprint('CONNECTED')",
+        {},
+    ),
     "huge_output": ("python", "import sys\nwhile True: sys.stdout.write('x' * 65536)", {"run_timeout": 10}),
-    "write_outside": ("bash", "for d in /etc /work /root /usr /var/tmp /dev/shm /run/lock; do "
-                      "echo pwned > $d/slime-pwned 2>/dev/null && echo WROTE $d; done; "
-                      "echo hi > /tmp/slime-inside && echo tmp-ok", {}),
-    "secrets": ("bash", "env; cat /proc/1/environ /proc/$PPID/environ 2>/dev/null | tr '\\0' '\\n'; "
-                "for p in /proc/[0-9]*/environ; do cat $p 2>/dev/null; done", {}),
+    "write_outside": (
+        "bash",
+        "for d in /etc /work /root /usr /var/tmp /dev/shm /run/lock; do "
+        "echo pwned > $d/slime-pwned 2>/dev/null && echo WROTE $d; done; "
+        "echo hi > /tmp/slime-inside && echo tmp-ok",
+        {},
+    ),
+    "secrets": (
+        "bash",
+        "env; cat /proc/1/environ /proc/$PPID/environ 2>/dev/null | tr '\\0' '\\n'; "
+        "for p in /proc/[0-9]*/environ; do cat $p 2>/dev/null; done",
+        {},
+    ),
     "kill_parent": ("bash", "kill -9 $PPID; kill -9 -1; kill -9 1; pkill -9 -f slime 2>/dev/null; echo done", {}),
-    "daemon_escape": ("python", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
-                      "    open('/tmp/alive', 'w').write('x')\n    time.sleep(60)\nprint('parent exits')", {}),
+    "daemon_escape": (
+        "python",
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+        "    open('/tmp/alive', 'w').write('x')\n    time.sleep(60)\nprint('parent exits')",
+        {},
+    ),
     "big_file": ("python", "open('big', 'wb').write(b'x' * (200 << 20))", {}),
 }
 
@@ -178,8 +211,15 @@ def test_hostile_code_suite(sandbox):
     wo = results["write_outside"]["run_result"]["stdout"]
     assert "WROTE /etc" not in wo and "WROTE /work" not in wo and "WROTE /root" not in wo and "WROTE /usr" not in wo
     assert "tmp-ok" in wo
-    for p in ("/etc/slime-pwned", "/work/slime-pwned", "/var/tmp/slime-pwned", "/dev/shm/slime-pwned",
-              "/run/lock/slime-pwned", "/tmp/slime-inside", "/tmp/alive"):
+    for p in (
+        "/etc/slime-pwned",
+        "/work/slime-pwned",
+        "/var/tmp/slime-pwned",
+        "/dev/shm/slime-pwned",
+        "/run/lock/slime-pwned",
+        "/tmp/slime-inside",
+        "/tmp/alive",
+    ):
         assert not os.path.exists(p), p
     sec = results["secrets"]["run_result"]["stdout"]
     assert SECRET not in sec and "RAY_" not in sec and "SLIME_SANDBOX_READY_FD" not in sec
@@ -215,8 +255,11 @@ def _processes_of_uids(uids) -> list[int]:
 @needs_isolation
 def test_runs_are_isolated_from_each_other(sandbox):
     url, _ = sandbox
-    r = run(url, "import os\nprint(os.getuid(), os.getpid(), os.getcwd(), sorted(os.listdir('/tmp')))\n"
-                 "print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+    r = run(
+        url,
+        "import os\nprint(os.getuid(), os.getpid(), os.getcwd(), sorted(os.listdir('/tmp')))\n"
+        "print(len([p for p in os.listdir('/proc') if p.isdigit()]))",
+    )
     uid, pid, cwd, *_ = r["run_result"]["stdout"].split()
     assert UID_BASE <= int(uid) < UID_BASE + 4 and int(pid) > 1 and cwd == "/tmp"  # an ordinary process, not PID 1
     assert int(r["run_result"]["stdout"].splitlines()[1]) <= 3  # only its own pid namespace is visible
@@ -228,23 +271,27 @@ def test_each_program_gets_its_limits_identity_and_a_fresh_main(sandbox):
     no groups, the warm streams) or by it just before the fork (``__main__``, ``sys.argv``): what the
     program sees must be exactly what it would set itself, run after run, in every slot."""
     url, _ = sandbox
-    code = ("import os, resource as r, sys\n"
-            "lim = [r.getrlimit(x) for x in (r.RLIMIT_NPROC, r.RLIMIT_FSIZE, r.RLIMIT_NOFILE, r.RLIMIT_CORE,"
-            " r.RLIMIT_CPU)]\n"
-            "print(lim, oct(os.umask(0o22)), os.getgroups(), os.getresuid(), os.getresgid(), sys.argv,"
-            " os.path.basename(sys.orig_argv[-1]), __name__, __file__, sys.path[0], os.getcwd(),"
-            " sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__, sys.stdin is sys.__stdin__,"
-            " 'seen' in globals(), input())\n"
-            "seen = 1\n")
+    code = (
+        "import os, resource as r, sys\n"
+        "lim = [r.getrlimit(x) for x in (r.RLIMIT_NPROC, r.RLIMIT_FSIZE, r.RLIMIT_NOFILE, r.RLIMIT_CORE,"
+        " r.RLIMIT_CPU)]\n"
+        "print(lim, oct(os.umask(0o22)), os.getgroups(), os.getresuid(), os.getresgid(), sys.argv,"
+        " os.path.basename(sys.orig_argv[-1]), __name__, __file__, sys.path[0], os.getcwd(),"
+        " sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__, sys.stdin is sys.__stdin__,"
+        " 'seen' in globals(), input())\n"
+        "seen = 1\n"
+    )
     outs = set()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         for res in pool.map(lambda _: run(url, code, stdin="in\n", run_timeout=3), range(12)):
             assert res["status"] == "Success", res
             outs.add(res["run_result"]["stdout"])
     mb64 = 64 << 20
-    expect = {f"[(32, 32), ({mb64}, {mb64}), (256, 256), (0, 0), (3, 4)] 0o22 [] ({u}, {u}, {u}) ({u}, {u}, {u}) "
-              f"['main.py'] main.py __main__ /tmp/main.py /tmp /tmp True True True False in\n"
-              for u in range(UID_BASE, UID_BASE + 4)}
+    expect = {
+        f"[(32, 32), ({mb64}, {mb64}), (256, 256), (0, 0), (3, 4)] 0o22 [] ({u}, {u}, {u}) ({u}, {u}, {u}) "
+        f"['main.py'] main.py __main__ /tmp/main.py /tmp /tmp True True True False in\n"
+        for u in range(UID_BASE, UID_BASE + 4)
+    }
     assert outs <= expect and len(outs) >= 1
 
 
@@ -263,7 +310,8 @@ EXIT_SCRIPT = (
     "out = open('out.txt', 'w'); out.write('main ' * 1000)\n"  # never closed: flushed at exit
     "json.stash = open('stash.txt', 'w'); json.stash.write('stashed')\n"  # held by a module: flushed too
     "atexit.register(lambda: print('atexit ran'))\n"
-    "print('main')\n")
+    "print('main')\n"
+)
 
 
 def test_interpreter_exit_semantics(sandbox, tmp_path):

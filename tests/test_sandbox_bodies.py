@@ -34,8 +34,13 @@ def _open_post(url: str, path: str, body: bytes) -> socket.socket:
     """A POST whose headers and first half of `body` are sent; the caller sends the rest."""
     host, port = url.split("//", 1)[1].split(":")
     s = socket.create_connection((host, int(port)), timeout=120)
-    s.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:len(body) // 2])
+    s.sendall(
+        (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body[: len(body) // 2]
+    )
     return s
 
 
@@ -44,8 +49,9 @@ def _answer(s: socket.socket) -> tuple[int, dict]:
     while b"\r\n\r\n" not in data:
         data += s.recv(65536)
     head, rest = data.split(b"\r\n\r\n", 1)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     while len(rest) < length:
         rest += s.recv(65536)
     return int(head.split(b" ", 2)[1]), json.loads(rest)
@@ -55,7 +61,7 @@ def _ping_then_finish(url: str, path: str, body: bytes) -> tuple[int, dict]:
     s = _open_post(url, path, body)
     try:
         assert requests.get(f"{url}/v1/ping", timeout=60).text == "pong"  # (half of the body still to come)
-        s.sendall(body[len(body) // 2:])
+        s.sendall(body[len(body) // 2 :])
         return _answer(s)
     finally:
         s.close()
@@ -91,18 +97,26 @@ def test_env_is_capped_in_count_and_bytes_for_a_session_and_an_exec(url):
         r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "env": big}, timeout=60)
         assert r.status_code == 422 and "env" in r.json()["message"], r.text
         near = {f"V{i}": "x" * 100_000 for i in range(cfg.max_env_bytes // 100_010)}  # (one string: at most 128 KiB)
-        ok = requests.post(f"{url}/sessions/{sid}/exec", timeout=60,
-                           json={"command": "X=" + "y" * 100_000 + "; echo ${#X} ${#V0}", "env": near}).json()
+        ok = requests.post(
+            f"{url}/sessions/{sid}/exec",
+            timeout=60,
+            json={"command": "X=" + "y" * 100_000 + "; echo ${#X} ${#V0}", "env": near},
+        ).json()
         assert ok["stdout"] == "100000 100000\n", ok  # (a long command and env go to the fork server whole)
     finally:
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
 
 
 @settings(max_examples=60, deadline=None)
-@given(doc=st.recursive(st.text(max_size=5) | st.integers(),
-                        lambda c: st.dictionaries(st.text(max_size=6), c, max_size=6) | st.lists(c, max_size=4),
-                        max_leaves=40),
-       cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8), enough=st.integers(0, 30))
+@given(
+    doc=st.recursive(
+        st.text(max_size=5) | st.integers(),
+        lambda c: st.dictionaries(st.text(max_size=6), c, max_size=6) | st.lists(c, max_size=4),
+        max_leaves=40,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+    enough=st.integers(0, 30),
+)
 def test_the_budget_counted_while_a_body_arrives_is_the_whole_bodys_count(doc, cuts, enough):
     raw = json.dumps({"files": doc}).encode()
     points = sorted({min(c, len(raw)) for c in cuts} | {len(raw)})

@@ -32,12 +32,19 @@ def test_v2_layout_and_values(tmp_path):
     cg = Cgroups(2, 68, 1.5, host=host)
     assert (cg.kind, cg.missing) == ("v2", [])
     base = f"work.slice/{PREFIX}{os.getpid()}"
-    slot = {f"{base}/slot-{i}/{name}": value for i in range(2)
-            for name, value in (("cpu.max", "150000 100000"), ("memory.swap.max", "0"), ("pids.max", "68"))}
-    assert _files(root) == {"cgroup.controllers": "cpuset cpu io memory hugetlb pids\n", "cgroup.subtree_control": "",
-                            "work.slice/cgroup.subtree_control": "+memory +pids +cpu",
-                            f"{base}/cgroup.subtree_control": "+memory +pids +cpu", f"{base}/cpu.weight": "200",
-                            **slot}
+    slot = {
+        f"{base}/slot-{i}/{name}": value
+        for i in range(2)
+        for name, value in (("cpu.max", "150000 100000"), ("memory.swap.max", "0"), ("pids.max", "68"))
+    }
+    assert _files(root) == {
+        "cgroup.controllers": "cpuset cpu io memory hugetlb pids\n",
+        "cgroup.subtree_control": "",
+        "work.slice/cgroup.subtree_control": "+memory +pids +cpu",
+        f"{base}/cgroup.subtree_control": "+memory +pids +cpu",
+        f"{base}/cpu.weight": "200",
+        **slot,
+    }
     d = root / base / "slot-1"  # the fork server joins the slot, then `sup`; programs join `run`
     assert cg.slots[1].procs == [str(d / "cgroup.procs")] and cg.slots[1].sup_procs == [str(d / "sup/cgroup.procs")]
     assert cg.slots[1].enable == [(str(d / "cgroup.subtree_control"), "+memory")]
@@ -79,8 +86,10 @@ def test_hybrid_host_without_v2_memory_falls_back_to_v1(tmp_path):
     mem, pids = tmp_path / "memory", tmp_path / "pids"
     for d in (mem, pids):
         (d / "sandbox").mkdir(parents=True)
-    host = CgroupHost([("cgroup2", str(v2), {"rw"}), ("cgroup", str(mem), {"rw", "memory"}),
-                       ("cgroup", str(pids), {"rw", "pids"})], {"0": "/", "memory": "/sandbox", "pids": "/sandbox"})
+    host = CgroupHost(
+        [("cgroup2", str(v2), {"rw"}), ("cgroup", str(mem), {"rw", "memory"}), ("cgroup", str(pids), {"rw", "pids"})],
+        {"0": "/", "memory": "/sandbox", "pids": "/sandbox"},
+    )
     cg = Cgroups(1, 12, 1.0, host=host)
     assert (cg.kind, cg.missing) == ("v1", ["cpu"])
     slot = f"sandbox/{PREFIX}{os.getpid()}/slot-0"
@@ -95,9 +104,12 @@ def test_hybrid_host_without_v2_memory_falls_back_to_v1(tmp_path):
 def _init_with(limit_files, oom_files, usage_files=()):
     from slime.sandbox.run_init import RunInit
 
-    slot = SimpleNamespace(isolate=False, cg_limit_fds=[os.open(p, os.O_RDWR) for p in limit_files],
-                           cg_oom_fds=[os.open(p, os.O_RDONLY) for p in oom_files],
-                           cg_usage_fds=[os.open(p, os.O_RDONLY) for p in usage_files])
+    slot = SimpleNamespace(
+        isolate=False,
+        cg_limit_fds=[os.open(p, os.O_RDWR) for p in limit_files],
+        cg_oom_fds=[os.open(p, os.O_RDONLY) for p in oom_files],
+        cg_usage_fds=[os.open(p, os.O_RDONLY) for p in usage_files],
+    )
     return RunInit(slot, ctl=None, forker=None), slot
 
 
@@ -107,8 +119,10 @@ def test_the_init_writes_each_steps_memory_limit_and_reads_oom_kills(tmp_path, v
         limits, oom = [tmp_path / "memory.max"], tmp_path / "memory.events"
         oom_text = "low 0\nhigh 0\nmax 7\noom 2\noom_kill {}\noom_group_kill 0\n"
     else:  # the memory+swap limit must stay >= the limit: both are written, in an order that works both ways
-        limits, oom = [tmp_path / "memory.limit_in_bytes", tmp_path / "memory.memsw.limit_in_bytes"], \
-            tmp_path / "memory.oom_control"
+        limits, oom = (
+            [tmp_path / "memory.limit_in_bytes", tmp_path / "memory.memsw.limit_in_bytes"],
+            tmp_path / "memory.oom_control",
+        )
         oom_text = "oom_kill_disable 0\nunder_oom 0\noom_kill {}\n"
     for p in limits:
         p.write_text("0")
@@ -150,7 +164,9 @@ def test_a_lower_limit_is_verified_retried_after_the_drop_and_never_cached_unapp
             init._set_memory(32 << 20)
             assert (limit.read_text(), init.mem_limit, dropped) == (str(32 << 20), 32 << 20, [True])
         else:
-            with pytest.raises(LimitNotApplied, match=r"memory limit of 32 MB could not be applied \(300 MB still in use"):
+            with pytest.raises(
+                LimitNotApplied, match=r"memory limit of 32 MB could not be applied \(300 MB still in use"
+            ):
                 init._set_memory(32 << 20)
             assert init.mem_limit is None and dropped == [True]  # (the next run tries again)
     finally:
@@ -172,8 +188,10 @@ def _real_v2_missing() -> str:
     except OSError as e:
         return f"cannot read {mounts[0]}/cgroup.controllers: {e}"
     if not {"memory", "pids"} <= ctrls:
-        return (f"the cgroup2 mount at {mounts[0]} offers {', '.join(sorted(ctrls)) or 'no controller'}: memory and "
-                "pids are missing (on this host they are bound to cgroup v1 hierarchies)")
+        return (
+            f"the cgroup2 mount at {mounts[0]} offers {', '.join(sorted(ctrls)) or 'no controller'}: memory and "
+            "pids are missing (on this host they are bound to cgroup v1 hierarchies)"
+        )
     if os.geteuid() != 0:
         return "creating cgroups needs root"
     return ""

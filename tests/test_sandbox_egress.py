@@ -39,10 +39,19 @@ def env(tmp_path_factory):
     (tools / "bin" / "hello").write_text("#!/bin/sh\necho hello from the tools\n")
     (tools / "bin" / "hello").chmod(0o755)
     try:
-        url, handle = start_local_sandbox(max_concurrency=2, extra_args=[
-            "--egress", f"gateway=127.0.0.1:{stack.gateway.port}", "--max-egress-connections", "2",
-            "--egress", f"dead=127.0.0.1:{find_free_port()}",
-            "--ro-bind", f"{tools}:/opt/tools"])
+        url, handle = start_local_sandbox(
+            max_concurrency=2,
+            extra_args=[
+                "--egress",
+                f"gateway=127.0.0.1:{stack.gateway.port}",
+                "--max-egress-connections",
+                "2",
+                "--egress",
+                f"dead=127.0.0.1:{find_free_port()}",
+                "--ro-bind",
+                f"{tools}:/opt/tools",
+            ],
+        )
     except BaseException:
         stack.stop()
         other.shutdown()
@@ -62,8 +71,9 @@ def _open(url: str, **body) -> dict:
 
 
 def _python(url: str, sid: str, code: str) -> dict:
-    r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "python3 -", "stdin": code, "timeout": 60},
-                      timeout=120)
+    r = requests.post(
+        f"{url}/sessions/{sid}/exec", json={"command": "python3 -", "stdin": code, "timeout": 60}, timeout=120
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -91,8 +101,9 @@ def test_the_gateway_answers_inside_a_session_and_records_exactly_what_was_sampl
     assert s["egress_url"] == "http://127.0.0.1:80"
     stack.gateway.open_session("eg-1")
     try:
-        out = _python(env["url"], s["session_id"],
-                      CHAT.format(base=f"{s['egress_url']}{stack.gateway.session_path('eg-1')}/v1"))
+        out = _python(
+            env["url"], s["session_id"], CHAT.format(base=f"{s['egress_url']}{stack.gateway.session_path('eg-1')}/v1")
+        )
         assert (out["returncode"], out["stdout"], out["stderr"]) == (0, f"{REPLY}\n{REPLY} data: [DONE]\n", "")
         counters = requests.get(f"{env['url']}/sessions/{s['session_id']}", timeout=10).json()["egress_counters"]
         assert (counters["connections"], counters["refused"], counters["failed"]) == (2, 0, 0)
@@ -125,8 +136,17 @@ def test_nothing_but_the_egress_is_reachable_from_a_session(env):
     url, other, gw = env["url"], env["other_port"], env["stack"].gateway.port
     server = int(url.rsplit(":", 1)[1])
     assert requests.get(f"http://127.0.0.1:{other}/", timeout=10).text == "ok"  # (it is there, for the host)
-    targets = [("127.0.0.1", 80), ("127.0.0.1", other), ("127.0.0.1", server), ("127.0.0.1", gw), ("::1", other),
-               ("8.8.8.8", 53), ("1.1.1.1", 443), ("10.0.0.1", 80), ("2001:4860:4860::8888", 53)]
+    targets = [
+        ("127.0.0.1", 80),
+        ("127.0.0.1", other),
+        ("127.0.0.1", server),
+        ("127.0.0.1", gw),
+        ("::1", other),
+        ("8.8.8.8", 53),
+        ("1.1.1.1", 443),
+        ("10.0.0.1", 80),
+        ("2001:4860:4860::8888", 53),
+    ]
     sid = _open(url, egress="gateway")["session_id"]
     try:
         out = _python(url, sid, PROBE.format(targets=targets))
@@ -134,9 +154,16 @@ def test_nothing_but_the_egress_is_reachable_from_a_session(env):
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
     refused, unreachable = 111, 101  # ECONNREFUSED, ENETUNREACH
     assert out["stdout"].splitlines() == [
-        "127.0.0.1 80 connected", f"127.0.0.1 {other} {refused}", f"127.0.0.1 {server} {refused}",
-        f"127.0.0.1 {gw} {refused}", f"::1 {other} {refused}", f"8.8.8.8 53 {unreachable}",
-        f"1.1.1.1 443 {unreachable}", f"10.0.0.1 80 {unreachable}", f"2001:4860:4860::8888 53 {unreachable}"]
+        "127.0.0.1 80 connected",
+        f"127.0.0.1 {other} {refused}",
+        f"127.0.0.1 {server} {refused}",
+        f"127.0.0.1 {gw} {refused}",
+        f"::1 {other} {refused}",
+        f"8.8.8.8 53 {unreachable}",
+        f"1.1.1.1 443 {unreachable}",
+        f"10.0.0.1 80 {unreachable}",
+        f"2001:4860:4860::8888 53 {unreachable}",
+    ]
 
 
 def test_runs_and_sessions_without_an_egress_have_no_way_out(env):
@@ -175,8 +202,12 @@ def test_an_egress_whose_target_is_down_closes_each_connection_and_counts_it(env
     url = env["url"]
     sid = _open(url, egress="dead")["session_id"]
     try:
-        out = _python(url, sid, "import socket\ns = socket.create_connection(('127.0.0.1', 80), timeout=5)\n"
-                                "s.settimeout(15)\nprint(s.recv(10))")
+        out = _python(
+            url,
+            sid,
+            "import socket\ns = socket.create_connection(('127.0.0.1', 80), timeout=5)\n"
+            "s.settimeout(15)\nprint(s.recv(10))",
+        )
         assert (out["returncode"], out["stdout"]) == (0, "b''\n")
         counters = requests.get(f"{url}/sessions/{sid}", timeout=10).json()["egress_counters"]
         assert (counters["connections"], counters["failed"], counters["bytes_out"]) == (0, 1, 0)
@@ -188,9 +219,14 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
     url = env["url"]
     sid = _open(url)["session_id"]
     try:
-        r = requests.post(f"{url}/sessions/{sid}/exec", timeout=60, json={
-            "command": "/opt/tools/bin/hello; touch /opt/tools/x; grep ' /opt/tools ' /proc/self/mountinfo | "
-                       "grep -o 'ro,nosuid,nodev'"}).json()
+        r = requests.post(
+            f"{url}/sessions/{sid}/exec",
+            timeout=60,
+            json={
+                "command": "/opt/tools/bin/hello; touch /opt/tools/x; grep ' /opt/tools ' /proc/self/mountinfo | "
+                "grep -o 'ro,nosuid,nodev'"
+            },
+        ).json()
         assert r["stdout"] == "hello from the tools\nro,nosuid,nodev\n"
         assert r["stderr"] == "touch: cannot touch '/opt/tools/x': Read-only file system\n"
     finally:
@@ -202,18 +238,29 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
     assert (health["egress"], health["ro_binds"], health["max_sessions"]) == (["dead", "gateway"], ["/opt/tools"], 2)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--ro-bind", "/nonexistent/clis"], "--ro-bind '/nonexistent/clis': the host path '/nonexistent/clis' "
-                                         "does not exist"),
-    (["--ro-bind", "/usr/share:/tmp"], "--ro-bind '/usr/share:/tmp': '/tmp' would hide /tmp, which the sandbox "
-                                       "makes itself; bind below it (e.g. /tmp/..., /opt/...)"),
-    (["--ro-bind", "/usr/share:opt"], "--ro-bind '/usr/share:opt': the path inside ('opt') must be absolute and not /"),
-    (["--egress", "gateway"], "--egress 'gateway': expected NAME=HOST:PORT (e.g. gateway=127.0.0.1:8000)"),
-    (["--egress", "a=h:1", "--egress", "a=h:2"], "--egress 'a=h:2': the name 'a' is given twice"),
-    (["--egress-port", "0"], "--egress-port 0: must be a TCP port (1-65535)"),
-    (["--egress-port", "65536"], "--egress-port 65536: must be a TCP port (1-65535)"),
-    (["--max-egress-connections", "0"], "--max-egress-connections 0: must be positive"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--ro-bind", "/nonexistent/clis"],
+            "--ro-bind '/nonexistent/clis': the host path '/nonexistent/clis' does not exist",
+        ),
+        (
+            ["--ro-bind", "/usr/share:/tmp"],
+            "--ro-bind '/usr/share:/tmp': '/tmp' would hide /tmp, which the sandbox "
+            "makes itself; bind below it (e.g. /tmp/..., /opt/...)",
+        ),
+        (
+            ["--ro-bind", "/usr/share:opt"],
+            "--ro-bind '/usr/share:opt': the path inside ('opt') must be absolute and not /",
+        ),
+        (["--egress", "gateway"], "--egress 'gateway': expected NAME=HOST:PORT (e.g. gateway=127.0.0.1:8000)"),
+        (["--egress", "a=h:1", "--egress", "a=h:2"], "--egress 'a=h:2': the name 'a' is given twice"),
+        (["--egress-port", "0"], "--egress-port 0: must be a TCP port (1-65535)"),
+        (["--egress-port", "65536"], "--egress-port 65536: must be a TCP port (1-65535)"),
+        (["--max-egress-connections", "0"], "--max-egress-connections 0: must be positive"),
+    ],
+)
 def test_bad_egress_and_ro_bind_flags_refuse_the_start(flags, message, capsys):
     from slime.sandbox.server import main
 
@@ -227,5 +274,7 @@ def test_egress_targets_parse_names_hosts_and_ports():
     from slime.sandbox.egress import parse_egress_targets
 
     assert parse_egress_targets(["gateway=127.0.0.1:8000", "v6=[::1]:9"]) == {
-        "gateway": ("127.0.0.1", 8000), "v6": ("::1", 9)}
+        "gateway": ("127.0.0.1", 8000),
+        "v6": ("::1", 9),
+    }
     assert json.dumps(parse_egress_targets([])) == "{}"

@@ -15,8 +15,13 @@ import pytest
 from slime.agent.gateway.server import GatewayConfig
 from slime.agent.sandboxes.harness.codex import CONFIG_TOML
 from slime.testing.agent_stack import AgentStack
-from tests.test_agent_cli import CLAUDE_CODE, CLI_CACHE, CODEX, assert_each_request_is_a_token_exact_sample, \
-    npm_installed
+from tests.test_agent_cli import (
+    CLAUDE_CODE,
+    CLI_CACHE,
+    CODEX,
+    assert_each_request_is_a_token_exact_sample,
+    npm_installed,
+)
 from tests.test_sandbox import ISOLATED
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ISOLATED, reason="sessions need namespaces/uid switching")]
@@ -39,17 +44,35 @@ def env(tmp_path_factory):
     claude = npm_installed(CLAUDE_CODE, "@anthropic-ai/claude-code-linux-x64/claude")
     codex = npm_installed(CODEX, "@openai/codex/bin/codex.js")
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    stack = AgentStack(tok, qwen_tokenizer_dir(), lambda case, turn: "Done.", config=GatewayConfig(),
-                       log_dir=str(tmp_path_factory.mktemp("router"))).start()
+    stack = AgentStack(
+        tok,
+        qwen_tokenizer_dir(),
+        lambda case, turn: "Done.",
+        config=GatewayConfig(),
+        log_dir=str(tmp_path_factory.mktemp("router")),
+    ).start()
     try:
-        url, handle = start_local_sandbox(max_concurrency=1, extra_args=[
-            "--egress", f"gateway=127.0.0.1:{stack.gateway.port}", "--ro-bind", f"{CLI_CACHE}:{INSIDE}",
-            *[a for p in _python_trees() for a in ("--ro-bind", p)], "--max-processes", "512"])
+        url, handle = start_local_sandbox(
+            max_concurrency=1,
+            extra_args=[
+                "--egress",
+                f"gateway=127.0.0.1:{stack.gateway.port}",
+                "--ro-bind",
+                f"{CLI_CACHE}:{INSIDE}",
+                *[a for p in _python_trees() for a in ("--ro-bind", p)],
+                "--max-processes",
+                "512",
+            ],
+        )
     except BaseException:
         stack.stop()
         raise
-    yield {"url": url, "stack": stack, "claude": f"{INSIDE}/{claude.relative_to(CLI_CACHE)}",
-           "codex": f"{INSIDE}/{codex.relative_to(CLI_CACHE)}"}
+    yield {
+        "url": url,
+        "stack": stack,
+        "claude": f"{INSIDE}/{claude.relative_to(CLI_CACHE)}",
+        "codex": f"{INSIDE}/{codex.relative_to(CLI_CACHE)}",
+    }
     handle.stop()
     stack.stop()
 
@@ -62,9 +85,16 @@ def test_claude_code_runs_inside_a_session_with_the_gateway_as_its_only_way_out(
 
     async def agent():
         async with SlimeSandbox(env["url"], egress="gateway", memory_mb=4096) as sb:
-            return await sb.exec(f"{env['claude']} -p 'case=ccs say hi' < /dev/null", timeout=300, env={
-                "ANTHROPIC_API_KEY": "any", "ANTHROPIC_BASE_URL": f"{sb.egress_url}{path}",
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"})
+            return await sb.exec(
+                f"{env['claude']} -p 'case=ccs say hi' < /dev/null",
+                timeout=300,
+                env={
+                    "ANTHROPIC_API_KEY": "any",
+                    "ANTHROPIC_BASE_URL": f"{sb.egress_url}{path}",
+                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                    "DISABLE_AUTOUPDATER": "1",
+                },
+            )
 
     run = asyncio.run(agent())
     assert (run.returncode, run.stdout.strip()) == (0, "Done."), run.stderr[-2000:]
@@ -80,10 +110,15 @@ def test_codex_runs_inside_a_session_with_the_gateway_as_its_only_way_out(env):
 
     async def agent():
         async with SlimeSandbox(env["url"], egress="gateway", memory_mb=4096) as sb:
-            await sb.write_file("/home/agent/.codex/config.toml", CONFIG_TOML.format(
-                model="slime-actor", base_url=f"{sb.egress_url}{path}/v1", wire_api="responses"))
-            return await sb.exec(f"node {env['codex']} exec --skip-git-repo-check 'case=cxs say hi' < /dev/null",
-                                 timeout=300, env={"CODEX_HOME": "/home/agent/.codex", "OPENAI_API_KEY": "any"})
+            await sb.write_file(
+                "/home/agent/.codex/config.toml",
+                CONFIG_TOML.format(model="slime-actor", base_url=f"{sb.egress_url}{path}/v1", wire_api="responses"),
+            )
+            return await sb.exec(
+                f"node {env['codex']} exec --skip-git-repo-check 'case=cxs say hi' < /dev/null",
+                timeout=300,
+                env={"CODEX_HOME": "/home/agent/.codex", "OPENAI_API_KEY": "any"},
+            )
 
     run = asyncio.run(agent())
     assert (run.returncode, run.stdout.strip()) == (0, "Done."), run.stderr[-2000:]

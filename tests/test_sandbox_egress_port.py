@@ -57,13 +57,18 @@ def test_code_inside_cannot_take_an_unprivileged_egress_port_over(tmp_path):
     port = find_free_port()
     assert port >= 1024
     try:
-        url, handle = start_local_sandbox(max_concurrency=1, extra_args=[
-            "--egress", f"gateway=127.0.0.1:{target.server_address[1]}", "--egress-port", str(port)])
+        url, handle = start_local_sandbox(
+            max_concurrency=1,
+            extra_args=["--egress", f"gateway=127.0.0.1:{target.server_address[1]}", "--egress-port", str(port)],
+        )
         try:
             opened = requests.post(f"{url}/sessions", json={"egress": "gateway"}, timeout=60).json()
             assert opened["egress_url"] == f"http://127.0.0.1:{port}"
-            run = requests.post(f"{url}/sessions/{opened['session_id']}/exec", timeout=120,
-                                json={"command": "python3 -", "stdin": TAKE_OVER, "timeout": 60}).json()
+            run = requests.post(
+                f"{url}/sessions/{opened['session_id']}/exec",
+                timeout=120,
+                json={"command": "python3 -", "stdin": TAKE_OVER, "timeout": 60},
+            ).json()
             requests.delete(f"{url}/sessions/{opened['session_id']}", timeout=60)
         finally:
             handle.stop()
@@ -73,6 +78,13 @@ def test_code_inside_cannot_take_an_unprivileged_egress_port_over(tmp_path):
     in_use, refused = 98, 111  # EADDRINUSE, ECONNREFUSED
     assert (run["returncode"], run["stderr"]) == (0, "")
     assert run["stdout"].splitlines() == [
-        f"127.0.0.1  {in_use}", f"0.0.0.0  {in_use}", f"127.0.0.1 addr+port {in_use}", f"0.0.0.0 addr+port {in_use}",
-        f"::  {in_use}", f"::1  {in_use}", f"::1 addr+port {in_use}",
-        f"connect ::1 {refused}", "ok"]
+        f"127.0.0.1  {in_use}",
+        f"0.0.0.0  {in_use}",
+        f"127.0.0.1 addr+port {in_use}",
+        f"0.0.0.0 addr+port {in_use}",
+        f"::  {in_use}",
+        f"::1  {in_use}",
+        f"::1 addr+port {in_use}",
+        f"connect ::1 {refused}",
+        "ok",
+    ]

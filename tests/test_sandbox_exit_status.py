@@ -18,19 +18,33 @@ from tests.test_sandbox import ISOLATED
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason="namespaces/uid switching unavailable here")
 
 EXITS = [
-    "import sys; sys.exit(2**70)", "import sys; sys.exit(-(2**70))", "import sys; sys.exit(-1)",
-    "import sys; sys.exit(256)", "import sys; sys.exit(257)", "import sys; sys.exit(True)",
-    "import sys; sys.exit(1.5)", "import sys; sys.exit(None)", "import sys; sys.exit('bye')",
-    "import sys; sys.exit([1])", "raise SystemExit(5)", "raise ValueError('x')", "raise KeyboardInterrupt",
-    "import sys; sys.stdout.close()", "import sys; sys.stderr.close()", "import sys; sys.stdout.close(); sys.exit(3)",
-    "import sys; sys.stdout = None", "import sys; sys.stderr = None; sys.exit(4)",
+    "import sys; sys.exit(2**70)",
+    "import sys; sys.exit(-(2**70))",
+    "import sys; sys.exit(-1)",
+    "import sys; sys.exit(256)",
+    "import sys; sys.exit(257)",
+    "import sys; sys.exit(True)",
+    "import sys; sys.exit(1.5)",
+    "import sys; sys.exit(None)",
+    "import sys; sys.exit('bye')",
+    "import sys; sys.exit([1])",
+    "raise SystemExit(5)",
+    "raise ValueError('x')",
+    "raise KeyboardInterrupt",
+    "import sys; sys.stdout.close()",
+    "import sys; sys.stderr.close()",
+    "import sys; sys.stdout.close(); sys.exit(3)",
+    "import sys; sys.stdout = None",
+    "import sys; sys.stderr = None; sys.exit(4)",
     "import sys; sys.stdout = open('/dev/full', 'w'); print('x')",
     "import sys; sys.stdout = open('/dev/full', 'w'); print('x'); sys.exit(3)",
     "import sys; print('kept'); sys.stdout.flush(); sys.stdout.close()",
-    "import os; os._exit(7)", "import os; os._exit(300)",
+    "import os; os._exit(7)",
+    "import os; os._exit(300)",
     "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
     "import os, signal; os.kill(os.getpid(), signal.SIGXCPU)",
-    "import os; os.abort()", "import atexit, sys; atexit.register(sys.exit, 9)",
+    "import os; os.abort()",
+    "import atexit, sys; atexit.register(sys.exit, 9)",
     "import threading, sys; t = threading.Thread(target=sys.exit, args=(3,)); t.start(); t.join(); print('on')",
 ]
 
@@ -84,21 +98,26 @@ int main(void) { pthread_t t[5]; for (int i = 0; i < 5; i++) pthread_create(&t[i
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 @pytest.mark.parametrize("trial", range(3))
 def test_a_multithreaded_program_killed_by_its_cpu_limit_is_a_time_limit(url, trial):
-    r = requests.post(f"{url}/run_code", timeout=120,
-                      json={"code": SPIN_C, "language": "c", "run_timeout": 6, "compile_timeout": 30}).json()
+    r = requests.post(
+        f"{url}/run_code", timeout=120, json={"code": SPIN_C, "language": "c", "run_timeout": 6, "compile_timeout": 30}
+    ).json()
     assert r["run_result"]["status"] == "TimeLimitExceeded" and r["run_result"]["return_code"] is None, r
 
 
-VSOCK = ("import socket\nfor fam, kind in ((socket.AF_VSOCK, socket.SOCK_STREAM), (socket.AF_PACKET, socket.SOCK_RAW),"
-         " (socket.AF_NETLINK, socket.SOCK_RAW), (45, socket.SOCK_STREAM)):\n"
-         "    proto = 4 if fam == socket.AF_NETLINK else 0\n"
-         "    try:\n        socket.socket(fam, kind, proto)\n        print(fam, 'opened')\n"
-         "    except OSError as e:\n        print(fam, e.strerror)\n"
-         "socket.socket(socket.AF_INET6, socket.SOCK_STREAM); socket.socketpair(); print('inet6 unix')\n")
-REFUSED = (f"{int(__import__('socket').AF_VSOCK)} Address family not supported by protocol\n"
-           f"{int(__import__('socket').AF_PACKET)} Address family not supported by protocol\n"
-           f"{int(__import__('socket').AF_NETLINK)} Protocol not supported\n"
-           "45 Address family not supported by protocol\ninet6 unix\n")
+VSOCK = (
+    "import socket\nfor fam, kind in ((socket.AF_VSOCK, socket.SOCK_STREAM), (socket.AF_PACKET, socket.SOCK_RAW),"
+    " (socket.AF_NETLINK, socket.SOCK_RAW), (45, socket.SOCK_STREAM)):\n"
+    "    proto = 4 if fam == socket.AF_NETLINK else 0\n"
+    "    try:\n        socket.socket(fam, kind, proto)\n        print(fam, 'opened')\n"
+    "    except OSError as e:\n        print(fam, e.strerror)\n"
+    "socket.socket(socket.AF_INET6, socket.SOCK_STREAM); socket.socketpair(); print('inet6 unix')\n"
+)
+REFUSED = (
+    f"{int(__import__('socket').AF_VSOCK)} Address family not supported by protocol\n"
+    f"{int(__import__('socket').AF_PACKET)} Address family not supported by protocol\n"
+    f"{int(__import__('socket').AF_NETLINK)} Protocol not supported\n"
+    "45 Address family not supported by protocol\ninet6 unix\n"
+)
 
 
 @needs_isolation
@@ -107,8 +126,11 @@ def test_no_socket_family_but_unix_and_inet_in_a_run_or_a_session(url):
     assert r["run_result"]["stdout"] == REFUSED, r
     sid = requests.post(f"{url}/sessions", json={}, timeout=60).json()["session_id"]
     try:
-        out = requests.post(f"{url}/sessions/{sid}/exec", timeout=120,
-                            json={"command": f"python3 -c {__import__('shlex').quote(VSOCK)}"}).json()
+        out = requests.post(
+            f"{url}/sessions/{sid}/exec",
+            timeout=120,
+            json={"command": f"python3 -c {__import__('shlex').quote(VSOCK)}"},
+        ).json()
     finally:
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
     assert out["stdout"] == REFUSED, out

@@ -24,9 +24,24 @@ DISK_MB = 48
 def url():
     from slime.sandbox.server import start_local_sandbox
 
-    u, handle = start_local_sandbox(max_concurrency=4, max_queue=64, extra_args=[
-        "--uid-base", str(UID_BASE), "--max-output-bytes", "65536", "--max-processes", "32",
-        "--disk-mb", str(DISK_MB), "--max-body-mb", "4", "--max-fetch-mb", "3"])
+    u, handle = start_local_sandbox(
+        max_concurrency=4,
+        max_queue=64,
+        extra_args=[
+            "--uid-base",
+            str(UID_BASE),
+            "--max-output-bytes",
+            "65536",
+            "--max-processes",
+            "32",
+            "--disk-mb",
+            str(DISK_MB),
+            "--max-body-mb",
+            "4",
+            "--max-fetch-mb",
+            "3",
+        ],
+    )
     yield u
     handle.stop()
 
@@ -42,9 +57,11 @@ _uid_procs = _processes_of_uids
 
 # 1. memory is bounded for the run as a whole, not per process
 def test_memory_across_children(url):
-    code = ("import os\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
-            "        x = bytearray(b'x') * (60 << 20)\n        import time; time.sleep(1.5)\n        os._exit(0)\n"
-            "    kids.append(pid)\nok = sum(os.waitpid(p, 0)[1] == 0 for p in kids)\nprint('ok', ok)")
+    code = (
+        "import os\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        x = bytearray(b'x') * (60 << 20)\n        import time; time.sleep(1.5)\n        os._exit(0)\n"
+        "    kids.append(pid)\nok = sum(os.waitpid(p, 0)[1] == 0 for p in kids)\nprint('ok', ok)"
+    )
     r = run(url, code, memory_limit_MB=128, run_timeout=20)
     assert r["run_result"]["stdout"].startswith("ok ") and int(r["run_result"]["stdout"].split()[1]) < 6, r
     assert "memory limit exceeded" in r["message"], r
@@ -52,9 +69,11 @@ def test_memory_across_children(url):
 
 # 2. disk is bounded for the run as a whole (a tmpfs of --disk-mb), not per file
 def test_disk_across_files(url):
-    code = ("written = 0\nfor i in range(20):\n    try:\n        with open(f'f{i}', 'wb') as f:\n"
-            "            f.write(b'x' * (8 << 20))\n        written += 8\n    except OSError as e:\n"
-            "        print('stopped', e.strerror)\n        break\nprint('MB', written)")
+    code = (
+        "written = 0\nfor i in range(20):\n    try:\n        with open(f'f{i}', 'wb') as f:\n"
+        "            f.write(b'x' * (8 << 20))\n        written += 8\n    except OSError as e:\n"
+        "        print('stopped', e.strerror)\n        break\nprint('MB', written)"
+    )
     r = run(url, code)
     out = r["run_result"]["stdout"]
     assert "stopped No space left on device" in out, r
@@ -63,22 +82,27 @@ def test_disk_across_files(url):
 
 # 3. loopback is up inside the run (and there is still no route out)
 def test_loopback_server_inside_the_run(url):
-    code = ("import socket, threading\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
-            "def serve():\n    c, _ = s.accept(); c.sendall(c.recv(10).upper()); c.close()\n"
-            "threading.Thread(target=serve).start()\n"
-            "c = socket.create_connection(s.getsockname(), timeout=5); c.sendall(b'ping'); print(c.recv(10).decode())\n"
-            "try:\n    socket.create_connection(('10.1.2.3', 80), timeout=3)\nexcept OSError as e:\n"
-            "    print('out:', e.strerror)")
+    code = (
+        "import socket, threading\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+        "def serve():\n    c, _ = s.accept(); c.sendall(c.recv(10).upper()); c.close()\n"
+        "threading.Thread(target=serve).start()\n"
+        "c = socket.create_connection(s.getsockname(), timeout=5); c.sendall(b'ping'); print(c.recv(10).decode())\n"
+        "try:\n    socket.create_connection(('10.1.2.3', 80), timeout=3)\nexcept OSError as e:\n"
+        "    print('out:', e.strerror)"
+    )
     r = run(url, code)
     assert r["run_result"]["stdout"] == "PING\nout: Network is unreachable\n", r
 
 
 # 4. the program is an ordinary process: signals it sends itself work as outside
-@pytest.mark.parametrize("lang,code,rc", [
-    ("python", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('alive')", -9),
-    ("python", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nprint('alive')", -11),
-    ("bash", "kill -TERM $$\necho alive", -15),
-])
+@pytest.mark.parametrize(
+    "lang,code,rc",
+    [
+        ("python", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('alive')", -9),
+        ("python", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nprint('alive')", -11),
+        ("bash", "kill -TERM $$\necho alive", -15),
+    ],
+)
 def test_self_signal(url, lang, code, rc):
     r = run(url, code, lang)
     assert r["status"] == "Failed" and r["run_result"]["return_code"] == rc and "alive" not in r["run_result"]["stdout"]
@@ -117,32 +141,46 @@ def test_small_memory_limit(url):
 
 # 9. host data is invisible; no user namespaces, no mounts for the run's code
 def test_host_data_invisible(url):
-    code = ("import os, ctypes\nprint(sorted(os.listdir('/')))\nprint(sorted(os.listdir('/etc')))\n"
-            "print([p for p in ('/work', '/home', '/opt', '/root', '/etc/shadow', '/etc/hostname.orig', '/sys')"
-            " if os.path.exists(p)])\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(libc.unshare(0x10000000), ctypes.get_errno())\nprint(os.path.exists('/proc/1/cmdline'))")
+    code = (
+        "import os, ctypes\nprint(sorted(os.listdir('/')))\nprint(sorted(os.listdir('/etc')))\n"
+        "print([p for p in ('/work', '/home', '/opt', '/root', '/etc/shadow', '/etc/hostname.orig', '/sys')"
+        " if os.path.exists(p)])\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000), ctypes.get_errno())\nprint(os.path.exists('/proc/1/cmdline'))"
+    )
     out = run(url, code)["run_result"]["stdout"].splitlines()
-    assert out[0] == str(sorted(["bin", "dev", "etc", "lib", "lib64", "mnt", "proc", "sbin", "tmp", "usr"])) or \
-        set(eval(out[0])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "mnt", "proc", "sbin", "tmp",
-                              "usr"}
-    assert set(eval(out[1])) <= {"passwd", "group", "hosts", "hostname", "nsswitch.conf", "localtime",
-                                 "ld.so.cache", "alternatives"}
+    assert out[0] == str(sorted(["bin", "dev", "etc", "lib", "lib64", "mnt", "proc", "sbin", "tmp", "usr"])) or set(
+        eval(out[0])
+    ) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "mnt", "proc", "sbin", "tmp", "usr"}
+    assert set(eval(out[1])) <= {
+        "passwd",
+        "group",
+        "hosts",
+        "hostname",
+        "nsswitch.conf",
+        "localtime",
+        "ld.so.cache",
+        "alternatives",
+    }
     assert out[2] == "[]" and out[3] == "-1 1" and out[4] == "False", out  # EPERM; the init is hidden
-    r = run(url, "echo x > /usr/pwned; echo y > /etc/pwned; mount -t tmpfs none /tmp 2>&1 | head -c 0; echo done",
-            "bash")
+    r = run(
+        url, "echo x > /usr/pwned; echo y > /etc/pwned; mount -t tmpfs none /tmp 2>&1 | head -c 0; echo done", "bash"
+    )
     assert "done" in r["run_result"]["stdout"] and not os.path.exists("/usr/pwned")
 
 
 # 10. request validation: 422 naming the field, 413 for a large body
-@pytest.mark.parametrize("body,field", [
-    ({"code": "x", "run_timeout": "abc"}, "run_timeout"),
-    ({"code": "x", "files": "abc"}, "files"),
-    ({"code": "x", "language": "cobol"}, "language"),
-    ({"code": "x", "run_timeout": 1e6}, "run_timeout"),
-    ({"code": "x", "memory_limit_MB": 1}, "memory_limit_MB"),
-    ({"code": 3}, "code"),
-    ({"code": "x", "files": {"../x": ""}}, "files"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"code": "x", "run_timeout": "abc"}, "run_timeout"),
+        ({"code": "x", "files": "abc"}, "files"),
+        ({"code": "x", "language": "cobol"}, "language"),
+        ({"code": "x", "run_timeout": 1e6}, "run_timeout"),
+        ({"code": "x", "memory_limit_MB": 1}, "memory_limit_MB"),
+        ({"code": 3}, "code"),
+        ({"code": "x", "files": {"../x": ""}}, "files"),
+    ],
+)
 def test_request_validation(url, body, field):
     r = requests.post(f"{url}/run_code", json=body, timeout=30)
     assert r.status_code == 422, r.text
@@ -157,11 +195,26 @@ def test_body_size_limit(url):
 
 # 11. fetch_files: one resolved file is sent once, whatever its aliases; the total is capped
 def test_fetch_files_aliases_and_cap(url):
-    code = ("import os\nopen('out.bin', 'wb').write(b'a' * (1 << 20))\nos.symlink('out.bin', 'link')\n"
-            "os.mkdir('d')\nopen('big1', 'wb').write(b'b' * (1536 << 10))\n"
-            "open('big2', 'wb').write(b'c' * (1536 << 10))")
-    r = run(url, code, fetch_files=["out.bin", "./out.bin", "/tmp/out.bin", "d/../out.bin", "link", "big1", "big2",
-                                    "../../etc/passwd", "/etc/passwd"])
+    code = (
+        "import os\nopen('out.bin', 'wb').write(b'a' * (1 << 20))\nos.symlink('out.bin', 'link')\n"
+        "os.mkdir('d')\nopen('big1', 'wb').write(b'b' * (1536 << 10))\n"
+        "open('big2', 'wb').write(b'c' * (1536 << 10))"
+    )
+    r = run(
+        url,
+        code,
+        fetch_files=[
+            "out.bin",
+            "./out.bin",
+            "/tmp/out.bin",
+            "d/../out.bin",
+            "link",
+            "big1",
+            "big2",
+            "../../etc/passwd",
+            "/etc/passwd",
+        ],
+    )
     assert list(r["files"]) == ["out.bin", "big1"], list(r["files"])  # big2 would exceed --max-fetch-mb 3
     assert base64.b64decode(r["files"]["out.bin"]) == b"a" * (1 << 20)
 
@@ -170,9 +223,12 @@ def test_fetch_files_aliases_and_cap(url):
 def test_large_file_list_does_not_block_ping(url):
     files = {f"d{i % 50}/f{i}.txt": "" for i in range(40000)}  # (empty: 40,000 pages would not fit the tmpfs)
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        fut = ex.submit(requests.post, f"{url}/run_code", timeout=120,
-                        json={"code": "import os\nprint(sum(len(os.listdir(f'd{i}')) for i in range(50)))",
-                              "files": files})
+        fut = ex.submit(
+            requests.post,
+            f"{url}/run_code",
+            timeout=120,
+            json={"code": "import os\nprint(sum(len(os.listdir(f'd{i}')) for i in range(50)))", "files": files},
+        )
         pings_during = 0
         while not fut.done():
             if requests.get(f"{url}/v1/ping", timeout=30).text == "pong" and not fut.done():
@@ -184,11 +240,13 @@ def test_large_file_list_does_not_block_ping(url):
 
 # no namespace can be joined or made from a run (setns fails for want of CAP_SYS_ADMIN, unshare by seccomp)
 def test_namespaces_cannot_be_joined_or_made(url):
-    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
-            "for ns in ('mnt', 'net', 'pid', 'ipc', 'uts', 'cgroup'):\n"
-            "    fd = os.open('/proc/self/ns/' + ns, os.O_RDONLY)\n"
-            "    out.append((libc.setns(fd, 0), ctypes.get_errno()))\n"
-            "out.append((libc.unshare(0x10000000), ctypes.get_errno()))\nprint(out)")
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
+        "for ns in ('mnt', 'net', 'pid', 'ipc', 'uts', 'cgroup'):\n"
+        "    fd = os.open('/proc/self/ns/' + ns, os.O_RDONLY)\n"
+        "    out.append((libc.setns(fd, 0), ctypes.get_errno()))\n"
+        "out.append((libc.unshare(0x10000000), ctypes.get_errno()))\nprint(out)"
+    )
     r = run(url, code)
     assert r["run_result"]["stdout"] == str([(-1, 1)] * 7) + "\n", r
 
@@ -212,11 +270,15 @@ def test_server_sigkill_leaves_nothing():
     base = UID_BASE + 4
     before = set(glob.glob("/tmp/*"))
     u, handle = start_local_sandbox(max_concurrency=2, extra_args=["--uid-base", str(base)])
-    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    open('/tmp/alive', 'w').write('x')\n"
-            "    time.sleep(300)\nopen('/tmp/big', 'wb').write(b'x' * (8 << 20))\ntime.sleep(300)")
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    open('/tmp/alive', 'w').write('x')\n"
+        "    time.sleep(300)\nopen('/tmp/big', 'wb').write(b'x' * (8 << 20))\ntime.sleep(300)"
+    )
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
-        futs = [ex.submit(requests.post, f"{u}/run_code", json={"code": code, "run_timeout": 100}, timeout=120)
-                for _ in range(2)]
+        futs = [
+            ex.submit(requests.post, f"{u}/run_code", json={"code": code, "run_timeout": 100}, timeout=120)
+            for _ in range(2)
+        ]
         assert until(lambda: len(_uid_procs([base, base + 1])) >= 4), "the runs did not start"
         server_kids = _children(handle.pid)
         server_kids += [g for k in server_kids for g in _children(k)]

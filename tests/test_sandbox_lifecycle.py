@@ -39,8 +39,10 @@ def _raw_post(url: str, body: bytes, send: int | None = None, length: int | None
     """A POST /run_code whose first `send` bytes of `body` are sent (all by default)."""
     host, port = url.split("//", 1)[1].split(":")
     s = socket.create_connection((host, int(port)), timeout=60)
-    head = (f"POST /run_code HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode()
+    head = (
+        f"POST /run_code HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
+    ).encode()
     s.sendall(head + body[:send])
     return s
 
@@ -76,19 +78,25 @@ def test_uid_ranges_are_claimed_once_per_host(tmp_path):
 
 @needs_isolation
 def test_two_servers_never_share_uids_or_their_process_quota():
-    (u1, h1), (u2, h2) = _start(max_concurrency=1, extra_args=["--max-processes", "16"]), \
-        _start(max_concurrency=1, extra_args=["--max-processes", "16"])
+    (u1, h1), (u2, h2) = (
+        _start(max_concurrency=1, extra_args=["--max-processes", "16"]),
+        _start(max_concurrency=1, extra_args=["--max-processes", "16"]),
+    )
     try:
         uids1, uids2 = _uids(u1), _uids(u2)
         assert not set(uids1) & set(uids2)
-        hold = "import os, time\nfor _ in range(14):\n    if os.fork() == 0:\n        time.sleep(100)\n" \
-               "print('held', flush=True)\ntime.sleep(100)"
+        hold = (
+            "import os, time\nfor _ in range(14):\n    if os.fork() == 0:\n        time.sleep(100)\n"
+            "print('held', flush=True)\ntime.sleep(100)"
+        )
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             holding = ex.submit(requests.post, f"{u1}/run_code", json={"code": hold, "run_timeout": 30}, timeout=60)
             assert until(lambda: len(_processes_of_uids(uids1)) >= 15), "the first server's run did not start"
-            code = "import os, time\nkids = []\nfor _ in range(10):\n    pid = os.fork()\n    if pid == 0:\n" \
-                   "        time.sleep(0.5)\n        os._exit(0)\n    kids.append(pid)\n" \
-                   "print(sum(os.waitpid(k, 0)[1] == 0 for k in kids))"
+            code = (
+                "import os, time\nkids = []\nfor _ in range(10):\n    pid = os.fork()\n    if pid == 0:\n"
+                "        time.sleep(0.5)\n        os._exit(0)\n    kids.append(pid)\n"
+                "print(sum(os.waitpid(k, 0)[1] == 0 for k in kids))"
+            )
             r = requests.post(f"{u2}/run_code", json={"code": code}, timeout=60).json()
             assert (r["status"], r["run_result"]["stdout"]) == ("Success", "10\n"), r
             h1.stop()
@@ -111,8 +119,9 @@ def test_too_many_files_are_refused_before_the_body_is_parsed(small):
     body = json.dumps({"code": "print(1)", "files": {f"f{i}": "" for i in range(200_000)}}).encode()
     r = requests.post(f"{url}/run_code", data=body, headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 422 and r.json()["message"] == "invalid request: files"
-    assert r.json()["detail"] == [{"loc": ["body", "files"], "msg": "at most 60000 files (the run's inode budget)",
-                                   "type": "too_long"}]
+    assert r.json()["detail"] == [
+        {"loc": ["body", "files"], "msg": "at most 60000 files (the run's inode budget)", "type": "too_long"}
+    ]
 
 
 def test_a_slow_body_times_out(small):
@@ -226,8 +235,13 @@ def test_an_owner_killed_with_a_session_open_takes_the_server_with_it():
     import subprocess
     import sys
 
-    owner = subprocess.run([sys.executable, "-c", OWNER_KILLED_WITH_A_SESSION_OPEN], capture_output=True,
-                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    owner = subprocess.run(
+        [sys.executable, "-c", OWNER_KILLED_WITH_A_SESSION_OPEN],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )
     assert owner.returncode == -signal.SIGKILL, owner.stderr[-2000:]
     server = int(owner.stdout.split()[0])
     try:

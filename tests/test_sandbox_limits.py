@@ -27,8 +27,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def server():
     from slime.sandbox.server import start_local_sandbox
 
-    url, handle = start_local_sandbox(max_concurrency=1, allow_no_isolation=True,  # (isolated where it can be)
-                                      extra_args=["--cpus-per-run", "2", "--max-fetch-mb", "48"])
+    url, handle = start_local_sandbox(
+        max_concurrency=1,
+        allow_no_isolation=True,  # (isolated where it can be)
+        extra_args=["--cpus-per-run", "2", "--max-fetch-mb", "48"],
+    )
     yield url, handle
     handle.stop()
 
@@ -41,8 +44,9 @@ def run(url: str, code: str, language: str = "python", **kw) -> dict:
 
 def _run_memory_limit(pid: int) -> int:
     """The slot's run cgroup limit as the host sees it (v1 memory or v2)."""
-    paths = glob.glob(f"/sys/fs/cgroup/**/slime-sandbox-{pid}/slot-0/run/memory.limit_in_bytes", recursive=True) \
-        or glob.glob(f"/sys/fs/cgroup/**/slime-sandbox-{pid}/slot-0/run/memory.max", recursive=True)
+    paths = glob.glob(
+        f"/sys/fs/cgroup/**/slime-sandbox-{pid}/slot-0/run/memory.limit_in_bytes", recursive=True
+    ) or glob.glob(f"/sys/fs/cgroup/**/slime-sandbox-{pid}/slot-0/run/memory.max", recursive=True)
     with open(paths[0]) as f:
         return int(f.read())
 
@@ -51,8 +55,10 @@ def _run_memory_limit(pid: int) -> int:
 @needs_isolation
 def test_a_fetched_file_of_most_of_the_memory_limit_comes_back_whole(server):
     url, _ = server
-    code = "with open('out.bin', 'wb') as f:\n    for _ in range(45):\n        f.write(bytes(range(256)) * 4096)\n" \
-           "print('wrote')"  # (45 MB on the run's tmpfs: charged to the run, within its 64 MB)
+    code = (
+        "with open('out.bin', 'wb') as f:\n    for _ in range(45):\n        f.write(bytes(range(256)) * 4096)\n"
+        "print('wrote')"
+    )  # (45 MB on the run's tmpfs: charged to the run, within its 64 MB)
     r = run(url, code, memory_limit_MB=64, fetch_files=["out.bin"])
     assert (r["status"], r["run_result"]["stdout"], r["not_fetched"]) == ("Success", "wrote\n", {}), r["message"]
     assert base64.b64decode(r["files"]["out.bin"]) == bytes(range(256)) * (45 << 12)
@@ -61,13 +67,17 @@ def test_a_fetched_file_of_most_of_the_memory_limit_comes_back_whole(server):
 @needs_isolation
 def test_a_run_over_its_memory_limit_is_reported_as_such_with_its_output(server):
     url, _ = server
-    code = ("print('before', flush=True)\nimport sys\nsys.stdout.write('x' * (512 << 10))\n"
-            "for i in range(7):\n    open(f'/tmp/f{i}', 'wb').write(b'y' * (10 << 20))\nprint('after')")
+    code = (
+        "print('before', flush=True)\nimport sys\nsys.stdout.write('x' * (512 << 10))\n"
+        "for i in range(7):\n    open(f'/tmp/f{i}', 'wb').write(b'y' * (10 << 20))\nprint('after')"
+    )
     r = run(url, code, memory_limit_MB=32)
     rr = r["run_result"]
     assert (r["status"], rr["status"], rr["return_code"]) == ("Failed", "Finished", -9), r["message"]
-    assert r["message"] == "process exited with return code -9: memory limit exceeded (32 MB for the whole run): " \
-                           "a process was killed"
+    assert (
+        r["message"] == "process exited with return code -9: memory limit exceeded (32 MB for the whole run): "
+        "a process was killed"
+    )
     assert rr["stdout"] == "before\n" + "x" * (512 << 10)
     assert run(url, "print(1)", memory_limit_MB=32)["run_result"]["stdout"] == "1\n"  # the slot lives on
 
@@ -79,8 +89,11 @@ def test_a_small_limit_after_a_large_one_on_the_same_slot_holds(server):
     fill = "for i in range(4):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (50 << 20))\nprint('filled')"
     r = run(url, fill, memory_limit_MB=1024)
     assert (r["status"], r["run_result"]["stdout"]) == ("Success", "filled\n"), r["message"]
-    r = run(url, "for i in range(5):\n    open(f'/tmp/g{i}', 'wb').write(b'x' * (20 << 20))\nprint('filled')",
-            memory_limit_MB=32)
+    r = run(
+        url,
+        "for i in range(5):\n    open(f'/tmp/g{i}', 'wb').write(b'x' * (20 << 20))\nprint('filled')",
+        memory_limit_MB=32,
+    )
     assert _run_memory_limit(handle.pid) == 32 << 20, r["message"]
     assert r["status"] == "Failed" and r["run_result"]["stdout"] == "", r
     assert "memory limit exceeded (32 MB" in r["message"]
@@ -90,9 +103,11 @@ def test_a_small_limit_after_a_large_one_on_the_same_slot_holds(server):
 @needs_isolation
 def test_a_default_limit_python_run_starts_64_threads(server):
     url, _ = server
-    code = ("import threading, concurrent.futures as cf\nb = threading.Barrier(64)\n"
-            "with cf.ThreadPoolExecutor(64) as ex:\n    print(sum(ex.map(lambda _: b.wait() * 0 + 1, range(64))))\n"
-            "print(threading.active_count())")
+    code = (
+        "import threading, concurrent.futures as cf\nb = threading.Barrier(64)\n"
+        "with cf.ThreadPoolExecutor(64) as ex:\n    print(sum(ex.map(lambda _: b.wait() * 0 + 1, range(64))))\n"
+        "print(threading.active_count())"
+    )
     r = run(url, code, run_timeout=20)
     assert (r["status"], r["run_result"]["stdout"]) == ("Success", "64\n1\n"), r
 
@@ -103,8 +118,10 @@ def test_a_default_limit_python_run_starts_64_threads(server):
 @pytest.mark.parametrize("threads", [1, 4])
 def test_cpu_limit_kills_report_time_limit_exceeded(server, threads):
     url, _ = server
-    code = (f"import threading\ndef spin():\n    while True: pass\nfor _ in range({threads} - 1):\n"
-            "    threading.Thread(target=spin, daemon=True).start()\nspin()")
+    code = (
+        f"import threading\ndef spin():\n    while True: pass\nfor _ in range({threads} - 1):\n"
+        "    threading.Thread(target=spin, daemon=True).start()\nspin()"
+    )
     r = run(url, code, run_timeout=1.5)
     rr = r["run_result"]
     assert (r["status"], rr["status"], rr["return_code"]) == ("Failed", "TimeLimitExceeded", None), r
@@ -125,8 +142,9 @@ def test_sys_exit_codes_are_cpythons(server, value):
 @needs_isolation
 def test_mnt_is_writable_and_fresh_in_each_run(server):
     url, _ = server
-    r = run(url, "open('a.txt', 'w').write('secret'); open('/mnt/b', 'w').write('sauce')",
-            fetch_files=["a.txt", "/mnt/b"])
+    r = run(
+        url, "open('a.txt', 'w').write('secret'); open('/mnt/b', 'w').write('sauce')", fetch_files=["a.txt", "/mnt/b"]
+    )
     assert {k: base64.b64decode(v) for k, v in r["files"].items()} == {"a.txt": b"secret", "/mnt/b": b"sauce"}
     assert run(url, "import os\nprint(os.listdir('/mnt'))")["run_result"]["stdout"] == "[]\n"
 
@@ -135,13 +153,19 @@ def test_mnt_is_writable_and_fresh_in_each_run(server):
 @needs_isolation
 def test_files_not_fetched_are_named_with_the_reason(server):
     url, _ = server
-    code = "import os\nos.mkdir('d')\nopen('ok', 'w').write('x')\nfor f in ('big', 'big2'):\n" \
-           "    open(f, 'wb').write(b'y' * (30 << 20))"
+    code = (
+        "import os\nos.mkdir('d')\nopen('ok', 'w').write('x')\nfor f in ('big', 'big2'):\n"
+        "    open(f, 'wb').write(b'y' * (30 << 20))"
+    )
     r = run(url, code, memory_limit_MB=512, fetch_files=["ok", "./ok", "missing", "d", "big", "big2", "../x"])
     assert r["status"] == "Success" and list(r["files"]) == ["ok", "big"], r["message"]
-    assert r["not_fetched"] == {"../x": "path escapes the work dir: '../x'", "./ok": "same file as 'ok' (sent once)",
-                                "missing": "not found", "d": "not a regular file",
-                                "big2": "over the 48 MB limit of all fetched files"}
+    assert r["not_fetched"] == {
+        "../x": "path escapes the work dir: '../x'",
+        "./ok": "same file as 'ok' (sent once)",
+        "missing": "not found",
+        "d": "not a regular file",
+        "big2": "over the 48 MB limit of all fetched files",
+    }
     assert r["message"].startswith("not fetched: '../x' (path escapes the work dir")
 
 
@@ -157,8 +181,10 @@ def test_a_file_that_is_also_a_directory_is_a_clear_422(server):
 @needs_isolation
 def test_a_memory_limit_kill_of_a_child_is_a_failure(server):
     url, _ = server
-    code = ("import os\npid = os.fork()\nif pid == 0:\n    x = bytearray(100 << 20)\n    os._exit(0)\n"
-            "print(os.waitpid(pid, 0)[1])")
+    code = (
+        "import os\npid = os.fork()\nif pid == 0:\n    x = bytearray(100 << 20)\n    os._exit(0)\n"
+        "print(os.waitpid(pid, 0)[1])"
+    )
     r = run(url, code, memory_limit_MB=32)
     assert (r["status"], r["run_result"]["return_code"], r["run_result"]["stdout"]) == ("Failed", 0, "9\n"), r
     assert r["message"] == "memory limit exceeded (32 MB for the whole run): a process was killed"
@@ -168,18 +194,22 @@ def test_a_memory_limit_kill_of_a_child_is_a_failure(server):
 @needs_isolation
 def test_the_slots_modules_do_not_show_the_hosts_checkout(server):
     url, _ = server
-    code = ("import sys, types\nseen = [getattr(m, '__file__', None) or '' for m in list(sys.modules.values())]\n"
-            "for m in list(sys.modules.values()):\n    for v in list(vars(m).values()):\n"
-            "        if isinstance(v, types.FunctionType):\n            seen.append(v.__code__.co_filename)\n"
-            "seen.append(open('/proc/self/cmdline').read())\nprint('\\n'.join(sorted(set(seen))))")
+    code = (
+        "import sys, types\nseen = [getattr(m, '__file__', None) or '' for m in list(sys.modules.values())]\n"
+        "for m in list(sys.modules.values()):\n    for v in list(vars(m).values()):\n"
+        "        if isinstance(v, types.FunctionType):\n            seen.append(v.__code__.co_filename)\n"
+        "seen.append(open('/proc/self/cmdline').read())\nprint('\\n'.join(sorted(set(seen))))"
+    )
     out = run(url, code)["run_result"]["stdout"]
     assert REPO not in out and "<slime-sandbox>/program.py" in out, out
 
 
 # the key count that refuses huge file lists without parsing them: exact for any JSON document
-_json = hs.recursive(hs.none() | hs.booleans() | hs.integers() | hs.text(max_size=8),
-                     lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=6), inner, max_size=4),
-                     max_leaves=20)
+_json = hs.recursive(
+    hs.none() | hs.booleans() | hs.integers() | hs.text(max_size=8),
+    lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 def _keys(doc) -> int:

@@ -29,11 +29,19 @@ from slime.utils.types import Sample  # noqa: E402
 IM_END = 151645
 TURNS = [
     "<think>\nadd them up\n</think>\n\n<tool_call>\n"
-    + json.dumps({"name": "code_interpreter", "arguments": {"code": "print(sum(range(10)))"}}) + "\n</tool_call>",
-    "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": "print('so far')\n1/0"}})
+    + json.dumps({"name": "code_interpreter", "arguments": {"code": "print(sum(range(10)))"}})
     + "\n</tool_call>",
-    "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {
-        "code": "import os\nprint(os.environ.get('SLIME_MT_SECRET', 'no-secret'))"}}) + "\n</tool_call>",
+    "<tool_call>\n"
+    + json.dumps({"name": "code_interpreter", "arguments": {"code": "print('so far')\n1/0"}})
+    + "\n</tool_call>",
+    "<tool_call>\n"
+    + json.dumps(
+        {
+            "name": "code_interpreter",
+            "arguments": {"code": "import os\nprint(os.environ.get('SLIME_MT_SECRET', 'no-secret'))"},
+        }
+    )
+    + "\n</tool_call>",
     "The answer is #### 45",
 ]
 
@@ -94,21 +102,45 @@ def stack(tok, tmp_path_factory):
 
 
 async def test_multi_turn_rollout_runs_code_in_the_sandbox(stack, tok, runtime_closed_on_the_test_loop):
-    args = argparse.Namespace(**{
-        **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
-        "hf_checkpoint": stack["model"], "rollout_max_response_len": 2048, "rollout_max_context_len": None,
-        "sglang_server_concurrency": 8, "request_timeout": 60.0, "request_max_retries": 0,
-        "tool_config_path": stack["config"], "rm_type": "gsm8k", "custom_rm_path": None, "group_rm": False})
+    args = argparse.Namespace(
+        **{
+            **tool_defaults(),
+            "sglang_router_ip": "127.0.0.1",
+            "sglang_router_port": stack["router"].port,
+            "hf_checkpoint": stack["model"],
+            "rollout_max_response_len": 2048,
+            "rollout_max_context_len": None,
+            "sglang_server_concurrency": 8,
+            "request_timeout": 60.0,
+            "request_max_retries": 0,
+            "tool_config_path": stack["config"],
+            "rm_type": "gsm8k",
+            "custom_rm_path": None,
+            "group_rm": False,
+        }
+    )
     bind_runtime(args, tokenizer=tok, tool_services=ToolServices(sandbox_url=stack["sandbox"]))  # the manager's
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 0+1+...+9? Use code."}], label="45")
     try:
-        sample = await generate(args, sample, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512,
-                                               "skip_special_tokens": False, "no_stop_trim": True})
+        sample = await generate(
+            args,
+            sample,
+            {
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "top_k": -1,
+                "max_new_tokens": 512,
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        )
     finally:
         await close_tool_sets()  # the sandbox tool's HTTP session lives on this test's loop
     md = sample.metadata
     assert sample.status == Sample.Status.COMPLETED, md
-    assert md["tool_calls"] == {"code_interpreter": 3} and md["tool_errors"] == [], {k: v for k, v in md.items() if k != "messages"}
+    assert md["tool_calls"] == {"code_interpreter": 3} and md["tool_errors"] == [], {
+        k: v for k, v in md.items() if k != "messages"
+    }
     responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", sample.response, re.S)
     assert responses[0].strip() == "45"  # exactly what was printed
     assert responses[1].startswith("Runtime error (exit code 1).") and "so far" in responses[1]

@@ -28,9 +28,14 @@ def _server_with_limits(soft: int, hard: int, extra: list[str]):
     r, w = os.pipe()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, SLIME_SANDBOX_READY_FD=str(w), PYTHONPATH=root)
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "slime.sandbox.server", "--fd", str(sock.fileno()), *extra],
-                            pass_fds=(sock.fileno(), w), env=env, stdout=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "slime.sandbox.server", "--fd", str(sock.fileno()), *extra],
+        pass_fds=(sock.fileno(), w),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+    )
     os.close(w)
     try:
         with os.fdopen(r, "rb") as ready:
@@ -52,8 +57,16 @@ def _open_files_limit(pid: int) -> tuple[int, int]:
 @needs_isolation
 def test_the_server_takes_its_hard_open_file_limit_and_refuses_a_session_whose_egress_would_not_fit():
     hard = 1400
-    extra = ["--max-concurrency", "4", "--max-connections", "64", "--egress", "t=127.0.0.1:9",
-             "--max-egress-connections", "200"]
+    extra = [
+        "--max-concurrency",
+        "4",
+        "--max-connections",
+        "64",
+        "--egress",
+        "t=127.0.0.1:9",
+        "--max-egress-connections",
+        "200",
+    ]
     with _server_with_limits(256, hard, extra) as (url, pid):
         _sessions_within_the_budget(url, pid, hard)
 

@@ -47,13 +47,34 @@ def env(tmp_path_factory):
     (files / "host-secret").write_text("never inside")
     for d in (tools, venv.parent, checkout):  # (the sandbox's uid must read them: a bind shows a directory's own modes)
         d.chmod(0o755)
-    url, handle = start_local_sandbox(max_concurrency=2, extra_args=[
-        "--ro-bind", str(tools), "--ro-bind", f"{tools}:{HOME_INSIDE}", "--ro-bind", f"{tools}:{USR_INSIDE}",
-        "--ro-bind", f"{tools}/bin/hello:/etc/hello", "--ro-bind", str(venv.parent),
-        "--ro-bind", os.path.realpath(sys.base_prefix),
-        "--ro-path", str(checkout), "--ro-path", str(files / "notes.txt")])
-    yield {"url": url, "tools": str(tools), "venv": str(venv), "checkout": str(checkout),
-           "notes": str(files / "notes.txt")}
+    url, handle = start_local_sandbox(
+        max_concurrency=2,
+        extra_args=[
+            "--ro-bind",
+            str(tools),
+            "--ro-bind",
+            f"{tools}:{HOME_INSIDE}",
+            "--ro-bind",
+            f"{tools}:{USR_INSIDE}",
+            "--ro-bind",
+            f"{tools}/bin/hello:/etc/hello",
+            "--ro-bind",
+            str(venv.parent),
+            "--ro-bind",
+            os.path.realpath(sys.base_prefix),
+            "--ro-path",
+            str(checkout),
+            "--ro-path",
+            str(files / "notes.txt"),
+        ],
+    )
+    yield {
+        "url": url,
+        "tools": str(tools),
+        "venv": str(venv),
+        "checkout": str(checkout),
+        "notes": str(files / "notes.txt"),
+    }
     handle.stop()
 
 
@@ -75,14 +96,18 @@ def _session_exec(url: str, script: str, sid: str | None = None) -> dict:
 
 def _shown_in_tmp(env: dict) -> list[str]:
     """What a run sees of the directory holding the bound host paths (pytest's base temp): those alone."""
-    return sorted(os.path.basename(p) for p in (env["tools"], os.path.dirname(env["venv"]), env["checkout"],
-                                                os.path.dirname(env["notes"])))
+    return sorted(
+        os.path.basename(p)
+        for p in (env["tools"], os.path.dirname(env["venv"]), env["checkout"], os.path.dirname(env["notes"]))
+    )
 
 
 def _bound(path: str) -> str:
     """Runs it, fails to write it, shows its mount flags."""
-    return (f"{path}/bin/hello; touch {path}/x 2>&1 | grep -c 'Read-only file system'; "
-            f"grep \" $(realpath {path}) \" /proc/self/mountinfo | grep -o 'ro,nosuid,nodev' | uniq")
+    return (
+        f"{path}/bin/hello; touch {path}/x 2>&1 | grep -c 'Read-only file system'; "
+        f"grep \" $(realpath {path}) \" /proc/self/mountinfo | grep -o 'ro,nosuid,nodev' | uniq"
+    )
 
 
 @needs_isolation
@@ -104,7 +129,9 @@ def test_a_bind_under_home_keeps_the_sessions_home_and_workspace_writable(env):
     script = _bound(HOME_INSIDE) + "; echo a > /home/agent/f; mkdir /home/new /workspace/d; ls -A /home /home/dev"
     out = _session_exec(env["url"], script)
     assert (out["stdout"], out["stderr"]) == (
-        "hello from the tools\n1\nro,nosuid,nodev\n/home:\nagent\ndev\nnew\nroot\n\n/home/dev:\ncheckout\n", "")
+        "hello from the tools\n1\nro,nosuid,nodev\n/home:\nagent\ndev\nnew\nroot\n\n/home/dev:\ncheckout\n",
+        "",
+    )
     run = _run(env["url"], _bound(HOME_INSIDE) + "; readlink /home")
     assert run["stdout"] == "hello from the tools\n1\nro,nosuid,nodev\n/mnt/home\n"
 
@@ -126,14 +153,26 @@ def test_two_sessions_never_see_each_others_files_next_to_a_bind(env):
 @needs_isolation
 def test_binds_nest_below_usr_and_etc_and_a_venv_runs_at_its_own_path(env):
     venv = env["venv"]
-    run = _run(env["url"], _bound(USR_INSIDE) + f"; cat /etc/hello; {venv}/bin/python -c "
-                           "'import sys; print(sys.prefix, sys.base_prefix == sys.prefix)'")
+    run = _run(
+        env["url"],
+        _bound(USR_INSIDE) + f"; cat /etc/hello; {venv}/bin/python -c "
+        "'import sys; print(sys.prefix, sys.base_prefix == sys.prefix)'",
+    )
     assert (run["stdout"], run["stderr"]) == (
-        "hello from the tools\n1\nro,nosuid,nodev\n#!/bin/sh\necho hello from the tools\n"
-        f"{venv} False\n", "")
+        f"hello from the tools\n1\nro,nosuid,nodev\n#!/bin/sh\necho hello from the tools\n{venv} False\n",
+        "",
+    )
     health = requests.get(f"{env['url']}/health", timeout=10).json()
-    assert health["ro_binds"] == [env["checkout"], env["notes"], env["tools"], HOME_INSIDE, USR_INSIDE, "/etc/hello",
-                                  os.path.dirname(venv), os.path.realpath(sys.base_prefix)]
+    assert health["ro_binds"] == [
+        env["checkout"],
+        env["notes"],
+        env["tools"],
+        HOME_INSIDE,
+        USR_INSIDE,
+        "/etc/hello",
+        os.path.dirname(venv),
+        os.path.realpath(sys.base_prefix),
+    ]
 
 
 @needs_isolation
@@ -142,9 +181,11 @@ def test_a_ro_path_under_tmp_shows_at_its_own_path_read_only_and_nothing_else_of
 
     co, notes, parent = env["checkout"], env["notes"], os.path.dirname(env["checkout"])
     server_checkout = os.path.dirname(os.path.dirname(slime.__file__))
-    script = (_bound(co) + f"; cat {notes}; (echo more >> {notes}) 2>&1 | grep -c 'Read-only file system'; "
-              f"ls -A {os.path.dirname(notes)}; echo mine > {parent}/mine; cat {parent}/mine; "
-              f"ls -d {server_checkout} 2>&1 | grep -c 'No such file'; ls -A /tmp")
+    script = (
+        _bound(co) + f"; cat {notes}; (echo more >> {notes}) 2>&1 | grep -c 'Read-only file system'; "
+        f"ls -A {os.path.dirname(notes)}; echo mine > {parent}/mine; cat {parent}/mine; "
+        f"ls -d {server_checkout} 2>&1 | grep -c 'No such file'; ls -A /tmp"
+    )
     top = co.split("/")[2]  # (pytest-of-<user>: the host's other /tmp entries are never shown)
     expected = "hello from the checkout\n1\nro,nosuid,nodev\nnotes\n1\nnotes.txt\nmine\n1\n"
     run = _run(env["url"], script)
@@ -164,8 +205,11 @@ def test_an_interpreter_outside_usr_runs_from_its_prefix_bound_at_its_own_path()
     prefix = os.path.dirname(os.path.dirname(py))
     url, handle = start_local_sandbox(max_concurrency=1, extra_args=["--python", py])
     try:
-        r = requests.post(f"{url}/run_code", json={"code": "import sys, decimal; print(sys.prefix, sys.executable)",
-                                                   "language": "python"}, timeout=60).json()
+        r = requests.post(
+            f"{url}/run_code",
+            json={"code": "import sys, decimal; print(sys.prefix, sys.executable)", "language": "python"},
+            timeout=60,
+        ).json()
         assert (r["run_result"]["stdout"], r["run_result"]["stderr"]) == (f"{prefix} {py}\n", "")
         assert requests.get(f"{url}/health", timeout=10).json()["ro_binds"] == ([] if prefix == "/usr" else [prefix])
     finally:
@@ -177,20 +221,20 @@ def test_the_start_refuses_binds_that_would_hide_or_cannot_be_made(tmp_path):
     host = str(tmp_path)
     cases = {
         f"{host}:/tmp": "'/tmp' would hide /tmp, which the sandbox makes itself; bind below it (e.g. /tmp/..., "
-                        "/opt/...)",
+        "/opt/...)",
         f"{host}:/home/agent": "'/home/agent' would hide /home/agent, which the sandbox makes itself; bind below it "
-                               "(e.g. /tmp/..., /opt/...)",
+        "(e.g. /tmp/..., /opt/...)",
         f"{host}:/mnt/home/agent": "'/mnt/home/agent' would hide /home/agent, which the sandbox makes itself; bind "
-                                   "below it (e.g. /tmp/..., /opt/...)",
+        "below it (e.g. /tmp/..., /opt/...)",
         f"{host}:/etc/passwd": "'/etc/passwd' would hide /etc/passwd, which the sandbox makes itself; bind below it "
-                               "(e.g. /tmp/..., /opt/...)",
+        "(e.g. /tmp/..., /opt/...)",
         f"{host}:/usr": "'/usr' would hide /usr, which the sandbox makes itself; bind below it (e.g. /tmp/..., "
-                        "/opt/...)",
+        "/opt/...)",
         f"{host}:/dev/x": "'/dev/x' is under /dev, never bindable",
         f"{host}:/proc": "'/proc' is under /proc, never bindable",
         f"{host}:/bin/x": "'/bin/x' is under /bin, a link into /usr: bind below /usr/... instead",
         f"{host}:/usr/no-such-dir": "'/usr/no-such-dir' does not exist on the host, and the slot's /usr is the "
-                                    "host's, read-only; create it on the host or bind elsewhere (e.g. /opt/...)",
+        "host's, read-only; create it on the host or bind elsewhere (e.g. /opt/...)",
         f"{host}:/usr/bin/env": "'/usr/bin/env' is a file on the host; " + repr(host) + " is not",
         f"{host}:/": "the path inside ('/') must be absolute and not /",
     }
@@ -208,8 +252,10 @@ def test_binds_inside_binds_are_dropped_when_redundant_and_refused_otherwise(tmp
     assert parse_ro_binds([f"{t}/venv:/opt/x/venv", f"{t}:/opt/x"]) == [[t, "/opt/x"]]
     with pytest.raises(ValueError) as e:
         parse_ro_binds([f"{t}:/opt/x", f"{t}/other:/opt/x/venv"])
-    assert str(e.value) == (f"--ro-bind '{t}/other:/opt/x/venv': '/opt/x/venv' lies inside '/opt/x', bound "
-                            f"read-only from {t!r}; bind it at a place of its own")
+    assert str(e.value) == (
+        f"--ro-bind '{t}/other:/opt/x/venv': '/opt/x/venv' lies inside '/opt/x', bound "
+        f"read-only from {t!r}; bind it at a place of its own"
+    )
     with pytest.raises(ValueError) as e:
         parse_ro_binds([t, f"{t}/other:{t}"])
     assert str(e.value) == f"--ro-bind '{t}/other:{t}': {t!r} is already bound from {t!r}"
@@ -218,8 +264,30 @@ def test_binds_inside_binds_are_dropped_when_redundant_and_refused_otherwise(tmp
     assert str(e.value) == f"--ro-bind '{t}/other:/mnt/home/u': '/mnt/home/u' is already bound from {t!r}"
 
 
-SEGMENTS = st.sampled_from(["tmp", "home", "mnt", "workspace", "usr", "etc", "dev", "proc", "sys", "bin", "lib64",
-                            "opt", "agent", "root", "passwd", "local", "src", "x", ".old", ".."])
+SEGMENTS = st.sampled_from(
+    [
+        "tmp",
+        "home",
+        "mnt",
+        "workspace",
+        "usr",
+        "etc",
+        "dev",
+        "proc",
+        "sys",
+        "bin",
+        "lib64",
+        "opt",
+        "agent",
+        "root",
+        "passwd",
+        "local",
+        "src",
+        "x",
+        ".old",
+        "..",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -245,7 +313,10 @@ def test_ro_paths_are_binds_at_their_own_path_refused_as_binds_are_naming_the_fl
     (tmp_path / "a:b").mkdir()  # (taken whole: no HOST:INSIDE split)
     t = str(tmp_path)
     assert parse_ro_binds([f"{t}/co:/opt/co"], [f"{t}/co", f"{t}/a:b"]) == [
-        [f"{t}/co", f"{t}/co"], [f"{t}/a:b", f"{t}/a:b"], [f"{t}/co", "/opt/co"]]
+        [f"{t}/co", f"{t}/co"],
+        [f"{t}/a:b", f"{t}/a:b"],
+        [f"{t}/co", "/opt/co"],
+    ]
     cases = {
         "/dev": "'/dev' is under /dev, never bindable",
         "/proc/self": "'/proc/self' is under /proc, never bindable",
@@ -263,21 +334,32 @@ def test_ro_paths_are_binds_at_their_own_path_refused_as_binds_are_naming_the_fl
         ([], [f"{t}/co", f"{t}/co"], f"--ro-path '{t}/co': '{t}/co' is already bound from '{t}/co'"),
         ([f"{t}/co"], [f"{t}/co"], f"--ro-bind '{t}/co': '{t}/co' is already bound from '{t}/co'"),
         ([f"{t}/a:b:{t}/co"], [f"{t}/co"], f"--ro-bind '{t}/a:b:{t}/co': the host path '{t}/a' does not exist"),
-        ([f"{t}/co:{t}"], [f"{t}/a:b"], f"--ro-path '{t}/a:b': '{t}/a:b' lies inside {t!r}, bound read-only from "
-                                        f"'{t}/co'; bind it at a place of its own"),
+        (
+            [f"{t}/co:{t}"],
+            [f"{t}/a:b"],
+            f"--ro-path '{t}/a:b': '{t}/a:b' lies inside {t!r}, bound read-only from "
+            f"'{t}/co'; bind it at a place of its own",
+        ),
     ]:
         with pytest.raises(ValueError) as e:
             parse_ro_binds(binds, paths)
         assert str(e.value) == message
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--ro-path", "/nonexistent/venv"], "--ro-path '/nonexistent/venv': the host path '/nonexistent/venv' does not "
-                                         "exist"),
-    (["--ro-path", "/proc"], "--ro-path '/proc': '/proc' is under /proc, never bindable"),
-    (["--ro-path", "/usr/share", "--ro-bind", "/usr/share"], "--ro-bind '/usr/share': '/usr/share' is already bound "
-                                                             "from '/usr/share'"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--ro-path", "/nonexistent/venv"],
+            "--ro-path '/nonexistent/venv': the host path '/nonexistent/venv' does not exist",
+        ),
+        (["--ro-path", "/proc"], "--ro-path '/proc': '/proc' is under /proc, never bindable"),
+        (
+            ["--ro-path", "/usr/share", "--ro-bind", "/usr/share"],
+            "--ro-bind '/usr/share': '/usr/share' is already bound from '/usr/share'",
+        ),
+    ],
+)
 def test_a_bad_ro_path_refuses_the_start_naming_the_flag(flags, message, capsys):
     from slime.sandbox.server import main
 
@@ -287,8 +369,31 @@ def test_a_bad_ro_path_refuses_the_start_naming_the_flag(flags, message, capsys)
     assert capsys.readouterr().err == f"slime-sandbox: refusing to start: {message}\n"
 
 
-HOST_SEGMENTS = st.sampled_from(["tmp", "home", "mnt", "usr", "etc", "dev", "proc", "sys", "bin", "lib", "opt",
-                                 "var", "root", "share", "local", "src", "passwd", "..", "co", "link", "f"])
+HOST_SEGMENTS = st.sampled_from(
+    [
+        "tmp",
+        "home",
+        "mnt",
+        "usr",
+        "etc",
+        "dev",
+        "proc",
+        "sys",
+        "bin",
+        "lib",
+        "opt",
+        "var",
+        "root",
+        "share",
+        "local",
+        "src",
+        "passwd",
+        "..",
+        "co",
+        "link",
+        "f",
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +449,8 @@ def test_the_interpreters_prefix_is_bound_once_at_its_own_path(interpreter, tmp_
     (tmp_path / "bin" / "python3").write_text("")
     with pytest.raises(ValueError) as e:
         with_interpreter([], f"{tmp_path}/bin/python3")
-    assert str(e.value) == (f"--python '{tmp_path}/bin/python3': its prefix {str(tmp_path)!r} is under /tmp, which "
-                            "each run makes its own, and the fork servers import from it before any run; use an "
-                            "interpreter installed elsewhere")
+    assert str(e.value) == (
+        f"--python '{tmp_path}/bin/python3': its prefix {str(tmp_path)!r} is under /tmp, which "
+        "each run makes its own, and the fork servers import from it before any run; use an "
+        "interpreter installed elsewhere"
+    )

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from slime.sandbox.run_files import open_beneath, write_file
 from tests.test_sandbox import ISOLATED
 
-needs_isolation = pytest.mark.skipif(not ISOLATED or os.geteuid() != 0,
-                                     reason="the init must be root for its identity to matter")
+needs_isolation = pytest.mark.skipif(
+    not ISOLATED or os.geteuid() != 0, reason="the init must be root for its identity to matter"
+)
 SYSCTL = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
 
 
@@ -48,8 +49,11 @@ def _run(url, code, **kw):
 @needs_isolation
 def test_a_file_the_run_cannot_read_is_not_fetched_directly_nor_through_its_link(env):
     url, shown = env
-    r = _run(url, f"test -r {shown}/secret || echo unreadable; ln -s {shown}/secret link; ln -s {shown}/public pub",
-             fetch_files=[f"{shown}/secret", "link", f"{shown}/public", "pub"])
+    r = _run(
+        url,
+        f"test -r {shown}/secret || echo unreadable; ln -s {shown}/secret link; ln -s {shown}/public pub",
+        fetch_files=[f"{shown}/secret", "link", f"{shown}/public", "pub"],
+    )
     assert r["run_result"]["stdout"] == "unreadable\n", r
     assert {k: base64.b64decode(v) for k, v in r["files"].items()} == {f"{shown}/public": b"anyone"}, r
     assert "Permission denied" in r["not_fetched"][f"{shown}/secret"], r["not_fetched"]
@@ -62,11 +66,14 @@ def test_request_files_are_not_written_through_a_directory_link_into_proc_sys(en
     url, shown = env
     before = _run(url, f"cat {SYSCTL}")["run_result"]["stdout"]
     r = _run(url, f"cat {SYSCTL}", files={f"{shown}/net/ip_unprivileged_port_start": base64.b64encode(b"81").decode()})
-    link = f"{shown[len('/tmp/'):]}/net"  # (named as the init sees it: relative to the work dir)
+    link = f"{shown[len('/tmp/') :]}/net"  # (named as the init sees it: relative to the work dir)
     assert r["status"] == "Failed" and "symbolic link" in r["message"] and f"({link!r})" in r["message"], r
     assert _run(url, f"cat {SYSCTL}")["run_result"]["stdout"] == before != "81\n"
-    s = requests.post(f"{url}/sessions", timeout=60, json={
-        "files": {f"{shown}/net/ip_unprivileged_port_start": base64.b64encode(b"81").decode()}})
+    s = requests.post(
+        f"{url}/sessions",
+        timeout=60,
+        json={"files": {f"{shown}/net/ip_unprivileged_port_start": base64.b64encode(b"81").decode()}},
+    )
     assert s.status_code == 422 and "symbolic link" in s.json()["message"], s.text
     assert _run(url, f"cat {SYSCTL}")["run_result"]["stdout"] == before
 
@@ -109,10 +116,8 @@ def _lexical_links(root: str, parts: list[str]) -> bool:
     return False
 
 
-@settings(max_examples=300, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(parts=st.lists(st.sampled_from(COMPONENTS), min_size=0, max_size=6), lead=st.booleans(),
-       write=st.booleans())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.sampled_from(COMPONENTS), min_size=0, max_size=6), lead=st.booleans(), write=st.booleans())
 def test_open_beneath_never_leaves_the_root_nor_follows_a_link(tree, parts, lead, write):
     path = ("/" if lead else "") + "/".join(parts)
     flags = (os.O_WRONLY | os.O_CREAT | os.O_APPEND) if write else os.O_RDONLY

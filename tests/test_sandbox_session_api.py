@@ -44,8 +44,13 @@ def test_a_command_whose_client_went_is_stopped_and_the_next_one_runs(url):
         host, port = url.split("//", 1)[1].split(":")
         body = json.dumps({"command": "echo kept > kept.txt; sleep 300", "timeout": 600}).encode()
         client = socket.create_connection((host, int(port)), timeout=60)
-        client.sendall((f"POST /sessions/{sid}/exec HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        client.sendall(
+            (
+                f"POST /sessions/{sid}/exec HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
         assert until(lambda: _processes_of_uids([info["uid"]]), timeout=60), "the command never started"
         client.close()  # the client goes while `sleep 300` runs
         r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "cat kept.txt", "timeout": 30}, timeout=120)

@@ -27,15 +27,21 @@ pytestmark = pytest.mark.skipif(not ISOLATED, reason="sessions need namespaces/u
 def url():
     from slime.sandbox.server import start_local_sandbox
 
-    url, handle = start_local_sandbox(max_concurrency=2, max_queue=4,
-                                      extra_args=["--max-output-bytes", "65536", "--max-session-disk-mb", "64",
-                                                  "--max-sessions", "3"])
+    url, handle = start_local_sandbox(
+        max_concurrency=2,
+        max_queue=4,
+        extra_args=["--max-output-bytes", "65536", "--max-session-disk-mb", "64", "--max-sessions", "3"],
+    )
     yield url
     # nothing outlives the server: a session still running a command when it stops leaves no process
     s = _open(url)
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    pool.submit(requests.post, f"{url}/sessions/{s['session_id']}/exec", json={"command": "sleep 100", "timeout": 300},
-                timeout=300)
+    pool.submit(
+        requests.post,
+        f"{url}/sessions/{s['session_id']}/exec",
+        json={"command": "sleep 100", "timeout": 300},
+        timeout=300,
+    )
     assert until(lambda: _processes_of_uids([s["uid"]]))
     handle.stop()
     assert until(lambda: not _processes_of_uids([s["uid"]])), "a session's process outlived the server"
@@ -75,15 +81,26 @@ def _b64(data: bytes) -> str:
 def test_a_session_keeps_its_workspace_across_commands_as_its_own_uid(url):
     with _session(url, files={"repo/a.py": _b64(b"A = 1\n"), "/home/agent/.rc": _b64(b"rc")}) as s:
         sid, uid = s["session_id"], s["uid"]
-        assert (s["workdir"], s["home"], s["egress_url"], s["memory_mb"], s["disk_mb"]) == \
-            ("/tmp", "/home/agent", None, 512, 256)
+        assert (s["workdir"], s["home"], s["egress_url"], s["memory_mb"], s["disk_mb"]) == (
+            "/tmp",
+            "/home/agent",
+            None,
+            512,
+            256,
+        )
         first = _exec(url, sid, "id -u; pwd; echo $HOME; cat repo/a.py /home/agent/.rc; echo made > repo/b.txt")
         assert (first["stdout"], first["returncode"]) == (f"{uid}\n/tmp\n/home/agent\nA = 1\nrc", 0)
         assert uid != 0
         second = _exec(url, sid, "cat b.txt; ls -A /tmp /home", cwd="/tmp/repo")
-        assert second == {"status": "Finished", "returncode": 0, "stdout": "made\n/home:\nagent\nroot\n\n/tmp:\nrepo\n",
-                          "stderr": "", "execution_time": second["execution_time"], "cpu_time": second["cpu_time"],
-                          "message": ""}
+        assert second == {
+            "status": "Finished",
+            "returncode": 0,
+            "stdout": "made\n/home:\nagent\nroot\n\n/tmp:\nrepo\n",
+            "stderr": "",
+            "execution_time": second["execution_time"],
+            "cpu_time": second["cpu_time"],
+            "message": "",
+        }
         assert _exec(url, sid, "touch /usr/x")["stderr"] == "touch: cannot touch '/usr/x': Read-only file system\n"
 
 
@@ -91,9 +108,13 @@ def test_a_session_gets_a_writable_workspace_on_its_budget_gone_with_it_and_neve
     """slime's coding example writes /workspace/__cagent_patch__.diff: sessions get /workspace, a link
     to their tmpfs; both slots serve a session here, so the run after them is in a slot a session had."""
     with _session(url, disk_mb=8, files={"/workspace/seed.txt": _b64(b"seed")}) as a, _session(url):
-        out = _exec(url, a["session_id"], "cat /workspace/seed.txt; echo; readlink /workspace; mkdir /workspace/d; "
-                                          "echo kept > /workspace/d/f; stat -c %u /workspace/d; "
-                                          "head -c 20000000 /dev/zero > /workspace/big; echo $?; rm /workspace/big")
+        out = _exec(
+            url,
+            a["session_id"],
+            "cat /workspace/seed.txt; echo; readlink /workspace; mkdir /workspace/d; "
+            "echo kept > /workspace/d/f; stat -c %u /workspace/d; "
+            "head -c 20000000 /dev/zero > /workspace/big; echo $?; rm /workspace/big",
+        )
         assert out["stdout"] == f"seed\n/mnt/workspace\n{a['uid']}\n1\n"
         assert "No space left on device" in out["stderr"]
         assert _exec(url, a["session_id"], "cat d/f", cwd="/workspace")["stdout"] == "kept\n"
@@ -108,8 +129,9 @@ def test_a_session_gets_a_writable_workspace_on_its_budget_gone_with_it_and_neve
 def test_exec_takes_env_stdin_and_cwd_and_answers_each_status(url):
     with _session(url, env={"BASE": "b", "OVER": "session"}) as s:
         sid = s["session_id"]
-        out = _exec(url, sid, 'echo "$BASE $OVER $ONLY"; cat; exit 7', env={"OVER": "exec", "ONLY": "o"},
-                    stdin="from stdin\n")
+        out = _exec(
+            url, sid, 'echo "$BASE $OVER $ONLY"; cat; exit 7', env={"OVER": "exec", "ONLY": "o"}, stdin="from stdin\n"
+        )
         assert (out["status"], out["returncode"], out["stdout"]) == ("Finished", 7, "b exec o\nfrom stdin\n")
         slow = _exec(url, sid, "echo started; sleep 30", timeout=1)
         assert (slow["status"], slow["returncode"], slow["stdout"]) == ("TimeLimitExceeded", None, "started\n")
@@ -145,9 +167,12 @@ def test_what_a_command_leaves_running_ends_with_it(url):
 
 def test_files_written_are_read_back_byte_for_byte(url):
     @settings(max_examples=12, deadline=None)
-    @given(content=st.binary(max_size=4096),
-           name=st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=20)
-           .filter(lambda n: n not in (".", "..")))
+    @given(
+        content=st.binary(max_size=4096),
+        name=st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=20).filter(
+            lambda n: n not in (".", "..")
+        ),
+    )
     def round_trip(content, name):
         path = f"/home/agent/d/{name}"
         r = requests.put(f"{url}/sessions/{sid}/files", json={"path": path, "content": _b64(content)}, timeout=60)
@@ -165,12 +190,15 @@ def test_reading_a_missing_or_too_large_file_is_refused_naming_it(url):
         sid = s["session_id"]
         r = requests.get(f"{url}/sessions/{sid}/files", params={"path": "nope.txt"}, timeout=60)
         assert r.status_code == 404
-        assert r.json()["message"] == (f"session {sid}: 'nope.txt' could not be read: "
-                                       "/bin/cat: nope.txt: No such file or directory")
+        assert r.json()["message"] == (
+            f"session {sid}: 'nope.txt' could not be read: /bin/cat: nope.txt: No such file or directory"
+        )
         assert _exec(url, sid, "head -c 65537 /dev/zero > big")["returncode"] == 0
         r = requests.get(f"{url}/sessions/{sid}/files", params={"path": "big"}, timeout=60)
         assert (r.status_code, r.json()["message"]) == (
-            413, f"session {sid}: 'big' is larger than the 65536 bytes one read returns (--max-output-bytes)")
+            413,
+            f"session {sid}: 'big' is larger than the 65536 bytes one read returns (--max-output-bytes)",
+        )
 
 
 def test_a_seed_tar_is_unpacked_into_the_workspace(url):
@@ -181,8 +209,10 @@ def test_a_seed_tar_is_unpacked_into_the_workspace(url):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     with _session(url, tar=_b64(buf.getvalue())) as s:
-        assert _exec(url, s["session_id"], "find proj -type f | sort; cat proj/src/m.py")["stdout"] == \
-            "proj/README\nproj/src/m.py\nx = 2\n"
+        assert (
+            _exec(url, s["session_id"], "find proj -type f | sort; cat proj/src/m.py")["stdout"]
+            == "proj/README\nproj/src/m.py\nx = 2\n"
+        )
 
 
 def test_the_session_disk_and_inode_budget_bounds_its_workspace(url):
@@ -197,23 +227,28 @@ def test_the_session_disk_and_inode_budget_bounds_its_workspace(url):
 
 
 def test_bad_requests_are_refused_naming_the_field(url):
-    cases = [({"egress": "nowhere"}, "egress 'nowhere' is not configured on this server; configured: none "
-                                     "(see --egress)"),
-             ({"memory_mb": 10 ** 6}, "invalid request: memory_mb: Input should be less than or equal to 4096"),
-             ({"disk_mb": 65}, "invalid request: disk_mb: Input should be less than or equal to 64"),
-             ({"files": {"../x": "eA=="}}, "files: path escapes the work dir: '../x'"),
-             ({"tar": "not base64!"}, "tar: not base64 (Only base64 data is allowed)"),
-             ({"colour": "red"}, "invalid request: colour: Extra inputs are not permitted")]
+    cases = [
+        ({"egress": "nowhere"}, "egress 'nowhere' is not configured on this server; configured: none (see --egress)"),
+        ({"memory_mb": 10**6}, "invalid request: memory_mb: Input should be less than or equal to 4096"),
+        ({"disk_mb": 65}, "invalid request: disk_mb: Input should be less than or equal to 64"),
+        ({"files": {"../x": "eA=="}}, "files: path escapes the work dir: '../x'"),
+        ({"tar": "not base64!"}, "tar: not base64 (Only base64 data is allowed)"),
+        ({"colour": "red"}, "invalid request: colour: Extra inputs are not permitted"),
+    ]
     for body, message in cases:
         r = requests.post(f"{url}/sessions", json=body, timeout=60)
         assert (r.status_code, r.json()["message"]) == (422, message), body
-    assert requests.post(f"{url}/sessions/nope/exec", json={"command": "true"}, timeout=60).json()["message"] == \
-        "no open session 'nope' (closed, expired, or never opened)"
+    assert (
+        requests.post(f"{url}/sessions/nope/exec", json={"command": "true"}, timeout=60).json()["message"]
+        == "no open session 'nope' (closed, expired, or never opened)"
+    )
     with _session(url) as s:
         sid = s["session_id"]
-        r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "timeout": 10 ** 6}, timeout=60)
+        r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "true", "timeout": 10**6}, timeout=60)
         assert (r.status_code, r.json()["message"]) == (
-            422, "invalid request: timeout: Input should be less than or equal to 3600")
+            422,
+            "invalid request: timeout: Input should be less than or equal to 3600",
+        )
 
 
 def test_sessions_hold_slots_so_runs_wait_and_a_third_session_gets_429(url):
@@ -234,13 +269,19 @@ def test_closing_a_session_kills_its_processes_and_the_next_one_starts_clean(url
     sid, uid = s["session_id"], s["uid"]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         assert _exec(url, sid, "echo secret > left.txt")["returncode"] == 0
-        busy = pool.submit(requests.post, f"{url}/sessions/{sid}/exec",
-                           json={"command": "sleep 100 & sleep 100", "timeout": 300}, timeout=300)
+        busy = pool.submit(
+            requests.post,
+            f"{url}/sessions/{sid}/exec",
+            json={"command": "sleep 100 & sleep 100", "timeout": 300},
+            timeout=300,
+        )
         assert until(lambda: len(_processes_of_uids([uid])) == 3)  # bash and its two sleeps
         _close(url, sid)
         r = busy.result()
         assert (r.status_code, r.json()["message"]) == (
-            410, f"session {sid} was closed while this command ran; its processes were killed")
+            410,
+            f"session {sid} was closed while this command ran; its processes were killed",
+        )
         assert _processes_of_uids([uid]) == []
     with _session(url) as s2:
         assert _exec(url, s2["session_id"], "ls -A")["stdout"] == ""
@@ -258,13 +299,21 @@ def test_a_session_past_its_lifetime_is_closed_even_while_a_command_runs(url):
     sid = _open(url, max_lifetime=1)["session_id"]
     r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "sleep 60", "timeout": 120}, timeout=120)
     assert (r.status_code, r.json()["message"]) == (
-        410, f"session {sid} was closed while this command ran; its processes were killed")
+        410,
+        f"session {sid} was closed while this command ran; its processes were killed",
+    )
     assert requests.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404
     assert requests.get(f"{url}/sessions", timeout=10).json()["closed_lifetime"] >= 1
 
 
 async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
-    from slime.agent.sandboxes.sandbox import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, Sandbox, ensure_agent_user, exec_and_wait
+    from slime.agent.sandboxes.sandbox import (
+        EXIT_TIME_BUDGET_EXCEEDED,
+        ExecResult,
+        Sandbox,
+        ensure_agent_user,
+        exec_and_wait,
+    )
     from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
     async with SlimeSandbox(url, files={"w/a.txt": "A"}, env={"X": "1"}) as sb:
@@ -277,14 +326,24 @@ async def test_slime_sandbox_runs_the_sandbox_contract_and_exec_and_wait(url):
         await sb.write_file("/tmp/w/b.bin", b"\x00\xff")
         assert await sb.read_bytes("w/b.bin") == b"\x00\xff" and await sb.read_file("w/none") == ""
         await ensure_agent_user(sb, "/tmp/w")  # (slime's: `agent` is the session's uid, `git config --system` works)
-        assert (await sb.exec("id -u agent; git config --system --get safe.directory")).stdout == \
-            f"{sb.info['uid']}\n*\n"
-        code, out = await exec_and_wait(sb, cmd="ls; echo $HOME; exit 4", time_budget_sec=30, tag="t",
-                                        workdir="/tmp/w", user="agent", want_output=True)
+        assert (
+            await sb.exec("id -u agent; git config --system --get safe.directory")
+        ).stdout == f"{sb.info['uid']}\n*\n"
+        code, out = await exec_and_wait(
+            sb,
+            cmd="ls; echo $HOME; exit 4",
+            time_budget_sec=30,
+            tag="t",
+            workdir="/tmp/w",
+            user="agent",
+            want_output=True,
+        )
         assert (code, out) == (4, "a.txt\nb.bin\n/home/agent\n")
         assert await exec_and_wait(sb, cmd="echo ok", time_budget_sec=30, tag="t") == (0, "")
-        assert await exec_and_wait(sb, cmd="echo late; sleep 30", time_budget_sec=1, tag="t") == \
-            (EXIT_TIME_BUDGET_EXCEEDED, "late\n")
+        assert await exec_and_wait(sb, cmd="echo late; sleep 30", time_budget_sec=1, tag="t") == (
+            EXIT_TIME_BUDGET_EXCEEDED,
+            "late\n",
+        )
         with pytest.raises(RuntimeError, match="exit 2: ls nope"):
             await sb.exec("ls nope", check=True)
         sid = sb.sandbox_id

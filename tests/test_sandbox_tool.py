@@ -21,8 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def schema(name="code_interpreter", extra_props=None) -> OpenAIFunctionToolSchema:
     props = {"code": {"type": "string", "description": "code"}, **(extra_props or {})}
     return OpenAIFunctionToolSchema.model_validate(
-        {"type": "function", "function": {"name": name, "description": "run code",
-                                          "parameters": {"type": "object", "properties": props, "required": ["code"]}}})
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": "run code",
+                "parameters": {"type": "object", "properties": props, "required": ["code"]},
+            },
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +81,9 @@ async def test_outputs_are_explicit(sandbox_url, tools):
     assert text.startswith("Runtime error (exit code 3).") and "partial" in text and m["exit_code"] == 3
     text, m = await ex(tool, {"code": "print('a')\n1/0"})
     assert "Runtime error (exit code 1)" in text and "ZeroDivisionError" in text and "stdout:\na" in text
-    text, m = await ex(tools(sandbox_url, default_timeout=0.5), {"code": "import time\nprint('t', flush=True)\ntime.sleep(20)"})
+    text, m = await ex(
+        tools(sandbox_url, default_timeout=0.5), {"code": "import time\nprint('t', flush=True)\ntime.sleep(20)"}
+    )
     assert text.startswith("Timeout: the code did not finish within 0.5s") and "t\n" in text
     assert m["status"] == "timeout"
     text, m = await ex(tool, {"code": ""})
@@ -125,15 +134,30 @@ class FakeSandbox:
             await asyncio.sleep(0.02)
             if self.n429:
                 self.n429 -= 1
-                return web.json_response({"status": "SandboxError", "retry_after_s": self.retry_after},
-                                         status=429, headers={"Retry-After": "1"})
+                return web.json_response(
+                    {"status": "SandboxError", "retry_after_s": self.retry_after},
+                    status=429,
+                    headers={"Retry-After": "1"},
+                )
             if self.n500:
                 self.n500 -= 1
                 return web.Response(status=503, text="restarting")
             body = await request.json()
-            return web.json_response({"status": "Success", "message": "", "compile_result": None, "files": {},
-                                      "run_result": {"status": "Finished", "return_code": 0, "execution_time": 0.01,
-                                                     "stdout": f"ran {body['language']}\n", "stderr": ""}})
+            return web.json_response(
+                {
+                    "status": "Success",
+                    "message": "",
+                    "compile_result": None,
+                    "files": {},
+                    "run_result": {
+                        "status": "Finished",
+                        "return_code": 0,
+                        "execution_time": 0.01,
+                        "stdout": f"ran {body['language']}\n",
+                        "stderr": "",
+                    },
+                }
+            )
         finally:
             self.cur -= 1
 
@@ -216,11 +240,12 @@ def test_global_limit_without_ray_degrades_to_local():
     import subprocess
     import sys
 
-    code = ("import asyncio, sys; sys.path.insert(0, sys.argv[1]); "
-            "from tests.test_sandbox_tool import _degrades_to_local; asyncio.run(_degrades_to_local())")
+    code = (
+        "import asyncio, sys; sys.path.insert(0, sys.argv[1]); "
+        "from tests.test_sandbox_tool import _degrades_to_local; asyncio.run(_degrades_to_local())"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120,
-                          env=env)
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -239,8 +264,17 @@ def test_yaml_config_builds_the_tool():
     cfg = yaml.safe_load((ROOT / "configs" / "sandbox_fusion_tool.yaml").read_text())
     entry = cfg["tools"][0]
     assert entry["class_name"] == "slime.tools.sandbox_fusion_tool.SandboxFusionTool"
-    for key in ("sandbox_fusion_url", "num_workers", "rate_limit", "default_timeout", "default_language",
-                "enable_global_rate_limit", "memory_limit_mb", "rate_limit_per_second", "max_retries"):
+    for key in (
+        "sandbox_fusion_url",
+        "num_workers",
+        "rate_limit",
+        "default_timeout",
+        "default_language",
+        "enable_global_rate_limit",
+        "memory_limit_mb",
+        "rate_limit_per_second",
+        "max_retries",
+    ):
         assert key in entry["config"], key
     ts = load_tool_config(ROOT / "configs" / "sandbox_fusion_tool.yaml")
     try:
@@ -256,8 +290,6 @@ def test_yaml_config_builds_the_tool():
             kill_rate_limiter("tool:code_interpreter")
 
 
-
-
 def test_a_sandbox_error_says_whether_the_code_ran():
     """Issue 21: "the code was not run" only when the sandbox says so; ours says which, others may not."""
     tool = make("http://127.0.0.1:9")
@@ -265,8 +297,12 @@ def test_a_sandbox_error_says_whether_the_code_ran():
     def fmt(message):
         return tool._format({"status": "SandboxError", "message": message}, 1.0, {})
 
-    assert fmt("the sandbox server stopped this run; the code may have run") == \
-        "Sandbox error: the sandbox server stopped this run; the code may have run."
-    assert fmt("the memory limit of 32 MB could not be applied (busy); the code was not run") == \
-        "Sandbox error: the memory limit of 32 MB could not be applied (busy); the code was not run."
+    assert (
+        fmt("the sandbox server stopped this run; the code may have run")
+        == "Sandbox error: the sandbox server stopped this run; the code may have run."
+    )
+    assert (
+        fmt("the memory limit of 32 MB could not be applied (busy); the code was not run")
+        == "Sandbox error: the memory limit of 32 MB could not be applied (busy); the code was not run."
+    )
     assert fmt("internal error") == "Sandbox error: internal error; the code may not have run."

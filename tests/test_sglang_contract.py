@@ -38,6 +38,7 @@ def contract() -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the server command line
 
+
 class ParseError(AssertionError):
     pass
 
@@ -68,36 +69,82 @@ def slime_args(tmp_path: Path, *extra: str, gpus: int = 8, per_engine: int = 2) 
     model.mkdir(exist_ok=True)
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1?", "label": "2"}\n')
-    return parse_args(["--rollout-backend", "sglang", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-                       "--rollout-num-gpus", str(gpus), "--rollout-num-gpus-per-engine", str(per_engine),
-                       "--num-gpus-per-node", "8", *extra])
+    return parse_args(
+        [
+            "--rollout-backend",
+            "sglang",
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--rollout-num-gpus",
+            str(gpus),
+            "--rollout-num-gpus-per-engine",
+            str(per_engine),
+            "--num-gpus-per-node",
+            "8",
+            *extra,
+        ]
+    )
 
 
 def test_single_node_engine_command_parses(contract, tmp_path):
     args = slime_args(tmp_path, "--sglang-mem-fraction-static", "0.65", "--rollout-seed", "7")
     cmd = sglang_server_args(args, host="127.0.0.1", port=30001, base_gpu_id=base_gpu_id(args, 3), tp_size=2)
     ns = sglang_parser(contract).parse_args(cmd)
-    assert (ns.model_path, ns.host, ns.port, ns.tp_size, ns.base_gpu_id) == (str(tmp_path / "model"), "127.0.0.1",
-                                                                           30001, 2, 6)
-    assert (ns.mem_fraction_static, ns.random_seed, ns.skip_server_warmup, ns.trust_remote_code) == (0.65, 7, True,
-                                                                                                     True)
+    assert (ns.model_path, ns.host, ns.port, ns.tp_size, ns.base_gpu_id) == (
+        str(tmp_path / "model"),
+        "127.0.0.1",
+        30001,
+        2,
+        6,
+    )
+    assert (ns.mem_fraction_static, ns.random_seed, ns.skip_server_warmup, ns.trust_remote_code) == (
+        0.65,
+        7,
+        True,
+        True,
+    )
     assert ns.enable_memory_saver is False and ns.nnodes is None
 
 
 def test_multi_node_offload_and_passthrough_command_parses(contract, tmp_path):
-    args = slime_args(tmp_path, "--offload", "--sglang-cuda-graph-bs", "1", "2", "4", "8",
-                      "--sglang-enable-metrics", "--sglang-attention-backend", "fa3",
-                      "--sglang-max-running-requests=64", "--sglang-dtype", "bfloat16",
-                      "--sglang-lora-target-modules", "q_proj", "v_proj", gpus=16, per_engine=16)
-    cmd = sglang_server_args(args, host="10.0.0.2", port=30002, base_gpu_id=base_gpu_id(args, 0), tp_size=16,
-                             nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
+    args = slime_args(
+        tmp_path,
+        "--offload",
+        "--sglang-cuda-graph-bs",
+        "1",
+        "2",
+        "4",
+        "8",
+        "--sglang-enable-metrics",
+        "--sglang-attention-backend",
+        "fa3",
+        "--sglang-max-running-requests=64",
+        "--sglang-dtype",
+        "bfloat16",
+        "--sglang-lora-target-modules",
+        "q_proj",
+        "v_proj",
+        gpus=16,
+        per_engine=16,
+    )
+    cmd = sglang_server_args(
+        args,
+        host="10.0.0.2",
+        port=30002,
+        base_gpu_id=base_gpu_id(args, 0),
+        tp_size=16,
+        nnodes=2,
+        node_rank=1,
+        dist_init_addr="10.0.0.1:5000",
+    )
     ns = sglang_parser(contract).parse_args(cmd)
     assert (ns.tp_size, ns.nnodes, ns.node_rank, ns.dist_init_addr, ns.base_gpu_id) == (16, 2, 1, "10.0.0.1:5000", 0)
     assert ns.enable_memory_saver is True
     assert ns.cuda_graph_bs_decode == [1, 2, 4, 8]  # a list value stays a list (nargs="+" of int)
     assert ns.lora_target_modules == ["q_proj", "v_proj"]
-    assert (ns.enable_metrics, ns.attention_backend, ns.max_running_requests, ns.dtype) == (True, "fa3", 64,
-                                                                                         "bfloat16")
+    assert (ns.enable_metrics, ns.attention_backend, ns.max_running_requests, ns.dtype) == (True, "fa3", 64, "bfloat16")
 
 
 def test_pipeline_parallel_splits_the_engine_gpus(contract, tmp_path):
@@ -118,8 +165,9 @@ def test_command_line_errors_name_the_flag(contract, tmp_path):
         sglang_server_args(args, host="h", port=1, base_gpu_id=0, tp_size=16, nnodes=2, node_rank=1)
     # what SGLang's own parser would refuse at start-up is caught here, before any GPU is asked for
     parser = sglang_parser(contract)
-    bad = sglang_server_args(slime_args(tmp_path, "--sglang-no-such-option", "1"), host="h", port=1,
-                             base_gpu_id=0, tp_size=2)
+    bad = sglang_server_args(
+        slime_args(tmp_path, "--sglang-no-such-option", "1"), host="h", port=1, base_gpu_id=0, tp_size=2
+    )
     with pytest.raises(ParseError, match=r"unrecognized arguments: --no-such-option 1"):
         parser.parse_args(bad)
     bad = sglang_server_args(slime_args(tmp_path, "--sglang-dtype", "fp7"), host="h", port=1, base_gpu_id=0, tp_size=2)
@@ -132,20 +180,49 @@ def test_parser_knows_what_slime_relies_on(contract):
     or a renamed option, breaks every engine start)."""
     by_flag = {s: o for o in contract["server_args"] for s in o["option_strings"]}
     switches = ["--skip-server-warmup", "--trust-remote-code", "--enable-memory-saver"]
-    valued = {"--model-path": "str", "--host": "str", "--port": "int", "--tp-size": "int", "--pp-size": "int",
-              "--base-gpu-id": "int", "--nnodes": "int", "--node-rank": "int", "--dist-init-addr": "str",
-              "--mem-fraction-static": "float", "--random-seed": "int", "--config": "str"}
+    valued = {
+        "--model-path": "str",
+        "--host": "str",
+        "--port": "int",
+        "--tp-size": "int",
+        "--pp-size": "int",
+        "--base-gpu-id": "int",
+        "--nnodes": "int",
+        "--node-rank": "int",
+        "--dist-init-addr": "str",
+        "--mem-fraction-static": "float",
+        "--random-seed": "int",
+        "--config": "str",
+    }
     assert [by_flag[f]["kind"] for f in switches] == ["flag"] * 3
-    assert {f: (by_flag[f]["kind"], by_flag[f]["nargs"], by_flag[f]["type"]) for f in valued} == \
-        {f: ("value", None, t) for f, t in valued.items()}
+    assert {f: (by_flag[f]["kind"], by_flag[f]["nargs"], by_flag[f]["type"]) for f in valued} == {
+        f: ("value", None, t) for f, t in valued.items()
+    }
     assert [o["dest"] for o in contract["server_args"] if o["required"]] == ["model_path"]
 
 
 # ---------------------------------------------------------------- HTTP bodies
 
-KNOWN_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "bytes": bytes, "Any": Any, "List": List,
-               "Dict": Dict, "Optional": Optional, "Union": Union, "Literal": Literal, "Set": Set, "Tuple": Tuple,
-               "list": list, "dict": dict, "set": set, "tuple": tuple, "None": None}
+KNOWN_TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "bytes": bytes,
+    "Any": Any,
+    "List": List,
+    "Dict": Dict,
+    "Optional": Optional,
+    "Union": Union,
+    "Literal": Literal,
+    "Set": Set,
+    "Tuple": Tuple,
+    "list": list,
+    "dict": dict,
+    "set": set,
+    "tuple": tuple,
+    "None": None,
+}
 
 
 class _Loosen(ast.NodeTransformer):
@@ -176,8 +253,10 @@ def assert_valid(contract: dict[str, Any], cls_name: str, body: dict[str, Any]) 
     every value of the field's type (pydantic, as FastAPI validates the body)."""
     fields = contract["requests"][cls_name]["fields"]
     unknown = sorted(set(body) - set(fields))
-    assert not unknown, (f"sglang {contract['sglang_version']} {cls_name} has no field(s) {unknown}: SGLang's HTTP "
-                         f"layer would silently ignore them (fields: {sorted(fields)})")
+    assert not unknown, (
+        f"sglang {contract['sglang_version']} {cls_name} has no field(s) {unknown}: SGLang's HTTP "
+        f"layer would silently ignore them (fields: {sorted(fields)})"
+    )
     missing = sorted(f for f, spec in fields.items() if not spec["has_default"] and f not in body)
     assert not missing, f"{cls_name} requires {missing}; our body has {sorted(body)}"
     for key, value in body.items():
@@ -189,8 +268,11 @@ def assert_valid(contract: dict[str, Any], cls_name: str, body: dict[str, Any]) 
 
 # endpoint function -> the request class SGLang's route parses the body into (None: no body)
 REQUEST_CLASS = {
-    "generate": "GenerateReqInput", "abort_request": "AbortReq", "flush_cache": None,
-    "pause_generation": "PauseGenerationReqInput", "continue_generation": "ContinueGenerationReqInput",
+    "generate": "GenerateReqInput",
+    "abort_request": "AbortReq",
+    "flush_cache": None,
+    "pause_generation": "PauseGenerationReqInput",
+    "continue_generation": "ContinueGenerationReqInput",
     "release_memory_occupation": "ReleaseMemoryOccupationReqInput",
     "resume_memory_occupation": "ResumeMemoryOccupationReqInput",
     "update_weights_from_disk": "UpdateWeightFromDiskReqInput",
@@ -212,23 +294,36 @@ def test_every_endpoint_is_a_route_of_the_pinned_sglang(contract):
 
 
 BODIES = {
-    "generate": [P.generate([1, 2, 3], {"max_new_tokens": 8, "temperature": 1.0}, rid="slime-1-0"),
-                 P.generate([1, 151655, 3], {"max_new_tokens": 8}, rid="slime-1-1",
-                            image_data=["data:image/png;base64,iVBORw0KGgo="])],
+    "generate": [
+        P.generate([1, 2, 3], {"max_new_tokens": 8, "temperature": 1.0}, rid="slime-1-0"),
+        P.generate(
+            [1, 151655, 3], {"max_new_tokens": 8}, rid="slime-1-1", image_data=["data:image/png;base64,iVBORw0KGgo="]
+        ),
+    ],
     "abort_request": [P.abort_request(rid="slime-1-0"), P.abort_request(abort_all=True)],
     "pause_generation": [P.pause_generation(), P.pause_generation("retract"), P.pause_generation("in_place")],
     "continue_generation": [P.continue_generation()],
     "release_memory_occupation": [P.release_memory_occupation(), P.release_memory_occupation(["kv_cache"])],
     "resume_memory_occupation": [P.resume_memory_occupation(), P.resume_memory_occupation(["weights", "kv_cache"])],
-    "update_weights_from_disk": [P.update_weights_from_disk("/ckpt/iter_3"),
-                                 P.update_weights_from_disk("/ckpt/iter_3", weight_version="3", load_format="auto")],
-    "update_weights_from_tensor": [P.update_weights_from_tensor(["AAEC", "AwQF"]),
-                                   P.update_weights_from_tensor(["AAEC"], flush_cache=True, weight_version="4",
-                                                                load_format="flattened_bucket")],
+    "update_weights_from_disk": [
+        P.update_weights_from_disk("/ckpt/iter_3"),
+        P.update_weights_from_disk("/ckpt/iter_3", weight_version="3", load_format="auto"),
+    ],
+    "update_weights_from_tensor": [
+        P.update_weights_from_tensor(["AAEC", "AwQF"]),
+        P.update_weights_from_tensor(["AAEC"], flush_cache=True, weight_version="4", load_format="flattened_bucket"),
+    ],
     "init_weights_update_group": [P.init_weights_update_group("10.0.0.1", 29500, 1, 9, "slime")],
-    "update_weights_from_distributed": [P.update_weights_from_distributed(
-        ["model.embed_tokens.weight", "lm_head.weight"], ["torch.bfloat16", "float32"], [(8, 4), [8, 4]], "slime",
-        flush_cache=True, weight_version="5")],
+    "update_weights_from_distributed": [
+        P.update_weights_from_distributed(
+            ["model.embed_tokens.weight", "lm_head.weight"],
+            ["torch.bfloat16", "float32"],
+            [(8, 4), [8, 4]],
+            "slime",
+            flush_cache=True,
+            weight_version="5",
+        )
+    ],
     "destroy_weights_update_group": [P.destroy_weights_update_group("slime")],
     "check_weights": [P.check_weights(a) for a in P.CHECK_WEIGHTS_ACTIONS],
 }
@@ -241,13 +336,23 @@ def test_every_body_validates_against_sglangs_request_class(contract, fn):
 
 
 def test_bodies_are_exact(contract):
-    assert P.generate((5, 6), {"top_k": -1}, rid="r") == {"input_ids": [5, 6], "sampling_params": {"top_k": -1},
-                                                         "return_logprob": True, "rid": "r"}
+    assert P.generate((5, 6), {"top_k": -1}, rid="r") == {
+        "input_ids": [5, 6],
+        "sampling_params": {"top_k": -1},
+        "return_logprob": True,
+        "rid": "r",
+    }
     assert P.update_weights_from_distributed(["w"], ["torch.bfloat16"], [(2, 3)], "g") == {
-        "names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 3]], "group_name": "g", "flush_cache": False}
+        "names": ["w"],
+        "dtypes": ["bfloat16"],
+        "shapes": [[2, 3]],
+        "group_name": "g",
+        "flush_cache": False,
+    }
     assert P.flush_cache() == {} and P.update_weights_from_disk("/m") == {"model_path": "/m"}
     assert P.generate([5], {}, rid="r", image_data=["data:image/png;base64,AA=="])["image_data"] == [
-        "data:image/png;base64,AA=="]
+        "data:image/png;base64,AA=="
+    ]
     assert "image_data" not in P.generate([5], {}, rid="r", image_data=[])  # no images: SGLang's default
 
 
@@ -266,19 +371,36 @@ def test_bad_arguments_are_refused_before_sending():
 
 def test_contract_check_catches_a_silently_ignored_key(contract):
     with pytest.raises(AssertionError, match=r"InitWeightsUpdateGroupReqInput has no field\(s\) \['timeout'\]"):
-        assert_valid(contract, "InitWeightsUpdateGroupReqInput",
-                     {**P.init_weights_update_group("h", 1, 1, 2, "g"), "timeout": 30})
+        assert_valid(
+            contract,
+            "InitWeightsUpdateGroupReqInput",
+            {**P.init_weights_update_group("h", 1, 1, 2, "g"), "timeout": 30},
+        )
     with pytest.raises(AssertionError, match=r"UpdateWeightFromDiskReqInput requires \['model_path'\]"):
         assert_valid(contract, "UpdateWeightFromDiskReqInput", {"weight_version": "1"})
     with pytest.raises(AssertionError, match=r"InitWeightsUpdateGroupReqInput.master_port: 'x'"):
-        assert_valid(contract, "InitWeightsUpdateGroupReqInput",
-                     {**P.init_weights_update_group("h", 1, 1, 2, "g"), "master_port": "x"})
+        assert_valid(
+            contract,
+            "InitWeightsUpdateGroupReqInput",
+            {**P.init_weights_update_group("h", 1, 1, 2, "g"), "master_port": "x"},
+        )
 
 
 @pytest.mark.parametrize("evaluation", [False, True])
 def test_sampling_params_we_send_are_sglangs(contract, tmp_path, evaluation):
-    args = slime_args(tmp_path, "--rollout-stop", "</s>", "\n\n", "--rollout-stop-token-ids", "7", "9",
-                      "--rollout-temperature", "0.8", "--rollout-top-k", "20")
+    args = slime_args(
+        tmp_path,
+        "--rollout-stop",
+        "</s>",
+        "\n\n",
+        "--rollout-stop-token-ids",
+        "7",
+        "9",
+        "--rollout-temperature",
+        "0.8",
+        "--rollout-top-k",
+        "20",
+    )
     params = sampling_params_from_args(args, evaluation=evaluation)
     assert {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids"} <= set(params)
     assert_valid(contract, "SamplingParams", params)

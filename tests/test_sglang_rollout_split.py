@@ -5,8 +5,16 @@ slime's plugins patch it."""
 from __future__ import annotations
 
 from slime.cli.args import parse_args
-from slime.rollout import (default_generate, evaluation, failures, fully_async_rollout, rollout_loop,
-                           sampling_params, sglang_rollout, worker_hub)
+from slime.rollout import (
+    default_generate,
+    evaluation,
+    failures,
+    fully_async_rollout,
+    rollout_loop,
+    sampling_params,
+    sglang_rollout,
+    worker_hub,
+)
 from slime.rollout.data_source import DataSource
 from slime.rollout.runtime import unbind
 from slime.testing.runtime import bind_runtime
@@ -14,13 +22,29 @@ from slime.utils.async_utils import run
 from slime.utils.types import Sample
 
 # what slime's plugins, our plugins and tests import from slime.rollout.sglang_rollout
-MOVED = {"generate": default_generate, "prompt_ids": default_generate, "mark_failed": failures,
-         "sampling_params_from_args": sampling_params, "group_sampling_params": sampling_params,
-         "eval_prompts": evaluation, "eval_sampling_params": evaluation, "eval_reward": evaluation,
-         "MAX_DROPPED_PER_KEPT": rollout_loop}
-DEFINED_HERE = ["GenerateState", "abort", "eval_rollout", "eval_rollout_single_dataset", "generate_and_rm",
-                "generate_and_rm_group", "generate_function", "generate_rollout", "generate_rollout_async",
-                "get_model_url"]
+MOVED = {
+    "generate": default_generate,
+    "prompt_ids": default_generate,
+    "mark_failed": failures,
+    "sampling_params_from_args": sampling_params,
+    "group_sampling_params": sampling_params,
+    "eval_prompts": evaluation,
+    "eval_sampling_params": evaluation,
+    "eval_reward": evaluation,
+    "MAX_DROPPED_PER_KEPT": rollout_loop,
+}
+DEFINED_HERE = [
+    "GenerateState",
+    "abort",
+    "eval_rollout",
+    "eval_rollout_single_dataset",
+    "generate_and_rm",
+    "generate_and_rm_group",
+    "generate_function",
+    "generate_rollout",
+    "generate_rollout_async",
+    "get_model_url",
+]
 
 
 def test_every_name_plugins_import_is_still_at_slimes_path_and_defined_once():
@@ -33,8 +57,12 @@ def test_every_name_plugins_import_is_still_at_slimes_path_and_defined_once():
 
 
 def test_the_fully_async_names_stay_at_slimes_path():
-    assert sorted(fully_async_rollout.__all__) == ["AsyncRolloutWorker", "WorkerHub", "generate_rollout_fully_async",
-                                                   "worker_hub"]
+    assert sorted(fully_async_rollout.__all__) == [
+        "AsyncRolloutWorker",
+        "WorkerHub",
+        "generate_rollout_fully_async",
+        "worker_hub",
+    ]
     assert fully_async_rollout.WorkerHub is worker_hub.WorkerHub
     assert fully_async_rollout.worker_hub is worker_hub.worker_hub
     # looked up in fully_async_rollout at call time, where slime's tests patch them
@@ -54,8 +82,20 @@ def test_the_train_loop_runs_each_group_through_the_patched_generate_and_rm_grou
     monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", answer_one_token)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(f'{{"input": "q{i}", "label": "a"}}\n' for i in range(4)))
-    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(prompts), "--rollout-batch-size", "2",
-                       "--over-sampling-batch-size", "3", "--n-samples-per-prompt", "2"])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--prompt-data",
+            str(prompts),
+            "--rollout-batch-size",
+            "2",
+            "--over-sampling-batch-size",
+            "3",
+            "--n-samples-per-prompt",
+            "2",
+        ]
+    )
     data = DataSource(args, [Sample(prompt=f"q{i}") for i in range(4)], 2)
     runtime = bind_runtime(args)
     try:

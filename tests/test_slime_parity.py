@@ -33,13 +33,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sample(index, reward, group=None, n_tokens=2):
-    return Sample(index=index, group_index=group, prompt="p", tokens=[1] * (n_tokens + 1), response_length=n_tokens,
-                  reward=reward, status=Sample.Status.COMPLETED)
+    return Sample(
+        index=index,
+        group_index=group,
+        prompt="p",
+        tokens=[1] * (n_tokens + 1),
+        response_length=n_tokens,
+        reward=reward,
+        status=Sample.Status.COMPLETED,
+    )
 
 
 def grpo_args(**kw):
-    base = dict(advantage_estimator="grpo", n_samples_per_prompt=2, reward_key=None,
-                custom_reward_post_process_path=None, custom_convert_samples_to_train_data_path=None)
+    base = dict(
+        advantage_estimator="grpo",
+        n_samples_per_prompt=2,
+        reward_key=None,
+        custom_reward_post_process_path=None,
+        custom_convert_samples_to_train_data_path=None,
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -47,7 +59,7 @@ def grpo_args(**kw):
 def test_samples_without_group_index_are_normalised_by_position_in_groups_of_n():
     samples = [sample(i, r) for i, r in enumerate([1.0, 0.0, 1.0, 1.0])]
     batch = convert_samples_to_train_data(grpo_args(), samples)
-    half = 0.5 / (0.5 ** 0.5 + 1e-6)  # (1 - 0.5) / (sample std 0.7071 + eps)
+    half = 0.5 / (0.5**0.5 + 1e-6)  # (1 - 0.5) / (sample std 0.7071 + eps)
     assert batch["rewards"] == pytest.approx([half, -half, 0.0, 0.0], abs=1e-9)
     assert batch["raw_reward"] == [1.0, 0.0, 1.0, 1.0]
 
@@ -55,13 +67,15 @@ def test_samples_without_group_index_are_normalised_by_position_in_groups_of_n()
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 4), rewards=st.lists(st.integers(-3, 3), min_size=1, max_size=12))
 def test_by_position_is_per_group_when_the_groups_are_consecutive_and_whole(n, rewards):
-    rewards = rewards[:len(rewards) - len(rewards) % n] or [0] * n
+    rewards = rewards[: len(rewards) - len(rewards) % n] or [0] * n
     without = [sample(i, float(r)) for i, r in enumerate(rewards)]
     with_index = [sample(i, float(r), group=i // n) for i, r in enumerate(rewards)]
     args = grpo_args(n_samples_per_prompt=n)
     assert normalization_groups(args, without) == normalization_groups(args, with_index)
-    assert convert_samples_to_train_data(args, without)["rewards"] == \
-        convert_samples_to_train_data(args, with_index)["rewards"]
+    assert (
+        convert_samples_to_train_data(args, without)["rewards"]
+        == convert_samples_to_train_data(args, with_index)["rewards"]
+    )
 
 
 def test_group_index_decides_the_groups_whatever_their_sizes():
@@ -96,10 +110,20 @@ def test_non_string_prompts_pass_through_without_a_chat_template(index_prompts):
 
 def test_a_chat_template_over_a_non_string_prompt_is_an_error_naming_the_key_and_line(index_prompts):
     with pytest.raises(DataError, match=r"tau.jsonl:1: key 'index' is int; --apply-chat-template needs"):
-        build_prompt_samples(completed(SimpleNamespace(apply_chat_template=True)), index_prompts, "index", "label",
-                             None)
-    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(index_prompts), "--input-key", "index",
-                       "--apply-chat-template"])
+        build_prompt_samples(
+            completed(SimpleNamespace(apply_chat_template=True)), index_prompts, "index", "label", None
+        )
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--prompt-data",
+            str(index_prompts),
+            "--input-key",
+            "index",
+            "--apply-chat-template",
+        ]
+    )
     with pytest.raises(PreflightError, match=r"--prompt-data: .*tau.jsonl:1: key 'index' is int; --apply-chat"):
         check_prompt_file(args, "--prompt-data", str(index_prompts), "index", "label", tokenizer=object())
 
@@ -138,8 +162,15 @@ async def dict_reward(args, sample, **kw):
 
 
 def rm_args(**kw):
-    base = dict(partial_rollout=False, group_rm=False, custom_generate_function_path=None,
-                custom_rm_path=f"{__name__}.dict_reward", rm_type=None, reward_key=None, rollout_sample_hook_path=[])
+    base = dict(
+        partial_rollout=False,
+        group_rm=False,
+        custom_generate_function_path=None,
+        custom_rm_path=f"{__name__}.dict_reward",
+        rm_type=None,
+        reward_key=None,
+        rollout_sample_hook_path=[],
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -165,7 +196,8 @@ def test_raw_rewards_are_kept_until_the_batch_and_then_must_be_numbers(stand_in_
     assert fail_invalid_rewards(args, group) == 2
     assert group[0].metadata["error"] == (
         f"--custom-rm-path '{__name__}.dict_reward' returned a dict with keys ['score', 'teacher']; pick one with "
-        "--reward-key or turn it into numbers with --custom-reward-post-process-path for sample 0 (group 0)")
+        "--reward-key or turn it into numbers with --custom-reward-post-process-path for sample 0 (group 0)"
+    )
 
 
 def teacher_post_process(args, samples):
@@ -180,25 +212,39 @@ def broken_post_process(args, samples):
 def test_the_post_process_hook_turns_raw_rewards_into_numbers_and_is_checked():
     samples = [sample(i, {"score": 1.0, "teacher": [0.5, 0.25]}, group=0) for i in range(2)]
     batch = convert_samples_to_train_data(
-        grpo_args(custom_reward_post_process_path=f"{__name__}.teacher_post_process"), samples)
+        grpo_args(custom_reward_post_process_path=f"{__name__}.teacher_post_process"), samples
+    )
     assert batch["raw_reward"] == [1.0, 1.0] and batch["rewards"] == [0.25, 0.25]
-    with pytest.raises(BatchError, match=r"--custom-reward-post-process-path '.*broken_post_process' returned "
-                                         r"\{'score'.*\(dict\), not a number in raw_rewards for sample index=0"):
-        convert_samples_to_train_data(grpo_args(custom_reward_post_process_path=f"{__name__}.broken_post_process"),
-                                      samples)
+    with pytest.raises(
+        BatchError,
+        match=r"--custom-reward-post-process-path '.*broken_post_process' returned "
+        r"\{'score'.*\(dict\), not a number in raw_rewards for sample index=0",
+    ):
+        convert_samples_to_train_data(
+            grpo_args(custom_reward_post_process_path=f"{__name__}.broken_post_process"), samples
+        )
 
 
 def test_rollout_functions_have_slimes_four_parameters():
     from rollout_plugins import multi_turn
     from slime.rollout import fully_async_rollout, sft_rollout
 
-    for fn in (sglang_rollout.generate_rollout, fully_async_rollout.generate_rollout_fully_async,
-               sft_rollout.generate_rollout, multi_turn.generate_rollout):
-        assert tuple(inspect.signature(fn).parameters) == ("args", "rollout_id", "data_source", "evaluation") \
-            or tuple(inspect.signature(fn).parameters) == ("args", "rollout_id", "data_buffer", "evaluation")
+    for fn in (
+        sglang_rollout.generate_rollout,
+        fully_async_rollout.generate_rollout_fully_async,
+        sft_rollout.generate_rollout,
+        multi_turn.generate_rollout,
+    ):
+        assert tuple(inspect.signature(fn).parameters) == ("args", "rollout_id", "data_source", "evaluation") or tuple(
+            inspect.signature(fn).parameters
+        ) == ("args", "rollout_id", "data_buffer", "evaluation")
     assert tuple(inspect.signature(pop_first).parameters) == ("args", "rollout_id", "buffer", "num_samples")
     assert tuple(inspect.signature(sglang_rollout.generate_and_rm).parameters) == (
-        "args", "sample", "sampling_params", "evaluation")
+        "args",
+        "sample",
+        "sampling_params",
+        "evaluation",
+    )
 
 
 # ---- item 5: an eval dataset's custom_generate_function_path and custom_rm_path -----------------
@@ -214,11 +260,14 @@ def test_an_eval_dataset_uses_its_own_generate_and_reward_functions(tmp_path):
     # tau-bench's prompts are task indices: read by the dataset's own generate, not refused as non-text
     tau_data.write_text("".join(json.dumps({"input": i, "label": "a"}) + "\n" for i in range(2)))
     config = tmp_path / "eval.yaml"
-    config.write_text(f"eval:\n  datasets:\n    - name: tau\n      path: {tau_data}\n"
-                      f"      custom_generate_function_path: {__name__}.answer_with_text\n"
-                      f"      custom_rm_path: {__name__}.number_reward\n      n_samples_per_eval_prompt: 2\n")
-    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--eval-config", str(config),
-                       "--label-key", "label"])
+    config.write_text(
+        f"eval:\n  datasets:\n    - name: tau\n      path: {tau_data}\n"
+        f"      custom_generate_function_path: {__name__}.answer_with_text\n"
+        f"      custom_rm_path: {__name__}.number_reward\n      n_samples_per_eval_prompt: 2\n"
+    )
+    args = parse_args(
+        ["--rollout-backend", "hf", "--prompt-data", str(data), "--eval-config", str(config), "--label-key", "label"]
+    )
     runtime = bind_runtime(args)
     try:
         out = sglang_rollout.generate_rollout(args, 3, None, evaluation=True)
@@ -232,8 +281,16 @@ def test_an_eval_dataset_uses_its_own_generate_and_reward_functions(tmp_path):
 
 
 # ---- item 7: slime's names; --balance-data by FLOPs ----------------------------------------------
-MODEL = dict(hidden_size=16, num_attention_heads=2, num_query_groups=2, vocab_size=32, ffn_hidden_size=64,
-             num_experts=None, num_layers=2, kv_channels=8)
+MODEL = dict(
+    hidden_size=16,
+    num_attention_heads=2,
+    num_query_groups=2,
+    vocab_size=32,
+    ffn_hidden_size=64,
+    num_experts=None,
+    num_layers=2,
+    kv_channels=8,
+)
 
 
 def test_forward_flops_follow_slimes_cost_model():
@@ -250,9 +307,19 @@ def test_flops_need_the_model_shape_and_say_which_flags(tmp_path):
 
     with pytest.raises(FlopsModelError, match="--hidden-size, --num-attention-heads.*or --hf-checkpoint"):
         FlopsModel.from_args(completed(SimpleNamespace(hf_checkpoint=None)))
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 16, "num_attention_heads": 2,
-                                                      "num_key_value_heads": 2, "intermediate_size": 64,
-                                                      "num_hidden_layers": 2, "vocab_size": 32, "head_dim": 8}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 16,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "vocab_size": 32,
+                "head_dim": 8,
+            }
+        )
+    )
     assert FlopsModel.from_args(completed(SimpleNamespace(hf_checkpoint=str(tmp_path)))).linear == 17408.0
 
 
@@ -263,8 +330,9 @@ def test_balance_data_weights_ranks_by_flops_not_tokens():
     batch = {"tokens": [[0] * n for n in lengths], "rollout_ids": list(range(8))}
     config = {"dp_size": 2}
     by_flops = schedule_for(completed(SimpleNamespace(balance_data=True, global_batch_size=8, **MODEL)), batch, config)
-    by_tokens = schedule_for(completed(SimpleNamespace(balance_data=False, global_batch_size=8, **MODEL)), batch,
-                             config)
+    by_tokens = schedule_for(
+        completed(SimpleNamespace(balance_data=False, global_batch_size=8, **MODEL)), batch, config
+    )
     assert by_flops.partitions == [[1, 2, 5, 6], [0, 3, 4, 7]]  # slime's own test expects this split
     assert by_tokens.partitions == [[1, 3, 4, 7], [0, 2, 5, 6]]
 
@@ -280,8 +348,16 @@ def test_slimes_misc_and_http_helpers_behave_as_slimes():
     One.clear_instances()
     assert One(4).value == 4
     assert misc.group_by([1, 2, 3, 4], key=lambda x: x % 2) == {1: [1, 3], 0: [2, 4]}
-    assert [misc.should_run_periodic_action(i, 3, num_rollout=8) for i in range(8)] == \
-        [False, False, True, False, False, True, False, True]
+    assert [misc.should_run_periodic_action(i, 3, num_rollout=8) for i in range(8)] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
     assert misc.Box("ref").inner == "ref"
     assert http_utils._wrap_ipv6("::1") == "[::1]" and http_utils._wrap_ipv6("10.0.0.1") == "10.0.0.1"
     assert http_utils.get_host_info()[1] == "127.0.0.1"
@@ -309,9 +385,20 @@ def test_without_a_fleet_abort_reaches_every_worker_the_router_lists(fleet_of):
 
 # ---- item 9: one start-up line for flags that do nothing here ------------------------------------
 def test_flags_that_do_nothing_here_are_named_once_with_why(caplog):
-    argv = ["--rollout-backend", "hf", "--update-weight-mode", "delta", "--update-weight-transport", "disk",
-            "--tensor-model-parallel-size", "2", "--sglang-enable-foo", "--lr", "1e-5",
-            "--sglang-enable-deterministic-inference"]  # (the rollout reads that one: sampling seeds)
+    argv = [
+        "--rollout-backend",
+        "hf",
+        "--update-weight-mode",
+        "delta",
+        "--update-weight-transport",
+        "disk",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sglang-enable-foo",
+        "--lr",
+        "1e-5",
+        "--sglang-enable-deterministic-inference",
+    ]  # (the rollout reads that one: sampling seeds)
     with caplog.at_level(logging.WARNING, logger="slime.cli.args"):
         parse_args(argv)
     [line] = [r.getMessage() for r in caplog.records]
@@ -319,15 +406,17 @@ def test_flags_that_do_nothing_here_are_named_once_with_why(caplog):
         "slime-rollout: 4 flag(s) accepted but not acted on -- Megatron-LM trainer options (the trainer here is a "
         "torch one; parallelism, kernels and checkpoint formats are Megatron's): --tensor-model-parallel-size; "
         "SGLang server options (the embedded engine has none of them): --sglang-enable-foo; slime trainer options "
-        "this trainer does not implement (e.g. delta weight sync): --update-weight-mode --update-weight-transport")
+        "this trainer does not implement (e.g. delta weight sync): --update-weight-mode --update-weight-transport"
+    )
     parser = build_parser("x")
     plain, _ = parser.parse_known_args(["--rollout-backend", "hf", "--lr", "1e-5"])
     assert unused_flags(parser, plain) == {} and unused_flags_line(parser, plain) is None
 
 
 def test_every_flag_counted_as_acted_on_is_read_by_the_code():
-    files = subprocess.run(["git", "ls-files", "slime/*.py", "rollout_plugins/*.py"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "slime/*.py", "rollout_plugins/*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     source = "\n".join((ROOT / f).read_text() for f in files if not f.endswith("honest_flags.py"))
     unread = sorted(d for d in ACTED_ON if not re.search(rf"(args\.{d}\b|[\"']{d}[\"'])", source))
     assert unread == []
@@ -336,6 +425,11 @@ def test_every_flag_counted_as_acted_on_is_read_by_the_code():
 # ---- item 10: the user scripts live in tools/ ------------------------------------------------------
 def test_user_scripts_are_in_tools_and_the_makefile_uses_them():
     assert sorted(p.name for p in (ROOT / "tools").glob("*.py")) == [
-        "gen_docs.py", "gen_sglang_contract.py", "gen_trainer_flags.py", "report.py", "rollout_viewer.py"]
+        "gen_docs.py",
+        "gen_sglang_contract.py",
+        "gen_trainer_flags.py",
+        "report.py",
+        "rollout_viewer.py",
+    ]
     assert not (ROOT / "scripts").exists()
     assert "$(PY) tools/report.py" in (ROOT / "Makefile").read_text()

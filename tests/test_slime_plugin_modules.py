@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from slime.backends.sglang_utils.server_control import num_requests_from_load
 from slime.observability.rollout_metrics import compute_metrics_from_samples, compute_perf_metrics_from_samples
 from slime.observability.trace_utils import (
-    build_sglang_meta_trace_attrs, export_trace, import_trace, trace_event, trace_function, trace_next_attempt, trace_span,
+    build_sglang_meta_trace_attrs,
+    export_trace,
+    import_trace,
+    trace_event,
+    trace_function,
+    trace_next_attempt,
+    trace_span,
 )
 from slime.rollout.sleep_rollout import sleep
 from slime.utils.types import Sample
@@ -105,8 +111,13 @@ def test_rollout_metrics_use_slimes_keys():
     m = compute_metrics_from_samples(SimpleNamespace(), samples)
     assert m["response_len/mean"] == 3.0 and m["truncated_ratio"] == 0.5
     p = compute_perf_metrics_from_samples(SimpleNamespace(rollout_num_gpus=2), samples, 2.0)
-    assert p == {"rollout_time": 2.0, "tokens_per_gpu_per_sec": 1.5, "longest_sample_tokens_per_sec": 2.0,
-                 "effective_tokens_per_gpu_per_sec": 1.5, "longest_effective_sample_tokens_per_sec": 2.0}
+    assert p == {
+        "rollout_time": 2.0,
+        "tokens_per_gpu_per_sec": 1.5,
+        "longest_sample_tokens_per_sec": 2.0,
+        "effective_tokens_per_gpu_per_sec": 1.5,
+        "longest_effective_sample_tokens_per_sec": 2.0,
+    }
 
 
 @settings(max_examples=50, deadline=None)

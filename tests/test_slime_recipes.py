@@ -28,8 +28,10 @@ from slime.utils.types import Sample
 ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPTS = ROOT / "tests/data/slime_run_scripts"
 
-SEARCH_PROMPT = "<|im_start|>user\nsearch task: capital of france? Answer as <answer> x </answer>.<|im_end|>\n" \
-                "<|im_start|>assistant\n"
+SEARCH_PROMPT = (
+    "<|im_start|>user\nsearch task: capital of france? Answer as <answer> x </answer>.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 SEARCH_1 = "<think>look it up</think>\n<search>capital of france</search>"
 SEARCH_2 = "<think>found it</think>\n<answer>Paris</answer>"
 RETOOL_1 = "<code>print(6 * 7)</code>"
@@ -68,9 +70,25 @@ def run_recipe(tmp_path, cluster, model, rows, *flags) -> list[list[Sample]]:
     router, engine, retriever, tok = cluster
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--sglang-router-ip", router.host,
-                       "--sglang-router-port", str(router.port), "--rollout-batch-size", str(len(rows)), *flags])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rollout-batch-size",
+            str(len(rows)),
+            *flags,
+        ]
+    )
     runtime = bind_runtime(args, tokenizer=tok)
     try:
         return generate_rollout(args, 0, DataSource.from_args(args, tok)).samples
@@ -103,14 +121,30 @@ def search_r1(monkeypatch, cluster):
 def test_search_r1_recipe_searches_answers_and_scores_exact_match(tmp_path, cluster, tiny_model_dir, search_r1):
     router, engine, retriever, tok = cluster
     first = len(retriever.requests)
-    [[s]] = run_recipe(tmp_path, cluster, tiny_model_dir,
-                       [{"prompt": SEARCH_PROMPT, "reward_model": {"ground_truth": {"target": ["Paris"]}}}],
-                       "--label-key", "reward_model",
-                       "--custom-generate-function-path", "generate_with_search.generate",
-                       "--custom-rm-path", "generate_with_search.reward_func", "--rollout-max-response-len", "64")
-    info = "\n\n<information>" + search_r1._passages2string(
-        [{"document": {"contents": "Paris\nParis is the capital of France."}},
-         {"document": {"contents": "Berlin\nBerlin is in Germany."}}]).strip() + "</information>\n\n"
+    [[s]] = run_recipe(
+        tmp_path,
+        cluster,
+        tiny_model_dir,
+        [{"prompt": SEARCH_PROMPT, "reward_model": {"ground_truth": {"target": ["Paris"]}}}],
+        "--label-key",
+        "reward_model",
+        "--custom-generate-function-path",
+        "generate_with_search.generate",
+        "--custom-rm-path",
+        "generate_with_search.reward_func",
+        "--rollout-max-response-len",
+        "64",
+    )
+    info = (
+        "\n\n<information>"
+        + search_r1._passages2string(
+            [
+                {"document": {"contents": "Paris\nParis is the capital of France."}},
+                {"document": {"contents": "Berlin\nBerlin is in Germany."}},
+            ]
+        ).strip()
+        + "</information>\n\n"
+    )
     one, obs, two = ids(tok, SEARCH_1), ids(tok, info), ids(tok, SEARCH_2)
     assert retriever.requests[first:] == [{"queries": ["capital of france"], "topk": 3, "return_scores": False}]
     assert s.tokens == ids(tok, SEARCH_PROMPT) + one + obs + two
@@ -129,13 +163,29 @@ def test_retool_recipe_runs_the_code_tool_and_grades_with_dapo(tmp_path, cluster
     import generate_with_retool
 
     # flags of retool_qwen3_4b_rl.sh that the recipe reads: its context budget and the reward key
-    [[s]] = run_recipe(tmp_path, cluster, tiny_model_dir, [{"prompt": "retool task: 6*7?", "label": "42"}],
-                       "--label-key", "label", "--custom-generate-function-path", "generate_with_retool.generate",
-                       "--custom-rm-path", "generate_with_retool.reward_func", "--reward-key", "score",
-                       "--context-parallel-size", "2", "--max-tokens-per-gpu", "1024",
-                       "--rollout-max-response-len", "64")
+    [[s]] = run_recipe(
+        tmp_path,
+        cluster,
+        tiny_model_dir,
+        [{"prompt": "retool task: 6*7?", "label": "42"}],
+        "--label-key",
+        "label",
+        "--custom-generate-function-path",
+        "generate_with_retool.generate",
+        "--custom-rm-path",
+        "generate_with_retool.reward_func",
+        "--reward-key",
+        "score",
+        "--context-parallel-size",
+        "2",
+        "--max-tokens-per-gpu",
+        "1024",
+        "--rollout-max-response-len",
+        "64",
+    )
     prompt = generate_with_retool.format_conversation_with_tools(
-        prompt="retool task: 6*7?", tools=generate_with_retool.tool_registry.get_tool_specs())
+        prompt="retool task: 6*7?", tools=generate_with_retool.tool_registry.get_tool_specs()
+    )
     obs = "\n\n<interpreter>\nOutput:\n42\n</interpreter>\n\n"  # the sandbox ran print(6 * 7)
     one, obs_ids, two = ids(tok, RETOOL_1), ids(tok, obs), ids(tok, RETOOL_2)
     assert s.tokens == ids(tok, prompt) + one + obs_ids + two
@@ -152,11 +202,22 @@ def test_retool_recipe_runs_the_code_tool_and_grades_with_dapo(tmp_path, cluster
 def test_multi_agent_recipe_returns_solver_rewriter_and_selector_samples(tmp_path, cluster, tiny_model_dir):
     router, engine, retriever, tok = cluster
     # flags of run-qwen3-30B-A3B-multi-agent.sh that the recipe reads
-    [group] = run_recipe(tmp_path, cluster, tiny_model_dir, [{"prompt": "multi agent task: 1+1?", "label": "2"}],
-                         "--label-key", "label", "--custom-generate-function-path",
-                         "examples.multi_agent.rollout_with_multi_agents.generate_with_multi_agents",
-                         "--rm-type", "deepscaler", "--rollout-max-context-len", "4096",
-                         "--rollout-max-response-len", "64")
+    [group] = run_recipe(
+        tmp_path,
+        cluster,
+        tiny_model_dir,
+        [{"prompt": "multi agent task: 1+1?", "label": "2"}],
+        "--label-key",
+        "label",
+        "--custom-generate-function-path",
+        "examples.multi_agent.rollout_with_multi_agents.generate_with_multi_agents",
+        "--rm-type",
+        "deepscaler",
+        "--rollout-max-context-len",
+        "4096",
+        "--rollout-max-response-len",
+        "64",
+    )
     roles = {SOLVER: "solver", REWRITER: "rewriter", SELECTOR: "selector"}
     by_role: dict[str, list[Sample]] = {}
     for s in group:
@@ -200,9 +261,14 @@ export WANDB_KEY=KEY
     text = script.read_text().replace("/root/slime/", f"{tree}/").replace("set -ex", "")
     copy = script.with_name(f".argv_of_{script.name}")  # next to it: scripts find their files relative to it
     copy.write_text(fake + text)
-    out = subprocess.run([shutil.which("bash"), "-c", f'source "{copy}" 3>&1 >/dev/null 2>&1'], cwd=tree,
-                         env={"PATH": str(bin_dir), "HOME": str(tree)}, capture_output=True, timeout=60,
-                         check=True).stdout.decode()
+    out = subprocess.run(
+        [shutil.which("bash"), "-c", f'source "{copy}" 3>&1 >/dev/null 2>&1'],
+        cwd=tree,
+        env={"PATH": str(bin_dir), "HOME": str(tree)},
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout.decode()
     argv = [a for a in out.split("\0") if a]
     while argv and not argv[0].startswith("--"):  # the entry point (train.py, train_async.py)
         argv.pop(0)
@@ -221,7 +287,7 @@ def local_paths(argv: list[str], model: Path, data: Path) -> list[str]:
             if flag == "--hf-checkpoint":
                 a = str(model)
             elif path.endswith((".jsonl", ".parquet")):
-                a = str(data) + a[len(path):]
+                a = str(data) + a[len(path) :]
         out.append(a)
     return out
 
@@ -244,8 +310,11 @@ def test_every_upstream_run_script_parses_whole(name, tmp_path, monkeypatch):
     if str(cfg) in argv:
         local = tmp_path / "multi_task.yaml"
         text = cfg.read_text()
-        for path in ("/root/aime-2024/aime-2024.jsonl", "/root/gpqa/gpqa_eval.jsonl",
-                     "/root/ifbench/IFBench_eval.jsonl"):
+        for path in (
+            "/root/aime-2024/aime-2024.jsonl",
+            "/root/gpqa/gpqa_eval.jsonl",
+            "/root/ifbench/IFBench_eval.jsonl",
+        ):
             text = text.replace(path, str(data))
         local.write_text(text.replace("rm_type: ifbench", "rm_type: math"))  # ifbench needs a package
         argv[argv.index(str(cfg))] = str(local)
@@ -269,26 +338,54 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "q"}\n')
     monkeypatch.chdir(ROOT)  # the run script's --custom-config-path is relative to the checkout
-    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis",
-                       "--custom-config-path", "examples/train_infer_mismatch_helper/mis.yaml",
-                       "--custom-tis-function-path",
-                       "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--prompt-data",
+            str(data),
+            "--use-tis",
+            "--custom-config-path",
+            "examples/train_infer_mismatch_helper/mis.yaml",
+            "--custom-tis-function-path",
+            "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp",
+        ]
+    )
     check_loss_args(args)
     lengths, masks, denoms = [3, 2], [torch.ones(3), torch.ones(2)], torch.tensor([3.0, 2.0])
     old = torch.zeros(5)
     rollout = -torch.log(torch.tensor([1.0, 3.0, 0.25, 1.0, 1.5]))  # train/rollout ratios 1, 3, 0.25 | 1, 1.5
-    out = policy_loss(args, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
-                      advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
-                      response_lengths=lengths, loss_masks=masks, reduce=sample_reducer(lengths, masks, denoms),
-                      denominators=denoms, total_lengths=[7, 6])
+    out = policy_loss(
+        args,
+        log_probs=old.clone(),
+        entropy=torch.zeros(5),
+        old_log_probs=old,
+        advantages=torch.ones(5),
+        rollout_log_probs=rollout,
+        ref_log_probs=None,
+        response_lengths=lengths,
+        loss_masks=masks,
+        reduce=sample_reducer(lengths, masks, denoms),
+        denominators=denoms,
+        total_lengths=[7, 6],
+    )
     # weights truncated at 2: (1, 2, .25 | 1, 1.5), mean 1.15 -> divided by it; ratios 3 and .25 rejected
     expected = -(1 / 3 + (1 + 1.5) / 2) / 1.15
     assert out.metrics["pg_loss"].item() == pytest.approx(expected, rel=1e-6)
     assert out.metrics["mis_batch_norm_factor"].item() == pytest.approx(1.15 * 2, rel=1e-6)  # one per sample
     vanilla = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis"])
-    plain = policy_loss(vanilla, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
-                        advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
-                        response_lengths=lengths, loss_masks=masks, reduce=sample_reducer(lengths, masks, denoms))
+    plain = policy_loss(
+        vanilla,
+        log_probs=old.clone(),
+        entropy=torch.zeros(5),
+        old_log_probs=old,
+        advantages=torch.ones(5),
+        rollout_log_probs=rollout,
+        ref_log_probs=None,
+        response_lengths=lengths,
+        loss_masks=masks,
+        reduce=sample_reducer(lengths, masks, denoms),
+    )
     assert plain.metrics["pg_loss"].item() == pytest.approx(-((1 + 2 + 0.25) / 3 + 2.5 / 2), rel=1e-6)
     assert plain.metrics["tis_clipfrac"].item() == pytest.approx(1 / 3, rel=1e-6)  # ratio 3 clipped to 2
 
@@ -305,10 +402,19 @@ def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monke
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "q"}\n')
     monkeypatch.chdir(ROOT)
-    args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis",
-                       "--custom-config-path", "examples/train_infer_mismatch_helper/mis.yaml",
-                       "--custom-tis-function-path",
-                       "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--prompt-data",
+            str(data),
+            "--use-tis",
+            "--custom-config-path",
+            "examples/train_infer_mismatch_helper/mis.yaml",
+            "--custom-tis-function-path",
+            "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp",
+        ]
+    )
     tis = loss.tis_function(args)
     assert tis.__name__ == "compute_mis_weights_with_cp"
 
@@ -320,17 +426,36 @@ def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monke
     old = torch.zeros(5)
     rollout = -torch.log(torch.tensor([1.0, 3.0, 0.25, 1.0, 1.5]))
     for _ in range(2):  # two micro-batches
-        out = loss.policy_loss(args, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
-                               advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
-                               response_lengths=lengths, loss_masks=masks,
-                               reduce=loss.sample_reducer(lengths, masks, denoms), denominators=denoms,
-                               total_lengths=[7, 6], tis=tis)
+        out = loss.policy_loss(
+            args,
+            log_probs=old.clone(),
+            entropy=torch.zeros(5),
+            old_log_probs=old,
+            advantages=torch.ones(5),
+            rollout_log_probs=rollout,
+            ref_log_probs=None,
+            response_lengths=lengths,
+            loss_masks=masks,
+            reduce=loss.sample_reducer(lengths, masks, denoms),
+            denominators=denoms,
+            total_lengths=[7, 6],
+            tis=tis,
+        )
         assert out.metrics["pg_loss"].item() == pytest.approx(-(1 / 3 + (1 + 1.5) / 2) / 1.15, rel=1e-6)
     with pytest.raises(PluginLoadError, match="--custom-tis-function-path .* loaded again"):
-        loss.policy_loss(args, log_probs=old.clone(), entropy=torch.zeros(5), old_log_probs=old,
-                         advantages=torch.ones(5), rollout_log_probs=rollout, ref_log_probs=None,
-                         response_lengths=lengths, loss_masks=masks,
-                         reduce=loss.sample_reducer(lengths, masks, denoms), denominators=denoms)
+        loss.policy_loss(
+            args,
+            log_probs=old.clone(),
+            entropy=torch.zeros(5),
+            old_log_probs=old,
+            advantages=torch.ones(5),
+            rollout_log_probs=rollout,
+            ref_log_probs=None,
+            response_lengths=lengths,
+            loss_masks=masks,
+            reduce=loss.sample_reducer(lengths, masks, denoms),
+            denominators=denoms,
+        )
 
 
 def test_mismatch_metrics_need_the_function_that_computes_them(tmp_path):
@@ -359,11 +484,25 @@ def test_rollout_num_gpus_is_a_number_as_in_slime(tmp_path):
     base = ["--prompt-data", str(data), "--hf-checkpoint", str(tmp_path / "hf")]
     args = parse_args(["--rollout-backend", "hf", "--rollout-num-engines", "3", *base])
     assert (args.rollout_num_gpus, args.rollout_num_engines, args.rollout_num_gpus_per_engine) == (3, 3, 1)
-    assert args.sglang_server_concurrency * args.rollout_num_gpus // args.rollout_num_gpus_per_engine == \
-        args.sglang_server_concurrency * 3
+    assert (
+        args.sglang_server_concurrency * args.rollout_num_gpus // args.rollout_num_gpus_per_engine
+        == args.sglang_server_concurrency * 3
+    )
     # slime: colocated engines use the actors' GPUs
-    args = parse_args(["--rollout-backend", "sglang", "--colocate", "--actor-num-nodes", "2",
-                       "--actor-num-gpus-per-node", "4", "--rollout-num-gpus-per-engine", "2", *base])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "sglang",
+            "--colocate",
+            "--actor-num-nodes",
+            "2",
+            "--actor-num-gpus-per-node",
+            "4",
+            "--rollout-num-gpus-per-engine",
+            "2",
+            *base,
+        ]
+    )
     assert (args.rollout_num_gpus, args.rollout_num_engines) == (8, 4)
     assert parse_args(["--rollout-backend", "sglang", "--rollout-num-gpus", "2", *base]).rollout_num_gpus == 2
 
@@ -383,13 +522,23 @@ def test_log_probs_left_none_at_untrained_tokens_train_as_slimes_zero(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "q"}\n')
     args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data)])
-    s = Sample(prompt="p", tokens=[1, 2, 3, 4, 5], response_length=4, loss_mask=[1, 0, 0, 1],
-               rollout_log_probs=[-0.1, None, None, -0.2], reward=1.0, group_index=0, index=0)
+    s = Sample(
+        prompt="p",
+        tokens=[1, 2, 3, 4, 5],
+        response_length=4,
+        loss_mask=[1, 0, 0, 1],
+        rollout_log_probs=[-0.1, None, None, -0.2],
+        reward=1.0,
+        group_index=0,
+        index=0,
+    )
     batch = convert_samples_to_train_data(args, [s])
     assert batch["rollout_log_probs"] == [[-0.1, 0.0, 0.0, -0.2]] and s.rollout_log_probs[1] is None
-    assert to_cpu_tensor(batch["rollout_log_probs"][0], torch.float32).tolist() == \
-        pytest.approx([-0.1, 0.0, 0.0, -0.2])
+    assert to_cpu_tensor(batch["rollout_log_probs"][0], torch.float32).tolist() == pytest.approx([-0.1, 0.0, 0.0, -0.2])
     s.loss_mask = [1, 1, 0, 1]
-    with pytest.raises(BatchError, match=r"sample index=0 group=0: rollout_log_probs\[1\] is None at a token "
-                                         r"the loss trains"):
+    with pytest.raises(
+        BatchError,
+        match=r"sample index=0 group=0: rollout_log_probs\[1\] is None at a token "
+        r"the loss trains",
+    ):
         convert_samples_to_train_data(args, [s])

@@ -19,8 +19,13 @@ def a_dead_pid() -> int:
 def test_the_dirs_of_gone_runs_are_removed_and_live_ones_kept(tmp_path):
     dead, alive = a_dead_pid(), os.getppid()
     stale = [tmp_path / f"slime-ray-{dead}", tmp_path / f"slime-fork-{dead}-k2j4"]
-    kept = [tmp_path / f"slime-ray-{alive}", tmp_path / f"slime-fork-{alive}-x1", tmp_path / f"slime-ray-{os.getpid()}",
-            tmp_path / "slime-fork-abc", tmp_path / "other-dir"]
+    kept = [
+        tmp_path / f"slime-ray-{alive}",
+        tmp_path / f"slime-fork-{alive}-x1",
+        tmp_path / f"slime-ray-{os.getpid()}",
+        tmp_path / "slime-fork-abc",
+        tmp_path / "other-dir",
+    ]
     for d in stale + kept:
         d.mkdir()
         (d / "sock").write_text("")

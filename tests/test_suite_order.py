@@ -34,9 +34,25 @@ def test_each_folder_is_consecutive_and_keeps_its_order(drawn):
 def test_the_shuffled_suite_runs_the_weight_sync_files_one_after_the_other():
     """pytest-randomly's seed 3 puts tests/weight_sync's four files apart from each other, between these two."""
     files = ["tests/test_suite_order.py", "tests/weight_sync", "tests/test_hypothesis_profile.py"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "randomly", "-p",
-                          "no:cacheprovider", "--randomly-seed=3", *files], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "randomly",
+            "-p",
+            "no:cacheprovider",
+            "--randomly-seed=3",
+            *files,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     ids = [line for line in out.stdout.splitlines() if "::" in line]
     assert ids, out.stdout[-2000:] + out.stderr[-2000:]
     modules = [i.split("::")[0] for i in ids]
@@ -44,7 +60,7 @@ def test_the_shuffled_suite_runs_the_weight_sync_files_one_after_the_other():
     assert len(order) == 6 and len(set(order)) == 6, order  # each module's tests together
     in_package = [m.startswith("tests/weight_sync/") for m in order]
     start = in_package.index(True)
-    assert in_package[start:start + 4] == [True] * 4, order
+    assert in_package[start : start + 4] == [True] * 4, order
 
 
 def test_xdist_hands_a_worker_each_sub_folder_whole():
@@ -57,9 +73,27 @@ def test_xdist_hands_a_worker_each_sub_folder_whole():
 
 def test_two_workers_run_a_sub_folders_files_on_one():
     """tests/upstream_verl's two files (fast ones) on one worker: under plain `loadfile` they went to two."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-p", "no:randomly", "-p",
-                          "no:cacheprovider", "-v", "tests/upstream_verl",
-                          "tests/test_suite_order.py::test_xdist_hands_a_worker_each_sub_folder_whole"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadfile",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            "tests/upstream_verl",
+            "tests/test_suite_order.py::test_xdist_hands_a_worker_each_sub_folder_whole",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     ran = [line.split()[0] for line in out.stdout.splitlines() if "PASSED tests/upstream_verl/" in line]
     assert len(ran) == 29 and len(set(ran)) == 1, out.stdout[-3000:] + out.stderr[-2000:]

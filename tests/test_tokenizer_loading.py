@@ -13,8 +13,11 @@ import pytest
 from slime.utils.processing_utils import load_tokenizer
 
 TEXTS = ["Hello, world!", "  two  spaces\nand a newline\t", "naïve café 東京 🙂", "<|im_start|>user\nhi<|im_end|>"]
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-            {"role": "assistant", "content": "4"}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+]
 
 
 def _same_as_auto(path: Path) -> None:
@@ -23,8 +26,11 @@ def _same_as_auto(path: Path) -> None:
     ours, auto = load_tokenizer(path), AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     assert type(ours) is type(auto)
     assert ours.special_tokens_map == auto.special_tokens_map
-    assert (ours.eos_token_id, ours.pad_token_id, ours.bos_token_id) == (auto.eos_token_id, auto.pad_token_id,
-                                                                          auto.bos_token_id)
+    assert (ours.eos_token_id, ours.pad_token_id, ours.bos_token_id) == (
+        auto.eos_token_id,
+        auto.pad_token_id,
+        auto.bos_token_id,
+    )
     assert len(ours) == len(auto)
     for text in TEXTS:
         assert ours(text, add_special_tokens=False)["input_ids"] == auto(text, add_special_tokens=False)["input_ids"]
@@ -44,10 +50,17 @@ def test_default_model_tokenizer_equals_autotokenizer():
 
 
 def test_loading_a_named_tokenizer_does_not_import_torch(tiny_model_dir):
-    code = ("import sys; from slime.utils.processing_utils import load_tokenizer; "
-            f"t = load_tokenizer({str(tiny_model_dir)!r}); print(type(t).__name__, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys; from slime.utils.processing_utils import load_tokenizer; "
+        f"t = load_tokenizer({str(tiny_model_dir)!r}); print(type(t).__name__, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "False"
 

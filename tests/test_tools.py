@@ -22,18 +22,29 @@ from tests.conftest import native_tools_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NESTED_TOOL = native_tools_yaml(("slime.tools.example_tools.CalculatorTool", "search", "nested schema", {
-    "type": "object",
-    "properties": {
-        "query": {"type": "string", "description": "what to look for"},
-        "mode": {"type": "string", "enum": ["fast", "exact"], "default": "fast"},
-        "filters": {"type": "object",
-                    "properties": {"year": {"type": "integer", "minimum": 1900},
-                                   "tags": {"type": "array", "items": {"type": "string"}}},
-                    "required": ["year"]},
-    },
-    "required": ["query"],
-}))
+NESTED_TOOL = native_tools_yaml(
+    (
+        "slime.tools.example_tools.CalculatorTool",
+        "search",
+        "nested schema",
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "what to look for"},
+                "mode": {"type": "string", "enum": ["fast", "exact"], "default": "fast"},
+                "filters": {
+                    "type": "object",
+                    "properties": {
+                        "year": {"type": "integer", "minimum": 1900},
+                        "tags": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["year"],
+                },
+            },
+            "required": ["query"],
+        },
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,39 +94,61 @@ def test_argument_validation(tmp_path):
     tools = load_tool_config(write(tmp_path, NESTED_TOOL))
     ok, err = tools.check_arguments("search", {"query": "x", "filters": {"year": 2000, "tags": ["a"]}})
     assert err is None and ok["mode"] == "fast"  # default filled
-    for bad, needle in [({}, "'query' is a required property"),
-                        ({"query": 3}, "query: 3 is not of type 'string'"),
-                        ({"query": "x", "mode": "slow"}, "mode: 'slow' is not one of"),
-                        ({"query": "x", "filters": {"year": 1800}}, "filters/year"),
-                        ({"query": "x", "filters": {"year": 2000, "tags": [1]}}, "filters/tags/0"),
-                        ({"query": "x", "timeout": 99}, "Additional properties are not allowed"),
-                        ([1, 2], "must be a JSON object")]:
+    for bad, needle in [
+        ({}, "'query' is a required property"),
+        ({"query": 3}, "query: 3 is not of type 'string'"),
+        ({"query": "x", "mode": "slow"}, "mode: 'slow' is not one of"),
+        ({"query": "x", "filters": {"year": 1800}}, "filters/year"),
+        ({"query": "x", "filters": {"year": 2000, "tags": [1]}}, "filters/tags/0"),
+        ({"query": "x", "timeout": 99}, "Additional properties are not allowed"),
+        ([1, 2], "must be a JSON object"),
+    ]:
         got, err = tools.check_arguments("search", bad)
         assert got is None and needle in err, (bad, err)
 
 
-@pytest.mark.parametrize("body,needle", [
-    ("tools: {}", "expected a top-level 'tools:' list"),
-    ("tools: [{config: {type: native}, tool_schema: {function: {name: a}}}]", "tools[0].class_name: required"),
-    ("tools: [{class_name: nope.Missing, tool_schema: {function: {name: a}}}]", "tools[0].class_name: "),
-    ("tools: [{class_name: slime.tools.schemas.ToolResponse, tool_schema: {function: {name: a}}}]",
-     "not a subclass of slime.tools.BaseTool"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, config: {type: mcp}, "
-     "tool_schema: {function: {name: a}}}]", "tools[0].config.type: 'mcp' is not supported"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool}]", "tools[0].tool_schema: required"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {description: x}}}]",
-     "tools[0].tool_schema.function.name: Field required"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {name: a, "
-     "parameters: {type: object, properties: {x: {type: 5}}}}}}]", "tools[0].tool_schema.function.parameters"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {name: a}}},"
-     " {class_name: slime.tools.gsm8k_tool.Gsm8kTool, tool_schema: {function: {name: a}}}]",
-     "tools[1].tool_schema.function.name: duplicate tool name 'a' (already used by tools[0])"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, config: {key: '${SLIME_NOPE_VAR}'}, "
-     "tool_schema: {function: {name: a}}}]", "tools[0].config.key: environment variable 'SLIME_NOPE_VAR'"),
-    ("tools: [{class_name: slime.tools.example_tools.CalculatorTool, extra: 1, tool_schema: {function: {name: a}}}]",
-     "tools[0]: unknown field(s) ['extra']"),
-    ("tools: [", "invalid YAML"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ("tools: {}", "expected a top-level 'tools:' list"),
+        ("tools: [{config: {type: native}, tool_schema: {function: {name: a}}}]", "tools[0].class_name: required"),
+        ("tools: [{class_name: nope.Missing, tool_schema: {function: {name: a}}}]", "tools[0].class_name: "),
+        (
+            "tools: [{class_name: slime.tools.schemas.ToolResponse, tool_schema: {function: {name: a}}}]",
+            "not a subclass of slime.tools.BaseTool",
+        ),
+        (
+            "tools: [{class_name: slime.tools.example_tools.CalculatorTool, config: {type: mcp}, "
+            "tool_schema: {function: {name: a}}}]",
+            "tools[0].config.type: 'mcp' is not supported",
+        ),
+        ("tools: [{class_name: slime.tools.example_tools.CalculatorTool}]", "tools[0].tool_schema: required"),
+        (
+            "tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {description: x}}}]",
+            "tools[0].tool_schema.function.name: Field required",
+        ),
+        (
+            "tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {name: a, "
+            "parameters: {type: object, properties: {x: {type: 5}}}}}}]",
+            "tools[0].tool_schema.function.parameters",
+        ),
+        (
+            "tools: [{class_name: slime.tools.example_tools.CalculatorTool, tool_schema: {function: {name: a}}},"
+            " {class_name: slime.tools.gsm8k_tool.Gsm8kTool, tool_schema: {function: {name: a}}}]",
+            "tools[1].tool_schema.function.name: duplicate tool name 'a' (already used by tools[0])",
+        ),
+        (
+            "tools: [{class_name: slime.tools.example_tools.CalculatorTool, config: {key: '${SLIME_NOPE_VAR}'}, "
+            "tool_schema: {function: {name: a}}}]",
+            "tools[0].config.key: environment variable 'SLIME_NOPE_VAR'",
+        ),
+        (
+            "tools: [{class_name: slime.tools.example_tools.CalculatorTool, extra: 1, tool_schema: {function: {name: a}}}]",
+            "tools[0]: unknown field(s) ['extra']",
+        ),
+        ("tools: [", "invalid YAML"),
+    ],
+)
 def test_registry_errors_name_file_entry_field(tmp_path, body, needle):
     path = write(tmp_path, body, "bad.yaml")
     with pytest.raises(ToolConfigError) as e:
@@ -125,8 +158,11 @@ def test_registry_errors_name_file_entry_field(tmp_path, body, needle):
 
 def test_env_expansion(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIME_TEST_URL", "http://x")
-    path = write(tmp_path, "tools: [{class_name: slime.tools.example_tools.CalculatorTool, "
-                           "config: {url: '${SLIME_TEST_URL}/run'}, tool_schema: {function: {name: a}}}]")
+    path = write(
+        tmp_path,
+        "tools: [{class_name: slime.tools.example_tools.CalculatorTool, "
+        "config: {url: '${SLIME_TEST_URL}/run'}, tool_schema: {function: {name: a}}}]",
+    )
     assert load_tool_config(path)["a"].config["url"] == "http://x/run"
 
 
@@ -167,7 +203,9 @@ def test_non_append_only_template_refused_or_warned(tok, caplog):
 
         def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False, **kw):
             n = len(messages)
-            out = "".join(f"<|im_start|>{m['role']} {n - i}\n{m['content']}<|im_end|>\n" for i, m in enumerate(messages))
+            out = "".join(
+                f"<|im_start|>{m['role']} {n - i}\n{m['content']}<|im_end|>\n" for i, m in enumerate(messages)
+            )
             return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
         def encode(self, text, add_special_tokens=False):
@@ -189,8 +227,20 @@ def test_non_append_only_template_refused_or_warned(tok, caplog):
 
 def test_tool_flags():
     p = add_tool_arguments(argparse.ArgumentParser())
-    a = p.parse_args(["--tool-config-path", "x.yaml", "--max-turns", "3", "--tool-reward-mode", "add",
-                      "--tool-response-truncate-side", "left", "--max-tokens-per-turn", "64"])
+    a = p.parse_args(
+        [
+            "--tool-config-path",
+            "x.yaml",
+            "--max-turns",
+            "3",
+            "--tool-reward-mode",
+            "add",
+            "--tool-response-truncate-side",
+            "left",
+            "--max-tokens-per-turn",
+            "64",
+        ]
+    )
     assert (a.tool_config_path, a.max_turns, a.tool_reward_mode, a.max_tokens_per_turn) == ("x.yaml", 3, "add", 64)
     d = tool_defaults()
     assert d["tool_call_parser"] == "hermes" and d["chat_template_check"] == "error"
@@ -217,15 +267,30 @@ def test_the_runtime_owns_its_tool_sets_and_closes_each_tools_session(tmp_path):
     from slime.rollout.runtime import bound, close_tool_sets, unbind
     from slime.testing.runtime import bind_runtime
 
-    cfg = yaml.safe_load(native_tools_yaml((f"{__name__}._SyncClosingTool", "calc", "math", {
-        "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]})))
-    cfg["tools"].append({"class_name": "slime.tools.sandbox_fusion_tool.SandboxFusionTool",
-                         "config": {"type": "native", "sandbox_fusion_url": "http://127.0.0.1:9",
-                                    "enable_global_rate_limit": False},
-                         "tool_schema": {"type": "function", "function": {
-                             "name": "code_interpreter", "description": "run code",
-                             "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
-                                            "required": ["code"]}}}})
+    cfg = yaml.safe_load(
+        native_tools_yaml(
+            (
+                f"{__name__}._SyncClosingTool",
+                "calc",
+                "math",
+                {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+            )
+        )
+    )
+    cfg["tools"].append(
+        {
+            "class_name": "slime.tools.sandbox_fusion_tool.SandboxFusionTool",
+            "config": {"type": "native", "sandbox_fusion_url": "http://127.0.0.1:9", "enable_global_rate_limit": False},
+            "tool_schema": {
+                "type": "function",
+                "function": {
+                    "name": "code_interpreter",
+                    "description": "run code",
+                    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+                },
+            },
+        }
+    )
     path = tmp_path / "tools.yaml"
     path.write_text(yaml.safe_dump(cfg))
 

@@ -22,15 +22,35 @@ N_PROMPTS, N_SAMPLES = 2, 2  # a rollout of 4 samples (the train test's 16 are f
 # --sglang-server-concurrency 4 groups is two rollouts' worth, so groups are in flight across every rollout boundary
 
 
-def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_server, tiny_model_dir,
-                                                      prompts, tmp_path):  # noqa: F811
-    args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
-                                 "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT), "--async",
-                                 "--rollout-function-path",
-                                 "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
-                                 "--sglang-server-concurrency", "4", "--max-staleness", "1",
-                                 "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt", str(N_SAMPLES),
-                                 "--global-batch-size", str(N_PROMPTS * N_SAMPLES)))
+def test_async_training_overlaps_and_records_versions(
+    ray_cluster, engine_fork_server, tiny_model_dir, prompts, tmp_path
+):  # noqa: F811
+    args = parse_train_args(
+        argv(
+            tiny_model_dir,
+            prompts,
+            tmp_path,
+            "--rollout-num-engines",
+            "1",
+            "--actor-num-workers",
+            "1",
+            "--num-rollout",
+            str(N_ROLLOUT),
+            "--async",
+            "--rollout-function-path",
+            "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
+            "--sglang-server-concurrency",
+            "4",
+            "--max-staleness",
+            "1",
+            "--rollout-batch-size",
+            str(N_PROMPTS),
+            "--n-samples-per-prompt",
+            str(N_SAMPLES),
+            "--global-batch-size",
+            str(N_PROMPTS * N_SAMPLES),
+        )
+    )
     records = train(args, fork_server=engine_fork_server)
     assert [r.rollout_id for r in records] == list(range(N_ROLLOUT))
     # rollout 0 by the initial weights; rollout k+1 launched before rollout k trained: version k
@@ -44,8 +64,10 @@ def test_async_training_overlaps_and_records_versions(ray_cluster, engine_fork_s
         assert len(samples) == n and len({s.index for s in samples}) == n
         used = {int(v) for s in samples for v in s.weight_versions}
         # nothing newer than what served at launch (no push lands mid-generation); within --max-staleness 1
-        assert used and max(used) <= int(r.weight_version) and min(used) >= int(r.weight_version) - 1, \
-            (r.rollout_id, used)
+        assert used and max(used) <= int(r.weight_version) and min(used) >= int(r.weight_version) - 1, (
+            r.rollout_id,
+            used,
+        )
 
 
 def test_async_refuses_colocate_before_starting_anything(tiny_model_dir, prompts, tmp_path):  # noqa: F811

@@ -18,9 +18,15 @@ def _args(**kw):
 
 
 def _sample(idx, group, reward=1.0, prompt=(1, 2), response=(10, 11), mask="ones", **fields):
-    s = Sample(group_index=group, index=idx, tokens=list(prompt) + list(response), response_length=len(response),
-               reward=reward, loss_mask=[1] * len(response) if mask == "ones" else mask,
-               status=Sample.Status.COMPLETED)
+    s = Sample(
+        group_index=group,
+        index=idx,
+        tokens=list(prompt) + list(response),
+        response_length=len(response),
+        reward=reward,
+        loss_mask=[1] * len(response) if mask == "ones" else mask,
+        status=Sample.Status.COMPLETED,
+    )
     for k, v in fields.items():
         setattr(s, k, v)
     return s
@@ -34,10 +40,12 @@ def test_rollout_ids_fresh_ids_never_collide():
 
 
 def test_rollout_mask_sums_are_per_rollout_totals():
-    samples = [_sample(0, 0, response=(10, 11, 12), mask=[1, 0, 1], rollout_id=7),
-               _sample(1, 0, response=(10, 11), mask=[1, 1], rollout_id=7),
-               _sample(2, 1, response=(10,), mask=[1], rollout_id=3),
-               _sample(3, 1, response=(10, 11), mask=[0, 1])]  # its own rollout
+    samples = [
+        _sample(0, 0, response=(10, 11, 12), mask=[1, 0, 1], rollout_id=7),
+        _sample(1, 0, response=(10, 11), mask=[1, 1], rollout_id=7),
+        _sample(2, 1, response=(10,), mask=[1], rollout_id=3),
+        _sample(3, 1, response=(10, 11), mask=[0, 1]),
+    ]  # its own rollout
     b = convert_samples_to_train_data(_args(), samples)
     assert b["rollout_ids"] == [7, 7, 3, 0]
     assert b["rollout_mask_sums"] == [4, 4, 1, 1]
@@ -64,9 +72,15 @@ def test_raw_reward_override_from_metadata_and_rewards_from_reward():
 
 
 def test_full_key_set_when_samples_carry_it():
-    s0 = _sample(0, 0, rollout_log_probs=[-0.5, -0.25], teacher_log_probs=[-1.0, -2.0],
-                 train_metadata={"loss": "sft"}, multimodal_train_inputs={"pixel_values": [[0.0]]},
-                 weight_versions=["3"])
+    s0 = _sample(
+        0,
+        0,
+        rollout_log_probs=[-0.5, -0.25],
+        teacher_log_probs=[-1.0, -2.0],
+        train_metadata={"loss": "sft"},
+        multimodal_train_inputs={"pixel_values": [[0.0]]},
+        weight_versions=["3"],
+    )
     s1 = _sample(1, 0, rollout_log_probs=[-0.1, -0.2], teacher_log_probs=[-3.0, -4.0], weight_versions=["3", "4"])
     s0.metadata = {"source_name": "math", "round_number": 2}
     s1.metadata = {"round_number": 3}
@@ -84,16 +98,24 @@ def test_full_key_set_when_samples_carry_it():
 
 def test_optional_keys_absent_when_samples_lack_them():
     b = convert_samples_to_train_data(_args(), [_sample(0, 0), _sample(1, 0)])
-    for key in ("rollout_log_probs", "teacher_log_probs", "metadata", "multimodal_train_inputs",
-                "source_names", "round_number", "rollout_routed_experts"):
+    for key in (
+        "rollout_log_probs",
+        "teacher_log_probs",
+        "metadata",
+        "multimodal_train_inputs",
+        "source_names",
+        "round_number",
+        "rollout_routed_experts",
+    ):
         assert key not in b
     assert b["weight_versions"] == [[], []]
 
 
 def test_per_sample_checks_name_the_sample():
     bad = _sample(4, 2, teacher_log_probs=[-1.0])
-    with pytest.raises(BatchError, match="sample index=4 group=2: teacher_log_probs has 1 entries, "
-                                         "response_length is 2"):
+    with pytest.raises(
+        BatchError, match="sample index=4 group=2: teacher_log_probs has 1 entries, response_length is 2"
+    ):
         convert_samples_to_train_data(_args(), [bad])
     bad = _sample(5, 2, mask=[1, 1, 1])
     with pytest.raises(BatchError, match="sample index=5 group=2: loss_mask has 3 entries"):
@@ -126,17 +148,36 @@ def test_convert_hook_output_is_completed():
 REWARD_HOOK, CONVERT_HOOK = "custom_reward_post_process_path", "custom_convert_samples_to_train_data_path"
 
 
-@pytest.mark.parametrize("flag, hook, message", [
-    # two samples: a flat list of two floats looks like a pair, but its entries are not lists
-    (REWARD_HOOK, "rewards_one_list", r"--custom-reward-post-process-path '.*rewards_one_list' returned raw_rewards "
-                                      r"as float; expected \(raw_rewards, rewards\), each a list of 2"),
-    (REWARD_HOOK, "rewards_short", r"--custom-reward-post-process-path '.*rewards_short' returned raw_rewards with "
-                                   r"1 entries for 2 samples"),
-    (CONVERT_HOOK, "convert_to_list", r"--custom-convert-samples-to-train-data-path '.*convert_to_list' returned "
-                                      r"list; expected a dict"),
-    (CONVERT_HOOK, "convert_bad_mask", r"--custom-convert-samples-to-train-data-path '.*convert_bad_mask': entry 1: "
-                                       r"loss_masks has 1 entries, response_length is 2"),
-])
+@pytest.mark.parametrize(
+    "flag, hook, message",
+    [
+        # two samples: a flat list of two floats looks like a pair, but its entries are not lists
+        (
+            REWARD_HOOK,
+            "rewards_one_list",
+            r"--custom-reward-post-process-path '.*rewards_one_list' returned raw_rewards "
+            r"as float; expected \(raw_rewards, rewards\), each a list of 2",
+        ),
+        (
+            REWARD_HOOK,
+            "rewards_short",
+            r"--custom-reward-post-process-path '.*rewards_short' returned raw_rewards with "
+            r"1 entries for 2 samples",
+        ),
+        (
+            CONVERT_HOOK,
+            "convert_to_list",
+            r"--custom-convert-samples-to-train-data-path '.*convert_to_list' returned "
+            r"list; expected a dict",
+        ),
+        (
+            CONVERT_HOOK,
+            "convert_bad_mask",
+            r"--custom-convert-samples-to-train-data-path '.*convert_bad_mask': entry 1: "
+            r"loss_masks has 1 entries, response_length is 2",
+        ),
+    ],
+)
 def test_hook_with_wrong_shape_names_the_flag(flag, hook, message):
     args = _args(**{flag: f"tests.plugins.train_data_hooks.{hook}"})
     with pytest.raises(BatchError, match=message):

@@ -35,22 +35,72 @@ def prompts(tmp_path_factory) -> Path:
 
 
 def argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-            "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
-            "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1", "--actor-num-cpus-per-worker", "0.5",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "12",
-            "--rollout-top-k", "2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
-            "--sglang-enable-deterministic-inference", "--lr", "5e-3", "--global-batch-size", "8", "--micro-batch-size", "2", "--check-weight-update-equal",
-            "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"),
-            "--rollout-data-dir", str(out / "dumps"), "--log-dir", str(out / "logs"), *extra]
+    return [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "messages",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-num-cpus-per-engine",
+        "0.5",
+        "--engine-threads",
+        "1",
+        "--actor-num-cpus-per-worker",
+        "0.5",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "12",
+        "--rollout-top-k",
+        "2",
+        "--custom-rm-path",
+        "tests.plugins.train_rewards.even_token_fraction",
+        "--sglang-enable-deterministic-inference",
+        "--lr",
+        "5e-3",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--check-weight-update-equal",
+        "--save-debug-rollout-data",
+        str(out / "debug" / "rollout_{rollout_id}.pt"),
+        "--rollout-data-dir",
+        str(out / "dumps"),
+        "--log-dir",
+        str(out / "logs"),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def first_run(ray_cluster, engine_fork_server, tiny_model_dir, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("train-a")
-    args = parse_train_args(argv(tiny_model_dir, prompts, out, "--rollout-num-engines", "2", "--actor-num-workers",
-                                 "2", "--num-rollout", str(N_ROLLOUT), "--save", str(out / "ckpt"),
-                                 "--save-interval", "2"))
+    args = parse_train_args(
+        argv(
+            tiny_model_dir,
+            prompts,
+            out,
+            "--rollout-num-engines",
+            "2",
+            "--actor-num-workers",
+            "2",
+            "--num-rollout",
+            str(N_ROLLOUT),
+            "--save",
+            str(out / "ckpt"),
+            "--save-interval",
+            "2",
+        )
+    )
     return train(args, fork_server=engine_fork_server), out
 
 
@@ -67,8 +117,10 @@ def test_reward_rises(first_run):
 def test_trainer_logprobs_match_the_engines(first_run):
     records, _ = first_run
     for r in records:
-        print(f"rollout {r.rollout_id}: train/rollout log-prob diff mean "
-              f"{r.rollout['train_rollout_logprob_abs_diff']:.2e} max {r.rollout['train_rollout_logprob_abs_diff_max']:.2e}")
+        print(
+            f"rollout {r.rollout_id}: train/rollout log-prob diff mean "
+            f"{r.rollout['train_rollout_logprob_abs_diff']:.2e} max {r.rollout['train_rollout_logprob_abs_diff_max']:.2e}"
+        )
         assert r.rollout["train_rollout_logprob_abs_diff"] <= LOGPROB_BOUND
         assert r.rollout["train_rollout_logprob_abs_diff_max"] <= 10 * LOGPROB_BOUND
 
@@ -114,10 +166,14 @@ def test_each_record_carries_its_rollouts_fleet_events_as_the_metrics_do(first_r
     records, out = first_run
     quiet = {**{k: 0 for k in FLEET_FIELDS}, "lost_nodes": []}
     assert [r.fleet for r in records] == [quiet] * N_ROLLOUT  # each read from its own rollout's summary
-    manager_perf = {r["rollout_id"]: r["metrics"] for r in read_metrics(out / "dumps")
-                    if r["kind"] == "perf" and "perf/nodes_lost" in r["metrics"]}
-    assert {i: [m[f"perf/{k}"] for k in FLEET_FIELDS] for i, m in manager_perf.items()} == \
-        {i: [0] * len(FLEET_FIELDS) for i in range(N_ROLLOUT)}
+    manager_perf = {
+        r["rollout_id"]: r["metrics"]
+        for r in read_metrics(out / "dumps")
+        if r["kind"] == "perf" and "perf/nodes_lost" in r["metrics"]
+    }
+    assert {i: [m[f"perf/{k}"] for k in FLEET_FIELDS] for i, m in manager_perf.items()} == {
+        i: [0] * len(FLEET_FIELDS) for i in range(N_ROLLOUT)
+    }
 
 
 def test_checkpoints_follow_save_interval(first_run):
@@ -130,8 +186,9 @@ def test_checkpoints_follow_save_interval(first_run):
         assert (ckpt / "iter_0000001" / name).is_file(), name
 
 
-def test_resume_from_a_checkpoint_continues_exactly_colocated(first_run, engine_fork_server, tiny_model_dir, prompts,
-                                                             tmp_path):
+def test_resume_from_a_checkpoint_continues_exactly_colocated(
+    first_run, engine_fork_server, tiny_model_dir, prompts, tmp_path
+):
     """Resume from rollout 1's checkpoint (not the newest): rollout 2 comes next, with rollout 2's
     prompts, the checkpoint's weights and step. Colocated (one run for both): engines released after
     generate, weights resumed, pushed by the tensor path, KV resumed, and rollout 3 served by the push."""
@@ -140,10 +197,28 @@ def test_resume_from_a_checkpoint_continues_exactly_colocated(first_run, engine_
     from slime.weights.transfer import named_checksums
 
     records_a, out_a = first_run
-    args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
-                                 "--actor-num-workers", "1", "--num-rollout", str(CKPT_STEP + 3), "--load",
-                                 str(out_a / "ckpt"), "--ckpt-step", str(CKPT_STEP), "--save", str(tmp_path / "ckpt"),
-                                 "--weight-sync", "tensor", "--colocate"))
+    args = parse_train_args(
+        argv(
+            tiny_model_dir,
+            prompts,
+            tmp_path,
+            "--rollout-num-engines",
+            "1",
+            "--actor-num-workers",
+            "1",
+            "--num-rollout",
+            str(CKPT_STEP + 3),
+            "--load",
+            str(out_a / "ckpt"),
+            "--ckpt-step",
+            str(CKPT_STEP),
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--weight-sync",
+            "tensor",
+            "--colocate",
+        )
+    )
     assert args.offload_rollout
     records_b = train(args, fork_server=engine_fork_server)
     assert [r.rollout_id for r in records_b] == [CKPT_STEP + 1, CKPT_STEP + 2]
@@ -158,8 +233,9 @@ def test_resume_from_a_checkpoint_continues_exactly_colocated(first_run, engine_
     b = load_debug_rollout(str(tmp_path / "debug" / template), CKPT_STEP + 1)
     assert [(s.index, s.group_index, s.prompt) for s in b] == [(s.index, s.group_index, s.prompt) for s in a]
     # the trainer resumed with the checkpoint's weights, and the engines served exactly those for rollout 2
-    saved = named_checksums(load_file(str(out_a / "ckpt" / f"iter_{CKPT_STEP:07d}" / "model" /
-                                          "model.safetensors")).items())
+    saved = named_checksums(
+        load_file(str(out_a / "ckpt" / f"iter_{CKPT_STEP:07d}" / "model" / "model.safetensors")).items()
+    )
     initial = r.extra["initial_push"]
     assert saved.items() <= initial["checksums"].items()
     assert initial["weight_check"] and all(c["equal"] for c in initial["weight_check"])
@@ -170,22 +246,31 @@ def test_a_rollout_counts_once_however_its_samples_are_split():
     """Per-rollout means: one rollout (3 samples) and one single-sample rollout, split 2 ways."""
     torch.manual_seed(0)
     lengths = [3, 2, 4, 1]
-    masks = [torch.tensor([1, 1, 0.]), torch.tensor([1, 1.]), torch.tensor([0, 1, 1, 1.]), torch.tensor([1.])]
+    masks = [torch.tensor([1, 1, 0.0]), torch.tensor([1, 1.0]), torch.tensor([0, 1, 1, 1.0]), torch.tensor([1.0])]
     rollout_of = [0, 0, 0, 1]
     sums = {0: 2 + 2 + 3, 1: 1}
     denoms = torch.tensor([float(sums[r]) for r in rollout_of])
     x = torch.randn(sum(lengths))
     whole = sample_reducer(lengths, masks, denoms)(x)
     parts = x.split(lengths)
-    split_a = sample_reducer(lengths[:1], masks[:1], denoms[:1])(parts[0]) + \
-        sample_reducer(lengths[1:], masks[1:], denoms[1:])(torch.cat(parts[1:]))
+    split_a = sample_reducer(lengths[:1], masks[:1], denoms[:1])(parts[0]) + sample_reducer(
+        lengths[1:], masks[1:], denoms[1:]
+    )(torch.cat(parts[1:]))
     expected = sum(float((p * m).sum()) for p, m in zip(parts[:3], masks[:3])) / 7 + float(parts[3][0])
     assert float(whole) == pytest.approx(expected, rel=1e-6)
     assert float(split_a) == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize("rollout_id,interval,per_epoch,num_rollout,expected", [
-    (0, None, None, None, False), (1, 2, None, None, True), (0, 2, None, None, False),
-    (4, 2, None, 5, True), (2, 10, 3, None, True), (2, 10, 4, None, False)])
+@pytest.mark.parametrize(
+    "rollout_id,interval,per_epoch,num_rollout,expected",
+    [
+        (0, None, None, None, False),
+        (1, 2, None, None, True),
+        (0, 2, None, None, False),
+        (4, 2, None, 5, True),
+        (2, 10, 3, None, True),
+        (2, 10, 4, None, False),
+    ],
+)
 def test_periodic_actions_follow_slime(rollout_id, interval, per_epoch, num_rollout, expected):
     assert should_run_periodic_action(rollout_id, interval, per_epoch, num_rollout) is expected

@@ -19,29 +19,70 @@ import requests
 
 from slime.cli.train import parse_train_args
 from slime.testing.manager_probe import (
-    batch_weight_versions, engine_status, manager_and_trainer, wait_engine_state,
+    batch_weight_versions,
+    engine_status,
+    manager_and_trainer,
+    wait_engine_state,
 )
 
 
 def _served(url: str) -> float:
     """Requests this engine has taken since it started (SGLang's counter)."""
     text = requests.get(f"{url}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("sglang:num_requests_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:num_requests_total")
+    )
 
 
 @pytest.fixture
 def loop_parts(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}], "label": ""} for i in range(16)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = parse_train_args([
-        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-        str(tmp_path / "train.jsonl"), "--input-key", "messages", "--label-key", "label", "--apply-chat-template",
-        "--rollout-num-engines", "2", "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1",
-        "--actor-num-workers", "1", "--actor-num-cpus-per-worker", "0.5", "--rollout-batch-size", "2",
-        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--global-batch-size", "4",
-        "--micro-batch-size", "2", "--lr", "5e-2", "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction",
-        "--num-rollout", "3", "--log-dir", str(tmp_path / "logs"), "--engine-max-restarts", "2"])
+    args = parse_train_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(tmp_path / "train.jsonl"),
+            "--input-key",
+            "messages",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rollout-num-engines",
+            "2",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--engine-threads",
+            "1",
+            "--actor-num-workers",
+            "1",
+            "--actor-num-cpus-per-worker",
+            "0.5",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "6",
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+            "--lr",
+            "5e-2",
+            "--custom-rm-path",
+            "tests.plugins.train_rewards.even_token_fraction",
+            "--num-rollout",
+            "3",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--engine-max-restarts",
+            "2",
+        ]
+    )
     with manager_and_trainer(args, engine_fork_server) as parts:
         yield parts
 

@@ -27,9 +27,23 @@ N_SAMPLES = 4
 
 
 def _run(fork_server, tiny_model_dir, prompts, tmp_path, *extra):  # noqa: F811
-    args = parse_train_args(argv(tiny_model_dir, prompts, tmp_path, "--rollout-num-engines", "1",
-                                 "--actor-num-workers", "1", "--num-rollout", str(N_ROLLOUT),
-                                 "--update-weights-interval", str(INTERVAL), *SMALL_ROLLOUT, *extra))
+    args = parse_train_args(
+        argv(
+            tiny_model_dir,
+            prompts,
+            tmp_path,
+            "--rollout-num-engines",
+            "1",
+            "--actor-num-workers",
+            "1",
+            "--num-rollout",
+            str(N_ROLLOUT),
+            "--update-weights-interval",
+            str(INTERVAL),
+            *SMALL_ROLLOUT,
+            *extra,
+        )
+    )
     assert args.update_weights_interval == INTERVAL
     return train(args, fork_server=fork_server)
 
@@ -53,8 +67,14 @@ def _check_pushes(records) -> None:
 
 
 @pytest.mark.parametrize("async_train", [False, True], ids=["sync", "async"])
-def test_weights_pushed_every_n_rollouts(ray_cluster, engine_fork_server, tiny_model_dir, prompts,  # noqa: F811
-                                        tmp_path, async_train):
+def test_weights_pushed_every_n_rollouts(
+    ray_cluster,
+    engine_fork_server,
+    tiny_model_dir,
+    prompts,  # noqa: F811
+    tmp_path,
+    async_train,
+):
     records = _run(engine_fork_server, tiny_model_dir, prompts, tmp_path, *(["--async"] if async_train else []))
     assert [r.rollout_id for r in records] == list(range(N_ROLLOUT))
     _check_pushes(records)
@@ -72,8 +92,10 @@ def test_weights_pushed_every_n_rollouts(ray_cluster, engine_fork_server, tiny_m
         assert _sample_versions(tmp_path, r.rollout_id) == {(r.weight_version,)}
 
 
-@pytest.mark.parametrize("rollout_id,interval,due", [(0, 1, True), (5, 1, True), (0, 2, False), (1, 2, True),
-                                                     (2, 3, True), (3, 3, False), (5, 3, True)])
+@pytest.mark.parametrize(
+    "rollout_id,interval,due",
+    [(0, 1, True), (5, 1, True), (0, 2, False), (1, 2, True), (2, 3, True), (3, 3, False), (5, 3, True)],
+)
 def test_push_rule_is_slimes(rollout_id, interval, due):
     assert weights_due(rollout_id, interval) is due
 

@@ -21,8 +21,22 @@ def host(train_worker_host, tiny_model_dir, tmp_path_factory):
     """(the session's train-worker host actor, the base command line)."""
     data = tmp_path_factory.mktemp("trainer-flags") / "train.jsonl"
     data.write_text(json.dumps({"input": "hi"}) + "\n")
-    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-            "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--global-batch-size", "2", "--lr", "1e-2"]
+    argv = [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(data),
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--lr",
+        "1e-2",
+    ]
     return train_worker_host, argv
 
 
@@ -40,10 +54,17 @@ def train_once(worker, rollout_log_probs=None) -> dict:
     import ray
     import torch
 
-    data = {"tokens": [torch.tensor([11, 12, 13, 14, 15]), torch.tensor([21, 22, 23, 24])],
-            "response_lengths": [2, 2], "loss_masks": [torch.ones(2), torch.ones(2)],
-            "rollout_mask_sums": torch.tensor([4.0, 4.0]), "micro_batch_indices": [[0, 1]],
-            "num_microbatches": [1], "global_batch_sizes": [1], "rewards": [1.0, 0.0], "raw_reward": [1.0, 0.0]}
+    data = {
+        "tokens": [torch.tensor([11, 12, 13, 14, 15]), torch.tensor([21, 22, 23, 24])],
+        "response_lengths": [2, 2],
+        "loss_masks": [torch.ones(2), torch.ones(2)],
+        "rollout_mask_sums": torch.tensor([4.0, 4.0]),
+        "micro_batch_indices": [[0, 1]],
+        "num_microbatches": [1],
+        "global_batch_sizes": [1],
+        "rewards": [1.0, 0.0],
+        "raw_reward": [1.0, 0.0],
+    }
     if rollout_log_probs is not None:
         data["rollout_log_probs"] = rollout_log_probs
 
@@ -79,6 +100,7 @@ def test_clip_grad_bounds_the_gradient_the_step_applies(host):
 
 def test_seed_seeds_the_trainers_random_numbers(host):
     """Megatron's --seed: what a loss or post-process plugin draws in the trainer repeats under the same seed."""
+
     def body(make):
         import torch
 
@@ -95,6 +117,7 @@ def test_seed_seeds_the_trainers_random_numbers(host):
 def test_use_rollout_logprobs_takes_the_engines_log_probs_as_the_old_policy(host):
     """The first step's ratio is new/old: 1 against the trainer's own recomputed log-probs, not against the
     engine's (here the trainer's minus 1: ppo_kl = old - new = -1 per token)."""
+
     def body(make):
         import torch
 
@@ -104,8 +127,10 @@ def test_use_rollout_logprobs_takes_the_engines_log_probs_as_the_old_policy(host
         with torch.no_grad():
             lp, _ = make([]).policy.run(pack(tokens, [2, 2]), with_entropy=False)
         rollout_lp = [part - 1.0 for part in lp.split([2, 2])]
-        return {flag: train_once(make(["--use-rollout-logprobs"] if flag else []), rollout_lp)["ppo_kl"]
-                for flag in (False, True)}
+        return {
+            flag: train_once(make(["--use-rollout-logprobs"] if flag else []), rollout_lp)["ppo_kl"]
+            for flag in (False, True)
+        }
 
     out = in_host(host, body)
     assert out[False] == pytest.approx(0.0, abs=1e-6)
@@ -141,16 +166,26 @@ def test_no_save_optim_and_no_load_optim_leave_the_optimizer_state_out(host, tmp
         unsaved = make(["--save", str(bare), "--no-save-optim"])
         train_once(unsaved)
         unsaved.save_model(0)
-        files = {name: sorted(p.name for p in (root / "iter_0000000").iterdir()) for name, root in
-                 (("full", full), ("bare", bare))}
+        files = {
+            name: sorted(p.name for p in (root / "iter_0000000").iterdir())
+            for name, root in (("full", full), ("bare", bare))
+        }
         resumed, fresh = make(["--load", str(full)]), make(["--load", str(full), "--no-load-optim"])
         try:
             make(["--load", str(bare)])
             refused = None
         except CheckpointError as e:
             refused = str(e)
-        return (files, moments(saved), moments(resumed), moments(fresh), resumed.global_step, fresh.global_step,
-                refused, moments(make(["--load", str(bare), "--no-load-optim"])))
+        return (
+            files,
+            moments(saved),
+            moments(resumed),
+            moments(fresh),
+            resumed.global_step,
+            fresh.global_step,
+            refused,
+            moments(make(["--load", str(bare), "--no-load-optim"])),
+        )
 
     files, saved, resumed, fresh, resumed_step, fresh_step, refused, bare_fresh = in_host(host, body)
     assert "optimizer.pt" in files["full"] and "optimizer.pt" not in files["bare"]

@@ -18,8 +18,15 @@ from rollout_plugins.multi_turn import generate
 from slime.observability import viewer_data as V
 from slime.observability.metrics import compute_rollout_metrics
 from slime.observability.rollout_dump import dump_rollout, validate_line
-from slime.utils.trajectory import (VERSION_KEY, ParseErrorRecord, StepReward, ToolErrorRecord, ToolMessage,
-                                      TrajectoryRecord, TurnSpan)
+from slime.utils.trajectory import (
+    VERSION_KEY,
+    ParseErrorRecord,
+    StepReward,
+    ToolErrorRecord,
+    ToolMessage,
+    TrajectoryRecord,
+    TurnSpan,
+)
 from slime.utils.types import Sample
 from tests.test_multi_turn import CASES, PARAMS, call, make_args, sample_for, say, stack, tok  # noqa: F401 fixtures
 
@@ -28,15 +35,26 @@ MALFORMED = '<tool_call>\n{"name": "calculator", "arguments": {"expression": }\n
 
 def full_record() -> TrajectoryRecord:
     return TrajectoryRecord(
-        turns=2, finish_reason="no_tool_call", non_generation_time=0.5, template_drift=False,
-        turn_spans=[TurnSpan(turn=1, role="assistant", start=0, end=5), TurnSpan(turn=1, role="tool", start=5, end=9),
-                    TurnSpan(turn=2, role="assistant", start=9, end=12)],
-        tool_messages=[ToolMessage(turn=1, name="calculator", arguments={"expression": "3+4"}, response="7",
-                                   executed=True, truncated=True),
-                       ToolMessage(turn=1, error="the tool call is not valid JSON")],
+        turns=2,
+        finish_reason="no_tool_call",
+        non_generation_time=0.5,
+        template_drift=False,
+        turn_spans=[
+            TurnSpan(turn=1, role="assistant", start=0, end=5),
+            TurnSpan(turn=1, role="tool", start=5, end=9),
+            TurnSpan(turn=2, role="assistant", start=9, end=12),
+        ],
+        tool_messages=[
+            ToolMessage(
+                turn=1, name="calculator", arguments={"expression": "3+4"}, response="7", executed=True, truncated=True
+            ),
+            ToolMessage(turn=1, error="the tool call is not valid JSON"),
+        ],
         tool_errors=[ToolErrorRecord(turn=None, tool="calculator", kind="release", message="gone")],
         parse_errors=[ParseErrorRecord(turn=1, kind="malformed_json", message="not JSON", raw="{")],
-        step_rewards=[StepReward(turn=1, tool="calculator", reward=0.25)], tool_rewards={"calculator": 1.0})
+        step_rewards=[StepReward(turn=1, tool="calculator", reward=0.25)],
+        tool_rewards={"calculator": 1.0},
+    )
 
 
 # ---- the record on its own -------------------------------------------------------------------
@@ -72,8 +90,11 @@ def test_samples_without_a_record_and_bad_records():
     s = Sample(index=7)
     full_record().store(s)
     s.metadata["tool_errors"] = 2  # a count where records belong: the disagreement this type prevents
-    with pytest.raises(ValueError, match=r"sample 7: metadata does not hold a valid trajectory record(.|\n)*"
-                                         r"tool_errors\n  Input should be a valid list"):
+    with pytest.raises(
+        ValueError,
+        match=r"sample 7: metadata does not hold a valid trajectory record(.|\n)*"
+        r"tool_errors\n  Input should be a valid list",
+    ):
         TrajectoryRecord.of(s)
     s.metadata[VERSION_KEY] = 9
     with pytest.raises(ValueError, match="sample 7: metadata\\['trajectory_version'\\] is 9"):
@@ -89,8 +110,10 @@ def test_samples_without_a_record_and_bad_records():
 @pytest.mark.usefixtures("runtime_closed_on_the_test_loop")  # its HTTP session is on this test's loop
 async def test_tool_loop_errors_reach_dashboard_dump_and_viewer(stack, tok, tmp_path):
     """Turn 1: a malformed call, a call to a tool that raises, a good calculator call; turn 2: the answer."""
-    outs = [say(tok, MALFORMED + call("track", {"mode": "raise"}) + call("calculator", {"expression": "3 + 4"})),
-            say(tok, "The answer is 7.")]
+    outs = [
+        say(tok, MALFORMED + call("track", {"mode": "raise"}) + call("calculator", {"expression": "3 + 4"})),
+        say(tok, "The answer is 7."),
+    ]
     CASES["trajectory"] = lambda t, b: outs[t]
     args = make_args(stack, tok, rollout_data_dir=str(tmp_path))
     sample = sample_for("trajectory", {"track": {}, "calculator": {}}, index=3)
@@ -106,8 +129,14 @@ async def test_tool_loop_errors_reach_dashboard_dump_and_viewer(stack, tok, tmp_
     assert [(e.turn, e.kind) for e in rec.parse_errors] == [(1, "malformed_json")]
     assert rec.parse_errors[0].raw.startswith('{"name": "calculator"')
     assert [(m.turn, m.name, m.arguments, m.response, m.error, m.executed) for m in rec.tool_messages] == [
-        (1, None, None, f"Error: {rec.parse_errors[0].message}. Your output was: {rec.parse_errors[0].raw}",
-         rec.parse_errors[0].message, False),
+        (
+            1,
+            None,
+            None,
+            f"Error: {rec.parse_errors[0].message}. Your output was: {rec.parse_errors[0].raw}",
+            rec.parse_errors[0].message,
+            False,
+        ),
         (1, "track", {"mode": "raise"}, f"Error: {crash}", crash, True),
         (1, "calculator", {"expression": "3 + 4"}, "7", None, True),
     ]
@@ -116,8 +145,17 @@ async def test_tool_loop_errors_reach_dashboard_dump_and_viewer(stack, tok, tmp_
     assert s.response.count("<tool_response>") == 3 and f"Error: {crash}" in s.response
 
     # the dashboard counts the records (a second, clean single-turn sample counts zero)
-    clean = Sample(index=4, group_index=0, prompt="hi", tokens=[1, 2, 3], response="ok", response_length=1,
-                   loss_mask=[1], reward=0.0, status=Sample.Status.COMPLETED)
+    clean = Sample(
+        index=4,
+        group_index=0,
+        prompt="hi",
+        tokens=[1, 2, 3],
+        response="ok",
+        response_length=1,
+        loss_mask=[1],
+        reward=0.0,
+        status=Sample.Status.COMPLETED,
+    )
     m = compute_rollout_metrics(args, 0, [[s, clean]])
     assert (m["rollout/tool_errors"], m["rollout/parse_errors"]) == (1, 1)
     assert (m["rollout/tool_errors_per_sample"], m["rollout/parse_errors_per_sample"]) == (0.5, 0.5)
@@ -130,7 +168,8 @@ async def test_tool_loop_errors_reach_dashboard_dump_and_viewer(stack, tok, tmp_
     line = json.loads(lines[0])["trajectory"]
     assert line["tool_errors"] == [{"turn": 1, "tool": "track", "kind": "exception", "message": crash}]
     assert [(e["turn"], e["kind"], e["raw"]) for e in line["parse_errors"]] == [
-        (1, "malformed_json", rec.parse_errors[0].raw)]
+        (1, "malformed_json", rec.parse_errors[0].raw)
+    ]
     assert [mm["name"] for mm in line["tool_messages"]] == [None, "track", "calculator"]
     assert line["tool_messages"][2]["response"] == "7" and line["tool_calls"] == {"track": 1, "calculator": 1}
     assert validate_line(lines[0]).trajectory == rec and json.loads(lines[1])["trajectory"] is None

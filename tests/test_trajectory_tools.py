@@ -30,8 +30,9 @@ def delta():
 
 
 def calculator_tools(delta: ChatDelta, **limits) -> TrajectoryTools:
-    return TrajectoryTools(load_tool_config(ROOT / "configs" / "example_tool.yaml"), TrajectoryRecord(), delta,
-                       ToolCallLimits(**limits))
+    return TrajectoryTools(
+        load_tool_config(ROOT / "configs" / "example_tool.yaml"), TrajectoryRecord(), delta, ToolCallLimits(**limits)
+    )
 
 
 async def test_a_turns_items_are_answered_in_order_and_every_refusal_is_recorded(delta):
@@ -39,31 +40,48 @@ async def test_a_turns_items_are_answered_in_order_and_every_refusal_is_recorded
     assert tools.select(None, None) == ["calculator"]
     await tools.create(["calculator"], 7)
     assert tools.instances["calculator"].startswith("7-")
-    items = [ParseError("malformed_json", "bad JSON", "{oops", 0), ToolCall("calculator", {"expression": "2*3"}, "", 1),
-             ToolCall("search", {"q": "x"}, "", 2), ToolCall("calculator", {"expression": "1+1"}, "", 3)]
+    items = [
+        ParseError("malformed_json", "bad JSON", "{oops", 0),
+        ToolCall("calculator", {"expression": "2*3"}, "", 1),
+        ToolCall("search", {"q": "x"}, "", 2),
+        ToolCall("calculator", {"expression": "1+1"}, "", 3),
+    ]
     msgs = await tools.run_calls(items, turn=4)
     assert msgs == [
         {"role": "tool", "name": "error", "content": "Error: bad JSON. Your output was: {oops"},
         {"role": "tool", "name": "calculator", "content": "6"},
         {"role": "tool", "name": "search", "content": "Error: unknown tool 'search'; available tools: ['calculator']"},
-        {"role": "tool", "name": "calculator", "content": "Error: at most 2 tool calls are executed per turn; "
-                                                         "call #3 (calculator) was not executed"}]
+        {
+            "role": "tool",
+            "name": "calculator",
+            "content": "Error: at most 2 tool calls are executed per turn; call #3 (calculator) was not executed",
+        },
+    ]
     rec = tools.record
-    assert [(e.turn, e.tool, e.kind) for e in rec.tool_errors] == [(4, "search", "unknown_tool"),
-                                                                   (4, "calculator", "too_many_calls")]
+    assert [(e.turn, e.tool, e.kind) for e in rec.tool_errors] == [
+        (4, "search", "unknown_tool"),
+        (4, "calculator", "too_many_calls"),
+    ]
     assert [(p.turn, p.kind, p.raw) for p in rec.parse_errors] == [(4, "malformed_json", "{oops")]
     assert [(m.name, m.executed, m.error is None) for m in rec.tool_messages] == [
-        (None, False, False), ("calculator", True, True), ("search", False, False), ("calculator", False, False)]
+        (None, False, False),
+        ("calculator", True, True),
+        ("search", False, False),
+        ("calculator", False, False),
+    ]
     assert [(s.turn, s.tool, s.reward) for s in rec.step_rewards] == [(4, "calculator", 0.0)]
     await tools.release()
     assert rec.tool_errors[2:] == []
 
 
-@pytest.mark.parametrize("side, expected", [
-    ("left", "123456...(truncated)"),
-    ("right", "(truncated)...567890"),
-    ("middle", "123\n...(truncated)...\n890"),
-])
+@pytest.mark.parametrize(
+    "side, expected",
+    [
+        ("left", "123456...(truncated)"),
+        ("right", "(truncated)...567890"),
+        ("middle", "123\n...(truncated)...\n890"),
+    ],
+)
 async def test_a_long_answer_is_cut_to_the_token_limit_on_the_chosen_side(delta, side, expected):
     tools = calculator_tools(delta, max_response_tokens=6, truncate_side=side)
     await tools.create(["calculator"], 0)
@@ -74,14 +92,22 @@ async def test_a_long_answer_is_cut_to_the_token_limit_on_the_chosen_side(delta,
 
 async def test_calls_left_when_a_trajectory_ends_are_recorded_as_not_executed(delta):
     tools = calculator_tools(delta)
-    tools.record_unanswered([ToolCall("calculator", {"expression": "1"}, "", 0),
-                             ParseError("cut_off", "the turn ended inside a tool call", "<tool_call>", 1)],
-                            turn=2, why="--max-turns was reached")
+    tools.record_unanswered(
+        [
+            ToolCall("calculator", {"expression": "1"}, "", 0),
+            ParseError("cut_off", "the turn ended inside a tool call", "<tool_call>", 1),
+        ],
+        turn=2,
+        why="--max-turns was reached",
+    )
     rec = tools.record
     assert [(e.tool, e.kind, e.message) for e in rec.tool_errors] == [
-        ("calculator", "not_executed", "not executed: --max-turns was reached")]
+        ("calculator", "not_executed", "not executed: --max-turns was reached")
+    ]
     assert [(m.name, m.error) for m in rec.tool_messages] == [
-        ("calculator", "not executed: --max-turns was reached"), (None, "the turn ended inside a tool call")]
+        ("calculator", "not executed: --max-turns was reached"),
+        (None, "the turn ended inside a tool call"),
+    ]
 
 
 def test_the_next_turn_gets_the_smallest_budget_and_a_tie_names_the_context_budget():

@@ -30,8 +30,13 @@ def geometry_parquet(directory: Path) -> Path:
     for color, (a, b) in (("red", (3, 4)), ("blue", (5, 12))):
         buf = io.BytesIO()
         picture(color).save(buf, format="PNG")
-        rows.append({"problem": f"<image>The legs of the right triangle are {a} and {b}. Find the hypotenuse.",
-                     "answer": str(int((a * a + b * b) ** 0.5)), "images": [{"bytes": buf.getvalue(), "path": None}]})
+        rows.append(
+            {
+                "problem": f"<image>The legs of the right triangle are {a} and {b}. Find the hypotenuse.",
+                "answer": str(int((a * a + b * b) ** 0.5)),
+                "images": [{"bytes": buf.getvalue(), "path": None}],
+            }
+        )
     path = directory / "geo3k.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -45,12 +50,41 @@ def rollout(tiny_vlm_dir, tmp_path, engine_fork_server, *recipe: str, env: dict 
     from slime.rollout.debug_data import load_debug_rollout
 
     dump = str(tmp_path / "r_{rollout_id}.pt")
-    args = parse_args([
-        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_vlm_dir), "--rollout-num-engines", "1",
-        "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1", "--prompt-data", str(geometry_parquet(tmp_path)),
-        "--input-key", "problem", "--label-key", "answer", "--apply-chat-template", "--rollout-shuffle",
-        "--multimodal-keys", '{"image": "images"}', "--rollout-batch-size", "2", "--n-samples-per-prompt", "1",
-        "--rollout-max-response-len", "120", "--num-rollout", "1", "--save-debug-rollout-data", dump, *recipe])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_vlm_dir),
+            "--rollout-num-engines",
+            "1",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--engine-threads",
+            "1",
+            "--prompt-data",
+            str(geometry_parquet(tmp_path)),
+            "--input-key",
+            "problem",
+            "--label-key",
+            "answer",
+            "--apply-chat-template",
+            "--rollout-shuffle",
+            "--multimodal-keys",
+            '{"image": "images"}',
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "1",
+            "--rollout-max-response-len",
+            "120",
+            "--num-rollout",
+            "1",
+            "--save-debug-rollout-data",
+            dump,
+            *recipe,
+        ]
+    )
     options = {"num_cpus": 0, **({"runtime_env": {"env_vars": env}} if env else {})}
     manager = ray.remote(RolloutManager).options(**options).remote(args, engine_fork_server)
     try:
@@ -74,7 +108,7 @@ def assert_token_exact_with_pictures(samples: list, tiny_vlm_dir: Path, temperat
         images = s.multimodal_train_inputs or {}
         assert set(images) >= {"pixel_values", "image_grid_thw"}, "the sample lost its picture"
         grid = torch.as_tensor(images["image_grid_thw"])
-        prompt = s.tokens[:len(s.tokens) - s.response_length]
+        prompt = s.tokens[: len(s.tokens) - s.response_length]
         assert prompt.count(image_token) == int(grid.prod()) // 4 > 1  # expanded in the prompt (merge size 2)
         assert s.response_length > 0 and len(s.rollout_log_probs) == s.response_length
         mb = pack([torch.tensor(s.tokens)], [s.response_length], images=[images])
@@ -83,24 +117,39 @@ def assert_token_exact_with_pictures(samples: list, tiny_vlm_dir: Path, temperat
         sampled = torch.tensor(s.rollout_log_probs)
         mask = torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * s.response_length, dtype=torch.bool)
         assert mask.any()
-        assert torch.allclose(trained[mask], sampled[mask], atol=1e-4), \
-            float((trained[mask] - sampled[mask]).abs().max())
+        assert torch.allclose(trained[mask], sampled[mask], atol=1e-4), float(
+            (trained[mask] - sampled[mask]).abs().max()
+        )
 
 
 def test_slimes_geo3k_vlm_multi_turn_recipe_runs_unchanged_and_its_samples_are_token_exact(
-        ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path):
+    ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path
+):
     config = RECIPE / "geo3k_vlm_multi_turn_config.yaml"
     # the recipe's package `examples` is importable where its generate runs, as slime's checkout puts it
     env = {"PYTHONPATH": f"{UPSTREAM}:{Path(__file__).parents[1]}"}
-    samples = rollout(tiny_vlm_dir, tmp_path, engine_fork_server, "--rm-type", "math", "--rollout-temperature", "1",
-                      "--custom-generate-function-path", "examples.geo3k_vlm_multi_turn.rollout.generate",
-                      "--custom-config-path", str(config), env=env)
+    samples = rollout(
+        tiny_vlm_dir,
+        tmp_path,
+        engine_fork_server,
+        "--rm-type",
+        "math",
+        "--rollout-temperature",
+        "1",
+        "--custom-generate-function-path",
+        "examples.geo3k_vlm_multi_turn.rollout.generate",
+        "--custom-config-path",
+        str(config),
+        env=env,
+    )
     assert_token_exact_with_pictures(samples, tiny_vlm_dir, 1.0)
 
 
 def test_slimes_geo3k_vlm_recipe_flags_give_token_exact_samples_with_their_pictures(
-        ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path):
+    ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path
+):
     """geo3k_vlm (single turn) is flags on the default generate (`run_geo3k_qwen35.sh`'s rollout flags)."""
-    samples = rollout(tiny_vlm_dir, tmp_path, engine_fork_server, "--rm-type", "deepscaler",
-                      "--rollout-temperature", "0.8")
+    samples = rollout(
+        tiny_vlm_dir, tmp_path, engine_fork_server, "--rm-type", "deepscaler", "--rollout-temperature", "0.8"
+    )
     assert_token_exact_with_pictures(samples, tiny_vlm_dir, 0.8)

@@ -44,15 +44,36 @@ def rollout_args(tmp_path, stack, model, *flags):
     router, _, _, _ = stack
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {i}+{4 - i}?", "label": "4"}) + "\n" for i in range(2)))
-    return parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-                       "--sglang-router-ip", router.host, "--sglang-router-port", str(router.port),
-                       "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "32",
-                       *flags])
+    return parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rm-type",
+            "math",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "32",
+            *flags,
+        ]
+    )
 
 
-def test_slimes_sglang_rollout_runs_unchanged_with_spans_on_each_sample(tmp_path, stack, tiny_model_dir,
-                                                                       monkeypatch):
+def test_slimes_sglang_rollout_runs_unchanged_with_spans_on_each_sample(tmp_path, stack, tiny_model_dir, monkeypatch):
     upstream = load_upstream(monkeypatch, "slime/rollout/sglang_rollout.py", "slime.rollout.sglang_rollout")
     args = rollout_args(tmp_path, stack, tiny_model_dir)
     tok = stack[3]
@@ -66,7 +87,7 @@ def test_slimes_sglang_rollout_runs_unchanged_with_spans_on_each_sample(tmp_path
     assert [len(g) for g in groups] == [2, 2]
     want = tok(ANSWER, add_special_tokens=False)["input_ids"]
     for s in (s for g in groups for s in g):
-        assert s.tokens[-len(want):] == want and s.response_length == len(want) and s.reward == 1
+        assert s.tokens[-len(want) :] == want and s.response_length == len(want) and s.reward == 1
         spans = [e for e in s.trace["events"] if e["name"] == "sglang_generate"]
         assert [e["type"] for e in spans] == ["span_start", "span_end"]
         assert spans[1]["attrs"]["completion_tokens"] == len(want)
@@ -78,8 +99,9 @@ def test_slimes_streaming_rollout_imports_unchanged_on_slimes_rollout(monkeypatc
     """It imports `GenerateState` and `_prepare_prompt_ids` from slime's own sglang_rollout (loaded
     from slime's file here); it runs on ours in `test_upstream_slime_on_engine.py`."""
     load_upstream(monkeypatch, "slime/rollout/sglang_rollout.py", "slime.rollout.sglang_rollout")
-    streaming = load_upstream(monkeypatch, "slime/rollout/sglang_streaming_rollout.py",
-                              "slime.rollout.sglang_streaming_rollout")
+    streaming = load_upstream(
+        monkeypatch, "slime/rollout/sglang_streaming_rollout.py", "slime.rollout.sglang_streaming_rollout"
+    )
     assert callable(streaming.generate_streaming)
 
 
@@ -88,11 +110,30 @@ def test_slimes_data_source_runs_unchanged(tmp_path, tiny_model_dir, monkeypatch
     n, the buffer served first, its metadata saved and loaded with its state."""
     upstream = load_upstream(monkeypatch, "slime/rollout/data_source.py", "slime.rollout._slime_data_source")
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"q{i}", "label": str(i), "metadata": {"row": i}}) + "\n"
-                            for i in range(5)))
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2",
-                       "--n-samples-per-prompt", "3", "--rollout-shuffle", "--save", str(tmp_path / "save")])
+    data.write_text(
+        "".join(json.dumps({"prompt": f"q{i}", "label": str(i), "metadata": {"row": i}}) + "\n" for i in range(5))
+    )
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "3",
+            "--rollout-shuffle",
+            "--save",
+            str(tmp_path / "save"),
+        ]
+    )
     source = upstream.RolloutDataSourceWithBuffer(args)
     assert len(source.dataset) == 5
     groups = source.get_samples(2)
@@ -111,8 +152,22 @@ def test_slimes_data_source_runs_unchanged(tmp_path, tiny_model_dir, monkeypatch
 def test_our_data_source_keeps_metadata_as_slimes_does(tmp_path, tiny_model_dir):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": "q", "label": "1"}) + "\n")
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "1"])
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rollout-batch-size",
+            "1",
+        ]
+    )
     source = DataSource.from_args(args)
     assert source.get_metadata() == {}
     source.update_metadata({"curriculum": 2})

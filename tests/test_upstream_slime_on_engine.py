@@ -48,12 +48,38 @@ def streaming_args(tmp_path, url, model):
     where = urlsplit(url)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Count to {i}:", "label": "x"}) + "\n" for i in range(2)))
-    return parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-                       "--sglang-router-ip", where.hostname, "--sglang-router-port", str(where.port),
-                       "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-                       "--rollout-temperature", "0", "--custom-generate-function-path", f"{STREAMING}.generate_streaming",
-                       "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt")])
+    return parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rm-type",
+            "math",
+            "--sglang-router-ip",
+            where.hostname,
+            "--sglang-router-port",
+            str(where.port),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "6",
+            "--rollout-temperature",
+            "0",
+            "--custom-generate-function-path",
+            f"{STREAMING}.generate_streaming",
+            "--save-debug-rollout-data",
+            str(tmp_path / "rollout_{rollout_id}.pt"),
+        ]
+    )
 
 
 def test_slimes_streaming_rollout_runs_unchanged_through_a_rollout(tmp_path, engine, tiny_model_dir, monkeypatch):
@@ -75,18 +101,29 @@ def test_slimes_streaming_rollout_runs_unchanged_through_a_rollout(tmp_path, eng
     tok = controller.runtime.tokenizer
     for s in samples:
         prompt = tok(s.prompt, add_special_tokens=False)["input_ids"]
-        answer = requests.post(f"{engine}/generate", timeout=120, json={
-            "input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 6, "temperature": 0}}).json()
+        answer = requests.post(
+            f"{engine}/generate",
+            timeout=120,
+            json={
+                "input_ids": prompt,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0},
+            },
+        ).json()
         want = [t for _, t, *_ in answer["meta_info"]["output_token_logprobs"]]
         # token-exact: the streamed ids are the engine's, appended to the prompt, one log-prob each
         assert s.tokens == prompt + want and s.response_length == len(want) == len(s.rollout_log_probs)
-        assert s.rollout_log_probs == pytest.approx([lp for lp, *_ in answer["meta_info"]["output_token_logprobs"]],
-                                                    abs=1e-4)
+        assert s.rollout_log_probs == pytest.approx(
+            [lp for lp, *_ in answer["meta_info"]["output_token_logprobs"]], abs=1e-4
+        )
         assert all(math.isfinite(lp) and lp <= 0 for lp in s.rollout_log_probs)
         assert s.loss_mask == [1] * len(want) and s.response == answer["text"]
-        assert s.status == {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED}[
-            answer["meta_info"]["finish_reason"]["type"]]
+        assert (
+            s.status
+            == {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED}[
+                answer["meta_info"]["finish_reason"]["type"]
+            ]
+        )
         spans = [e for e in s.trace["events"] if e["name"] == "sglang_generate_stream"]
         assert [e["type"] for e in spans] == ["span_start", "span_end"]
         assert spans[1]["attrs"]["completion_tokens"] == len(want)
@@ -126,13 +163,18 @@ def buffer_server(tmp_path):
     with the group."""
     port = find_free_port()
     log = (tmp_path / "buffer.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-c", BUFFER_SERVER.format(upstream=str(UPSTREAM), port=port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUFFER_SERVER.format(upstream=str(UPSTREAM), port=port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        assert until(lambda: proc.poll() is not None or _answers(url), timeout=120) and proc.poll() is None, \
-            (tmp_path / "buffer.log").read_text()
+        assert until(lambda: proc.poll() is not None or _answers(url), timeout=120) and proc.poll() is None, (
+            tmp_path / "buffer.log"
+        ).read_text()
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -178,23 +220,61 @@ def test_slimes_rollout_buffer_example_runs_its_loop(tmp_path, engine, tiny_mode
     generator's worker processes query the engine's `/v1/chat/completions` through the OpenAI client and
     grade the answers, write them to the buffer, and the rollout function fetches a finished group and
     turns it into Samples (tokens from the chat template of the messages, as slime's example does)."""
-    monkeypatch.syspath_prepend(str(UPSTREAM))  # `slime` itself is imported already: only slime_plugins comes from there
+    monkeypatch.syspath_prepend(
+        str(UPSTREAM)
+    )  # `slime` itself is imported already: only slime_plugins comes from there
     where = urlsplit(engine)
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {i}+1?"}],
-                                        "label": str(i + 1)}) + "\n" for i in range(2)))
-    args = parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--label-key", "label",
-                       "--sglang-router-ip", where.hostname, "--sglang-router-port", str(where.port),
-                       "--rollout-function-path", f"{EXAMPLE}.generate_rollout",
-                       "--rollout-buffer-url", buffer_server, "--rollout-task-type", "math",
-                       "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-                       "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt")])
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"What is {i}+1?"}], "label": str(i + 1)}) + "\n"
+            for i in range(2)
+        )
+    )
+    args = parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            where.hostname,
+            "--sglang-router-port",
+            str(where.port),
+            "--rollout-function-path",
+            f"{EXAMPLE}.generate_rollout",
+            "--rollout-buffer-url",
+            buffer_server,
+            "--rollout-task-type",
+            "math",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "8",
+            "--save-debug-rollout-data",
+            str(tmp_path / "rollout_{rollout_id}.pt"),
+        ]
+    )
     args.rollout_num_process = 2  # the example's own knob (`getattr(args, "rollout_num_process", 100)`)
     controller = RolloutController(args, Endpoints(engine, [engine]))
     try:
-        batch = within(300, controller.generate, 0, what=lambda: "slime's rollout-buffer example (it polls the "
-                       f"buffer until a group is there, with no deadline of its own); buffer log:\n{buffer_log(tmp_path)}")
+        batch = within(
+            300,
+            controller.generate,
+            0,
+            what=lambda: (
+                "slime's rollout-buffer example (it polls the "
+                f"buffer until a group is there, with no deadline of its own); buffer log:\n{buffer_log(tmp_path)}"
+            ),
+        )
         metadata = controller.data_source.get_metadata()
     finally:
         controller.close()
@@ -212,10 +292,12 @@ def test_slimes_rollout_buffer_example_runs_its_loop(tmp_path, engine, tiny_mode
         assert s.metadata["label"] == str(s.index + 1)
         assert answer["role"] == "assistant" and answer["content"]  # the engine's, through /v1/chat/completions
         assert s.reward == get_deepscaler_rule_based_reward(answer["content"], s.metadata["label"])
-        assert s.status == (Sample.Status.TRUNCATED if s.metadata["finish_reason"] == "length"
-                            else Sample.Status.COMPLETED)
+        assert s.status == (
+            Sample.Status.TRUNCATED if s.metadata["finish_reason"] == "length" else Sample.Status.COMPLETED
+        )
         # the example's tokens: the conversation through the chat template, the answer turn trained
-        assert tok.decode(s.tokens[:-s.response_length]) == tok.apply_chat_template(
-            [question], tokenize=False, add_generation_prompt=True)
-        assert tok.decode(s.tokens[-s.response_length:]) == answer["content"] + "<|im_end|>\n"
+        assert tok.decode(s.tokens[: -s.response_length]) == tok.apply_chat_template(
+            [question], tokenize=False, add_generation_prompt=True
+        )
+        assert tok.decode(s.tokens[-s.response_length :]) == answer["content"] + "<|im_end|>\n"
         assert s.loss_mask == [1] * s.response_length

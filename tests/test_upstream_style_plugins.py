@@ -58,10 +58,31 @@ def cluster(tiny_model_dir):
 def make_args(tmp_path, router, model, rows, *extra):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return parse_args(["--rollout-backend", "hf", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-                       "--input-key", "prompt", "--label-key", "label", "--sglang-router-ip", router.host,
-                       "--sglang-router-port", str(router.port), "--rollout-batch-size", "2",
-                       "--n-samples-per-prompt", "2", "--rollout-max-response-len", "32", *extra])
+    return parse_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--sglang-router-ip",
+            router.host,
+            "--sglang-router-port",
+            str(router.port),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "32",
+            *extra,
+        ]
+    )
 
 
 def start(args, tok):
@@ -79,24 +100,31 @@ def sampled_log_probs(n):
 
 # --- a search-style multi-turn plugin (slime's search-r1 way) ---------------------------------
 
+
 async def search_generate(args, sample: Sample, sampling_params) -> Sample:
     state = GenerateState(args)
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
     prompt_ids = state.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
     sample.tokens, sample.loss_mask = list(prompt_ids), []
     for _ in range(3):
-        out = await post(url, {"input_ids": sample.tokens, "sampling_params": sampling_params,
-                               "return_logprob": True})
+        out = await post(url, {"input_ids": sample.tokens, "sampling_params": sampling_params, "return_logprob": True})
         pairs = out["meta_info"]["output_token_logprobs"]
-        sample.append_response_tokens(args, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],
-                                      trainable=True, meta_info=out["meta_info"], text=out["text"])
+        sample.append_response_tokens(
+            args,
+            tokens=[p[1] for p in pairs],
+            log_probs=[p[0] for p in pairs],
+            trainable=True,
+            meta_info=out["meta_info"],
+            text=out["text"],
+        )
         found = re.search(r"<search>(.*?)</search>", out["text"])
         if not found:
             break
         hits = await post(args.retriever_url, {"queries": [found.group(1)], "topk": 1, "return_scores": False})
         obs = f"\n<information>{hits['result'][0][0]['contents']}</information>\n"
-        sample.append_response_tokens(args, tokens=state.tokenizer(obs, add_special_tokens=False)["input_ids"],
-                                      trainable=False, text=obs)
+        sample.append_response_tokens(
+            args, tokens=state.tokenizer(obs, add_special_tokens=False)["input_ids"], trainable=False, text=obs
+        )
     return sample
 
 
@@ -107,9 +135,18 @@ async def answer_reward(args, sample, **kwargs):
 
 def test_search_style_plugin_multi_turn_exact_tokens(tmp_path, cluster, tiny_model_dir):
     router, engine, retriever, tok = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, [{"prompt": "search task: capital?", "label": "Paris"}],
-                     "--custom-generate-function-path", f"{HERE}.search_generate",
-                     "--custom-rm-path", f"{HERE}.answer_reward", "--rollout-batch-size", "1")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        [{"prompt": "search task: capital?", "label": "Paris"}],
+        "--custom-generate-function-path",
+        f"{HERE}.search_generate",
+        "--custom-rm-path",
+        f"{HERE}.answer_reward",
+        "--rollout-batch-size",
+        "1",
+    )
     args.retriever_url = retriever.url
     runtime, src = start(args, tok)
     before = len(retriever.requests)
@@ -133,6 +170,7 @@ def test_search_style_plugin_multi_turn_exact_tokens(tmp_path, cluster, tiny_mod
 
 # --- a multi-agent plugin: several samples per prompt, rewarded with batched_async_rm ----------
 
+
 async def multi_agent_generate(args, sample: Sample, sampling_params, evaluation=False) -> list[Sample]:
     url = get_model_url(args, "default", "/generate")
     tok = GenerateState(args).tokenizer
@@ -143,8 +181,13 @@ async def multi_agent_generate(args, sample: Sample, sampling_params, evaluation
         s.tokens = tok(s.prompt, add_special_tokens=False)["input_ids"]
         out = await post(url, {"input_ids": s.tokens, "sampling_params": sampling_params, "return_logprob": True})
         pairs = out["meta_info"]["output_token_logprobs"]
-        s.append_response_tokens(args, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],
-                                 meta_info=out["meta_info"], text=out["text"])
+        s.append_response_tokens(
+            args,
+            tokens=[p[1] for p in pairs],
+            log_probs=[p[0] for p in pairs],
+            meta_info=out["meta_info"],
+            text=out["text"],
+        )
         return s
 
     samples = list(await asyncio.gather(agent("solver"), agent("solver"), agent("judge")))
@@ -155,9 +198,18 @@ async def multi_agent_generate(args, sample: Sample, sampling_params, evaluation
 
 def test_multi_agent_plugin_returns_lists_rewarded_by_batched_rm(tmp_path, cluster, tiny_model_dir):
     router, engine, retriever, tok = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, [{"prompt": "what is 1+1?", "label": "2"}],
-                     "--custom-generate-function-path", f"{HERE}.multi_agent_generate", "--rm-type", "math",
-                     "--rollout-batch-size", "1")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        [{"prompt": "what is 1+1?", "label": "2"}],
+        "--custom-generate-function-path",
+        f"{HERE}.multi_agent_generate",
+        "--rm-type",
+        "math",
+        "--rollout-batch-size",
+        "1",
+    )
     start(args, tok)
     [group] = generate_rollout(args, 0, src := DataSource.from_args(args, tok)).samples
     assert src.get_buffer_length() == 0
@@ -172,6 +224,7 @@ def test_multi_agent_plugin_returns_lists_rewarded_by_batched_rm(tmp_path, clust
 
 # --- a retool-style plugin: context budget from --context-parallel-size x --max-tokens-per-gpu --
 
+
 async def retool_generate(args, sample: Sample, sampling_params) -> Sample:
     state = GenerateState(args)
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
@@ -181,12 +234,19 @@ async def retool_generate(args, sample: Sample, sampling_params) -> Sample:
         budget = args.context_parallel_size * args.max_tokens_per_gpu
     sample.tokens = state.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
     while len(sample.tokens) < budget:
-        params = {**sampling_params, "max_new_tokens": min(sampling_params["max_new_tokens"],
-                                                           budget - len(sample.tokens))}
+        params = {
+            **sampling_params,
+            "max_new_tokens": min(sampling_params["max_new_tokens"], budget - len(sample.tokens)),
+        }
         out = await post(url, {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True})
         pairs = out["meta_info"]["output_token_logprobs"]
-        sample.append_response_tokens(args, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],
-                                      meta_info=out["meta_info"], text=out["text"])
+        sample.append_response_tokens(
+            args,
+            tokens=[p[1] for p in pairs],
+            log_probs=[p[0] for p in pairs],
+            meta_info=out["meta_info"],
+            text=out["text"],
+        )
         if out["meta_info"]["finish_reason"]["type"] == "length":
             break
         obs = state.tokenizer("\n<interpreter>1</interpreter>\n", add_special_tokens=False)["input_ids"]
@@ -201,10 +261,24 @@ def test_retool_style_plugin_uses_context_parallel_budget(tmp_path, cluster, tin
     router, engine, retriever, tok = cluster
     prompt = "retool task: compute"
     budget = 2 * 20
-    args = make_args(tmp_path, router, tiny_model_dir, [{"prompt": prompt, "label": "1"}],
-                     "--custom-generate-function-path", f"{HERE}.retool_generate", "--rm-type", "math",
-                     "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
-                     "--context-parallel-size", "2", "--max-tokens-per-gpu", "20")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        [{"prompt": prompt, "label": "1"}],
+        "--custom-generate-function-path",
+        f"{HERE}.retool_generate",
+        "--rm-type",
+        "math",
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "1",
+        "--context-parallel-size",
+        "2",
+        "--max-tokens-per-gpu",
+        "20",
+    )
     assert args.rollout_max_context_len is None
     start(args, tok)
     first = len(engine.requests)
@@ -226,13 +300,28 @@ def test_retool_style_plugin_uses_context_parallel_budget(tmp_path, cluster, tin
 
 # --- the dynamic-sampling filter by slime's hub path -------------------------------------------
 
+
 def test_filter_by_hub_path_keeps_only_groups_with_reward_spread(tmp_path, cluster, tiny_model_dir):
     router, engine, retriever, tok = cluster
-    rows = [{"prompt": "role: solver A", "label": "2"}, {"prompt": "role: solver B", "label": "7"},
-            {"prompt": "role: judge C", "label": "3"}]
-    args = make_args(tmp_path, router, tiny_model_dir, rows, "--rm-type", "math", "--rollout-batch-size", "1",
-                     "--over-sampling-batch-size", "3", "--dynamic-sampling-filter-path",
-                     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std")
+    rows = [
+        {"prompt": "role: solver A", "label": "2"},
+        {"prompt": "role: solver B", "label": "7"},
+        {"prompt": "role: judge C", "label": "3"},
+    ]
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        rows,
+        "--rm-type",
+        "math",
+        "--rollout-batch-size",
+        "1",
+        "--over-sampling-batch-size",
+        "3",
+        "--dynamic-sampling-filter-path",
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+    )
     start(args, tok)
     # every sample of a prompt gets the same reward: no group has a spread, the filter drops them
     # all, and the rollout stops with the filter named instead of sampling forever
@@ -242,10 +331,19 @@ def test_filter_by_hub_path_keeps_only_groups_with_reward_spread(tmp_path, clust
 
 # --- GenerateState: slime's attributes over the process's runtime ------------------------------
 
+
 def test_generate_state_is_the_runtime_view_with_slime_attributes(tmp_path, cluster, tiny_model_dir):
     router, engine, retriever, tok = cluster
-    args = make_args(tmp_path, router, tiny_model_dir, [{"prompt": "x", "label": "1"}],
-                     "--rollout-stop", "</answer>", "--sglang-server-concurrency", "3")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        [{"prompt": "x", "label": "1"}],
+        "--rollout-stop",
+        "</answer>",
+        "--sglang-server-concurrency",
+        "3",
+    )
     runtime, _ = start(args, tok)
     state = GenerateState(args)
     assert GenerateState(args) is state and GenerateState() is state
@@ -278,6 +376,7 @@ def test_generate_state_is_the_runtime_view_with_slime_attributes(tmp_path, clus
 
 # --- fully-async rollout at slime's path --------------------------------------------------------
 
+
 async def failing_generate(args, sample, sampling_params):
     raise ValueError(f"plugin bug on {sample.prompt!r}")
 
@@ -285,8 +384,18 @@ async def failing_generate(args, sample, sampling_params):
 def test_fully_async_rollout_keeps_the_pool_warm_and_fails_with_a_plugin_error(tmp_path, cluster, tiny_model_dir):
     router, engine, retriever, tok = cluster
     rows = [{"prompt": f"question {i}", "label": "1"} for i in range(6)]
-    args = make_args(tmp_path, router, tiny_model_dir, rows, "--rm-type", "math", "--sglang-server-concurrency", "3",
-                     "--rollout-num-engines", "1")
+    args = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        rows,
+        "--rm-type",
+        "math",
+        "--sglang-server-concurrency",
+        "3",
+        "--rollout-num-engines",
+        "1",
+    )
     start(args, tok)
     src = DataSource.from_args(args, tok)
     out0 = generate_rollout_fully_async(args, 0, src)
@@ -298,8 +407,18 @@ def test_fully_async_rollout_keeps_the_pool_warm_and_fails_with_a_plugin_error(t
     seen = [g[0].prompt for g in out0.samples + out1.samples]
     assert len(set(seen)) == 4
 
-    args2 = make_args(tmp_path, router, tiny_model_dir, rows, "--custom-generate-function-path",
-                      f"{HERE}.failing_generate", "--rollout-batch-size", "1", "--sglang-server-concurrency", "1")
+    args2 = make_args(
+        tmp_path,
+        router,
+        tiny_model_dir,
+        rows,
+        "--custom-generate-function-path",
+        f"{HERE}.failing_generate",
+        "--rollout-batch-size",
+        "1",
+        "--sglang-server-concurrency",
+        "1",
+    )
     start(args2, tok)
     src2 = DataSource.from_args(args2, tok)
     with pytest.raises(ValueError, match="plugin bug on 'question"):
@@ -308,6 +427,7 @@ def test_fully_async_rollout_keeps_the_pool_warm_and_fails_with_a_plugin_error(t
 
 
 # --- a rollout function that logs the same error forever fails with it -------------------------
+
 
 def slime_style_stuck_rollout(args, rollout_id, data_buffer, evaluation=False):
     """Like slime's fully-async worker: a thread retries a failing step, logging each failure,

@@ -19,7 +19,7 @@ from slime.ray.worker_path import package_root, worker_path
 ROOT = Path(__file__).resolve().parents[1]
 SLIME_ROLLOUT = Path(sys.executable).parent / "slime-rollout"
 
-USER_ROLLOUT = '''
+USER_ROLLOUT = """
 from slime.utils.types import Sample
 
 
@@ -31,7 +31,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
             s.reward, s.status = 0.25, Sample.Status.COMPLETED
     print("USER-PLUGIN-RAN", __file__, flush=True)
     return groups
-'''
+"""
 
 
 def user_repo(tmp_path: Path) -> Path:
@@ -55,14 +55,26 @@ def test_a_user_examples_package_wins_over_ours_wherever_it_is_on_the_path(tmp_p
     """Our `examples/` is a namespace package: the user's regular package wins even with our
     checkout earlier on the path; with no user package ours are still importable."""
     repo = user_repo(tmp_path)
-    probe = ("import examples.multi_agent.rollout_with_multi_agents as m, examples.geo3k_vlm_multi_turn.rollout;"
-             "print(m.WHOSE)")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                         env=clean_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(repo)])))
+    probe = (
+        "import examples.multi_agent.rollout_with_multi_agents as m, examples.geo3k_vlm_multi_turn.rollout;"
+        "print(m.WHOSE)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(repo)])),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "user"
-    ours = subprocess.run([sys.executable, "-c", "import examples.multi_agent.rollout_with_multi_agents as m;"
-                           "print(m.__file__)"], cwd=ROOT, capture_output=True, text=True, env=clean_env())
+    ours = subprocess.run(
+        [sys.executable, "-c", "import examples.multi_agent.rollout_with_multi_agents as m;print(m.__file__)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert ours.returncode == 0, ours.stderr
     assert ours.stdout.strip() == str(ROOT / "examples/multi_agent/rollout_with_multi_agents.py")
 
@@ -89,10 +101,24 @@ def test_the_cli_checks_a_plugin_where_the_workers_import_it(tmp_path):
     A plugin nobody can import still fails there, naming its flag, before Ray starts."""
     repo = user_repo(tmp_path)
     (repo / "p.jsonl").write_text(json.dumps({"input": "hi", "label": "1"}) + "\n")
-    out = subprocess.run([str(SLIME_ROLLOUT), "--prompt-data", "p.jsonl", "--label-key", "label",
-                          "--rollout-function-path", "examples.geo3k_vlm_multi_turn.rollout.generate_rollout",
-                          "--custom-rm-path", "examples.geo3k_vlm_multi_turn.nowhere.reward"],
-                         cwd=repo, capture_output=True, text=True, env=clean_env(), timeout=300)
+    out = subprocess.run(
+        [
+            str(SLIME_ROLLOUT),
+            "--prompt-data",
+            "p.jsonl",
+            "--label-key",
+            "label",
+            "--rollout-function-path",
+            "examples.geo3k_vlm_multi_turn.rollout.generate_rollout",
+            "--custom-rm-path",
+            "examples.geo3k_vlm_multi_turn.nowhere.reward",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+    )
     assert out.returncode == 1, out.stderr
     assert "--rollout-function-path" not in out.stderr  # it imported; the next plugin stops the run
     assert "--custom-rm-path 'examples.geo3k_vlm_multi_turn.nowhere.reward': cannot import" in out.stderr
@@ -108,13 +134,41 @@ def test_user_examples_plugin_runs_on_the_workers(tmp_path, tiny_model_dir):
     elsewhere.mkdir()
     (elsewhere / "p.jsonl").write_text(json.dumps({"input": "hi", "label": "1"}) + "\n")
     out = subprocess.run(
-        [str(SLIME_ROLLOUT), "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir),
-         "--prompt-data", "p.jsonl", "--label-key", "label", "--rm-type", "exact", "--rollout-batch-size", "1",
-         "--n-samples-per-prompt", "1", "--rollout-function-path",
-         "examples.geo3k_vlm_multi_turn.rollout.generate_rollout", "--rollout-num-engines", "1",
-         "--engine-threads", "1", "--rollout-num-cpus-per-engine", "0.5", "--num-rollout", "1",
-         "--log-dir", str(tmp_path / "logs")],
-        cwd=elsewhere, capture_output=True, text=True, env=clean_env(PYTHONPATH=str(repo)), timeout=600)
+        [
+            str(SLIME_ROLLOUT),
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            "p.jsonl",
+            "--label-key",
+            "label",
+            "--rm-type",
+            "exact",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "1",
+            "--rollout-function-path",
+            "examples.geo3k_vlm_multi_turn.rollout.generate_rollout",
+            "--rollout-num-engines",
+            "1",
+            "--engine-threads",
+            "1",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--num-rollout",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(repo)),
+        timeout=600,
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert f"USER-PLUGIN-RAN {repo / 'examples/geo3k_vlm_multi_turn/rollout.py'}" in text

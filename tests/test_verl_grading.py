@@ -20,24 +20,37 @@ from slime.utils.verl_reward_score import gsm8k
 from tests.upstream_verl import verl_gsm8k_score as verl_reference
 
 SCHEMA = OpenAIFunctionToolSchema.model_validate(
-    {"type": "function", "function": {"name": "calc", "description": "d",
-                                      "parameters": {"type": "object", "properties": {}}}})
+    {
+        "type": "function",
+        "function": {"name": "calc", "description": "d", "parameters": {"type": "object", "properties": {}}},
+    }
+)
 
 
 def submit(cls, answer: str, ground_truth) -> tuple[float, float]:
     """(the step reward, the final reward) of one submission."""
+
     async def go():
         tool = cls({}, SCHEMA)
         iid, _ = await tool.create(create_kwargs={"ground_truth": ground_truth})
         _, step, _ = await tool.execute(iid, {"answer": answer})
         return step, await tool.calc_reward(iid)
+
     return asyncio.run(go())
 
 
 # (answer, ground truth, verl's reward, slime's numeric reward)
-GSM8K_CASES = [("72", "72", 1.0, 1.0), ("72.0", "72", 0.0, 1.0), ("1000", "1,000", 0.0, 1.0),
-               ("1,000", "1000", 0.0, 1.0), ("7,2", "72", 0.0, 1.0), ("#### 18", "18", 1.0, 1.0),
-               ("the answer is 5", "5", 1.0, 1.0), ("$18", "18", 1.0, 1.0), ("18", 18, 0.0, 1.0)]
+GSM8K_CASES = [
+    ("72", "72", 1.0, 1.0),
+    ("72.0", "72", 0.0, 1.0),
+    ("1000", "1,000", 0.0, 1.0),
+    ("1,000", "1000", 0.0, 1.0),
+    ("7,2", "72", 0.0, 1.0),
+    ("#### 18", "18", 1.0, 1.0),
+    ("the answer is 5", "5", 1.0, 1.0),
+    ("$18", "18", 1.0, 1.0),
+    ("18", 18, 0.0, 1.0),
+]
 
 
 @pytest.mark.parametrize("answer,truth,verl,ours", GSM8K_CASES)
@@ -51,9 +64,17 @@ def test_gsm8k_tool_grades_as_verl_under_verl_name(answer, truth, verl, ours):
     assert verl_reference.compute_score(prefixed, truth, method="flexible", format_score=0.0, score=1.0) == verl
 
 
-@pytest.mark.parametrize("answer,truth,verl,ours", [
-    ("\\boxed{90}", "90", 1.0, 0.0), ("90", "90", 1.0, 1.0), ("45^\\circ", "45", 1.0, 1.0),
-    ("\\frac{1}{2}", "0.5", 1.0, 1.0), ("2/4", "1/2", 0.0, 0.0), ("91", "90", 0.0, 0.0)])
+@pytest.mark.parametrize(
+    "answer,truth,verl,ours",
+    [
+        ("\\boxed{90}", "90", 1.0, 0.0),
+        ("90", "90", 1.0, 1.0),
+        ("45^\\circ", "45", 1.0, 1.0),
+        ("\\frac{1}{2}", "0.5", 1.0, 1.0),
+        ("2/4", "1/2", 0.0, 0.0),
+        ("91", "90", 0.0, 0.0),
+    ],
+)
 def test_geo3k_tool_grades_as_verl_under_verl_name(answer, truth, verl, ours):
     cls, _ = resolve_tool_class("verl.tools.geo3k_tool.Geo3kTool")
     assert cls is VerlGeo3kTool
@@ -63,11 +84,13 @@ def test_geo3k_tool_grades_as_verl_under_verl_name(answer, truth, verl, ours):
 
 def test_verl_tool_rewards_follow_the_last_submission():
     """verl: the step reward is 0 only when the score rose; the final reward is the last submission's."""
+
     async def go():
         tool = VerlGsm8kTool({}, SCHEMA)
         iid, _ = await tool.create(create_kwargs={"ground_truth": "3"})
         steps = [(await tool.execute(iid, {"answer": a}))[1] for a in ("3", "3", "4")]
         return steps, await tool.calc_reward(iid)
+
     assert asyncio.run(go()) == ([0.0, -0.05, -0.05], 0.0)
 
 
@@ -77,13 +100,18 @@ def test_the_gsm8k_interaction_under_verl_name_is_verls():
     assert INTERACTIONS["verl.interactions.gsm8k_interaction.Gsm8kInteraction"] == f"{cls.__module__}.{cls.__name__}"
 
 
-TEXT = st.lists(st.sampled_from(["#### ", "####", "1", "7", "0", ",", ".", "-", "$", " ", "a", "\n", "72", "1,000"]),
-                max_size=40).map("".join)
+TEXT = st.lists(
+    st.sampled_from(["#### ", "####", "1", "7", "0", ",", ".", "-", "$", " ", "a", "\n", "72", "1,000"]), max_size=40
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(TEXT, st.sampled_from(["72", "1000", "1,000", "7", "-1", ".", "0.5"]), st.sampled_from(["strict", "flexible"]),
-       st.integers(0, 400))
+@given(
+    TEXT,
+    st.sampled_from(["72", "1000", "1,000", "7", "-1", ".", "0.5"]),
+    st.sampled_from(["strict", "flexible"]),
+    st.integers(0, 400),
+)
 def test_gsm8k_score_is_verls(text, truth, method, pad):
     """Our verl-named scorer against verl's own file on random texts (the 300-character clip included)."""
     text = "x" * pad + text
@@ -91,8 +119,28 @@ def test_gsm8k_score_is_verls(text, truth, method, pad):
     assert gsm8k.compute_score(text, truth, method) == verl_reference.compute_score(text, truth, method)
 
 
-GEO3K_TEXT = st.lists(st.sampled_from(["90", "45", "\\boxed{", "}", "^\\circ", "\\frac{1}{2}", "0.5", "1/2", " ", "x=",
-                                       "2\\sqrt{3}", "<think>", "</think>", "-", "."]), max_size=8).map("".join)
+GEO3K_TEXT = st.lists(
+    st.sampled_from(
+        [
+            "90",
+            "45",
+            "\\boxed{",
+            "}",
+            "^\\circ",
+            "\\frac{1}{2}",
+            "0.5",
+            "1/2",
+            " ",
+            "x=",
+            "2\\sqrt{3}",
+            "<think>",
+            "</think>",
+            "-",
+            ".",
+        ]
+    ),
+    max_size=8,
+).map("".join)
 
 
 @settings(max_examples=150, deadline=None)
@@ -102,8 +150,10 @@ def test_verl_named_tools_grade_as_verls_own_files(answer, truth):
     latest commit), called as verl's tools call them, on random submissions."""
     from tests.upstream_verl import verl_geo3k_score
 
-    assert submit(VerlGeo3kTool, answer, truth)[1] == verl_geo3k_score.compute_score(answer, truth, use_boxed=False,
-                                                                                     format_score=0.0)
+    assert submit(VerlGeo3kTool, answer, truth)[1] == verl_geo3k_score.compute_score(
+        answer, truth, use_boxed=False, format_score=0.0
+    )
     prefixed = answer if answer.startswith("#### ") else "#### " + answer
     assert submit(VerlGsm8kTool, answer, truth)[1] == verl_reference.compute_score(
-        prefixed, truth, method="flexible", format_score=0.0, score=1.0)
+        prefixed, truth, method="flexible", format_score=0.0, score=1.0
+    )

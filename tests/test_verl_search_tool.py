@@ -17,8 +17,11 @@ VERL = ROOT / "configs" / "verl"
 
 
 # ---- search against a local retriever -------------------------------------------------------------
-CORPUS = ["Paris\nParis is the capital of France.", "Berlin\nBerlin is the capital of Germany.",
-          "Rome\nRome is the capital of Italy and was founded long ago."]
+CORPUS = [
+    "Paris\nParis is the capital of France.",
+    "Berlin\nBerlin is the capital of Germany.",
+    "Rome\nRome is the capital of Italy and was founded long ago.",
+]
 
 
 @pytest.fixture()
@@ -45,12 +48,15 @@ async def test_search_tool_against_local_retriever(tmp_path, retriever):
     tool = search_tool(tmp_path, retriever.url, topk=2)
     iid, _ = await tool.create()
     resp, reward, metrics = await tool.execute(iid, {"query_list": ["capital of Germany", "Italy founded"]})
-    assert retriever.requests == [{"queries": ["capital of Germany", "Italy founded"], "topk": 2,
-                                   "return_scores": True}]
-    expected = ("Doc 1 (Title: Berlin)\nBerlin is the capital of Germany.\n\n"
-                "Doc 2 (Title: Paris)\nParis is the capital of France.\n---\n"
-                "Doc 1 (Title: Rome)\nRome is the capital of Italy and was founded long ago.\n\n"
-                "Doc 2 (Title: Paris)\nParis is the capital of France.")
+    assert retriever.requests == [
+        {"queries": ["capital of Germany", "Italy founded"], "topk": 2, "return_scores": True}
+    ]
+    expected = (
+        "Doc 1 (Title: Berlin)\nBerlin is the capital of Germany.\n\n"
+        "Doc 2 (Title: Paris)\nParis is the capital of France.\n---\n"
+        "Doc 1 (Title: Rome)\nRome is the capital of Italy and was founded long ago.\n\n"
+        "Doc 2 (Title: Paris)\nParis is the capital of France."
+    )
     assert resp.text == json.dumps({"result": expected}) and reward == 0.0
     assert metrics == {"query_count": 2, "status": "success", "total_results": 4, "api_request_error": None}
     assert tool.results(iid) == [resp.text] and await tool.calc_reward(iid) == 0.0
@@ -77,8 +83,7 @@ async def test_search_tool_retries_then_reports(tmp_path, retriever):
 async def test_search_tool_bad_arguments_and_no_server(tmp_path):
     from slime.utils.misc import find_free_port
 
-    tool = search_tool(tmp_path, f"http://127.0.0.1:{find_free_port()}/retrieve", max_retries=1,
-                       retry_base_delay=0.01)
+    tool = search_tool(tmp_path, f"http://127.0.0.1:{find_free_port()}/retrieve", max_retries=1, retry_base_delay=0.01)
     resp, _, metrics = await tool.execute("i", {"query_list": []})
     assert json.loads(resp.text) == {"result": "Error: 'query_list' is missing, empty, or not a list in parameters."}
     resp, _, metrics = await tool.execute("i", {"query_list": ["x"]})

@@ -25,27 +25,39 @@ without_verl = pytest.mark.skipif(verl_installed(), reason="checks the mapping u
 
 # ---- verl's YAMLs, unchanged ----------------------------------------------------------------------
 @without_verl
-@pytest.mark.parametrize("config,names,cls", [
-    ("gsm8k_tool_config.yaml", ["calc_gsm8k_reward"], VerlGsm8kTool),
-    ("sandbox_fusion_tool_config.yaml", ["code_interpreter"], SandboxFusionTool),
-    ("search_tool_config.yaml", ["search"], SearchTool),
-])
+@pytest.mark.parametrize(
+    "config,names,cls",
+    [
+        ("gsm8k_tool_config.yaml", ["calc_gsm8k_reward"], VerlGsm8kTool),
+        ("sandbox_fusion_tool_config.yaml", ["code_interpreter"], SandboxFusionTool),
+        ("search_tool_config.yaml", ["search"], SearchTool),
+    ],
+)
 def test_verl_yaml_loads_unchanged(config, names, cls, caplog):
     with caplog.at_level(logging.INFO, logger="slime.tools.registry"):
         tools = load_tool_config(VERL / config)
     assert tools.names == names and type(tools[names[0]]) is cls
     notes = [r.getMessage() for r in caplog.records if r.name == "slime.tools.registry"]
-    verl_name = {VerlGsm8kTool: "verl.tools.gsm8k_tool.Gsm8kTool", SearchTool: "verl.tools.search_tool.SearchTool",
-                 SandboxFusionTool: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"}[cls]
-    assert notes == [f"{VERL / config}: tools[0]: {verl_name} -> {cls.__module__}.{cls.__name__} "
-                     f"(verl is not installed; slime's equivalent)"]
+    verl_name = {
+        VerlGsm8kTool: "verl.tools.gsm8k_tool.Gsm8kTool",
+        SearchTool: "verl.tools.search_tool.SearchTool",
+        SandboxFusionTool: "verl.tools.sandbox_fusion_tools.SandboxFusionTool",
+    }[cls]
+    assert notes == [
+        f"{VERL / config}: tools[0]: {verl_name} -> {cls.__module__}.{cls.__name__} "
+        f"(verl is not installed; slime's equivalent)"
+    ]
 
 
 @without_verl
 def test_verl_search_yaml_keeps_its_schema_and_config():
     tool = load_tool_config(VERL / "search_tool_config.yaml")["search"]
     assert (tool.retrieval_service_url, tool.topk, tool.timeout, tool.num_workers) == (
-        "http://127.0.0.1:8000/retrieve", 3, 30.0, 120)
+        "http://127.0.0.1:8000/retrieve",
+        3,
+        30.0,
+        120,
+    )
     prop = tool.tool_schema.to_openai()["function"]["parameters"]["properties"]["query_list"]
     assert prop["type"] == "array" and prop["item"] == {"type": "string"}  # verl's spelling kept as is
 
@@ -71,28 +83,36 @@ def test_verl_mcp_yaml_is_accepted_and_names_what_is_missing(monkeypatch):
         load_tool_config(VERL / "mcp_tool_config.yaml")
     msg = str(e.value)
     assert "unknown field" not in msg
-    assert msg == (f"{VERL / 'mcp_tool_config.yaml'}: tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, "
-                   f"config.type: mcp): cannot create the MCP tools ['web_search'] of "
-                   f"{VERL / 'mcp_server.json'}: the MCP client "
-                   f"library is not installed (pip install mcp)")
+    assert msg == (
+        f"{VERL / 'mcp_tool_config.yaml'}: tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, "
+        f"config.type: mcp): cannot create the MCP tools ['web_search'] of "
+        f"{VERL / 'mcp_server.json'}: the MCP client "
+        f"library is not installed (pip install mcp)"
+    )
 
 
-@pytest.mark.parametrize("mcp,needle", [
-    ({}, "tools[0].mcp.mcp_servers_config_path: required"),
-    ({"mcp_servers_config_path": "nope.json"}, "tools[0].mcp.mcp_servers_config_path: no such file 'nope.json'"),
-    ({"mcp_servers_config_path": "servers.json", "extra": 1}, "tools[0].mcp: unknown field(s) ['extra']"),
-    ({"mcp_servers_config_path": "servers.json", "tool_selected_list": "a"},
-     "tools[0].mcp.tool_selected_list: expected a list"),
-    ({"mcp_servers_config_path": "empty.json"}, "empty.json: expected {\"mcpServers\""),
-    ({"mcp_servers_config_path": "bad_server.json"}, "server 's' needs a \"url\" or a \"command\""),
-])
+@pytest.mark.parametrize(
+    "mcp,needle",
+    [
+        ({}, "tools[0].mcp.mcp_servers_config_path: required"),
+        ({"mcp_servers_config_path": "nope.json"}, "tools[0].mcp.mcp_servers_config_path: no such file 'nope.json'"),
+        ({"mcp_servers_config_path": "servers.json", "extra": 1}, "tools[0].mcp: unknown field(s) ['extra']"),
+        (
+            {"mcp_servers_config_path": "servers.json", "tool_selected_list": "a"},
+            "tools[0].mcp.tool_selected_list: expected a list",
+        ),
+        ({"mcp_servers_config_path": "empty.json"}, 'empty.json: expected {"mcpServers"'),
+        ({"mcp_servers_config_path": "bad_server.json"}, 'server \'s\' needs a "url" or a "command"'),
+    ],
+)
 def test_mcp_entry_errors(tmp_path, mcp, needle):
     (tmp_path / "servers.json").write_text('{"mcpServers": {"s": {"command": "x"}}}')
     (tmp_path / "empty.json").write_text('{"mcpServers": {}}')
     (tmp_path / "bad_server.json").write_text('{"mcpServers": {"s": {"port": 1}}}')
     p = tmp_path / "mcp.yaml"
-    p.write_text(json.dumps({"tools": [{"class_name": "slime.tools.mcp_tool.MCPTool",
-                                        "config": {"type": "mcp"}, "mcp": mcp}]}))
+    p.write_text(
+        json.dumps({"tools": [{"class_name": "slime.tools.mcp_tool.MCPTool", "config": {"type": "mcp"}, "mcp": mcp}]})
+    )
     with pytest.raises(ToolConfigError) as e:
         load_tool_config(p)
     assert needle in str(e.value), str(e.value)
@@ -101,13 +121,35 @@ def test_mcp_entry_errors(tmp_path, mcp, needle):
 def test_mcp_section_needs_type_mcp_and_no_schema(tmp_path):
     (tmp_path / "s.json").write_text('{"mcpServers": {"s": {"url": "http://127.0.0.1:1/mcp"}}}')
     p = tmp_path / "t.yaml"
-    p.write_text(json.dumps({"tools": [{"class_name": "slime.tools.mcp_tool.MCPTool", "config": {"type": "native"},
-                                        "mcp": {"mcp_servers_config_path": "s.json"}}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "tools": [
+                    {
+                        "class_name": "slime.tools.mcp_tool.MCPTool",
+                        "config": {"type": "native"},
+                        "mcp": {"mcp_servers_config_path": "s.json"},
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(ToolConfigError, match=r"tools\[0\]\.mcp: only used with config\.type: mcp"):
         load_tool_config(p)
-    p.write_text(json.dumps({"tools": [{"class_name": "slime.tools.mcp_tool.MCPTool", "config": {"type": "mcp"},
-                                        "mcp": {"mcp_servers_config_path": "s.json"},
-                                        "tool_schema": {"function": {"name": "a"}}}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "tools": [
+                    {
+                        "class_name": "slime.tools.mcp_tool.MCPTool",
+                        "config": {"type": "mcp"},
+                        "mcp": {"mcp_servers_config_path": "s.json"},
+                        "tool_schema": {"function": {"name": "a"}},
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(ToolConfigError, match=r"tools\[0\]\.tool_schema: not used with config\.type: mcp"):
         load_tool_config(p)
 
@@ -115,12 +157,25 @@ def test_mcp_section_needs_type_mcp_and_no_schema(tmp_path):
 @without_verl
 def test_unmapped_verl_class_is_an_error_naming_the_mapped_ones(tmp_path):
     p = tmp_path / "zoom.yaml"
-    p.write_text(json.dumps({"tools": [{"class_name": "verl.tools.image_zoom_in_tool.ImageZoomInTool",
-                                        "config": {"type": "native"}, "tool_schema": {"function": {"name": "g"}}}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "tools": [
+                    {
+                        "class_name": "verl.tools.image_zoom_in_tool.ImageZoomInTool",
+                        "config": {"type": "native"},
+                        "tool_schema": {"function": {"name": "g"}},
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(ToolConfigError) as e:
         load_tool_config(p)
-    assert "tools[0].class_name: 'verl.tools.image_zoom_in_tool.ImageZoomInTool': verl is not installed and slime " \
-           "has no equivalent" in str(e.value)
+    assert (
+        "tools[0].class_name: 'verl.tools.image_zoom_in_tool.ImageZoomInTool': verl is not installed and slime "
+        "has no equivalent" in str(e.value)
+    )
     assert str(e.value).endswith("point class_name at your own tool class (tool 'g')")
     assert all(name in str(e.value) for name in VERL_EQUIVALENTS)
 
@@ -132,7 +187,8 @@ def test_installed_verl_class_is_used_and_adapted(tmp_path, monkeypatch, caplog)
     pkg.mkdir(parents=True)
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "schemas.py").write_text(textwrap.dedent("""
+    (pkg / "schemas.py").write_text(
+        textwrap.dedent("""
         from pydantic import BaseModel
         class OpenAIFunctionPropertySchema(BaseModel):
             type: str
@@ -152,8 +208,10 @@ def test_installed_verl_class_is_used_and_adapted(tmp_path, monkeypatch, caplog)
             text: str | None = None
             image: list | None = None
             video: list | None = None
-    """))
-    (pkg / "gsm8k_tool.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (pkg / "gsm8k_tool.py").write_text(
+        textwrap.dedent("""
         from .schemas import OpenAIFunctionToolSchema, ToolResponse
         class Gsm8kTool:
             def __init__(self, config, tool_schema: OpenAIFunctionToolSchema):
@@ -170,7 +228,8 @@ def test_installed_verl_class_is_used_and_adapted(tmp_path, monkeypatch, caplog)
                 return 1.0
             async def release(self, instance_id, **kwargs):
                 del self.gt[instance_id]
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "fakeverl"))
     try:
         with caplog.at_level(logging.INFO, logger="slime.tools.registry"):

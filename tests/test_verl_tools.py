@@ -37,8 +37,9 @@ class CounterTool(BaseTool):
         self._instance_dict[instance_id] = {"count": start}
         return instance_id, ToolResponse(text=f"counter at {start}")
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], agent_data=None,
-                      **kwargs) -> tuple[ToolResponse, float, dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], agent_data=None, **kwargs
+    ) -> tuple[ToolResponse, float, dict]:
         state = self._instance_dict[instance_id]
         state["count"] += int(parameters.get("step", 1))
         calls = agent_data.extra_fields["calls"] = agent_data.extra_fields.get("calls", 0) + 1
@@ -96,11 +97,23 @@ class ExplicitKwargsTool(BaseTool):
 
 def tool_yaml(tmp_path: Path, entries: list[tuple[str, str, dict]], name: str = "tools.yaml") -> Path:
     """(class, tool name, properties) -> a verl tool YAML."""
-    body = {"tools": [{"class_name": f"{__name__}.{cls}", "config": {"type": "native"},
-                       "tool_schema": {"type": "function", "function": {
-                           "name": tool, "description": f"{tool} tool",
-                           "parameters": {"type": "object", "properties": props}}}}
-                      for cls, tool, props in entries]}
+    body = {
+        "tools": [
+            {
+                "class_name": f"{__name__}.{cls}",
+                "config": {"type": "native"},
+                "tool_schema": {
+                    "type": "function",
+                    "function": {
+                        "name": tool,
+                        "description": f"{tool} tool",
+                        "parameters": {"type": "object", "properties": props},
+                    },
+                },
+            }
+            for cls, tool, props in entries
+        ]
+    }
     p = tmp_path / name
     p.write_text(json.dumps(body))  # JSON is YAML
     return p
@@ -108,11 +121,16 @@ def tool_yaml(tmp_path: Path, entries: list[tuple[str, str, dict]], name: str = 
 
 @pytest.fixture()
 def verl_style(tmp_path) -> ToolSet:
-    return load_tool_config(tool_yaml(tmp_path, [
-        ("CounterTool", "counter", {"step": {"type": "integer"}}),
-        ("OldEchoTool", "echo", {"text": {"type": "string"}}),
-        ("ExplicitKwargsTool", "explicit", {}),
-    ]))
+    return load_tool_config(
+        tool_yaml(
+            tmp_path,
+            [
+                ("CounterTool", "counter", {"step": {"type": "integer"}}),
+                ("OldEchoTool", "echo", {"text": {"type": "string"}}),
+                ("ExplicitKwargsTool", "explicit", {}),
+            ],
+        )
+    )
 
 
 # ---- tool classes in verl's style through the registry adapter ------------------------------------
@@ -163,9 +181,11 @@ async def test_explicit_create_kwargs_and_bare_response(verl_style, caplog):
         class Strict(OldEchoTool):
             async def create(self, instance_id=None, prefix=""):
                 return instance_id
+
         Strict.__name__ = "OldEchoTool"
-        adapter = VerlToolAdapter.build(Strict, {}, OpenAIFunctionToolSchema.model_validate(
-            {"function": {"name": "s"}}))
+        adapter = VerlToolAdapter.build(
+            Strict, {}, OpenAIFunctionToolSchema.model_validate({"function": {"name": "s"}})
+        )
         await adapter.create("y", colour="red")
 
 
@@ -181,8 +201,11 @@ async def test_bad_execute_result_is_an_error(tmp_path):
 
 def test_non_tool_class_is_refused(tmp_path):
     p = tmp_path / "t.yaml"
-    p.write_text(json.dumps({"tools": [{"class_name": "slime.tools.schemas.ToolResponse",
-                                        "tool_schema": {"function": {"name": "a"}}}]}))
+    p.write_text(
+        json.dumps(
+            {"tools": [{"class_name": "slime.tools.schemas.ToolResponse", "tool_schema": {"function": {"name": "a"}}}]}
+        )
+    )
     with pytest.raises(ToolConfigError, match="not a subclass of slime.tools.BaseTool nor a verl-style tool class"):
         load_tool_config(p)
 
@@ -205,13 +228,23 @@ async def test_verl_style_tools_in_the_multi_turn_loop(tmp_path):
     from slime.utils.types import Sample
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    path = tool_yaml(tmp_path, [("CounterTool", "counter", {"step": {"type": "integer"}}),
-                                ("OldEchoTool", "echo", {"text": {"type": "string"}})], "loop.yaml")
+    path = tool_yaml(
+        tmp_path,
+        [
+            ("CounterTool", "counter", {"step": {"type": "integer"}}),
+            ("OldEchoTool", "echo", {"text": {"type": "string"}}),
+        ],
+        "loop.yaml",
+    )
     args = argparse.Namespace(**{**tool_defaults(), "tool_config_path": str(path), "rollout_max_response_len": 64})
     ctx = MultiTurnContext(args, tokenizer=tok)
-    sample = Sample(index=3, prompt=[{"role": "user", "content": "count"}],
-                    metadata={"tools_kwargs": {"counter": {"create_kwargs": {"start": 10}},
-                                               "echo": {"create_kwargs": {"prefix": "> "}}}})
+    sample = Sample(
+        index=3,
+        prompt=[{"role": "user", "content": "count"}],
+        metadata={
+            "tools_kwargs": {"counter": {"create_kwargs": {"start": 10}}, "echo": {"create_kwargs": {"prefix": "> "}}}
+        },
+    )
     traj = Trajectory(ctx, args, sample, {"max_new_tokens": 16})
     names = traj.active_tools()
     traj.build_prompt(names)
@@ -252,19 +285,22 @@ def test_sample_tools_select_and_schemas(tmp_path, verl_style):
     assert sample_tool_schemas([own]) == [OpenAIFunctionToolSchema.model_validate(own).to_openai()]
 
 
-@pytest.mark.parametrize("tools,kwargs,needle", [
-    ({"nope": {}}, None, "tools_kwargs names tool(s) ['nope'] that are not in the tool config"),
-    ([{"name": "web"}], None, "the sample's tools ['web'] are not in the tool config"),
-    (["echo"], {"counter": {}}, "tools_kwargs names tool(s) ['counter'] that the sample's tools ['echo'] do not"),
-    (["nope"], None, "the sample's tools[0]: no tool named 'nope'"),
-    ([{"function": {"description": "x"}}], None, "the sample's tools[0].function.name: Field required"),
-    (["echo", {"name": "echo"}], None, "the sample's tools[1]: duplicate tool name 'echo'"),
-    ("not json", None, "the sample's tools are a string but not JSON"),
-    ([3], None, "the sample's tools[0]: expected an OpenAI tool schema (a mapping) or a tool name, got int"),
-    (5, None, "must be a list of tool schemas, got int"),
-    (None, 5, "tools_kwargs must be a mapping"),
-    (None, ["x"], "the sample's tools[0]: no tool named 'x'"),  # slime's list stored under tools_kwargs
-])
+@pytest.mark.parametrize(
+    "tools,kwargs,needle",
+    [
+        ({"nope": {}}, None, "tools_kwargs names tool(s) ['nope'] that are not in the tool config"),
+        ([{"name": "web"}], None, "the sample's tools ['web'] are not in the tool config"),
+        (["echo"], {"counter": {}}, "tools_kwargs names tool(s) ['counter'] that the sample's tools ['echo'] do not"),
+        (["nope"], None, "the sample's tools[0]: no tool named 'nope'"),
+        ([{"function": {"description": "x"}}], None, "the sample's tools[0].function.name: Field required"),
+        (["echo", {"name": "echo"}], None, "the sample's tools[1]: duplicate tool name 'echo'"),
+        ("not json", None, "the sample's tools are a string but not JSON"),
+        ([3], None, "the sample's tools[0]: expected an OpenAI tool schema (a mapping) or a tool name, got int"),
+        (5, None, "must be a list of tool schemas, got int"),
+        (None, 5, "tools_kwargs must be a mapping"),
+        (None, ["x"], "the sample's tools[0]: no tool named 'x'"),  # slime's list stored under tools_kwargs
+    ],
+)
 def test_sample_tools_errors(verl_style, tools, kwargs, needle):
     with pytest.raises(ValueError) as e:
         verl_style.select(tools, kwargs)
@@ -278,8 +314,15 @@ def test_sample_schemas_reach_the_chat_template(verl_style):
     from slime.tools.chat_format import ChatDelta
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    schemas = verl_style.schemas_for([{"name": "echo", "description": "say it back",
-                                       "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}])
+    schemas = verl_style.schemas_for(
+        [
+            {
+                "name": "echo",
+                "description": "say it back",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+            }
+        ]
+    )
     text = tok.decode(ChatDelta(tok).prompt_ids([{"role": "user", "content": "hi"}], schemas))
     assert '"name": "echo"' in text and '"description": "say it back"' in text and '"counter"' not in text
 

@@ -33,7 +33,16 @@ from slime.tools.search_tool import SearchTool
 from slime.tools.verl_answer_tools import VerlGeo3kTool, VerlGsm8kTool
 from slime.tools.verl_compat import verl_installed
 from tests.verl_rollouts import (  # noqa: F401 - tok, stack: the module's fixtures
-    PARAMS, call, recipe_sample, rollout, run_turns, say, stack, tok, user_delta)
+    PARAMS,
+    call,
+    recipe_sample,
+    rollout,
+    run_turns,
+    say,
+    stack,
+    tok,
+    user_delta,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "verl"
@@ -54,22 +63,26 @@ SANDBOX_URL = "https://xxx.apigateway-cn-beijing.volceapi.com/run_code"
 REFUSED_AT_START = {  # file -> what follows "<file>: " in the refusal
     # the placeholder gateway does not resolve (the reason is the resolver's, so it is not pinned)
     f"{EX}/sandbox_fusion_tool_config.yaml": f"tools[0] ('code_interpreter').config.sandbox_fusion_url: cannot "
-                                             f"reach {SANDBOX_URL} (",
+    f"reach {SANDBOX_URL} (",
     f"{TESTS}/sandbox_fusion_tool_config": f"tools[0] ('code_interpreter').config.sandbox_fusion_url: cannot reach "
-                                           f"{SANDBOX_URL} (",
+    f"{SANDBOX_URL} (",
     f"{EX}/search_tool_config.yaml": "tools[0] ('search').config.retrieval_service_url: cannot reach "
-                                     "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
+    "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
     f"{TESTS}/search_tool_config": "tools[0] ('search').config.retrieval_service_url: cannot reach "
-                                   "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
+    "http://127.0.0.1:8000/retrieve (ConnectionRefusedError: ",
 }
-NO_MCP_CLIENT = ("tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, config.type: mcp): cannot create the MCP tools "
-                 "['tavily_search_tool'] of {servers}: the MCP client library is not installed (pip install mcp)")
+NO_MCP_CLIENT = (
+    "tools[0] (verl.tools.mcp_search_tool.MCPSearchTool, config.type: mcp): cannot create the MCP tools "
+    "['tavily_search_tool'] of {servers}: the MCP client library is not installed (pip install mcp)"
+)
 REFUSED_AT_LOAD = {  # file -> the whole refusal after "<file>: " ({dir}: the file's folder)
     f"{EX}/mcp_tool_config.yaml": NO_MCP_CLIENT.format(servers="{dir}/mcp_server.json"),
     # relative to the folder verl runs that test from (tests/workers/rollout); see the chdir test
-    f"{TESTS}/mcp_tool_config": ("tools[0].mcp.mcp_servers_config_path: no such file "
-                                 "'./resource/tool_configs/mcp_server.json' (looked in {cwd}/resource/tool_configs, "
-                                 "{dir}/resource/tool_configs)"),
+    f"{TESTS}/mcp_tool_config": (
+        "tools[0].mcp.mcp_servers_config_path: no such file "
+        "'./resource/tool_configs/mcp_server.json' (looked in {cwd}/resource/tool_configs, "
+        "{dir}/resource/tool_configs)"
+    ),
 }
 INTERACTIONS = {INTERACTION: (["gsm8k"], "slime.interactions.verl_gsm8k_interaction.Gsm8kInteraction")}
 SERVER_LISTS = {f"{EX}/mcp_server.json", f"{TESTS}/mcp_server.json"}  # read by the two mcp configs
@@ -121,13 +134,18 @@ def test_an_interaction_config_given_as_tool_config_points_to_its_flag(tmp_path)
     path = DATA / INTERACTION
     with pytest.raises(ToolConfigError) as e:
         load_tool_config(path)
-    assert str(e.value) == (f"{path}: interaction: this is a verl interaction config ('gsm8k' "
-                            f"(verl.interactions.gsm8k_interaction.Gsm8kInteraction)), not a tool config: give it to "
-                            f"--interaction-config-path (--tool-config-path takes a top-level 'tools:' list)")
+    assert str(e.value) == (
+        f"{path}: interaction: this is a verl interaction config ('gsm8k' "
+        f"(verl.interactions.gsm8k_interaction.Gsm8kInteraction)), not a tool config: give it to "
+        f"--interaction-config-path (--tool-config-path takes a top-level 'tools:' list)"
+    )
     unnamed = tmp_path / "interaction.yaml"
     unnamed.write_text("interaction:\n  - class_name: my.interactions.Judge\n    config: {}\n")
-    with pytest.raises(ToolConfigError, match=r"interaction: this is a verl interaction config \(my\.interactions"
-                                              r"\.Judge\), not a tool config: give it to --interaction-config-path"):
+    with pytest.raises(
+        ToolConfigError,
+        match=r"interaction: this is a verl interaction config \(my\.interactions"
+        r"\.Judge\), not a tool config: give it to --interaction-config-path",
+    ):
         load_tool_config(unnamed)
 
 
@@ -185,11 +203,29 @@ def test_slime_rollout_with_verls_sandbox_yaml_stops_before_anything_starts(tmp_
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     config = DATA / EX / "sandbox_fusion_tool_config.yaml"
     started = []
-    rc = run_cli("slime-rollout", [
-        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-        str(tmp_path / "train.parquet"), "--input-key", "prompt", "--label-key", "reward_model.ground_truth",
-        "--tool-key", "extra_info.tools_kwargs", "--tool-config-path", str(config),
-        "--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout"], parse_args, started.append)
+    rc = run_cli(
+        "slime-rollout",
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(tmp_path / "train.parquet"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "reward_model.ground_truth",
+            "--tool-key",
+            "extra_info.tools_kwargs",
+            "--tool-config-path",
+            str(config),
+            "--rollout-function-path",
+            "rollout_plugins.multi_turn.generate_rollout",
+        ],
+        parse_args,
+        started.append,
+    )
     err = capsys.readouterr().err
     assert rc == 1 and started == []
     refusal = REFUSED_AT_START[f"{EX}/sandbox_fusion_tool_config.yaml"]
@@ -197,8 +233,9 @@ def test_slime_rollout_with_verls_sandbox_yaml_stops_before_anything_starts(tmp_
 
 
 @without_verl
-def test_slime_rollout_takes_verls_interaction_yaml_and_row_and_refuses_the_default_generate(tmp_path, tiny_model_dir,
-                                                                                         capsys):
+def test_slime_rollout_takes_verls_interaction_yaml_and_row_and_refuses_the_default_generate(
+    tmp_path, tiny_model_dir, capsys
+):
     """The whole command line with verl's interaction recipe: its row and YAML pass every start-up check with
     the multi-turn loop; with the default generate (which would never ask the interaction) nothing starts."""
     import pyarrow as pa
@@ -209,13 +246,28 @@ def test_slime_rollout_takes_verls_interaction_yaml_and_row_and_refuses_the_defa
 
     rows = [json.loads((DATA / "rows" / "gsm8k_multiturn_w_interaction.jsonl").read_text())]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    argv = ["--rollout-backend", "hf", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
-            str(tmp_path / "train.parquet"), "--input-key", "prompt", "--label-key", "reward_model.ground_truth",
-            "--interaction-config-path", str(DATA / INTERACTION), "--max-user-turns", "5"]
+    argv = [
+        "--rollout-backend",
+        "hf",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(tmp_path / "train.parquet"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "reward_model.ground_truth",
+        "--interaction-config-path",
+        str(DATA / INTERACTION),
+        "--max-user-turns",
+        "5",
+    ]
     started: list[Any] = []
     assert run_cli("slime-rollout", argv, parse_args, started.append) == 1 and started == []
-    assert ("slime-rollout: error: --interaction-config-path: the default generate has no multi-turn loop"
-            in capsys.readouterr().err)
+    assert (
+        "slime-rollout: error: --interaction-config-path: the default generate has no multi-turn loop"
+        in capsys.readouterr().err
+    )
     multi_turn = ["--rollout-function-path", "rollout_plugins.multi_turn.generate_rollout"]
     assert run_cli("slime-rollout", argv + multi_turn, parse_args, started.append) == 0
     (args,) = started
@@ -254,23 +306,37 @@ def test_reachable_services_pass_and_every_unreachable_one_is_counted(tmp_path):
 
         async def from_a_loop():
             check_services(load_tool_config(path))
+
         asyncio.run(from_a_loop())
     assert str(on_a_loop.value) == str(e.value)
-    assert str(e.value).startswith(f"{path}: tools[0] ('search').config.retrieval_service_url: cannot reach {dead[0]} "
-                                   f"(ConnectionRefusedError: ")
+    assert str(e.value).startswith(
+        f"{path}: tools[0] ('search').config.retrieval_service_url: cannot reach {dead[0]} (ConnectionRefusedError: "
+    )
     assert str(e.value).endswith(") (and 1 more); start the service there or change the URL before the run starts")
 
 
 # ---- multi-turn rollouts with verl's configs and recipe rows (tests/verl_rollouts.py) ---------------
 @without_verl
 async def test_gsm8k_yaml_unchanged_runs_verls_gsm8k_recipe_row(stack, tok, tmp_path):
-    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_tool", tmp_path,
-                                      DATA / EX / "gsm8k_tool_config.yaml", "gsm8k")
+    args, sample, row = recipe_sample(
+        stack, tok, "gsm8k_multiturn_w_tool", tmp_path, DATA / EX / "gsm8k_tool_config.yaml", "gsm8k"
+    )
     assert sample.label == "72" and sample.metadata["tools_kwargs"] == {
-        "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
-    s = await run_turns(stack, tok, args, sample, row, "Natalia sold clips",
-                           ["<think>\n48 + 24 = 72\n</think>\n\n" + call("calc_gsm8k_reward", {"answer": "72"}),
-                            "<think>\nconfirmed\n</think>\n\n#### 72"], ["Current parsed answer='72' reward=1.0"])
+        "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}
+    }
+    s = await run_turns(
+        stack,
+        tok,
+        args,
+        sample,
+        row,
+        "Natalia sold clips",
+        [
+            "<think>\n48 + 24 = 72\n</think>\n\n" + call("calc_gsm8k_reward", {"answer": "72"}),
+            "<think>\nconfirmed\n</think>\n\n#### 72",
+        ],
+        ["Current parsed answer='72' reward=1.0"],
+    )
     assert s.metadata["tool_rewards"] == {"calc_gsm8k_reward": 1.0}
     assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_gsm8k_reward", "reward": 0.0}]
     assert s.metadata["outcome_reward"] == 1.0 and s.reward == 2.0  # --tool-reward-mode add: outcome + tool
@@ -280,17 +346,28 @@ async def test_gsm8k_yaml_unchanged_runs_verls_gsm8k_recipe_row(stack, tok, tmp_
 async def test_geo3k_yaml_unchanged_runs_verls_geo3k_recipe_row(stack, tok, tmp_path):
     """A wrong submission is penalised, the right one (written differently from the ground truth) scores;
     the outcome rule grades the boxed final answer."""
-    args, sample, row = recipe_sample(stack, tok, "geo3k_multiturn_w_tool", tmp_path,
-                                      DATA / EX / "geo3k_tool_config.yaml", "math")
+    args, sample, row = recipe_sample(
+        stack, tok, "geo3k_multiturn_w_tool", tmp_path, DATA / EX / "geo3k_tool_config.yaml", "math"
+    )
     assert sample.label == "2 \\sqrt { 221 }"
-    s = await run_turns(stack, tok, args, sample, row, "hypotenuse of the right triangle",
-                        ["<think>\n30 - 8\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "30"}),
-                         "<think>\nPythagoras\n</think>\n\n" + call("calc_geo3k_reward",
-                                                                          {"answer": "2\\sqrt{221}"}),
-                         "<think>\nconfirmed\n</think>\n\n\\boxed{2\\sqrt{221}}"],
-                        ["Current parsed answer='30' reward=0.0", "Current parsed answer='2\\\\sqrt{221}' reward=1.0"])
-    assert s.metadata["step_rewards"] == [{"turn": 1, "tool": "calc_geo3k_reward", "reward": -0.05},
-                                          {"turn": 2, "tool": "calc_geo3k_reward", "reward": 0.0}]
+    s = await run_turns(
+        stack,
+        tok,
+        args,
+        sample,
+        row,
+        "hypotenuse of the right triangle",
+        [
+            "<think>\n30 - 8\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "30"}),
+            "<think>\nPythagoras\n</think>\n\n" + call("calc_geo3k_reward", {"answer": "2\\sqrt{221}"}),
+            "<think>\nconfirmed\n</think>\n\n\\boxed{2\\sqrt{221}}",
+        ],
+        ["Current parsed answer='30' reward=0.0", "Current parsed answer='2\\\\sqrt{221}' reward=1.0"],
+    )
+    assert s.metadata["step_rewards"] == [
+        {"turn": 1, "tool": "calc_geo3k_reward", "reward": -0.05},
+        {"turn": 2, "tool": "calc_geo3k_reward", "reward": 0.0},
+    ]
     assert s.metadata["tool_rewards"] == {"calc_geo3k_reward": 1.0}
     assert s.metadata["outcome_reward"] == 1 and s.reward == pytest.approx(1.95)
 
@@ -311,10 +388,19 @@ async def test_search_yaml_runs_verls_search_r1_row_against_a_local_retriever(st
     with Retriever(["Berlin\nBerlin is the capital of Germany."]) as retriever:
         config = with_url(tmp_path, f"{EX}/search_tool_config.yaml", "retrieval_service_url", retriever.url)
         args, sample, row = recipe_sample(stack, tok, "preprocess_search_r1_dataset", tmp_path, config, None)
-        s = await run_turns(stack, tok, args, sample, row, "capital of germany",
-                       ["<think>\nlook it up\n</think>\n\n" + call("search", {"query_list": ["capital of Germany"]}),
-                        "<think>\nfound it\n</think>\n\n<answer> Berlin </answer>"],
-                       [json.dumps({"result": "Doc 1 (Title: Berlin)\nBerlin is the capital of Germany."})])
+        s = await run_turns(
+            stack,
+            tok,
+            args,
+            sample,
+            row,
+            "capital of germany",
+            [
+                "<think>\nlook it up\n</think>\n\n" + call("search", {"query_list": ["capital of Germany"]}),
+                "<think>\nfound it\n</think>\n\n<answer> Berlin </answer>",
+            ],
+            [json.dumps({"result": "Doc 1 (Title: Berlin)\nBerlin is the capital of Germany."})],
+        )
         assert retriever.requests == [{"queries": ["capital of Germany"], "topk": 3, "return_scores": True}]
     assert s.metadata["tool_rewards"] == {"search": 0.0}
 
@@ -327,10 +413,19 @@ async def test_sandbox_fusion_yaml_runs_verls_dapo_row_against_a_local_sandbox(s
     try:
         config = with_url(tmp_path, f"{EX}/sandbox_fusion_tool_config.yaml", "sandbox_fusion_url", url)
         args, sample, row = recipe_sample(stack, tok, "dapo_multiturn_w_tool", tmp_path, config, None)
-        s = await run_turns(stack, tok, args, sample, row, "first 6 positive odd",
-                       ["<think>\nrun it\n</think>\n\n" + call("code_interpreter", {
-                           "code": "print(sum(range(1, 12, 2)))"}),
-                        "<think>\nit printed 36\n</think>\n\nAnswer: 36"], ["36\n"])
+        s = await run_turns(
+            stack,
+            tok,
+            args,
+            sample,
+            row,
+            "first 6 positive odd",
+            [
+                "<think>\nrun it\n</think>\n\n" + call("code_interpreter", {"code": "print(sum(range(1, 12, 2)))"}),
+                "<think>\nit printed 36\n</think>\n\nAnswer: 36",
+            ],
+            ["36\n"],
+        )
     finally:
         handle.stop()
     assert s.metadata["tool_rewards"] == {"code_interpreter": 0.0}
@@ -343,7 +438,10 @@ async def test_geo3k_tool_keeps_the_last_submissions_score_as_verl_does():
     tool = load_tool_config(DATA / EX / "geo3k_tool_config.yaml")["calc_geo3k_reward"]
     iid, _ = await tool.create(create_kwargs={"ground_truth": "0.5"})  # verl's agent loop
     assert await tool.execute(iid, {"answer": "\\frac{1}{2}"}) == (
-        ToolResponse(text="Current parsed answer='\\\\frac{1}{2}' reward=1.0"), 0.0, {})
+        ToolResponse(text="Current parsed answer='\\\\frac{1}{2}' reward=1.0"),
+        0.0,
+        {},
+    )
     assert (await tool.execute(iid, {"answer": "x"}))[1:] == (-0.05, {})
     assert await tool.calc_reward(iid) == 0.0  # the last submission's score, not the best
     await tool.release(iid)
@@ -361,67 +459,126 @@ async def test_gsm8k_interaction_yaml_unchanged_runs_verls_interaction_recipe_ro
     from rollout_plugins.multi_turn import MultiTurnContext
     from slime.interactions.gsm8k_interaction import CORRECT, INCORRECT
 
-    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, "gsm8k",
-                                      interaction_config_path=str(DATA / INTERACTION))
+    args, sample, row = recipe_sample(
+        stack,
+        tok,
+        "gsm8k_multiturn_w_interaction",
+        tmp_path,
+        None,
+        "gsm8k",
+        interaction_config_path=str(DATA / INTERACTION),
+    )
     assert sample.metadata["interaction_kwargs"] == row["extra_info"]["interaction_kwargs"]
     gsm8k = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
-    s = await rollout(stack, tok, args, sample, row, "rethinking carefully",
-                      ["<think>\n48 + 22\n</think>\n\n#### 70", "<think>\n48 + 24\n</think>\n\n#### 72"],
-                      [user_delta(tok, INCORRECT)])
+    s = await rollout(
+        stack,
+        tok,
+        args,
+        sample,
+        row,
+        "rethinking carefully",
+        ["<think>\n48 + 22\n</think>\n\n#### 70", "<think>\n48 + 24\n</think>\n\n#### 72"],
+        [user_delta(tok, INCORRECT)],
+    )
     md = s.metadata
     assert s.status == s.Status.COMPLETED and md["finish_reason"] == "interaction_terminated"
     assert md["interaction"] == "gsm8k" and md["turns"] == 2 and md["turn_scores"] == [0.0, 1.0]
     assert md["user_turns"] == [
         {"turn": 1, "content": INCORRECT, "score": 0.0, "terminate": False, "metrics": {}, "appended": True},
-        {"turn": 2, "content": CORRECT, "score": 1.0, "terminate": True, "metrics": {}, "appended": False}]
+        {"turn": 2, "content": CORRECT, "score": 1.0, "terminate": True, "metrics": {}, "appended": False},
+    ]
     n1, nu = len(say(tok, "<think>\n48 + 22\n</think>\n\n#### 70", 0)["output_ids"]), len(user_delta(tok, INCORRECT))
     assert [(t["role"], t["start"], t["end"]) for t in md["turn_spans"]] == [
-        ("assistant", 0, n1), ("user", n1, n1 + nu), ("assistant", n1 + nu, s.response_length)]
+        ("assistant", 0, n1),
+        ("user", n1, n1 + nu),
+        ("assistant", n1 + nu, s.response_length),
+    ]
     assert md["template_drift"] is True  # re-rendering drops the first turn's <think>; the batch keeps it
     assert gsm8k._instance_dict == {}  # finalize_interaction ran
 
 
-async def test_a_user_interaction_class_by_dotted_path_gets_the_conversation_until_max_user_turns(
-        stack, tok, tmp_path):
+async def test_a_user_interaction_class_by_dotted_path_gets_the_conversation_until_max_user_turns(stack, tok, tmp_path):
     from rollout_plugins.multi_turn import MultiTurnContext
 
     config = tmp_path / "judge.yaml"
-    config.write_text(yaml.safe_dump({"interaction": [{
-        "name": "gsm8k", "class_name": "slime.testing.interactions.ScriptedUser",
-        "config": {"replies": [[False, "Try again.", 0.25], [False, "Once more.", None]]}}]}))
-    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
-                                      interaction_config_path=str(config), max_user_turns=2)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "interaction": [
+                    {
+                        "name": "gsm8k",
+                        "class_name": "slime.testing.interactions.ScriptedUser",
+                        "config": {"replies": [[False, "Try again.", 0.25], [False, "Once more.", None]]},
+                    }
+                ]
+            }
+        )
+    )
+    args, sample, row = recipe_sample(
+        stack,
+        tok,
+        "gsm8k_multiturn_w_interaction",
+        tmp_path,
+        None,
+        None,
+        interaction_config_path=str(config),
+        max_user_turns=2,
+    )
     judge = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
-    s = await rollout(stack, tok, args, sample, row, "rethinking carefully", ["#### 70", "#### 71", "<think>\nok\n</think>\n\n#### 72"],
-                      [user_delta(tok, "Try again."), user_delta(tok, "Once more.")])
+    s = await rollout(
+        stack,
+        tok,
+        args,
+        sample,
+        row,
+        "rethinking carefully",
+        ["#### 70", "#### 71", "<think>\nok\n</think>\n\n#### 72"],
+        [user_delta(tok, "Try again."), user_delta(tok, "Once more.")],
+    )
     md = s.metadata
     assert s.status == s.Status.COMPLETED and md["finish_reason"] == "max_user_turns"
     assert md["turn_scores"] == [0.25] and [u["metrics"] for u in md["user_turns"]] == [{"reply": 1}, {"reply": 2}]
     assert md["template_drift"] is False  # (Qwen3 re-renders thinking only after the last user turn)
-    (iid, kwargs), = judge.started.items()
+    ((iid, kwargs),) = judge.started.items()
     assert kwargs == row["extra_info"]["interaction_kwargs"] and judge.finalized == [iid]
     prompt = row["prompt"]
-    assert judge.seen == [prompt + [{"role": "assistant", "content": "#### 70"}],
-                          prompt + [{"role": "assistant", "content": "#### 70"}, {"role": "user", "content": "Try again."},
-                                    {"role": "assistant", "content": "#### 71"}]]
+    assert judge.seen == [
+        prompt + [{"role": "assistant", "content": "#### 70"}],
+        prompt
+        + [
+            {"role": "assistant", "content": "#### 70"},
+            {"role": "user", "content": "Try again."},
+            {"role": "assistant", "content": "#### 71"},
+        ],
+    ]
 
 
 async def test_a_user_turn_that_does_not_fit_the_context_is_recorded_not_appended(stack, tok, tmp_path):
     from slime.interactions.gsm8k_interaction import INCORRECT
 
-    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
-                                      interaction_config_path=str(DATA / INTERACTION))
-    prompt = tok.encode(tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True),
-                        add_special_tokens=False)
+    args, sample, row = recipe_sample(
+        stack,
+        tok,
+        "gsm8k_multiturn_w_interaction",
+        tmp_path,
+        None,
+        None,
+        interaction_config_path=str(DATA / INTERACTION),
+    )
+    prompt = tok.encode(
+        tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
     args.rollout_max_context_len = len(prompt) + len(say(tok, "#### 70", 0)["output_ids"]) + 3
     s = await rollout(stack, tok, args, sample, row, "rethinking carefully", ["#### 70"], [])
     assert s.status == s.Status.TRUNCATED and s.metadata["finish_reason"] == "budget_exhausted_in_user_turn"
-    assert s.metadata["user_turns"] == [{"turn": 1, "content": INCORRECT, "score": 0.0, "terminate": False,
-                                         "metrics": {}, "appended": False}]
+    assert s.metadata["user_turns"] == [
+        {"turn": 1, "content": INCORRECT, "score": 0.0, "terminate": False, "metrics": {}, "appended": False}
+    ]
 
 
 async def test_a_trajectory_aborted_after_a_user_turn_resumes_at_the_next_turn_with_a_new_instance(
-        stack, tok, tmp_path):
+    stack, tok, tmp_path
+):
     """--partial-rollout: the rollout aborts while the interaction answers; its reply is appended and the loop stops
     at the turn boundary. The next rollout resumes from every token so far, starts the interaction again (state
     does not outlive a rollout, as for tools) and counts --max-user-turns across both; each instance is finalized."""
@@ -429,11 +586,30 @@ async def test_a_trajectory_aborted_after_a_user_turn_resumes_at_the_next_turn_w
     from slime.rollout.runtime import current, unbind
 
     config = tmp_path / "judge.yaml"
-    config.write_text(yaml.safe_dump({"interaction": [{
-        "name": "gsm8k", "class_name": "slime.testing.interactions.ScriptedUser",
-        "config": {"replies": [[False, "Try again.", 0.0], [False, "Unused.", 0.0]]}}]}))
-    args, sample, row = recipe_sample(stack, tok, "gsm8k_multiturn_w_interaction", tmp_path, None, None,
-                                      interaction_config_path=str(config), max_user_turns=1, partial_rollout=True)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "interaction": [
+                    {
+                        "name": "gsm8k",
+                        "class_name": "slime.testing.interactions.ScriptedUser",
+                        "config": {"replies": [[False, "Try again.", 0.0], [False, "Unused.", 0.0]]},
+                    }
+                ]
+            }
+        )
+    )
+    args, sample, row = recipe_sample(
+        stack,
+        tok,
+        "gsm8k_multiturn_w_interaction",
+        tmp_path,
+        None,
+        None,
+        interaction_config_path=str(config),
+        max_user_turns=1,
+        partial_rollout=True,
+    )
     runtime = current(args)
     judge = MultiTurnContext.get(args).interactions.by_name["gsm8k"].inner
     answer = judge.generate_response
@@ -450,7 +626,7 @@ async def test_a_trajectory_aborted_after_a_user_turn_resumes_at_the_next_turn_w
         sample = await generate(args, sample, dict(PARAMS))
         first = list(sample.tokens)
         assert sample.status == sample.Status.ABORTED and sample.metadata["finish_reason"] == "rollout_abort"
-        assert first[-len(user_delta(tok, "Try again.")):] == user_delta(tok, "Try again.")
+        assert first[-len(user_delta(tok, "Try again.")) :] == user_delta(tok, "Try again.")
         runtime.client.gate.open()
         n0 = len(stack["engine"].requests)
         sample = await generate(args, sample, dict(PARAMS))

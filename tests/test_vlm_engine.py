@@ -59,8 +59,13 @@ def prompt_ids(processor) -> list[int]:
 
 
 def generate(engine, ids, images, n=6, **extra) -> dict:
-    body = {"input_ids": ids, "image_data": images, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}, **extra}
+    body = {
+        "input_ids": ids,
+        "image_data": images,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        **extra,
+    }
     r = engine.post("/generate", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -77,7 +82,7 @@ def teacher_forced(vlm, ids: list[int], image, output: list[int]) -> tuple[list[
     prompt = list(enc["input_ids"][0])
     full = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(input_ids=full, **vision_forward_kwargs(model, full, enc)).logits[0, len(prompt) - 1:-1]
+        logits = model(input_ids=full, **vision_forward_kwargs(model, full, enc)).logits[0, len(prompt) - 1 : -1]
     lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(output)[:, None])[:, 0]
     return prompt, lp.tolist()
 
@@ -126,9 +131,11 @@ def test_an_image_request_decoding_beside_text_requests_answers_as_alone(engine,
     alone = generate(engine, ids, [str(path)], n=8)
     text_alone = generate(engine, [100, 200, 300, 400], None, n=8)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(generate, engine, ids, [str(path)], 8),
-                   pool.submit(generate, engine, [100, 200, 300, 400], None, 8),
-                   pool.submit(generate, engine, ids, [str(path)], 8)]
+        futures = [
+            pool.submit(generate, engine, ids, [str(path)], 8),
+            pool.submit(generate, engine, [100, 200, 300, 400], None, 8),
+            pool.submit(generate, engine, ids, [str(path)], 8),
+        ]
         results = [f.result() for f in futures]
     for got, want in zip(results, (alone, text_alone, alone)):
         assert got["output_ids"] == want["output_ids"]
@@ -137,22 +144,30 @@ def test_an_image_request_decoding_beside_text_requests_answers_as_alone(engine,
         assert max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
 
 
-@pytest.mark.parametrize("images, ids_of, words", [
-    (["http://example.com/a.png"], "placeholder", "image_data[0]: 'http://example.com/a.png' is a URL"),
-    (["/no/such/picture.png"], "placeholder", "image_data[0]: image file not found: /no/such/picture.png"),
-    (["data:image/png;base64,bm90IGFuIGltYWdl"], "placeholder", "image_data[0]: the data URI is not an image"),
-    ([7], "placeholder", "image_data[0]: an image must be"),
-    ("two", "placeholder", "image_data: 2 image(s) but the prompt has 1 image placeholder(s)"),
-    ("one", "text only", "image_data: 1 image(s) but the prompt has 0 image placeholder(s)"),
-    ("one", "three pads", "image_data[0]: the image fills 6 tokens but its placeholder is 3 tokens"),
-])
+@pytest.mark.parametrize(
+    "images, ids_of, words",
+    [
+        (["http://example.com/a.png"], "placeholder", "image_data[0]: 'http://example.com/a.png' is a URL"),
+        (["/no/such/picture.png"], "placeholder", "image_data[0]: image file not found: /no/such/picture.png"),
+        (["data:image/png;base64,bm90IGFuIGltYWdl"], "placeholder", "image_data[0]: the data URI is not an image"),
+        ([7], "placeholder", "image_data[0]: an image must be"),
+        ("two", "placeholder", "image_data: 2 image(s) but the prompt has 1 image placeholder(s)"),
+        ("one", "text only", "image_data: 1 image(s) but the prompt has 0 image placeholder(s)"),
+        ("one", "three pads", "image_data[0]: the image fills 6 tokens but its placeholder is 3 tokens"),
+    ],
+)
 def test_bad_image_data_is_a_400_naming_the_image(engine, vlm, images, ids_of, words):
     ids = prompt_ids(vlm[1])
     pad = vlm[0].config.image_token_id
-    ids = {"placeholder": ids, "text only": [100, 200],
-           "three pads": [t for i in ids for t in ([i] * 3 if i == pad else [i])]}[ids_of]
+    ids = {
+        "placeholder": ids,
+        "text only": [100, 200],
+        "three pads": [t for i in ids for t in ([i] * 3 if i == pad else [i])],
+    }[ids_of]
     red = data_uri(drawing("red"))
     images = {"two": [red, red], "one": [red]}.get(images, images) if isinstance(images, str) else images
-    r = engine.post("/generate", json={"input_ids": ids, "image_data": images, "sampling_params": {"max_new_tokens": 2}})
+    r = engine.post(
+        "/generate", json={"input_ids": ids, "image_data": images, "sampling_params": {"max_new_tokens": 2}}
+    )
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]["message"]

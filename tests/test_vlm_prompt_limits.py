@@ -29,16 +29,30 @@ def square(path):
 @pytest.fixture
 def data(tmp_path):
     square(tmp_path / "sq.png")
-    rows = [{"prompt": "<image>What shape is this?", "pics": ["sq.png"], "label": "square"},
-            {"prompt": "What shape has four equal sides?", "pics": [], "label": "square"}]
+    rows = [
+        {"prompt": "<image>What shape is this?", "pics": ["sq.png"], "label": "square"},
+        {"prompt": "What shape has four equal sides?", "pics": [], "label": "square"},
+    ]
     path = tmp_path / "shapes.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def args_for(model, data, *extra):
-    return parse_args(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--input-key", "prompt",
-                       "--label-key", "label", "--apply-chat-template", *extra])
+    return parse_args(
+        [
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            *extra,
+        ]
+    )
 
 
 def test_the_prompt_length_filter_counts_each_image_at_its_token_count(tiny_vlm_dir, data):
@@ -53,8 +67,9 @@ def test_the_prompt_length_filter_counts_each_image_at_its_token_count(tiny_vlm_
     limit = ("--rollout-max-prompt-len", str(written + 5))  # fits as written, not as the engine runs it (+15)
     index = PromptIndex(args_for(tiny_vlm_dir, data, *keys, *limit), data, "prompt", "label", tok)
     assert index.filtered == 1 and len(index) == 1 and index[0].multimodal_inputs is None
-    roomy = PromptIndex(args_for(tiny_vlm_dir, data, *keys, "--rollout-max-prompt-len", str(written + 15)),
-                        data, "prompt", "label", tok)
+    roomy = PromptIndex(
+        args_for(tiny_vlm_dir, data, *keys, "--rollout-max-prompt-len", str(written + 15)), data, "prompt", "label", tok
+    )
     assert roomy.filtered == 0
 
 
@@ -82,6 +97,8 @@ def test_an_eval_dataset_reads_images_under_its_own_multimodal_keys(tiny_vlm_dir
     assert "<|image_pad|>" in with_images[0].prompt and with_images[1].multimodal_inputs is None
     without = eval_prompts(args, plain, runtime)
     assert without[0].multimodal_inputs is None and "<|image_pad|>" not in without[0].prompt
-    assert dataset_multimodal_keys(EvalDatasetConfig("j", "x", multimodal_keys='{"image": "p"}'), None) == {"image": "p"}
+    assert dataset_multimodal_keys(EvalDatasetConfig("j", "x", multimodal_keys='{"image": "p"}'), None) == {
+        "image": "p"
+    }
     with pytest.raises(ValueError, match="dataset 'bad': multimodal_keys must be a mapping"):
         dataset_multimodal_keys(EvalDatasetConfig("bad", "x", multimodal_keys=["images"]), None)

@@ -49,8 +49,11 @@ def geometry_set(directory: Path) -> Path:
     rows = [
         {"prompt": "What shape is drawn? Answer in one word.", "images": ["img/red.png"], "label": "triangle"},
         {"prompt": "<image>Which color is the triangle?", "images": [uri], "label": "blue"},
-        {"prompt": "Name the shape.", "images": [base64.b64encode(png_bytes(pics["green"])).decode()],
-         "label": "triangle"},
+        {
+            "prompt": "Name the shape.",
+            "images": [base64.b64encode(png_bytes(pics["green"])).decode()],
+            "label": "triangle",
+        },
         {"prompt": "Compare <image> and <image>.", "images": ["img/red.png", uri], "label": "color"},
     ]
     path = directory / "geo.jsonl"
@@ -59,9 +62,22 @@ def geometry_set(directory: Path) -> Path:
 
 
 def data_args(model: Path, data: Path, *extra: str):
-    return parse_args(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--input-key", "prompt",
-                       "--label-key", "label", "--apply-chat-template", "--multimodal-keys", '{"image": "images"}',
-                       *extra])
+    return parse_args(
+        [
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--multimodal-keys",
+            '{"image": "images"}',
+            *extra,
+        ]
+    )
 
 
 def test_rows_with_images_are_read_into_the_prompt_and_the_samples(tiny_vlm_dir, tmp_path):
@@ -106,16 +122,20 @@ def test_the_processor_gives_torch_tensors_unasked_as_slimes_multi_turn_recipe_n
     assert torch.equal(kept["pixel_values"], asked["pixel_values"])
     assert torch.equal(kept["image_grid_thw"], asked["image_grid_thw"])
     assert unasked["input_ids"][0] == asked["input_ids"][0].tolist()
-    assert not isinstance(processor.image_processor(images=[picture("red")], return_tensors="np")["pixel_values"],
-                          torch.Tensor)  # an explicit request is still honoured
+    assert not isinstance(
+        processor.image_processor(images=[picture("red")], return_tensors="np")["pixel_values"], torch.Tensor
+    )  # an explicit request is still honoured
 
 
-@pytest.mark.parametrize("images, words", [
-    (["https://example.com/a.png"], "is a URL; images are not downloaded"),
-    (["img/none.png"], "image file not found: img/none.png"),
-    (["data:image/png;base64,bm90IGFuIGltYWdl"], "the data URI is not an image"),
-    ([["nested"]], "an image must be a path"),
-])
+@pytest.mark.parametrize(
+    "images, words",
+    [
+        (["https://example.com/a.png"], "is a URL; images are not downloaded"),
+        (["img/none.png"], "image file not found: img/none.png"),
+        (["data:image/png;base64,bm90IGFuIGltYWdl"], "the data URI is not an image"),
+        ([["nested"]], "an image must be a path"),
+    ],
+)
 def test_a_bad_image_is_refused_at_preflight_naming_file_line_and_image(tiny_vlm_dir, tmp_path, images, words):
     data = tmp_path / "bad.jsonl"
     good = {"prompt": "ok?", "images": [], "label": "x"}
@@ -130,8 +150,11 @@ def test_placeholders_must_match_the_images_and_the_checkpoint_must_see(tiny_vlm
     data = tmp_path / "count.jsonl"
     data.write_text(json.dumps({"prompt": "<image> vs <image>", "images": ["a.png"], "label": "x"}) + "\n")
     picture("red").save(tmp_path / "a.png")
-    with pytest.raises(PreflightError, match=r"count.jsonl:1: the prompt has 2 <image> placeholder\(s\) but the row "
-                                             r"has 1 image\(s\)"):
+    with pytest.raises(
+        PreflightError,
+        match=r"count.jsonl:1: the prompt has 2 <image> placeholder\(s\) but the row "
+        r"has 1 image\(s\)",
+    ):
         preflight(data_args(tiny_vlm_dir, data))
     with pytest.raises(PreflightError, match="--multimodal-keys: --hf-checkpoint .* has no vision tower"):
         preflight(data_args(tiny_model_dir, data))
@@ -141,6 +164,7 @@ def test_placeholders_must_match_the_images_and_the_checkpoint_must_see(tiny_vlm
 
 # ---------------------------------------------------------------- one rollout and one GRPO step
 
+
 @pytest.fixture(scope="module")
 def trained(ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path_factory):
     from slime.cli.train import parse_train_args
@@ -148,15 +172,54 @@ def trained(ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("vlm-train")
     data = geometry_set(out)
-    args = parse_train_args([
-        "--rollout-backend", "hf", "--hf-checkpoint", str(tiny_vlm_dir), "--prompt-data", str(data),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--multimodal-keys", '{"image": "images"}', "--rollout-num-engines", "1", "--actor-num-workers", "1",
-        "--rollout-num-cpus-per-engine", "0.5", "--engine-threads", "1", "--actor-num-cpus-per-worker", "0.5",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-        "--custom-rm-path", "tests.plugins.train_rewards.even_token_fraction", "--lr", "1e-3",
-        "--global-batch-size", "4", "--micro-batch-size", "2", "--num-rollout", "1", "--check-weight-update-equal",
-        "--save-debug-rollout-data", str(out / "debug" / "rollout_{rollout_id}.pt"), "--log-dir", str(out / "logs")])
+    args = parse_train_args(
+        [
+            "--rollout-backend",
+            "hf",
+            "--hf-checkpoint",
+            str(tiny_vlm_dir),
+            "--prompt-data",
+            str(data),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--multimodal-keys",
+            '{"image": "images"}',
+            "--rollout-num-engines",
+            "1",
+            "--actor-num-workers",
+            "1",
+            "--rollout-num-cpus-per-engine",
+            "0.5",
+            "--engine-threads",
+            "1",
+            "--actor-num-cpus-per-worker",
+            "0.5",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "6",
+            "--custom-rm-path",
+            "tests.plugins.train_rewards.even_token_fraction",
+            "--lr",
+            "1e-3",
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+            "--num-rollout",
+            "1",
+            "--check-weight-update-equal",
+            "--save-debug-rollout-data",
+            str(out / "debug" / "rollout_{rollout_id}.pt"),
+            "--log-dir",
+            str(out / "logs"),
+        ]
+    )
     return train(args, fork_server=engine_fork_server), out  # the engine forked warm, loading the VLM itself
 
 
@@ -172,14 +235,16 @@ def test_one_rollout_and_one_grpo_step_on_images(trained, tiny_vlm_dir):
         grid = s.multimodal_train_inputs["image_grid_thw"]
         pixels = s.multimodal_train_inputs["pixel_values"]
         per_image = [t * h * w // 4 for t, h, w in grid]  # merge 2x2 patches into one token
-        prompt = s.tokens[:len(s.tokens) - s.response_length]
+        prompt = s.tokens[: len(s.tokens) - s.response_length]
         assert prompt.count(pad) == sum(per_image) > 0  # expanded, in the prompt, as the engine ran it
-        assert pad not in s.tokens[len(prompt):]  # no image token in the response
+        assert pad not in s.tokens[len(prompt) :]  # no image token in the response
         assert len(s.loss_mask) == s.response_length == len(s.rollout_log_probs) > 0
         assert len(pixels) == sum(t * h * w for t, h, w in grid)  # one row of pixels per patch
     record = records[0]
-    print(f"train/rollout log-prob diff mean {record.rollout['train_rollout_logprob_abs_diff']:.2e} "
-          f"max {record.rollout['train_rollout_logprob_abs_diff_max']:.2e}")
+    print(
+        f"train/rollout log-prob diff mean {record.rollout['train_rollout_logprob_abs_diff']:.2e} "
+        f"max {record.rollout['train_rollout_logprob_abs_diff_max']:.2e}"
+    )
     assert record.rollout["train_rollout_logprob_abs_diff_max"] < 1e-4  # the trainer saw the engine's images
     assert len(record.steps) == 1 and record.steps[0]["grad_norm"] > 0
     assert all(c["equal"] for c in record.weight_check)  # the VLM's weights (vision tower too) reach the engine

@@ -58,7 +58,10 @@ def stack(tiny_vlm_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(tiny_vlm_dir))
     end = tok.convert_tokens_to_ids("<|im_end|>")
     call = '<tool_call>\n{"name": "zoom", "arguments": {}}\n</tool_call>'
-    replies = [tok.encode(call, add_special_tokens=False) + [end], tok.encode("A circle.", add_special_tokens=False) + [end]]
+    replies = [
+        tok.encode(call, add_special_tokens=False) + [end],
+        tok.encode("A circle.", add_special_tokens=False) + [end],
+    ]
 
     def script(body: dict) -> dict:
         turn = tok.decode(body["input_ids"]).count("<|im_start|>assistant") - 1
@@ -69,13 +72,28 @@ def stack(tiny_vlm_dir, tmp_path):
     router = Router(log_dir=str(tmp_path / "router")).start()
     router.add_worker(engine.url)
     config = tmp_path / "tools.yaml"
-    config.write_text(native_tools_yaml((f"{__name__}.ZoomTool", "zoom", "zoom into the picture",
-                                         {"type": "object", "properties": {}})))
-    args = argparse.Namespace(**{**tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": router.port,
-                                 "hf_checkpoint": str(tiny_vlm_dir), "rollout_max_response_len": 512,
-                                 "rollout_max_context_len": None, "sglang_server_concurrency": 8,
-                                 "request_timeout": 30.0, "request_max_retries": 0, "tool_config_path": str(config),
-                                 "rm_type": None, "custom_rm_path": None, "group_rm": False})
+    config.write_text(
+        native_tools_yaml(
+            (f"{__name__}.ZoomTool", "zoom", "zoom into the picture", {"type": "object", "properties": {}})
+        )
+    )
+    args = argparse.Namespace(
+        **{
+            **tool_defaults(),
+            "sglang_router_ip": "127.0.0.1",
+            "sglang_router_port": router.port,
+            "hf_checkpoint": str(tiny_vlm_dir),
+            "rollout_max_response_len": 512,
+            "rollout_max_context_len": None,
+            "sglang_server_concurrency": 8,
+            "request_timeout": 30.0,
+            "request_max_retries": 0,
+            "tool_config_path": str(config),
+            "rm_type": None,
+            "custom_rm_path": None,
+            "group_rm": False,
+        }
+    )
     bind_runtime(args, tokenizer=tok)
     yield args, engine, tok
     router.stop()
@@ -92,9 +110,16 @@ async def test_a_tool_image_is_in_the_next_turn_prompt_and_image_data(stack, tin
 
     args, engine, tok = stack
     red = picture("red")
-    sample = Sample(index=0, prompt=[{"role": "user", "content": [{"type": "image", "image": red},
-                                                                  {"type": "text", "text": "Zoom in, then say what it is."}]}],
-                    multimodal_inputs={"images": [red], "videos": None})
+    sample = Sample(
+        index=0,
+        prompt=[
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": red}, {"type": "text", "text": "Zoom in, then say what it is."}],
+            }
+        ],
+        multimodal_inputs={"images": [red], "videos": None},
+    )
     params = {"temperature": 1.0, "max_new_tokens": 512, "skip_special_tokens": False, "no_stop_trim": True}
     out = await generate(args, sample, params)
     first, second = engine.requests
@@ -108,21 +133,23 @@ async def test_a_tool_image_is_in_the_next_turn_prompt_and_image_data(stack, tin
         ids, pixels = engine_side.prepare(body["input_ids"], body["image_data"])
         assert ids == body["input_ids"]  # already expanded: the ids the sample trains are the ids the engine ran
     sampled = [json.loads(json.dumps(r)) for r in (first, second)]
-    assert second["input_ids"][:len(first["input_ids"])] == first["input_ids"]
+    assert second["input_ids"][: len(first["input_ids"])] == first["input_ids"]
     turn1 = tok.encode('<tool_call>\n{"name": "zoom", "arguments": {}}\n</tool_call>', add_special_tokens=False)
-    assert second["input_ids"][len(first["input_ids"]):len(first["input_ids"]) + len(turn1)] == turn1
+    assert second["input_ids"][len(first["input_ids"]) : len(first["input_ids"]) + len(turn1)] == turn1
     assert out.status == Sample.Status.COMPLETED, out.metadata
     # the sample: both prompts' tokens, each sampled id trained once, image tokens masked 0, both images' pixels
-    assert out.tokens[:len(second["input_ids"])] == sampled[1]["input_ids"]
+    assert out.tokens[: len(second["input_ids"])] == sampled[1]["input_ids"]
     p = len(first["input_ids"])
     assert out.response_length == len(out.tokens) - p
     trained = [t for t, m in zip(out.tokens[p:], out.loss_mask) if m]
-    assert trained == turn1 + [tok.convert_tokens_to_ids("<|im_end|>")] + tok.encode("A circle.", add_special_tokens=False) + \
-        [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert trained == turn1 + [tok.convert_tokens_to_ids("<|im_end|>")] + tok.encode(
+        "A circle.", add_special_tokens=False
+    ) + [tok.convert_tokens_to_ids("<|im_end|>")]
     assert out.tokens.count(pad) == pixels["pixel_values"].shape[0] // 4  # both images, merge size 2
     assert all(m == 0 for t, m in zip(out.tokens[p:], out.loss_mask) if t == pad)
     assert out.multimodal_train_inputs["image_grid_thw"].shape[0] == 2
     assert out.multimodal_train_inputs["pixel_values"].shape[0] == int(
-        out.multimodal_train_inputs["image_grid_thw"].prod(-1).sum())
+        out.multimodal_train_inputs["image_grid_thw"].prod(-1).sum()
+    )
     assert "not shown" not in tok.decode(second["input_ids"])
     assert out.metadata["template_drift"] is False  # re-rendered with one placeholder per image, equal

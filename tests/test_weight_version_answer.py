@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from slime.weights.http_engine import HttpEngine
 from slime.weights.version_answer import MAX_VERSION_CHARS, BadWeightVersion, parse_weight_version_answer
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=15), inner, max_size=4),
-                    max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=15), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def good(version) -> bool:
@@ -51,17 +53,23 @@ def test_any_bytes_are_a_version_or_a_bad_answer_never_another_error(raw):
     assert version == json.loads(text)["weight_version"]
 
 
-@pytest.mark.parametrize("body, field, problem", [
-    (b'{"weight_version": "1', "body", "not JSON (JSONDecodeError): {\"weight_version\": \"1"),
-    (b"<html>502 Bad Gateway</html>", "body", "not JSON (JSONDecodeError): <html>502 Bad Gateway</html>"),
-    (b'["3"]', "body", "a JSON list, not an object: ['3']"),
-    (b'{"version": "3"}', "weight_version", "missing: {'version': '3'}"),
-    (b'{"weight_version": null}', "weight_version", "a NoneType, not a string: None"),
-    (b'{"weight_version": 3}', "weight_version", "a int, not a string: 3"),
-    (b'{"weight_version": ""}', "weight_version", "not a version (empty, over 256 characters, or unprintable): "),
-    (b'{"weight_version": "3\\n4"}', "weight_version",
-     "not a version (empty, over 256 characters, or unprintable): 3\n4"),
-])
+@pytest.mark.parametrize(
+    "body, field, problem",
+    [
+        (b'{"weight_version": "1', "body", 'not JSON (JSONDecodeError): {"weight_version": "1'),
+        (b"<html>502 Bad Gateway</html>", "body", "not JSON (JSONDecodeError): <html>502 Bad Gateway</html>"),
+        (b'["3"]', "body", "a JSON list, not an object: ['3']"),
+        (b'{"version": "3"}', "weight_version", "missing: {'version': '3'}"),
+        (b'{"weight_version": null}', "weight_version", "a NoneType, not a string: None"),
+        (b'{"weight_version": 3}', "weight_version", "a int, not a string: 3"),
+        (b'{"weight_version": ""}', "weight_version", "not a version (empty, over 256 characters, or unprintable): "),
+        (
+            b'{"weight_version": "3\\n4"}',
+            "weight_version",
+            "not a version (empty, over 256 characters, or unprintable): 3\n4",
+        ),
+    ],
+)
 def test_an_engine_answering_a_bad_version_is_named_with_the_field(body, field, problem):
     with serving(body) as url:
         with pytest.raises(BadWeightVersion) as e:

@@ -24,8 +24,13 @@ class TrainWorkerHost:
 
         from slime.utils.misc import find_free_port
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port('127.0.0.1')}", rank=0,
-                                world_size=1, timeout=datetime.timedelta(seconds=300))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{find_free_port('127.0.0.1')}",
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=300),
+        )
 
     def ready(self) -> bool:
         return True

@@ -13,8 +13,14 @@ import pytest
 
 DATA = Path(__file__).resolve().parent / "data" / "verl"
 IM_END = 151645
-PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512, "skip_special_tokens": False,
-          "no_stop_trim": True}
+PARAMS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 512,
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +62,18 @@ def say(tok, text: str, lp0: float) -> dict[str, Any]:
 
 
 def call(name: str, arguments: dict[str, Any]) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def tool_delta(tok, content: str) -> list[int]:
     """What Qwen3's template inserts after an assistant turn that ended with <|im_end|>, written out by hand."""
-    return tok.encode(f"\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
-                      f"<|im_start|>assistant\n", add_special_tokens=False)
+    return tok.encode(
+        f"\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )
 
 
-def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path | None, rm_type: str | None,
-                  **flags: Any):
+def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path | None, rm_type: str | None, **flags: Any):
     """(args, sample) for the recipe's row written as verl writes it (parquet), read with verl's keys;
     `flags` set more of the multi-turn flags (interactions)."""
     import pyarrow as pa
@@ -78,13 +85,28 @@ def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path | N
 
     rows = [json.loads(line) for line in (DATA / "rows" / f"{recipe}.jsonl").read_text().splitlines()]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    args = argparse.Namespace(**{
-        **tool_defaults(), "sglang_router_ip": "127.0.0.1", "sglang_router_port": stack["router"].port,
-        "hf_checkpoint": stack["model"], "rollout_max_response_len": 512, "rollout_max_context_len": None,
-        "sglang_server_concurrency": 8, "request_timeout": 30.0, "request_max_retries": 0,
-        "tool_config_path": tool_config and str(tool_config), "rm_type": rm_type, "custom_rm_path": None, "group_rm": False,
-        "tool_reward_mode": "add" if rm_type else "none",
-        "tool_key": "extra_info.tools_kwargs", "metadata_key": None, "apply_chat_template": False, **flags})
+    args = argparse.Namespace(
+        **{
+            **tool_defaults(),
+            "sglang_router_ip": "127.0.0.1",
+            "sglang_router_port": stack["router"].port,
+            "hf_checkpoint": stack["model"],
+            "rollout_max_response_len": 512,
+            "rollout_max_context_len": None,
+            "sglang_server_concurrency": 8,
+            "request_timeout": 30.0,
+            "request_max_retries": 0,
+            "tool_config_path": tool_config and str(tool_config),
+            "rm_type": rm_type,
+            "custom_rm_path": None,
+            "group_rm": False,
+            "tool_reward_mode": "add" if rm_type else "none",
+            "tool_key": "extra_info.tools_kwargs",
+            "metadata_key": None,
+            "apply_chat_template": False,
+            **flags,
+        }
+    )
     bind_runtime(args, tokenizer=tok)
     row = read_rows(tmp_path / "train.parquet")[0]
     sample = sample_from_row(args, row, f"{recipe}:1", "prompt", "reward_model.ground_truth", tokenize=False)
@@ -112,8 +134,10 @@ async def rollout(stack, tok, args, sample, row, key: str, turns: list[str], del
         await runtime.client.close()
         await close_tool_sets()  # the runtime's, before it is unbound
         unbind(runtime)
-    prompt = tok.encode(tok.apply_chat_template(row["prompt"], tools=schemas or None, tokenize=False,
-                                                add_generation_prompt=True), add_special_tokens=False)
+    prompt = tok.encode(
+        tok.apply_chat_template(row["prompt"], tools=schemas or None, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )
     tokens, mask, log_probs, sent = list(prompt), [], [], []
     for out, delta in zip(outs, deltas + [[]]):
         sent.append(list(tokens))

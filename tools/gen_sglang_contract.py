@@ -49,8 +49,9 @@ UNRESOLVED = object()
 
 
 def download_wheel(version: str, dest: str) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}",
-                    "-d", dest], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}", "-d", dest], check=True
+    )
     wheels = sorted(Path(dest).glob(f"sglang-{version}-*.whl"))
     if not wheels:
         raise SystemExit(f"pip download produced no sglang-{version} wheel in {dest}")
@@ -141,19 +142,36 @@ def action_nargs(actions_tree: ast.Module) -> dict[str, Any]:
         for fn in cls.body:
             if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
                 names = [a.arg for a in fn.args.args]
-                defaults = dict(zip(names[len(names) - len(fn.args.defaults):], fn.args.defaults))
+                defaults = dict(zip(names[len(names) - len(fn.args.defaults) :], fn.args.defaults))
                 defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None})
                 if "nargs" in defaults:
                     out[cls.name] = ast.literal_eval(defaults["nargs"])
     return out
 
 
-def option(names: list[str], dest: str, *, nargs: Any = None, type_: str = "str", choices: Any = UNRESOLVED,
-           required: bool = False, kind: str = "value") -> dict[str, Any]:
-    return {"option_strings": names, "dest": dest, "kind": kind, "nargs": nargs, "type": type_,
-            "choices": None if choices is UNRESOLVED or choices is None
-            else sorted(choices, key=str) if isinstance(choices, (set, frozenset)) else list(choices),
-            "required": required}
+def option(
+    names: list[str],
+    dest: str,
+    *,
+    nargs: Any = None,
+    type_: str = "str",
+    choices: Any = UNRESOLVED,
+    required: bool = False,
+    kind: str = "value",
+) -> dict[str, Any]:
+    return {
+        "option_strings": names,
+        "dest": dest,
+        "kind": kind,
+        "nargs": nargs,
+        "type": type_,
+        "choices": None
+        if choices is UNRESOLVED or choices is None
+        else sorted(choices, key=str)
+        if isinstance(choices, (set, frozenset))
+        else list(choices),
+        "required": required,
+    }
 
 
 def action_kind(action: str | None, nargs_of_action: dict[str, Any], nargs: Any) -> tuple[str, Any]:
@@ -175,8 +193,17 @@ def dataclass_options(cls: ast.ClassDef, lits: Literals, nargs_of_action: dict[s
         head, parts = subscript_parts(node.annotation)
         if head not in ("A", "Annotated") or len(parts) < 2:
             continue
-        meta = next((p for p in parts[1:] if isinstance(p, ast.Call) and name_of(p.func) == "Arg"
-                     or isinstance(p, ast.Constant) and isinstance(p.value, str)), None)
+        meta = next(
+            (
+                p
+                for p in parts[1:]
+                if isinstance(p, ast.Call)
+                and name_of(p.func) == "Arg"
+                or isinstance(p, ast.Constant)
+                and isinstance(p.value, str)
+            ),
+            None,
+        )
         if meta is None:
             continue
         kw = kwargs_of(meta) if isinstance(meta, ast.Call) else {}
@@ -194,8 +221,11 @@ def dataclass_options(cls: ast.ClassDef, lits: Literals, nargs_of_action: dict[s
         has_type_parser = "type_parser" in kw
         if "action" in kw:
             extra = kw.get("action_kwargs")  # e.g. {"type": str, "nargs": "*"}, passed on to add_argument
-            extra = ({ast.literal_eval(k): v for k, v in zip(extra.keys, extra.values) if k is not None}
-                     if isinstance(extra, ast.Dict) else {})
+            extra = (
+                {ast.literal_eval(k): v for k, v in zip(extra.keys, extra.values) if k is not None}
+                if isinstance(extra, ast.Dict)
+                else {}
+            )
             if "nargs" in extra and lits.eval(extra["nargs"]) is not UNRESOLVED:
                 nargs = lits.eval(extra["nargs"])
             kind, n = action_kind(name_of(kw["action"]), nargs_of_action, nargs)
@@ -209,12 +239,14 @@ def dataclass_options(cls: ast.ClassDef, lits: Literals, nargs_of_action: dict[s
             if choices is UNRESOLVED and all(v is not UNRESOLVED for v in values):
                 choices = values
             t = type(values[0]).__name__ if values and values[0] is not UNRESOLVED else "str"
-            out[field] = option(names, field, type_="str" if has_type_parser else SCALAR_TYPES.get(t, "str"),
-                                choices=choices)
+            out[field] = option(
+                names, field, type_="str" if has_type_parser else SCALAR_TYPES.get(t, "str"), choices=choices
+            )
         elif ihead in ("List", "list") and not has_type_parser:
             elem = name_of(iparts[0]) if iparts else "str"
-            out[field] = option(names, field, nargs=nargs or "+", type_=SCALAR_TYPES.get(elem or "", "str"),
-                                choices=choices)
+            out[field] = option(
+                names, field, nargs=nargs or "+", type_=SCALAR_TYPES.get(elem or "", "str"), choices=choices
+            )
         elif name_of(inner) == "bool" and not isinstance(inner, ast.Subscript):
             out[field] = option(names, field, nargs=0, kind="flag")
         else:
@@ -229,7 +261,9 @@ def manual_options(fn: ast.FunctionDef, lits: Literals, nargs_of_action: dict[st
     """The `parser.add_argument(...)` calls written out in `ServerArgs.add_cli_args`."""
     out = []
     for node in ast.walk(fn):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        ):
             continue
         names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         kw = kwargs_of(node)
@@ -239,8 +273,17 @@ def manual_options(fn: ast.FunctionDef, lits: Literals, nargs_of_action: dict[st
         nargs = None if nargs is UNRESOLVED else nargs
         kind, nargs = action_kind(name_of(kw.get("action")), nargs_of_action, nargs)
         t = SCALAR_TYPES.get(name_of(kw.get("type")) or "", "str")
-        out.append(option(names, dest, nargs=nargs, type_=t, choices=lits.eval(kw.get("choices")), kind=kind,
-                          required=lits.eval(kw.get("required")) is True))
+        out.append(
+            option(
+                names,
+                dest,
+                nargs=nargs,
+                type_=t,
+                choices=lits.eval(kw.get("choices")),
+                kind=kind,
+                required=lits.eval(kw.get("required")) is True,
+            )
+        )
     return out
 
 
@@ -305,7 +348,9 @@ def routes(tree: ast.Module) -> dict[str, dict[str, Any]]:
                 ann = subscript_parts(ann)[1][0]
             body_cls = name_of(ann)
         for dec in fn.decorator_list:
-            if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and name_of(dec.func.value) == "app"):
+            if not (
+                isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and name_of(dec.func.value) == "app"
+            ):
                 continue
             verb = dec.func.attr
             if verb not in ("get", "post", "put", "delete", "api_route") or not dec.args:
@@ -321,6 +366,7 @@ def routes(tree: ast.Module) -> dict[str, dict[str, Any]]:
 
 def build(wheel_path: Path) -> dict[str, Any]:
     with zipfile.ZipFile(wheel_path) as wheel:
+
         def parse(member: str) -> tuple[ast.Module, str]:
             text = wheel.read(member).decode()
             return ast.parse(text, member), text
@@ -356,8 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"wheel is sglang {contract['sglang_version']}, expected {a.version} (--version)")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(contract, indent=1, sort_keys=False) + "\n")
-    print(f"{a.out}: sglang {contract['sglang_version']}, {len(contract['server_args'])} server options, "
-          f"{len(contract['requests'])} request classes, {len(contract['routes'])} routes")
+    print(
+        f"{a.out}: sglang {contract['sglang_version']}, {len(contract['server_args'])} server options, "
+        f"{len(contract['requests'])} request classes, {len(contract['routes'])} routes"
+    )
     return 0
 
 

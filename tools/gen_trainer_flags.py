@@ -35,6 +35,7 @@ OUT = Path(__file__).resolve().parents[1] / "slime" / "cli" / "upstream_flags.js
 
 # ------------------------------------------------------------------ source trees
 
+
 class Tree:
     """Read files of a bare git mirror at one commit, or of a plain directory."""
 
@@ -46,8 +47,7 @@ class Tree:
             self.commit = self._git("rev-parse", self.commit).strip()
 
     def _git(self, *a: str) -> str:
-        return subprocess.run(["git", "-C", str(self.root), *a], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run(["git", "-C", str(self.root), *a], check=True, capture_output=True, text=True).stdout
 
     def read(self, path: str) -> str:
         if self.bare:
@@ -57,18 +57,30 @@ class Tree:
     def grep(self, pattern: str, under: str) -> list[str]:
         """Paths of .py files under `under` with a line matching the (extended) regex."""
         if self.bare:
-            r = subprocess.run(["git", "-C", str(self.root), "grep", "-l", "-E", pattern, self.commit, "--",
-                                f"{under}/*.py"], capture_output=True, text=True)
+            r = subprocess.run(
+                ["git", "-C", str(self.root), "grep", "-l", "-E", pattern, self.commit, "--", f"{under}/*.py"],
+                capture_output=True,
+                text=True,
+            )
             return [line.split(":", 1)[1] for line in r.stdout.splitlines()]
         rx = re.compile(pattern)
-        return [str(p.relative_to(self.root)) for p in sorted((self.root / under).rglob("*.py"))
-                if any(rx.search(line) for line in p.read_text(encoding="utf-8").splitlines())]
+        return [
+            str(p.relative_to(self.root))
+            for p in sorted((self.root / under).rglob("*.py"))
+            if any(rx.search(line) for line in p.read_text(encoding="utf-8").splitlines())
+        ]
 
 
 # ------------------------------------------------------------------ literal evaluation
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Pow: operator.pow,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+}
 _UNSET = object()
 
 
@@ -118,14 +130,20 @@ def jsonable(v: Any) -> Any:
 
 # ------------------------------------------------------------------ one flag
 
+
 def flag_entry(options: list[str], kw: dict[str, ast.AST], origin: str, group: str) -> dict[str, Any] | None:
     """Normalize one add_argument call into {options, dest, arity, type, default, choices, ...}."""
     options = [o for o in options if o.startswith("--")]
     if not options:
         return None
     action = kw.get("action")
-    action_name = literal(action) if action is not None and literal(action) is not _UNSET else dotted(action) \
-        if action is not None else None
+    action_name = (
+        literal(action)
+        if action is not None and literal(action) is not _UNSET
+        else dotted(action)
+        if action is not None
+        else None
+    )
     if action_name and action_name.endswith("BooleanOptionalAction"):
         action_name = "boolean_optional"
     nargs = literal(kw.get("nargs"))
@@ -137,8 +155,16 @@ def flag_entry(options: list[str], kw: dict[str, ast.AST], origin: str, group: s
     default_src = None
     if "default" in kw and default is _UNSET:
         default_src = ast.unparse(kw["default"])  # e.g. os.getenv(...): recorded, stored as None
-    if action_name in ("store_true", "store_false", "store_const", "count", "help", "version",
-                       "append_const", "boolean_optional"):
+    if action_name in (
+        "store_true",
+        "store_false",
+        "store_const",
+        "count",
+        "help",
+        "version",
+        "append_const",
+        "boolean_optional",
+    ):
         arity = action_name
         if default is _UNSET and "default" not in kw:
             default = {"store_true": False, "store_false": True, "count": None}.get(action_name)
@@ -156,8 +182,15 @@ def flag_entry(options: list[str], kw: dict[str, ast.AST], origin: str, group: s
     dest = literal(kw.get("dest"))
     if dest is _UNSET:
         dest = options[0][2:].replace("-", "_")
-    entry = {"options": options, "dest": dest, "arity": arity, "type": type_name,
-             "default": jsonable(default if default is not _UNSET else None), "origin": origin, "group": group}
+    entry = {
+        "options": options,
+        "dest": dest,
+        "arity": arity,
+        "type": type_name,
+        "default": jsonable(default if default is not _UNSET else None),
+        "origin": origin,
+        "group": group,
+    }
     if choices is not _UNSET and isinstance(choices, list):
         entry["choices"] = jsonable(choices)
     if action_name == "store_const":
@@ -174,8 +207,9 @@ def call_options_kwargs(call: ast.Call) -> tuple[list[str], dict[str, ast.AST]] 
     return opts, {k.arg: k.value for k in call.keywords if k.arg}
 
 
-def argument_calls(fn: ast.AST, origin: str, group: str,
-                   skipped: list[str] | None = None) -> Iterator[tuple[str, ast.Call, dict[str, Any] | None]]:
+def argument_calls(
+    fn: ast.AST, origin: str, group: str, skipped: list[str] | None = None
+) -> Iterator[tuple[str, ast.Call, dict[str, Any] | None]]:
     """Every call under `fn` as (dotted name, call, flag entry): the entry is set for an
     `add_argument` call with literal options (one whose options are not literal goes to `skipped`),
     None for other calls, which the caller may read (`reset_arg`, `ArgumentGroupFactory`)."""
@@ -198,6 +232,7 @@ def argument_calls(fn: ast.AST, origin: str, group: str,
 
 # ------------------------------------------------------------------ slime
 
+
 def slime_flags(tree: Tree) -> tuple[list[dict], list[dict]]:
     """(slime's own flags, slime's reset_arg overrides of Megatron flags)."""
     flags, resets = [], []
@@ -207,8 +242,9 @@ def slime_flags(tree: Tree) -> tuple[list[dict], list[dict]]:
         for fn in ast.walk(mod):
             if not isinstance(fn, ast.FunctionDef):
                 continue
-            group = fn.name.removeprefix("add_").removesuffix("_arguments") if fn.name.startswith("add_") \
-                else default_group
+            group = (
+                fn.name.removeprefix("add_").removesuffix("_arguments") if fn.name.startswith("add_") else default_group
+            )
             for name, node, entry in argument_calls(fn, "slime", group):
                 if entry is not None:
                     flags.append(entry)
@@ -278,8 +314,9 @@ class DataclassFlags:
 
     def is_enum(self, name: str) -> bool:
         found = self.find_class(name)
-        return bool(found) and any((dotted(b) or "").split(".")[-1] in ("Enum", "IntEnum", "StrEnum")
-                                   for b in found[0].bases)
+        return bool(found) and any(
+            (dotted(b) or "").split(".")[-1] in ("Enum", "IntEnum", "StrEnum") for b in found[0].bases
+        )
 
     def type_of(self, ann: ast.AST) -> dict[str, Any] | None:
         """argument_utils._extract_type on an annotation node; None = TypeInferenceError."""
@@ -345,9 +382,12 @@ class DataclassFlags:
                 continue
             default = None if default is _UNSET else default
             names = ["--" + fname.replace("_", "-")]
-            kwargs: dict[str, ast.AST] = {"dest": ast.Constant(fname), "default": ast.Constant(default)
-                                          if not isinstance(default, (list, dict)) else ast.parse(repr(default),
-                                                                                                  mode="eval").body}
+            kwargs: dict[str, ast.AST] = {
+                "dest": ast.Constant(fname),
+                "default": ast.Constant(default)
+                if not isinstance(default, (list, dict))
+                else ast.parse(repr(default), mode="eval").body,
+            }
             t = self.type_of(ann)
             if t is not None:
                 if t["type"] == "bool":
@@ -408,9 +448,15 @@ def megatron_flags(tree: Tree) -> tuple[list[dict], list[str]]:
 
 def patch_flags(slime: Tree) -> list[dict]:
     """Flags slime's docker patches add to Megatron's arguments.py (e.g. --use-gated-attention)."""
-    paths = [p for p in slime._git("ls-tree", "-r", "--name-only", slime.commit, "docker/patch").splitlines()
-             if re.search(r"/megatron[^/]*\.patch$", p)] if slime.bare else \
-        [str(p.relative_to(slime.root)) for p in sorted((slime.root / "docker/patch").glob("*/megatron*.patch"))]
+    paths = (
+        [
+            p
+            for p in slime._git("ls-tree", "-r", "--name-only", slime.commit, "docker/patch").splitlines()
+            if re.search(r"/megatron[^/]*\.patch$", p)
+        ]
+        if slime.bare
+        else [str(p.relative_to(slime.root)) for p in sorted((slime.root / "docker/patch").glob("*/megatron*.patch"))]
+    )
     out: dict[str, dict] = {}
     for path in paths:
         in_args, added = False, []
@@ -480,14 +526,21 @@ def main(argv: list[str] | None = None) -> int:
         by_opt[e["options"][0]] = e  # slime's own definition wins (it is registered last, conflict-free)
     flags = sorted(by_opt.values(), key=lambda e: (e["origin"] != "slime", e["options"][0]))
 
-    doc = {"generated_by": "tools/gen_trainer_flags.py",
-           "sources": {"THUDM/slime": slime.commit or str(slime.root),
-                       "NVIDIA/Megatron-LM": megatron.commit or str(megatron.root)},
-           "unparsed": skipped, "flags": flags}
+    doc = {
+        "generated_by": "tools/gen_trainer_flags.py",
+        "sources": {
+            "THUDM/slime": slime.commit or str(slime.root),
+            "NVIDIA/Megatron-LM": megatron.commit or str(megatron.root),
+        },
+        "unparsed": skipped,
+        "flags": flags,
+    }
     Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     n_s = sum(e["origin"] == "slime" for e in flags)
-    print(f"{a.out}: {len(flags)} flags ({n_s} slime, {len(flags) - n_s} Megatron), {len(skipped)} unparsed",
-          file=sys.stderr)
+    print(
+        f"{a.out}: {len(flags)} flags ({n_s} slime, {len(flags) - n_s} Megatron), {len(skipped)} unparsed",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -17,11 +17,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", help="rollout dump directories (--rollout-data-dir, the directory of "
-                                            "--save-debug-rollout-data) or single .jsonl/.pt files")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        help="rollout dump directories (--rollout-data-dir, the directory of "
+        "--save-debug-rollout-data) or single .jsonl/.pt files",
+    )
     p.add_argument("--tokenizer", default=None, help="tokenizer dir or tokenizer.json to decode token spans")
-    p.add_argument("--print", dest="print_n", type=int, default=0, metavar="N",
-                   help="print the first N samples of each dump to the terminal instead of browsing")
+    p.add_argument(
+        "--print",
+        dest="print_n",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the first N samples of each dump to the terminal instead of browsing",
+    )
     a = p.parse_args(argv)
     if a.print_n:
         from rich.console import Console
@@ -30,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         console, decoder = Console(), V.Decoder(a.tokenizer)
         for source in V.discover(a.paths):
-            for rec in V.load(source).records[:a.print_n]:
+            for rec in V.load(source).records[: a.print_n]:
                 console.print(V.render_sample(rec, decoder))
         return 0
     from slime.observability.viewer import RolloutViewer

@@ -16,19 +16,39 @@ import sys
 import openai
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a file of the working directory.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "write_file", "description": "Replace a file of the working directory with new content.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                       "required": ["path", "content"]}}},
-    {"type": "function", "function": {
-        "name": "run_tests", "description": "Run the unit tests of the working directory.",
-        "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the working directory.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Replace a file of the working directory with new content.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the unit tests of the working directory.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
-SYSTEM = ("You fix bugs in small Python files. Use the tools to read the code, write the fixed file "
-          "and run the tests. Reply without a tool call when the tests pass.")
+SYSTEM = (
+    "You fix bugs in small Python files. Use the tools to read the code, write the fixed file "
+    "and run the tests. Reply without a tool call when the tests pass."
+)
 MAX_OUTPUT_CHARS = 2000
 
 
@@ -74,16 +94,22 @@ def main() -> int:
     client = openai.OpenAI(max_retries=0, timeout=600)  # OPENAI_BASE_URL / OPENAI_API_KEY from the harness
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": os.environ["SLIME_AGENT_PROMPT"]}]
     for turn in range(args.max_turns):
-        reply = client.chat.completions.create(model="slime-actor", messages=messages, tools=TOOLS,
-                                               max_tokens=args.max_tokens).choices[0]
+        reply = client.chat.completions.create(
+            model="slime-actor", messages=messages, tools=TOOLS, max_tokens=args.max_tokens
+        ).choices[0]
         message = reply.message
         messages.append(message.model_dump(exclude_none=True))
         print(f"turn {turn}: finish={reply.finish_reason} tool_calls={len(message.tool_calls or [])}", flush=True)
         if not message.tool_calls:
             break
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": call_tool(call.function.name, call.function.arguments)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "content": call_tool(call.function.name, call.function.arguments),
+                }
+            )
     return 0
 
 

@@ -10,8 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-SHAPES = [("circle", "red"), ("square", "blue"), ("triangle", "green"), ("circle", "orange"),
-          ("square", "purple"), ("triangle", "black"), ("circle", "blue"), ("square", "green")]
+SHAPES = [
+    ("circle", "red"),
+    ("square", "blue"),
+    ("triangle", "green"),
+    ("circle", "orange"),
+    ("square", "purple"),
+    ("triangle", "black"),
+    ("circle", "blue"),
+    ("square", "green"),
+]
 
 
 def draw(shape: str, color: str, size: int = 96):

@@ -132,7 +132,7 @@ class RewriterAgent(Agent):
         # Populate the template arguments.
         format_params = {"problem_statement": problem_statement}
         for i, solution in enumerate(previous_solutions):
-            format_params[f"solution{i+1}"] = solution
+            format_params[f"solution{i + 1}"] = solution
 
         prompt = template.format(**format_params)
         return await self.run(args, prompt, max_retries=1, key="rewriter")
@@ -153,7 +153,7 @@ class SelectorAgent(Agent):
         # Populate the template arguments.
         format_params = {"problem_statement": problem_statement}
         for i, solution in enumerate(candidate_solutions):
-            format_params[f"solution{i+1}"] = solution
+            format_params[f"solution{i + 1}"] = solution
 
         prompt = template.format(**format_params)
         return await self.run(args, prompt, max_retries=10, key="selector")
@@ -238,8 +238,7 @@ async def run_agent_system(args, sample):
 
     # Rewriting
     tasks = [
-        rewrite_worker(args, previous_solutions, problem_statement, worker_id)
-        for worker_id in range(args.num_parallel)
+        rewrite_worker(args, previous_solutions, problem_statement, worker_id) for worker_id in range(args.num_parallel)
     ]
     rewrited_solutions_raw = await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -266,9 +265,9 @@ async def run_agent_system(args, sample):
         reward_adjustment(args.results_dict["rewriter"], args.incorrect_reward_weight)
         return _emit(args.results_dict["solver"] + args.results_dict["rewriter"])
 
-    assert (
-        len(args.results_dict["selector"]) == 1
-    ), f"selector should only return one solution, but got {len(args.results_dict['selector'])}"
+    assert len(args.results_dict["selector"]) == 1, (
+        f"selector should only return one solution, but got {len(args.results_dict['selector'])}"
+    )
     if response is None:
         args.results_dict["selector"][0].reward = 0
     else:

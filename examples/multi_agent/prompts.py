@@ -8,7 +8,7 @@ def generate_rewriter_template(num_solutions: int) -> str:
     """Dynamically generate rewrite templates based on the number of solutions."""
     solution_sections = []
     for i in range(num_solutions):
-        solution_sections.append(f"#### Solution {i+1}\n{{solution{i+1}}}\n\n---")
+        solution_sections.append(f"#### Solution {i + 1}\n{{solution{i + 1}}}\n\n---")
 
     solutions_text = "\n".join(solution_sections)
 
@@ -37,7 +37,7 @@ def generate_select_template(num_solutions: int) -> str:
     """Dynamically generate select templates based on the number of solutions."""
     solution_sections = []
     for i in range(num_solutions):
-        solution_sections.append(f"#### Solution {i+1}\n{{solution{i+1}}}\n\n---")
+        solution_sections.append(f"#### Solution {i + 1}\n{{solution{i + 1}}}\n\n---")
 
     solutions_text = "\n".join(solution_sections)
 

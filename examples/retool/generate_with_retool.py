@@ -194,7 +194,7 @@ async def execute_predictions(prediction: str) -> str:
             next_obs = f"\n\n<interpreter>\n{result}\n</interpreter>\n\n"
             done = False
         else:
-            next_obs = "\n\n<interpreter>\nError: No Python code found" "\n</interpreter>\n\n"
+            next_obs = "\n\n<interpreter>\nError: No Python code found\n</interpreter>\n\n"
             done = False
     elif action == "answer":
         next_obs = ""
@@ -214,7 +214,7 @@ async def execute_predictions(prediction: str) -> str:
 
 async def generate(args, sample: Sample, sampling_params) -> Sample:
     """Custom generation function supporting tool calls"""
-    assert not args.partial_rollout, "Partial rollout is not supported for " "this function at the moment."
+    assert not args.partial_rollout, "Partial rollout is not supported for this function at the moment."
 
     # Retried samples (previously aborted / partial) arrive here with stale
     # rollout state from the first attempt. Clear it so this generation starts
@@ -354,9 +354,9 @@ async def generate(args, sample: Sample, sampling_params) -> Sample:
         sample.append_response_tokens(args, tokens=obs_tokens_ids, trainable=False)
 
         if sample.rollout_log_probs is not None:
-            assert len(response_token_ids) == len(
-                sample.rollout_log_probs
-            ), f"Token/logp length mismatch at turn {turn}: {len(response_token_ids)} tokens vs {len(sample.rollout_log_probs)} logps"
+            assert len(response_token_ids) == len(sample.rollout_log_probs), (
+                f"Token/logp length mismatch at turn {turn}: {len(response_token_ids)} tokens vs {len(sample.rollout_log_probs)} logps"
+            )
 
         # Tool output is appended verbatim and can push total_length past
         # max_context_length (the per-turn generation was clamped to the

@@ -51,7 +51,7 @@ def _passages2string(retrieval_result):
         content = doc_item["document"]["contents"]
         title = content.split("\n")[0]
         text = "\n".join(content.split("\n")[1:])
-        format_reference += f"Doc {idx+1}(Title: {title}) {text}\n"
+        format_reference += f"Doc {idx + 1}(Title: {title}) {text}\n"
 
     return format_reference
 
@@ -85,7 +85,7 @@ async def search(query: str) -> str:
             proxy=google_config["proxy"],
         )
     else:
-        raise ValueError(f"Unknown search backend: {backend}. " f"Must be either 'local' or 'google'.")
+        raise ValueError(f"Unknown search backend: {backend}. Must be either 'local' or 'google'.")
 
     return _passages2string(result)
 
@@ -104,7 +104,9 @@ def postprocess_responses(resp: str) -> str:
     return (
         resp.split("</search>")[0] + "</search>"
         if "</search>" in resp
-        else resp.split("</answer>")[0] + "</answer>" if "</answer>" in resp else resp
+        else resp.split("</answer>")[0] + "</answer>"
+        if "</answer>" in resp
+        else resp
     )
 
 
@@ -248,9 +250,9 @@ async def generate(args, sample: Sample, sampling_params) -> Sample:
             rollout_log_probs += [0.0] * len(obs_tokens_ids)
 
             # Verify alignment when collecting log probs
-            assert len(response_token_ids) == len(
-                rollout_log_probs
-            ), f"Token/logp length mismatch: {len(response_token_ids)} tokens vs {len(rollout_log_probs)} logps"
+            assert len(response_token_ids) == len(rollout_log_probs), (
+                f"Token/logp length mismatch: {len(response_token_ids)} tokens vs {len(rollout_log_probs)} logps"
+            )
 
     # Store statistics for wandb logging
     sample.tokens = prompt_tokens_ids + response_token_ids

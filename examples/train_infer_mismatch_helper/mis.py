@@ -176,14 +176,14 @@ def compute_mis_weights(
     rs_upper_bound = args.rs_upper_bound if args.rs_upper_bound is not None else args.tis_upper_bound
 
     # Validate input lists have same length and each sequence has matching shapes
-    assert (
-        len(train_log_probs) == len(rollout_log_probs) == len(loss_masks)
-    ), f"Input lists must have the same number of sequences: {len(train_log_probs)} vs {len(rollout_log_probs)} vs {len(loss_masks)}"
+    assert len(train_log_probs) == len(rollout_log_probs) == len(loss_masks), (
+        f"Input lists must have the same number of sequences: {len(train_log_probs)} vs {len(rollout_log_probs)} vs {len(loss_masks)}"
+    )
 
     for i, (train, rollout, loss_mask) in enumerate(zip(train_log_probs, rollout_log_probs, loss_masks, strict=False)):
-        assert (
-            train.shape == rollout.shape == loss_mask.shape
-        ), f"Sequence {i}: shapes must match - train: {train.shape}, rollout: {rollout.shape}, loss_mask: {loss_mask.shape}"
+        assert train.shape == rollout.shape == loss_mask.shape, (
+            f"Sequence {i}: shapes must match - train: {train.shape}, rollout: {rollout.shape}, loss_mask: {loss_mask.shape}"
+        )
 
     SAFETY_BOUND = 20.0  # Add a safety bound to avoid exp overflow
     all_weights = []
@@ -226,9 +226,7 @@ def compute_mis_weights(
             if args.tis_mode == "truncate":
                 weights = truncate(weights, loss_mask, metrics, args.tis_upper_bound, metric_prefix="tis_")
             elif args.tis_mode == "clip":
-                weights = clip(
-                    weights, loss_mask, metrics, tis_lower_bound, args.tis_upper_bound, metric_prefix="tis_"
-                )
+                weights = clip(weights, loss_mask, metrics, tis_lower_bound, args.tis_upper_bound, metric_prefix="tis_")
             elif args.tis_mode == "mask":
                 weights, modified_mask = mask(
                     weights, loss_mask, metrics, tis_lower_bound, args.tis_upper_bound, metric_prefix="tis_"

@@ -46,8 +46,15 @@ from rollout_plugins.multi_turn.turn_loop import run_turns
 from slime.utils.types import Sample
 from slime.utils.plugin_args import completed
 
-__all__ = ["GENERATE_PATH", "RESUME_KEY", "MultiTurnContext", "Trajectory", "add_tool_reward", "generate",
-           "generate_rollout"]
+__all__ = [
+    "GENERATE_PATH",
+    "RESUME_KEY",
+    "MultiTurnContext",
+    "Trajectory",
+    "add_tool_reward",
+    "generate",
+    "generate_rollout",
+]
 
 GENERATE_PATH = "rollout_plugins.multi_turn.generate"
 
@@ -71,9 +78,11 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     from slime.rollout import sglang_rollout
 
     if args.custom_generate_function_path not in (None, GENERATE_PATH):
-        raise ValueError(f"--rollout-function-path rollout_plugins.multi_turn.generate_rollout sets its own "
-                         f"generate function; remove --custom-generate-function-path "
-                         f"{args.custom_generate_function_path!r}")
+        raise ValueError(
+            f"--rollout-function-path rollout_plugins.multi_turn.generate_rollout sets its own "
+            f"generate function; remove --custom-generate-function-path "
+            f"{args.custom_generate_function_path!r}"
+        )
     args.custom_generate_function_path = GENERATE_PATH
     MultiTurnContext.get(args)  # fail fast on a bad tool config or template before any request
     return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation)

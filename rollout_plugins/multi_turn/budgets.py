@@ -15,13 +15,21 @@ from typing import Any, Literal
 # The trajectory's `finish_reason` (TrajectoryRecord), set once by `Trajectory.end`.
 EndReason = Literal[
     "no_tool_call",  # completed: the model answered without calling a tool
-    "interaction_terminated", "max_user_turns",  # completed: the interaction ended the conversation
+    "interaction_terminated",
+    "max_user_turns",  # completed: the interaction ended the conversation
     "max_turns",  # --max-turns reached: completed when the interaction was next, truncated with calls left
     "turn_cap",  # truncated: one turn hit --max-tokens-per-turn without a complete tool call
-    "response_budget_exhausted", "context_budget_exhausted", "turn_cap_exhausted", "prompt_fills_context",
-    "budget_exhausted_in_tool_response", "budget_exhausted_in_user_turn",  # not appended in part
-    "engine_abort", "rollout_abort", "cancelled",  # aborted (the first two are resumable)
-    "engine_error", "exception",  # failed
+    "response_budget_exhausted",
+    "context_budget_exhausted",
+    "turn_cap_exhausted",
+    "prompt_fills_context",
+    "budget_exhausted_in_tool_response",
+    "budget_exhausted_in_user_turn",  # not appended in part
+    "engine_abort",
+    "rollout_abort",
+    "cancelled",  # aborted (the first two are resumable)
+    "engine_error",
+    "exception",  # failed
 ]
 
 
@@ -33,9 +41,11 @@ class TokenBudgets:
 
     @classmethod
     def from_args(cls, args: Any, sampling_params: dict[str, Any]) -> "TokenBudgets":
-        return cls(response=int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len),
-                   context=args.rollout_max_context_len,
-                   per_turn=args.max_tokens_per_turn)
+        return cls(
+            response=int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len),
+            context=args.rollout_max_context_len,
+            per_turn=args.max_tokens_per_turn,
+        )
 
     def left(self, total: int, prompt_len: int) -> list[tuple[int, str]]:
         """(tokens left, name) of the response budget and the context budget."""

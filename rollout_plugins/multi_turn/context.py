@@ -37,13 +37,15 @@ class MultiTurnContext:
         self.parser = get_parser(args.tool_call_parser)
         path = args.interaction_config_path
         self.interactions: InteractionSet | None = load_interaction_config(path) if path else None
-        for adapter in (self.interactions.by_name.values() if self.interactions else ()):
+        for adapter in self.interactions.by_name.values() if self.interactions else ():
             adapter.timeout = args.interaction_timeout
         kw = args.apply_chat_template_kwargs or {}
         self.delta = ChatDelta(self.tok, json.loads(kw) if isinstance(kw, str) else kw)
         if not self.delta.renders_tools and self.tools.names:
-            logger.warning("the chat template ignores `tools`: tool schemas are described in the system message "
-                           "(Hermes format) instead")
+            logger.warning(
+                "the chat template ignores `tools`: tool schemas are described in the system message "
+                "(Hermes format) instead"
+            )
         # a vision-language checkpoint's image side: prompt and tool images are expanded and sent as image_data
         processor = shared_processor(args, self.runtime) if self.runtime is not None else None
         self.images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
@@ -58,10 +60,12 @@ class MultiTurnContext:
         self.template_report = check_append_only(self.delta, self.tools.schemas())
         if self.template_report.ok:
             return
-        msg = (f"the chat template of {self.args.hf_checkpoint or 'the tokenizer'!r} is not "
-               f"append-only for tool turns: {self.template_report.detail}. Token accounting stays exact (the "
-               "batch holds the sampled ids), but re-rendering these conversations would give different tokens "
-               "than the model saw. Fix the template, or pass --chat-template-check warn to accept it.")
+        msg = (
+            f"the chat template of {self.args.hf_checkpoint or 'the tokenizer'!r} is not "
+            f"append-only for tool turns: {self.template_report.detail}. Token accounting stays exact (the "
+            "batch holds the sampled ids), but re-rendering these conversations would give different tokens "
+            "than the model saw. Fix the template, or pass --chat-template-check warn to accept it."
+        )
         if self.check_mode == "error":
             raise TemplateDriftError(msg)
         logger.warning(msg)

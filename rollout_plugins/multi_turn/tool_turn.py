@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from rollout_plugins.multi_turn.trajectory import Trajectory
 
 
-async def tool_turn(traj: Trajectory, items: list[ToolCall | ParseError], model_ids: list[int], turn: int,
-                    prep: float) -> bool:
+async def tool_turn(
+    traj: Trajectory, items: list[ToolCall | ParseError], model_ids: list[int], turn: int, prep: float
+) -> bool:
     """Run the calls and append their tool turn (mask 0); False when it does not fit the budgets.
 
     `prep` is the turn's overhead so far (seconds since the engine answered)."""

@@ -45,8 +45,12 @@ class Trajectory:
         self.status, self.reason = Sample.Status.PENDING, ""
         self.rollout_id = current_rollout_id()
         # --partial-rollout: an aborted trajectory resumes where it stopped
-        self.resumed = bool(args.partial_rollout) and sample.is_partial \
-            and RESUME_KEY in sample.metadata and TrajectoryRecord.of(sample) is not None
+        self.resumed = (
+            bool(args.partial_rollout)
+            and sample.is_partial
+            and RESUME_KEY in sample.metadata
+            and TrajectoryRecord.of(sample) is not None
+        )
         if self.resumed:
             self.record = TrajectoryRecord.of(sample)
         else:  # a fresh start: drop what an earlier (aborted, recycled) attempt left
@@ -55,8 +59,9 @@ class Trajectory:
             sample.clear_segments()
             sample.reward = None
             self.record = TrajectoryRecord()  # stored into sample.metadata by fill_sample
-        self.tools = TrajectoryTools(ctx.tools, self.record, ctx.delta, ToolCallLimits.from_args(args),
-                                     reads_images=ctx.images is not None)
+        self.tools = TrajectoryTools(
+            ctx.tools, self.record, ctx.delta, ToolCallLimits.from_args(args), reads_images=ctx.images is not None
+        )
         self.images: list[PreparedImage] = []  # every image of `ids`, in placeholder order (image_data)
         self.aborted_turn = False  # the trajectory stopped inside an engine turn (resumed inside it)
         self.interaction: SampleInteraction | None = None  # the sample's simulated user, if any
@@ -91,7 +96,7 @@ class Trajectory:
             return 1, [], False
         last = self.record.turn_spans[-1]
         if last.role == "assistant" and self.sample.metadata[RESUME_KEY].get("aborted_turn"):
-            return last.turn, self.ids[self.prompt_len + last.start:self.prompt_len + last.end], True
+            return last.turn, self.ids[self.prompt_len + last.start : self.prompt_len + last.end], True
         return last.turn + 1, [], False
 
     def build_prompt(self, names: list[str]) -> None:
@@ -103,8 +108,11 @@ class Trajectory:
             text = str(s.prompt)
             specials = [t for t in getattr(self.ctx.tok, "all_special_tokens", []) if t and t in text]
             if specials:  # already rendered by the data source: use as is
-                self.ctx.warn_once("rendered", "multi-turn: prompts are pre-rendered strings; tool schemas must "
-                                   "already be in them (give message lists to have them rendered with tools)")
+                self.ctx.warn_once(
+                    "rendered",
+                    "multi-turn: prompts are pre-rendered strings; tool schemas must "
+                    "already be in them (give message lists to have them rendered with tools)",
+                )
                 self.ids = self.with_prompt_images(self.ctx.delta.encode(text))
                 self.prompt_len = len(self.ids)
                 return
@@ -120,8 +128,10 @@ class Trajectory:
         if not pictures:
             return ids
         if self.ctx.images is None:
-            raise ValueError(f"sample {self.sample.index} has {len(pictures)} image(s) but --hf-checkpoint has no "
-                             "image processor (a vision-language checkpoint ships preprocessor_config.json)")
+            raise ValueError(
+                f"sample {self.sample.index} has {len(pictures)} image(s) but --hf-checkpoint has no "
+                "image processor (a vision-language checkpoint ships preprocessor_config.json)"
+            )
         self.images = [self.ctx.images.prepare(p) for p in pictures]
         return self.ctx.images.expand(ids, self.images)
 
@@ -140,8 +150,12 @@ class Trajectory:
         """The sample's interaction, by its interaction_kwargs' name (with --interaction-config-path)."""
         if self.ctx.interactions is None:
             return
-        self.interaction = SampleInteraction.choose(self.ctx.interactions, self.sample.metadata.get(
-            "interaction_kwargs"), self.sample.index, self.messages is not None)
+        self.interaction = SampleInteraction.choose(
+            self.ctx.interactions,
+            self.sample.metadata.get("interaction_kwargs"),
+            self.sample.index,
+            self.messages is not None,
+        )
         self.record.interaction = self.interaction.name
 
     async def start_interaction(self) -> None:
@@ -189,8 +203,13 @@ class Trajectory:
         tokens at the very end would cost compute and teach nothing.
         """
         delta = self.ctx.delta.tool_delta_ids(tool_msgs, model_ids)
-        new = [self.ctx.images.prepare(part["image"]) for m in tool_msgs if isinstance(m["content"], list)
-               for part in m["content"] if part.get("type") == "image"]
+        new = [
+            self.ctx.images.prepare(part["image"])
+            for m in tool_msgs
+            if isinstance(m["content"], list)
+            for part in m["content"]
+            if part.get("type") == "image"
+        ]
         if new:  # a tool's images: one placeholder each in the delta, expanded to their token counts
             delta = self.ctx.images.expand(delta, new)
         if not self.fits(len(delta)):
@@ -222,7 +241,7 @@ class Trajectory:
         s = self.sample
         s.tokens = self.ids
         s.response_length = len(self.ids) - self.prompt_len
-        s.response = self.ctx.tok.decode(self.ids[self.prompt_len:], skip_special_tokens=False)
+        s.response = self.ctx.tok.decode(self.ids[self.prompt_len :], skip_special_tokens=False)
         s.loss_mask, s.rollout_log_probs = self.mask, self.logps
         if self.images:  # the prompt's and the tools' images, in token order: what the trainer's forward needs
             s.multimodal_inputs = {**(s.multimodal_inputs or {}), "images": [i.data_uri for i in self.images]}
@@ -231,17 +250,27 @@ class Trajectory:
         self.record.finish_reason = self.reason
         self.record.store(s)
         s.metadata.pop(RESUME_KEY, None)
-        if s.status == Sample.Status.ABORTED and self.reason in ("engine_abort", "rollout_abort") \
-                and self.args.partial_rollout:
+        if (
+            s.status == Sample.Status.ABORTED
+            and self.reason in ("engine_abort", "rollout_abort")
+            and self.args.partial_rollout
+        ):
             # a clean stop (not a cancellation mid tool call): resumable by a later rollout
-            s.metadata[RESUME_KEY] = {"messages": self.messages, "aborted_turn": self.aborted_turn,
-                                      "images": self.images}
+            s.metadata[RESUME_KEY] = {
+                "messages": self.messages,
+                "aborted_turn": self.aborted_turn,
+                "images": self.images,
+            }
         return s
 
     def check_drift(self) -> None:
         spans = self.record.turn_spans
-        complete = (spans and spans[-1].role == "assistant" and self.ids[-1] == self.ctx.delta.stop_id
-                    and self.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED))
+        complete = (
+            spans
+            and spans[-1].role == "assistant"
+            and self.ids[-1] == self.ctx.delta.stop_id
+            and self.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+        )
         if self.ctx.check_mode == "off" or self.messages is None or not complete:
             self.record.template_drift = None  # not checked: no complete final turn to compare
             return

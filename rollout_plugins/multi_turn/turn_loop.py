@@ -71,6 +71,7 @@ def read_turn(traj: Trajectory, model_ids: list[int], cut: bool) -> ParseResult:
     text = traj.ctx.tok.decode(text_ids, skip_special_tokens=False)
     parsed = traj.ctx.parser.parse(text, cut_off=cut)
     if traj.messages is not None:
-        traj.messages.append(traj.ctx.delta.assistant_message(
-            parsed.content, [(c.name, c.arguments) for c in parsed.calls], text))
+        traj.messages.append(
+            traj.ctx.delta.assistant_message(parsed.content, [(c.name, c.arguments) for c in parsed.calls], text)
+        )
     return parsed

@@ -35,8 +35,16 @@ async def user_turn(traj: Trajectory, model_ids: list[int], turn: int, last_turn
     message = {"role": "user", "content": reply.content}
     delta = [] if reply.terminate else traj.ctx.delta.user_delta_ids(message, model_ids)
     appended = not reply.terminate and traj.fits(len(delta))
-    traj.record.user_turns.append(UserTurn(turn=turn, content=reply.content, score=reply.score,
-                                           terminate=reply.terminate, metrics=reply.metrics, appended=appended))
+    traj.record.user_turns.append(
+        UserTurn(
+            turn=turn,
+            content=reply.content,
+            score=reply.score,
+            terminate=reply.terminate,
+            metrics=reply.metrics,
+            appended=appended,
+        )
+    )
     if reply.terminate:
         traj.end(Sample.Status.COMPLETED, "interaction_terminated")
         return False

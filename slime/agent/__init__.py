@@ -9,10 +9,14 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "Gateway": "slime.agent.gateway.server", "GatewayConfig": "slime.agent.gateway.server",
-    "TrajectoryManager": "slime.agent.gateway.trajectory", "TurnRecord": "slime.agent.gateway.records",
-    "AnthropicAdapter": "slime.agent.adapters", "OpenAIAdapter": "slime.agent.adapters",
-    "BaseHarness": "slime.agent.sandboxes.harness", "HarnessContext": "slime.agent.sandboxes.harness",
+    "Gateway": "slime.agent.gateway.server",
+    "GatewayConfig": "slime.agent.gateway.server",
+    "TrajectoryManager": "slime.agent.gateway.trajectory",
+    "TurnRecord": "slime.agent.gateway.records",
+    "AnthropicAdapter": "slime.agent.adapters",
+    "OpenAIAdapter": "slime.agent.adapters",
+    "BaseHarness": "slime.agent.sandboxes.harness",
+    "HarnessContext": "slime.agent.sandboxes.harness",
     "Sandbox": "slime.agent.sandboxes.sandbox",
 }
 __all__ = sorted(_PUBLIC)

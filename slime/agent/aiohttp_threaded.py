@@ -48,9 +48,15 @@ class AppHandle:
         self.thread.join(timeout=STOP_TIMEOUT)
 
 
-def run_app_in_thread(app: web.Application, *, host: str = "127.0.0.1", port: int = 0,
-                      thread_name: str = "aiohttp-app", start_timeout_sec: float = 15.0,
-                      runner_kwargs: dict[str, Any] | None = None) -> AppHandle:
+def run_app_in_thread(
+    app: web.Application,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    thread_name: str = "aiohttp-app",
+    start_timeout_sec: float = 15.0,
+    runner_kwargs: dict[str, Any] | None = None,
+) -> AppHandle:
     """Start `app` on a daemon thread and return once it listens (`runner_kwargs` go to `AppRunner`)."""
     started = threading.Event()
     box: dict[str, Any] = {}

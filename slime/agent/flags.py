@@ -23,44 +23,61 @@ class AgentConfig(FlagConfig):
     GROUP = "agent gateway"
 
     agent_entry: str | None = flag(
-        None, type=str,
+        None,
+        type=str,
         help="package.module.function run once per sample as the agent (sync or async), called with "
-             "base_url=, api_key=, sample=; it talks to the gateway with any OpenAI/Anthropic client "
-             "and returns the reward (None: the reward model scores each branch).")
+        "base_url=, api_key=, sample=; it talks to the gateway with any OpenAI/Anthropic client "
+        "and returns the reward (None: the reward model scores each branch).",
+    )
     agent_command: str | None = flag(
-        None, type=str,
+        None,
+        type=str,
         help="Shell command run once per sample inside a sandbox session, in a workspace seeded from "
-             "the sample's metadata (files, git); OPENAI_BASE_URL / ANTHROPIC_BASE_URL point at the "
-             "gateway, the API keys are the session key, SLIME_AGENT_PROMPT holds the prompt. "
-             "{python} stands for this Python (its environment is visible read-only). The reward "
-             "comes from the grading command. Exclusive with --agent-entry.")
+        "the sample's metadata (files, git); OPENAI_BASE_URL / ANTHROPIC_BASE_URL point at the "
+        "gateway, the API keys are the session key, SLIME_AGENT_PROMPT holds the prompt. "
+        "{python} stands for this Python (its environment is visible read-only). The reward "
+        "comes from the grading command. Exclusive with --agent-entry.",
+    )
     agent_grade_command: str | None = flag(
-        None, type=str,
+        None,
+        type=str,
         help="Shell command that grades the agent's workspace in a fresh sandbox session (exit 0: "
-             "reward 1, else 0), for samples without metadata.grade_command; neither: the reward "
-             "model scores each branch.")
+        "reward 1, else 0), for samples without metadata.grade_command; neither: the reward "
+        "model scores each branch.",
+    )
     agent_grade_timeout: float = flag(600.0, type=float, help="Seconds the grading command may take.")
     agent_sandbox_url: str = flag(
-        "local", type=str,
+        "local",
+        type=str,
         help="The slime-sandbox server agent commands run in; 'local' starts one for the run, with "
-             "the gateway as its sessions' one egress.")
+        "the gateway as its sessions' one egress.",
+    )
     agent_sandbox_concurrency: int = flag(
-        8, type=int, help="Sandbox sessions open at once across the cluster (agent runs and gradings).")
+        8, type=int, help="Sandbox sessions open at once across the cluster (agent runs and gradings)."
+    )
     agent_sandbox_ro_path: list[str] = flag(
-        [], action="append",
-        help="Host path visible read-only in the local sandbox's sessions (repeatable), e.g. the "
-             "agent's script.")
-    agent_api: str = flag("openai", choices=("openai", "anthropic"),
-                          help="Which base_url the agent gets: OpenAI's (.../v1) or Anthropic's.")
-    agent_timeout: float = flag(1800.0, type=float,
-                                help="Seconds one agent run may take; the turns it made until then still train.")
+        [],
+        action="append",
+        help="Host path visible read-only in the local sandbox's sessions (repeatable), e.g. the agent's script.",
+    )
+    agent_api: str = flag(
+        "openai",
+        choices=("openai", "anthropic"),
+        help="Which base_url the agent gets: OpenAI's (.../v1) or Anthropic's.",
+    )
+    agent_timeout: float = flag(
+        1800.0, type=float, help="Seconds one agent run may take; the turns it made until then still train."
+    )
     agent_max_turns: int | None = flag(
-        None, type=int, help="Turns one session may take; the next is answered 429 in the client's API format.")
+        None, type=int, help="Turns one session may take; the next is answered 429 in the client's API format."
+    )
     agent_fork_threshold: int | None = flag(
-        None, type=int,
+        None,
+        type=int,
         help="Response tokens from which a rewritten or drifted answer keeps its own branch "
-             "(TrajectoryManager's 1024 when unset; 0: always fork). The gateway never absorbs an "
-             "answer it trains, whatever its length: there it only bounds realigning context.")
+        "(TrajectoryManager's 1024 when unset; 0: always fork). The gateway never absorbs an "
+        "answer it trains, whatever its length: there it only bounds realigning context.",
+    )
     agent_gateway_port: int = flag(0, type=int, help="Port of the gateway (127.0.0.1); 0 picks a free one.")
 
 
@@ -82,9 +99,11 @@ def check_agent_args(args: Any) -> None:
 def check_agent_run(args: Any) -> None:
     """What one agent run needs of the flags (ValueError naming the flag)."""
     if bool(args.agent_entry) == bool(args.agent_command):
-        raise ValueError(f"--custom-generate-function-path {AGENT_GENERATE} needs exactly one of --agent-entry "
-                         "package.module.function (an agent on the host) and --agent-command '...' (an agent "
-                         "command in a sandbox session)")
+        raise ValueError(
+            f"--custom-generate-function-path {AGENT_GENERATE} needs exactly one of --agent-entry "
+            "package.module.function (an agent on the host) and --agent-command '...' (an agent "
+            "command in a sandbox session)"
+        )
     for dest in ("agent_timeout", "agent_grade_timeout"):
         if getattr(args, dest) <= 0:
             raise ValueError(f"--{dest.replace('_', '-')}: must be > 0 seconds, got {getattr(args, dest)}")

@@ -19,19 +19,24 @@ def summarize(samples: list[Sample]) -> dict[str, Any]:
     rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
     branches = Counter(s.session_id or f"index={s.index}" for s in samples)
     failures = Counter(s.metadata.get("failure_reason") for s in samples if s.status == Sample.Status.FAILED)
-    return {"samples": len(branches), "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-            "solved": sum(r == 1.0 for r in rewards), "branches_per_sample": sorted(branches.values()),
-            "failed": dict(failures)}
+    return {
+        "samples": len(branches),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "solved": sum(r == 1.0 for r in rewards),
+        "branches_per_sample": sorted(branches.values()),
+        "failed": dict(failures),
+    }
 
 
 def format_line(rollout_id: int, summary: dict[str, Any]) -> str:
     mean = "n/a" if summary["reward_mean"] is None else f"{summary['reward_mean']:.3f}"
-    line = (f"agent rollout {rollout_id}: reward mean {mean} ({summary['solved']} solved) over "
-            f"{summary['samples']} samples; branches per sample {summary['branches_per_sample']}")
+    line = (
+        f"agent rollout {rollout_id}: reward mean {mean} ({summary['solved']} solved) over "
+        f"{summary['samples']} samples; branches per sample {summary['branches_per_sample']}"
+    )
     return line + (f"; failed {summary['failed']}" if summary["failed"] else "")
 
 
-def log_rollout(rollout_id: int, args: Any, samples: list[Sample], metrics: dict[str, Any],
-                seconds: float) -> bool:
+def log_rollout(rollout_id: int, args: Any, samples: list[Sample], metrics: dict[str, Any], seconds: float) -> bool:
     print(format_line(rollout_id, summarize(samples)), flush=True)
     return False

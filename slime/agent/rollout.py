@@ -10,6 +10,7 @@ the reward. `--agent-command`: a command in a sandbox session
 (`CommandAgent`), rewarded by its grader. Each root-to-leaf chain is a Sample of the sample's group
 with that reward (None: the reward model scores it); a failed agent's turns still train.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,17 +47,20 @@ class AgentRun:
     @classmethod
     def from_args(cls, args: Any) -> AgentRun:
         check_agent_run(args)
-        return cls(entry=args.agent_entry, command=args.agent_command, api=args.agent_api,
-                   timeout=float(args.agent_timeout))
+        return cls(
+            entry=args.agent_entry, command=args.agent_command, api=args.agent_api, timeout=float(args.agent_timeout)
+        )
 
 
 def gateway_of(runtime: RolloutRuntime) -> Gateway:
     """The runtime's gateway, started on first use and stopped when the runtime closes."""
+
     def start() -> Gateway:
         processor = shared_processor(runtime.args, runtime)  # a vision-language checkpoint's: images read
         images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
-        gateway = Gateway(runtime.client, tokenizer=runtime.tokenizer,
-                          config=GatewayConfig.from_args(runtime.args), images=images).start()
+        gateway = Gateway(
+            runtime.client, tokenizer=runtime.tokenizer, config=GatewayConfig.from_args(runtime.args), images=images
+        ).start()
         runtime.on_close(gateway.stop)
         return gateway
 
@@ -65,6 +69,7 @@ def gateway_of(runtime: RolloutRuntime) -> Gateway:
 
 def command_agent_of(runtime: RolloutRuntime) -> CommandAgent:
     """The runtime's `CommandAgent`, its sandbox (`--agent-sandbox-url`) reaching the gateway."""
+
     def build() -> CommandAgent:
         gateway = gateway_of(runtime)
         pool = pool_from_args(runtime.args, gateway_port=gateway.port, on_close=runtime.on_close)
@@ -90,9 +95,10 @@ async def run_entry(fn: Any, **kw: Any) -> Any:
 async def entry_outcome(run: AgentRun, gateway: Gateway, sid: str, sample: Sample) -> AgentOutcome:
     fn = load_function(run.entry, "--agent-entry")
     try:
-        reward = await asyncio.wait_for(run_entry(fn, base_url=gateway.base_url(sid, run.api),
-                                                  api_key=gateway.session_key(sid),
-                                                  sample=sample), run.timeout)
+        reward = await asyncio.wait_for(
+            run_entry(fn, base_url=gateway.base_url(sid, run.api), api_key=gateway.session_key(sid), sample=sample),
+            run.timeout,
+        )
     except asyncio.TimeoutError:
         return AgentOutcome(error=f"--agent-timeout: the agent ran longer than {run.timeout:g} s")
     except Exception as e:  # noqa: BLE001 - an agent's crash ends its run; its turns still train, the reason is kept
@@ -111,13 +117,18 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     else:
         outcome = await entry_outcome(run, gateway, sid, sample)
     extra = {**outcome.metadata, **({"agent_error": outcome.error} if outcome.error else {})}
-    samples = await gateway.finish_session(sid, base_sample=sample, reward=outcome.reward or 0.0,
-                                           extra_metadata=extra or None)
+    samples = await gateway.finish_session(
+        sid, base_sample=sample, reward=outcome.reward or 0.0, extra_metadata=extra or None
+    )
     if not samples:  # nothing to train: FAILED with its prompt, as a sample whose engine calls failed
         mark_failed(sample, outcome.failure or "agent_session_empty", outcome.error or "the agent made no turn")
         sample.metadata.update(outcome.metadata)
-        sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
-            prompt_ids(args, sample, runtime), 0, [], []
+        sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = (
+            prompt_ids(args, sample, runtime),
+            0,
+            [],
+            [],
+        )
         return sample
     for s in samples:
         if outcome.reward is None:

@@ -59,7 +59,7 @@ def _sglang_passthrough(unknown: Sequence[str], parser: argparse.ArgumentParser)
         tok = unknown[i]
         if not tok.startswith("--sglang-"):
             parser.error(_unknown_message(tok, parser))
-        name, eq, value = tok[len("--sglang-"):].partition("=")
+        name, eq, value = tok[len("--sglang-") :].partition("=")
         if not eq:
             values = []
             while i + 1 < len(unknown) and not unknown[i + 1].startswith("--"):
@@ -78,8 +78,10 @@ def _unknown_message(token: str, parser: argparse.ArgumentParser) -> str:
     flag = token.partition("=")[0]
     close = difflib.get_close_matches(flag, list(parser._option_string_actions), n=3)  # noqa: SLF001
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return (f"unrecognized argument: {flag} (not a flag of slime, Megatron-LM or this service{hint}; "
-            f"SGLang server flags are passed as --sglang-<name>)")
+    return (
+        f"unrecognized argument: {flag} (not a flag of slime, Megatron-LM or this service{hint}; "
+        f"SGLang server flags are passed as --sglang-<name>)"
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -> argparse.Namespace:
@@ -100,7 +102,6 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -
     if line:
         logger.warning("%s: %s", prog, line)
     return args
-
 
 
 def default_cache_dir() -> Path:

@@ -35,6 +35,7 @@ def stop_on_sigterm() -> None:
     `ray_init` keeps it through `ray.init` (`slime.ray.keep_sigterm`), which would otherwise install
     Ray's own. A second signal during the stop is ignored so the stop completes (which is also how
     `sigterm_received` knows a SIGTERM came)."""
+
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
@@ -56,10 +57,15 @@ def _announce_resume(args: Any, resolved: dict[str, Any]) -> bool:
     to do (the run then ends there: starting Ray, engines and a weight push for no rollout took 70 s)."""
     if resolved.get("resumed_after") is None:
         return True
-    left = "" if args.start_rollout_id < args.num_rollout else \
-        f" (nothing left to do: --num-rollout {args.num_rollout}; nothing was started)"
-    message = resolved.get("resume_message") or \
-        f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout {args.start_rollout_id}"
+    left = (
+        ""
+        if args.start_rollout_id < args.num_rollout
+        else f" (nothing left to do: --num-rollout {args.num_rollout}; nothing was started)"
+    )
+    message = (
+        resolved.get("resume_message")
+        or f"--load {args.load}: resuming after rollout {resolved['resumed_after']}, at rollout {args.start_rollout_id}"
+    )
     print(message + left, flush=True)
     return not left
 
@@ -85,8 +91,9 @@ def _save_dir_lock(args: Any) -> Any:
     return SaveDirLock(args.save) if args.save else contextlib.nullcontext()
 
 
-def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],
-            body: Callable[[Any], Any]) -> int:
+def run_cli(
+    prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any], body: Callable[[Any], Any]
+) -> int:
     """Parse, check every input, then run `body(args)`; the exit code.
 
     With `argv` None (a real command line) the process is also made to take everything it started
@@ -99,8 +106,9 @@ def run_cli(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str
     return code
 
 
-def _run(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],
-         body: Callable[[Any], Any]) -> int:
+def _run(
+    prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any], body: Callable[[Any], Any]
+) -> int:
     mark(f"{prog}: imported")
     lifeline_pid = None
     if argv is None:

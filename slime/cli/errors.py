@@ -14,8 +14,9 @@ from pathlib import Path
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)$')
 _SLIME_DIR = str(Path(__file__).resolve().parents[1])
-_NOT_USER = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                   sysconfig.get_paths()["platlib"], _SLIME_DIR})
+_NOT_USER = tuple(
+    {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], _SLIME_DIR}
+)
 
 
 def is_user_file(path: str) -> bool:
@@ -41,7 +42,9 @@ def user_frames(exc: BaseException) -> list[str]:
     out = []
     for fs in traceback.extract_tb(exc.__traceback__):
         if is_user_file(fs.filename):
-            out.append(f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}' + (f"\n    {fs.line}" if fs.line else ""))
+            out.append(
+                f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}' + (f"\n    {fs.line}" if fs.line else "")
+            )
     return out
 
 

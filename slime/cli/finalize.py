@@ -88,8 +88,10 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.num_steps_per_rollout:
         gbs = args.rollout_batch_size * args.n_samples_per_prompt // args.num_steps_per_rollout
         if args.global_batch_size is not None and args.global_batch_size != gbs:
-            raise ArgError(f"--global-batch-size {args.global_batch_size} disagrees with --num-steps-per-rollout "
-                           f"{args.num_steps_per_rollout} (rollout_batch_size * n_samples_per_prompt // steps = {gbs})")
+            raise ArgError(
+                f"--global-batch-size {args.global_batch_size} disagrees with --num-steps-per-rollout "
+                f"{args.num_steps_per_rollout} (rollout_batch_size * n_samples_per_prompt // steps = {gbs})"
+            )
         args.global_batch_size = gbs
     if args.global_batch_size is None:
         args.global_batch_size = args.rollout_batch_size * args.n_samples_per_prompt
@@ -98,8 +100,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.start_rollout_id is None:
         args.start_rollout_id = 0
     if args.num_rollout is None:
-        if args.num_epoch is not None and args.prompt_data and Path(
-                parse_path_slice(args.prompt_data)[0]).is_file():
+        if args.num_epoch is not None and args.prompt_data and Path(parse_path_slice(args.prompt_data)[0]).is_file():
             # upstream: num_epoch * len(dataset) // rollout_batch_size (over-long prompts are not discounted here)
             args.num_rollout = args.num_epoch * _count_rows(args.prompt_data) // args.rollout_batch_size
         else:

@@ -62,8 +62,12 @@ def _numbers(value: Any) -> list[float]:
 
 def float_dests(parser: argparse.ArgumentParser) -> list[str]:
     """Every flag parsed as a float (upstream's included): each must be finite unless its default is not."""
-    return [a.dest for a in parser._actions if a.type is float  # noqa: SLF001
-            and not (isinstance(a.default, float) and not math.isfinite(a.default))]
+    return [
+        a.dest
+        for a in parser._actions
+        if a.type is float  # noqa: SLF001
+        and not (isinstance(a.default, float) and not math.isfinite(a.default))
+    ]
 
 
 def range_problem(dest: str, value: Any, *, finite: bool = False) -> str | None:
@@ -95,6 +99,5 @@ def vocab_problem(args: argparse.Namespace, vocab_size: int) -> str | None:
     for dest in TOKEN_ID_FLAGS:
         for v in _numbers(vars(args).get(dest)):
             if not 0 <= v < vocab_size:
-                return (f"{flag_name(dest)}: token id {v} is outside the model's vocabulary "
-                        f"(0..{vocab_size - 1})")
+                return f"{flag_name(dest)}: token id {v} is outside the model's vocabulary (0..{vocab_size - 1})"
     return None

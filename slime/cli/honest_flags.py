@@ -23,37 +23,108 @@ from slime.fleet.router_options import not_passed
 # Named too: --sglang-config (slime's engine-deployment YAML of server groups, not SGLang's own --config),
 # --trust-remote-code (Megatron's tokenizer option; SGLang engines are given it always, as slime's are) and
 # --num-workers (Megatron's data-loader processes; there is no data loader here).
-ACTED_ON = frozenset({
-    "actor_num_gpus_per_node", "actor_num_nodes", "adam_beta1", "adam_beta2", "adam_eps", "advantage_estimator",
-    "apply_chat_template_kwargs", "balance_by_flops", "balance_data", "buffer_filter_path", "calculate_per_token_loss",
-    "check_weight_update_equal", "ckpt_step", "clip_grad", "colocate", "custom_advantage_function_path",
-    "custom_config_path", "custom_convert_samples_to_train_data_path", "custom_eval_rollout_log_function_path",
-    "custom_loss_function_path", "custom_pg_loss_reducer_function_path", "custom_reward_post_process_path",
-    "custom_rollout_log_function_path", "custom_tis_function_path",
-    "data_source_path", "dump_details",
-    "entropy_coef", "eps_clip", "eps_clip_c", "eps_clip_high", "eval_config", "eval_min_new_tokens",
-    "eval_reward_key", "eval_tool_key", "eval_top_k", "ffn_hidden_size",
-    "freeze_params_name_list", "gamma", "get_mismatch_metrics", "grpo_std_normalization", "hidden_size", "kl_coef",
-    "kl_loss_coef",
-    "kl_loss_type", "kv_channels", "loss_mask_type", "loss_type", "lr",
-    "lr_warmup_iters", "max_tokens_per_gpu", "micro_batch_size", "microbatch_group_size_per_vp_stage",
-    "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk", "moe_shared_expert_intermediate_size",
-    "no_load_optim", "no_save_optim", "normalize_advantages", "num_attention_heads", "num_epoch",
-    "num_experts", "num_layers", "num_query_groups", "num_steps_per_rollout", "offload_rollout",
-    "only_train_params_name_list", "opd_kl_coef", "opd_type", "optimizer",
-    "ref_load", "rewards_normalization", "rm_url", "rollout_all_samples_process_path",
-    "rollout_data_postprocess_path", "rollout_external_engine_addrs", "rollout_global_dataset",
-    "rollout_sample_filter_path",
-    "rollout_sample_hook_path", "save_interval", "seed", "tis_clip", "tis_clip_low",
-    "update_weight_buffer_size", "update_weights_interval", "use_dynamic_batch_size",
-    "use_kl_loss", "use_opd", "use_rollout_logprobs", "use_tis",
-    "use_unbiased_kl", "vocab_size", "weight_decay",
-})
+ACTED_ON = frozenset(
+    {
+        "actor_num_gpus_per_node",
+        "actor_num_nodes",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_eps",
+        "advantage_estimator",
+        "apply_chat_template_kwargs",
+        "balance_by_flops",
+        "balance_data",
+        "buffer_filter_path",
+        "calculate_per_token_loss",
+        "check_weight_update_equal",
+        "ckpt_step",
+        "clip_grad",
+        "colocate",
+        "custom_advantage_function_path",
+        "custom_config_path",
+        "custom_convert_samples_to_train_data_path",
+        "custom_eval_rollout_log_function_path",
+        "custom_loss_function_path",
+        "custom_pg_loss_reducer_function_path",
+        "custom_reward_post_process_path",
+        "custom_rollout_log_function_path",
+        "custom_tis_function_path",
+        "data_source_path",
+        "dump_details",
+        "entropy_coef",
+        "eps_clip",
+        "eps_clip_c",
+        "eps_clip_high",
+        "eval_config",
+        "eval_min_new_tokens",
+        "eval_reward_key",
+        "eval_tool_key",
+        "eval_top_k",
+        "ffn_hidden_size",
+        "freeze_params_name_list",
+        "gamma",
+        "get_mismatch_metrics",
+        "grpo_std_normalization",
+        "hidden_size",
+        "kl_coef",
+        "kl_loss_coef",
+        "kl_loss_type",
+        "kv_channels",
+        "loss_mask_type",
+        "loss_type",
+        "lr",
+        "lr_warmup_iters",
+        "max_tokens_per_gpu",
+        "micro_batch_size",
+        "microbatch_group_size_per_vp_stage",
+        "moe_ffn_hidden_size",
+        "moe_layer_freq",
+        "moe_router_topk",
+        "moe_shared_expert_intermediate_size",
+        "no_load_optim",
+        "no_save_optim",
+        "normalize_advantages",
+        "num_attention_heads",
+        "num_epoch",
+        "num_experts",
+        "num_layers",
+        "num_query_groups",
+        "num_steps_per_rollout",
+        "offload_rollout",
+        "only_train_params_name_list",
+        "opd_kl_coef",
+        "opd_type",
+        "optimizer",
+        "ref_load",
+        "rewards_normalization",
+        "rm_url",
+        "rollout_all_samples_process_path",
+        "rollout_data_postprocess_path",
+        "rollout_external_engine_addrs",
+        "rollout_global_dataset",
+        "rollout_sample_filter_path",
+        "rollout_sample_hook_path",
+        "save_interval",
+        "seed",
+        "tis_clip",
+        "tis_clip_low",
+        "update_weight_buffer_size",
+        "update_weights_interval",
+        "use_dynamic_batch_size",
+        "use_kl_loss",
+        "use_opd",
+        "use_rollout_logprobs",
+        "use_tis",
+        "use_unbiased_kl",
+        "vocab_size",
+        "weight_decay",
+    }
+)
 
 # why a group of upstream flags does nothing here (group title after "upstream ")
 REASONS = {
     "megatron": "Megatron-LM trainer options (the trainer here is a torch one; parallelism, kernels and "
-                "checkpoint formats are Megatron's)",
+    "checkpoint formats are Megatron's)",
     "slime: train": "slime trainer options this trainer does not implement (e.g. delta weight sync)",
     "slime: sglang": "SGLang server options",
     "slime: sglang_router": "router options (the router is started with ours)",
@@ -64,8 +135,11 @@ REASONS = {
 DEFAULT_REASON = "not implemented here"
 # single flags whose reason is not their group's: read by a plugin only, which runs here
 _BUFFER_PLUGIN = "read only by a rollout function that asks for it (slime's rollout-buffer example, which runs here)"
-FLAG_REASONS = {"rollout_buffer_url": _BUFFER_PLUGIN, "rollout_task_type": _BUFFER_PLUGIN,
-                "fetch_trajectory_retry_times": _BUFFER_PLUGIN}
+FLAG_REASONS = {
+    "rollout_buffer_url": _BUFFER_PLUGIN,
+    "rollout_task_type": _BUFFER_PLUGIN,
+    "fetch_trajectory_retry_times": _BUFFER_PLUGIN,
+}
 SGLANG_PASSTHROUGH = "slime: sglang passthrough"
 
 
@@ -110,13 +184,15 @@ def unused_flags(parser: argparse.ArgumentParser, args: Any) -> dict[str, list[s
                 out.setdefault(FLAG_REASONS.get(action.dest, reason), []).append(action.option_strings[0])
     kept = not_passed(args)
     if kept:
-        out.setdefault("sglang-router options slime keeps for itself (its engines, its retries, metrics on "
-                       "127.0.0.1)", []).extend(kept)
+        out.setdefault(
+            "sglang-router options slime keeps for itself (its engines, its retries, metrics on 127.0.0.1)", []
+        ).extend(kept)
     if args.rollout_backend == "hf":
         extra = sorted(set(getattr(args, "sglang_extra_args", None) or {}) - ROLLOUT_READS_SGLANG)
         if extra:
             out.setdefault("SGLang server options (the embedded engine has none of them)", []).extend(
-                f"--sglang-{name.replace('_', '-')}" for name in extra)
+                f"--sglang-{name.replace('_', '-')}" for name in extra
+            )
     return out
 
 

@@ -100,7 +100,7 @@ def _running(p) -> bool:
 
 
 def _describe(p) -> str:
-    """"pid (command or name, status)" of a psutil process, as much of it as can still be read."""
+    """ "pid (command or name, status)" of a psutil process, as much of it as can still be read."""
     import psutil
 
     parts = []
@@ -136,8 +136,7 @@ def reap_descendants(grace: float = 5.0, keep: tuple[int, ...] = ()) -> list[str
         return []
     reap_exited()
     try:
-        procs = [p for p in psutil.Process().children(recursive=True)
-                 if p.pid not in keep and _running(p)]
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep and _running(p)]
     except psutil.Error:
         return []
     names = [_describe(p) for p in procs]

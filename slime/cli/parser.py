@@ -19,20 +19,35 @@ class SlimeArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
-    p = SlimeArgumentParser(prog=prog, description="slime rollout service", allow_abbrev=False,
-                            usage="%(prog)s [--flag VALUE ...]  (slime's and Megatron-LM's flags; see --help)",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = SlimeArgumentParser(
+        prog=prog,
+        description="slime rollout service",
+        allow_abbrev=False,
+        usage="%(prog)s [--flag VALUE ...]  (slime's and Megatron-LM's flags; see --help)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     g = p.add_argument_group("model and engines")
-    g.add_argument("--hf-checkpoint", default=None,
-                   help="local HF model dir; default: SmolLM2-135M-Instruct converted into $SLIME_CACHE")
-    g.add_argument("--rollout-backend", choices=["auto", "hf", "sglang"], default="auto",
-                   help="hf = embedded CPU engine; sglang = SGLang servers; auto = sglang when CUDA is present")
+    g.add_argument(
+        "--hf-checkpoint",
+        default=None,
+        help="local HF model dir; default: SmolLM2-135M-Instruct converted into $SLIME_CACHE",
+    )
+    g.add_argument(
+        "--rollout-backend",
+        choices=["auto", "hf", "sglang"],
+        default="auto",
+        help="hf = embedded CPU engine; sglang = SGLang servers; auto = sglang when CUDA is present",
+    )
     g.add_argument("--rollout-num-engines", type=int, default=None, help="engines (CPU backend); default 1")
     g.add_argument("--rollout-num-gpus", type=int, default=None)
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--num-gpus-per-node", type=int, default=8)
-    g.add_argument("--rollout-num-cpus-per-engine", type=float, default=1.0,
-                   help="CPU share of each embedded engine's placement-group bundle (fractions allowed)")
+    g.add_argument(
+        "--rollout-num-cpus-per-engine",
+        type=float,
+        default=1.0,
+        help="CPU share of each embedded engine's placement-group bundle (fractions allowed)",
+    )
     g.add_argument("--engine-threads", type=int, default=None, help="torch threads per embedded engine")
     g.add_argument("--engine-host", default="127.0.0.1", help="address engines bind; 'auto' = the node's IP")
     g.add_argument("--engine-startup-timeout", type=float, default=300.0)
@@ -43,12 +58,19 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
     g = p.add_argument_group("router")
     g.add_argument("--sglang-router-ip", default=None, help="use an existing router instead of starting one")
     g.add_argument("--sglang-router-port", type=int, default=None)
-    g.add_argument("--router-policy", default="round_robin",
-                   choices=router_policies() or ["round_robin", "cache_aware", "power_of_two", "random", "manual"],
-                   help="sglang-router's load-balancing policy (the choices are the installed router's)")
-    g.add_argument("--router-health-check-interval", type=int, default=DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
-                   help="seconds between the router's health checks of each engine (a dead engine is taken out "
-                        "at once by the fleet's own supervision; this catches a stuck one)")
+    g.add_argument(
+        "--router-policy",
+        default="round_robin",
+        choices=router_policies() or ["round_robin", "cache_aware", "power_of_two", "random", "manual"],
+        help="sglang-router's load-balancing policy (the choices are the installed router's)",
+    )
+    g.add_argument(
+        "--router-health-check-interval",
+        type=int,
+        default=DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
+        help="seconds between the router's health checks of each engine (a dead engine is taken out "
+        "at once by the fleet's own supervision; this catches a stuck one)",
+    )
     g.add_argument("--router-prometheus-port", type=int, default=None, help="default: a free port")
 
     RolloutConfig.add_arguments(p)  # data, rollout, reward, eval

@@ -18,19 +18,43 @@ from pathlib import Path
 from typing import Any
 
 from slime.fleet.external_engines import ExternalEngineError, check_reachable, external_urls
-from slime.rollout.data_source import (DEFAULT_ROLLOUT, DataError, DataSource, RolloutDataSourceWithBuffer,
-                                       parse_path_slice)
-from slime.train.checkpoint import (CHECKPOINT_TRACKER, CheckpointError, check_same_model, checkpoint_dir,
-                                    data_state_dir, data_state_name, latest_checkpoint, verify_checkpoint)
+from slime.rollout.data_source import (
+    DEFAULT_ROLLOUT,
+    DataError,
+    DataSource,
+    RolloutDataSourceWithBuffer,
+    parse_path_slice,
+)
+from slime.train.checkpoint import (
+    CHECKPOINT_TRACKER,
+    CheckpointError,
+    check_same_model,
+    checkpoint_dir,
+    data_state_dir,
+    data_state_name,
+    latest_checkpoint,
+    verify_checkpoint,
+)
 from slime.train.save_dir import SaveDirError, check_save_dir, checkpoint_bytes
 from slime.cli.flag_ranges import vocab_problem
 from slime.utils.misc import load_function
 
-PLUGIN_FLAGS = ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path",
-                "dynamic_sampling_filter_path", "data_source_path", "buffer_filter_path",
-                "rollout_sample_filter_path", "rollout_all_samples_process_path",
-                "custom_rollout_log_function_path", "custom_eval_rollout_log_function_path",
-                "custom_loss_function_path", "custom_pg_loss_reducer_function_path", "rollout_data_postprocess_path")
+PLUGIN_FLAGS = (
+    "rollout_function_path",
+    "eval_function_path",
+    "custom_generate_function_path",
+    "custom_rm_path",
+    "dynamic_sampling_filter_path",
+    "data_source_path",
+    "buffer_filter_path",
+    "rollout_sample_filter_path",
+    "rollout_all_samples_process_path",
+    "custom_rollout_log_function_path",
+    "custom_eval_rollout_log_function_path",
+    "custom_loss_function_path",
+    "custom_pg_loss_reducer_function_path",
+    "rollout_data_postprocess_path",
+)
 STATE_KEYS = ("epoch_id", "offset", "group_counter", "sample_counter", "buffer")
 
 
@@ -52,8 +76,10 @@ def check_utf8(path: Path, flag: str) -> None:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise PreflightError(f"{flag}: {path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
-                                     f"column {e.start + 1}); the data must be UTF-8 JSONL or parquet") from None
+                raise PreflightError(
+                    f"{flag}: {path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                    f"column {e.start + 1}); the data must be UTF-8 JSONL or parquet"
+                ) from None
 
 
 def _lines_or_refuse(lines: Any, flag: str) -> Any:
@@ -78,8 +104,9 @@ def prompt_tokenizer(args: Any) -> Any:
     return load_tokenizer(path)
 
 
-def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key: str | None,
-                      tokenizer: Any = None) -> int:
+def check_prompt_file(
+    args: Any, flag: str, path: str, input_key: str, label_key: str | None, tokenizer: Any = None
+) -> int:
     """Every row read as the manager will (`PromptIndex`, one row at a time): encoding, keys, types,
     tools and, with --apply-chat-template, the rendered template and its tokens (and the length
     filter); returns the rows used. The first bad row raises, naming the flag, file and line."""
@@ -111,9 +138,11 @@ def check_prompt_file(args: Any, flag: str, path: str, input_key: str, label_key
 
 def check_data(args: Any) -> None:
     if not args.prompt_data and not args.load_debug_rollout_data and args.start_rollout_id < args.num_rollout:
-        raise PreflightError(f"--prompt-data: required to generate rollouts {args.start_rollout_id}.."
-                             f"{args.num_rollout - 1} (or replay them with --load-debug-rollout-data; "
-                             "--num-rollout 0 runs the evals alone)")
+        raise PreflightError(
+            f"--prompt-data: required to generate rollouts {args.start_rollout_id}.."
+            f"{args.num_rollout - 1} (or replay them with --load-debug-rollout-data; "
+            "--num-rollout 0 runs the evals alone)"
+        )
     if args.load_debug_rollout_data:
         return  # the replayed files are checked by check_debug_rollouts; no prompt is read
     tokenizer = prompt_tokenizer(args) if args.prompt_data or getattr(args, "eval_datasets", None) else None
@@ -129,8 +158,7 @@ def check_data(args: Any) -> None:
         name, path = dataset[0], dataset[1]
         input_key = getattr(dataset, "input_key", None) or args.eval_input_key or args.input_key
         label_key = getattr(dataset, "label_key", None) or args.eval_label_key or args.label_key
-        flag = f"--eval-config {args.eval_config} [{name}]" if args.eval_config \
-            else f"--eval-prompt-data {name}"
+        flag = f"--eval-config {args.eval_config} [{name}]" if args.eval_config else f"--eval-prompt-data {name}"
         check_prompt_file(args, flag, path, input_key, label_key, tokenizer)
 
 
@@ -159,14 +187,16 @@ def check_interactions(args: Any) -> None:
     except InteractionConfigError as e:
         raise PreflightError(f"--interaction-config-path: {e}") from None
     check_rows_name_interactions(args, names)
-    if args.rollout_function_path == DEFAULT_ROLLOUT \
-            and args.custom_generate_function_path is None:
-        raise PreflightError("--interaction-config-path: the default generate has no multi-turn loop and would never "
-                             "ask the interaction; set --rollout-function-path rollout_plugins.multi_turn."
-                             "generate_rollout (or --custom-generate-function-path rollout_plugins.multi_turn.generate)")
+    if args.rollout_function_path == DEFAULT_ROLLOUT and args.custom_generate_function_path is None:
+        raise PreflightError(
+            "--interaction-config-path: the default generate has no multi-turn loop and would never "
+            "ask the interaction; set --rollout-function-path rollout_plugins.multi_turn."
+            "generate_rollout (or --custom-generate-function-path rollout_plugins.multi_turn.generate)"
+        )
     if args.max_user_turns is not None and args.max_user_turns < 1:
-        raise PreflightError(f"--max-user-turns: must be at least 1, got {args.max_user_turns} (leave it unset "
-                             "for no limit)")
+        raise PreflightError(
+            f"--max-user-turns: must be at least 1, got {args.max_user_turns} (leave it unset for no limit)"
+        )
 
 
 def check_rows_name_interactions(args: Any, names: list[str]) -> None:
@@ -221,8 +251,10 @@ def check_debug_rollouts(args: Any) -> None:
     missing = [str(path_for(template, i)) for i in ids if not path_for(template, i).is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise PreflightError(f"--load-debug-rollout-data: file not found: {missing[0]}{more}; rollouts "
-                             f"{ids[0]}..{ids[-1]} are replayed (--start-rollout-id, --num-rollout)")
+        raise PreflightError(
+            f"--load-debug-rollout-data: file not found: {missing[0]}{more}; rollouts "
+            f"{ids[0]}..{ids[-1]} are replayed (--start-rollout-id, --num-rollout)"
+        )
     try:
         load_debug_rollout(template, ids[0])  # the format, read through once
     except DebugDataError as e:
@@ -251,8 +283,10 @@ def newest_data_state(directory: str | Path) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise PreflightError(f"--load {directory}: {latest}: expected a rollout id (an integer), got {text[:80]!r}; "
-                             f"fix or remove the file (it is written by --save)") from None
+        raise PreflightError(
+            f"--load {directory}: {latest}: expected a rollout id (an integer), got {text[:80]!r}; "
+            f"fix or remove the file (it is written by --save)"
+        ) from None
 
 
 def saved_rollout_id(directory: str | Path) -> int | None:
@@ -262,8 +296,10 @@ def saved_rollout_id(directory: str | Path) -> int | None:
         return None
     state = Path(directory) / data_state_name(rollout_id)
     if not state.is_file():
-        raise PreflightError(f"--load {directory}: {Path(directory) / 'latest_rollout_id.txt'} names rollout "
-                             f"{rollout_id} but {state} does not exist")
+        raise PreflightError(
+            f"--load {directory}: {Path(directory) / 'latest_rollout_id.txt'} names rollout "
+            f"{rollout_id} but {state} does not exist"
+        )
     check_data_state(state, directory)
     return rollout_id
 
@@ -308,7 +344,8 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
                 f"--load {root}: holds the data source's state after rollout {data_id} but no model checkpoint "
                 f"({CHECKPOINT_TRACKER}); resuming would continue the data on the base model and lose what was "
                 "trained. Start afresh with another --load (or none); runs save the model with --save-interval N, "
-                "or once after their last rollout")
+                "or once after their last rollout"
+            )
         return {"resumed_after": None}
     try:
         manifest = verify_checkpoint(root, model_id, without_manifest=args.load_without_manifest)
@@ -320,21 +357,29 @@ def resolve_train_resume(args: Any) -> dict[str, Any]:
     if state.is_file():
         check_data_state(state, root)
     elif uses_default_data_source(args):
-        raise PreflightError(f"--load {root}: the checkpoint of rollout {model_id} has no data source state "
-                             f"({checkpoint_dir(root, model_id) / data_state_name(model_id)} nor {state}); the "
-                             "prompts would restart from the first while the model continues")
+        raise PreflightError(
+            f"--load {root}: the checkpoint of rollout {model_id} has no data source state "
+            f"({checkpoint_dir(root, model_id) / data_state_name(model_id)} nor {state}); the "
+            "prompts would restart from the first while the model continues"
+        )
     start = model_id + 1
     if args.start_rollout_id and args.start_rollout_id != start:
-        raise PreflightError(f"--start-rollout-id {args.start_rollout_id} with --load {root}: the trainer resumes "
-                             f"from the checkpoint of rollout {model_id}, at rollout {start}; drop "
-                             "--start-rollout-id (--ckpt-step picks another checkpoint)")
+        raise PreflightError(
+            f"--start-rollout-id {args.start_rollout_id} with --load {root}: the trainer resumes "
+            f"from the checkpoint of rollout {model_id}, at rollout {start}; drop "
+            "--start-rollout-id (--ckpt-step picks another checkpoint)"
+        )
     args.start_rollout_id = start
     optimizer = "fresh optimizer (--no-load-optim)" if args.no_load_optim else "optimizer"
-    message = (f"--load {root}: resuming from the checkpoint of rollout {model_id} (model, {optimizer}, data "
-               f"state), at rollout {start}")
+    message = (
+        f"--load {root}: resuming from the checkpoint of rollout {model_id} (model, {optimizer}, data "
+        f"state), at rollout {start}"
+    )
     if data_id is not None and data_id > model_id:
-        message += (f"; the data state saved after rollout {data_id} is newer than this checkpoint and is not "
-                    f"used (rollouts {start}..{data_id} run again)")
+        message += (
+            f"; the data state saved after rollout {data_id} is newer than this checkpoint and is not "
+            f"used (rollouts {start}..{data_id} run again)"
+        )
     return {"resumed_after": model_id, "resume_message": message}
 
 
@@ -426,9 +471,11 @@ def check_multimodal(args: Any) -> None:
     if not args.multimodal_keys or not path or not (Path(path) / "config.json").is_file():
         return
     if not is_vision_checkpoint(path):
-        raise PreflightError(f"--multimodal-keys: --hf-checkpoint {path} has no vision tower (its config.json has "
-                             "no vision_config), so the rows' images would reach no model; point it at a "
-                             "vision-language checkpoint (e.g. a Qwen2.5-VL one)")
+        raise PreflightError(
+            f"--multimodal-keys: --hf-checkpoint {path} has no vision tower (its config.json has "
+            "no vision_config), so the rows' images would reach no model; point it at a "
+            "vision-language checkpoint (e.g. a Qwen2.5-VL one)"
+        )
 
 
 def preflight(args: Any) -> dict[str, Any]:

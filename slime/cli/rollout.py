@@ -24,9 +24,11 @@ def _format_summary(s: dict[str, Any]) -> str:
     engines = "".join(f" {k}={s[k]}" for k in ("engine_deaths", "engine_restarts") if s.get(k))
     lost = s.get("lost_nodes") or []
     nodes = f" nodes_lost={len(lost)} ({'; '.join(lost)})" if lost else ""
-    return (f"rollout {s['rollout_id']}: samples={s['samples']} mean_reward={s['mean_reward']:.4f} "
-            f"truncated_ratio={s['truncated_ratio']:.3f} failed={failed} tokens/s={s['tokens_per_s']:.1f} "
-            f"time={s['seconds']:.2f}s engine_retries={s['engine_retries']}{engines}{nodes}")
+    return (
+        f"rollout {s['rollout_id']}: samples={s['samples']} mean_reward={s['mean_reward']:.4f} "
+        f"truncated_ratio={s['truncated_ratio']:.3f} failed={failed} tokens/s={s['tokens_per_s']:.1f} "
+        f"time={s['seconds']:.2f}s engine_retries={s['engine_retries']}{engines}{nodes}"
+    )
 
 
 class EngineStateLog:
@@ -42,12 +44,14 @@ class EngineStateLog:
             self.seen[e["rank"]] = key
             if before is None or before == key:
                 continue
-            detail = {"dead": f"died (exit code {e.get('last_exit')})",
-                      "restarting": f"died (exit code {e.get('last_exit')}); restarting (restart {e['restarts']})",
-                      "healthy": f"serving again at {e['url']} after {e['restarts']} restart(s)",
-                      "failed": f"failed for good after {e['restarts']} restart(s) (last: {e.get('last_exit')})",
-                      "unplaced": "has no room on the surviving nodes: the pool goes on without it until a node "
-                                  "with room joins"}
+            detail = {
+                "dead": f"died (exit code {e.get('last_exit')})",
+                "restarting": f"died (exit code {e.get('last_exit')}); restarting (restart {e['restarts']})",
+                "healthy": f"serving again at {e['url']} after {e['restarts']} restart(s)",
+                "failed": f"failed for good after {e['restarts']} restart(s) (last: {e.get('last_exit')})",
+                "unplaced": "has no room on the surviving nodes: the pool goes on without it until a node "
+                "with room joins",
+            }
             print(f"warning: engine {e['rank']} {detail.get(e['state'], e['state'])}", file=sys.stderr, flush=True)
 
 
@@ -61,8 +65,13 @@ def _wait(ref: Any, manager: Any, description: str, engine_log: EngineStateLog |
         while True:
             done, _ = ray.wait([ref], timeout=0.5)
             st = ray.get(manager.status.remote())
-            bar.update(total=st.get("target"), done=st.get("done"), in_flight=st.get("in_flight"),
-                       tokens=st.get("tokens"), retries=st.get("retries"))
+            bar.update(
+                total=st.get("target"),
+                done=st.get("done"),
+                in_flight=st.get("in_flight"),
+                tokens=st.get("tokens"),
+                retries=st.get("retries"),
+            )
             if engine_log is not None:
                 engine_log.update(st.get("engines"))
             if done:
@@ -97,8 +106,11 @@ def run(args: Any) -> list[dict[str, Any]]:
         def evaluate(rollout_id: int) -> None:
             result = _wait(manager.eval.remote(rollout_id), manager, f"eval {rollout_id}", engine_log)
             for name, r in result.items():
-                print(f"eval {rollout_id} [{name}]: samples={r['samples']} mean_reward={r['mean_reward']:.4f} "
-                      f"truncated_ratio={r['truncated_ratio']:.3f}", flush=True)
+                print(
+                    f"eval {rollout_id} [{name}]: samples={r['samples']} mean_reward={r['mean_reward']:.4f} "
+                    f"truncated_ratio={r['truncated_ratio']:.3f}",
+                    flush=True,
+                )
 
         if args.eval_datasets and not args.skip_eval_before_train and not args.load_debug_rollout_data:
             evaluate(args.start_rollout_id)
@@ -108,17 +120,29 @@ def run(args: Any) -> list[dict[str, Any]]:
             summary = ray.get(manager.last_summary.remote())
             summaries.append(summary)
             print(_format_summary(summary), flush=True)
-            if args.eval_datasets and args.eval_interval and (rollout_id + 1) % args.eval_interval == 0 \
-                    and not args.load_debug_rollout_data:
+            if (
+                args.eval_datasets
+                and args.eval_interval
+                and (rollout_id + 1) % args.eval_interval == 0
+                and not args.load_debug_rollout_data
+            ):
                 evaluate(rollout_id + 1)
         if summaries:
             n = sum(s["samples"] for s in summaries)
             mean = sum(s["mean_reward"] * s["samples"] for s in summaries) / max(1, n)
-            print(f"done: {len(summaries)} rollout(s), {n} samples, mean_reward={mean:.4f}, "
-                  f"{sum(s['seconds'] for s in summaries):.1f}s in rollouts"
-                  + "".join(f"; {what} in {where}" for what, where in (
-                      ("dumps", args.rollout_data_dir),
-                      ("debug rollouts", args.save_debug_rollout_data)) if where), flush=True)
+            print(
+                f"done: {len(summaries)} rollout(s), {n} samples, mean_reward={mean:.4f}, "
+                f"{sum(s['seconds'] for s in summaries):.1f}s in rollouts"
+                + "".join(
+                    f"; {what} in {where}"
+                    for what, where in (
+                        ("dumps", args.rollout_data_dir),
+                        ("debug rollouts", args.save_debug_rollout_data),
+                    )
+                    if where
+                ),
+                flush=True,
+            )
         return summaries
     finally:
         mark("exit: last line printed")

@@ -57,11 +57,17 @@ def run(args: Any) -> list[Any]:
         records = train(args, fork_server=session.fork_server_socket)
     if records:
         rewards = [r.raw_reward for r in records if r.raw_reward is not None]
-        diffs = [r.rollout.get("train_rollout_logprob_abs_diff") for r in records
-                 if r.rollout.get("train_rollout_logprob_abs_diff") is not None]
-        print(f"done: {len(records)} rollout(s) trained"
-              + (f", reward {rewards[0]:.4f} -> {rewards[-1]:.4f}" if rewards else "")
-              + (f", max train/rollout log-prob diff {max(diffs):.2e}" if diffs else ""), flush=True)
+        diffs = [
+            r.rollout.get("train_rollout_logprob_abs_diff")
+            for r in records
+            if r.rollout.get("train_rollout_logprob_abs_diff") is not None
+        ]
+        print(
+            f"done: {len(records)} rollout(s) trained"
+            + (f", reward {rewards[0]:.4f} -> {rewards[-1]:.4f}" if rewards else "")
+            + (f", max train/rollout log-prob diff {max(diffs):.2e}" if diffs else ""),
+            flush=True,
+        )
     return records
 
 

@@ -49,6 +49,7 @@ def _bool_value(text: str) -> bool:
 def moe_freq_value(text: str) -> int | list[int]:
     """Megatron's `moe_freq_type`: an int (every N-th layer is MoE) or a per-layer list written as a
     list expression (`[1,0,1,0]`, `([1]*3+[0]*1)`), read without evaluating code."""
+
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value
@@ -71,7 +72,12 @@ def moe_freq_value(text: str) -> int | list[int]:
 moe_freq_value.__name__ = "MoE layer frequency"
 
 _TYPES: dict[str | None, Callable[[str], Any]] = {
-    "int": int, "float": float, "str": str, None: str, "json.loads": json_value, "bool": _bool_value,
+    "int": int,
+    "float": float,
+    "str": str,
+    None: str,
+    "json.loads": json_value,
+    "bool": _bool_value,
     "moe_freq_type": moe_freq_value,
 }
 
@@ -117,8 +123,7 @@ def _kwargs(entry: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def add_upstream_flags(parser: argparse.ArgumentParser,
-                       entries: list[dict[str, Any]] | None = None) -> list[Alias]:
+def add_upstream_flags(parser: argparse.ArgumentParser, entries: list[dict[str, Any]] | None = None) -> list[Alias]:
     """Register every upstream flag the parser does not define yet; returns the aliases to apply."""
     entries = load_upstream_flags() if entries is None else entries
     taken = parser._option_string_actions  # noqa: SLF001 - the only way to ask argparse what exists
@@ -136,8 +141,11 @@ def add_upstream_flags(parser: argparse.ArgumentParser,
         title = f"upstream {origin}: {entry.get('group', '')}".rstrip(": ")
         if title not in groups:
             groups[title] = parser.add_argument_group(title)
-        kw["help"] = argparse.SUPPRESS if origin in _HIDDEN_ORIGINS else \
-            f"upstream slime flag, stored on args (default: {entry.get('default')!r})"
+        kw["help"] = (
+            argparse.SUPPRESS
+            if origin in _HIDDEN_ORIGINS
+            else f"upstream slime flag, stored on args (default: {entry.get('default')!r})"
+        )
         groups[title].add_argument(*options, **kw)
     return aliases
 

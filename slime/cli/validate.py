@@ -54,11 +54,18 @@ def data_file_problem(path: Path) -> str | None:
     import stat
 
     mode = path.stat().st_mode
-    kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else \
-        "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
-        "not a regular file"
-    return (f"{kind}, not a regular file (prompts are indexed by byte offset and read again; write them to a "
-            f"file first)")
+    kind = (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    return f"{kind}, not a regular file (prompts are indexed by byte offset and read again; write them to a file first)"
 
 
 def _flag(dest: str) -> str:
@@ -70,13 +77,22 @@ def validate_args(args: argparse.Namespace) -> None:
         if not cond:
             raise ArgError(f"{flag}: {msg}")
 
-    for flag in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
-                 "sglang_server_concurrency", "n_samples_per_eval_prompt", "rollout_num_engines"):
+    for flag in (
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "rollout_max_response_len",
+        "sglang_server_concurrency",
+        "n_samples_per_eval_prompt",
+        "rollout_num_engines",
+    ):
         need(getattr(args, flag) >= 1, _flag(flag), f"must be >= 1, got {getattr(args, flag)}")
     need(args.num_rollout >= 0, "--num-rollout", "must be >= 0")
     need(args.start_rollout_id >= 0, "--start-rollout-id", "must be >= 0")
-    need(args.over_sampling_batch_size >= args.rollout_batch_size, "--over-sampling-batch-size",
-         "must be >= --rollout-batch-size")
+    need(
+        args.over_sampling_batch_size >= args.rollout_batch_size,
+        "--over-sampling-batch-size",
+        "must be >= --rollout-batch-size",
+    )
     need(0 < args.rollout_top_p <= 1, "--rollout-top-p", f"must be in (0, 1], got {args.rollout_top_p}")
     need(args.rollout_temperature >= 0, "--rollout-temperature", "must be >= 0")
     need(args.request_timeout > 0, "--request-timeout", "must be > 0")
@@ -89,14 +105,23 @@ def validate_args(args: argparse.Namespace) -> None:
         need(args.num_steps_per_rollout >= 1, "--num-steps-per-rollout", "must be >= 1")
     if args.num_epoch is not None:
         need(args.num_epoch >= 1, "--num-epoch", "must be >= 1")
-        need(args.rollout_global_dataset, "--num-epoch", "needs the global dataset (drop "
-                                                         "--disable-rollout-global-dataset, or set --num-rollout)")
+        need(
+            args.rollout_global_dataset,
+            "--num-epoch",
+            "needs the global dataset (drop --disable-rollout-global-dataset, or set --num-rollout)",
+        )
     if args.rollout_max_context_len is not None:
         need(args.rollout_max_context_len > 1, "--rollout-max-context-len", "must be > 1")
-        need(args.rollout_max_prompt_len <= args.rollout_max_context_len - 1, "--rollout-max-prompt-len",
-             f"must be < --rollout-max-context-len ({args.rollout_max_context_len}) so one token can be generated")
-    need((args.sglang_router_ip is None) == (args.sglang_router_port is None),
-         "--sglang-router-ip/--sglang-router-port", "give both or neither")
+        need(
+            args.rollout_max_prompt_len <= args.rollout_max_context_len - 1,
+            "--rollout-max-prompt-len",
+            f"must be < --rollout-max-context-len ({args.rollout_max_context_len}) so one token can be generated",
+        )
+    need(
+        (args.sglang_router_ip is None) == (args.sglang_router_port is None),
+        "--sglang-router-ip/--sglang-router-port",
+        "give both or neither",
+    )
     if args.eval_interval is not None:
         need(args.eval_interval >= 1, "--eval-interval", "must be >= 1")
         need(bool(args.eval_datasets), "--eval-interval", "needs --eval-prompt-data or --eval-config")
@@ -104,18 +129,30 @@ def validate_args(args: argparse.Namespace) -> None:
         need(args.save is not None, "--save-interval", "needs --save")
     need(not (args.kl_coef != 0 and args.kl_loss_coef != 0), "--kl-coef/--kl-loss-coef", "set only one of them")
     if args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        need(args.normalize_advantages, "--advantage-estimator",
-             f"{args.advantage_estimator} needs --normalize-advantages (as in slime)")
+        need(
+            args.normalize_advantages,
+            "--advantage-estimator",
+            f"{args.advantage_estimator} needs --normalize-advantages (as in slime)",
+        )
     if args.use_dynamic_batch_size:
         need(args.max_tokens_per_gpu is not None, "--use-dynamic-batch-size", "needs --max-tokens-per-gpu")
     if args.balance_by_flops:
         need(args.use_dynamic_batch_size, "--balance-by-flops", "needs --use-dynamic-batch-size")
-    need(args.optimizer == "adam", "--optimizer", f"{args.optimizer}: the reference trainer runs AdamW (Megatron's "
-         "adam with --weight-decay); it has no other optimizer")
-    need(not (args.only_train_params_name_list and args.freeze_params_name_list),
-         "--only-train-params-name-list/--freeze-params-name-list", "give only one of them")
-    for flag, patterns in (("--only-train-params-name-list", args.only_train_params_name_list),
-                           ("--freeze-params-name-list", args.freeze_params_name_list)):
+    need(
+        args.optimizer == "adam",
+        "--optimizer",
+        f"{args.optimizer}: the reference trainer runs AdamW (Megatron's "
+        "adam with --weight-decay); it has no other optimizer",
+    )
+    need(
+        not (args.only_train_params_name_list and args.freeze_params_name_list),
+        "--only-train-params-name-list/--freeze-params-name-list",
+        "give only one of them",
+    )
+    for flag, patterns in (
+        ("--only-train-params-name-list", args.only_train_params_name_list),
+        ("--freeze-params-name-list", args.freeze_params_name_list),
+    ):
         for pattern in patterns or []:
             try:
                 re.compile(pattern)
@@ -126,13 +163,17 @@ def validate_args(args: argparse.Namespace) -> None:
     else:
         need(args.opd_teacher_load is None, "--opd-teacher-load", "is set but --use-opd is not")
     if args.save_debug_train_data is not None:
-        need(args.save_debug_train_data != args.save_debug_rollout_data, "--save-debug-train-data",
-             "must differ from --save-debug-rollout-data")
+        need(
+            args.save_debug_train_data != args.save_debug_rollout_data,
+            "--save-debug-train-data",
+            "must differ from --save-debug-rollout-data",
+        )
     if not isinstance(args.apply_chat_template_kwargs, dict):
         raise ArgError(f"--apply-chat-template-kwargs: must be a JSON object, got {args.apply_chat_template_kwargs!r}")
     if args.multimodal_keys is not None and not isinstance(args.multimodal_keys, dict):
-        raise ArgError(f"--multimodal-keys: must be a JSON object like '{{\"image\": \"images\"}}', "
-                       f"got {args.multimodal_keys!r}")
+        raise ArgError(
+            f'--multimodal-keys: must be a JSON object like \'{{"image": "images"}}\', got {args.multimodal_keys!r}'
+        )
     for path in (args.hf_checkpoint,):
         if path is not None:
             need(Path(path).is_dir(), "--hf-checkpoint", f"{path!r} is not a directory (a local HF model dir)")

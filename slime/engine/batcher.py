@@ -39,9 +39,16 @@ class HFBatcher:
     """Owns the decode thread and the request bookkeeping of the event loop. Async methods are called
     from the server's loop; every change to the model or the batch is a command run by the decode thread."""
 
-    def __init__(self, model_path: str, *, max_batch_size: int = 32, num_threads: int | None = None,
-                 weight_version: str = "default", dtype: torch.dtype = torch.float32,
-                 preloaded: "PreloadedModel | None" = None):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_batch_size: int = 32,
+        num_threads: int | None = None,
+        weight_version: str = "default",
+        dtype: torch.dtype = torch.float32,
+        preloaded: "PreloadedModel | None" = None,
+    ):
         """`preloaded`: model and tokenizer already in memory (a warm start), used when it is the
         same checkpoint and dtype; otherwise both are loaded from `model_path`."""
         from transformers import AutoTokenizer
@@ -65,8 +72,14 @@ class HFBatcher:
         self.image_inputs = self._image_inputs(model, str(model_path))
         self._rids: set[str] = set()  # in flight (asyncio side bookkeeping)
         self._weights_lock = asyncio.Lock()
-        self._decode = DecodeThread(model, self.tokenizer, model_path=str(model_path), weight_version=str(weight_version),
-                                    max_batch_size=max_batch_size, eos_ids=self.eos_ids)
+        self._decode = DecodeThread(
+            model,
+            self.tokenizer,
+            model_path=str(model_path),
+            weight_version=str(weight_version),
+            max_batch_size=max_batch_size,
+            eos_ids=self.eos_ids,
+        )
 
     def _load_model(self, path: str):
         return load_model(path, self.dtype)
@@ -120,19 +133,33 @@ class HFBatcher:
 
     def load(self) -> dict[str, Any]:
         rows, waiting, stats = list(self._decode.batch.rows), len(self._decode.waiting), self.stats
-        return {"num_running_reqs": len(rows), "num_waiting_reqs": waiting, "num_reqs": len(rows) + waiting,
-                "num_tokens": sum(len(r.input_ids) + len(r.output_ids) for r in rows),
-                "decode_steps_total": stats["decode_steps_total"],
-                "max_batch_size_seen": stats["max_batch_size_seen"], "paused": self.paused,
-                "weights_released": not self.weights_loaded, "weight_version": self.weight_version,
-                "requests_restarted": stats["requests_restarted"],
-                "weight_updates_total": stats["weight_updates_total"]}
+        return {
+            "num_running_reqs": len(rows),
+            "num_waiting_reqs": waiting,
+            "num_reqs": len(rows) + waiting,
+            "num_tokens": sum(len(r.input_ids) + len(r.output_ids) for r in rows),
+            "decode_steps_total": stats["decode_steps_total"],
+            "max_batch_size_seen": stats["max_batch_size_seen"],
+            "paused": self.paused,
+            "weights_released": not self.weights_loaded,
+            "weight_version": self.weight_version,
+            "requests_restarted": stats["requests_restarted"],
+            "weight_updates_total": stats["weight_updates_total"],
+        }
 
     # ------------------------------------------------------------------ generation
-    def submit(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None,
-               return_logprob: bool = False, logprob_start_len: int | None = None,
-               stream: bool = False, top_logprobs_num: int = 0,
-               images: dict[str, torch.Tensor] | None = None) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
+    def submit(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        stream: bool = False,
+        top_logprobs_num: int = 0,
+        images: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[str, asyncio.Future, asyncio.Queue | None]:
         """Queue a request; returns (rid, future of the final response dict, stream queue or None).
 
         A stream queue receives cumulative response dicts after each token and `None` at the end.
@@ -142,19 +169,30 @@ class HFBatcher:
         """
         start = len(input_ids) - 1 if logprob_start_len is None or logprob_start_len == -1 else logprob_start_len
         if not 0 <= start < len(input_ids):
-            raise ValueError(f"logprob_start_len must be -1 or in [0, {len(input_ids)}) for a prompt of "
-                             f"{len(input_ids)} tokens, got {logprob_start_len}")
+            raise ValueError(
+                f"logprob_start_len must be -1 or in [0, {len(input_ids)}) for a prompt of "
+                f"{len(input_ids)} tokens, got {logprob_start_len}"
+            )
         if not self.serving:
-            raise EngineReleasedError(f"{sorted(self.released_tags)} released (release_memory_occupation); "
-                                      "call resume_memory_occupation")
+            raise EngineReleasedError(
+                f"{sorted(self.released_tags)} released (release_memory_occupation); call resume_memory_occupation"
+            )
         rid = rid or uuid.uuid4().hex
         if rid in self._rids:
             raise ValueError(f"rid {rid!r} is already in flight")
         loop = asyncio.get_running_loop()
-        req = Request(rid=rid, input_ids=list(input_ids), params=params, return_logprob=return_logprob, loop=loop,
-                      future=loop.create_future(), stream=asyncio.Queue() if stream else None,
-                      logprob_start_len=start, top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                      images=images)
+        req = Request(
+            rid=rid,
+            input_ids=list(input_ids),
+            params=params,
+            return_logprob=return_logprob,
+            loop=loop,
+            future=loop.create_future(),
+            stream=asyncio.Queue() if stream else None,
+            logprob_start_len=start,
+            top_logprobs_num=top_logprobs_num if return_logprob else 0,
+            images=images,
+        )
         self._rids.add(rid)
         req.future.add_done_callback(lambda _f: self._rids.discard(rid))
         self.stats["requests_total"] += 1
@@ -207,8 +245,12 @@ class HFBatcher:
             if weight_version is None:
                 weight_version = str(int(self.weight_version) + 1) if self.weight_version.isdigit() else "1"
             await self._decode.call("swap", model, model_path, str(weight_version))
-            return {"success": True, "message": "Succeeded to update model weights.",
-                    "weight_version": self.weight_version, "num_paused_requests": 0}
+            return {
+                "success": True,
+                "message": "Succeeded to update model weights.",
+                "weight_version": self.weight_version,
+                "num_paused_requests": 0,
+            }
 
     @property
     def weights_lock(self) -> asyncio.Lock:
@@ -217,14 +259,16 @@ class HFBatcher:
         runs on a half-pushed model."""
         return self._weights_lock
 
-    async def apply_weights(self, named_tensors: list[tuple[str, torch.Tensor]],
-                            weight_version: str | None = None) -> int:
+    async def apply_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], weight_version: str | None = None
+    ) -> int:
         """Copy validated tensors into the served model between two decode steps (caller holds
         `weights_lock`); the version changes only when given. Returns how many requests restarted."""
         return await self._decode.call("apply", named_tensors, weight_version)
 
-    async def write_weights(self, writer: Callable[[dict[str, torch.Tensor]], Any],
-                            weight_version: str | None = None) -> int:
+    async def write_weights(
+        self, writer: Callable[[dict[str, torch.Tensor]], Any], weight_version: str | None = None
+    ) -> int:
         """Run `writer(tensor_table)` in the decode thread between two steps, so it can write the served
         parameters in place (e.g. receive a broadcast straight into them) while nothing decodes (caller
         holds `weights_lock`). In-flight requests restart; the version changes only if the writer succeeds."""

@@ -32,17 +32,35 @@ from slime.engine.weight_edits import copy_tensors, randomize_tensors, served_te
 
 logger = logging.getLogger(__name__)
 
-_STATS = ("requests_total", "requests_finished", "requests_aborted", "prompt_tokens_total", "generated_tokens_total",
-          "decode_steps_total", "prefills_total", "max_batch_size_seen", "last_batch_size", "requests_restarted",
-          "weight_updates_total")
+_STATS = (
+    "requests_total",
+    "requests_finished",
+    "requests_aborted",
+    "prompt_tokens_total",
+    "generated_tokens_total",
+    "decode_steps_total",
+    "prefills_total",
+    "max_batch_size_seen",
+    "last_batch_size",
+    "requests_restarted",
+    "weight_updates_total",
+)
 
 
 class DecodeThread:
     """Owns the served model, the waiting queue and the running batch. Its fields are written by its
     thread only (except `paused`, which `HFBatcher.pause` also sets at once); others post commands."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_path: str, weight_version: str, max_batch_size: int,
-                 eos_ids: frozenset[int]):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_path: str,
+        weight_version: str,
+        max_batch_size: int,
+        eos_ids: frozenset[int],
+    ):
         self.model, self.tokenizer, self.model_path, self.weight_version = model, tokenizer, model_path, weight_version
         self.max_batch_size, self.eos_ids = max_batch_size, eos_ids
         self.released_tags: set[str] = set()
@@ -52,10 +70,21 @@ class DecodeThread:
         self.batch = RunningBatch()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._calls: dict[str, Callable[..., Any]] = {
-            "pause": self._pause, "release": self._release, "resume": self._resume, "swap": self._swap,
-            "apply": self._apply, "write": self._write, "checksums": self._checksums, "reset": self._reset_tensors}
+            "pause": self._pause,
+            "release": self._release,
+            "resume": self._resume,
+            "swap": self._swap,
+            "apply": self._apply,
+            "write": self._write,
+            "checksums": self._checksums,
+            "reset": self._reset_tensors,
+        }
         self._notices: dict[str, Callable[[Any], None]] = {
-            "add": self.waiting.append, "abort": self._abort, "abort_all": self._abort_all, "continue": self._continue}
+            "add": self.waiting.append,
+            "abort": self._abort,
+            "abort_all": self._abort_all,
+            "continue": self._continue,
+        }
         self._thread = threading.Thread(target=self._run, name="hf-decode", daemon=True)
         self._thread.start()
 
@@ -265,9 +294,15 @@ class DecodeThread:
         restarted = 0
         for req in reversed(self.batch.rows):
             if req.stream is not None:
-                self._finish(req, {"type": "abort", "message": "weights were updated while this streamed request "
-                                                               "was running; its tokens so far came from the old ones"},
-                             aborted=True)
+                self._finish(
+                    req,
+                    {
+                        "type": "abort",
+                        "message": "weights were updated while this streamed request "
+                        "was running; its tokens so far came from the old ones",
+                    },
+                    aborted=True,
+                )
                 continue
             req.forget_output()
             self.waiting.appendleft(req)

@@ -111,8 +111,10 @@ def resolve_hf_checkpoint(args: Any) -> None:
     if backend == "auto":
         backend = "sglang" if cuda_available() else "hf"
     if backend != "hf":
-        raise ValueError(f"--hf-checkpoint is required with --rollout-backend {backend} (only the embedded "
-                         "engine, --rollout-backend hf, has a default model)")
+        raise ValueError(
+            f"--hf-checkpoint is required with --rollout-backend {backend} (only the embedded "
+            "engine, --rollout-backend hf, has a default model)"
+        )
     args.hf_checkpoint = str(ensure_default_model())
 
 

@@ -56,8 +56,10 @@ class GenerateRoutes:
             return [None] * len(parsed.prompts)
         vision = self.batcher.image_inputs
         if vision is None:
-            raise BadRequest(f"image_data: the served model ({self.batcher.model_path}) takes no images (no vision "
-                             "tower, or no image processor beside it); it takes text and token ids only")
+            raise BadRequest(
+                f"image_data: the served model ({self.batcher.model_path}) takes no images (no vision "
+                "tower, or no image processor beside it); it takes text and token ids only"
+            )
         out: list[dict | None] = []
         for i, items in enumerate(per_input):
             if not items:
@@ -67,8 +69,9 @@ class GenerateRoutes:
             ids, tensors = await asyncio.to_thread(vision.prepare, parsed.prompts[i], items, where)
             ctx = self.batcher.context_length
             if len(ids) >= ctx:
-                raise BadRequest(f"input_ids is too long with its images: {len(ids)} tokens, the model's context "
-                                 f"length is {ctx}")
+                raise BadRequest(
+                    f"input_ids is too long with its images: {len(ids)} tokens, the model's context length is {ctx}"
+                )
             parsed.prompts[i] = ids
             parsed.params[i].max_new_tokens = min(parsed.params[i].max_new_tokens, ctx - len(ids))
             out.append(tensors)
@@ -79,10 +82,27 @@ class GenerateRoutes:
         images = images if images is not None else [None] * len(parsed.prompts)
         submitted: list[Submitted] = []
         try:
-            for p, sp, r, lp, start, top, mm in zip(parsed.prompts, parsed.params, parsed.rids, parsed.return_logprob,
-                                                    parsed.logprob_start_lens, parsed.top_logprobs_nums, images):
-                submitted.append(self.batcher.submit(p, sp, rid=r, return_logprob=lp, logprob_start_len=start,
-                                                     stream=parsed.stream, top_logprobs_num=top, images=mm))
+            for p, sp, r, lp, start, top, mm in zip(
+                parsed.prompts,
+                parsed.params,
+                parsed.rids,
+                parsed.return_logprob,
+                parsed.logprob_start_lens,
+                parsed.top_logprobs_nums,
+                images,
+            ):
+                submitted.append(
+                    self.batcher.submit(
+                        p,
+                        sp,
+                        rid=r,
+                        return_logprob=lp,
+                        logprob_start_len=start,
+                        stream=parsed.stream,
+                        top_logprobs_num=top,
+                        images=mm,
+                    )
+                )
         except Exception:  # all or nothing: do not leave half a batch decoding for nobody
             for r, _, _ in submitted:
                 self.batcher.abort(r)

@@ -36,8 +36,16 @@ from slime.utils.http1_server import Http1Only
 from slime.utils.startup_trace import mark
 
 # the names this module served before the server was split by idea
-__all__ = ["BACKEND", "BadRequest", "Server", "WeightSync", "create_app", "main", "parse_logprob_start_len",
-           "parse_sampling_params"]
+__all__ = [
+    "BACKEND",
+    "BadRequest",
+    "Server",
+    "WeightSync",
+    "create_app",
+    "main",
+    "parse_logprob_start_len",
+    "parse_sampling_params",
+]
 
 logger = logging.getLogger(__name__)
 _GRACEFUL_SHUTDOWN_SECONDS = 3
@@ -51,11 +59,16 @@ def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--max-batch-size", type=int, default=32)
-    ap.add_argument("--num-threads", type=int, default=None,
-                    help="torch intra-op threads (default 1: robust when cores are shared)")
+    ap.add_argument(
+        "--num-threads", type=int, default=None, help="torch intra-op threads (default 1: robust when cores are shared)"
+    )
     ap.add_argument("--weight-version", default="default")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="bfloat16 roughly halves memory traffic on CPUs with avx512_bf16; float32 is exact")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="bfloat16 roughly halves memory traffic on CPUs with avx512_bf16; float32 is exact",
+    )
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
 
@@ -69,8 +82,14 @@ def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None)
 
     dtype = getattr(torch, args.dtype)
     warm = preloaded if preloaded is not None and preloaded.matches(args.model_path, dtype) else None
-    batcher = HFBatcher(args.model_path, max_batch_size=args.max_batch_size, num_threads=args.num_threads,
-                        weight_version=args.weight_version, dtype=dtype, preloaded=warm)
+    batcher = HFBatcher(
+        args.model_path,
+        max_batch_size=args.max_batch_size,
+        num_threads=args.num_threads,
+        weight_version=args.weight_version,
+        dtype=dtype,
+        preloaded=warm,
+    )
     app = create_app(batcher, warm.server_tokenizer if warm else None)
     if warm is not None:
         logger.info("warm start: model and tokenizers preloaded by the fork server")
@@ -78,8 +97,14 @@ def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None)
     logger.info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     try:
         # Bounded graceful shutdown: a paused request would otherwise keep uvicorn waiting forever.
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS, http=Http1Only)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level.lower(),
+            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
+            http=Http1Only,
+        )
     finally:
         app.state.server.groups.destroy_all()
         batcher.shutdown()

@@ -12,8 +12,9 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 def released_response() -> JSONResponse:
     """503 for a generation request while the weights are released."""
-    return error_response(503, "model weights are released (release_memory_occupation); "
-                               "call /resume_memory_occupation before generating")
+    return error_response(
+        503, "model weights are released (release_memory_occupation); call /resume_memory_occupation before generating"
+    )
 
 
 def refusal(status: int, message: str) -> JSONResponse:

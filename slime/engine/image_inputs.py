@@ -37,8 +37,9 @@ def _items(value: Any, where: str) -> list[Any]:
     items = value if isinstance(value, list) else [value]
     for j, item in enumerate(items):
         if not isinstance(item, (str, dict)):
-            raise BadRequest(f"{where}[{j}]: an image must be a data URI, base64 text or a file path, "
-                             f"got {type(item).__name__}")
+            raise BadRequest(
+                f"{where}[{j}]: an image must be a data URI, base64 text or a file path, got {type(item).__name__}"
+            )
     return items
 
 

@@ -24,8 +24,11 @@ def load_model(path: str, dtype: torch.dtype):
 def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     """Every id the config, the generation config or the tokenizer names as end of sequence."""
     ids: set[int] = set()
-    for src in (model.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None),
-                tokenizer.eos_token_id):
+    for src in (
+        model.config.eos_token_id,
+        getattr(model.generation_config, "eos_token_id", None),
+        tokenizer.eos_token_id,
+    ):
         if isinstance(src, int):
             ids.add(src)
         elif src:

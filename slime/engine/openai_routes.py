@@ -26,8 +26,9 @@ class OpenAIRoutes:
         self.generation, self.model_name = generation, model_name
 
     async def models(self) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                                         "owned_by": "slime"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "slime"}]}
+        )
 
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, chat=False)
@@ -44,8 +45,9 @@ class OpenAIRoutes:
             return released_response()
         try:
             generate_body = self._generate_body(body, chat)
-            parsed = parse_generate_body(generate_body, gen.tokenizer, gen.batcher.vocab_size,
-                                         gen.batcher.context_length)
+            parsed = parse_generate_body(
+                generate_body, gen.tokenizer, gen.batcher.vocab_size, gen.batcher.context_length
+            )
             submitted = gen._submit_all(parsed)  # noqa: SLF001 - the same submission as /generate
         except BadRequest as exc:
             return error_response(400, str(exc))
@@ -72,9 +74,14 @@ class OpenAIRoutes:
                 # continue_final_message (SGLang's, as slime's rollout buffer resumes a partial answer): the last
                 # assistant message is continued instead of a new one being opened
                 go_on = bool(body.get("continue_final_message"))
-                text = tok.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
-                                               add_generation_prompt=not go_on, continue_final_message=go_on,
-                                               **(body.get("chat_template_kwargs") or {}))
+                text = tok.apply_chat_template(
+                    messages,
+                    tools=body.get("tools"),
+                    tokenize=False,
+                    add_generation_prompt=not go_on,
+                    continue_final_message=go_on,
+                    **(body.get("chat_template_kwargs") or {}),
+                )
             except Exception as exc:  # noqa: BLE001 - the template's own message says what is wrong
                 raise BadRequest(f"messages: the chat template cannot render them: {exc}") from exc
             prompt: dict[str, Any] = {"input_ids": list(tok(text, add_special_tokens=False)["input_ids"])}
@@ -87,13 +94,20 @@ class OpenAIRoutes:
             else:
                 raise BadRequest("prompt: a string or a list of token ids is required")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        params = {"max_new_tokens": 16 if max_tokens is None and not chat else max_tokens,
-                  "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-                  "stop": body.get("stop"), "seed": body.get("seed")}
+        params = {
+            "max_new_tokens": 16 if max_tokens is None and not chat else max_tokens,
+            "temperature": body.get("temperature", 1.0),
+            "top_p": body.get("top_p", 1.0),
+            "stop": body.get("stop"),
+            "seed": body.get("seed"),
+        }
         if "top_k" in body:
             params["top_k"] = body["top_k"]
-        return {**prompt, "sampling_params": {k: v for k, v in params.items() if v is not None},
-                "return_logprob": bool(body.get("logprobs"))}
+        return {
+            **prompt,
+            "sampling_params": {k: v for k, v in params.items() if v is not None},
+            "return_logprob": bool(body.get("logprobs")),
+        }
 
     def _answer(self, body: dict[str, Any], out: dict[str, Any], chat: bool, want_logprobs: bool) -> dict[str, Any]:
         meta = out.get("meta_info", {})
@@ -105,17 +119,29 @@ class OpenAIRoutes:
         if chat:
             choice["message"] = {"role": "assistant", "content": out.get("text", "")}
             if want_logprobs:
-                choice["logprobs"] = {"content": [
-                    {"token": self.generation.tokenizer.decode([tid]), "logprob": lp, "token_id": tid}
-                    for lp, tid, *_ in pairs]}
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": self.generation.tokenizer.decode([tid]), "logprob": lp, "token_id": tid}
+                        for lp, tid, *_ in pairs
+                    ]
+                }
         else:
             choice["text"] = out.get("text", "")
             if want_logprobs:
-                choice["logprobs"] = {"tokens": [self.generation.tokenizer.decode([tid]) for _, tid, *_ in pairs],
-                                      "token_logprobs": [lp for lp, *_ in pairs]}
+                choice["logprobs"] = {
+                    "tokens": [self.generation.tokenizer.decode([tid]) for _, tid, *_ in pairs],
+                    "token_logprobs": [lp for lp, *_ in pairs],
+                }
         prompt_tokens, completion_tokens = int(meta.get("prompt_tokens", 0)), int(meta.get("completion_tokens", 0))
-        return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": body.get("model") or self.model_name, "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+        return {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }

@@ -30,9 +30,13 @@ def prefill(model: Any, req: Request, use_cache: bool) -> Any:
         if not use_cache:
             return None  # nothing to compute: the one reported prompt token is always None
         return model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1, **_vision(model, req))
-    out = model(input_ids=torch.tensor([ids]), use_cache=use_cache, logits_to_keep=len(ids) - req.logprob_start_len,
-                **_vision(model, req))
-    req.input_logprobs = [None, *token_logprobs(out.logits[0, :-1], ids[req.logprob_start_len + 1:])]
+    out = model(
+        input_ids=torch.tensor([ids]),
+        use_cache=use_cache,
+        logits_to_keep=len(ids) - req.logprob_start_len,
+        **_vision(model, req),
+    )
+    req.input_logprobs = [None, *token_logprobs(out.logits[0, :-1], ids[req.logprob_start_len + 1 :])]
     return out
 
 
@@ -51,6 +55,6 @@ def token_logprobs(logits: torch.Tensor, targets: list[int]) -> list[float]:
     out: list[float] = []
     target = torch.tensor(targets)
     for lo in range(0, len(targets), _SCORE_CHUNK_ROWS):
-        rows = torch.log_softmax(logits[lo:lo + _SCORE_CHUNK_ROWS].float(), dim=-1)
-        out += rows.gather(-1, target[lo:lo + _SCORE_CHUNK_ROWS, None])[:, 0].tolist()
+        rows = torch.log_softmax(logits[lo : lo + _SCORE_CHUNK_ROWS].float(), dim=-1)
+        out += rows.gather(-1, target[lo : lo + _SCORE_CHUNK_ROWS, None])[:, 0].tolist()
     return out

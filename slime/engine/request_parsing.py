@@ -41,14 +41,24 @@ def parse_generate_body(body: dict, tokenizer: Any, vocab_size: int, context_len
     params = [parse_sampling_params(sp, len(p), context_length) for sp, p in zip(sps, prompts)]
     rids = _rids(body.get("rid"), n, batch)
     logprob = _per_item(body.get("return_logprob"), n, "return_logprob")
-    starts = [parse_logprob_start_len(v, len(p)) for v, p in
-              zip(_per_item(body.get("logprob_start_len"), n, "logprob_start_len"), prompts)]
+    starts = [
+        parse_logprob_start_len(v, len(p))
+        for v, p in zip(_per_item(body.get("logprob_start_len"), n, "logprob_start_len"), prompts)
+    ]
     tops = [parse_top_logprobs_num(v) for v in _per_item(body.get("top_logprobs_num"), n, "top_logprobs_num")]
     stream = bool(body.get("stream") or False)
     if stream and batch:
         raise BadRequest("stream is not supported with batch input")
-    return GenerateBody(prompts=prompts, params=params, rids=rids, return_logprob=[bool(lp) for lp in logprob],
-                        logprob_start_lens=starts, stream=stream, batch=batch, top_logprobs_nums=tops)
+    return GenerateBody(
+        prompts=prompts,
+        params=params,
+        rids=rids,
+        return_logprob=[bool(lp) for lp in logprob],
+        logprob_start_lens=starts,
+        stream=stream,
+        batch=batch,
+        top_logprobs_nums=tops,
+    )
 
 
 def parse_prompts(body: dict, tokenizer: Any, vocab_size: int, context_length: int) -> tuple[list[list[int]], bool]:
@@ -120,9 +130,12 @@ def parse_sampling_params(d: Any, prompt_len: int, context_length: int) -> Sampl
         raise BadRequest(f"sampling_params.sampling_seed must be an integer, got {seed!r}")
     return SamplingParams(
         max_new_tokens=min(max_new, max(context_length - prompt_len, 0)),
-        temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=-1 if top_k == 0 else top_k,
         min_new_tokens=_int(d, "min_new_tokens", 0, lo=0),
-        stop=[s for s in stop if s], stop_token_ids=list(stop_ids),
+        stop=[s for s in stop if s],
+        stop_token_ids=list(stop_ids),
         ignore_eos=bool(d.get("ignore_eos") or False),
         skip_special_tokens=bool(d.get("skip_special_tokens", True) is not False),
         spaces_between_special_tokens=bool(d.get("spaces_between_special_tokens", True) is not False),
@@ -158,8 +171,9 @@ def parse_logprob_start_len(value: Any, prompt_len: int) -> int | None:
     if not _is_int(value):
         raise BadRequest(f"logprob_start_len must be an integer, got {value!r}")
     if not 0 <= value < prompt_len:
-        raise BadRequest(f"logprob_start_len must be -1 or in [0, {prompt_len}) for a prompt of {prompt_len} "
-                         f"tokens, got {value}")
+        raise BadRequest(
+            f"logprob_start_len must be -1 or in [0, {prompt_len}) for a prompt of {prompt_len} tokens, got {value}"
+        )
     return value
 
 

@@ -18,14 +18,20 @@ def build_response(req: Request, reason: dict | None, tokenizer: Any, engine_ver
     ids = req.output_ids
     version = req.weight_version or engine_version
     text = _text(req, reason, tokenizer)
-    meta = {"id": req.rid, "finish_reason": reason, "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": version,
-            "weight_versions": [{"version": version, "start": 0, "end": len(ids)}],
-            "e2e_latency": time.monotonic() - req.created}
+    meta = {
+        "id": req.rid,
+        "finish_reason": reason,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(ids),
+        "cached_tokens": 0,
+        "weight_version": version,
+        "weight_versions": [{"version": version, "start": 0, "end": len(ids)}],
+        "e2e_latency": time.monotonic() - req.created,
+    }
     if req.return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.logprobs, ids)]
         # empty only if the request never reached its prefill (aborted while waiting)
-        scored = req.input_ids[req.logprob_start_len:]
+        scored = req.input_ids[req.logprob_start_len :]
         meta["input_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.input_logprobs, scored)]
         if req.top_logprobs_num:
             meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in row] for row in req.top_logprobs]

@@ -51,8 +51,13 @@ class RunningBatch:
     def forward(self, model: Any) -> torch.Tensor:
         """One decode step of every row: feeds the pending tokens, returns the next-token logits [B, V]."""
         mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long)], dim=1)
-        out = model(input_ids=self.pending[:, None], attention_mask=mask, position_ids=self.next_pos[:, None],
-                    past_key_values=self.cache, use_cache=True)
+        out = model(
+            input_ids=self.pending[:, None],
+            attention_mask=mask,
+            position_ids=self.next_pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.cache, self.mask, self.next_pos = out.past_key_values, mask, self.next_pos + 1
         return out.logits[:, -1].float()
 

@@ -50,8 +50,9 @@ def _scaled(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits / params.temperature if params.temperature > 0 else logits
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-                 banned: Collection[int] = ()) -> int:
+def sample_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, banned: Collection[int] = ()
+) -> int:
     """One token id from a row of vocabulary logits; `banned` ids (stop tokens before min_new_tokens) never win."""
     masked = _scaled(logits, params)
     if banned:

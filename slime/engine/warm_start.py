@@ -20,10 +20,19 @@ from typing import Any
 # cold. The server's socket itself reaches the engines as an argument (Fleet -> EngineActor -> hf_server).
 FORK_SERVER_ENV = "SLIME_ENGINE_FORK_SERVER"
 # imported here so each engine does not: uvicorn picks these at run time
-_SERVING_MODULES = ("fastapi", "uvicorn", "uvicorn.loops.auto", "uvicorn.loops.uvloop", "uvicorn.loops.asyncio",
-                    "uvicorn.protocols.http.auto", "uvicorn.protocols.http.httptools_impl",
-                    "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.websockets.auto", "uvicorn.lifespan.on",
-                    "slime.engine.hf_server")
+_SERVING_MODULES = (
+    "fastapi",
+    "uvicorn",
+    "uvicorn.loops.auto",
+    "uvicorn.loops.uvloop",
+    "uvicorn.loops.asyncio",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.on",
+    "slime.engine.hf_server",
+)
 
 
 def preload(model_path: str, dtype: str = "float32") -> Any:
@@ -47,9 +56,13 @@ def preload(model_path: str, dtype: str = "float32") -> Any:
     from slime.engine.model_loading import PreloadedModel, load_model
 
     torch_dtype = getattr(torch, dtype)
-    return PreloadedModel(model_path=str(model_path), dtype=torch_dtype, model=load_model(str(model_path), torch_dtype),
-                          tokenizer=AutoTokenizer.from_pretrained(str(model_path)),
-                          server_tokenizer=AutoTokenizer.from_pretrained(str(model_path)))
+    return PreloadedModel(
+        model_path=str(model_path),
+        dtype=torch_dtype,
+        model=load_model(str(model_path), torch_dtype),
+        tokenizer=AutoTokenizer.from_pretrained(str(model_path)),
+        server_tokenizer=AutoTokenizer.from_pretrained(str(model_path)),
+    )
 
 
 def serve(argv: list[str], preloaded: Any) -> None:

@@ -20,7 +20,12 @@ from slime.engine.http_errors import error_response, refusal, weights_released_r
 from slime.engine.request_parsing import BadRequest, parse_weight_version, read_json_object, read_strict_json_object
 from slime.weights.transfer import WeightFormatError, deserialize_named_tensors
 from slime.weights.receive import (
-    UpdateGroups, WeightChecker, WeightUpdateError, check_against_model, model_tensors, parse_metadata,
+    UpdateGroups,
+    WeightChecker,
+    WeightUpdateError,
+    check_against_model,
+    model_tensors,
+    parse_metadata,
 )
 
 _DEFAULT_GROUP = "weight_update_group"
@@ -33,15 +38,21 @@ class WeightSync:
         self.batcher, self.groups, self.checker = batcher, groups, checker
 
     def _done(self, restarted: int) -> dict:
-        return {"success": True, "message": "Succeeded to update model weights.",
-                "weight_version": self.batcher.weight_version, "num_restarted_requests": restarted}
+        return {
+            "success": True,
+            "message": "Succeeded to update model weights.",
+            "weight_version": self.batcher.weight_version,
+            "num_restarted_requests": restarted,
+        }
 
     async def update_from_disk(self, request: Request) -> Response:
         body = await read_json_object(request)
         if not isinstance(body.get("model_path"), str):
             return error_response(400, "model_path (string) is required")
         version = body.get("weight_version")
-        result = await self.batcher.update_weights_from_disk(body["model_path"], None if version is None else str(version))
+        result = await self.batcher.update_weights_from_disk(
+            body["model_path"], None if version is None else str(version)
+        )
         return JSONResponse(result, status_code=200 if result["success"] else 400)
 
     async def update_from_tensor(self, request: Request) -> Response:
@@ -59,8 +70,12 @@ class WeightSync:
                 return weights_released_refusal()
             try:
                 named = await asyncio.to_thread(deserialize_named_tensors, item)
-                check_against_model(model_tensors(b.model), [n for n, _ in named], [t.dtype for _, t in named],
-                                    [list(t.shape) for _, t in named])
+                check_against_model(
+                    model_tensors(b.model),
+                    [n for n, _ in named],
+                    [t.dtype for _, t in named],
+                    [list(t.shape) for _, t in named],
+                )
             except (WeightFormatError, WeightUpdateError) as exc:
                 return refusal(400, str(exc))
             restarted = await b.apply_weights(named, version)
@@ -70,9 +85,14 @@ class WeightSync:
         try:
             body = await read_strict_json_object(request)
             args = [body.get(k) for k in ("master_address", "master_port", "rank_offset", "world_size")]
-            answer = await asyncio.to_thread(self.groups.init, *args,
-                                             body.get("group_name", _DEFAULT_GROUP), body.get("backend", "gloo"),
-                                             body.get("timeout"), body.get("weight_transport"))
+            answer = await asyncio.to_thread(
+                self.groups.init,
+                *args,
+                body.get("group_name", _DEFAULT_GROUP),
+                body.get("backend", "gloo"),
+                body.get("timeout"),
+                body.get("weight_transport"),
+            )
         except (BadRequest, WeightUpdateError) as exc:
             return refusal(400, str(exc))
         return JSONResponse({"success": True, **answer})
@@ -106,7 +126,8 @@ class WeightSync:
                     # straight into the parameters, in the decode thread: no copy, and nothing decodes meanwhile
                     restarted = await b.write_weights(
                         lambda table: groups.receive(group, names, dtypes, shapes, None, [table[n] for n in names]),
-                        version)
+                        version,
+                    )
                     return JSONResponse(self._done(restarted))
                 # A refused bucket is still received (and dropped), so the broadcast completes on every rank.
                 received = await asyncio.to_thread(groups.receive, group, names, dtypes, shapes, load_format)
@@ -145,21 +166,38 @@ class WeightSync:
         expected = body.get("checksums")
         if action == "compare_checksum" and expected is None:
             return refusal(400, "compare_checksum needs checksums: {tensor name: sha256 hex}")
-        if expected is not None and not (isinstance(expected, dict) and expected
-                                         and all(isinstance(k, str) and isinstance(v, str) for k, v in expected.items())):
+        if expected is not None and not (
+            isinstance(expected, dict)
+            and expected
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in expected.items())
+        ):
             return refusal(400, "checksums must be a non-empty object {tensor name: sha256 hex string}")
         if action.startswith("compare") and expected is None:
             if checker.snapshot is None:
-                return refusal(400, "no snapshot to compare with: call check_weights('snapshot') first, or send checksums")
+                return refusal(
+                    400, "no snapshot to compare with: call check_weights('snapshot') first, or send checksums"
+                )
             expected = checker.snapshot
         actual = await b.weight_checksums()
         if action == "snapshot":
             checker.snapshot = actual
-            return JSONResponse({"success": True, "message": f"Snapshot of {len(actual)} tensors taken.",
-                                 "num_tensors": len(actual), "weight_version": b.weight_version})
+            return JSONResponse(
+                {
+                    "success": True,
+                    "message": f"Snapshot of {len(actual)} tensors taken.",
+                    "num_tensors": len(actual),
+                    "weight_version": b.weight_version,
+                }
+            )
         if action == "checksum":
-            return JSONResponse({"success": True, "message": f"{len(actual)} tensors.", "checksums": actual,
-                                 "weight_version": b.weight_version})
+            return JSONResponse(
+                {
+                    "success": True,
+                    "message": f"{len(actual)} tensors.",
+                    "checksums": actual,
+                    "weight_version": b.weight_version,
+                }
+            )
         result = WeightChecker.compare(actual, expected)
         result["weight_version"] = b.weight_version
         return JSONResponse(result, status_code=200 if result["equal"] else 400)
@@ -168,15 +206,18 @@ class WeightSync:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             return refusal(400, f"seed must be an integer, got {seed!r}")
         restarted = await self.batcher.reset_tensors(seed)
-        return JSONResponse({"success": True, "message": "Weights reset to random values.",
-                             "num_restarted_requests": restarted})
+        return JSONResponse(
+            {"success": True, "message": "Weights reset to random values.", "num_restarted_requests": restarted}
+        )
 
 
 def _one_serialized_bucket(body: dict) -> str:
     items = body.get("serialized_named_tensors")
     if not (isinstance(items, list) and len(items) == 1 and isinstance(items[0], str)):
-        raise BadRequest("serialized_named_tensors must be a list of one string (one per TP rank; this "
-                         "engine has tp_size 1) made by slime.weights.transfer.serialize_named_tensors")
+        raise BadRequest(
+            "serialized_named_tensors must be a list of one string (one per TP rank; this "
+            "engine has tp_size 1) made by slime.weights.transfer.serialize_named_tensors"
+        )
     if body.get("load_format") not in (None, "flattened_bucket"):
         raise BadRequest(f"load_format must be null or 'flattened_bucket', got {body.get('load_format')!r}")
     return items[0]

@@ -38,8 +38,9 @@ class WeightGate:
     """The weight version the fleet serves (`version`), and the engines held back until they have it.
     `lock`, `stopping` and `counters` are the fleet's; `admit(slot)` puts an engine in service (under the lock)."""
 
-    def __init__(self, lock: threading.RLock, stopping: threading.Event, counters: Counter,
-                 admit: Callable[[EngineSlot], None]):
+    def __init__(
+        self, lock: threading.RLock, stopping: threading.Event, counters: Counter, admit: Callable[[EngineSlot], None]
+    ):
         self.lock, self.stopping, self.counters, self.admit = lock, stopping, counters, admit
         self.version: str | None = None  # the version the serving engines last reported
         # (version, ref of its named tensors in Ray's object store): the trainer's last push, for replacements
@@ -66,8 +67,9 @@ class WeightGate:
                     continue
                 self.admit(slot)
             admitted.append(slot.rank)
-            logger.warning("engine %d has the current weights (version %s): serving at %s", slot.rank,
-                           self.version, slot.url)
+            logger.warning(
+                "engine %d has the current weights (version %s): serving at %s", slot.rank, self.version, slot.url
+            )
         return admitted
 
     def catch_up(self, slot: EngineSlot, actor: Any) -> bool:
@@ -83,16 +85,31 @@ class WeightGate:
         except ray.exceptions.RayActorError:
             raise
         except Exception as e:  # noqa: BLE001 - the trainer (their owner) gone, an SGLang engine: wait for a push
-            logger.warning("engine %d: could not load weight version %s kept from the trainer's last push (%s: %s); "
-                           "it waits for the next push", slot.rank, kept[0], type(e).__name__, str(e)[:300])
+            logger.warning(
+                "engine %d: could not load weight version %s kept from the trainer's last push (%s: %s); "
+                "it waits for the next push",
+                slot.rank,
+                kept[0],
+                type(e).__name__,
+                str(e)[:300],
+            )
             return False
         if got != kept[0]:
-            logger.warning("engine %d: loaded the trainer's last push of version %s but reports version %s; it waits "
-                           "for the next push", slot.rank, kept[0], got)
+            logger.warning(
+                "engine %d: loaded the trainer's last push of version %s but reports version %s; it waits "
+                "for the next push",
+                slot.rank,
+                kept[0],
+                got,
+            )
             return False
         self.counters["engine_weights_caught_up"] += 1
-        logger.warning("engine %d: loaded weight version %s from the trainer's last push (kept in Ray's object "
-                       "store) in %.1fs", slot.rank, got, time.monotonic() - t0)
+        logger.warning(
+            "engine %d: loaded weight version %s from the trainer's last push (kept in Ray's object store) in %.1fs",
+            slot.rank,
+            got,
+            time.monotonic() - t0,
+        )
         return True
 
     def note(self, version: str | None) -> None:
@@ -143,8 +160,9 @@ class WeightGate:
         # (its state, read without this lock) must count as the one it waits for
         seen = ray.get(actor.push_count.remote(), timeout=60)  # the replayed ones do not count
         slot.state = "awaiting_weights"
-        threading.Thread(target=self.await_push, args=(slot, actor, seen), daemon=True,
-                         name=f"engine-weights-{slot.rank}").start()
+        threading.Thread(
+            target=self.await_push, args=(slot, actor, seen), daemon=True, name=f"engine-weights-{slot.rank}"
+        ).start()
 
     def await_push(self, slot: EngineSlot, actor: Any, seen: int) -> None:
         """Wait for the first complete push to this engine, then admit it. Any push that reaches it
@@ -170,8 +188,9 @@ class WeightGate:
                 if version is not None:
                     self.version = version
                 self.admit(slot)
-            logger.warning("engine %d has the current weights (version %s): serving at %s", slot.rank, version,
-                           slot.url)
+            logger.warning(
+                "engine %d has the current weights (version %s): serving at %s", slot.rank, version, slot.url
+            )
             return
 
     def _push_wait_failed(self, slot: EngineSlot, actor: Any, failures: int, exc: BaseException) -> bool:
@@ -180,13 +199,22 @@ class WeightGate:
         replaces it within the restart budget), so an engine that cannot answer never waits for ever."""
         reason = f"{type(exc).__name__}: {str(exc)[:300]}"
         if failures >= _PUSH_WAIT_RETRIES:
-            logger.warning("engine %d awaiting weights: %d waits for its push failed (last: %s); replacing it",
-                           slot.rank, failures, reason)
+            logger.warning(
+                "engine %d awaiting weights: %d waits for its push failed (last: %s); replacing it",
+                slot.rank,
+                failures,
+                reason,
+            )
             try:
                 ray.kill(actor)
             except Exception:  # noqa: BLE001 - already gone: its watcher reports it either way
                 pass
             return False
-        logger.warning("engine %d awaiting weights: waiting for its push failed (%s); asking again (%d/%d)",
-                       slot.rank, reason, failures, _PUSH_WAIT_RETRIES)
+        logger.warning(
+            "engine %d awaiting weights: waiting for its push failed (%s); asking again (%d/%d)",
+            slot.rank,
+            reason,
+            failures,
+            _PUSH_WAIT_RETRIES,
+        )
         return not self.stopping.wait(min(float(failures), _PUSH_WAIT_S))  # a failing call returns at once

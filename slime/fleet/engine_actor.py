@@ -17,8 +17,15 @@ WEIGHT_PUSH_TIMEOUT_S = 600.0  # one bucket of a large model, or a rendezvous, m
 
 
 class EngineActor:
-    def __init__(self, args: Any, rank: int, node_rank: int = 0, nnodes: int = 1,
-                 dist_init_addr: str | None = None, fork_server: str | None = None):
+    def __init__(
+        self,
+        args: Any,
+        rank: int,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        dist_init_addr: str | None = None,
+        fork_server: str | None = None,
+    ):
         """`fork_server`: the socket of this node's engine fork server, for an embedded engine to start
         warm (slime.engine.warm_start); None starts it cold."""
         host = args.engine_host
@@ -27,8 +34,9 @@ class EngineActor:
         self.rank = rank
         self.backend = args.rollout_backend
         if args.rollout_backend == "sglang":
-            self.server: EngineServer = sglang_server(args, rank, host, args.log_dir, node_rank=node_rank,
-                                                      nnodes=nnodes, dist_init_addr=dist_init_addr)
+            self.server: EngineServer = sglang_server(
+                args, rank, host, args.log_dir, node_rank=node_rank, nnodes=nnodes, dist_init_addr=dist_init_addr
+            )
         else:
             self.server = hf_server(args, rank, host, args.log_dir, fork_server=fork_server)
         # completed weight pushes, for the fleet to admit a restarted engine once it has the current weights
@@ -113,8 +121,12 @@ class EngineActor:
         return self.server.call("POST", "/resume_memory_occupation", payloads.resume_memory_occupation(tags))
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> Any:
-        return self._update(True, "/update_weights_from_disk",
-                            payloads.update_weights_from_disk(model_path, weight_version=weight_version), 600)
+        return self._update(
+            True,
+            "/update_weights_from_disk",
+            payloads.update_weights_from_disk(model_path, weight_version=weight_version),
+            600,
+        )
 
     def abort_all(self) -> Any:
         return self.server.call("POST", "/abort_request", payloads.abort_request(abort_all=True))
@@ -141,29 +153,47 @@ class EngineActor:
         answer = self.server.call("GET", "/get_weight_version", timeout=30)
         return parse_weight_version_answer(answer, self.server.url)
 
-    def update_weights_from_tensor(self, serialized_named_tensors: list[str], load_format: str | None = None,
-                                   flush_cache: bool = False, weight_version: str | None = None) -> Any:
-        body = payloads.update_weights_from_tensor(serialized_named_tensors, load_format=load_format,
-                                                   flush_cache=flush_cache,
-                                                   weight_version=None if weight_version is None else str(weight_version))
+    def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
+        flush_cache: bool = False,
+        weight_version: str | None = None,
+    ) -> Any:
+        body = payloads.update_weights_from_tensor(
+            serialized_named_tensors,
+            load_format=load_format,
+            flush_cache=flush_cache,
+            weight_version=None if weight_version is None else str(weight_version),
+        )
         return self._update(False, "/update_weights_from_tensor", body, WEIGHT_PUSH_TIMEOUT_S)
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str, backend: str, timeout: float | None = None,
-                                  weight_transport: str | None = None) -> Any:
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout: float | None = None,
+        weight_transport: str | None = None,
+    ) -> Any:
         """Join the trainer's group; `backend` is passed through (SGLang: nccl; embedded engine: gloo only).
         Embedded engine only (SGLang's request has no such fields, its answer then says nothing of the
         transport and the trainer broadcasts): `timeout` (seconds) bounds the rendezvous;
         `weight_transport` "auto" maps the trainer's shared-memory ring when on its host."""
-        body = payloads.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name,
-                                                  backend)
+        body = payloads.init_weights_update_group(
+            master_address, master_port, rank_offset, world_size, group_name, backend
+        )
         if self.backend != "sglang":
             if timeout is not None:
                 body["timeout"] = timeout
             if weight_transport is not None:
                 body["weight_transport"] = weight_transport
-        return self.server.call("POST", "/init_weights_update_group", body,
-                                timeout=(timeout or WEIGHT_PUSH_TIMEOUT_S) + 30)
+        return self.server.call(
+            "POST", "/init_weights_update_group", body, timeout=(timeout or WEIGHT_PUSH_TIMEOUT_S) + 30
+        )
 
     def load_kept_weights(self, kept: list[Any], weight_version: str) -> str | None:
         """Load the trainer's last push, kept in Ray's object store (`kept`: [the ref of its named
@@ -188,23 +218,37 @@ class EngineActor:
         bucket of the coming distributed pushes (1 = the first) is announced to it."""
         self._die_at_update = at_update
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[Any], shapes: list[list[int]],
-                                        group_name: str, flush_cache: bool = False, weight_version: str | None = None,
-                                        load_format: str | None = None) -> Any:
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[Any],
+        shapes: list[list[int]],
+        group_name: str,
+        flush_cache: bool = False,
+        weight_version: str | None = None,
+        load_format: str | None = None,
+    ) -> Any:
         if self._die_at_update is not None:
             self._die_at_update -= 1
             if self._die_at_update == 0:
                 self.server.kill()
         body = payloads.update_weights_from_distributed(
-            names, dtypes, shapes, group_name, flush_cache=flush_cache, load_format=load_format,
-            weight_version=None if weight_version is None else str(weight_version))
+            names,
+            dtypes,
+            shapes,
+            group_name,
+            flush_cache=flush_cache,
+            load_format=load_format,
+            weight_version=None if weight_version is None else str(weight_version),
+        )
         return self._update(False, "/update_weights_from_distributed", body, WEIGHT_PUSH_TIMEOUT_S)
 
     def destroy_weights_update_group(self, group_name: str) -> Any:
         """Like slime: an engine that never had the group (e.g. just restarted) is not an error."""
         try:
-            return self.server.call("POST", "/destroy_weights_update_group",
-                                    payloads.destroy_weights_update_group(group_name))
+            return self.server.call(
+                "POST", "/destroy_weights_update_group", payloads.destroy_weights_update_group(group_name)
+            )
         except requests.RequestException as exc:
             return {"success": False, "message": str(exc)}
 
@@ -212,12 +256,14 @@ class EngineActor:
         """snapshot | compare (against the snapshot, or `checksums` {name: sha256}) | reset_tensors ...
         A compare that finds differences answers `{"success": False, "equal": False, "tensors": {...}}`
         (HTTP 400, as SGLang) instead of raising, so the caller sees which tensors differ."""
-        body: dict[str, Any] = payloads.check_weights(action) if action in payloads.CHECK_WEIGHTS_ACTIONS \
-            else {"action": action}  # the embedded engine's extra actions (compare_checksum, checksum, ...)
+        body: dict[str, Any] = (
+            payloads.check_weights(action) if action in payloads.CHECK_WEIGHTS_ACTIONS else {"action": action}
+        )  # the embedded engine's extra actions (compare_checksum, checksum, ...)
         if checksums is not None:  # embedded engine only: the trainer's checksums to compare against
             body["checksums"] = checksums
-        answer = self.server.call("POST", "/weights_checker", body, timeout=WEIGHT_PUSH_TIMEOUT_S,
-                                  answer_statuses=(400,))
+        answer = self.server.call(
+            "POST", "/weights_checker", body, timeout=WEIGHT_PUSH_TIMEOUT_S, answer_statuses=(400,)
+        )
         if isinstance(answer, dict) and not answer.get("success", False) and "equal" not in answer:
             raise RuntimeError(f"check_weights({action!r}) on {self.server.url}: {answer.get('message', answer)}")
         return answer
@@ -235,8 +281,14 @@ class RemoteEngine:
     done when its process is gone; slime.fleet.supervised_engine.exit_notice), so a push notices its death at once;
     `label` names it in messages (e.g. "engine 1 at http://...")."""
 
-    def __init__(self, actor: Any, timeout: float = WEIGHT_PUSH_TIMEOUT_S + 60, *,
-                 exited: concurrent.futures.Future | None = None, label: str | None = None):
+    def __init__(
+        self,
+        actor: Any,
+        timeout: float = WEIGHT_PUSH_TIMEOUT_S + 60,
+        *,
+        exited: concurrent.futures.Future | None = None,
+        label: str | None = None,
+    ):
         self.actor, self.timeout, self.exited, self.label = actor, timeout, exited, label
 
     def __repr__(self) -> str:

@@ -32,26 +32,56 @@ class EngineStartError(RuntimeError):
 # SGLang flags slime sets itself from its own flags: a `--sglang-<name>` passthrough may not override them
 # (the engine would disagree with its placement or its router registration).
 MANAGED_SGLANG_FLAGS = {
-    "model_path": "--hf-checkpoint", "model": "--hf-checkpoint", "host": "--engine-host", "port": "(a free port)",
-    "tp_size": "--rollout-num-gpus-per-engine", "tensor_parallel_size": "--rollout-num-gpus-per-engine",
-    "base_gpu_id": "(placement)", "nnodes": "(placement)", "node_rank": "(placement)",
-    "dist_init_addr": "(placement)", "random_seed": "--rollout-seed", "enable_memory_saver": "--offload",
-    "mem_fraction_static": "--sglang-mem-fraction-static", "pp_size": "--sglang-pp-size",
+    "model_path": "--hf-checkpoint",
+    "model": "--hf-checkpoint",
+    "host": "--engine-host",
+    "port": "(a free port)",
+    "tp_size": "--rollout-num-gpus-per-engine",
+    "tensor_parallel_size": "--rollout-num-gpus-per-engine",
+    "base_gpu_id": "(placement)",
+    "nnodes": "(placement)",
+    "node_rank": "(placement)",
+    "dist_init_addr": "(placement)",
+    "random_seed": "--rollout-seed",
+    "enable_memory_saver": "--offload",
+    "mem_fraction_static": "--sglang-mem-fraction-static",
+    "pp_size": "--sglang-pp-size",
 }
 
 
-def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_size: int,
-                       nnodes: int = 1, node_rank: int = 0, dist_init_addr: str | None = None) -> list[str]:
+def sglang_server_args(
+    args: Any,
+    *,
+    host: str,
+    port: int,
+    base_gpu_id: int,
+    tp_size: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    dist_init_addr: str | None = None,
+) -> list[str]:
     """Arguments for `python -m sglang.launch_server` (checked against SGLang's own parser in
     tests/test_sglang_contract.py). `tp_size` is the engine's GPU count; with `--sglang-pp-size P` the
     engine runs tensor parallel `tp_size // P` times pipeline parallel `P`, as slime does."""
     pp = int(args.sglang_pp_size or 1)
     if pp < 1 or tp_size % pp:
-        raise ValueError(f"--sglang-pp-size {pp} must divide the engine's {tp_size} GPUs "
-                         f"(--rollout-num-gpus-per-engine)")
-    cmd = ["--model-path", str(args.hf_checkpoint), "--host", host, "--port", str(port),
-           "--tp-size", str(tp_size // pp), "--base-gpu-id", str(base_gpu_id), "--skip-server-warmup",
-           "--trust-remote-code"]
+        raise ValueError(
+            f"--sglang-pp-size {pp} must divide the engine's {tp_size} GPUs (--rollout-num-gpus-per-engine)"
+        )
+    cmd = [
+        "--model-path",
+        str(args.hf_checkpoint),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size // pp),
+        "--base-gpu-id",
+        str(base_gpu_id),
+        "--skip-server-warmup",
+        "--trust-remote-code",
+    ]
     if pp > 1:
         cmd += ["--pp-size", str(pp)]
     if nnodes > 1:
@@ -66,8 +96,9 @@ def sglang_server_args(args: Any, *, host: str, port: int, base_gpu_id: int, tp_
         cmd += ["--random-seed", str(args.rollout_seed)]
     for name, value in sorted((getattr(args, "sglang_extra_args", None) or {}).items()):
         if name in MANAGED_SGLANG_FLAGS:
-            raise ValueError(f"--sglang-{name.replace('_', '-')} is set by slime; use "
-                             f"{MANAGED_SGLANG_FLAGS[name]} instead")
+            raise ValueError(
+                f"--sglang-{name.replace('_', '-')} is set by slime; use {MANAGED_SGLANG_FLAGS[name]} instead"
+            )
         flag = "--" + name.replace("_", "-")
         if value is True:
             cmd += [flag]
@@ -95,8 +126,14 @@ def fork_server_launcher(socket_path: str | None) -> Callable[[ChildProcess], An
     def launch(child: ChildProcess) -> Any:
         argv = child.command[3:]  # after `python -m slime.engine.hf_server`
         try:
-            return fork_server.spawn(socket_path, argv, dict(child.env or os.environ), str(child.log_path),
-                                     timeout=child.startup_timeout, title=" ".join(child.command))
+            return fork_server.spawn(
+                socket_path,
+                argv,
+                dict(child.env or os.environ),
+                str(child.log_path),
+                timeout=child.startup_timeout,
+                title=" ".join(child.command),
+            )
         except fork_server.ForkServerError as e:
             logger.warning("%s: %s; starting it cold", child.name, e)
             return None
@@ -107,14 +144,28 @@ def fork_server_launcher(socket_path: str | None) -> Callable[[ChildProcess], An
 class EngineServer:
     """A server process speaking SGLang's HTTP API, supervised by `ChildProcess`."""
 
-    def __init__(self, command: list[str], host: str, port: int, name: str, log_dir: str | None = None,
-                 env: dict[str, str] | None = None, startup_timeout: float = 300.0,
-                 launcher: Callable[[ChildProcess], Any] | None = None):
+    def __init__(
+        self,
+        command: list[str],
+        host: str,
+        port: int,
+        name: str,
+        log_dir: str | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 300.0,
+        launcher: Callable[[ChildProcess], Any] | None = None,
+    ):
         self.host, self.port, self.name = host, port, name
         log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-engine-")) / f"{name}.log"
-        self.process = ChildProcess(command, name=f"engine {name} at {self.url}", log_path=log_path, env=env,
-                                    ready=http_ok(f"{self.url}/health"), startup_timeout=startup_timeout,
-                                    launcher=launcher)
+        self.process = ChildProcess(
+            command,
+            name=f"engine {name} at {self.url}",
+            log_path=log_path,
+            env=env,
+            ready=http_ok(f"{self.url}/health"),
+            startup_timeout=startup_timeout,
+            launcher=launcher,
+        )
 
     @property
     def command(self) -> list[str]:
@@ -144,8 +195,14 @@ class EngineServer:
     def stop(self, timeout: float = 15.0) -> None:
         self.process.stop(timeout)
 
-    def call(self, method: str, path: str, payload: dict | None = None, timeout: float = 120.0,
-             answer_statuses: tuple[int, ...] = ()) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        payload: dict | None = None,
+        timeout: float = 120.0,
+        answer_statuses: tuple[int, ...] = (),
+    ) -> Any:
         """The JSON (or text) answer. An error status raises `requests.HTTPError` carrying the engine's own
         message (e.g. the tensor a weight push got wrong), unless it is in `answer_statuses`."""
         r = requests.request(method, f"{self.url}{path}", json=payload, timeout=timeout)
@@ -178,20 +235,60 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def hf_server(args: Any, rank: int, host: str, log_dir: str | None, fork_server: str | None = None) -> EngineServer:
     """The embedded engine; `fork_server`: the socket of this node's engine fork server (a warm start)."""
     port = find_free_port(host)
-    cmd = [sys.executable, "-m", "slime.engine.hf_server", "--model-path", str(args.hf_checkpoint),
-           "--host", host, "--port", str(port), "--max-batch-size", str(args.engine_max_batch_size)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime.engine.hf_server",
+        "--model-path",
+        str(args.hf_checkpoint),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(args.engine_max_batch_size),
+    ]
     if args.engine_threads:
         cmd += ["--num-threads", str(args.engine_threads)]
-    return EngineServer(cmd, host, port, f"engine-hf-{rank}", log_dir, engine_env(), args.engine_startup_timeout,
-                        launcher=fork_server_launcher(fork_server))
+    return EngineServer(
+        cmd,
+        host,
+        port,
+        f"engine-hf-{rank}",
+        log_dir,
+        engine_env(),
+        args.engine_startup_timeout,
+        launcher=fork_server_launcher(fork_server),
+    )
 
 
-def sglang_server(args: Any, rank: int, host: str, log_dir: str | None, *, node_rank: int = 0, nnodes: int = 1,
-                  dist_init_addr: str | None = None) -> EngineServer:
+def sglang_server(
+    args: Any,
+    rank: int,
+    host: str,
+    log_dir: str | None,
+    *,
+    node_rank: int = 0,
+    nnodes: int = 1,
+    dist_init_addr: str | None = None,
+) -> EngineServer:
     port = find_free_port(host)
     tp = args.rollout_num_gpus_per_engine
-    cmd = [sys.executable, "-m", "sglang.launch_server",
-           *sglang_server_args(args, host=host, port=port, base_gpu_id=base_gpu_id(args, rank), tp_size=tp,
-                               nnodes=nnodes, node_rank=node_rank, dist_init_addr=dist_init_addr)]
-    return EngineServer(cmd, host, port, f"engine-sglang-{rank}-n{node_rank}", log_dir, engine_env(),
-                        args.engine_startup_timeout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        *sglang_server_args(
+            args,
+            host=host,
+            port=port,
+            base_gpu_id=base_gpu_id(args, rank),
+            tp_size=tp,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            dist_init_addr=dist_init_addr,
+        ),
+    ]
+    return EngineServer(
+        cmd, host, port, f"engine-sglang-{rank}-n{node_rank}", log_dir, engine_env(), args.engine_startup_timeout
+    )

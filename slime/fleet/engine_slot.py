@@ -30,9 +30,16 @@ class EngineSlot:
         return self.actors[0]  # node 0 takes the requests
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "url": self.url, "state": self.state, "restarts": self.restarts,
-                "deaths": self.deaths, "last_exit": self.last_exit, "node_id": self.node_id,
-                "moved_from": self.moved_from}
+        return {
+            "rank": self.rank,
+            "url": self.url,
+            "state": self.state,
+            "restarts": self.restarts,
+            "deaths": self.deaths,
+            "last_exit": self.last_exit,
+            "node_id": self.node_id,
+            "moved_from": self.moved_from,
+        }
 
 
 def serving(slots: list[EngineSlot]) -> int:

@@ -28,19 +28,27 @@ DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL = 30
 class FleetConfig(FlagConfig):
     GROUP = "fleet faults"
 
-    engine_max_restarts: int = flag(DEFAULT_ENGINE_MAX_RESTARTS, type=int,
-                                    help="restarts of each engine whose server died; after that it is 'failed' and "
-                                         "the pool goes on without it")
-    request_retry_window: float = flag(DEFAULT_REQUEST_RETRY_WINDOW, type=float, range=NON_NEGATIVE,
-                                       help="seconds a request failing with a connection error, timeout, 429 or 5xx "
-                                            "keeps being retried (back-off up to 2 s, fresh rid each time); "
-                                            "--request-max-retries caps the count")
+    engine_max_restarts: int = flag(
+        DEFAULT_ENGINE_MAX_RESTARTS,
+        type=int,
+        help="restarts of each engine whose server died; after that it is 'failed' and the pool goes on without it",
+    )
+    request_retry_window: float = flag(
+        DEFAULT_REQUEST_RETRY_WINDOW,
+        type=float,
+        range=NON_NEGATIVE,
+        help="seconds a request failing with a connection error, timeout, 429 or 5xx "
+        "keeps being retried (back-off up to 2 s, fresh rid each time); "
+        "--request-max-retries caps the count",
+    )
     router_resource: str | None = flag(
-        None, metavar="NAME",
+        None,
+        metavar="NAME",
         help="run the router on a node offering this Ray resource (ray start --resources "
-             "'{\"NAME\": 1}'), listening on that node's IP; when that node is lost the router is "
-             "started again on another node offering it, else on the manager's node, and requests in "
-             "flight are retried there. Default: on the manager's node, its child, on 127.0.0.1")
+        "'{\"NAME\": 1}'), listening on that node's IP; when that node is lost the router is "
+        "started again on another node offering it, else on the manager's node, and requests in "
+        "flight are retried there. Default: on the manager's node, its child, on 127.0.0.1",
+    )
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -134,8 +134,9 @@ class Fleet:
             self._register(url)
         self.endpoints.engine_urls = list(urls)
         self.startup_timings["registered"] = time.monotonic() - t0
-        logger.info("serving with %d external engine(s) through %s: %s", len(urls), self.endpoints.router_url,
-                    ", ".join(urls))
+        logger.info(
+            "serving with %d external engine(s) through %s: %s", len(urls), self.endpoints.router_url, ", ".join(urls)
+        )
         return self.endpoints
 
     def _engine_layout(self) -> tuple[int, int, int]:
@@ -147,16 +148,17 @@ class Fleet:
         nodes = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
         return args.rollout_num_gpus // per_node // nodes, nodes, per_node
 
-    def new_actor(self, rank: int, bundle: int, node_rank: int = 0, nnodes: int = 1,
-                  dist_init_addr: str | None = None) -> Any:
+    def new_actor(
+        self, rank: int, bundle: int, node_rank: int = 0, nnodes: int = 1, dist_init_addr: str | None = None
+    ) -> Any:
         args = self.args
         if args.rollout_backend == "sglang":
-            return RemoteSupervisedEngine.options(num_cpus=0.2, num_gpus=0.2,
-                                                  scheduling_strategy=bundle_strategy(self.pg, bundle)
-                                                  ).remote(args, rank, node_rank, nnodes, dist_init_addr)
-        return RemoteSupervisedEngine.options(num_cpus=float(args.rollout_num_cpus_per_engine),
-                                              scheduling_strategy=bundle_strategy(self.pg, bundle)
-                                              ).remote(args, rank, fork_server=self.fork_server)
+            return RemoteSupervisedEngine.options(
+                num_cpus=0.2, num_gpus=0.2, scheduling_strategy=bundle_strategy(self.pg, bundle)
+            ).remote(args, rank, node_rank, nnodes, dist_init_addr)
+        return RemoteSupervisedEngine.options(
+            num_cpus=float(args.rollout_num_cpus_per_engine), scheduling_strategy=bundle_strategy(self.pg, bundle)
+        ).remote(args, rank, fork_server=self.fork_server)
 
     def _launch_engines(self) -> list[Any]:
         """Create the engine actors on their bundles and start their servers (not awaited)."""
@@ -180,9 +182,13 @@ class Fleet:
         if args.sglang_router_ip is not None:
             self.endpoints.router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
             return
-        router_kw = {"policy": args.router_policy, "prometheus_port": args.router_prometheus_port,
-                     "health_check_interval": args.router_health_check_interval, "log_dir": args.log_dir,
-                     "extra_args": router_passthrough(args, taken=SLIME_SETS)}
+        router_kw = {
+            "policy": args.router_policy,
+            "prometheus_port": args.router_prometheus_port,
+            "health_check_interval": args.router_health_check_interval,
+            "log_dir": args.log_dir,
+            "extra_args": router_passthrough(args, taken=SLIME_SETS),
+        }
         resource = args.router_resource
         if resource:  # on a node of its own, moved when that node is lost
             here = ray.get_runtime_context().get_node_id()
@@ -205,8 +211,9 @@ class Fleet:
         old_url = self.endpoints.router_url
         self._publish_router(url)
         if old_url and old_url != url:
-            self.endpoints.router_losses.lost(old_url, f"its node {old_node} was lost; the router serves at {url} "
-                                                       f"on node {new_node} now")
+            self.endpoints.router_losses.lost(
+                old_url, f"its node {old_node} was lost; the router serves at {url} on node {new_node} now"
+            )
         self.counters["router_moves"] += 1
         self.lost_nodes.note_if_gone(old_node, router_to=new_node)
 
@@ -246,18 +253,20 @@ class Fleet:
         return [s.as_dict() for s in self.slots]
 
     def info(self) -> dict[str, Any]:
-        return {"router_url": self.endpoints.router_url,
-                "router_pid": self.router.pid if self.router else None,
-                "router_restarts": self.router.restarts if self.router else 0,
-                "engine_urls": list(self.endpoints.engine_urls),
-                "engines": self.engine_status(),
-                "router_node_id": getattr(self.router, "node_id", None),
-                "engine_deaths": self.counters["engine_deaths"],
-                "engine_restarts": self.counters["engine_restarts"],
-                "engine_bad_answers": {k: v for k, v in self.counters.items() if k.startswith("engine_bad_answer:")},
-                **{k: self.counters[k] for k in NODE_COUNTERS},
-                "lost_nodes": self.lost_node_status(),
-                "startup_seconds": dict(self.startup_timings)}
+        return {
+            "router_url": self.endpoints.router_url,
+            "router_pid": self.router.pid if self.router else None,
+            "router_restarts": self.router.restarts if self.router else 0,
+            "engine_urls": list(self.endpoints.engine_urls),
+            "engines": self.engine_status(),
+            "router_node_id": getattr(self.router, "node_id", None),
+            "engine_deaths": self.counters["engine_deaths"],
+            "engine_restarts": self.counters["engine_restarts"],
+            "engine_bad_answers": {k: v for k, v in self.counters.items() if k.startswith("engine_bad_answer:")},
+            **{k: self.counters[k] for k in NODE_COUNTERS},
+            "lost_nodes": self.lost_node_status(),
+            "startup_seconds": dict(self.startup_timings),
+        }
 
     # ---- control: every call goes to each serving engine's node-0 actor ----
     def each(self, method: str, *a: Any) -> list[Any]:
@@ -269,8 +278,9 @@ class Fleet:
             targets = [s.actor for s in self.slots if s.state in UPDATABLE_STATES]
             skipped = [s.rank for s in self.slots if s.state not in UPDATABLE_STATES]
         if skipped:
-            logger.warning("%s: skipping engine(s) %s (%s)", method, skipped,
-                           ", ".join(self.slots[i].state for i in skipped))
+            logger.warning(
+                "%s: skipping engine(s) %s (%s)", method, skipped, ", ".join(self.slots[i].state for i in skipped)
+            )
         return ray.get([getattr(e, method).remote(*a) for e in targets])
 
     def kill_engine_during_push(self, index: int, at_update: int) -> None:
@@ -287,17 +297,24 @@ class Fleet:
     def stop_steps(self) -> list[tuple[str, Any]]:
         """Each stop as its own step, so the caller can keep going when one fails. Actors are looked
         up when the step runs, so an engine replaced meanwhile is the one stopped."""
-        steps: list[tuple[str, Any]] = [("engine supervision", self.stopping.set),
-                                        ("router", lambda: self.router and self.router.stop())]
+        steps: list[tuple[str, Any]] = [
+            ("engine supervision", self.stopping.set),
+            ("router", lambda: self.router and self.router.stop()),
+        ]
         # every engine is asked to stop at once (each takes a few tenths of a second to end its server), then each
         # is waited for in its own step; an engine waiting for room has no server, only an actor Ray has not
         # placed: killed below
         stops: dict[int, list] = {}
-        steps.append(("engines (asked to stop)", lambda: stops.update(
-            {s.rank: [a.stop.remote() for a in s.actors] for s in self.slots if s.state != "unplaced"})))
+        steps.append(
+            (
+                "engines (asked to stop)",
+                lambda: stops.update(
+                    {s.rank: [a.stop.remote() for a in s.actors] for s in self.slots if s.state != "unplaced"}
+                ),
+            )
+        )
         steps += [(f"engine {s.rank}", lambda s=s: ray.get(stops.get(s.rank) or [], timeout=60)) for s in self.slots]
         steps += [(f"engine actor {s.rank}", lambda s=s: [ray.kill(a) for a in s.actors]) for s in self.slots]
         steps.append(("placement group", lambda: self.pg is not None and remove_placement_group(self.pg)))
         steps.append(("engine states", lambda: [setattr(s, "state", "stopped") for s in self.slots]))
         return steps
-

@@ -39,8 +39,12 @@ class LostNodes:
         with self.lock:
             lost = self.nodes.get(node_id)
             if lost is None:
-                lost = self.nodes[node_id] = {"node_id": node_id, "lost_at": time.time(), "engines": [],
-                                              "router_moved_to": None}
+                lost = self.nodes[node_id] = {
+                    "node_id": node_id,
+                    "lost_at": time.time(),
+                    "engines": [],
+                    "router_moved_to": None,
+                }
                 self.counters["nodes_lost"] += 1
                 logger.warning("Ray node %s is gone (its raylet died or was drained)", node_id)
             if slot is not None and slot.rank not in lost["engines"]:
@@ -67,10 +71,16 @@ class LostNodes:
     def status(self, slots: list[EngineSlot]) -> list[dict[str, Any]]:
         """Each lost node, the engines it took and where each of them serves now (None: not yet, or failed)."""
         with self.lock:
-            return [{**lost, "engines": list(lost["engines"]),
-                     "moved_to": {r: slots[r].node_id if slots[r].moved_from == lost["node_id"] else None
-                                  for r in lost["engines"]}}
-                    for lost in self.nodes.values()]
+            return [
+                {
+                    **lost,
+                    "engines": list(lost["engines"]),
+                    "moved_to": {
+                        r: slots[r].node_id if slots[r].moved_from == lost["node_id"] else None for r in lost["engines"]
+                    },
+                }
+                for lost in self.nodes.values()
+            ]
 
 
 # seconds Ray may take to decide on a node after one of its actors was seen dying: its health checks
@@ -78,7 +88,9 @@ class LostNodes:
 NODE_DECISION_S = 60.0
 
 
-def node_lost(node_id: str | None, actor: Any, stopping: threading.Event, timeout: float = NODE_DECISION_S) -> bool | None:
+def node_lost(
+    node_id: str | None, actor: Any, stopping: threading.Event, timeout: float = NODE_DECISION_S
+) -> bool | None:
     """Whether the death of `actor` (an engine actor on `node_id`) is the loss of its node, asked of Ray
     until it decides: True once Ray marks the node dead (or the actor dead for its node's death); False
     once Ray marks the actor dead for another cause (its node's raylet reported it: the node lives); None

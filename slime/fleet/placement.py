@@ -56,8 +56,10 @@ def check_fits(bundles: list[dict[str, float]], what: str, flags: str) -> None:
         largest = max(float(b.get(r, 0)) for b in bundles)
         biggest_node = max((float(n.get(r, 0)) for n in nodes), default=0.0)
         if largest > biggest_node:
-            raise PlacementError(f"cannot place {what}: a bundle needs {_num(largest)} {r}, the largest node has "
-                                 f"{_num(biggest_node)} {r} (check {flags})")
+            raise PlacementError(
+                f"cannot place {what}: a bundle needs {_num(largest)} {r}, the largest node has "
+                f"{_num(biggest_node)} {r} (check {flags})"
+            )
     total = ray.cluster_resources()
     held = _held_by_this_job(resources)
     for r in sorted(resources):
@@ -70,12 +72,12 @@ def check_fits(bundles: list[dict[str, float]], what: str, flags: str) -> None:
             if others:
                 asked += "".join(f" + {_num(x)} {r} held by {name}" for name, x in others)
                 asked += f" = {_num(need + sum(x for _, x in others))} {r}"
-            raise PlacementError(f"cannot place {what}: {asked}, but the cluster has {_num(have)} {r} in total "
-                                 f"(check {flags})")
+            raise PlacementError(
+                f"cannot place {what}: {asked}, but the cluster has {_num(have)} {r} in total (check {flags})"
+            )
 
 
-def reserve(bundles: list[dict[str, float]], *, name: str, what: str, flags: str,
-            timeout: float = PLACEMENT_TIMEOUT_S):
+def reserve(bundles: list[dict[str, float]], *, name: str, what: str, flags: str, timeout: float = PLACEMENT_TIMEOUT_S):
     """A ready placement group (PACK) of `bundles` labelled `name`; PlacementError at once when it can
     never fit (`check_fits`), or when it is not granted within `timeout` (resources in use elsewhere).
     Two managers in one cluster (or a group a crashed run left behind) each get their own Ray name."""
@@ -84,16 +86,18 @@ def reserve(bundles: list[dict[str, float]], *, name: str, what: str, flags: str
     ready, _ = ray.wait([pg.ready()], timeout=timeout)
     if not ready:
         remove_placement_group(pg)
-        raise PlacementError(f"could not reserve {what}: {len(bundles)} bundle(s) {bundles[0]} within {timeout:.0f}s; "
-                             f"available now: {ray.available_resources()} (check {flags})")
+        raise PlacementError(
+            f"could not reserve {what}: {len(bundles)} bundle(s) {bundles[0]} within {timeout:.0f}s; "
+            f"available now: {ray.available_resources()} (check {flags})"
+        )
     return pg
 
 
 def create_engine_placement_group(args: Any, timeout: float = PLACEMENT_TIMEOUT_S):
-    return reserve(engine_bundles(args), name="slime-engines", what="the engines", flags=ENGINE_FLAGS,
-                   timeout=timeout)
+    return reserve(engine_bundles(args), name="slime-engines", what="the engines", flags=ENGINE_FLAGS, timeout=timeout)
 
 
 def bundle_strategy(pg, index: int) -> PlacementGroupSchedulingStrategy:
-    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index,
-                                            placement_group_capture_child_tasks=True)
+    return PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=index, placement_group_capture_child_tasks=True
+    )

@@ -33,9 +33,11 @@ def place(slot: EngineSlot, actor: Any, lost_nodes: LostNodes) -> None:
     try:
         node = ray.get(actor.node_id.remote(), timeout=_PLACEMENT_WAIT_S)
     except ray.exceptions.GetTimeoutError:
-        raise NoRoomError(f"no room for a replacement on the surviving nodes within {_PLACEMENT_WAIT_S:.0f}s "
-                          f"(its node {slot.node_id} is gone; cluster resources: {ray.cluster_resources()}); "
-                          "the pool shrinks until a node with room joins") from None
+        raise NoRoomError(
+            f"no room for a replacement on the surviving nodes within {_PLACEMENT_WAIT_S:.0f}s "
+            f"(its node {slot.node_id} is gone; cluster resources: {ray.cluster_resources()}); "
+            "the pool shrinks until a node with room joins"
+        ) from None
     lost_nodes.placed(slot, node)
 
 
@@ -44,8 +46,14 @@ class RoomWait:
     once placed, `resume(slot, actor)` starts it like any replacement; a placement that fails is its
     death (`died(slot, why)`). `counters`, `stopping` and `lost_nodes` are the fleet's."""
 
-    def __init__(self, counters: Counter, stopping: threading.Event, lost_nodes: LostNodes,
-                 resume: Callable[[EngineSlot, Any], None], died: Callable[[EngineSlot, str], None]):
+    def __init__(
+        self,
+        counters: Counter,
+        stopping: threading.Event,
+        lost_nodes: LostNodes,
+        resume: Callable[[EngineSlot, Any], None],
+        died: Callable[[EngineSlot, str], None],
+    ):
         self.counters, self.stopping, self.lost_nodes = counters, stopping, lost_nodes
         self.resume, self.died = resume, died
 
@@ -55,8 +63,9 @@ class RoomWait:
         slot.state, slot.last_exit = "unplaced", why
         self.counters["engines_unplaced"] += 1
         logger.warning("engine %d: %s; %d of %d engines serve", slot.rank, why, serving(slots), len(slots))
-        threading.Thread(target=self._await_room, args=(slot, slot.actor), name=f"engine-room-{slot.rank}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._await_room, args=(slot, slot.actor), name=f"engine-room-{slot.rank}", daemon=True
+        ).start()
 
     def _await_room(self, slot: EngineSlot, actor: Any) -> None:
         """Block until Ray places the waiting engine (a node with room joined), then start it. Its actor

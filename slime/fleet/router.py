@@ -57,14 +57,25 @@ def worker_healthy(router_url: str, worker_url: str, bad_answers: Counter | None
     return any(w.url == worker_url and w.healthy for w in list_workers(router_url, bad_answers))
 
 
-def register_worker(router_url: str, worker_url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
-                    log_path: Path | None = None, bad_answers: Counter | None = None) -> None:
+def register_worker(
+    router_url: str,
+    worker_url: str,
+    timeout: float = 60.0,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    bad_answers: Counter | None = None,
+) -> None:
     """`POST /workers` (asynchronous in sglang-router 0.3.x), then wait until it reports the worker healthy."""
     r = requests.post(f"{router_url}/workers", json={"url": worker_url}, timeout=10)
     if r.status_code not in (200, 201, 202):
         raise RouterError(f"router {router_url} refused worker {worker_url}: HTTP {r.status_code} {r.text[:500]}")
-    wait_until(lambda: worker_healthy(router_url, worker_url, bad_answers), timeout,
-               f"worker {worker_url} healthy in router", proc, log_path)
+    wait_until(
+        lambda: worker_healthy(router_url, worker_url, bad_answers),
+        timeout,
+        f"worker {worker_url} healthy in router",
+        proc,
+        log_path,
+    )
 
 
 def unregister_worker(router_url: str, worker_url: str, bad_answers: Counter | None = None) -> bool:
@@ -78,10 +89,17 @@ def unregister_worker(router_url: str, worker_url: str, bad_answers: Counter | N
 
 
 class Router:
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None, policy: str = "round_robin",
-                 prometheus_port: int | None = None,
-                 health_check_interval: int = DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
-                 extra_args: list[str] | None = None, log_dir: str | None = None, startup_timeout: float = 60.0):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: str = "round_robin",
+        prometheus_port: int | None = None,
+        health_check_interval: int = DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL,
+        extra_args: list[str] | None = None,
+        log_dir: str | None = None,
+        startup_timeout: float = 60.0,
+    ):
         self.host = host
         self.port = port or find_free_port(host)
         self.policy = policy
@@ -107,10 +125,29 @@ class Router:
         return self._process.pid if self._process else None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
-                "--policy", self.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                str(self.prometheus_port), "--health-check-interval-secs", str(self.health_check_interval),
-                "--health-failure-threshold", "2", "--disable-retries", "--log-level", "warn", *self.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--policy",
+            self.policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.prometheus_port),
+            "--health-check-interval-secs",
+            str(self.health_check_interval),
+            "--health-failure-threshold",
+            "2",
+            "--disable-retries",
+            "--log-level",
+            "warn",
+            *self.extra_args,
+        ]
 
     def start(self) -> "Router":
         self._stopping.clear()
@@ -121,9 +158,14 @@ class Router:
 
     def _spawn(self) -> None:
         with self._lock:
-            self._process = ChildProcess(self.command(), name=f"sglang-router at {self.url}", log_path=self.log_path,
-                                         env=_router_env(), ready=http_ok(f"{self.url}/health"),
-                                         startup_timeout=self.startup_timeout).start()
+            self._process = ChildProcess(
+                self.command(),
+                name=f"sglang-router at {self.url}",
+                log_path=self.log_path,
+                env=_router_env(),
+                ready=http_ok(f"{self.url}/health"),
+                startup_timeout=self.startup_timeout,
+            ).start()
             for w in self.workers:
                 self._register(w)
 
@@ -135,8 +177,9 @@ class Router:
             if self._stopping.is_set():
                 return
             self.restarts += 1
-            logger.warning("sglang-router (pid %s) exited with %s; restarting (restart #%d)",
-                           process.pid, code, self.restarts)
+            logger.warning(
+                "sglang-router (pid %s) exited with %s; restarting (restart #%d)", process.pid, code, self.restarts
+            )
             try:
                 self._spawn()
             except (ReadinessError, requests.RequestException) as e:
@@ -150,8 +193,9 @@ class Router:
                 self.workers.append(url)
 
     def _register(self, url: str, timeout: float = 60.0) -> None:
-        register_worker(self.url, url, timeout, self._process.proc if self._process else None, self.log_path,
-                        self.bad_answers)
+        register_worker(
+            self.url, url, timeout, self._process.proc if self._process else None, self.log_path, self.bad_answers
+        )
 
     def list_workers(self) -> list[Worker]:
         return list_workers(self.url, self.bad_answers)

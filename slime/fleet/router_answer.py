@@ -38,8 +38,10 @@ class BadRouterAnswer(AnswerError):
         shown = excerpt.decode("utf-8", "replace") if isinstance(excerpt, bytes) else excerpt
         text = shown if isinstance(shown, str) else _SHORT.repr(shown)
         text = text[:EXCERPT_CHARS] + ("..." if len(text) > EXCERPT_CHARS else "")
-        super().__init__(f"bad router answer from {router_url}/workers ({field}): {problem}: {text}",
-                         reason=f"router_bad_answer:{field}")
+        super().__init__(
+            f"bad router answer from {router_url}/workers ({field}): {problem}: {text}",
+            reason=f"router_bad_answer:{field}",
+        )
 
 
 def parse_workers(raw: bytes | str | Any, router_url: str) -> list[Worker]:

@@ -79,8 +79,9 @@ class RelocatingRouter:
     """`Router`'s calls, served by a `RouterHost` on a node offering `resource`; moved when its node is lost.
     `on_move(old_node, new_node, url)` is called after a move, once every worker is registered again."""
 
-    def __init__(self, resource: str, home_node: str, router_kw: dict[str, Any],
-                 on_move: Callable[[str | None, str, str], None]):
+    def __init__(
+        self, resource: str, home_node: str, router_kw: dict[str, Any], on_move: Callable[[str | None, str, str], None]
+    ):
         self.resource, self.home_node, self.router_kw, self.on_move = resource, home_node, dict(router_kw), on_move
         self.workers: list[str] = []
         self.moves = 0
@@ -93,9 +94,11 @@ class RelocatingRouter:
     # ---- start and move ----
     def start(self) -> "RelocatingRouter":
         if not _nodes_offering(self.resource):
-            raise PlacementError(f"--router-resource {self.resource}: no live node of the cluster offers the Ray "
-                                 f"resource {self.resource!r} (start one with ray start --resources "
-                                 f"'{{\"{self.resource}\": 1}}')")
+            raise PlacementError(
+                f"--router-resource {self.resource}: no live node of the cluster offers the Ray "
+                f"resource {self.resource!r} (start one with ray start --resources "
+                f"'{{\"{self.resource}\": 1}}')"
+            )
         self._actor, self.url, self.node_id = self._launch(None)
         threading.Thread(target=self._watch, name="router-host-watch", daemon=True).start()
         return self
@@ -126,8 +129,9 @@ class RelocatingRouter:
                 why = f"{type(e).__name__}"
             if self._stopping.is_set():
                 return
-            logger.warning("the router's host on node %s is gone (%s); starting the router elsewhere", self.node_id,
-                           why)
+            logger.warning(
+                "the router's host on node %s is gone (%s); starting the router elsewhere", self.node_id, why
+            )
             if not self._relocate():
                 return
 
@@ -141,11 +145,15 @@ class RelocatingRouter:
                 actor, url, node = self._launch(target)
                 break
             except Exception as e:  # noqa: BLE001 - that node may be dying too: try again within the budget
-                logger.warning("router restart on node %s failed (attempt %d/%d): %s", target, attempt,
-                               _RELOCATE_ATTEMPTS, str(e)[:500])
+                logger.warning(
+                    "router restart on node %s failed (attempt %d/%d): %s",
+                    target,
+                    attempt,
+                    _RELOCATE_ATTEMPTS,
+                    str(e)[:500],
+                )
         else:
-            logger.error("the router could not be started on another node; requests fail after "
-                         "--request-retry-window")
+            logger.error("the router could not be started on another node; requests fail after --request-retry-window")
             return False
         with self._lock:
             self._actor, self.url, self.node_id = actor, url, node
@@ -155,8 +163,9 @@ class RelocatingRouter:
                     ray.get(actor.add_worker.remote(w, 60.0), timeout=120)
                 except Exception as e:  # noqa: BLE001 - a worker dying meanwhile: its fleet watcher removes it
                     logger.warning("router moved: worker %s not registered again: %s", w, str(e)[:300])
-        logger.warning("router moved from node %s to node %s: serving at %s with %d worker(s)", old, node, url,
-                       len(self.workers))
+        logger.warning(
+            "router moved from node %s to node %s: serving at %s with %d worker(s)", old, node, url, len(self.workers)
+        )
         self.on_move(old, node, url)
         return True
 

@@ -80,5 +80,8 @@ def router_passthrough(args: Any, taken: set[str] = frozenset()) -> list[str]:
 
 def not_passed(args: Any) -> list[str]:
     """The `NOT_PASSED` options the user set, as flags (for the start-up notice)."""
-    return [a.option_strings[0] for a in router_option_actions()
-            if a.dest in NOT_PASSED and hasattr(args, a.dest) and getattr(args, a.dest) not in (None, a.default, [])]
+    return [
+        a.option_strings[0]
+        for a in router_option_actions()
+        if a.dest in NOT_PASSED and hasattr(args, a.dest) and getattr(args, a.dest) not in (None, a.default, [])
+    ]

@@ -17,21 +17,23 @@ from typing import Any
 from slime.utils.encoded_ids import EncodedIds
 
 # endpoint function -> (HTTP method, path) on the SGLang server
-ENDPOINTS: Mapping[str, tuple[str, str]] = MappingProxyType({
-    "generate": ("POST", "/generate"),
-    "abort_request": ("POST", "/abort_request"),
-    "flush_cache": ("POST", "/flush_cache"),
-    "pause_generation": ("POST", "/pause_generation"),
-    "continue_generation": ("POST", "/continue_generation"),
-    "release_memory_occupation": ("POST", "/release_memory_occupation"),
-    "resume_memory_occupation": ("POST", "/resume_memory_occupation"),
-    "update_weights_from_disk": ("POST", "/update_weights_from_disk"),
-    "update_weights_from_tensor": ("POST", "/update_weights_from_tensor"),
-    "init_weights_update_group": ("POST", "/init_weights_update_group"),
-    "update_weights_from_distributed": ("POST", "/update_weights_from_distributed"),
-    "destroy_weights_update_group": ("POST", "/destroy_weights_update_group"),
-    "check_weights": ("POST", "/weights_checker"),
-})
+ENDPOINTS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "generate": ("POST", "/generate"),
+        "abort_request": ("POST", "/abort_request"),
+        "flush_cache": ("POST", "/flush_cache"),
+        "pause_generation": ("POST", "/pause_generation"),
+        "continue_generation": ("POST", "/continue_generation"),
+        "release_memory_occupation": ("POST", "/release_memory_occupation"),
+        "resume_memory_occupation": ("POST", "/resume_memory_occupation"),
+        "update_weights_from_disk": ("POST", "/update_weights_from_disk"),
+        "update_weights_from_tensor": ("POST", "/update_weights_from_tensor"),
+        "init_weights_update_group": ("POST", "/init_weights_update_group"),
+        "update_weights_from_distributed": ("POST", "/update_weights_from_distributed"),
+        "destroy_weights_update_group": ("POST", "/destroy_weights_update_group"),
+        "check_weights": ("POST", "/weights_checker"),
+    }
+)
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants GPU_MEMORY_TYPE_*
@@ -43,16 +45,26 @@ def _with_optional(body: dict[str, Any], **optional: Any) -> dict[str, Any]:
     return body
 
 
-def generate(input_ids: Iterable[int], sampling_params: Mapping[str, Any], *, rid: str,
-             return_logprob: bool = True, top_logprobs_num: int = 0,
-             image_data: Iterable[str] | None = None) -> dict[str, Any]:
+def generate(
+    input_ids: Iterable[int],
+    sampling_params: Mapping[str, Any],
+    *,
+    rid: str,
+    return_logprob: bool = True,
+    top_logprobs_num: int = 0,
+    image_data: Iterable[str] | None = None,
+) -> dict[str, Any]:
     """Token-in/token-out `/generate`: ids in, sampled ids with log-probs out (never text);
     `top_logprobs_num` > 0 also asks for the k most likely tokens at each position; `image_data`: a
     vision-language model's images for the `<|image_pad|>` placeholders of `input_ids`, in order, each a
     data URI, base64 text or a path the engine can read (SGLang's `MultimodalDataInputFormat`)."""
     ids = input_ids if isinstance(input_ids, EncodedIds) else [int(t) for t in input_ids]  # (already ints)
-    body = {"input_ids": ids, "sampling_params": dict(sampling_params),
-            "return_logprob": bool(return_logprob), "rid": rid}
+    body = {
+        "input_ids": ids,
+        "sampling_params": dict(sampling_params),
+        "return_logprob": bool(return_logprob),
+        "rid": rid,
+    }
     if top_logprobs_num:
         body["top_logprobs_num"] = int(top_logprobs_num)
     if image_data:
@@ -103,22 +115,38 @@ def resume_memory_occupation(tags: Iterable[str] | None = None) -> dict[str, Any
     return _tags("resume_memory_occupation", tags)
 
 
-def update_weights_from_disk(model_path: str, *, weight_version: str | None = None,
-                             load_format: str | None = None) -> dict[str, Any]:
+def update_weights_from_disk(
+    model_path: str, *, weight_version: str | None = None, load_format: str | None = None
+) -> dict[str, Any]:
     return _with_optional({"model_path": str(model_path)}, weight_version=weight_version, load_format=load_format)
 
 
-def update_weights_from_tensor(serialized_named_tensors: Iterable[str], *, load_format: str | None = None,
-                               flush_cache: bool = False, weight_version: str | None = None) -> dict[str, Any]:
+def update_weights_from_tensor(
+    serialized_named_tensors: Iterable[str],
+    *,
+    load_format: str | None = None,
+    flush_cache: bool = False,
+    weight_version: str | None = None,
+) -> dict[str, Any]:
     """One serialized bucket per tensor-parallel rank (base64 strings: JSON has no bytes)."""
-    return _with_optional({"serialized_named_tensors": list(serialized_named_tensors), "flush_cache": bool(flush_cache)},
-                          load_format=load_format, weight_version=weight_version)
+    return _with_optional(
+        {"serialized_named_tensors": list(serialized_named_tensors), "flush_cache": bool(flush_cache)},
+        load_format=load_format,
+        weight_version=weight_version,
+    )
 
 
-def init_weights_update_group(master_address: str, master_port: int, rank_offset: int, world_size: int,
-                              group_name: str, backend: str = "nccl") -> dict[str, Any]:
-    return {"master_address": str(master_address), "master_port": int(master_port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "group_name": str(group_name), "backend": str(backend)}
+def init_weights_update_group(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str = "nccl"
+) -> dict[str, Any]:
+    return {
+        "master_address": str(master_address),
+        "master_port": int(master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "group_name": str(group_name),
+        "backend": str(backend),
+    }
 
 
 def dtype_name(dtype: Any) -> str:
@@ -126,17 +154,34 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def update_weights_from_distributed(names: Iterable[str], dtypes: Iterable[Any], shapes: Iterable[Iterable[int]],
-                                    group_name: str, *, flush_cache: bool = False,
-                                    weight_version: str | None = None,
-                                    load_format: str | None = None) -> dict[str, Any]:
+def update_weights_from_distributed(
+    names: Iterable[str],
+    dtypes: Iterable[Any],
+    shapes: Iterable[Iterable[int]],
+    group_name: str,
+    *,
+    flush_cache: bool = False,
+    weight_version: str | None = None,
+    load_format: str | None = None,
+) -> dict[str, Any]:
     """Metadata of one broadcast bucket; the tensors follow over the weight-update group."""
     names, dtypes, shapes = list(names), [dtype_name(d) for d in dtypes], [[int(n) for n in s] for s in shapes]
     if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(f"update_weights_from_distributed: {len(names)} names, {len(dtypes)} dtypes, "
-                         f"{len(shapes)} shapes (must be equal)")
-    return _with_optional({"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": str(group_name),
-                           "flush_cache": bool(flush_cache)}, weight_version=weight_version, load_format=load_format)
+        raise ValueError(
+            f"update_weights_from_distributed: {len(names)} names, {len(dtypes)} dtypes, "
+            f"{len(shapes)} shapes (must be equal)"
+        )
+    return _with_optional(
+        {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": str(group_name),
+            "flush_cache": bool(flush_cache),
+        },
+        weight_version=weight_version,
+        load_format=load_format,
+    )
 
 
 def destroy_weights_update_group(group_name: str) -> dict[str, Any]:

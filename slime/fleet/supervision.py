@@ -34,8 +34,7 @@ class EngineSupervisor:
     def __init__(self, fleet: Any):
         self.fleet = fleet
         self.max_restarts = int(fleet.args.engine_max_restarts)
-        self.room = RoomWait(fleet.counters, fleet.stopping, fleet.lost_nodes, resume=self._resume,
-                             died=self.on_death)
+        self.room = RoomWait(fleet.counters, fleet.stopping, fleet.lost_nodes, resume=self._resume, died=self.on_death)
         self.watchers: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -84,11 +83,22 @@ class EngineSupervisor:
         restarting = slot.restarts < self.max_restarts and len(slot.actors) == 1
         where = f"; its node {slot.node_id} was lost" if lost else ""
         if served:
-            logger.warning("engine %d at %s died (exit code %s)%s; %s", slot.rank, slot.url, code, where,
-                           "restarting it" if restarting else "not restarting it")
+            logger.warning(
+                "engine %d at %s died (exit code %s)%s; %s",
+                slot.rank,
+                slot.url,
+                code,
+                where,
+                "restarting it" if restarting else "not restarting it",
+            )
         else:
-            logger.warning("engine %d: its replacement failed before it served (%s)%s; %s", slot.rank, code, where,
-                           "placing it again" if restarting else "not placing it again")
+            logger.warning(
+                "engine %d: its replacement failed before it served (%s)%s; %s",
+                slot.rank,
+                code,
+                where,
+                "placing it again" if restarting else "not placing it again",
+            )
         self._restart(slot)
 
     def _node_lost(self, slot: EngineSlot, actor: Any) -> bool | None:
@@ -102,13 +112,19 @@ class EngineSupervisor:
             return True
         if node is None:
             return None
-        if actor is None:  # its process exited (its actor lives), or a replacement failed: no death of Ray's to ask about
+        if (
+            actor is None
+        ):  # its process exited (its actor lives), or a replacement failed: no death of Ray's to ask about
             lost = not node_alive(node) or None
         else:
             lost = node_lost(node, actor, fleet.stopping)
         if lost is None and actor is not None:
-            logger.warning("engine %d: Ray did not decide within %.0fs whether its node %s is alive; restarting it "
-                           "on its bundle", slot.rank, NODE_DECISION_S, node)
+            logger.warning(
+                "engine %d: Ray did not decide within %.0fs whether its node %s is alive; restarting it on its bundle",
+                slot.rank,
+                NODE_DECISION_S,
+                node,
+            )
         if not lost:
             return lost
         fleet.lost_nodes.note(node, slot)
@@ -144,14 +160,19 @@ class EngineSupervisor:
                 return
             except Exception as e:  # noqa: BLE001 - try again while the budget lasts
                 slot.last_exit = f"restart failed: {type(e).__name__}"
-                logger.warning("engine %d: restart %d/%d failed: %s", slot.rank, slot.restarts,
-                               self.max_restarts, str(e)[:2000])
+                logger.warning(
+                    "engine %d: restart %d/%d failed: %s", slot.rank, slot.restarts, self.max_restarts, str(e)[:2000]
+                )
 
     def _fail(self, slot: EngineSlot, why: str) -> None:
         slot.state = "failed"
         self.fleet.counters["engine_failed"] += 1
-        logger.error("engine %d is gone for the rest of the run: %s; %d engine(s) left", slot.rank, why,
-                     serving(self.fleet.slots))
+        logger.error(
+            "engine %d is gone for the rest of the run: %s; %d engine(s) left",
+            slot.rank,
+            why,
+            serving(self.fleet.slots),
+        )
 
     def _replace(self, slot: EngineSlot) -> None:
         """Kill the dead engine's actor and start a new one on the same bundle."""
@@ -205,13 +226,26 @@ class EngineSupervisor:
                 with fleet.lock:
                     self._hold(slot, actor, stale)
                 return
-        logger.warning("engine %d replaced: serving at %s on node %s (restart %d/%d); %d of %d engines serve",
-                       slot.rank, url, slot.node_id, slot.restarts, self.max_restarts, serving(fleet.slots),
-                       len(fleet.slots))
+        logger.warning(
+            "engine %d replaced: serving at %s on node %s (restart %d/%d); %d of %d engines serve",
+            slot.rank,
+            url,
+            slot.node_id,
+            slot.restarts,
+            self.max_restarts,
+            serving(fleet.slots),
+            len(fleet.slots),
+        )
 
     def _hold(self, slot: EngineSlot, actor: Any, stale: tuple[str | None, str]) -> None:
         """Out of the router until the trainer's next push reaches it (caller holds the lock)."""
         self.fleet.weight_gate.hold(slot, actor)
-        logger.warning("engine %d replaced at %s with weight version %s; the others serve %s: it takes requests "
-                       "after the trainer's next push (restart %d/%d)", slot.rank, slot.url, *stale, slot.restarts,
-                       self.max_restarts)
+        logger.warning(
+            "engine %d replaced at %s with weight version %s; the others serve %s: it takes requests "
+            "after the trainer's next push (restart %d/%d)",
+            slot.rank,
+            slot.url,
+            *stale,
+            slot.restarts,
+            self.max_restarts,
+        )

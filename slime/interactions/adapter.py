@@ -40,6 +40,7 @@ def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
     """The metrics as JSON builtins (they are stored on the sample, which must load with
     `torch.load(weights_only=True)`): numpy scalars and arrays become numbers and lists, anything
     else its `str`."""
+
     def builtin(value: Any) -> Any:
         return value.tolist() if hasattr(value, "tolist") else str(value)
 
@@ -85,17 +86,20 @@ class InteractionAdapter:
             return await asyncio.wait_for(value, self.timeout)
         except asyncio.TimeoutError:
             self.timeouts += 1
-            raise InteractionError(f"{self._who(method)} did not return within {self.timeout:g} s "
-                                   f"(--interaction-timeout)") from None
+            raise InteractionError(
+                f"{self._who(method)} did not return within {self.timeout:g} s (--interaction-timeout)"
+            ) from None
 
     async def start(self, instance_id: str, interaction_kwargs: dict[str, Any]) -> None:
         """verl passes the row's interaction_kwargs (its `name` too) and keeps its own request id."""
         await self._bounded(self.inner.start_interaction(instance_id, **interaction_kwargs), "start_interaction")
 
-    async def respond(self, instance_id: str, messages: list[dict[str, Any]],
-                      interaction_kwargs: dict[str, Any]) -> UserReply:
-        got = await self._bounded(self.inner.generate_response(instance_id, messages, **interaction_kwargs),
-                                  "generate_response")
+    async def respond(
+        self, instance_id: str, messages: list[dict[str, Any]], interaction_kwargs: dict[str, Any]
+    ) -> UserReply:
+        got = await self._bounded(
+            self.inner.generate_response(instance_id, messages, **interaction_kwargs), "generate_response"
+        )
         return self._reply(got)
 
     async def finalize(self, instance_id: str) -> None:
@@ -105,15 +109,18 @@ class InteractionAdapter:
     def _reply(self, got: Any) -> UserReply:
         who = self._who("generate_response")
         if not isinstance(got, (tuple, list)) or len(got) != 4:
-            raise InteractionError(f"{who} returned {type(got).__name__} {got!r:.80}; expected "
-                                   f"(should_terminate_sequence, response_content, score, metrics)")
+            raise InteractionError(
+                f"{who} returned {type(got).__name__} {got!r:.80}; expected "
+                f"(should_terminate_sequence, response_content, score, metrics)"
+            )
         terminate, content, score, metrics = got
         if not _is_bool(terminate):
             raise InteractionError(f"{who}: should_terminate_sequence must be a bool, got {type(terminate).__name__}")
         if not isinstance(content, str):
             raise InteractionError(f"{who}: response_content must be a str, got {type(content).__name__}")
-        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
-                                  or not math.isfinite(score)):
+        if score is not None and (
+            isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score)
+        ):
             raise InteractionError(f"{who}: the score must be a finite number or None, got {score!r:.40}")
         if metrics is not None and not isinstance(metrics, dict):
             raise InteractionError(f"{who}: metrics must be a dict or None, got {type(metrics).__name__}")

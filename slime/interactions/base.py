@@ -23,8 +23,9 @@ class BaseInteraction:
         """Begin one trajectory's conversation; `kwargs` are the row's `interaction_kwargs`."""
         return instance_id if instance_id is not None else str(uuid4())
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
-                                ) -> tuple[bool, str, float, dict[str, Any]]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
         """(should_terminate_sequence, the user's reply, this turn's score, metrics)."""
         return False, "Your current result seems acceptable.", 0.8, {}
 

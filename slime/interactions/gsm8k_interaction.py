@@ -35,14 +35,16 @@ class Gsm8kInteraction(BaseInteraction):
         super().__init__(config)
         self._instance_dict: dict[str, dict[str, Any]] = {}
 
-    async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None,
-                                **kwargs: Any) -> str:
+    async def start_interaction(
+        self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs: Any
+    ) -> str:
         instance_id = instance_id if instance_id is not None else str(uuid4())
         self._instance_dict[instance_id] = {"response": "", "ground_truth": ground_truth, "reward": 0.0}
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
-                                ) -> tuple[bool, str, float, dict[str, Any]]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
         last = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
         state = self._instance_dict[instance_id]
         state["response"] = last

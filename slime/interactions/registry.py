@@ -25,8 +25,7 @@ logger = logging.getLogger(__name__)
 VERL_EQUIVALENTS: dict[str, str] = {
     "verl.interactions.base.BaseInteraction": "slime.interactions.base.BaseInteraction",
     # verl's grading and behaviour; slime.interactions.gsm8k_interaction.Gsm8kInteraction is ours
-    "verl.interactions.gsm8k_interaction.Gsm8kInteraction":
-        "slime.interactions.verl_gsm8k_interaction.Gsm8kInteraction",
+    "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "slime.interactions.verl_gsm8k_interaction.Gsm8kInteraction",
 }
 ENTRY_FIELDS = ("name", "class_name", "config")
 
@@ -58,18 +57,18 @@ def check_sample_kwargs(interaction_kwargs: Any, names: list[str], source: str) 
         raise ValueError(f"interaction_kwargs must be a mapping with a 'name', got {type(interaction_kwargs).__name__}")
     name = interaction_kwargs.get("name")
     if not isinstance(name, str):
-        raise ValueError(f"interaction_kwargs has no 'name' string (verl requires one; {source} configures "
-                         f"{names})")
+        raise ValueError(f"interaction_kwargs has no 'name' string (verl requires one; {source} configures {names})")
     if name not in names:
-        raise ValueError(f"interaction_kwargs names interaction {name!r}, which {source} does not configure "
-                         f"(it has {names})")
+        raise ValueError(
+            f"interaction_kwargs names interaction {name!r}, which {source} does not configure (it has {names})"
+        )
     return name
 
 
 def default_name(class_name: str) -> str:
     """verl's name for an entry without one: the class name, lower-cased, without 'Interaction'."""
     simple = class_name.rsplit(".", 1)[-1]
-    return (simple[:-len("Interaction")] if simple.endswith("Interaction") else simple).lower()
+    return (simple[: -len("Interaction")] if simple.endswith("Interaction") else simple).lower()
 
 
 def _entries(path: str) -> list[Any]:
@@ -78,8 +77,10 @@ def _entries(path: str) -> list[Any]:
     except ToolConfigError as e:
         raise InteractionConfigError(str(e)) from None
     if isinstance(data, dict) and "interaction" not in data and "tools" in data:
-        raise InteractionConfigError(f"{path}: tools: this is a verl tool config; give it to --tool-config-path "
-                                     f"(--interaction-config-path takes a top-level 'interaction:' list)")
+        raise InteractionConfigError(
+            f"{path}: tools: this is a verl tool config; give it to --tool-config-path "
+            f"(--interaction-config-path takes a top-level 'interaction:' list)"
+        )
     if not isinstance(data, dict) or not isinstance(data.get("interaction"), list):
         raise InteractionConfigError(f"{path}: expected a top-level 'interaction:' list")
     if not data["interaction"]:
@@ -102,8 +103,9 @@ def _name_of(entry: Any, where: str) -> str:
         raise InteractionConfigError(f"{where}.class_name: required, a dotted path like 'pkg.module.Class'")
     name = entry.get("name")
     if name is None and not default_name(class_name):
-        raise InteractionConfigError(f"{where}.name: required (verl's name from the class name {class_name!r} "
-                                     f"would be empty)")
+        raise InteractionConfigError(
+            f"{where}.name: required (verl's name from the class name {class_name!r} would be empty)"
+        )
     if name is None:
         return default_name(class_name)
     if not isinstance(name, str) or not name:
@@ -119,8 +121,10 @@ def interaction_names(path: str | Path) -> list[str]:
     for i, entry in enumerate(_entries(path)):
         name = _name_of(entry, f"{path}: interaction[{i}]")
         if name in names:
-            raise InteractionConfigError(f"{path}: interaction[{i}].name: duplicate interaction name {name!r} "
-                                         f"(already used by interaction[{names[name]}])")
+            raise InteractionConfigError(
+                f"{path}: interaction[{i}].name: duplicate interaction name {name!r} "
+                f"(already used by interaction[{names[name]}])"
+            )
         names[name] = i
     return list(names)
 
@@ -135,8 +139,10 @@ def build_interaction(entry: dict[str, Any], name: str, where: str) -> Interacti
     if note:
         logger.info("%s: %s", where, note)
     if not is_interaction_class(cls):
-        raise InteractionConfigError(f"{where}.class_name: {class_name!r} is not an interaction class (one with "
-                                     f"{', '.join(INTERACTION_METHODS)}, as verl's BaseInteraction)")
+        raise InteractionConfigError(
+            f"{where}.class_name: {class_name!r} is not an interaction class (one with "
+            f"{', '.join(INTERACTION_METHODS)}, as verl's BaseInteraction)"
+        )
     config = entry.get("config") if entry.get("config") is not None else {}
     if not isinstance(config, dict):
         raise InteractionConfigError(f"{where}.config: expected a mapping, got {type(config).__name__}")
@@ -151,6 +157,8 @@ def load_interaction_config(path: str | Path) -> InteractionSet:
     """Parse and build every interaction of a YAML file (new objects each call)."""
     path = str(path)
     names = interaction_names(path)
-    built = [build_interaction(entry, name, f"{path}: interaction[{i}]")
-             for i, (entry, name) in enumerate(zip(_entries(path), names))]
+    built = [
+        build_interaction(entry, name, f"{path}: interaction[{i}]")
+        for i, (entry, name) in enumerate(zip(_entries(path), names))
+    ]
     return InteractionSet(built, source=path)

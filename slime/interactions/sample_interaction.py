@@ -21,8 +21,9 @@ class SampleInteraction:
         self.instance_id: str | None = None  # set once start was called
 
     @classmethod
-    def choose(cls, interactions: InteractionSet, kwargs: Any, sample_index: Any,
-               has_messages: bool) -> "SampleInteraction":
+    def choose(
+        cls, interactions: InteractionSet, kwargs: Any, sample_index: Any, has_messages: bool
+    ) -> "SampleInteraction":
         """Every sample needs one when --interaction-config-path is set (as in verl), and a
         message-list prompt: an interaction reads the conversation."""
         try:
@@ -30,8 +31,10 @@ class SampleInteraction:
         except ValueError as e:
             raise ValueError(f"--interaction-config-path: sample {sample_index}: {e}") from None
         if not has_messages:
-            raise ValueError(f"--interaction-config-path: sample {sample_index}: the prompt is a rendered "
-                             "string; an interaction reads the conversation, so give message-list prompts")
+            raise ValueError(
+                f"--interaction-config-path: sample {sample_index}: the prompt is a rendered "
+                "string; an interaction reads the conversation, so give message-list prompts"
+            )
         return cls(adapter, kwargs, sample_index)
 
     @property

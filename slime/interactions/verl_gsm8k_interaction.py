@@ -23,14 +23,16 @@ class Gsm8kInteraction(BaseInteraction):
         super().__init__(config)
         self._instance_dict: dict[str, dict[str, Any]] = {}
 
-    async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None,
-                                **kwargs: Any) -> str:
+    async def start_interaction(
+        self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs: Any
+    ) -> str:
         instance_id = instance_id if instance_id is not None else str(uuid4())
         self._instance_dict[instance_id] = {"response": "", "ground_truth": ground_truth, "reward": 0.0}
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
-                                ) -> tuple[bool, str, float, dict[str, Any]]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
         content = next((m.get("content") for m in reversed(messages) if m.get("role") == "assistant"), "")
         self._instance_dict[instance_id]["response"] = content
         reward = await self.calculate_score(instance_id)
@@ -40,8 +42,9 @@ class Gsm8kInteraction(BaseInteraction):
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
         state = self._instance_dict[instance_id]
-        return gsm8k.compute_score(state["response"], state["ground_truth"], method="strict", format_score=0.0,
-                                   score=1.0)
+        return gsm8k.compute_score(
+            state["response"], state["ground_truth"], method="strict", format_score=0.0, score=1.0
+        )
 
     async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None:
         del self._instance_dict[instance_id]

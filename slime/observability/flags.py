@@ -16,29 +16,40 @@ from slime.utils.flag_config import FlagConfig, flag
 class ObservabilityConfig(FlagConfig):
     GROUP = "observability"
 
-    use_wandb: bool = flag(False, action="store_true",
-                           help="Log rollout/eval/perf metrics and eval sample tables to Weights & Biases.")
+    use_wandb: bool = flag(
+        False, action="store_true", help="Log rollout/eval/perf metrics and eval sample tables to Weights & Biases."
+    )
     wandb_project: str = flag("slime", type=str)
     wandb_group: str | None = flag(None, type=str)
     wandb_run_name: str | None = flag(None, type=str)
-    wandb_mode: str = flag("offline", type=str, choices=["offline", "online", "disabled"],
-                           help="offline (default) needs no account or network; sync later with `wandb sync`.")
-    wandb_dir: str | None = flag(None, type=str,
-                                 help="Where wandb writes its run directories (default: $WANDB_DIR, else "
-                                      "./outputs/wandb).")
+    wandb_mode: str = flag(
+        "offline",
+        type=str,
+        choices=["offline", "online", "disabled"],
+        help="offline (default) needs no account or network; sync later with `wandb sync`.",
+    )
+    wandb_dir: str | None = flag(
+        None, type=str, help="Where wandb writes its run directories (default: $WANDB_DIR, else ./outputs/wandb)."
+    )
     wandb_always_use_train_step: bool = flag(
-        False, action="store_true",
+        False,
+        action="store_true",
         help="Plot every namespace against the train step "
-             "(rollout_id * rollout_batch_size * n_samples_per_prompt // global_batch_size).")
-    log_passrate: bool = flag(False, action="store_true",
-                              help="Also log eval/<name>-pass@k for k = 1, 2, 4, ... up to "
-                                   "--n-samples-per-eval-prompt.")
-    rollout_data_dir: str | None = flag(None, type=str,
-                                        help="Dump every rollout to {DIR}/{rollout_id}.jsonl "
-                                             "(eval: {DIR}/eval/{dataset}/{rollout_id}.jsonl).")
-    metrics_dir: str | None = flag(None, type=str,
-                                   help="Directory of metrics.jsonl (default: --rollout-data-dir, else the wandb run "
-                                        "directory).")
+        "(rollout_id * rollout_batch_size * n_samples_per_prompt // global_batch_size).",
+    )
+    log_passrate: bool = flag(
+        False,
+        action="store_true",
+        help="Also log eval/<name>-pass@k for k = 1, 2, 4, ... up to --n-samples-per-eval-prompt.",
+    )
+    rollout_data_dir: str | None = flag(
+        None,
+        type=str,
+        help="Dump every rollout to {DIR}/{rollout_id}.jsonl (eval: {DIR}/eval/{dataset}/{rollout_id}.jsonl).",
+    )
+    metrics_dir: str | None = flag(
+        None, type=str, help="Directory of metrics.jsonl (default: --rollout-data-dir, else the wandb run directory)."
+    )
 
 
 def add_observability_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

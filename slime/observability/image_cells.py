@@ -28,8 +28,10 @@ def thumbnail_rows(image: Any, width: int = 24) -> list[Text]:
         row = Text()
         for x in range(width):
             top, bottom = px[x, y], px[x, y + 1]
-            row.append(HALF_BLOCK, Style(color=f"rgb({top[0]},{top[1]},{top[2]})",
-                                         bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"))
+            row.append(
+                HALF_BLOCK,
+                Style(color=f"rgb({top[0]},{top[1]},{top[2]})", bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"),
+            )
         rows.append(row)
     return rows
 

@@ -58,8 +58,9 @@ def scalar(value: Any) -> float:
         return float("nan")
 
 
-def stats(prefix: str, values: list[float], which: tuple[str, ...] = ("mean", "std", "min", "max", "median")
-          ) -> dict[str, float]:
+def stats(
+    prefix: str, values: list[float], which: tuple[str, ...] = ("mean", "std", "min", "max", "median")
+) -> dict[str, float]:
     """`{prefix}_mean`, `{prefix}_std`, ... over the finite values; empty input gives no keys."""
     vals = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
     if not vals:
@@ -178,8 +179,9 @@ def _reward_detail_metrics(flat: list[Sample]) -> dict[str, float]:
     return {f"rollout/reward/{k}": sum(v) / len(v) for k, v in comps.items() if v}
 
 
-def compute_perf_metrics(args: Any, flat: list[Sample], perf: dict,
-                         records: list[TrajectoryRecord | None] | None = None) -> dict[str, float]:
+def compute_perf_metrics(
+    args: Any, flat: list[Sample], perf: dict, records: list[TrajectoryRecord | None] | None = None
+) -> dict[str, float]:
     """`perf/*`: what the loop measured, plus tokens/s and tool time (`records`: `trajectories(flat)`)."""
     m: dict[str, float] = {}
     for k, v in perf.items():
@@ -228,7 +230,7 @@ def _eval_groups(samples: list[Sample], rewards: list[float], group_size: int) -
         for s, r in zip(samples, rewards):
             by[s.group_index].append(r)
         return list(by.values())
-    return [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
+    return [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
 
 
 def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[str, float]:
@@ -257,8 +259,11 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
         if truncated:
             m[f"eval/{name}-truncated_ratio"] = sum(bool(t) for t in truncated) / len(truncated)
         if samples:
-            m.update(stats(f"eval/{name}-response_len", [s.response_length for s in samples],
-                           ("mean", "median", "max", "min")))
+            m.update(
+                stats(
+                    f"eval/{name}-response_len", [s.response_length for s in samples], ("mean", "median", "max", "min")
+                )
+            )
             turns = [r.turns if r else 0 for r in trajectories(samples)]
             if any(turns):
                 m[f"eval/{name}-turns_mean"] = sum(turns) / len(turns)
@@ -268,6 +273,7 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
             k = 1
             while k <= n:
                 m[f"eval/{name}-pass@{k}"] = sum(
-                    pass_at_k(len(g), sum(r >= threshold for r in g), k) for g in groups) / len(groups)
+                    pass_at_k(len(g), sum(r >= threshold for r in g), k) for g in groups
+                ) / len(groups)
                 k *= 2
     return m

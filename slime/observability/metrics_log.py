@@ -37,12 +37,21 @@ def _clean(v: Any) -> Any:
         return str(v)
 
 
-def append_metrics(path: str | Path, metrics: dict, *, kind: str, rollout_id: int | None,
-                   step_key: str | None, step: int | None) -> None:
+def append_metrics(
+    path: str | Path, metrics: dict, *, kind: str, rollout_id: int | None, step_key: str | None, step: int | None
+) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": time.time(), "kind": kind, "rollout_id": rollout_id, "step_key": step_key,
-                       "step": step, "metrics": {k: _clean(v) for k, v in metrics.items()}})
+    line = json.dumps(
+        {
+            "time": time.time(),
+            "kind": kind,
+            "rollout_id": rollout_id,
+            "step_key": step_key,
+            "step": step,
+            "metrics": {k: _clean(v) for k, v in metrics.items()},
+        }
+    )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, (line + "\n").encode())

@@ -19,8 +19,10 @@ def short(node_id: str | None) -> str:
 def describe_lost_node(entry: dict[str, Any]) -> str:
     """`node 1a2b3c4d: engine 0 -> node 5e6f7a8b, engine 1 -> waiting for room; router -> node 9c0d1e2f`."""
     moved = entry.get("moved_to") or {}
-    parts = [f"engine {rank} -> " + (f"node {short(moved.get(rank))}" if moved.get(rank) else "waiting for room")
-             for rank in sorted(entry.get("engines") or [])]
+    parts = [
+        f"engine {rank} -> " + (f"node {short(moved.get(rank))}" if moved.get(rank) else "waiting for room")
+        for rank in sorted(entry.get("engines") or [])
+    ]
     text = f"node {short(entry['node_id'])}: " + (", ".join(parts) if parts else "no engine")
     if entry.get("router_moved_to"):
         text += f"; router -> node {short(entry['router_moved_to'])}"
@@ -30,8 +32,10 @@ def describe_lost_node(entry: dict[str, Any]) -> str:
 def node_loss_metrics(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """`fleet/*` for a dashboard: counts, and the losses in words (`fleet/lost_nodes`)."""
     moved = [node for e in entries for node in (e.get("moved_to") or {}).values()]
-    return {"fleet/nodes_lost": len(entries),
-            "fleet/engines_moved": sum(node is not None for node in moved),
-            "fleet/engines_waiting_for_room": sum(node is None for node in moved),
-            "fleet/router_moves": sum(bool(e.get("router_moved_to")) for e in entries),
-            "fleet/lost_nodes": "; ".join(describe_lost_node(e) for e in entries)}
+    return {
+        "fleet/nodes_lost": len(entries),
+        "fleet/engines_moved": sum(node is not None for node in moved),
+        "fleet/engines_waiting_for_room": sum(node is None for node in moved),
+        "fleet/router_moves": sum(bool(e.get("router_moved_to")) for e in entries),
+        "fleet/lost_nodes": "; ".join(describe_lost_node(e) for e in entries),
+    }

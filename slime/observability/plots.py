@@ -62,7 +62,7 @@ def make_report(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
         written.append(p)
 
     ev = _series(records, "eval/step")
-    datasets = sorted(k[len("eval/"):] for k in ev if k.startswith("eval/") and not _DERIVED.search(k))
+    datasets = sorted(k[len("eval/") :] for k in ev if k.startswith("eval/") and not _DERIVED.search(k))
     for name in datasets:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
         _plot(a1, ev, f"eval/{name}", "mean reward")
@@ -99,8 +99,12 @@ def make_report(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
         a1.set_title("response length")
         a1.set_xlabel("rollout/step")
         a1.legend(fontsize=7)
-        for k in ("rollout/truncated_ratio", "rollout/aborted_ratio", "rollout/tool_calls_per_sample",
-                  "rollout/turns_mean"):
+        for k in (
+            "rollout/truncated_ratio",
+            "rollout/aborted_ratio",
+            "rollout/tool_calls_per_sample",
+            "rollout/turns_mean",
+        ):
             _plot(a2, ro, k, k.split("/", 1)[1])
         a2.set_title("truncation, turns, tool calls")
         a2.set_xlabel("rollout/step")

@@ -20,15 +20,25 @@ class RolloutProgress:
     Values are running totals (not increments); any left out keep their last value.
     """
 
-    def __init__(self, total: int, description: str = "rollout", *, log_interval: float = 10.0,
-                 force_terminal: bool | None = None, file: Any = None):
+    def __init__(
+        self,
+        total: int,
+        description: str = "rollout",
+        *,
+        log_interval: float = 10.0,
+        force_terminal: bool | None = None,
+        file: Any = None,
+    ):
         self.total = int(total)
         self.description = description
         self.log_interval = log_interval
         self.done = self.in_flight = self.tokens = self.retries = 0
         self._file = file
-        self._tty = force_terminal if force_terminal is not None else bool(
-            getattr(file or sys.stderr, "isatty", lambda: False)())
+        self._tty = (
+            force_terminal
+            if force_terminal is not None
+            else bool(getattr(file or sys.stderr, "isatty", lambda: False)())
+        )
         self._progress = None
         self._task = None
         self._start = time.monotonic()
@@ -43,13 +53,19 @@ class RolloutProgress:
 
             console = Console(file=self._file or sys.stderr, force_terminal=True)
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("in flight {task.fields[in_flight]}"), TextColumn("{task.fields[tps]:.0f} tok/s"),
-                TextColumn("retries {task.fields[retries]}"), TimeElapsedColumn(),
-                console=console, transient=False, refresh_per_second=4)
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("in flight {task.fields[in_flight]}"),
+                TextColumn("{task.fields[tps]:.0f} tok/s"),
+                TextColumn("retries {task.fields[retries]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+                refresh_per_second=4,
+            )
             self._progress.start()
-            self._task = self._progress.add_task(self.description, total=self.total, in_flight=0, tps=0.0,
-                                                 retries=0)
+            self._task = self._progress.add_task(self.description, total=self.total, in_flight=0, tps=0.0, retries=0)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -65,8 +81,14 @@ class RolloutProgress:
         elapsed = time.monotonic() - self._start
         return self.tokens / elapsed if elapsed > 0 else 0.0
 
-    def update(self, done: int | None = None, in_flight: int | None = None, tokens: int | None = None,
-               retries: int | None = None, total: int | None = None) -> None:
+    def update(
+        self,
+        done: int | None = None,
+        in_flight: int | None = None,
+        tokens: int | None = None,
+        retries: int | None = None,
+        total: int | None = None,
+    ) -> None:
         if total is not None:
             self.total = int(total)
         if done is not None:
@@ -83,12 +105,20 @@ class RolloutProgress:
             self._log()
 
     def line(self) -> str:
-        return (f"{self.description}: {self.done}/{self.total} samples, {self.in_flight} in flight, "
-                f"{self.tokens_per_s:.0f} tok/s, {self.retries} retries, {time.monotonic() - self._start:.1f}s")
+        return (
+            f"{self.description}: {self.done}/{self.total} samples, {self.in_flight} in flight, "
+            f"{self.tokens_per_s:.0f} tok/s, {self.retries} retries, {time.monotonic() - self._start:.1f}s"
+        )
 
     def _refresh(self) -> None:
-        self._progress.update(self._task, total=self.total, completed=self.done, in_flight=self.in_flight, tps=self.tokens_per_s,
-                              retries=self.retries)
+        self._progress.update(
+            self._task,
+            total=self.total,
+            completed=self.done,
+            in_flight=self.in_flight,
+            tps=self.tokens_per_s,
+            retries=self.retries,
+        )
 
     def _log(self, final: bool = False) -> None:
         self._last_log = time.monotonic()

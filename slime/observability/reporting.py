@@ -21,20 +21,23 @@ logger = logging.getLogger(__name__)
 TABLE_COLUMNS = ["prompt", "response", "label", "reward", "status", "turns"]
 
 
-def _emit(args: Any, wandb_run: WandbRun | None, kind: str, rollout_id: int, metrics: dict, step_key: str,
-          step: int) -> dict:
+def _emit(
+    args: Any, wandb_run: WandbRun | None, kind: str, rollout_id: int, metrics: dict, step_key: str, step: int
+) -> dict:
     payload = {**metrics, step_key: step}
     d = metrics_log.metrics_dir(args, wandb_run)
     if d is not None:
-        metrics_log.append_metrics(d / metrics_log.FILENAME, payload, kind=kind, rollout_id=rollout_id,
-                                   step_key=step_key, step=step)
+        metrics_log.append_metrics(
+            d / metrics_log.FILENAME, payload, kind=kind, rollout_id=rollout_id, step_key=step_key, step=step
+        )
     if wandb_run is not None:
         wandb_run.log(payload, step_key)
     return payload
 
 
-def log_rollout(args: Any, rollout_id: int, samples: list, perf: dict | None = None,
-                wandb_run: WandbRun | None = None) -> dict:
+def log_rollout(
+    args: Any, rollout_id: int, samples: list, perf: dict | None = None, wandb_run: WandbRun | None = None
+) -> dict:
     """Log `rollout/*` against rollout/step and `perf/*` against perf/step; returns all metrics."""
     metrics = M.compute_rollout_metrics(args, rollout_id, samples, perf or {})
     step = M.log_step(args, rollout_id)
@@ -43,9 +46,13 @@ def log_rollout(args: Any, rollout_id: int, samples: list, perf: dict | None = N
     out = {}
     out.update(_emit(args, wandb_run, "rollout", rollout_id, rollout, "rollout/step", step))
     out.update(_emit(args, wandb_run, "perf", rollout_id, perf_m, "perf/step", step))
-    logger.info("rollout %s: reward %.4f, response_len %.1f, truncated %.3f", rollout_id,
-                metrics.get("rollout/reward_mean", float("nan")), metrics.get("rollout/response_len_mean", 0.0),
-                metrics.get("rollout/truncated_ratio", 0.0))
+    logger.info(
+        "rollout %s: reward %.4f, response_len %.1f, truncated %.3f",
+        rollout_id,
+        metrics.get("rollout/reward_mean", float("nan")),
+        metrics.get("rollout/response_len_mean", 0.0),
+        metrics.get("rollout/truncated_ratio", 0.0),
+    )
     return out
 
 
@@ -58,8 +65,16 @@ def eval_table_rows(args: Any, samples: list, limit: int) -> list[list[Any]]:
     rows = []
     for s in M.flatten_samples(samples)[:limit]:
         rec = TrajectoryRecord.of(s)
-        rows.append([render_prompt(s.prompt), s.response, "" if s.label is None else str(s.label),
-                     M.reward_value(args, s), s.status.value, rec.turns if rec else 1])
+        rows.append(
+            [
+                render_prompt(s.prompt),
+                s.response,
+                "" if s.label is None else str(s.label),
+                M.reward_value(args, s),
+                s.status.value,
+                rec.turns if rec else 1,
+            ]
+        )
     return rows
 
 
@@ -70,8 +85,9 @@ def log_eval(args: Any, rollout_id: int, eval_data: dict, wandb_run: WandbRun | 
     payload = {**metrics, "eval/step": step}
     d = metrics_log.metrics_dir(args, wandb_run)
     if d is not None:
-        metrics_log.append_metrics(d / metrics_log.FILENAME, payload, kind="eval", rollout_id=rollout_id,
-                                   step_key="eval/step", step=step)
+        metrics_log.append_metrics(
+            d / metrics_log.FILENAME, payload, kind="eval", rollout_id=rollout_id, step_key="eval/step", step=step
+        )
     if wandb_run is not None:
         limit = int(getattr(args, "wandb_eval_table_rows", None) or 64)
         tables = {}

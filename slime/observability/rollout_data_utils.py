@@ -22,9 +22,13 @@ logger = logging.getLogger(__name__)
 
 # batch key -> torch dtype name of its per-sample tensors (None: keep the value's own)
 TENSOR_DTYPES: dict[str, str | None] = {
-    "tokens": "long", "loss_masks": "int", "rollout_log_probs": "float32",
-    "rollout_top_p_token_ids": "int32", "rollout_top_p_token_offsets": "int32",
-    "teacher_log_probs": "float32", "rollout_routed_experts": None,
+    "tokens": "long",
+    "loss_masks": "int",
+    "rollout_log_probs": "float32",
+    "rollout_top_p_token_ids": "int32",
+    "rollout_top_p_token_offsets": "int32",
+    "teacher_log_probs": "float32",
+    "rollout_routed_experts": None,
 }
 
 
@@ -65,7 +69,8 @@ def tensorize_rollout_data_for_training(rollout_data: dict[str, Any]) -> None:
     if "multimodal_train_inputs" in rollout_data:
         rollout_data["multimodal_train_inputs"] = [
             None if mm is None else {k: cpu_tensor(v) if hasattr(v, "shape") else v for k, v in mm.items()}
-            for mm in rollout_data["multimodal_train_inputs"]]
+            for mm in rollout_data["multimodal_train_inputs"]
+        ]
     if "rollout_mask_sums" in rollout_data:
         rollout_data["rollout_mask_sums"] = cpu_tensor(rollout_data["rollout_mask_sums"], torch.float32)
 
@@ -90,16 +95,20 @@ def validate_rollout_routed_experts_for_replay(routed_experts: list[Any], args: 
     for i, experts in enumerate(routed_experts):
         experts = torch.as_tensor(experts)
         if experts.ndim != 3 or tuple(experts.shape[1:]) != (num_layers, topk):
-            raise ValueError(f"Invalid rollout routed-experts shape for R3: sample={i}, got={tuple(experts.shape)}, "
-                             f"expected=(*, {num_layers}, {topk}).")
+            raise ValueError(
+                f"Invalid rollout routed-experts shape for R3: sample={i}, got={tuple(experts.shape)}, "
+                f"expected=(*, {num_layers}, {topk})."
+            )
         if experts.shape[0] == 0:
             raise ValueError(f"R3 sample {i} has no routed-experts rows.")
         if topk > 1:
             missing = [layer for layer in moe_layers if not torch.count_nonzero(experts[:, layer, :])]
             if missing:
-                raise ValueError(f"R3 routed-experts capture is all zero for MoE layers {missing} in sample {i}: "
-                                 "the pipeline stages did not merge their routing captures; refusing to replay "
-                                 "expert 0 everywhere.")
+                raise ValueError(
+                    f"R3 routed-experts capture is all zero for MoE layers {missing} in sample {i}: "
+                    "the pipeline stages did not merge their routing captures; refusing to replay "
+                    "expert 0 everywhere."
+                )
 
 
 def save_debug_rollout_data(path_template: str | None, data: Any, *, rollout_id: int, evaluation: bool) -> None:
@@ -117,8 +126,9 @@ def save_debug_rollout_data(path_template: str | None, data: Any, *, rollout_id:
     logger.info("saved debug rollout data to %s", path)
 
 
-def load_debug_rollout_data(path_template: str, *, rollout_id: int,
-                            subsample_ratio: float | None = None) -> list[Sample]:
+def load_debug_rollout_data(
+    path_template: str, *, rollout_id: int, subsample_ratio: float | None = None
+) -> list[Sample]:
     """The samples of a debug rollout file; with `subsample_ratio`, about that share of them, half
     from the start and half from the end (slime's rule)."""
     import torch
@@ -127,5 +137,5 @@ def load_debug_rollout_data(path_template: str, *, rollout_id: int,
     samples = [Sample.from_dict(d) for d in torch.load(path, weights_only=True)["samples"]]
     if subsample_ratio is not None:
         half = int(len(samples) * subsample_ratio) // 2
-        samples = samples[:half] + samples[len(samples) - half:]
+        samples = samples[:half] + samples[len(samples) - half :]
     return samples

@@ -63,14 +63,17 @@ class DumpRecord(BaseModel):
     tokens: list[int] = Field(default_factory=list, description="prompt + response token ids")
     prompt_length: int = 0
     response_length: int = 0
-    loss_mask_spans: list[MaskSpan] = Field(default_factory=list,
-                                            description="run-length loss mask over response tokens")
+    loss_mask_spans: list[MaskSpan] = Field(
+        default_factory=list, description="run-length loss mask over response tokens"
+    )
     trajectory: TrajectoryRecord | None = Field(None, description="the tool loop's record; None for single-turn")
     weight_versions: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict, description="the rest of sample.metadata, JSON-safe")
     tokenizer: str | None = Field(None, description="tokenizer path the ids belong to (--hf-checkpoint)")
-    images: list[str] = Field(default_factory=list, description="the sample's pictures (a VLM's), as PNG files "
-                                                                "relative to the dump's directory")
+    images: list[str] = Field(
+        default_factory=list,
+        description="the sample's pictures (a VLM's), as PNG files relative to the dump's directory",
+    )
 
 
 def json_safe(v: Any, depth: int = 0) -> Any:
@@ -106,13 +109,21 @@ def mask_spans(mask: list[int] | None) -> list[dict[str, int]]:
 
 def render_prompt(prompt: Any) -> str:
     if isinstance(prompt, list):
-        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
-                         for m in prompt)
+        return "\n".join(
+            f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in prompt
+        )
     return "" if prompt is None else str(prompt)
 
 
-def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool = False,
-                     dataset: str | None = None, images_dir: Path | None = None) -> dict[str, Any]:
+def sample_to_record(
+    args: Any,
+    step: int,
+    sample: Sample,
+    *,
+    evaluation: bool = False,
+    dataset: str | None = None,
+    images_dir: Path | None = None,
+) -> dict[str, Any]:
     """The dump line for one sample, as a plain dict validated against `DumpRecord` (`args` None: a sample
     read back from a `.pt` dump, whose run's flags are not known); with `images_dir` (beside the dump file)
     the sample's pictures are written there and named in `images`."""
@@ -123,16 +134,21 @@ def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool =
         meta = {k: v for k, v in meta.items() if k not in TrajectoryRecord.keys()}
     rec = {
         "schema_version": SCHEMA_VERSION,
-        "input": render_prompt(sample.prompt), "output": sample.response or "",
-        "score": score if score is None or math.isfinite(score) else None, "step": int(step),
+        "input": render_prompt(sample.prompt),
+        "output": sample.response or "",
+        "score": score if score is None or math.isfinite(score) else None,
+        "step": int(step),
         "evaluation": evaluation,
         "dataset": dataset or _str_or_none(meta.get("dataset") or meta.get("data_source")),
-        "group_index": sample.group_index, "index": sample.index,
-        "prompt": json_safe(sample.prompt), "label": json_safe(sample.label),
+        "group_index": sample.group_index,
+        "index": sample.index,
+        "prompt": json_safe(sample.prompt),
+        "label": json_safe(sample.label),
         "status": sample.status.value if isinstance(sample.status, Sample.Status) else str(sample.status),
         "reward": json_safe(sample.reward),
         "tokens": [int(t) for t in sample.tokens or []],
-        "prompt_length": sample.prompt_length, "response_length": sample.response_length,
+        "prompt_length": sample.prompt_length,
+        "response_length": sample.response_length,
         "loss_mask_spans": mask_spans(sample.loss_mask),
         "trajectory": trajectory,
         "weight_versions": [str(v) for v in sample.weight_versions or []],
@@ -146,8 +162,9 @@ def sample_to_record(args: Any, step: int, sample: Sample, *, evaluation: bool =
 def save_images(sample: Sample, images_dir: Path) -> list[str]:
     """The sample's pictures (`multimodal_inputs["images"]`: PIL or data URIs) as PNG files named by their
     content (a GRPO group's samples share one file), paths relative to the dump's directory."""
-    values = list((sample.multimodal_inputs or {}).get("images") or []) if isinstance(
-        sample.multimodal_inputs, dict) else []
+    values = (
+        list((sample.multimodal_inputs or {}).get("images") or []) if isinstance(sample.multimodal_inputs, dict) else []
+    )
     if not values:
         return []
     import hashlib
@@ -189,8 +206,9 @@ def dump_path(args: Any, rollout_id: int, evaluation: bool = False, dataset: str
     return Path(root) / f"{rollout_id}.jsonl"
 
 
-def dump_rollout(args: Any, rollout_id: int, samples: list, evaluation: bool = False,
-                 dataset: str | None = None) -> Path | None:
+def dump_rollout(
+    args: Any, rollout_id: int, samples: list, evaluation: bool = False, dataset: str | None = None
+) -> Path | None:
     """Write the dump for one rollout (or one eval dataset); a no-op without --rollout-data-dir."""
     path = dump_path(args, rollout_id, evaluation, dataset)
     if path is None:
@@ -199,8 +217,9 @@ def dump_rollout(args: Any, rollout_id: int, samples: list, evaluation: bool = F
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for s in flatten_samples(samples):
-            rec = sample_to_record(args, rollout_id, s, evaluation=evaluation, dataset=dataset,
-                                   images_dir=path.parent / IMAGES_DIR)
+            rec = sample_to_record(
+                args, rollout_id, s, evaluation=evaluation, dataset=dataset, images_dir=path.parent / IMAGES_DIR
+            )
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
@@ -223,4 +242,3 @@ def validate_line(line: str) -> DumpRecord:
 
 def json_schema() -> dict[str, Any]:
     return DumpRecord.model_json_schema()
-

@@ -36,8 +36,10 @@ def compute_perf_metrics_from_samples(args: Any, samples: list[Sample], rollout_
     waits = [s.non_generation_time for s in flat]
     if waits and max(waits) > 0:
         out.update(_with_slash("non_generation_time", waits))
-    for key, lengths in (("", [s.response_length for s in flat]),
-                         ("effective_", [s.effective_response_length for s in flat])):
+    for key, lengths in (
+        ("", [s.response_length for s in flat]),
+        ("effective_", [s.effective_response_length for s in flat]),
+    ):
         if not lengths or rollout_time <= 0:
             continue
         if args.rollout_num_gpus:
@@ -46,8 +48,9 @@ def compute_perf_metrics_from_samples(args: Any, samples: list[Sample], rollout_
     return out
 
 
-def log_rollout_data(rollout_id: int, args: Any, samples: list[Sample], rollout_extra_metrics: dict | None,
-                     rollout_time: float) -> dict:
+def log_rollout_data(
+    rollout_id: int, args: Any, samples: list[Sample], rollout_extra_metrics: dict | None, rollout_time: float
+) -> dict:
     """Log a rollout's metrics as this project does (the extra metrics beside them)."""
     from slime.observability.reporting import log_rollout
 

@@ -28,14 +28,22 @@ logger = logging.getLogger(__name__)
 
 TRACE_VERSION = 1
 TRACE_CHILDREN_KEY = "_trace_children"  # attrs key: child spans given with start/end offsets
-SGLANG_TRACE_META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "queue_time", "e2e_latency",
-                          "decode_throughput")
+SGLANG_TRACE_META_KEYS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "queue_time",
+    "e2e_latency",
+    "decode_throughput",
+)
 
 # the open spans of this context, innermost last: (trace_id, span_id), and the handles of each span
-_OPEN_SPANS: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("slime_trace_spans",
-                                                                                           default=())
+_OPEN_SPANS: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "slime_trace_spans", default=()
+)
 _OPEN_TARGETS: contextvars.ContextVar[tuple[tuple["TraceHandle", ...], ...]] = contextvars.ContextVar(
-    "slime_trace_targets", default=())
+    "slime_trace_targets", default=()
+)
 
 Target = Any  # Sample | TraceHandle | list of them
 
@@ -82,8 +90,14 @@ class TraceSpanContext:
     update_attrs = update
 
 
-def _carrier(carrier: dict[str, Any] | None, *, trace_id: str | None = None, sample_id: Any = None,
-             group_id: Any = None, attempt: int = 0) -> dict[str, Any]:
+def _carrier(
+    carrier: dict[str, Any] | None,
+    *,
+    trace_id: str | None = None,
+    sample_id: Any = None,
+    group_id: Any = None,
+    attempt: int = 0,
+) -> dict[str, Any]:
     carrier = {} if carrier is None else carrier
     carrier.setdefault("version", TRACE_VERSION)
     carrier.setdefault("trace_id", trace_id or uuid.uuid4().hex)
@@ -95,8 +109,14 @@ def _carrier(carrier: dict[str, Any] | None, *, trace_id: str | None = None, sam
 
 
 def _handle(carrier: dict[str, Any], parent_span_id: str | None = None) -> TraceHandle:
-    return TraceHandle(carrier["trace_id"], carrier, carrier.get("sample_id"), carrier.get("group_id"),
-                       int(carrier.get("attempt", 0)), parent_span_id)
+    return TraceHandle(
+        carrier["trace_id"],
+        carrier,
+        carrier.get("sample_id"),
+        carrier.get("group_id"),
+        int(carrier.get("attempt", 0)),
+        parent_span_id,
+    )
 
 
 def bind_trace(sample: Sample) -> TraceHandle:
@@ -105,24 +125,42 @@ def bind_trace(sample: Sample) -> TraceHandle:
     return _handle(sample.trace)
 
 
-def bind_trace_carrier(carrier: dict[str, Any] | None, *, trace_id: str | None = None, sample_id: Any = None,
-                       group_id: Any = None, attempt: int = 0, parent_span_id: str | None = None) -> TraceHandle:
+def bind_trace_carrier(
+    carrier: dict[str, Any] | None,
+    *,
+    trace_id: str | None = None,
+    sample_id: Any = None,
+    group_id: Any = None,
+    attempt: int = 0,
+    parent_span_id: str | None = None,
+) -> TraceHandle:
     """A handle on a carrier that is not a sample's (another process's, a group's)."""
-    return _handle(_carrier(carrier, trace_id=trace_id, sample_id=sample_id, group_id=group_id, attempt=attempt),
-                   parent_span_id)
+    return _handle(
+        _carrier(carrier, trace_id=trace_id, sample_id=sample_id, group_id=group_id, attempt=attempt), parent_span_id
+    )
 
 
 def export_trace(handle: TraceHandle) -> dict[str, Any]:
     """What another process needs to continue this trace under the current span (`import_trace`)."""
-    return {"version": TRACE_VERSION, "trace_id": handle.trace_id, "sample_id": handle.sample_id,
-            "group_id": handle.group_id, "attempt": handle.attempt,
-            "parent_span_id": handle.parent_span_id or _current_span(handle.trace_id)}
+    return {
+        "version": TRACE_VERSION,
+        "trace_id": handle.trace_id,
+        "sample_id": handle.sample_id,
+        "group_id": handle.group_id,
+        "attempt": handle.attempt,
+        "parent_span_id": handle.parent_span_id or _current_span(handle.trace_id),
+    }
 
 
 def import_trace(payload: dict[str, Any], carrier: dict[str, Any] | None = None) -> TraceHandle:
-    return bind_trace_carrier(carrier, trace_id=payload.get("trace_id"), sample_id=payload.get("sample_id"),
-                              group_id=payload.get("group_id"), attempt=int(payload.get("attempt", 0)),
-                              parent_span_id=payload.get("parent_span_id"))
+    return bind_trace_carrier(
+        carrier,
+        trace_id=payload.get("trace_id"),
+        sample_id=payload.get("sample_id"),
+        group_id=payload.get("group_id"),
+        attempt=int(payload.get("attempt", 0)),
+        parent_span_id=payload.get("parent_span_id"),
+    )
 
 
 def build_sglang_meta_trace_attrs(meta: dict[str, Any]) -> dict[str, Any]:
@@ -147,8 +185,9 @@ def trace_event(target: Target, name: str, *, attrs: dict[str, Any] | None = Non
 
 
 @contextmanager
-def trace_span(target: Target, name: str, *, attrs: dict[str, Any] | None = None,
-               record_error: bool = True) -> Iterator[Any]:
+def trace_span(
+    target: Target, name: str, *, attrs: dict[str, Any] | None = None, record_error: bool = True
+) -> Iterator[Any]:
     """A span around the block on each target's trace (nested under the open span of the same trace)."""
     try:
         handles = _handles(target)
@@ -162,8 +201,15 @@ def trace_span(target: Target, name: str, *, attrs: dict[str, Any] | None = None
     records = []
     for h in handles:
         span_id = uuid.uuid4().hex
-        _append(h, "span_start", name, start, attrs, span_id=span_id,
-                parent=h.parent_span_id or _current_span(h.trace_id, open_before))
+        _append(
+            h,
+            "span_start",
+            name,
+            start,
+            attrs,
+            span_id=span_id,
+            parent=h.parent_span_id or _current_span(h.trace_id, open_before),
+        )
         records.append((h, span_id))
     spans_token = _OPEN_SPANS.set(open_before + tuple((h.trace_id, s) for h, s in records))
     targets_token = _OPEN_TARGETS.set(_OPEN_TARGETS.get() + (tuple(handles),))
@@ -194,12 +240,18 @@ def trace_next_attempt(target: Target, *, attrs: dict[str, Any] | None = None) -
     return target if not handles else handles[0] if len(handles) == 1 else handles
 
 
-def trace_function(name: str, *, target: str | None = None, target_getter: Callable[..., Any] | None = None,
-                   attrs_getter: Callable[..., dict[str, Any] | None] | None = None,
-                   record_error: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def trace_function(
+    name: str,
+    *,
+    target: str | None = None,
+    target_getter: Callable[..., Any] | None = None,
+    attrs_getter: Callable[..., dict[str, Any] | None] | None = None,
+    record_error: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator: each call of the function is a span on the trace of its `target` argument (by
     name), of `target_getter(*args, **kwargs)`, of the first Sample-like argument, or else of the span
     the call happens in. No target: the call runs untraced."""
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         def span_for(args: tuple, kwargs: dict) -> tuple[Any, dict[str, Any] | None]:
             found = _call_target(fn, args, kwargs, target, target_getter)
@@ -213,6 +265,7 @@ def trace_function(name: str, *, target: str | None = None, target_getter: Calla
             return found, extra
 
         if inspect.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def async_traced(*args: Any, **kwargs: Any) -> Any:
                 found, extra = span_for(args, kwargs)
@@ -220,6 +273,7 @@ def trace_function(name: str, *, target: str | None = None, target_getter: Calla
                     return await fn(*args, **kwargs)
                 with trace_span(found, name, attrs=extra, record_error=record_error):
                     return await fn(*args, **kwargs)
+
             return async_traced
 
         @functools.wraps(fn)
@@ -229,16 +283,34 @@ def trace_function(name: str, *, target: str | None = None, target_getter: Calla
                 return fn(*args, **kwargs)
             with trace_span(found, name, attrs=extra, record_error=record_error):
                 return fn(*args, **kwargs)
+
         return traced
+
     return decorate
 
 
 # ---------------------------------------------------------------- internals
 
-def _append(h: TraceHandle, kind: str, name: str, ts: float, attrs: dict[str, Any] | None, *,
-            span_id: str | None = None, parent: str | None = None) -> dict[str, Any]:
-    event = {"type": kind, "name": name, "ts": ts, "trace_id": h.trace_id, "sample_id": h.sample_id,
-             "group_id": h.group_id, "attempt": int(h.carrier.get("attempt", h.attempt))}
+
+def _append(
+    h: TraceHandle,
+    kind: str,
+    name: str,
+    ts: float,
+    attrs: dict[str, Any] | None,
+    *,
+    span_id: str | None = None,
+    parent: str | None = None,
+) -> dict[str, Any]:
+    event = {
+        "type": kind,
+        "name": name,
+        "ts": ts,
+        "trace_id": h.trace_id,
+        "sample_id": h.sample_id,
+        "group_id": h.group_id,
+        "attempt": int(h.carrier.get("attempt", h.attempt)),
+    }
     if span_id is not None:
         event["span_id"] = span_id
     if parent is not None:
@@ -286,8 +358,9 @@ def _handles(target: Any) -> list[TraceHandle]:
     return [h for item in target or () for h in _handles(item)]
 
 
-def _call_target(fn: Callable[..., Any], args: tuple, kwargs: dict, name: str | None,
-                 getter: Callable[..., Any] | None) -> Any:
+def _call_target(
+    fn: Callable[..., Any], args: tuple, kwargs: dict, name: str | None, getter: Callable[..., Any] | None
+) -> Any:
     try:
         bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
     except TypeError:
@@ -295,8 +368,11 @@ def _call_target(fn: Callable[..., Any], args: tuple, kwargs: dict, name: str | 
     if name is not None:
         found = _as_target(bound.get(name))
         if found is None:
-            logger.warning("trace_function: %s has no traceable argument %r; this call is not traced",
-                           getattr(fn, "__qualname__", fn), name)
+            logger.warning(
+                "trace_function: %s has no traceable argument %r; this call is not traced",
+                getattr(fn, "__qualname__", fn),
+                name,
+            )
         return found
     if getter is not None:
         try:

@@ -56,9 +56,10 @@ class RolloutViewer(App):
         with Horizontal():
             yield OptionList(id="steps")
             with Vertical():
-                yield Input(placeholder='search  status:truncated  dataset:x  tool:y  score>0  len<500  errors>0  '
-                                        '"a phrase"',
-                            id="query")
+                yield Input(
+                    placeholder='search  status:truncated  dataset:x  tool:y  score>0  len<500  errors>0  "a phrase"',
+                    id="query",
+                )
                 yield DataTable(id="samples", cursor_type="row", zebra_stripes=True)
                 with VerticalScroll(id="detail-box"):
                     yield Static(id="detail")
@@ -103,10 +104,19 @@ class RolloutViewer(App):
         for n, r in enumerate(self.rows):
             score = r.get("score")
             preview = (r.get("output") or "").replace("\n", " ")[:80]
-            table.add_row(str(r.get("index")), str(r.get("group_index")),
-                          "-" if score is None else f"{score:.3g}", str(r.get("status")), r.get("dataset") or "",
-                          str(r.get("response_length")), str(V.turns(r)), str(sum(V.tool_calls(r).values())),
-                          str(V.error_count(r)), preview, key=str(n))
+            table.add_row(
+                str(r.get("index")),
+                str(r.get("group_index")),
+                "-" if score is None else f"{score:.3g}",
+                str(r.get("status")),
+                r.get("dataset") or "",
+                str(r.get("response_length")),
+                str(V.turns(r)),
+                str(sum(V.tool_calls(r).values())),
+                str(V.error_count(r)),
+                preview,
+                key=str(n),
+            )
         self.show_sample(0 if self.rows else None)
         src = self.sources[self.step_index].label if 0 <= self.step_index < len(self.sources) else "-"
         msg = f"{src}: {len(self.rows)}/{len(self.loaded.records)} samples · sort {self.sort_mode}"

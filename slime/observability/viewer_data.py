@@ -52,8 +52,11 @@ def _step_of(path: Path) -> int | str:
 
 def _sort_key(src: Source) -> tuple:
     step = src.step
-    return ({"train": 0, "eval": 1, "debug": 2}[src.kind], src.dataset or "",
-            (0, step, "") if isinstance(step, int) else (1, 0, str(step)))
+    return (
+        {"train": 0, "eval": 1, "debug": 2}[src.kind],
+        src.dataset or "",
+        (0, step, "") if isinstance(step, int) else (1, 0, str(step)),
+    )
 
 
 def discover(roots: str | Path | list[str | Path]) -> list[Source]:
@@ -308,14 +311,18 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
     t.append(f"step {rec.get('step')}  sample {rec.get('index')}  group {rec.get('group_index')}", style="bold")
     if rec.get("dataset"):
         t.append(f"  dataset {rec['dataset']}")
-    t.append(f"\nstatus {rec.get('status')}  score {score if score is None else round(score, 4)}"
-             f"  label {rec.get('label')!r}  response {rec.get('response_length')} tokens"
-             f"  turns {turns(rec)}\n")
+    t.append(
+        f"\nstatus {rec.get('status')}  score {score if score is None else round(score, 4)}"
+        f"  label {rec.get('label')!r}  response {rec.get('response_length')} tokens"
+        f"  turns {turns(rec)}\n"
+    )
     if isinstance(rec.get("reward"), dict):
         t.append(f"reward {json.dumps(rec['reward'], ensure_ascii=False)}\n")
     if traj:
-        t.append(f"finish {traj.finish_reason or '-'}  tool calls {json.dumps(traj.tool_calls)}"
-                 f"  tool errors {len(traj.tool_errors)}  parse errors {len(traj.parse_errors)}\n")
+        t.append(
+            f"finish {traj.finish_reason or '-'}  tool calls {json.dumps(traj.tool_calls)}"
+            f"  tool errors {len(traj.tool_errors)}  parse errors {len(traj.parse_errors)}\n"
+        )
         if traj.tool_rewards or traj.step_rewards:
             steps = [(s.turn, s.tool, s.reward) for s in traj.step_rewards]
             t.append(f"tool rewards {json.dumps(traj.tool_rewards)}  step rewards {steps}\n")
@@ -330,8 +337,10 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
         pieces = _mask_pieces(rec, a, b)
         trained = sum(e - s for s, e, m in pieces if m)
         kind = "trained" if trained == b - a else "masked" if trained == 0 else f"trained {trained}/{b - a}"
-        t.append(f"\n── turn {i + 1}: {role} · tokens {a}–{b} · {kind} ──\n",
-                 style="bold green" if trained else "bold grey62")
+        t.append(
+            f"\n── turn {i + 1}: {role} · tokens {a}–{b} · {kind} ──\n",
+            style="bold green" if trained else "bold grey62",
+        )
         for s, e, m in pieces:
             text = decoder.decode(rec, resp_ids[s:e]) if resp_ids else None
             if text is None:
@@ -340,8 +349,9 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
             t.append(text, style="green" if m else "grey62 italic")
         t.append("\n")
     if not decoded_any:
-        t.append("\n── response text (no tokenizer: spans above are token offsets; pass --tokenizer) ──\n",
-                 style="bold")
+        t.append(
+            "\n── response text (no tokenizer: spans above are token offsets; pass --tokenizer) ──\n", style="bold"
+        )
         t.append((rec.get("output") or "") + "\n")
     if traj and traj.tool_messages:
         t.append("\n── tool calls ──\n", style="bold magenta")
@@ -352,8 +362,14 @@ def render_sample(rec: dict, decoder: Decoder | None = None) -> Text:
                 t.append(f"    error: {m.error}\n", style="red")
             resp = "(not answered)" if m.response is None else m.response
             t.append("    → " + (resp[:4000] + (" …" if len(resp) > 4000 else "")).replace("\n", "\n      ") + "\n")
-    errors = ([(e.turn, e.kind, f"{e.tool}: {e.message}") for e in traj.tool_errors]
-              + [(e.turn, e.kind, f"{e.message}: {e.raw}") for e in traj.parse_errors]) if traj else []
+    errors = (
+        (
+            [(e.turn, e.kind, f"{e.tool}: {e.message}") for e in traj.tool_errors]
+            + [(e.turn, e.kind, f"{e.message}: {e.raw}") for e in traj.parse_errors]
+        )
+        if traj
+        else []
+    )
     if errors:
         t.append(f"\n── errors ({len(errors)}) ──\n", style="bold red")
         for turn, kind, message in errors:

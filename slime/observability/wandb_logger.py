@@ -75,10 +75,16 @@ class WandbRun:
         import wandb
 
         d = _prepare_env(args)
-        run = wandb.init(project=args.wandb_project,
-                         group=args.wandb_group, name=args.wandb_run_name,
-                         dir=str(d), mode=_mode(args), config=_config(args),
-                         settings=wandb.Settings(x_label=label, console="off"), **kw)
+        run = wandb.init(
+            project=args.wandb_project,
+            group=args.wandb_group,
+            name=args.wandb_run_name,
+            dir=str(d),
+            mode=_mode(args),
+            config=_config(args),
+            settings=wandb.Settings(x_label=label, console="off"),
+            **kw,
+        )
         return cls(run)
 
     @property
@@ -111,8 +117,7 @@ class WandbRun:
                 self._define(step_key)
                 self.run.log(metrics)
             except Exception as e:  # noqa: BLE001 - a dead dashboard must not stop training
-                logger.warning("wandb: dropping %d metrics for %s: %s: %s", len(metrics), step_key,
-                               type(e).__name__, e)
+                logger.warning("wandb: dropping %d metrics for %s: %s: %s", len(metrics), step_key, type(e).__name__, e)
 
     @staticmethod
     def table(columns: list[str], rows: list[list[Any]]) -> Any:

@@ -23,7 +23,7 @@ def split_address(address: str) -> tuple[str, int]:
     """(host, port) of `host[:port]`, `[v6][:port]` or `ray://host[:port]`."""
     rest, default = address.strip(), GCS_DEFAULT_PORT
     if rest.startswith("ray://"):
-        rest, default = rest[len("ray://"):], CLIENT_DEFAULT_PORT
+        rest, default = rest[len("ray://") :], CLIENT_DEFAULT_PORT
     rest = rest.split("/", 1)[0]
     if rest.startswith("["):
         host, _, tail = rest[1:].partition("]")
@@ -64,12 +64,18 @@ def probe_ray_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             if _answers_grpc(sock):
                 return
-            raise RayAddressError(f"{host}:{port} accepts connections but does not answer as Ray's GCS (no gRPC "
-                                  "answer); is that the Ray head's port (`ray start --head` prints it)?")
+            raise RayAddressError(
+                f"{host}:{port} accepts connections but does not answer as Ray's GCS (no gRPC "
+                "answer); is that the Ray head's port (`ray start --head` prints it)?"
+            )
     except socket.timeout:
-        raise RayAddressError(f"no answer from {host}:{port} within {timeout:g} s (a firewall, or no such "
-                              "host); is the Ray head running there (`ray start --head`)?") from None
+        raise RayAddressError(
+            f"no answer from {host}:{port} within {timeout:g} s (a firewall, or no such "
+            "host); is the Ray head running there (`ray start --head`)?"
+        ) from None
     except OSError as e:
         reason = e.strerror or str(e) or type(e).__name__
-        raise RayAddressError(f"cannot connect to {host}:{port} ({reason}); start the cluster there with "
-                              "`ray start --head`, or drop --ray-address to start a private Ray") from None
+        raise RayAddressError(
+            f"cannot connect to {host}:{port} ({reason}); start the cluster there with "
+            "`ray start --head`, or drop --ray-address to start a private Ray"
+        ) from None

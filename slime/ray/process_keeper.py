@@ -38,7 +38,7 @@ logger = logging.getLogger("slime")
 def stat_ids(stat: bytes) -> tuple[str, int, int]:
     """(state, process group, session) from a `/proc/<pid>/stat` line. The command name between the
     parentheses may hold spaces and parentheses itself: the fields are read after its last ')'."""
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat[stat.rindex(b")") + 2 :].split()
     return fields[0].decode(), int(fields[2]), int(fields[3])
 
 
@@ -106,9 +106,13 @@ class RayProcessKeeper:
             return None
         read_fd, write_fd = os.pipe()  # not inheritable: no process the command starts holds the pipe
         try:
-            keeper = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_fd)],
-                                      pass_fds=(read_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      start_new_session=True)  # no group or terminal signal reaches it
+            keeper = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_fd)],
+                pass_fds=(read_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # no group or terminal signal reaches it
         except BaseException:
             os.close(write_fd)
             raise
@@ -121,8 +125,9 @@ class RayProcessKeeper:
         try:
             os.write(self._write_fd, f"{session}\n".encode())
         except OSError as e:  # the keeper was killed: a SIGKILLed command may leave Ray's agents behind
-            logger.warning("Ray's process keeper is gone (%s): session %d is not taken down with the command",
-                           e, session)
+            logger.warning(
+                "Ray's process keeper is gone (%s): session %d is not taken down with the command", e, session
+            )
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:

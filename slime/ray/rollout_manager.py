@@ -79,7 +79,9 @@ class RolloutManager:
         try:
             self.wandb_run = WandbRun.start(self.args)
             self._start_tool_services()
-            fleet = self.fleet = None if self.args.load_debug_rollout_data else Fleet(self.args, fork_server=self.fork_server)
+            fleet = self.fleet = (
+                None if self.args.load_debug_rollout_data else Fleet(self.args, fork_server=self.fork_server)
+            )
             # the controller (tokenizer, data, plugins) is built while the engines boot: it only needs
             # the fleet's Endpoints object, which the fleet fills in as engines register
             with ThreadPoolExecutor(1, thread_name_prefix="controller-init") as pool:
@@ -99,8 +101,12 @@ class RolloutManager:
 
         fleet = self.fleet
         controller = RolloutController(
-            self.args, endpoints, tool_services=self.tool_services, wandb_run=self.wandb_run,
-            fleet_counters=(lambda: {k: fleet.counters[k] for k in FLEET_COUNTERS}) if fleet else None)
+            self.args,
+            endpoints,
+            tool_services=self.tool_services,
+            wandb_run=self.wandb_run,
+            fleet_counters=(lambda: {k: fleet.counters[k] for k in FLEET_COUNTERS}) if fleet else None,
+        )
         self.startup_timings["controller"] = time.monotonic() - t0
         mark("manager: controller built")
         return controller
@@ -115,12 +121,25 @@ class RolloutManager:
             self.tool_services, self._tool_handles = start_shared_services(path)
 
     def info(self) -> dict[str, Any]:
-        fleet = self.fleet.info() if self.fleet else {"router_url": None, "router_pid": None, "router_restarts": 0,
-                                                      "engine_urls": [], "engines": [], "engine_deaths": 0,
-                                                      "engine_restarts": 0}
-        return {**fleet, "sandbox_url": self.tool_services.sandbox_url,
-                "rate_limiters": list(self.tool_services.limiter_names),
-                "startup_seconds": dict(self.startup_timings)}
+        fleet = (
+            self.fleet.info()
+            if self.fleet
+            else {
+                "router_url": None,
+                "router_pid": None,
+                "router_restarts": 0,
+                "engine_urls": [],
+                "engines": [],
+                "engine_deaths": 0,
+                "engine_restarts": 0,
+            }
+        )
+        return {
+            **fleet,
+            "sandbox_url": self.tool_services.sandbox_url,
+            "rate_limiters": list(self.tool_services.limiter_names),
+            "startup_seconds": dict(self.startup_timings),
+        }
 
     # ---- the trainer's API (slime's names) ----
     def set_train_parallel_config(self, config: dict[str, Any]) -> None:
@@ -243,8 +262,10 @@ class RolloutManager:
             deadline = time.monotonic() + float(self.args.engine_startup_timeout)
             while any(s["state"] in ("dead", "restarting", "starting") for s in self.fleet.engine_status()):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"recover_updatable_engines: engines not back after "
-                                       f"{self.args.engine_startup_timeout:.0f}s (--engine-startup-timeout)")
+                    raise TimeoutError(
+                        f"recover_updatable_engines: engines not back after "
+                        f"{self.args.engine_startup_timeout:.0f}s (--engine-startup-timeout)"
+                    )
                 time.sleep(0.2)
         return self._new_engines()
 
@@ -284,8 +305,11 @@ class RolloutManager:
         self._shut = True
         steps: list[tuple[str, Any]] = [("controller", lambda: self.controller and self.controller.close())]
         steps += self.fleet.stop_steps() if self.fleet else []
-        steps += [(f"tool service {type(h).__name__}", h.stop) for h in self._tool_handles
-                  if callable(getattr(h, "stop", None))]
+        steps += [
+            (f"tool service {type(h).__name__}", h.stop)
+            for h in self._tool_handles
+            if callable(getattr(h, "stop", None))
+        ]
         steps.append(("wandb", lambda: self.wandb_run and self.wandb_run.finish(end_session=True)))
         for what, step in steps:
             try:

@@ -28,8 +28,18 @@ from slime.utils.startup_trace import mark
 
 logger = logging.getLogger("slime")
 
-_FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_ENDPOINT", "WANDB_MODE", "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR",
-                  "WANDB_CONFIG_DIR", "SLIME_CACHE", "RAY_AUTH_MODE", "TOKENIZERS_PARALLELISM")
+_FORWARDED_ENV = (
+    "HF_HUB_OFFLINE",
+    "HF_ENDPOINT",
+    "WANDB_MODE",
+    "WANDB_DIR",
+    "WANDB_CACHE_DIR",
+    "WANDB_DATA_DIR",
+    "WANDB_CONFIG_DIR",
+    "SLIME_CACHE",
+    "RAY_AUTH_MODE",
+    "TOKENIZERS_PARALLELISM",
+)
 
 
 class RaySession:
@@ -139,19 +149,37 @@ def start_engine_fork_server(args: Any) -> Any:
 
     if fork_server_disabled():
         return None
-    if (args.rollout_backend != "hf" or not args.hf_checkpoint
-            or args.ray_address or args.load_debug_rollout_data
-            or int(args.rollout_num_engines or 0) < 1):
+    if (
+        args.rollout_backend != "hf"
+        or not args.hf_checkpoint
+        or args.ray_address
+        or args.load_debug_rollout_data
+        or int(args.rollout_num_engines or 0) < 1
+    ):
         return None
     where = Path(tempfile.mkdtemp(prefix=f"slime-fork-{os.getpid()}-"))  # 0700: only this user may ask for a child
     sock = where / "engines.sock"
     log_dir = Path(args.log_dir or where)
-    cmd = [sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock),
-           "--main", "slime.engine.warm_start:serve", "--preload", "slime.engine.warm_start:preload",
-           "--preload-json", json.dumps([str(args.hf_checkpoint)])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime.utils.fork_server",
+        "--socket",
+        str(sock),
+        "--main",
+        "slime.engine.warm_start:serve",
+        "--preload",
+        "slime.engine.warm_start:preload",
+        "--preload-json",
+        json.dumps([str(args.hf_checkpoint)]),
+    ]
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     server = ChildProcess(cmd, name="engine fork server", log_path=log_dir / "engine-fork-server.log", env=env)
     try:
         server.start()
@@ -247,8 +275,13 @@ def _start_ray(args: Any, session: RaySession) -> None:
     # Ray's processes in sessions of their own: a SIGTERM to the command's group is the command's alone
     session.ray_keeper = RayProcessKeeper.start()
     with keep_sigterm_handler(), session.ray_keeper.inside() if session.ray_keeper else contextlib.nullcontext():
-        ray.init(include_dashboard=False, _temp_dir=str(tmp), log_to_driver=True, configure_logging=True,
-                 logging_level=logging.WARNING)
+        ray.init(
+            include_dashboard=False,
+            _temp_dir=str(tmp),
+            log_to_driver=True,
+            configure_logging=True,
+            logging_level=logging.WARNING,
+        )
         session.started = True  # before a held SIGTERM is raised: the stop then shuts this Ray down
     mark("ray_init: ray.init done")
 
@@ -277,8 +310,11 @@ def start_manager(args: Any, manager_cls: Any = None, *, fork_server: str | None
     # on this command's node (a cluster's head): the router, its child, lives there too, reachable on
     # 127.0.0.1, and no worker node's loss takes the manager or the router with it
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    manager = ray.remote(manager_cls).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
-        args, fork_server=fork_server)
+    manager = (
+        ray.remote(manager_cls)
+        .options(num_cpus=0, max_concurrency=8, scheduling_strategy=here)
+        .remote(args, fork_server=fork_server)
+    )
     try:
         info = ray.get(manager.start.remote())
     except BaseException:
@@ -317,5 +353,7 @@ def format_startup(info: dict[str, Any]) -> str | None:
     if not info.get("router_url"):
         return None
     ready = ", ".join(f"{k} {v:.1f}s" for k, v in info["startup_seconds"].items())
-    return (f"router {info['router_url']} with {len(info['engine_urls'])} engine(s): "
-            f"{', '.join(info['engine_urls'])} (ready after: {ready})")
+    return (
+        f"router {info['router_url']} with {len(info['engine_urls'])} engine(s): "
+        f"{', '.join(info['engine_urls'])} (ready after: {ready})"
+    )

@@ -38,7 +38,7 @@ def _installed_root() -> str | None:
     if direct:
         info = json.loads(direct)
         if info.get("dir_info", {}).get("editable") and str(info.get("url", "")).startswith("file://"):
-            return str(Path(info["url"][len("file://"):]).resolve())
+            return str(Path(info["url"][len("file://") :]).resolve())
     init = next((f for f in dist.files or () if str(f).replace("\\", "/") == "slime/__init__.py"), None)
     return str(Path(dist.locate_file(init)).resolve().parents[1]) if init is not None else None
 

@@ -31,9 +31,20 @@ from slime.rollout.reward_check import fail_invalid_rewards, number_problem
 from slime.rollout.runtime import RolloutRuntime, unbind
 from slime.rollout.stall_guard import StallGuard
 from slime.rollout.train_data import (  # noqa: F401 - tests and plugins import these from here
-    CONVERT_FLAG, PER_TOKEN_KEYS, REWARD_FLAG, BatchError, assign_rollout_ids, check_custom_train_data, check_sample,
-    convert_samples_to_train_data, normalization_groups, normalize_group_rewards, post_process_rewards,
-    rollout_mask_sums, untrained_log_probs_filled)
+    CONVERT_FLAG,
+    PER_TOKEN_KEYS,
+    REWARD_FLAG,
+    BatchError,
+    assign_rollout_ids,
+    check_custom_train_data,
+    check_sample,
+    convert_samples_to_train_data,
+    normalization_groups,
+    normalize_group_rewards,
+    post_process_rewards,
+    rollout_mask_sums,
+    untrained_log_probs_filled,
+)
 from slime.tools.services import ToolServices
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints
@@ -64,19 +75,34 @@ def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: d
     n = len(samples)
     rewards = [r for r in (reward_value(args, s) for s in samples) if r == r]  # NaN: not a number (yet)
     tokens = sum(s.response_length for s in samples)
-    return {"samples": n, "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-            "truncated_ratio": sum(s.status == Sample.Status.TRUNCATED for s in samples) / n if n else 0.0,
-            "failed": sum(s.status == Sample.Status.FAILED for s in samples),
-            "aborted": sum(s.status == Sample.Status.ABORTED for s in samples),
-            "response_tokens": tokens, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds,
-            "engine_retries": metrics.get("perf/engine_retries", 0),
-            **{k: metrics.get(f"perf/{k}", 0) for k in ("engine_deaths", "engine_restarts", "nodes_lost",
-                                                          "engines_moved", "engines_unplaced", "router_moves")},
-            "failure_reasons": failure_reasons(samples)[0]}
+    return {
+        "samples": n,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        "truncated_ratio": sum(s.status == Sample.Status.TRUNCATED for s in samples) / n if n else 0.0,
+        "failed": sum(s.status == Sample.Status.FAILED for s in samples),
+        "aborted": sum(s.status == Sample.Status.ABORTED for s in samples),
+        "response_tokens": tokens,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "seconds": seconds,
+        "engine_retries": metrics.get("perf/engine_retries", 0),
+        **{
+            k: metrics.get(f"perf/{k}", 0)
+            for k in (
+                "engine_deaths",
+                "engine_restarts",
+                "nodes_lost",
+                "engines_moved",
+                "engines_unplaced",
+                "router_moves",
+            )
+        },
+        "failure_reasons": failure_reasons(samples)[0],
+    }
 
 
-def _call_rollout_function(fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool,
-                           runtime: RolloutRuntime) -> Any:
+def _call_rollout_function(
+    fn: Any, args: Any, rollout_id: int, data_source: Any, evaluation: bool, runtime: RolloutRuntime
+) -> Any:
     """slime's signature through slime's `call_rollout_fn` (bare lists and dicts come back wrapped);
     the function reaches `runtime` as the process's bound one (`runtime.current(args)`). A function
     that only repeats the same error without progress fails with it (`StallGuard`)."""
@@ -102,8 +128,15 @@ def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
 
 
 class RolloutController:
-    def __init__(self, args: Any, endpoints: Endpoints, *, tool_services: ToolServices | None = None,
-                 wandb_run: WandbRun | None = None, fleet_counters: Callable[[], dict[str, int]] | None = None):
+    def __init__(
+        self,
+        args: Any,
+        endpoints: Endpoints,
+        *,
+        tool_services: ToolServices | None = None,
+        wandb_run: WandbRun | None = None,
+        fleet_counters: Callable[[], dict[str, int]] | None = None,
+    ):
         self.args = args
         # the rollout's flags, read once: a namespace lacking one is refused here, naming it (plugins get `args`)
         self.config = config = RolloutConfig.from_args(args)
@@ -134,9 +167,12 @@ class RolloutController:
     def status(self) -> dict[str, Any]:
         client = self.runtime.client
         # retries of the rollout (or eval) that is running: the same count its summary reports
-        return {**self.progress.as_dict(), "in_flight": client.in_flight,
-                "retries": client.stats.total_retries - self._retries_base,
-                "buffer": self.data_source.get_buffer_length() if self.data_source else 0}
+        return {
+            **self.progress.as_dict(),
+            "in_flight": client.in_flight,
+            "retries": client.stats.total_retries - self._retries_base,
+            "buffer": self.data_source.get_buffer_length() if self.data_source else 0,
+        }
 
     def _samples(self, rollout_id: int) -> tuple[list[Sample], dict[str, Any]]:
         if self.args.load_debug_rollout_data:
@@ -144,8 +180,9 @@ class RolloutController:
         if self.data_source is None:
             raise ValueError("--prompt-data is required to generate rollouts")
         with rollout_scope(rollout_id):  # what the function starts knows its rollout (current_rollout.py)
-            out = _call_rollout_function(self.generate_rollout, self.args, rollout_id, self.data_source, False,
-                                         self.runtime)
+            out = _call_rollout_function(
+                self.generate_rollout, self.args, rollout_id, self.data_source, False, self.runtime
+            )
         return flatten_groups(out)
 
     def generate(self, rollout_id: int, parallel_config: dict[str, Any] | None = None) -> Any:
@@ -159,8 +196,7 @@ class RolloutController:
             samples, metrics = self._samples(rollout_id)
         finally:
             self.progress.finish()
-        if not (self.args.custom_reward_post_process_path
-                or self.args.custom_convert_samples_to_train_data_path):
+        if not (self.args.custom_reward_post_process_path or self.args.custom_convert_samples_to_train_data_path):
             fail_invalid_rewards(self.args, samples)  # the default post-processing needs numbers
         metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
         for key, value in self.fleet_counters().items():
@@ -191,8 +227,9 @@ class RolloutController:
             metrics.update(split_metrics)
         self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
         perf = {**metrics, "perf/rollout_time": metrics.get("perf/rollout_time", seconds)}
-        if not _custom_log(self.args, "custom_rollout_log_function_path", rollout_id, self.args, samples, metrics,
-                           seconds):
+        if not _custom_log(
+            self.args, "custom_rollout_log_function_path", rollout_id, self.args, samples, metrics, seconds
+        ):
             reporting.log_rollout(self.args, rollout_id, samples, perf, self.wandb_run)
         rollout_dump.dump_rollout(self.args, rollout_id, samples)
         self.save(rollout_id)
@@ -202,24 +239,31 @@ class RolloutController:
         self._retries_base = self.runtime.client.stats.total_retries
         try:
             with rollout_scope(rollout_id):
-                out = _call_rollout_function(self.eval_generate_rollout, self.args, rollout_id, self.data_source,
-                                             True, self.runtime)
+                out = _call_rollout_function(
+                    self.eval_generate_rollout, self.args, rollout_id, self.data_source, True, self.runtime
+                )
         finally:
             self.progress.finish()
         data = out.data
         if not isinstance(data, dict):
-            raise TypeError(f"--eval-function-path returned {type(data).__name__}; expected "
-                            "{dataset: {'rewards', 'truncated', 'samples'}}")
-        if not _custom_log(self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data,
-                           out.metrics):
+            raise TypeError(
+                f"--eval-function-path returned {type(data).__name__}; expected "
+                "{dataset: {'rewards', 'truncated', 'samples'}}"
+            )
+        if not _custom_log(
+            self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data, out.metrics
+        ):
             reporting.log_eval(self.args, rollout_id, data, self.wandb_run)
         rollout_dump.dump_eval(self.args, rollout_id, data)
         summary = {}
         for name, d in data.items():
             rewards, truncated = d.get("rewards", []), d.get("truncated", [])
             numbers = [float(r) for r in rewards if number_problem(r) is None]  # raw dicts: not averaged
-            summary[name] = {"samples": len(rewards), "mean_reward": sum(numbers) / max(1, len(numbers)),
-                             "truncated_ratio": sum(map(bool, truncated)) / max(1, len(truncated))}
+            summary[name] = {
+                "samples": len(rewards),
+                "mean_reward": sum(numbers) / max(1, len(numbers)),
+                "truncated_ratio": sum(map(bool, truncated)) / max(1, len(truncated)),
+            }
         return summary
 
     def save(self, rollout_id: int) -> None:
@@ -263,4 +307,3 @@ class RolloutController:
         if stopped["returned_groups"]:
             logger.info("rollout workers stopped: %d group(s) returned to the data source", stopped["returned_groups"])
         return stopped
-

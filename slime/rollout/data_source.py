@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.prompt_rows import (DEFAULT_ROLLOUT, DataError, parse_path_slice, prompt_limit,  # noqa: F401
-                                       read_rows, sample_from_row, too_long)  # (re-exported: their old home)
+# re-exported: their old home
+from slime.rollout.prompt_rows import DEFAULT_ROLLOUT, DataError, parse_path_slice  # noqa: F401
+from slime.rollout.prompt_rows import prompt_limit, read_rows, sample_from_row, too_long  # noqa: F401
 from slime.rollout.sample_clone import clone_sample
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
@@ -29,8 +30,9 @@ from slime.utils.plugin_args import completed
 logger = logging.getLogger(__name__)
 
 
-def build_prompt_samples(args: Any, path: str | Path, input_key: str, label_key: str | None,
-                         tokenizer: Any = None) -> tuple[list[Sample], int]:
+def build_prompt_samples(
+    args: Any, path: str | Path, input_key: str, label_key: str | None, tokenizer: Any = None
+) -> tuple[list[Sample], int]:
     """One template Sample per usable row, and how many rows were filtered as too long (a list:
     for eval sets and callers that want every row; the data source reads `PromptIndex` on demand).
     `path` may end in slime's `@[start:end]` row slice."""
@@ -58,8 +60,9 @@ def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_sample
 class DataSource:
     """Serves groups of samples, epoch after epoch, recycled groups first."""
 
-    def __init__(self, args: Any, prompts: list[Sample], n_samples_per_prompt: int, shuffle: bool = False,
-                 filtered: int = 0):
+    def __init__(
+        self, args: Any, prompts: list[Sample], n_samples_per_prompt: int, shuffle: bool = False, filtered: int = 0
+    ):
         args = completed(args)
         self.args = args
         self.prompts = prompts
@@ -101,7 +104,9 @@ class DataSource:
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
         """`num_groups` groups: from the buffer first, then fresh prompts."""
-        groups = list(self.buffer_filter(self.args, None, self.buffer, num_groups)) if self.buffer and num_groups else []
+        groups = (
+            list(self.buffer_filter(self.args, None, self.buffer, num_groups)) if self.buffer and num_groups else []
+        )
         if len(groups) > num_groups:
             raise ValueError(f"--buffer-filter-path returned {len(groups)} groups, asked for {num_groups}")
         while len(groups) < num_groups:
@@ -146,15 +151,22 @@ class DataSource:
     def state_dict(self, held: list[list[Sample]] | None = None) -> dict[str, Any]:
         """The whole state; `held` are groups handed out and not yet trained (a background worker's),
         saved behind the buffer so a resumed run serves them again."""
-        return {"epoch_id": self.epoch_id, "offset": self.offset, "group_counter": self.group_counter,
-                "sample_counter": self.sample_counter, "num_prompts": len(self.prompts),
-                "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]],
-                **({"metadata": dict(self.metadata)} if self.metadata else {})}
+        return {
+            "epoch_id": self.epoch_id,
+            "offset": self.offset,
+            "group_counter": self.group_counter,
+            "sample_counter": self.sample_counter,
+            "num_prompts": len(self.prompts),
+            "buffer": [[s.to_dict() for s in g] for g in [*self.buffer, *(held or [])]],
+            **({"metadata": dict(self.metadata)} if self.metadata else {}),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_prompts") != len(self.prompts):
-            raise DataError(f"data source state was saved for {state.get('num_prompts')} prompts, "
-                            f"the data now has {len(self.prompts)}")
+            raise DataError(
+                f"data source state was saved for {state.get('num_prompts')} prompts, "
+                f"the data now has {len(self.prompts)}"
+            )
         self.epoch_id, self.offset = state["epoch_id"], state["offset"]
         self.group_counter, self.sample_counter = state["group_counter"], state["sample_counter"]
         self.buffer = [[Sample.from_dict(d) for d in g] for g in state["buffer"]]
@@ -178,8 +190,9 @@ class DataSource:
             try:
                 rollout_id = int(latest.read_text().strip())
             except ValueError:
-                raise DataError(f"--load {directory}: {latest} does not hold a rollout id: "
-                                f"{latest.read_text()[:40]!r}") from None
+                raise DataError(
+                    f"--load {directory}: {latest} does not hold a rollout id: {latest.read_text()[:40]!r}"
+                ) from None
         path = Path(directory) / f"rollout_state_{rollout_id}.json"
         try:
             self.load_state_dict(json.loads(path.read_text()))
@@ -193,8 +206,14 @@ class RolloutDataSourceWithBuffer(DataSource):
     prompts of `--prompt-data` (untokenised) with `rollout_global_dataset`, else only its buffer.
     The controller builds the default one through `DataSource.from_args` (with the tokenizer)."""
 
-    def __init__(self, args: Any, prompts: Any = None, n_samples_per_prompt: int | None = None,
-                 shuffle: bool | None = None, filtered: int = 0):
+    def __init__(
+        self,
+        args: Any,
+        prompts: Any = None,
+        n_samples_per_prompt: int | None = None,
+        shuffle: bool | None = None,
+        filtered: int = 0,
+    ):
         args = completed(args)
         if prompts is None:
             prompts = []
@@ -203,8 +222,13 @@ class RolloutDataSourceWithBuffer(DataSource):
 
                 prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, None)
                 filtered = prompts.filtered
-        super().__init__(args, prompts, n_samples_per_prompt or args.n_samples_per_prompt,
-                         bool(args.rollout_shuffle if shuffle is None else shuffle), filtered)
+        super().__init__(
+            args,
+            prompts,
+            n_samples_per_prompt or args.n_samples_per_prompt,
+            bool(args.rollout_shuffle if shuffle is None else shuffle),
+            filtered,
+        )
 
 
 RolloutDataSource = RolloutDataSourceWithBuffer  # slime's other name

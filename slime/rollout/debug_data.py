@@ -46,8 +46,10 @@ def load_debug_rollout(template: str, rollout_id: int) -> list[Sample]:
     try:
         data = torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt, truncated or unsafe pickles all land here
-        raise DebugDataError(f"--load-debug-rollout-data: {path} is not a valid slime debug rollout file "
-                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise DebugDataError(
+            f"--load-debug-rollout-data: {path} is not a valid slime debug rollout file "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DebugDataError(f"--load-debug-rollout-data: {path} has no 'samples' list")
     samples, unknown = [], set()
@@ -59,8 +61,11 @@ def load_debug_rollout(template: str, rollout_id: int) -> list[Sample]:
         unknown.update(sample.extra_fields)
         samples.append(sample)
     if unknown:  # a newer slime wrote fields we do not know: kept (and written back), said once per file
-        logger.warning("--load-debug-rollout-data: %s: keeping unknown sample field(s) %s in sample.extra_fields",
-                       path, sorted(unknown))
+        logger.warning(
+            "--load-debug-rollout-data: %s: keeping unknown sample field(s) %s in sample.extra_fields",
+            path,
+            sorted(unknown),
+        )
     return samples
 
 

@@ -27,9 +27,11 @@ def prompt_ids(args: Any, sample: Sample, runtime: RolloutRuntime | None = None)
         return list(sample.tokens)
     prompt = sample.prompt
     if not isinstance(prompt, (str, list)):
-        raise TypeError(f"sample {sample.index}: the prompt is {type(prompt).__name__}, not text or messages; the "
-                        "default generate cannot tokenise it (set --custom-generate-function-path to a function "
-                        "that reads it)")
+        raise TypeError(
+            f"sample {sample.index}: the prompt is {type(prompt).__name__}, not text or messages; the "
+            "default generate cannot tokenise it (set --custom-generate-function-path to a function "
+            "that reads it)"
+        )
     tok = (runtime or current(args)).tokenizer
     if isinstance(prompt, list):
         prompt = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
@@ -73,9 +75,15 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     out = await runtime.client.generate(ids, params, image_data=image_data)
     if not continued:
         sample.start_response(ids)
-    return sample.append_segment(out.token_ids, out.log_probs, text=out.text or "", finish_reason=out.finish_type,
-                                 weight_version=out.weight_version, rollout_id=current_rollout_id(),
-                                 continued=continued)
+    return sample.append_segment(
+        out.token_ids,
+        out.log_probs,
+        text=out.text or "",
+        finish_reason=out.finish_type,
+        weight_version=out.weight_version,
+        rollout_id=current_rollout_id(),
+        continued=continued,
+    )
 
 
 generate.supports_partial_rollout = True  # continues ABORTED samples from their tokens

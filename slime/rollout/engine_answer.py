@@ -57,7 +57,7 @@ _SHORT.maxlist = _SHORT.maxdict = 8
 
 def _excerpt(value: Any) -> str:
     if isinstance(value, bytes):
-        value = value[:EXCERPT_CHARS * 4].decode("utf-8", "replace")
+        value = value[: EXCERPT_CHARS * 4].decode("utf-8", "replace")
     text = value if isinstance(value, str) else _SHORT.repr(value)
     return text[:EXCERPT_CHARS] + ("..." if len(text) > EXCERPT_CHARS else "")
 
@@ -103,8 +103,9 @@ def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], lis
         if (kind is not list and kind is not tuple and not isinstance(item, (list, tuple))) or len(item) < 2:
             raise BadAnswer("output_token_logprobs", f"item {i} is not [logprob, token_id, ...]", item)
         lp, tid = item[0], item[1]
-        if (type(lp) is not float and type(lp) is not int and not _is_number(lp)) \
-                or not -math.inf < lp <= LOGPROB_TOLERANCE:  # (NaN fails both comparisons)
+        if (
+            type(lp) is not float and type(lp) is not int and not _is_number(lp)
+        ) or not -math.inf < lp <= LOGPROB_TOLERANCE:  # (NaN fails both comparisons)
             raise BadAnswer("logprob", f"item {i}: must be a finite number <= 0 (+{LOGPROB_TOLERANCE})", item)
         if (type(tid) is not int and not _is_int(tid)) or not 0 <= tid < top:
             raise BadAnswer("token_id", f"item {i}: must be an integer in [0, {vocab_size})", item)
@@ -113,8 +114,9 @@ def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], lis
     return ids, lps
 
 
-def parse_generate_answer(body: Any, *, vocab_size: int | None = None, max_new_tokens: int | None = None,
-                          top_logprobs_num: int = 0) -> EngineOutput:
+def parse_generate_answer(
+    body: Any, *, vocab_size: int | None = None, max_new_tokens: int | None = None, top_logprobs_num: int = 0
+) -> EngineOutput:
     """The sampled ids and their log-probs (`meta_info.output_token_logprobs`, item[1] and item[0], as
     slime reads them), or `BadAnswer`. `output_ids`, when the engine sends it, must be the same ids;
     `vocab_size` and `max_new_tokens` bound the ids and their count when known. With `top_logprobs_num`

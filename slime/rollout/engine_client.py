@@ -63,8 +63,9 @@ class AbortGate:
         self.closed = False
 
 
-def parse_generate_response(body: Any, *, vocab_size: int | None = None,
-                            max_new_tokens: int | None = None) -> EngineOutput:
+def parse_generate_response(
+    body: Any, *, vocab_size: int | None = None, max_new_tokens: int | None = None
+) -> EngineOutput:
     """The checked answer (kept under its old name for callers of this module): see `engine_answer`."""
     return parse_generate_answer(body, vocab_size=vocab_size, max_new_tokens=max_new_tokens)
 
@@ -87,16 +88,26 @@ def _no_body(raw: bytes) -> None:
 
 
 class EngineClient:
-    def __init__(self, endpoints: Endpoints, *, concurrency: int = 512, request_timeout: float = 300.0,
-                 max_retries: int = REQUEST_MAX_RETRIES, retry_window: float | None = DEFAULT_RETRY_WINDOW,
-                 tokenizer_path: str | None = None, tokenizer: Any = None, progress: Progress | None = None,
-                 vocab_size: int | None = None):
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        *,
+        concurrency: int = 512,
+        request_timeout: float = 300.0,
+        max_retries: int = REQUEST_MAX_RETRIES,
+        retry_window: float | None = DEFAULT_RETRY_WINDOW,
+        tokenizer_path: str | None = None,
+        tokenizer: Any = None,
+        progress: Progress | None = None,
+        vocab_size: int | None = None,
+    ):
         self.endpoints = endpoints
         self.concurrency = max(1, int(concurrency))
         self.request_timeout = float(request_timeout)
         # the budget is a time window (a brief outage of every engine is waited out), capped by a count
-        self.retry_policy = RetryPolicy(max_retries=int(max_retries),
-                                        window=None if retry_window is None else float(retry_window))
+        self.retry_policy = RetryPolicy(
+            max_retries=int(max_retries), window=None if retry_window is None else float(retry_window)
+        )
         self.stats = HttpStats()
         self.abort_stats = HttpStats()  # `/abort_request` calls: sent once each, failures counted by reason
         self.progress = progress if progress is not None else Progress()
@@ -114,11 +125,15 @@ class EngineClient:
     @classmethod
     def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
         # slime's bound: --sglang-server-concurrency per engine
-        return cls(endpoints, concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
-                   request_timeout=args.request_timeout,
-                   max_retries=args.request_max_retries,
-                   retry_window=args.request_retry_window,
-                   tokenizer_path=args.hf_checkpoint, **kw)
+        return cls(
+            endpoints,
+            concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
+            request_timeout=args.request_timeout,
+            max_retries=args.request_max_retries,
+            retry_window=args.request_retry_window,
+            tokenizer_path=args.hf_checkpoint,
+            **kw,
+        )
 
     @property
     def router_url(self) -> str:
@@ -164,16 +179,34 @@ class EngineClient:
     def new_rid(self) -> str:
         return f"{self._rid_prefix}{next(self._rid)}"
 
-    async def post(self, url: str | Callable[[], str], payload: Any, *, timeout: float | None = None,
-                   policy: RetryPolicy | None = None, headers: dict[str, str] | None = None,
-                   on_retry: Any = None, answer: Any = None) -> Any:
+    async def post(
+        self,
+        url: str | Callable[[], str],
+        payload: Any,
+        *,
+        timeout: float | None = None,
+        policy: RetryPolicy | None = None,
+        headers: dict[str, str] | None = None,
+        on_retry: Any = None,
+        answer: Any = None,
+    ) -> Any:
         """Any JSON POST, with this client's deadline, retry budget and counters; `answer(raw)` checks
         a 2xx body (see `request_json`)."""
-        return await request_json("POST", url, payload, session=self.http.session(),
-                                  timeout=timeout or self.request_timeout, policy=policy or self.retry_policy,
-                                  stats=self.stats, headers=headers, on_retry=on_retry, answer=answer,
-                                  classify=router_fault, watch=self.endpoints.router_losses.watch,
-                                  outage=self.endpoints.outage)
+        return await request_json(
+            "POST",
+            url,
+            payload,
+            session=self.http.session(),
+            timeout=timeout or self.request_timeout,
+            policy=policy or self.retry_policy,
+            stats=self.stats,
+            headers=headers,
+            on_retry=on_retry,
+            answer=answer,
+            classify=router_fault,
+            watch=self.endpoints.router_losses.watch,
+            outage=self.endpoints.outage,
+        )
 
     def _renew_rid(self, payload: dict[str, Any], failure: Failure, engine: str | None) -> dict[str, Any]:
         """A retried request gets a fresh `rid`; the old one is aborted where it was, if an engine may
@@ -215,8 +248,13 @@ class EngineClient:
             return list(self.endpoints.engine_urls)
         router = self.router_url
         try:  # a bad answer (router_answer) is refused whole and counted in `stats` by its field
-            workers = await self.http.get(f"{router}/workers", timeout=10, policy=RetryPolicy(max_retries=0),
-                                          stats=self.stats, answer=lambda raw: parse_workers(raw, router))
+            workers = await self.http.get(
+                f"{router}/workers",
+                timeout=10,
+                policy=RetryPolicy(max_retries=0),
+                stats=self.stats,
+                answer=lambda raw: parse_workers(raw, router),
+            )
         except HttpError as e:
             logger.warning("abort: cannot list the router's workers (%s); nothing aborted", e)
             return []
@@ -226,19 +264,45 @@ class EngineClient:
         """One `/abort_request` per engine of `urls`, sent once (an abort is only worth its moment); a
         failed one is counted in `abort_stats` by reason, never raised."""
         once = RetryPolicy(max_retries=0)
-        await asyncio.gather(*(request_json("POST", f"{u}/abort_request", body, session=self.http.session(),
-                                            timeout=10, policy=once, stats=self.abort_stats, answer=_no_body)
-                               for u in urls), return_exceptions=True)
+        await asyncio.gather(
+            *(
+                request_json(
+                    "POST",
+                    f"{u}/abort_request",
+                    body,
+                    session=self.http.session(),
+                    timeout=10,
+                    policy=once,
+                    stats=self.abort_stats,
+                    answer=_no_body,
+                )
+                for u in urls
+            ),
+            return_exceptions=True,
+        )
 
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None,
-                       url: str | None = None, routing_key: str | None = None,
-                       top_logprobs_num: int = 0, image_data: list[str] | None = None) -> EngineOutput:
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        *,
+        rid: str | None = None,
+        url: str | None = None,
+        routing_key: str | None = None,
+        top_logprobs_num: int = 0,
+        image_data: list[str] | None = None,
+    ) -> EngineOutput:
         """One `/generate` with log-probs, bounded by the in-flight semaphore and a deadline.
         `routing_key`: sent as `X-SMG-Routing-Key`, so a consistent-hashing router keeps a session on one engine.
         `top_logprobs_num` > 0: the answer must also carry the k most likely tokens per position.
         `image_data`: a vision-language model's images for the image placeholders of `input_ids` (data URIs)."""
-        payload = payloads.generate(input_ids, sampling_params, rid=rid or self.new_rid(),
-                                    top_logprobs_num=top_logprobs_num, image_data=image_data)
+        payload = payloads.generate(
+            input_ids,
+            sampling_params,
+            rid=rid or self.new_rid(),
+            top_logprobs_num=top_logprobs_num,
+            image_data=image_data,
+        )
         vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
 
         def answer(raw: bytes) -> EngineOutput:
@@ -262,9 +326,13 @@ class EngineClient:
             try:
                 # the router's address is read again for each retry: it may have been restarted elsewhere
                 where = url or (lambda: f"{self.router_url}/generate")
-                out = await self.post(where, payload, on_retry=renew,
-                                      answer=answer,
-                                      headers={"X-SMG-Routing-Key": routing_key} if routing_key else None)
+                out = await self.post(
+                    where,
+                    payload,
+                    on_retry=renew,
+                    answer=answer,
+                    headers={"X-SMG-Routing-Key": routing_key} if routing_key else None,
+                )
             except HttpError as e:
                 raise HttpError(f"{e} (engine: {self.engine_label(url)})", e.status, e.body, e.reason) from e
             except asyncio.CancelledError:  # the caller gave up (an agent turn whose client left)
@@ -279,8 +347,9 @@ class EngineClient:
         """Abort every in-flight request on every engine (the router does not proxy abort)."""
         await self._abort_on(await self.engine_urls(), payloads.abort_request(abort_all=True))
 
-    async def abort_until_settled(self, tasks: "set[asyncio.Future] | list[asyncio.Future]",
-                                  timeout: float | None) -> tuple[set, set]:
+    async def abort_until_settled(
+        self, tasks: "set[asyncio.Future] | list[asyncio.Future]", timeout: float | None
+    ) -> tuple[set, set]:
         """`abort_all`, re-sent (50 ms, doubling) while any of `tasks` runs, for at most `timeout`
         seconds; returns (done, still running). The caller closes `gate` first and decides what
         to do with the tasks still running."""

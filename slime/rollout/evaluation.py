@@ -62,16 +62,24 @@ def dataset_multimodal_keys(dataset: Any, default: Any) -> Any:
         except json.JSONDecodeError as e:
             raise ValueError(f"--eval-config: dataset {dataset[0]!r}: multimodal_keys is not JSON: {e}") from None
     if keys is not None and not isinstance(keys, dict):
-        raise ValueError(f"--eval-config: dataset {dataset[0]!r}: multimodal_keys must be a mapping like "
-                         f"{{\"image\": \"images\"}}, got {keys!r}")
+        raise ValueError(
+            f"--eval-config: dataset {dataset[0]!r}: multimodal_keys must be a mapping like "
+            f'{{"image": "images"}}, got {keys!r}'
+        )
     return keys
 
 
 def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:
     params = sampling_params_from_args(args, evaluation=True)
-    for field, key in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
-                       ("max_response_len", "max_new_tokens"), ("stop", "stop"), ("stop_token_ids", "stop_token_ids"),
-                       ("min_new_tokens", "min_new_tokens")):
+    for field, key in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("max_response_len", "max_new_tokens"),
+        ("stop", "stop"),
+        ("stop_token_ids", "stop_token_ids"),
+        ("min_new_tokens", "min_new_tokens"),
+    ):
         value = getattr(dataset, field, None)
         if value is not None:
             params[key] = list(value) if isinstance(value, (list, tuple)) else value
@@ -84,8 +92,9 @@ def eval_reward(args: Any, sample: Sample) -> Any:
     return sample.reward[key] if key and isinstance(sample.reward, dict) else sample.reward
 
 
-async def evaluate_dataset(args: Any, rollout_id: int, dataset: Any,
-                           generate_group: GroupStep) -> dict[str, dict[str, Any]]:
+async def evaluate_dataset(
+    args: Any, rollout_id: int, dataset: Any, generate_group: GroupStep
+) -> dict[str, dict[str, Any]]:
     """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}`. Its settings come
     from the `EvalDatasetConfig` (else the flags); its `custom_generate_function_path` and
     `custom_rm_path` are set on every sample, so they replace the flags' for this dataset only."""
@@ -106,5 +115,10 @@ async def _evaluate(args: Any, dataset: Any, generate_group: GroupStep) -> dict[
     runtime.progress.reset(len(prompts) * n, phase="eval")
     results = await asyncio.gather(*(generate_group(args, g, params, evaluation=True) for g in groups))
     samples = [s for g in results for s in g]
-    return {name: {"rewards": [eval_reward(args, s) for s in samples],
-                   "truncated": [s.status == Sample.Status.TRUNCATED for s in samples], "samples": samples}}
+    return {
+        name: {
+            "rewards": [eval_reward(args, s) for s in samples],
+            "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
+            "samples": samples,
+        }
+    }

@@ -28,36 +28,48 @@ class RolloutConfig(FlagConfig):
     input_key: str = flag("input", help="dotted paths allowed, e.g. extra_info.question", group=DATA)
     label_key: str | None = flag(None, group=DATA)
     metadata_key: str = flag("metadata", group=DATA)
-    tool_key: str = flag("tools",
-                         help="per-sample tools: a list of tool schemas (given to the chat template, "
-                              "metadata['tools']) or verl's tools_kwargs mapping (metadata['tools_kwargs'])",
-                         group=DATA)
+    tool_key: str = flag(
+        "tools",
+        help="per-sample tools: a list of tool schemas (given to the chat template, "
+        "metadata['tools']) or verl's tools_kwargs mapping (metadata['tools_kwargs'])",
+        group=DATA,
+    )
     apply_chat_template: bool = flag(False, action="store_true", group=DATA)
-    multimodal_keys: Any | None = flag(None, type=json.loads,
-                                       help="slime's JSON {type: row key}, e.g. '{\"image\": \"images\"}': each row's "
-                                            "images (paths, data URIs, base64; no URLs) go into its prompt where its "
-                                            "text says `<image>` (else before the text), checked at preflight, and to "
-                                            "a vision-language engine as image_data",
-                                       group=DATA)
+    multimodal_keys: Any | None = flag(
+        None,
+        type=json.loads,
+        help="slime's JSON {type: row key}, e.g. '{\"image\": \"images\"}': each row's "
+        "images (paths, data URIs, base64; no URLs) go into its prompt where its "
+        "text says `<image>` (else before the text), checked at preflight, and to "
+        "a vision-language engine as image_data",
+        group=DATA,
+    )
     rollout_shuffle: bool = flag(False, action="store_true", group=DATA)
     rollout_seed: int = flag(42, type=int, group=DATA)
     rollout_max_prompt_len: int | None = flag(None, range=AT_LEAST_ONE, type=int, group=DATA)
-    over_long_prompt: str = flag("filter", choices=["filter", "error"],
-                                 help="prompts longer than --rollout-max-context-len (or --rollout-max-prompt-len)",
-                                 group=DATA)
+    over_long_prompt: str = flag(
+        "filter",
+        choices=["filter", "error"],
+        help="prompts longer than --rollout-max-context-len (or --rollout-max-prompt-len)",
+        group=DATA,
+    )
     num_rollout: int | None = flag(None, type=int, help="rollouts to run; default: from --num-epoch, else 1")
     start_rollout_id: int | None = flag(None, type=int, help="default 0")
-    rollout_batch_size: int = flag(ROLLOUT_BATCH_SIZE, type=int,
-                                   help="prompts (groups) per rollout (required by slime; 4 here)")
+    rollout_batch_size: int = flag(
+        ROLLOUT_BATCH_SIZE, type=int, help="prompts (groups) per rollout (required by slime; 4 here)"
+    )
     n_samples_per_prompt: int = flag(1, type=int)
-    over_sampling_batch_size: int | None = flag(None, type=int,
-                                                help="groups started per sampling step (>= --rollout-batch-size; "
-                                                     "default equal): the extra groups over-provision, the rollout "
-                                                     "stops once its target is met and aborts the rest")
+    over_sampling_batch_size: int | None = flag(
+        None,
+        type=int,
+        help="groups started per sampling step (>= --rollout-batch-size; "
+        "default equal): the extra groups over-provision, the rollout "
+        "stops once its target is met and aborts the rest",
+    )
     global_batch_size: int | None = flag(None, range=AT_LEAST_ONE, type=int)
-    rollout_max_response_len: int = flag(64, type=int,
-                                         help="slime's default is None (up to the context length); the embedded "
-                                              "engine needs a bound")
+    rollout_max_response_len: int = flag(
+        64, type=int, help="slime's default is None (up to the context length); the embedded engine needs a bound"
+    )
     rollout_max_context_len: int | None = flag(None, type=int)
     rollout_temperature: float = flag(1.0, type=float)
     rollout_top_p: float = flag(1.0, type=float)
@@ -67,46 +79,74 @@ class RolloutConfig(FlagConfig):
     rollout_skip_special_tokens: bool = flag(False, action="store_true")
     sglang_server_concurrency: int = flag(512, type=int, help="in-flight requests per process")
     request_timeout: float = flag(300.0, type=float, help="deadline of one engine request, seconds")
-    request_max_retries: int = flag(REQUEST_MAX_RETRIES, range=NON_NEGATIVE, type=int,
-                                    help="cap on the retries of one request (connection errors, timeouts, 429, 5xx); "
-                                         "the budget is --request-retry-window seconds")
+    request_max_retries: int = flag(
+        REQUEST_MAX_RETRIES,
+        range=NON_NEGATIVE,
+        type=int,
+        help="cap on the retries of one request (connection errors, timeouts, 429, 5xx); "
+        "the budget is --request-retry-window seconds",
+    )
     dynamic_sampling_filter_path: str | None = flag(None)
-    partial_rollout: bool = flag(False, action="store_true",
-                                 help="aborted samples keep their partial response and are continued by a later "
-                                      "rollout")
-    mask_offpolicy_in_partial_rollout: bool = flag(False, action="store_true",
-                                                   help="with --partial-rollout: loss mask 0 on tokens sampled by "
-                                                        "another weight version than the one that finished the sample")
-    abort_timeout: float = flag(5.0, type=float,
-                                help="seconds a rollout waits for the engines' answers to its abort before cancelling "
-                                     "the groups still running (returned to the buffer as they were handed out)")
-    max_staleness: int | None = flag(None, type=int,
-                                     help="fully-async rollout: samples whose oldest segment is more than this many "
-                                          "weight versions behind are dropped (continued with --partial-rollout); "
-                                          "default: no bound")
+    partial_rollout: bool = flag(
+        False,
+        action="store_true",
+        help="aborted samples keep their partial response and are continued by a later rollout",
+    )
+    mask_offpolicy_in_partial_rollout: bool = flag(
+        False,
+        action="store_true",
+        help="with --partial-rollout: loss mask 0 on tokens sampled by "
+        "another weight version than the one that finished the sample",
+    )
+    abort_timeout: float = flag(
+        5.0,
+        type=float,
+        help="seconds a rollout waits for the engines' answers to its abort before cancelling "
+        "the groups still running (returned to the buffer as they were handed out)",
+    )
+    max_staleness: int | None = flag(
+        None,
+        type=int,
+        help="fully-async rollout: samples whose oldest segment is more than this many "
+        "weight versions behind are dropped (continued with --partial-rollout); "
+        "default: no bound",
+    )
     rollout_function_path: str = flag("slime.rollout.sglang_rollout.generate_rollout")
     eval_function_path: str | None = flag(None, help="default: --rollout-function-path")
     custom_generate_function_path: str | None = flag(None)
-    custom_generate_timeout: float = flag(3600.0, range=POSITIVE, type=float,
-                                          help="seconds a custom generate function may take on one sample; one that "
-                                               "does not return fails its sample (generate_timeout) and the rollout "
-                                               "goes on")
-    rm_type: str | None = flag(None,
-                               help="a rule of slime.rollout.rm_hub (math, deepscaler, dapo, f1, gpqa, ifbench, "
-                                    "remote_rm, random, boxed_<type>, ...)",
-                               group=REWARD)
+    custom_generate_timeout: float = flag(
+        3600.0,
+        range=POSITIVE,
+        type=float,
+        help="seconds a custom generate function may take on one sample; one that "
+        "does not return fails its sample (generate_timeout) and the rollout "
+        "goes on",
+    )
+    rm_type: str | None = flag(
+        None,
+        help="a rule of slime.rollout.rm_hub (math, deepscaler, dapo, f1, gpqa, ifbench, "
+        "remote_rm, random, boxed_<type>, ...)",
+        group=REWARD,
+    )
     custom_rm_path: str | None = flag(None, group=REWARD)
     group_rm: bool = flag(False, action="store_true", group=REWARD)
     reward_key: str | None = flag(None, help="key of dict rewards used for training", group=REWARD)
-    reward_timeout: float = flag(1800.0, range=POSITIVE, type=float,
-                                 help="seconds one reward call (a sample's, or a group's with --group-rm) may take; "
-                                      "one that does not return fails its samples (reward_timeout) and the rollout "
-                                      "goes on",
-                                 group=REWARD)
-    eval_prompt_data: list[str] | None = flag(None, nargs="+", metavar="NAME PATH",
-                                              help="NAME PATH pairs; PATH may end in a row slice, e.g. aime "
-                                                   "/data/aime.jsonl@[0:30]",
-                                              group=EVAL)
+    reward_timeout: float = flag(
+        1800.0,
+        range=POSITIVE,
+        type=float,
+        help="seconds one reward call (a sample's, or a group's with --group-rm) may take; "
+        "one that does not return fails its samples (reward_timeout) and the rollout "
+        "goes on",
+        group=REWARD,
+    )
+    eval_prompt_data: list[str] | None = flag(
+        None,
+        nargs="+",
+        metavar="NAME PATH",
+        help="NAME PATH pairs; PATH may end in a row slice, e.g. aime /data/aime.jsonl@[0:30]",
+        group=EVAL,
+    )
     eval_interval: int | None = flag(None, type=int, group=EVAL)
     n_samples_per_eval_prompt: int = flag(1, type=int, group=EVAL)
     eval_max_response_len: int | None = flag(None, range=AT_LEAST_ONE, type=int, group=EVAL)

@@ -132,8 +132,9 @@ class AsyncRolloutWorker:
 
     def _take_entries(self, limit: int | None = None) -> list[GroupEntry]:
         """Like `get_completed_groups`, as entries (a group put in by hand gets one)."""
-        return [self._entries.pop(gid, None) or self._adopt(gid, group)
-                for gid, group in self.get_completed_groups(limit)]
+        return [
+            self._entries.pop(gid, None) or self._adopt(gid, group) for gid, group in self.get_completed_groups(limit)
+        ]
 
     def _adopt(self, gid: int, group: list[Sample]) -> GroupEntry:
         entry = GroupEntry(gid, group)
@@ -165,8 +166,12 @@ class AsyncRolloutWorker:
 
     def _top_up(self) -> None:
         # backpressure: groups in flight, suspended and finished-but-untaken never exceed the pool size
-        while (not self.paused and not self.closed and self.error is None
-               and len(self.active) + self.queue_size() + len(self.suspended) < self.concurrency):
+        while (
+            not self.paused
+            and not self.closed
+            and self.error is None
+            and len(self.active) + self.queue_size() + len(self.suspended) < self.concurrency
+        ):
             groups = self.data_source.get_samples(1)
             if not groups:
                 return
@@ -190,8 +195,9 @@ class AsyncRolloutWorker:
         self.counters[f"returned_{reason}"] += 1
 
     def _observe_versions(self, group: list[Sample]) -> None:
-        seen = [v for s in group for v in map(version_number, getattr(s, "weight_versions", None) or [])
-                if v is not None]
+        seen = [
+            v for s in group for v in map(version_number, getattr(s, "weight_versions", None) or []) if v is not None
+        ]
         if seen:
             self.hub.observe(max(seen))
 
@@ -243,8 +249,10 @@ class AsyncRolloutWorker:
         verdict = apply_filter(self.filter_fn, self.args, entry.result)
         # slime's keep_when_insufficient: kept when the pool could not otherwise fill a rollout
         if not should_drop_dynamic_filter_output(
-                verdict, remaining_batch_size=self.queue_size() + len(self.active) + 1,
-                target_data_size=int(self.args.rollout_batch_size)):
+            verdict,
+            remaining_batch_size=self.queue_size() + len(self.active) + 1,
+            target_data_size=int(self.args.rollout_batch_size),
+        ):
             self._dropped_in_a_row = 0
             return True
         reason = verdict.reason or "filtered"
@@ -253,21 +261,29 @@ class AsyncRolloutWorker:
         if self._dropped_in_a_row > MAX_DROPPED_PER_KEPT * int(self.args.rollout_batch_size) and self.error is None:
             self.error = RuntimeError(
                 f"--dynamic-sampling-filter-path dropped {self._dropped_in_a_row} groups in a row "
-                f"({reason}); the filter rejects (almost) everything")
+                f"({reason}); the filter rejects (almost) everything"
+            )
         return False
 
     def _continue(self, entry: GroupEntry, result: list[Sample]) -> None:
         """Launch an aborted group again: samples with tokens are continued by
         `generate_and_rm_group` (--partial-rollout), those without start afresh."""
-        group = [s if s.response_length > 0 or s.status != Sample.Status.ABORTED else entry.fresh(i)
-                 for i, s in enumerate(result)] if len(result) == len(entry.handed) else result
+        group = (
+            [
+                s if s.response_length > 0 or s.status != Sample.Status.ABORTED else entry.fresh(i)
+                for i, s in enumerate(result)
+            ]
+            if len(result) == len(entry.handed)
+            else result
+        )
         for s in group:
             if s.status == Sample.Status.ABORTED:
                 s.reward = None  # scored when it finishes
         entry.continued, entry.result = True, None
         self.counters["continued_groups"] += 1
-        self.counters["continued_samples"] += sum(s.status == Sample.Status.ABORTED and s.response_length > 0
-                                                  for s in result)
+        self.counters["continued_samples"] += sum(
+            s.status == Sample.Status.ABORTED and s.response_length > 0 for s in result
+        )
         self._launch(group, entry)
 
     # ---- staleness ----
@@ -345,8 +361,10 @@ class AsyncRolloutWorker:
             if self.closed:
                 raise RuntimeError("fully-async rollout: the worker was stopped")
             if not self.active and not self.paused and not self.suspended:
-                raise RuntimeError(f"fully-async rollout: the data source has no more prompts; collected "
-                                   f"{self.queue_size()} of {n} groups (--prompt-data, --num-epoch)")
+                raise RuntimeError(
+                    f"fully-async rollout: the data source has no more prompts; collected "
+                    f"{self.queue_size()} of {n} groups (--prompt-data, --num-epoch)"
+                )
             self._changed.clear()
             await self._changed.wait()
         out = self._take_entries(n)
@@ -362,9 +380,14 @@ class AsyncRolloutWorker:
     def held_groups(self) -> list[list[Sample]]:
         """Fresh copies of every group this worker holds (generating, suspended, finished and not yet
         taken), as the data source handed them out."""
-        return [e.copy_as_handed_out() for e in [*self.active.values(), *self.suspended,
-                                                 *(self._entries.get(gid) or self._adopt(gid, group)
-                                                   for gid, group in self.output_queue.items())]]
+        return [
+            e.copy_as_handed_out()
+            for e in [
+                *self.active.values(),
+                *self.suspended,
+                *(self._entries.get(gid) or self._adopt(gid, group) for gid, group in self.output_queue.items()),
+            ]
+        ]
 
     async def close(self) -> dict[str, int]:
         """Abort everything in flight; it, the suspended and the queued groups go back to the data
@@ -387,8 +410,10 @@ def _get_global_worker(args: Any, data_buffer: Any) -> AsyncRolloutWorker:
     runtime = current(args)
     concurrency = args.sglang_server_concurrency * max(1, get_rollout_num_engines(args))
     hub = worker_hub(runtime)
-    return runtime.shared(f"fully_async_rollout.worker:{id(data_buffer)}",
-                          lambda: hub.add(AsyncRolloutWorker(args, data_buffer, concurrency, hub=hub)))
+    return runtime.shared(
+        f"fully_async_rollout.worker:{id(data_buffer)}",
+        lambda: hub.add(AsyncRolloutWorker(args, data_buffer, concurrency, hub=hub)),
+    )
 
 
 async def _rollout(args: Any, rollout_id: int, data_buffer: Any) -> RolloutFnTrainOutput:
@@ -401,19 +426,31 @@ async def _rollout(args: Any, rollout_id: int, data_buffer: Any) -> RolloutFnTra
     current_version = worker.current_version
     ages = [a for g in groups for s in g if (a := staleness(s, current_version)) is not None]
     counts = worker.metrics_since_last()
-    logger.info("fully-async rollout %d: %d groups in %.1fs (%d were ready), %d queued, %d in flight, "
-                "version %s, %d stale dropped", rollout_id, len(groups), elapsed, warm, worker.queue_size(),
-                len(worker.active), current_version, counts.get("stale_dropped", 0))
-    metrics = {"perf/rollout_time": elapsed, "rollout/fully_async_ready_at_start": warm,
-               "rollout/fully_async_queue_left": worker.queue_size(),
-               "rollout/fully_async_in_flight": len(worker.active),
-               "rollout/fully_async_requeued_aborted": counts.get("requeued_aborted", 0),
-               "rollout/stale_dropped": counts.get("stale_dropped", 0),
-               "rollout/stale_dropped_groups": counts.get("stale_dropped_groups", 0),
-               "rollout/mean_staleness": sum(ages) / len(ages) if ages else 0.0,
-               "rollout/max_staleness": max(ages) if ages else 0,
-               "rollout/fully_async_continued_groups": counts.get("continued_groups", 0),
-               "rollout/fully_async_cancelled_after_abort": counts.get("cancelled_after_abort", 0)}
+    logger.info(
+        "fully-async rollout %d: %d groups in %.1fs (%d were ready), %d queued, %d in flight, "
+        "version %s, %d stale dropped",
+        rollout_id,
+        len(groups),
+        elapsed,
+        warm,
+        worker.queue_size(),
+        len(worker.active),
+        current_version,
+        counts.get("stale_dropped", 0),
+    )
+    metrics = {
+        "perf/rollout_time": elapsed,
+        "rollout/fully_async_ready_at_start": warm,
+        "rollout/fully_async_queue_left": worker.queue_size(),
+        "rollout/fully_async_in_flight": len(worker.active),
+        "rollout/fully_async_requeued_aborted": counts.get("requeued_aborted", 0),
+        "rollout/stale_dropped": counts.get("stale_dropped", 0),
+        "rollout/stale_dropped_groups": counts.get("stale_dropped_groups", 0),
+        "rollout/mean_staleness": sum(ages) / len(ages) if ages else 0.0,
+        "rollout/max_staleness": max(ages) if ages else 0,
+        "rollout/fully_async_continued_groups": counts.get("continued_groups", 0),
+        "rollout/fully_async_cancelled_after_abort": counts.get("cancelled_after_abort", 0),
+    }
     if current_version is not None:
         metrics["rollout/weight_version"] = current_version
     metrics.update({f"rollout/{k}": v for k, v in counts.items() if k.startswith("dropped_groups_")})

@@ -66,12 +66,21 @@ class Leftovers:
         self.data_source.add_samples([back if self.partial else [_reset(s) for s in back]])
 
     def metrics(self, abort_time: float) -> dict[str, Any]:
-        return {"rollout/aborted_samples": self.aborted_samples, "rollout/continued_samples": self.continued,
-                "rollout/wasted_tokens": self.wasted_tokens, "perf/abort_time": abort_time}
+        return {
+            "rollout/aborted_samples": self.aborted_samples,
+            "rollout/continued_samples": self.continued,
+            "rollout/wasted_tokens": self.wasted_tokens,
+            "perf/abort_time": abort_time,
+        }
 
 
-async def abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asyncio.Task, list[Sample]],
-                           before: dict[asyncio.Task, list[Sample] | None], leftovers: Leftovers) -> float:
+async def abort_leftovers(
+    args: Any,
+    runtime: RolloutRuntime,
+    pending: dict[asyncio.Task, list[Sample]],
+    before: dict[asyncio.Task, list[Sample] | None],
+    leftovers: Leftovers,
+) -> float:
     """Abort what is still generating, wait at most --abort-timeout for the engines' partial answers,
     cancel the rest; every group goes back to the buffer. Returns the seconds it took."""
     start = time.monotonic()
@@ -95,6 +104,10 @@ async def abort_leftovers(args: Any, runtime: RolloutRuntime, pending: dict[asyn
                 else:
                     leftovers.restore(group, before[task], interrupted=True)
     if late:
-        logger.warning("rollout: %d group(s) did not answer the abort within --abort-timeout %ss; cancelled and "
-                       "returned to the buffer as they were handed out", len(late), args.abort_timeout)
+        logger.warning(
+            "rollout: %d group(s) did not answer the abort within --abort-timeout %ss; cancelled and "
+            "returned to the buffer as they were handed out",
+            len(late),
+            args.abort_timeout,
+        )
     return time.monotonic() - start

@@ -36,16 +36,19 @@ def multimodal_prompt(args: Any, sample: Sample, runtime: Any) -> tuple[list[int
     images = [open_image(img) for img in sample_images(sample)]  # PIL, or data URIs after a dict round trip
     image_data = [encode_png_data_uri(img) for img in images]
     if sample.tokens and sample.multimodal_train_inputs is not None:
-        return list(sample.tokens[:len(sample.tokens) - sample.response_length]), image_data
+        return list(sample.tokens[: len(sample.tokens) - sample.response_length]), image_data
     processor = shared_processor(args, runtime)
     if processor is None:
-        raise ValueError(f"sample {sample.index} has {len(images)} image(s) (--multimodal-keys) but "
-                         f"--hf-checkpoint {args.hf_checkpoint} has no image processor "
-                         "(a vision-language checkpoint ships preprocessor_config.json)")
+        raise ValueError(
+            f"sample {sample.index} has {len(images)} image(s) (--multimodal-keys) but "
+            f"--hf-checkpoint {args.hf_checkpoint} has no image processor "
+            "(a vision-language checkpoint ships preprocessor_config.json)"
+        )
     text = sample.prompt
     if not isinstance(text, str):
-        text = runtime.tokenizer.apply_chat_template(text, tokenize=False, add_generation_prompt=True,
-                                                     **(sample.apply_chat_template_kwargs or {}))
+        text = runtime.tokenizer.apply_chat_template(
+            text, tokenize=False, add_generation_prompt=True, **(sample.apply_chat_template_kwargs or {})
+        )
     enc = processor(text=text, **build_processor_kwargs({"images": images}))
     sample.multimodal_train_inputs = {k: v for k, v in enc.items() if k not in _PROMPT_KEYS} or None
     return [int(t) for t in enc["input_ids"][0]], image_data

@@ -20,8 +20,9 @@ from slime.utils.types import MultimodalTypes
 PLACEHOLDER = MultimodalTypes.IMAGE.placeholder  # "<image>"
 
 
-def row_images(args: Any, row: dict[str, Any], where: str, base_dir: Path | None,
-               error: type) -> tuple[list[Any], list[Any]] | None:
+def row_images(
+    args: Any, row: dict[str, Any], where: str, base_dir: Path | None, error: type
+) -> tuple[list[Any], list[Any]] | None:
     """(the row's image values as written, the images as PIL RGB) by `--multimodal-keys`, in order;
     None when the flag is unset."""
     keys = args.multimodal_keys
@@ -31,8 +32,10 @@ def row_images(args: Any, row: dict[str, Any], where: str, base_dir: Path | None
     images: list[Any] = []
     for kind, key in keys.items():
         if kind != "image":
-            raise error(f"--multimodal-keys: {kind!r}: only images are read here (the keys slime knows are "
-                        f"{[t.name for t in MultimodalTypes.all()]}; video and audio are not supported)")
+            raise error(
+                f"--multimodal-keys: {kind!r}: only images are read here (the keys slime knows are "
+                f"{[t.name for t in MultimodalTypes.all()]}; video and audio are not supported)"
+            )
         values = row.get(key)
         if values is None:
             continue
@@ -62,8 +65,10 @@ def with_image_parts(prompt: Any, images: list[Any], where: str, error: type) ->
         messages[last]["content"] = [{"type": "image", "image": img} for img in images] + parts
         return messages
     if holders != len(images):
-        raise error(f"{where}: the prompt has {holders} {PLACEHOLDER} placeholder(s) but the row has "
-                    f"{len(images)} image(s) (--multimodal-keys): one image per placeholder")
+        raise error(
+            f"{where}: the prompt has {holders} {PLACEHOLDER} placeholder(s) but the row has "
+            f"{len(images)} image(s) (--multimodal-keys): one image per placeholder"
+        )
     queue = list(images)
     for m in messages:
         if isinstance(m.get("content"), str) and PLACEHOLDER in m["content"]:

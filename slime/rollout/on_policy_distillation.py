@@ -33,10 +33,12 @@ class TeacherAnswerError(ValueError):
 
 def teacher_request(args: Any, sample: Sample) -> dict[str, Any]:
     """The `/generate` body that scores `sample.tokens` without sampling anything."""
-    return {"input_ids": list(sample.tokens),
-            "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0,
-                                "skip_special_tokens": False},
-            "return_logprob": True, "logprob_start_len": 0}
+    return {
+        "input_ids": list(sample.tokens),
+        "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
 
 
 async def reward_func(args: Any, sample: Sample, **kwargs: Any) -> dict[str, Any]:
@@ -44,15 +46,18 @@ async def reward_func(args: Any, sample: Sample, **kwargs: Any) -> dict[str, Any
     args = completed(args)
     url = args.rm_url
     if not url:
-        raise ValueError(f"{RM_URL_FLAG} is required by slime.rollout.on_policy_distillation.reward_func "
-                         f"(the teacher's /generate URL)")
+        raise ValueError(
+            f"{RM_URL_FLAG} is required by slime.rollout.on_policy_distillation.reward_func "
+            f"(the teacher's /generate URL)"
+        )
     from slime.rollout.runtime import bound
 
     runtime = bound()
     if runtime is not None:  # the controller's session, deadline, retry budget and counters
         return await runtime.client.post(url, teacher_request(args, sample), timeout=TEACHER_TIMEOUT)
-    return await http_retry.post(url, teacher_request(args, sample), timeout=TEACHER_TIMEOUT,
-                                 policy=http_retry.RetryPolicy())
+    return await http_retry.post(
+        url, teacher_request(args, sample), timeout=TEACHER_TIMEOUT, policy=http_retry.RetryPolicy()
+    )
 
 
 def teacher_log_probs(sample: Sample, answer: Any) -> list[float]:
@@ -61,24 +66,29 @@ def teacher_log_probs(sample: Sample, answer: Any) -> list[float]:
     who = f"sample index={sample.index} group={sample.group_index}"
     entries = answer.get("meta_info", {}).get("input_token_logprobs") if isinstance(answer, dict) else None
     if not isinstance(entries, list):
-        raise TeacherAnswerError(f"{who}: the reward is not a teacher answer with meta_info.input_token_logprobs "
-                                 f"(is {RM_URL_FLAG} an SGLang /generate URL, and --custom-rm-path "
-                                 f"slime.rollout.on_policy_distillation.reward_func?)")
+        raise TeacherAnswerError(
+            f"{who}: the reward is not a teacher answer with meta_info.input_token_logprobs "
+            f"(is {RM_URL_FLAG} an SGLang /generate URL, and --custom-rm-path "
+            f"slime.rollout.on_policy_distillation.reward_func?)"
+        )
     n = sample.response_length
     if len(entries) != len(sample.tokens):
-        raise TeacherAnswerError(f"{who}: the teacher scored {len(entries)} tokens, the sample has "
-                                 f"{len(sample.tokens)} (prompt + response)")
-    tail = entries[len(entries) - n:] if n else []
+        raise TeacherAnswerError(
+            f"{who}: the teacher scored {len(entries)} tokens, the sample has {len(sample.tokens)} (prompt + response)"
+        )
+    tail = entries[len(entries) - n :] if n else []
     if n and len(entries) == n:  # the first entry is None in SGLang: a response needs a prompt before it
-        raise TeacherAnswerError(f"{who}: no prompt token before the response, its first token has no teacher "
-                                 f"log-prob")
+        raise TeacherAnswerError(f"{who}: no prompt token before the response, its first token has no teacher log-prob")
     for i, entry in enumerate(tail, start=len(entries) - n):
         if not _is_entry(entry):
-            raise TeacherAnswerError(f"{who}: input_token_logprobs item {i} is not [finite log-prob <= 0 "
-                                     f"(+{LOGPROB_TOLERANCE}), token id]: {str(entry)[:80]}")
-    if [e[1] for e in tail] != list(sample.tokens[len(sample.tokens) - n:]):
-        raise TeacherAnswerError(f"{who}: the teacher's input_token_logprobs name other token ids than the "
-                                 f"sample's response")
+            raise TeacherAnswerError(
+                f"{who}: input_token_logprobs item {i} is not [finite log-prob <= 0 "
+                f"(+{LOGPROB_TOLERANCE}), token id]: {str(entry)[:80]}"
+            )
+    if [e[1] for e in tail] != list(sample.tokens[len(sample.tokens) - n :]):
+        raise TeacherAnswerError(
+            f"{who}: the teacher's input_token_logprobs name other token ids than the sample's response"
+        )
     return [float(e[0]) for e in tail]
 
 
@@ -87,8 +97,14 @@ def _is_entry(entry: Any) -> bool:
     if not isinstance(entry, (list, tuple)) or len(entry) < 2:
         return False
     lp, tid = entry[0], entry[1]
-    return (isinstance(tid, int) and not isinstance(tid, bool) and isinstance(lp, (int, float))
-            and not isinstance(lp, bool) and math.isfinite(lp) and lp <= LOGPROB_TOLERANCE)
+    return (
+        isinstance(tid, int)
+        and not isinstance(tid, bool)
+        and isinstance(lp, (int, float))
+        and not isinstance(lp, bool)
+        and math.isfinite(lp)
+        and lp <= LOGPROB_TOLERANCE
+    )
 
 
 def post_process_rewards(args: Any, samples: list[Sample], **kwargs: Any) -> tuple[list[float], list[float]]:

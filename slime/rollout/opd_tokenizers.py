@@ -33,8 +33,10 @@ def tokenizer_difference(student: Any, teacher: Any) -> str | None:
     for token, i in sorted(sv.items(), key=lambda kv: kv[1]):
         if tv.get(token) != i:
             other = next((t for t, j in tv.items() if j == i), None)
-            return (f"the student's token {token!r} is id {i}, the teacher's is "
-                    f"{'absent' if token not in tv else f'id {tv[token]}'} (id {i} is {other!r} to the teacher)")
+            return (
+                f"the student's token {token!r} is id {i}, the teacher's is "
+                f"{'absent' if token not in tv else f'id {tv[token]}'} (id {i} is {other!r} to the teacher)"
+            )
     if len(tv) != len(sv):
         return f"the teacher's vocabulary has {len(tv)} entries, the student's {len(sv)}"
     ss, ts = _specials(student), _specials(teacher)
@@ -49,14 +51,18 @@ def teacher_model_info(rm_url: str) -> dict[str, Any] | None:
     import requests
 
     base = rm_url.rstrip("/")
-    base = base[:-len("/generate")] if base.endswith("/generate") else base
+    base = base[: -len("/generate")] if base.endswith("/generate") else base
     try:
         answer = requests.get(f"{base}/get_model_info", timeout=PROBE_TIMEOUT_S)
         answer.raise_for_status()
         info = answer.json()
     except (requests.RequestException, ValueError) as e:
-        logger.warning("--rm-url %s: the teacher's /get_model_info did not answer (%s); its tokenizer is not "
-                       "compared with the student's", rm_url, e)
+        logger.warning(
+            "--rm-url %s: the teacher's /get_model_info did not answer (%s); its tokenizer is not "
+            "compared with the student's",
+            rm_url,
+            e,
+        )
         return None
     return info if isinstance(info, dict) else None
 
@@ -68,8 +74,11 @@ def check_teacher_tokenizer(rm_url: str, student_path: str) -> None:
         return
     path = info.get("tokenizer_path") or info.get("model_path")
     if not isinstance(path, str) or not Path(path).is_dir():
-        logger.warning("--rm-url %s: the teacher's tokenizer %r is not a local directory; it is not compared with "
-                       "the student's", rm_url, path)
+        logger.warning(
+            "--rm-url %s: the teacher's tokenizer %r is not a local directory; it is not compared with the student's",
+            rm_url,
+            path,
+        )
         return
     if Path(path).resolve() == Path(student_path).resolve():
         return
@@ -77,5 +86,7 @@ def check_teacher_tokenizer(rm_url: str, student_path: str) -> None:
 
     difference = tokenizer_difference(load_tokenizer(student_path), load_tokenizer(path))
     if difference:
-        raise TokenizerMismatch(f"--rm-url {rm_url}: the teacher's tokenizer ({path}) is not the student's "
-                                f"({student_path}): {difference}; its log-probs would be of other tokens")
+        raise TokenizerMismatch(
+            f"--rm-url {rm_url}: the teacher's tokenizer ({path}) is not the student's "
+            f"({student_path}): {difference}; its log-probs would be of other tokens"
+        )

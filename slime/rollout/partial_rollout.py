@@ -56,7 +56,8 @@ def check_generate_function(args: Any) -> None:
         raise ValueError(
             f"--partial-rollout: --custom-generate-function-path {path!r} cannot continue an aborted sample "
             f"(it does not declare `{SUPPORTS_ATTR} = True`). Continue from `sample.tokens` with the remaining "
-            f"budget and set `{path.rsplit('.', 1)[-1]}.{SUPPORTS_ATTR} = True`, or drop --partial-rollout")
+            f"budget and set `{path.rsplit('.', 1)[-1]}.{SUPPORTS_ATTR} = True`, or drop --partial-rollout"
+        )
 
 
 # ---- one sample --------------------------------------------------------------------------------
@@ -66,8 +67,7 @@ def is_continuation(args: Any, sample: Sample) -> bool:
 
 def is_finished(args: Any, sample: Sample) -> bool:
     """A sample returned to the buffer already finished (its group was interrupted): not regenerated."""
-    return bool(args.partial_rollout) and sample.status in FINISHED \
-        and sample.response_length > 0
+    return bool(args.partial_rollout) and sample.status in FINISHED and sample.response_length > 0
 
 
 def continuation_input(sample: Sample, params: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
@@ -81,7 +81,7 @@ def token_weight_versions(sample: Sample) -> list[str | None]:
     """The weight version of every response token (None: not sampled, e.g. tool output, or unknown)."""
     versions: list[str | None] = [None] * sample.response_length
     for v, seg in zip(sample.metadata.get("weight_versions", []), sample.metadata.get("segments", [])):
-        versions[seg["start"]:seg["end"]] = [v] * (seg["end"] - seg["start"])
+        versions[seg["start"] : seg["end"]] = [v] * (seg["end"] - seg["start"])
     return versions
 
 

@@ -33,7 +33,12 @@ class Progress:
 
     def as_dict(self) -> dict[str, Any]:
         elapsed = max(1e-9, time.monotonic() - self.started)
-        return {"phase": self.phase, "target": self.target,
-                # custom rollouts may not count samples: fall back to finished engine responses
-                "done": self.samples_done or min(self.responses, self.target or self.responses),
-                "responses": self.responses, "tokens": self.tokens, "tokens_per_s": self.tokens / elapsed}
+        return {
+            "phase": self.phase,
+            "target": self.target,
+            # custom rollouts may not count samples: fall back to finished engine responses
+            "done": self.samples_done or min(self.responses, self.target or self.responses),
+            "responses": self.responses,
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens / elapsed,
+        }

@@ -43,8 +43,11 @@ class IndexProgress:
             return  # a file read in a blink needs no line
         if final or now - self.last >= PROGRESS_EVERY_S:
             self.last = now
-            print(f"prompt data {self.path}: {self.what} {done_bytes / 2**20:.0f} of {self.total / 2**20:.0f} MB "
-                  f"({rows} rows, {now - self.start:.0f} s){'' if not final else ', done'}", flush=True)
+            print(
+                f"prompt data {self.path}: {self.what} {done_bytes / 2**20:.0f} of {self.total / 2**20:.0f} MB "
+                f"({rows} rows, {now - self.start:.0f} s){'' if not final else ', done'}",
+                flush=True,
+            )
 
 
 MAX_LINE_BYTES = 256 << 20  # a prompt row beyond this is not a prompt (a 2.2 GB line took 105 s and 4.5 GB to fail)
@@ -57,8 +60,10 @@ def bounded_lines(f: Any, path: Path) -> Iterator[bytes]:
     while raw := f.readline(MAX_LINE_BYTES + 1):
         lineno += 1
         if len(raw) > MAX_LINE_BYTES:
-            raise DataError(f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES} bytes; a prompt row is "
-                            f"one JSON object per line (is this JSONL, or a whole dataset on one line?)")
+            raise DataError(
+                f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES} bytes; a prompt row is "
+                f"one JSON object per line (is this JSONL, or a whole dataset on one line?)"
+            )
         yield raw
 
 
@@ -126,8 +131,10 @@ class PromptIndex(Sequence):
         if row_slice is not None:
             self._keep(range(total)[row_slice])
             if not len(self._starts):
-                raise DataError(f"{self.path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
-                                f"(the file has {total})")
+                raise DataError(
+                    f"{self.path}: the row slice @[{row_slice.start}:{row_slice.stop}] selects no rows "
+                    f"(the file has {total})"
+                )
         self.filtered = 0
         self._images: Any = None  # the checkpoint's image side, loaded for the first prompt with images
         self.dropped: array | None = None  # rows the length filter dropped (positions before dropping)
@@ -155,10 +162,20 @@ class PromptIndex(Sequence):
         """What decides the rows the length filter drops: the file as it is now, the slice, the keys,
         the template, the tokenizer and the limit. Equal keys, equal rows dropped."""
         st = self.path.stat()
-        return (str(self.path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, repr(self._slice), self.input_key,
-                self.label_key, bool(self.args.apply_chat_template),
-                json.dumps(self.template_kwargs, sort_keys=True, default=repr), self.args.tool_key,
-                getattr(self.tokenizer, "name_or_path", None), prompt_limit(self.args)[0])
+        return (
+            str(self.path.resolve()),
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ino,
+            repr(self._slice),
+            self.input_key,
+            self.label_key,
+            bool(self.args.apply_chat_template),
+            json.dumps(self.template_kwargs, sort_keys=True, default=repr),
+            self.args.tool_key,
+            getattr(self.tokenizer, "name_or_path", None),
+            prompt_limit(self.args)[0],
+        )
 
     def carry_filter(self, args: Any) -> None:
         """Record the rows this index dropped in `args`, for the manager's index of the same file
@@ -168,8 +185,10 @@ class PromptIndex(Sequence):
 
     def _too_long_rows(self) -> array:
         """slime's filter_long_prompt: tokenise every row once; the positions of the too long ones."""
-        dropped = array("q", (i for i, n in self._token_counts("tokenised")
-                              if n is not None and too_long(self.args, n, self.where(i))))
+        dropped = array(
+            "q",
+            (i for i, n in self._token_counts("tokenised") if n is not None and too_long(self.args, n, self.where(i))),
+        )
         self.read_through = True
         return array("q", sorted(dropped))
 
@@ -179,8 +198,9 @@ class PromptIndex(Sequence):
         if self.filtered >= len(self._starts):
             raise DataError(f"{self.path}: every prompt was filtered as too long ({self.filtered} rows)")
         if self.filtered:
-            print(f"prompt data {self.path}: filtered {self.filtered} prompt(s) longer than {max_len} tokens",
-                  flush=True)
+            print(
+                f"prompt data {self.path}: filtered {self.filtered} prompt(s) longer than {max_len} tokens", flush=True
+            )
             gone = set(dropped)
             self._keep([i for i in range(len(self._starts)) if i not in gone])
 
@@ -255,13 +275,24 @@ class PromptIndex(Sequence):
         their byte offsets; the line itself may be valid). Rows appended at the end are no change here."""
         now = file_identity(os.fstat(self._fd))
         if now != self._indexed:
-            raise DataError(f"{self.where(i)}: the file changed after it was indexed (size {self._indexed[0]} -> "
-                            f"{now[0]} bytes, or rewritten in place); prompt rows are read by their byte offsets "
-                            f"while the run goes on: do not rewrite --prompt-data during a run, or start it again")
+            raise DataError(
+                f"{self.where(i)}: the file changed after it was indexed (size {self._indexed[0]} -> "
+                f"{now[0]} bytes, or rewritten in place); prompt rows are read by their byte offsets "
+                f"while the run goes on: do not rewrite --prompt-data during a run, or start it again"
+            )
 
     def sample(self, i: int, tokenize: bool = True) -> Sample:
-        return sample_from_row(self.args, self.row(i), self.where(i), self.input_key, self.label_key,
-                               self.tokenizer, self.template_kwargs, tokenize=tokenize, base_dir=self.path.parent)
+        return sample_from_row(
+            self.args,
+            self.row(i),
+            self.where(i),
+            self.input_key,
+            self.label_key,
+            self.tokenizer,
+            self.template_kwargs,
+            tokenize=tokenize,
+            base_dir=self.path.parent,
+        )
 
     def __len__(self) -> int:
         return len(self._starts)

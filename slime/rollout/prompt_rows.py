@@ -89,8 +89,9 @@ def _check_text(text: str, where: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise DataError(f"{where}: {what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), "
-                        "not text; fix the row") from None
+        raise DataError(
+            f"{where}: {what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), not text; fix the row"
+        ) from None
 
 
 def _check_messages(messages: list[Any], where: str, input_key: str, templated: bool) -> None:
@@ -107,12 +108,16 @@ def _check_messages(messages: list[Any], where: str, input_key: str, templated: 
             raise DataError(f"{where}: {input_key}[{k}] has no 'content' (null is allowed beside tool calls)")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise DataError(f"{where}: {input_key}[{k}]['content'] must be a string (or a list of content parts), "
-                            f"got {type(content).__name__} {content!r:.40}")
+            raise DataError(
+                f"{where}: {input_key}[{k}]['content'] must be a string (or a list of content parts), "
+                f"got {type(content).__name__} {content!r:.40}"
+            )
         for j, part in enumerate(content if isinstance(content, list) else []):
             if not isinstance(part, dict):
-                raise DataError(f"{where}: {input_key}[{k}]['content'][{j}] must be a content part (an object), "
-                                f"got {type(part).__name__} {part!r:.40}")
+                raise DataError(
+                    f"{where}: {input_key}[{k}]['content'][{j}] must be a content part (an object), "
+                    f"got {type(part).__name__} {part!r:.40}"
+                )
         _check_strings(m, where, f"{input_key}[{k}]")
 
 
@@ -177,17 +182,30 @@ def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, An
     if hasattr(value, "tolist"):  # a Parquet struct read back as numpy
         value = value.tolist()
     if not isinstance(value, dict):
-        raise DataError(f"{where}: --interaction-key {key!r}: expected verl's interaction_kwargs mapping, "
-                        f"got {type(value).__name__}")
+        raise DataError(
+            f"{where}: --interaction-key {key!r}: expected verl's interaction_kwargs mapping, "
+            f"got {type(value).__name__}"
+        )
     if not isinstance(value.get("name"), str) or not value["name"]:
-        raise DataError(f"{where}: --interaction-key {key!r}: no 'name' string (it picks the interaction of "
-                        f"--interaction-config-path; verl requires it)")
+        raise DataError(
+            f"{where}: --interaction-key {key!r}: no 'name' string (it picks the interaction of "
+            f"--interaction-config-path; verl requires it)"
+        )
     return value
 
 
-def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, label_key: str | None,
-                    tokenizer: Any = None, template_kwargs: dict[str, Any] | None = None, *,
-                    tokenize: bool = True, base_dir: Path | None = None) -> Sample:
+def sample_from_row(
+    args: Any,
+    row: dict[str, Any],
+    where: str,
+    input_key: str,
+    label_key: str | None,
+    tokenizer: Any = None,
+    template_kwargs: dict[str, Any] | None = None,
+    *,
+    tokenize: bool = True,
+    base_dir: Path | None = None,
+) -> Sample:
     """One row as the template Sample the data source copies into groups: prompt (rendered with
     --apply-chat-template, given the row's tools and --apply-chat-template-kwargs, as slime passes
     them), label, metadata, the row's images (--multimodal-keys, read and checked; relative paths also
@@ -203,8 +221,10 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
         prompt = with_image_parts(prompt, images[0], where, DataError)
     elif images and images[1]:
-        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; a prompt with images "
-                        "(--multimodal-keys) must be text or a message list")
+        raise DataError(
+            f"{where}: key {input_key!r} is {type(prompt).__name__}; a prompt with images "
+            "(--multimodal-keys) must be text or a message list"
+        )
     if isinstance(prompt, list):
         if not all(isinstance(m, dict) and "role" in m for m in prompt):
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
@@ -216,17 +236,24 @@ def sample_from_row(args: Any, row: dict[str, Any], where: str, input_key: str, 
             if tokenizer is None:
                 raise DataError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
             try:
-                prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False,
-                                                       add_generation_prompt=True, **(template_kwargs or {}))
+                prompt = tokenizer.apply_chat_template(
+                    prompt, tools=tools, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+                )
             except Exception as e:  # noqa: BLE001 - jinja's errors name neither the file nor the line
-                raise DataError(f"{where}: --apply-chat-template cannot render key {input_key!r}: "
-                                f"{type(e).__name__}: {str(e).strip()[:200]}") from None
+                raise DataError(
+                    f"{where}: --apply-chat-template cannot render key {input_key!r}: "
+                    f"{type(e).__name__}: {str(e).strip()[:200]}"
+                ) from None
     elif not isinstance(prompt, str) and args.apply_chat_template:
-        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
-                        "string or a message list")
+        raise DataError(
+            f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
+            "string or a message list"
+        )
     elif not isinstance(prompt, str) and _default_generate(args):
-        raise DataError(f"{where}: key {input_key!r} is {type(prompt).__name__}; the default generate reads text "
-                        "or a message list (set --custom-generate-function-path to read other prompts)")
+        raise DataError(
+            f"{where}: key {input_key!r} is {type(prompt).__name__}; the default generate reads text "
+            "or a message list (set --custom-generate-function-path to read other prompts)"
+        )
     # any other prompt (tau-bench's `"index": 3`) goes to the generate function as it is, as in slime
     sample = Sample(prompt=prompt, label=label, metadata=metadata)
     if images and images[1]:
@@ -246,6 +273,8 @@ def too_long(args: Any, num_tokens: int, where: str) -> bool:
     if max_len is None or num_tokens <= max_len:
         return False
     if args.over_long_prompt == "error":
-        raise DataError(f"{where}: prompt has {num_tokens} tokens, over the limit "
-                        f"{max_len} ({limit_flag}); use --over-long-prompt filter")
+        raise DataError(
+            f"{where}: prompt has {num_tokens} tokens, over the limit "
+            f"{max_len} ({limit_flag}); use --over-long-prompt filter"
+        )
     return True

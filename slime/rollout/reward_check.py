@@ -51,8 +51,10 @@ def reward_problem(args: Any, sample: Sample) -> str | None:
             return f"returned {reward!r}, which has no key {key!r} (--reward-key)"
         return number_problem(reward[key])
     if isinstance(reward, dict):
-        return (f"returned a dict with keys {sorted(map(str, reward))}; pick one with --reward-key or turn it into "
-                "numbers with --custom-reward-post-process-path")
+        return (
+            f"returned a dict with keys {sorted(map(str, reward))}; pick one with --reward-key or turn it into "
+            "numbers with --custom-reward-post-process-path"
+        )
     return number_problem(reward)
 
 

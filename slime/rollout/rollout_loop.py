@@ -28,8 +28,9 @@ logger = logging.getLogger(__name__)
 MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per wanted group is broken
 
 
-async def collect_rollout(args: Any, rollout_id: int, data_source: DataSource,
-                          generate_group: GroupStep) -> RolloutFnTrainOutput:
+async def collect_rollout(
+    args: Any, rollout_id: int, data_source: DataSource, generate_group: GroupStep
+) -> RolloutFnTrainOutput:
     """Generate groups until `--rollout-batch-size` are kept, `--over-sampling-batch-size` in flight
     (extra groups over-provision: the rollout stops as soon as its target is met); then abort the rest
     (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`.
@@ -38,8 +39,9 @@ async def collect_rollout(args: Any, rollout_id: int, data_source: DataSource,
         return await _collect(args, rollout_id, data_source, generate_group)
 
 
-async def _collect(args: Any, rollout_id: int, data_source: DataSource,
-                   generate_group: GroupStep) -> RolloutFnTrainOutput:
+async def _collect(
+    args: Any, rollout_id: int, data_source: DataSource, generate_group: GroupStep
+) -> RolloutFnTrainOutput:
     runtime = current(args)
     runtime.client.gate.open()
     target = args.rollout_batch_size
@@ -47,8 +49,11 @@ async def _collect(args: Any, rollout_id: int, data_source: DataSource,
     stats = runtime.client.stats
     retries_before, failures_before = stats.total_retries, stats.failures
     params = sampling_params_from_args(args)
-    filter_fn = load_function(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path") \
-        if args.dynamic_sampling_filter_path else None
+    filter_fn = (
+        load_function(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+        if args.dynamic_sampling_filter_path
+        else None
+    )
     start = time.monotonic()
     kept: list[list[Sample]] = []
     finished: list[list[Sample]] = []  # every group generated this rollout, dropped ones included
@@ -78,22 +83,26 @@ async def _collect(args: Any, rollout_id: int, data_source: DataSource,
                     leftovers.finished(group, handed)
                     leftovers.requeued += 1
                     if leftovers.requeued > MAX_DROPPED_PER_KEPT * target:
-                        raise RuntimeError(f"the engines aborted {leftovers.requeued} groups while collecting "
-                                           f"{target}; are they being released or updated in a loop?")
+                        raise RuntimeError(
+                            f"the engines aborted {leftovers.requeued} groups while collecting "
+                            f"{target}; are they being released or updated in a loop?"
+                        )
                     continue
                 finished.append(group)
                 if filter_fn is not None and len(kept) < target:
                     verdict = apply_filter(filter_fn, args, group)
                     # slime's keep_when_insufficient: a rejected group is kept when dropping it would
                     # leave fewer groups (kept + generating + this one) than the rollout needs
-                    if should_drop_dynamic_filter_output(verdict, remaining_batch_size=len(kept) + len(pending) + 1,
-                                                         target_data_size=target):
+                    if should_drop_dynamic_filter_output(
+                        verdict, remaining_batch_size=len(kept) + len(pending) + 1, target_data_size=target
+                    ):
                         settled.add(task)
                         dropped[verdict.reason or "filtered"] = dropped.get(verdict.reason or "filtered", 0) + 1
                         if sum(dropped.values()) > MAX_DROPPED_PER_KEPT * target:
                             raise RuntimeError(
                                 f"--dynamic-sampling-filter-path dropped {sum(dropped.values())} groups "
-                                f"({dropped}) while collecting {target}; the filter rejects (almost) everything")
+                                f"({dropped}) while collecting {target}; the filter rejects (almost) everything"
+                            )
                         continue
                 if len(kept) < target:
                     kept.append(group)
@@ -109,18 +118,20 @@ async def _collect(args: Any, rollout_id: int, data_source: DataSource,
     finally:
         if pending:
             abort_time = await abort_leftovers(args, runtime, pending, before, leftovers)
-            logger.info("rollout %d: %d leftover group(s) aborted and returned to the buffer", rollout_id,
-                        len(pending))
+            logger.info("rollout %d: %d leftover group(s) aborted and returned to the buffer", rollout_id, len(pending))
     kept.sort(key=lambda g: g[0].index if g and g[0].index is not None else 0)
     _run_sample_hooks(args, kept, finished, data_source)
     elapsed = time.monotonic() - start
     samples = [s for g in kept for s in g]
     tokens = sum(s.response_length for s in samples)
-    metrics = {"perf/rollout_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
-               "perf/engine_retries": stats.total_retries - retries_before,
-               "perf/engine_failures": stats.failures - failures_before,
-               **leftovers.metrics(abort_time),
-               **{f"rollout/dropped_groups_{k}": v for k, v in dropped.items()}}
+    metrics = {
+        "perf/rollout_time": elapsed,
+        "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
+        "perf/engine_retries": stats.total_retries - retries_before,
+        "perf/engine_failures": stats.failures - failures_before,
+        **leftovers.metrics(abort_time),
+        **{f"rollout/dropped_groups_{k}": v for k, v in dropped.items()},
+    }
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
 
@@ -131,4 +142,5 @@ def _run_sample_hooks(args: Any, kept: list[list[Sample]], finished: list[list[S
         load_function(args.rollout_sample_filter_path, "--rollout-sample-filter-path")(args, kept)
     if args.rollout_all_samples_process_path:  # slime's hook: sees filtered groups too
         load_function(args.rollout_all_samples_process_path, "--rollout-all-samples-process-path")(
-            args, finished, data_source)
+            args, finished, data_source
+        )

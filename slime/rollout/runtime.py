@@ -127,11 +127,12 @@ def current(args: Any = None) -> RolloutRuntime:
     if rt is not None:
         return rt
     if args is None:
-        raise RuntimeError("no rollout runtime in this process: rollout functions run inside the RolloutManager "
-                           "(or bind one with RolloutRuntime(...).bind())")
+        raise RuntimeError(
+            "no rollout runtime in this process: rollout functions run inside the RolloutManager "
+            "(or bind one with RolloutRuntime(...).bind())"
+        )
     args = completed(args)
-    router = (f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-              if args.sglang_router_ip else None)
+    router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}" if args.sglang_router_ip else None
     return RolloutRuntime(args, EngineClient.from_args(args, Endpoints(router)), owned_by_binding=True).bind()
 
 

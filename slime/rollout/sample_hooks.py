@@ -32,8 +32,9 @@ async def _apply(args: Any, sample: Sample, paths: list[str], kwargs: dict[str, 
             out = await out
         if out is not None:
             if not isinstance(out, Sample):
-                raise TypeError(f"--rollout-sample-hook-path {path!r} returned {type(out).__name__}; "
-                                "expected Sample or None")
+                raise TypeError(
+                    f"--rollout-sample-hook-path {path!r} returned {type(out).__name__}; expected Sample or None"
+                )
             sample = out
     return sample
 

@@ -12,7 +12,8 @@ from typing import Any
 
 def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, Any]:
     params = {
-        "temperature": args.eval_temperature if evaluation and args.eval_temperature is not None
+        "temperature": args.eval_temperature
+        if evaluation and args.eval_temperature is not None
         else args.rollout_temperature,
         "top_p": args.eval_top_p if evaluation and args.eval_top_p is not None else args.rollout_top_p,
         "top_k": args.rollout_top_k,

@@ -29,8 +29,9 @@ def _mask_generator(args: Any, runtime: Any) -> MultiTurnLossMaskGenerator:
         raise ValueError("slime.rollout.sft_rollout needs --hf-checkpoint (its tokenizer builds the loss masks)")
     if runtime is None:
         return MultiTurnLossMaskGenerator(load_tokenizer(args.hf_checkpoint, trust_remote_code=True), mask_type)
-    return runtime.shared(f"sft_rollout.mask_generator.{mask_type}",
-                          lambda: MultiTurnLossMaskGenerator(runtime.tokenizer, mask_type))
+    return runtime.shared(
+        f"sft_rollout.mask_generator.{mask_type}", lambda: MultiTurnLossMaskGenerator(runtime.tokenizer, mask_type)
+    )
 
 
 def _bound_runtime() -> Any:
@@ -45,8 +46,10 @@ def _bound_runtime() -> Any:
 def _messages(sample: Sample) -> list[dict]:
     messages = sample.prompt if isinstance(sample.prompt, list) else sample.metadata.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise ValueError(f"sft_rollout: sample {sample.index} has no message list as prompt "
-                         f"(got {type(sample.prompt).__name__}); point --input-key at the conversation's messages")
+        raise ValueError(
+            f"sft_rollout: sample {sample.index} has no message list as prompt "
+            f"(got {type(sample.prompt).__name__}); point --input-key at the conversation's messages"
+        )
     return messages
 
 
@@ -55,12 +58,14 @@ def build_sft_sample(sample: Sample, generator: MultiTurnLossMaskGenerator) -> S
     messages = _messages(sample)
     token_ids, loss_mask = generator.get_loss_mask(messages, tools=sample.metadata.get("tools"))
     if len(token_ids) != len(loss_mask):
-        raise ValueError(f"SFT rollout produced mismatched token_ids/loss_mask lengths: "
-                         f"{len(token_ids)=}, {len(loss_mask)=} (sample {sample.index})")
+        raise ValueError(
+            f"SFT rollout produced mismatched token_ids/loss_mask lengths: "
+            f"{len(token_ids)=}, {len(loss_mask)=} (sample {sample.index})"
+        )
     response_length = generator.get_response_lengths([loss_mask])[0]
     sample.tokens = token_ids
     sample.response_length = response_length
-    sample.loss_mask = loss_mask[len(loss_mask) - response_length:]
+    sample.loss_mask = loss_mask[len(loss_mask) - response_length :]
     sample.reward = 0
     return sample
 
@@ -69,8 +74,10 @@ def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: b
     """`--rollout-batch-size` groups from the data source, each sample tokenised with its loss mask."""
     args = completed(args)
     if evaluation:
-        raise ValueError("slime.rollout.sft_rollout cannot evaluate; set --eval-function-path to a generating "
-                         "rollout (e.g. slime.rollout.sglang_rollout.generate_rollout) or drop --eval-prompt-data")
+        raise ValueError(
+            "slime.rollout.sft_rollout cannot evaluate; set --eval-function-path to a generating "
+            "rollout (e.g. slime.rollout.sglang_rollout.generate_rollout) or drop --eval-prompt-data"
+        )
     if not args.rollout_global_dataset:
         raise ValueError("slime.rollout.sft_rollout reads the global dataset; drop --disable-rollout-global-dataset")
     generator = _mask_generator(args, _bound_runtime())
@@ -80,6 +87,11 @@ def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: b
             build_sft_sample(sample, generator)
     if groups and groups[0]:
         first = groups[0][0]
-        logger.debug("sft_rollout %d: first sample has %d tokens, %d response tokens, %d trainable",
-                     rollout_id, len(first.tokens), first.response_length, first.effective_response_length)
+        logger.debug(
+            "sft_rollout %d: first sample has %d tokens, %d response tokens, %d trainable",
+            rollout_id,
+            len(first.tokens),
+            first.response_length,
+            first.effective_response_length,
+        )
     return groups

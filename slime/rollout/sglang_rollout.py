@@ -37,11 +37,28 @@ from slime.utils.types import Sample
 from slime.utils.plugin_args import completed
 
 # every name slime's plugins and our modules import from here (the ones defined elsewhere re-exported)
-__all__ = ["GenerateState", "MAX_DROPPED_PER_KEPT", "abort", "eval_prompts", "eval_reward", "eval_rollout",
-           "eval_rollout_single_dataset", "eval_sampling_params", "generate", "generate_and_rm",
-           "generate_and_rm_group", "generate_function", "generate_rollout", "generate_rollout_async",
-           "get_model_url", "group_sampling_params", "load_function", "mark_failed", "prompt_ids",
-           "sampling_params_from_args"]
+__all__ = [
+    "GenerateState",
+    "MAX_DROPPED_PER_KEPT",
+    "abort",
+    "eval_prompts",
+    "eval_reward",
+    "eval_rollout",
+    "eval_rollout_single_dataset",
+    "eval_sampling_params",
+    "generate",
+    "generate_and_rm",
+    "generate_and_rm_group",
+    "generate_function",
+    "generate_rollout",
+    "generate_rollout_async",
+    "get_model_url",
+    "group_sampling_params",
+    "load_function",
+    "mark_failed",
+    "prompt_ids",
+    "sampling_params_from_args",
+]
 
 
 class GenerateState:
@@ -68,10 +85,12 @@ class GenerateState:
         self.sampling_params = {"stop": None, "stop_token_ids": None, **sampling_params_from_args(rt.args)}
         seed = rt.args.rollout_seed
         self.group_sampling_seeds = [(seed or 0) + i for i in range(int(rt.args.n_samples_per_prompt))]
-        self.plugin_concurrency = max(1, int(rt.args.sglang_server_concurrency)
-                                      * max(1, get_rollout_num_engines(rt.args)))
-        self._semaphores: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
+        self.plugin_concurrency = max(
+            1, int(rt.args.sglang_server_concurrency) * max(1, get_rollout_num_engines(rt.args))
+        )
+        self._semaphores: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = (
             weakref.WeakKeyDictionary()
+        )
         self.dp_counts = [0] * int(getattr(rt.args, "sglang_dp_size", None) or 1)
         self.dp_rank = 0
         self.reset()
@@ -123,8 +142,9 @@ class GenerateState:
 
     def submit_generate_tasks(self, groups: list[list[Sample]]) -> None:
         for group in groups:
-            self.pendings.add(asyncio.ensure_future(
-                generate_and_rm_group(self.args, group, dict(self.sampling_params))))
+            self.pendings.add(
+                asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params)))
+            )
         self.remaining_batch_size += len(groups)
 
 
@@ -173,8 +193,10 @@ def _accepts(fn: Any, name: str) -> bool:
 def generate_function(args: Any, sample: Sample) -> Any:
     """The sample's generate function: `Sample.generate_function_path` (an eval dataset's
     `custom_generate_function_path` sets it), else `--custom-generate-function-path`, else `generate`."""
-    for where, path in (("Sample.generate_function_path", getattr(sample, "generate_function_path", None)),
-                        ("--custom-generate-function-path", args.custom_generate_function_path)):
+    for where, path in (
+        ("Sample.generate_function_path", getattr(sample, "generate_function_path", None)),
+        ("--custom-generate-function-path", args.custom_generate_function_path),
+    ):
         if path:
             try:
                 return load_function(path)
@@ -187,24 +209,31 @@ class GenerateTimeout(TimeoutError):
     """A custom generate function that did not return within --custom-generate-timeout."""
 
 
-async def _call_generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
-                         evaluation: bool) -> Sample | list[Sample]:
+async def _call_generate(
+    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool
+) -> Sample | list[Sample]:
     fn = generate_function(args, sample)
     if fn is generate:  # ours: every engine request has its deadline and retry budget
         return await fn(args, sample, dict(sampling_params))
-    call = fn(args, sample, dict(sampling_params), evaluation=evaluation) if _accepts(fn, "evaluation") else \
-        fn(args, sample, dict(sampling_params))
+    call = (
+        fn(args, sample, dict(sampling_params), evaluation=evaluation)
+        if _accepts(fn, "evaluation")
+        else fn(args, sample, dict(sampling_params))
+    )
     timeout = args.custom_generate_timeout
     try:
         return await asyncio.wait_for(call, timeout)
     except asyncio.TimeoutError:
-        raise GenerateTimeout(f"the custom generate function ({getattr(fn, '__module__', '?')}."
-                              f"{getattr(fn, '__qualname__', fn)}) did not return within {timeout:g} s on sample "
-                              f"{sample.index} (--custom-generate-timeout)") from None
+        raise GenerateTimeout(
+            f"the custom generate function ({getattr(fn, '__module__', '?')}."
+            f"{getattr(fn, '__qualname__', fn)}) did not return within {timeout:g} s on sample "
+            f"{sample.index} (--custom-generate-timeout)"
+        ) from None
 
 
-async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, Any],
-                        evaluation: bool = False) -> list[Sample]:
+async def _generate_one(
+    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
+) -> list[Sample]:
     """Generate one sample through slime's `GenerateState` (its plugin bound, abort flag and dp-rank
     balancing), then apply the sample hooks. A plugin's own GenerateState stand-in has no runtime:
     then nothing is counted in the progress."""
@@ -225,8 +254,12 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
             except (HttpError, GenerateTimeout) as e:
                 # The retry budget is spent, or the plugin's bound: the sample FAILED, the rollout goes on.
                 mark_failed(sample, e.reason if isinstance(e, HttpError) else "generate_timeout", str(e))
-                sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = \
-                    prompt_ids(args, sample, runtime), 0, [], []
+                sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = (
+                    prompt_ids(args, sample, runtime),
+                    0,
+                    [],
+                    [],
+                )
                 out = sample
     samples = out if isinstance(out, list) else [out]
     if partial_on and args.mask_offpolicy_in_partial_rollout:
@@ -239,8 +272,9 @@ async def _generate_one(args: Any, sample: Sample, sampling_params: dict[str, An
     return samples
 
 
-async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params: dict[str, Any],
-                                evaluation: bool = False) -> list[Sample]:
+async def generate_and_rm_group(
+    args: Any, group: list[Sample], sampling_params: dict[str, Any], evaluation: bool = False
+) -> list[Sample]:
     """Generate every sample of a group concurrently, then reward the ones that need it (the whole
     group at once with `--group-rm`). A reward function that raises marks its sample FAILED (flag and
     sample named); what it returns is kept as it is."""
@@ -254,8 +288,9 @@ async def generate_and_rm_group(args: Any, group: list[Sample], sampling_params:
     return samples
 
 
-async def generate_and_rm(args: Any, sample: Sample, sampling_params: dict[str, Any],
-                          evaluation: bool = False) -> Sample | list[Sample]:
+async def generate_and_rm(
+    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Sample | list[Sample]:
     """slime's per-sample step: generate (the sample's or the flag's custom function, else `generate`)
     through `GenerateState`, then reward unless aborted, failed or `--group-rm` (the group does it)."""
     args = completed(args)

@@ -12,8 +12,9 @@ logger = logging.getLogger(__name__)
 HOUR_S = 3600.0
 
 
-def sleep(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *,
-          stop: threading.Event | None = None) -> None:
+def sleep(
+    args: Any, rollout_id: int, data_source: Any, evaluation: bool = False, *, stop: threading.Event | None = None
+) -> None:
     """Wait until `stop` is set (never, from the rollout manager); one log line per hour waited."""
     stop = stop or threading.Event()
     hours = 0

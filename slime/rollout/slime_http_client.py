@@ -37,9 +37,11 @@ class SlimeHttpClient:
         import httpx  # only slime-style plugins need it
 
         ec = self.engine_client
-        return httpx.AsyncClient(limits=httpx.Limits(max_connections=ec.concurrency),
-                                 timeout=httpx.Timeout(ec.request_timeout),
-                                 trust_env=False)  # engine traffic never goes through a system proxy
+        return httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=ec.concurrency),
+            timeout=httpx.Timeout(ec.request_timeout),
+            trust_env=False,
+        )  # engine traffic never goes through a system proxy
 
     def client(self) -> Any:
         """The running loop's `httpx.AsyncClient`."""

@@ -50,8 +50,14 @@ def _where(exc: BaseException | None, record: logging.LogRecord) -> str:
 
 
 class StallGuard(logging.Handler):
-    def __init__(self, progress: Any, *, repeats: int = DEFAULT_REPEATS, min_seconds: float = DEFAULT_MIN_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        progress: Any,
+        *,
+        repeats: int = DEFAULT_REPEATS,
+        min_seconds: float = DEFAULT_MIN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         super().__init__(level=logging.WARNING)
         self.progress, self.repeats, self.min_seconds, self.clock = progress, int(repeats), float(min_seconds), clock
         self.tripped: concurrent.futures.Future = concurrent.futures.Future()
@@ -75,7 +81,8 @@ class StallGuard(logging.Handler):
             what = f"{key[0]}: {key[1]}" if exc is not None else key[1]
             error = RolloutStalledError(
                 f"the rollout made no progress while the same error was logged {self._count} times in "
-                f"{now - self._first_at:.1f}s (logger {record.name!r}, raised at {_where(exc, record)}): {what}")
+                f"{now - self._first_at:.1f}s (logger {record.name!r}, raised at {_where(exc, record)}): {what}"
+            )
             error.__cause__ = exc
             self.tripped.set_exception(error)
 

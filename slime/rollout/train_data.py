@@ -43,8 +43,7 @@ def check_sample(s: Sample) -> None:
     if s.response_length < 0 or s.response_length > len(s.tokens):
         raise BatchError(f"{who}: response_length {s.response_length} but {len(s.tokens)} tokens")
     if s.loss_mask is not None and len(s.loss_mask) != s.response_length:
-        raise BatchError(f"{who}: loss_mask has {len(s.loss_mask)} entries, "
-                         f"response_length is {s.response_length}")
+        raise BatchError(f"{who}: loss_mask has {len(s.loss_mask)} entries, response_length is {s.response_length}")
     for name in ("rollout_log_probs", "teacher_log_probs"):
         values = getattr(s, name, None)
         if values is not None and len(values) != s.response_length:
@@ -61,8 +60,10 @@ def untrained_log_probs_filled(s: Sample, name: str, mask: list[int]) -> list[fl
         return values
     trained = [i for i, v in enumerate(values) if v is None and mask[i]]
     if trained:
-        raise BatchError(f"{_who(s)}: {name}[{trained[0]}] is None at a token the loss trains "
-                         f"(loss_mask 1): the engine's log-prob of a sampled token is needed")
+        raise BatchError(
+            f"{_who(s)}: {name}[{trained[0]}] is None at a token the loss trains "
+            f"(loss_mask 1): the engine's log-prob of a sampled token is needed"
+        )
     return [0.0 if v is None else v for v in values]
 
 
@@ -80,17 +81,25 @@ def normalization_groups(args: Any, samples: list[Sample]) -> list[list[int]]:
     n = int(args.n_samples_per_prompt or 1)
     if len(samples) % n == 0:
         return [list(range(i, i + n)) for i in range(0, len(samples), n)]
-    logger.warning("reward normalisation: %d samples lack group_index and %d is not a multiple of "
-                   "--n-samples-per-prompt %d, so the groups cannot be told apart; normalising the batch as one "
-                   "group (as slime does). Set Sample.group_index to normalise per group.",
-                   sum(s.group_index is None for s in samples), len(samples), n)
+    logger.warning(
+        "reward normalisation: %d samples lack group_index and %d is not a multiple of "
+        "--n-samples-per-prompt %d, so the groups cannot be told apart; normalising the batch as one "
+        "group (as slime does). Set Sample.group_index to normalise per group.",
+        sum(s.group_index is None for s in samples),
+        len(samples),
+        n,
+    )
     return [list(range(len(samples)))]
 
 
 def normalize_group_rewards(args: Any, samples: list[Sample], raw: list[float]) -> list[float]:
     estimator = args.advantage_estimator
     if getattr(args, "disable_rewards_normalization", False) or estimator not in (
-            "grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
+        "grpo",
+        "gspo",
+        "cispo",
+        "reinforce_plus_plus_baseline",
+    ):
         return list(raw)
     out = list(raw)
     use_std = estimator in ("grpo", "gspo", "cispo") and not getattr(args, "disable_grpo_std_normalization", False)
@@ -132,8 +141,10 @@ def post_process_rewards(args: Any, samples: list[Sample]) -> tuple[list[float],
         if hasattr(values, "tolist"):  # a tensor or array is fine
             values = values.tolist()
         if not isinstance(values, (list, tuple)):
-            raise BatchError(f"{where} returned {name} as {type(values).__name__}; expected (raw_rewards, "
-                             f"rewards), each a list of {len(samples)} (one per sample)")
+            raise BatchError(
+                f"{where} returned {name} as {type(values).__name__}; expected (raw_rewards, "
+                f"rewards), each a list of {len(samples)} (one per sample)"
+            )
         if len(values) != len(samples):
             raise BatchError(f"{where} returned {name} with {len(values)} entries for {len(samples)} samples")
         for s, v in zip(samples, values):
@@ -223,9 +234,11 @@ def convert_samples_to_train_data(args: Any, samples: list[Sample]) -> dict[str,
         values = [untrained_log_probs_filled(s, key, mask) for s, mask in zip(samples, loss_masks)]
         if all(v is not None for v in values):
             data[key] = values
-    for key, attr in (("rollout_top_p_token_ids", "rollout_top_p_token_ids"),
-                      ("rollout_top_p_token_offsets", "rollout_top_p_token_offsets"),
-                      ("rollout_routed_experts", "rollout_routed_experts")):
+    for key, attr in (
+        ("rollout_top_p_token_ids", "rollout_top_p_token_ids"),
+        ("rollout_top_p_token_offsets", "rollout_top_p_token_offsets"),
+        ("rollout_routed_experts", "rollout_routed_experts"),
+    ):
         values = [getattr(s, attr, None) for s in samples]
         if all(v is not None for v in values):
             data[key] = values
@@ -257,8 +270,21 @@ def check_custom_train_data(args: Any, samples: list[Sample], data: Any) -> dict
     if n == 0:
         raise BatchError(f"{where} returned no samples")
     for key, values in data.items():
-        if key in ("tokens", "response_lengths", "rewards", "loss_masks", "raw_reward", "rollout_ids",
-                   "total_lengths", "rollout_mask_sums", *PER_TOKEN_KEYS) and len(values) != n:
+        if (
+            key
+            in (
+                "tokens",
+                "response_lengths",
+                "rewards",
+                "loss_masks",
+                "raw_reward",
+                "rollout_ids",
+                "total_lengths",
+                "rollout_mask_sums",
+                *PER_TOKEN_KEYS,
+            )
+            and len(values) != n
+        ):
             raise BatchError(f"{where}: {key!r} has {len(values)} entries, 'tokens' has {n}")
     for i in range(n):
         rl, nt = data["response_lengths"][i], len(data["tokens"][i])
@@ -266,8 +292,7 @@ def check_custom_train_data(args: Any, samples: list[Sample], data: Any) -> dict
             raise BatchError(f"{where}: entry {i}: response_length {rl} but {nt} tokens")
         for key in PER_TOKEN_KEYS:
             if key in data and data[key][i] is not None and len(data[key][i]) != rl:
-                raise BatchError(f"{where}: entry {i}: {key} has {len(data[key][i])} entries, "
-                                 f"response_length is {rl}")
+                raise BatchError(f"{where}: entry {i}: {key} has {len(data[key][i])} entries, response_length is {rl}")
     out = dict(data)
     out.setdefault("total_lengths", [len(t) for t in data["tokens"]])
     if "rollout_ids" not in out:

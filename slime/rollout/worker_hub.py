@@ -79,6 +79,7 @@ class WorkerHub:
 def worker_hub(runtime: RolloutRuntime) -> WorkerHub:
     """The runtime's hub (created on first use; its workers stop when the runtime closes, before
     the client's sessions close under them)."""
+
     def build() -> WorkerHub:
         hub = WorkerHub()
         runtime.on_close(lambda: run(hub.stop()))

@@ -212,9 +212,9 @@ def _clean_stale(parent: str) -> None:
     except OSError:
         return
     for n in names:
-        if not n.startswith(PREFIX) or not n[len(PREFIX):].isdigit():
+        if not n.startswith(PREFIX) or not n[len(PREFIX) :].isdigit():
             continue
-        pid = int(n[len(PREFIX):])
+        pid = int(n[len(PREFIX) :])
         if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
             continue
         for root, dirs, _ in os.walk(os.path.join(parent, n), topdown=False):

@@ -8,8 +8,27 @@ from dataclasses import dataclass, field
 # memory is copied and torn down per run); these are the common, cheap ones of generated solutions.
 # Heavier, rarer ones (dataclasses, statistics, decimal, datetime, threading, numpy) load on use, and
 # `random` too (preloaded, it would reseed itself after every fork).
-PRELOAD = ["re", "math", "json", "collections", "itertools", "functools", "heapq", "bisect", "string",
-           "typing", "copy", "operator", "array", "struct", "time", "resource", "types", "builtins", "atexit"]
+PRELOAD = [
+    "re",
+    "math",
+    "json",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "typing",
+    "copy",
+    "operator",
+    "array",
+    "struct",
+    "time",
+    "resource",
+    "types",
+    "builtins",
+    "atexit",
+]
 
 
 @dataclass

@@ -47,8 +47,14 @@ class EgressCounters:
 class EgressForwarder:
     """Accepts on `listener` (a socket of the slot's namespace) and splices each connection to `target`."""
 
-    def __init__(self, listener: socket.socket, target: tuple[str, int], *, max_connections: int = 64,
-                 connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        target: tuple[str, int],
+        *,
+        max_connections: int = 64,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.listener, self.target = listener, target
         self.max_connections, self.connect_timeout = max_connections, connect_timeout
         self.counters = EgressCounters()
@@ -86,8 +92,9 @@ class EgressForwarder:
 
     async def _splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*self.target, limit=CHUNK),
-                                                self.connect_timeout)
+            up_r, up_w = await asyncio.wait_for(
+                asyncio.open_connection(*self.target, limit=CHUNK), self.connect_timeout
+            )
         except (OSError, asyncio.TimeoutError) as e:
             self.counters.failed += 1
             logger.warning("egress to %s:%d failed: %s", *self.target, e)

@@ -28,9 +28,17 @@ class RunCodeEndpoint:
     `execute(request, ticket)` runs it once admitted; `admission` (server.py's `Admission`) holds
     the queue."""
 
-    def __init__(self, app, *, admission, parse: Callable[[bytes], Awaitable[Any]],
-                 execute: Callable[[Any, Any], Awaitable[Reply]], max_body: int, body_timeout: float,
-                 max_bodies: int) -> None:
+    def __init__(
+        self,
+        app,
+        *,
+        admission,
+        parse: Callable[[bytes], Awaitable[Any]],
+        execute: Callable[[Any, Any], Awaitable[Reply]],
+        max_body: int,
+        body_timeout: float,
+        max_bodies: int,
+    ) -> None:
         self.app, self.adm, self.parse, self.execute = app, admission, parse, execute
         self.max_body, self.body_timeout = max_body, body_timeout
         self.bodies = asyncio.Semaphore(max_bodies)  # (bound to the server's loop on first use)
@@ -43,9 +51,12 @@ class RunCodeEndpoint:
                 return await _reply(send, 413, error_body(f"request body larger than {self.max_body} bytes"))
         if not self.adm.reserve():
             ra = self.adm.retry_after()
-            return await _reply(send, 429, error_body("sandbox busy: too many queued runs",
-                                                      retry_after_s=round(ra, 3)),
-                                [(b"retry-after", str(max(1, int(ra + 0.999))).encode())])
+            return await _reply(
+                send,
+                429,
+                error_body("sandbox busy: too many queued runs", retry_after_s=round(ra, 3)),
+                [(b"retry-after", str(max(1, int(ra + 0.999))).encode())],
+            )
         reserved = True
         try:
             request = await self._receive(receive, send)
@@ -132,8 +143,15 @@ class RunCodeEndpoint:
 
 
 async def _reply(send, status: int, data: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
-

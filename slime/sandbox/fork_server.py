@@ -17,32 +17,56 @@ from slime.sandbox.ro_binds import with_interpreter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what the fork server loads (stdlib only), each after those it imports (`zygote._load_siblings`)
-SLOT_MODULES = ("isolation", "program", "slot_session", "run_frames", "run_files", "run_memory", "ns_dropper",
-                "run_init")
+SLOT_MODULES = (
+    "isolation",
+    "program",
+    "slot_session",
+    "run_frames",
+    "run_files",
+    "run_memory",
+    "ns_dropper",
+    "run_init",
+)
 
 
 def slot_sources() -> tuple[bytes, dict[str, str]]:
     """The fork server's script (sent on its stdin) and the modules it loads (sent with its
     config): no file of this checkout is opened, nor its path shown, inside a slot."""
+
     def read(name: str) -> str:
         with open(os.path.join(HERE, name + ".py")) as f:
             return f.read()
+
     return read("zygote").encode(), {n: read(n) for n in SLOT_MODULES}
 
 
 def fork_server_config(cfg: SandboxConfig, uid: int, cg: SlotCgroup | None, sources: dict[str, str]) -> dict[str, Any]:
     """What the fork server of one slot builds its isolation from (sent once, as JSON)."""
-    return {"isolate": cfg.isolate, "uid": uid, "ro_binds": with_interpreter(cfg.ro_binds, cfg.python),
-            "disk_mb": cfg.disk_mb,
-            "max_inodes": cfg.max_inodes,
-            "env": run_env(), "preload": cfg.preload,
-            "cg_procs": cg.procs if cg else [], "cg_sup_procs": cg.sup_procs if cg else [],
-            "cg_enable": cg.enable if cg else [], "cg_run_procs": cg.run_procs if cg else [],
-            "cg_limits": cg.limits if cg else [], "cg_oom": cg.oom if cg else [],
-            "cg_usage": cg.usage if cg else [], "sources": sources,
-            # set once on the fork server (root: RLIMIT_NPROC never binds its own forks)
-            "limits": {"max_processes": cfg.max_processes, "max_file_mb": cfg.max_file_mb,
-                       "max_open_files": cfg.max_open_files} if cfg.isolate else None}
+    return {
+        "isolate": cfg.isolate,
+        "uid": uid,
+        "ro_binds": with_interpreter(cfg.ro_binds, cfg.python),
+        "disk_mb": cfg.disk_mb,
+        "max_inodes": cfg.max_inodes,
+        "env": run_env(),
+        "preload": cfg.preload,
+        "cg_procs": cg.procs if cg else [],
+        "cg_sup_procs": cg.sup_procs if cg else [],
+        "cg_enable": cg.enable if cg else [],
+        "cg_run_procs": cg.run_procs if cg else [],
+        "cg_limits": cg.limits if cg else [],
+        "cg_oom": cg.oom if cg else [],
+        "cg_usage": cg.usage if cg else [],
+        "sources": sources,
+        # set once on the fork server (root: RLIMIT_NPROC never binds its own forks)
+        "limits": {
+            "max_processes": cfg.max_processes,
+            "max_file_mb": cfg.max_file_mb,
+            "max_open_files": cfg.max_open_files,
+        }
+        if cfg.isolate
+        else None,
+    }
 
 
 class ForkServer:

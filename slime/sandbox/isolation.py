@@ -53,9 +53,50 @@ def _seccomp_program():
     program inherits it, with no per-run cost), joins each run's namespaces with it. A program
     cannot use it: joining a namespace needs CAP_SYS_ADMIN, which it never has (an ordinary uid,
     ``no_new_privs``, and no user namespace of its own: those are denied here)."""
-    deny = [272, 165, 166, 155, 161, 101, 310, 311, 246, 320, 175, 313, 176, 169, 167, 168, 321, 298,
-            323, 250, 248, 249, 304, 303, 425, 426, 427, 428, 429, 430, 431, 432, 442, 163, 164, 227, 159, 179,
-            153, 172, 173, 103]
+    deny = [
+        272,
+        165,
+        166,
+        155,
+        161,
+        101,
+        310,
+        311,
+        246,
+        320,
+        175,
+        313,
+        176,
+        169,
+        167,
+        168,
+        321,
+        298,
+        323,
+        250,
+        248,
+        249,
+        304,
+        303,
+        425,
+        426,
+        427,
+        428,
+        429,
+        430,
+        431,
+        432,
+        442,
+        163,
+        164,
+        227,
+        159,
+        179,
+        153,
+        172,
+        173,
+        103,
+    ]
     ns_flags = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
     ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
@@ -65,12 +106,30 @@ def _seccomp_program():
     body = [("J", JGE, 0x40000000, "deny"), ("J", JEQ, 435, "nosys"), ("J", JEQ, 56, "clone")]
     body += [("J", JEQ, nr, "deny") for nr in deny]
     body += [("J", JEQ, nr, "socket") for nr in (41, 53)]  # socket, socketpair: by address family
-    body += [("R", ALLOW), ("L", "clone"), (LD, 0, 0, 16), ("J", JSET, ns_flags, "deny"), ("R", ALLOW),
-             ("L", "socket"), (LD, 0, 0, 16)]
+    body += [
+        ("R", ALLOW),
+        ("L", "clone"),
+        (LD, 0, 0, 16),
+        ("J", JSET, ns_flags, "deny"),
+        ("R", ALLOW),
+        ("L", "socket"),
+        (LD, 0, 0, 16),
+    ]
     body += [("J", JEQ, family, "allow") for family in SOCKET_FAMILIES]
-    body += [("J", JEQ, socket.AF_NETLINK, "netlink"), ("R", NOFAMILY),
-             ("L", "netlink"), (LD, 0, 0, 32), ("J", JEQ, NETLINK_ROUTE, "allow"), ("R", NOPROTO),
-             ("L", "allow"), ("R", ALLOW), ("L", "deny"), ("R", EPERM), ("L", "nosys"), ("R", ENOSYS)]
+    body += [
+        ("J", JEQ, socket.AF_NETLINK, "netlink"),
+        ("R", NOFAMILY),
+        ("L", "netlink"),
+        (LD, 0, 0, 32),
+        ("J", JEQ, NETLINK_ROUTE, "allow"),
+        ("R", NOPROTO),
+        ("L", "allow"),
+        ("R", ALLOW),
+        ("L", "deny"),
+        ("R", EPERM),
+        ("L", "nosys"),
+        ("R", ENOSYS),
+    ]
     labels, pos = {}, len(prog)
     for item in body:
         if item[0] == "L":
@@ -150,7 +209,7 @@ def run_binds(cfg):
     for i, (_, inside) in enumerate(cfg.get("ro_binds") or []):
         top = next((t for t in RUN_DIRS if inside.startswith(t + "/")), None)
         if top is not None:
-            out[i] = LINKED.get(top, top) + inside[len(top):]
+            out[i] = LINKED.get(top, top) + inside[len(top) :]
     return out
 
 
@@ -207,8 +266,10 @@ def _build_root(cfg):
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     # held open before the tmpfs goes over /tmp: a checkout under the host's /tmp stays reachable
     # (None: the host's own path under /usr at that path, shown already: `ro_binds.already_visible`)
-    from_ro_binds = [None if src == inside and (inside + "/").startswith("/usr/")
-                     else os.open(src, os.O_PATH | os.O_CLOEXEC) for src, inside in cfg.get("ro_binds") or []]
+    from_ro_binds = [
+        None if src == inside and (inside + "/").startswith("/usr/") else os.open(src, os.O_PATH | os.O_CLOEXEC)
+        for src, inside in cfg.get("ro_binds") or []
+    ]
     # (few mounts: each one is copied into, and torn down with, every run's mount namespace)
     mount("tmpfs", root, "tmpfs", MS_NOSUID, "size=4m,mode=0755")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -236,12 +297,15 @@ def _write_etc(etc, uid):
     """A synthetic /etc: the users and names a slot knows, the loader's cache, the alternatives links."""
     os.makedirs(etc)
     # (`agent` is the same uid: agent harnesses name their user so; a session's /home/agent is its home)
-    files = {"passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n"
-                       "agent:x:%d:%d:agent:/home/agent:/bin/bash\n"
-                       "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" % (uid, uid, uid, uid),
-             "group": "root:x:0:\nsandbox:x:%d:\nagent:x:%d:\nnogroup:x:65534:\n" % (uid, uid),
-             "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-             "hostname": "sandbox\n", "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n"}
+    files = {
+        "passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n"
+        "agent:x:%d:%d:agent:/home/agent:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" % (uid, uid, uid, uid),
+        "group": "root:x:0:\nsandbox:x:%d:\nagent:x:%d:\nnogroup:x:65534:\n" % (uid, uid),
+        "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        "hostname": "sandbox\n",
+        "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+    }
     for name, text in files.items():
         with open(os.path.join(etc, name), "w") as f:
             f.write(text)
@@ -263,8 +327,12 @@ def _make_dev(dev):
         st = os.stat("/dev/" + name)
         os.mknod(os.path.join(dev, name), 0o666 | (st.st_mode & 0o170000), st.st_rdev)
         os.chmod(os.path.join(dev, name), 0o666)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, os.path.join(dev, name))
 
 
@@ -275,8 +343,10 @@ def enter_slot(cfg, in_cgroup_namespace=None):
     check(libc.unshare(CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWNS | CLONE_NEWCGROUP), "unshare")
     if in_cgroup_namespace is not None:
         in_cgroup_namespace()
-    base = [(os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWIPC),
-            (os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWNS)]  # (/proc: still the host's)
+    base = [
+        (os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWIPC),
+        (os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWNS),
+    ]  # (/proc: still the host's)
     _loopback_up()
     socket.sethostname("sandbox")
     _build_root(cfg)

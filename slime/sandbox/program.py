@@ -46,12 +46,15 @@ class WarmState:
             os.dup2(null, 0)
             os.dup2(w, 1)
             os.dup2(w, 2)
-            self.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8",
-                                          errors="surrogateescape")
-            self.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                           errors="surrogateescape", write_through=True)
-            self.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                           errors="backslashreplace", write_through=True)
+            self.stdin = io.TextIOWrapper(
+                io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="surrogateescape"
+            )
+            self.stdout = io.TextIOWrapper(
+                io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="surrogateescape", write_through=True
+            )
+            self.stderr = io.TextIOWrapper(
+                io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+            )
             for f in (self.stdin, self.stdout, self.stderr):
                 f.seekable()  # (asked and cached now: a pipe is not seekable)
         finally:
@@ -95,8 +98,12 @@ class WarmState:
         (`_start` sets what differs). Only with isolation: the fork server is root then, so
         ``RLIMIT_NPROC`` does not bind its own forks (it would for an ordinary user's)."""
         fs = max_file_mb << 20
-        for lim, v in ((resource.RLIMIT_NPROC, max_processes), (resource.RLIMIT_FSIZE, fs),
-                       (resource.RLIMIT_NOFILE, max_open_files), (resource.RLIMIT_CORE, 0)):
+        for lim, v in (
+            (resource.RLIMIT_NPROC, max_processes),
+            (resource.RLIMIT_FSIZE, fs),
+            (resource.RLIMIT_NOFILE, max_open_files),
+            (resource.RLIMIT_CORE, 0),
+        ):
             resource.setrlimit(lim, (v, v))
             self.limits[lim] = v
         os.umask(0o022)
@@ -149,8 +156,12 @@ def _start(req, fds, vm_bytes, warm):
             mem += vm_bytes
         setrlimit(resource.RLIMIT_AS, (mem, mem))
     preset = warm.limits
-    for lim, v in ((resource.RLIMIT_NPROC, req["max_processes"]), (resource.RLIMIT_FSIZE, req["max_file_mb"] << 20),
-                   (resource.RLIMIT_NOFILE, req["max_open_files"]), (resource.RLIMIT_CORE, 0)):
+    for lim, v in (
+        (resource.RLIMIT_NPROC, req["max_processes"]),
+        (resource.RLIMIT_FSIZE, req["max_file_mb"] << 20),
+        (resource.RLIMIT_NOFILE, req["max_open_files"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
         if preset.get(lim) != v:  # (else the fork server's, inherited)
             setrlimit(lim, (v, v))
     if warm.umask != 0o022:
@@ -185,9 +196,14 @@ def _run_python(path, env, warm):
     if env is not warm.env and env != warm.env:
         os.environ.clear()
         os.environ.update(env)
-    if sys.stdin is not warm.stdin or sys.stdout is not warm.stdout or sys.stderr is not warm.stderr \
-            or sys.__stdin__ is not warm.stdin or sys.__stdout__ is not warm.stdout \
-            or sys.__stderr__ is not warm.stderr:
+    if (
+        sys.stdin is not warm.stdin
+        or sys.stdout is not warm.stdout
+        or sys.stderr is not warm.stderr
+        or sys.__stdin__ is not warm.stdin
+        or sys.__stdout__ is not warm.stdout
+        or sys.__stderr__ is not warm.stderr
+    ):
         warm.install_streams()  # (the fork server installs them once: normally nothing to do)
     gc.freeze()  # (what the fork server made since its own freeze: a collection here never walks it)
     main = warm.main  # (with sys.argv and sys.modules["__main__"]: the fork server's `prepare`)
@@ -264,7 +280,7 @@ def _finalize(code, main, n_names, n_modules):
     _clear_main(main)
     try:
         gc.collect(2 if gc.get_objects(2) else 1)  # (the same collection; a full one also empties
-        _flush_open_files()                         # the free lists, whose pages are the fork server's)
+        _flush_open_files()  # the free lists, whose pages are the fork server's)
     except BaseException:  # noqa: BLE001
         pass
     if not _flush_std() and code >= 0:
@@ -293,8 +309,11 @@ def _clear_main(main):
     try:
         for first in (True, False):
             for k in list(d):
-                if k != "__builtins__" and isinstance(k, str) \
-                        and (k.startswith("_") and not k.startswith("__")) is first:
+                if (
+                    k != "__builtins__"
+                    and isinstance(k, str)
+                    and (k.startswith("_") and not k.startswith("__")) is first
+                ):
                     d[k] = None
     except BaseException:  # noqa: BLE001 - a __del__ raising is reported by the interpreter itself
         pass

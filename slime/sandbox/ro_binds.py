@@ -20,9 +20,24 @@ from slime.sandbox.isolation import LINKED, RUN_DIRS
 NEVER = ("/dev", "/proc", "/sys", "/.old")  # (/.old: where the host's root is left while the slot's is built)
 USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links to (or binds of) the host's /usr/...
 # what the sandbox makes itself: a bind there, or at a parent of one, would hide it
-MADE = ("/tmp", "/mnt", "/home", "/workspace", "/usr", "/etc", "/home/agent", "/home/root", "/etc/passwd",
-        "/etc/group", "/etc/hosts", "/etc/hostname", "/etc/nsswitch.conf", "/etc/ld.so.cache", "/etc/localtime",
-        "/etc/alternatives")
+MADE = (
+    "/tmp",
+    "/mnt",
+    "/home",
+    "/workspace",
+    "/usr",
+    "/etc",
+    "/home/agent",
+    "/home/root",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/nsswitch.conf",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/alternatives",
+)
 
 
 def _under(path: str, top: str) -> bool:
@@ -32,7 +47,7 @@ def _under(path: str, top: str) -> bool:
 def slot_path(inside: str) -> str:
     """Where a path is in a slot: /home and /workspace are links into /mnt."""
     link = next((k for k in LINKED if _under(inside, k)), None)
-    return inside if link is None else LINKED[link] + inside[len(link):]
+    return inside if link is None else LINKED[link] + inside[len(link) :]
 
 
 def already_visible(host: str, inside: str) -> bool:
@@ -72,8 +87,10 @@ def _parse_one(flag: str, host: str, inside: str) -> tuple[str, str]:
         raise ValueError(f"{flag}: {inside!r} is under {hit}, {where}")
     hidden = next((m for m in MADE if _under(slot_path(m), slot_path(inside))), None)
     if hidden:
-        raise ValueError(f"{flag}: {inside!r} would hide {hidden}, which the sandbox makes itself; "
-                         "bind below it (e.g. /tmp/..., /opt/...)")
+        raise ValueError(
+            f"{flag}: {inside!r} would hide {hidden}, which the sandbox makes itself; "
+            "bind below it (e.g. /tmp/..., /opt/...)"
+        )
     if _under(inside, "/usr"):
         _check_usr_mount_point(flag, host, inside)
     return host, inside
@@ -83,11 +100,15 @@ def _check_usr_mount_point(flag: str, host: str, inside: str) -> None:
     """The slot's /usr is the host's, read-only: a bind there needs the mount point to exist on the host
     already (the sandbox never creates anything on the host), of the same kind, and reached without links."""
     if not os.path.lexists(inside):
-        raise ValueError(f"{flag}: {inside!r} does not exist on the host, and the slot's /usr is the "
-                         "host's, read-only; create it on the host or bind elsewhere (e.g. /opt/...)")
+        raise ValueError(
+            f"{flag}: {inside!r} does not exist on the host, and the slot's /usr is the "
+            "host's, read-only; create it on the host or bind elsewhere (e.g. /opt/...)"
+        )
     if os.path.realpath(inside) != inside:
-        raise ValueError(f"{flag}: {inside!r} goes through a link on the host "
-                         f"(to {os.path.realpath(inside)!r}); bind at the real path")
+        raise ValueError(
+            f"{flag}: {inside!r} goes through a link on the host "
+            f"(to {os.path.realpath(inside)!r}); bind at the real path"
+        )
     if os.path.isdir(host) != os.path.isdir(inside):
         kind = "directory" if os.path.isdir(inside) else "file"
         raise ValueError(f"{flag}: {inside!r} is a {kind} on the host; {host!r} is not")
@@ -98,13 +119,21 @@ def _without_nested(binds: list[list[str]], flags: list[str]) -> list[list[str]]
     refused (its mount point would have to be made inside a read-only host directory)."""
     kept = []
     for i, (host, inside) in enumerate(binds):
-        outer = next(((h, p) for h, p in binds if slot_path(inside).startswith(slot_path(p) + "/")
-                      and not already_visible(h, p)), None)
+        outer = next(
+            (
+                (h, p)
+                for h, p in binds
+                if slot_path(inside).startswith(slot_path(p) + "/") and not already_visible(h, p)
+            ),
+            None,
+        )
         if outer is None:
             kept.append([host, inside])
-        elif os.path.realpath(outer[0] + slot_path(inside)[len(slot_path(outer[1])):]) != host:
-            raise ValueError(f"{flags[i]}: {inside!r} lies inside {outer[1]!r}, bound read-only from "
-                             f"{outer[0]!r}; bind it at a place of its own")
+        elif os.path.realpath(outer[0] + slot_path(inside)[len(slot_path(outer[1])) :]) != host:
+            raise ValueError(
+                f"{flags[i]}: {inside!r} lies inside {outer[1]!r}, bound read-only from "
+                f"{outer[0]!r}; bind it at a place of its own"
+            )
     return kept
 
 
@@ -119,8 +148,10 @@ def with_interpreter(binds: list[list[str]], python: str | None) -> list[list[st
     flag = f"--python {python!r}"
     per_run = next((d for d in RUN_DIRS if _under(prefix, d)), None)  # (/mnt/home/..: under /mnt)
     if per_run:
-        raise ValueError(f"{flag}: its prefix {prefix!r} is under {per_run}, which each run makes its own, and the "
-                         "fork servers import from it before any run; use an interpreter installed elsewhere")
+        raise ValueError(
+            f"{flag}: its prefix {prefix!r} is under {per_run}, which each run makes its own, and the "
+            "fork servers import from it before any run; use an interpreter installed elsewhere"
+        )
     if any(_shows(h, p, prefix) for h, p in binds):
         return binds
     host, inside = _parse_one(flag, prefix, "")
@@ -135,4 +166,4 @@ def _shows(host: str, inside: str, path: str) -> bool:
     """Does the bind of `host` at `inside` show the host's `path` at its own path?"""
     if not _under(slot_path(path), slot_path(inside)):
         return False
-    return os.path.realpath(host + slot_path(path)[len(slot_path(inside)):]) == path
+    return os.path.realpath(host + slot_path(path)[len(slot_path(inside)) :]) == path

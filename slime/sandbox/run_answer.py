@@ -21,8 +21,14 @@ class CommandResult:
     cpu_time: float | None = None
 
     def as_dict(self) -> dict[str, Any]:  # (not dataclasses.asdict: it deep-copies, every run)
-        return {"status": self.status, "execution_time": self.execution_time, "return_code": self.return_code,
-                "stdout": self.stdout, "stderr": self.stderr, "cpu_time": self.cpu_time}
+        return {
+            "status": self.status,
+            "execution_time": self.execution_time,
+            "return_code": self.return_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "cpu_time": self.cpu_time,
+        }
 
 
 async def read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket):
@@ -72,9 +78,14 @@ async def run_response(res: dict[str, Any], steps, files) -> dict[str, Any]:
     memory_exceeded = False
     for st, out, err in steps:
         memory_exceeded |= bool(st.get("memory_exceeded"))
-        r = CommandResult(status=st["status"], execution_time=st["execution_time"], return_code=st["return_code"],
-                          stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
-                          cpu_time=st.get("cpu_time"))
+        r = CommandResult(
+            status=st["status"],
+            execution_time=st["execution_time"],
+            return_code=st["return_code"],
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            cpu_time=st.get("cpu_time"),
+        )
         if st.get("kind") == "compile":
             comp = r
         else:
@@ -88,15 +99,27 @@ async def run_response(res: dict[str, Any], steps, files) -> dict[str, Any]:
         notes.append("not fetched: " + ", ".join(f"{name!r} ({why})" for name, why in res["not_fetched"]))
     if rr is None:
         msg = "compilation failed" + (f": {'; '.join(notes)}" if notes else "")
-        return {"status": "Failed", "message": msg, "compile_result": comp.as_dict() if comp else None,
-                "run_result": None, "executor_pod_name": None, "files": enc}
+        return {
+            "status": "Failed",
+            "message": msg,
+            "compile_result": comp.as_dict() if comp else None,
+            "run_result": None,
+            "executor_pod_name": None,
+            "files": enc,
+        }
     ok = rr.status == "Finished" and rr.return_code == 0 and not memory_exceeded
     msg = "" if ok or (memory_exceeded and rr.return_code == 0) else summary(rr)
     if notes:
         msg = "; ".join(notes) if not msg else f"{msg}: {'; '.join(notes)}"
-    return {"status": "Success" if ok else "Failed", "message": msg,
-            "compile_result": comp.as_dict() if comp else None, "run_result": rr.as_dict(),
-            "executor_pod_name": None, "files": enc, "not_fetched": dict(res.get("not_fetched") or [])}
+    return {
+        "status": "Success" if ok else "Failed",
+        "message": msg,
+        "compile_result": comp.as_dict() if comp else None,
+        "run_result": rr.as_dict(),
+        "executor_pod_name": None,
+        "files": enc,
+        "not_fetched": dict(res.get("not_fetched") or []),
+    }
 
 
 def summary(rr: CommandResult) -> str:
@@ -108,5 +131,11 @@ def summary(rr: CommandResult) -> str:
 
 
 def error_response(msg: str, status: str = "SandboxError") -> dict[str, Any]:
-    return {"status": status, "message": msg, "compile_result": None, "run_result": None,
-            "executor_pod_name": None, "files": {}}
+    return {
+        "status": status,
+        "message": msg,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+    }

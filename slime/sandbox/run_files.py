@@ -71,12 +71,14 @@ def open_beneath(root, path, flags, mode=0o644, make_dirs=False):
                     os.mkdir(part, 0o755, dir_fd=dfd)
                     nfd = os.open(part, _DIR, dir_fd=dfd)
             except OSError as e:
-                where = "/".join(parts[:i + 1])
+                where = "/".join(parts[: i + 1])
                 if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(dfd, part):
-                    raise OSError(errno.ELOOP, "%r goes through a symbolic link (%r): refused" % (path, where)) \
-                        from None
-                raise OSError(e.errno, "%r: %s" % (path, e.strerror if where == path else
-                                                   "%s (at %r)" % (e.strerror, where))) from None
+                    raise OSError(
+                        errno.ELOOP, "%r goes through a symbolic link (%r): refused" % (path, where)
+                    ) from None
+                raise OSError(
+                    e.errno, "%r: %s" % (path, e.strerror if where == path else "%s (at %r)" % (e.strerror, where))
+                ) from None
             os.close(dfd)
             dfd = nfd
     finally:
@@ -100,7 +102,7 @@ def write_file(work, path, data, uid):
             raise OSError(errno.EINVAL, "%r: not a regular file" % path)
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -112,7 +114,7 @@ def fetch_files(work, hdr, isolate):
     seen, files, fds, skipped, total = {}, [], [], [], 0
     with RunIdentity(hdr["uid"]):
         for name, rel in hdr["fetch"]:
-            base, rel = ("/mnt", rel[len("/mnt/"):]) if rel.startswith("/mnt/") and isolate else (work, rel)
+            base, rel = ("/mnt", rel[len("/mnt/") :]) if rel.startswith("/mnt/") and isolate else (work, rel)
             try:
                 fd = open_beneath(base, rel, os.O_RDONLY | os.O_NONBLOCK)
             except OSError as e:

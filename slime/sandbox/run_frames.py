@@ -47,9 +47,9 @@ class Request:
     def take(self, n):
         have = len(self.buf) - self.pos
         if have >= n:
-            out = self.buf[self.pos:self.pos + n]
+            out = self.buf[self.pos : self.pos + n]
             self.pos += n
             return out
-        out = self.buf[self.pos:] + recv_exact(self.sock, n - have)
+        out = self.buf[self.pos :] + recv_exact(self.sock, n - have)
         self.buf, self.pos = b"", 0
         return out

@@ -34,8 +34,19 @@ import socket
 import struct
 import time
 
-from .isolation import (CLONE_NEWIPC, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, check, hold_run_binds,
-                        libc, mount, nest_run_binds)
+from .isolation import (
+    CLONE_NEWIPC,
+    CLONE_NEWNS,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    check,
+    hold_run_binds,
+    libc,
+    mount,
+    nest_run_binds,
+)
 from .ns_dropper import NamespaceDropper
 from .run_files import fetch_files, write_file
 from .run_frames import STOP, Request, send_frame
@@ -90,8 +101,10 @@ class RunInit(RunMemory):
         if self.isolate:
             # /proc of this namespace; hidepid: a run sees its own processes, never this init (root)
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-            self.base_ns = [(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWNS),
-                            (os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWIPC)]
+            self.base_ns = [
+                (os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWNS),
+                (os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC), CLONE_NEWIPC),
+            ]
         # SIGCHLD (orphans to reap) wakes the select loop; signals sent to the init go to the run
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -107,8 +120,13 @@ class RunInit(RunMemory):
             vm_bytes = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (8 << 20)
         self.forker.send(json.dumps({"vm_bytes": vm_bytes}).encode())
         self._make_ready()
-        self.ctl.sendmsg([json.dumps({"ready": True, "base_bytes": self.slot.base_bytes,
-                                      "seccomp": self.slot.seccomp is not None}).encode()])
+        self.ctl.sendmsg(
+            [
+                json.dumps(
+                    {"ready": True, "base_bytes": self.slot.base_bytes, "seccomp": self.slot.seccomp is not None}
+                ).encode()
+            ]
+        )
         sock = self.data
         while True:
             try:
@@ -154,8 +172,10 @@ class RunInit(RunMemory):
         nest_run_binds(held, slot.uid)
         mount("/dev/shm/s", "/dev/shm", None, MS_BIND)
         # handed to the fork server with each step: it forks the program inside them
-        self.run_ns = [os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC),
-                       os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)]
+        self.run_ns = [
+            os.open("/proc/self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC),
+            os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC),
+        ]
         self.ready = True
 
     def _leave(self):
@@ -214,7 +234,7 @@ class RunInit(RunMemory):
                 if path.startswith("/mnt/"):
                     if not self.isolate:
                         raise OSError(errno.EINVAL, "/mnt is only per run with isolation: %r" % path)
-                    write_file("/mnt", path[len("/mnt/"):], data, hdr["uid"])
+                    write_file("/mnt", path[len("/mnt/") :], data, hdr["uid"])
                 else:
                     write_file(work, path, data, hdr["uid"])
         except OSError as e:
@@ -253,10 +273,16 @@ class RunInit(RunMemory):
             in_fd = os.open("/dev/null", os.O_RDONLY)
         self.seq += 1
         env = hdr["env"]
-        req = {"seq": self.seq, "step": step, "uid": hdr["uid"],
-               "env": None if env == self.slot.warm_state.env else env, "work": work,  # (None: the warm one)
-               "max_processes": hdr["max_processes"], "max_file_mb": hdr["max_file_mb"],
-               "max_open_files": hdr["max_open_files"]}
+        req = {
+            "seq": self.seq,
+            "step": step,
+            "uid": hdr["uid"],
+            "env": None if env == self.slot.warm_state.env else env,
+            "work": work,  # (None: the warm one)
+            "max_processes": hdr["max_processes"],
+            "max_file_mb": hdr["max_file_mb"],
+            "max_open_files": hdr["max_open_files"],
+        }
         msg, fds = json.dumps(req).encode(), [in_fd, out_w, err_w, *self.run_ns]
         if len(msg) > FORK_MSG_MAX:  # (a long command or environment: the request goes in a memfd, sent last)
             big = os.memfd_create("request", os.MFD_CLOEXEC)
@@ -266,7 +292,7 @@ class RunInit(RunMemory):
         try:
             socket.send_fds(self.forker, [msg], fds)
         finally:
-            for fd in (out_w, err_w, in_fd, *fds[5 if self.isolate else 3:]):
+            for fd in (out_w, err_w, in_fd, *fds[5 if self.isolate else 3 :]):
                 os.close(fd)
         self.child = self.wstatus = self.cpu = None
         self.killing = False
@@ -323,7 +349,7 @@ class RunInit(RunMemory):
                             continue
                         buf = bufs[fd]
                         room = limit - len(buf)
-                        buf += chunk[:max(0, room)]
+                        buf += chunk[: max(0, room)]
                         if len(chunk) > room and self.wstatus is None:
                             flooded.append("stdout" if fd == out_r else "stderr")
                             self._kill_all()
@@ -340,8 +366,9 @@ class RunInit(RunMemory):
         rc = -os.WTERMSIG(wstatus) if os.WIFSIGNALED(wstatus) else os.WEXITSTATUS(wstatus)
         if flooded:
             status = "Error"
-            notes.append("output limit exceeded on %s (%d bytes): the run was killed"
-                         % (", ".join(sorted(set(flooded))), limit))
+            notes.append(
+                "output limit exceeded on %s (%d bytes): the run was killed" % (", ".join(sorted(set(flooded))), limit)
+            )
         elif status == "Finished":
             if self._oom_kills() > oom0:
                 memory_exceeded = True
@@ -354,11 +381,17 @@ class RunInit(RunMemory):
         if status == "Killed":
             status = "Error"
             notes.append("the run was stopped by the server")
-        st = {"kind": step.get("kind", "run"), "status": status, "execution_time": round(elapsed, 4),
-              "memory_exceeded": memory_exceeded,
-              "return_code": None if status == "TimeLimitExceeded" else rc,
-              "cpu_time": round(cpu, 4) if cpu is not None else None, "notes": notes,
-              "stdout_size": len(bufs[out_r]), "stderr_size": len(bufs[err_r])}
+        st = {
+            "kind": step.get("kind", "run"),
+            "status": status,
+            "execution_time": round(elapsed, 4),
+            "memory_exceeded": memory_exceeded,
+            "return_code": None if status == "TimeLimitExceeded" else rc,
+            "cpu_time": round(cpu, 4) if cpu is not None else None,
+            "notes": notes,
+            "stdout_size": len(bufs[out_r]),
+            "stderr_size": len(bufs[err_r]),
+        }
         return st, bytes(bufs[out_r]), bytes(bufs[err_r])
 
     def _from_forker(self):

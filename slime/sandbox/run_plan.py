@@ -21,7 +21,7 @@ def b64decode_pieces(text: str) -> bytes:
     on a busy host). ValueError (binascii.Error) for what is not base64."""
     if len(text) <= B64_PIECE:
         return base64.b64decode(text, validate=True)
-    return b"".join([base64.b64decode(text[i:i + B64_PIECE], validate=True) for i in range(0, len(text), B64_PIECE)])
+    return b"".join([base64.b64decode(text[i : i + B64_PIECE], validate=True) for i in range(0, len(text), B64_PIECE)])
 
 
 def normalize_path(path: str) -> str:
@@ -30,8 +30,8 @@ def normalize_path(path: str) -> str:
     if not path or "\x00" in path:
         raise ValueError(f"invalid path {path!r}")
     if path.startswith("/mnt/"):
-        return "/mnt/" + normalize_path(path[len("/mnt/"):])
-    rel = path[len("/tmp/"):] if path.startswith("/tmp/") else path
+        return "/mnt/" + normalize_path(path[len("/mnt/") :])
+    rel = path[len("/tmp/") :] if path.startswith("/tmp/") else path
     if os.path.isabs(rel):
         raise ValueError(f"absolute path outside the work dir: {path!r}")
     norm = os.path.normpath(rel)
@@ -40,8 +40,9 @@ def normalize_path(path: str) -> str:
     return norm
 
 
-def plan_run(cfg: SandboxConfig, req: dict[str, Any], uid: int, workdir: str,
-             rlimit_as: bool) -> tuple[bytes, float, list[list[str]]]:
+def plan_run(
+    cfg: SandboxConfig, req: dict[str, Any], uid: int, workdir: str, rlimit_as: bool
+) -> tuple[bytes, float, list[list[str]]]:
     """The request frame for the run's init, its time budget, and the fetch paths refused (built off
     the event loop when large: decoding, many files). `rlimit_as`: no memory cgroup, so the address
     space is what bounds memory."""
@@ -53,12 +54,29 @@ def plan_run(cfg: SandboxConfig, req: dict[str, Any], uid: int, workdir: str,
     mem_mb = cfg.default_memory_mb if mem is None or int(mem) <= 0 else int(mem)
     steps = []
     if comp_argv:
-        steps.append({"argv": comp_argv, "timeout": compile_timeout, "cpu_s": max(1, int(compile_timeout + 0.999)),
-                      "mem_mb": max(mem_mb, cfg.compile_memory_mb), "kind": "compile", "rlimit_as": rlimit_as})
+        steps.append(
+            {
+                "argv": comp_argv,
+                "timeout": compile_timeout,
+                "cpu_s": max(1, int(compile_timeout + 0.999)),
+                "mem_mb": max(mem_mb, cfg.compile_memory_mb),
+                "kind": "compile",
+                "rlimit_as": rlimit_as,
+            }
+        )
     warm = run_argv[0] == "{py}"
-    steps.append({"argv": [cfg.python or "python3", *run_argv[1:]] if warm else run_argv, "warm_python": warm,
-                  "timeout": run_timeout, "cpu_s": max(1, int(run_timeout + 0.999)), "mem_mb": mem_mb,
-                  "stdin": True, "kind": "run", "rlimit_as": rlimit_as})
+    steps.append(
+        {
+            "argv": [cfg.python or "python3", *run_argv[1:]] if warm else run_argv,
+            "warm_python": warm,
+            "timeout": run_timeout,
+            "cpu_s": max(1, int(run_timeout + 0.999)),
+            "mem_mb": mem_mb,
+            "stdin": True,
+            "kind": "run",
+            "rlimit_as": rlimit_as,
+        }
+    )
     files, blobs = [], []
     for path, b64 in (req.get("files") or {}).items():
         data = b64decode_pieces(b64 or "")
@@ -73,14 +91,27 @@ def plan_run(cfg: SandboxConfig, req: dict[str, Any], uid: int, workdir: str,
             fetch.append([str(p), normalize_path(str(p))])
         except ValueError as e:
             bad_fetch.append([str(p), str(e)])
-    hdr = {"uid": uid, "workdir": workdir, "env": run_env() if cfg.isolate else dict(run_env(), HOME=workdir,
-                                                                                    TMPDIR=workdir),
-           "disk_mb": cfg.disk_mb, "files": files, "source": src_name, "code_size": len(code),
-           "stdin_size": len(stdin_b) if stdin_b is not None else -1, "steps": steps, "fetch": fetch,
-           "fetch_max_file": min(cfg.max_file_mb, cfg.max_fetch_mb) << 20,
-           "fetch_max_total": cfg.max_fetch_mb << 20,
-           "max_output": cfg.max_output_bytes, "max_processes": cfg.max_processes,
-           "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files}
+    hdr = {
+        "uid": uid,
+        "workdir": workdir,
+        "env": run_env() if cfg.isolate else dict(run_env(), HOME=workdir, TMPDIR=workdir),
+        "disk_mb": cfg.disk_mb,
+        "files": files,
+        "source": src_name,
+        "code_size": len(code),
+        "stdin_size": len(stdin_b) if stdin_b is not None else -1,
+        "steps": steps,
+        "fetch": fetch,
+        "fetch_max_file": min(cfg.max_file_mb, cfg.max_fetch_mb) << 20,
+        "fetch_max_total": cfg.max_fetch_mb << 20,
+        "max_output": cfg.max_output_bytes,
+        "max_processes": cfg.max_processes,
+        "max_file_mb": cfg.max_file_mb,
+        "max_open_files": cfg.max_open_files,
+    }
     head = json.dumps(hdr).encode()
-    return b"".join([struct.pack("!I", len(head)), head, *blobs, code, stdin_b or b""]), \
-        sum(s["timeout"] for s in steps) + 30, bad_fetch
+    return (
+        b"".join([struct.pack("!I", len(head)), head, *blobs, code, stdin_b or b""]),
+        sum(s["timeout"] for s in steps) + 30,
+        bad_fetch,
+    )

@@ -27,8 +27,18 @@ from slime.sandbox.uids import UidRangeBusy
 
 # the names this module had before it was split by idea (tests, bench and users import them from here)
 _find_python, _run_env, _error = find_python, run_env, error_response
-__all__ = ["PRELOAD", "LANGUAGES", "CommandResult", "IsolationUnavailable", "Runner", "SandboxConfig",
-           "SandboxInternalError", "available_languages", "normalize_path", "probe_isolation"]
+__all__ = [
+    "PRELOAD",
+    "LANGUAGES",
+    "CommandResult",
+    "IsolationUnavailable",
+    "Runner",
+    "SandboxConfig",
+    "SandboxInternalError",
+    "available_languages",
+    "normalize_path",
+    "probe_isolation",
+]
 
 
 class IsolationUnavailable(RuntimeError):
@@ -55,8 +65,9 @@ class Runner(SlotPool):
         cfg = self.cfg
         lang = str(req.get("language") or "python").lower()
         if lang not in LANGUAGES or lang not in self.languages:
-            return error_response(f"language {lang!r} is not supported here; supported: {', '.join(self.languages)}; "
-                          "the code was not run")
+            return error_response(
+                f"language {lang!r} is not supported here; supported: {', '.join(self.languages)}; the code was not run"
+            )
         if self._closed:
             return error_response("the sandbox server is shutting down; the code was not run")
         slots = self._slots_q()
@@ -71,10 +82,14 @@ class Runner(SlotPool):
                     os.chown(workdir, uid, uid)
             rlimit_as = "memory" in self.per_process_only  # (a memory cgroup bounds memory, not address space)
             try:
-                small = len(req.get("files") or ()) < 64 and len(req.get("code") or "") + len(req.get("stdin") or "") \
-                    + sum(len(v or "") for v in (req.get("files") or {}).values()) < (256 << 10)
-                frame, budget, bad_fetch = plan_run(cfg, req, uid, workdir, rlimit_as) if small else \
-                    await asyncio.to_thread(plan_run, cfg, req, uid, workdir, rlimit_as)
+                small = len(req.get("files") or ()) < 64 and len(req.get("code") or "") + len(
+                    req.get("stdin") or ""
+                ) + sum(len(v or "") for v in (req.get("files") or {}).values()) < (256 << 10)
+                frame, budget, bad_fetch = (
+                    plan_run(cfg, req, uid, workdir, rlimit_as)
+                    if small
+                    else await asyncio.to_thread(plan_run, cfg, req, uid, workdir, rlimit_as)
+                )
             except (ValueError, TypeError) as e:
                 done = True
                 return error_response(f"bad input file: {e}", status="Failed")
@@ -108,8 +123,9 @@ class Runner(SlotPool):
 
     def _failed(self, why: str) -> dict[str, Any]:
         if self._closed:  # (`stop_runs` killed its slot)
-            return error_response("the sandbox server stopped this run (its owner is gone, or it is shutting down); "
-                                  "the code may have run")
+            return error_response(
+                "the sandbox server stopped this run (its owner is gone, or it is shutting down); the code may have run"
+            )
         return error_response(f"the run failed inside the sandbox: {why}; the code may have run")
 
 
@@ -136,10 +152,15 @@ def probe_isolation(cfg: SandboxConfig) -> None:
                 await r.start()
             except SandboxInternalError as e:
                 raise IsolationUnavailable(str(e)) from e
-            return r.uids.base, await r.run({"language": "python", "run_timeout": 20, "code":
-                                "import os\nprint(os.getuid(), os.getpid(), sorted(os.listdir('/sys/class/net')"
-                                " if os.path.isdir('/sys/class/net') else []), open('/proc/net/dev').read().count(':'),"
-                                " os.path.exists('/etc/shadow'))\nopen('/tmp/probe', 'w').write('x')"})
+            return r.uids.base, await r.run(
+                {
+                    "language": "python",
+                    "run_timeout": 20,
+                    "code": "import os\nprint(os.getuid(), os.getpid(), sorted(os.listdir('/sys/class/net')"
+                    " if os.path.isdir('/sys/class/net') else []), open('/proc/net/dev').read().count(':'),"
+                    " os.path.exists('/etc/shadow'))\nopen('/tmp/probe', 'w').write('x')",
+                }
+            )
         finally:
             r.close()
 

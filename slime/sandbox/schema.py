@@ -74,8 +74,7 @@ def check_files(files: dict[str, Any], cfg: SandboxConfig) -> None:
         child = next(p for n, p in paths.items() if n.startswith(d + "/"))
         raise ValueError(f"{paths[d]!r} is a file, and a directory of {child!r}")
     if len(paths) + len(dirs) > cfg.max_inodes - 64:
-        raise ValueError(f"{len(paths)} files in {len(dirs)} directories exceed the run's "
-                         f"{cfg.max_inodes - 64} inodes")
+        raise ValueError(f"{len(paths)} files in {len(dirs)} directories exceed the run's {cfg.max_inodes - 64} inodes")
     size = sum(len(b or "") for b in files.values()) * 3 // 4
     if size > cfg.disk_mb << 20:
         raise ValueError(f"about {size >> 20} MB of files exceed the run's {cfg.disk_mb} MB disk")
@@ -144,8 +143,13 @@ class RequestParser:
         return KeyBudget(self.max_files + 64)  # (the request's own keys on top)
 
     def too_many_keys(self) -> list[dict[str, Any]]:
-        return [{"loc": ["body", "files"], "msg": f"at most {self.max_files} files (the run's inode budget)",
-                 "type": "too_long"}]
+        return [
+            {
+                "loc": ["body", "files"],
+                "msg": f"at most {self.max_files} files (the run's inode budget)",
+                "type": "too_long",
+            }
+        ]
 
     async def __call__(self, raw: bytes) -> dict[str, Any] | list[dict[str, Any]]:
         """(Its keys were counted while it arrived: `budget`, `endpoint.py`.)"""
@@ -155,5 +159,7 @@ class RequestParser:
         try:
             return self.model.model_validate_json(raw).model_dump()
         except ValidationError as e:
-            return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
-                    for err in e.errors(include_url=False, include_context=False, include_input=False)]
+            return [
+                {"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
+                for err in e.errors(include_url=False, include_context=False, include_input=False)
+            ]

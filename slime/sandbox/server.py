@@ -25,7 +25,6 @@ operator names with ``--egress``; tools bound read-only with ``--ro-bind``) are 
 the URL is valid (connections queue in the backlog) before the child has even started.
 """
 
-
 import argparse
 import asyncio
 import collections
@@ -121,13 +120,23 @@ class Admission:
         return max(0.05, self.run_time_ewma * (len(self.waiters) + self.reading + 1) / self.cap)
 
     def stats(self) -> dict[str, Any]:
-        return {"running": self.running, "queued": len(self.waiters), "reading": self.reading, "bodies": self.bodies,
-                "max_running": self.max_running, "max_queued": self.max_queued, "max_concurrency": self.cap,
-                "max_queue": self.queue_cap, "total": self.total, "rejected": self.rejected}
+        return {
+            "running": self.running,
+            "queued": len(self.waiters),
+            "reading": self.reading,
+            "bodies": self.bodies,
+            "max_running": self.max_running,
+            "max_queued": self.max_queued,
+            "max_concurrency": self.cap,
+            "max_queue": self.queue_cap,
+            "total": self.total,
+            "rejected": self.rejected,
+        }
 
 
-def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout: float = 30.0,
-              max_bodies: int = 4, sessions=None):
+def build_app(
+    cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout: float = 30.0, max_bodies: int = 4, sessions=None
+):
     import json
 
     from fastapi import FastAPI
@@ -170,8 +179,9 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
         gc.collect()
         gc.freeze()  # (everything loaded so far lives as long as the server: the collector skips it)
         if runner.per_process_only:
-            logger.warning("limits enforced per process only (no cgroup for them): %s",
-                           ", ".join(runner.per_process_only))
+            logger.warning(
+                "limits enforced per process only (no cgroup for them): %s", ", ".join(runner.per_process_only)
+            )
         if cfg.isolate and not runner.seccomp:
             logger.warning("no seccomp filter on this architecture: runs rely on no_new_privs and their uid")
         if os.environ.get("SLIME_SANDBOX_READY_FD"):
@@ -197,11 +207,19 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "isolation": cfg.isolate, "languages": runner.languages,
-                "uids": [runner.uids.base, runner.uids.last],
-                "cgroups": runner.cgroups.kind, "per_process_only": runner.per_process_only,
-                "seccomp": runner.seccomp, "sessions": len(table.sessions), "max_sessions": table.settings.max_sessions,
-                "egress": sorted(table.settings.egress_targets), "ro_binds": [inside for _, inside in cfg.ro_binds]}
+        return {
+            "status": "ok",
+            "isolation": cfg.isolate,
+            "languages": runner.languages,
+            "uids": [runner.uids.base, runner.uids.last],
+            "cgroups": runner.cgroups.kind,
+            "per_process_only": runner.per_process_only,
+            "seccomp": runner.seccomp,
+            "sessions": len(table.sessions),
+            "max_sessions": table.settings.max_sessions,
+            "egress": sorted(table.settings.egress_targets),
+            "ro_binds": [inside for _, inside in cfg.ro_binds],
+        }
 
     @app.get("/v1/stats")
     async def stats():
@@ -226,8 +244,14 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
             res = await runner.run(body)
         except Exception as e:  # noqa: BLE001 - never a bare 500 without a reason
             logger.exception("run failed")
-            res = {"status": "SandboxError", "message": f"{type(e).__name__}: {e}; the code may have run",
-                   "compile_result": None, "run_result": None, "executor_pod_name": None, "files": {}}
+            res = {
+                "status": "SandboxError",
+                "message": f"{type(e).__name__}: {e}; the code may have run",
+                "compile_result": None,
+                "run_result": None,
+                "executor_pod_name": None,
+                "files": {},
+            }
         finally:
             adm.leave(time.monotonic() - t0)
         big = res.get("files") or len((res.get("run_result") or {}).get("stdout") or "") > 65536
@@ -238,8 +262,15 @@ def build_app(cfg, max_queue: int, lifeline_fd: int | None = None, body_timeout:
     async def run_code_route():  # (documents the endpoint; `RunCodeEndpoint` serves it)
         return PlainTextResponse("served by RunCodeEndpoint", status_code=500)
 
-    return RunCodeEndpoint(app, admission=adm, parse=parse, execute=execute, max_body=cfg.max_body_mb << 20,
-                           body_timeout=body_timeout, max_bodies=max_bodies)
+    return RunCodeEndpoint(
+        app,
+        admission=adm,
+        parse=parse,
+        execute=execute,
+        max_body=cfg.max_body_mb << 20,
+        body_timeout=body_timeout,
+        max_bodies=max_bodies,
+    )
 
 
 class SandboxServer:
@@ -259,8 +290,13 @@ class SandboxServer:
                     runner.stop_runs()
                     return
                 with contextlib.suppress(OSError):  # (EPIPE: an owner that died took our stderr's reader)
-                    os.write(2, (f"slime-sandbox: signal {sig}: finishing {runner.running} running run(s); "
-                                 "a second signal stops them\n").encode())
+                    os.write(
+                        2,
+                        (
+                            f"slime-sandbox: signal {sig}: finishing {runner.running} running run(s); "
+                            "a second signal stops them\n"
+                        ).encode(),
+                    )
 
         return _Server(config)
 
@@ -274,15 +310,23 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--fd", type=int, default=None, help="serve on this already-bound listening socket")
-    ap.add_argument("--lifeline-fd", type=int, default=None,
-                    help="read end of a pipe held by the parent: exit when it closes")
+    ap.add_argument(
+        "--lifeline-fd", type=int, default=None, help="read end of a pipe held by the parent: exit when it closes"
+    )
     ap.add_argument("--max-concurrency", type=int, default=min(8, os.cpu_count() or 2))
     ap.add_argument("--max-queue", type=int, default=None, help="waiting runs before 429 (default 16x concurrency)")
-    ap.add_argument("--allow-no-isolation", action="store_true",
-                    help="run even when namespaces/uid switching are unavailable (rlimits only): UNSAFE")
+    ap.add_argument(
+        "--allow-no-isolation",
+        action="store_true",
+        help="run even when namespaces/uid switching are unavailable (rlimits only): UNSAFE",
+    )
     ap.add_argument("--python", default=None, help="interpreter for `python` runs (default /usr/bin/python3)")
-    ap.add_argument("--uid-base", type=int, default=d.uid_base,
-                    help="run i uses uid uid_base+slot (default: the first range no other server holds)")
+    ap.add_argument(
+        "--uid-base",
+        type=int,
+        default=d.uid_base,
+        help="run i uses uid uid_base+slot (default: the first range no other server holds)",
+    )
     ap.add_argument("--default-memory-mb", type=int, default=d.default_memory_mb)
     ap.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
     ap.add_argument("--max-run-timeout", type=float, default=d.max_run_timeout)
@@ -293,16 +337,31 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpus-per-run", type=float, default=d.cpus_per_run, help="cgroup CPU bandwidth of one run")
     ap.add_argument("--max-body-mb", type=int, default=d.max_body_mb, help="larger request bodies get 413")
     ap.add_argument("--max-fetch-mb", type=int, default=d.max_fetch_mb, help="total of fetch_files per request")
-    ap.add_argument("--body-timeout", type=float, default=30.0,
-                    help="seconds to receive a request body; a slower one gets 408")
-    ap.add_argument("--max-bodies", type=int, default=None,
-                    help="request bodies in memory at once (default: --max-concurrency, at least 4)")
+    ap.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds to receive a request body; a slower one gets 408"
+    )
+    ap.add_argument(
+        "--max-bodies",
+        type=int,
+        default=None,
+        help="request bodies in memory at once (default: --max-concurrency, at least 4)",
+    )
     ap.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
-    ap.add_argument("--ro-path", action="append", default=[], metavar="PATH",
-                    help="show a host path read-only at its own path in every slot: --ro-bind PATH, the same checks")
-    ap.add_argument("--ro-bind", action="append", default=[], metavar="HOST[:INSIDE]",
-                    help="bind a host directory read-only into every slot (at INSIDE, default the same path), "
-                         "e.g. agent CLIs; refused at start if missing")
+    ap.add_argument(
+        "--ro-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="show a host path read-only at its own path in every slot: --ro-bind PATH, the same checks",
+    )
+    ap.add_argument(
+        "--ro-bind",
+        action="append",
+        default=[],
+        metavar="HOST[:INSIDE]",
+        help="bind a host directory read-only into every slot (at INSIDE, default the same path), "
+        "e.g. agent CLIs; refused at start if missing",
+    )
     add_session_arguments(ap)
     ap.add_argument("--log-level", default="warning")
     return ap
@@ -320,25 +379,40 @@ def main(argv: list[str] | None = None) -> None:
     open_files = raise_soft_limit()
     try:
         ro_binds = with_interpreter(parse_ro_binds(args.ro_bind, args.ro_path), args.python)
-        sessions = dataclasses.replace(SessionSettings.from_args(args), egress_budget=egress_connection_budget(
-            open_files, args.max_connections, args.max_concurrency))
+        sessions = dataclasses.replace(
+            SessionSettings.from_args(args),
+            egress_budget=egress_connection_budget(open_files, args.max_connections, args.max_concurrency),
+        )
     except ValueError as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)
-    cfg = SandboxConfig(max_concurrency=args.max_concurrency, python=args.python, uid_base=args.uid_base,
-                        default_memory_mb=args.default_memory_mb, max_memory_mb=args.max_memory_mb,
-                        max_run_timeout=args.max_run_timeout, max_output_bytes=args.max_output_bytes,
-                        max_processes=args.max_processes, max_file_mb=args.max_file_mb, disk_mb=args.disk_mb,
-                        cpus_per_run=args.cpus_per_run, max_body_mb=args.max_body_mb, max_fetch_mb=args.max_fetch_mb,
-                        ro_binds=ro_binds)
+    cfg = SandboxConfig(
+        max_concurrency=args.max_concurrency,
+        python=args.python,
+        uid_base=args.uid_base,
+        default_memory_mb=args.default_memory_mb,
+        max_memory_mb=args.max_memory_mb,
+        max_run_timeout=args.max_run_timeout,
+        max_output_bytes=args.max_output_bytes,
+        max_processes=args.max_processes,
+        max_file_mb=args.max_file_mb,
+        disk_mb=args.disk_mb,
+        cpus_per_run=args.cpus_per_run,
+        max_body_mb=args.max_body_mb,
+        max_fetch_mb=args.max_fetch_mb,
+        ro_binds=ro_binds,
+    )
     try:
         probe_isolation(cfg)
     except IsolationUnavailable as e:
         if not args.allow_no_isolation:
-            print(f"slime-sandbox: refusing to start: sandbox isolation is unavailable: {e}.\n"
-                  "Run it as root on Linux with util-linux (unshare, setpriv), or pass --allow-no-isolation "
-                  "to run untrusted code with rlimits only (unsafe: network, other files and processes "
-                  "stay reachable).", file=sys.stderr)
+            print(
+                f"slime-sandbox: refusing to start: sandbox isolation is unavailable: {e}.\n"
+                "Run it as root on Linux with util-linux (unshare, setpriv), or pass --allow-no-isolation "
+                "to run untrusted code with rlimits only (unsafe: network, other files and processes "
+                "stay reachable).",
+                file=sys.stderr,
+            )
             sys.exit(2)
         logger.warning("isolation unavailable (%s); running WITHOUT namespaces (--allow-no-isolation)", e)
         cfg.isolate = False
@@ -347,14 +421,26 @@ def main(argv: list[str] | None = None) -> None:
     from slime.sandbox.uids import UidRangeBusy
 
     try:
-        app = build_app(cfg, args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
-                        lifeline_fd=args.lifeline_fd, body_timeout=args.body_timeout,
-                        max_bodies=args.max_bodies or max(4, cfg.max_concurrency), sessions=sessions)
+        app = build_app(
+            cfg,
+            args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
+            lifeline_fd=args.lifeline_fd,
+            body_timeout=args.body_timeout,
+            max_bodies=args.max_bodies or max(4, cfg.max_concurrency),
+            sessions=sessions,
+        )
     except UidRangeBusy as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=30,
-                            access_log=False, limit_concurrency=args.max_connections)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_keep_alive=30,
+        access_log=False,
+        limit_concurrency=args.max_connections,
+    )
     runner = app.app.state.runner
     server = SandboxServer.make(config, runner)
     try:
@@ -399,10 +485,15 @@ class LocalSandbox:
         self.stop()
 
 
-def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None = None,
-                        max_queue: int | None = None, allow_no_isolation: bool = False,
-                        extra_args: list[str] | None = None, ready_timeout: float = 60.0
-                        ) -> tuple[str, LocalSandbox]:
+def start_local_sandbox(
+    host: str = "127.0.0.1",
+    *,
+    max_concurrency: int | None = None,
+    max_queue: int | None = None,
+    allow_no_isolation: bool = False,
+    extra_args: list[str] | None = None,
+    ready_timeout: float = 60.0,
+) -> tuple[str, LocalSandbox]:
     """Start `slime-sandbox` in a child process; return (url, handle). `handle.stop()` ends it.
 
     Raises RuntimeError with the server's message if it cannot start (e.g. isolation missing).
@@ -415,8 +506,16 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
     r, w = os.pipe()
     life_r, life_w = os.pipe()  # non-inheritable: only the server gets the read end
     # -P: our slime (PYTHONPATH below), never one in the caller's working directory
-    args = [sys.executable, "-P", "-m", "slime.sandbox.server", "--fd", str(sock.fileno()),
-            "--lifeline-fd", str(life_r)]
+    args = [
+        sys.executable,
+        "-P",
+        "-m",
+        "slime.sandbox.server",
+        "--fd",
+        str(sock.fileno()),
+        "--lifeline-fd",
+        str(life_r),
+    ]
     if max_concurrency:
         args += ["--max-concurrency", str(max_concurrency)]
     if max_queue is not None:
@@ -428,8 +527,14 @@ def start_local_sandbox(host: str = "127.0.0.1", *, max_concurrency: int | None 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
-        proc = subprocess.Popen(args, pass_fds=(sock.fileno(), w, life_r), env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            pass_fds=(sock.fileno(), w, life_r),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except BaseException:
         os.close(life_w)
         raise

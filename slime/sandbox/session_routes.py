@@ -54,12 +54,15 @@ def _models(cfg, settings: SessionSettings):
     def env_size(env: dict[str, str]) -> dict[str, str]:
         size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
         if size > cfg.max_env_bytes:
-            raise ValueError(f"{size} bytes of variables (names and values) exceed the {cfg.max_env_bytes} a "
-                             "program's environment may have")
+            raise ValueError(
+                f"{size} bytes of variables (names and values) exceed the {cfg.max_env_bytes} a "
+                "program's environment may have"
+            )
         return env
 
-    Env = Annotated[dict[str, str], Field(max_length=cfg.max_env_vars), AfterValidator(env_vars),
-                    AfterValidator(env_size)]
+    Env = Annotated[
+        dict[str, str], Field(max_length=cfg.max_env_vars), AfterValidator(env_vars), AfterValidator(env_size)
+    ]
 
     class OpenSession(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -132,8 +135,11 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
         except TimeoutError:
             raise SessionError(408, f"request body not received within {body_timeout:g}s (--body-timeout)") from None
         if refused:
-            raise SessionError(422, f"invalid request: more than {max_keys} keys in the body (at most "
-                                    f"{cfg.max_files} files and {cfg.max_env_vars} env variables)")
+            raise SessionError(
+                422,
+                f"invalid request: more than {max_keys} keys in the body (at most "
+                f"{cfg.max_files} files and {cfg.max_env_vars} env variables)",
+            )
         raw = b"".join(chunks) or b"{}"
         del chunks
         try:
@@ -142,8 +148,9 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
             return model.model_validate_json(raw)
         except ValidationError as e:
             fields = ", ".join(".".join(str(x) for x in d["loc"]) or "body" for d in e.errors())
-            raise SessionError(422, f"invalid request: {fields}: "
-                                    + "; ".join(d["msg"] for d in e.errors(include_url=False))) from None
+            raise SessionError(
+                422, f"invalid request: {fields}: " + "; ".join(d["msg"] for d in e.errors(include_url=False))
+            ) from None
 
     def guarded(handler):
         async def route(request: Request):
@@ -152,14 +159,23 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
             except SessionError as e:
                 return error(e)
             return res if isinstance(res, Response) else JSONResponse(res)
+
         return route
 
     def session_spec(body) -> SessionSpec:
         files = {p: b64decode_field(v, f"files.{p}") for p, v in body.files.items()}
         tar = b64decode_field(body.tar, "tar") if body.tar is not None else None
-        spec = SessionSpec(memory_mb=body.memory_mb, disk_mb=body.disk_mb, max_inodes=body.max_inodes,
-                           idle_timeout=body.idle_timeout, max_lifetime=body.max_lifetime, egress=body.egress,
-                           env=body.env, files=files, tar=tar)
+        spec = SessionSpec(
+            memory_mb=body.memory_mb,
+            disk_mb=body.disk_mb,
+            max_inodes=body.max_inodes,
+            idle_timeout=body.idle_timeout,
+            max_lifetime=body.max_lifetime,
+            egress=body.egress,
+            env=body.env,
+            files=files,
+            tar=tar,
+        )
         try:
             check_files({inside_path(p): v for p, v in body.files.items()}, _budget(cfg, spec))
         except ValueError as e:
@@ -174,19 +190,31 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
 
     async def list_sessions(request: Request):  # (no session ids: an id is the key to its session)
         listed = [{k: v for k, v in s.info().items() if k != "session_id"} for s in table.sessions.values()]
-        return {"sessions": listed, "opened": table.opened,
-                "closed_idle": table.closed_idle, "closed_lifetime": table.closed_lifetime, "failed": table.failed,
-                "max_sessions": table.settings.max_sessions,
-                "egress": sorted(table.settings.egress_targets)}
+        return {
+            "sessions": listed,
+            "opened": table.opened,
+            "closed_idle": table.closed_idle,
+            "closed_lifetime": table.closed_lifetime,
+            "failed": table.failed,
+            "max_sessions": table.settings.max_sessions,
+            "egress": sorted(table.settings.egress_targets),
+        }
 
     async def get_session(request: Request):
         return table.get(request.path_params["sid"]).info()
 
     async def exec_command(request: Request):
         body = await parse(request, Exec)
-        run = asyncio.ensure_future(table.exec(request.path_params["sid"], body.command, env=body.env, cwd=body.cwd,
-                                               timeout=body.timeout,
-                                               stdin=body.stdin.encode() if body.stdin is not None else None))
+        run = asyncio.ensure_future(
+            table.exec(
+                request.path_params["sid"],
+                body.command,
+                env=body.env,
+                cwd=body.cwd,
+                timeout=body.timeout,
+                stdin=body.stdin.encode() if body.stdin is not None else None,
+            )
+        )
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait([run, gone], return_when=asyncio.FIRST_COMPLETED)
@@ -198,14 +226,18 @@ def add_session_routes(app, table: SessionTable, *, max_body: int, body_timeout:
         if run.cancelled():
             return Response(status_code=499)  # (nobody reads it)
         out = run.result()
-        text = await asyncio.to_thread(json.dumps, out.as_dict()) if len(out.stdout) > 65536 \
-            else json.dumps(out.as_dict())
+        text = (
+            await asyncio.to_thread(json.dumps, out.as_dict()) if len(out.stdout) > 65536 else json.dumps(out.as_dict())
+        )
         return Response(text, media_type="application/json")
 
     async def write_file(request: Request):
         body = await parse(request, WriteFile)
-        data = await asyncio.to_thread(b64decode_field, body.content, "content") if len(body.content) > 65536 \
+        data = (
+            await asyncio.to_thread(b64decode_field, body.content, "content")
+            if len(body.content) > 65536
             else b64decode_field(body.content, "content")
+        )
         await table.write_file(request.path_params["sid"], body.path, data)
         return {"path": body.path}
 

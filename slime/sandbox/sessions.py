@@ -78,31 +78,60 @@ class SessionSettings:
         """The server's flags (`add_session_arguments`); ValueError names the flag."""
         if not 0 < args.egress_port < 65536:
             raise ValueError(f"--egress-port {args.egress_port}: must be a TCP port (1-65535)")
-        for flag in ("max_sessions", "max_session_exec_timeout", "session_idle_timeout", "max_session_lifetime",
-                     "max_session_disk_mb", "max_egress_connections"):
+        for flag in (
+            "max_sessions",
+            "max_session_exec_timeout",
+            "session_idle_timeout",
+            "max_session_lifetime",
+            "max_session_disk_mb",
+            "max_egress_connections",
+        ):
             value = getattr(args, flag)
             if value is not None and value <= 0:
                 raise ValueError(f"--{flag.replace('_', '-')} {value}: must be positive")
-        return cls(egress_targets=parse_egress_targets(args.egress), egress_port=args.egress_port,
-                   max_sessions=args.max_sessions or args.max_concurrency,
-                   max_exec_timeout=args.max_session_exec_timeout, idle_timeout=args.session_idle_timeout, max_lifetime=args.max_session_lifetime,
-                   max_disk_mb=args.max_session_disk_mb, max_egress_connections=args.max_egress_connections)
+        return cls(
+            egress_targets=parse_egress_targets(args.egress),
+            egress_port=args.egress_port,
+            max_sessions=args.max_sessions or args.max_concurrency,
+            max_exec_timeout=args.max_session_exec_timeout,
+            idle_timeout=args.session_idle_timeout,
+            max_lifetime=args.max_session_lifetime,
+            max_disk_mb=args.max_session_disk_mb,
+            max_egress_connections=args.max_egress_connections,
+        )
 
 
 def add_session_arguments(ap: argparse.ArgumentParser) -> None:
     d = SessionSettings()
-    ap.add_argument("--egress", action="append", default=[], metavar="NAME=HOST:PORT",
-                    help="a target sessions may ask for by NAME as their one way out (default: none)")
-    ap.add_argument("--egress-port", type=int, default=d.egress_port,
-                    help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)")
+    ap.add_argument(
+        "--egress",
+        action="append",
+        default=[],
+        metavar="NAME=HOST:PORT",
+        help="a target sessions may ask for by NAME as their one way out (default: none)",
+    )
+    ap.add_argument(
+        "--egress-port",
+        type=int,
+        default=d.egress_port,
+        help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)",
+    )
     ap.add_argument("--max-sessions", type=int, default=None, help="open sessions at most (default --max-concurrency)")
     ap.add_argument("--max-session-exec-timeout", type=float, default=d.max_exec_timeout)
-    ap.add_argument("--session-idle-timeout", type=float, default=d.idle_timeout,
-                    help="default seconds a session may stay idle before it is closed")
+    ap.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=d.idle_timeout,
+        help="default seconds a session may stay idle before it is closed",
+    )
     ap.add_argument("--max-session-lifetime", type=float, default=d.max_lifetime)
     ap.add_argument("--max-session-disk-mb", type=int, default=d.max_disk_mb)
-    ap.add_argument("--max-egress-connections", type=int, default=d.max_egress_connections,
-                    help="open egress connections per session")
+    ap.add_argument(
+        "--max-egress-connections",
+        type=int,
+        default=d.max_egress_connections,
+        help="open egress connections per session",
+    )
 
 
 @dataclasses.dataclass
@@ -133,11 +162,21 @@ class Session:
         self.life_timer: asyncio.TimerHandle | None = None
 
     def info(self) -> dict[str, Any]:
-        return {"session_id": self.id, "uid": self.uid, "workdir": WORKDIR, "home": HOME,
-                "egress": self.spec.egress, "egress_url": self.egress_url, "execs": self.execs,
-                "memory_mb": self.spec.memory_mb, "disk_mb": self.spec.disk_mb, "max_inodes": self.spec.max_inodes,
-                "idle_timeout": self.spec.idle_timeout, "max_lifetime": self.spec.max_lifetime,
-                "egress_counters": dataclasses.asdict(self.forwarder.counters) if self.forwarder else None}
+        return {
+            "session_id": self.id,
+            "uid": self.uid,
+            "workdir": WORKDIR,
+            "home": HOME,
+            "egress": self.spec.egress,
+            "egress_url": self.egress_url,
+            "execs": self.execs,
+            "memory_mb": self.spec.memory_mb,
+            "disk_mb": self.spec.disk_mb,
+            "max_inodes": self.spec.max_inodes,
+            "idle_timeout": self.spec.idle_timeout,
+            "max_lifetime": self.spec.max_lifetime,
+            "egress_counters": dataclasses.asdict(self.forwarder.counters) if self.forwarder else None,
+        }
 
 
 class SessionTable:
@@ -154,8 +193,11 @@ class SessionTable:
     # -- lifecycle ---------------------------------------------------------------------------
     async def open(self, spec: SessionSpec) -> Session:
         if not self.runner.cfg.isolate:
-            raise SessionError(501, "sessions need the sandbox's isolation (this server runs with "
-                                    "--allow-no-isolation): no session was opened")
+            raise SessionError(
+                501,
+                "sessions need the sandbox's isolation (this server runs with "
+                "--allow-no-isolation): no session was opened",
+            )
         target = None
         if spec.egress is not None:
             target = self.settings.egress_targets.get(spec.egress)
@@ -165,24 +207,34 @@ class SessionTable:
         cap = self.settings.max_egress_connections if target else 0
         budget = self.settings.egress_budget
         if cap and budget is not None and self.egress_reserved + cap > budget:
-            raise SessionError(503, f"this server cannot serve another session with an egress: its open-file limit "
-                                    f"leaves room for {budget} egress connections, {self.egress_reserved} are held by "
-                                    f"open sessions and this one may open {cap} (--max-egress-connections); raise "
-                                    "the hard limit (ulimit -Hn) or lower --max-connections / --max-egress-connections",
-                               retry_after=5.0)
+            raise SessionError(
+                503,
+                f"this server cannot serve another session with an egress: its open-file limit "
+                f"leaves room for {budget} egress connections, {self.egress_reserved} are held by "
+                f"open sessions and this one may open {cap} (--max-egress-connections); raise "
+                "the hard limit (ulimit -Hn) or lower --max-connections / --max-egress-connections",
+                retry_after=5.0,
+            )
         if len(self.sessions) + self._opening >= self.settings.max_sessions:
-            raise SessionError(429, f"{len(self.sessions) + self._opening} sessions are open (--max-sessions "
-                                    f"{self.settings.max_sessions})", retry_after=5.0)
+            raise SessionError(
+                429,
+                f"{len(self.sessions) + self._opening} sessions are open (--max-sessions {self.settings.max_sessions})",
+                retry_after=5.0,
+            )
         if not self.adm.hold():
-            raise SessionError(429, "sandbox busy: every slot is running or queued for (--max-concurrency "
-                                    f"{self.adm.cap})", retry_after=self.adm.retry_after())
+            raise SessionError(
+                429,
+                f"sandbox busy: every slot is running or queued for (--max-concurrency {self.adm.cap})",
+                retry_after=self.adm.retry_after(),
+            )
         slot = self.runner.take_slot()
         if slot is None:
             self.adm.release()
             raise SessionError(429, "sandbox busy: no free slot", retry_after=self.adm.retry_after())
         port = self.settings.egress_port if target else 0
-        sess = Session(uuid.uuid4().hex, slot, self.runner.uids.base + slot, spec,
-                       f"http://127.0.0.1:{port}" if target else None)
+        sess = Session(
+            uuid.uuid4().hex, slot, self.runner.uids.base + slot, spec, f"http://127.0.0.1:{port}" if target else None
+        )
         sess.egress_cap = cap
         self.egress_reserved += cap  # (given back by `_end`)
         self._opening += 1
@@ -203,8 +255,13 @@ class SessionTable:
     async def _start(self, sess: Session, target: tuple[str, int] | None) -> None:
         spec = sess.spec
         files = {inside_path(p): data for p, data in spec.files.items()}
-        head = {"session": {"disk_mb": spec.disk_mb, "max_inodes": spec.max_inodes,
-                            "egress_port": self.settings.egress_port if target else 0}}
+        head = {
+            "session": {
+                "disk_mb": spec.disk_mb,
+                "max_inodes": spec.max_inodes,
+                "egress_port": self.settings.egress_port if target else 0,
+            }
+        }
         res, _ = await self._exchange(sess, self._frame(sess, head, files=files), 0)
         if res.get("input_error") or res.get("setup_error"):
             raise SessionError(422, f"the session could not be set up: {res.get('input_error') or res['setup_error']}")
@@ -214,14 +271,17 @@ class SessionTable:
                 for fd in fds:
                     os.close(fd)
                 raise SessionError(500, f"the slot sent {len(fds)} egress sockets instead of one")
-            sess.forwarder = EgressForwarder(socket.socket(fileno=fds[0]), target,
-                                             max_connections=self.settings.max_egress_connections)
+            sess.forwarder = EgressForwarder(
+                socket.socket(fileno=fds[0]), target, max_connections=self.settings.max_egress_connections
+            )
             await sess.forwarder.start()
         if spec.tar is not None:
             out = await self._program(sess, ["/bin/tar", "-x", "-f", "-", "-C", WORKDIR], 120.0, spec.tar)
             if out.status != "Finished" or out.returncode != 0:
-                raise SessionError(422, f"the seed tar could not be unpacked into {WORKDIR}: "
-                                        f"{out.message or out.stderr.strip()[-500:]}")
+                raise SessionError(
+                    422,
+                    f"the seed tar could not be unpacked into {WORKDIR}: {out.message or out.stderr.strip()[-500:]}",
+                )
 
     def get(self, sid: str) -> Session:
         sess = self.sessions.get(sid)
@@ -234,8 +294,9 @@ class SessionTable:
         await self._end(sess)
 
     async def close_all(self) -> None:
-        await asyncio.gather(*(self._end(s) for s in list(self.sessions.values())), *self._expiring,
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(self._end(s) for s in list(self.sessions.values())), *self._expiring, return_exceptions=True
+        )
 
     async def _end(self, sess: Session) -> None:
         """Everything of the session goes: its slot (processes, namespaces, tmpfs), its egress."""
@@ -277,42 +338,66 @@ class SessionTable:
     def _arm_idle(self, sess: Session) -> None:
         if sess.idle_timer is not None:
             sess.idle_timer.cancel()
-        sess.idle_timer = asyncio.get_running_loop().call_later(sess.spec.idle_timeout, self._expire, sess,
-                                                                "idle_timeout")
+        sess.idle_timer = asyncio.get_running_loop().call_later(
+            sess.spec.idle_timeout, self._expire, sess, "idle_timeout"
+        )
 
     # -- commands ----------------------------------------------------------------------------
-    async def exec(self, sid: str, command: str, *, env: dict[str, str] | None = None, cwd: str | None = None,
-                   timeout: float = 120.0, stdin: bytes | None = None) -> ExecOutcome:
+    async def exec(
+        self,
+        sid: str,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float = 120.0,
+        stdin: bytes | None = None,
+    ) -> ExecOutcome:
         sess = self.get(sid)
         script = command if cwd is None else f"cd -- {shlex.quote(cwd)} || exit 1\n{command}"
         return await self._program(sess, ["/bin/bash", "-c", script], timeout, stdin, env)
 
     async def write_file(self, sid: str, path: str, data: bytes) -> None:
         sess = self.get(sid)
-        out = await self._program(sess, ["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"',
-                                         "write_file", path], 60.0, data)
+        out = await self._program(
+            sess, ["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "write_file", path], 60.0, data
+        )
         if out.status != "Finished" or out.returncode != 0:
-            raise SessionError(422, f"session {sid}: {path!r} could not be written: "
-                                    f"{out.message or out.stderr.strip()[-500:]}")
+            raise SessionError(
+                422, f"session {sid}: {path!r} could not be written: {out.message or out.stderr.strip()[-500:]}"
+            )
 
     async def read_file(self, sid: str, path: str) -> bytes:
         sess = self.get(sid)
         out = await self._program(sess, ["/bin/cat", "--", path], 60.0, raw=True)
         if out.message.startswith("output limit exceeded"):
-            raise SessionError(413, f"session {sid}: {path!r} is larger than the {self.runner.cfg.max_output_bytes} "
-                                    "bytes one read returns (--max-output-bytes)")
+            raise SessionError(
+                413,
+                f"session {sid}: {path!r} is larger than the {self.runner.cfg.max_output_bytes} "
+                "bytes one read returns (--max-output-bytes)",
+            )
         if out.status != "Finished" or out.returncode != 0:
-            raise SessionError(404, f"session {sid}: {path!r} could not be read: "
-                                    f"{out.message or out.stderr.strip()[-500:]}")
+            raise SessionError(
+                404, f"session {sid}: {path!r} could not be read: {out.message or out.stderr.strip()[-500:]}"
+            )
         return out.stdout
 
-    async def _program(self, sess: Session, argv: list[str], timeout: float, stdin: bytes | None = None,
-                       env: dict[str, str] | None = None, raw: bool = False) -> ExecOutcome:
+    async def _program(
+        self,
+        sess: Session,
+        argv: list[str],
+        timeout: float,
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+        raw: bool = False,
+    ) -> ExecOutcome:
         """One program in the session's slot, the session's other requests waiting their turn
         within the same deadline."""
         if not 0 < timeout <= self.settings.max_exec_timeout:
-            raise SessionError(422, f"timeout {timeout} must be in (0, {self.settings.max_exec_timeout:g}] "
-                                    "(--max-session-exec-timeout)")
+            raise SessionError(
+                422,
+                f"timeout {timeout} must be in (0, {self.settings.max_exec_timeout:g}] (--max-session-exec-timeout)",
+            )
         if sess.idle_timer is not None:
             sess.idle_timer.cancel()
         try:
@@ -323,10 +408,16 @@ class SessionTable:
             try:
                 if sess.closed:
                     raise SessionError(404, f"session {sess.id} was closed while this command waited")
-                step = {"argv": argv, "warm_python": False, "timeout": timeout,
-                        "cpu_s": max(1, int(timeout + 0.999)), "mem_mb": sess.spec.memory_mb,
-                        "stdin": stdin is not None, "kind": "run",
-                        "rlimit_as": "memory" in self.runner.per_process_only}
+                step = {
+                    "argv": argv,
+                    "warm_python": False,
+                    "timeout": timeout,
+                    "cpu_s": max(1, int(timeout + 0.999)),
+                    "mem_mb": sess.spec.memory_mb,
+                    "stdin": stdin is not None,
+                    "kind": "run",
+                    "rlimit_as": "memory" in self.runner.per_process_only,
+                }
                 frame = self._frame(sess, {}, steps=[step], stdin=stdin, env=env)
                 res, steps = await self._exchange(sess, frame, timeout)
                 sess.execs += 1
@@ -345,16 +436,18 @@ class SessionTable:
             res, steps, _files = await asyncio.shield(sess.exchange)  # (our caller going must not cut it short)
         except asyncio.CancelledError:
             if sess.closed and sess.exchange.cancelled() and not asyncio.current_task().cancelling():
-                raise SessionError(410, f"session {sess.id} was closed while this command ran; "
-                                        "its processes were killed") from None
+                raise SessionError(
+                    410, f"session {sess.id} was closed while this command ran; its processes were killed"
+                ) from None
             if not sess.closed and not sess.exchange.done():
                 await self._stop_program(sess)  # (its client went: the command stops, the session stays)
             raise
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError) as e:
             self.failed += 1
             await self._end(sess)
-            raise SessionError(500, f"session {sess.id} failed inside the sandbox ({type(e).__name__}: {e}); "
-                                    "it is closed") from None
+            raise SessionError(
+                500, f"session {sess.id} failed inside the sandbox ({type(e).__name__}: {e}); it is closed"
+            ) from None
         finally:
             sess.exchange = None
         if res.get("error"):
@@ -379,16 +472,37 @@ class SessionTable:
                 return
             raise
 
-    def _frame(self, sess: Session, extra: dict[str, Any], *, steps=(), files: dict[str, bytes] | None = None,
-               stdin: bytes | None = None, env: dict[str, str] | None = None) -> bytes:
+    def _frame(
+        self,
+        sess: Session,
+        extra: dict[str, Any],
+        *,
+        steps=(),
+        files: dict[str, bytes] | None = None,
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+    ) -> bytes:
         cfg = self.runner.cfg
         files = files or {}
-        hdr = {"uid": sess.uid, "workdir": WORKDIR, "env": self._env(sess, env), "disk_mb": sess.spec.disk_mb,
-               "files": [[p, len(d)] for p, d in files.items()], "source": None, "code_size": 0,
-               "stdin_size": len(stdin) if stdin is not None else -1, "steps": list(steps), "fetch": [],
-               "fetch_max_file": 0, "fetch_max_total": 0, "max_output": cfg.max_output_bytes,
-               "max_processes": cfg.max_processes, "max_file_mb": cfg.max_file_mb,
-               "max_open_files": cfg.max_open_files, **extra}
+        hdr = {
+            "uid": sess.uid,
+            "workdir": WORKDIR,
+            "env": self._env(sess, env),
+            "disk_mb": sess.spec.disk_mb,
+            "files": [[p, len(d)] for p, d in files.items()],
+            "source": None,
+            "code_size": 0,
+            "stdin_size": len(stdin) if stdin is not None else -1,
+            "steps": list(steps),
+            "fetch": [],
+            "fetch_max_file": 0,
+            "fetch_max_total": 0,
+            "max_output": cfg.max_output_bytes,
+            "max_processes": cfg.max_processes,
+            "max_file_mb": cfg.max_file_mb,
+            "max_open_files": cfg.max_open_files,
+            **extra,
+        }
         head = json.dumps(hdr).encode()
         return b"".join([struct.pack("!I", len(head)), head, *files.values(), stdin or b""])
 
@@ -408,18 +522,31 @@ def inside_path(path: str) -> str:
     is ``/mnt/home``, ``/workspace`` is ``/mnt/workspace``)."""
     for link, target in SESSION_DIRS.items():
         if path.startswith(link + "/"):
-            return normalize_path(target + path[len(link):])
+            return normalize_path(target + path[len(link) :])
     return normalize_path(path)
 
 
 def _outcome(res: dict[str, Any], steps, raw: bool) -> ExecOutcome:
     if res.get("input_error") or res.get("setup_error"):
-        return ExecOutcome("Error", None, b"" if raw else "", res.get("input_error") or res["setup_error"], None, None,
-                           res.get("input_error") or res["setup_error"])
+        return ExecOutcome(
+            "Error",
+            None,
+            b"" if raw else "",
+            res.get("input_error") or res["setup_error"],
+            None,
+            None,
+            res.get("input_error") or res["setup_error"],
+        )
     st, out, err = steps[0]
     notes = list(st.get("notes") or [])
     if st["status"] == "TimeLimitExceeded" and not notes:
         notes.append(f"time limit exceeded after {st['execution_time']}s")
-    return ExecOutcome(st["status"], st["return_code"], bytes(out) if raw else out.decode("utf-8", "replace"),
-                       err.decode("utf-8", "replace"), st["execution_time"], st.get("cpu_time"), "; ".join(notes))
-
+    return ExecOutcome(
+        st["status"],
+        st["return_code"],
+        bytes(out) if raw else out.decode("utf-8", "replace"),
+        err.decode("utf-8", "replace"),
+        st["execution_time"],
+        st.get("cpu_time"),
+        "; ".join(notes),
+    )

@@ -59,8 +59,10 @@ def _make_session_dirs(uid):
         for link in missing:
             os.symlink(SESSION_DIRS[link], link)
     finally:
-        check(libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None),
-              "make the root read-only again")
+        check(
+            libc.mount(None, b"/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, None),
+            "make the root read-only again",
+        )
 
 
 def _hand_over_listener(ctl, port):

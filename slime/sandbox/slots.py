@@ -56,13 +56,19 @@ class SlotPool:
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
         cfg.python = cfg.python or find_python()
-        self.uids = UidRange.claim(cfg.max_concurrency, cfg.uid_base) if cfg.isolate else \
-            UidRange(cfg.uid_base or FIRST_UID, cfg.max_concurrency, [])
-        self.cgroups = Cgroups(cfg.max_concurrency, cfg.max_processes + 4, cfg.cpus_per_run) if cfg.isolate \
-            else Cgroups(0, 0, 0)
+        self.uids = (
+            UidRange.claim(cfg.max_concurrency, cfg.uid_base)
+            if cfg.isolate
+            else UidRange(cfg.uid_base or FIRST_UID, cfg.max_concurrency, [])
+        )
+        self.cgroups = (
+            Cgroups(cfg.max_concurrency, cfg.max_processes + 4, cfg.cpus_per_run) if cfg.isolate else Cgroups(0, 0, 0)
+        )
         if cfg.isolate and self.cgroups.missing:
-            logger.warning("cgroups unavailable for %s: those limits are per process only (rlimits)",
-                           ", ".join(self.cgroups.missing))
+            logger.warning(
+                "cgroups unavailable for %s: those limits are per process only (rlimits)",
+                ", ".join(self.cgroups.missing),
+            )
         self.seccomp = False
         self._zygote_script, self._slot_modules = slot_sources()
         self._zygotes: list[ForkServer | None] = [None] * cfg.max_concurrency
@@ -90,10 +96,16 @@ class SlotPool:
         py = os.path.realpath(cfg.python or "/usr/bin/python3")
         # started from the event loop's thread: the pdeathsig it sets is tied to a thread that lives
         try:
-            proc = subprocess.Popen([py, "-I", "-B", "-", str(theirs.fileno()), str(data_theirs.fileno())],
-                                    pass_fds=(theirs.fileno(), data_theirs.fileno()), env=run_env(), cwd="/",
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL if cfg.isolate else None, start_new_session=True)
+            proc = subprocess.Popen(
+                [py, "-I", "-B", "-", str(theirs.fileno()), str(data_theirs.fileno())],
+                pass_fds=(theirs.fileno(), data_theirs.fileno()),
+                env=run_env(),
+                cwd="/",
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL if cfg.isolate else None,
+                start_new_session=True,
+            )
             with proc.stdin:  # (a pipe holds 64 KiB: written from a thread, the loop never blocks)
                 await asyncio.to_thread(proc.stdin.write, self._zygote_script)
         except BaseException:

@@ -215,8 +215,17 @@ def _report_failure(ctl, e):
 
     where = traceback.extract_tb(e.__traceback__)[-1]
     try:
-        ctl.sendmsg([json.dumps({"ready": False, "error": "%s: %s (%s line %d)" % (
-            type(e).__name__, e, os.path.basename(where.filename), where.lineno)}).encode()])
+        ctl.sendmsg(
+            [
+                json.dumps(
+                    {
+                        "ready": False,
+                        "error": "%s: %s (%s line %d)"
+                        % (type(e).__name__, e, os.path.basename(where.filename), where.lineno),
+                    }
+                ).encode()
+            ]
+        )
     except OSError:
         pass
 

@@ -18,7 +18,11 @@ def npm_installed(package: str, entry: str) -> Path:
     path = CLI_CACHE / "node_modules" / entry
     if not path.exists():
         CLI_CACHE.mkdir(parents=True, exist_ok=True)
-        npm = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(CLI_CACHE), package],
-                             capture_output=True, text=True, timeout=600)
+        npm = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(CLI_CACHE), package],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert npm.returncode == 0 and path.exists(), f"npm install {package} failed:\n{npm.stderr[-2000:]}"
     return path

@@ -46,8 +46,16 @@ class RecordingClient(EngineClient):
 
 
 class AgentStack:
-    def __init__(self, tokenizer: Any, model_dir: str | Path, replies: Callable[[str, int], str], *,
-                 engines: int = 1, config: GatewayConfig | None = None, log_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_dir: str | Path,
+        replies: Callable[[str, int], str],
+        *,
+        engines: int = 1,
+        config: GatewayConfig | None = None,
+        log_dir: str | None = None,
+    ) -> None:
         self.tok, self.model_dir, self.replies = tokenizer, str(model_dir), replies
         self.end_id = tokenizer.convert_tokens_to_ids(IM_END)
         self.n_engines, self.config, self.log_dir = engines, config, log_dir
@@ -63,8 +71,9 @@ class AgentStack:
 
         from slime.testing.tiny_model import qwen_tokenizer_dir
 
-        return cls(AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())), qwen_tokenizer_dir(), replies,
-                   **kwargs).start()
+        return cls(
+            AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())), qwen_tokenizer_dir(), replies, **kwargs
+        ).start()
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         """What the engines sample for this request body (a pure function of its input ids)."""
@@ -83,13 +92,19 @@ class AgentStack:
         return self.tok.decode(ids[:-1] if ids[-1:] == [self.end_id] else ids, skip_special_tokens=False)
 
     def start(self) -> AgentStack:
-        self.engines = [ScriptedEngine(self.answer, self.model_dir, find_free_port(), decode=self.text).start()
-                        for _ in range(self.n_engines)]
+        self.engines = [
+            ScriptedEngine(self.answer, self.model_dir, find_free_port(), decode=self.text).start()
+            for _ in range(self.n_engines)
+        ]
         self.router = Router(log_dir=self.log_dir).start()
         for e in self.engines:
             self.router.add_worker(e.url)
-        self.client = EngineClient(Endpoints(self.router.url, [e.url for e in self.engines]), tokenizer=self.tok,
-                                   request_timeout=30.0, max_retries=2)
+        self.client = EngineClient(
+            Endpoints(self.router.url, [e.url for e in self.engines]),
+            tokenizer=self.tok,
+            request_timeout=30.0,
+            max_retries=2,
+        )
         self.gateway = Gateway(self.client, tokenizer=self.tok, config=self.config).start()
         return self
 
@@ -118,9 +133,9 @@ def assert_chain(sample: Sample, turns: list[tuple[list[int], list[int], list[fl
     mask, lps = [0] * len(tokens), [0.0] * len(tokens)
     for prompt, ids, log_probs in turns:
         start = len(prompt)
-        assert tokens[start:start + len(ids)] == list(ids), "a later prompt re-tokenised what the model sampled"
-        mask[start:start + len(ids)] = [1] * len(ids)
-        lps[start:start + len(ids)] = log_probs
+        assert tokens[start : start + len(ids)] == list(ids), "a later prompt re-tokenised what the model sampled"
+        mask[start : start + len(ids)] = [1] * len(ids)
+        lps[start : start + len(ids)] = log_probs
     p = len(turns[0][0])
     assert sample.tokens == tokens
     assert sample.response_length == len(tokens) - p

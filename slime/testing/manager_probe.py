@@ -25,8 +25,7 @@ def wait_engine_state(manager: Any, rank: int, states: tuple[str, ...], timeout:
 
 
 @contextlib.contextmanager
-def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool = False
-                        ) -> Iterator[tuple[Any, Any]]:
+def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool = False) -> Iterator[tuple[Any, Any]]:
     """slime-train's own pieces for a test: the manager actor (with the fault hooks) and a started trainer group (dp 1),
     both stopped at the end whatever happened. Engines (and their replacements) fork warm from
     `fork_server` (a running engine fork server's socket), or, with `warm`, from one started here
@@ -40,7 +39,9 @@ def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool
     manager = group = server = None
     try:
         server = start_engine_fork_server(args) if warm and fork_server is None else None
-        manager, _ = start_manager(args, FaultInjectingManager, fork_server=server.socket_path if server is not None else fork_server)
+        manager, _ = start_manager(
+            args, FaultInjectingManager, fork_server=server.socket_path if server is not None else fork_server
+        )
         group = TrainGroup(args)
         group.start()
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))

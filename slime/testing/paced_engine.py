@@ -90,8 +90,10 @@ def split_input(input_ids: list[int]) -> tuple[list[int], list[int]]:
         if t >= LENGTH_BASE:
             return list(input_ids[:i]), list(input_ids[i:])
         if t >= BODY_BASE:
-            raise ValueError(f"paced engine: input id {t} at position {i} is a response id with no response "
-                             f"start before it; prompt ids must be below {BODY_BASE}")
+            raise ValueError(
+                f"paced engine: input id {t} at position {i} is a response id with no response "
+                f"start before it; prompt ids must be below {BODY_BASE}"
+            )
     return list(input_ids), []
 
 
@@ -204,9 +206,15 @@ class PacedScript:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             self._advance(time.monotonic())
-            return {"busy_slot_seconds": self._busy_integral, "decoding": self._busy_now,
-                    "generated_tokens": self.generated_tokens, "aborted_tokens": self.aborted_tokens,
-                    "requests": self.requests, "aborts": self.aborts, "continuations": self.continuations}
+            return {
+                "busy_slot_seconds": self._busy_integral,
+                "decoding": self._busy_now,
+                "generated_tokens": self.generated_tokens,
+                "aborted_tokens": self.aborted_tokens,
+                "requests": self.requests,
+                "aborts": self.aborts,
+                "continuations": self.continuations,
+            }
 
     # --- the script ---
     async def __call__(self, body: dict[str, Any], aborted: asyncio.Event) -> dict[str, Any]:
@@ -215,7 +223,7 @@ class PacedScript:
         budget = int((body.get("sampling_params") or {}).get("max_new_tokens", length))
         remaining = length - len(partial)
         n = max(0, min(remaining, budget))
-        out = response_ids(prompt, length)[len(partial):len(partial) + n]
+        out = response_ids(prompt, length)[len(partial) : len(partial) + n]
         finish = "stop" if n >= remaining else "length"
         with self._lock:
             self.requests += 1

@@ -16,7 +16,9 @@ PASSAGES = ["Paris\nParis is the capital of France.", "Berlin\nBerlin is in Germ
 
 
 @contextlib.contextmanager
-def replying_stack(model_dir: str, reply: Callable[[str], str]) -> Iterator[tuple[Router, ScriptedEngine, Retriever, Any]]:
+def replying_stack(
+    model_dir: str, reply: Callable[[str], str]
+) -> Iterator[tuple[Router, ScriptedEngine, Retriever, Any]]:
     """(router, engine, retriever, tokenizer): the engine samples the tokens of `reply(prompt text)`, cut at
     the request's `max_new_tokens` (finish "length" then); a request by text (search-r1's) is shown as sent."""
     from transformers import AutoTokenizer
@@ -27,8 +29,11 @@ def replying_stack(model_dir: str, reply: Callable[[str], str]) -> Iterator[tupl
         shown = body["text"] if "text" in body else tok.decode(body["input_ids"])
         out = tok(reply(shown), add_special_tokens=False)["input_ids"]
         cap = body["sampling_params"]["max_new_tokens"]
-        return {"output_ids": out[:cap], "finish_type": "length" if cap < len(out) else "stop",
-                "text": tok.decode(out[:cap])}
+        return {
+            "output_ids": out[:cap],
+            "finish_type": "length" if cap < len(out) else "stop",
+            "text": tok.decode(out[:cap]),
+        }
 
     engine = ScriptedEngine(script, model_dir, find_free_port()).start()
     router = Router().start()

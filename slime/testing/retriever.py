@@ -54,12 +54,16 @@ class Retriever:
             for q in body.get("queries", []):
                 hits = rank(self.corpus, str(q), k)
                 docs = [{"id": str(i), "contents": self.corpus[i]} for i, _ in hits]
-                results.append([{"document": d, "score": float(s)} for d, (_, s) in zip(docs, hits)]
-                               if body.get("return_scores", True) else docs)
+                results.append(
+                    [{"document": d, "score": float(s)} for d, (_, s) in zip(docs, hits)]
+                    if body.get("return_scores", True)
+                    else docs
+                )
             return {"result": results}
 
-        self._server = ThreadedServer(app, "127.0.0.1", self.port, what=f"retriever at {self.url}",
-                                      thread_name="test-retriever")
+        self._server = ThreadedServer(
+            app, "127.0.0.1", self.port, what=f"retriever at {self.url}", thread_name="test-retriever"
+        )
 
     def fail_next(self, n: int, status: int = 503) -> None:
         with self._lock:

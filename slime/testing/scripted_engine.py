@@ -66,8 +66,9 @@ def misbehave(out: dict[str, Any]) -> Response | None:
     return None
 
 
-def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str] | None = None,
-              weight_version: str = "default") -> FastAPI:
+def build_app(
+    script: Script, model_path: str, decode: Callable[[list[int]], str] | None = None, weight_version: str = "default"
+) -> FastAPI:
     app = FastAPI()
     app.state.requests = []  # every /generate body received, for assertions
     app.state.aborts = []  # every /abort_request body received
@@ -82,8 +83,12 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
             await asyncio.sleep(left)
 
     def info() -> dict[str, Any]:
-        return {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
-                "weight_version": app.state.weight_version}
+        return {
+            "model_path": model_path,
+            "tokenizer_path": model_path,
+            "is_generation": True,
+            "weight_version": app.state.weight_version,
+        }
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -177,11 +182,15 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
             return broken
         ids = list(out["output_ids"])
         lps = out.get("log_probs") or [default_log_prob(i) for i in range(len(ids))]
-        meta = {"id": body.get("rid"), "finish_reason": {"type": out.get("finish_type", "stop"),
-                                                         "matched": out.get("matched")},
-                "prompt_tokens": len(body.get("input_ids") or []), "completion_tokens": len(ids),
-                "cached_tokens": 0, "weight_version": out.get("weight_version", app.state.weight_version),
-                "e2e_latency": 0.0}
+        meta = {
+            "id": body.get("rid"),
+            "finish_reason": {"type": out.get("finish_type", "stop"), "matched": out.get("matched")},
+            "prompt_tokens": len(body.get("input_ids") or []),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": out.get("weight_version", app.state.weight_version),
+            "e2e_latency": 0.0,
+        }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids)]
             if body.get("top_logprobs_num") and "top_log_probs" in out:
@@ -197,8 +206,14 @@ def build_app(script: Script, model_path: str, decode: Callable[[list[int]], str
 class ScriptedEngine:
     """Serve `build_app(...)` from a background thread of this process."""
 
-    def __init__(self, script: Script, model_path: str, port: int, host: str = "127.0.0.1",
-                 decode: Callable[[list[int]], str] | None = None):
+    def __init__(
+        self,
+        script: Script,
+        model_path: str,
+        port: int,
+        host: str = "127.0.0.1",
+        decode: Callable[[list[int]], str] | None = None,
+    ):
         self.app = build_app(script, model_path, decode)
         self.url = f"http://{host}:{port}"
         self._server = ThreadedServer(self.app, host, port, what=f"scripted engine at {self.url}")
@@ -244,8 +259,9 @@ def main(argv: list[str] | None = None) -> None:
         n = min(len(ids), int(body.get("sampling_params", {}).get("max_new_tokens", len(ids))))
         return {"output_ids": ids[:n], "finish_type": "length" if n < len(ids) else "stop", "text": ""}
 
-    uvicorn.run(build_app(script, a.model_path), host=a.host, port=a.port, log_level="warning",
-                access_log=False, http=Http1Only)
+    uvicorn.run(
+        build_app(script, a.model_path), host=a.host, port=a.port, log_level="warning", access_log=False, http=Http1Only
+    )
 
 
 if __name__ == "__main__":

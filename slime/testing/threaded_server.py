@@ -18,8 +18,9 @@ class ThreadedServer:
     def __init__(self, app: Any, host: str, port: int, *, what: str, thread_name: str | None = None):
         """`what` names the server in the start-up error, e.g. "retriever at http://127.0.0.1:8000"."""
         self.what = what
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", http=Http1Only))
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", http=Http1Only)
+        )
         self._thread = threading.Thread(target=self._server.run, daemon=True, name=thread_name)
 
     def start(self, timeout: float) -> None:

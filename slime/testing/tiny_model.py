@@ -44,10 +44,17 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, 
         return out
     tok = _with_qwen_tokenizer(out)
     config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -85,20 +92,43 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, nu
         return out
     tok = _with_qwen_tokenizer(out)
     tok.chat_template = TINY_VLM_CHAT_TEMPLATE
-    ids = {name: tok.convert_tokens_to_ids(f"<|{name}|>") for name in
-           ("image_pad", "video_pad", "vision_start", "vision_end")}
+    ids = {
+        name: tok.convert_tokens_to_ids(f"<|{name}|>")
+        for name in ("image_pad", "video_pad", "vision_start", "vision_end")
+    }
     head_dim = hidden_size // 4
     config = Qwen2VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, tie_word_embeddings=True,
-                         rope_scaling={"type": "mrope", "mrope_section": _mrope_section(head_dim)},
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=hidden_size, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
-        image_token_id=ids["image_pad"], video_token_id=ids["video_pad"],
-        vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"],
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=hidden_size,
+            intermediate_size=hidden_size * 2,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            rope_scaling={"type": "mrope", "mrope_section": _mrope_section(head_dim)},
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=1,
+            embed_dim=32,
+            hidden_size=hidden_size,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        ),
+        image_token_id=ids["image_pad"],
+        video_token_id=ids["video_pad"],
+        vision_start_token_id=ids["vision_start"],
+        vision_end_token_id=ids["vision_end"],
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)

@@ -22,8 +22,14 @@ class AnswerTool(BaseTool):
         self.penalty = float(self.config.get("penalty", -0.05))
         self._state: dict[str, dict[str, Any]] = {}
 
-    async def create(self, instance_id: str | None = None, ground_truth: Any = None, *,
-                     create_kwargs: dict[str, Any] | None = None, **kwargs: Any):
+    async def create(
+        self,
+        instance_id: str | None = None,
+        ground_truth: Any = None,
+        *,
+        create_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ):
         """`create(iid, ground_truth=...)` or verl's `create(create_kwargs={"ground_truth": ...})`."""
         if ground_truth is None:
             ground_truth = create_kwargs_of(create_kwargs, kwargs).get("ground_truth")

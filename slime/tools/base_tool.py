@@ -44,8 +44,9 @@ class BaseTool:
         return getattr(self, "tool_schema", None)
 
     @classmethod
-    def start_shared_services(cls, name: str, config: dict[str, Any], services: ToolServices,
-                              handles: list[Any]) -> None:
+    def start_shared_services(
+        cls, name: str, config: dict[str, Any], services: ToolServices, handles: list[Any]
+    ) -> None:
         """Start, once per run and in the RolloutManager, what every instance of this tool in the
         cluster shares (a sandbox, a global limiter); record it in `services`, and append what
         must stay referenced (and be `.stop()`ped at shutdown, when it has that method) to `handles`.
@@ -59,13 +60,15 @@ class BaseTool:
         refuse a run whose service is not there (`slime.tools.reachability`). Default: none."""
         return {}
 
-    async def create(self, instance_id: str | None = None, *, create_kwargs: dict[str, Any] | None = None,
-                     **kwargs: Any) -> tuple[str, ToolResponse]:
+    async def create(
+        self, instance_id: str | None = None, *, create_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> tuple[str, ToolResponse]:
         create_kwargs_of(create_kwargs, kwargs)  # same argument checks as every tool
         return instance_id or str(uuid4()), ToolResponse()
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any
-                      ) -> tuple[ToolResponse, float, dict[str, Any]]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
         raise NotImplementedError(f"tool {self.name!r} does not implement execute")
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:

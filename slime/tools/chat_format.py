@@ -76,6 +76,7 @@ def register_parser(*names: str) -> Callable[[type[ToolCallParser]], type[ToolCa
         for n in names:
             PARSERS[n] = cls
         return cls
+
     return deco
 
 
@@ -121,11 +122,13 @@ class HermesParser(ToolCallParser):
     def tools_text(cls, tools: list[dict[str, Any]]) -> str:
         """The tool schemas and how to call them, for a system message (templates that ignore `tools`)."""
         listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-                f"{listing}\n</tools>\n\nFor each function call, return a json object with function name and "
-                f"arguments within {cls.OPEN}{cls.CLOSE} XML tags:\n{cls.OPEN}\n"
-                f'{{"name": <function-name>, "arguments": <args-json-object>}}\n{cls.CLOSE}')
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{listing}\n</tools>\n\nFor each function call, return a json object with function name and "
+            f"arguments within {cls.OPEN}{cls.CLOSE} XML tags:\n{cls.OPEN}\n"
+            f'{{"name": <function-name>, "arguments": <args-json-object>}}\n{cls.CLOSE}'
+        )
 
     def parse(self, text: str, cut_off: bool = False) -> ParseResult:
         first = text.find(self.OPEN)
@@ -135,26 +138,50 @@ class HermesParser(ToolCallParser):
         for m in self._tag.finditer(text):
             if m.group() == self.OPEN:
                 if open_at is not None:  # a new call opened before the last one closed
-                    result.add(ParseError("unclosed", f"a {self.OPEN} was not closed with {self.CLOSE} before the "
-                                          f"next {self.OPEN}", _snippet(text[open_at:m.start()]), idx))
+                    result.add(
+                        ParseError(
+                            "unclosed",
+                            f"a {self.OPEN} was not closed with {self.CLOSE} before the next {self.OPEN}",
+                            _snippet(text[open_at : m.start()]),
+                            idx,
+                        )
+                    )
                     idx += 1
                 open_at = m.end()
             else:
                 if open_at is None:
-                    result.add(ParseError("unmatched_close", f"{self.CLOSE} without a matching {self.OPEN}",
-                                          _snippet(text[pos:m.end()]), idx))
+                    result.add(
+                        ParseError(
+                            "unmatched_close",
+                            f"{self.CLOSE} without a matching {self.OPEN}",
+                            _snippet(text[pos : m.end()]),
+                            idx,
+                        )
+                    )
                 else:
-                    result.add(self._parse_body(text[open_at:m.start()], idx))
+                    result.add(self._parse_body(text[open_at : m.start()], idx))
                     open_at = None
                 idx += 1
             pos = m.end()
         if open_at is not None:
             if cut_off:
-                result.add(ParseError("cut_off", f"the tool call was cut off by the length limit before "
-                                      f"{self.CLOSE}; it was not executed", _snippet(text[open_at:]), idx))
+                result.add(
+                    ParseError(
+                        "cut_off",
+                        f"the tool call was cut off by the length limit before {self.CLOSE}; it was not executed",
+                        _snippet(text[open_at:]),
+                        idx,
+                    )
+                )
             else:
-                result.add(ParseError("unclosed", f"{self.OPEN} was never closed with {self.CLOSE}; "
-                                      "it was not executed", _snippet(text[open_at:]), idx))
+                result.add(
+                    ParseError(
+                        "unclosed",
+                        f"{self.OPEN} was never closed with {self.CLOSE}; it was not executed",
+                        _snippet(text[open_at:]),
+                        idx,
+                    )
+                )
         return result
 
     @staticmethod
@@ -167,8 +194,9 @@ class HermesParser(ToolCallParser):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
-            return error("malformed_json", f"the tool call is not valid JSON ({e.msg} at line {e.lineno} "
-                         f"column {e.colno})")
+            return error(
+                "malformed_json", f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+            )
         except RecursionError:
             return error("malformed_json", "the tool call is JSON nested too deeply to read")
         if not is_text(obj):
@@ -210,10 +238,14 @@ class DriftReport:
     position: int | None = None
 
 
-_PLAIN_ENCODE = {"encode": ("transformers.tokenization_utils_base",),
-                 "_encode_plus": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")}
-_PLAIN_DECODE = {"decode": ("transformers.tokenization_utils_base",),
-                 "_decode": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")}
+_PLAIN_ENCODE = {
+    "encode": ("transformers.tokenization_utils_base",),
+    "_encode_plus": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast"),
+}
+_PLAIN_DECODE = {
+    "decode": ("transformers.tokenization_utils_base",),
+    "_decode": ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast"),
+}
 
 
 def _library_backend(tokenizer: Any, methods: dict[str, tuple[str, ...]]) -> Any:
@@ -263,18 +295,27 @@ class ChatDelta:
         at = full.rfind(SENTINEL)
         if at < 0:
             raise TemplateDriftError("the chat template drops assistant content; cannot locate the end of a turn")
-        self.eot_text = full[at + len(SENTINEL):]  # e.g. "<|im_end|>\n"
+        self.eot_text = full[at + len(SENTINEL) :]  # e.g. "<|im_end|>\n"
         self.eot_ids = self.encode(self.eot_text)
         special = set(getattr(tokenizer, "all_special_ids", []) or []) | {getattr(tokenizer, "eos_token_id", None)}
         # The id a model emits to end its turn (its stop token), when the template starts the end with one.
         self.stop_id = self.eot_ids[0] if self.eot_ids and self.eot_ids[0] in special else None
         # Templates without tool support ignore `tools` and `tool_calls`; find out instead of losing them.
-        probe = {"type": "function", "function": {"name": _PROBE, "description": "", "parameters": {
-            "type": "object", "properties": {}}}}
+        probe = {
+            "type": "function",
+            "function": {"name": _PROBE, "description": "", "parameters": {"type": "object", "properties": {}}},
+        }
         self.renders_tools = _PROBE in self.render([_STUB_USER], [probe], add_generation_prompt=True)
-        self.renders_tool_calls = _PROBE in self.render([_STUB_USER, {
-            "role": "assistant", "content": "A", "tool_calls": [{"type": "function", "function": {
-                "name": _PROBE, "arguments": {}}}]}])
+        self.renders_tool_calls = _PROBE in self.render(
+            [
+                _STUB_USER,
+                {
+                    "role": "assistant",
+                    "content": "A",
+                    "tool_calls": [{"type": "function", "function": {"name": _PROBE, "arguments": {}}}],
+                },
+            ]
+        )
 
     def assistant_message(self, content: str, calls: list[tuple[str, Any]], raw: str) -> dict[str, Any]:
         """The chat message for a model turn: structured calls when the template renders them, else
@@ -295,8 +336,12 @@ class ChatDelta:
             return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
         return [{"role": "system", "content": text}, *messages]
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
         return self._template.render(messages, tools or None, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
@@ -304,8 +349,12 @@ class ChatDelta:
         class adds nothing to it and nothing set truncation or padding on it (half the cost of a
         short text, which a gateway turn tokenises for every request)."""
         b = self._backend
-        if b is not None and b.truncation is None and b.padding is None and \
-                b.encode_special_tokens == bool(getattr(self.tok, "split_special_tokens", False)):
+        if (
+            b is not None
+            and b.truncation is None
+            and b.padding is None
+            and b.encode_special_tokens == bool(getattr(self.tok, "split_special_tokens", False))
+        ):
             return b.encode(text, add_special_tokens=False).ids
         return list(self.tok.encode(text, add_special_tokens=False))
 
@@ -331,13 +380,16 @@ class ChatDelta:
     def delta_ids(self, messages: list[dict[str, Any]], model_ids: list[int], what: str) -> list[int]:
         """The template's tokens for `messages` following an assistant turn that emitted `model_ids`,
         rendered after a fixed two-message stub (the cost does not grow with the conversation)."""
-        full = self.render([_STUB_USER, {"role": "assistant", "content": SENTINEL}, *messages],
-                           add_generation_prompt=True)
+        full = self.render(
+            [_STUB_USER, {"role": "assistant", "content": SENTINEL}, *messages], add_generation_prompt=True
+        )
         at = full.rfind(SENTINEL) + len(SENTINEL)
         if not full.startswith(self.eot_text, at):
-            raise TemplateDriftError(f"the chat template ends an assistant turn differently when {what} "
-                                     f"follow: expected {self.eot_text!r}, got {full[at:at + 40]!r}")
-        return self.turn_end_ids(model_ids) + self.encode(full[at + len(self.eot_text):])
+            raise TemplateDriftError(
+                f"the chat template ends an assistant turn differently when {what} "
+                f"follow: expected {self.eot_text!r}, got {full[at : at + 40]!r}"
+            )
+        return self.turn_end_ids(model_ids) + self.encode(full[at + len(self.eot_text) :])
 
     def thinks(self) -> bool:
         """Whether samples from this template open with a reasoning block (Qwen3-style thinking models)."""
@@ -351,8 +403,10 @@ class ChatDelta:
         if j == len(ours) == len(ref):
             return DriftReport(True)
         lo = max(0, j - 8)
-        detail = (f"{what}: token {j} differs; delta method has {self.tok.decode(ours[lo:j + 8])!r}, "
-                  f"re-rendering has {self.tok.decode(ref[lo:j + 8])!r}")
+        detail = (
+            f"{what}: token {j} differs; delta method has {self.tok.decode(ours[lo : j + 8])!r}, "
+            f"re-rendering has {self.tok.decode(ref[lo : j + 8])!r}"
+        )
         return DriftReport(False, detail, turn, j)
 
 
@@ -375,7 +429,7 @@ def _synthetic_conversation(delta: ChatDelta, tool_names: list[str]) -> list[dic
         {"role": "tool", "name": a, "content": "7"},
         asst("Two more checks.", [(a, {"query": "7"}), (b, {"query": "seven", "n": [1, 2]})]),
         {"role": "tool", "name": a, "content": "7"},
-        {"role": "tool", "name": b, "content": "{\"ok\": true}"},
+        {"role": "tool", "name": b, "content": '{"ok": true}'},
         asst("The answer is 7.", []),
     ]
 
@@ -400,26 +454,33 @@ def check_append_only(delta: ChatDelta, tools: list[dict[str, Any]] | None = Non
             rep = delta.compare(ours, p_ids, t, f"prompt of turn {t + 1}")
             if not rep.ok:
                 return rep
-        f_text = delta.render(msgs[:a + 1], tools)
+        f_text = delta.render(msgs[: a + 1], tools)
         if not f_text.startswith(p_text):
-            return DriftReport(False, f"turn {t + 1}: the rendered assistant turn does not start with the "
-                               "generation prompt", t, None)
-        out = f_text[len(p_text):]
+            return DriftReport(
+                False, f"turn {t + 1}: the rendered assistant turn does not start with the generation prompt", t, None
+            )
+        out = f_text[len(p_text) :]
         if not out.endswith(delta.eot_text):
-            return DriftReport(False, f"turn {t + 1}: the rendered assistant turn does not end with "
-                               f"{delta.eot_text!r}", t, None)
-        model_ids = delta.encode(out[:len(out) - len(delta.eot_text)])
+            return DriftReport(
+                False, f"turn {t + 1}: the rendered assistant turn does not end with {delta.eot_text!r}", t, None
+            )
+        model_ids = delta.encode(out[: len(out) - len(delta.eot_text)])
         if delta.stop_id is not None:
             model_ids.append(delta.stop_id)
         ours += model_ids
         end = turns[t + 1] if t + 1 < len(turns) else len(msgs)
-        tool_msgs = msgs[a + 1:end]
+        tool_msgs = msgs[a + 1 : end]
         ours += delta.tool_delta_ids(tool_msgs, model_ids) if tool_msgs else delta.turn_end_ids(model_ids)
     return delta.compare(ours, delta.encode(delta.render(msgs, tools)), len(turns) - 1, "whole conversation")
 
 
-def conversation_drift(delta: ChatDelta, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                       ids: list[int], prompt_length: int) -> DriftReport:
+def conversation_drift(
+    delta: ChatDelta,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    ids: list[int],
+    prompt_length: int,
+) -> DriftReport:
     """Would re-rendering this finished conversation give the ids we trained on?
 
     `ids` must end with a complete assistant turn. The position is relative to the response.

@@ -23,8 +23,11 @@ from typing import Any
 _PLAIN_TYPES = (str, dict, list, tuple, int, float, bool, type(None))
 
 try:  # transformers' own pieces of apply_chat_template (private: checked at start-up, else not used)
-    from transformers.utils.chat_template_utils import (_alias_reasoning_fields, _compile_jinja_template,
-                                                        _plain_template_data)
+    from transformers.utils.chat_template_utils import (
+        _alias_reasoning_fields,
+        _compile_jinja_template,
+        _plain_template_data,
+    )
 except ImportError:  # pragma: no cover - an older or newer transformers: apply_chat_template itself
     _compile_jinja_template = None
 
@@ -55,19 +58,26 @@ class TemplateRender:
         self._compiled: dict[str, Any] = {}  # template source -> our overlay's compiled template
         self.fast = _compile_jinja_template is not None
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
         if self.fast and all(isinstance(t, dict) for t in tools or ()):
             return self.render_fast(messages, tools, add_generation_prompt)
         return self.reference(messages, tools, add_generation_prompt)
 
-    def reference(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **self.kwargs)
+    def reference(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
+        return self.tok.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs
+        )
 
-    def render_fast(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                    add_generation_prompt: bool) -> str:
+    def render_fast(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
         """What `apply_chat_template` renders for one conversation, tokenize=False."""
         tools = tools or None
         template = self._template(self.tok.get_chat_template(None, tools))
@@ -75,9 +85,13 @@ class TemplateRender:
         for m in chat:
             if not isinstance(m, dict):
                 raise TypeError(f"Chat messages should be dicts, but got {m!r}.")
-        return template.render(messages=_alias_reasoning_fields(chat), tools=_plain_template_data(tools),
-                               documents=None, add_generation_prompt=add_generation_prompt,
-                               **_plain_template_data({**self.tok.special_tokens_map, **self.kwargs}))
+        return template.render(
+            messages=_alias_reasoning_fields(chat),
+            tools=_plain_template_data(tools),
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **_plain_template_data({**self.tok.special_tokens_map, **self.kwargs}),
+        )
 
     def _template(self, source: str) -> Any:
         template = self._compiled.get(source)
@@ -108,15 +122,36 @@ class TemplateRender:
         return self.fast
 
 
-_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "Look something up.", "parameters": {
-    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool",
+        "description": "Look something up.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
 _CALL = {"type": "function", "function": {"name": "probe_tool", "arguments": {"q": "x"}}}
 PROBES = [  # what a gateway renders: first prompts, tools, calls, tool results, reasoning, None fields
     ([{"role": "user", "content": "U"}], None, True),
     ([{"role": "system", "content": "S"}, {"role": "user", "content": "U", "name": None}], [_TOOL], True),
-    ([{"role": "user", "content": "U"}, {"role": "assistant", "content": "A", "reasoning_content": "R"},
-      {"role": "user", "content": "V"}], None, True),
-    ([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-      {"role": "assistant", "content": "", "tool_calls": [_CALL]}, {"role": "tool", "content": "7"}], [_TOOL], True),
+    (
+        [
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A", "reasoning_content": "R"},
+            {"role": "user", "content": "V"},
+        ],
+        None,
+        True,
+    ),
+    (
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+            {"role": "tool", "content": "7"},
+        ],
+        [_TOOL],
+        True,
+    ),
     ([{"role": "user", "content": "U"}, {"role": "assistant", "content": "<think>\nr\n</think>\n\nA"}], None, False),
 ]

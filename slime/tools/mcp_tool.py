@@ -46,26 +46,38 @@ def read_servers_file(path_value: Any, where: str, base_dir: str | Path | None) 
         candidates.append(Path(base_dir) / path_value)
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
-        raise _error(f"{where}.mcp.mcp_servers_config_path: no such file {path_value!r} (looked in "
-                     f"{', '.join(str(p.parent.resolve()) for p in candidates)})")
+        raise _error(
+            f"{where}.mcp.mcp_servers_config_path: no such file {path_value!r} (looked in "
+            f"{', '.join(str(p.parent.resolve()) for p in candidates)})"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise _error(f"{where}.mcp.mcp_servers_config_path: {path}: not readable JSON: {e}") from e
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(servers, dict) or not servers:
-        raise _error(f"{where}.mcp.mcp_servers_config_path: {path}: expected {{\"mcpServers\": {{name: "
-                     f"{{\"url\": ...}} or {{\"command\": ...}}}}}} with at least one server")
+        raise _error(
+            f'{where}.mcp.mcp_servers_config_path: {path}: expected {{"mcpServers": {{name: '
+            f'{{"url": ...}} or {{"command": ...}}}}}} with at least one server'
+        )
     for name, server in servers.items():
-        if not isinstance(server, dict) or not (isinstance(server.get("url"), str) or
-                                                isinstance(server.get("command"), str)):
-            raise _error(f"{where}.mcp.mcp_servers_config_path: {path}: server {name!r} needs a \"url\" "
-                         f"or a \"command\"")
+        if not isinstance(server, dict) or not (
+            isinstance(server.get("url"), str) or isinstance(server.get("command"), str)
+        ):
+            raise _error(f'{where}.mcp.mcp_servers_config_path: {path}: server {name!r} needs a "url" or a "command"')
     return path, servers
 
 
-def build_mcp_tools(cls: type, class_name: str, config: dict[str, Any], section: dict[str, Any], where: str,
-                    *, base_dir: str | Path | None, instantiate: Callable[..., BaseTool]) -> list[BaseTool]:
+def build_mcp_tools(
+    cls: type,
+    class_name: str,
+    config: dict[str, Any],
+    section: dict[str, Any],
+    where: str,
+    *,
+    base_dir: str | Path | None,
+    instantiate: Callable[..., BaseTool],
+) -> list[BaseTool]:
     """The tools of one `type: mcp` entry (see the module docstring)."""
     unknown = set(section) - set(MCP_FIELDS)
     if unknown:
@@ -75,16 +87,22 @@ def build_mcp_tools(cls: type, class_name: str, config: dict[str, Any], section:
         raise _error(f"{where}.mcp.tool_selected_list: expected a list of tool names")
     path, _servers = read_servers_file(section.get("mcp_servers_config_path"), where, base_dir)
     if cls.__module__.split(".", 1)[0] == "verl":
-        raise _error(f"{where}: {class_name} is verl's own MCP class; verl's MCP client set-up is not driven from "
-                     f"slime. Use slime.tools.mcp_tool.MCPSearchTool (or MCPTool) as class_name, or uninstall "
-                     f"verl to have it mapped")
+        raise _error(
+            f"{where}: {class_name} is verl's own MCP class; verl's MCP client set-up is not driven from "
+            f"slime. Use slime.tools.mcp_tool.MCPSearchTool (or MCPTool) as class_name, or uninstall "
+            f"verl to have it mapped"
+        )
     tools = f"MCP tools {selected}" if selected else "MCP tools"
     if not mcp_client_available():
-        raise _error(f"{where} ({class_name}, config.type: mcp): cannot create the {tools} of {path}: the MCP "
-                     f"client library is not installed (pip install mcp)")
-    raise _error(f"{where} ({class_name}, config.type: mcp): cannot create the {tools} of {path}: the `mcp` "
-                 f"package is installed, but this slime has no MCP client yet; wrap your MCP server in a native "
-                 f"tool class for now")
+        raise _error(
+            f"{where} ({class_name}, config.type: mcp): cannot create the {tools} of {path}: the MCP "
+            f"client library is not installed (pip install mcp)"
+        )
+    raise _error(
+        f"{where} ({class_name}, config.type: mcp): cannot create the {tools} of {path}: the `mcp` "
+        f"package is installed, but this slime has no MCP client yet; wrap your MCP server in a native "
+        f"tool class for now"
+    )
 
 
 class MCPTool(BaseTool):

@@ -53,8 +53,16 @@ class ClientView:
 class LimiterCore:
     """One limiter's permits, tickets, token bucket and AIMD; as a Ray actor, an async one (one event loop)."""
 
-    def __init__(self, name: str, max_concurrency: int, rate_per_second: float | None = None,
-                 burst: int | None = None, *, lease_ttl: float = 60.0, cut_cooldown: float = 1.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        max_concurrency: int,
+        rate_per_second: float | None = None,
+        burst: int | None = None,
+        *,
+        lease_ttl: float = 60.0,
+        cut_cooldown: float = 1.0,
+    ) -> None:
         if int(max_concurrency) < 1:
             raise ValueError(f"rate limiter {name!r}: max_concurrency must be >= 1, got {max_concurrency}")
         self.name, self.max_cap, self.lease_ttl, self.cut_cooldown = name, int(max_concurrency), lease_ttl, cut_cooldown
@@ -70,8 +78,12 @@ class LimiterCore:
         self.token_timer: asyncio.TimerHandle | None = None
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "max_concurrency": self.max_cap, "rate_per_second": self.base_rate,
-                "burst": self.burst if self.base_rate else None}
+        return {
+            "name": self.name,
+            "max_concurrency": self.max_cap,
+            "rate_per_second": self.base_rate,
+            "burst": self.burst if self.base_rate else None,
+        }
 
     @property
     def cap(self) -> int:
@@ -117,14 +129,26 @@ class LimiterCore:
         if self.clients.get(cid) is not c:
             return {"gone": True}
         c.reaper.cancel()  # it reads its mail: alive
-        mail = {"grants": c.grants, "tickets": c.tickets, "head": self.queue[0][0] if self.queue else self.next_ticket,
-                "lease": self.modes[0], "hand_over": self.modes[1]}
+        mail = {
+            "grants": c.grants,
+            "tickets": c.tickets,
+            "head": self.queue[0][0] if self.queue else self.next_ticket,
+            "lease": self.modes[0],
+            "hand_over": self.modes[1],
+        }
         c.grants, c.tickets = [], []
         return mail
 
     def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "cap": self.cap, "leased": self.held, "waiting": len(self.queue),
-                "throttled_429": self.throttled, "aimd_cuts": self.cuts, "clients": len(self.clients)}
+        return {
+            "name": self.name,
+            "cap": self.cap,
+            "leased": self.held,
+            "waiting": len(self.queue),
+            "throttled_429": self.throttled,
+            "aimd_cuts": self.cuts,
+            "clients": len(self.clients),
+        }
 
     def _dispatch(self) -> None:
         """Free permits (and tokens) to tickets in order. Tell every client of new modes: lease while
@@ -166,8 +190,14 @@ class LimiterCore:
         """Take back the permits and tickets of a client that left, or is dead (its mail unread for
         lease_ttl: its process or loop is gone), so it neither shrinks the cap nor blocks the queue."""
         if why != "left":
-            logger.warning("rate limiter %s: client %s %s for %.0fs; taking back its %d permits",
-                           self.name, c.cid, why, self.lease_ttl, c.held)
+            logger.warning(
+                "rate limiter %s: client %s %s for %.0fs; taking back its %d permits",
+                self.name,
+                c.cid,
+                why,
+                self.lease_ttl,
+                c.held,
+            )
         del self.clients[c.cid]
         self.held -= c.held
         self.queue = deque(e for e in self.queue if e[1] != c.cid)
@@ -285,7 +315,8 @@ class RateLimiter:
             self.outbox["need"] += want - have
         elif have > want and self.tickets:  # callers gave up: drop our newest tickets
             self.outbox.setdefault("withdraw", []).extend(
-                self.tickets.pop() for _ in range(min(have - want, len(self.tickets))))
+                self.tickets.pop() for _ in range(min(have - want, len(self.tickets)))
+            )
         if self.outbox and self.sending is None:
             self.sending = self.loop.call_soon(self._send)
 
@@ -329,27 +360,50 @@ class RateLimiter:
                 fut.set_exception(RateLimiterUnavailable(f"rate limiter {self.name!r} is unavailable: {self.broken}"))
 
 
-def local_rate_limiter(max_concurrency: int, rate_per_second: float | None = None, burst: int | None = None,
-                       name: str = "local", **options: Any) -> RateLimiter:
+def local_rate_limiter(
+    max_concurrency: int,
+    rate_per_second: float | None = None,
+    burst: int | None = None,
+    name: str = "local",
+    **options: Any,
+) -> RateLimiter:
     """A limiter for this event loop only (no Ray), with the same API and semantics."""
     return RateLimiter(LimiterCore(name, max_concurrency, rate_per_second, burst, **options), name)
 
 
-def get_or_create_rate_limiter(name: str, max_concurrency: int, rate_per_second: float | None = None,
-                               burst: int | None = None, *, detached: bool = False, **options: Any):
+def get_or_create_rate_limiter(
+    name: str,
+    max_concurrency: int,
+    rate_per_second: float | None = None,
+    burst: int | None = None,
+    *,
+    detached: bool = False,
+    **options: Any,
+):
     """The limiter actor for resource `name`, created if missing; keep the handle (a non-detached actor lives while
     a handle does, a detached one until `kill_rate_limiter`). Other limits than the existing actor's raise
     `RateLimiterConfigError`. `options`: lease_ttl, cut_cooldown (LimiterCore)."""
     import ray
 
     want = LimiterCore(name, max_concurrency, rate_per_second, burst, **options).config()
-    handle = ray.remote(LimiterCore).options(
-        name=ACTOR_PREFIX + name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached" if detached else None,
-        num_cpus=0, max_restarts=0, max_concurrency=100_000,  # each client keeps a long poll waiting
-    ).remote(name, max_concurrency, rate_per_second, burst, **options)
+    handle = (
+        ray.remote(LimiterCore)
+        .options(
+            name=ACTOR_PREFIX + name,
+            namespace=NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached" if detached else None,
+            num_cpus=0,
+            max_restarts=0,
+            max_concurrency=100_000,  # each client keeps a long poll waiting
+        )
+        .remote(name, max_concurrency, rate_per_second, burst, **options)
+    )
     if (have := ray.get(handle.config.remote())) != want:
-        raise RateLimiterConfigError(f"rate limiter {name!r} already exists with {have}, asked for {want}; "
-                                     "give each tool or service its own name, or use the same limits")
+        raise RateLimiterConfigError(
+            f"rate limiter {name!r} already exists with {have}, asked for {want}; "
+            "give each tool or service its own name, or use the same limits"
+        )
     return handle
 
 
@@ -384,7 +438,8 @@ def client_for(name: str, handle=None) -> RateLimiter:
             c.close()  # e.g. one asyncio.run() per step: nothing in a closed loop still uses a permit
             mine.remove(c)
     if handle is None and (handle := get_rate_limiter(name)) is None:
-        raise RateLimiterUnavailable(f"no rate limiter named {name!r}: the manager creates it with "
-                                     "get_or_create_rate_limiter()")
+        raise RateLimiterUnavailable(
+            f"no rate limiter named {name!r}: the manager creates it with get_or_create_rate_limiter()"
+        )
     mine.append(c := RateLimiter(handle, name))
     return c

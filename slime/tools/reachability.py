@@ -66,10 +66,13 @@ def check_services(tool_set: Any, timeout: float = 5.0) -> None:
     found = endpoints(tool_set)
     if not found:
         return
-    problems = [(where, url, why) for (where, _, url), why in
-                zip(found, _run_to_end([u for _, _, u in found], timeout)) if why]
+    problems = [
+        (where, url, why) for (where, _, url), why in zip(found, _run_to_end([u for _, _, u in found], timeout)) if why
+    ]
     if problems:
         where, url, why = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ToolConfigError(f"{tool_set.source}: {where}: cannot reach {url} ({why}){more}; start the "
-                              f"service there or change the URL before the run starts")
+        raise ToolConfigError(
+            f"{tool_set.source}: {where}: cannot reach {url} ({why}){more}; start the "
+            f"service there or change the URL before the run starts"
+        )

@@ -28,7 +28,12 @@ from pydantic import ValidationError
 
 from slime.tools.base_tool import BaseTool, ToolConfigError
 from slime.tools.sample_tools import (  # noqa: F401 - sample_tool_schemas, decode_tools_value: importable from here
-    SampleTools, _parse_sample_tools, _tools_kwargs, decode_tools_value, sample_tool_schemas)
+    SampleTools,
+    _parse_sample_tools,
+    _tools_kwargs,
+    decode_tools_value,
+    sample_tool_schemas,
+)
 from slime.tools.schemas import OpenAIFunctionToolSchema
 from slime.tools.services import ToolServices
 from slime.tools.verl_compat import TOOL_METHODS, VerlToolAdapter, is_tool_class, resolve_tool_class
@@ -108,8 +113,9 @@ class ToolSet:
         named = _tools_kwargs(tools_kwargs)
         unknown = [n for n in named if n not in self.tools]
         if unknown:
-            raise ValueError(f"tools_kwargs names tool(s) {unknown} that are not in the tool config "
-                             f"({self.source}: {self.names})")
+            raise ValueError(
+                f"tools_kwargs names tool(s) {unknown} that are not in the tool config ({self.source}: {self.names})"
+            )
         if tools is None or tools == []:
             names = list(named) if named else self.names
             return SampleTools(names, named, self.schemas(names))
@@ -117,13 +123,16 @@ class ToolSet:
         names = [n for n, _ in given]
         unknown = [n for n in names if n not in self.tools]
         if unknown:
-            raise ValueError(f"the sample's tools {unknown} are not in the tool config ({self.source}: "
-                             f"{self.names}); the model could call them but nothing would run them")
+            raise ValueError(
+                f"the sample's tools {unknown} are not in the tool config ({self.source}: "
+                f"{self.names}); the model could call them but nothing would run them"
+            )
         stray = [n for n in named if n not in names]
         if stray:
             raise ValueError(f"tools_kwargs names tool(s) {stray} that the sample's tools {names} do not offer")
-        return SampleTools(names, named, [self.tools[n].tool_schema.to_openai() if schema is None else schema
-                                          for n, schema in given])
+        return SampleTools(
+            names, named, [self.tools[n].tool_schema.to_openai() if schema is None else schema for n, schema in given]
+        )
 
     def schemas_for(self, tools: Any = None, tools_kwargs: Any = None) -> list[dict[str, Any]]:
         """The chat template's `tools=` for one sample (see `select`)."""
@@ -163,10 +172,12 @@ def argument_schema(tool_schema: OpenAIFunctionToolSchema) -> dict[str, Any]:
 
 def _expand_env(value: Any, where: str) -> Any:
     if isinstance(value, str):
+
         def sub(m: re.Match) -> str:
             if m.group(1) not in os.environ:
                 raise ToolConfigError(f"{where}: environment variable {m.group(1)!r} is not set")
             return os.environ[m.group(1)]
+
         return _ENV.sub(sub, value)
     if isinstance(value, dict):
         return {k: _expand_env(v, f"{where}.{k}") for k, v in value.items()}
@@ -181,19 +192,23 @@ def _validate_schema(raw: Any, where: str) -> OpenAIFunctionToolSchema:
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise ToolConfigError(f"{where}.tool_schema.{field}: {err['msg']}"
-                              + (f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else "")) from e
+        raise ToolConfigError(
+            f"{where}.tool_schema.{field}: {err['msg']}"
+            + (f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else "")
+        ) from e
     try:
         jsonschema.Draft202012Validator.check_schema(argument_schema(schema))
     except jsonschema.SchemaError as e:
         path = ".".join(str(p) for p in e.absolute_path)
-        raise ToolConfigError(f"{where}.tool_schema.function.parameters{'.' + path if path else ''}: "
-                              f"invalid JSON Schema: {e.message}") from e
+        raise ToolConfigError(
+            f"{where}.tool_schema.function.parameters{'.' + path if path else ''}: invalid JSON Schema: {e.message}"
+        ) from e
     return schema
 
 
-def instantiate(cls: type, config: dict[str, Any], schema: OpenAIFunctionToolSchema | None,
-                class_name: str, where: str) -> BaseTool:
+def instantiate(
+    cls: type, config: dict[str, Any], schema: OpenAIFunctionToolSchema | None, class_name: str, where: str
+) -> BaseTool:
     """`cls(config=, tool_schema=)`. slime's own tools follow the loop's interface as they are; any
     other class (verl's, or a user's written verl-style, whichever BaseTool it extends) is wrapped in
     `VerlToolAdapter`, which accepts every verl calling convention and return shape."""
@@ -203,8 +218,9 @@ def instantiate(cls: type, config: dict[str, Any], schema: OpenAIFunctionToolSch
         return VerlToolAdapter.build(cls, config, schema)
     except Exception as e:  # noqa: BLE001 - the tool's own constructor failed; say which entry
         if schema is None:  # verl lets a class bring its own schema; this one does not
-            raise ToolConfigError(f"{where}.tool_schema: required ({class_name} defines no schema of its own: "
-                                  f"{type(e).__name__}: {e})") from e
+            raise ToolConfigError(
+                f"{where}.tool_schema: required ({class_name} defines no schema of its own: {type(e).__name__}: {e})"
+            ) from e
         raise ToolConfigError(f"{where}: {class_name}(...) failed: {type(e).__name__}: {e}") from e
 
 
@@ -229,8 +245,10 @@ def build_tools(entry: Any, where: str, base_dir: str | Path | None = None) -> l
     if note:
         logger.info("%s: %s", where, note)
     if not is_tool_class(cls):
-        raise ToolConfigError(f"{where}.class_name: {class_name!r} is not a subclass of slime.tools.BaseTool "
-                              f"nor a verl-style tool class (one with {', '.join(TOOL_METHODS)})")
+        raise ToolConfigError(
+            f"{where}.class_name: {class_name!r} is not a subclass of slime.tools.BaseTool "
+            f"nor a verl-style tool class (one with {', '.join(TOOL_METHODS)})"
+        )
     config = entry.get("config", {}) or {}
     if not isinstance(config, dict):
         raise ToolConfigError(f"{where}.config: expected a mapping")
@@ -242,15 +260,26 @@ def build_tools(entry: Any, where: str, base_dir: str | Path | None = None) -> l
         if kind != "mcp":
             raise ToolConfigError(f"{where}.mcp: only used with config.type: mcp (this entry is {kind!r})")
         if not isinstance(entry.get("mcp"), dict):
-            raise ToolConfigError(f"{where}.config.type: 'mcp' is not supported without an `mcp:` section "
-                                  f"(mcp_servers_config_path, optional tool_selected_list)")
+            raise ToolConfigError(
+                f"{where}.config.type: 'mcp' is not supported without an `mcp:` section "
+                f"(mcp_servers_config_path, optional tool_selected_list)"
+            )
         if "tool_schema" in entry:
-            raise ToolConfigError(f"{where}.tool_schema: not used with config.type: mcp (the schemas come from "
-                                  f"the MCP servers); remove it, or use tool_selected_list to pick tools")
+            raise ToolConfigError(
+                f"{where}.tool_schema: not used with config.type: mcp (the schemas come from "
+                f"the MCP servers); remove it, or use tool_selected_list to pick tools"
+            )
         from slime.tools.mcp_tool import build_mcp_tools
 
-        return build_mcp_tools(cls, class_name, config, _expand_env(entry["mcp"], f"{where}.mcp"), where,
-                               base_dir=base_dir, instantiate=instantiate)
+        return build_mcp_tools(
+            cls,
+            class_name,
+            config,
+            _expand_env(entry["mcp"], f"{where}.mcp"),
+            where,
+            base_dir=base_dir,
+            instantiate=instantiate,
+        )
     schema = _validate_schema(entry["tool_schema"], where) if entry.get("tool_schema") is not None else None
     tool = instantiate(cls, config, schema, class_name, where)
     if schema is None:  # the class brought its own: check it like a configured one
@@ -286,8 +315,9 @@ def read_yaml(path: str) -> Any:
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ToolConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
-                              f"{column})") from None
+        raise ToolConfigError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column})"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
@@ -296,8 +326,7 @@ def read_yaml(path: str) -> Any:
         raise ToolConfigError(f"{path}: invalid YAML{where}: {e.problem or e.context}") from None
     except yaml.reader.ReaderError as e:  # a character YAML does not allow
         line = text.count("\n", 0, e.position) + 1
-        raise ToolConfigError(f"{path}: invalid YAML at line {line}: {e.reason} (character {e.character!r})") \
-            from None
+        raise ToolConfigError(f"{path}: invalid YAML at line {line}: {e.reason} (character {e.character!r})") from None
     except RecursionError:
         raise ToolConfigError(f"{path}: invalid YAML: nested too deeply to read") from None
 
@@ -307,17 +336,21 @@ def load_tool_config(path: str | Path) -> ToolSet:
     path = str(path)
     data = read_yaml(path)
     if isinstance(data, dict) and "tools" not in data and "interaction" in data:
-        raise ToolConfigError(f"{path}: interaction: this is a verl interaction config ("
-                              f"{_interaction_names(data['interaction'])}), not a tool config: give it to "
-                              f"--interaction-config-path (--tool-config-path takes a top-level 'tools:' list)")
+        raise ToolConfigError(
+            f"{path}: interaction: this is a verl interaction config ("
+            f"{_interaction_names(data['interaction'])}), not a tool config: give it to "
+            f"--interaction-config-path (--tool-config-path takes a top-level 'tools:' list)"
+        )
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise ToolConfigError(f"{path}: expected a top-level 'tools:' list")
     tools, seen = [], {}
     for i, entry in enumerate(data["tools"]):
         for tool in build_tools(entry, f"{path}: tools[{i}]", base_dir=os.path.dirname(os.path.abspath(path))):
             if tool.name in seen:
-                raise ToolConfigError(f"{path}: tools[{i}].tool_schema.function.name: duplicate tool name "
-                                      f"{tool.name!r} (already used by tools[{seen[tool.name]}])")
+                raise ToolConfigError(
+                    f"{path}: tools[{i}].tool_schema.function.name: duplicate tool name "
+                    f"{tool.name!r} (already used by tools[{seen[tool.name]}])"
+                )
             seen[tool.name] = i
             tools.append(tool)
     return ToolSet(tools, source=path, entries=seen)
@@ -326,8 +359,11 @@ def load_tool_config(path: str | Path) -> ToolSet:
 def _interaction_names(entries: Any) -> str:
     """verl's `interaction:` entries as `name (class_name)`, for the redirection."""
     items = entries if isinstance(entries, list) else []
-    named = [f"{e['name']!r} ({e.get('class_name')})" if "name" in e else str(e.get("class_name"))
-             for e in items if isinstance(e, dict)]
+    named = [
+        f"{e['name']!r} ({e.get('class_name')})" if "name" in e else str(e.get("class_name"))
+        for e in items
+        if isinstance(e, dict)
+    ]
     return ", ".join(named) or "its entries"
 
 

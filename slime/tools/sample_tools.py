@@ -64,12 +64,13 @@ def _parse_sample_tools(tools: Any, names: list[str] | None) -> list[tuple[str, 
                 schema = OpenAIFunctionToolSchema.model_validate(raw).to_openai()
             except ValidationError as e:
                 err = e.errors()[0]
-                raise ValueError(f"the sample's tools[{i}].{'.'.join(str(p) for p in err['loc'])}: "
-                                 f"{err['msg']}") from e
+                raise ValueError(f"the sample's tools[{i}].{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from e
             name = schema["function"]["name"]
         else:
-            raise ValueError(f"the sample's tools[{i}]: expected an OpenAI tool schema (a mapping)"
-                             f"{' or a tool name' if names is not None else ''}, got {type(item).__name__}")
+            raise ValueError(
+                f"the sample's tools[{i}]: expected an OpenAI tool schema (a mapping)"
+                f"{' or a tool name' if names is not None else ''}, got {type(item).__name__}"
+            )
         if any(name == n for n, _ in out):
             raise ValueError(f"the sample's tools[{i}]: duplicate tool name {name!r}")
         out.append((name, schema))

@@ -36,8 +36,15 @@ from uuid import uuid4
 import aiohttp
 
 from slime.tools.base_tool import BaseTool
-from slime.tools.rate_limiter import (RateLimiter, RateLimiterUnavailable, RateLimitTimeout, client_for,
-                                      get_or_create_rate_limiter, get_rate_limiter, local_rate_limiter)
+from slime.tools.rate_limiter import (
+    RateLimiter,
+    RateLimiterUnavailable,
+    RateLimitTimeout,
+    client_for,
+    get_or_create_rate_limiter,
+    get_rate_limiter,
+    local_rate_limiter,
+)
 from slime.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from slime.tools.services import ToolServices
 from slime.utils.http_retry import HttpClient
@@ -68,9 +75,12 @@ def rate_limiter_spec(config: dict[str, Any], tool_name: str) -> dict[str, Any]:
     `get_or_create_rate_limiter`), so the manager can create it before any worker touches it."""
     rps = config.get("rate_limit_per_second")
     burst = config.get("rate_limit_burst")
-    return {"name": str(config.get("limiter_name") or f"tool:{tool_name}"),
-            "max_concurrency": int(config.get("rate_limit", 10)),
-            "rate_per_second": float(rps) if rps else None, "burst": int(burst) if burst else None}
+    return {
+        "name": str(config.get("limiter_name") or f"tool:{tool_name}"),
+        "max_concurrency": int(config.get("rate_limit", 10)),
+        "rate_per_second": float(rps) if rps else None,
+        "burst": int(burst) if burst else None,
+    }
 
 
 class _Retryable(Exception):
@@ -81,8 +91,9 @@ class _Retryable(Exception):
 
 class SandboxFusionTool(BaseTool):
     @classmethod
-    def start_shared_services(cls, name: str, config: dict[str, Any], services: ToolServices,
-                              handles: list[Any]) -> None:
+    def start_shared_services(
+        cls, name: str, config: dict[str, Any], services: ToolServices, handles: list[Any]
+    ) -> None:
         """The run's local sandbox (once, for `sandbox_fusion_url: local`) and this tool's global limiter."""
         if str(config.get("sandbox_fusion_url") or "local") == "local" and services.sandbox_url is None:
             from slime.sandbox.server import start_local_sandbox
@@ -171,8 +182,9 @@ class SandboxFusionTool(BaseTool):
             self._count("limiter_degraded")
         lim = self._local.get(loop_id)
         if lim is None:
-            lim = self._local[loop_id] = local_rate_limiter(self.rate_limit, self.rate_per_second, self.burst,
-                                                            name=self.limiter_name)
+            lim = self._local[loop_id] = local_rate_limiter(
+                self.rate_limit, self.rate_per_second, self.burst, name=self.limiter_name
+            )
         return lim
 
     def _count(self, key: str, n: int = 1) -> None:
@@ -194,8 +206,9 @@ class SandboxFusionTool(BaseTool):
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         return 0.0
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
-                      ) -> tuple[ToolResponse, float, dict[str, Any]]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
         t0 = time.monotonic()
         metrics: dict[str, Any] = {"tool": self.name}
         try:
@@ -223,24 +236,33 @@ class SandboxFusionTool(BaseTool):
             language = str(params["language"]).lower()
             if language not in self.allowed_languages:
                 metrics["status"] = "bad_arguments"
-                return (f"Error: language {language!r} is not available; allowed: "
-                        f"{', '.join(self.allowed_languages)}. Nothing was executed.")
+                return (
+                    f"Error: language {language!r} is not available; allowed: "
+                    f"{', '.join(self.allowed_languages)}. Nothing was executed."
+                )
         timeout = self.default_timeout
         if self.offers_timeout and params.get("timeout") is not None:
             try:
                 timeout = max(0.1, min(float(params["timeout"]), self.max_timeout))
             except (TypeError, ValueError):
                 pass
-        payload = {"code": code, "language": language, "run_timeout": timeout, "compile_timeout": timeout,
-                   "memory_limit_MB": self.memory_limit_mb}
+        payload = {
+            "code": code,
+            "language": language,
+            "run_timeout": timeout,
+            "compile_timeout": timeout,
+            "memory_limit_MB": self.memory_limit_mb,
+        }
         if isinstance(params.get("stdin"), str) and "stdin" in self.tool_schema.function.parameters.properties:
             payload["stdin"] = params["stdin"]
         try:
             body = await self._call(payload, timeout, metrics)
         except RateLimitTimeout:
             metrics["status"] = "sandbox_saturated"
-            return (f"Sandbox error: no execution slot became free within {self.acquire_timeout:.0f}s; "
-                    "the code was not run.")
+            return (
+                f"Sandbox error: no execution slot became free within {self.acquire_timeout:.0f}s; "
+                "the code was not run."
+            )
         except _GiveUp as e:
             metrics["status"] = "sandbox_unreachable"
             return f"Sandbox error: {e}; the code {'may have run' if e.maybe_ran else 'was not run'}."
@@ -298,11 +320,12 @@ class SandboxFusionTool(BaseTool):
                     self._count("retries_429" if r.throttled else "retries_other")
                     if attempt >= self.max_retries:
                         metrics.update(retries=attempt, limiter_wait_s=waited)
-                        raise _GiveUp(f"the sandbox failed after {attempt + 1} attempt(s) (last: {last})",
-                                      maybe_ran) from None
+                        raise _GiveUp(
+                            f"the sandbox failed after {attempt + 1} attempt(s) (last: {last})", maybe_ran
+                        ) from None
                 finally:
                     limiter.release(throttled=throttled)  # never hold a slot while backing off
-                delay = random.uniform(0, min(self.retry_max_delay, self.retry_base_delay * 2 ** attempt))
+                delay = random.uniform(0, min(self.retry_max_delay, self.retry_base_delay * 2**attempt))
                 await asyncio.sleep(max(delay, retry_after or 0.0))
                 attempt += 1
 
@@ -327,12 +350,17 @@ class SandboxFusionTool(BaseTool):
         metrics["exit_code"] = rc
         if rs == "TimeLimitExceeded":
             metrics["status"] = "timeout"
-            return self._join(f"Timeout: the code did not finish within {timeout:g}s and was killed. "
-                              "Output before the timeout:", run.get("stdout"), run.get("stderr"), empty="(none)")
+            return self._join(
+                f"Timeout: the code did not finish within {timeout:g}s and was killed. Output before the timeout:",
+                run.get("stdout"),
+                run.get("stderr"),
+                empty="(none)",
+            )
         if rs == "Error":
             metrics["status"] = "runtime_error"
-            return self._join(f"Runtime error: {body.get('message') or 'the run was stopped'}.",
-                              run.get("stdout"), run.get("stderr"))
+            return self._join(
+                f"Runtime error: {body.get('message') or 'the run was stopped'}.", run.get("stdout"), run.get("stderr")
+            )
         if rc not in (0, None):
             metrics["status"] = "runtime_error"
             what = f"killed by signal {-rc}" if isinstance(rc, int) and rc < 0 else f"exit code {rc}"

@@ -72,7 +72,8 @@ class OpenAIFunctionCallSchema(BaseModel):
 
     @staticmethod
     def from_openai_function_parsed_schema(
-            parsed_schema: OpenAIFunctionParsedSchema) -> tuple["OpenAIFunctionCallSchema", bool]:
+        parsed_schema: OpenAIFunctionParsedSchema,
+    ) -> tuple["OpenAIFunctionCallSchema", bool]:
         """(call, has_decode_error): arguments that are not a JSON object become {} and flag the error."""
         try:
             arguments = json.loads(parsed_schema.arguments)
@@ -106,8 +107,10 @@ class ToolResponse(BaseModel):
         if isinstance(values, dict):
             for key in ("image", "video"):
                 if values.get(key) is not None and not isinstance(values[key], list):
-                    raise ValueError(f"ToolResponse.{key} must be a list (wrap one item as [{key}]), "
-                                     f"got {type(values[key]).__name__}")
+                    raise ValueError(
+                        f"ToolResponse.{key} must be a list (wrap one item as [{key}]), "
+                        f"got {type(values[key]).__name__}"
+                    )
         return values
 
     def is_empty(self) -> bool:

@@ -56,8 +56,10 @@ class SearchTool(BaseTool):
         c = self.config
         self.retrieval_service_url = str(c.get("retrieval_service_url") or "")
         if not self.retrieval_service_url:
-            raise ValueError("config.retrieval_service_url is required (the retriever's POST endpoint, "
-                             "e.g. http://127.0.0.1:8000/retrieve)")
+            raise ValueError(
+                "config.retrieval_service_url is required (the retriever's POST endpoint, "
+                "e.g. http://127.0.0.1:8000/retrieve)"
+            )
         self.topk = int(c.get("topk", 3))
         self.timeout = float(c.get("timeout", 30))
         self.num_workers = int(c.get("num_workers", 120))
@@ -87,15 +89,20 @@ class SearchTool(BaseTool):
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._instances.pop(instance_id, None)
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
-                      ) -> tuple[ToolResponse, float, dict[str, Any]]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
         queries = parameters.get("query_list") if isinstance(parameters, dict) else None
         if not queries or not isinstance(queries, list):
             msg = "Error: 'query_list' is missing, empty, or not a list in parameters."
             return ToolResponse(text=json.dumps({"result": msg})), 0.0, {}
         queries = [str(q) for q in queries]
-        metrics: dict[str, Any] = {"query_count": len(queries), "status": "unknown", "total_results": 0,
-                                   "api_request_error": None}
+        metrics: dict[str, Any] = {
+            "query_count": len(queries),
+            "status": "unknown",
+            "total_results": 0,
+            "api_request_error": None,
+        }
         try:
             body = await self._post({"queries": queries, "topk": self.topk, "return_scores": True})
         except _GiveUp as e:
@@ -117,8 +124,7 @@ class SearchTool(BaseTool):
         except (AttributeError, TypeError) as e:
             metrics["status"] = "processing_error"
             return json.dumps({"result": f"Error processing search results: {e}"}, ensure_ascii=False)
-        metrics.update(status="success",
-                       total_results=sum(len(d) if isinstance(d, list) else 1 for d in per_query))
+        metrics.update(status="success", total_results=sum(len(d) if isinstance(d, list) else 1 for d in per_query))
         return json.dumps({"result": "\n---\n".join(blocks)}, ensure_ascii=False)
 
     def _slot(self) -> asyncio.Semaphore:
@@ -137,14 +143,16 @@ class SearchTool(BaseTool):
                 if attempt:
                     await asyncio.sleep(min(5.0, self.retry_base_delay * 2 ** (attempt - 1)))
                 try:
-                    async with session.post(self.retrieval_service_url, json=payload,
-                                            headers={"Accept": "application/json"}) as resp:
+                    async with session.post(
+                        self.retrieval_service_url, json=payload, headers={"Accept": "application/json"}
+                    ) as resp:
                         if resp.status in _RETRY_STATUS:
                             last = f"server error (HTTP {resp.status})"
                             continue
                         if resp.status >= 400:
-                            raise _GiveUp(f"the retriever rejected the request (HTTP {resp.status}: "
-                                          f"{(await resp.text())[:200]})")
+                            raise _GiveUp(
+                                f"the retriever rejected the request (HTTP {resp.status}: {(await resp.text())[:200]})"
+                            )
                         try:
                             return await resp.json(content_type=None)
                         except json.JSONDecodeError as e:

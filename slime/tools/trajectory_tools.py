@@ -26,20 +26,33 @@ class ToolCallLimits:
     max_parallel_calls: int = MAX_PARALLEL_CALLS
     call_timeout: float | None = None  # seconds; None: no limit
     max_response_tokens: int = MAX_TOOL_RESPONSE_TOKENS  # 0: no limit
-    truncate_side: str = TOOL_RESPONSE_TRUNCATE_SIDE  # verl's meaning: left keeps the beginning, right the end, middle both
+    truncate_side: str = (
+        TOOL_RESPONSE_TRUNCATE_SIDE  # verl's meaning: left keeps the beginning, right the end, middle both
+    )
 
     @classmethod
     def from_args(cls, args: Any) -> "ToolCallLimits":
         config = ToolConfig.from_args(args)
-        return cls(max_parallel_calls=config.max_parallel_calls, call_timeout=config.tool_call_timeout,
-                   max_response_tokens=config.max_tool_response_tokens, truncate_side=config.tool_response_truncate_side)
+        return cls(
+            max_parallel_calls=config.max_parallel_calls,
+            call_timeout=config.tool_call_timeout,
+            max_response_tokens=config.max_tool_response_tokens,
+            truncate_side=config.tool_response_truncate_side,
+        )
 
 
 class TrajectoryTools:
     """One sample's tool instances and calls, recorded on its `TrajectoryRecord`."""
 
-    def __init__(self, tools: ToolSet, record: TrajectoryRecord, delta: ChatDelta, limits: ToolCallLimits,
-                 *, reads_images: bool = False):
+    def __init__(
+        self,
+        tools: ToolSet,
+        record: TrajectoryRecord,
+        delta: ChatDelta,
+        limits: ToolCallLimits,
+        *,
+        reads_images: bool = False,
+    ):
         """`reads_images`: the model is a vision-language model, so the images a tool returns (verl's
         `ToolResponse.image`) go into its tool message as image parts; else they are named as not shown."""
         self.tools, self.record, self.delta, self.limits = tools, record, delta, limits
@@ -72,8 +85,11 @@ class TrajectoryTools:
                 self.record.tool_create_responses[name] = resp.text
 
         # Wait for every create (even when one fails) so release never races a create still running.
-        errors = [r for r in await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
-                  if isinstance(r, BaseException)]
+        errors = [
+            r
+            for r in await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+            if isinstance(r, BaseException)
+        ]
         if errors:
             raise errors[0]
 
@@ -83,8 +99,9 @@ class TrajectoryTools:
             try:
                 await self.tools[name].release(iid, **self.kw(name, "release_kwargs"))
             except Exception as e:  # noqa: BLE001 - a failing release must not hide the others
-                self.record.tool_errors.append(ToolErrorRecord(turn=None, tool=name, kind="release",
-                                                               message=f"{type(e).__name__}: {e}"))
+                self.record.tool_errors.append(
+                    ToolErrorRecord(turn=None, tool=name, kind="release", message=f"{type(e).__name__}: {e}")
+                )
 
         await asyncio.gather(*(one(n) for n in self.attempted))
 
@@ -94,8 +111,9 @@ class TrajectoryTools:
                 r = await self.tools[name].calc_reward(self.instances[name], **self.kw(name, "calc_reward_kwargs"))
                 self.record.tool_rewards[name] = float(r or 0.0)
             except Exception as e:  # noqa: BLE001
-                self.record.tool_errors.append(ToolErrorRecord(turn=None, tool=name, kind="calc_reward",
-                                                               message=f"{type(e).__name__}: {e}"))
+                self.record.tool_errors.append(
+                    ToolErrorRecord(turn=None, tool=name, kind="calc_reward", message=f"{type(e).__name__}: {e}")
+                )
 
         await asyncio.gather(*(one(n) for n in self.instances))
 
@@ -104,15 +122,14 @@ class TrajectoryTools:
         rec = self.record
         for item in items:
             if isinstance(item, ParseError):
-                rec.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message,
-                                                         raw=item.raw))
+                rec.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message, raw=item.raw))
                 rec.tool_messages.append(ToolMessage(turn=turn, error=item.message))
             else:
                 message = f"not executed: {why}"
-                rec.tool_errors.append(ToolErrorRecord(turn=turn, tool=item.name, kind="not_executed",
-                                                       message=message))
-                rec.tool_messages.append(ToolMessage(turn=turn, name=item.name, arguments=item.arguments,
-                                                     error=message))
+                rec.tool_errors.append(ToolErrorRecord(turn=turn, tool=item.name, kind="not_executed", message=message))
+                rec.tool_messages.append(
+                    ToolMessage(turn=turn, name=item.name, arguments=item.arguments, error=message)
+                )
 
     async def run_calls(self, items: list[ToolCall | ParseError], turn: int) -> list[dict[str, Any]]:
         """One tool message per call or parse error, in the model's order; valid calls run concurrently."""
@@ -124,8 +141,9 @@ class TrajectoryTools:
         n_calls = 0
         for i, item in enumerate(items):
             if isinstance(item, ParseError):
-                self.record.parse_errors.append(ParseErrorRecord(turn=turn, kind=item.kind, message=item.message,
-                                                                 raw=item.raw))
+                self.record.parse_errors.append(
+                    ParseErrorRecord(turn=turn, kind=item.kind, message=item.message, raw=item.raw)
+                )
                 texts[i], errors[i] = f"Error: {item.message}. Your output was: {item.raw}", item.message
                 continue
             n_calls += 1
@@ -140,15 +158,20 @@ class TrajectoryTools:
         for (i, _, _), (text, error, returned) in zip(jobs, results):
             texts[i], errors[i], images[i] = text, error, returned
         executed = {i for i, _, _ in jobs}
-        return [self._message(item, chat_name, text, errors[i], turn, i in executed, images[i])
-                for i, (item, chat_name, text) in enumerate(zip(items, names, texts))]
+        return [
+            self._message(item, chat_name, text, errors[i], turn, i in executed, images[i])
+            for i, (item, chat_name, text) in enumerate(zip(items, names, texts))
+        ]
 
     def _refusal(self, call: ToolCall, n_calls: int) -> tuple[str | None, str | None, dict[str, Any]]:
         """(kind, message, {}) of a call that is not executed, or (None, None, its checked arguments)."""
         limit = self.limits.max_parallel_calls
         if n_calls > limit:
-            return "too_many_calls", (f"at most {limit} tool calls are executed per turn; call "
-                                      f"#{n_calls} ({call.name}) was not executed"), {}
+            return (
+                "too_many_calls",
+                (f"at most {limit} tool calls are executed per turn; call #{n_calls} ({call.name}) was not executed"),
+                {},
+            )
         if call.name not in self.instances:
             return "unknown_tool", f"unknown tool {call.name!r}; available tools: {sorted(self.instances)}", {}
         arguments, err = self.tools.check_arguments(call.name, call.arguments)
@@ -156,22 +179,37 @@ class TrajectoryTools:
             return "invalid_arguments", f"invalid arguments for {call.name!r}: {err}", {}
         return None, None, arguments
 
-    def _message(self, item: ToolCall | ParseError, chat_name: str, text: str | None, error: str | None,
-                 turn: int, executed: bool, images: list[Any] = ()) -> dict[str, Any]:
+    def _message(
+        self,
+        item: ToolCall | ParseError,
+        chat_name: str,
+        text: str | None,
+        error: str | None,
+        turn: int,
+        executed: bool,
+        images: list[Any] = (),
+    ) -> dict[str, Any]:
         """The tool message answered to the model (its text cut to the limit), recorded as such; the
         tool's images (for a vision-language model) come first as image parts, then the text."""
         content = self._truncate(text or "")
         name, arguments = (item.name, item.arguments) if isinstance(item, ToolCall) else (None, None)
-        self.record.tool_messages.append(ToolMessage(
-            turn=turn, name=name, arguments=arguments, response=content, error=error,
-            executed=executed, truncated=content != (text or "")))
+        self.record.tool_messages.append(
+            ToolMessage(
+                turn=turn,
+                name=name,
+                arguments=arguments,
+                response=content,
+                error=error,
+                executed=executed,
+                truncated=content != (text or ""),
+            )
+        )
         if images:
             parts = [{"type": "image", "image": image} for image in images]
             return {"role": "tool", "name": chat_name, "content": parts + [{"type": "text", "text": content}]}
         return {"role": "tool", "name": chat_name, "content": content}
 
-    async def _execute(self, call: ToolCall, arguments: dict[str, Any],
-                       turn: int) -> tuple[str, str | None, list[Any]]:
+    async def _execute(self, call: ToolCall, arguments: dict[str, Any], turn: int) -> tuple[str, str | None, list[Any]]:
         """(the text answered to the model, the error or None, the images shown to it)."""
         tool = self.tools[call.name]
         timeout = self.limits.call_timeout
@@ -210,4 +248,4 @@ class TrajectoryTools:
         if side == "right":
             return "(truncated)..." + dec(ids[-limit:])
         half = limit // 2
-        return dec(ids[:half]) + "\n...(truncated)...\n" + dec(ids[len(ids) - (limit - half):])
+        return dec(ids[:half]) + "\n...(truncated)...\n" + dec(ids[len(ids) - (limit - half) :])

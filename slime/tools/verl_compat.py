@@ -59,8 +59,9 @@ def verl_installed() -> bool:
     return importlib.util.find_spec("verl") is not None
 
 
-def resolve_tool_class(class_name: str, equivalents: dict[str, str] | None = None,
-                       kind: str = "tool") -> tuple[Any, str | None]:
+def resolve_tool_class(
+    class_name: str, equivalents: dict[str, str] | None = None, kind: str = "tool"
+) -> tuple[Any, str | None]:
     """(the object `class_name` names, a one-line note when a verl name was resolved). `equivalents`
     (default: the tool classes above) maps verl's names of this `kind` of class to slime's."""
     if class_name.split(".", 1)[0] != "verl":
@@ -73,12 +74,16 @@ def resolve_tool_class(class_name: str, equivalents: dict[str, str] | None = Non
         except PluginLoadError as e:
             if equivalent is None:
                 raise
-            return load_function(equivalent), (f"{class_name} -> {equivalent}: verl is installed but its class "
-                                               f"does not import ({e}); using slime's equivalent")
+            return load_function(equivalent), (
+                f"{class_name} -> {equivalent}: verl is installed but its class "
+                f"does not import ({e}); using slime's equivalent"
+            )
     if equivalent is None:
-        raise PluginLoadError(f"{class_name!r}: verl is not installed and slime has no equivalent of this class "
-                              f"(slime has: {sorted(equivalents)}); install verl, or point class_name at "
-                              f"your own {kind} class")
+        raise PluginLoadError(
+            f"{class_name!r}: verl is not installed and slime has no equivalent of this class "
+            f"(slime has: {sorted(equivalents)}); install verl, or point class_name at "
+            f"your own {kind} class"
+        )
     return load_function(equivalent), f"{class_name} -> {equivalent} (verl is not installed; slime's equivalent)"
 
 
@@ -116,8 +121,9 @@ def as_response(value: Any) -> ToolResponse:
     if isinstance(value, dict):
         return ToolResponse.model_validate(value)
     if any(hasattr(value, k) for k in ("text", "image", "video")):
-        return ToolResponse(text=getattr(value, "text", None), image=getattr(value, "image", None),
-                            video=getattr(value, "video", None))
+        return ToolResponse(
+            text=getattr(value, "text", None), image=getattr(value, "image", None), video=getattr(value, "video", None)
+        )
     return ToolResponse(text=str(value))
 
 
@@ -154,8 +160,9 @@ class _Signature:
             params = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
         self.named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         self.var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-        self.first_positional = next((p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
-                                                                            p.POSITIONAL_OR_KEYWORD)), None)
+        self.first_positional = next(
+            (p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None
+        )
 
     def accepts(self, name: str) -> bool:
         return self.var_kw or name in self.named
@@ -191,8 +198,9 @@ class VerlToolAdapter(BaseTool):
         self._warned: set[str] = set()
 
     @classmethod
-    def build(cls, tool_class: type, config: dict[str, Any],
-              tool_schema: OpenAIFunctionToolSchema | None) -> "VerlToolAdapter":
+    def build(
+        cls, tool_class: type, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
+    ) -> "VerlToolAdapter":
         """Construct `tool_class(config=..., tool_schema=...)` with the schema type its module uses."""
         schema: Any = tool_schema
         own = schema_class_for(tool_class)
@@ -216,12 +224,15 @@ class VerlToolAdapter(BaseTool):
     def _pass(self, sig: _Signature, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         refused = [k for k in kwargs if not sig.accepts(k)]
         if refused:
-            raise TypeError(f"tool {self.name!r}: {type(self.inner).__name__}.{method}() does not accept "
-                            f"{sorted(refused)} (given in tools_kwargs)")
+            raise TypeError(
+                f"tool {self.name!r}: {type(self.inner).__name__}.{method}() does not accept "
+                f"{sorted(refused)} (given in tools_kwargs)"
+            )
         return kwargs
 
-    async def create(self, instance_id: str | None = None, *, create_kwargs: dict[str, Any] | None = None,
-                     **kwargs: Any) -> tuple[str, ToolResponse]:
+    async def create(
+        self, instance_id: str | None = None, *, create_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> tuple[str, ToolResponse]:
         """Both conventions in, and out to the tool in the form it reads.
 
         A tool that names `create_kwargs` gets them as `create_kwargs=`; one that takes
@@ -252,21 +263,26 @@ class VerlToolAdapter(BaseTool):
         self._agent_data[got_id] = AgentDataView(got_id, {self.name: {"create_kwargs": kw}})
         return got_id, as_response(resp)
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], *, agent_data: Any = None,
-                      **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], *, agent_data: Any = None, **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
         """`agent_data` goes to a tool that names it (a stand-in kept per instance when the caller has
         none), and to one taking **kwargs only when the caller gave it (as verl's loop does)."""
         call = dict(self._pass(self._execute, "execute", kwargs))
         if "agent_data" in self._execute.named:
-            call["agent_data"] = agent_data if agent_data is not None else (
-                self._agent_data.get(instance_id) or AgentDataView(instance_id))
+            call["agent_data"] = (
+                agent_data
+                if agent_data is not None
+                else (self._agent_data.get(instance_id) or AgentDataView(instance_id))
+            )
         elif agent_data is not None and self._execute.var_kw:
             call["agent_data"] = agent_data
         got = await _resolve(self.inner.execute(instance_id, parameters, **call))
         if isinstance(got, (tuple, list)):
             if not 1 <= len(got) <= 3:
-                raise TypeError(f"tool {self.name!r}: execute() returned a {len(got)}-tuple; expected "
-                                f"(response, reward, metrics)")
+                raise TypeError(
+                    f"tool {self.name!r}: execute() returned a {len(got)}-tuple; expected (response, reward, metrics)"
+                )
             resp, reward, metrics = (*got, 0.0, {})[:3] if len(got) == 1 else (*got, {})[:3]
         else:  # a bare ToolResponse / text
             resp, reward, metrics = got, 0.0, {}
@@ -289,6 +305,7 @@ class VerlToolAdapter(BaseTool):
         try:
             return float(value)
         except (TypeError, ValueError):
-            self._warn_once(what, "tool %r: %s returned %s, not a number; counted as 0.0", self.name, what,
-                            type(value).__name__)
+            self._warn_once(
+                what, "tool %r: %s returned %s, not a number; counted as 0.0", self.name, what, type(value).__name__
+            )
             return 0.0

@@ -35,11 +35,19 @@ class TrainGroup:
     def start(self) -> dict[str, Any]:
         cpus = float(self.args.actor_num_cpus_per_worker)
         try:
-            self.pg = reserve([{"CPU": cpus}] * self.num_workers, name="slime-trainer", what="the trainer",
-                              flags="--actor-num-workers / --actor-num-cpus-per-worker")
+            self.pg = reserve(
+                [{"CPU": cpus}] * self.num_workers,
+                name="slime-trainer",
+                what="the trainer",
+                flags="--actor-num-workers / --actor-num-cpus-per-worker",
+            )
             remote_cls = ray.remote(TrainWorker)
-            self.workers = [remote_cls.options(num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank))
-                            .remote(self.args, self.num_workers, rank) for rank in range(self.num_workers)]
+            self.workers = [
+                remote_cls.options(num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank)).remote(
+                    self.args, self.num_workers, rank
+                )
+                for rank in range(self.num_workers)
+            ]
             addr, port = ray.get(self.workers[0].master_address.remote(), timeout=INIT_TIMEOUT_S)
             infos = ray.get([w.init.remote(addr, port) for w in self.workers], timeout=INIT_TIMEOUT_S)
         except BaseException:

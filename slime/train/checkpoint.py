@@ -26,11 +26,34 @@ CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name for 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 # config.json fields that make two models the same architecture (the trainer loads one into the other's place)
-IDENTITY_FIELDS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                   "num_key_value_heads", "intermediate_size", "vocab_size")
+IDENTITY_FIELDS = (
+    "architectures",
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 HASH_CHUNK = 8 << 20  # bytes read per hash update
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
-               "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}  # safetensors' dtypes
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+}  # safetensors' dtypes
 
 
 class CheckpointError(RuntimeError):
@@ -113,8 +136,12 @@ def tensor_ends(header: Any) -> list[int] | None:
         if name == "__metadata__":
             continue
         offsets = t.get("data_offsets") if isinstance(t, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
-                and offsets[1] - offsets[0] == tensor_bytes(t)):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(_is_count(x) for x in offsets)
+            and offsets[1] - offsets[0] == tensor_bytes(t)
+        ):
             return None
         ends.append(offsets[1])
     return ends
@@ -165,7 +192,7 @@ def manifest_problem(manifest: dict[str, Any]) -> str | None:
         if name.startswith("/") or ".." in Path(name).parts or "\x00" in name:
             return f"'files' names {name!r:.60}, outside the checkpoint"
         if not (isinstance(entry, dict) and _is_count(entry.get("size")) and isinstance(entry.get("sha256"), str)):
-            return f"'files'[{name!r:.60}] must be {{\"size\": bytes, \"sha256\": hex}}, got {entry!r:.60}"
+            return f'\'files\'[{name!r:.60}] must be {{"size": bytes, "sha256": hex}}, got {entry!r:.60}'
     return None
 
 
@@ -212,8 +239,14 @@ class CheckpointWriter:
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
             files[str(path.relative_to(self.staging))] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-        manifest = {"version": MANIFEST_VERSION, "rollout_id": self.rollout_id, "base_model": base_model,
-                    "base_identity": model_identity(base_model) if base_model else {}, **meta, "files": files}
+        manifest = {
+            "version": MANIFEST_VERSION,
+            "rollout_id": self.rollout_id,
+            "base_model": base_model,
+            "base_identity": model_identity(base_model) if base_model else {},
+            **meta,
+            "files": files,
+        }
         write_atomic(self.staging / MANIFEST, json.dumps(manifest, indent=1))
         old = self.final.with_name(f"{self.final.name}.replaced-{os.getpid()}")
         if self.final.exists():  # the same id saved again (a resumed run): keep it until the new one is in
@@ -268,8 +301,9 @@ def loader_problem(path: Path) -> str | None:
     return None
 
 
-def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True,
-                      without_manifest: bool = False) -> dict[str, Any]:
+def verify_checkpoint(
+    root: str | Path, rollout_id: int, *, hashes: bool = True, without_manifest: bool = False
+) -> dict[str, Any]:
     """Check `iter_X` against its manifest (every file present, same size, same sha256, whole format,
     readable by the trainer's loaders). A checkpoint without a manifest is refused: nothing then says
     its files are the ones written (a deleted manifest hid 16 flipped bytes in the weights, which
@@ -280,8 +314,7 @@ def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True,
     where = f"--load {root}: the checkpoint of rollout {rollout_id}"
     if not ckpt.is_dir():
         kept = sorted(ckpt.parent.glob(f"{ckpt.name}.replaced-*"))
-        hint = f"; a crash while saving it again left the previous copy {kept[-1]}: rename it to {ckpt}" \
-            if kept else ""
+        hint = f"; a crash while saving it again left the previous copy {kept[-1]}: rename it to {ckpt}" if kept else ""
         raise CheckpointError(f"{where} is missing: {ckpt} does not exist{hint}")
     manifest_path = ckpt / MANIFEST
     if not manifest_path.is_file():
@@ -292,7 +325,8 @@ def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True,
             raise CheckpointError(
                 f"{where}: {manifest_path} is missing, so nothing says its files are the ones written (a byte "
                 f"changed in the weights would be trained on and pushed); restore it, or pass "
-                f"--load-without-manifest to load the checkpoint on its format checks alone")
+                f"--load-without-manifest to load the checkpoint on its format checks alone"
+            )
         manifest = {}
     else:
         problem = format_problem(manifest_path)
@@ -305,8 +339,10 @@ def verify_checkpoint(root: str | Path, rollout_id: int, *, hashes: bool = True,
             if not path.is_file():
                 raise CheckpointError(f"{where}: {path} is listed in {MANIFEST} but missing")
             if path.stat().st_size != entry["size"]:
-                raise CheckpointError(f"{where}: {path} has {path.stat().st_size} bytes, {MANIFEST} says "
-                                      f"{entry['size']} (truncated or overwritten)")
+                raise CheckpointError(
+                    f"{where}: {path} has {path.stat().st_size} bytes, {MANIFEST} says "
+                    f"{entry['size']} (truncated or overwritten)"
+                )
             paths.append(path)
     for path in paths:
         problem = format_problem(path)
@@ -335,5 +371,7 @@ def check_same_model(root: str | Path, rollout_id: int, manifest: dict[str, Any]
         raise CheckpointError(
             f"--load {root}: the checkpoint of rollout {rollout_id} is another model than --hf-checkpoint: "
             f"{model_dir} ({describe_identity(saved)}"
-            + (f"; trained from {base}" if base else "") + f") vs --hf-checkpoint {hf_checkpoint} "
-            f"({describe_identity(wanted)}); pass the --hf-checkpoint it was trained from or another --load")
+            + (f"; trained from {base}" if base else "")
+            + f") vs --hf-checkpoint {hf_checkpoint} "
+            f"({describe_identity(wanted)}); pass the --hf-checkpoint it was trained from or another --load"
+        )

@@ -13,8 +13,10 @@ from typing import Any, Iterable, Mapping
 
 # the step's terms, named as the metrics log names them (a key not there is not computed by this run)
 STEP_TERMS = ("pg_loss", "kl_loss", "entropy_loss", "opd_reverse_kl", "loss", "grad_norm")
-CAUSES = ("a NaN/inf coefficient set by a plugin, a reward of NaN/inf, log-probs of -inf (a teacher's or the "
-          "engines'), or a learning rate too high for the model")
+CAUSES = (
+    "a NaN/inf coefficient set by a plugin, a reward of NaN/inf, log-probs of -inf (a teacher's or the "
+    "engines'), or a learning rate too high for the model"
+)
 
 
 class NonFiniteError(RuntimeError):
@@ -32,8 +34,10 @@ def check_step(rollout_id: int, step: int, values: Mapping[str, Any]) -> None:
     bad = nonfinite_terms(values)
     if bad:
         shown = ", ".join(f"{name}={float(values[name])}" for name in bad)
-        raise NonFiniteError(f"rollout {rollout_id}, step {step}: {shown} is not finite; the step was not taken "
-                             f"and no weights were pushed (likely {CAUSES})")
+        raise NonFiniteError(
+            f"rollout {rollout_id}, step {step}: {shown} is not finite; the step was not taken "
+            f"and no weights were pushed (likely {CAUSES})"
+        )
 
 
 def first_nonfinite_tensor(named: Iterable[tuple[str, Any]]) -> str | None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 # per-rollout counters of the manager's summary (slime.rollout.controller.rollout_summary)
-FLEET_FIELDS = ("engine_deaths", "engine_restarts", "nodes_lost", "engines_moved", "engines_unplaced",
-                "router_moves")
+FLEET_FIELDS = ("engine_deaths", "engine_restarts", "nodes_lost", "engines_moved", "engines_unplaced", "router_moves")
 
 
 def fleet_events(summary: dict[str, Any] | None, rollout_id: int) -> dict[str, Any]:

@@ -96,16 +96,21 @@ class TrainRecord:
         last = self.steps[-1] if self.steps else {}
         diff = self.rollout.get("train_rollout_logprob_abs_diff")
         reward = "n/a" if self.raw_reward is None else f"{self.raw_reward:.4f}"
-        return (f"rollout {self.rollout_id}: reward={reward} loss={last.get('loss', 0.0):.4f} "
-                f"pg_clipfrac={last.get('pg_clipfrac', 0.0):.3f} ppo_kl={last.get('ppo_kl', 0.0):.2e} "
-                f"entropy={last.get('entropy', 0.0):.3f} grad_norm={last.get('grad_norm', 0.0):.3f} "
-                f"logprob_diff={'n/a' if diff is None else f'{diff:.2e}'} "
-                f"rollout={self.rollout_time:.1f}s train={self.train_time:.1f}s "
-                + (f"update_weights={self.update_weights_time:.1f}s " if self.pushed_version is not None
-                   else "update_weights=skipped ")
-                + f"version={self.weight_version}"
-                + (f" staleness={self.staleness}" if self.staleness else "")
-                + describe_fleet_events(self.fleet))
+        return (
+            f"rollout {self.rollout_id}: reward={reward} loss={last.get('loss', 0.0):.4f} "
+            f"pg_clipfrac={last.get('pg_clipfrac', 0.0):.3f} ppo_kl={last.get('ppo_kl', 0.0):.2e} "
+            f"entropy={last.get('entropy', 0.0):.3f} grad_norm={last.get('grad_norm', 0.0):.3f} "
+            f"logprob_diff={'n/a' if diff is None else f'{diff:.2e}'} "
+            f"rollout={self.rollout_time:.1f}s train={self.train_time:.1f}s "
+            + (
+                f"update_weights={self.update_weights_time:.1f}s "
+                if self.pushed_version is not None
+                else "update_weights=skipped "
+            )
+            + f"version={self.weight_version}"
+            + (f" staleness={self.staleness}" if self.staleness else "")
+            + describe_fleet_events(self.fleet)
+        )
 
 
 class MetricsSink:
@@ -134,8 +139,9 @@ class MetricsSink:
     def emit(self, metrics: dict, step_key: str, step: int, rollout_id: int, kind: str) -> None:
         payload = {**metrics, step_key: step}
         if self.path is not None:
-            metrics_log.append_metrics(self.path, payload, kind=kind, rollout_id=rollout_id, step_key=step_key,
-                                       step=step)
+            metrics_log.append_metrics(
+                self.path, payload, kind=kind, rollout_id=rollout_id, step_key=step_key, step=step
+            )
         if self.wandb is not None:
             self.wandb.log(payload, step_key)
 
@@ -152,8 +158,9 @@ class MetricsSink:
             perf["perf/update_weights_time"] = record.update_weights_time
         self.emit(perf, "perf/step", log_step(self.args, rid), rid, "perf")
         if record.raw_reward is not None:
-            self.emit({"rollout/raw_reward": record.raw_reward}, "rollout/step", log_step(self.args, rid), rid,
-                      "rollout")
+            self.emit(
+                {"rollout/raw_reward": record.raw_reward}, "rollout/step", log_step(self.args, rid), rid, "rollout"
+            )
 
     def close(self) -> None:
         if self.wandb is not None:
@@ -188,8 +195,13 @@ class _Generation:
         return self._value
 
 
-def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
-          manager_cls: Any = None, fork_server: str | None = None) -> list[TrainRecord]:
+def train(
+    args: Any,
+    *,
+    on_record: Callable[[TrainRecord], None] | None = None,
+    manager_cls: Any = None,
+    fork_server: str | None = None,
+) -> list[TrainRecord]:
     """Run the loop; returns one record per trained rollout. Stops everything it started, always.
     `fork_server`: the Ray session's engine fork server socket (warm engine starts), or None."""
     from slime.ray.rollout_manager import RolloutManager
@@ -221,13 +233,22 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
             per_epoch = None
         bracketed = _has_method(manager, "begin_weight_update")
         has_summary = _has_method(manager, "last_summary")  # a custom manager may not report one
-        print(f"trainer: {group.num_workers} worker(s), weights by {mode}{', async' if async_train else ''}, "
-              f"rollouts {start}..{args.num_rollout - 1}"
-              + (f" (resumed from the checkpoint of rollout {group.loaded_rollout_id})"
-                 if group.loaded_rollout_id is not None else ""), flush=True)
+        print(
+            f"trainer: {group.num_workers} worker(s), weights by {mode}{', async' if async_train else ''}, "
+            f"rollouts {start}..{args.num_rollout - 1}"
+            + (
+                f" (resumed from the checkpoint of rollout {group.loaded_rollout_id})"
+                if group.loaded_rollout_id is not None
+                else ""
+            ),
+            flush=True,
+        )
         if args.save and args.save_interval is None:
-            print(f"--save {args.save} without --save-interval: the model and its data state are saved once, "
-                  f"after the last rollout ({args.num_rollout - 1})", flush=True)
+            print(
+                f"--save {args.save} without --save-interval: the model and its data state are saved once, "
+                f"after the last rollout ({args.num_rollout - 1})",
+                flush=True,
+            )
 
         pushed: dict[str, str] = {}
 
@@ -251,8 +272,10 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
                 check = ray.get(manager.check_weights.remote("compare", pushed))
                 bad = [c for c in check if not c.get("equal")]
                 if bad:
-                    raise WeightCheckError(f"weight version {version}: {len(bad)} engine(s) differ from the trainer: "
-                                           f"{bad[0].get('message')}")
+                    raise WeightCheckError(
+                        f"weight version {version}: {len(bad)} engine(s) differ from the trainer: "
+                        f"{bad[0].get('message')}"
+                    )
             if args.offload_rollout:
                 ray.get(manager.onload_kv.remote())
             return time.monotonic() - t0, check
@@ -260,8 +283,11 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
         def evaluate(rollout_id: int) -> dict[str, Any]:
             result = ray.get(manager.eval.remote(rollout_id))
             for name, r in result.items():
-                print(f"eval {rollout_id} [{name}]: samples={r['samples']} mean_reward={r['mean_reward']:.4f} "
-                      f"truncated_ratio={r['truncated_ratio']:.3f}", flush=True)
+                print(
+                    f"eval {rollout_id} [{name}]: samples={r['samples']} mean_reward={r['mean_reward']:.4f} "
+                    f"truncated_ratio={r['truncated_ratio']:.3f}",
+                    flush=True,
+                )
             return result
 
         push_time, check = push(str(start))
@@ -272,16 +298,19 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
         ahead: _Generation | None = None  # --async: the next rollout, generating while this one trains
         for rollout_id in range(start, args.num_rollout):
             ev = None
-            if args.eval_interval is not None and rollout_id == 0 and not args.skip_eval_before_train \
-                    and args.eval_datasets:
+            if (
+                args.eval_interval is not None
+                and rollout_id == 0
+                and not args.skip_eval_before_train
+                and args.eval_datasets
+            ):
                 ev = evaluate(rollout_id)
             current = ahead or _Generation(rollout_id, manager.generate.remote(rollout_id), serving)
             ahead = None
             boxes = current.result()
             rollout_time = current.waited
             # read before the next rollout starts (--async): the summary is this rollout's
-            fleet = fleet_events(ray.get(manager.last_summary.remote(), timeout=60), rollout_id) \
-                if has_summary else {}
+            fleet = fleet_events(ray.get(manager.last_summary.remote(), timeout=60), rollout_id) if has_summary else {}
             if async_train and rollout_id + 1 < args.num_rollout:
                 ahead = _Generation(rollout_id + 1, manager.generate.remote(rollout_id + 1), serving)
             if args.offload_rollout:
@@ -302,13 +331,23 @@ def train(args: Any, *, on_record: Callable[[TrainRecord], None] | None = None,
                 serving = pushed_version
             if args.eval_datasets and should_run_periodic_action(rollout_id, args.eval_interval, per_epoch):
                 ev = evaluate(rollout_id)
-            record = TrainRecord(rollout_id=rollout_id, weight_version=current.version, raw_reward=out["raw_reward"],
-                                 steps=out["steps"], rollout=out["rollout"],
-                                 sample_weight_versions=out["weight_versions"], rollout_time=rollout_time,
-                                 train_time=train_time, update_weights_time=push_time, weight_check=check, eval=ev,
-                                 extra={"initial_push": initial} if not records else {},
-                                 staleness=rollout_id - int(current.version), pushed_version=pushed_version,
-                                 fleet=fleet)
+            record = TrainRecord(
+                rollout_id=rollout_id,
+                weight_version=current.version,
+                raw_reward=out["raw_reward"],
+                steps=out["steps"],
+                rollout=out["rollout"],
+                sample_weight_versions=out["weight_versions"],
+                rollout_time=rollout_time,
+                train_time=train_time,
+                update_weights_time=push_time,
+                weight_check=check,
+                eval=ev,
+                extra={"initial_push": initial} if not records else {},
+                staleness=rollout_id - int(current.version),
+                pushed_version=pushed_version,
+                fleet=fleet,
+            )
             records.append(record)
             sink.log(record)
             print(record.line(), flush=True)

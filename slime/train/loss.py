@@ -31,11 +31,15 @@ class LossConfigError(ValueError):
 def check_loss_args(args: Any) -> None:
     estimator = args.advantage_estimator
     if args.custom_advantage_function_path is None and estimator not in SUPPORTED_ESTIMATORS:
-        raise LossConfigError(f"--advantage-estimator {estimator}: the reference trainer supports "
-                              f"{', '.join(SUPPORTED_ESTIMATORS)} (ppo needs a critic)")
+        raise LossConfigError(
+            f"--advantage-estimator {estimator}: the reference trainer supports "
+            f"{', '.join(SUPPORTED_ESTIMATORS)} (ppo needs a critic)"
+        )
     if args.loss_type not in ("policy_loss", "custom_loss"):
-        raise LossConfigError(f"--loss-type {args.loss_type}: the reference trainer trains policy_loss, or "
-                              f"custom_loss with --custom-loss-function-path")
+        raise LossConfigError(
+            f"--loss-type {args.loss_type}: the reference trainer trains policy_loss, or "
+            f"custom_loss with --custom-loss-function-path"
+        )
     if args.calculate_per_token_loss:
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
     if args.kl_loss_type not in ("k1", "k2", "k3", "low_var_kl"):
@@ -49,26 +53,30 @@ def check_loss_args(args: Any) -> None:
 def check_opd_args(args: Any) -> None:
     """`--use-opd` needs the teacher's log-probs from the rollout (`--opd-type sglang`)."""
     if args.use_opd and args.opd_type != "sglang":
-        raise LossConfigError(f"--opd-type {args.opd_type}: the reference trainer takes the "
-                              f"teacher's log-probs from the rollout (--opd-type sglang, teacher at --rm-url); "
-                              f"it loads no Megatron teacher")
+        raise LossConfigError(
+            f"--opd-type {args.opd_type}: the reference trainer takes the "
+            f"teacher's log-probs from the rollout (--opd-type sglang, teacher at --rm-url); "
+            f"it loads no Megatron teacher"
+        )
 
 
 def needs_reference(args: Any) -> bool:
     """A frozen reference model is needed for the KL loss or a KL-shaped reward."""
     return bool(args.use_kl_loss) or (
         float(args.kl_coef) != 0.0
-        and args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+        and args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+    )
 
 
-def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str,
-              importance_ratio: torch.Tensor | None = None) -> torch.Tensor:
+def approx_kl(
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str, importance_ratio: torch.Tensor | None = None
+) -> torch.Tensor:
     """Schulman's estimators of KL(pi || ref) per token (slime's `compute_approx_kl`)."""
     log_ratio = log_probs.float() - ref_log_probs.float()
     if kind == "k1":
         kl = log_ratio
     elif kind == "k2":
-        kl = log_ratio ** 2 / 2.0
+        kl = log_ratio**2 / 2.0
     elif kind in ("k3", "low_var_kl"):
         kl = torch.expm1(-log_ratio) + log_ratio
     else:
@@ -78,8 +86,9 @@ def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str,
     return kl.clamp(-10, 10) if kind == "low_var_kl" else kl
 
 
-def sample_reducer(response_lengths: list[int], loss_masks: list[torch.Tensor],
-                   denominators: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def sample_reducer(
+    response_lengths: list[int], loss_masks: list[torch.Tensor], denominators: torch.Tensor
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """`x` (flat per-token) -> sum over samples of `sum(x_i * mask_i) / max(denom_i, 1)`."""
     masks = [m.to(torch.float32) for m in loss_masks]
     denoms = denominators.to(torch.float32).clamp_min(1.0)
@@ -94,8 +103,9 @@ def sample_reducer(response_lengths: list[int], loss_masks: list[torch.Tensor],
     return reduce
 
 
-def advantages_for(args: Any, rewards: list[float], loss_masks: list[torch.Tensor],
-                   kl: list[torch.Tensor] | None) -> list[torch.Tensor]:
+def advantages_for(
+    args: Any, rewards: list[float], loss_masks: list[torch.Tensor], kl: list[torch.Tensor] | None
+) -> list[torch.Tensor]:
     """Per-token advantages from the batch's (already group-normalised) rewards, as slime computes them
     for `--advantage-estimator` (GRPO family: the sample's reward on every token; REINFORCE++: the
     discounted return of the KL-shaped token rewards; REINFORCE++-baseline: reward minus KL penalty)."""
@@ -126,16 +136,22 @@ def advantages_for(args: Any, rewards: list[float], loss_masks: list[torch.Tenso
     return out
 
 
-def apply_opd_kl_to_advantages(args: Any, advantages: list[torch.Tensor], student_log_probs: list[torch.Tensor],
-                               teacher_log_probs: list[torch.Tensor] | None) -> list[torch.Tensor]:
+def apply_opd_kl_to_advantages(
+    args: Any,
+    advantages: list[torch.Tensor],
+    student_log_probs: list[torch.Tensor],
+    teacher_log_probs: list[torch.Tensor] | None,
+) -> list[torch.Tensor]:
     """slime's on-policy distillation penalty (`--use-opd`), on top of any estimator: per token,
     advantage -= `--opd-kl-coef` * (log pi_student - log pi_teacher) of the sampled token, the one-sample
     estimate of the reverse KL(student || teacher). Replaces `advantages[i]` in place; returns the
     per-token reverse-KL estimates (logged as `opd_reverse_kl`)."""
     if teacher_log_probs is None:
-        raise LossConfigError("--use-opd needs teacher_log_probs in the batch: set --custom-rm-path "
-                              "slime.rollout.on_policy_distillation.reward_func and --custom-reward-post-process-path "
-                              "slime.rollout.on_policy_distillation.post_process_rewards with --rm-url at the teacher")
+        raise LossConfigError(
+            "--use-opd needs teacher_log_probs in the batch: set --custom-rm-path "
+            "slime.rollout.on_policy_distillation.reward_func and --custom-reward-post-process-path "
+            "slime.rollout.on_policy_distillation.post_process_rewards with --rm-url at the teacher"
+        )
     coef = float(args.opd_kl_coef)
     reverse_kls = []
     for i, (student, teacher) in enumerate(zip(student_log_probs, teacher_log_probs)):
@@ -145,8 +161,12 @@ def apply_opd_kl_to_advantages(args: Any, advantages: list[torch.Tensor], studen
     return reverse_kls
 
 
-def normalized_advantages(args: Any, advantages: list[torch.Tensor], masks: list[torch.Tensor],
-                          all_reduce: Callable[[torch.Tensor], Any] = lambda stats: None) -> list[torch.Tensor]:
+def normalized_advantages(
+    args: Any,
+    advantages: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    all_reduce: Callable[[torch.Tensor], Any] = lambda stats: None,
+) -> list[torch.Tensor]:
     """slime's `--normalize-advantages`: masked whitening over every rank's tokens (`all_reduce` sums the
     three statistics across ranks in place: `dist.all_reduce` in the trainer); unchanged without the flag."""
     if not args.normalize_advantages:
@@ -164,8 +184,15 @@ def normalized_advantages(args: Any, advantages: list[torch.Tensor], masks: list
 TisResult = tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]
 
 
-def vanilla_tis(args: Any, *, pg_loss: torch.Tensor, train_log_probs: list[torch.Tensor],
-                rollout_log_probs: list[torch.Tensor], loss_masks: list[torch.Tensor], **_: Any) -> TisResult:
+def vanilla_tis(
+    args: Any,
+    *,
+    pg_loss: torch.Tensor,
+    train_log_probs: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+    **_: Any,
+) -> TisResult:
     """slime's vanilla truncated importance sampling: pi_train(old) / pi_rollout, clipped to
     [--tis-clip-low, --tis-clip]; the masks stay as they are."""
     tis = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
@@ -218,11 +245,12 @@ class LossHooks:
             custom = load_function(args.custom_loss_function_path, "--custom-loss-function-path")
         reducer, post = args.custom_pg_loss_reducer_function_path, args.rollout_data_postprocess_path
         advantage = args.custom_advantage_function_path
-        return cls(custom_loss=custom,
-                   pg_loss_reducer=load_function(reducer, "--custom-pg-loss-reducer-function-path") if reducer else None,
-                   rollout_data_postprocess=load_function(post, "--rollout-data-postprocess-path") if post else None,
-                   custom_advantage=(load_function(advantage, "--custom-advantage-function-path")
-                                     if advantage else None))
+        return cls(
+            custom_loss=custom,
+            pg_loss_reducer=load_function(reducer, "--custom-pg-loss-reducer-function-path") if reducer else None,
+            rollout_data_postprocess=load_function(post, "--rollout-data-postprocess-path") if post else None,
+            custom_advantage=(load_function(advantage, "--custom-advantage-function-path") if advantage else None),
+        )
 
 
 def advantages_of_rollout(args: Any, hooks: LossHooks, rollout_data: dict[str, Any]) -> list[torch.Tensor]:
@@ -234,23 +262,39 @@ def advantages_of_rollout(args: Any, hooks: LossHooks, rollout_data: dict[str, A
         return advantages_for(args, rollout_data["rewards"], masks, rollout_data["kl"])
     hooks.custom_advantage(args, rollout_data)
     out = rollout_data.get("advantages")
-    if not (isinstance(out, (list, tuple)) and len(out) == len(masks)
-            and all(isinstance(a, torch.Tensor) and a.numel() == m.numel() for a, m in zip(out, masks))):
-        raise LossConfigError(f"--custom-advantage-function-path {args.custom_advantage_function_path}: it must set "
-                              f"rollout_data['advantages'] to one tensor per sample ({len(masks)}), each of its "
-                              f"response length, as slime's hook does; got {type(out).__name__}")
+    if not (
+        isinstance(out, (list, tuple))
+        and len(out) == len(masks)
+        and all(isinstance(a, torch.Tensor) and a.numel() == m.numel() for a, m in zip(out, masks))
+    ):
+        raise LossConfigError(
+            f"--custom-advantage-function-path {args.custom_advantage_function_path}: it must set "
+            f"rollout_data['advantages'] to one tensor per sample ({len(masks)}), each of its "
+            f"response length, as slime's hook does; got {type(out).__name__}"
+        )
     return [a.detach().reshape(-1).to(torch.float32) for a in out]
 
 
-def call_custom_loss(args: Any, hooks: LossHooks, batch: dict[str, Any], logits: torch.Tensor,
-                     reduce: Callable[[torch.Tensor], torch.Tensor]) -> PolicyLossOutput:
+def call_custom_loss(
+    args: Any,
+    hooks: LossHooks,
+    batch: dict[str, Any],
+    logits: torch.Tensor,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+) -> PolicyLossOutput:
     """`--custom-loss-function-path` on one micro-batch; its log values become the step's metrics."""
     result = hooks.custom_loss(args, batch, logits, reduce)
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)
-            and isinstance(result[1], dict)):
-        raise LossConfigError(f"--custom-loss-function-path {args.custom_loss_function_path}: expected "
-                              f"(loss tensor, {{name: value}}) as slime's loss functions return, got "
-                              f"{type(result).__name__}")
+    if not (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], torch.Tensor)
+        and isinstance(result[1], dict)
+    ):
+        raise LossConfigError(
+            f"--custom-loss-function-path {args.custom_loss_function_path}: expected "
+            f"(loss tensor, {{name: value}}) as slime's loss functions return, got "
+            f"{type(result).__name__}"
+        )
     loss, log = result
     metrics = {str(k): torch.as_tensor(v, dtype=torch.float32).detach().reshape(()) for k, v in log.items()}
     metrics.setdefault("loss", loss.detach())
@@ -263,14 +307,23 @@ class PolicyLossOutput:
     metrics: dict[str, torch.Tensor]  # each a detached sum over samples (see module doc)
 
 
-def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
-                advantages: torch.Tensor, rollout_log_probs: torch.Tensor | None,
-                ref_log_probs: torch.Tensor | None, response_lengths: list[int], loss_masks: list[torch.Tensor],
-                reduce: Callable[[torch.Tensor], torch.Tensor], denominators: torch.Tensor | None = None,
-                total_lengths: list[int] | None = None,
-                tis: Callable[..., TisResult] | None = None,
-                pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
-                ) -> PolicyLossOutput:
+def policy_loss(
+    args: Any,
+    *,
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    rollout_log_probs: torch.Tensor | None,
+    ref_log_probs: torch.Tensor | None,
+    response_lengths: list[int],
+    loss_masks: list[torch.Tensor],
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    denominators: torch.Tensor | None = None,
+    total_lengths: list[int] | None = None,
+    tis: Callable[..., TisResult] | None = None,
+    pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None,
+) -> PolicyLossOutput:
     """slime's `policy_loss_function` for one micro-batch (flat per-token tensors, `reduce` from
     `sample_reducer` over `loss_masks` and `denominators`). The returned loss is the micro-batch's
     share of the step loss before the step's scaling (1 / rollouts in the step). `tis`: the TIS
@@ -309,21 +362,29 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
         if rollout_log_probs is None:
             raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
         pg_losses, masks, tis_metrics = (tis or tis_function(args))(
-            args=args, pg_loss=pg_losses, train_log_probs=list(old_log_probs.split(response_lengths)),
-            rollout_log_probs=list(rollout_log_probs.split(response_lengths)), loss_masks=list(loss_masks),
-            total_lengths=total_lengths, response_lengths=list(response_lengths))
+            args=args,
+            pg_loss=pg_losses,
+            train_log_probs=list(old_log_probs.split(response_lengths)),
+            rollout_log_probs=list(rollout_log_probs.split(response_lengths)),
+            loss_masks=list(loss_masks),
+            total_lengths=total_lengths,
+            response_lengths=list(response_lengths),
+        )
         # metrics over the original masks (a rejected token still counts in a rejection fraction)
         metrics.update({key: reduce(value.detach()).detach() for key, value in tis_metrics.items()})
         metrics["ois"] = reduce(ratio.detach()).detach()
         if masks is not loss_masks and any(not torch.equal(a, b) for a, b in zip(masks, loss_masks)):
             if denominators is None:
-                raise LossConfigError("--custom-tis-function-path returned new loss masks; policy_loss needs "
-                                      "the samples' denominators to reduce with them")
+                raise LossConfigError(
+                    "--custom-tis-function-path returned new loss masks; policy_loss needs "
+                    "the samples' denominators to reduce with them"
+                )
             reduce_pg = sample_reducer(response_lengths, masks, denominators)  # slime: same denominators
         pg_masks = list(masks)
     if pg_loss_reducer is not None:  # slime: the TIS-modified masks when TIS or mismatch metrics are on
-        reduce_pg = pg_loss_reducer(total_lengths, list(response_lengths), pg_masks,
-                                    bool(args.calculate_per_token_loss))
+        reduce_pg = pg_loss_reducer(
+            total_lengths, list(response_lengths), pg_masks, bool(args.calculate_per_token_loss)
+        )
     pg_loss = reduce_pg(pg_losses)
     entropy_loss = reduce(entropy)
     loss = pg_loss - float(args.entropy_coef) * entropy_loss
@@ -334,6 +395,13 @@ def policy_loss(args: Any, *, log_probs: torch.Tensor, entropy: torch.Tensor, ol
         kl_loss = reduce(approx_kl(log_probs, ref_log_probs, args.kl_loss_type, ratio_for_kl))
         loss = loss + float(args.kl_loss_coef) * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
-    metrics.update({"loss": loss.detach(), "pg_loss": pg_loss.detach(), "entropy_loss": entropy_loss.detach(),
-                    "pg_clipfrac": reduce(clipfrac).detach(), "ppo_kl": reduce(ppo_kl.detach()).detach()})
+    metrics.update(
+        {
+            "loss": loss.detach(),
+            "pg_loss": pg_loss.detach(),
+            "entropy_loss": entropy_loss.detach(),
+            "pg_clipfrac": reduce(clipfrac).detach(),
+            "ppo_kl": reduce(ppo_kl.detach()).detach(),
+        }
+    )
     return PolicyLossOutput(loss, metrics)

@@ -31,8 +31,12 @@ class PackedMicroBatch:
     images: dict[str, torch.Tensor] = field(default_factory=dict)  # a VLM's pixel_values, image_grid_thw (rows' order)
 
 
-def pack(tokens: list[torch.Tensor], response_lengths: list[int], pad_id: int = 0,
-         images: list[dict[str, Any] | None] | None = None) -> PackedMicroBatch:
+def pack(
+    tokens: list[torch.Tensor],
+    response_lengths: list[int],
+    pad_id: int = 0,
+    images: list[dict[str, Any] | None] | None = None,
+) -> PackedMicroBatch:
     """Samples (prompt + response ids) -> one right-padded batch. Right padding keeps every real
     token at its own position, so no position ids are needed (a VLM's M-RoPE positions are computed
     from the ids and image grids in the forward). `images`: each sample's multimodal_train_inputs
@@ -49,9 +53,16 @@ def pack(tokens: list[torch.Tensor], response_lengths: list[int], pad_id: int = 
         mask[i, :n] = 1
         rows.append(torch.full((r,), i, dtype=torch.long))
         cols.append(torch.arange(n - r - 1, n - 1, dtype=torch.long))
-        targets.append(t[n - r:].to(torch.long))
-    return PackedMicroBatch(input_ids, mask, torch.cat(rows), torch.cat(cols), torch.cat(targets),
-                            list(response_lengths), _concat_images(images or []))
+        targets.append(t[n - r :].to(torch.long))
+    return PackedMicroBatch(
+        input_ids,
+        mask,
+        torch.cat(rows),
+        torch.cat(cols),
+        torch.cat(targets),
+        list(response_lengths),
+        _concat_images(images or []),
+    )
 
 
 def _concat_images(per_sample: list[dict[str, Any] | None]) -> dict[str, torch.Tensor]:
@@ -67,20 +78,34 @@ class PolicyModel(torch.nn.Module):
         self.hf = hf_model
         self.temperature = float(temperature) if temperature and temperature > 0 else 1.0
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                targets: torch.Tensor, with_entropy: bool = True, with_logits: bool = False,
-                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None) -> tuple[Any, ...]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        targets: torch.Tensor,
+        with_entropy: bool = True,
+        with_logits: bool = False,
+        pixel_values: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+    ) -> tuple[Any, ...]:
         """(log-probs, entropy or None), plus the raw logits `[T, vocab]` at the positions predicting the
         response tokens with `with_logits` (what `--custom-loss-function-path` is given). With images (a
         vision-language model): the whole model's forward over the pixel values at the engine's M-RoPE
         positions (`slime.utils.vision_model`), so the log-probs are the ones the engine sampled with."""
         if pixel_values is not None:
             images = {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw}
-            hidden = self.hf.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                                   **vision_forward_kwargs(self.hf, input_ids, images, attention_mask)).last_hidden_state
+            hidden = self.hf.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                use_cache=False,
+                **vision_forward_kwargs(self.hf, input_ids, images, attention_mask),
+            ).last_hidden_state
         else:
-            hidden = self.hf.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                           use_cache=False).last_hidden_state
+            hidden = self.hf.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
         logits = self.hf.get_output_embeddings()(hidden[rows, cols]).float()
         log_dist = torch.log_softmax(logits / self.temperature, dim=-1)
         log_probs = log_dist.gather(-1, targets[:, None]).squeeze(-1)

@@ -9,11 +9,18 @@ from typing import Any, Iterable
 import torch
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], args: Any
-                    ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = torch.optim.AdamW(list(params), lr=float(args.lr), betas=(args.adam_beta1, args.adam_beta2),
-                                  eps=args.adam_eps, weight_decay=float(args.weight_decay or 0.0))
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], args: Any
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(
+        list(params),
+        lr=float(args.lr),
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+        weight_decay=float(args.weight_decay or 0.0),
+    )
     warmup = int(args.lr_warmup_iters or 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda it: min(1.0, (it + 1) / warmup) if warmup > 0 else 1.0)
+        optimizer, lambda it: min(1.0, (it + 1) / warmup) if warmup > 0 else 1.0
+    )
     return optimizer, scheduler

@@ -60,9 +60,11 @@ def check_save_dir(directory: str | Path, need_bytes: int = 0) -> None:
         raise SaveDirError(f"--save {d}: not writable ({e.strerror or e})") from None
     free = shutil.disk_usage(d).free
     if need_bytes and free < need_bytes * ROOM_MARGIN:
-        raise SaveDirError(f"--save {d}: {free / MB:.0f} MB free, a checkpoint needs about "
-                           f"{need_bytes * ROOM_MARGIN / MB:.0f} MB (float32 weights and AdamW moments of "
-                           f"--hf-checkpoint, plus {ROOM_MARGIN - 1:.0%}); free space or use --no-save-optim")
+        raise SaveDirError(
+            f"--save {d}: {free / MB:.0f} MB free, a checkpoint needs about "
+            f"{need_bytes * ROOM_MARGIN / MB:.0f} MB (float32 weights and AdamW moments of "
+            f"--hf-checkpoint, plus {ROOM_MARGIN - 1:.0%}); free space or use --no-save-optim"
+        )
 
 
 class SaveDirLock:
@@ -80,8 +82,10 @@ class SaveDirLock:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise SaveDirError(f"--save {self.directory}: another run is writing checkpoints there (the "
-                                   "directory is locked); give each run its own --save directory") from None
+                raise SaveDirError(
+                    f"--save {self.directory}: another run is writing checkpoints there (the "
+                    "directory is locked); give each run its own --save directory"
+                ) from None
             raise
         self._fd = fd
         return self

@@ -27,7 +27,8 @@ def apply_trainable_patterns(model: torch.nn.Module, args: Any) -> list[str]:
             if not any(re.search(pattern, name) for name in names):
                 raise TrainableParamsError(
                     f"{flag} {pattern!r} matches no parameter of the model (its names are the Hugging Face "
-                    f"checkpoint's, not Megatron's; e.g. {', '.join(names[:3])})")
+                    f"checkpoint's, not Megatron's; e.g. {', '.join(names[:3])})"
+                )
     for name, param in model.named_parameters():
         if only:
             param.requires_grad_(any(re.search(p, name) for p in only))

@@ -36,8 +36,17 @@ from slime.weights.receive import first_line
 from slime.train.checkpoint import CHECKPOINT_TRACKER  # noqa: F401 - importable from its former home
 from slime.train.checkpoint import CheckpointError, CheckpointWriter, checkpoint_dir, latest_checkpoint
 from slime.train.loss import (
-    LossHooks, advantages_of_rollout, apply_opd_kl_to_advantages, normalized_advantages, approx_kl, call_custom_loss, check_loss_args,
-    needs_reference, policy_loss, sample_reducer, tis_function,
+    LossHooks,
+    advantages_of_rollout,
+    apply_opd_kl_to_advantages,
+    normalized_advantages,
+    approx_kl,
+    call_custom_loss,
+    check_loss_args,
+    needs_reference,
+    policy_loss,
+    sample_reducer,
+    tis_function,
 )
 from slime.train.finite_guard import check_step, check_weights
 from slime.train.model import PolicyModel, pack
@@ -63,16 +72,14 @@ class TrainWorker:
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
         self._kept: Any = None  # the last push's tensors in Ray's object store, for replacement engines
         self.global_step = 0
-        threads = args.train_threads or max(
-            1, (os.cpu_count() or 1) // max(1, int(args.actor_num_workers)))
+        threads = args.train_threads or max(1, (os.cpu_count() or 1) // max(1, int(args.actor_num_workers)))
         torch.set_num_threads(int(threads))
 
     # ---- set-up ----
     def master_address(self) -> tuple[str, int]:
         from slime.utils.misc import find_free_port
 
-        host = "127.0.0.1" if self.args.engine_host == "127.0.0.1" \
-            else ray.util.get_node_ip_address()
+        host = "127.0.0.1" if self.args.engine_host == "127.0.0.1" else ray.util.get_node_ip_address()
         return host, find_free_port(host)
 
     def init(self, master_addr: str, master_port: int, timeout: float = 300.0) -> dict[str, Any]:
@@ -84,8 +91,13 @@ class TrainWorker:
         self.hooks = LossHooks.of(args)  # slime's custom loss, pg_loss reducer and rollout-data post-process
         torch.manual_seed(int(args.seed))
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
-                                    world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout))
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=datetime.timedelta(seconds=timeout),
+            )
         loaded = latest_checkpoint(args.load, args.ckpt_step) if args.load else None
         source = str(checkpoint_dir(args.load, loaded) / "model") if loaded is not None else args.hf_checkpoint
         try:
@@ -93,8 +105,10 @@ class TrainWorker:
         except Exception as e:  # noqa: BLE001 - safetensors' text names neither the flag nor the file
             if loaded is None:
                 raise
-            raise CheckpointError(f"--load {args.load}: cannot load the model of the checkpoint of rollout "
-                                  f"{loaded} ({source}): {first_line(e)}") from e
+            raise CheckpointError(
+                f"--load {args.load}: cannot load the model of the checkpoint of rollout "
+                f"{loaded} ({source}): {first_line(e)}"
+            ) from e
         self.model.eval()  # no dropout: the trainer's log-probs must be the engine's
         apply_trainable_patterns(self.model, args)  # before DDP, which registers the trainable ones
         self.policy = PolicyModel(self.model, args.rollout_temperature)
@@ -132,8 +146,10 @@ class TrainWorker:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except Exception as e:  # noqa: BLE001 - torch's text names neither the flag nor the file
-            raise CheckpointError(f"--load {self.args.load}: cannot read {optim_path}: {first_line(e)} "
-                                  "(use --no-load-optim to start a fresh optimizer)") from e
+            raise CheckpointError(
+                f"--load {self.args.load}: cannot read {optim_path}: {first_line(e)} "
+                "(use --no-load-optim to start a fresh optimizer)"
+            ) from e
 
     # ---- one rollout ----
     def train(self, rollout_id: int, boxes: list[Any]) -> dict[str, Any]:
@@ -148,8 +164,9 @@ class TrainWorker:
         rollout_lp = data.get("rollout_log_probs")
         mb_indices = data["micro_batch_indices"]
         images = data.get("multimodal_train_inputs") or [None] * len(tokens)  # a VLM's, per sample
-        packed = [pack([tokens[i] for i in mb], [lengths[i] for i in mb], images=[images[i] for i in mb])
-                  for mb in mb_indices]
+        packed = [
+            pack([tokens[i] for i in mb], [lengths[i] for i in mb], images=[images[i] for i in mb]) for mb in mb_indices
+        ]
         total_rollouts = float(sum(data["global_batch_sizes"]))
 
         # the current weights' log-probs ("old" policy) and the reference's, before any update
@@ -174,11 +191,23 @@ class TrainWorker:
         kl = None
         if self.ref is not None:
             kl = [approx_kl(o, r, args.kl_loss_type) for o, r in zip(old_lp, ref_lp)]
-        advantages = advantages_of_rollout(args, self.hooks, {
-            "rewards": list(data["rewards"]), "loss_masks": masks, "response_lengths": lengths,
-            "total_lengths": totals, "log_probs": old_lp, "rollout_log_probs": rollout_lp,
-            "ref_log_probs": ref_lp, "values": None,
-            "kl": kl if kl is not None or self.hooks.custom_advantage is None else [torch.zeros_like(m) for m in masks]})
+        advantages = advantages_of_rollout(
+            args,
+            self.hooks,
+            {
+                "rewards": list(data["rewards"]),
+                "loss_masks": masks,
+                "response_lengths": lengths,
+                "total_lengths": totals,
+                "log_probs": old_lp,
+                "rollout_log_probs": rollout_lp,
+                "ref_log_probs": ref_lp,
+                "values": None,
+                "kl": kl
+                if kl is not None or self.hooks.custom_advantage is None
+                else [torch.zeros_like(m) for m in masks],
+            },
+        )
         reverse_kl = None
         if args.use_opd:  # slime: after the estimator, before whitening
             student = rollout_lp if args.use_rollout_logprobs else old_lp
@@ -201,27 +230,45 @@ class TrainWorker:
                 with sync:
                     reduce = sample_reducer([lengths[i] for i in mb], [masks[i] for i in mb], denoms[mb])
                     if self.hooks.custom_loss is not None:
-                        *_, logits = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols,
-                                              batch.targets, with_entropy=False, with_logits=True, **batch.images)
+                        *_, logits = self.ddp(
+                            batch.input_ids,
+                            batch.attention_mask,
+                            batch.rows,
+                            batch.cols,
+                            batch.targets,
+                            with_entropy=False,
+                            with_logits=True,
+                            **batch.images,
+                        )
                         mb_batch = self._custom_loss_batch(mb, data, masks, advantages, old_lp, ref_lp, totals)
                         out = call_custom_loss(args, self.hooks, mb_batch, logits, reduce)
                         (out.loss * (self.world_size / n_rollouts)).backward()
                         for key, value in out.metrics.items():
                             sums[key] = sums[key] + value
                         continue
-                    lp, ent = self.ddp(batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets,
-                                       **batch.images)
+                    lp, ent = self.ddp(
+                        batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets, **batch.images
+                    )
                     out = policy_loss(
-                        args, log_probs=lp, entropy=ent,
-                        old_log_probs=(torch.cat([rollout_lp[i] for i in mb])
-                                       if args.use_rollout_logprobs else
-                                       torch.cat([old_lp[i] for i in mb])),
+                        args,
+                        log_probs=lp,
+                        entropy=ent,
+                        old_log_probs=(
+                            torch.cat([rollout_lp[i] for i in mb])
+                            if args.use_rollout_logprobs
+                            else torch.cat([old_lp[i] for i in mb])
+                        ),
                         advantages=torch.cat([advantages[i] for i in mb]),
                         rollout_log_probs=torch.cat([rollout_lp[i] for i in mb]) if rollout_lp is not None else None,
                         ref_log_probs=torch.cat([ref_lp[i] for i in mb]) if ref_lp is not None else None,
-                        response_lengths=[lengths[i] for i in mb], loss_masks=[masks[i] for i in mb], reduce=reduce,
-                        denominators=denoms[mb], total_lengths=[totals[i] for i in mb], tis=self.tis,
-                        pg_loss_reducer=self.hooks.pg_loss_reducer)
+                        response_lengths=[lengths[i] for i in mb],
+                        loss_masks=[masks[i] for i in mb],
+                        reduce=reduce,
+                        denominators=denoms[mb],
+                        total_lengths=[totals[i] for i in mb],
+                        tis=self.tis,
+                        pg_loss_reducer=self.hooks.pg_loss_reducer,
+                    )
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value
@@ -255,41 +302,72 @@ class TrainWorker:
         if rollout_lp is not None:
             rollout_metrics["train_rollout_logprob_abs_diff_max"] = float(worst[0])
         raw = data.get("raw_reward") or []
-        return {"rollout_id": rollout_id, "steps": steps_out, "rollout": rollout_metrics,
-                "raw_reward": sum(raw) / len(raw) if raw else None, "seconds": time.monotonic() - t0,
-                "weight_versions": sorted({v for vs in data.get("weight_versions", []) for v in vs})}
+        return {
+            "rollout_id": rollout_id,
+            "steps": steps_out,
+            "rollout": rollout_metrics,
+            "raw_reward": sum(raw) / len(raw) if raw else None,
+            "seconds": time.monotonic() - t0,
+            "weight_versions": sorted({v for vs in data.get("weight_versions", []) for v in vs}),
+        }
 
-    def _postprocess(self, rollout_id: int, data: dict[str, Any], masks: list[torch.Tensor],
-                     advantages: list[torch.Tensor], old_lp: list[torch.Tensor], ref_lp: list[torch.Tensor] | None
-                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _postprocess(
+        self,
+        rollout_id: int,
+        data: dict[str, Any],
+        masks: list[torch.Tensor],
+        advantages: list[torch.Tensor],
+        old_lp: list[torch.Tensor],
+        ref_lp: list[torch.Tensor] | None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """`--rollout-data-postprocess-path` on this rank's rollout data (slime's keys); the loss masks
         and advantages it leaves are the ones trained on."""
-        rollout_data = {**data, "loss_masks": list(masks), "advantages": list(advantages), "returns": list(advantages),
-                        "log_probs": list(old_lp), "ref_log_probs": list(ref_lp) if ref_lp is not None else None,
-                        "total_lengths": [len(t) for t in data["tokens"]]}
+        rollout_data = {
+            **data,
+            "loss_masks": list(masks),
+            "advantages": list(advantages),
+            "returns": list(advantages),
+            "log_probs": list(old_lp),
+            "ref_log_probs": list(ref_lp) if ref_lp is not None else None,
+            "total_lengths": [len(t) for t in data["tokens"]],
+        }
         self.hooks.rollout_data_postprocess(self.args, rollout_id, rollout_data)
         masks = [torch.as_tensor(m, dtype=torch.float32) for m in rollout_data["loss_masks"]]
         advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
         for i, (m, a, n) in enumerate(zip(masks, advantages, data["response_lengths"])):
             if m.numel() != n or a.numel() != n:
-                raise ValueError(f"--rollout-data-postprocess-path {self.args.rollout_data_postprocess_path}: "
-                                 f"sample {i} has {n} response tokens, but {m.numel()} loss-mask values and "
-                                 f"{a.numel()} advantages after the post-process")
+                raise ValueError(
+                    f"--rollout-data-postprocess-path {self.args.rollout_data_postprocess_path}: "
+                    f"sample {i} has {n} response tokens, but {m.numel()} loss-mask values and "
+                    f"{a.numel()} advantages after the post-process"
+                )
         return masks, advantages
 
     @staticmethod
-    def _custom_loss_batch(mb: list[int], data: dict[str, Any], masks: list[torch.Tensor],
-                           advantages: list[torch.Tensor], old_lp: list[torch.Tensor],
-                           ref_lp: list[torch.Tensor] | None, totals: list[int]) -> dict[str, Any]:
+    def _custom_loss_batch(
+        mb: list[int],
+        data: dict[str, Any],
+        masks: list[torch.Tensor],
+        advantages: list[torch.Tensor],
+        old_lp: list[torch.Tensor],
+        ref_lp: list[torch.Tensor] | None,
+        totals: list[int],
+    ) -> dict[str, Any]:
         """One micro-batch as slime's loss functions receive it: per-sample lists under slime's keys."""
         rollout_lp = data.get("rollout_log_probs")
         tokens = [data["tokens"][i] for i in mb]
-        return {"tokens": tokens, "unconcat_tokens": tokens, "total_lengths": [totals[i] for i in mb],
-                "response_lengths": [int(data["response_lengths"][i]) for i in mb],
-                "loss_masks": [masks[i] for i in mb], "advantages": [advantages[i] for i in mb],
-                "log_probs": [old_lp[i] for i in mb], "rewards": [data["rewards"][i] for i in mb],
-                "rollout_log_probs": [rollout_lp[i] for i in mb] if rollout_lp is not None else None,
-                "ref_log_probs": [ref_lp[i] for i in mb] if ref_lp is not None else None}
+        return {
+            "tokens": tokens,
+            "unconcat_tokens": tokens,
+            "total_lengths": [totals[i] for i in mb],
+            "response_lengths": [int(data["response_lengths"][i]) for i in mb],
+            "loss_masks": [masks[i] for i in mb],
+            "advantages": [advantages[i] for i in mb],
+            "log_probs": [old_lp[i] for i in mb],
+            "rewards": [data["rewards"][i] for i in mb],
+            "rollout_log_probs": [rollout_lp[i] for i in mb] if rollout_lp is not None else None,
+            "ref_log_probs": [ref_lp[i] for i in mb] if ref_lp is not None else None,
+        }
 
     # ---- weights ----
     def weight_checksums(self) -> dict[str, str]:
@@ -321,21 +399,27 @@ class TrainWorker:
         try:
             remote = self._remote_engines(engines)
             if mode == "disk":
-                path = self._save_hf(Path(self.args.save or os.environ.get("TMPDIR", "/tmp"))
-                                     / f"weights_for_engines_{os.getpid()}")
+                path = self._save_hf(
+                    Path(self.args.save or os.environ.get("TMPDIR", "/tmp")) / f"weights_for_engines_{os.getpid()}"
+                )
                 ray.get(manager.update_weights_from_disk.remote(str(path), weight_version))
             else:
                 with paused(remote):
                     if mode == "tensor":
-                        push_tensors(remote, named, weight_version=weight_version,
-                                     bucket_bytes=int(self.args.update_weight_buffer_size))
+                        push_tensors(
+                            remote,
+                            named,
+                            weight_version=weight_version,
+                            bucket_bytes=int(self.args.update_weight_buffer_size),
+                        )
                     else:
                         before = self.weight_group
                         self._connect(remote, engines, num_new)  # deaths while forming the group count too
                         seen = len(before.died) if before is self.weight_group else 0
                         seen_losses = len(before.losses) if before is self.weight_group else 0
-                        self.weight_group.push(named, weight_version=weight_version,
-                                               bucket_bytes=int(self.args.update_weight_buffer_size))
+                        self.weight_group.push(
+                            named, weight_version=weight_version, bucket_bytes=int(self.args.update_weight_buffer_size)
+                        )
                         died = [repr(e) for e, _ in self.weight_group.died[seen:]]
                         losses = self.weight_group.losses[seen_losses:]
                 self._keep_for_replacements(manager, weight_version, named)
@@ -343,10 +427,20 @@ class TrainWorker:
         finally:
             ray.get(lock.release.remote())
         if died:  # the fleet replaces them; a replacement gets the weights at the next push (awaiting_weights)
-            logger.warning("weight version %s: %s died during the push; pushed to the %d surviving engine(s)",
-                           weight_version, ", ".join(died), len(engines) - len(died))
-        return {"engines": len(engines) - len(died), "engines_died": died, "engine_losses": losses, "bytes": nbytes,
-                "seconds": time.monotonic() - t0, "mode": mode}
+            logger.warning(
+                "weight version %s: %s died during the push; pushed to the %d surviving engine(s)",
+                weight_version,
+                ", ".join(died),
+                len(engines) - len(died),
+            )
+        return {
+            "engines": len(engines) - len(died),
+            "engines_died": died,
+            "engine_losses": losses,
+            "bytes": nbytes,
+            "seconds": time.monotonic() - t0,
+            "mode": mode,
+        }
 
     def _keep_for_replacements(self, manager: Any, weight_version: str, named: list[tuple[str, Any]]) -> None:
         """The pushed tensors, kept in Ray's object store (owned by this worker: they live while it does)
@@ -376,8 +470,10 @@ class TrainWorker:
                 label = f"engine actor {i[:12]}"
             self._engine_notices[i] = (exit_notice(e), label)
         self._engine_notices = {i: self._engine_notices[i] for i in ids}
-        return [RemoteEngine(e, exited=self._engine_notices[i][0], label=self._engine_notices[i][1])
-                for i, e in zip(ids, engines)]
+        return [
+            RemoteEngine(e, exited=self._engine_notices[i][0], label=self._engine_notices[i][1])
+            for i, e in zip(ids, engines)
+        ]
 
     def _connect(self, remote: list[Any], engines: list[Any], num_new: int) -> None:
         """(Re)form the gloo group with the engines when it is new or the engines changed."""
@@ -385,8 +481,12 @@ class TrainWorker:
 
         ids = [e._actor_id.hex() for e in engines]  # noqa: SLF001 - identity of the actor, not its handle
         # a push that lost step with the engines closed the group (not connected): form it again
-        if self.weight_group is not None and (ids != self._group_engines or num_new or not self.weight_group.connected
-                                              or len(self.weight_group.engines) != len(ids)):
+        if self.weight_group is not None and (
+            ids != self._group_engines
+            or num_new
+            or not self.weight_group.connected
+            or len(self.weight_group.engines) != len(ids)
+        ):
             self.weight_group.close()
             self.weight_group = None
         if self.weight_group is None:
@@ -397,8 +497,9 @@ class TrainWorker:
             # (an engine died while it formed) until that one's deadline, and refuses a second of that name
             name = f"{GROUP_NAME}-g{self._groups_formed}" if self._groups_formed else GROUP_NAME
             self._groups_formed += 1
-            group = WeightUpdateGroup(remote, group_name=name, master_address=host,
-                                      timeout=WEIGHT_GROUP_TIMEOUT_S, transport=transport)
+            group = WeightUpdateGroup(
+                remote, group_name=name, master_address=host, timeout=WEIGHT_GROUP_TIMEOUT_S, transport=transport
+            )
             group.connect()
             self.weight_group, self._group_engines = group, ids
 
@@ -421,8 +522,21 @@ class TrainWorker:
         self.model.save_pretrained(str(directory), safe_serialization=True)
         src = Path(self.args.hf_checkpoint)
         for name in os.listdir(src):  # tokenizer and generation config, so the dir serves as is
-            if name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges",
-                                "chat_template", "preprocessor_config", "processor_config")) and (src / name).is_file():
+            if (
+                name.startswith(
+                    (
+                        "tokenizer",
+                        "special_tokens",
+                        "generation_config",
+                        "vocab",
+                        "merges",
+                        "chat_template",
+                        "preprocessor_config",
+                        "processor_config",
+                    )
+                )
+                and (src / name).is_file()
+            ):
                 shutil.copy(src / name, directory / name)
 
     def save_model(self, rollout_id: int) -> str | None:
@@ -438,17 +552,23 @@ class TrainWorker:
         try:
             self._write_hf(writer.staging / "model")
             if not self.args.no_save_optim:
-                torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                           writer.staging / "optimizer.pt")
-            (writer.staging / "trainer_state.json").write_text(json.dumps({"rollout_id": rollout_id,
-                                                                           "global_step": self.global_step}))
+                torch.save(
+                    {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                    writer.staging / "optimizer.pt",
+                )
+            (writer.staging / "trainer_state.json").write_text(
+                json.dumps({"rollout_id": rollout_id, "global_step": self.global_step})
+            )
             with_data = writer.add_data_state()
-            return str(writer.commit(self.args.hf_checkpoint, {"global_step": self.global_step,
-                                                               "data_state": with_data}))
+            return str(
+                writer.commit(self.args.hf_checkpoint, {"global_step": self.global_step, "data_state": with_data})
+            )
         except Exception as e:  # noqa: BLE001 - safetensors/torch errors name neither the flag nor the path
             writer.discard()
-            raise CheckpointError(f"--save {root}: the checkpoint of rollout {rollout_id} could not be written "
-                                  f"({first_line(e)}); the previous checkpoint stays current") from e
+            raise CheckpointError(
+                f"--save {root}: the checkpoint of rollout {rollout_id} could not be written "
+                f"({first_line(e)}); the previous checkpoint stays current"
+            ) from e
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):

@@ -16,9 +16,15 @@ from pathlib import Path
 from typing import Any
 
 # flag (Megatron name) -> key of a HF config.json, used when the flag is unset
-HF_KEYS = {"hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
-           "num_query_groups": "num_key_value_heads", "kv_channels": "head_dim", "ffn_hidden_size": "intermediate_size",
-           "num_layers": "num_hidden_layers", "vocab_size": "vocab_size"}
+HF_KEYS = {
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim",
+    "ffn_hidden_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "vocab_size": "vocab_size",
+}
 
 
 class FlopsModelError(ValueError):
@@ -45,8 +51,11 @@ class FlopsModel:
         def mlp(ffn: float) -> float:
             return 6 * h * ffn
 
-        linear = (dense_layers * (attention_linear + mlp(dims["ffn_hidden_size"]))
-                  + moe_layers * (attention_linear + mlp(moe_ffn)) + 2 * h * dims["vocab_size"])
+        linear = (
+            dense_layers * (attention_linear + mlp(dims["ffn_hidden_size"]))
+            + moe_layers * (attention_linear + mlp(moe_ffn))
+            + 2 * h * dims["vocab_size"]
+        )
         return cls(linear=float(linear), quadratic=float(2 * n * d * layers))
 
 
@@ -54,8 +63,11 @@ def _model_dims(args: Any) -> dict[str, Any]:
     dims = {key: getattr(args, key, None) for key in HF_KEYS}
     if not args.group_query_attention:  # Megatron reads --num-query-groups only with --group-query-attention
         dims["num_query_groups"] = None
-    missing = [k for k in ("hidden_size", "num_attention_heads", "num_layers", "ffn_hidden_size", "vocab_size")
-               if dims[k] is None]
+    missing = [
+        k
+        for k in ("hidden_size", "num_attention_heads", "num_layers", "ffn_hidden_size", "vocab_size")
+        if dims[k] is None
+    ]
     if missing:
         config = _hf_config(args, missing)
         for key in HF_KEYS:
@@ -68,9 +80,11 @@ def _hf_config(args: Any, missing: list[str]) -> dict[str, Any]:
     path = args.hf_checkpoint
     config = Path(path) / "config.json" if path else None
     if config is None or not config.is_file():
-        raise FlopsModelError(f"--balance-data weighs samples by FLOPs and needs the model's shape: set "
-                              f"{', '.join('--' + k.replace('_', '-') for k in missing)} or --hf-checkpoint "
-                              "(a directory with config.json)")
+        raise FlopsModelError(
+            f"--balance-data weighs samples by FLOPs and needs the model's shape: set "
+            f"{', '.join('--' + k.replace('_', '-') for k in missing)} or --hf-checkpoint "
+            "(a directory with config.json)"
+        )
     return json.loads(config.read_text())
 
 

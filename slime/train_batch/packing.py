@@ -69,11 +69,16 @@ def pack_micro_batch(
     """Pack one micro-batch (e.g. a rank batch's lists picked with one `micro_batch_indices` entry)."""
     if not tokens:
         raise PackingError("empty micro-batch")
-    if len(response_lengths) != len(tokens) or len(loss_masks) != len(tokens) or (
-            rollout_log_probs is not None and len(rollout_log_probs) != len(tokens)):
-        raise PackingError(f"{len(tokens)} sequences but {len(response_lengths)} response_lengths, "
-                           f"{len(loss_masks)} loss_masks"
-                           + ("" if rollout_log_probs is None else f", {len(rollout_log_probs)} rollout_log_probs"))
+    if (
+        len(response_lengths) != len(tokens)
+        or len(loss_masks) != len(tokens)
+        or (rollout_log_probs is not None and len(rollout_log_probs) != len(tokens))
+    ):
+        raise PackingError(
+            f"{len(tokens)} sequences but {len(response_lengths)} response_lengths, "
+            f"{len(loss_masks)} loss_masks"
+            + ("" if rollout_log_probs is None else f", {len(rollout_log_probs)} rollout_log_probs")
+        )
     if pad_multiple < 1 or seq_pad_multiple < 1:
         raise PackingError(f"pad_multiple={pad_multiple} and seq_pad_multiple={seq_pad_multiple} must be >= 1")
     seqs = [torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in tokens]
@@ -91,33 +96,45 @@ def pack_micro_batch(
         start = bounds[-1]
         prompt = n - r
         if r < 0 or prompt < 1:
-            raise PackingError(f"sequence {i}: {n} tokens with response_length {r}; packing needs a prompt "
-                               "of at least one token (its logits predict the first response token)")
+            raise PackingError(
+                f"sequence {i}: {n} tokens with response_length {r}; packing needs a prompt "
+                "of at least one token (its logits predict the first response token)"
+            )
         m = torch.as_tensor(loss_masks[i], dtype=torch.int32).reshape(-1)
         if m.numel() != r:
             raise PackingError(f"sequence {i}: loss_mask has {m.numel()} entries, response_length is {r}")
-        row[start:start + n] = seq
-        positions[start:start + p] = torch.arange(p)
+        row[start : start + n] = seq
+        positions[start : start + p] = torch.arange(p)
         first = start + prompt - 1  # logits here predict the first response token
-        mask[first:first + r] = m
+        mask[first : first + r] = m
         if logp is not None:
             lp = torch.as_tensor(rollout_log_probs[i], dtype=torch.float32).reshape(-1)
             if lp.numel() != r:
-                raise PackingError(f"sequence {i}: rollout_log_probs has {lp.numel()} entries, "
-                                   f"response_length is {r}")
-            logp[first:first + r] = lp
+                raise PackingError(f"sequence {i}: rollout_log_probs has {lp.numel()} entries, response_length is {r}")
+            logp[first : first + r] = lp
         bounds.append(start + p)
     if total > body:  # the row's padding: a segment of its own
         positions[body:] = torch.arange(total - body)
         bounds.append(total)
     cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
     max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                             max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+    params = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_kv=max_seqlen,
+    )
     return PackedMicroBatch(
-        tokens=row.unsqueeze(0), position_ids=positions.unsqueeze(0), loss_mask=mask.unsqueeze(0),
-        rollout_log_probs=None if logp is None else logp.unsqueeze(0), cu_seqlens=cu_seqlens,
-        max_seqlen=max_seqlen, seq_lengths=lengths, packed_seq_params=params)
+        tokens=row.unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        loss_mask=mask.unsqueeze(0),
+        rollout_log_probs=None if logp is None else logp.unsqueeze(0),
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        seq_lengths=lengths,
+        packed_seq_params=params,
+    )
 
 
 def unpack_micro_batch(packed: PackedMicroBatch, response_lengths: Sequence[int]) -> dict[str, list[torch.Tensor]]:
@@ -130,8 +147,8 @@ def unpack_micro_batch(packed: PackedMicroBatch, response_lengths: Sequence[int]
     for i, (n, r) in enumerate(zip(packed.seq_lengths, response_lengths)):
         start = starts[i]
         first = start + n - r - 1
-        out["tokens"].append(packed.tokens[0, start:start + n].clone())
-        out["loss_masks"].append(packed.loss_mask[0, first:first + r].clone())
+        out["tokens"].append(packed.tokens[0, start : start + n].clone())
+        out["loss_masks"].append(packed.loss_mask[0, first : first + r].clone())
         if packed.rollout_log_probs is not None:
-            out["rollout_log_probs"].append(packed.rollout_log_probs[0, first:first + r].clone())
+            out["rollout_log_probs"].append(packed.rollout_log_probs[0, first : first + r].clone())
     return out

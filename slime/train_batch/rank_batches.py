@@ -88,13 +88,18 @@ def schedule_for(args: Any, batch: dict, parallel_config: dict) -> DPSchedule:
         flops = FlopsModel.from_args(args)
         weights = [round(flops(length)) for length in total_lengths]
     return build_dp_schedule(
-        total_lengths, rollout_ids, dp_size=dp_size, global_batch_size=gbs,
+        total_lengths,
+        rollout_ids,
+        dp_size=dp_size,
+        global_batch_size=gbs,
         micro_batch_size=args.micro_batch_size or 1,
         use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
         max_tokens_per_gpu=args.max_tokens_per_gpu,
-        cp_size=parallel_config.get("cp_size") or 1, vpp_size=parallel_config.get("vpp_size") or 1,
+        cp_size=parallel_config.get("cp_size") or 1,
+        vpp_size=parallel_config.get("vpp_size") or 1,
         microbatch_group_size_per_vp_stage=parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
-        balance_weights=weights)
+        balance_weights=weights,
+    )
 
 
 def _mask_tensor(mask: Any) -> torch.Tensor:
@@ -119,8 +124,10 @@ def _restrict(key: str, values: list, partition: list[int]) -> Any:
     if key == "rollout_mask_sums":
         return torch.tensor(picked, dtype=torch.float32)
     if key == "multimodal_train_inputs":
-        return [None if d is None else {k: to_cpu_tensor(v, None) if hasattr(v, "shape") else v
-                                        for k, v in d.items()} for d in picked]
+        return [
+            None if d is None else {k: to_cpu_tensor(v, None) if hasattr(v, "shape") else v for k, v in d.items()}
+            for d in picked
+        ]
     return picked
 
 
@@ -136,8 +143,9 @@ def split_for_data_parallel(args: Any, batch: dict, parallel_config: dict) -> tu
     whole = {"total_lengths": batch.get("total_lengths") or [len(t) for t in batch["tokens"]]}
     if "raw_reward" in batch:
         whole["raw_reward"] = batch["raw_reward"]
-    per_sample = [k for k, v in batch.items()
-                  if k not in WHOLE_ROLLOUT_KEYS and isinstance(v, (list, tuple)) and len(v) == n]
+    per_sample = [
+        k for k, v in batch.items() if k not in WHOLE_ROLLOUT_KEYS and isinstance(v, (list, tuple)) and len(v) == n
+    ]
     passthrough = {k: v for k, v in batch.items() if k not in WHOLE_ROLLOUT_KEYS and k not in per_sample}
     ranks = []
     for r, partition in enumerate(sched.partitions):
@@ -151,10 +159,14 @@ def split_for_data_parallel(args: Any, batch: dict, parallel_config: dict) -> tu
         data["micro_batch_indices"] = sched.micro_batch_indices[r]
         ranks.append(data)
     if sched.dropped_samples:
-        logger.warning("--global-batch-size %s does not divide the rollout's %d rollouts: dropping the trailing "
-                       "%d rollouts (%d samples) from training", sched.global_batch_sizes[0],
-                       sched.dropped_rollouts + len(sched.global_batch_sizes) * sched.global_batch_sizes[0],
-                       sched.dropped_rollouts, len(sched.dropped_samples))
+        logger.warning(
+            "--global-batch-size %s does not divide the rollout's %d rollouts: dropping the trailing "
+            "%d rollouts (%d samples) from training",
+            sched.global_batch_sizes[0],
+            sched.dropped_rollouts + len(sched.global_batch_sizes) * sched.global_batch_sizes[0],
+            sched.dropped_rollouts,
+            len(sched.dropped_samples),
+        )
     metrics = {
         "rollout/train_steps": len(sched.num_microbatches),
         "rollout/train_microbatches_per_rank": sum(sched.num_microbatches),

@@ -110,7 +110,7 @@ def karmarkar_karp(weights: Sequence[int], k: int, *, equal_size: bool) -> list[
 
     if equal_size:
         for off in range(0, n, k):
-            push([(weights[i], [i]) for i in order[off:off + k]])
+            push([(weights[i], [i]) for i in order[off : off + k]])
     else:
         for i in order:
             push([(weights[i], [i])] + [(0, []) for _ in range(k - 1)])
@@ -231,8 +231,7 @@ def _pack_under_cap(lengths: Sequence[int], cap: int, multiple: int) -> list[lis
     up to the count. None when that count exceeds the number of samples."""
     m = len(lengths)
     rest = sum(n for n in lengths if n <= cap)  # longer samples are alone, one micro-batch each
-    lower = max(1, sum(1 for n in lengths if n > cap) + -(-rest // cap),
-                sum(1 for n in lengths if 2 * n > cap))
+    lower = max(1, sum(1 for n in lengths if n > cap) + -(-rest // cap), sum(1 for n in lengths if 2 * n > cap))
     k = _round_up(lower, multiple)
     bins = _pack_longest_first(lengths, k, cap) if k <= m else None
     if bins is None:
@@ -244,8 +243,9 @@ def _pack_under_cap(lengths: Sequence[int], cap: int, multiple: int) -> list[lis
     return bins
 
 
-def _dynamic_rank_sets(lengths: list[int], cap: int, dp_size: int, group: int, step: int,
-                       weights: list[int]) -> list[list[list[int]]]:
+def _dynamic_rank_sets(
+    lengths: list[int], cap: int, dp_size: int, group: int, step: int, weights: list[int]
+) -> list[list[list[int]]]:
     """Micro-batches of one step for each rank (step-local indices), every rank the same count.
 
     Ranks first: the samples are split into `dp_size` sets of near-equal tokens (longest-first over
@@ -276,7 +276,8 @@ def _dynamic_rank_sets(lengths: list[int], cap: int, dp_size: int, group: int, s
             f"step {step}: {len(lengths)} samples ({sum(lengths)} tokens) need {best} micro-batches of at most "
             f"{cap} tokens, and the count must be a multiple of {align} (dp_size={dp_size}); "
             f"{_round_up(best, align)} micro-batches need at least as many samples. Lower dp_size or raise "
-            "--max-tokens-per-gpu")
+            "--max-tokens-per-gpu"
+        )
     bin_weights = [sum(weights[i] for i in b) for b in bins]
     return [[bins[j] for j in part] for part in balanced_equal_split(bin_weights, dp_size)]
 
@@ -310,17 +311,22 @@ def build_dp_schedule(
         raise ScheduleError(f"dp_size must be a positive integer, got {dp_size!r}")
     if not global_batch_size or global_batch_size < 1:
         raise ScheduleError(f"--global-batch-size must be a positive integer, got {global_batch_size!r}")
-    for name, v in (("cp_size", cp_size), ("vpp_size", vpp_size),
-                    ("microbatch_group_size_per_vp_stage", microbatch_group_size_per_vp_stage)):
+    for name, v in (
+        ("cp_size", cp_size),
+        ("vpp_size", vpp_size),
+        ("microbatch_group_size_per_vp_stage", microbatch_group_size_per_vp_stage),
+    ):
         if v < 1:
             raise ScheduleError(f"{name} must be >= 1, got {v}")
     if use_dynamic_batch_size:
         if not max_tokens_per_gpu or max_tokens_per_gpu < 1:
-            raise ScheduleError("--use-dynamic-batch-size needs --max-tokens-per-gpu N (N >= 1), "
-                                f"got {max_tokens_per_gpu!r}")
+            raise ScheduleError(
+                f"--use-dynamic-batch-size needs --max-tokens-per-gpu N (N >= 1), got {max_tokens_per_gpu!r}"
+            )
     elif not micro_batch_size or micro_batch_size < 1:
-        raise ScheduleError(f"--micro-batch-size must be >= 1 without --use-dynamic-batch-size, "
-                            f"got {micro_batch_size!r}")
+        raise ScheduleError(
+            f"--micro-batch-size must be >= 1 without --use-dynamic-batch-size, got {micro_batch_size!r}"
+        )
     for i, length in enumerate(total_lengths):
         if length < 1:
             raise ScheduleError(f"sample at position {i} has total length {length}; every sample needs a token")
@@ -331,9 +337,11 @@ def build_dp_schedule(
     rollouts = list(by_rollout.values())
     num_steps = len(rollouts) // global_batch_size
     if num_steps == 0:
-        raise ScheduleError(f"the rollout has {len(rollouts)} rollouts ({n} samples), fewer than "
-                            f"--global-batch-size {global_batch_size}: not one training step "
-                            "(num_rollouts < global_batch_size)")
+        raise ScheduleError(
+            f"the rollout has {len(rollouts)} rollouts ({n} samples), fewer than "
+            f"--global-batch-size {global_batch_size}: not one training step "
+            "(num_rollouts < global_batch_size)"
+        )
     if balance_weights is not None and len(balance_weights) != n:
         raise ScheduleError(f"{n} total_lengths but {len(balance_weights)} balance_weights")
     balance = list(total_lengths) if balance_weights is None else [int(w) for w in balance_weights]
@@ -342,18 +350,27 @@ def build_dp_schedule(
 
     align = dp_size * (microbatch_group_size_per_vp_stage if vpp_size > 1 else 1)
     cap = (max_tokens_per_gpu or 0) * cp_size
-    sched = DPSchedule([[] for _ in range(dp_size)], [[] for _ in range(dp_size)], [], [],
-                       dropped_samples=dropped, dropped_rollouts=len(rollouts) - kept)
+    sched = DPSchedule(
+        [[] for _ in range(dp_size)],
+        [[] for _ in range(dp_size)],
+        [],
+        [],
+        dropped_samples=dropped,
+        dropped_rollouts=len(rollouts) - kept,
+    )
     cumulative = [0] * dp_size
     for step in range(num_steps):
-        positions = [pos for group in rollouts[step * global_batch_size:(step + 1) * global_batch_size]
-                     for pos in group]
+        positions = [
+            pos for group in rollouts[step * global_batch_size : (step + 1) * global_batch_size] for pos in group
+        ]
         lengths = [total_lengths[p] for p in positions]
         weights = [balance[p] for p in positions]
         m = len(positions)
         if m < align:
-            raise ScheduleError(f"step {step} has {m} samples but dp_size={dp_size} needs at least {align} "
-                                f"(one micro-batch per rank{'' if align == dp_size else ' and VPP group'})")
+            raise ScheduleError(
+                f"step {step} has {m} samples but dp_size={dp_size} needs at least {align} "
+                f"(one micro-batch per rank{'' if align == dp_size else ' and VPP group'})"
+            )
         if use_dynamic_batch_size:
             rank_sets = _dynamic_rank_sets(lengths, cap, dp_size, align // dp_size, step, weights)
         else:
@@ -362,12 +379,17 @@ def build_dp_schedule(
                 raise ScheduleError(
                     f"step {step} has {m} samples, not a multiple of dp_size={dp_size} x "
                     f"--micro-batch-size {micro_batch_size}"
-                    + (f" x microbatch_group_size_per_vp_stage {microbatch_group_size_per_vp_stage}"
-                       if vpp_size > 1 else "")
-                    + f" = {per_step}; adjust --global-batch-size or use --use-dynamic-batch-size")
+                    + (
+                        f" x microbatch_group_size_per_vp_stage {microbatch_group_size_per_vp_stage}"
+                        if vpp_size > 1
+                        else ""
+                    )
+                    + f" = {per_step}; adjust --global-batch-size or use --use-dynamic-batch-size"
+                )
             parts = balanced_equal_split(weights, dp_size)
-            rank_sets = [[part[i:i + micro_batch_size] for i in range(0, len(part), micro_batch_size)]
-                         for part in parts]
+            rank_sets = [
+                [part[i : i + micro_batch_size] for i in range(0, len(part), micro_batch_size)] for part in parts
+            ]
         # heaviest set to the rank that is lightest so far: balance also holds over the whole rollout
         set_tokens = [sum(lengths[i] for mb in s for i in mb) for s in rank_sets]
         set_weights = [sum(weights[i] for mb in s for i in mb) for s in rank_sets]

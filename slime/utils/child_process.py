@@ -44,8 +44,14 @@ class ReadinessError(RuntimeError):
     """A child did not become ready (it exited, or missed its deadline); carries its log tail."""
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None,
-               log_path: Path | None = None, interval: float = 0.05) -> Any:
+def wait_until(
+    check: Callable[[], Any],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    interval: float = 0.05,
+) -> Any:
     """Probe `check()` until it returns a truthy value or the deadline passes; fail fast if `proc` exits."""
     deadline = time.monotonic() + timeout
     while True:
@@ -77,9 +83,18 @@ def http_ok(url: str) -> Callable[[], bool]:
 class ChildProcess:
     """Start, probe, watch and stop one server process; output goes to `log_path`."""
 
-    def __init__(self, command: Sequence[str], *, name: str, log_path: Path, env: dict[str, str] | None = None,
-                 ready: Callable[[], Any] | None = None, startup_timeout: float = 60.0,
-                 pass_fds: Sequence[int] = (), launcher: Callable[["ChildProcess"], Any] | None = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        name: str,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        ready: Callable[[], Any] | None = None,
+        startup_timeout: float = 60.0,
+        pass_fds: Sequence[int] = (),
+        launcher: Callable[["ChildProcess"], Any] | None = None,
+    ):
         self.command, self.name, self.log_path = list(command), name, Path(log_path)
         self.env, self.ready, self.startup_timeout, self.pass_fds = env, ready, startup_timeout, tuple(pass_fds)
         self.launcher = launcher
@@ -96,8 +111,15 @@ class ChildProcess:
             if self.proc is not None:
                 return
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=die_with_parent, pass_fds=self.pass_fds)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                pass_fds=self.pass_fds,
+            )
 
     def start(self) -> "ChildProcess":
         """Spawn and wait until ready; on failure nothing is left running and the error has the log tail."""

@@ -81,16 +81,18 @@ def _prompt_length(sample: Sample, processor: Any) -> int:
     return len(processor(text=sample.prompt, **inputs)["input_ids"][0])
 
 
-def filter_long_prompt(origin_samples: list[Sample], tokenizer: Any, processor: Any,
-                       max_length: int | None) -> list[Sample]:
+def filter_long_prompt(
+    origin_samples: list[Sample], tokenizer: Any, processor: Any, max_length: int | None
+) -> list[Sample]:
     """The samples whose prompt is at most `max_length` tokens, in their original order. Text prompts
     are tokenised in one batch; with a processor, multimodal ones one at a time through it. Message
     lists (no chat template applied) cannot be measured and are all kept."""
     if max_length is None or not origin_samples:
         return origin_samples
     if not isinstance(origin_samples[0].prompt, str):
-        logger.warning("Skipping max_length check for list prompt. Set apply_chat_template=True to enable "
-                       "length filtering.")
+        logger.warning(
+            "Skipping max_length check for list prompt. Set apply_chat_template=True to enable length filtering."
+        )
         return origin_samples
     text = [i for i, s in enumerate(origin_samples) if not (processor and _has_multimodal(s))]
     lengths: dict[int, int] = {}
@@ -136,14 +138,25 @@ class Dataset:
     dropped, `shuffle(epoch)` a seeded permutation of the whole set. What plugins written against
     slime's data source build; our own rollout reads prompts through `slime.rollout.data_source`."""
 
-    def __init__(self, path: str, tokenizer: Any, processor: Any, max_length: int | None, *,
-                 prompt_key: str = "text", multimodal_keys: dict | None = None, label_key: str | None = None,
-                 tool_key: str | None = None, metadata_key: str = "metadata", seed: int = 42,
-                 apply_chat_template: bool = False, apply_chat_template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        path: str,
+        tokenizer: Any,
+        processor: Any,
+        max_length: int | None,
+        *,
+        prompt_key: str = "text",
+        multimodal_keys: dict | None = None,
+        label_key: str | None = None,
+        tool_key: str | None = None,
+        metadata_key: str = "metadata",
+        seed: int = 42,
+        apply_chat_template: bool = False,
+        apply_chat_template_kwargs: dict | None = None,
+    ):
         samples = []
         for row in read_file(path):
-            messages = _messages(row, prompt_key, apply_chat_template or multimodal_keys is not None,
-                                 multimodal_keys)
+            messages = _messages(row, prompt_key, apply_chat_template or multimodal_keys is not None, multimodal_keys)
             metadata = dict(row.get(metadata_key) or {})
             tools = row.get(tool_key) if tool_key is not None else None
             if isinstance(tools, str):
@@ -153,16 +166,26 @@ class Dataset:
                 metadata["tools"] = tools
             prompt = messages
             if apply_chat_template:
-                prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                       add_generation_prompt=True,
-                                                       **(apply_chat_template_kwargs or {}))
+                prompt = tokenizer.apply_chat_template(
+                    messages,
+                    tools=tools,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    **(apply_chat_template_kwargs or {}),
+                )
             multimodal = None
             if processor:
                 from slime.utils.processing_utils import process_vision_info
 
                 multimodal = process_vision_info(messages, processor)
-            samples.append(Sample(prompt=prompt, label=row[label_key] if label_key is not None else None,
-                                  metadata=metadata, multimodal_inputs=multimodal))
+            samples.append(
+                Sample(
+                    prompt=prompt,
+                    label=row[label_key] if label_key is not None else None,
+                    metadata=metadata,
+                    multimodal_inputs=multimodal,
+                )
+            )
         self.origin_samples = filter_long_prompt(samples, tokenizer, processor, max_length)
         self.samples = self.origin_samples
         self.epoch_id, self.seed = -1, seed
@@ -191,8 +214,11 @@ def _messages(row: dict[str, Any], prompt_key: str, as_conversation: bool, multi
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     if multimodal_keys:
-        parts = [{"type": "text", "text": prompt[-1]["content"]}] if isinstance(prompt[-1]["content"], str) \
+        parts = (
+            [{"type": "text", "text": prompt[-1]["content"]}]
+            if isinstance(prompt[-1]["content"], str)
             else list(prompt[-1]["content"])
+        )
         for kind, key in multimodal_keys.items():
             values = row.get(key) or []
             for value in values if isinstance(values, list) else [values]:

@@ -13,8 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths: list[int], *, global_batch_size: int,
-                      rollout_indices: list[int]) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+def build_dp_schedule(
+    args: Any,
+    train_parallel_config: dict,
+    total_lengths: list[int],
+    *,
+    global_batch_size: int,
+    rollout_indices: list[int],
+) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
     """`(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)` of one rollout;
     `global_batch_size` counts rollouts (samples sharing `rollout_indices[i]` stay in one step)."""
     from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
@@ -28,13 +34,18 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths: lis
         weights = [round(flops(length)) for length in total_lengths]
     try:
         sched = schedule(
-            total_lengths, rollout_indices, dp_size=train_parallel_config["dp_size"],
-            global_batch_size=global_batch_size, micro_batch_size=args.micro_batch_size,
+            total_lengths,
+            rollout_indices,
+            dp_size=train_parallel_config["dp_size"],
+            global_batch_size=global_batch_size,
+            micro_batch_size=args.micro_batch_size,
             use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
             max_tokens_per_gpu=args.max_tokens_per_gpu,
-            cp_size=train_parallel_config.get("cp_size") or 1, vpp_size=train_parallel_config.get("vpp_size") or 1,
+            cp_size=train_parallel_config.get("cp_size") or 1,
+            vpp_size=train_parallel_config.get("vpp_size") or 1,
             microbatch_group_size_per_vp_stage=train_parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
-            balance_weights=weights)
+            balance_weights=weights,
+        )
     except ScheduleError as e:  # slime's contract: an assertion
         raise AssertionError(str(e)) from e
     return sched.partitions, sched.micro_batch_indices, sched.num_microbatches, sched.global_batch_sizes

@@ -19,8 +19,10 @@ def ids_text(ids: list[int]) -> str:
 
 
 def _frozen(self: EncodedIds, *args: Any, **kwargs: Any) -> None:
-    raise TypeError("EncodedIds cannot change in place: its JSON text would no longer be its ids (the engine "
-                    "would get other tokens than the sample records); build another with .extended() or list()")
+    raise TypeError(
+        "EncodedIds cannot change in place: its JSON text would no longer be its ids (the engine "
+        "would get other tokens than the sample records); build another with .extended() or list()"
+    )
 
 
 class EncodedIds(list):

@@ -49,14 +49,36 @@ ARG_FALLBACKS: dict[str, tuple[str, ...]] = {
 
 # every field of upstream's EvalDatasetConfig besides name/path, with its default
 FIELDS: dict[str, Any] = {
-    "rm_type": None, "custom_rm_path": None, "input_key": None, "label_key": None, "tool_key": None,
-    "metadata_key": None, "multimodal_keys": None, "apply_chat_template": None, "apply_chat_template_kwargs": None,
-    "n_samples_per_eval_prompt": None, "temperature": None, "top_p": None, "top_k": None,
-    "max_response_len": None, "stop": None, "stop_token_ids": None, "min_new_tokens": None,
-    "repetition_penalty": None, "skip_special_tokens": None, "no_stop_trim": None,
-    "custom_generate_function_path": None, "app_service": None, "eval_task_timeout": None,
-    "min_eval_samples": None, "eval_early_stop_remaining": None, "eval_early_stop_idle_timeout": None,
-    "message_processor": None, "reward_model": None, "remote_environment": None, "metadata_overrides": None,
+    "rm_type": None,
+    "custom_rm_path": None,
+    "input_key": None,
+    "label_key": None,
+    "tool_key": None,
+    "metadata_key": None,
+    "multimodal_keys": None,
+    "apply_chat_template": None,
+    "apply_chat_template_kwargs": None,
+    "n_samples_per_eval_prompt": None,
+    "temperature": None,
+    "top_p": None,
+    "top_k": None,
+    "max_response_len": None,
+    "stop": None,
+    "stop_token_ids": None,
+    "min_new_tokens": None,
+    "repetition_penalty": None,
+    "skip_special_tokens": None,
+    "no_stop_trim": None,
+    "custom_generate_function_path": None,
+    "app_service": None,
+    "eval_task_timeout": None,
+    "min_eval_samples": None,
+    "eval_early_stop_remaining": None,
+    "eval_early_stop_idle_timeout": None,
+    "message_processor": None,
+    "reward_model": None,
+    "remote_environment": None,
+    "metadata_overrides": None,
 }
 
 
@@ -143,8 +165,9 @@ def dataset_list(config: Any, where: str) -> list[dict[str, Any]]:
     raise EvalConfigError(f"{where}: `datasets` must be a list or a mapping, got {type(config).__name__}")
 
 
-def build_eval_datasets(args: Any, raw: Iterable[dict[str, Any]], defaults: dict[str, Any],
-                        where: str) -> list[EvalDatasetConfig]:
+def build_eval_datasets(
+    args: Any, raw: Iterable[dict[str, Any]], defaults: dict[str, Any], where: str
+) -> list[EvalDatasetConfig]:
     valid_defaults = set(FIELDS) | set(ARG_FALLBACKS)
     unknown = sorted(set(defaults) - valid_defaults)
     if unknown:
@@ -168,8 +191,9 @@ def build_eval_datasets(args: Any, raw: Iterable[dict[str, Any]], defaults: dict
     return out
 
 
-def build_eval_dataset_configs(args: Any, dataset_cfgs: Iterable[dict[str, Any]],
-                               defaults: dict[str, Any] | None = None) -> list[EvalDatasetConfig]:
+def build_eval_dataset_configs(
+    args: Any, dataset_cfgs: Iterable[dict[str, Any]], defaults: dict[str, Any] | None = None
+) -> list[EvalDatasetConfig]:
     """slime's name: each field from the dataset entry, else `defaults`, else the flags; an unknown
     key in `defaults` is an error naming it."""
     return build_eval_datasets(args, dataset_cfgs, dict(defaults or {}), "eval config")

@@ -36,9 +36,15 @@ class Range:
         return self.high is None or value <= self.high
 
     def describe(self) -> str:
-        return self.text or " and ".join(filter(None, [
-            None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}",
-            None if self.high is None else f"<= {self.high:g}"]))
+        return self.text or " and ".join(
+            filter(
+                None,
+                [
+                    None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}",
+                    None if self.high is None else f"<= {self.high:g}",
+                ],
+            )
+        )
 
 
 POSITIVE = Range(0, open_low=True, text="> 0")
@@ -57,9 +63,16 @@ class FlagSpec:
     options: tuple[str, ...] = ()
 
 
-def flag(default: Any = None, *, help: str | None = None, type: Callable[[str], Any] | None = None,  # noqa: A002
-         range: Range | None = None, group: str | None = None, options: tuple[str, ...] = (),  # noqa: A002
-         **argparse_kwargs: Any) -> Any:
+def flag(
+    default: Any = None,
+    *,
+    help: str | None = None,
+    type: Callable[[str], Any] | None = None,  # noqa: A002
+    range: Range | None = None,
+    group: str | None = None,
+    options: tuple[str, ...] = (),  # noqa: A002
+    **argparse_kwargs: Any,
+) -> Any:
     """A config field that is the flag `--<field-name>` (or `options`); `argparse_kwargs` are add_argument's
     (choices, action, nargs, metavar). A list default is copied per instance, as argparse's is shared."""
     kwargs = {k: v for k, v in {"help": help, "type": type, **argparse_kwargs}.items() if v is not None}

@@ -51,9 +51,13 @@ from slime.utils.startup_trace import mark
 # the server's own SIGCHLD. SIGPIPE (and SIGXFSZ) stay ignored as in any Python process: a write to a peer that
 # died then raises EPIPE instead of killing the child with no trace (gloo writes to its peers' sockets without
 # MSG_NOSIGNAL, so at SIG_DFL an engine in a weight-update group died silently when a member of the group died).
-FRESH_PYTHON_SIGNALS = ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
-                        (signal.SIGINT, signal.default_int_handler), (signal.SIGPIPE, signal.SIG_IGN),
-                        (signal.SIGXFSZ, signal.SIG_IGN))
+FRESH_PYTHON_SIGNALS = (
+    (signal.SIGCHLD, signal.SIG_DFL),
+    (signal.SIGTERM, signal.SIG_DFL),
+    (signal.SIGINT, signal.default_int_handler),
+    (signal.SIGPIPE, signal.SIG_IGN),
+    (signal.SIGXFSZ, signal.SIG_IGN),
+)
 
 
 class ForkServerError(RuntimeError):
@@ -297,8 +301,9 @@ class ForkedProcess:
             pass
 
 
-def spawn(socket_path: str, argv: list[str], env: dict[str, str], log_path: str, timeout: float,
-          title: str = "") -> ForkedProcess:
+def spawn(
+    socket_path: str, argv: list[str], env: dict[str, str], log_path: str, timeout: float, title: str = ""
+) -> ForkedProcess:
     """Ask the fork server for a child; `timeout` also covers a server still preloading. `title`:
     the child's command line as `ps` shows it (e.g. the command it replaces)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -76,9 +76,13 @@ class HttpStats:
         return sum(self.retries.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "retries": self.total_retries, "failures": self.failures,
-                **{f"retries_{k}": v for k, v in self.retries.items()},
-                **{f"failures_{k}": v for k, v in self.failure_reasons.items()}}
+        return {
+            "requests": self.requests,
+            "retries": self.total_retries,
+            "failures": self.failures,
+            **{f"retries_{k}": v for k, v in self.retries.items()},
+            **{f"failures_{k}": v for k, v in self.failure_reasons.items()},
+        }
 
     def failed(self, reason: str) -> None:
         self.failures += 1
@@ -209,9 +213,21 @@ async def request_json(
     """
     if session is None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
-            return await request_json(method, url, payload, timeout=timeout, policy=policy, stats=stats,
-                                      session=own, headers=headers, on_retry=on_retry, answer=answer,
-                                      classify=classify, watch=watch, outage=outage)
+            return await request_json(
+                method,
+                url,
+                payload,
+                timeout=timeout,
+                policy=policy,
+                stats=stats,
+                session=own,
+                headers=headers,
+                on_retry=on_retry,
+                answer=answer,
+                classify=classify,
+                watch=watch,
+                outage=outage,
+            )
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     where = url if callable(url) else (lambda fixed=url: fixed)
@@ -223,9 +239,10 @@ async def request_json(
         retry_after, status = None, None
         url = where()
         try:
-            async with watch(url) if watch is not None else contextlib.nullcontext(), \
-                    session.request(method, url, **_body(payload, headers),
-                                    timeout=_attempt_timeout(timeout)) as resp:
+            async with (
+                watch(url) if watch is not None else contextlib.nullcontext(),
+                session.request(method, url, **_body(payload, headers), timeout=_attempt_timeout(timeout)) as resp,
+            ):
                 status = resp.status
                 if status < 400:
                     if answer is not None:
@@ -256,8 +273,9 @@ async def request_json(
         now = time.monotonic()
         window_from = started if outage is None or outage.since is None else max(started, outage.since)
         if policy.gives_up(counted, now - window_from, delay):
-            raise _spent(method, url, attempt, now - started, first, failure,
-                         status if (status or 0) >= 400 else None, stats)
+            raise _spent(
+                method, url, attempt, now - started, first, failure, status if (status or 0) >= 400 else None, stats
+            )
         stats.retries[failure.reason] += 1
         await asyncio.sleep(delay)
         attempt += 1
@@ -267,16 +285,27 @@ async def request_json(
             payload = on_retry(payload, failure)
 
 
-def _spent(method: str, url: str, attempt: int, elapsed: float, first: Failure, last: Failure,
-           status: int | None, stats: HttpStats) -> HttpError:
+def _spent(
+    method: str,
+    url: str,
+    attempt: int,
+    elapsed: float,
+    first: Failure,
+    last: Failure,
+    status: int | None,
+    stats: HttpStats,
+) -> HttpError:
     """The budget is spent: the error's reason is the first fault, which caused the rest (an engine
     that cut its answer and died is then refused by the router as `no_available_workers`)."""
     stats.failed(first.reason)
-    then = "" if (last.reason, last.detail) == (first.reason, first.detail) else \
-        f"; last: {last.reason}: {last.detail}"
-    return HttpError(f"{method} {url} failed after {attempt + 1} attempt(s) in {elapsed:.1f}s, "
-                     f"cause: {first.reason}: {first.detail}{then}", status, last.detail if status else "",
-                     reason=first.reason)
+    then = "" if (last.reason, last.detail) == (first.reason, first.detail) else f"; last: {last.reason}: {last.detail}"
+    return HttpError(
+        f"{method} {url} failed after {attempt + 1} attempt(s) in {elapsed:.1f}s, "
+        f"cause: {first.reason}: {first.detail}{then}",
+        status,
+        last.detail if status else "",
+        reason=first.reason,
+    )
 
 
 async def post(url: str, payload: Any, **kw: Any) -> Any:

@@ -34,8 +34,14 @@ def _client() -> Any:
     return rt.client if rt is not None else None
 
 
-async def post(url: str, payload: Any, max_retries: int = 60, headers: dict[str, str] | None = None, *,
-               timeout: float | None = None) -> Any:
+async def post(
+    url: str,
+    payload: Any,
+    max_retries: int = 60,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout: float | None = None,
+) -> Any:
     """slime's `post`. Inside a controller, a `/generate` call counts as engine traffic: it waits for
     the client's in-flight bound (`--sglang-server-concurrency`) and feeds the rollout's progress
     (in flight, responses, tokens), exactly as our own generation does."""

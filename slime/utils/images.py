@@ -46,8 +46,10 @@ def open_image(value: Any, *, base_dir: str | Path | None = None) -> Any:
     if not text:
         raise ImageError("the image is an empty string")
     if is_url(text):
-        raise ImageError(f"{_short(text)} is a URL; images are not downloaded (offline): give a local path "
-                         "or a data:image/...;base64, URI")
+        raise ImageError(
+            f"{_short(text)} is a URL; images are not downloaded (offline): give a local path "
+            "or a data:image/...;base64, URI"
+        )
     if text.startswith("data:"):
         head, sep, payload = text.partition(",")
         if not sep or ";base64" not in head:

@@ -53,8 +53,9 @@ def _trainable(message: dict) -> bool:
 class MultiTurnLossMaskGenerator:
     def __init__(self, tokenizer: Any, tokenizer_type: str = "qwen"):
         if tokenizer_type not in LOSS_MASK_TYPES:
-            raise ValueError(f"--loss-mask-type {tokenizer_type!r} is not supported; choose one of "
-                             f"{', '.join(LOSS_MASK_TYPES)}")
+            raise ValueError(
+                f"--loss-mask-type {tokenizer_type!r} is not supported; choose one of {', '.join(LOSS_MASK_TYPES)}"
+            )
         self.tokenizer = tokenizer
         self.tokenizer_type = tokenizer_type
         self.system_message_length = 0
@@ -66,12 +67,15 @@ class MultiTurnLossMaskGenerator:
 
     def _render(self, messages: list[dict], tools: list[dict] | None = None, **kwargs) -> list[int]:
         try:
-            return _ids(self.tokenizer.apply_chat_template(messages, tokenize=True, tools=tools, return_dict=False,
-                                                           **kwargs))
+            return _ids(
+                self.tokenizer.apply_chat_template(messages, tokenize=True, tools=tools, return_dict=False, **kwargs)
+            )
         except Exception as e:  # noqa: BLE001 - template errors are re-raised with the mode that caused them
             roles = [m.get("role") for m in messages]
-            raise ValueError(f"loss mask ({self.tokenizer_type}): the chat template cannot render messages with "
-                             f"roles {roles}: {type(e).__name__}: {e} (try another --loss-mask-type)") from e
+            raise ValueError(
+                f"loss mask ({self.tokenizer_type}): the chat template cannot render messages with "
+                f"roles {roles}: {type(e).__name__}: {e} (try another --loss-mask-type)"
+            ) from e
 
     def get_system_message_length(self) -> tuple[int, int]:
         """(tokens the template puts before a lone first message, tokens of the generation prompt).
@@ -89,7 +93,7 @@ class MultiTurnLossMaskGenerator:
         if n == 0:
             return []
         first = sublist[0]
-        return [i for i in range(len(main_list) - n + 1) if main_list[i] == first and main_list[i:i + n] == sublist]
+        return [i for i in range(len(main_list) - n + 1) if main_list[i] == first and main_list[i : i + n] == sublist]
 
     def get_response_lengths(self, loss_masks: list[list[int]]) -> list[int]:
         return get_response_lengths(loss_masks)
@@ -102,20 +106,22 @@ class MultiTurnLossMaskGenerator:
 
     # ------------------------------------------------------------ modes
 
-    def gen_multi_turn_loss_mask_qwen(self, messages: list[dict], tools: list[dict] | None = None
-                                      ) -> tuple[list[int], list[int]]:
+    def gen_multi_turn_loss_mask_qwen(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         token_ids: list[int] = []
         loss_mask: list[int] = []
         for i, message in enumerate(messages):
             ids = self._render([message], tools=tools if i == 0 else None)
             if i > 0 and message["role"] != "system":
-                ids = ids[self.system_message_length:]
+                ids = ids[self.system_message_length :]
             token_ids += ids
             loss_mask += self._message_mask(message, len(ids))
         return token_ids, loss_mask
 
-    def gen_multi_turn_loss_mask_qwen3(self, messages: list[dict], tools: list[dict] | None = None
-                                       ) -> tuple[list[int], list[int]]:
+    def gen_multi_turn_loss_mask_qwen3(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         anchor = self._render([_ANCHOR])
         # length of the anchor turn when it follows other messages (no default system prompt in it)
         anchor_turn = len(self._render([_ANCHOR, _ANCHOR])) - len(anchor)
@@ -130,26 +136,29 @@ class MultiTurnLossMaskGenerator:
             group = messages[i:end]
             if i == 0:
                 rendered = self._render(group + [_ANCHOR], tools=tools)
-                ids = rendered[:len(rendered) - anchor_turn]
+                ids = rendered[: len(rendered) - anchor_turn]
             else:
-                ids = self._render([_ANCHOR] + group)[len(anchor):]
+                ids = self._render([_ANCHOR] + group)[len(anchor) :]
             token_ids += ids
             loss_mask += self._message_mask(messages[i], len(ids))
             i = end
         return token_ids, loss_mask
 
-    def gen_multi_turn_loss_mask_qwen3_5(self, messages: list[dict], tools: list[dict] | None = None
-                                         ) -> tuple[list[int], list[int]]:
+    def gen_multi_turn_loss_mask_qwen3_5(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, tools=tools, return_dict=False)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         token_ids = list(encoded["input_ids"])
         offsets = encoded.get("offset_mapping")
         if offsets is None:
-            raise ValueError("Qwen3.5 loss mask generation requires a fast tokenizer with "
-                             "`return_offsets_mapping` support.")
+            raise ValueError(
+                "Qwen3.5 loss mask generation requires a fast tokenizer with `return_offsets_mapping` support."
+            )
         if token_ids != self._render(messages, tools=tools):
-            raise ValueError("Qwen3.5 rendered text tokenization does not match "
-                             "`apply_chat_template(..., tokenize=True)` output.")
+            raise ValueError(
+                "Qwen3.5 rendered text tokenization does not match `apply_chat_template(..., tokenize=True)` output."
+            )
 
         # Character spans [start, end) that are trainable: assistant content (after an opening <think>\n)
         # through <|im_end|> and the newline after it.
@@ -166,7 +175,7 @@ class MultiTurnLossMaskGenerator:
             if end < 0:
                 raise ValueError("Failed to locate <|im_end|> for assistant message in rendered text.")
             end += len(_QWEN35_END)
-            if text[end:end + 1] == "\n":
+            if text[end : end + 1] == "\n":
                 end += 1
             cursor = end
             if _trainable(message):
@@ -180,10 +189,12 @@ class MultiTurnLossMaskGenerator:
             loss_mask.append(1 if overlaps else 0)
         return token_ids, loss_mask
 
-    def gen_multi_turn_loss_mask_distill_qwen(self, messages: list[dict], tools: list[dict] | None = None
-                                              ) -> tuple[list[int], list[int]]:
-        prompt = self.tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True,
-                                                    tools=tools)
+    def gen_multi_turn_loss_mask_distill_qwen(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
+        prompt = self.tokenizer.apply_chat_template(
+            messages[:1], tokenize=False, add_generation_prompt=True, tools=tools
+        )
         prompt_ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         response_ids = list(self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"])
         token_ids = prompt_ids + response_ids
@@ -202,23 +213,29 @@ class MultiTurnLossMaskGenerator:
                 mode = "distill_qwen"
         return getattr(self, f"gen_multi_turn_loss_mask_{mode}")(messages, tools)
 
-    def get_loss_mask_with_multimodal_alignment(self, messages: list[dict], input_ids: list[int],
-                                                tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    def get_loss_mask_with_multimodal_alignment(
+        self, messages: list[dict], input_ids: list[int], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         """Mask for processor-built `input_ids` (image tokens expand the prompt): text-only mask, left-padded
         with zeros to the processor's length."""
         text_messages = []
         for message in messages:
             content = message.get("content")
             if isinstance(content, list):
-                parts = [item.get("text", "") if isinstance(item, dict) else item for item in content
-                         if isinstance(item, str) or (isinstance(item, dict) and item.get("type") == "text")]
+                parts = [
+                    item.get("text", "") if isinstance(item, dict) else item
+                    for item in content
+                    if isinstance(item, str) or (isinstance(item, dict) and item.get("type") == "text")
+                ]
                 message = {"role": message["role"], "content": " ".join(parts)}
             text_messages.append(message)
         _, text_mask = self.get_loss_mask(text_messages, tools=tools)
         pad = len(input_ids) - len(text_mask)
         if pad < 0:
-            raise ValueError(f"input_ids (length={len(input_ids)}) is shorter than text loss_mask "
-                             f"(length={len(text_mask)}): processor and tokenizer tokenize differently")
+            raise ValueError(
+                f"input_ids (length={len(input_ids)}) is shorter than text loss_mask "
+                f"(length={len(text_mask)}): processor and tokenizer tokenize differently"
+            )
         return input_ids, [0] * pad + text_mask
 
     def get_text_from_loss_mask(self, token_ids: list[int], loss_masks: list[int]) -> list[str]:

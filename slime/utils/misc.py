@@ -85,8 +85,7 @@ class SingletonMeta(type):
 def exec_command(cmd: str, capture_output: bool = False) -> str | None:
     """Run `cmd` with bash (echoed first); raises CalledProcessError on a non-zero exit."""
     print(f"EXEC: {cmd}", flush=True)
-    result = subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output,
-                            text=capture_output or None)
+    result = subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output, text=capture_output or None)
     return result.stdout if capture_output else None
 
 
@@ -105,8 +104,9 @@ def get_free_port(start_port: int = 10000, consecutive: int = 1) -> int:
     return port
 
 
-def should_run_periodic_action(rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None,
-                               num_rollout: int | None = None) -> bool:
+def should_run_periodic_action(
+    rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None, num_rollout: int | None = None
+) -> bool:
     """slime's rule: every `interval` rollouts, at each epoch end, and at the last rollout when given."""
     if interval is None:
         return False

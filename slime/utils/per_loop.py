@@ -53,8 +53,9 @@ class PerLoop(Generic[T]):
         return items
 
 
-async def close_on_their_loops(items: list[tuple[asyncio.AbstractEventLoop, T]], close: Callable[[T], Any],
-                               timeout: float) -> int:
+async def close_on_their_loops(
+    items: list[tuple[asyncio.AbstractEventLoop, T]], close: Callable[[T], Any], timeout: float
+) -> int:
     """Close each value of `PerLoop.drain()` on the loop that made it (`close(value)` is a coroutine):
     the running loop's here, another running loop's on that loop (waiting at most `timeout` seconds,
     then a warning). A value of a loop that no longer runs cannot be closed: returns how many were left."""

@@ -20,8 +20,11 @@ def completed(args: Any) -> Any:
     from slime.cli.parser import build_parser
 
     for action in build_parser()._actions:  # noqa: SLF001
-        if action.dest not in ("help", argparse.SUPPRESS) and not hasattr(args, action.dest) \
-                and action.default is not argparse.SUPPRESS:
+        if (
+            action.dest not in ("help", argparse.SUPPRESS)
+            and not hasattr(args, action.dest)
+            and action.default is not argparse.SUPPRESS
+        ):
             value = action.default
             if isinstance(value, str) and callable(action.type):  # as argparse converts string defaults
                 value = action.type(value)

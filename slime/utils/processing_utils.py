@@ -20,8 +20,10 @@ DEFAULT_PATCH_SIZE = 14
 def _local_dir(name_or_path: str | Path, what: str) -> str:
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(f"{what}: {str(name_or_path)!r} is not a local model directory "
-                                f"(--hf-checkpoint must be a path; nothing is downloaded from the hub)")
+        raise FileNotFoundError(
+            f"{what}: {str(name_or_path)!r} is not a local model directory "
+            f"(--hf-checkpoint must be a path; nothing is downloaded from the hub)"
+        )
     return str(path)
 
 
@@ -125,8 +127,10 @@ def image_only_processor(path: str | Path) -> Any:
 
         def __call__(self, images=None, text=None, videos=None, **kwargs):
             if videos is not None:
-                raise ValueError(f"{path}: videos need transformers' video processor (torchvision), "
-                                 "not installed here; only images are processed")
+                raise ValueError(
+                    f"{path}: videos need transformers' video processor (torchvision), "
+                    "not installed here; only images are processed"
+                )
             return super().__call__(images=images, text=text, **kwargs)
 
     class TensorImageProcessor(Qwen2VLImageProcessorPil):
@@ -140,8 +144,21 @@ def image_only_processor(path: str | Path) -> Any:
             return super()._preprocess(images, *args, **kwargs)
 
     settings = json.loads(config_file.read_text())
-    known = {"min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std",
-             "do_resize", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb", "size"}
+    known = {
+        "min_pixels",
+        "max_pixels",
+        "patch_size",
+        "temporal_patch_size",
+        "merge_size",
+        "image_mean",
+        "image_std",
+        "do_resize",
+        "do_rescale",
+        "rescale_factor",
+        "do_normalize",
+        "do_convert_rgb",
+        "size",
+    }
     image_processor = TensorImageProcessor(**{k: v for k, v in settings.items() if k in known})
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     template = _chat_template(Path(path)) or getattr(tokenizer, "chat_template", None)
@@ -160,8 +177,7 @@ def _chat_template(path: Path) -> str | None:
 def build_processor_kwargs(multimodal_inputs: dict | None = None) -> dict:
     """Processor call kwargs: text as plain id lists, modality outputs as torch tensors."""
     result = dict(multimodal_inputs or {})
-    result["text_kwargs"] = {**result.get("text_kwargs", {}), "return_tensors": None,
-                             "return_mm_token_type_ids": False}
+    result["text_kwargs"] = {**result.get("text_kwargs", {}), "return_tensors": None, "return_mm_token_type_ids": False}
     for key in ("audio_kwargs", "images_kwargs", "videos_kwargs"):
         result[key] = {**result.get(key, {}), "return_tensors": "pt"}
     return result

@@ -64,8 +64,13 @@ class PromptImages:
         image = open_image(value, base_dir=base_dir)
         out = self.image_processor(images=[image], return_tensors="pt")
         grid = out["image_grid_thw"]
-        return PreparedImage(encode_png_data_uri(image), out["pixel_values"], grid,
-                             tokens_per_image(grid, self.merge_size)[0], self.image_token_id)
+        return PreparedImage(
+            encode_png_data_uri(image),
+            out["pixel_values"],
+            grid,
+            tokens_per_image(grid, self.merge_size)[0],
+            self.image_token_id,
+        )
 
     def count(self, value: Any) -> int:
         """How many placeholder tokens the image `value` fills (the processor's grid, no pixels kept)."""
@@ -84,16 +89,21 @@ def expand_placeholders(ids: list[int], token: int, counts: list[int]) -> list[i
     both accept the same ids."""
     runs = placeholder_runs(ids, token)
     if len(runs) != len(counts):
-        raise ImageCountError(f"{len(counts)} image(s) but the prompt has {len(runs)} image placeholder(s) "
-                              f"(runs of token {token}, <|image_pad|>): one per image, in order")
+        raise ImageCountError(
+            f"{len(counts)} image(s) but the prompt has {len(runs)} image placeholder(s) "
+            f"(runs of token {token}, <|image_pad|>): one per image, in order"
+        )
     if all(length == need for (_, length), need in zip(runs, counts)):
         return ids
     out: list[int] = []
     cursor = 0
     for j, ((start, length), need) in enumerate(zip(runs, counts)):
         if length not in (1, need):
-            raise ImageCountError(f"the image fills {need} tokens but its placeholder is {length} tokens "
-                                  "(give 1 to have it expanded, or exactly the image's count)", image=j)
+            raise ImageCountError(
+                f"the image fills {need} tokens but its placeholder is {length} tokens "
+                "(give 1 to have it expanded, or exactly the image's count)",
+                image=j,
+            )
         out += ids[cursor:start]
         out += [token] * need
         cursor = start + length
@@ -112,8 +122,10 @@ def train_inputs(images: Iterable[PreparedImage]) -> dict[str, Any] | None:
     images = list(images)
     if not images:
         return None
-    return {"pixel_values": torch.cat([i.pixel_values for i in images]),
-            "image_grid_thw": torch.cat([i.grid_thw for i in images])}
+    return {
+        "pixel_values": torch.cat([i.pixel_values for i in images]),
+        "image_grid_thw": torch.cat([i.grid_thw for i in images]),
+    }
 
 
 def whole_images(ids: list[int], end: int, images: list[PreparedImage]) -> tuple[int, list[PreparedImage]]:

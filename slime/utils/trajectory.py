@@ -34,7 +34,8 @@ class TurnSpan(_Record):
 
     turn: int
     role: Literal["assistant", "tool", "user"] = Field(
-        description="'assistant' (sampled, trained), 'tool' or 'user' (an interaction's reply; both masked)")
+        description="'assistant' (sampled, trained), 'tool' or 'user' (an interaction's reply; both masked)"
+    )
     start: int
     end: int
 
@@ -56,8 +57,10 @@ class ToolErrorRecord(_Record):
 
     turn: int | None
     tool: str
-    kind: str = Field(description="unknown_tool, invalid_arguments, too_many_calls, timeout, exception, "
-                                  "not_executed, release, calc_reward")
+    kind: str = Field(
+        description="unknown_tool, invalid_arguments, too_many_calls, timeout, exception, "
+        "not_executed, release, calc_reward"
+    )
     message: str
 
 
@@ -84,8 +87,9 @@ class UserTurn(_Record):
     score: float | None = Field(None, description="the interaction's score of the assistant turn (verl's turn score)")
     terminate: bool = Field(description="the interaction ended the conversation")
     metrics: dict[str, Any] = Field(default_factory=dict)
-    appended: bool = Field(description="its tokens were added to the trajectory (not on terminate, nor when "
-                                       "they did not fit the budget)")
+    appended: bool = Field(
+        description="its tokens were added to the trajectory (not on terminate, nor when they did not fit the budget)"
+    )
 
 
 class TrajectoryRecord(_Record):
@@ -107,7 +111,9 @@ class TrajectoryRecord(_Record):
     dropped_tool_tokens: int | None = Field(None, description="tool-turn tokens that did not fit the budget")
     error: str | None = None
     outcome_reward: Any = Field(None, description="the RM's reward before tool rewards were added")
-    interaction: str | None = Field(None, description="the name of the sample's interaction (--interaction-config-path)")
+    interaction: str | None = Field(
+        None, description="the name of the sample's interaction (--interaction-config-path)"
+    )
     user_turns: list[UserTurn] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -163,8 +169,10 @@ class TrajectoryRecord(_Record):
         if version is None:
             return None
         if version != TRAJECTORY_VERSION:
-            raise ValueError(f"sample {sample.index}: metadata[{VERSION_KEY!r}] is {version!r}, this reader "
-                             f"understands version {TRAJECTORY_VERSION}")
+            raise ValueError(
+                f"sample {sample.index}: metadata[{VERSION_KEY!r}] is {version!r}, this reader "
+                f"understands version {TRAJECTORY_VERSION}"
+            )
         try:
             return cls.model_validate({k: meta[k] for k in cls.model_fields if k in meta})
         except ValidationError as e:

@@ -37,6 +37,7 @@ _TOP_P_OFFSETS_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
 
 # ---------------------------------------------------------------- tensor-light helpers
 
+
 def _flat_list(values: Any) -> list:
     """A flat Python list from a list, tuple, numpy array or torch tensor (any device)."""
     if values is None:
@@ -132,6 +133,7 @@ def _plain_images(multimodal: Any) -> Any:
 
 # ---------------------------------------------------------------- Sample
 
+
 @dataclass
 class Sample:
     """One prompt/response pair. `tokens` = prompt ids + response ids; per-response-token lists
@@ -198,8 +200,9 @@ class Sample:
         @staticmethod
         def from_dict(data: dict | None) -> "Sample.PrefixCacheInfo":
             data = data or {}
-            return Sample.PrefixCacheInfo(cached_tokens=data.get("cached_tokens", 0),
-                                          total_prompt_tokens=data.get("total_prompt_tokens", 0))
+            return Sample.PrefixCacheInfo(
+                cached_tokens=data.get("cached_tokens", 0), total_prompt_tokens=data.get("total_prompt_tokens", 0)
+            )
 
     group_index: int | None = None
     index: int | None = None
@@ -299,16 +302,21 @@ class Sample:
         try:
             kwargs["status"] = cls.Status(status)
         except ValueError:
-            raise ValueError(f"Sample.from_dict: field 'status' has unknown value {status!r} "
-                             f"(expected one of {[s.value for s in cls.Status]})") from None
+            raise ValueError(
+                f"Sample.from_dict: field 'status' has unknown value {status!r} "
+                f"(expected one of {[s.value for s in cls.Status]})"
+            ) from None
         spec, cache = kwargs.get("spec_info"), kwargs.get("prefix_cache_info")
         kwargs["spec_info"] = spec if isinstance(spec, cls.SpecInfo) else cls.SpecInfo.from_dict(spec)
-        kwargs["prefix_cache_info"] = (cache if isinstance(cache, cls.PrefixCacheInfo)
-                                       else cls.PrefixCacheInfo.from_dict(cache))
+        kwargs["prefix_cache_info"] = (
+            cache if isinstance(cache, cls.PrefixCacheInfo) else cls.PrefixCacheInfo.from_dict(cache)
+        )
         extras = {k: v for k, v in data.items() if k not in names}
         if extras and warn_unknown:
-            logger.warning("Sample.from_dict: keeping unknown field(s) %s in sample.extra_fields "
-                           "(written by a newer slime?)", sorted(extras))
+            logger.warning(
+                "Sample.from_dict: keeping unknown field(s) %s in sample.extra_fields (written by a newer slime?)",
+                sorted(extras),
+            )
         return cls(**kwargs, extra_fields=extras)
 
     # ------------------------------------------------------------ building a response
@@ -332,16 +340,25 @@ class Sample:
         for key in SEGMENT_KEYS:
             self.metadata.pop(key, None)
 
-    def append_segment(self, token_ids: list[int], log_probs: list[float], *, finish_reason: str, text: str = "",
-                       weight_version: Any = None, rollout_id: int | None = None,
-                       continued: bool = False) -> "Sample":
+    def append_segment(
+        self,
+        token_ids: list[int],
+        log_probs: list[float],
+        *,
+        finish_reason: str,
+        text: str = "",
+        weight_version: Any = None,
+        rollout_id: int | None = None,
+        continued: bool = False,
+    ) -> "Sample":
         """Append one engine answer as one segment: ids, log-probs and loss mask 1 (through
         `append_response_tokens`, which keeps the lists aligned), the status its finish reason means
         (COMPLETED for one it does not know) and the segment's weight version and rollout id.
         `continued`: the answer continues an aborted response (counted in `metadata["continuations"]`)."""
         start = self.response_length
-        self.append_response_tokens(tokens=token_ids, log_probs=log_probs, trainable=True, text=text,
-                                    update_terminal_info=False)
+        self.append_response_tokens(
+            tokens=token_ids, log_probs=log_probs, trainable=True, text=text, update_terminal_info=False
+        )
         self.status = FINISH_REASON_STATUS.get(finish_reason, Sample.Status.COMPLETED)
         self.metadata["finish_reason"] = finish_reason
         if continued:
@@ -400,22 +417,40 @@ class Sample:
         if log_probs is not None:
             if self.rollout_log_probs is None:
                 if trainable and before:
-                    raise ValueError("Cannot append trainable rollout log probabilities to a sample with existing "
-                                     "response tokens but no existing rollout_log_probs.")
+                    raise ValueError(
+                        "Cannot append trainable rollout log probabilities to a sample with existing "
+                        "response tokens but no existing rollout_log_probs."
+                    )
                 self.rollout_log_probs = [0.0] * before
             self.rollout_log_probs = _extended(self.rollout_log_probs, log_probs)
 
         pad_top_p = bool(tokens) and not trainable
         if meta_info is not None or pad_top_p:
-            self._apply_meta_info(args, meta_info or {}, new_token_count=len(tokens), pad_missing_top_p=pad_top_p,
-                                  update_terminal_info=update_terminal_info)
+            self._apply_meta_info(
+                args,
+                meta_info or {},
+                new_token_count=len(tokens),
+                pad_missing_top_p=pad_top_p,
+                update_terminal_info=update_terminal_info,
+            )
         self._validate_response_metadata_lengths()
 
-    def _apply_meta_info(self, args: Any, meta_info: dict, *, new_token_count: int = 0,
-                         pad_missing_top_p: bool = False, update_terminal_info: bool = True) -> None:
+    def _apply_meta_info(
+        self,
+        args: Any,
+        meta_info: dict,
+        *,
+        new_token_count: int = 0,
+        pad_missing_top_p: bool = False,
+        update_terminal_info: bool = True,
+    ) -> None:
         appended_top_p = new_token_count > 0 and self._append_top_p(meta_info, new_token_count)
-        if pad_missing_top_p and new_token_count and self.rollout_top_p_token_offsets is not None \
-                and not appended_top_p:
+        if (
+            pad_missing_top_p
+            and new_token_count
+            and self.rollout_top_p_token_offsets is not None
+            and not appended_top_p
+        ):
             self._pad_top_p(new_token_count)
         self._apply_routed_experts(args, meta_info)
 
@@ -443,21 +478,26 @@ class Sample:
         if offsets.numel() == 0 or int(offsets[0]) != 0:
             raise ValueError(f"SGLang top-p token offsets must start with 0, got {offsets[:1].tolist()}.")
         if int(offsets[-1]) != ids.numel():
-            raise ValueError("SGLang top-p token ids/offsets mismatch: "
-                             f"offsets[-1]={int(offsets[-1])}, len(token_ids)={ids.numel()}.")
+            raise ValueError(
+                "SGLang top-p token ids/offsets mismatch: "
+                f"offsets[-1]={int(offsets[-1])}, len(token_ids)={ids.numel()}."
+            )
         if offsets.numel() != new_token_count + 1:
-            raise ValueError("SGLang top-p token offsets length must equal generated token count + 1: "
-                             f"len(offsets)={offsets.numel()}, generated={new_token_count}.")
+            raise ValueError(
+                "SGLang top-p token offsets length must equal generated token count + 1: "
+                f"len(offsets)={offsets.numel()}, generated={new_token_count}."
+            )
         if self.rollout_top_p_token_ids is None and self.rollout_top_p_token_offsets is None:
             self.rollout_top_p_token_ids, self.rollout_top_p_token_offsets = ids, offsets
             return True
         import torch
 
-        base_ids = torch.as_tensor(self.rollout_top_p_token_ids if self.rollout_top_p_token_ids is not None else [],
-                                   dtype=torch.int32).reshape(-1)
-        base_offsets = torch.as_tensor(self.rollout_top_p_token_offsets
-                                       if self.rollout_top_p_token_offsets is not None else [0],
-                                       dtype=torch.int32).reshape(-1)
+        base_ids = torch.as_tensor(
+            self.rollout_top_p_token_ids if self.rollout_top_p_token_ids is not None else [], dtype=torch.int32
+        ).reshape(-1)
+        base_offsets = torch.as_tensor(
+            self.rollout_top_p_token_offsets if self.rollout_top_p_token_offsets is not None else [0], dtype=torch.int32
+        ).reshape(-1)
         self.rollout_top_p_token_ids = torch.cat([base_ids, ids])
         self.rollout_top_p_token_offsets = torch.cat([base_offsets, offsets[1:] + int(base_offsets[-1])])
         return True
@@ -490,7 +530,8 @@ class Sample:
             raise ValueError(
                 "SGLang routed_experts element count does not match sample tokens: "
                 f"got={experts.numel()}, expected={rows * layers * topk} (tokens={len(self.tokens)}, "
-                f"routed_experts_start_len={start}, num_layers={layers}, moe_router_topk={topk}).")
+                f"routed_experts_start_len={start}, num_layers={layers}, moe_router_topk={topk})."
+            )
         experts = experts.reshape(rows, layers, topk)
         if start == 0:
             self.rollout_routed_experts = experts
@@ -499,20 +540,25 @@ class Sample:
 
         existing = self.rollout_routed_experts
         if existing is None:
-            raise ValueError("Cannot append partial routed experts without existing routed experts "
-                             f"(routed_experts_start_len={start}).")
+            raise ValueError(
+                "Cannot append partial routed experts without existing routed experts "
+                f"(routed_experts_start_len={start})."
+            )
         existing = torch.as_tensor(existing, dtype=experts.dtype)
         if existing.shape[0] < start:
-            raise ValueError("Existing routed experts shorter than routed_experts_start_len: "
-                             f"existing_rows={existing.shape[0]}, routed_experts_start_len={start}.")
+            raise ValueError(
+                "Existing routed experts shorter than routed_experts_start_len: "
+                f"existing_rows={existing.shape[0]}, routed_experts_start_len={start}."
+            )
         self.rollout_routed_experts = torch.cat([existing[:start], experts], dim=0)
 
     def _validate_response_metadata_lengths(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != self.response_length:
             raise ValueError(f"loss_mask length {len(self.loss_mask)} != response_length {self.response_length}")
         if self.rollout_log_probs is not None and len(self.rollout_log_probs) != self.response_length:
-            raise ValueError(f"rollout_log_probs length {len(self.rollout_log_probs)} != "
-                             f"response_length {self.response_length}")
+            raise ValueError(
+                f"rollout_log_probs length {len(self.rollout_log_probs)} != response_length {self.response_length}"
+            )
         ids, offsets = self.rollout_top_p_token_ids, self.rollout_top_p_token_offsets
         if ids is None and offsets is None:
             return
@@ -520,21 +566,29 @@ class Sample:
             raise ValueError("rollout top-p replay must include both token ids and offsets.")
         flat_offsets = _flat_list(offsets)
         if len(flat_offsets) != self.response_length + 1:
-            raise ValueError("rollout_top_p_token_offsets length must equal response_length + 1: "
-                             f"len(offsets)={len(flat_offsets)}, response_length={self.response_length}.")
+            raise ValueError(
+                "rollout_top_p_token_offsets length must equal response_length + 1: "
+                f"len(offsets)={len(flat_offsets)}, response_length={self.response_length}."
+            )
         if int(flat_offsets[-1]) != _flat_len(ids):
-            raise ValueError("rollout top-p token ids/offsets mismatch: "
-                             f"offsets[-1]={int(flat_offsets[-1])}, len(token_ids)={_flat_len(ids)}.")
+            raise ValueError(
+                "rollout top-p token ids/offsets mismatch: "
+                f"offsets[-1]={int(flat_offsets[-1])}, len(token_ids)={_flat_len(ids)}."
+            )
 
 
 # The status an engine's finish reason means for the sample it answered.
-FINISH_REASON_STATUS = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
-                        "stop": Sample.Status.COMPLETED}
+FINISH_REASON_STATUS = {
+    "length": Sample.Status.TRUNCATED,
+    "abort": Sample.Status.ABORTED,
+    "stop": Sample.Status.COMPLETED,
+}
 # `metadata` keys of the segments (and of partial rollout's counters), cleared when a sample starts over.
 SEGMENT_KEYS = ("weight_versions", "segments", "continuations", "start_rollout_id")
 
 
 # ---------------------------------------------------------------- other types slime exports here
+
 
 @dataclass(frozen=True)
 class ParamInfo:

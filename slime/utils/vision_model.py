@@ -69,8 +69,9 @@ def mrope_positions(model: Any, input_ids: Any, image_grid_thw: Any, attention_m
 
     inner = model.model
     mm_types = (input_ids == image_token_id(model)).to(torch.int)
-    positions, deltas = inner.get_rope_index(input_ids=input_ids, mm_token_type_ids=mm_types,
-                                             image_grid_thw=image_grid_thw, attention_mask=attention_mask)
+    positions, deltas = inner.get_rope_index(
+        input_ids=input_ids, mm_token_type_ids=mm_types, image_grid_thw=image_grid_thw, attention_mask=attention_mask
+    )
     return positions, deltas.reshape(-1)
 
 

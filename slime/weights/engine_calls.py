@@ -82,8 +82,9 @@ def on_live_engines(engines: Sequence[Any], method: str, timeout: float = 600.0,
     dead = {id(e) for e in dead_engines(engines, suspects(engines, futures))}
     live = [(e, f) for e, f in zip(engines, futures) if id(e) not in dead]
     if dead:
-        logger.warning("%s: skipped %d dead engine(s): %s", method, len(dead),
-                       ", ".join(repr(e) for e in engines if id(e) in dead))
+        logger.warning(
+            "%s: skipped %d dead engine(s): %s", method, len(dead), ", ".join(repr(e) for e in engines if id(e) in dead)
+        )
     gather([e for e, _ in live], [f for _, f in live], method, timeout)
     return [None if id(e) in dead else f.result() for e, f in zip(engines, futures)]
 

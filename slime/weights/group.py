@@ -20,11 +20,25 @@ import torch
 
 from slime.weights.engine_calls import call_errors, in_thread, on_all_engines_quietly, settled
 from slime.weights.engine_deaths import (
-    EnginesDied, WeightSyncError, call_outcome, dead_engines, exit_notice, exit_reason, failure, suspects,
+    EnginesDied,
+    WeightSyncError,
+    call_outcome,
+    dead_engines,
+    exit_notice,
+    exit_reason,
+    failure,
+    suspects,
 )
 from slime.weights.group_transport import GroupTransport
 from slime.weights.ring import (
-    BROADCAST, DECISION_KEY, DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, OFFER_KEY, RING, TRANSPORTS, RingWriter,
+    BROADCAST,
+    DECISION_KEY,
+    DEFAULT_SLOT_BYTES,
+    DEFAULT_SLOTS,
+    OFFER_KEY,
+    RING,
+    TRANSPORTS,
+    RingWriter,
 )
 from slime.weights.transfer import bucket_named_tensors
 from slime.weights.receive import first_line, new_gloo_group, new_store
@@ -58,9 +72,19 @@ class WeightUpdateGroup(GroupTransport):
     group's deadline, see SupervisedEngineActor's "control" group).
     """
 
-    def __init__(self, engines: Sequence[Any], *, group_name: str = "slime", master_address: str = "127.0.0.1",
-                 master_port: int | None = None, backend: str = "gloo", timeout: float = 60.0,
-                 transport: str = "auto", ring_slots: int = DEFAULT_SLOTS, ring_slot_bytes: int = DEFAULT_SLOT_BYTES):
+    def __init__(
+        self,
+        engines: Sequence[Any],
+        *,
+        group_name: str = "slime",
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        backend: str = "gloo",
+        timeout: float = 60.0,
+        transport: str = "auto",
+        ring_slots: int = DEFAULT_SLOTS,
+        ring_slot_bytes: int = DEFAULT_SLOT_BYTES,
+    ):
         if backend != "gloo":
             raise WeightSyncError(f"the CPU trainer side supports backend 'gloo' only, got {backend!r}")
         if transport not in TRANSPORTS:
@@ -120,15 +144,25 @@ class WeightUpdateGroup(GroupTransport):
         if formed:
             cf.wait([f for _, f in theirs], timeout=self.timeout + 30)
         exits = {repr(e): exit_reason(e) for e in dead}
-        self.losses.append({"engines": [repr(e) for e in dead], "during": during, "exit": exits, "cause": str(lost),
-                            "survivors": {repr(e): call_outcome(f) for e, f in theirs}})
+        self.losses.append(
+            {
+                "engines": [repr(e) for e in dead],
+                "during": during,
+                "exit": exits,
+                "cause": str(lost),
+                "survivors": {repr(e): call_outcome(f) for e, f in theirs},
+            }
+        )
         self.died += [(e, during) for e in dead]
         self._formations += 1
         self.group_name = f"{self.base_name}-{self._formations}"
-        logger.warning("%s died during %s (%s); %s", ", ".join(map(repr, dead)), during,
-                       "; ".join(f"{k}: {v}" for k, v in exits.items() if v) or "no exit notice",
-                       f"going on with the {len(self.engines)} surviving engine(s)" if self.engines
-                       else "no engine is left")
+        logger.warning(
+            "%s died during %s (%s); %s",
+            ", ".join(map(repr, dead)),
+            during,
+            "; ".join(f"{k}: {v}" for k, v in exits.items() if v) or "no exit notice",
+            f"going on with the {len(self.engines)} surviving engine(s)" if self.engines else "no engine is left",
+        )
         if not self.engines:
             raise WeightSyncError(f"every engine of the weight-update group died during {during}")
 
@@ -140,8 +174,10 @@ class WeightUpdateGroup(GroupTransport):
         try:
             store = new_store(self.master_address, port, world, self.timeout, is_master=True)
         except Exception as exc:  # noqa: BLE001
-            raise WeightSyncError(f"trainer rank 0 could not serve group {self.group_name!r} on "
-                                  f"{self.master_address}:{port}: {first_line(exc)}") from None
+            raise WeightSyncError(
+                f"trainer rank 0 could not serve group {self.group_name!r} on "
+                f"{self.master_address}:{port}: {first_line(exc)}"
+            ) from None
         ring, self.transport_reason = None, "broadcast requested" if self.requested_transport == BROADCAST else ""
         if self.requested_transport == "auto":
             try:
@@ -167,19 +203,40 @@ class WeightUpdateGroup(GroupTransport):
                 ring.close()
                 self.transport_reason = "; ".join(
                     f"{e!r}: {a.get('weight_transport_reason') or 'engine does not offer the ring'}"
-                    for e, a, x in zip(self.engines, answers, said) if x != RING)
+                    for e, a, x in zip(self.engines, answers, said)
+                    if x != RING
+                )
         self._ring, self._seq = (ring if use_ring else None), 0
         self.transport = RING if use_ring else BROADCAST
 
     def _rendezvous(self, store, port: int, world: int, weight_transport: str | None) -> list[Any]:
         """Form the group (rank 0 here, every engine concurrently); every engine's init answer."""
-        mine = in_thread(new_gloo_group, self.master_address, port, 0, world, self.group_name, self.timeout,
-                          is_master=True, store=store)
+        mine = in_thread(
+            new_gloo_group,
+            self.master_address,
+            port,
+            0,
+            world,
+            self.group_name,
+            self.timeout,
+            is_master=True,
+            store=store,
+        )
         extra = {} if weight_transport is None else {"weight_transport": weight_transport}
-        theirs = [in_thread(e.init_weights_update_group, master_address=self.master_address, master_port=port,
-                             rank_offset=i + 1, world_size=world, group_name=self.group_name, backend=self.backend,
-                             timeout=self.timeout, **extra)
-                  for i, e in enumerate(self.engines)]
+        theirs = [
+            in_thread(
+                e.init_weights_update_group,
+                master_address=self.master_address,
+                master_port=port,
+                rank_offset=i + 1,
+                world_size=world,
+                group_name=self.group_name,
+                backend=self.backend,
+                timeout=self.timeout,
+                **extra,
+            )
+            for i, e in enumerate(self.engines)
+        ]
         # Fail at the first engine that refuses or dies; the others (and rank 0) give up on their own at the deadline.
         deadline = self.timeout + 30
         settled(self.engines, theirs, deadline, until_failure=True)
@@ -190,23 +247,39 @@ class WeightUpdateGroup(GroupTransport):
             dead = dead_engines(self.engines, suspects(self.engines, theirs) + pending)
             if dead:
                 gone = {id(e) for e in dead}
-                on_all_engines_quietly([e for e in self.engines if id(e) not in gone], "destroy_weights_update_group",
-                                       group_name=self.group_name)
-                raise EnginesDied(f"init_weights_update_group {self.group_name!r}: "
-                                  f"{', '.join(map(repr, dead))} died", dead, zip(self.engines, theirs))
-            raise WeightSyncError(f"init_weights_update_group {self.group_name!r} failed: "
-                                  + "; ".join(call_errors(self.engines, theirs, deadline)))
+                on_all_engines_quietly(
+                    [e for e in self.engines if id(e) not in gone],
+                    "destroy_weights_update_group",
+                    group_name=self.group_name,
+                )
+                raise EnginesDied(
+                    f"init_weights_update_group {self.group_name!r}: {', '.join(map(repr, dead))} died",
+                    dead,
+                    zip(self.engines, theirs),
+                )
+            raise WeightSyncError(
+                f"init_weights_update_group {self.group_name!r} failed: "
+                + "; ".join(call_errors(self.engines, theirs, deadline))
+            )
         try:
             self._pg, self._store = mine.result(timeout=deadline)
         except Exception as exc:  # noqa: BLE001
             on_all_engines_quietly(self.engines, "destroy_weights_update_group", group_name=self.group_name)
-            raise WeightSyncError(f"trainer rank 0 could not form group {self.group_name!r} on "
-                                  f"{self.master_address}:{port}: {first_line(exc)}") from None
+            raise WeightSyncError(
+                f"trainer rank 0 could not form group {self.group_name!r} on "
+                f"{self.master_address}:{port}: {first_line(exc)}"
+            ) from None
         return [f.result() for f in theirs]
 
-    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str | None,
-             bucket_bytes: int = DEFAULT_BUCKET_BYTES, load_format: str | None = None,
-             flush_cache: bool = False) -> list[dict]:
+    def push(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        weight_version: str | None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        load_format: str | None = None,
+        flush_cache: bool = False,
+    ) -> list[dict]:
         """Push every tensor, one bucket at a time: each engine is told the bucket's names, dtypes and
         shapes (concurrently), the bytes follow (ring or broadcast), then every engine's answer is awaited.
 
@@ -249,8 +322,9 @@ class WeightUpdateGroup(GroupTransport):
         if self._pg is None:
             return
         self._release(abort=True)
-        on_all_engines_quietly(self.engines, "destroy_weights_update_group", timeout=self.timeout,
-                               group_name=self.group_name)
+        on_all_engines_quietly(
+            self.engines, "destroy_weights_update_group", timeout=self.timeout, group_name=self.group_name
+        )
 
     def _release(self, abort: bool = False) -> None:
         """Rank 0's side of the group; `abort`: without waiting. Gloo's group joins its worker threads

@@ -38,16 +38,30 @@ class GroupTransport:
         torch.cat([t.reshape(-1) for t in tensors], out=flat)
         return flat
 
-    def _send_metadata(self, bucket: list[tuple[str, torch.Tensor]], weight_version, load_format,
-                       flush_cache) -> list[cf.Future]:
-        return [in_thread(e.update_weights_from_distributed, names=[n for n, _ in bucket],
-                           dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
-                           group_name=self.group_name, flush_cache=flush_cache, weight_version=weight_version,
-                           load_format=load_format) for e in self.engines]
+    def _send_metadata(
+        self, bucket: list[tuple[str, torch.Tensor]], weight_version, load_format, flush_cache
+    ) -> list[cf.Future]:
+        return [
+            in_thread(
+                e.update_weights_from_distributed,
+                names=[n for n, _ in bucket],
+                dtypes=[dtype_name(t.dtype) for _, t in bucket],
+                shapes=[list(t.shape) for _, t in bucket],
+                group_name=self.group_name,
+                flush_cache=flush_cache,
+                weight_version=weight_version,
+                load_format=load_format,
+            )
+            for e in self.engines
+        ]
 
     def _answers(self, futures: list[cf.Future], bucket: list[tuple[str, torch.Tensor]]) -> list[dict]:
-        return gather(self.engines, futures, f"update_weights_from_distributed (bucket starting at "
-                                              f"{bucket[0][0]!r})", self.timeout + 60)
+        return gather(
+            self.engines,
+            futures,
+            f"update_weights_from_distributed (bucket starting at {bucket[0][0]!r})",
+            self.timeout + 60,
+        )
 
     def _push_broadcast(self, buckets, weight_version, load_format, flush_cache, spent) -> list[dict]:
         answers: list[dict] = []
@@ -60,8 +74,9 @@ class GroupTransport:
             sent = [self._flat(tensors)] if load_format == "flattened_bucket" else tensors
             error = self._await_works([self._pg.broadcast([t], opts) for t in sent], futures)
             if error is not None:
-                self._lost_step(f"broadcast of bucket starting at {bucket[0][0]!r} on group {self.group_name!r}",
-                                futures, error)
+                self._lost_step(
+                    f"broadcast of bucket starting at {bucket[0][0]!r} on group {self.group_name!r}", futures, error
+                )
             t1 = time.perf_counter()
             answers = self._answers(futures, bucket)
             spent["collectives"] += t1 - t0
@@ -106,8 +121,10 @@ class GroupTransport:
                     spent["copy"] += time.perf_counter() - t0
                     if futures is None:  # the first chunk is in its slot: the engines may start
                         futures = request(bucket)
-                    in_flight[seq] = (self._pg.broadcast([header(seq, slot, start, length, digest)], opts),
-                                      all_reduce_done(self._pg))
+                    in_flight[seq] = (
+                        self._pg.broadcast([header(seq, slot, start, length, digest)], opts),
+                        all_reduce_done(self._pg),
+                    )
                     self._seq += 1
                 if futures is None:  # a bucket of empty tensors: no bytes, only the request
                     futures = request(bucket)
@@ -132,8 +149,11 @@ class GroupTransport:
         """Wait until every engine copied a chunk, failing early when an engine's request fails meanwhile."""
         error = self._await_works([works[1]], watch, also=[works[0]])
         if error is not None:
-            self._lost_step(f"shared-memory ring push on group {self.group_name!r} at the bucket starting at "
-                            f"{first_name!r}", watch, error)
+            self._lost_step(
+                f"shared-memory ring push on group {self.group_name!r} at the bucket starting at {first_name!r}",
+                watch,
+                error,
+            )
 
     def _await_works(self, works: list[Any], requests: list[cf.Future], also: Sequence[Any] = ()) -> str | None:
         """Wait for rank 0's collectives `works` (then `also`), waking early when an engine's request
@@ -175,12 +195,12 @@ class GroupTransport:
     def _lost_step(self, what: str, requests: list[cf.Future], error: str) -> None:
         """The group lost step with the engines: raise EnginesDied naming the dead ones (the caller forms
         the group again without them), else close the group and raise what the engines said."""
-        suspects = [e for e, f in zip(self.engines, requests) if not answered(failure(f))] if requests \
-            else self.engines  # rank 0 was draining its last chunks: any engine may be the one lost
+        suspects = (
+            [e for e, f in zip(self.engines, requests) if not answered(failure(f))] if requests else self.engines
+        )  # rank 0 was draining its last chunks: any engine may be the one lost
         dead = dead_engines(self.engines, suspects)
         if dead:
-            raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died ({error})", dead,
-                              zip(self.engines, requests))
+            raise EnginesDied(f"{what}: {', '.join(map(repr, dead))} died ({error})", dead, zip(self.engines, requests))
         said = [f"{e!r}: {failure(f)}" for e, f in zip(self.engines, requests) if failure(f)]
         self._abandon()  # out of step, collectives may be pending: freed off this thread; connect again
         raise WeightSyncError(f"{what} failed: {error}" + (f"; engines said: {'; '.join(said)}" if said else ""))

@@ -35,28 +35,59 @@ class HttpEngine:
             raise EngineAnswered(f"{self.url}{path}: HTTP {r.status_code}: {msg}")
         return answer
 
-    def update_weights_from_tensor(self, serialized_named_tensors, load_format=None, flush_cache=False,
-                                   weight_version=None) -> dict:
-        return self._post("/update_weights_from_tensor", {
-            "serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
-            "flush_cache": flush_cache, "weight_version": weight_version})
+    def update_weights_from_tensor(
+        self, serialized_named_tensors, load_format=None, flush_cache=False, weight_version=None
+    ) -> dict:
+        return self._post(
+            "/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": serialized_named_tensors,
+                "load_format": load_format,
+                "flush_cache": flush_cache,
+                "weight_version": weight_version,
+            },
+        )
 
-    def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name,
-                                  backend, timeout: float | None = None, weight_transport: str | None = None) -> dict:
-        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-                "world_size": world_size, "group_name": group_name, "backend": backend}
+    def init_weights_update_group(
+        self,
+        master_address,
+        master_port,
+        rank_offset,
+        world_size,
+        group_name,
+        backend,
+        timeout: float | None = None,
+        weight_transport: str | None = None,
+    ) -> dict:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
         if timeout is not None:
             body["timeout"] = timeout
         if weight_transport is not None:
             body["weight_transport"] = weight_transport
         return self._post("/init_weights_update_group", body, timeout=(timeout or self.timeout) + 30)
 
-    def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache=False,
-                                        weight_version=None, load_format=None) -> dict:
-        return self._post("/update_weights_from_distributed", {
-            "names": names, "dtypes": [dtype_name(d) if isinstance(d, torch.dtype) else d for d in dtypes],
-            "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache,
-            "weight_version": weight_version, "load_format": load_format})
+    def update_weights_from_distributed(
+        self, names, dtypes, shapes, group_name, flush_cache=False, weight_version=None, load_format=None
+    ) -> dict:
+        return self._post(
+            "/update_weights_from_distributed",
+            {
+                "names": names,
+                "dtypes": [dtype_name(d) if isinstance(d, torch.dtype) else d for d in dtypes],
+                "shapes": [list(s) for s in shapes],
+                "group_name": group_name,
+                "flush_cache": flush_cache,
+                "weight_version": weight_version,
+                "load_format": load_format,
+            },
+        )
 
     def destroy_weights_update_group(self, group_name) -> dict:
         return self._post("/destroy_weights_update_group", {"group_name": group_name})

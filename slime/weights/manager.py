@@ -67,8 +67,11 @@ def get_updatable_engines_and_lock(fleet: Any, lock: Any, num_new_engines: int =
     """slime's tuple: `(engines, lock, num_new_engines, engine_gpu_counts, engine_gpu_offsets,
     engine_parallel_configs)`. On CPU an engine holds no GPU: counts 0, offsets 0, tp 1."""
     engines = updatable_engines(fleet)
-    gpus = int(fleet.args.rollout_num_gpus_per_engine or 1) \
-        if fleet is not None and fleet.args.rollout_backend == "sglang" else 0
+    gpus = (
+        int(fleet.args.rollout_num_gpus_per_engine or 1)
+        if fleet is not None and fleet.args.rollout_backend == "sglang"
+        else 0
+    )
     counts = [gpus] * len(engines)
     offsets = [i * gpus for i in range(len(engines))]
     configs = [{"tp_size": max(1, gpus), "dp_size": 1, "pp_size": 1, "ep_size": 1} for _ in engines]

@@ -40,10 +40,21 @@ from typing import Any
 import torch
 
 from slime.weights.engine_calls import (
-    gather, in_thread, on_all_engines, on_all_engines_quietly, on_live_engines, paused, settled,
+    gather,
+    in_thread,
+    on_all_engines,
+    on_all_engines_quietly,
+    on_live_engines,
+    paused,
+    settled,
 )
 from slime.weights.engine_deaths import (
-    DEATH_GRACE_S, EngineAnswered, EnginesDied, WeightSyncError, dead_engines, exit_notice,
+    DEATH_GRACE_S,
+    EngineAnswered,
+    EnginesDied,
+    WeightSyncError,
+    dead_engines,
+    exit_notice,
 )
 from slime.weights.http_engine import HttpEngine
 from slime.weights.group import DEFAULT_BUCKET_BYTES, WeightUpdateGroup
@@ -51,9 +62,25 @@ from slime.weights.transfer import bucket_named_tensors, named_checksums, serial
 from slime.weights.receive import model_tensors
 
 __all__ = [
-    "DEATH_GRACE_S", "DEFAULT_BUCKET_BYTES", "EngineAnswered", "EnginesDied", "HttpEngine", "WeightSyncError",
-    "WeightUpdateGroup", "dead_engines", "exit_notice", "gather", "in_thread", "model_checksums", "on_all_engines",
-    "on_all_engines_quietly", "on_live_engines", "paused", "push_tensors", "settled", "trainer_named_tensors",
+    "DEATH_GRACE_S",
+    "DEFAULT_BUCKET_BYTES",
+    "EngineAnswered",
+    "EnginesDied",
+    "HttpEngine",
+    "WeightSyncError",
+    "WeightUpdateGroup",
+    "dead_engines",
+    "exit_notice",
+    "gather",
+    "in_thread",
+    "model_checksums",
+    "on_all_engines",
+    "on_all_engines_quietly",
+    "on_live_engines",
+    "paused",
+    "push_tensors",
+    "settled",
+    "trainer_named_tensors",
 ]
 
 
@@ -73,17 +100,30 @@ def model_checksums(model: torch.nn.Module) -> dict[str, str]:
     return named_checksums(trainer_named_tensors(model))
 
 
-def push_tensors(engines: Sequence[Any], named_tensors: Iterable[tuple[str, torch.Tensor]], *,
-                 weight_version: str | None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, transport: str = "shm",
-                 flush_cache: bool = False, timeout: float = 600.0) -> list[dict]:
+def push_tensors(
+    engines: Sequence[Any],
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    weight_version: str | None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    transport: str = "shm",
+    flush_cache: bool = False,
+    timeout: float = 600.0,
+) -> list[dict]:
     """`update_weights_from_tensor` bucket by bucket; each bucket is serialised once for all engines.
     An engine that dies meanwhile is skipped from then on; the live engines' last answers."""
     answers: list[dict] = []
     live = list(engines)
     for bucket in bucket_named_tensors(named_tensors, bucket_bytes):
         with serialize_named_tensors(bucket, transport=transport) as payload:
-            said = on_live_engines(live, "update_weights_from_tensor", timeout,
-                                   serialized_named_tensors=[payload.serialized], load_format=None,
-                                   flush_cache=flush_cache, weight_version=weight_version)
+            said = on_live_engines(
+                live,
+                "update_weights_from_tensor",
+                timeout,
+                serialized_named_tensors=[payload.serialized],
+                load_format=None,
+                flush_cache=flush_cache,
+                weight_version=weight_version,
+            )
         live, answers = [e for e, a in zip(live, said) if a is not None], [a for a in said if a is not None]
     return answers

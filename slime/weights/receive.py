@@ -32,11 +32,25 @@ from dataclasses import dataclass, field
 import torch
 
 from slime.weights.ring import (
-    BROADCAST, DECISION_KEY, HEADER_WORDS, MAGIC, OFFER_KEY, RING, TRANSPORTS, RingReader, RingUnavailable,
-    bucket_digest, bucket_layout, chunks,
+    BROADCAST,
+    DECISION_KEY,
+    HEADER_WORDS,
+    MAGIC,
+    OFFER_KEY,
+    RING,
+    TRANSPORTS,
+    RingReader,
+    RingUnavailable,
+    bucket_digest,
+    bucket_layout,
+    chunks,
 )
 from slime.weights.transfer import (
-    WeightFormatError, dtype_name, nbytes_of, parse_dtype, unflatten_bucket,
+    WeightFormatError,
+    dtype_name,
+    nbytes_of,
+    parse_dtype,
+    unflatten_bucket,
 )
 
 DEFAULT_GROUP_TIMEOUT_S = 120.0
@@ -59,28 +73,34 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return table
 
 
-def check_against_model(table: dict[str, torch.Tensor], names: list[str], dtypes: list[torch.dtype],
-                        shapes: list[list[int]]) -> None:
+def check_against_model(
+    table: dict[str, torch.Tensor], names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]]
+) -> None:
     """Raise WeightUpdateError naming the first tensor the model does not have as (name, dtype, shape)."""
     for name, dtype, shape in zip(names, dtypes, shapes):
         target = table.get(name)
         if target is None:
             raise WeightUpdateError(f"tensor {name!r}: the served model has no such parameter")
         if target.dtype != dtype:
-            raise WeightUpdateError(f"tensor {name!r}: dtype {dtype_name(dtype)} does not match the served "
-                                    f"model's {dtype_name(target.dtype)}")
+            raise WeightUpdateError(
+                f"tensor {name!r}: dtype {dtype_name(dtype)} does not match the served "
+                f"model's {dtype_name(target.dtype)}"
+            )
         if list(target.shape) != list(shape):
-            raise WeightUpdateError(f"tensor {name!r}: shape {list(shape)} does not match the served "
-                                    f"model's {list(target.shape)}")
+            raise WeightUpdateError(
+                f"tensor {name!r}: shape {list(shape)} does not match the served model's {list(target.shape)}"
+            )
 
 
 def parse_metadata(names, dtypes, shapes) -> tuple[list[str], list[torch.dtype], list[list[int]]]:
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
         raise WeightUpdateError("names must be a list of non-empty strings")
     if not isinstance(dtypes, list) or not isinstance(shapes, list) or not len(names) == len(dtypes) == len(shapes):
-        raise WeightUpdateError(f"names, dtypes and shapes must be lists of the same length, got "
-                                f"{len(names)}, {len(dtypes) if isinstance(dtypes, list) else dtypes!r}, "
-                                f"{len(shapes) if isinstance(shapes, list) else shapes!r}")
+        raise WeightUpdateError(
+            f"names, dtypes and shapes must be lists of the same length, got "
+            f"{len(names)}, {len(dtypes) if isinstance(dtypes, list) else dtypes!r}, "
+            f"{len(shapes) if isinstance(shapes, list) else shapes!r}"
+        )
     parsed_dtypes = []
     for name, d in zip(names, dtypes):
         try:
@@ -122,12 +142,27 @@ def gloo_threads() -> int:
 
 def new_store(master_address: str, master_port: int, world_size: int, timeout_s: float, *, is_master: bool):
     """The group's TCPStore (the master's is a server: it must live as long as the group)."""
-    return torch.distributed.TCPStore(master_address, int(master_port), world_size, is_master,
-                                      timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return torch.distributed.TCPStore(
+        master_address,
+        int(master_port),
+        world_size,
+        is_master,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
 
 
-def new_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-                   timeout_s: float, *, is_master: bool = False, store=None):
+def new_gloo_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout_s: float,
+    *,
+    is_master: bool = False,
+    store=None,
+):
     """A gloo group on `tcp://master_address:master_port` (keys under `group_name`), bounded by `timeout_s`.
 
     Returns (process_group, store); the master's store must live as long as the group.
@@ -207,8 +242,17 @@ class UpdateGroups:
     _pending: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def init(self, master_address, master_port, rank_offset, world_size, group_name, backend,
-             timeout_s: float | None = None, weight_transport: str | None = None) -> dict:
+    def init(
+        self,
+        master_address,
+        master_port,
+        rank_offset,
+        world_size,
+        group_name,
+        backend,
+        timeout_s: float | None = None,
+        weight_transport: str | None = None,
+    ) -> dict:
         """Blocking (run it off the event loop). Returns the answer's fields (`message`, and
         `weight_transport` when the trainer asked for one); raises WeightUpdateError."""
         if not isinstance(master_address, str) or not master_address:
@@ -219,15 +263,21 @@ class UpdateGroups:
         if not 0 < master_port < 65536:
             raise WeightUpdateError(f"master_port must be in 1..65535, got {master_port}")
         if not 0 < rank_offset < world_size:
-            raise WeightUpdateError(f"rank_offset must be in 1..world_size-1 (rank 0 is the trainer), got "
-                                    f"{rank_offset} with world_size {world_size}")
+            raise WeightUpdateError(
+                f"rank_offset must be in 1..world_size-1 (rank 0 is the trainer), got "
+                f"{rank_offset} with world_size {world_size}"
+            )
         if not isinstance(group_name, str) or not group_name:
             raise WeightUpdateError("group_name must be a non-empty string")
         if backend != "gloo":
-            raise WeightUpdateError(f"backend {backend!r} is not available on the embedded CPU engine; use 'gloo' "
-                                    "('nccl' is for SGLang engines on GPUs)")
+            raise WeightUpdateError(
+                f"backend {backend!r} is not available on the embedded CPU engine; use 'gloo' "
+                "('nccl' is for SGLang engines on GPUs)"
+            )
         if weight_transport is not None and weight_transport not in TRANSPORTS:
-            raise WeightUpdateError(f"weight_transport must be one of {', '.join(TRANSPORTS)}, got {weight_transport!r}")
+            raise WeightUpdateError(
+                f"weight_transport must be one of {', '.join(TRANSPORTS)}, got {weight_transport!r}"
+            )
         if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
             raise WeightUpdateError(f"timeout must be a number of seconds, got {timeout_s!r}")
         timeout_s = DEFAULT_GROUP_TIMEOUT_S if timeout_s is None else float(timeout_s)
@@ -246,8 +296,9 @@ class UpdateGroups:
                     f"{group_name!r} (rank {rank_offset} of {world_size}, deadline {timeout_s:g} s): {first_line(exc)}"
                 ) from None
             group = _Group(pg, store, rank_offset, world_size, f"{master_address}:{master_port}")
-            answer = {"message": f"Initialized weight update group {group_name!r} (rank {rank_offset} of "
-                                 f"{world_size}, gloo)."}
+            answer = {
+                "message": f"Initialized weight update group {group_name!r} (rank {rank_offset} of {world_size}, gloo)."
+            }
             if weight_transport == "auto":
                 answer.update(_map_offered_ring(group, group_name, timeout_s))
             elif weight_transport == BROADCAST:
@@ -284,17 +335,24 @@ class UpdateGroups:
             try:
                 decision = group.store.get(f"{group_name}/{DECISION_KEY}").decode()
             except Exception as exc:  # noqa: BLE001 - the trainer never decided (it died or is not slime's)
-                raise RuntimeError(f"group {group_name!r}: no transport decision from the trainer at "
-                                   f"{group.master}: {first_line(exc)}"
-                                   ) from None
+                raise RuntimeError(
+                    f"group {group_name!r}: no transport decision from the trainer at {group.master}: {first_line(exc)}"
+                ) from None
             group.transport = RING if decision == RING else BROADCAST
             if group.transport != RING:
                 group.ring.close()
                 group.ring = None
         return group.transport == RING
 
-    def receive(self, group_name: str, names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]],
-                load_format: str | None, into: list[torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+    def receive(
+        self,
+        group_name: str,
+        names: list[str],
+        dtypes: list[torch.dtype],
+        shapes: list[list[int]],
+        load_format: str | None,
+        into: list[torch.Tensor] | None = None,
+    ) -> list[tuple[str, torch.Tensor]]:
         """Blocking: receive one bucket broadcast by rank 0 in the layout `load_format` names.
 
         With `into` (per-tensor layout only) each tensor is received straight into its target (the
@@ -303,8 +361,9 @@ class UpdateGroups:
         with self._lock:
             group = self.groups.get(group_name)
         if group is None:
-            raise WeightUpdateError(f"weight update group {group_name!r} does not exist; call "
-                                    "init_weights_update_group first")
+            raise WeightUpdateError(
+                f"weight update group {group_name!r} does not exist; call init_weights_update_group first"
+            )
         if load_format not in (None, "flattened_bucket"):
             raise WeightUpdateError(f"load_format must be null or 'flattened_bucket', got {load_format!r}")
         if self.uses_ring(group_name):
@@ -312,8 +371,9 @@ class UpdateGroups:
             return list(zip(names, into)) if into is not None else []
         if load_format == "flattened_bucket":
             if len(set(dtypes)) > 1:
-                raise WeightUpdateError("a flattened_bucket must hold tensors of one dtype, got "
-                                        f"{sorted({dtype_name(d) for d in dtypes})}")
+                raise WeightUpdateError(
+                    f"a flattened_bucket must hold tensors of one dtype, got {sorted({dtype_name(d) for d in dtypes})}"
+                )
             numel = sum(nbytes_of(d, s) // torch.empty((), dtype=d).element_size() for d, s in zip(dtypes, shapes))
             flat = group.flat_buffer(dtypes[0] if dtypes else torch.uint8, numel)
             _checked_broadcast(group, group_name, flat)
@@ -345,13 +405,20 @@ def _map_offered_ring(group: _Group, group_name: str, timeout_s: float) -> dict:
     return {"weight_transport": RING}
 
 
-def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list[torch.dtype],
-                  shapes: list[list[int]], into: list[torch.Tensor] | None) -> None:
+def _receive_ring(
+    group: _Group,
+    group_name: str,
+    names: list[str],
+    dtypes: list[torch.dtype],
+    shapes: list[list[int]],
+    into: list[torch.Tensor] | None,
+) -> None:
     """Receive one bucket chunk by chunk through the ring, copying into `into` (None: drop it, the
     bucket was refused but the collectives must still run). Blocking, bounded by the group's deadline."""
     if group.broken:
-        raise RuntimeError(f"group {group_name!r} lost step with the trainer earlier ({group.broken}); "
-                           "destroy it and init again")
+        raise RuntimeError(
+            f"group {group_name!r} lost step with the trainer earlier ({group.broken}); destroy it and init again"
+        )
     offsets, sizes, total = bucket_layout(dtypes, shapes)
     digest = bucket_digest(names, dtypes, shapes)
     ring, done = group.ring, []
@@ -363,9 +430,11 @@ def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list
             group.wait(group.pg.broadcast([hdr], opts))
             expected = [MAGIC, group.seq, group.seq % len(ring.slots), start, length, digest]
             if hdr.tolist() != expected:
-                raise RuntimeError(f"ring chunk header {hdr.tolist()} from the trainer does not match this request "
-                                   f"(expected {expected}: the trainer sent another bucket than the one starting "
-                                   f"at {names[0]!r})")
+                raise RuntimeError(
+                    f"ring chunk header {hdr.tolist()} from the trainer does not match this request "
+                    f"(expected {expected}: the trainer sent another bucket than the one starting "
+                    f"at {names[0]!r})"
+                )
             if into is not None:
                 ring.read(expected[2], into, offsets, sizes, start, length)
             group.seq += 1
@@ -373,8 +442,10 @@ def _receive_ring(group: _Group, group_name: str, names: list[str], dtypes: list
         group.wait(*done)
     except Exception as exc:  # noqa: BLE001
         group.broken = first_line(exc)
-        raise RuntimeError(f"shared-memory ring receive on group {group_name!r} from {group.master} failed at "
-                           f"the bucket starting at {names[0]!r}: {group.broken}") from None
+        raise RuntimeError(
+            f"shared-memory ring receive on group {group_name!r} from {group.master} failed at "
+            f"the bucket starting at {names[0]!r}: {group.broken}"
+        ) from None
 
 
 def _shutdown(group: _Group) -> None:
@@ -419,9 +490,17 @@ class WeightChecker:
         else:
             parts = []
             if mismatched:
-                parts.append(f"{len(mismatched)} differ ({', '.join(mismatched[:5])}{', ...' if len(mismatched) > 5 else ''})")
+                parts.append(
+                    f"{len(mismatched)} differ ({', '.join(mismatched[:5])}{', ...' if len(mismatched) > 5 else ''})"
+                )
             if missing:
                 parts.append(f"{len(missing)} missing in the engine ({', '.join(missing[:5])})")
             message = f"weights differ from the expected checksums: {'; '.join(parts)}"
-        return {"success": equal, "equal": equal, "message": message, "tensors": tensors,
-                "mismatched": mismatched, "missing": missing}
+        return {
+            "success": equal,
+            "equal": equal,
+            "message": message,
+            "tensors": tensors,
+            "mismatched": mismatched,
+            "missing": missing,
+        }

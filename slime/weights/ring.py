@@ -95,8 +95,16 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
-def _copy_chunk(slot: torch.Tensor, tensors: list[torch.Tensor], offsets: list[int], sizes: list[int],
-                start: int, length: int, *, into_slot: bool) -> None:
+def _copy_chunk(
+    slot: torch.Tensor,
+    tensors: list[torch.Tensor],
+    offsets: list[int],
+    sizes: list[int],
+    start: int,
+    length: int,
+    *,
+    into_slot: bool,
+) -> None:
     """Copy the bytes [start, start + length) of the bucket between its tensors and a slot.
 
     A plain single-threaded memcpy (numpy, GIL released): torch's intra-op parallel copy splits every
@@ -109,12 +117,12 @@ def _copy_chunk(slot: torch.Tensor, tensors: list[torch.Tensor], offsets: list[i
         if lo >= hi:
             continue
         if into_slot:
-            np.copyto(ring[lo - start:hi - start], _bytes(t.contiguous())[lo - off:hi - off])
+            np.copyto(ring[lo - start : hi - start], _bytes(t.contiguous())[lo - off : hi - off])
         elif t.is_contiguous():
-            np.copyto(_bytes(t)[lo - off:hi - off], ring[lo - start:hi - start])
+            np.copyto(_bytes(t)[lo - off : hi - off], ring[lo - start : hi - start])
         else:  # a strided parameter (never in HF models): write through a contiguous copy
             flat = t.detach().contiguous()
-            np.copyto(_bytes(flat)[lo - off:hi - off], ring[lo - start:hi - start])
+            np.copyto(_bytes(flat)[lo - off : hi - off], ring[lo - start : hi - start])
             with torch.no_grad():
                 t.copy_(flat)
 
@@ -132,8 +140,9 @@ class RingWriter:
     @classmethod
     def create(cls, num_slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_SLOT_BYTES) -> RingWriter:
         if num_slots < 2 or slot_bytes < _ALIGN or slot_bytes % _ALIGN:
-            raise ValueError(f"a ring needs >= 2 slots of a positive multiple of {_ALIGN} bytes, got "
-                             f"{num_slots} x {slot_bytes}")
+            raise ValueError(
+                f"a ring needs >= 2 slots of a positive multiple of {_ALIGN} bytes, got {num_slots} x {slot_bytes}"
+            )
         ring = cls(paths=[], slot_bytes=slot_bytes, token=secrets.token_bytes(_TOKEN_BYTES))
         try:
             for _ in range(num_slots):
@@ -156,16 +165,23 @@ class RingWriter:
         return ring
 
     def offer(self) -> str:
-        return json.dumps({"host": host_id(), "paths": [str(p) for p in self.paths], "slot_bytes": self.slot_bytes,
-                           "token": self.token.hex()})
+        return json.dumps(
+            {
+                "host": host_id(),
+                "paths": [str(p) for p in self.paths],
+                "slot_bytes": self.slot_bytes,
+                "token": self.token.hex(),
+            }
+        )
 
     def unlink(self) -> None:
         """Remove the files (the mappings, ours and the engines', keep the memory until closed)."""
         for p in self.paths:
             p.unlink(missing_ok=True)
 
-    def write(self, slot: int, tensors: list[torch.Tensor], offsets: list[int], sizes: list[int],
-              start: int, length: int) -> None:
+    def write(
+        self, slot: int, tensors: list[torch.Tensor], offsets: list[int], sizes: list[int], start: int, length: int
+    ) -> None:
         _copy_chunk(self.slots[slot], tensors, offsets, sizes, start, length, into_slot=True)
 
     def close(self) -> None:
@@ -195,8 +211,13 @@ class RingReader:
             raise RingUnavailable(f"malformed ring offer: {exc}") from None
         if host != host_id():
             raise RingUnavailable("the trainer runs on another host")
-        if not (isinstance(paths, list) and len(paths) >= 2 and isinstance(slot_bytes, int) and slot_bytes > 0
-                and len(token) == _TOKEN_BYTES):
+        if not (
+            isinstance(paths, list)
+            and len(paths) >= 2
+            and isinstance(slot_bytes, int)
+            and slot_bytes > 0
+            and len(token) == _TOKEN_BYTES
+        ):
             raise RingUnavailable("malformed ring offer: needs >= 2 paths, slot_bytes > 0 and a 32-byte token")
         ring = cls(slot_bytes=slot_bytes)
         for path in paths:
@@ -205,8 +226,9 @@ class RingReader:
                 raise RingUnavailable(f"{path} is not the trainer's ring (token differs)")
         return ring
 
-    def read(self, slot: int, tensors: list[torch.Tensor], offsets: list[int], sizes: list[int],
-             start: int, length: int) -> None:
+    def read(
+        self, slot: int, tensors: list[torch.Tensor], offsets: list[int], sizes: list[int], start: int, length: int
+    ) -> None:
         _copy_chunk(self.slots[slot], tensors, offsets, sizes, start, length, into_slot=False)
 
     def close(self) -> None:

@@ -43,9 +43,24 @@ SHM_PREFIX = "slime-weights-"
 _ALIGN = 64  # every tensor starts on a 64-byte boundary, so typed views of the buffer are legal
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
-_DTYPES = {name: getattr(torch, name) for name in (
-    "float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
-    "float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)}
+_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float32",
+        "float16",
+        "bfloat16",
+        "float64",
+        "int8",
+        "uint8",
+        "int16",
+        "int32",
+        "int64",
+        "bool",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    )
+    if hasattr(torch, name)
+}
 
 
 class WeightFormatError(ValueError):
@@ -82,8 +97,9 @@ def named_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[s
     return {name: tensor_checksum(t) for name, t in named_tensors}
 
 
-def bucket_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]],
-                         bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def bucket_named_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive tensors grouped into buckets of at most `bucket_bytes` (a larger tensor is a bucket
     of its own) and of one dtype, in order."""
     bucket: list[tuple[str, torch.Tensor]] = []
@@ -105,7 +121,7 @@ def unflatten_bucket(flat: torch.Tensor, shapes: list[list[int]]) -> list[torch.
         n = 1
         for d in shape:
             n *= int(d)
-        out.append(flat[start:start + n].view(*shape) if shape else flat[start:start + n].view(()))
+        out.append(flat[start : start + n].view(*shape) if shape else flat[start : start + n].view(()))
         start += n
     return out
 
@@ -133,7 +149,7 @@ def _write(buf: torch.Tensor, named_tensors: list[tuple[str, torch.Tensor]], ent
         n = t.numel() * t.element_size()
         if n:
             src = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            np.copyto(out[e["offset"]:e["offset"] + n], src)
+            np.copyto(out[e["offset"] : e["offset"] + n], src)
 
 
 @dataclass
@@ -156,8 +172,9 @@ class TensorPayload:
         self.close()
 
 
-def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], *,
-                            transport: str = "shm") -> TensorPayload:
+def serialize_named_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], *, transport: str = "shm"
+) -> TensorPayload:
     """Pack named tensors for `update_weights_from_tensor` (`transport` "shm" or "inline", see module doc)."""
     named = [(n, t) for n, t in named_tensors]
     entries, total = _layout(named)
@@ -195,8 +212,10 @@ def deserialize_named_tensors(serialized: str) -> list[tuple[str, torch.Tensor]]
     except (TypeError, json.JSONDecodeError) as exc:
         raise WeightFormatError(f"serialized_named_tensors item is not a {FORMAT} JSON payload: {exc}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise WeightFormatError(f"serialized_named_tensors item has format "
-                                f"{header.get('format') if isinstance(header, dict) else None!r}, expected {FORMAT!r}")
+        raise WeightFormatError(
+            f"serialized_named_tensors item has format "
+            f"{header.get('format') if isinstance(header, dict) else None!r}, expected {FORMAT!r}"
+        )
     entries = header.get("tensors")
     total = header.get("nbytes")
     if not isinstance(entries, list) or not isinstance(total, int) or total < 0:
@@ -224,9 +243,10 @@ def deserialize_named_tensors(serialized: str) -> list[tuple[str, torch.Tensor]]
         n = nbytes_of(dtype, shape)
         start = e["offset"]
         if start < 0 or start % _ALIGN or start + n > total:
-            raise WeightFormatError(f"tensor {e['name']!r}: bytes [{start}, {start + n}) outside the payload "
-                                    f"of {total} bytes or misaligned")
-        out.append((e["name"], buf[start:start + n].view(dtype).view(shape)))
+            raise WeightFormatError(
+                f"tensor {e['name']!r}: bytes [{start}, {start + n}) outside the payload of {total} bytes or misaligned"
+            )
+        out.append((e["name"], buf[start : start + n].view(dtype).view(shape)))
     return out
 
 
@@ -239,8 +259,9 @@ def _map_shm(path: object, total: int) -> torch.Tensor:
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise WeightFormatError(f"cannot open shm payload {path}: {exc.strerror} (the trainer must keep it "
-                                "until every engine has answered)") from None
+        raise WeightFormatError(
+            f"cannot open shm payload {path}: {exc.strerror} (the trainer must keep it until every engine has answered)"
+        ) from None
     try:
         size = os.fstat(fd).st_size
         if size < total:

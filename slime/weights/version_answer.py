@@ -31,8 +31,9 @@ class BadWeightVersion(AnswerError):
         text = excerpt if isinstance(excerpt, str) else _SHORT.repr(excerpt)
         text = text[:EXCERPT_CHARS] + ("..." if len(text) > EXCERPT_CHARS else "")
         where = f"{engine}: " if engine else ""
-        super().__init__(f"{where}bad /get_weight_version answer ({field}): {problem}: {text}",
-                         reason=f"engine_bad_answer:{field}")
+        super().__init__(
+            f"{where}bad /get_weight_version answer ({field}): {problem}: {text}", reason=f"engine_bad_answer:{field}"
+        )
         self._parts = (field, problem, text, engine)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -59,6 +60,10 @@ def parse_weight_version_answer(body: Any, engine: str = "") -> str:
     if not isinstance(version, str):
         raise BadWeightVersion("weight_version", f"a {type(version).__name__}, not a string", version, engine)
     if not version or len(version) > MAX_VERSION_CHARS or not version.isprintable():
-        raise BadWeightVersion("weight_version", f"not a version (empty, over {MAX_VERSION_CHARS} characters, "
-                                                 "or unprintable)", version, engine)
+        raise BadWeightVersion(
+            "weight_version",
+            f"not a version (empty, over {MAX_VERSION_CHARS} characters, or unprintable)",
+            version,
+            engine,
+        )
     return version

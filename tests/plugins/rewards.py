@@ -3,7 +3,7 @@
 
 async def token_parity_rm(args, sample):
     """Depends on the sampled tokens only, so tests can recompute it from the batch."""
-    return float(sum(sample.tokens[sample.prompt_length:]) % 3)
+    return float(sum(sample.tokens[sample.prompt_length :]) % 3)
 
 
 async def group_rank_rm(args, samples):

@@ -12,15 +12,22 @@ from slime.utils.types import Sample
 
 async def _one(args, sample: Sample, url: str, tok) -> Sample:
     ids = tok(sample.prompt, add_special_tokens=False)["input_ids"]
-    out = await post(url, {"input_ids": ids, "return_logprob": True,
-                           "sampling_params": {"max_new_tokens": args.rollout_max_response_len, "temperature": 1.0}})
+    out = await post(
+        url,
+        {
+            "input_ids": ids,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": args.rollout_max_response_len, "temperature": 1.0},
+        },
+    )
     pairs = out["meta_info"]["output_token_logprobs"]
     sample.tokens = ids + [p[1] for p in pairs]
     sample.response_length = len(pairs)
     sample.rollout_log_probs = [p[0] for p in pairs]
     sample.response = out["text"]
     sample.status = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED}.get(
-        out["meta_info"]["finish_reason"]["type"], Sample.Status.ABORTED)
+        out["meta_info"]["finish_reason"]["type"], Sample.Status.ABORTED
+    )
     sample.reward = float(len(pairs) % 2)
     sample.metadata["custom"] = True
     return sample

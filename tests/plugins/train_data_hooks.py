@@ -15,8 +15,12 @@ def rewards_short(args, samples):
 
 
 def convert_minimal(args, samples):
-    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
-            "rewards": [7.0 for _ in samples], "loss_masks": [[1] * s.response_length for s in samples]}
+    return {
+        "tokens": [s.tokens for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "rewards": [7.0 for _ in samples],
+        "loss_masks": [[1] * s.response_length for s in samples],
+    }
 
 
 def convert_to_list(args, samples):

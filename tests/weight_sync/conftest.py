@@ -31,11 +31,26 @@ def fork_server(tiny_model_dir, tmp_path_factory):
     sock = where / "engines.sock"
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    server = ChildProcess([sys.executable, "-m", "slime.utils.fork_server", "--socket", str(sock), "--main",
-                           "slime.engine.warm_start:serve", "--preload", "slime.engine.warm_start:preload",
-                           "--preload-json", json.dumps([str(tiny_model_dir)])],
-                          name="test engine fork server", log_path=tmp_path_factory.mktemp("fork") / "server.log",
-                          env=env, ready=sock.exists, startup_timeout=120).start()
+    server = ChildProcess(
+        [
+            sys.executable,
+            "-m",
+            "slime.utils.fork_server",
+            "--socket",
+            str(sock),
+            "--main",
+            "slime.engine.warm_start:serve",
+            "--preload",
+            "slime.engine.warm_start:preload",
+            "--preload-json",
+            json.dumps([str(tiny_model_dir)]),
+        ],
+        name="test engine fork server",
+        log_path=tmp_path_factory.mktemp("fork") / "server.log",
+        env=env,
+        ready=sock.exists,
+        startup_timeout=120,
+    ).start()
     yield str(sock)
     server.kill()
 
@@ -69,8 +84,11 @@ class SharedEngines:
         for rank, engine in enumerate(self.engines):
             if not engine.alive():
                 code = engine.server.process.proc.returncode
-                warnings.warn(f"shared engine {rank} died (exit code {code}) before this test; replaced by a "
-                              f"fresh one (its log: {engine.server.process.log_path})", stacklevel=1)
+                warnings.warn(
+                    f"shared engine {rank} died (exit code {code}) before this test; replaced by a "
+                    f"fresh one (its log: {engine.server.process.log_path})",
+                    stacklevel=1,
+                )
                 engine.stop()
                 self.engines[rank] = self._started(rank)
         return list(self.engines)
@@ -93,10 +111,12 @@ def cluster(tiny_model_dir, model_b_dir, tmp_path_factory, fork_server):
         b.start()
         a1 = shared.engines[0]
         # concurrent requests are answered exactly as solo ones (tests/test_hf_engine.py)
-        answers = all_of(lambda job: gen(job[0].url(), PROMPTS[job[1]], **kind(job[1])),
-                         [(x, i) for x in (a1, b) for i in range(len(PROMPTS))])
+        answers = all_of(
+            lambda job: gen(job[0].url(), PROMPTS[job[1]], **kind(job[1])),
+            [(x, i) for x in (a1, b) for i in range(len(PROMPTS))],
+        )
         b.stop()
-        yield shared, {"A": answers[:len(PROMPTS)], "B": answers[len(PROMPTS):]}
+        yield shared, {"A": answers[: len(PROMPTS)], "B": answers[len(PROMPTS) :]}
 
 
 @pytest.fixture

@@ -25,8 +25,11 @@ def kind(i: int) -> dict:
 
 
 def gen(url: str, ids: list[int], max_new_tokens: int = LONG, **sp) -> dict:
-    body = {"input_ids": ids, "return_logprob": True,
-            "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": max_new_tokens, **sp}}
+    body = {
+        "input_ids": ids,
+        "return_logprob": True,
+        "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": max_new_tokens, **sp},
+    }
     r = requests.post(f"{url}/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -38,9 +41,15 @@ def load(url: str) -> dict:
 
 def actor(model_dir, tmp_path, rank: int = 0, fork_server: str | None = None) -> EngineActor:
     """An engine around a real server process; `fork_server`: started warm from it (as the fleet does)."""
-    args = SimpleNamespace(engine_host="127.0.0.1", rollout_backend="hf", hf_checkpoint=str(model_dir),
-                           engine_max_batch_size=16, engine_threads=1, engine_startup_timeout=120,
-                           log_dir=str(tmp_path))
+    args = SimpleNamespace(
+        engine_host="127.0.0.1",
+        rollout_backend="hf",
+        hf_checkpoint=str(model_dir),
+        engine_max_batch_size=16,
+        engine_threads=1,
+        engine_startup_timeout=120,
+        log_dir=str(tmp_path),
+    )
     return EngineActor(args, rank=rank, fork_server=fork_server)
 
 
@@ -62,8 +71,8 @@ def outputs(r: dict) -> tuple[list[int], list[float]]:
 def assert_answer_of(r: dict, ref: dict) -> None:
     ids, lps = outputs(r)
     ref_ids, ref_lps = outputs(ref)
-    assert ids == ref_ids[:len(ids)] and len(ids) in (SHORT, LONG)
-    assert lps == pytest.approx(ref_lps[:len(ids)], abs=1e-4)
+    assert ids == ref_ids[: len(ids)] and len(ids) in (SHORT, LONG)
+    assert lps == pytest.approx(ref_lps[: len(ids)], abs=1e-4)
 
 
 def assert_serves(url: str, refs_of_model: list[dict], version: str, prompts=(0, 1)) -> None:

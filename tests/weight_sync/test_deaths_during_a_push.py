@@ -49,8 +49,9 @@ OLD_GROUP_DEADLINE_S = 600.0  # far beyond the test's own run: a push that waite
 
 @pytest.mark.parametrize("transport", ["auto", "broadcast"])
 @pytest.mark.parametrize("when", ["start", "middle", "end"])
-def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir, fork_server, tensors_b, ck_b,
-                                                  tmp_path, caplog, transport, when):
+def test_push_survives_an_engine_killed_during_it(
+    engines, refs, tiny_model_dir, fork_server, tensors_b, ck_b, tmp_path, caplog, transport, when
+):
     """SIGKILL at the first, a middle or the last bucket: the dead engine is dropped, the group formed
     again with the survivors, and they get the whole push (checksums) and serve it, all before the
     broken group's deadline (600 s here) could pass: nothing waits in the dead member's collective
@@ -64,10 +65,14 @@ def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir,
     victim = actor(tiny_model_dir, tmp_path, rank=7, fork_server=fork_server)
     try:
         victim.start()
-        members = [Watched(engines[0]), Watched(victim, {"start": 1, "middle": n // 2, "end": n}[when]),
-                   Watched(engines[1])]
-        group = WeightUpdateGroup(members, group_name="g-death", timeout=OLD_GROUP_DEADLINE_S, transport=transport,
-                                  ring_slot_bytes=1 << 20)
+        members = [
+            Watched(engines[0]),
+            Watched(victim, {"start": 1, "middle": n // 2, "end": n}[when]),
+            Watched(engines[1]),
+        ]
+        group = WeightUpdateGroup(
+            members, group_name="g-death", timeout=OLD_GROUP_DEADLINE_S, transport=transport, ring_slot_bytes=1 << 20
+        )
         group.connect()
         assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")
         try:
@@ -76,8 +81,10 @@ def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir,
                 answers = group.push(tensors_b, weight_version="d1", bucket_bytes=bucket_bytes)
             assert [a["weight_version"] for a in answers] == ["d1", "d1"]
             assert group.died == [(members[1], "the push of weight version 'd1'")]
-            assert "engine 7 died during the push of weight version 'd1' (engine 7: exited with code -9); going on " \
-                   "with the 2 surviving engine(s)" in caplog.messages
+            assert (
+                "engine 7 died during the push of weight version 'd1' (engine 7: exited with code -9); going on "
+                "with the 2 surviving engine(s)" in caplog.messages
+            )
             # the loss's record: how the death was known, and each survivor's call in the dropped group ended
             [loss] = group.losses
             assert loss["engines"] == ["engine 7"] and loss["exit"] == {"engine 7": "exited with code -9"}
@@ -101,8 +108,9 @@ def test_push_survives_an_engine_killed_during_it(engines, refs, tiny_model_dir,
 
 
 @pytest.mark.parametrize("transport", ["auto", "broadcast"])
-def test_group_formation_survives_an_engine_killed_while_joining(engines, tiny_model_dir, fork_server, tensors_b,
-                                                                 ck_b, tmp_path, caplog, transport):
+def test_group_formation_survives_an_engine_killed_while_joining(
+    engines, tiny_model_dir, fork_server, tensors_b, ck_b, tmp_path, caplog, transport
+):
     """SIGKILL as an engine is asked to join (issue 20): `connect` drops it, forms the group with the
     survivors (a new name: their join of the broken rendezvous may still be pending) before the broken
     rendezvous' deadline, and the survivors get a whole push."""
@@ -111,15 +119,18 @@ def test_group_formation_survives_an_engine_killed_while_joining(engines, tiny_m
         victim.start()
         members = [Watched(engines[0]), Watched(victim, die_at=0), Watched(engines[1])]
         # a name per case: the survivors hold the broken rendezvous of their name until its deadline
-        group = WeightUpdateGroup(members, group_name=f"g-join-{transport}", timeout=OLD_GROUP_DEADLINE_S,
-                                  transport=transport)
+        group = WeightUpdateGroup(
+            members, group_name=f"g-join-{transport}", timeout=OLD_GROUP_DEADLINE_S, transport=transport
+        )
         started = time.monotonic()
         try:
             with caplog.at_level("WARNING", logger="slime.engine"):
                 group.connect()
             assert group.died == [(members[1], f"forming weight-update group 'g-join-{transport}'")]
-            assert f"engine 9 died during forming weight-update group 'g-join-{transport}' (engine 9: exited with code " \
-                   "-9); going on with the 2 surviving engine(s)" in caplog.messages
+            assert (
+                f"engine 9 died during forming weight-update group 'g-join-{transport}' (engine 9: exited with code "
+                "-9); going on with the 2 surviving engine(s)" in caplog.messages
+            )
             assert group.engines == [members[0], members[2]] and group.group_name == f"g-join-{transport}-1"
             assert group.transport == ("shm_ring" if transport == "auto" else "broadcast")
             with paused(group.engines):

@@ -19,18 +19,24 @@ from tests.weight_sync.helpers import assert_serves, ring_files
 # chunks, chunk boundaries cut through tensors, the embedding spans ~600 chunks and the 4-slot ring wraps
 # ~150 times per push. (4 KiB slots proved nothing more at 9,500 chunks a push: 158 s of a 48-min suite.)
 @pytest.mark.parametrize("transport, ring_slot_bytes", [("auto", 64 << 10), ("auto", 1 << 20), ("broadcast", 4096)])
-def test_distributed_push_in_buckets_to_two_engines(engines, refs, tensors_a, tensors_b, ck_b, transport,
-                                                    ring_slot_bytes):
+def test_distributed_push_in_buckets_to_two_engines(
+    engines, refs, tensors_a, tensors_b, ck_b, transport, ring_slot_bytes
+):
     """The shared-memory ring (chunks smaller and larger than the buckets) and the forced broadcast."""
-    group = WeightUpdateGroup(engines, group_name="g-test", timeout=60, transport=transport,
-                              ring_slot_bytes=ring_slot_bytes)
+    group = WeightUpdateGroup(
+        engines, group_name="g-test", timeout=60, transport=transport, ring_slot_bytes=ring_slot_bytes
+    )
     group.connect()
     assert group.transport == ("shm_ring" if transport == "auto" else "broadcast"), group.transport_reason
     assert ring_files() == []  # unlinked as soon as every engine mapped them
     try:
         with paused(engines):
-            answers = group.push(tensors_b, weight_version="v1", bucket_bytes=1 << 20,  # many flat buckets
-                                 load_format="flattened_bucket")
+            answers = group.push(
+                tensors_b,
+                weight_version="v1",
+                bucket_bytes=1 << 20,  # many flat buckets
+                load_format="flattened_bucket",
+            )
         assert [a["weight_version"] for a in answers] == ["v1", "v1"]
         for e in engines:
             assert_serves(e.url(), refs["B"], "v1")
@@ -94,10 +100,12 @@ def test_engine_maps_only_a_trainer_ring_on_its_own_host(tmp_path):
             RingReader.map(json.dumps({**offer, "host": "not-" + host_id()}))
         secret = tmp_path / "slime-weights-secret"
         secret.write_bytes(bytes(4096))
-        for paths, message in [(["/etc/passwd", offer["paths"][1]], "must be a slime-weights-"),
-                               ([str(secret), offer["paths"][1]], "must be a slime-weights-"),
-                               ([offer["paths"][0], str(shm_dir() / "slime-weights-nobody")], "No such file"),
-                               ([offer["paths"][0]], "needs >= 2 paths")]:
+        for paths, message in [
+            (["/etc/passwd", offer["paths"][1]], "must be a slime-weights-"),
+            ([str(secret), offer["paths"][1]], "must be a slime-weights-"),
+            ([offer["paths"][0], str(shm_dir() / "slime-weights-nobody")], "No such file"),
+            ([offer["paths"][0]], "needs >= 2 paths"),
+        ]:
             with pytest.raises(RingUnavailable, match=message):
                 RingReader.map(json.dumps({**offer, "paths": paths}))
         with pytest.raises(RingUnavailable, match="token differs"):
@@ -128,8 +136,12 @@ def test_ring_files_are_gone_after_the_trainer_is_killed(engines, refs, model_b_
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(model_b_dir), *[e.url() for e in engines]],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(model_b_dir), *[e.url() for e in engines]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "shm_ring"
         assert ring_files(proc.pid) == []
@@ -177,14 +189,24 @@ def test_group_that_cannot_rendezvous_fails_within_its_deadline(engines, refs):
     assert not group.connected
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"backend": "nccl"}, "backend 'nccl' is not available"),
-    ({"rank_offset": 0}, "rank_offset must be in 1..world_size-1"),
-    ({"master_port": "x"}, "master_port must be an integer"),
-    ({"weight_transport": "pigeon"}, "weight_transport must be one of auto, broadcast, got 'pigeon'"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"backend": "nccl"}, "backend 'nccl' is not available"),
+        ({"rank_offset": 0}, "rank_offset must be in 1..world_size-1"),
+        ({"master_port": "x"}, "master_port must be an integer"),
+        ({"weight_transport": "pigeon"}, "weight_transport must be one of auto, broadcast, got 'pigeon'"),
+    ],
+)
 def test_bad_group_requests_are_400(engines, body, message):
-    full = {"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 1, "world_size": 2,
-            "group_name": "g-bad", "backend": "gloo", **body}
+    full = {
+        "master_address": "127.0.0.1",
+        "master_port": 1234,
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": "g-bad",
+        "backend": "gloo",
+        **body,
+    }
     r = requests.post(f"{engines[0].url()}/init_weights_update_group", json=full, timeout=30)
     assert r.status_code == 400 and message in r.json()["message"]

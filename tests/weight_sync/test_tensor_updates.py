@@ -46,11 +46,14 @@ def test_shared_memory_payload_is_removed_and_confined():
         deserialize_named_tensors(forged)
 
 
-@pytest.mark.parametrize("name, tensor, message", [
-    ("model.no_such_layer.weight", torch.zeros(3), "no such parameter"),
-    ("model.norm.weight", torch.zeros(64, dtype=torch.float64), "dtype float64 does not match"),
-    ("model.norm.weight", torch.zeros(65), "shape [65] does not match"),
-])
+@pytest.mark.parametrize(
+    "name, tensor, message",
+    [
+        ("model.no_such_layer.weight", torch.zeros(3), "no such parameter"),
+        ("model.norm.weight", torch.zeros(64, dtype=torch.float64), "dtype float64 does not match"),
+        ("model.norm.weight", torch.zeros(65), "shape [65] does not match"),
+    ],
+)
 def test_bad_tensor_is_refused_naming_it_and_nothing_changes(engines, refs, tensors_b, name, tensor, message):
     e = engines[0]
     before = e.check_weights("checksum")["checksums"]
@@ -67,9 +70,12 @@ def test_bad_tensor_is_refused_naming_it_and_nothing_changes(engines, refs, tens
 
 def test_malformed_tensor_requests_are_400(engines):
     url = engines[0].url()
-    for body, field in [({}, "serialized_named_tensors"), ({"serialized_named_tensors": ["{}", "{}"]}, "tp_size 1"),
-                        ({"serialized_named_tensors": ["not json"]}, "JSON payload"),
-                        ({"serialized_named_tensors": ["{}"], "load_format": "direct"}, "load_format")]:
+    for body, field in [
+        ({}, "serialized_named_tensors"),
+        ({"serialized_named_tensors": ["{}", "{}"]}, "tp_size 1"),
+        ({"serialized_named_tensors": ["not json"]}, "JSON payload"),
+        ({"serialized_named_tensors": ["{}"], "load_format": "direct"}, "load_format"),
+    ]:
         r = requests.post(f"{url}/update_weights_from_tensor", json=body, timeout=30)
         assert r.status_code == 400 and field in r.json()["message"], (body, r.text)
     assert engines[0].get_weight_version() == "base"

@@ -44,7 +44,9 @@ def test_pause_update_continue_with_requests_in_flight(engines, refs, tensors_b)
     threads = _start_requests(url, results, range(4))
     assert until(lambda: load(url)["num_running_reqs"] == 4, 60, interval=0.005)
     steps = load(url)["decode_steps_total"]
-    assert until(lambda: load(url)["decode_steps_total"] >= steps + 3, 60, interval=0.005)  # every row has tokens from A
+    assert until(
+        lambda: load(url)["decode_steps_total"] >= steps + 3, 60, interval=0.005
+    )  # every row has tokens from A
     e.pause_generation()
     running = load(url)["num_running_reqs"]
     assert running >= 1
@@ -71,7 +73,9 @@ def test_update_without_pause_never_mixes_versions(engines, refs, tensors_b, mod
             group = stack.enter_context(WeightUpdateGroup([e], group_name="g-live", timeout=60))
         restarted0 = load(url)["requests_restarted"]
         threads = _start_requests(url, results, range(4))
-        assert until(lambda: load(url)["num_running_reqs"] == 4 and load(url)["decode_steps_total"] > 0, 60, interval=0.005)
+        assert until(
+            lambda: load(url)["num_running_reqs"] == 4 and load(url)["decode_steps_total"] > 0, 60, interval=0.005
+        )
         if path == "tensor":
             push_tensors([e], tensors_b, weight_version="v1")
         elif path == "disk":
@@ -88,14 +92,17 @@ def test_update_without_pause_never_mixes_versions(engines, refs, tensors_b, mod
 
 def test_streamed_request_in_flight_is_aborted_not_mixed(engines, tensors_b):
     url = engines[0].url()
-    body = {"input_ids": PROMPTS[2], "stream": True,
-            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "input_ids": PROMPTS[2],
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0},
+    }
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=120) as r:
         lines = (ln for ln in r.iter_lines(decode_unicode=True) if ln)
         assert next(lines).startswith("data: {")
         push_tensors([engines[0]], tensors_b, weight_version="v1")
         chunks = list(lines)
-    last = json.loads(chunks[-2][len("data: "):])
+    last = json.loads(chunks[-2][len("data: ") :])
     assert chunks[-1] == "data: [DONE]"
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     assert "weights were updated" in last["meta_info"]["finish_reason"]["message"]

@@ -37,8 +37,15 @@ from slime.rollout.engine_client import EngineClient
 from slime.utils.endpoints import Endpoints
 from slime.utils.types import Sample
 
-__all__ = ["BaseAdapter", "TurnRecord", "call_sglang_generate", "flatten_content", "sid_from_bearer",
-           "sid_from_body", "tool_call_dict"]
+__all__ = [
+    "BaseAdapter",
+    "TurnRecord",
+    "call_sglang_generate",
+    "flatten_content",
+    "sid_from_bearer",
+    "sid_from_body",
+    "tool_call_dict",
+]
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024  # agent CLIs send their whole history and tool schemas every turn
@@ -52,8 +59,9 @@ def sid_from_body(body: dict | None) -> str | None:
     return body_session(body or {})
 
 
-async def call_sglang_generate(prompt_ids: list[int], session: Session, body: dict, *, adapter: BaseAdapter,
-                               session_id: str | None = None) -> TurnRecord:
+async def call_sglang_generate(
+    prompt_ids: list[int], session: Session, body: dict, *, adapter: BaseAdapter, session_id: str | None = None
+) -> TurnRecord:
     """One turn on the engines (slime's seam): `body` is the wire request the sampling keys come from."""
     request = adapter.parse(adapter.protocol_of(body), body, {}, session_id)
     params = sampling_params(session, request, len(prompt_ids))
@@ -68,10 +76,19 @@ class BaseAdapter:
     routes: dict[str, ModuleType] = {}
     default_protocol: ModuleType
 
-    def __init__(self, *, tokenizer: Any, sglang_url: str, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None, max_turns_per_sid: int | None = None,
-                 fork_threshold_tokens: int | None = None, debug_callback: Callable[..., None] | None = None,
-                 client: EngineClient | None = None, renderer: PromptRenderer | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        sglang_url: str,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        max_turns_per_sid: int | None = None,
+        fork_threshold_tokens: int | None = None,
+        debug_callback: Callable[..., None] | None = None,
+        client: EngineClient | None = None,
+        renderer: PromptRenderer | None = None,
+    ) -> None:
         """`renderer`: slime renders every prompt whole (`FullRender`, any tokenizer); pass
         `DeltaRender(tokenizer)` for append-only prompts with a Hugging Face tokenizer."""
         self.tokenizer = tokenizer
@@ -82,10 +99,15 @@ class BaseAdapter:
         self.manager = TrajectoryManager(fork_threshold_tokens=fork_threshold_tokens)
         self.sessions = SessionTable(max_turns=max_turns_per_sid)
         self.debug_callback = debug_callback
-        self.pipeline = TurnPipeline(tokenizer=tokenizer, renderer=renderer or FullRender(tokenizer),
-                                     generate=self._generate,
-                                     manager=self.manager, sessions=self.sessions, tool_parser=tool_parser,
-                                     reasoning_parser=reasoning_parser)
+        self.pipeline = TurnPipeline(
+            tokenizer=tokenizer,
+            renderer=renderer or FullRender(tokenizer),
+            generate=self._generate,
+            manager=self.manager,
+            sessions=self.sessions,
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser,
+        )
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_get("/healthz", _health)
         self.app.router.add_get("/v1/models", _health)
@@ -103,16 +125,16 @@ class BaseAdapter:
         return self.default_protocol
 
     async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
-        return await call_sglang_generate(prompt_ids, session, request.raw, adapter=self,
-                                          session_id=request.session_id)
+        return await call_sglang_generate(prompt_ids, session, request.raw, adapter=self, session_id=request.session_id)
 
     def _route(self, protocol: ModuleType) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 body = await request.json()
             except (ValueError, RecursionError) as e:  # (RecursionError: nested too deeply to read)
-                return web.json_response(protocol.render_error(BadRequestError(f"the body is not JSON: {e}")),
-                                         status=400)
+                return web.json_response(
+                    protocol.render_error(BadRequestError(f"the body is not JSON: {e}")), status=400
+                )
             try:
                 if not isinstance(body, dict):
                     raise BadRequestError("the request body must be a JSON object")
@@ -145,8 +167,9 @@ class BaseAdapter:
 
     def _debug(self, turn: Turn) -> None:
         try:
-            self.debug_callback(turn.request.session_id, turn.request.messages, turn.request.tools,
-                                turn.reply.message, turn.record)
+            self.debug_callback(
+                turn.request.session_id, turn.request.messages, turn.request.tools, turn.reply.message, turn.record
+            )
         except Exception:  # noqa: BLE001 - a debugging hook must not fail the turn; the error is logged
             logger.exception("debug_callback failed (sid=%s)", turn.request.session_id)
 
@@ -155,16 +178,25 @@ class BaseAdapter:
 
     # ---------------------------------------------------------------- sessions (slime's API)
 
-    def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int = 0,
-                     key: str | None = None) -> str:
+    def open_session(
+        self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int = 0, key: str | None = None
+    ) -> str:
         """Open `sid`; its requests must carry `key` (default: the sid, slime's contract), returned."""
         self.sessions.open(sid, key=key, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens)
         return self.sessions.key_of(sid)
 
-    async def finish_session(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
-                             extra_metadata: dict | None = None, wait_timeout: float = 5.0) -> list[Sample]:
-        return await self.pipeline.finish(sid, base_sample=base_sample, reward=reward,
-                                          extra_metadata=extra_metadata, wait_timeout=wait_timeout)
+    async def finish_session(
+        self,
+        sid: str,
+        *,
+        base_sample: Sample,
+        reward: float = 0.0,
+        extra_metadata: dict | None = None,
+        wait_timeout: float = 5.0,
+    ) -> list[Sample]:
+        return await self.pipeline.finish(
+            sid, base_sample=base_sample, reward=reward, extra_metadata=extra_metadata, wait_timeout=wait_timeout
+        )
 
     async def shutdown_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
         session = self.sessions.close(sid)

@@ -75,8 +75,12 @@ class SampleBuilder:
         if at == len(self.tokens):
             return DriftKind.CLEAN
         start = self.last_response_start
-        if start is not None and at >= start and len(turn.output_ids) < self.fork_threshold and (
-                self.absorb_sampled or not any(self.loss_mask[start:])):
+        if (
+            start is not None
+            and at >= start
+            and len(turn.output_ids) < self.fork_threshold
+            and (self.absorb_sampled or not any(self.loss_mask[start:]))
+        ):
             return DriftKind.REALIGN
         return DriftKind.FORK
 
@@ -87,16 +91,17 @@ class SampleBuilder:
             raise ValueError("SampleBuilder.append: a FORK turn starts a new builder")
         first = self.last_response_start is None
         if kind is DriftKind.REALIGN:
-            if any(self.loss_mask[self.last_response_start:]) and self.last_turn_index is not None:
+            if any(self.loss_mask[self.last_response_start :]) and self.last_turn_index is not None:
                 self.dropped_turns.append(self.last_turn_index)
             self._truncate(self.last_response_start)
         self.last_turn_index = turn_index
         self.images = turn.images or self.images
-        self._extend(turn.prompt_ids[len(self.tokens):], mask=0)
+        self._extend(turn.prompt_ids[len(self.tokens) :], mask=0)
         self.last_response_start = len(self.tokens)
         if trained and turn.output_ids:
-            self.segments.append(_Segment(len(self.tokens), len(self.tokens) + len(turn.output_ids),
-                                          turn.weight_version))
+            self.segments.append(
+                _Segment(len(self.tokens), len(self.tokens) + len(turn.output_ids), turn.weight_version)
+            )
         self._extend(turn.output_ids, mask=int(trained), log_probs=turn.output_log_probs if trained else None)
         if first:
             self.prompt_length = len(turn.prompt_ids)
@@ -113,22 +118,29 @@ class SampleBuilder:
 
     @property
     def has_trained_response(self) -> bool:
-        return any(self.loss_mask[self.prompt_length:])
+        return any(self.loss_mask[self.prompt_length :])
 
-    def to_sample(self, base: Sample, metadata: dict[str, Any], *, finish_reason: str,
-                  max_tokens: int = 0) -> Sample:
+    def to_sample(self, base: Sample, metadata: dict[str, Any], *, finish_reason: str, max_tokens: int = 0) -> Sample:
         """The row as a `Sample` of `base`'s prompt/label/ids: the first prompt is the prompt, the rest
         the response; each trained span one segment (weight version, rollout id)."""
         end = min(len(self.tokens), max_tokens) if max_tokens else len(self.tokens)
         end, images = whole_images(self.tokens, end, list(self.images))
         p = self.prompt_length
         rollout_id = base.rollout_id if base.rollout_id is not None else base.index
-        sample = Sample(index=base.index, group_index=base.group_index, rollout_id=rollout_id,
-                        prompt=base.prompt, label=base.label, session_id=base.session_id,
-                        tokens=self.tokens[:end], response_length=max(0, end - p),
-                        loss_mask=self.loss_mask[p:end], rollout_log_probs=self.log_probs[p:end],
-                        status=_FINISH_STATUS.get(finish_reason, Sample.Status.COMPLETED),
-                        metadata={**metadata, "finish_reason": finish_reason})
+        sample = Sample(
+            index=base.index,
+            group_index=base.group_index,
+            rollout_id=rollout_id,
+            prompt=base.prompt,
+            label=base.label,
+            session_id=base.session_id,
+            tokens=self.tokens[:end],
+            response_length=max(0, end - p),
+            loss_mask=self.loss_mask[p:end],
+            rollout_log_probs=self.log_probs[p:end],
+            status=_FINISH_STATUS.get(finish_reason, Sample.Status.COMPLETED),
+            metadata={**metadata, "finish_reason": finish_reason},
+        )
         if images:  # the image tokens are prompt tokens (mask 0); the trainer needs their pixels
             sample.multimodal_inputs = {"images": [image.data_uri for image in images], "videos": None}
             sample.multimodal_train_inputs = train_inputs(images)

@@ -40,8 +40,9 @@ class _Node:
             if c.message is message:
                 return c
         role = message.get("role")
-        return next((c for c in self.children
-                     if c.message.get("role") == role and same_message(c.message, message)), None)
+        return next(
+            (c for c in self.children if c.message.get("role") == role and same_message(c.message, message)), None
+        )
 
 
 class Conversations:
@@ -52,8 +53,14 @@ class Conversations:
     def __len__(self) -> int:
         return self.sent
 
-    def add(self, messages: list[dict[str, Any]], answer: dict[str, Any], tools: list[dict[str, Any]] | None,
-            prompt_ids: list[int], output_ids: list[int]) -> None:
+    def add(
+        self,
+        messages: list[dict[str, Any]],
+        answer: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: list[int],
+        output_ids: list[int],
+    ) -> None:
         node = self.root
         for m in [*messages, answer]:
             nxt = node.child(m)
@@ -65,8 +72,9 @@ class Conversations:
         node.answers.append(PromptPrefix(tools, prompt, list(output_ids)))
         self.sent += 1
 
-    def continued(self, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None) -> tuple[PromptPrefix, int] | None:
+    def continued(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[PromptPrefix, int] | None:
         """The answer deepest in `messages` (asked with these tools) that new messages follow, and
         how many messages it covers; the first answer sent when a retry left several."""
         path: list[_Node] = []

@@ -33,8 +33,10 @@ def sampling_params(session: Session, request: ChatRequest, prompt_len: int) -> 
     if session.max_context_tokens > 0:
         room = session.max_context_tokens - prompt_len
         if room <= 0:
-            raise ContextFullError(f"prompt is too long: {prompt_len} tokens >= the session's context budget of "
-                                   f"{session.max_context_tokens} (--rollout-max-context-len)")
+            raise ContextFullError(
+                f"prompt is too long: {prompt_len} tokens >= the session's context budget of "
+                f"{session.max_context_tokens} (--rollout-max-context-len)"
+            )
         params["max_new_tokens"] = min(int(params["max_new_tokens"]), room)
     return params
 
@@ -58,14 +60,28 @@ class EngineTurns:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, routing_key: str | None,
-                       top_logprobs_num: int = 0, images: tuple[Any, ...] = ()) -> TurnRecord:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        *,
+        routing_key: str | None,
+        top_logprobs_num: int = 0,
+        images: tuple[Any, ...] = (),
+    ) -> TurnRecord:
         """`images`: the prompt's `PreparedImage`s, in placeholder order (their data URIs as `image_data`)."""
         extra: dict[str, Any] = {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}
         if images:
             extra["image_data"] = [image.data_uri for image in images]
         out = await self.client.generate(prompt_ids, params, routing_key=routing_key, **extra)
         matched = out.matched if out.finish_type == "stop" and isinstance(out.matched, str) else None  # not an id
-        return TurnRecord(prompt_ids=prompt_ids, output_ids=out.token_ids, finish_reason=out.finish_type,
-                          output_log_probs=out.log_probs, weight_version=out.weight_version, stop_matched=matched,
-                          top_log_probs=out.top_log_probs, images=tuple(images))
+        return TurnRecord(
+            prompt_ids=prompt_ids,
+            output_ids=out.token_ids,
+            finish_reason=out.finish_type,
+            output_log_probs=out.log_probs,
+            weight_version=out.weight_version,
+            stop_matched=matched,
+            top_log_probs=out.top_log_probs,
+            images=tuple(images),
+        )

@@ -12,8 +12,7 @@ logger = logging.getLogger(__name__)
 # An engine's own words for a prompt over its context length: the embedded engine ("input_ids is too
 # long: N tokens"), SGLang's tokenizer manager ("The input (N tokens) is longer than the model's context
 # length (M tokens)"), SGLang's OpenAI server ("... exceeds the model's maximum context length ...")
-_CONTEXT_REFUSAL = re.compile(r"too long|longer than the model's context length|maximum context length",
-                              re.IGNORECASE)
+_CONTEXT_REFUSAL = re.compile(r"too long|longer than the model's context length|maximum context length", re.IGNORECASE)
 
 
 def is_context_refusal(body: str) -> bool:

@@ -19,8 +19,13 @@ from slime.utils.prompt_images import ImageCountError, PreparedImage, PromptImag
 
 def image_sources(messages: list[dict[str, Any]]) -> list[str]:
     """The image parts' sources, in the order the template renders them."""
-    return [part["image"] for m in messages if isinstance(m.get("content"), list)
-            for part in m["content"] if isinstance(part, dict) and part.get("type") == "image"]
+    return [
+        part["image"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, dict) and part.get("type") == "image"
+    ]
 
 
 class ConversationImages:
@@ -44,5 +49,6 @@ class ConversationImages:
         try:
             return self.images.expand(ids, images)
         except ImageCountError as e:
-            raise BadRequestError(f"messages: {e} in the rendered prompt (the chat template must render one "
-                                  "<|image_pad|> per image part)") from None
+            raise BadRequestError(
+                f"messages: {e} in the rendered prompt (the chat template must render one <|image_pad|> per image part)"
+            ) from None

@@ -38,8 +38,14 @@ def split_reasoning(raw: str) -> tuple[str, str]:
     return reasoning.replace(THINK_OPEN, "", 1).strip(), rest.lstrip("\n")
 
 
-def parse_model_output(raw_output: str, *, tools_schema: list[dict] | None, tool_parser_name: str | None,
-                       reasoning_parser_name: str | None, cut_off: bool = False) -> ParsedModelOutput:
+def parse_model_output(
+    raw_output: str,
+    *,
+    tools_schema: list[dict] | None,
+    tool_parser_name: str | None,
+    reasoning_parser_name: str | None,
+    cut_off: bool = False,
+) -> ParsedModelOutput:
     """`reasoning_parser_name` (any name) splits off a `<think>` block; `cut_off`: the turn hit the
     length limit, so an unclosed call was cut rather than malformed."""
     reasoning, body = split_reasoning(raw_output) if reasoning_parser_name else ("", raw_output)
@@ -49,8 +55,13 @@ def parse_model_output(raw_output: str, *, tools_schema: list[dict] | None, tool
         result = get_parser(tool_parser_name).parse(body, cut_off=cut_off)
         if result.calls or result.errors:
             body, ill_formed = result.content, bool(result.errors)
-            tool_uses = [{"name": c.name, "input": c.arguments if isinstance(c.arguments, dict) else
-                          {"_raw_arguments": c.arguments}} for c in result.calls]
+            tool_uses = [
+                {
+                    "name": c.name,
+                    "input": c.arguments if isinstance(c.arguments, dict) else {"_raw_arguments": c.arguments},
+                }
+                for c in result.calls
+            ]
     if not tool_uses and tools_schema:
         body, tool_uses = parse_xml_tool_uses(body, tools_schema)
     return ParsedModelOutput(reasoning=reasoning, text=body.strip(), tool_uses=tool_uses, ill_formed=ill_formed)
@@ -65,9 +76,10 @@ def parse_xml_tool_uses(body_text: str, tools_schema: list[dict]) -> tuple[str, 
     last = 0
     for m in _XML_CALL.finditer(body_text):
         if m.group(1) in known:
-            uses.append({"name": m.group(1), "input": {p.group(1): p.group(2).strip()
-                                                       for p in _XML_PARAM.finditer(m.group(2))}})
-            kept.append(body_text[last:m.start()])
+            uses.append(
+                {"name": m.group(1), "input": {p.group(1): p.group(2).strip() for p in _XML_PARAM.finditer(m.group(2))}}
+            )
+            kept.append(body_text[last : m.start()])
             last = m.end()
     kept.append(body_text[last:])
     return "".join(kept), uses

@@ -18,8 +18,15 @@ from typing import Any
 from jinja2 import TemplateError
 
 from slime.agent.gateway.engine_call import client_stops, sampling_params
-from slime.agent.gateway.errors import (BadRequestError, ContextFullError, EngineAbortedError, EngineFailedError,
-                                FieldError, TurnRefused, is_context_refusal)
+from slime.agent.gateway.errors import (
+    BadRequestError,
+    ContextFullError,
+    EngineAbortedError,
+    EngineFailedError,
+    FieldError,
+    TurnRefused,
+    is_context_refusal,
+)
 from slime.agent.gateway.images import ConversationImages
 from slime.agent.gateway.parsing import forced_call_prefix, parse_model_output
 from slime.agent.gateway.protocols.common import tool_call_dict
@@ -57,9 +64,18 @@ def recorded_message(text: str, reasoning: str, uses: list[ToolUse]) -> dict[str
 
 
 class TurnPipeline:
-    def __init__(self, *, tokenizer: Any, renderer: PromptRenderer, generate: Generate,
-                 manager: TrajectoryManager, sessions: SessionTable, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None, images: ConversationImages | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        renderer: PromptRenderer,
+        generate: Generate,
+        manager: TrajectoryManager,
+        sessions: SessionTable,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        images: ConversationImages | None = None,
+    ) -> None:
         """`images`: the model's image side (a vision-language model), None for a text-only model."""
         self.tokenizer, self.renderer, self.generate, self.images = tokenizer, renderer, generate, images
         self.manager, self.sessions = manager, sessions
@@ -91,8 +107,10 @@ class TurnPipeline:
         except HttpError as e:
             raise _engine_refusal(e, len(prompt_ids), request.session_id) from e
         if record.finish_reason == "abort":  # a partial answer is not a turn the model finished: never trained
-            raise EngineAbortedError(f"session {request.session_id!r}: the engines aborted this turn after "
-                                     f"{len(record.output_ids)} tokens (weight update); send it again")
+            raise EngineAbortedError(
+                f"session {request.session_id!r}: the engines aborted this turn after "
+                f"{len(record.output_ids)} tokens (weight update); send it again"
+            )
         return record
 
     def prompt_ids(self, session: Session, request: ChatRequest) -> list[int]:
@@ -120,25 +138,38 @@ class TurnPipeline:
         """The opening of a call the client requires (`parsing.forced_call_prefix`), as prompt ids."""
         prefix = forced_call_prefix(request.tool_choice)
         if prefix and not self.tool_parser:
-            raise FieldError("tool_choice", "a required tool call needs the gateway's tool parser "
-                                            "(--tool-call-parser); this gateway runs without one")
+            raise FieldError(
+                "tool_choice",
+                "a required tool call needs the gateway's tool parser "
+                "(--tool-call-parser); this gateway runs without one",
+            )
         return list(self.tokenizer.encode(prefix, add_special_tokens=False)) if prefix else []
 
     def _reply(self, record: TurnRecord, request: ChatRequest) -> tuple[TurnRecord, Reply]:
         text = forced_call_prefix(request.tool_choice) + self.decode(record.output_ids)
         stop = record.stop_matched if record.stop_matched in client_stops(request) else None
         if stop is not None and stop in text:  # the APIs cut the client's stop string off
-            text = text[:text.find(stop)]
-        parsed = parse_model_output(text, tools_schema=request.tools,
-                                    tool_parser_name=self.tool_parser, reasoning_parser_name=self.reasoning_parser,
-                                    cut_off=record.finish_reason == "length")
+            text = text[: text.find(stop)]
+        parsed = parse_model_output(
+            text,
+            tools_schema=request.tools,
+            tool_parser_name=self.tool_parser,
+            reasoning_parser_name=self.reasoning_parser,
+            cut_off=record.finish_reason == "length",
+        )
         uses = [ToolUse(u["name"], u["input"]) for u in parsed.tool_uses]
         message = recorded_message(parsed.text, parsed.reasoning, uses)
         finish = "tool_calls" if uses else ("length" if record.finish_reason == "length" else "stop")
-        reply = Reply(text=parsed.text, tool_uses=uses, finish_reason=finish, reasoning=parsed.reasoning,
-                      usage=Usage(len(record.prompt_ids), len(record.output_ids)), message=message,
-                      stop_sequence=stop if finish == "stop" else None,
-                      logprobs=self.token_logprobs(record, request.top_logprobs) if request.logprobs else None)
+        reply = Reply(
+            text=parsed.text,
+            tool_uses=uses,
+            finish_reason=finish,
+            reasoning=parsed.reasoning,
+            usage=Usage(len(record.prompt_ids), len(record.output_ids)),
+            message=message,
+            stop_sequence=stop if finish == "stop" else None,
+            logprobs=self.token_logprobs(record, request.top_logprobs) if request.logprobs else None,
+        )
         return dataclasses.replace(record, ill_formed=parsed.ill_formed), reply
 
     def decode(self, ids: list[int]) -> str:
@@ -160,8 +191,10 @@ class TurnPipeline:
         if len(record.output_log_probs) < end or (top and len(record.top_log_probs) < end):
             raise EngineFailedError("the engine answered without the log-probs the client asked for")
         tops = record.top_log_probs if top else [()] * end
-        return [TokenLogprob(self.token_text(t), lp, tuple((self.token_text(i), alt) for alt, i in row[:top]))
-                for t, lp, row in zip(record.output_ids[:end], record.output_log_probs, tops)]
+        return [
+            TokenLogprob(self.token_text(t), lp, tuple((self.token_text(i), alt) for alt, i in row[:top]))
+            for t, lp, row in zip(record.output_ids[:end], record.output_log_probs, tops)
+        ]
 
     def token_text(self, token_id: int) -> str:
         return decode_text(self.tokenizer, self._decoder, [token_id])
@@ -172,10 +205,16 @@ class TurnPipeline:
         if turn.pending.done():
             return False
         req = turn.request
-        self.manager.record_turn(req.session_id, turn=turn.record, prompt_messages=req.messages,
-                                 response_message=turn.reply.message, metadata={"sid": req.session_id})
-        self.renderer.remember(turn.session, req.messages, req.tools, turn.record.prompt_ids, turn.reply.message,
-                               turn.record.output_ids)
+        self.manager.record_turn(
+            req.session_id,
+            turn=turn.record,
+            prompt_messages=req.messages,
+            response_message=turn.reply.message,
+            metadata={"sid": req.session_id},
+        )
+        self.renderer.remember(
+            turn.session, req.messages, req.tools, turn.record.prompt_ids, turn.reply.message, turn.record.output_ids
+        )
         self.abandon(turn)
         return True
 
@@ -191,18 +230,29 @@ class TurnPipeline:
             turn.session.turns -= 1
         _release(turn.session, turn.pending)
 
-    async def finish(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
-                     extra_metadata: dict[str, Any] | None = None, wait_timeout: float = 5.0) -> list[Sample]:
+    async def finish(
+        self,
+        sid: str,
+        *,
+        base_sample: Sample,
+        reward: float = 0.0,
+        extra_metadata: dict[str, Any] | None = None,
+        wait_timeout: float = 5.0,
+    ) -> list[Sample]:
         """Close the session, wait for its turns in flight, and build its Samples (response decoded)."""
         session = self.sessions.close(sid)
         if session is not None:
             await session.drain(wait_timeout)
         budget = session.max_context_tokens if session is not None else 0
-        samples = self.manager.get_trajectory(sid, base_sample=base_sample, reward=reward,
-                                              extra_metadata=extra_metadata, max_sample_tokens=budget)
+        samples = self.manager.get_trajectory(
+            sid, base_sample=base_sample, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=budget
+        )
         for s in samples:
-            s.response = self.tokenizer.decode(s.tokens[-s.response_length:], skip_special_tokens=False) \
-                if s.response_length else ""
+            s.response = (
+                self.tokenizer.decode(s.tokens[-s.response_length :], skip_special_tokens=False)
+                if s.response_length
+                else ""
+            )
         return samples
 
     async def drop(self, sid: str, *, wait_timeout: float = 5.0) -> None:

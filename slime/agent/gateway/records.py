@@ -37,8 +37,10 @@ class TurnRecordError(AssertionError):
 
 def check_turn(turn: TurnRecord) -> None:
     if turn.output_log_probs and len(turn.output_log_probs) != len(turn.output_ids):
-        raise TurnRecordError(f"turn.output_log_probs length {len(turn.output_log_probs)} != "
-                              f"turn.output_ids length {len(turn.output_ids)}")
+        raise TurnRecordError(
+            f"turn.output_log_probs length {len(turn.output_log_probs)} != "
+            f"turn.output_ids length {len(turn.output_ids)}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

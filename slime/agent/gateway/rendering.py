@@ -23,11 +23,19 @@ KEPT_PROMPTS = 256  # whole renders kept per gateway (a rollout batch's distinct
 
 
 class PromptRenderer(Protocol):
-    def prompt_ids(self, session: Session, messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None) -> list[int]: ...
+    def prompt_ids(
+        self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]: ...
 
-    def remember(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 prompt_ids: list[int], answer: dict[str, Any], output_ids: list[int]) -> None: ...
+    def remember(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: list[int],
+        answer: dict[str, Any],
+        output_ids: list[int],
+    ) -> None: ...
 
 
 class RenderedPrompts:
@@ -67,27 +75,37 @@ class FullRender:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def prompt_ids(self, session: Session, messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         enc = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True)
         return list(enc["input_ids"] if isinstance(enc, Mapping) else enc)
 
-    def remember(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 prompt_ids: list[int], answer: dict[str, Any], output_ids: list[int]) -> None:
+    def remember(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: list[int],
+        answer: dict[str, Any],
+        output_ids: list[int],
+    ) -> None:
         return None
 
 
 class DeltaRender:
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None,
-                 kept_prompts: int = KEPT_PROMPTS) -> None:
+    def __init__(
+        self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None, kept_prompts: int = KEPT_PROMPTS
+    ) -> None:
         self.delta = ChatDelta(tokenizer, template_kwargs)
         self.full_renders = 0  # prompts rendered whole (first turns and forks), for the benchmark
         # a template that writes today's date renders differently tomorrow: nothing of it is kept
         dated = "strftime_now" in str(getattr(tokenizer, "chat_template", None) or "")
         self.prompts = RenderedPrompts(0 if dated else kept_prompts)
 
-    def prompt_ids(self, session: Session, messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         found = session.conversations.continued(messages, tools)
         if found is not None:
             answer, n = found
@@ -103,8 +121,15 @@ class DeltaRender:
             ids = self.prompts.put(key, self.delta.prompt_ids(self.for_template(messages), tools))
         return ids
 
-    def remember(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 prompt_ids: list[int], answer: dict[str, Any], output_ids: list[int]) -> None:
+    def remember(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: list[int],
+        answer: dict[str, Any],
+        output_ids: list[int],
+    ) -> None:
         session.conversations.add(messages, answer, tools, prompt_ids, output_ids)
 
     def for_template(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,6 +140,7 @@ class DeltaRender:
 
     @staticmethod
     def _as_text(m: dict[str, Any]) -> dict[str, Any]:
-        calls = [HermesParser.call_text(c["function"]["name"], c["function"].get("arguments", {}))
-                 for c in m["tool_calls"]]
+        calls = [
+            HermesParser.call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in m["tool_calls"]
+        ]
         return {"role": "assistant", "content": "\n".join([m.get("content") or "", *calls]).strip("\n")}

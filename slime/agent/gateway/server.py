@@ -31,8 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slime.agent.gateway.engine_call import EngineTurns, sampling_params
-from slime.agent.gateway.errors import (BadRequestError, SessionClosedError, TurnRefused, UnknownRouteError,
-                                       error_answer)
+from slime.agent.gateway.errors import BadRequestError, SessionClosedError, TurnRefused, UnknownRouteError, error_answer
 from slime.agent.gateway.images import ConversationImages
 from slime.agent.gateway.pipeline import Turn, TurnPipeline
 from slime.agent.gateway.protocols import anthropic, openai_chat, openai_responses
@@ -49,8 +48,11 @@ from slime.utils.types import Sample
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # seconds `Gateway.start` waits for the socket to listen
 KEY_BYTES = 32  # a session key's entropy (secrets.token_urlsafe: 43 URL-safe characters)
-ROUTES: dict[str, ModuleType] = {"/v1/chat/completions": openai_chat, "/v1/responses": openai_responses,
-                                 "/v1/messages": anthropic}
+ROUTES: dict[str, ModuleType] = {
+    "/v1/chat/completions": openai_chat,
+    "/v1/responses": openai_responses,
+    "/v1/messages": anthropic,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,29 +69,43 @@ class GatewayConfig:
     def from_args(cls, args: Any) -> GatewayConfig:
         """The one place the gateway's flags are read (`slime.agent.flags`, --tool-call-parser,
         --rollout-max-context-len)."""
-        return cls(port=args.agent_gateway_port, tool_parser=args.tool_call_parser, max_turns=args.agent_max_turns,
-                   fork_threshold_tokens=args.agent_fork_threshold,
-                   max_context_tokens=int(args.rollout_max_context_len or 0))
+        return cls(
+            port=args.agent_gateway_port,
+            tool_parser=args.tool_call_parser,
+            max_turns=args.agent_max_turns,
+            fork_threshold_tokens=args.agent_fork_threshold,
+            max_context_tokens=int(args.rollout_max_context_len or 0),
+        )
 
 
 class Gateway:
-    def __init__(self, client: EngineClient, *, tokenizer: Any = None, config: GatewayConfig | None = None,
-                 renderer: PromptRenderer | None = None, images: PromptImages | None = None) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        *,
+        tokenizer: Any = None,
+        config: GatewayConfig | None = None,
+        renderer: PromptRenderer | None = None,
+        images: PromptImages | None = None,
+    ) -> None:
         """`images`: a vision-language model's image side (`PromptImages.of_checkpoint`): image blocks are
         rendered with its placeholder tokens and sent as `image_data`; None refuses them by path."""
         self.config = config or GatewayConfig()
         self.client = client
         self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer
         self.engine = EngineTurns(client)
-        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens,
-                                         absorb_sampled=False)
-        self.sessions = SessionTable(max_turns=self.config.max_turns,
-                                     max_context_tokens=self.config.max_context_tokens)
-        self.pipeline = TurnPipeline(tokenizer=self.tokenizer, renderer=renderer or DeltaRender(self.tokenizer),
-                                     generate=self._generate, manager=self.manager, sessions=self.sessions,
-                                     tool_parser=self.config.tool_parser,
-                                     reasoning_parser=self.config.reasoning_parser,
-                                     images=ConversationImages(images) if images is not None else None)
+        self.manager = TrajectoryManager(fork_threshold_tokens=self.config.fork_threshold_tokens, absorb_sampled=False)
+        self.sessions = SessionTable(max_turns=self.config.max_turns, max_context_tokens=self.config.max_context_tokens)
+        self.pipeline = TurnPipeline(
+            tokenizer=self.tokenizer,
+            renderer=renderer or DeltaRender(self.tokenizer),
+            generate=self._generate,
+            manager=self.manager,
+            sessions=self.sessions,
+            tool_parser=self.config.tool_parser,
+            reasoning_parser=self.config.reasoning_parser,
+            images=ConversationImages(images) if images is not None else None,
+        )
         self.app = self._build_app()
         self.asgi = AgentRoutes(self.app)  # what the server serves: the turn routes first, then FastAPI
         self._server: uvicorn.Server | None = None
@@ -98,9 +114,13 @@ class Gateway:
 
     async def _generate(self, prompt_ids: list[int], session: Session, request: ChatRequest) -> TurnRecord:
         params = sampling_params(session, request, len(prompt_ids))
-        return await self.engine.generate(prompt_ids, params, routing_key=request.session_id,
-                                          top_logprobs_num=request.top_logprobs,
-                                          images=tuple(self.pipeline.images_of(session, request)))
+        return await self.engine.generate(
+            prompt_ids,
+            params,
+            routing_key=request.session_id,
+            top_logprobs_num=request.top_logprobs,
+            images=tuple(self.pipeline.images_of(session, request)),
+        )
 
     # ---------------------------------------------------------------- HTTP
 
@@ -134,8 +154,11 @@ class Gateway:
             turn, gone = answered
             if req.stream:
                 gone.cancel()  # (the stream notices a departure itself)
-                return StreamingResponse(self._send(turn, protocol.render_stream(turn.reply, req)),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(
+                    self._send(turn, protocol.render_stream(turn.reply, req)),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
             body = json.dumps(protocol.render_reply(turn.reply, req), ensure_ascii=False).encode()
             return TurnResponse(body, turn, gone, self.pipeline)
 
@@ -149,8 +172,9 @@ class Gateway:
         parsed = session.bodies.parse(await request.body(), protocol.HISTORY, protocol.__name__)
         if not isinstance(parsed.body, dict):
             raise BadRequestError("the request body must be a JSON object")
-        req = protocol.parse_request(parsed.body, request.headers, session.sid, parsed.known,
-                                     vision=self.pipeline.images is not None)
+        req = protocol.parse_request(
+            parsed.body, request.headers, session.sid, parsed.known, vision=self.pipeline.images is not None
+        )
         if req.known is not None:
             session.bodies.keep(parsed, req.known)
         return req
@@ -174,8 +198,9 @@ class Gateway:
         if turn.cancelled():
             if gone.done() and not gone.cancelled():
                 return None
-            raise SessionClosedError(f"session {req.session_id!r} was finished while this turn was in flight; "
-                                     "its sample is already built")
+            raise SessionClosedError(
+                f"session {req.session_id!r} was finished while this turn was in flight; its sample is already built"
+            )
         return turn.result(), gone
 
     async def _send(self, turn: Turn, chunks: Iterable[str]) -> AsyncIterator[bytes]:
@@ -213,8 +238,15 @@ class Gateway:
 
     def start(self) -> Gateway:
         """Serve on a daemon thread; returns once the socket listens."""
-        config = uvicorn.Config(self.asgi, host=self.config.host, port=self.config.port, log_level="warning",
-                                access_log=False, lifespan="on", proxy_headers=False)  # (nothing reads the
+        config = uvicorn.Config(
+            self.asgi,
+            host=self.config.host,
+            port=self.config.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            proxy_headers=False,
+        )  # (nothing reads the
         # client's address: uvicorn's X-Forwarded-* middleware would be one more layer per request)
         self._server = server = uvicorn.Server(config)
         started = threading.Event()
@@ -228,8 +260,9 @@ class Gateway:
         self._thread = threading.Thread(target=server.run, name="slime-agent-gateway", daemon=True)
         self._thread.start()
         if not started.wait(START_TIMEOUT) or not server.started:
-            raise RuntimeError(f"agent gateway did not listen on {self.config.host}:{self.config.port} "
-                               f"within {START_TIMEOUT}s")
+            raise RuntimeError(
+                f"agent gateway did not listen on {self.config.host}:{self.config.port} within {START_TIMEOUT}s"
+            )
         self.port = server.servers[0].sockets[0].getsockname()[1]
         return self
 
@@ -259,20 +292,39 @@ class Gateway:
 
     # ---------------------------------------------------------------- sessions
 
-    def open_session(self, sid: str, *, sampling_defaults: dict | None = None, max_context_tokens: int | None = None,
-                     max_turns: int | None = None) -> str:
+    def open_session(
+        self,
+        sid: str,
+        *,
+        sampling_defaults: dict | None = None,
+        max_context_tokens: int | None = None,
+        max_turns: int | None = None,
+    ) -> str:
         """Open `sid` and return its key, a fresh secret: give it to the session's agent only (as
         its API key, or in `base_url(sid)`); every request of the session must hold it."""
         key = secrets.token_urlsafe(KEY_BYTES)
-        self.sessions.open(sid, key=key, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens,
-                           max_turns=max_turns)
+        self.sessions.open(
+            sid,
+            key=key,
+            sampling_defaults=sampling_defaults,
+            max_context_tokens=max_context_tokens,
+            max_turns=max_turns,
+        )
         return key
 
-    async def finish_session(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
-                             extra_metadata: dict | None = None, wait_timeout: float = 5.0) -> list[Sample]:
+    async def finish_session(
+        self,
+        sid: str,
+        *,
+        base_sample: Sample,
+        reward: float = 0.0,
+        extra_metadata: dict | None = None,
+        wait_timeout: float = 5.0,
+    ) -> list[Sample]:
         """The session's Samples, one per root-to-leaf chain (`reward` on each); closes it."""
-        return await self.pipeline.finish(sid, base_sample=base_sample, reward=reward,
-                                          extra_metadata=extra_metadata, wait_timeout=wait_timeout)
+        return await self.pipeline.finish(
+            sid, base_sample=base_sample, reward=reward, extra_metadata=extra_metadata, wait_timeout=wait_timeout
+        )
 
     async def drop_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
         await self.pipeline.drop(sid, wait_timeout=wait_timeout)
@@ -288,9 +340,16 @@ class TurnResponse:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         delivered = False
         try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(self.body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(self.body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": self.body})
             delivered = not self.gone.done()  # (checked before any await lets the watch see the end)
         finally:
@@ -310,8 +369,11 @@ class AgentRoutes:
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
-        self.endpoints = {route.path: route.endpoint for route in app.routes
-                          if getattr(getattr(route, "endpoint", None), "route_path", None) in ROUTES}
+        self.endpoints = {
+            route.path: route.endpoint
+            for route in app.routes
+            if getattr(getattr(route, "endpoint", None), "route_path", None) in ROUTES
+        }
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -339,13 +401,20 @@ class AgentRoutes:
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     """A path no route serves (a malformed `/s/<key>` too), in the error format of the API it aims at."""
     protocol = anthropic if "/messages" in request.url.path else openai_chat
-    return JSONResponse(protocol.render_error(UnknownRouteError(f"no route serves {request.method} at this path; "
-                                                                "base URLs come from `Gateway.base_url`")),
-                        status_code=404)
+    return JSONResponse(
+        protocol.render_error(
+            UnknownRouteError(f"no route serves {request.method} at this path; base URLs come from `Gateway.base_url`")
+        ),
+        status_code=404,
+    )
 
 
 def request_key(request: Request) -> str | None:
     """The session key a request carries: in its URL, else `X-Session-Id`, else its API key."""
-    return (request.path_params.get("key") or header_session(request.headers) or bearer(request.headers)
-            or (request.headers.get("x-api-key") or "").strip() or None)
-
+    return (
+        request.path_params.get("key")
+        or header_session(request.headers)
+        or bearer(request.headers)
+        or (request.headers.get("x-api-key") or "").strip()
+        or None
+    )

@@ -77,8 +77,15 @@ class SessionTable:
         self._closed: set[str] = set()  # a straggler of a closed session must not open a new one
         self._closed_keys: set[str] = set()  # (so its straggler hears "closed", not "wrong key")
 
-    def open(self, sid: str, *, key: str | None = None, sampling_defaults: dict[str, Any] | None = None,
-             max_context_tokens: int | None = None, max_turns: int | None = None) -> Session:
+    def open(
+        self,
+        sid: str,
+        *,
+        key: str | None = None,
+        sampling_defaults: dict[str, Any] | None = None,
+        max_context_tokens: int | None = None,
+        max_turns: int | None = None,
+    ) -> Session:
         """`key`: the credential the session's requests present (None: the sid itself, as slime's
         adapters name a session by its API key; the gateway passes a minted secret)."""
         if not isinstance(sid, str) or not sid:
@@ -91,8 +98,9 @@ class SessionTable:
         self._closed.discard(sid)  # opening again on purpose starts a new session of that id
         self._closed_keys.discard(key)
         budget = self.max_context_tokens if max_context_tokens is None else int(max_context_tokens or 0)
-        s = self._sessions[sid] = Session(sid, dict(sampling_defaults or {}), budget,
-                                          self.max_turns if max_turns is None else max_turns)
+        s = self._sessions[sid] = Session(
+            sid, dict(sampling_defaults or {}), budget, self.max_turns if max_turns is None else max_turns
+        )
         self._keys[key], self._key_of[sid] = sid, key
         return s
 
@@ -112,10 +120,13 @@ class SessionTable:
             return self._sessions[sid]
         if key and key in self._closed_keys:
             raise SessionClosedError("the session of this key is closed; its sample is already built")
-        raise SessionKeyError("no open session holds this key: pass the key your session was opened with "
-                              "(in the base URL, X-Session-Id or as the API key)" if key else
-                              "no session key: pass the key your session was opened with "
-                              "(in the base URL, X-Session-Id or as the API key)")
+        raise SessionKeyError(
+            "no open session holds this key: pass the key your session was opened with "
+            "(in the base URL, X-Session-Id or as the API key)"
+            if key
+            else "no session key: pass the key your session was opened with "
+            "(in the base URL, X-Session-Id or as the API key)"
+        )
 
     def key_of(self, sid: str) -> str:
         """The key of the open session `sid` (for the host that hands it to the session's agent)."""

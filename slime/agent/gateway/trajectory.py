@@ -43,8 +43,15 @@ class TrajectoryManager:
     def turn_count(self, sid: str) -> int:
         return self._turn_count.get(sid, 0)
 
-    def record_turn(self, sid: str, *, turn: TurnRecord, prompt_messages: list[dict[str, Any]],
-                    response_message: dict[str, Any] | None, metadata: dict[str, Any] | None = None) -> None:
+    def record_turn(
+        self,
+        sid: str,
+        *,
+        turn: TurnRecord,
+        prompt_messages: list[dict[str, Any]],
+        response_message: dict[str, Any] | None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         """Route `turn` into session `sid`'s tree below the path its prompt messages spell."""
         check_turn(turn)
         if not prompt_messages:  # nothing to route it by (slime skips it too)
@@ -60,8 +67,15 @@ class TrajectoryManager:
         answer.turn_index = self._turn_count[sid] = self.turn_count(sid) + 1
         node.add_child(answer)
 
-    def get_trajectory(self, sid: str, *, base_sample: Sample, reward: float = 0.0,
-                       extra_metadata: dict[str, Any] | None = None, max_sample_tokens: int = 0) -> list[Sample]:
+    def get_trajectory(
+        self,
+        sid: str,
+        *,
+        base_sample: Sample,
+        reward: float = 0.0,
+        extra_metadata: dict[str, Any] | None = None,
+        max_sample_tokens: int = 0,
+    ) -> list[Sample]:
         """Every chain of the session as Samples, each carrying the full `reward`; drops the session
         (a second call returns [])."""
         root = self._trees.pop(sid, None)
@@ -69,13 +83,19 @@ class TrajectoryManager:
         if root is None:
             return []
         untrained: set[tuple[int, str]] = set()
-        samples = [s for leaf in root.leaves() if not leaf.is_root
-                   for s in self._chain_to_samples(leaf.path_from_root(), base_sample, extra_metadata or {},
-                                                   max_sample_tokens, untrained)]
+        samples = [
+            s
+            for leaf in root.leaves()
+            if not leaf.is_root
+            for s in self._chain_to_samples(
+                leaf.path_from_root(), base_sample, extra_metadata or {}, max_sample_tokens, untrained
+            )
+        ]
         notes = [{"turn_index": i, "reason": why} for i, why in sorted(untrained)]
         if notes:
-            logger.warning("session %s: %d sampled turn(s) absorbed as context, trained nowhere: %s", sid,
-                           len(notes), notes)
+            logger.warning(
+                "session %s: %d sampled turn(s) absorbed as context, trained nowhere: %s", sid, len(notes), notes
+            )
         for s in samples:
             s.reward = reward
             if notes:  # the session's, on each of its Samples: the row that lost a turn may have none left
@@ -86,22 +106,37 @@ class TrajectoryManager:
         self._trees.pop(sid, None)
         self._turn_count.pop(sid, None)
 
-    def _chain_to_samples(self, chain: list[MessageNode], base: Sample, extra: dict[str, Any], max_tokens: int,
-                          untrained: set[tuple[int, str]]) -> list[Sample]:
+    def _chain_to_samples(
+        self,
+        chain: list[MessageNode],
+        base: Sample,
+        extra: dict[str, Any],
+        max_tokens: int,
+        untrained: set[tuple[int, str]],
+    ) -> list[Sample]:
         """The chain's rows; adds to `untrained` the sampled turns it absorbed as context."""
         answers = [n for n in chain if n.is_generated]
         if not answers:
             return []
         finish = answers[-1].turn.finish_reason
-        metadata = {**extra, "truncated": finish == "length",
-                    "use_tool": any((n.message or {}).get("tool_calls") for n in answers),
-                    "ill_formed": any(n.turn.ill_formed for n in answers)}
-        untrained.update((n.metadata["merged_rewrite"]["abandoned_turn_index"], "merged_rewrite")
-                         for n in chain if "merged_rewrite" in n.metadata)
+        metadata = {
+            **extra,
+            "truncated": finish == "length",
+            "use_tool": any((n.message or {}).get("tool_calls") for n in answers),
+            "ill_formed": any(n.turn.ill_formed for n in answers),
+        }
+        untrained.update(
+            (n.metadata["merged_rewrite"]["abandoned_turn_index"], "merged_rewrite")
+            for n in chain
+            if "merged_rewrite" in n.metadata
+        )
         builders = self._builders(answers)
         untrained.update((i, "realigned") for b in builders for i in b.dropped_turns)
-        return [b.to_sample(base, metadata, finish_reason=finish, max_tokens=max_tokens)
-                for b in builders if b.has_trained_response]
+        return [
+            b.to_sample(base, metadata, finish_reason=finish, max_tokens=max_tokens)
+            for b in builders
+            if b.has_trained_response
+        ]
 
     def _builders(self, answers: list[MessageNode]) -> list[SampleBuilder]:
         """Pack the chain's generated turns into rows; a turn that cannot extend the current row

@@ -21,8 +21,14 @@ class MessageNode:
     """One chat message. `turn` is set on an assistant message the model generated here; every
     other node (system, user, tool, an assistant the client supplied) only routes."""
 
-    def __init__(self, *, role: str | None = None, message: dict[str, Any] | None = None,
-                 metadata: dict[str, Any] | None = None, parent: MessageNode | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        role: str | None = None,
+        message: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        parent: MessageNode | None = None,
+    ) -> None:
         self.role = role
         self.message = message
         self.metadata = dict(metadata or {})
@@ -91,8 +97,9 @@ def find_mount_point(root: MessageNode, messages: list[dict[str, Any]]) -> tuple
     return node, depth
 
 
-def merge_assistant_rewrite(node: MessageNode, messages: list[dict[str, Any]], depth: int,
-                            fork_threshold: int) -> tuple[MessageNode, int]:
+def merge_assistant_rewrite(
+    node: MessageNode, messages: list[dict[str, Any]], depth: int, fork_threshold: int
+) -> tuple[MessageNode, int]:
     """A client that replays our last answer slightly re-rendered (whitespace, reordered keys)
     would fork and leave the original answer as a dead-end branch trained on its own. When the
     mount point has exactly one generated assistant child, a leaf shorter than `fork_threshold`,
@@ -102,14 +109,17 @@ def merge_assistant_rewrite(node: MessageNode, messages: list[dict[str, Any]], d
     answers = [c for c in node.children if c.role == "assistant"]
     if len(answers) != 1:
         if answers:
-            logger.warning("%d assistant answers at the mount point: the rewrite's target is ambiguous, "
-                           "so it forks", len(answers))
+            logger.warning(
+                "%d assistant answers at the mount point: the rewrite's target is ambiguous, so it forks", len(answers)
+            )
         return node, depth
     old = answers[0]
     if old.children or old.turn is None or len(old.turn.output_ids) >= fork_threshold:
         return node, depth
-    old.metadata["merged_rewrite"] = {"abandoned_turn_index": old.turn_index,
-                                      "abandoned_response_tokens": len(old.turn.output_ids)}
+    old.metadata["merged_rewrite"] = {
+        "abandoned_turn_index": old.turn_index,
+        "abandoned_response_tokens": len(old.turn.output_ids),
+    }
     old.turn, old.turn_index, old.message = None, None, messages[depth]
     return old, depth + 1
 

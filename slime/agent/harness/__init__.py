@@ -7,5 +7,11 @@ import sys
 from slime.agent.sandboxes import harness
 from slime.agent.sandboxes.harness import claude_code, codex, common
 
-sys.modules.update({__name__: harness, f"{__name__}.common": common, f"{__name__}.claude_code": claude_code,
-                    f"{__name__}.codex": codex})
+sys.modules.update(
+    {
+        __name__: harness,
+        f"{__name__}.common": common,
+        f"{__name__}.claude_code": claude_code,
+        f"{__name__}.codex": codex,
+    }
+)

@@ -40,8 +40,12 @@ class CommandAgentConfig:
 
     @classmethod
     def from_args(cls, args: Any) -> CommandAgentConfig:
-        return cls(command=args.agent_command.replace("{python}", sys.executable), timeout=float(args.agent_timeout),
-                   grade_command=args.agent_grade_command, grade_timeout=float(args.agent_grade_timeout))
+        return cls(
+            command=args.agent_command.replace("{python}", sys.executable),
+            timeout=float(args.agent_timeout),
+            grade_command=args.agent_grade_command,
+            grade_timeout=float(args.agent_grade_timeout),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +85,11 @@ class CommandAgent:
             exit_code, output, workspace = await self._run_agent(sample, tarball, session_key, base_path)
         except Exception as e:  # noqa: BLE001 - no workspace to grade: the sample fails, the reason is kept
             return AgentOutcome(error=f"{type(e).__name__}: {e}", failure="agent_sandbox_error")
-        meta = {"agent_exit_code": exit_code, "agent_output": output[-OUTPUT_TAIL:],
-                "agent_seconds": round(time.monotonic() - t0, 3)}
+        meta = {
+            "agent_exit_code": exit_code,
+            "agent_output": output[-OUTPUT_TAIL:],
+            "agent_seconds": round(time.monotonic() - t0, 3),
+        }
         error = None if exit_code == 0 else f"--agent-command exited with {exit_code}"
         command = seed.grade_command or self.config.grade_command
         if command is None:
@@ -90,20 +97,27 @@ class CommandAgent:
         try:
             solved, grade_output = await self.grade(workspace, seed, command)
         except Exception as e:  # noqa: BLE001 - an ungraded sample must not get an invented reward
-            return AgentOutcome(error=f"grading: {type(e).__name__}: {e}", failure="agent_grading_failed",
-                                metadata=meta)
+            return AgentOutcome(
+                error=f"grading: {type(e).__name__}: {e}", failure="agent_grading_failed", metadata=meta
+            )
         meta.update(grading_solved=solved, grade_output=grade_output[-OUTPUT_TAIL:])
         return AgentOutcome(reward=1.0 if solved else 0.0, error=error, metadata=meta)
 
-    async def _run_agent(self, sample: Sample, tarball: bytes, session_key: str,
-                         base_path: str) -> tuple[int, str, bytes]:
+    async def _run_agent(
+        self, sample: Sample, tarball: bytes, session_key: str, base_path: str
+    ) -> tuple[int, str, bytes]:
         async with self.pool.session(egress=EGRESS) as sb:
             await sb.exec(f"mkdir -p {WORKDIR}", check=True, timeout=30)
             await upload(sb, WORKDIR, tarball)
             gateway = sb.egress_url + base_path
-            env = {"OPENAI_BASE_URL": f"{gateway}/v1", "OPENAI_API_KEY": session_key,
-                   "ANTHROPIC_BASE_URL": gateway, "ANTHROPIC_API_KEY": session_key,
-                   "SLIME_AGENT_PROMPT": prompt_text(sample.prompt), "HOME": "/home/agent"}
+            env = {
+                "OPENAI_BASE_URL": f"{gateway}/v1",
+                "OPENAI_API_KEY": session_key,
+                "ANTHROPIC_BASE_URL": gateway,
+                "ANTHROPIC_API_KEY": session_key,
+                "SLIME_AGENT_PROMPT": prompt_text(sample.prompt),
+                "HOME": "/home/agent",
+            }
             code, output = await run_command(sb, self.config.command, env=env, timeout=self.config.timeout)
             return code, output, await download(sb, WORKDIR)
 
@@ -114,14 +128,17 @@ class CommandAgent:
             await sb.exec(f"mkdir -p {WORKDIR}", check=True, timeout=30)
             await upload(sb, WORKDIR, workspace)
             await install_grader(sb, seed.grade_files, WORKDIR)
-            code, output = await run_command(sb, command, env=grader_env(WORKDIR), timeout=self.config.grade_timeout,
-                                             cwd=GRADER_DIR)
+            code, output = await run_command(
+                sb, command, env=grader_env(WORKDIR), timeout=self.config.grade_timeout, cwd=GRADER_DIR
+            )
         return code == 0, output
 
 
-async def run_command(sb: Sandbox, command: str, *, env: dict[str, str], timeout: float,
-                      cwd: str = WORKDIR) -> tuple[int, str]:
+async def run_command(
+    sb: Sandbox, command: str, *, env: dict[str, str], timeout: float, cwd: str = WORKDIR
+) -> tuple[int, str]:
     """`command` in `cwd` (the workspace) within `timeout` seconds: (exit code, stdout + stderr)."""
-    res = await asyncio.wait_for(sb.exec(f"cd {cwd} && {command}", env=env, timeout=max(1, math.ceil(timeout))),
-                                 timeout + EXEC_GRACE)
+    res = await asyncio.wait_for(
+        sb.exec(f"cd {cwd} && {command}", env=env, timeout=max(1, math.ceil(timeout))), timeout + EXEC_GRACE
+    )
     return res.returncode, res.stdout + res.stderr

@@ -58,16 +58,26 @@ sys.meta_path.append(WorkspaceFinder)
 
 def grader_env(workspace: str) -> dict[str, str]:
     """The grade command's environment: where the workspace is, and the import order above."""
-    return {"HOME": "/home/agent", "SLIME_WORKSPACE": workspace, "SLIME_GRADER_DIR": GRADER_DIR,
-            "PYTHONPATH": f"{GRADER_DIR}:{GRADER_SITE}", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
-            "PYTHONDONTWRITEBYTECODE": "1"}
+    return {
+        "HOME": "/home/agent",
+        "SLIME_WORKSPACE": workspace,
+        "SLIME_GRADER_DIR": GRADER_DIR,
+        "PYTHONPATH": f"{GRADER_DIR}:{GRADER_SITE}",
+        "PYTHONSAFEPATH": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 async def install_grader(sb: Sandbox, grade_files: dict[str, str], workspace: str) -> None:
     """The grader's directory, made after the workspace is in place (whatever the workspace
     unpacked there is removed first), holding `grade_files`; and our sitecustomize."""
-    await sb.exec(f"rm -rf {shlex.quote(GRADER_DIR)} {shlex.quote(GRADER_SITE)} && "
-                  f"mkdir -p {shlex.quote(GRADER_DIR)} {shlex.quote(GRADER_SITE)}", check=True, timeout=60)
+    await sb.exec(
+        f"rm -rf {shlex.quote(GRADER_DIR)} {shlex.quote(GRADER_SITE)} && "
+        f"mkdir -p {shlex.quote(GRADER_DIR)} {shlex.quote(GRADER_SITE)}",
+        check=True,
+        timeout=60,
+    )
     await sb.write_file(f"{GRADER_SITE}/sitecustomize.py", SITECUSTOMIZE.format(workspace=workspace))
     if grade_files:
         await upload(sb, GRADER_DIR, pack(grade_files))

@@ -19,8 +19,16 @@ from typing import Any, Protocol, runtime_checkable
 
 from slime.agent.sandboxes.sandbox_types import EXIT_TIME_BUDGET_EXCEEDED, ExecResult, FileContent
 
-__all__ = ["EXIT_TIME_BUDGET_EXCEEDED", "MARKER_POLL_SECONDS", "ExecResult", "FileContent", "RunsToEnd", "Sandbox",
-           "ensure_agent_user", "exec_and_wait"]  # and E2BSandbox, on access only (a star import loads no backend)
+__all__ = [
+    "EXIT_TIME_BUDGET_EXCEEDED",
+    "MARKER_POLL_SECONDS",
+    "ExecResult",
+    "FileContent",
+    "RunsToEnd",
+    "Sandbox",
+    "ensure_agent_user",
+    "exec_and_wait",
+]  # and E2BSandbox, on access only (a star import loads no backend)
 
 MARKER_POLL_SECONDS = 5  # a remote sandbox has no completion event: its marker is polled this often
 
@@ -35,8 +43,16 @@ class Sandbox(Protocol):
 
     async def __aexit__(self, exc_type, exc, tb) -> None: ...
 
-    async def exec(self, cmd: str, *, user: str = "root", env: dict[str, str] | None = None, timeout: int = 120,
-                   check: bool = False, idempotent: bool = True) -> ExecResult: ...
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        user: str = "root",
+        env: dict[str, str] | None = None,
+        timeout: int = 120,
+        check: bool = False,
+        idempotent: bool = True,
+    ) -> ExecResult: ...
 
     async def write_file(self, sandbox_path: str, content: FileContent, *, user: str = "root") -> None: ...
 
@@ -48,8 +64,9 @@ class RunsToEnd(Protocol):
     """A backend that can hold one command to its end (a local sandbox: no gateway severs it);
     `exec_and_wait` then runs the launcher through it instead of a detached spawn and a polled marker."""
 
-    async def exec_to_end(self, cmd: str, *, time_budget_sec: float, user: str = "root",
-                          env: dict[str, str] | None = None) -> int: ...
+    async def exec_to_end(
+        self, cmd: str, *, time_budget_sec: float, user: str = "root", env: dict[str, str] | None = None
+    ) -> int: ...
 
 
 async def _await_done_marker(sb: Sandbox, done_file: str, *, user: str, time_budget_sec: float) -> int:
@@ -64,9 +81,18 @@ async def _await_done_marker(sb: Sandbox, done_file: str, *, user: str, time_bud
     return EXIT_TIME_BUDGET_EXCEEDED
 
 
-async def exec_and_wait(sb: Sandbox, *, cmd: str, time_budget_sec: float, tag: str, user: str = "root",
-                        env: dict[str, str] | None = None, workdir: str | None = None, out_file: str | None = None,
-                        want_output: bool = False) -> tuple[int, str]:
+async def exec_and_wait(
+    sb: Sandbox,
+    *,
+    cmd: str,
+    time_budget_sec: float,
+    tag: str,
+    user: str = "root",
+    env: dict[str, str] | None = None,
+    workdir: str | None = None,
+    out_file: str | None = None,
+    want_output: bool = False,
+) -> tuple[int, str]:
     """Run `cmd` detached to completion: (exit code, its whole output if `want_output`, else the
     last 512 bytes of it on failure). Two calls with one `tag` must not overlap.
 
@@ -79,13 +105,22 @@ async def exec_and_wait(sb: Sandbox, *, cmd: str, time_budget_sec: float, tag: s
     await sb.write_file(launcher, f"#!/bin/bash\n{prefix}{cmd}\necho $? > {done_file}\n", user=user)
     await sb.exec(f"rm -rf {lock_dir}; rm -f {out_file} {done_file}", user=user, timeout=30, check=True)
     if isinstance(sb, RunsToEnd):  # (the launcher ends with the marker's echo: its code is the marker's)
-        code = await sb.exec_to_end(f"bash {launcher} < /dev/null > {out_file} 2>&1; rc=$?; "
-                                    f"test -s {done_file} && exit $(cat {done_file}); exit $rc",
-                                    time_budget_sec=time_budget_sec, user=user, env=env)
+        code = await sb.exec_to_end(
+            f"bash {launcher} < /dev/null > {out_file} 2>&1; rc=$?; "
+            f"test -s {done_file} && exit $(cat {done_file}); exit $rc",
+            time_budget_sec=time_budget_sec,
+            user=user,
+            env=env,
+        )
     else:
-        await sb.exec(f"chmod +x {launcher}; mkdir {lock_dir} 2>/dev/null || exit 0; "
-                      f"setsid bash {launcher} < /dev/null > {out_file} 2>&1 &",
-                      user=user, env=env, timeout=30, check=True)
+        await sb.exec(
+            f"chmod +x {launcher}; mkdir {lock_dir} 2>/dev/null || exit 0; "
+            f"setsid bash {launcher} < /dev/null > {out_file} 2>&1 &",
+            user=user,
+            env=env,
+            timeout=30,
+            check=True,
+        )
         code = await _await_done_marker(sb, done_file, user=user, time_budget_sec=time_budget_sec)
     if want_output:
         return code, await sb.read_file(out_file, user=user)
@@ -102,10 +137,14 @@ async def ensure_agent_user(sb: Sandbox, workdir: str) -> None:
     if getattr(sb, "one_user", False):
         await sb.exec(f"mkdir -p {workdir} && git config --global --add safe.directory '*'", check=True, timeout=60)
         return
-    await sb.exec(f"id agent >/dev/null 2>&1 || useradd -m -s /bin/bash agent && "
-                  f"chown -R agent:agent /home/agent {workdir} && "
-                  f"git config --system --add safe.directory '*' && id agent",
-                  user="root", check=True, timeout=60)
+    await sb.exec(
+        f"id agent >/dev/null 2>&1 || useradd -m -s /bin/bash agent && "
+        f"chown -R agent:agent /home/agent {workdir} && "
+        f"git config --system --add safe.directory '*' && id agent",
+        user="root",
+        check=True,
+        timeout=60,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ start from `SLIME_AGENT_SANDBOX_ENV` (JSON, e.g. a PATH to CLIs bound with --ro-
 `image` is a host directory or tarball unpacked into the workspace (`/tmp`): our sandbox has one
 root (the host's `/usr`, read-only), so what an E2B image adds must come in as files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,10 @@ class SlimeBackendSettings:
     def from_env(cls) -> SlimeBackendSettings:
         url = os.environ.get("SLIME_AGENT_SANDBOX_URL", "").strip()
         if not url:
-            raise RuntimeError("SLIME_AGENT_SANDBOX_BACKEND=slime needs SLIME_AGENT_SANDBOX_URL, the slime-sandbox "
-                               "server's URL (started with --egress gateway=127.0.0.1:<adapter port>)")
+            raise RuntimeError(
+                "SLIME_AGENT_SANDBOX_BACKEND=slime needs SLIME_AGENT_SANDBOX_URL, the slime-sandbox "
+                "server's URL (started with --egress gateway=127.0.0.1:<adapter port>)"
+            )
         egress = os.environ.get("SLIME_AGENT_SANDBOX_EGRESS", "gateway").strip()
         raw = os.environ.get("SLIME_AGENT_SANDBOX_ENV", "").strip()
         try:
@@ -84,8 +87,9 @@ class SlimeImageSandbox:
 
         self.image = image
         self.settings = settings or SlimeBackendSettings.from_env()
-        self._sb = SlimeSandbox(self.settings.url, egress=self.settings.egress, tar=image_tarball(image),
-                                env=self.settings.env)
+        self._sb = SlimeSandbox(
+            self.settings.url, egress=self.settings.egress, tar=image_tarball(image), env=self.settings.env
+        )
 
     @property
     def sandbox_id(self) -> str:

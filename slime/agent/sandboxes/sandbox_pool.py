@@ -16,8 +16,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from slime.agent.sandboxes.sandbox import Sandbox
-from slime.tools.rate_limiter import (RateLimiter, RateLimiterUnavailable, client_for, get_or_create_rate_limiter,
-                                      local_rate_limiter)
+from slime.tools.rate_limiter import (
+    RateLimiter,
+    RateLimiterUnavailable,
+    client_for,
+    get_or_create_rate_limiter,
+    local_rate_limiter,
+)
 
 logger = logging.getLogger(__name__)
 LIMITER_NAME = "agent:sandbox"
@@ -27,8 +32,15 @@ SandboxOpener = Callable[[str | None], Sandbox]
 
 
 class SandboxPool:
-    def __init__(self, opener: SandboxOpener, *, concurrency: int, acquire_timeout: float = 600.0,
-                 limiter_name: str = LIMITER_NAME, cluster_wide: bool | None = None) -> None:
+    def __init__(
+        self,
+        opener: SandboxOpener,
+        *,
+        concurrency: int,
+        acquire_timeout: float = 600.0,
+        limiter_name: str = LIMITER_NAME,
+        cluster_wide: bool | None = None,
+    ) -> None:
         """`cluster_wide`: one Ray limiter for every process (None: when Ray is initialised)."""
         if concurrency < 1:
             raise ValueError(f"--agent-sandbox-concurrency must be >= 1, got {concurrency}")

@@ -50,17 +50,36 @@ class SlimeSandbox:
     server's defaults. Opening waits for a free slot (the server answers 429 with Retry-After)
     up to `open_timeout` seconds."""
 
-    def __init__(self, url: str, *, egress: str | None = None, files: dict[str, FileContent] | None = None,
-                 tar: bytes | Path | None = None, env: dict[str, str] | None = None, memory_mb: int | None = None,
-                 disk_mb: int | None = None, max_inodes: int | None = None, idle_timeout: float | None = None,
-                 max_lifetime: float | None = None, open_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        egress: str | None = None,
+        files: dict[str, FileContent] | None = None,
+        tar: bytes | Path | None = None,
+        env: dict[str, str] | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        max_inodes: int | None = None,
+        idle_timeout: float | None = None,
+        max_lifetime: float | None = None,
+        open_timeout: float = 120.0,
+    ) -> None:
         self.url = url.rstrip("/")
         self.egress, self.env = egress, dict(env or {})
         self._seed_files = dict(files or {})
         self._seed_tar = tar
-        self._limits = {k: v for k, v in (("memory_mb", memory_mb), ("disk_mb", disk_mb), ("max_inodes", max_inodes),
-                                          ("idle_timeout", idle_timeout), ("max_lifetime", max_lifetime))
-                        if v is not None}
+        self._limits = {
+            k: v
+            for k, v in (
+                ("memory_mb", memory_mb),
+                ("disk_mb", disk_mb),
+                ("max_inodes", max_inodes),
+                ("idle_timeout", idle_timeout),
+                ("max_lifetime", max_lifetime),
+            )
+            if v is not None
+        }
         self.open_timeout = open_timeout
         self.sandbox_id = ""
         self.info: dict[str, Any] = {}
@@ -95,8 +114,7 @@ class SlimeSandbox:
         await self.close()
 
     async def _open(self) -> None:
-        body: dict[str, Any] = dict(self._limits, env=self.env,
-                                    files={p: _b64(c) for p, c in self._seed_files.items()})
+        body: dict[str, Any] = dict(self._limits, env=self.env, files={p: _b64(c) for p, c in self._seed_files.items()})
         if self.egress is not None:
             body["egress"] = self.egress
         if self._seed_tar is not None:
@@ -129,9 +147,18 @@ class SlimeSandbox:
             await http.close()
 
     # -- the Sandbox contract ------------------------------------------------------------------
-    async def exec(self, cmd: str, *, user: str = "root", env: dict[str, str] | None = None, timeout: int = 120,
-                   check: bool = False, idempotent: bool = True, cwd: str | None = None,
-                   stdin: str | None = None) -> ExecResult:
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        user: str = "root",
+        env: dict[str, str] | None = None,
+        timeout: int = 120,
+        check: bool = False,
+        idempotent: bool = True,
+        cwd: str | None = None,
+        stdin: str | None = None,
+    ) -> ExecResult:
         """Run `cmd` with bash in the workspace; `user` is ignored (one uid, never root); never
         re-sent (a local server: a failed call is reported, not repeated, so `idempotent` is moot)."""
         out = await self.exec_status(cmd, env=env, timeout=timeout, cwd=cwd, stdin=stdin)
@@ -140,14 +167,24 @@ class SlimeSandbox:
         elif out["returncode"] is None:
             res = ExecResult(1, out["stdout"], out["stderr"] + f"\n[sandbox] {out['message']}\n")
         else:
-            res = ExecResult(out["returncode"], out["stdout"], out["stderr"] + (
-                f"\n[sandbox] {out['message']}\n" if out["message"] else ""))
+            res = ExecResult(
+                out["returncode"],
+                out["stdout"],
+                out["stderr"] + (f"\n[sandbox] {out['message']}\n" if out["message"] else ""),
+            )
         if check and res.returncode != 0:
             raise RuntimeError(f"sandbox {self.sandbox_id}: exit {res.returncode}: {cmd[:120]}\n{res.stderr[-400:]}")
         return res
 
-    async def exec_status(self, cmd: str, *, env: dict[str, str] | None = None, timeout: float = 120,
-                          cwd: str | None = None, stdin: str | None = None) -> dict[str, Any]:
+    async def exec_status(
+        self,
+        cmd: str,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        cwd: str | None = None,
+        stdin: str | None = None,
+    ) -> dict[str, Any]:
         """The server's whole answer: status (Finished | TimeLimitExceeded | Error), returncode,
         stdout, stderr, execution_time, cpu_time, message."""
         body: dict[str, Any] = {"command": cmd, "env": env or {}, "timeout": timeout}
@@ -157,8 +194,9 @@ class SlimeSandbox:
             body["stdin"] = stdin
         return await self._call("POST", f"/sessions/{self.sandbox_id}/exec", json=body, timeout=timeout + HTTP_MARGIN)
 
-    async def exec_to_end(self, cmd: str, *, time_budget_sec: float, user: str = "root",
-                          env: dict[str, str] | None = None) -> int:
+    async def exec_to_end(
+        self, cmd: str, *, time_budget_sec: float, user: str = "root", env: dict[str, str] | None = None
+    ) -> int:
         """Run `cmd` held to its end within `time_budget_sec`: its exit code, or
         `EXIT_TIME_BUDGET_EXCEEDED` (`exec_and_wait`'s native path: no detached spawn, no polling)."""
         out = await self.exec_status(cmd, env=env, timeout=time_budget_sec)
@@ -167,12 +205,17 @@ class SlimeSandbox:
         return out["returncode"] if out["returncode"] is not None else 1
 
     async def write_file(self, sandbox_path: str, content: FileContent, *, user: str = "root") -> None:
-        await self._call("PUT", f"/sessions/{self.sandbox_id}/files",
-                         json={"path": sandbox_path, "content": _b64(content)}, timeout=HTTP_MARGIN * 2)
+        await self._call(
+            "PUT",
+            f"/sessions/{self.sandbox_id}/files",
+            json={"path": sandbox_path, "content": _b64(content)},
+            timeout=HTTP_MARGIN * 2,
+        )
 
     async def read_bytes(self, sandbox_path: str) -> bytes:
-        got = await self._call("GET", f"/sessions/{self.sandbox_id}/files", params={"path": sandbox_path},
-                               timeout=HTTP_MARGIN * 2)
+        got = await self._call(
+            "GET", f"/sessions/{self.sandbox_id}/files", params={"path": sandbox_path}, timeout=HTTP_MARGIN * 2
+        )
         return base64.b64decode(got["content"])
 
     async def read_file(self, sandbox_path: str, *, user: str = "root") -> str:
@@ -187,8 +230,9 @@ class SlimeSandbox:
             return ""
 
     # -- HTTP --------------------------------------------------------------------------------
-    async def _call(self, method: str, path: str, *, timeout: float, http: aiohttp.ClientSession | None = None,
-                    **kw: Any) -> dict[str, Any]:
+    async def _call(
+        self, method: str, path: str, *, timeout: float, http: aiohttp.ClientSession | None = None, **kw: Any
+    ) -> dict[str, Any]:
         http = http or self._http
         if http is None:
             raise SandboxSessionError(0, f"sandbox {self.sandbox_id or '(not opened)'}: use `async with` first")
@@ -198,8 +242,11 @@ class SlimeSandbox:
             except ValueError:
                 data = {"message": (await r.text())[:500]}
             if r.status != 200:
-                raise SandboxSessionError(r.status, f"sandbox {method} {path}: HTTP {r.status}: {data.get('message')}",
-                                          data.get("retry_after_s"))
+                raise SandboxSessionError(
+                    r.status,
+                    f"sandbox {method} {path}: HTTP {r.status}: {data.get('message')}",
+                    data.get("retry_after_s"),
+                )
             return data
 
 

@@ -59,10 +59,12 @@ class WorkspaceSeed:
         command = md.get("grade_command")
         if command is not None and not (isinstance(command, str) and command.strip()):
             raise WorkspaceError(f"{who}: metadata.grade_command must be a non-empty shell command, got {command!r}")
-        return cls(files=_file_map(md.get("files"), f"{who}: metadata.files"),
-                   git=GitSource(git["repo"], str(git.get("rev") or "HEAD")) if git else None,
-                   grade_files=_file_map(md.get("grade_files"), f"{who}: metadata.grade_files"),
-                   grade_command=command)
+        return cls(
+            files=_file_map(md.get("files"), f"{who}: metadata.files"),
+            git=GitSource(git["repo"], str(git.get("rev") or "HEAD")) if git else None,
+            grade_files=_file_map(md.get("grade_files"), f"{who}: metadata.grade_files"),
+            grade_command=command,
+        )
 
     def tarball(self) -> bytes:
         """The seeded workspace as a gzipped tar: the git checkout, then `files` over it."""
@@ -111,12 +113,16 @@ def unpack(data: bytes) -> dict[str, bytes]:
 def git_tarball(src: GitSource) -> bytes:
     """`src.rev` of `src.repo` as a gzipped tar, with its `.git` (agents may diff against it)."""
     with tempfile.TemporaryDirectory(prefix="slime-agent-git-") as tmp:
-        for cmd in (["git", "clone", "--quiet", "--no-checkout", src.repo, tmp],
-                    ["git", "-C", tmp, "checkout", "--quiet", src.rev]):
+        for cmd in (
+            ["git", "clone", "--quiet", "--no-checkout", src.repo, tmp],
+            ["git", "-C", tmp, "checkout", "--quiet", src.rev],
+        ):
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=GIT_TIMEOUT)
             if done.returncode != 0:
-                raise WorkspaceError(f"metadata.git: `{' '.join(cmd)}` failed for {src.repo!r} at {src.rev!r}: "
-                                     f"{done.stderr.strip()[-500:]}")
+                raise WorkspaceError(
+                    f"metadata.git: `{' '.join(cmd)}` failed for {src.repo!r} at {src.rev!r}: "
+                    f"{done.stderr.strip()[-500:]}"
+                )
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w:gz") as tar:
             tar.add(tmp, arcname=".")
@@ -130,32 +136,44 @@ def transfer_path(workdir: str) -> str:
 async def upload(sb: Sandbox, workdir: str, data: bytes, *, timeout: int = 120) -> None:
     """Unpack the gzipped tar `data` into `workdir` of the session, sent in parts."""
     parts = transfer_path(workdir)
-    await sb.exec(f"rm -rf {shlex.quote(parts)} && mkdir -p {shlex.quote(parts)} {shlex.quote(workdir)}",
-                  timeout=timeout, check=True)
+    await sb.exec(
+        f"rm -rf {shlex.quote(parts)} && mkdir -p {shlex.quote(parts)} {shlex.quote(workdir)}",
+        timeout=timeout,
+        check=True,
+    )
     for n, start in enumerate(range(0, max(len(data), 1), UPLOAD_PART_BYTES)):
-        await sb.write_file(f"{parts}/{n:06d}", data[start:start + UPLOAD_PART_BYTES])
-    await sb.exec(f"cd {shlex.quote(workdir)} && cat {shlex.quote(parts)}/* | tar xzf - && rm -rf {shlex.quote(parts)}",
-                  timeout=timeout, check=True)
+        await sb.write_file(f"{parts}/{n:06d}", data[start : start + UPLOAD_PART_BYTES])
+    await sb.exec(
+        f"cd {shlex.quote(workdir)} && cat {shlex.quote(parts)}/* | tar xzf - && rm -rf {shlex.quote(parts)}",
+        timeout=timeout,
+        check=True,
+    )
 
 
 async def download(sb: Sandbox, workdir: str, *, timeout: int = 120) -> bytes:
     """The session's `workdir` as a gzipped tar, read in parts; its size and SHA-256 checked. tar writes a file
     (no pipeline), so its own status decides: a file it cannot read fails the copy, its message naming the file."""
     tar = shlex.quote(transfer_path(workdir))
-    made = await sb.exec(f"cd {shlex.quote(workdir)} && tar czf {tar} . && stat -c %s {tar} && sha256sum {tar}",
-                         timeout=timeout, check=True)
+    made = await sb.exec(
+        f"cd {shlex.quote(workdir)} && tar czf {tar} . && stat -c %s {tar} && sha256sum {tar}",
+        timeout=timeout,
+        check=True,
+    )
     size_line, digest_line = made.stdout.splitlines()[:2]
     size, digest = int(size_line), digest_line.split()[0]
     parts = []
     for n in range(-(-size // READ_PART_BYTES)):
-        got = await sb.exec(f"dd if={tar} bs={READ_PART_BYTES} skip={n} count=1 status=none | base64 -w0",
-                            timeout=timeout, check=True)
+        got = await sb.exec(
+            f"dd if={tar} bs={READ_PART_BYTES} skip={n} count=1 status=none | base64 -w0", timeout=timeout, check=True
+        )
         parts.append(base64.b64decode(got.stdout))
     await sb.exec(f"rm -f {tar}", timeout=timeout)
     data = b"".join(parts)
     if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-        raise RuntimeError(f"the workspace copied out of {workdir} is {len(data)} bytes with another SHA-256 than "
-                           f"the {size} bytes packed there")
+        raise RuntimeError(
+            f"the workspace copied out of {workdir} is {len(data)} bytes with another SHA-256 than "
+            f"the {size} bytes packed there"
+        )
     return data
 
 

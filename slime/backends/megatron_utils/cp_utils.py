@@ -11,15 +11,20 @@ import torch
 def all_gather_with_cp(tensor: torch.Tensor, total_length: int, response_length: int) -> torch.Tensor:
     """The whole response's values (this rank already holds all `response_length` of them)."""
     if tensor.shape[0] != response_length:
-        raise ValueError(f"all_gather_with_cp: {tensor.shape[0]} values for a response of {response_length} tokens "
-                         f"(total length {total_length})")
+        raise ValueError(
+            f"all_gather_with_cp: {tensor.shape[0]} values for a response of {response_length} tokens "
+            f"(total length {total_length})"
+        )
     return tensor
 
 
-def slice_log_prob_with_cp(log_prob: list[float] | torch.Tensor, total_length: int,
-                           response_length: int) -> list[float] | torch.Tensor:
+def slice_log_prob_with_cp(
+    log_prob: list[float] | torch.Tensor, total_length: int, response_length: int
+) -> list[float] | torch.Tensor:
     """This rank's share of a response's values: all of them."""
     if len(log_prob) != response_length:
-        raise ValueError(f"log_prob length mismatch: len(log_prob)={len(log_prob)}, "
-                         f"response_length={response_length}, total_length={total_length}")
+        raise ValueError(
+            f"log_prob length mismatch: len(log_prob)={len(log_prob)}, "
+            f"response_length={response_length}, total_length={total_length}"
+        )
     return log_prob

@@ -56,8 +56,13 @@ async def abort_server_until_idle(url: str, retry_interval: float = ABORT_RETRY_
             return
         if left <= 0:
             return
-        logger.info("SGLang server %s still has %d requests after abort attempt %d; retrying in %s s",
-                    url, left, attempt, retry_interval)
+        logger.info(
+            "SGLang server %s still has %d requests after abort attempt %d; retrying in %s s",
+            url,
+            left,
+            attempt,
+            retry_interval,
+        )
         await asyncio.sleep(retry_interval)
     logger.warning("SGLang server %s still had requests after %d abort rounds", url, MAX_ABORT_ROUNDS)
 

@@ -19,8 +19,9 @@ class DynamicFilterOutput:
     keep_when_insufficient: bool = False
 
 
-def should_drop_dynamic_filter_output(output: DynamicFilterOutput, *, remaining_batch_size: int,
-                                      target_data_size: int) -> bool:
+def should_drop_dynamic_filter_output(
+    output: DynamicFilterOutput, *, remaining_batch_size: int, target_data_size: int
+) -> bool:
     """Drop the group? `remaining_batch_size`: groups kept or still generating, this one included;
     `target_data_size`: groups the batch needs (`--rollout-batch-size`)."""
     if output.keep:
@@ -37,8 +38,10 @@ def call_dynamic_filter(fn: Callable[..., Any] | None, *args: Any, **kwargs: Any
         out.keep = bool(out.keep)  # filters may return numpy/torch booleans
         return out
     if out is None:
-        raise TypeError(f"dynamic sampling filter {getattr(fn, '__qualname__', fn)!r} returned {out!r}: "
-                        "expected DynamicFilterOutput or bool")
+        raise TypeError(
+            f"dynamic sampling filter {getattr(fn, '__qualname__', fn)!r} returned {out!r}: "
+            "expected DynamicFilterOutput or bool"
+        )
     keep = bool(out)
     return DynamicFilterOutput(keep=keep, reason=None if keep else "filtered")
 

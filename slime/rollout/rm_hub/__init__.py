@@ -31,9 +31,24 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime.utils.plugin_args import completed
 
-__all__ = ["async_rm", "batched_async_rm", "remote_rm", "check_rm_type", "RM_TYPES", "UnknownRmType",
-           "get_deepscaler_rule_based_reward", "f1_score", "compute_gpqa_reward", "compute_score_dapo",
-           "extract_boxed_answer", "grade_answer_verl", "math_reward", "gsm8k_reward", "exact_reward", "f1_reward"]
+__all__ = [
+    "async_rm",
+    "batched_async_rm",
+    "remote_rm",
+    "check_rm_type",
+    "RM_TYPES",
+    "UnknownRmType",
+    "get_deepscaler_rule_based_reward",
+    "f1_score",
+    "compute_gpqa_reward",
+    "compute_score_dapo",
+    "extract_boxed_answer",
+    "grade_answer_verl",
+    "math_reward",
+    "gsm8k_reward",
+    "exact_reward",
+    "f1_reward",
+]
 
 
 class UnknownRmType(ValueError, NotImplementedError):
@@ -111,7 +126,7 @@ RM_TYPES: tuple[str, ...] = (*_RULES, "remote_rm", "random")
 
 def _split_type(rm_type: str) -> tuple[str, bool]:
     """("math", True) for "boxed_math"."""
-    return (rm_type[len("boxed_"):], True) if rm_type.startswith("boxed_") else (rm_type, False)
+    return (rm_type[len("boxed_") :], True) if rm_type.startswith("boxed_") else (rm_type, False)
 
 
 def check_rm_type(rm_type: str | None, *, args: Any = None) -> None:
@@ -122,8 +137,9 @@ def check_rm_type(rm_type: str | None, *, args: Any = None) -> None:
     name, _ = _split_type(rm_type.strip())
     if name not in RM_TYPES:
         known = ", ".join([*RM_TYPES, "boxed_<type>"])
-        raise UnknownRmType(f"--rm-type {rm_type!r}: unknown reward type; choose one of {known}, "
-                            f"or set --custom-rm-path")
+        raise UnknownRmType(
+            f"--rm-type {rm_type!r}: unknown reward type; choose one of {known}, or set --custom-rm-path"
+        )
     if name == "ifbench" and ifbench_available() is None:
         raise UnknownRmType(_IFBENCH_MISSING)
     if name == "remote_rm" and args is not None and not args.rm_url:
@@ -165,8 +181,10 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     if name == "random":
         return random.randint(0, 1)
     if name not in _RULES:
-        raise UnknownRmType(f"{source} {rm_type!r}: unknown reward type; choose one of "
-                            f"{', '.join([*RM_TYPES, 'boxed_<type>'])}, or set --custom-rm-path")
+        raise UnknownRmType(
+            f"{source} {rm_type!r}: unknown reward type; choose one of "
+            f"{', '.join([*RM_TYPES, 'boxed_<type>'])}, or set --custom-rm-path"
+        )
     fn, with_metadata, heavy = _RULES[name]
     if name == "ifbench":
         from slime.rollout.rm_hub.ifbench import compute_ifbench_reward as fn
@@ -183,8 +201,9 @@ async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> l
         rewards = await load_function(path, "--custom-rm-path")(args, samples, **kwargs)
         if not isinstance(rewards, (list, tuple)) or len(rewards) != len(samples):
             got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
-            raise ValueError(f"--custom-rm-path {path!r} in batch mode must return one reward per sample: "
-                             f"got {got} for {len(samples)} samples")
+            raise ValueError(
+                f"--custom-rm-path {path!r} in batch mode must return one reward per sample: "
+                f"got {got} for {len(samples)} samples"
+            )
         return list(rewards)
     return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))
-

@@ -60,7 +60,7 @@ def compute_gpqa_reward(response: str, label: Any, metadata: dict | None = None)
     if metadata.get("valid_letters"):
         valid = [str(v).upper() for v in metadata["valid_letters"]]
     elif choices:
-        valid = list(string.ascii_uppercase[:len(choices)])
+        valid = list(string.ascii_uppercase[: len(choices)])
     else:
         valid = DEFAULT_VALID_LETTERS
     correct = metadata.get("correct_letter")

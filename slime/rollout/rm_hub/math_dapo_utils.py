@@ -15,8 +15,18 @@ import threading
 
 from slime.utils.math_grading.braces import last_boxed
 
-__all__ = ["last_boxed_only_string", "remove_boxed", "timeout", "normalize_final_answer", "is_correct_minerva",
-           "is_correct_strict_box", "verify", "compute_score", "SUBSTITUTIONS", "REMOVED_EXPRESSIONS"]
+__all__ = [
+    "last_boxed_only_string",
+    "remove_boxed",
+    "timeout",
+    "normalize_final_answer",
+    "is_correct_minerva",
+    "is_correct_strict_box",
+    "verify",
+    "compute_score",
+    "SUBSTITUTIONS",
+    "REMOVED_EXPRESSIONS",
+]
 
 
 def last_boxed_only_string(string: str) -> str | None:
@@ -32,7 +42,7 @@ def remove_boxed(s: str) -> str:
     """`\\boxed{x}` -> `x`; raises BoxError on anything else (unlike math_utils.remove_boxed)."""
     if not (isinstance(s, str) and s.startswith("\\boxed{") and s.endswith("}")):
         raise BoxError(f"box error: {s!r} is not '\\boxed{{...}}'")
-    return s[len("\\boxed{"):-1]
+    return s[len("\\boxed{") : -1]
 
 
 class timeout:  # noqa: N801 - slime's name
@@ -62,15 +72,63 @@ class timeout:  # noqa: N801 - slime's name
         return False
 
 
-SUBSTITUTIONS = [("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
-                 (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")]
+SUBSTITUTIONS = [
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    (r"\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
+]
 
 REMOVED_EXPRESSIONS = [
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;",
-    r",\!", "{,}", '"', "\\dots", "<|im_end|>", "<|endoftext|>",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    r"\mathrm{th}",
+    r"^\circ",
+    r"^{\circ}",
+    r"\;",
+    r",\!",
+    "{,}",
+    '"',
+    "\\dots",
+    "<|im_end|>",
+    "<|endoftext|>",
 ]
 
 
@@ -101,8 +159,9 @@ def _integer_truth(gt: str) -> str:
         raise ValueError(f"--rm-type dapo: the label must be an integer (DAPO's answers are), got {gt!r}") from None
 
 
-def is_correct_minerva(solution_str: str, gt: str, gt_need_extract: bool = False,
-                       answer_pattern: str = r"(?i)Answer\s*:\s*([^\n]+)") -> tuple[bool, str]:
+def is_correct_minerva(
+    solution_str: str, gt: str, gt_need_extract: bool = False, answer_pattern: str = r"(?i)Answer\s*:\s*([^\n]+)"
+) -> tuple[bool, str]:
     matches = re.findall(answer_pattern, solution_str)
     pred = normalize_final_answer(matches[-1] if matches else "[INVALID]")
     if gt_need_extract:
@@ -118,7 +177,7 @@ def is_correct_strict_box(pred: str, gt: str, pause_tokens_index: list[int] | No
     if pause_tokens_index is not None:
         if len(pause_tokens_index) != 4:
             raise ValueError(f"pause_tokens_index must have 4 entries, got {len(pause_tokens_index)}")
-        pred = pred[pause_tokens_index[-1] - 100:]
+        pred = pred[pause_tokens_index[-1] - 100 :]
     else:
         pred = pred[-100:]
     boxed = last_boxed_only_string(pred)
@@ -126,16 +185,18 @@ def is_correct_strict_box(pred: str, gt: str, pause_tokens_index: list[int] | No
     return (1 if extracted == gt else -1), extracted
 
 
-def verify(solution_str: str, answer: str, strict_box_verify: bool = False,
-           pause_tokens_index: list[int] | None = None) -> tuple[bool, str | None]:
+def verify(
+    solution_str: str, answer: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> tuple[bool, str | None]:
     if strict_box_verify:
         correct, pred = is_correct_strict_box(solution_str, answer, pause_tokens_index)
         return correct == 1, pred
     return is_correct_minerva(solution_str, answer)
 
 
-def compute_score(solution_str: str, ground_truth: str, strict_box_verify: bool = False,
-                  pause_tokens_index: list[int] | None = None) -> dict:
+def compute_score(
+    solution_str: str, ground_truth: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> dict:
     """`{"score": 1.0 | -1.0, "acc": bool, "pred": str}`; only the last 300 characters count."""
     correct, pred = verify(solution_str[-300:], ground_truth, strict_box_verify, pause_tokens_index)
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}

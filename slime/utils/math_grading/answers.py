@@ -19,9 +19,18 @@ from slime.utils.math_grading.braces import closing_brace, last_boxed
 from slime.utils.math_grading.symbolic import SymbolicChecker, default_checker
 
 __all__ = [
-    "mathd_normalize_answer", "grade_answer_mathd", "grade_answer_sympy", "grade_answer_verl",
-    "last_boxed_only_string", "remove_boxed", "extract_boxed_answer", "extract_answer",
-    "split_tuple", "should_allow_eval", "are_equal_under_sympy", "count_unknown_letters_in_expr",
+    "mathd_normalize_answer",
+    "grade_answer_mathd",
+    "grade_answer_sympy",
+    "grade_answer_verl",
+    "last_boxed_only_string",
+    "remove_boxed",
+    "extract_boxed_answer",
+    "extract_answer",
+    "split_tuple",
+    "should_allow_eval",
+    "are_equal_under_sympy",
+    "count_unknown_letters_in_expr",
 ]
 
 # ---------------------------------------------------------------- extraction
@@ -35,7 +44,7 @@ def last_boxed_only_string(string: str) -> str | None:
 def remove_boxed(s: str | None) -> str | None:
     """`\\boxed{x}` -> `x`; None for anything else (this module's variant never raises)."""
     if isinstance(s, str) and s.startswith("\\boxed{") and s.endswith("}"):
-        return s[len("\\boxed{"):-1]
+        return s[len("\\boxed{") : -1]
     return None
 
 
@@ -124,17 +133,79 @@ def grade_answer_mathd(given_answer: str, ground_truth: str) -> bool:
 # ---------------------------------------------------------------- looser normalization
 
 
-_UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week",
-          "month", "year", "foot", "feet", "inch", "yard")
+_UNITS = (
+    "degree",
+    "cm",
+    "centimeter",
+    "meter",
+    "mile",
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "year",
+    "foot",
+    "feet",
+    "inch",
+    "yard",
+)
 _UNIT_RE = re.compile("|".join(rf"{u}(es)?(s)? *(\^[0-9]+)?" for u in _UNITS))
 _TUPLE_CHARS = "()[]"
-_TEXT_MACROS = ("text", "textbf", "textit", "mathrm", "mathbf", "mathit", "mathsf", "mathcal", "mathbb",
-                "operatorname", "emph", "overline", "hbox", "mbox")
-_SYMBOLS = {"pi": "pi", "infty": "inf", "cdot": "*", "times": "*", "div": "/", "pm": "±", "mp": "∓",
-            "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "lt": "<", "gt": ">",
-            "cup": "U", "cap": "∩", "in": "∈", "circ": "∘", "dots": "…", "ldots": "…", "cdots": "⋯",
-            "quad": " ", "qquad": " ", ",": " ", ";": " ", ":": " ", " ": " ", "{": "{", "}": "}",
-            "%": "%", "$": "$", "&": "&", "#": "#", "_": "_"}
+_TEXT_MACROS = (
+    "text",
+    "textbf",
+    "textit",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "mathsf",
+    "mathcal",
+    "mathbb",
+    "operatorname",
+    "emph",
+    "overline",
+    "hbox",
+    "mbox",
+)
+_SYMBOLS = {
+    "pi": "pi",
+    "infty": "inf",
+    "cdot": "*",
+    "times": "*",
+    "div": "/",
+    "pm": "±",
+    "mp": "∓",
+    "le": "≤",
+    "leq": "≤",
+    "ge": "≥",
+    "geq": "≥",
+    "ne": "≠",
+    "neq": "≠",
+    "lt": "<",
+    "gt": ">",
+    "cup": "U",
+    "cap": "∩",
+    "in": "∈",
+    "circ": "∘",
+    "dots": "…",
+    "ldots": "…",
+    "cdots": "⋯",
+    "quad": " ",
+    "qquad": " ",
+    ",": " ",
+    ";": " ",
+    ":": " ",
+    " ": " ",
+    "{": "{",
+    "}": "}",
+    "%": "%",
+    "$": "$",
+    "&": "&",
+    "#": "#",
+    "_": "_",
+}
 
 
 def _braced(s: str, i: int) -> tuple[str, int] | None:
@@ -142,7 +213,7 @@ def _braced(s: str, i: int) -> tuple[str, int] | None:
     if i >= len(s) or s[i] != "{":
         return None
     end = closing_brace(s, i)
-    return None if end is None else (s[i + 1:end], end + 1)
+    return None if end is None else (s[i + 1 : end], end + 1)
 
 
 def _arg(s: str, i: int) -> tuple[str, int]:
@@ -191,7 +262,7 @@ def latex_to_plain(s: str) -> str:
             if i < len(s) and s[i] == "[":
                 close = s.find("]", i)
                 if close > 0:
-                    index, i = s[i + 1:close], close + 1
+                    index, i = s[i + 1 : close], close + 1
             body, i = _arg(s, i)
             body = latex_to_plain(body)
             out.append(f"root({body},{latex_to_plain(index)})" if index else f"sqrt({body})")
@@ -204,8 +275,9 @@ def latex_to_plain(s: str) -> str:
             out.append(_SYMBOLS[name])
         else:
             try:  # Greek letters become their own character, as one unknown each
-                out.append(unicodedata.lookup(f"GREEK {'CAPITAL' if name[0].isupper() else 'SMALL'} "
-                                              f"LETTER {name.upper()}"))
+                out.append(
+                    unicodedata.lookup(f"GREEK {'CAPITAL' if name[0].isupper() else 'SMALL'} LETTER {name.upper()}")
+                )
             except KeyError:
                 out.append(name)  # \sin, \ln, \log ...
     return "".join(out)
@@ -287,14 +359,19 @@ def split_tuple(expr: str) -> list[str]:
     expr = _strip_thousands(expr)
     if not expr:
         return []
-    if (len(expr) > 2 and expr[0] in _TUPLE_CHARS and expr[-1] in _TUPLE_CHARS
-            and not any(c in _TUPLE_CHARS for c in expr[1:-1])):
+    if (
+        len(expr) > 2
+        and expr[0] in _TUPLE_CHARS
+        and expr[-1] in _TUPLE_CHARS
+        and not any(c in _TUPLE_CHARS for c in expr[1:-1])
+    ):
         return [e.strip() for e in expr[1:-1].split(",")]
     return [expr]
 
 
-def are_equal_under_sympy(ground_truth_normalized: str, given_normalized: str,
-                          checker: SymbolicChecker | None = None) -> bool:
+def are_equal_under_sympy(
+    ground_truth_normalized: str, given_normalized: str, checker: SymbolicChecker | None = None
+) -> bool:
     """Symbolic equivalence (math-verify, bounded) of two normalized answers."""
     if not should_allow_eval(f"({ground_truth_normalized})-({given_normalized})"):
         return False

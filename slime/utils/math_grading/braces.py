@@ -22,5 +22,5 @@ def last_boxed(s: str, *markers: str) -> str | None:
         start = s.rfind(marker)
         if start >= 0:
             end = closing_brace(s, start)
-            return None if end is None else s[start:end + 1]
+            return None if end is None else s[start : end + 1]
     return None

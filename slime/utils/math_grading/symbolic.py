@@ -32,8 +32,9 @@ class _Worker:
     """One worker process and its line-oriented pipe."""
 
     def __init__(self, command: list[str]) -> None:
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, close_fds=True)
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True
+        )
         self.fresh = True  # its first answer also waits for math-verify to import
         self._buf = b""
 
@@ -81,8 +82,13 @@ class SymbolicChecker:
     worker, within the same deadline plus `start_timeout` for a worker that is starting).
     """
 
-    def __init__(self, timeout: float = 5.0, workers: int | None = None, start_timeout: float = 60.0,
-                 command: list[str] | None = None):
+    def __init__(
+        self,
+        timeout: float = 5.0,
+        workers: int | None = None,
+        start_timeout: float = 60.0,
+        command: list[str] | None = None,
+    ):
         if timeout <= 0:
             raise ValueError(f"SymbolicChecker timeout must be > 0, got {timeout}")
         self.timeout = timeout
@@ -109,8 +115,12 @@ class SymbolicChecker:
             self._discard(worker)
             raise RuntimeError(f"math answer grading cannot run: {reply['fatal']}")
         if reply is None:
-            logger.warning("math-verify gave no verdict within %.1fs for gold=%.80r answer=%.80r: scored as "
-                           "not equivalent", limit, gold, answer)
+            logger.warning(
+                "math-verify gave no verdict within %.1fs for gold=%.80r answer=%.80r: scored as not equivalent",
+                limit,
+                gold,
+                answer,
+            )
             self._discard(worker, timed_out=True)
             return False
         with self._cond:

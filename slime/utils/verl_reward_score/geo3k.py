@@ -20,5 +20,6 @@ def acc_reward(predict_str: str, ground_truth: str, use_boxed: bool = True) -> f
 
 
 def compute_score(predict_str: str, ground_truth: str, use_boxed: bool = True, format_score: float = 0.1) -> float:
-    return ((1.0 - format_score) * acc_reward(predict_str, ground_truth, use_boxed)
-            + format_score * format_reward(predict_str))
+    return (1.0 - format_score) * acc_reward(predict_str, ground_truth, use_boxed) + format_score * format_reward(
+        predict_str
+    )

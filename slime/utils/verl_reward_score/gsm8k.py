@@ -35,8 +35,9 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     return found[0] if found else None  # verl's loop ends on the first entry when every one is "" or "."
 
 
-def compute_score(solution_str: str, ground_truth: Any, method: str = "strict", format_score: float = 0.0,
-                  score: float = 1.0) -> float:
+def compute_score(
+    solution_str: str, ground_truth: Any, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
     """`score` when the extracted answer equals `ground_truth` (string equality), `format_score` when an
     answer was found but differs, 0 when none was found."""
     answer = extract_solution(solution_str=solution_str, method=method)

@@ -16,8 +16,15 @@ from typing import Any
 
 from slime.agent.gateway.errors import FieldError, TurnRefused
 from slime.agent.gateway.protocols import body_checks as check
-from slime.agent.gateway.protocols.common import (bearer, flatten_content, header_session, new_id, sse, tool_call_dict,
-                                          want_stream)
+from slime.agent.gateway.protocols.common import (
+    bearer,
+    flatten_content,
+    header_session,
+    new_id,
+    sse,
+    tool_call_dict,
+    want_stream,
+)
 from slime.agent.gateway.protocols.media import has_images, refuse_media, template_content
 from slime.agent.gateway.protocols.tool_choice import anthropic_choice, names, offered
 from slime.agent.gateway.records import ChatRequest, Known, Reply
@@ -26,8 +33,13 @@ REMINDER_OPEN, REMINDER_CLOSE = "<system-reminder>\n", "\n</system-reminder>\n"
 STOP_REASON = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 HISTORY = "messages"  # the array holding the conversation, which grows turn by turn (`body_prefix`)
 ROLES = frozenset({"user", "assistant", "system"})  # system mid-list: folded into a user turn
-SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                 "stop_sequences": "stop"}
+SAMPLING_KEYS = {
+    "max_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop_sequences": "stop",
+}
 
 
 def session_key(headers: Mapping[str, str]) -> str | None:
@@ -80,8 +92,14 @@ def check_content(content: Any, path: str) -> None:
             check.text_parts(b.get("content"), f"{where}.content", {"text"})
 
 
-def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
-                  known: Known | None = None, *, vision: bool = False) -> ChatRequest:
+def parse_request(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    session_id: str | None = None,
+    known: Known | None = None,
+    *,
+    vision: bool = False,
+) -> ChatRequest:
     """`known`: what an earlier body made of this one's first messages (the same objects): only the
     messages after them are checked and translated. A system message mid-list folds into an
     earlier user message, so such a body is translated whole (and nothing of it is kept).
@@ -89,7 +107,7 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
     check_body(body, known.count if known else 0, vision=vision)
     raw = body["messages"]
     start = known.count if known else 0
-    folds = any(isinstance(m, dict) and m.get("role") == "system" for m in raw[max(start, 1):])
+    folds = any(isinstance(m, dict) and m.get("role") == "system" for m in raw[max(start, 1) :])
     if folds:
         body = copy.deepcopy(body)
         fold_mid_list_system(body)
@@ -100,10 +118,17 @@ def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: 
     sampling = {dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None}
     tools = tools_to_chat_tools(body.get("tools"))
     choice = anthropic_choice(body, names(tools))
-    return ChatRequest(session_id=session_id or header_session(headers) or session_key(headers) or "default",
-                       messages=system_messages(body.get("system")) + history,
-                       tools=offered(tools, choice), sampling=sampling, stream=want_stream(body, headers),
-                       model=str(body.get("model") or "slime-actor"), tool_choice=choice, raw=body, known=known)
+    return ChatRequest(
+        session_id=session_id or header_session(headers) or session_key(headers) or "default",
+        messages=system_messages(body.get("system")) + history,
+        tools=offered(tools, choice),
+        sampling=sampling,
+        stream=want_stream(body, headers),
+        model=str(body.get("model") or "slime-actor"),
+        tool_choice=choice,
+        raw=body,
+        known=known,
+    )
 
 
 def translate_messages(msgs: list[dict], system: Any) -> list[dict]:
@@ -124,8 +149,14 @@ def translate_history(msgs: list[dict]) -> list[dict]:
         blocks = content if isinstance(content, list) else [{"type": "text", "text": flatten_content(content)}]
         if role == "user" and has_images(blocks):  # the text and images of a turn stay one message
             out.extend(_user_block(b) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result")
-            out.append({"role": "user", "content": template_content(
-                [b for b in blocks if not (isinstance(b, dict) and b.get("type") == "tool_result")])})
+            out.append(
+                {
+                    "role": "user",
+                    "content": template_content(
+                        [b for b in blocks if not (isinstance(b, dict) and b.get("type") == "tool_result")]
+                    ),
+                }
+            )
         elif role == "user":
             out.extend(_user_block(b) for b in blocks)
         elif role == "assistant":
@@ -162,10 +193,18 @@ def _assistant(blocks: list) -> dict:
 
 
 def tools_to_chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    out = [{"type": "function", "function": {
-        "name": t["name"], "description": t.get("description", ""),
-        "parameters": t.get("input_schema") or t.get("parameters") or {"type": "object", "properties": {}}}}
-        for t in tools or [] if isinstance(t, dict) and "name" in t]
+    out = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema") or t.get("parameters") or {"type": "object", "properties": {}},
+            },
+        }
+        for t in tools or []
+        if isinstance(t, dict) and "name" in t
+    ]
     return out or None
 
 
@@ -179,7 +218,7 @@ def fold_mid_list_system(body: dict) -> bool:
     for i in [i for i, m in enumerate(msgs) if i > 0 and isinstance(m, dict) and m.get("role") == "system"]:
         block = {"type": "text", "text": REMINDER_OPEN + flatten_content(msgs[i].get("content")) + REMINDER_CLOSE}
         before = [m for m in msgs[:i][::-1] if isinstance(m, dict) and m.get("role") == "user"]
-        after = [m for m in msgs[i + 1:] if isinstance(m, dict) and m.get("role") == "user"]
+        after = [m for m in msgs[i + 1 :] if isinstance(m, dict) and m.get("role") == "user"]
         if before:
             _blocks(before[0]).append(block)
         elif after:
@@ -207,8 +246,9 @@ def reply_blocks(reply: Reply) -> list[dict]:
         blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
     if reply.text:
         blocks.append({"type": "text", "text": reply.text})
-    blocks += [{"type": "tool_use", "id": new_id("toolu_"), "name": u.name, "input": u.arguments}
-               for u in reply.tool_uses]
+    blocks += [
+        {"type": "tool_use", "id": new_id("toolu_"), "name": u.name, "input": u.arguments} for u in reply.tool_uses
+    ]
     return blocks or [{"type": "text", "text": ""}]
 
 
@@ -219,10 +259,16 @@ def stop_fields(reply: Reply) -> dict[str, Any]:
     return {"stop_reason": STOP_REASON[reply.finish_reason], "stop_sequence": None}
 
 
-def _message(reply: Reply, request: ChatRequest, content: list[dict], stop: dict[str, Any],
-             output_tokens: int) -> dict:
-    return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": request.model, "content": content,
-            **stop, "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": output_tokens}}
+def _message(reply: Reply, request: ChatRequest, content: list[dict], stop: dict[str, Any], output_tokens: int) -> dict:
+    return {
+        "id": new_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": content,
+        **stop,
+        "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": output_tokens},
+    }
 
 
 def render_reply(reply: Reply, request: ChatRequest) -> dict:

@@ -56,8 +56,9 @@ def kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value),
-                                                                                            type(value).__name__)
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def is_int(value: Any) -> bool:

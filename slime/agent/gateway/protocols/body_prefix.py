@@ -71,8 +71,11 @@ class BodyPrefixes:
             return ParsedBody(_loads(raw), key, protocol=protocol)
         best: tuple[ParsedBody, Known] | None = None
         for parsed, known in self._kept:
-            if parsed.protocol == protocol and text.startswith(parsed.head) and (
-                    best is None or len(parsed.head) > len(best[0].head)):
+            if (
+                parsed.protocol == protocol
+                and text.startswith(parsed.head)
+                and (best is None or len(parsed.head) > len(best[0].head))
+            ):
                 best = parsed, known
         try:
             if best is not None:
@@ -86,8 +89,9 @@ class BodyPrefixes:
         continued is dropped (its text is this one's prefix), the oldest past `KEPT_BODIES` too."""
         if parsed.head is None or known.count != len(parsed.body[parsed.key]):
             return
-        self._kept = [(p, k) for p, k in self._kept
-                      if p.protocol != parsed.protocol or not parsed.text.startswith(p.head)]
+        self._kept = [
+            (p, k) for p, k in self._kept if p.protocol != parsed.protocol or not parsed.text.startswith(p.head)
+        ]
         self._kept.append((parsed, known))
         mine = [i for i, (p, _) in enumerate(self._kept) if p.protocol == parsed.protocol]
         if len(mine) > KEPT_BODIES:
@@ -119,7 +123,7 @@ def _read(text: str, key: str, protocol: str) -> ParsedBody:
 
 def _resume(text: str, earlier: ParsedBody, known: Known) -> ParsedBody:
     """Read `text` from the end of `earlier`'s last history element, which it repeats byte for byte."""
-    items = list(earlier.body[earlier.key][:known.count])
+    items = list(earlier.body[earlier.key][: known.count])
     i, ends_at = _array_rest(text, len(earlier.head), items)
     body = dict(earlier.before)
     body[earlier.key] = items
@@ -174,8 +178,16 @@ def _array_rest(text: str, i: int, items: list[Any]) -> tuple[int, int]:
         i = end
 
 
-def _after_value(text: str, i: int, body: dict[str, Any], key: str, protocol: str, before: dict[str, Any] | None,
-                 ends_at: int | None, known: Known | None) -> ParsedBody:
+def _after_value(
+    text: str,
+    i: int,
+    body: dict[str, Any],
+    key: str,
+    protocol: str,
+    before: dict[str, Any] | None,
+    ends_at: int | None,
+    known: Known | None,
+) -> ParsedBody:
     """The members after the history array (which must not come again)."""
     i = _ws(text, i)
     while text[i] == ",":
@@ -195,8 +207,16 @@ def _after_value(text: str, i: int, body: dict[str, Any], key: str, protocol: st
     return _finish(text, i + 1, body, key, protocol, before, ends_at, known)
 
 
-def _finish(text: str, i: int, body: dict[str, Any], key: str, protocol: str, before: dict[str, Any] | None,
-            ends_at: int | None, known: Known | None) -> ParsedBody:
+def _finish(
+    text: str,
+    i: int,
+    body: dict[str, Any],
+    key: str,
+    protocol: str,
+    before: dict[str, Any] | None,
+    ends_at: int | None,
+    known: Known | None,
+) -> ParsedBody:
     if _ws(text, i) != len(text):
         raise _Irregular
     head = text[:ends_at] if ends_at is not None else None

@@ -78,8 +78,7 @@ def logprob_entries(reply: Any) -> list[dict[str, Any]]:
     def entry(token: str, logprob: float) -> dict[str, Any]:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
-    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
-            for t in reply.logprobs or []]
+    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]} for t in reply.logprobs or []]
 
 
 def top_logprobs(body: Mapping[str, Any]) -> int:

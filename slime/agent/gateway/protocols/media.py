@@ -20,8 +20,20 @@ from slime.utils.images import is_url
 
 # Anthropic (image, document), OpenAI Chat (image_url, input_audio, file), Responses (input_image,
 # input_file, input_audio), and the bare names some clients send
-MEDIA_BLOCKS = frozenset({"image", "document", "image_url", "input_image", "input_audio", "audio", "file",
-                          "input_file", "video", "video_url"})
+MEDIA_BLOCKS = frozenset(
+    {
+        "image",
+        "document",
+        "image_url",
+        "input_image",
+        "input_audio",
+        "audio",
+        "file",
+        "input_file",
+        "video",
+        "video_url",
+    }
+)
 IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image"})  # Anthropic's, OpenAI Chat's, Responses'
 
 FILE_SCHEME = "file://"
@@ -42,8 +54,11 @@ def refuse_media(content: Any, path: str, *, vision: bool = False) -> None:
             image_source(block, where)
         elif kind in MEDIA_BLOCKS:
             reads = "reads text and images" if vision else "reads text only"
-            raise FieldError(where, f"a {kind!r} block: this gateway's model {reads}, so {kind} input "
-                                    "is refused rather than rendered as text; send text instead")
+            raise FieldError(
+                where,
+                f"a {kind!r} block: this gateway's model {reads}, so {kind} input "
+                "is refused rather than rendered as text; send text instead",
+            )
         for key in ("content", "output"):
             refuse_media(block.get(key), f"{where}.{key}", vision=vision)
 
@@ -61,7 +76,7 @@ def image_source(block: dict[str, Any], where: str) -> str:
         return _local(block.get("image_url"), f"{where}.image_url")
     source = block.get("source")  # Anthropic: {"type": "base64", "media_type", "data"} | {"type": "url", "url"}
     if not isinstance(source, dict):
-        raise FieldError(f"{where}.source", "an image block needs a source object ({\"type\": \"base64\", ...})")
+        raise FieldError(f"{where}.source", 'an image block needs a source object ({"type": "base64", ...})')
     kind = source.get("type")
     if kind == "base64":
         data, media = source.get("data"), source.get("media_type")
@@ -72,17 +87,22 @@ def image_source(block: dict[str, Any], where: str) -> str:
         return f"data:{media};base64,{data}"
     if kind == "url":
         return _local(source.get("url"), f"{where}.source.url")
-    raise FieldError(f"{where}.source.type", f"{kind!r}: an image source here is base64 data (or a local "
-                                             "file url); uploaded files are not served")
+    raise FieldError(
+        f"{where}.source.type",
+        f"{kind!r}: an image source here is base64 data (or a local file url); uploaded files are not served",
+    )
 
 
 def _local(url: Any, where: str) -> str:
     if not isinstance(url, str) or not url.strip():
         raise FieldError(where, "must be a non-empty string (a data:image/...;base64, URI)")
     if is_url(url):
-        raise FieldError(where, f"{url[:60]!r} is a URL; images are not downloaded (the gateway is offline): "
-                                "send the image as a data:image/...;base64, URI")
-    return url[len(FILE_SCHEME):] if url.startswith(FILE_SCHEME) else url
+        raise FieldError(
+            where,
+            f"{url[:60]!r} is a URL; images are not downloaded (the gateway is offline): "
+            "send the image as a data:image/...;base64, URI",
+        )
+    return url[len(FILE_SCHEME) :] if url.startswith(FILE_SCHEME) else url
 
 
 def has_images(content: Any) -> bool:

@@ -15,8 +15,17 @@ from typing import Any
 
 from slime.agent.gateway.errors import FieldError, TurnRefused
 from slime.agent.gateway.protocols import body_checks as check
-from slime.agent.gateway.protocols.common import (bearer, header_session, logprob_entries, new_id,
-                                          parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
+from slime.agent.gateway.protocols.common import (
+    bearer,
+    header_session,
+    logprob_entries,
+    new_id,
+    parse_arguments,
+    sse,
+    tool_call_dict,
+    top_logprobs,
+    want_stream,
+)
 from slime.agent.gateway.protocols.media import refuse_media, template_content
 from slime.agent.gateway.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.gateway.records import ChatRequest, Known, Reply
@@ -24,8 +33,14 @@ from slime.agent.gateway.records import ChatRequest, Known, Reply
 HISTORY = "messages"  # the array holding the conversation, which grows turn by turn (`body_prefix`)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
-SAMPLING_KEYS = {"max_completion_tokens": "max_new_tokens", "max_tokens": "max_new_tokens",
-                 "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop"}
+SAMPLING_KEYS = {
+    "max_completion_tokens": "max_new_tokens",
+    "max_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop": "stop",
+}
 
 
 def body_session(body: Mapping[str, Any]) -> str | None:
@@ -85,8 +100,11 @@ def one_choice(body: Mapping[str, Any]) -> None:
     are several sessions (`--n-samples-per-prompt`), each with its own reward."""
     check.integer(body, "n", 1, 128)
     if (body.get("n") or 1) > 1:
-        raise FieldError("n", f"must be 1 (got {body['n']}): each agent session samples one answer per turn; "
-                              "draw several samples as several sessions (--n-samples-per-prompt)")
+        raise FieldError(
+            "n",
+            f"must be 1 (got {body['n']}): each agent session samples one answer per turn; "
+            "draw several samples as several sessions (--n-samples-per-prompt)",
+        )
 
 
 def check_message(m: Any, path: str) -> None:
@@ -115,21 +133,34 @@ def check_tool(t: Any, path: str) -> None:
     check.json_schema(t["function"].get("parameters"), f"{path}.function.parameters")
 
 
-def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
-                  known: Known | None = None, *, vision: bool = False) -> ChatRequest:
+def parse_request(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    session_id: str | None = None,
+    known: Known | None = None,
+    *,
+    vision: bool = False,
+) -> ChatRequest:
     """`known`: what an earlier body made of this one's first messages (the same objects): only the
     messages after them are checked and translated. `vision`: the model reads `image_url` parts."""
     check_body(body, known.count if known else 0, vision=vision)
     tools = chat_tools(body.get("tools"))
     choice = openai_choice(body, names(tools))
     raw = body["messages"]
-    messages = known.messages + translate_messages(raw[known.count:]) if known else translate_messages(raw)
-    return ChatRequest(session_id=request_session(headers, body, session_id),
-                       messages=messages, tools=offered(tools, choice),
-                       sampling=sampling(body), stream=want_stream(body, headers),
-                       model=str(body.get("model") or "slime-actor"), tool_choice=choice,
-                       logprobs=body.get("logprobs") is True, top_logprobs=top_logprobs(body), raw=body,
-                       known=Known(len(raw), messages))
+    messages = known.messages + translate_messages(raw[known.count :]) if known else translate_messages(raw)
+    return ChatRequest(
+        session_id=request_session(headers, body, session_id),
+        messages=messages,
+        tools=offered(tools, choice),
+        sampling=sampling(body),
+        stream=want_stream(body, headers),
+        model=str(body.get("model") or "slime-actor"),
+        tool_choice=choice,
+        logprobs=body.get("logprobs") is True,
+        top_logprobs=top_logprobs(body),
+        raw=body,
+        known=Known(len(raw), messages),
+    )
 
 
 def translate_messages(msgs: list[dict]) -> list[dict]:
@@ -142,9 +173,14 @@ def translate_messages(msgs: list[dict]) -> list[dict]:
         if role == "assistant":
             if m.get("reasoning_content"):
                 msg["reasoning_content"] = m["reasoning_content"]
-            calls = [tool_call_dict((c.get("function") or {}).get("name", "tool"),
-                                    parse_arguments((c.get("function") or {}).get("arguments")))
-                     for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            calls = [
+                tool_call_dict(
+                    (c.get("function") or {}).get("name", "tool"),
+                    parse_arguments((c.get("function") or {}).get("arguments")),
+                )
+                for c in m.get("tool_calls") or []
+                if isinstance(c, dict)
+            ]
             if calls:
                 msg["tool_calls"] = calls
         out.append(msg)
@@ -152,15 +188,23 @@ def translate_messages(msgs: list[dict]) -> list[dict]:
 
 
 def chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    out = [{"type": "function", "function": t["function"]} for t in tools or []
-           if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    out = [
+        {"type": "function", "function": t["function"]}
+        for t in tools or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
     return out or None
 
 
 def _wire_calls(reply: Reply) -> list[dict]:
-    return [{"id": new_id("call_"), "type": "function",
-             "function": {"name": u.name, "arguments": json.dumps(u.arguments, ensure_ascii=False)}}
-            for u in reply.tool_uses]
+    return [
+        {
+            "id": new_id("call_"),
+            "type": "function",
+            "function": {"name": u.name, "arguments": json.dumps(u.arguments, ensure_ascii=False)},
+        }
+        for u in reply.tool_uses
+    ]
 
 
 def _message(reply: Reply) -> dict[str, Any]:
@@ -174,16 +218,24 @@ def _message(reply: Reply) -> dict[str, Any]:
 
 def _usage(reply: Reply) -> dict[str, int]:
     u = reply.usage
-    return {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
-            "total_tokens": u.input_tokens + u.output_tokens}
+    return {
+        "prompt_tokens": u.input_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.input_tokens + u.output_tokens,
+    }
 
 
 def render_reply(reply: Reply, request: ChatRequest) -> dict:
-    return {"id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
-            "model": request.model, "choices": [{"index": 0, "message": _message(reply),
-                                                 "finish_reason": reply.finish_reason,
-                                                 "logprobs": _logprobs(reply)}],
-            "usage": _usage(reply)}
+    return {
+        "id": new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [
+            {"index": 0, "message": _message(reply), "finish_reason": reply.finish_reason, "logprobs": _logprobs(reply)}
+        ],
+        "usage": _usage(reply),
+    }
 
 
 def _logprobs(reply: Reply) -> dict[str, Any] | None:
@@ -191,8 +243,12 @@ def _logprobs(reply: Reply) -> dict[str, Any] | None:
 
 
 def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
-    head = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": request.model}
+    head = {
+        "id": new_id("chatcmpl-"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": request.model,
+    }
 
     def chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> str:
         return sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]})
@@ -211,5 +267,11 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
 
 
 def render_error(err: TurnRefused) -> dict:
-    return {"error": {"message": str(err), "type": err.kind, "param": getattr(err, "param", None),
-                      "code": getattr(err, "code", None)}}
+    return {
+        "error": {
+            "message": str(err),
+            "type": err.kind,
+            "param": getattr(err, "param", None),
+            "code": getattr(err, "code", None),
+        }
+    }

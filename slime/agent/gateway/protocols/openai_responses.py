@@ -16,8 +16,18 @@ from typing import Any
 
 from slime.agent.gateway.errors import BadRequestError, FieldError, TurnRefused
 from slime.agent.gateway.protocols import body_checks as check
-from slime.agent.gateway.protocols.common import (bearer, flatten_content, header_session, logprob_entries, new_id,
-                                          parse_arguments, sse, tool_call_dict, top_logprobs, want_stream)
+from slime.agent.gateway.protocols.common import (
+    bearer,
+    flatten_content,
+    header_session,
+    logprob_entries,
+    new_id,
+    parse_arguments,
+    sse,
+    tool_call_dict,
+    top_logprobs,
+    want_stream,
+)
 from slime.agent.gateway.protocols.media import refuse_media, template_content
 from slime.agent.gateway.protocols.tool_choice import names, offered, openai_choice
 from slime.agent.gateway.protocols.openai_chat import body_session
@@ -30,30 +40,45 @@ SAMPLING_KEYS = {"max_output_tokens": "max_new_tokens", "temperature": "temperat
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` value asking for the text's log-probs
 
 
-def parse_request(body: dict[str, Any], headers: Mapping[str, str], session_id: str | None = None,
-                  known: Known | None = None, *, vision: bool = False) -> ChatRequest:
+def parse_request(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    session_id: str | None = None,
+    known: Known | None = None,
+    *,
+    vision: bool = False,
+) -> ChatRequest:
     """`known`: what an earlier body made of this one's first input items (the same objects): only
     the items after them are checked and translated."""
     if body.get("previous_response_id"):
-        raise BadRequestError("previous_response_id: this gateway keeps no responses; send the whole input "
-                              "(store=false)")
+        raise BadRequestError(
+            "previous_response_id: this gateway keeps no responses; send the whole input (store=false)"
+        )
     check_body(body, known.count if known else 0, vision=vision)
     items = body["input"]
     if isinstance(items, str):
         history, known = translate_items([{"role": "user", "content": items}]), None
     else:
-        history = translate_items(items[known.count:], known.messages) if known else translate_items(items)
+        history = translate_items(items[known.count :], known.messages) if known else translate_items(items)
         known = Known(len(items), history)
-    messages = ([{"role": "system", "content": flatten_content(body["instructions"])}]
-                if body.get("instructions") else []) + history
+    messages = (
+        [{"role": "system", "content": flatten_content(body["instructions"])}] if body.get("instructions") else []
+    ) + history
     tools = function_tools(body.get("tools"))
     choice = openai_choice(body, names(tools), responses=True)
-    return ChatRequest(session_id=session_id or header_session(headers) or bearer(headers) or body_session(body)
-                       or "default", messages=messages, tools=offered(tools, choice),
-                       sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
-                       stream=want_stream(body, headers), model=str(body.get("model") or "slime-actor"),
-                       tool_choice=choice, logprobs=LOGPROBS_INCLUDE in (body.get("include") or []),
-                       top_logprobs=top_logprobs(body), raw=body, known=known)
+    return ChatRequest(
+        session_id=session_id or header_session(headers) or bearer(headers) or body_session(body) or "default",
+        messages=messages,
+        tools=offered(tools, choice),
+        sampling={dst: body[src] for src, dst in SAMPLING_KEYS.items() if body.get(src) is not None},
+        stream=want_stream(body, headers),
+        model=str(body.get("model") or "slime-actor"),
+        tool_choice=choice,
+        logprobs=LOGPROBS_INCLUDE in (body.get("include") or []),
+        top_logprobs=top_logprobs(body),
+        raw=body,
+        known=known,
+    )
 
 
 def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
@@ -114,7 +139,8 @@ def translate_items(items: list[Any], translated: list[dict] = ()) -> list[dict]
         kind = item.get("type") or "message"
         if kind == "function_call":
             _open_assistant(out).setdefault("tool_calls", []).append(
-                tool_call_dict(item.get("name", "tool"), parse_arguments(item.get("arguments"))))
+                tool_call_dict(item.get("name", "tool"), parse_arguments(item.get("arguments")))
+            )
         elif kind == "reasoning":
             text = "".join(p.get("text", "") for p in item.get("summary") or [] if isinstance(p, dict))
             if text:
@@ -139,41 +165,79 @@ def _open_assistant(out: list[dict]) -> dict:
 
 
 def function_tools(tools: list[dict] | None) -> list[dict] | None:
-    out = [{"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                             "parameters": t.get("parameters") or {"type": "object",
-                                                                                   "properties": {}}}}
-           for t in tools or [] if isinstance(t, dict) and t.get("type") == "function" and t.get("name")]
+    out = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            },
+        }
+        for t in tools or []
+        if isinstance(t, dict) and t.get("type") == "function" and t.get("name")
+    ]
     return out or None
 
 
 def output_items(reply: Reply) -> list[dict]:
     items: list[dict] = []
     if reply.reasoning:
-        items.append({"type": "reasoning", "id": new_id("rs_"),
-                      "summary": [{"type": "summary_text", "text": reply.reasoning}]})
+        items.append(
+            {"type": "reasoning", "id": new_id("rs_"), "summary": [{"type": "summary_text", "text": reply.reasoning}]}
+        )
     if reply.text or not reply.tool_uses:
-        items.append({"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant",
-                      "content": [{"type": "output_text", "text": reply.text, "annotations": [],
-                                   "logprobs": logprob_entries(reply)}]})
+        items.append(
+            {
+                "type": "message",
+                "id": new_id("msg_"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": logprob_entries(reply)}
+                ],
+            }
+        )
     for u in reply.tool_uses:
         call_id = new_id("call_")
-        items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call_id, "name": u.name,
-                      "arguments": json.dumps(u.arguments, ensure_ascii=False), "status": "completed"})
+        items.append(
+            {
+                "type": "function_call",
+                "id": new_id("fc_"),
+                "call_id": call_id,
+                "name": u.name,
+                "arguments": json.dumps(u.arguments, ensure_ascii=False),
+                "status": "completed",
+            }
+        )
     return items
 
 
 def _response(reply: Reply, request: ChatRequest, output: list[dict], status: str) -> dict:
     u = reply.usage
     done = status != "in_progress"
-    return {"id": new_id("resp_"), "object": "response", "created_at": int(time.time()), "status": status,
-            "model": request.model, "output": output, "parallel_tool_calls": request.tool_choice.parallel,
-            "tool_choice": request.raw.get("tool_choice") or "auto",
-            "tools": request.raw.get("tools") or [], "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "usage": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
-                      "total_tokens": u.input_tokens + u.output_tokens,
-                      "input_tokens_details": {"cached_tokens": 0},
-                      "output_tokens_details": {"reasoning_tokens": 0}} if done else None}
+    return {
+        "id": new_id("resp_"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": request.model,
+        "output": output,
+        "parallel_tool_calls": request.tool_choice.parallel,
+        "tool_choice": request.raw.get("tool_choice") or "auto",
+        "tools": request.raw.get("tools") or [],
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "usage": {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "total_tokens": u.input_tokens + u.output_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        if done
+        else None,
+    }
 
 
 def render_reply(reply: Reply, request: ChatRequest) -> dict:
@@ -204,28 +268,57 @@ def render_stream(reply: Reply, request: ChatRequest) -> Iterator[str]:
 def _item_events(event, i: int, item: dict) -> Iterator[str]:
     if item["type"] == "message":
         text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
-        yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress",
-                                                                        "content": []})
+        yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "content": []})
         part = {"type": "output_text", "text": "", "annotations": []}
         yield event("response.content_part.added", output_index=i, item_id=item["id"], content_index=0, part=part)
-        yield event("response.output_text.delta", output_index=i, item_id=item["id"], content_index=0, delta=text,
-                    logprobs=logprobs)
-        yield event("response.output_text.done", output_index=i, item_id=item["id"], content_index=0, text=text,
-                    logprobs=logprobs)
-        yield event("response.content_part.done", output_index=i, item_id=item["id"], content_index=0,
-                    part={**part, "text": text})
+        yield event(
+            "response.output_text.delta",
+            output_index=i,
+            item_id=item["id"],
+            content_index=0,
+            delta=text,
+            logprobs=logprobs,
+        )
+        yield event(
+            "response.output_text.done",
+            output_index=i,
+            item_id=item["id"],
+            content_index=0,
+            text=text,
+            logprobs=logprobs,
+        )
+        yield event(
+            "response.content_part.done",
+            output_index=i,
+            item_id=item["id"],
+            content_index=0,
+            part={**part, "text": text},
+        )
     elif item["type"] == "function_call":
-        yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress",
-                                                                        "arguments": ""})
-        yield event("response.function_call_arguments.delta", output_index=i, item_id=item["id"],
-                    delta=item["arguments"])
-        yield event("response.function_call_arguments.done", output_index=i, item_id=item["id"],
-                    arguments=item["arguments"], name=item["name"])
+        yield event(
+            "response.output_item.added", output_index=i, item={**item, "status": "in_progress", "arguments": ""}
+        )
+        yield event(
+            "response.function_call_arguments.delta", output_index=i, item_id=item["id"], delta=item["arguments"]
+        )
+        yield event(
+            "response.function_call_arguments.done",
+            output_index=i,
+            item_id=item["id"],
+            arguments=item["arguments"],
+            name=item["name"],
+        )
     else:
         yield event("response.output_item.added", output_index=i, item=item)
     yield event("response.output_item.done", output_index=i, item=item)
 
 
 def render_error(err: TurnRefused) -> dict:
-    return {"error": {"message": str(err), "type": err.kind, "param": getattr(err, "param", None),
-                      "code": getattr(err, "code", None)}}
+    return {
+        "error": {
+            "message": str(err),
+            "type": err.kind,
+            "param": getattr(err, "param", None),
+            "code": getattr(err, "code", None),
+        }
+    }

@@ -30,8 +30,11 @@ def openai_choice(body: Mapping[str, Any], tool_names: list[str], *, responses: 
         return _checked(ToolChoice(OPENAI_MODES[value or "auto"], None, parallel), tool_names, "tool_choice")
     check.expect(value, "tool_choice", "string", "object")
     if isinstance(value, str) or value.get("type") != "function":
-        raise FieldError("tool_choice", f"must be none, auto, required or a function tool; got {value!r:.80} "
-                                        "(this gateway serves function tools only)")
+        raise FieldError(
+            "tool_choice",
+            f"must be none, auto, required or a function tool; got {value!r:.80} "
+            "(this gateway serves function tools only)",
+        )
     where = "tool_choice.name" if responses else "tool_choice.function.name"
     name = value.get("name") if responses else (value.get("function") or {}).get("name")
     check.nonempty_str(name, where)
@@ -59,8 +62,11 @@ def _checked(choice: ToolChoice, tool_names: list[str], where: str) -> ToolChoic
     if choice.mode == "required" and not tool_names:
         raise FieldError(where, "asks for a tool call, but the request offers no tools")
     if choice.name is not None and choice.name not in tool_names:
-        raise FieldError(where, f"names the tool {choice.name!r:.60}, which is not among the request's tools "
-                                f"({', '.join(tool_names) or 'none'})")
+        raise FieldError(
+            where,
+            f"names the tool {choice.name!r:.60}, which is not among the request's tools "
+            f"({', '.join(tool_names) or 'none'})",
+        )
     return choice
 
 

@@ -37,12 +37,17 @@ class CodexHarness(BaseHarness):
         await install_npm_cli(sb, node_runtime=node, npm_package=cli, check_cmd="codex --version")
 
     async def write_config(self, sb: Sandbox, ctx: HarnessContext) -> None:
-        toml = CONFIG_TOML.format(model=ctx.model_label, base_url=f"{ctx.adapter_url}/v1",
-                                  wire_api=self.config.wire_api or self.wire_api)
+        toml = CONFIG_TOML.format(
+            model=ctx.model_label, base_url=f"{ctx.adapter_url}/v1", wire_api=self.config.wire_api or self.wire_api
+        )
         b64 = base64.b64encode(toml.encode()).decode("ascii")
-        await sb.exec(f"mkdir -p /home/agent/.codex && echo {shlex.quote(b64)} | base64 -d > "
-                      f"/home/agent/.codex/config.toml{give_to_agent(sb, '/home/agent/.codex')}",
-                      user="root", check=True, timeout=60)
+        await sb.exec(
+            f"mkdir -p /home/agent/.codex && echo {shlex.quote(b64)} | base64 -d > "
+            f"/home/agent/.codex/config.toml{give_to_agent(sb, '/home/agent/.codex')}",
+            user="root",
+            check=True,
+            timeout=60,
+        )
 
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:
         cmd = " ".join(filter(None, [f"codex exec {self.exec_flags} {shlex.quote(prompt)}", self.config.extra_args]))

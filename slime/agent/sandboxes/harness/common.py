@@ -53,14 +53,18 @@ class HarnessConfig:
     def from_env(cls, cli: str) -> HarnessConfig:
         """slime's variables: SLIME_AGENT_NODE_TARBALL, SLIME_AGENT_<CLI>_TARBALL, _EXTRA_ARGS, _EXTRA_ENVS;
         ours: SLIME_AGENT_<CLI>_WIRE_API."""
+
         def path(name: str) -> Path | None:
             return Path(os.environ[name]) if os.environ.get(name) else None
 
         extra_env = os.environ.get(f"SLIME_AGENT_{cli}_EXTRA_ENVS", "").strip()
-        return cls(node_tarball=path("SLIME_AGENT_NODE_TARBALL"), cli_tarball=path(f"SLIME_AGENT_{cli}_TARBALL"),
-                   extra_args=os.environ.get(f"SLIME_AGENT_{cli}_EXTRA_ARGS", "").strip(),
-                   extra_env=json.loads(extra_env) if extra_env else {},
-                   wire_api=os.environ.get(f"SLIME_AGENT_{cli}_WIRE_API", "").strip() or None)
+        return cls(
+            node_tarball=path("SLIME_AGENT_NODE_TARBALL"),
+            cli_tarball=path(f"SLIME_AGENT_{cli}_TARBALL"),
+            extra_args=os.environ.get(f"SLIME_AGENT_{cli}_EXTRA_ARGS", "").strip(),
+            extra_env=json.loads(extra_env) if extra_env else {},
+            wire_api=os.environ.get(f"SLIME_AGENT_{cli}_WIRE_API", "").strip() or None,
+        )
 
 
 class BaseHarness(ABC):
@@ -80,8 +84,9 @@ class BaseHarness(ABC):
     async def launch_and_wait(self, sb: Sandbox, ctx: HarnessContext, prompt: str, time_budget_sec: int) -> int:
         """Run the agent to completion; its exit code (EXIT_TIME_BUDGET_EXCEEDED when out of time)."""
 
-    async def run(self, sb: Sandbox, *, workdir: str, session_id: str, adapter_url: str, time_budget_sec: int,
-                  prompt: str) -> int:
+    async def run(
+        self, sb: Sandbox, *, workdir: str, session_id: str, adapter_url: str, time_budget_sec: int, prompt: str
+    ) -> int:
         """Agent user, then config, then launch. The workspace must be prepared before."""
         await _sandbox.ensure_agent_user(sb, workdir)
         ctx = HarnessContext(workdir=workdir, session_id=session_id, adapter_url=adapter_url)
@@ -91,9 +96,11 @@ class BaseHarness(ABC):
     def tarballs(self) -> tuple[Path, Path]:
         cfg = self.config
         if cfg.node_tarball is None or cfg.cli_tarball is None:
-            raise RuntimeError(f"{type(self).__name__}: no Node or CLI tarball to install from; set "
-                               f"HarnessConfig(node_tarball=..., cli_tarball=...) or SLIME_AGENT_NODE_TARBALL and "
-                               f"SLIME_AGENT_{self.env_prefix}_TARBALL")
+            raise RuntimeError(
+                f"{type(self).__name__}: no Node or CLI tarball to install from; set "
+                f"HarnessConfig(node_tarball=..., cli_tarball=...) or SLIME_AGENT_NODE_TARBALL and "
+                f"SLIME_AGENT_{self.env_prefix}_TARBALL"
+            )
         return cfg.node_tarball, cfg.cli_tarball
 
 
@@ -101,8 +108,16 @@ async def run_agent(sb: Sandbox, *, workdir: str, start_cmd: str, env: dict[str,
     """Run `start_cmd` as the agent user in `workdir`; its output goes to .harness/trajectory.jsonl."""
     meta_dir = f"{workdir}/.harness"
     await sb.exec(f"mkdir -p {meta_dir}{give_to_agent(sb, meta_dir)}", user="root", check=True, timeout=30)
-    code, _ = await exec_and_wait(sb, cmd=start_cmd, user="agent", env=env, workdir=workdir,
-                                  out_file=f"{meta_dir}/trajectory.jsonl", time_budget_sec=time_budget_sec, tag="run")
+    code, _ = await exec_and_wait(
+        sb,
+        cmd=start_cmd,
+        user="agent",
+        env=env,
+        workdir=workdir,
+        out_file=f"{meta_dir}/trajectory.jsonl",
+        time_budget_sec=time_budget_sec,
+        tag="run",
+    )
     return code
 
 
@@ -146,7 +161,11 @@ async def install_node22(sb: Sandbox, host_tarball: Path) -> None:
             os.replace(part, plain)
         host_tarball = plain
     await sb.write_file("/tmp/node22.tar", host_tarball)
-    await sb.exec("set -e && mkdir -p /opt/node22 && tar xf /tmp/node22.tar -C /opt/node22 --strip-components=1 && "
-                  "for b in node npm npx; do ln -sf /opt/node22/bin/$b /usr/local/bin/$b; done && "
-                  "hash -r 2>/dev/null || true && node --version && npm --version",
-                  user="root", timeout=180, check=True)
+    await sb.exec(
+        "set -e && mkdir -p /opt/node22 && tar xf /tmp/node22.tar -C /opt/node22 --strip-components=1 && "
+        "for b in node npm npx; do ln -sf /opt/node22/bin/$b /usr/local/bin/$b; done && "
+        "hash -r 2>/dev/null || true && node --version && npm --version",
+        user="root",
+        timeout=180,
+        check=True,
+    )

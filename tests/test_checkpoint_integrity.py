@@ -71,10 +71,11 @@ def data_file(tmp_path_factory) -> Path:
 
 
 def _worker(args):
+    from slime.train.flags import WorkerConfig
     from slime.train.worker import TrainWorker
     from slime.utils.misc import find_free_port
 
-    worker = TrainWorker(args, 1, 0)
+    worker = TrainWorker(WorkerConfig.from_args(args), args, 1, 0)
     worker.init("127.0.0.1", find_free_port("127.0.0.1"))
     return worker
 
@@ -199,10 +200,11 @@ def test_the_trainer_loads_the_checkpoint_preflight_verified(ckpt, tiny_model_di
     (ckpt / CHECKPOINT_TRACKER).write_text("7")
     [resolved] = args
     assert resolved.start_rollout_id == 2 and latest_checkpoint(resolved.load, resolved.ckpt_step) == 1
+    from slime.train.flags import WorkerConfig
     from slime.train.worker import TrainWorker
     from slime.utils.misc import find_free_port
 
-    worker = TrainWorker(resolved, 1, 0)
+    worker = TrainWorker(WorkerConfig.from_args(resolved), resolved, 1, 0)
     try:
         assert worker.init("127.0.0.1", find_free_port("127.0.0.1"))["loaded_rollout_id"] == 1
     finally:

@@ -123,10 +123,11 @@ def test_a_zero_gamma_is_read_as_zero_not_as_a_restated_default():
     """`float(getattr(args, "gamma", 1.0) or 1.0)` read --gamma 0 as 1: REINFORCE++ discounted nothing."""
     import torch
 
+    from slime.train.flags import LossConfig
     from slime.train.loss import advantages_for
 
     args = build_parser().parse_args(["--advantage-estimator", "reinforce_plus_plus", "--gamma", "0"])
-    assert advantages_for(args, [1.0], [torch.ones(3)], None)[0].tolist() == [0.0, 0.0, 1.0]
+    assert advantages_for(LossConfig.from_args(args), [1.0], [torch.ones(3)], None)[0].tolist() == [0.0, 0.0, 1.0]
 
 
 def test_a_namespace_built_by_hand_gets_the_parsers_defaults_where_it_enters():

@@ -17,6 +17,7 @@ import torch
 from slime.cli.honest_flags import ACTED_ON
 from slime.cli.train import parse_train_args
 from slime.train.loss import LossConfigError, LossHooks, advantages_of_rollout, approx_kl, policy_loss, sample_reducer
+from slime.train.flags import LossConfig, OptimizerConfig
 from slime.train.optimizer import build_optimizer
 from slime.rollout.train_data import normalize_group_rewards
 from slime.utils.types import Sample
@@ -35,11 +36,18 @@ ADVANTAGES = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
 ENTROPY = torch.tensor([0.7, 0.6, 0.5, 0.4, 0.3, 0.2])
 
 
+def loss_config(argv: list[str]) -> LossConfig:
+    return LossConfig.from_args(parse_train_args(argv))
+
+
+def optimizer_config(argv: list[str]) -> OptimizerConfig:
+    return OptimizerConfig.from_args(parse_train_args(argv))
+
+
 def loss_of(argv: list[str]) -> dict[str, float]:
-    args = parse_train_args(argv)
     reduce = sample_reducer(LENGTHS, MASKS, torch.tensor([3.0, 3.0]))
     out = policy_loss(
-        args,
+        loss_config(argv),
         log_probs=LP,
         entropy=ENTROPY,
         old_log_probs=OLD_LP,
@@ -91,9 +99,10 @@ def test_the_clip_range_is_slimes_formula():
 
 def advantages_of(argv: list[str]) -> list[list[float]]:
     args = parse_train_args(argv)
-    kl = [approx_kl(o, r, args.kl_loss_type) for o, r in zip(OLD_LP.split(LENGTHS), REF_LP.split(LENGTHS))]
+    config = LossConfig.from_args(args)
+    kl = [approx_kl(o, r, config.kl_loss_type) for o, r in zip(OLD_LP.split(LENGTHS), REF_LP.split(LENGTHS))]
     rollout_data = {"rewards": [1.0, 0.0], "loss_masks": MASKS, "kl": kl, "response_lengths": LENGTHS}
-    return [a.tolist() for a in advantages_of_rollout(args, LossHooks.of(args), rollout_data)]
+    return [a.tolist() for a in advantages_of_rollout(config, LossHooks.of(config, args), rollout_data)]
 
 
 ADVANTAGE_FLAGS = {
@@ -151,7 +160,7 @@ GRADIENTS = [torch.tensor([0.5, -0.25, 1e-9]), torch.tensor([-0.1, 0.4, 3e-9]), 
 def step_of(argv: list[str]) -> list[float]:
     """A three-weight model after AdamW steps on gradients that change (so both betas matter)."""
     weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3e-9]))
-    optimizer, scheduler = build_optimizer([weight], parse_train_args(["--lr", "0.1", *argv]))
+    optimizer, scheduler = build_optimizer([weight], optimizer_config(["--lr", "0.1", *argv]))
     for grad in GRADIENTS:
         optimizer.zero_grad()
         weight.grad = grad.clone()
@@ -177,7 +186,7 @@ def test_an_optimizer_flag_changes_the_step(dest):
 
 def test_warm_up_scales_the_first_steps_learning_rate():
     weight = torch.nn.Parameter(torch.zeros(1))
-    optimizer, scheduler = build_optimizer([weight], parse_train_args(["--lr", "0.1", "--lr-warmup-iters", "4"]))
+    optimizer, scheduler = build_optimizer([weight], optimizer_config(["--lr", "0.1", "--lr-warmup-iters", "4"]))
     rates = []
     for _ in range(6):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -193,14 +202,14 @@ def test_normalize_advantages_whitens_over_the_masked_tokens_of_every_rank():
         [torch.tensor([1.0, 1.0, 5.0]), torch.tensor([-1.0, 0.0])],
         [torch.tensor([1.0, 1.0, 0.0]), torch.ones(2)],
     )
-    assert normalized_advantages(parse_train_args([]), advantages, masks) is advantages
-    out = torch.cat(normalized_advantages(parse_train_args(["--normalize-advantages"]), advantages, masks))
+    assert normalized_advantages(loss_config([]), advantages, masks) is advantages
+    out = torch.cat(normalized_advantages(loss_config(["--normalize-advantages"]), advantages, masks))
     kept = out[torch.cat(masks) > 0]
     assert float(kept.mean()) == pytest.approx(0.0, abs=1e-6) and float(kept.std(unbiased=False)) == pytest.approx(
         1.0, rel=1e-4
     )
     doubled = normalized_advantages(
-        parse_train_args(["--normalize-advantages"]), advantages, masks, all_reduce=lambda stats: stats.mul_(2)
+        loss_config(["--normalize-advantages"]), advantages, masks, all_reduce=lambda stats: stats.mul_(2)
     )  # a second rank with the same tokens
     assert torch.allclose(torch.cat(doubled), out)
 
@@ -304,7 +313,7 @@ def test_flags_the_trainer_cannot_honour_are_refused_by_name():
     with pytest.raises(ArgError, match="--optimizer: sgd"):
         parse_train_args(["--optimizer", "sgd"])
     with pytest.raises(LossConfigError, match="--calculate-per-token-loss"):
-        check_loss_args(parse_train_args(["--calculate-per-token-loss"]))
+        check_loss_args(loss_config(["--calculate-per-token-loss"]))
     with pytest.raises(ArgError, match="--freeze-params-name-list: '\\(' is not a regular expression"):
         parse_train_args(["--freeze-params-name-list", "("])
 
@@ -322,17 +331,17 @@ class TwoLayers(torch.nn.Module):
 def test_freeze_and_only_train_choose_the_trained_parameters_by_regex():
     from slime.train.trainable import TrainableParamsError, apply_trainable_patterns
 
-    assert len(apply_trainable_patterns(TwoLayers(), parse_train_args([]))) == 6
-    assert apply_trainable_patterns(TwoLayers(), parse_train_args(["--only-train-params-name-list", "lm_head"])) == [
+    assert len(apply_trainable_patterns(TwoLayers(), optimizer_config([]))) == 6
+    assert apply_trainable_patterns(TwoLayers(), optimizer_config(["--only-train-params-name-list", "lm_head"])) == [
         "lm_head.weight",
         "lm_head.bias",
     ]
     model = TwoLayers()
-    left = apply_trainable_patterns(model, parse_train_args(["--freeze-params-name-list", "^embed", r"\.bias$"]))
+    left = apply_trainable_patterns(model, optimizer_config(["--freeze-params-name-list", "^embed", r"\.bias$"]))
     assert left == ["layer.weight", "lm_head.weight"]
     assert [p.requires_grad for p in model.embed_tokens.parameters()] == [False, False]
     with pytest.raises(TrainableParamsError, match="--freeze-params-name-list 'self_attention' matches no param"):
-        apply_trainable_patterns(TwoLayers(), parse_train_args(["--freeze-params-name-list", "self_attention"]))
+        apply_trainable_patterns(TwoLayers(), optimizer_config(["--freeze-params-name-list", "self_attention"]))
 
 
 def test_colocated_engines_take_the_actors_gpus(tmp_path):

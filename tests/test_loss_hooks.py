@@ -113,8 +113,8 @@ def _what_the_hooks_saw(worker) -> SimpleNamespace:
     from tests.plugins import loss_hooks as hooks
 
     return SimpleNamespace(
-        custom_loss_seen=getattr(worker.args, "custom_loss_seen", None),
-        postprocess_seen=getattr(worker.args, "postprocess_seen", None),
+        custom_loss_seen=getattr(worker.hooks.args, "custom_loss_seen", None),
+        postprocess_seen=getattr(worker.hooks.args, "postprocess_seen", None),
         reducer_calls=list(hooks.zero_pg_loss_reducer.calls),
     )
 

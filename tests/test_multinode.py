@@ -327,6 +327,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.observability.metrics_log import read_metrics
     from slime.ray.session import ray_init, start_manager, stop_manager
     from slime.train.actor_group import TrainGroup
+    from slime.train.flags import WorkerConfig
     from slime.utils.misc import find_free_port
 
     warm = contextlib.ExitStack()
@@ -360,7 +361,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         facts["router_pid_is_managers_child"] = info["router_pid"] in _children_of_manager(manager)
         facts["before"] = ray.get(manager.status.remote())
         lap("cluster and manager up")
-        trainer = TrainGroup(args)
+        trainer = TrainGroup(WorkerConfig.from_args(args), args)
         trainer.start()
         facts["trainer_nodes"] = [_actor_node(w) for w in trainer.workers]
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))

@@ -160,6 +160,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
     from slime.cli.args import parse_args
     from slime.ray.session import ray_init, start_manager, stop_manager
     from slime.train.actor_group import TrainGroup
+    from slime.train.flags import WorkerConfig
     from slime.utils.misc import find_free_port
 
     node_args = {"include_dashboard": False, "object_store_memory": 80 * 2**20}
@@ -182,7 +183,7 @@ def scenario(model_dir: str, work: Path) -> dict[str, Any]:
         lost = next(n for n in engine_nodes if n.node_id == facts["before"]["engines"][1]["node_id"])
         kept = next(n for n in engine_nodes if n is not lost)
         facts["nodes"] = {"kept": kept.node_id, "lost": lost.node_id, "trainer": trainer_node.node_id}
-        trainer = TrainGroup(args)
+        trainer = TrainGroup(WorkerConfig.from_args(args), args)
         trainer.start()
         facts["trainer_nodes"] = [_actor_node(w) for w in trainer.workers]
         _got(manager.set_train_parallel_config.remote({"dp_size": 1}), "set_train_parallel_config")

@@ -20,6 +20,7 @@ from slime.rollout.on_policy_distillation import (
     teacher_request,
 )
 from slime.cli.finalize import complete_namespace
+from slime.train.flags import LossConfig
 from slime.train.loss import LossConfigError, apply_opd_kl_to_advantages, check_loss_args
 from slime.utils.types import Sample
 
@@ -59,9 +60,9 @@ def test_the_penalty_without_teacher_log_probs_names_the_recipe():
 
 
 def test_the_reference_trainer_takes_the_sglang_teacher_only():
-    check_loss_args(complete_namespace(Namespace(use_opd=True, opd_type="sglang")))
+    check_loss_args(LossConfig.from_args(complete_namespace(Namespace(use_opd=True, opd_type="sglang"))))
     with pytest.raises(LossConfigError, match="--opd-type megatron"):
-        check_loss_args(complete_namespace(Namespace(use_opd=True, opd_type="megatron")))
+        check_loss_args(LossConfig.from_args(complete_namespace(Namespace(use_opd=True, opd_type="megatron"))))
 
 
 def test_the_teacher_request_scores_the_samples_own_tokens_without_sampling():

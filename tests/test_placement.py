@@ -11,6 +11,7 @@ from slime.cli.args import parse_args
 from slime.cli.train import parse_train_args
 from slime.fleet.placement import PlacementError, reserve
 from slime.train.actor_group import TrainGroup
+from slime.train.flags import WorkerConfig
 
 
 def _train_args(tmp_path, tiny_model_dir, *extra: str):
@@ -45,7 +46,7 @@ def test_trainer_beyond_the_cluster_fails_at_once_with_the_arithmetic(ray_cluste
     engines = reserve([{"CPU": 1.0}] * 3, name="slime-engines", what="the engines", flags="--rollout-num-engines")
     try:
         args = _train_args(tmp_path, tiny_model_dir, "--actor-num-workers", "2", "--actor-num-cpus-per-worker", "3")
-        group = TrainGroup(args)
+        group = TrainGroup(WorkerConfig.from_args(args), args)
         trainer_groups_before = _trainer_placement_groups()
         with pytest.raises(PlacementError) as err:
             group.start()

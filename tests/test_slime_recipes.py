@@ -333,7 +333,8 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
     denominators stay the rollouts' mask totals)."""
     import torch
 
-    from slime.train.loss import check_loss_args, policy_loss, sample_reducer
+    from slime.train.flags import LossConfig
+    from slime.train.loss import LossHooks, check_loss_args, policy_loss, sample_reducer
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "q"}\n')
@@ -351,12 +352,13 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
             "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp",
         ]
     )
-    check_loss_args(args)
+    config = LossConfig.from_args(args)
+    check_loss_args(config)
     lengths, masks, denoms = [3, 2], [torch.ones(3), torch.ones(2)], torch.tensor([3.0, 2.0])
     old = torch.zeros(5)
     rollout = -torch.log(torch.tensor([1.0, 3.0, 0.25, 1.0, 1.5]))  # train/rollout ratios 1, 3, 0.25 | 1, 1.5
     out = policy_loss(
-        args,
+        config,
         log_probs=old.clone(),
         entropy=torch.zeros(5),
         old_log_probs=old,
@@ -368,6 +370,7 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
         reduce=sample_reducer(lengths, masks, denoms),
         denominators=denoms,
         total_lengths=[7, 6],
+        hooks=LossHooks.of(config, args),
     )
     # weights truncated at 2: (1, 2, .25 | 1, 1.5), mean 1.15 -> divided by it; ratios 3 and .25 rejected
     expected = -(1 / 3 + (1 + 1.5) / 2) / 1.15
@@ -375,7 +378,7 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
     assert out.metrics["mis_batch_norm_factor"].item() == pytest.approx(1.15 * 2, rel=1e-6)  # one per sample
     vanilla = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--use-tis"])
     plain = policy_loss(
-        vanilla,
+        LossConfig.from_args(vanilla),
         log_probs=old.clone(),
         entropy=torch.zeros(5),
         old_log_probs=old,
@@ -391,12 +394,14 @@ def test_mis_recipe_reweights_and_rejects_tokens_in_the_policy_loss(tmp_path, mo
 
 
 def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monkeypatch):
-    """The worker resolves --custom-tis-function-path once (`tis_function(args)`) and passes it to every
-    micro-batch's `policy_loss`, which then loads nothing: the mis recipe's exact loss, twice, with
-    plugin loading made to fail after the one resolution."""
+    """The worker resolves --custom-tis-function-path once (`LossHooks.of(config, args)`) and passes it to
+    every micro-batch's `policy_loss`, which then loads nothing: the mis recipe's exact loss, twice, with
+    plugin loading made to fail after the one resolution; a call not given it is refused, naming the flag,
+    rather than computing the vanilla TIS in its place."""
     import torch
 
     from slime.train import loss
+    from slime.train.flags import LossConfig
     from slime.utils.misc import PluginLoadError
 
     data = tmp_path / "d.jsonl"
@@ -415,8 +420,9 @@ def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monke
             "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp",
         ]
     )
-    tis = loss.tis_function(args)
-    assert tis.__name__ == "compute_mis_weights_with_cp"
+    config = LossConfig.from_args(args)
+    hooks = loss.LossHooks.of(config, args)
+    assert hooks.custom_tis.__name__ == "compute_mis_weights_with_cp" and hooks.args is args
 
     def no_loading(path, flag=None):
         raise PluginLoadError(f"{flag} {path!r} loaded again")
@@ -427,7 +433,7 @@ def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monke
     rollout = -torch.log(torch.tensor([1.0, 3.0, 0.25, 1.0, 1.5]))
     for _ in range(2):  # two micro-batches
         out = loss.policy_loss(
-            args,
+            config,
             log_probs=old.clone(),
             entropy=torch.zeros(5),
             old_log_probs=old,
@@ -439,12 +445,12 @@ def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monke
             reduce=loss.sample_reducer(lengths, masks, denoms),
             denominators=denoms,
             total_lengths=[7, 6],
-            tis=tis,
+            hooks=hooks,
         )
         assert out.metrics["pg_loss"].item() == pytest.approx(-(1 / 3 + (1 + 1.5) / 2) / 1.15, rel=1e-6)
-    with pytest.raises(PluginLoadError, match="--custom-tis-function-path .* loaded again"):
+    with pytest.raises(loss.LossConfigError, match="--custom-tis-function-path .* not resolved"):
         loss.policy_loss(
-            args,
+            config,
             log_probs=old.clone(),
             entropy=torch.zeros(5),
             old_log_probs=old,
@@ -459,6 +465,7 @@ def test_the_tis_function_resolved_once_is_the_one_the_loss_uses(tmp_path, monke
 
 
 def test_mismatch_metrics_need_the_function_that_computes_them(tmp_path):
+    from slime.train.flags import LossConfig
     from slime.train.loss import LossConfigError, check_loss_args
     from slime.utils.misc import PluginLoadError
 
@@ -466,10 +473,10 @@ def test_mismatch_metrics_need_the_function_that_computes_them(tmp_path):
     data.write_text('{"input": "q"}\n')
     args = parse_args(["--rollout-backend", "hf", "--prompt-data", str(data), "--get-mismatch-metrics"])
     with pytest.raises(LossConfigError, match="--get-mismatch-metrics needs --custom-tis-function-path"):
-        check_loss_args(args)
+        check_loss_args(LossConfig.from_args(args))
     args.custom_tis_function_path = "examples.train_infer_mismatch_helper.mis.no_such_function"
     with pytest.raises(PluginLoadError, match="--custom-tis-function-path"):
-        check_loss_args(args)
+        check_loss_args(LossConfig.from_args(args))
 
 
 # ---------------------------------------------------------------- what plugins size their pools by

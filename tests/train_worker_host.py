@@ -3,7 +3,7 @@
 
 A `TrainWorker` actor of its own per test costs a process that imports torch and transformers (10-20 s on a
 loaded 2-core box) for a step that takes well under a second. Here each test's worker is still built as
-slime-train builds it (`TrainWorker(args, 1, 0)` and `init`: model loaded, optimizer and loss hooks built
+slime-train builds it (`TrainWorker(WorkerConfig.from_args(args), args, 1, 0)` and `init`: model loaded, optimizer and loss hooks built
 from its own args, seeded), in a Ray actor's process as slime-train runs it; only the process, and the gloo
 group of one rank it joined once (`init` joins only when there is none), are shared. Freeing a gloo group is
 never needed (in the test process it can deadlock: tests/test_nonfinite_training.py).
@@ -39,9 +39,11 @@ class TrainWorkerHost:
 def make_worker(argv: list[str]) -> Any:
     """Run in the host: a `TrainWorker` of `slime-train argv`, initialised (the group is up: not joined again)."""
     from slime.cli.train import parse_train_args
+    from slime.train.flags import WorkerConfig
     from slime.train.worker import TrainWorker
 
-    worker = TrainWorker(parse_train_args(argv), 1, 0)
+    args = parse_train_args(argv)
+    worker = TrainWorker(WorkerConfig.from_args(args), args, 1, 0)
     worker.init("127.0.0.1", 0)
     return worker
 

@@ -20,7 +20,7 @@ PROG = "slime-train"
 
 def parse_train_args(argv: Sequence[str] | None = None) -> Any:
     """parse_args, plus the trainer's flags when the main parser does not define them yet."""
-    from slime.train.flags import check_train_arguments, split_train_argv
+    from slime.train.flags import LoopConfig, check_train_arguments, split_train_argv
 
     argv = list(sys.argv[1:] if argv is None else argv)
     train_flags, rest = split_train_argv(argv)
@@ -38,7 +38,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> Any:
     if args.save_interval is not None and not args.save:
         raise ArgError("--save-interval needs --save DIR")
     try:
-        check_train_arguments(args)
+        check_train_arguments(LoopConfig.from_args(args))
     except ValueError as e:
         raise ArgError(str(e)) from e
     return args

@@ -35,6 +35,7 @@ def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool
     from slime.ray.session import start_engine_fork_server, start_manager, stop_manager
     from slime.testing.fault_manager import FaultInjectingManager
     from slime.train.actor_group import TrainGroup
+    from slime.train.flags import WorkerConfig
 
     manager = group = server = None
     try:
@@ -42,7 +43,7 @@ def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool
         manager, _ = start_manager(
             args, FaultInjectingManager, fork_server=server.socket_path if server is not None else fork_server
         )
-        group = TrainGroup(args)
+        group = TrainGroup(WorkerConfig.from_args(args), args)
         group.start()
         ray.get(manager.set_train_parallel_config.remote({"dp_size": 1}))
         yield manager, group

@@ -14,6 +14,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 
 from slime.fleet.placement import bundle_strategy, reserve
+from slime.train.flags import WorkerConfig
 from slime.train.worker import TrainWorker
 
 logger = logging.getLogger(__name__)
@@ -22,9 +23,10 @@ INIT_TIMEOUT_S = 900.0  # model load on a busy 2-core box
 
 
 class TrainGroup:
-    def __init__(self, args: Any):
-        self.args = args
-        self.num_workers = int(args.actor_num_workers)
+    def __init__(self, config: WorkerConfig, plugin_args: Any):
+        """`plugin_args`: the namespace each worker gives slime's plugins (`TrainWorker`)."""
+        self.config, self.plugin_args = config, plugin_args
+        self.num_workers = int(config.train.actor_num_workers)
         if self.num_workers < 1:
             raise ValueError(f"--actor-num-workers must be >= 1, got {self.num_workers}")
         self.pg = None
@@ -33,7 +35,7 @@ class TrainGroup:
         self.loaded_rollout_id: int | None = None
 
     def start(self) -> dict[str, Any]:
-        cpus = float(self.args.actor_num_cpus_per_worker)
+        cpus = float(self.config.train.actor_num_cpus_per_worker)
         try:
             self.pg = reserve(
                 [{"CPU": cpus}] * self.num_workers,
@@ -44,7 +46,7 @@ class TrainGroup:
             remote_cls = ray.remote(TrainWorker)
             self.workers = [
                 remote_cls.options(num_cpus=cpus, scheduling_strategy=bundle_strategy(self.pg, rank)).remote(
-                    self.args, self.num_workers, rank
+                    self.config, self.plugin_args, self.num_workers, rank
                 )
                 for rank in range(self.num_workers)
             ]

@@ -35,7 +35,7 @@ from slime.observability import metrics_log
 from slime.train.actor_group import TrainGroup
 from slime.train.checkpoint import data_state_dir
 from slime.train.fleet_events import describe_fleet_events, fleet_events
-from slime.train.flags import update_weights_interval
+from slime.train.flags import LoopConfig, update_weights_interval
 from slime.utils.misc import should_run_periodic_action  # slime's rule, at slime's path
 
 logger = logging.getLogger("slime")
@@ -45,15 +45,15 @@ class WeightCheckError(RuntimeError):
     """--check-weight-update-equal found engines whose weights differ from the trainer's."""
 
 
-def save_due(args: Any, rollout_id: int, num_rollout_per_epoch: int | None) -> bool:
+def save_due(config: LoopConfig, rollout_id: int, num_rollout_per_epoch: int | None) -> bool:
     """Whether the model (with its data state) is saved after `rollout_id`: slime's rule with
     `--save-interval`; without it, `--save DIR` saves once, after the last rollout (the data state
     alone is never a checkpoint: `--load` resumes data and model together)."""
-    if not args.save:
+    if not config.save:
         return False
-    if args.save_interval is None:
-        return rollout_id == args.num_rollout - 1
-    return should_run_periodic_action(rollout_id, args.save_interval, num_rollout_per_epoch, args.num_rollout)
+    if config.save_interval is None:
+        return rollout_id == config.num_rollout - 1
+    return should_run_periodic_action(rollout_id, config.save_interval, num_rollout_per_epoch, config.num_rollout)
 
 
 def weights_due(rollout_id: int, interval: int) -> bool:
@@ -62,10 +62,10 @@ def weights_due(rollout_id: int, interval: int) -> bool:
     return (rollout_id + 1) % interval == 0
 
 
-def weight_sync_mode(args: Any) -> str:
-    mode = args.weight_sync
+def weight_sync_mode(config: LoopConfig) -> str:
+    mode = config.worker.train.weight_sync
     if mode == "auto":
-        return "tensor" if args.colocate else "distributed"
+        return "tensor" if config.colocate else "distributed"
     return mode
 
 
@@ -203,16 +203,19 @@ def train(
     fork_server: str | None = None,
 ) -> list[TrainRecord]:
     """Run the loop; returns one record per trained rollout. Stops everything it started, always.
+    The loop's flags are read once as `LoopConfig`; `args` itself goes on to the rollout manager, the
+    metrics' observability and slime's plugins (via the trainer group), which take the namespace.
     `fork_server`: the Ray session's engine fork server socket (warm engine starts), or None."""
     from slime.ray.rollout_manager import RolloutManager
     from slime.ray.session import format_startup, start_manager, stop_manager
 
     from slime.train.flags import check_train_arguments
 
-    check_train_arguments(args)  # before anything starts
-    mode = weight_sync_mode(args)
-    async_train = bool(args.async_train)
-    interval = update_weights_interval(args)
+    config = LoopConfig.from_args(args)
+    check_train_arguments(config)  # before anything starts
+    mode = weight_sync_mode(config)
+    async_train = bool(config.worker.train.async_train)
+    interval = update_weights_interval(config)
     manager, group, sink = None, None, None
     records: list[TrainRecord] = []
     try:
@@ -220,11 +223,11 @@ def train(
         startup = format_startup(info)
         if startup:
             print(startup, flush=True)
-        group = TrainGroup(args)
+        group = TrainGroup(config.worker, args)
         group.start()
         start = group.start_rollout_id
         if group.loaded_rollout_id is not None:
-            ray.get(manager.load.remote(group.loaded_rollout_id, data_state_dir(args.load, group.loaded_rollout_id)))
+            ray.get(manager.load.remote(group.loaded_rollout_id, data_state_dir(config.load, group.loaded_rollout_id)))
         ray.get(manager.set_train_parallel_config.remote({"dp_size": group.num_workers}))
         sink = MetricsSink.for_manager(args, manager)
         try:
@@ -235,7 +238,7 @@ def train(
         has_summary = _has_method(manager, "last_summary")  # a custom manager may not report one
         print(
             f"trainer: {group.num_workers} worker(s), weights by {mode}{', async' if async_train else ''}, "
-            f"rollouts {start}..{args.num_rollout - 1}"
+            f"rollouts {start}..{config.num_rollout - 1}"
             + (
                 f" (resumed from the checkpoint of rollout {group.loaded_rollout_id})"
                 if group.loaded_rollout_id is not None
@@ -243,10 +246,10 @@ def train(
             ),
             flush=True,
         )
-        if args.save and args.save_interval is None:
+        if config.save and config.save_interval is None:
             print(
-                f"--save {args.save} without --save-interval: the model and its data state are saved once, "
-                f"after the last rollout ({args.num_rollout - 1})",
+                f"--save {config.save} without --save-interval: the model and its data state are saved once, "
+                f"after the last rollout ({config.num_rollout - 1})",
                 flush=True,
             )
 
@@ -258,7 +261,7 @@ def train(
                 ray.get(manager.begin_weight_update.remote())
             pushed_ok = False
             try:
-                if args.offload_rollout:
+                if config.offload_rollout:
                     ray.get(manager.onload_weights.remote())
                 group.update_weights(manager, version, mode)
                 pushed_ok = True
@@ -266,7 +269,7 @@ def train(
                 if bracketed:
                     ray.get(manager.end_weight_update.remote(version if pushed_ok else None))
             check = None
-            if args.check_weight_update_equal:
+            if config.check_weight_update_equal:
                 pushed.clear()
                 pushed.update(group.weight_checksums())
                 check = ray.get(manager.check_weights.remote("compare", pushed))
@@ -276,7 +279,7 @@ def train(
                         f"weight version {version}: {len(bad)} engine(s) differ from the trainer: "
                         f"{bad[0].get('message')}"
                     )
-            if args.offload_rollout:
+            if config.offload_rollout:
                 ray.get(manager.onload_kv.remote())
             return time.monotonic() - t0, check
 
@@ -293,16 +296,16 @@ def train(
         push_time, check = push(str(start))
         initial = {"weight_check": check, "checksums": dict(pushed)}
         serving = str(start)  # the weight version the engines serve
-        if args.num_rollout == 0 and args.eval_interval is not None:
+        if config.num_rollout == 0 and config.eval_interval is not None:
             evaluate(0)
         ahead: _Generation | None = None  # --async: the next rollout, generating while this one trains
-        for rollout_id in range(start, args.num_rollout):
+        for rollout_id in range(start, config.num_rollout):
             ev = None
             if (
-                args.eval_interval is not None
+                config.eval_interval is not None
                 and rollout_id == 0
-                and not args.skip_eval_before_train
-                and args.eval_datasets
+                and not config.skip_eval_before_train
+                and config.eval_datasets
             ):
                 ev = evaluate(rollout_id)
             current = ahead or _Generation(rollout_id, manager.generate.remote(rollout_id), serving)
@@ -311,14 +314,14 @@ def train(
             rollout_time = current.waited
             # read before the next rollout starts (--async): the summary is this rollout's
             fleet = fleet_events(ray.get(manager.last_summary.remote(), timeout=60), rollout_id) if has_summary else {}
-            if async_train and rollout_id + 1 < args.num_rollout:
+            if async_train and rollout_id + 1 < config.num_rollout:
                 ahead = _Generation(rollout_id + 1, manager.generate.remote(rollout_id + 1), serving)
-            if args.offload_rollout:
+            if config.offload_rollout:
                 ray.get(manager.offload.remote())
             t0 = time.monotonic()
             out = group.train(rollout_id, boxes)
             train_time = time.monotonic() - t0
-            if save_due(args, rollout_id, per_epoch):
+            if save_due(config, rollout_id, per_epoch):
                 if not async_train:  # --async: the data source was saved when rollout k ended, before k+1 began
                     ray.get(manager.save.remote(rollout_id))
                 group.save_model(rollout_id)  # takes the data state just saved into the checkpoint
@@ -329,7 +332,7 @@ def train(
                 pushed_version = str(rollout_id + 1)
                 push_time, check = push(pushed_version)
                 serving = pushed_version
-            if args.eval_datasets and should_run_periodic_action(rollout_id, args.eval_interval, per_epoch):
+            if config.eval_datasets and should_run_periodic_action(rollout_id, config.eval_interval, per_epoch):
                 ev = evaluate(rollout_id)
             record = TrainRecord(
                 rollout_id=rollout_id,

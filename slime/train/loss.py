@@ -1,7 +1,9 @@
 """slime's policy loss on plain tensors: advantages, PPO/GRPO clipping, TIS, KL, entropy, and the
 per-rollout mean that makes a rollout count once however its samples were split.
 
-Everything works on flat per-token tensors (the samples' response tokens concatenated in order)
+The flags come as `LossConfig` (`slime.train.flags`), read once from the parsed namespace; slime's plugins
+(custom loss, advantage, TIS, pg-loss reducer, rollout-data post-process) are resolved once into
+`LossHooks`, which keeps the namespace slime gives them. Everything works on flat per-token tensors (the samples' response tokens concatenated in order)
 plus the per-sample `response_lengths`, `loss_masks` and denominators, as slime's Megatron loss
 does. Pure torch: no Ray, no model, so each formula is unit-testable.
 
@@ -19,52 +21,39 @@ from typing import Any, Callable
 
 import torch
 
+from slime.train.flags import LossConfig, LossConfigError, check_opd_args  # noqa: F401 - importable from here
 from slime.utils.misc import load_function
 
 SUPPORTED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
-class LossConfigError(ValueError):
-    """A flag combination the reference trainer cannot train; the message names the flag."""
-
-
-def check_loss_args(args: Any) -> None:
-    estimator = args.advantage_estimator
-    if args.custom_advantage_function_path is None and estimator not in SUPPORTED_ESTIMATORS:
+def check_loss_args(config: LossConfig) -> None:
+    estimator = config.advantage_estimator
+    if config.custom_advantage_function_path is None and estimator not in SUPPORTED_ESTIMATORS:
         raise LossConfigError(
             f"--advantage-estimator {estimator}: the reference trainer supports "
             f"{', '.join(SUPPORTED_ESTIMATORS)} (ppo needs a critic)"
         )
-    if args.loss_type not in ("policy_loss", "custom_loss"):
+    if config.loss_type not in ("policy_loss", "custom_loss"):
         raise LossConfigError(
-            f"--loss-type {args.loss_type}: the reference trainer trains policy_loss, or "
+            f"--loss-type {config.loss_type}: the reference trainer trains policy_loss, or "
             f"custom_loss with --custom-loss-function-path"
         )
-    if args.calculate_per_token_loss:
+    if config.calculate_per_token_loss:
         raise LossConfigError("--calculate-per-token-loss is not supported by the reference trainer")
-    if args.kl_loss_type not in ("k1", "k2", "k3", "low_var_kl"):
-        raise LossConfigError(f"--kl-loss-type {args.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
-    if args.get_mismatch_metrics and not args.custom_tis_function_path:
+    if config.kl_loss_type not in ("k1", "k2", "k3", "low_var_kl"):
+        raise LossConfigError(f"--kl-loss-type {config.kl_loss_type}: expected k1, k2, k3 or low_var_kl")
+    if config.get_mismatch_metrics and not config.custom_tis_function_path:
         raise LossConfigError("--get-mismatch-metrics needs --custom-tis-function-path (the function computing them)")
-    tis_function(args)  # a bad --custom-tis-function-path fails before the first step
-    check_opd_args(args)
+    custom_tis_function(config)  # a bad --custom-tis-function-path fails before the first step
+    check_opd_args(config)
 
 
-def check_opd_args(args: Any) -> None:
-    """`--use-opd` needs the teacher's log-probs from the rollout (`--opd-type sglang`)."""
-    if args.use_opd and args.opd_type != "sglang":
-        raise LossConfigError(
-            f"--opd-type {args.opd_type}: the reference trainer takes the "
-            f"teacher's log-probs from the rollout (--opd-type sglang, teacher at --rm-url); "
-            f"it loads no Megatron teacher"
-        )
-
-
-def needs_reference(args: Any) -> bool:
+def needs_reference(config: LossConfig) -> bool:
     """A frozen reference model is needed for the KL loss or a KL-shaped reward."""
-    return bool(args.use_kl_loss) or (
-        float(args.kl_coef) != 0.0
-        and args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+    return bool(config.use_kl_loss) or (
+        float(config.kl_coef) != 0.0
+        and config.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
     )
 
 
@@ -104,13 +93,13 @@ def sample_reducer(
 
 
 def advantages_for(
-    args: Any, rewards: list[float], loss_masks: list[torch.Tensor], kl: list[torch.Tensor] | None
+    config: LossConfig, rewards: list[float], loss_masks: list[torch.Tensor], kl: list[torch.Tensor] | None
 ) -> list[torch.Tensor]:
     """Per-token advantages from the batch's (already group-normalised) rewards, as slime computes them
     for `--advantage-estimator` (GRPO family: the sample's reward on every token; REINFORCE++: the
     discounted return of the KL-shaped token rewards; REINFORCE++-baseline: reward minus KL penalty)."""
-    estimator = args.advantage_estimator
-    kl_coef = float(args.kl_coef)
+    estimator = config.advantage_estimator
+    kl_coef = float(config.kl_coef)
     out = []
     for i, (reward, mask) in enumerate(zip(rewards, loss_masks)):
         n = mask.numel()
@@ -124,7 +113,7 @@ def advantages_for(
             nz = mask.nonzero()
             if len(nz):
                 token_rewards[int(nz[-1])] += float(reward)
-            gamma = float(args.gamma)
+            gamma = float(config.gamma)
             returns = torch.zeros(n)
             running = 0.0
             for t in range(n - 1, -1, -1):
@@ -137,7 +126,7 @@ def advantages_for(
 
 
 def apply_opd_kl_to_advantages(
-    args: Any,
+    config: LossConfig,
     advantages: list[torch.Tensor],
     student_log_probs: list[torch.Tensor],
     teacher_log_probs: list[torch.Tensor] | None,
@@ -152,7 +141,7 @@ def apply_opd_kl_to_advantages(
             "slime.rollout.on_policy_distillation.reward_func and --custom-reward-post-process-path "
             "slime.rollout.on_policy_distillation.post_process_rewards with --rm-url at the teacher"
         )
-    coef = float(args.opd_kl_coef)
+    coef = float(config.opd_kl_coef)
     reverse_kls = []
     for i, (student, teacher) in enumerate(zip(student_log_probs, teacher_log_probs)):
         reverse_kl = student.float() - teacher.float()
@@ -162,14 +151,14 @@ def apply_opd_kl_to_advantages(
 
 
 def normalized_advantages(
-    args: Any,
+    config: LossConfig,
     advantages: list[torch.Tensor],
     masks: list[torch.Tensor],
     all_reduce: Callable[[torch.Tensor], Any] = lambda stats: None,
 ) -> list[torch.Tensor]:
     """slime's `--normalize-advantages`: masked whitening over every rank's tokens (`all_reduce` sums the
     three statistics across ranks in place: `dist.all_reduce` in the trainer); unchanged without the flag."""
-    if not args.normalize_advantages:
+    if not config.normalize_advantages:
         return advantages
     flat, m = torch.cat(advantages), torch.cat(masks)
     stats = torch.stack([(flat * m).sum(), m.sum(), (flat * flat * m).sum()]).to(torch.float64)
@@ -185,7 +174,7 @@ TisResult = tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]
 
 
 def vanilla_tis(
-    args: Any,
+    config: LossConfig,
     *,
     pg_loss: torch.Tensor,
     train_log_probs: list[torch.Tensor],
@@ -196,22 +185,23 @@ def vanilla_tis(
     """slime's vanilla truncated importance sampling: pi_train(old) / pi_rollout, clipped to
     [--tis-clip-low, --tis-clip]; the masks stay as they are."""
     tis = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
-    weights = tis.clamp(float(args.tis_clip_low), float(args.tis_clip))
+    weights = tis.clamp(float(config.tis_clip_low), float(config.tis_clip))
     metrics = {"tis": tis, "tis_clipfrac": (weights != tis).float(), "tis_abs": (tis - 1).abs()}
     return pg_loss * weights, loss_masks, metrics
 
 
-def tis_function(args: Any) -> Callable[..., TisResult]:
+def custom_tis_function(config: LossConfig) -> Callable[..., TisResult] | None:
     """--custom-tis-function-path (slime's keywords: args, pg_loss, train_log_probs, rollout_log_probs,
-    loss_masks, total_lengths, response_lengths -> pg_loss, loss masks, per-token metrics), else vanilla."""
-    path = args.custom_tis_function_path
-    return load_function(path, "--custom-tis-function-path") if path else vanilla_tis
+    loss_masks, total_lengths, response_lengths -> pg_loss, loss masks, per-token metrics), else None."""
+    path = config.custom_tis_function_path
+    return load_function(path, "--custom-tis-function-path") if path else None
 
 
 @dataclass(frozen=True)
 class LossHooks:
     """slime's loss hooks, resolved once (each None when its flag is not set), called as slime's
-    Megatron trainer calls them:
+    Megatron trainer calls them, with `args`, the namespace slime gives its plugins (built by our parser,
+    so its defaults are the parser's):
 
     - `custom_loss` (`--loss-type custom_loss --custom-loss-function-path`):
       `fn(args, batch, logits, sum_of_sample_mean) -> (loss, {name: tensor})`, instead of the policy
@@ -229,38 +219,51 @@ class LossHooks:
     - `custom_advantage` (`--custom-advantage-function-path`): `fn(args, rollout_data)` after the KL, instead
       of the estimator; it sets `rollout_data["advantages"]` (and `"returns"`), one tensor per sample
       (`advantages_of_rollout`).
+    - `custom_tis` (`--custom-tis-function-path`): `fn(args=, pg_loss=, train_log_probs=, rollout_log_probs=,
+      loss_masks=, total_lengths=, response_lengths=)` instead of the vanilla TIS (`tis`).
     """
 
+    args: Any = None
     custom_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
     pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None
     rollout_data_postprocess: Callable[..., None] | None = None
     custom_advantage: Callable[..., None] | None = None
+    custom_tis: Callable[..., TisResult] | None = None
 
     @classmethod
-    def of(cls, args: Any) -> "LossHooks":
+    def of(cls, config: LossConfig, args: Any) -> "LossHooks":
+        """The hooks `config` names, loaded; `args` is what they are called with."""
         custom = None
-        if args.loss_type == "custom_loss":
-            if not args.custom_loss_function_path:
+        if config.loss_type == "custom_loss":
+            if not config.custom_loss_function_path:
                 raise LossConfigError("--loss-type custom_loss needs --custom-loss-function-path")
-            custom = load_function(args.custom_loss_function_path, "--custom-loss-function-path")
-        reducer, post = args.custom_pg_loss_reducer_function_path, args.rollout_data_postprocess_path
-        advantage = args.custom_advantage_function_path
+            custom = load_function(config.custom_loss_function_path, "--custom-loss-function-path")
+        reducer, post = config.custom_pg_loss_reducer_function_path, config.rollout_data_postprocess_path
+        advantage = config.custom_advantage_function_path
         return cls(
+            args=args,
             custom_loss=custom,
             pg_loss_reducer=load_function(reducer, "--custom-pg-loss-reducer-function-path") if reducer else None,
             rollout_data_postprocess=load_function(post, "--rollout-data-postprocess-path") if post else None,
             custom_advantage=(load_function(advantage, "--custom-advantage-function-path") if advantage else None),
+            custom_tis=custom_tis_function(config),
         )
 
+    def tis(self, config: LossConfig, **tensors: Any) -> TisResult:
+        """TIS of one micro-batch: slime's custom function given `args`, else the vanilla one given `config`."""
+        if self.custom_tis is None:
+            return vanilla_tis(config, **tensors)
+        return self.custom_tis(args=self.args, **tensors)
 
-def advantages_of_rollout(args: Any, hooks: LossHooks, rollout_data: dict[str, Any]) -> list[torch.Tensor]:
+
+def advantages_of_rollout(config: LossConfig, hooks: LossHooks, rollout_data: dict[str, Any]) -> list[torch.Tensor]:
     """Per-token advantages of a rank's samples, in slime's order: `--custom-advantage-function-path`
     (`fn(args, rollout_data)`, which must leave one tensor per sample, of its response length, in
     `rollout_data["advantages"]`), else `--advantage-estimator` over the rewards and the KL."""
     masks = rollout_data["loss_masks"]
     if hooks.custom_advantage is None:
-        return advantages_for(args, rollout_data["rewards"], masks, rollout_data["kl"])
-    hooks.custom_advantage(args, rollout_data)
+        return advantages_for(config, rollout_data["rewards"], masks, rollout_data["kl"])
+    hooks.custom_advantage(hooks.args, rollout_data)
     out = rollout_data.get("advantages")
     if not (
         isinstance(out, (list, tuple))
@@ -268,7 +271,7 @@ def advantages_of_rollout(args: Any, hooks: LossHooks, rollout_data: dict[str, A
         and all(isinstance(a, torch.Tensor) and a.numel() == m.numel() for a, m in zip(out, masks))
     ):
         raise LossConfigError(
-            f"--custom-advantage-function-path {args.custom_advantage_function_path}: it must set "
+            f"--custom-advantage-function-path {config.custom_advantage_function_path}: it must set "
             f"rollout_data['advantages'] to one tensor per sample ({len(masks)}), each of its "
             f"response length, as slime's hook does; got {type(out).__name__}"
         )
@@ -276,14 +279,14 @@ def advantages_of_rollout(args: Any, hooks: LossHooks, rollout_data: dict[str, A
 
 
 def call_custom_loss(
-    args: Any,
+    config: LossConfig,
     hooks: LossHooks,
     batch: dict[str, Any],
     logits: torch.Tensor,
     reduce: Callable[[torch.Tensor], torch.Tensor],
 ) -> PolicyLossOutput:
     """`--custom-loss-function-path` on one micro-batch; its log values become the step's metrics."""
-    result = hooks.custom_loss(args, batch, logits, reduce)
+    result = hooks.custom_loss(hooks.args, batch, logits, reduce)
     if not (
         isinstance(result, tuple)
         and len(result) == 2
@@ -291,7 +294,7 @@ def call_custom_loss(
         and isinstance(result[1], dict)
     ):
         raise LossConfigError(
-            f"--custom-loss-function-path {args.custom_loss_function_path}: expected "
+            f"--custom-loss-function-path {config.custom_loss_function_path}: expected "
             f"(loss tensor, {{name: value}}) as slime's loss functions return, got "
             f"{type(result).__name__}"
         )
@@ -308,7 +311,7 @@ class PolicyLossOutput:
 
 
 def policy_loss(
-    args: Any,
+    config: LossConfig,
     *,
     log_probs: torch.Tensor,
     entropy: torch.Tensor,
@@ -321,14 +324,20 @@ def policy_loss(
     reduce: Callable[[torch.Tensor], torch.Tensor],
     denominators: torch.Tensor | None = None,
     total_lengths: list[int] | None = None,
-    tis: Callable[..., TisResult] | None = None,
-    pg_loss_reducer: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    hooks: LossHooks | None = None,
 ) -> PolicyLossOutput:
     """slime's `policy_loss_function` for one micro-batch (flat per-token tensors, `reduce` from
     `sample_reducer` over `loss_masks` and `denominators`). The returned loss is the micro-batch's
-    share of the step loss before the step's scaling (1 / rollouts in the step). `tis`: the TIS
-    function the worker resolved once (`tis_function(args)`); a direct caller may leave it to this call."""
-    estimator = args.advantage_estimator
+    share of the step loss before the step's scaling (1 / rollouts in the step). `hooks`: slime's TIS
+    function and pg-loss reducer, resolved once by the worker (`LossHooks.of`); none by default."""
+    hooks = hooks or LossHooks()
+    for path, hook, flag in (
+        (config.custom_tis_function_path, hooks.custom_tis, "--custom-tis-function-path"),
+        (config.custom_pg_loss_reducer_function_path, hooks.pg_loss_reducer, "--custom-pg-loss-reducer-function-path"),
+    ):
+        if path and hook is None:  # never the vanilla one in its place, silently
+            raise LossConfigError(f"{flag} {path} is set but not resolved: pass hooks=LossHooks.of(config, args)")
+    estimator = config.advantage_estimator
     if estimator == "gspo":
         # sequence-level ratio: every token of a sample gets the sample's mean log-ratio
         parts = []
@@ -340,7 +349,7 @@ def policy_loss(
     else:
         ppo_kl = old_log_probs - log_probs
     ratio = torch.exp(-ppo_kl)
-    eps_low, eps_high = float(args.eps_clip), float(args.eps_clip_high or args.eps_clip)
+    eps_low, eps_high = float(config.eps_clip), float(config.eps_clip_high or config.eps_clip)
     if estimator == "cispo":
         clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
         pg_losses = -clipped.detach() * advantages * log_probs
@@ -350,7 +359,7 @@ def policy_loss(
         loss2 = -ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
         pg_losses = torch.maximum(loss1, loss2)
         clipfrac = (loss2 > loss1).float()
-        eps_c = args.eps_clip_c
+        eps_c = config.eps_clip_c
         if eps_c is not None:
             if eps_c <= 1.0:
                 raise LossConfigError(f"--eps-clip-c must be > 1.0 for dual-clip PPO, got {eps_c}")
@@ -358,11 +367,11 @@ def policy_loss(
     metrics: dict[str, torch.Tensor] = {}
     reduce_pg = reduce
     pg_masks = list(loss_masks)
-    if args.use_tis or args.get_mismatch_metrics:
+    if config.use_tis or config.get_mismatch_metrics:
         if rollout_log_probs is None:
             raise LossConfigError("--use-tis needs the engines' log-probs (rollout_log_probs) in the batch")
-        pg_losses, masks, tis_metrics = (tis or tis_function(args))(
-            args=args,
+        pg_losses, masks, tis_metrics = hooks.tis(
+            config,
             pg_loss=pg_losses,
             train_log_probs=list(old_log_probs.split(response_lengths)),
             rollout_log_probs=list(rollout_log_probs.split(response_lengths)),
@@ -381,19 +390,19 @@ def policy_loss(
                 )
             reduce_pg = sample_reducer(response_lengths, masks, denominators)  # slime: same denominators
         pg_masks = list(masks)
-    if pg_loss_reducer is not None:  # slime: the TIS-modified masks when TIS or mismatch metrics are on
-        reduce_pg = pg_loss_reducer(
-            total_lengths, list(response_lengths), pg_masks, bool(args.calculate_per_token_loss)
+    if hooks.pg_loss_reducer is not None:  # slime: the TIS-modified masks when TIS or mismatch metrics are on
+        reduce_pg = hooks.pg_loss_reducer(
+            total_lengths, list(response_lengths), pg_masks, bool(config.calculate_per_token_loss)
         )
     pg_loss = reduce_pg(pg_losses)
     entropy_loss = reduce(entropy)
-    loss = pg_loss - float(args.entropy_coef) * entropy_loss
-    if args.use_kl_loss:
+    loss = pg_loss - float(config.entropy_coef) * entropy_loss
+    if config.use_kl_loss:
         if ref_log_probs is None:
             raise LossConfigError("--use-kl-loss needs reference log-probs")
-        ratio_for_kl = torch.exp(log_probs - old_log_probs) if args.use_unbiased_kl else None
-        kl_loss = reduce(approx_kl(log_probs, ref_log_probs, args.kl_loss_type, ratio_for_kl))
-        loss = loss + float(args.kl_loss_coef) * kl_loss
+        ratio_for_kl = torch.exp(log_probs - old_log_probs) if config.use_unbiased_kl else None
+        kl_loss = reduce(approx_kl(log_probs, ref_log_probs, config.kl_loss_type, ratio_for_kl))
+        loss = loss + float(config.kl_loss_coef) * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
     metrics.update(
         {

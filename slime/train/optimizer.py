@@ -4,22 +4,24 @@ AdamW (`--lr`, `--adam-beta1`, `--adam-beta2`, `--adam-eps`, `--weight-decay`) a
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 
+from slime.train.flags import OptimizerConfig
+
 
 def build_optimizer(
-    params: Iterable[torch.nn.Parameter], args: Any
+    params: Iterable[torch.nn.Parameter], config: OptimizerConfig
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     optimizer = torch.optim.AdamW(
         list(params),
-        lr=float(args.lr),
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_eps,
-        weight_decay=float(args.weight_decay or 0.0),
+        lr=float(config.lr),
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        weight_decay=float(config.weight_decay or 0.0),
     )
-    warmup = int(args.lr_warmup_iters or 0)
+    warmup = int(config.lr_warmup_iters or 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda it: min(1.0, (it + 1) / warmup) if warmup > 0 else 1.0
     )

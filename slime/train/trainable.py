@@ -9,18 +9,18 @@ parameter is refused, named, with some of the names it could have matched."""
 from __future__ import annotations
 
 import re
-from typing import Any
-
 import torch
+
+from slime.train.flags import OptimizerConfig
 
 
 class TrainableParamsError(ValueError):
     """A freeze pattern that matches no parameter of the model (the message names the flag)."""
 
 
-def apply_trainable_patterns(model: torch.nn.Module, args: Any) -> list[str]:
+def apply_trainable_patterns(model: torch.nn.Module, config: OptimizerConfig) -> list[str]:
     """Sets `requires_grad` by the flags; returns the names left trainable."""
-    only, freeze = args.only_train_params_name_list, args.freeze_params_name_list
+    only, freeze = config.only_train_params_name_list, config.freeze_params_name_list
     names = [name for name, _ in model.named_parameters()]
     for flag, patterns in (("--only-train-params-name-list", only), ("--freeze-params-name-list", freeze)):
         for pattern in patterns or []:

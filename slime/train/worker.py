@@ -10,6 +10,9 @@ and all-reduced once (DDP `no_sync` on all but the last), clipped, one optimizer
 a micro-batch is its per-rollout sums (`rollout_mask_sums` as denominators) divided by the step's
 rollout count, times the DP size (DDP averages), so a rollout counts once however it was split.
 
+The worker reads its flags from `WorkerConfig` (`slime.train.flags`); the namespace it is also given
+goes only to slime's plugins (`LossHooks`), as slime gives them theirs.
+
 Rank 0 also pushes the weights to the engines (`update_weights`) and writes checkpoints: every
 rank holds identical parameters and optimizer state after each step.
 """
@@ -46,9 +49,9 @@ from slime.train.loss import (
     needs_reference,
     policy_loss,
     sample_reducer,
-    tis_function,
 )
 from slime.train.finite_guard import check_step, check_weights
+from slime.train.flags import WorkerConfig
 from slime.train.model import PolicyModel, pack
 from slime.train.optimizer import build_optimizer
 from slime.train.trainable import apply_trainable_patterns
@@ -62,9 +65,11 @@ WEIGHT_GROUP_TIMEOUT_S = 30.0  # every collective of a push (gloo's default is 1
 
 
 class TrainWorker:
-    def __init__(self, args: Any, world_size: int, rank: int):
-        self.args, self.world_size, self.rank = args, world_size, rank
-        self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = self.tis = None
+    def __init__(self, config: WorkerConfig, plugin_args: Any, world_size: int, rank: int):
+        """`plugin_args`: the namespace slime's plugins are called with (`LossHooks`), nothing else reads it."""
+        self.config, self.world_size, self.rank = config, world_size, rank
+        self._plugin_args = plugin_args
+        self.model = self.policy = self.ddp = self.ref = self.optimizer = self.scheduler = None
         self.hooks = LossHooks()
         self.weight_group = None  # WeightUpdateGroup, rank 0, distributed path
         self._group_engines: list[Any] = []
@@ -72,24 +77,26 @@ class TrainWorker:
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
         self._kept: Any = None  # the last push's tensors in Ray's object store, for replacement engines
         self.global_step = 0
-        threads = args.train_threads or max(1, (os.cpu_count() or 1) // max(1, int(args.actor_num_workers)))
+        threads = config.train.train_threads or max(
+            1, (os.cpu_count() or 1) // max(1, int(config.train.actor_num_workers))
+        )
         torch.set_num_threads(int(threads))
 
     # ---- set-up ----
     def master_address(self) -> tuple[str, int]:
         from slime.utils.misc import find_free_port
 
-        host = "127.0.0.1" if self.args.engine_host == "127.0.0.1" else ray.util.get_node_ip_address()
+        host = "127.0.0.1" if self.config.engine_host == "127.0.0.1" else ray.util.get_node_ip_address()
         return host, find_free_port(host)
 
     def init(self, master_addr: str, master_port: int, timeout: float = 300.0) -> dict[str, Any]:
         """Join the gloo group, build model / reference / optimizer, resume from `--load`. Returns
         `{"start_rollout_id", "loaded_rollout_id"}`."""
-        args = self.args
-        check_loss_args(args)
-        self.tis = tis_function(args)  # --custom-tis-function-path, resolved once rather than per micro-batch
-        self.hooks = LossHooks.of(args)  # slime's custom loss, pg_loss reducer and rollout-data post-process
-        torch.manual_seed(int(args.seed))
+        config = self.config
+        check_loss_args(config.loss)
+        # slime's custom loss, advantage, TIS, pg_loss reducer and rollout-data post-process, resolved once
+        self.hooks = LossHooks.of(config.loss, self._plugin_args)
+        torch.manual_seed(int(config.seed))
         if not dist.is_initialized():
             dist.init_process_group(
                 "gloo",
@@ -98,37 +105,37 @@ class TrainWorker:
                 world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=timeout),
             )
-        loaded = latest_checkpoint(args.load, args.ckpt_step) if args.load else None
-        source = str(checkpoint_dir(args.load, loaded) / "model") if loaded is not None else args.hf_checkpoint
+        loaded = latest_checkpoint(config.load, config.ckpt_step) if config.load else None
+        source = str(checkpoint_dir(config.load, loaded) / "model") if loaded is not None else config.hf_checkpoint
         try:
             self.model = load_hf_model(source, torch.float32)  # a vision-language one with its vision tower
         except Exception as e:  # noqa: BLE001 - safetensors' text names neither the flag nor the file
             if loaded is None:
                 raise
             raise CheckpointError(
-                f"--load {args.load}: cannot load the model of the checkpoint of rollout "
+                f"--load {config.load}: cannot load the model of the checkpoint of rollout "
                 f"{loaded} ({source}): {first_line(e)}"
             ) from e
         self.model.eval()  # no dropout: the trainer's log-probs must be the engine's
-        apply_trainable_patterns(self.model, args)  # before DDP, which registers the trainable ones
-        self.policy = PolicyModel(self.model, args.rollout_temperature)
+        apply_trainable_patterns(self.model, config.optimizer)  # before DDP, which registers the trainable ones
+        self.policy = PolicyModel(self.model, config.rollout_temperature)
         from torch.nn.parallel import DistributedDataParallel
 
         # a VLM's micro-batch without images leaves the vision tower out of the backward
         self.ddp = DistributedDataParallel(self.policy, find_unused_parameters=is_vision_model(self.model))
-        if needs_reference(args):
-            ref_path = args.ref_load or args.hf_checkpoint
+        if needs_reference(config.loss):
+            ref_path = config.ref_load or config.hf_checkpoint
             if ref_path and not (Path(ref_path) / "config.json").is_file():
-                ref_path = args.hf_checkpoint  # a Megatron --ref-load dir: the HF model is the reference
+                ref_path = config.hf_checkpoint  # a Megatron --ref-load dir: the HF model is the reference
             ref_model = load_hf_model(ref_path, torch.float32).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
-            self.ref = PolicyModel(ref_model, args.rollout_temperature)
+            self.ref = PolicyModel(ref_model, config.rollout_temperature)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler = build_optimizer(params, args)
-        start = int(args.start_rollout_id or 0)
+        self.optimizer, self.scheduler = build_optimizer(params, config.optimizer)
+        start = int(config.start_rollout_id or 0)
         if loaded is not None:
-            self._load_state(checkpoint_dir(args.load, loaded))
+            self._load_state(checkpoint_dir(config.load, loaded))
             start = loaded + 1
         return {"start_rollout_id": start, "loaded_rollout_id": loaded}
 
@@ -136,7 +143,7 @@ class TrainWorker:
         state_path = ckpt / "trainer_state.json"
         if state_path.is_file():
             self.global_step = int(json.loads(state_path.read_text()).get("global_step", 0))
-        if self.args.no_load_optim:
+        if self.config.no_load_optim:
             return
         optim_path = ckpt / "optimizer.pt"
         if not optim_path.is_file():
@@ -147,7 +154,7 @@ class TrainWorker:
             self.scheduler.load_state_dict(state["scheduler"])
         except Exception as e:  # noqa: BLE001 - torch's text names neither the flag nor the file
             raise CheckpointError(
-                f"--load {self.args.load}: cannot read {optim_path}: {first_line(e)} "
+                f"--load {self.config.load}: cannot read {optim_path}: {first_line(e)} "
                 "(use --no-load-optim to start a fresh optimizer)"
             ) from e
 
@@ -156,7 +163,7 @@ class TrainWorker:
         """Train on this rank's Box of rollout `rollout_id`; rank 0 returns the metrics (others None)."""
         t0 = time.monotonic()
         data = ray.get(boxes[self.rank].inner)
-        args = self.args
+        loss_config = self.config.loss
         tokens, lengths = data["tokens"], list(data["response_lengths"])
         totals = [len(t) for t in tokens]  # prompt + response, per sample (slime's total_lengths)
         masks = [m.to(torch.float32) for m in data["loss_masks"]]
@@ -190,9 +197,9 @@ class TrainWorker:
             rank_stats["train_rollout_logprob_abs_diff_max"] = float(masked.max()) if masked.numel() else 0.0
         kl = None
         if self.ref is not None:
-            kl = [approx_kl(o, r, args.kl_loss_type) for o, r in zip(old_lp, ref_lp)]
+            kl = [approx_kl(o, r, loss_config.kl_loss_type) for o, r in zip(old_lp, ref_lp)]
         advantages = advantages_of_rollout(
-            args,
+            loss_config,
             self.hooks,
             {
                 "rewards": list(data["rewards"]),
@@ -209,10 +216,10 @@ class TrainWorker:
             },
         )
         reverse_kl = None
-        if args.use_opd:  # slime: after the estimator, before whitening
-            student = rollout_lp if args.use_rollout_logprobs else old_lp
-            reverse_kl = apply_opd_kl_to_advantages(args, advantages, student, data.get("teacher_log_probs"))
-        advantages = normalized_advantages(args, advantages, masks, dist.all_reduce)
+        if loss_config.use_opd:  # slime: after the estimator, before whitening
+            student = rollout_lp if loss_config.use_rollout_logprobs else old_lp
+            reverse_kl = apply_opd_kl_to_advantages(loss_config, advantages, student, data.get("teacher_log_probs"))
+        advantages = normalized_advantages(loss_config, advantages, masks, dist.all_reduce)
         if self.hooks.rollout_data_postprocess is not None:  # slime: after advantages, before training
             masks, advantages = self._postprocess(rollout_id, data, masks, advantages, old_lp, ref_lp)
 
@@ -241,7 +248,7 @@ class TrainWorker:
                             **batch.images,
                         )
                         mb_batch = self._custom_loss_batch(mb, data, masks, advantages, old_lp, ref_lp, totals)
-                        out = call_custom_loss(args, self.hooks, mb_batch, logits, reduce)
+                        out = call_custom_loss(loss_config, self.hooks, mb_batch, logits, reduce)
                         (out.loss * (self.world_size / n_rollouts)).backward()
                         for key, value in out.metrics.items():
                             sums[key] = sums[key] + value
@@ -250,12 +257,12 @@ class TrainWorker:
                         batch.input_ids, batch.attention_mask, batch.rows, batch.cols, batch.targets, **batch.images
                     )
                     out = policy_loss(
-                        args,
+                        loss_config,
                         log_probs=lp,
                         entropy=ent,
                         old_log_probs=(
                             torch.cat([rollout_lp[i] for i in mb])
-                            if args.use_rollout_logprobs
+                            if loss_config.use_rollout_logprobs
                             else torch.cat([old_lp[i] for i in mb])
                         ),
                         advantages=torch.cat([advantages[i] for i in mb]),
@@ -266,15 +273,14 @@ class TrainWorker:
                         reduce=reduce,
                         denominators=denoms[mb],
                         total_lengths=[totals[i] for i in mb],
-                        tis=self.tis,
-                        pg_loss_reducer=self.hooks.pg_loss_reducer,
+                        hooks=self.hooks,
                     )
                     (out.loss * (self.world_size / n_rollouts)).backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums[key] + value
                 if reverse_kl is not None:
                     sums["opd_reverse_kl"] = sums["opd_reverse_kl"] + reduce(torch.cat([reverse_kl[i] for i in mb]))
-            max_norm = float(args.clip_grad or 0.0)  # Megatron's --clip-grad, 1.0 by default; 0 = none
+            max_norm = float(self.config.optimizer.clip_grad or 0.0)  # Megatron's --clip-grad, 1.0 by default; 0 = none
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
             keys = sorted(sums)
             vec = torch.stack([sums[k] for k in keys]).to(torch.float64)
@@ -331,13 +337,13 @@ class TrainWorker:
             "ref_log_probs": list(ref_lp) if ref_lp is not None else None,
             "total_lengths": [len(t) for t in data["tokens"]],
         }
-        self.hooks.rollout_data_postprocess(self.args, rollout_id, rollout_data)
+        self.hooks.rollout_data_postprocess(self.hooks.args, rollout_id, rollout_data)
         masks = [torch.as_tensor(m, dtype=torch.float32) for m in rollout_data["loss_masks"]]
         advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
         for i, (m, a, n) in enumerate(zip(masks, advantages, data["response_lengths"])):
             if m.numel() != n or a.numel() != n:
                 raise ValueError(
-                    f"--rollout-data-postprocess-path {self.args.rollout_data_postprocess_path}: "
+                    f"--rollout-data-postprocess-path {self.config.loss.rollout_data_postprocess_path}: "
                     f"sample {i} has {n} response tokens, but {m.numel()} loss-mask values and "
                     f"{a.numel()} advantages after the post-process"
                 )
@@ -400,7 +406,7 @@ class TrainWorker:
             remote = self._remote_engines(engines)
             if mode == "disk":
                 path = self._save_hf(
-                    Path(self.args.save or os.environ.get("TMPDIR", "/tmp")) / f"weights_for_engines_{os.getpid()}"
+                    Path(self.config.save or os.environ.get("TMPDIR", "/tmp")) / f"weights_for_engines_{os.getpid()}"
                 )
                 ray.get(manager.update_weights_from_disk.remote(str(path), weight_version))
             else:
@@ -410,7 +416,7 @@ class TrainWorker:
                             remote,
                             named,
                             weight_version=weight_version,
-                            bucket_bytes=int(self.args.update_weight_buffer_size),
+                            bucket_bytes=int(self.config.update_weight_buffer_size),
                         )
                     else:
                         before = self.weight_group
@@ -418,7 +424,9 @@ class TrainWorker:
                         seen = len(before.died) if before is self.weight_group else 0
                         seen_losses = len(before.losses) if before is self.weight_group else 0
                         self.weight_group.push(
-                            named, weight_version=weight_version, bucket_bytes=int(self.args.update_weight_buffer_size)
+                            named,
+                            weight_version=weight_version,
+                            bucket_bytes=int(self.config.update_weight_buffer_size),
                         )
                         died = [repr(e) for e, _ in self.weight_group.died[seen:]]
                         losses = self.weight_group.losses[seen_losses:]
@@ -492,7 +500,7 @@ class TrainWorker:
         if self.weight_group is None:
             host, _ = self.master_address()
             # "auto": the shared-memory ring when every engine is on this host, else gloo broadcasts
-            transport = self.args.weight_sync_transport
+            transport = self.config.train.weight_sync_transport
             # a fresh name per group: a survivor may still hold a broken rendezvous of an earlier one
             # (an engine died while it formed) until that one's deadline, and refuses a second of that name
             name = f"{GROUP_NAME}-g{self._groups_formed}" if self._groups_formed else GROUP_NAME
@@ -520,7 +528,7 @@ class TrainWorker:
     def _write_hf(self, directory: Path) -> None:
         """The model as the engines load it: safetensors, config, and --hf-checkpoint's tokenizer files."""
         self.model.save_pretrained(str(directory), safe_serialization=True)
-        src = Path(self.args.hf_checkpoint)
+        src = Path(self.config.hf_checkpoint)
         for name in os.listdir(src):  # tokenizer and generation config, so the dir serves as is
             if (
                 name.startswith(
@@ -547,11 +555,11 @@ class TrainWorker:
         dist.barrier()
         if self.rank != 0:
             return None
-        root = self.args.save
+        root = self.config.save
         writer = CheckpointWriter(root, rollout_id)
         try:
             self._write_hf(writer.staging / "model")
-            if not self.args.no_save_optim:
+            if not self.config.no_save_optim:
                 torch.save(
                     {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                     writer.staging / "optimizer.pt",
@@ -561,7 +569,7 @@ class TrainWorker:
             )
             with_data = writer.add_data_state()
             return str(
-                writer.commit(self.args.hf_checkpoint, {"global_step": self.global_step, "data_state": with_data})
+                writer.commit(self.config.hf_checkpoint, {"global_step": self.global_step, "data_state": with_data})
             )
         except Exception as e:  # noqa: BLE001 - safetensors/torch errors name neither the flag nor the path
             writer.discard()

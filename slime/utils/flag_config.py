@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+import typing
 from typing import Any, Callable, ClassVar
 
 
@@ -127,3 +128,20 @@ def _default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         return f.default_factory()  # type: ignore[misc]
     return f.default
+
+
+class ParsedConfig:
+    """Base of a frozen config of flags declared elsewhere (upstream slime's and Megatron-LM's, generated into
+    the parser from `upstream_flags.json`, or the core parser's). Its fields have no defaults, since the
+    parser's are the only ones; `from_args` reads `args.<field>` with no fallback, and a field typed as another
+    config (a `FlagConfig` or `ParsedConfig`) is that config read from the same namespace."""
+
+    @classmethod
+    def from_args(cls, args: Any) -> Any:
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            part = hints[f.name]
+            is_config = isinstance(part, type) and issubclass(part, (FlagConfig, ParsedConfig))
+            values[f.name] = part.from_args(args) if is_config else getattr(args, f.name)
+        return cls(**values)

@@ -43,9 +43,9 @@ def out_of_range(draw):
 
 def parse_for(dest: str, argv: list[str]):
     """slime-train's parser for the trainer's own flags, slime-rollout's otherwise."""
-    from slime.train.flags import split_train_argv
+    from slime.train.flags import TrainConfig
 
-    trainer = dest in vars(split_train_argv([])[0])
+    trainer = dest in TrainConfig.defaults()
     return parse_train_args(argv) if trainer else parse_args(argv)
 
 

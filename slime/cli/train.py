@@ -13,23 +13,15 @@ from typing import Any, Sequence
 
 from slime.cli.args import ArgError, parse_args
 from slime.cli.command import run_cli
-from slime.cli.flag_ranges import range_problem
 
 PROG = "slime-train"
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> Any:
-    """parse_args, plus the trainer's flags when the main parser does not define them yet."""
-    from slime.train.flags import LoopConfig, check_train_arguments, split_train_argv
+    """parse_args (whose parser declares the trainer's flags, `TrainConfig`), plus the trainer's checks."""
+    from slime.train.flags import LoopConfig, check_train_arguments
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    train_flags, rest = split_train_argv(argv)
-    args = parse_args(rest, prog=PROG)
-    for name, value in vars(train_flags).items():  # taken out of argv above, so these are the user's values
-        setattr(args, name, value)
-        problem = range_problem(name, value)
-        if problem:
-            raise ArgError(problem)
+    args = parse_args(list(sys.argv[1:] if argv is None else argv), prog=PROG)
     args.trains_model = True  # preflight: --load is a model checkpoint, --save needs room for one
     if args.debug_rollout_only:
         raise ArgError("--debug-rollout-only: nothing to train; use slime-rollout")

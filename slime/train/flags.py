@@ -12,9 +12,7 @@ pg-loss reducer, rollout-data post-process) get the namespace, as slime gives th
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from typing import Sequence
 
 from slime.utils.flag_config import AT_LEAST_ONE, POSITIVE, FlagConfig, ParsedConfig, flag
 
@@ -154,10 +152,6 @@ class LoopConfig(ParsedConfig):
     worker: WorkerConfig
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    return TrainConfig.add_arguments(parser)
-
-
 def update_weights_interval(config: LoopConfig) -> int:
     """--update-weights-interval (slime's default 1); ValueError naming the flag when below 1."""
     interval = config.update_weights_interval
@@ -200,10 +194,3 @@ def check_train_arguments(config: LoopConfig) -> None:
             f"--async overlaps generation with training, so the engines cannot be offloaded while the "
             f"trainer runs: drop {offloaded} or --async (slime's train_async.py asserts the same)"
         )
-
-
-def split_train_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(the trainer flags, every other argument) when the main parser does not define them."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_train_arguments(parser)
-    return parser.parse_known_args(list(argv))

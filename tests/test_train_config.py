@@ -122,3 +122,20 @@ def test_the_scan_finds_a_flag_read_from_args(tmp_path):
         "def f(args, self, config):\n    return args.eps_clip, self.args.lr, config.gamma, args.not_a_flag\n"
     )
     assert flag_reads(tmp_path) == {"slime/train/x.py": {"eps_clip", "lr"}}
+
+
+def test_a_plugin_the_config_names_but_the_hooks_lack_is_refused_not_replaced_by_the_built_in():
+    """Plugins are resolved once into LossHooks (with the namespace they are given); a caller that passes the
+    config without them gets an error naming the flag, not slime's estimator computed in the plugin's place."""
+    import torch
+
+    from slime.train.loss import LossConfigError, LossHooks, advantages_of_rollout
+
+    path = "tests.plugins.loss_hooks.kl_shaped_advantage"
+    args = build_parser().parse_args(["--custom-advantage-function-path", path])
+    config = LossConfig.from_args(args)
+    data = {"rewards": [1.0], "loss_masks": [torch.ones(2)], "kl": [torch.zeros(2)], "response_lengths": [2]}
+    with pytest.raises(LossConfigError, match=f"--custom-advantage-function-path {path} is set but not resolved"):
+        advantages_of_rollout(config, LossHooks(), dict(data))
+    hooks = LossHooks.of(config, args)
+    assert hooks.args is args and len(advantages_of_rollout(config, hooks, dict(data))) == 1

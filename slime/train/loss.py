@@ -256,11 +256,18 @@ class LossHooks:
         return self.custom_tis(args=self.args, **tensors)
 
 
+def _check_resolved(path: str | None, hook: Callable[..., Any] | None, flag: str) -> None:
+    """A plugin the config names must come resolved in the hooks: never the built-in one in its place, silently."""
+    if path and hook is None:
+        raise LossConfigError(f"{flag} {path} is set but not resolved: pass hooks=LossHooks.of(config, args)")
+
+
 def advantages_of_rollout(config: LossConfig, hooks: LossHooks, rollout_data: dict[str, Any]) -> list[torch.Tensor]:
     """Per-token advantages of a rank's samples, in slime's order: `--custom-advantage-function-path`
     (`fn(args, rollout_data)`, which must leave one tensor per sample, of its response length, in
     `rollout_data["advantages"]`), else `--advantage-estimator` over the rewards and the KL."""
     masks = rollout_data["loss_masks"]
+    _check_resolved(config.custom_advantage_function_path, hooks.custom_advantage, "--custom-advantage-function-path")
     if hooks.custom_advantage is None:
         return advantages_for(config, rollout_data["rewards"], masks, rollout_data["kl"])
     hooks.custom_advantage(hooks.args, rollout_data)
@@ -331,12 +338,10 @@ def policy_loss(
     share of the step loss before the step's scaling (1 / rollouts in the step). `hooks`: slime's TIS
     function and pg-loss reducer, resolved once by the worker (`LossHooks.of`); none by default."""
     hooks = hooks or LossHooks()
-    for path, hook, flag in (
-        (config.custom_tis_function_path, hooks.custom_tis, "--custom-tis-function-path"),
-        (config.custom_pg_loss_reducer_function_path, hooks.pg_loss_reducer, "--custom-pg-loss-reducer-function-path"),
-    ):
-        if path and hook is None:  # never the vanilla one in its place, silently
-            raise LossConfigError(f"{flag} {path} is set but not resolved: pass hooks=LossHooks.of(config, args)")
+    _check_resolved(config.custom_tis_function_path, hooks.custom_tis, "--custom-tis-function-path")
+    _check_resolved(
+        config.custom_pg_loss_reducer_function_path, hooks.pg_loss_reducer, "--custom-pg-loss-reducer-function-path"
+    )
     estimator = config.advantage_estimator
     if estimator == "gspo":
         # sequence-level ratio: every token of a sample gets the sample's mean log-ratio

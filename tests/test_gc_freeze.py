@@ -37,3 +37,35 @@ def test_the_first_binding_freezes_the_startup_heap_once() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_a_gateway_started_outside_a_runtime_freezes_the_startup_heap_once() -> None:
+    """A gateway embedded without a rollout runtime (a script, a benchmark) leaves the process's heap out of
+    collection too: its sessions' objects would otherwise trigger full collections walking all of it."""
+    code = textwrap.dedent("""
+        import gc
+        from transformers import AutoTokenizer
+        from slime.agent.gateway.server import Gateway
+        from slime.rollout.engine_client import EngineClient
+        from slime.testing.tiny_model import qwen_tokenizer_dir
+        from slime.utils.endpoints import Endpoints
+
+        tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+        gateway = Gateway(EngineClient(Endpoints(None, []), tokenizer=tok), tokenizer=tok)
+        assert gc.get_freeze_count() == 0
+        gateway.start()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000, frozen
+        gateway.stop()
+        Gateway(EngineClient(Endpoints(None, []), tokenizer=tok), tokenizer=tok).start().stop()
+        assert gc.get_freeze_count() == frozen  # once per process
+        print("ok")
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

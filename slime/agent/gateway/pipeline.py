@@ -170,7 +170,9 @@ class TurnPipeline:
             stop_sequence=stop if finish == "stop" else None,
             logprobs=self.token_logprobs(record, request.top_logprobs) if request.logprobs else None,
         )
-        return dataclasses.replace(record, ill_formed=parsed.ill_formed), reply
+        if parsed.ill_formed != record.ill_formed:  # (`replace` copies every field: only when it changes one)
+            record = dataclasses.replace(record, ill_formed=parsed.ill_formed)
+        return record, reply
 
     def decode(self, ids: list[int]) -> str:
         """The sampled text without the end-of-turn special tokens the engine kept at its end."""

@@ -23,7 +23,39 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def no_lone_surrogates(value: Any, path: str = "body", depth: int = 0) -> None:
-    """Every string (and key) of the body encodes as UTF-8; nesting stays under `MAX_DEPTH`."""
+    """Every string (and key) of the body encodes as UTF-8; nesting stays under `MAX_DEPTH`. A body
+    that passes is walked once without naming paths (`_plain`); one that does not, again with them."""
+    if not _plain(value, depth):
+        _named_walk(value, path, depth)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether `_named_walk` would pass `value` (at `depth`): the same visits, no path built per value."""
+    search = _SURROGATE.search
+    stack = [(value, depth)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, d = pop()
+        if d > MAX_DEPTH:
+            return False
+        if isinstance(v, str):
+            if search(v):
+                return False
+        elif isinstance(v, dict):
+            if v and d >= MAX_DEPTH:  # its keys and values sit one level deeper
+                return False
+            for k, item in v.items():
+                if isinstance(k, str) and search(k):
+                    return False
+                push((item, d + 1))
+        elif isinstance(v, list):
+            for item in v:
+                push((item, d + 1))
+    return True
+
+
+def _named_walk(value: Any, path: str = "body", depth: int = 0) -> None:
+    """The walk that names the first failing value's path (`no_lone_surrogates`)."""
     if depth > MAX_DEPTH:
         raise FieldError(path, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
@@ -31,11 +63,11 @@ def no_lone_surrogates(value: Any, path: str = "body", depth: int = 0) -> None:
             raise FieldError(path, "contains a lone UTF-16 surrogate, which is not valid UTF-8 text")
     elif isinstance(value, dict):
         for k, v in value.items():
-            no_lone_surrogates(k, path, depth + 1)
-            no_lone_surrogates(v, f"{path}.{k}" if path != "body" else k, depth + 1)
+            _named_walk(k, path, depth + 1)
+            _named_walk(v, f"{path}.{k}" if path != "body" else k, depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            no_lone_surrogates(v, f"{path}[{i}]", depth + 1)
+            _named_walk(v, f"{path}[{i}]", depth + 1)
 
 
 def strings_past(body: Mapping[str, Any], history: str, checked: int) -> None:

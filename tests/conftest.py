@@ -144,22 +144,25 @@ def fleet_of(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray instance for the whole session (ray.init costs ~3 s)."""
+    """One local Ray instance for the whole session (ray.init costs ~3 s), started as slime's commands start
+    theirs: without the autoscaler monitor and the dashboard's API server (slime.ray.lean_head)."""
     import ray
 
+    from slime.ray.lean_head import lean_head
     from slime.testing.ray_start import init_with_retries
 
-    if not ray.is_initialized():
-        init_with_retries(
-            lambda: ray.init(
+    def init():
+        with lean_head():
+            return ray.init(
                 num_cpus=8,
                 include_dashboard=False,
                 _temp_dir=str(_ray_tmp()),
                 runtime_env={"env_vars": _ray_env()},
                 log_to_driver=False,
-            ),
-            _ray_tmp(),
-        )
+            )
+
+    if not ray.is_initialized():
+        init_with_retries(init, _ray_tmp())
     yield ray
     ray.shutdown()
 

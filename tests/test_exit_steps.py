@@ -1,19 +1,18 @@
 """A command's exit stops what it started in order without waiting out anyone's timeout (issue 31: the
 exit took 2.4-4 s after the last line; bench/bench_cold_start.py's exit timeline says where it went):
 the router is killed, not drained (nothing goes through it any more); every engine is asked to stop
-before any is waited for; Ray's autoscaler monitor, which sits out the SIGTERM `ray.shutdown()` sends
-it for a 1 s timeout, is SIGKILLed first. What is left after the whole exit (no process, no temp dir,
+before any is waited for (Ray's autoscaler monitor, which sat out `ray.shutdown()`'s SIGTERM for 1 s, is no
+longer started: tests/test_lean_head.py). What is left after the whole exit (no process, no temp dir,
 no shared memory) is tests/test_group_sigterm.py's."""
 
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import threading
 from types import SimpleNamespace
 
-from slime.utils.child_process import ChildProcess, wait_until
+from slime.utils.child_process import ChildProcess
 
 # sits out a SIGTERM as a server draining its requests would, and says when it is ready to
 IGNORES_SIGTERM = (
@@ -86,25 +85,3 @@ def test_every_engine_is_asked_to_stop_before_any_is_waited_for(ray_cluster):
     assert failed == []
     assert fleet.stopping.is_set() and [s.state for s in slots] == ["stopped", "stopped"]
     ray.kill(barrier)
-
-
-def test_rays_autoscaler_monitor_is_killed_before_ray_shutdown_waits_it_out(monkeypatch, tmp_path):
-    import ray._private.worker as ray_worker
-
-    from slime.ray.session import _kill_autoscaler_monitor
-
-    procs = {}
-    for kind in ("monitor", "log_monitor"):
-        log = tmp_path / f"{kind}.log"
-        procs[kind] = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM], stdout=log.open("w"))
-        wait_until(lambda log=log: _ready(log), 60, kind, procs[kind], log)
-    node = SimpleNamespace(all_processes={k: [SimpleNamespace(process=p)] for k, p in procs.items()})
-    monkeypatch.setattr(ray_worker, "_global_node", node, raising=False)
-    try:
-        _kill_autoscaler_monitor()
-        assert procs["monitor"].returncode == -signal.SIGKILL  # reaped: ray.shutdown() skips it
-        assert procs["log_monitor"].poll() is None  # the others are left to ray.shutdown()
-    finally:
-        for p in procs.values():
-            p.kill()
-            p.wait()

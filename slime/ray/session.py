@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from slime.ray.keep_sigterm import keep_sigterm_handler
+from slime.ray.lean_head import lean_head
 from slime.ray.process_keeper import RayProcessKeeper
 from slime.ray.stale_dirs import remove_stale_run_dirs
 from slime.utils.startup_trace import mark
@@ -76,7 +77,6 @@ class RaySession:
             if self.started:
                 import ray
 
-                _kill_autoscaler_monitor()
                 ray.shutdown()
                 mark("exit: ray.shutdown done")
 
@@ -113,22 +113,6 @@ class RaySession:
 # `ray.shutdown()` imports Ray's compiled-graph modules to find compiled graphs to tear down (none here):
 # 0.25 s of the driver's exit. Imported on a thread while the driver waits for the manager's stop instead.
 _RAY_SHUTDOWN_IMPORTS = "ray.dag.compiled_dag_node"
-
-
-def _kill_autoscaler_monitor() -> None:
-    """A private Ray's autoscaler monitor is SIGKILLed before `ray.shutdown()`: it has nothing to scale and
-    nothing to save, and it ignores the SIGTERM `ray.shutdown()` sends it, which then waits out a 1 s
-    timeout before killing it (1.0 s of the 1.4 s `ray.shutdown()` took). The other processes end on
-    their SIGTERM within milliseconds and are left to it. Reads Ray's record of the processes it started
-    (`_global_node.all_processes`); if that is not there, `ray.shutdown()` does it all as before."""
-    import ray._private.worker as ray_worker
-
-    node = getattr(ray_worker, "_global_node", None)
-    processes = getattr(node, "all_processes", None) or {}
-    for info in processes.get("monitor", []):
-        with contextlib.suppress(Exception):
-            info.process.kill()
-            info.process.wait(timeout=5)  # reaped: `ray.shutdown()` then sees it gone and skips it
 
 
 def fork_server_disabled() -> bool:
@@ -274,7 +258,8 @@ def _start_ray(args: Any, session: RaySession) -> None:
     os.environ.update(env)
     # Ray's processes in sessions of their own: a SIGTERM to the command's group is the command's alone
     session.ray_keeper = RayProcessKeeper.start()
-    with keep_sigterm_handler(), session.ray_keeper.inside() if session.ray_keeper else contextlib.nullcontext():
+    keeper = session.ray_keeper.inside() if session.ray_keeper else contextlib.nullcontext()
+    with keep_sigterm_handler(), keeper, lean_head():  # no autoscaler monitor, no dashboard API server
         ray.init(
             include_dashboard=False,
             _temp_dir=str(tmp),

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from slime.rollout.multimodal_rows import row_images, with_image_parts
-from slime.tools.registry import decode_tools_value
 from slime.utils.misc import get_by_path
 from slime.utils.types import Sample
 
@@ -78,6 +77,10 @@ DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
 
 def _row_tools(value: Any, where: str) -> Any:
     """A `--tool-key` value: a tool-schema list (slime; a JSON string of one too) or verl's tools_kwargs dict."""
+    # here, not at the top: the tool registry (jsonschema, pydantic) costs every command's start ~0.4 CPU s,
+    # and only rows with tools need it
+    from slime.tools.registry import decode_tools_value
+
     try:
         return decode_tools_value(value)
     except ValueError as e:

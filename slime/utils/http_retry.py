@@ -25,19 +25,12 @@ from typing import Any, Callable
 
 import aiohttp
 
+from slime.utils.answer_error import AnswerError  # noqa: F401 - its public path stays here too
 from slime.utils.encoded_ids import EncodedIds, dumps
 from slime.utils.per_loop import PerLoop, close_on_their_loops
 from slime.utils.router_loss import RouterLost
 
 logger = logging.getLogger(__name__)
-
-
-class AnswerError(ValueError):
-    """A 2xx answer the caller cannot use (cut, not JSON, wrong shape): retried like a 5xx."""
-
-    def __init__(self, message: str, reason: str = "bad_answer"):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

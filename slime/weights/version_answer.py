@@ -13,7 +13,7 @@ import json
 import reprlib
 from typing import Any
 
-from slime.utils.http_retry import AnswerError
+from slime.utils.answer_error import AnswerError
 
 MAX_VERSION_CHARS = 256  # slime's versions are rollout ids ("12") or labels; longer is not a version
 EXCERPT_CHARS = 120

@@ -1,0 +1,62 @@
+"""A private local Ray head without the two daemons and the idle worker a slime run never asks anything of.
+
+Why: of a cold start's ~27 CPU seconds on 2 cores, Ray's own Python daemons burnt ~5.7; two of them serve
+nobody here. The autoscaler monitor has nothing to scale on a one-node private Ray (and `ray.shutdown()`
+waited 1 s for it to die). The dashboard's API server, with `include_dashboard=False`, loads only Ray's
+usage-stats module (usage stats are off: `RAY_USAGE_STATS_ENABLED=0`), and `ray.init` waits for it to
+publish its address before returning: ~1.4 CPU seconds on the start's critical path for no use (Ray's
+state API needs the dashboard's own modules, which `include_dashboard=False` never loads).
+`ray.init` has no switch for either (`ray start --head --no-monitor` has one for the monitor only), so the
+node `ray.init` builds is a subclass that skips them, for the duration of the call only; it also turns off
+the workers Ray prestarts for the first driver (`LEAN_SYSTEM_CONFIG`).
+
+Kept: the GCS, the raylet and its two agents (the raylet exits without them), the log monitor (actors'
+logs reach the command: `log_to_driver`). Only a head `ray.init` starts itself is touched: joining a
+cluster (`--ray-address`) builds a connect-only node, which starts nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+_LOCK = threading.Lock()  # one patched `ray.init` at a time in a process
+
+# Ray prestarts one idle worker per CPU when the first driver connects, whatever will run: a slime run needs
+# one worker per actor (the manager, one per engine), started on demand, and one of the prestarted ones
+# stayed idle in every measured run (~0.9 CPU s while the fork server preloads). A caller's own
+# `_system_config` wins.
+LEAN_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
+def _lean_node_class(base: type) -> type:
+    class LeanHeadNode(base):  # type: ignore[misc, valid-type]
+        """Ray's `Node`, without the autoscaler monitor and, unless a dashboard was asked for, the API server."""
+
+        def __init__(self, ray_params: Any, *args: Any, **kwargs: Any):
+            if kwargs.get("head"):
+                ray_params.no_monitor = True
+                ray_params._system_config = {**LEAN_SYSTEM_CONFIG, **(ray_params._system_config or {})}  # noqa: SLF001
+            super().__init__(ray_params, *args, **kwargs)
+
+        def start_api_server(self, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
+            if include_dashboard:  # asked for by name: Ray's own start, dashboard and all
+                super().start_api_server(include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+
+    return LeanHeadNode
+
+
+@contextlib.contextmanager
+def lean_head() -> Iterator[None]:
+    """Inside the block, a `ray.init()` that starts a local Ray starts it without the autoscaler monitor,
+    (with `include_dashboard` not True) without the dashboard's API server, and without prestarted workers."""
+    import ray._private.node as ray_node
+
+    with _LOCK:
+        original = ray_node.Node
+        ray_node.Node = _lean_node_class(original)
+        try:
+            yield
+        finally:
+            ray_node.Node = original

@@ -1,0 +1,118 @@
+"""Issue 31, item 6: the private Ray a command starts (`slime.ray.session.ray_init`) runs without the
+autoscaler monitor, the dashboard's API server and prestarted idle workers (slime.ray.lean_head), and what a
+run uses of Ray still works: an actor's log reaches the command (the log monitor is kept), placement groups,
+the GCS's records of nodes and actors (slime.fleet.lost_nodes), and the stop leaves nothing running.
+
+One fresh interpreter starts the Ray (this session's own Ray, tests/conftest.py, would be joined instead)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from slime.testing.processes import processes_naming
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# starts a private Ray as slime's commands do, runs one actor in a placement group, and reports what it saw
+RUN = r"""
+import json, sys, threading
+from types import SimpleNamespace
+
+import psutil
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+import ray._private.node as ray_node
+from slime.ray.session import ray_init
+from slime.testing.processes import cmdline, processes_naming
+
+node_class = ray_node.Node
+heard = threading.Event()
+
+
+class Listening:  # the command's stderr, noting when the actor's line relayed by Ray arrives
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        if "lean-head-marker" in text:
+            heard.set()
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+sys.stderr = Listening(sys.stderr)
+session = ray_init(SimpleNamespace(ray_address=None, rollout_backend="sglang"))
+try:
+    pg = placement_group([{"CPU": 1}])
+    ray.get(pg.ready(), timeout=120)
+
+    @ray.remote(num_cpus=1)
+    class Speaker:
+        def say(self, word):
+            print(word, file=sys.stderr, flush=True)
+            return word
+
+    speaker = Speaker.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+    ray.get(speaker.say.remote("lean-head-marker"), timeout=120)
+    ours = {p.pid: cmdline(p) for p in processes_naming(session.ray_tmp)}
+    ours.update({p.pid: cmdline(p) for p in psutil.Process().children(recursive=True)})
+    facts = {
+        "ray_tmp": str(session.ray_tmp),
+        "processes": sorted(ours.values()),
+        "alive_nodes": sum(1 for n in ray.nodes() if n["Alive"]),
+        "actor_state": ray._private.state.actors(speaker._actor_id.hex())["State"],
+        "node_class_restored": ray_node.Node is node_class,
+        "actor_log_reached_the_command": heard.wait(120),  # through the log monitor, asynchronously
+    }
+finally:
+    session.stop()
+print("FACTS " + json.dumps(facts), flush=True)
+"""
+
+AGENT_TITLES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _is_worker(command: str) -> bool:
+    """A Ray worker: titled by Ray (`ray::IDLE`, `ray::<Actor>`), or not yet (`python .../default_worker.py`)."""
+    argv = command.split()
+    if command.startswith("ray::"):
+        return not command.startswith(AGENT_TITLES)
+    return len(argv) > 1 and argv[1].endswith("default_worker.py")
+
+
+def test_a_commands_private_ray_starts_lean_and_still_serves_a_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = json.loads(proc.stdout.split("FACTS ", 1)[1])
+    procs = facts["processes"]
+
+    def running(script: str) -> list[str]:
+        return [c for c in procs if script in c]
+
+    # not started: the autoscaler monitor, the dashboard's API server
+    assert running("autoscaler/_private/monitor.py") == []
+    assert running("dashboard/dashboard.py") == []
+    # kept: the GCS, the raylet, its two agents, the log monitor
+    for kept in ("gcs_server", "raylet/raylet", "dashboard/agent.py", "runtime_env/agent/main.py", "log_monitor.py"):
+        assert running(kept), f"{kept} is not running: {procs}"
+    # one worker, the actor's: none prestarted and left idle
+    workers = [c for c in procs if _is_worker(c)]
+    assert len(workers) == 1 and workers[0].startswith("ray::Speaker"), workers
+    # what a run uses still works
+    assert facts["actor_log_reached_the_command"]  # log_to_driver: the log monitor is kept
+    assert facts["alive_nodes"] == 1 and facts["actor_state"] == "ALIVE"
+    assert facts["node_class_restored"]  # only the start was patched: a later `Cluster` node is Ray's own
+    # and the stop took everything down
+    assert processes_naming(facts["ray_tmp"]) == []

@@ -60,16 +60,31 @@ def timed(fn):
     return wrapper
 
 
+# The body slime's default rollout sends for PROMPT with the worker's flags (sampling_params_from_args: the
+# flags' sampling parameters and SGLang's text settings), so both paths put the same requests on the wire;
+# the raw client gives each its own rid, as slime does.
+SAMPLING_PARAMS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 8,
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+    "spaces_between_special_tokens": False,
+}
+
+
 async def raw_client(url: str, n: int, concurrency: int) -> None:
     sem = asyncio.Semaphore(concurrency)
-    payload = {
-        "input_ids": PROMPT,
-        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
-        "return_logprob": True,
-    }
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
-        async def one():
+        async def one(i: int):
+            payload = {
+                "input_ids": PROMPT,
+                "sampling_params": SAMPLING_PARAMS,
+                "return_logprob": True,
+                "rid": f"raw-{i}",
+            }
             async with sem:
                 for _ in range(10):  # an error answer (the router under the box's load) is sent again, as slime does
                     async with s.post(url, json=payload) as r:
@@ -79,7 +94,7 @@ async def raw_client(url: str, n: int, concurrency: int) -> None:
                             return
                 raise RuntimeError(f"raw client: no answer after 10 attempts, last: {str(body)[:200]}")
 
-        await asyncio.gather(*(one() for _ in range(n)))
+        await asyncio.gather(*(one(i) for i in range(n)))
 
 
 @timed
@@ -138,6 +153,14 @@ def worker(a: argparse.Namespace) -> None:
     except ImportError:
         runtime = None
     n = n_prompts * N_PER_PROMPT
+    try:
+        from slime.rollout.sampling_params import sampling_params_from_args
+
+        sent = sampling_params_from_args(args)
+    except ImportError:  # trees before sampling_params.py
+        sent = SAMPLING_PARAMS
+    if sent != SAMPLING_PARAMS:
+        raise SystemExit(f"the raw client's sampling parameters {SAMPLING_PARAMS} are not slime's {sent}")
     slime_path(args, DataSource(args, prompts, N_PER_PROMPT), runtime, n=n)  # warm-up
     print("ready", flush=True)
     for line in sys.stdin:
@@ -153,26 +176,49 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def profile_rollout(rollout) -> None:
-    """One rollout under cProfile on the background loop's thread (the rollout path runs there), printed to
-    stderr: the top functions by own time."""
+    """One rollout under cProfile with a CPU clock, on the background loop's thread (the rollout path runs
+    there) and on the calling thread (the data source and the training batch), printed to stderr: the top
+    functions by own and by cumulative time."""
     import cProfile
-    import io
-    import pstats
     import threading
 
     from slime.utils.async_utils import get_loop
 
-    prof, switched = cProfile.Profile(), threading.Event()
+    prof, switched = cProfile.Profile(time.thread_time), threading.Event()  # CPU clock: the box's load is not counted
     loop = get_loop()
     loop.call_soon_threadsafe(lambda: (prof.enable(), switched.set()))
     switched.wait()
+    caller = cProfile.Profile(time.thread_time)
+    caller.enable()
     rollout()
+    caller.disable()
     switched.clear()
     loop.call_soon_threadsafe(lambda: (prof.disable(), switched.set()))
     switched.wait()
+    print_profile(prof, f"one rollout on the loop thread ({TREE})")
+    print_profile(caller, f"the same rollout on the calling thread ({TREE})")
+
+
+def print_profile(prof, what: str) -> None:
+    import io
+    import pstats
+
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
-    print(f"cProfile of one rollout on the loop thread ({TREE}):\n{out.getvalue()}", file=sys.stderr, flush=True)
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    print(f"cProfile (thread CPU clock) of {what}:\n{out.getvalue()}", file=sys.stderr, flush=True)
+
+
+def profile_raw(url: str, concurrency: int, n: int) -> None:
+    """The raw client's round under the same profiler, for the side-by-side picture."""
+    import cProfile
+
+    prof = cProfile.Profile(time.thread_time)
+    prof.enable()
+    asyncio.run(raw_client(url, n, concurrency))
+    prof.disable()
+    print_profile(prof, f"one raw round of {n} samples")
 
 
 class Worker:
@@ -302,6 +348,8 @@ def main() -> None:
                 f"  orchestration per sample   : {overhead_ms:8.3f} ms wall  (1/slime - 1/raw, negative = within "
                 "run-to-run noise)"
             )
+        if a.profile:
+            profile_raw(url, a.concurrency, n)
     finally:
         for w in workers.values():
             w.stop()

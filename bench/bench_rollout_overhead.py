@@ -13,10 +13,13 @@ tree (e.g. `git archive 7390f02 | tar -x -C /tmp/before`, or a copy of this one 
 undone) against this one in the same run, rounds interleaved: raw, this tree, before tree, ...
 
     python -m bench.bench_rollout_overhead [--samples 2000] [--concurrency 64] [--rounds 5]
-                                           [--before-tree DIR ...] [--profile]
+                                           [--before-tree DIR ...] [--profile] [--breakdown]
 
-`--profile`: after the measured rounds, each worker runs one more rollout under cProfile on the rollout
-loop's thread (where the path's CPU goes) and prints its top functions by own time to stderr.
+`--profile`: after the measured rounds, each worker runs one more rollout under cProfile (thread CPU clock) on
+the rollout loop's thread and on the calling thread, and the raw client one more round, each printed to stderr
+(top functions by own and by cumulative time).
+`--breakdown`: the work the rollout must do and the raw client skips (the answer's checks, the sample, the
+reward, the training batch), timed alone on this tree, and the ratio without it.
 """
 
 from __future__ import annotations
@@ -113,26 +116,24 @@ def slime_path(args, source, runtime, *, n: int) -> None:
     assert len(batch["tokens"]) == n and all(len(x) == 8 for x in batch["loss_masks"])
 
 
-def worker(a: argparse.Namespace) -> None:
-    """One source tree's slime path: warm up, then one measured rollout per `run` line on stdin."""
+def bench_args(model_dir: str, router_host: str, router_port: int, samples: int, concurrency: int):
+    """The flags both the worker and the breakdown use (this tree's parser)."""
     try:
         from slime.cli.args import parse_args
     except ImportError:  # trees before cli/
         from slime.utils.args import parse_args
-    from slime.rollout.data_source import DataSource
-    from slime.utils.types import Sample
 
-    n_prompts = a.samples // N_PER_PROMPT
-    args = parse_args(
+    n_prompts = samples // N_PER_PROMPT
+    return parse_args(
         [
             "--rollout-backend",
             "hf",
             "--hf-checkpoint",
-            a.model_dir,
+            model_dir,
             "--sglang-router-ip",
-            a.router_host,
+            router_host,
             "--sglang-router-port",
-            str(a.router_port),
+            str(router_port),
             "--rm-type",
             "exact",
             "--rollout-batch-size",
@@ -142,9 +143,18 @@ def worker(a: argparse.Namespace) -> None:
             "--rollout-max-response-len",
             "8",
             "--sglang-server-concurrency",
-            str(a.concurrency),
+            str(concurrency),
         ]
     )
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One source tree's slime path: warm up, then one measured rollout per `run` line on stdin."""
+    from slime.rollout.data_source import DataSource
+    from slime.utils.types import Sample
+
+    n_prompts = a.samples // N_PER_PROMPT
+    args = bench_args(a.model_dir, a.router_host, a.router_port, a.samples, a.concurrency)
     prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n_prompts)]
     try:  # what the controller creates: one engine client for every round
         from slime.testing.runtime import bind_runtime
@@ -173,6 +183,66 @@ def worker(a: argparse.Namespace) -> None:
         from slime.utils.async_utils import run
 
         run(runtime.client.close())
+
+
+def correctness_work(args, model_dir: str, n: int = 2000, repeat: int = 5) -> dict[str, float]:
+    """CPU ms per sample of the work the rollout must do and the raw client skips, each timed alone on this
+    tree's functions (best of `repeat` passes of `n` samples): the answer's checks beyond `json.loads` (which the
+    raw client does too), the sample (a group's clone, the response appended as a segment), the reward (the
+    `exact` rule), the training batch. Its sum is counted apart from the orchestration in the report."""
+    import json
+
+    from slime.rollout.data_source import DataSource
+    from slime.rollout.engine_answer import parse_generate_answer
+    from slime.rollout.reward_step import reward_each
+    from slime.rollout.train_data import convert_samples_to_train_data
+    from slime.utils.types import Sample
+
+    answer = json.dumps(
+        {
+            "text": "abcdefgh",
+            "output_ids": list(range(100, 108)),
+            "meta_info": {
+                "finish_reason": {"type": "length", "matched": None},
+                "weight_version": "default",
+                "output_token_logprobs": [[-0.5 - i / 10, 100 + i, None] for i in range(8)],
+            },
+        }
+    ).encode()
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            t = time.process_time()
+            fn()
+            times.append((time.process_time() - t) * 1000 / n)
+        return min(times)
+
+    prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n // N_PER_PROMPT)]
+    out = parse_generate_answer(answer, vocab_size=50_000, max_new_tokens=8)
+
+    def samples() -> list[Sample]:
+        got = [s for g in DataSource(args, prompts, N_PER_PROMPT).get_samples(n // N_PER_PROMPT) for s in g]
+        for s in got:
+            s.start_response(list(s.tokens)).append_segment(
+                out.token_ids, out.log_probs, text=out.text, finish_reason=out.finish_type, weight_version="default"
+            )
+        return got
+
+    done = samples()
+    asyncio.run(reward_each(args, done))
+    work = {
+        "answer checks beyond json.loads": best(
+            lambda: [parse_generate_answer(answer, vocab_size=50_000, max_new_tokens=8) for _ in range(n)]
+        )
+        - best(lambda: [json.loads(answer) for _ in range(n)]),
+        "sample (clone, segment)": best(samples),
+        "reward (exact rule)": best(
+            lambda: ([setattr(s, "reward", None) for s in done], asyncio.run(reward_each(args, done)))
+        ),
+        "training batch": best(lambda: convert_samples_to_train_data(args, done)),
+    }
+    return work
 
 
 def profile_rollout(rollout) -> None:
@@ -280,6 +350,11 @@ def main() -> None:
         action="store_true",
         help="after the rounds, cProfile one rollout per worker on its loop thread (stderr)",
     )
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="after the rounds, time alone the work the rollout must do and the raw client skips (this tree)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--router-host", help=argparse.SUPPRESS)
@@ -352,6 +427,18 @@ def main() -> None:
             print(
                 f"  orchestration per sample   : {overhead_ms:8.3f} ms wall  (1/slime - 1/raw, negative = within "
                 "run-to-run noise)"
+            )
+        if a.breakdown:
+            args = bench_args(str(model_dir), router.host, router.port, a.samples, a.concurrency)
+            work = correctness_work(args, str(model_dir))
+            mine = statistics.median(c for _, c in rounds["slime rollout path"])
+            print(
+                f"work the raw client skips (this tree, each timed alone): {sum(work.values()):.3f} ms/sample = "
+                + ", ".join(f"{k} {v:.3f}" for k, v in work.items())
+            )
+            print(
+                f"  CPU per sample vs raw without it: {(mine - sum(work.values())) / r_cpu:.2f}x "
+                f"(({mine:.3f} - {sum(work.values()):.3f}) / {r_cpu:.3f})"
             )
         if a.profile:
             profile_raw(url, a.concurrency, n)

@@ -193,8 +193,8 @@ def inline_rule(args: Any, sample: Sample) -> Any:
         return None
     try:
         _, call, heavy = _rule(args, sample)
-    except UnknownRmType:
-        return None  # async_rm raises it, where the reward step reports it
+    except Exception:  # noqa: BLE001 - async_rm raises it again, where the reward step reports it
+        return None
     return None if heavy else call
 
 

@@ -13,10 +13,13 @@ tree (e.g. `git archive 7390f02 | tar -x -C /tmp/before`, or a copy of this one 
 undone) against this one in the same run, rounds interleaved: raw, this tree, before tree, ...
 
     python -m bench.bench_rollout_overhead [--samples 2000] [--concurrency 64] [--rounds 5]
-                                           [--before-tree DIR ...] [--profile]
+                                           [--before-tree DIR ...] [--profile] [--breakdown]
 
-`--profile`: after the measured rounds, each worker runs one more rollout under cProfile on the rollout
-loop's thread (where the path's CPU goes) and prints its top functions by own time to stderr.
+`--profile`: after the measured rounds, each worker runs one more rollout under cProfile (thread CPU clock) on
+the rollout loop's thread and on the calling thread, and the raw client one more round, each printed to stderr
+(top functions by own and by cumulative time).
+`--breakdown`: the work the rollout must do and the raw client skips (the answer's checks, the sample, the
+reward, the training batch), timed alone on this tree, and the ratio without it.
 """
 
 from __future__ import annotations
@@ -60,16 +63,31 @@ def timed(fn):
     return wrapper
 
 
+# The body slime's default rollout sends for PROMPT with the worker's flags (sampling_params_from_args: the
+# flags' sampling parameters and SGLang's text settings), so both paths put the same requests on the wire;
+# the raw client gives each its own rid, as slime does.
+SAMPLING_PARAMS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 8,
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+    "spaces_between_special_tokens": False,
+}
+
+
 async def raw_client(url: str, n: int, concurrency: int) -> None:
     sem = asyncio.Semaphore(concurrency)
-    payload = {
-        "input_ids": PROMPT,
-        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
-        "return_logprob": True,
-    }
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
-        async def one():
+        async def one(i: int):
+            payload = {
+                "input_ids": PROMPT,
+                "sampling_params": SAMPLING_PARAMS,
+                "return_logprob": True,
+                "rid": f"raw-{i}",
+            }
             async with sem:
                 for _ in range(10):  # an error answer (the router under the box's load) is sent again, as slime does
                     async with s.post(url, json=payload) as r:
@@ -79,7 +97,7 @@ async def raw_client(url: str, n: int, concurrency: int) -> None:
                             return
                 raise RuntimeError(f"raw client: no answer after 10 attempts, last: {str(body)[:200]}")
 
-        await asyncio.gather(*(one() for _ in range(n)))
+        await asyncio.gather(*(one(i) for i in range(n)))
 
 
 @timed
@@ -98,26 +116,24 @@ def slime_path(args, source, runtime, *, n: int) -> None:
     assert len(batch["tokens"]) == n and all(len(x) == 8 for x in batch["loss_masks"])
 
 
-def worker(a: argparse.Namespace) -> None:
-    """One source tree's slime path: warm up, then one measured rollout per `run` line on stdin."""
+def bench_args(model_dir: str, router_host: str, router_port: int, samples: int, concurrency: int):
+    """The flags both the worker and the breakdown use (this tree's parser)."""
     try:
         from slime.cli.args import parse_args
     except ImportError:  # trees before cli/
         from slime.utils.args import parse_args
-    from slime.rollout.data_source import DataSource
-    from slime.utils.types import Sample
 
-    n_prompts = a.samples // N_PER_PROMPT
-    args = parse_args(
+    n_prompts = samples // N_PER_PROMPT
+    return parse_args(
         [
             "--rollout-backend",
             "hf",
             "--hf-checkpoint",
-            a.model_dir,
+            model_dir,
             "--sglang-router-ip",
-            a.router_host,
+            router_host,
             "--sglang-router-port",
-            str(a.router_port),
+            str(router_port),
             "--rm-type",
             "exact",
             "--rollout-batch-size",
@@ -127,9 +143,18 @@ def worker(a: argparse.Namespace) -> None:
             "--rollout-max-response-len",
             "8",
             "--sglang-server-concurrency",
-            str(a.concurrency),
+            str(concurrency),
         ]
     )
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One source tree's slime path: warm up, then one measured rollout per `run` line on stdin."""
+    from slime.rollout.data_source import DataSource
+    from slime.utils.types import Sample
+
+    n_prompts = a.samples // N_PER_PROMPT
+    args = bench_args(a.model_dir, a.router_host, a.router_port, a.samples, a.concurrency)
     prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n_prompts)]
     try:  # what the controller creates: one engine client for every round
         from slime.testing.runtime import bind_runtime
@@ -138,6 +163,14 @@ def worker(a: argparse.Namespace) -> None:
     except ImportError:
         runtime = None
     n = n_prompts * N_PER_PROMPT
+    try:
+        from slime.rollout.sampling_params import sampling_params_from_args
+
+        sent = sampling_params_from_args(args)
+    except ImportError:  # trees before sampling_params.py
+        sent = SAMPLING_PARAMS
+    if sent != SAMPLING_PARAMS:
+        raise SystemExit(f"the raw client's sampling parameters {SAMPLING_PARAMS} are not slime's {sent}")
     slime_path(args, DataSource(args, prompts, N_PER_PROMPT), runtime, n=n)  # warm-up
     print("ready", flush=True)
     for line in sys.stdin:
@@ -152,27 +185,110 @@ def worker(a: argparse.Namespace) -> None:
         run(runtime.client.close())
 
 
+def correctness_work(args, model_dir: str, n: int = 2000, repeat: int = 5) -> dict[str, float]:
+    """CPU ms per sample of the work the rollout must do and the raw client skips, each timed alone on this
+    tree's functions (best of `repeat` passes of `n` samples): the answer's checks beyond `json.loads` (which the
+    raw client does too), the sample (a group's clone, the response appended as a segment), the reward (the
+    `exact` rule), the training batch. Its sum is counted apart from the orchestration in the report."""
+    import json
+
+    from slime.rollout.data_source import DataSource
+    from slime.rollout.engine_answer import parse_generate_answer
+    from slime.rollout.reward_step import reward_each
+    from slime.rollout.train_data import convert_samples_to_train_data
+    from slime.utils.types import Sample
+
+    answer = json.dumps(
+        {
+            "text": "abcdefgh",
+            "output_ids": list(range(100, 108)),
+            "meta_info": {
+                "finish_reason": {"type": "length", "matched": None},
+                "weight_version": "default",
+                "output_token_logprobs": [[-0.5 - i / 10, 100 + i, None] for i in range(8)],
+            },
+        }
+    ).encode()
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            t = time.process_time()
+            fn()
+            times.append((time.process_time() - t) * 1000 / n)
+        return min(times)
+
+    prompts = [Sample(prompt="p", tokens=list(PROMPT), label="x") for _ in range(n // N_PER_PROMPT)]
+    out = parse_generate_answer(answer, vocab_size=50_000, max_new_tokens=8)
+
+    def samples() -> list[Sample]:
+        got = [s for g in DataSource(args, prompts, N_PER_PROMPT).get_samples(n // N_PER_PROMPT) for s in g]
+        for s in got:
+            s.start_response(list(s.tokens)).append_segment(
+                out.token_ids, out.log_probs, text=out.text, finish_reason=out.finish_type, weight_version="default"
+            )
+        return got
+
+    done = samples()
+    asyncio.run(reward_each(args, done))
+    work = {
+        "answer checks beyond json.loads": best(
+            lambda: [parse_generate_answer(answer, vocab_size=50_000, max_new_tokens=8) for _ in range(n)]
+        )
+        - best(lambda: [json.loads(answer) for _ in range(n)]),
+        "sample (clone, segment)": best(samples),
+        "reward (exact rule)": best(
+            lambda: ([setattr(s, "reward", None) for s in done], asyncio.run(reward_each(args, done)))
+        ),
+        "training batch": best(lambda: convert_samples_to_train_data(args, done)),
+    }
+    return work
+
+
 def profile_rollout(rollout) -> None:
-    """One rollout under cProfile on the background loop's thread (the rollout path runs there), printed to
-    stderr: the top functions by own time."""
+    """One rollout under cProfile with a CPU clock, on the background loop's thread (the rollout path runs
+    there) and on the calling thread (the data source and the training batch), printed to stderr: the top
+    functions by own and by cumulative time."""
     import cProfile
-    import io
-    import pstats
     import threading
 
     from slime.utils.async_utils import get_loop
 
-    prof, switched = cProfile.Profile(), threading.Event()
+    prof, switched = cProfile.Profile(time.thread_time), threading.Event()  # CPU clock: the box's load is not counted
     loop = get_loop()
     loop.call_soon_threadsafe(lambda: (prof.enable(), switched.set()))
     switched.wait()
+    caller = cProfile.Profile(time.thread_time)
+    caller.enable()
     rollout()
+    caller.disable()
     switched.clear()
     loop.call_soon_threadsafe(lambda: (prof.disable(), switched.set()))
     switched.wait()
+    print_profile(prof, f"one rollout on the loop thread ({TREE})")
+    print_profile(caller, f"the same rollout on the calling thread ({TREE})")
+
+
+def print_profile(prof, what: str) -> None:
+    import io
+    import pstats
+
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
-    print(f"cProfile of one rollout on the loop thread ({TREE}):\n{out.getvalue()}", file=sys.stderr, flush=True)
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    print(f"cProfile (thread CPU clock) of {what}:\n{out.getvalue()}", file=sys.stderr, flush=True)
+
+
+def profile_raw(url: str, concurrency: int, n: int) -> None:
+    """The raw client's round under the same profiler, for the side-by-side picture."""
+    import cProfile
+
+    prof = cProfile.Profile(time.thread_time)
+    prof.enable()
+    asyncio.run(raw_client(url, n, concurrency))
+    prof.disable()
+    print_profile(prof, f"one raw round of {n} samples")
 
 
 class Worker:
@@ -234,6 +350,11 @@ def main() -> None:
         action="store_true",
         help="after the rounds, cProfile one rollout per worker on its loop thread (stderr)",
     )
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="after the rounds, time alone the work the rollout must do and the raw client skips (this tree)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--router-host", help=argparse.SUPPRESS)
@@ -286,14 +407,19 @@ def main() -> None:
             f"client's (wall clock swings with the other load on the box, CPU time does not)"
         )
         print(
-            f"raw aiohttp -> router -> stub : CPU {r_cpu:.3f} ms/sample; {r:8.0f} samples/s  "
-            f"(rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})"
+            f"raw aiohttp -> router -> stub : CPU {r_cpu:.3f} ms/sample  (rounds: {', '.join(f'{c:.3f}' for _, c in raw)}); "
+            f"{r:.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})"
         )
         for name, xs in rounds.items():
             o, o_cpu = (statistics.median(x) for x in zip(*xs))
             overhead_ms = (1 / o - 1 / r) * 1000  # negative: slime was faster in this run (noise)
+            # each round against the raw round just before it (the box's load moves CPU per sample of both)
+            paired = [c / rc for (_, c), (_, rc) in zip(xs, raw)]
             print(f"{name:<29}: CPU {o_cpu:.3f} ms/sample  (rounds: {', '.join(f'{c:.3f}' for _, c in xs)})")
-            print(f"  CPU per sample vs raw      : {o_cpu / r_cpu:8.2f}x   (target <= {CPU_TARGET:g}x)")
+            print(
+                f"  CPU per sample vs raw      : {o_cpu / r_cpu:8.2f}x   (target <= {CPU_TARGET:g}x; round by round: "
+                f"{', '.join(f'{x:.2f}' for x in paired)}, median {statistics.median(paired):.2f}x)"
+            )
             print(
                 f"  wall clock                 : {o:8.0f} samples/s = {o / r:.2f}x raw (target >= {WALL_TARGET:g}x; "
                 f"rounds: {', '.join(f'{x:.0f}' for x, _ in xs)})"
@@ -302,6 +428,20 @@ def main() -> None:
                 f"  orchestration per sample   : {overhead_ms:8.3f} ms wall  (1/slime - 1/raw, negative = within "
                 "run-to-run noise)"
             )
+        if a.breakdown:
+            args = bench_args(str(model_dir), router.host, router.port, a.samples, a.concurrency)
+            work = correctness_work(args, str(model_dir))
+            mine = statistics.median(c for _, c in rounds["slime rollout path"])
+            print(
+                f"work the raw client skips (this tree, each timed alone): {sum(work.values()):.3f} ms/sample = "
+                + ", ".join(f"{k} {v:.3f}" for k, v in work.items())
+            )
+            print(
+                f"  CPU per sample vs raw without it: {(mine - sum(work.values())) / r_cpu:.2f}x "
+                f"(({mine:.3f} - {sum(work.values()):.3f}) / {r_cpu:.3f})"
+            )
+        if a.profile:
+            profile_raw(url, a.concurrency, n)
     finally:
         for w in workers.values():
             w.stop()

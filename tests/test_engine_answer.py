@@ -224,3 +224,42 @@ def test_top_log_probs_asked_for_are_read_per_position_and_checked_like_the_samp
         body["meta_info"]["output_top_logprobs"] = broken
         with pytest.raises(BadAnswer):
             parse_generate_answer(body, vocab_size=VOCAB, top_logprobs_num=2)
+
+
+pair_items = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-3, VOCAB + 3),
+    st.booleans(),
+    st.none(),
+    st.just("x"),
+)
+pair_lists = st.lists(
+    st.one_of(
+        st.tuples(st.one_of(st.floats(max_value=0.5), st.just(math.nan)), st.integers(-1, VOCAB + 1), st.none()).map(
+            list
+        ),
+        st.lists(pair_items, max_size=3),
+        st.tuples(st.floats(max_value=0.0), st.integers(0, VOCAB - 1)),
+        pair_items,
+    ),
+    max_size=6,
+)
+
+
+@given(pair_lists)
+@settings(max_examples=300, derandomize=True, deadline=None)
+def test_the_whole_answer_check_agrees_with_the_per_item_check(pairs):
+    """`_pairs` checks a JSON-shaped answer in whole-list passes; `_each_pair` (the per-item loop, which names
+    the bad item) must give the same ids and log-probs, or the same refusal, for any list."""
+    from slime.rollout.engine_answer import _each_pair, _pairs
+
+    def outcome(fn):
+        try:
+            ids, lps = fn()
+        except BadAnswer as e:
+            return ("refused", e.field, str(e))
+        return ("read", [(type(t), t) for t in ids], [(type(lp), lp) for lp in lps])
+
+    whole = outcome(lambda: _pairs({"output_token_logprobs": pairs}, VOCAB))
+    each = outcome(lambda: _each_pair(pairs, VOCAB, VOCAB))
+    assert whole == each

@@ -480,3 +480,29 @@ async def test_grading_does_not_block_the_event_loop():
     stop.set()
     await task
     assert results == [1] * 8 and ticks > 0
+
+
+async def test_a_built_in_rule_that_raises_fails_its_sample_alone_whether_called_inline_or_not():
+    """The reward step calls built-in rules inline (no task per sample): a rule that raises, or a sample whose
+    reward cannot even be set up, is still a FAILED sample with `reward_error`, and the others are rewarded."""
+    from types import SimpleNamespace
+
+    from slime.rollout.reward_step import reward_each
+    from slime.utils.types import Sample
+
+    class BadLabel:
+        def __str__(self):
+            raise RuntimeError("label cannot be read")
+
+    args = SimpleNamespace(rm_type="exact", custom_rm_path=None, reward_timeout=5.0, reward_key=None)
+    good = Sample(index=0, response=" x ", label="x", status=Sample.Status.COMPLETED)
+    bad = Sample(index=1, response="x", label=BadLabel(), status=Sample.Status.COMPLETED)
+    unknown = Sample(index=2, response="x", label="x", status=Sample.Status.COMPLETED, metadata={"rm_type": "nope"})
+    # the rule's set-up raises (a boxed answer looked for in no response at all)
+    no_text = Sample(
+        index=3, response=None, label="x", status=Sample.Status.COMPLETED, metadata={"rm_type": "boxed_exact"}
+    )
+    await reward_each(args, [good, bad, unknown, no_text])
+    assert good.reward == 1.0 and good.status == Sample.Status.COMPLETED
+    for s in (bad, unknown, no_text):
+        assert s.status == Sample.Status.FAILED and s.metadata["failure_reason"] == "reward_error"

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime.rollout.data_source import DataSource
-from slime.rollout.sample_clone import clone_sample
+from slime.rollout.sample_clone import clone_group, clone_sample
 from slime.utils.types import Sample
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=4))
@@ -62,6 +62,26 @@ def test_a_clone_equals_deepcopy_and_shares_nothing_mutable(template: Sample) ->
     clone.metadata["new"] = 1
     clone.spec_info.spec_verify_ct += 1
     assert template.to_dict() == reference.to_dict()  # the template is untouched
+
+
+@settings(max_examples=30, derandomize=True, deadline=None)
+@given(templates(), st.integers(1, 4))
+def test_a_group_of_clones_equals_deepcopies_sharing_nothing_mutable(template: Sample, n: int) -> None:
+    reference = copy.deepcopy(template)
+    group = clone_group(template, n)
+    assert len(group) == n and all(type(c) is Sample for c in group)
+    owned = [set(_containers(c)) - {id(c)} for c in group]
+    for i, clone in enumerate(group):
+        assert clone.to_dict() == reference.to_dict()
+        assert list(vars(clone)) == list(vars(template))  # same fields, same order
+        assert (clone.multimodal_inputs is clone.metadata) == (reference.multimodal_inputs is reference.metadata)
+        assert not owned[i] & set(_containers(template))
+        assert all(not owned[i] & owned[j] for j in range(n) if j != i)  # the clones share nothing mutable
+    group[0].tokens.append(1)
+    group[0].metadata["new"] = 1
+    group[0].spec_info.spec_verify_ct += 1
+    assert template.to_dict() == reference.to_dict()
+    assert all(c.to_dict() == reference.to_dict() for c in group[1:])
 
 
 def test_a_subclass_is_deep_copied_with_its_own_hooks() -> None:

@@ -58,7 +58,7 @@ def generate(
     `top_logprobs_num` > 0 also asks for the k most likely tokens at each position; `image_data`: a
     vision-language model's images for the `<|image_pad|>` placeholders of `input_ids`, in order, each a
     data URI, base64 text or a path the engine can read (SGLang's `MultimodalDataInputFormat`)."""
-    ids = input_ids if isinstance(input_ids, EncodedIds) else [int(t) for t in input_ids]  # (already ints)
+    ids = input_ids if isinstance(input_ids, EncodedIds) else list(map(int, input_ids))  # (already ints)
     body = {
         "input_ids": ids,
         "sampling_params": dict(sampling_params),

@@ -22,7 +22,7 @@ from typing import Any
 # re-exported: their old home
 from slime.rollout.prompt_rows import DEFAULT_ROLLOUT, DataError, parse_path_slice  # noqa: F401
 from slime.rollout.prompt_rows import prompt_limit, read_rows, sample_from_row, too_long  # noqa: F401
-from slime.rollout.sample_clone import clone_sample
+from slime.rollout.sample_clone import clone_group
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime.utils.plugin_args import completed
@@ -120,13 +120,11 @@ class DataSource:
         return groups
 
     def _make_group(self, template: Sample) -> list[Sample]:
-        group = []
-        for _ in range(self.n):
-            s = clone_sample(template)  # as copy.deepcopy, at a fraction of its CPU
+        group = clone_group(template, self.n)  # each as copy.deepcopy, at a fraction of its CPU
+        for s in group:
             s.group_index = self.group_counter
             s.index = self.sample_counter
             self.sample_counter += 1
-            group.append(s)
         self.group_counter += 1
         return group
 

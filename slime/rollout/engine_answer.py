@@ -96,8 +96,27 @@ def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], lis
     pairs = meta.get("output_token_logprobs")
     if not isinstance(pairs, list):
         raise BadAnswer("output_token_logprobs", "missing or not a list (the request asked for log-probs)", pairs)
-    ids, lps = [], []
     top = vocab_size if vocab_size is not None else math.inf
+    # The answer as JSON gives it (lists of a float and an int) is checked whole, in C-speed passes: the same
+    # checks as the loop below, which finds and names the first bad item when any fails.
+    if pairs and {type(item) for item in pairs} == {list} and min(map(len, pairs)) >= 2:
+        lps = [item[0] for item in pairs]
+        ids = [item[1] for item in pairs]
+        if (
+            {type(lp) for lp in lps} == {float}
+            and {type(tid) for tid in ids} == {int}
+            and not any(map(math.isnan, lps))
+            and -math.inf < min(lps)
+            and max(lps) <= LOGPROB_TOLERANCE
+            and 0 <= min(ids)
+            and max(ids) < top
+        ):
+            return ids, lps
+    return _each_pair(pairs, top, vocab_size)
+
+
+def _each_pair(pairs: list[Any], top: float, vocab_size: int | None) -> tuple[list[int], list[float]]:
+    ids, lps = [], []
     for i, item in enumerate(pairs):  # per token: the fast path tests exact JSON types, the rest the helpers
         kind = type(item)
         if (kind is not list and kind is not tuple and not isinstance(item, (list, tuple))) or len(item) < 2:

@@ -13,7 +13,7 @@ from typing import Any
 
 from slime.rollout.failures import mark_failed
 from slime.rollout.reward_check import reward_source, sample_name
-from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.rollout.rm_hub import async_rm, batched_async_rm, inline_rule
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -64,9 +64,24 @@ def _scorable(samples: list[Sample]) -> list[Sample]:
 
 
 async def reward_each(args: Any, samples: list[Sample]) -> None:
+    """Each sample's reward. A built-in rule computed in this thread (`inline_rule`) is called here, the same
+    call `async_rm` would make, without a task and a deadline of its own per sample (a deadline cannot stop
+    a call that never yields); any other reward runs concurrently under --reward-timeout."""
     todo = [s for s in _scorable(samples) if s.reward is None]  # a custom generate may have set it
-    for s, r in zip(todo, await asyncio.gather(*(_guarded(args, async_rm(args, s)) for s in todo))):
-        _set_reward(args, s, r)
+    waiting = []
+    for s in todo:
+        call = inline_rule(args, s)
+        if call is None:
+            waiting.append(s)
+            continue
+        try:
+            reward = call()
+        except Exception as e:  # noqa: BLE001 - handed to _set_reward, which names the flag and sample
+            reward = e
+        _set_reward(args, s, reward)
+    if waiting:
+        for s, r in zip(waiting, await asyncio.gather(*(_guarded(args, async_rm(args, s)) for s in waiting))):
+            _set_reward(args, s, r)
 
 
 async def _reward_as_group(args: Any, samples: list[Sample]) -> None:

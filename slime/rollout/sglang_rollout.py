@@ -16,7 +16,6 @@ import asyncio
 import inspect
 import time
 import weakref
-from contextlib import contextmanager
 from typing import Any
 
 from slime.rollout import partial_rollout as partial
@@ -126,16 +125,10 @@ class GenerateState:
     def stats(self):
         return self.runtime.client.stats
 
-    @contextmanager
-    def dp_rank_context(self):
-        """slime's dp-rank balancing: yields the least-loaded data-parallel rank (ties: lowest)."""
-        rank = min(range(len(self.dp_counts)), key=lambda i: (self.dp_counts[i], i))
-        self.dp_counts[rank] += 1
-        self.dp_rank = rank
-        try:
-            yield rank
-        finally:
-            self.dp_counts[rank] -= 1
+    def dp_rank_context(self) -> "_DpRank":
+        """slime's dp-rank balancing: `with state.dp_rank_context() as rank:` holds the least-loaded
+        data-parallel rank (ties: lowest) for the block."""
+        return _DpRank(self)
 
     def reset(self) -> None:
         self.remaining_batch_size, self.pendings, self.aborted = 0, set(), False
@@ -146,6 +139,25 @@ class GenerateState:
                 asyncio.ensure_future(generate_and_rm_group(self.args, group, dict(self.sampling_params)))
             )
         self.remaining_batch_size += len(groups)
+
+
+class _DpRank:
+    """The context of `GenerateState.dp_rank_context`: a plain class, entered once per sample."""
+
+    __slots__ = ("state", "rank")
+
+    def __init__(self, state: GenerateState) -> None:
+        self.state = state
+
+    def __enter__(self) -> int:
+        counts = self.state.dp_counts
+        rank = 0 if len(counts) == 1 else min(range(len(counts)), key=lambda i: (counts[i], i))
+        counts[rank] += 1
+        self.state.dp_rank = self.rank = rank
+        return rank
+
+    def __exit__(self, *exc: Any) -> None:
+        self.state.dp_counts[self.rank] -= 1
 
 
 _PROCESSOR_PROMPT_KEYS = ("input_ids", "attention_mask")  # the prompt itself, not inputs the trainer needs
@@ -213,8 +225,8 @@ async def _call_generate(
     args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool
 ) -> Sample | list[Sample]:
     fn = generate_function(args, sample)
-    if fn is generate:  # ours: every engine request has its deadline and retry budget
-        return await fn(args, sample, dict(sampling_params))
+    if fn is generate:  # ours: every engine request has its deadline and retry budget; it copies the params
+        return await fn(args, sample, sampling_params)
     call = (
         fn(args, sample, dict(sampling_params), evaluation=evaluation)
         if _accepts(fn, "evaluation")

@@ -56,7 +56,7 @@ def untrained_log_probs_filled(s: Sample, name: str, mask: list[int]) -> list[fl
     0.0 is what slime's `append_response_tokens(trainable=False)` stores there; the loss never reads it.
     A None at a trained token has no value to stand for: an error naming the sample and position."""
     values = getattr(s, name, None)
-    if values is None or all(v is not None for v in values):
+    if values is None or None not in values:  # (`in` tests identity first: a float is never None)
         return values
     trained = [i for i, v in enumerate(values) if v is None and mask[i]]
     if trained:
@@ -181,7 +181,14 @@ def rollout_mask_sums(rollout_ids: list[int], loss_masks: list[Any]) -> list[int
 
 
 def _source(s: Sample) -> str | None:
-    src = getattr(s, "source", None)
+    # `source` is no Sample field: a plugin's attribute, or an unknown field kept by from_dict (extra_fields);
+    # read from the instance dict, as `getattr` would find it, without raising AttributeError per sample
+    fields = s.__dict__ if type(s) is Sample else None
+    src = (
+        (fields.get("source") or (fields.get("extra_fields") or {}).get("source"))
+        if fields
+        else getattr(s, "source", None)
+    )
     if src:
         return src
     meta = s.metadata or {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from typing import Any
 
 
 class RouterLost(ConnectionError):
@@ -31,7 +31,7 @@ class RouterLosses:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._gone: dict[str, str] = {}  # address -> why it is gone
-        self._waiting: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
+        self._waiting: dict[str, set[_Watch]] = {}
 
     def lost(self, url: str, why: str) -> None:
         """The router at `url` is gone: every attempt on it fails now with `why` (and any later one at once)."""
@@ -39,48 +39,55 @@ class RouterLosses:
         with self._lock:
             self._gone[base] = why
             waiting = self._waiting.pop(base, set())
-        for loop, notice in waiting:
+        for watch in waiting:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nothing waits there any more
-                loop.call_soon_threadsafe(_settle, notice, why)
+                watch.loop.call_soon_threadsafe(watch.cut, why)
 
     def serving(self, url: str) -> None:
         """A router serves at `url` (again: a new one may get a lost one's address)."""
         with self._lock:
             self._gone.pop(_base(url), None)
 
-    @contextlib.asynccontextmanager
-    async def watch(self, url: str) -> AsyncIterator[None]:
-        """Run the block (one request attempt to `url`); raise RouterLost as soon as that address is gone."""
-        base = _base(url)
-        loop = asyncio.get_running_loop()
-        notice: asyncio.Future = loop.create_future()
-        with self._lock:
-            why = self._gone.get(base)
+    def watch(self, url: str) -> "_Watch":
+        """`async with watch(url):` runs the block (one request attempt to `url`) and raises RouterLost as
+        soon as that address is gone."""
+        return _Watch(self, _base(url))
+
+
+class _Watch:
+    """One watched attempt. A plain class, not a generator-based context manager with a future of its own:
+    every engine request passes through one, so its cost is on every sample (bench_rollout_overhead)."""
+
+    __slots__ = ("losses", "base", "loop", "task", "why", "inside")
+
+    def __init__(self, losses: RouterLosses, base: str) -> None:
+        self.losses, self.base, self.why, self.inside = losses, base, None, False
+
+    async def __aenter__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        losses = self.losses
+        with losses._lock:
+            why = losses._gone.get(self.base)
             if why is None:
-                self._waiting.setdefault(base, set()).add((loop, notice))
+                self.inside = True
+                losses._waiting.setdefault(self.base, set()).add(self)
         if why is not None:
-            raise RouterLost(f"router at {base} is gone: {why}")
-        task = asyncio.current_task()
-        inside = [True]
+            raise RouterLost(f"router at {self.base} is gone: {why}")
 
-        def cut(_: asyncio.Future) -> None:
-            if inside[0]:  # runs on this loop: the task is suspended inside the block, where it is cancelled
-                task.cancel()
+    def cut(self, why: str) -> None:
+        """On the attempt's loop: the task is suspended inside the block, where it is cancelled."""
+        if self.inside and self.why is None:
+            self.why = why
+            self.task.cancel()
 
-        notice.add_done_callback(cut)
-        try:
-            yield
-        except asyncio.CancelledError:
-            if notice.done() and task.uncancel() == 0:  # cancelled by `cut` only
-                raise RouterLost(f"router at {base} is gone: {notice.result()}") from None
-            raise
-        finally:
-            inside[0] = False
-            notice.remove_done_callback(cut)
-            with self._lock:
-                self._waiting.get(base, set()).discard((loop, notice))
-
-
-def _settle(notice: asyncio.Future, why: str) -> None:
-    if not notice.done():
-        notice.set_result(why)
+    async def __aexit__(self, kind: Any, error: Any, tb: Any) -> bool:
+        self.inside = False
+        losses = self.losses
+        with losses._lock:
+            waiting = losses._waiting.get(self.base)
+            if waiting is not None:
+                waiting.discard(self)
+        if kind is asyncio.CancelledError and self.why is not None and self.task.uncancel() == 0:
+            raise RouterLost(f"router at {self.base} is gone: {self.why}") from None  # cancelled by `cut` only
+        return False

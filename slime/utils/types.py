@@ -50,10 +50,14 @@ def _flat_list(values: Any) -> list:
 
 
 def _int_list(values: Any) -> list[int]:
+    if type(values) is list or type(values) is tuple:  # an engine's answer: converted at C speed
+        return list(map(int, values))
     return [int(v) for v in _flat_list(values)]
 
 
 def _float_list(values: Any) -> list[float] | None:
+    if type(values) is list or type(values) is tuple:
+        return list(map(float, values))
     return None if values is None else [float(v) for v in _flat_list(values)]
 
 

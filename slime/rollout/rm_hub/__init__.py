@@ -34,6 +34,7 @@ from slime.utils.plugin_args import completed
 __all__ = [
     "async_rm",
     "batched_async_rm",
+    "inline_rule",
     "remote_rm",
     "check_rm_type",
     "RM_TYPES",
@@ -157,6 +158,46 @@ async def remote_rm(args: Any, sample: Sample, max_retries: int = 10) -> Any:
     return await post(url, payload, max_retries=max_retries)
 
 
+def _rule(args: Any, sample: Sample) -> tuple[str, Any, bool]:
+    """(rule name, the call computing the sample's reward, CPU-heavy) for its `metadata["rm_type"]` or
+    `--rm-type`; the call is None for `remote_rm` and `random`. Custom reward paths are the caller's."""
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    source = "metadata['rm_type']" if metadata.get("rm_type") else "--rm-type"
+    rm_type = (metadata.get("rm_type") or args.rm_type or "").strip()
+    if not rm_type:
+        raise UnknownRmType("no reward: set --rm-type, --custom-rm-path, or metadata['rm_type'] per sample")
+    name, boxed_only = _split_type(rm_type)
+    if name in ("remote_rm", "random"):
+        return name, None, False
+    if name not in _RULES:
+        raise UnknownRmType(
+            f"{source} {rm_type!r}: unknown reward type; choose one of "
+            f"{', '.join([*RM_TYPES, 'boxed_<type>'])}, or set --custom-rm-path"
+        )
+    response, label = sample.response, sample.label
+    if boxed_only:
+        response = extract_boxed_answer(response) or ""
+    fn, with_metadata, heavy = _RULES[name]
+    if name == "ifbench":
+        from slime.rollout.rm_hub.ifbench import compute_ifbench_reward as fn
+    call = (lambda: fn(response, label, metadata=metadata)) if with_metadata else (lambda: fn(response, label))
+    return name, call, heavy
+
+
+def inline_rule(args: Any, sample: Sample) -> Any:
+    """The sample's reward as a plain call when `async_rm` would compute it in this thread without awaiting
+    anything (a built-in rule, not CPU-heavy, no custom reward path): the reward step then needs no task
+    and no deadline for it (a deadline cannot stop a call that never yields). None otherwise; calling it
+    may raise what `async_rm` raises."""
+    if getattr(sample, "custom_rm_path", None) or args.custom_rm_path:
+        return None
+    try:
+        _, call, heavy = _rule(args, sample)
+    except Exception:  # noqa: BLE001 - async_rm raises it again, where the reward step reports it
+        return None
+    return None if heavy else call
+
+
 async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     """The reward of one sample (see the module docstring for the order of precedence)."""
     args = completed(args)
@@ -166,29 +207,11 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     path = args.custom_rm_path
     if path:
         return await load_function(path, "--custom-rm-path")(args, sample, **kwargs)
-
-    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
-    source = "metadata['rm_type']" if metadata.get("rm_type") else "--rm-type"
-    rm_type = (metadata.get("rm_type") or args.rm_type or "").strip()
-    if not rm_type:
-        raise UnknownRmType("no reward: set --rm-type, --custom-rm-path, or metadata['rm_type'] per sample")
-    name, boxed_only = _split_type(rm_type)
-    response, label = sample.response, sample.label
-    if boxed_only:
-        response = extract_boxed_answer(response) or ""
+    name, call, heavy = _rule(args, sample)
     if name == "remote_rm":
         return await remote_rm(args, sample)
     if name == "random":
         return random.randint(0, 1)
-    if name not in _RULES:
-        raise UnknownRmType(
-            f"{source} {rm_type!r}: unknown reward type; choose one of "
-            f"{', '.join([*RM_TYPES, 'boxed_<type>'])}, or set --custom-rm-path"
-        )
-    fn, with_metadata, heavy = _RULES[name]
-    if name == "ifbench":
-        from slime.rollout.rm_hub.ifbench import compute_ifbench_reward as fn
-    call = (lambda: fn(response, label, metadata=metadata)) if with_metadata else (lambda: fn(response, label))
     return await asyncio.to_thread(call) if heavy else call()
 
 

@@ -247,7 +247,7 @@ pair_lists = st.lists(
 
 
 @given(pair_lists)
-@settings(max_examples=300, derandomize=True, deadline=None)
+@settings(max_examples=300, deadline=None)
 def test_the_whole_answer_check_agrees_with_the_per_item_check(pairs):
     """`_pairs` checks a JSON-shaped answer in whole-list passes; `_each_pair` (the per-item loop, which names
     the bad item) must give the same ids and log-probs, or the same refusal, for any list."""

@@ -64,7 +64,7 @@ def test_a_clone_equals_deepcopy_and_shares_nothing_mutable(template: Sample) ->
     assert template.to_dict() == reference.to_dict()  # the template is untouched
 
 
-@settings(max_examples=30, derandomize=True, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(templates(), st.integers(1, 4))
 def test_a_group_of_clones_equals_deepcopies_sharing_nothing_mutable(template: Sample, n: int) -> None:
     reference = copy.deepcopy(template)

@@ -11,6 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _runs_ok(code: str, **env: str) -> None:
+    """`code` in a fresh interpreter (a heap no other test has frozen) prints "ok"."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
 def test_the_first_binding_freezes_the_startup_heap_once() -> None:
     code = textwrap.dedent("""
         import argparse, gc
@@ -29,14 +41,7 @@ def test_the_first_binding_freezes_the_startup_heap_once() -> None:
         unbind(runtime)
         print("ok")
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    _runs_ok(code)
 
 
 def test_a_gateway_started_outside_a_runtime_freezes_the_startup_heap_once() -> None:
@@ -61,11 +66,4 @@ def test_a_gateway_started_outside_a_runtime_freezes_the_startup_heap_once() -> 
         assert gc.get_freeze_count() == frozen  # once per process
         print("ok")
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    _runs_ok(code, HF_HUB_OFFLINE="1")

@@ -9,6 +9,12 @@ a few tokens per context. The teacher is sharper still (x32: the student at temp
 difference every context shares, so 16 small steps close most of it on every run. A teacher that
 differed only by noise on every weight (tried first) gave a signal as small as the noise of 16
 REINFORCE steps: the KL fell to 0.54, 0.85 and 1.01 of its start in three runs, and rose 2.5x at lr 1e-3.
+
+Sampling is seeded (slime's `--sglang-enable-deterministic-inference` with `--rollout-seed`), so the run
+is the same every time: unseeded, the KL on the first rollout's sequences fell to 0.20-0.77 of its start
+(CI once failed a 0.6 threshold on 0.77). The reverse KL OPD minimises is measured on the student's own
+samples, where the fall is large (0.03 of the start); the first rollout's sequences are asked only to
+move towards the teacher.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from tests.hf_engine_fixtures import run_engine
 N_ROLLOUT = 8
 STUDENT_SHARPNESS = 16.0  # final-norm scale: peaked distributions (see the module docstring)
 TEACHER_SHARPNESS = 32.0  # the teacher: the student at temperature 1/2
+ROLLOUT_SEED = 42  # slime's default; with --sglang-enable-deterministic-inference every sample is seeded
 TEACHER_NOISE = 0.1  # plus this much Gaussian noise on its other weights (x each tensor's std): another model
 
 
@@ -109,6 +116,10 @@ def opd_run(ray_cluster, engine_fork_server, tiny_model_dir, tmp_path_factory):
                 "sglang",
                 "--opd-kl-coef",
                 "1.0",
+                # seeded sampling: the run is the same every time (see the module docstring)
+                "--sglang-enable-deterministic-inference",
+                "--rollout-seed",
+                str(ROLLOUT_SEED),
                 "--save-debug-rollout-data",
                 str(d / "debug" / "rollout_{rollout_id}.pt"),
                 "--save",
@@ -140,21 +151,30 @@ def exact_reverse_kl(student: Path, teacher: Path, samples: list) -> float:
 
 
 def test_the_students_reverse_kl_to_the_teacher_falls(opd_run):
-    """Measured exactly (whole vocabulary) on the first rollout's sequences, before and after training; the
-    per-step sampled estimate the trainer logs is printed (it is noisy: sampling is not seeded)."""
+    """Measured exactly (whole vocabulary), before and after training: on the sequences each student
+    sampled itself (the first rollout's, the last rollout's: the reverse KL that OPD minimises), and on the
+    first rollout's sequences for both. The per-step sampled estimate the trainer logs is printed."""
     records, d, teacher = opd_run
     kls = [r.steps[0]["opd_reverse_kl"] for r in records]
     print("sampled opd_reverse_kl per rollout:", [f"{k:.3f}" for k in kls])
     assert [r.rollout_id for r in records] == list(range(N_ROLLOUT))
     assert all(r.raw_reward == 0.0 for r in records)  # pure distillation: slime's zero task reward
-    samples = [s for s in load_debug_rollout(str(d / "debug" / "rollout_{rollout_id}.pt"), 0) if s.response_length]
-    before = exact_reverse_kl(d / "student", teacher, samples)
-    last = (d / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip()
-    assert last == str(N_ROLLOUT - 1)
-    after = exact_reverse_kl(d / "ckpt" / f"iter_{int(last):07d}" / "model", teacher, samples)
-    print(f"exact KL(student || teacher) on {len(samples)} sequences: {before:.3f} -> {after:.3f}")
+    first, last = (
+        [s for s in load_debug_rollout(str(d / "debug" / "rollout_{rollout_id}.pt"), i) if s.response_length]
+        for i in (0, N_ROLLOUT - 1)
+    )
+    latest = (d / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip()
+    assert latest == str(N_ROLLOUT - 1)
+    trained = d / "ckpt" / f"iter_{int(latest):07d}" / "model"
+    before = exact_reverse_kl(d / "student", teacher, first)
+    after_own = exact_reverse_kl(trained, teacher, last)
+    after_first = exact_reverse_kl(trained, teacher, first)
+    print(
+        f"exact KL(student || teacher): {before:.3f} -> {after_own:.3f} on its own samples, {after_first:.3f} on the first's"
+    )
     assert before > 0.5  # the teacher really differs from the student
-    assert after < 0.6 * before  # seen (without the teacher's noise): 1.469 -> 0.403, 1.169 -> 0.430
+    assert after_own < 0.25 * before  # seeded, twice at load 4-6: 2.160 -> 0.058
+    assert after_first < before  # seeded: 2.160 -> 1.112; unseeded runs gave 0.20-0.77 of the start
 
 
 def test_the_penalty_is_the_advantage_of_the_first_step(opd_run):

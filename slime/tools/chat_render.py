@@ -6,9 +6,10 @@ have). Per render, HF's `apply_chat_template` spends about a third of its time a
 argument handling, a copy of the inputs as plain data, and Jinja's sandbox asking
 `is_safe_attribute` on every attribute the template reads (`message.role`, `content.startswith`).
 This renders with HF's own compiled template and environment (an overlay of it: same filters,
-globals, extensions and sandbox), on the inputs HF would pass (its own helpers build them), and
-keeps the sandbox's answers per (type, attribute) for the plain types template data is made of
-(for those, jinja's answer depends on nothing else). The template is NOT run outside the sandbox:
+globals, extensions and sandbox), on the inputs HF would pass (its own helpers build them, or
+`plain_data`, which builds the same), with the template's globals as one plain dict, and keeps the
+sandbox's answers per (type, attribute) for the plain types template data is made of and jinja's
+namespace and loop objects (for those, jinja's answer depends on nothing else). The template is NOT run outside the sandbox:
 it is the checkpoint's file, data that must not become code running in the gateway (which holds
 every session's key); that would save a further ~20% of a render, not worth it.
 

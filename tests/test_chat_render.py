@@ -4,8 +4,10 @@ falls back to it wherever a probe differs."""
 from __future__ import annotations
 
 import copy
+import enum
 
 import jinja2
+import jinja2.runtime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +15,8 @@ from transformers import AutoTokenizer
 
 from slime.testing.tiny_model import qwen_tokenizer_dir
 from slime.tools.chat_format import ChatDelta, decode_text, plain_decoder
-from slime.tools.chat_render import TemplateRender
+from slime.tools.chat_render import TemplateRender, _plain_template_data, memoized_safety, plain_data
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # a second template: namespace, loop variables, filters, tojson of the tools, a system default
 OTHER_TEMPLATE = (
@@ -125,3 +128,98 @@ def test_decode_text_is_the_tokenizers_decode(tokenizers, ids):
     backend = plain_decoder(tok)
     assert backend is not None
     assert decode_text(tok, backend, ids) == tok.decode(ids, skip_special_tokens=False)
+
+
+class Colour(str, enum.Enum):  # a str subclass, as enum values in a caller's messages are
+    RED = "red"
+
+
+class Opaque:  # anything a template must not see: HF's placeholder "<Opaque>"
+    pass
+
+
+def shape(value):
+    """The value with the type of every part, so `1`, `1.0`, `True` and "red" vs Colour.RED differ."""
+    if isinstance(value, dict):
+        return ("dict", sorted((shape(k), shape(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [shape(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | text
+    | st.just(Colour.RED)
+    | st.builds(Opaque)
+)
+template_data = st.recursive(
+    leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(text | st.integers(0, 3) | st.just(Colour.RED), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=template_data)
+def test_plain_data_is_hfs_copy(value):
+    """The fast copy of a template's inputs is HF's own, type for type, for JSON and anything else."""
+    assert shape(plain_data(value)) == shape(_plain_template_data(value))
+
+
+class ValueAware(ImmutableSandboxedEnvironment):
+    """A sandbox whose answer depends on the object's value, not only on its type."""
+
+    def is_safe_attribute(self, obj, attr, value):
+        return obj != "secret" and super().is_safe_attribute(obj, attr, value)
+
+
+def test_safety_answers_kept_only_where_jinja_gives_them():
+    env = ValueAware()
+    memoized_safety(env)  # not jinja's own answer: asked every time
+    template = env.from_string("{{ a.upper() }}|{{ b.upper() }}")
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        template.render(a="public", b="secret")
+
+    env = ImmutableSandboxedEnvironment()
+    reference = ImmutableSandboxedEnvironment()
+    memoized_safety(env)
+    namespace = jinja2.utils.Namespace
+    objects = [
+        namespace(found=True),
+        namespace(found=False, n=2),
+        jinja2.runtime.LoopContext(iter([1, 2]), jinja2.Undefined),
+        jinja2.runtime.LoopContext(iter([]), jinja2.Undefined),
+        "s",
+        {"k": 1},
+        [1],
+    ]
+    names = [
+        "found",
+        "n",
+        "index0",
+        "first",
+        "last",
+        "cycle",
+        "__class__",
+        "_after",
+        "__init__",
+        "mro",
+        "upper",
+        "append",
+        "update",
+        "pop",
+        "items",
+    ]
+    for _ in range(2):  # the second pass reads the kept answers
+        for obj in objects:
+            for name in names:
+                value = getattr(obj, name, None)
+                assert env.is_safe_attribute(obj, name, value) == reference.is_safe_attribute(obj, name, value)

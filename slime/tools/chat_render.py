@@ -6,9 +6,10 @@ have). Per render, HF's `apply_chat_template` spends about a third of its time a
 argument handling, a copy of the inputs as plain data, and Jinja's sandbox asking
 `is_safe_attribute` on every attribute the template reads (`message.role`, `content.startswith`).
 This renders with HF's own compiled template and environment (an overlay of it: same filters,
-globals, extensions and sandbox), on the inputs HF would pass (its own helpers build them), and
-keeps the sandbox's answers per (type, attribute) for the plain types template data is made of
-(for those, jinja's answer depends on nothing else). The template is NOT run outside the sandbox:
+globals, extensions and sandbox), on the inputs HF would pass (its own helpers build them, or
+`plain_data`, which builds the same), with the template's globals as one plain dict, and keeps the
+sandbox's answers per (type, attribute) for the plain types template data is made of and jinja's
+namespace and loop objects (for those, jinja's answer depends on nothing else). The template is NOT run outside the sandbox:
 it is the checkpoint's file, data that must not become code running in the gateway (which holds
 every session's key); that would save a further ~20% of a render, not worth it.
 
@@ -20,7 +21,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import jinja2.runtime
+import jinja2.sandbox
+import jinja2.utils
+
 _PLAIN_TYPES = (str, dict, list, tuple, int, float, bool, type(None))
+_JSON_SCALARS = (str, int, float, bool, type(None))
+# jinja's own run-time objects a template reads attributes of (`ns.found`, `loop.index0`): for these
+# too, jinja's answer is the attribute name's and the type's alone (no ABC registers them)
+_RUNTIME_TYPES = (jinja2.utils.Namespace, jinja2.runtime.LoopContext)
+# the sandbox implementations whose answers are known to depend on (type, attribute) only
+_JINJA_SAFETY = (
+    jinja2.sandbox.SandboxedEnvironment.is_safe_attribute,
+    jinja2.sandbox.ImmutableSandboxedEnvironment.is_safe_attribute,
+)
 
 try:  # transformers' own pieces of apply_chat_template (private: checked at start-up, else not used)
     from transformers.utils.chat_template_utils import (
@@ -33,14 +47,18 @@ except ImportError:  # pragma: no cover - an older or newer transformers: apply_
 
 
 def memoized_safety(env: Any) -> None:
-    """`env.is_safe_attribute`, its answers kept per (type, attribute) for plain data types (whose
-    answer jinja derives from the type and the name alone); anything else is asked every time."""
+    """`env.is_safe_attribute`, its answers kept per (type, attribute) for plain data types and
+    jinja's namespace and loop objects (whose answer jinja derives from the type and the name alone);
+    anything else is asked every time, and so is everything when the environment's class answers in
+    a way of its own."""
+    if type(env).is_safe_attribute not in _JINJA_SAFETY:
+        return
     ask = env.is_safe_attribute
     known: dict[tuple[type, str], bool] = {}
 
     def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
         cls = type(obj)
-        if cls not in _PLAIN_TYPES:
+        if cls not in _PLAIN_TYPES and not issubclass(cls, _RUNTIME_TYPES):
             return ask(obj, attr, value)
         key = (cls, attr)
         safe = known.get(key)
@@ -49,6 +67,20 @@ def memoized_safety(env: Any) -> None:
         return safe
 
     env.is_safe_attribute = is_safe_attribute
+
+
+def plain_data(value: Any) -> Any:
+    """`_plain_template_data(value)` (HF's copy of a template's inputs as plain JSON types), the same
+    result, by exact-type checks for the JSON types a request body is made of (HF's walk asks
+    `isinstance` against `Mapping`, an ABC, at every level); anything else is HF's own."""
+    cls = type(value)
+    if cls in _JSON_SCALARS:
+        return value
+    if cls is dict:
+        return {k if type(k) is str else plain_data(k): plain_data(v) for k, v in value.items()}
+    if cls is list:
+        return [plain_data(v) for v in value]
+    return _plain_template_data(value)
 
 
 class TemplateRender:
@@ -81,16 +113,16 @@ class TemplateRender:
         """What `apply_chat_template` renders for one conversation, tokenize=False."""
         tools = tools or None
         template = self._template(self.tok.get_chat_template(None, tools))
-        chat = _plain_template_data([{k: v for k, v in m.items() if v is not None} for m in messages])
+        chat = plain_data([{k: v for k, v in m.items() if v is not None} for m in messages])
         for m in chat:
             if not isinstance(m, dict):
                 raise TypeError(f"Chat messages should be dicts, but got {m!r}.")
         return template.render(
             messages=_alias_reasoning_fields(chat),
-            tools=_plain_template_data(tools),
+            tools=plain_data(tools),
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **_plain_template_data({**self.tok.special_tokens_map, **self.kwargs}),
+            **plain_data({**self.tok.special_tokens_map, **self.kwargs}),
         )
 
     def _template(self, source: str) -> Any:
@@ -99,6 +131,9 @@ class TemplateRender:
             env = _compile_jinja_template(source).environment.overlay()  # HF's sandbox, filters and globals
             memoized_safety(env)
             template = self._compiled[source] = env.from_string(source)
+            # its globals as one plain dict, not jinja's ChainMap over the environment's: every render
+            # copies them into its context twice (the environment's globals are set before compiling)
+            template.globals = dict(template.globals)
         return template
 
     def agrees(self, probes: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None, bool]] = None) -> bool:

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime.agent.flags import agent_defaults
+from slime.agent.flags import AgentConfig
 from slime.agent.report import format_line, summarize
 from slime.agent.rollout import AgentRun
 from slime.agent.sandboxes.workspace import GitSource, WorkspaceError, WorkspaceSeed, git_tarball, pack, unpack
+from slime.utils.plugin_args import completed
 from slime.utils.types import Sample
 
 WHO = "sample index=7"
@@ -91,14 +92,11 @@ def test_a_git_seed_is_the_checkout_of_its_revision_with_files_over_it(tmp_path)
 
 
 def test_the_agent_run_needs_exactly_one_of_an_entry_and_a_command():
-    args = argparse.Namespace(**agent_defaults())
     with pytest.raises(ValueError, match="exactly one of --agent-entry .* and --agent-command"):
-        AgentRun.from_args(args)
-    args.agent_entry, args.agent_command = "m.f", "python3 a.py"
+        AgentRun.of(AgentConfig())
     with pytest.raises(ValueError, match="exactly one of"):
-        AgentRun.from_args(args)
-    args.agent_entry = None
-    assert AgentRun.from_args(args).command == "python3 a.py"
+        AgentRun.of(AgentConfig(agent_entry="m.f", agent_command="python3 a.py"))
+    assert AgentRun.of(AgentConfig(agent_command="python3 a.py")).command == "python3 a.py"
 
 
 def test_the_report_counts_branches_per_sample_and_the_mean_reward():
@@ -134,13 +132,10 @@ def test_the_agent_flags_are_refused_at_start_naming_the_flag(tmp_path):
         parse_args(["--custom-generate-function-path", "slime.agent.rollout.generate", "--prompt-data", tasks])
 
     def args(**kw):
-        return argparse.Namespace(
-            **{
-                **agent_defaults(),
-                "agent_command": "true",
-                "custom_generate_function_path": "slime.agent.rollout.generate",
-                **kw,
-            }
+        return completed(
+            argparse.Namespace(
+                **{"agent_command": "true", "custom_generate_function_path": "slime.agent.rollout.generate", **kw}
+            )
         )
 
     with pytest.raises(ValueError, match="--agent-sandbox-ro-path /no/such/dir: no such file or directory"):

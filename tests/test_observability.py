@@ -17,7 +17,7 @@ import pytest
 from slime.cli.finalize import complete_namespace
 from slime.observability import metrics as M
 from slime.observability import reporting, rollout_dump
-from slime.observability.flags import add_observability_arguments
+from slime.observability.flags import ReportConfig, add_observability_arguments
 from slime.observability.metrics_log import read_metrics
 from slime.observability.progress import RolloutProgress
 from slime.utils.trajectory import ParseErrorRecord, ToolErrorRecord, ToolMessage, TrajectoryRecord, TurnSpan
@@ -27,6 +27,11 @@ from slime.utils.types import Sample
 def _ns(**kw) -> argparse.Namespace:
     """A namespace built by hand, completed with the flags' defaults where the command line's would be."""
     return complete_namespace(argparse.Namespace(**kw))
+
+
+def _cfg(**kw) -> ReportConfig:
+    """What the metrics, logs and dumps receive: the config of such a namespace."""
+    return ReportConfig.from_args(_ns(**kw))
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +149,7 @@ def test_flags_and_defaults():
 
 def test_rollout_metrics():
     m = M.compute_rollout_metrics(
-        _ns(), 3, groups(), {"rollout_time": 2.0, "engine": {"requests": 7, "retries": 2, "failures": 0}}
+        _cfg(), 3, groups(), {"rollout_time": 2.0, "engine": {"requests": 7, "retries": 2, "failures": 0}}
     )
     assert m["rollout/num_samples"] == 6 and m["rollout/num_groups"] == 3
     assert m["rollout/reward_mean"] == pytest.approx(2 / 6)
@@ -163,8 +168,8 @@ def test_rollout_metrics():
     assert m["perf/longest_sample_tokens"] == 8 and m["perf/tool_time_total"] == 1.5
     # a flat list grouped by group_index gives the same numbers
     flat = [s for g in groups() for s in g]
-    assert M.compute_rollout_metrics(_ns(), 3, flat, {}) == pytest.approx(
-        M.compute_rollout_metrics(_ns(), 3, groups(), {})
+    assert M.compute_rollout_metrics(_cfg(), 3, flat, {}) == pytest.approx(
+        M.compute_rollout_metrics(_cfg(), 3, groups(), {})
     )
     assert M.compute_rollout_metrics(None, 0, [], {})["rollout/num_samples"] == 0
 
@@ -183,7 +188,7 @@ def eval_data() -> dict:
 
 
 def test_eval_metrics_and_passrate():
-    args = _ns(n_samples_per_eval_prompt=4, log_passrate=True)
+    args = _cfg(n_samples_per_eval_prompt=4, log_passrate=True)
     m = M.compute_eval_metrics(args, 5, eval_data())
     assert m["eval/gsm8k"] == pytest.approx(5 / 8)
     assert m["eval/gsm8k-truncated_ratio"] == pytest.approx(1 / 8)
@@ -193,19 +198,18 @@ def test_eval_metrics_and_passrate():
     assert "eval/gsm8k-pass@8" not in m
     assert m["eval/gsm8k-response_len_max"] == 10 and m["eval/gsm8k-response_len_mean"] == pytest.approx(6.5)
     assert m["eval/aime-24"] == 0.5
-    assert not any("pass@" in k for k in M.compute_eval_metrics(_ns(), 5, eval_data()))
+    assert not any("pass@" in k for k in M.compute_eval_metrics(_cfg(), 5, eval_data()))
 
 
 def test_train_step():
-    a = _ns(rollout_batch_size=8, n_samples_per_prompt=4, global_batch_size=16, wandb_always_use_train_step=True)
-    assert M.log_step(a, 3) == 3 * 8 * 4 // 16
-    a.wandb_always_use_train_step = False
-    assert M.log_step(a, 3) == 3
+    sizes = {"rollout_batch_size": 8, "n_samples_per_prompt": 4, "global_batch_size": 16}
+    assert M.log_step(_cfg(**sizes, wandb_always_use_train_step=True), 3) == 3 * 8 * 4 // 16
+    assert M.log_step(_cfg(**sizes), 3) == 3
 
 
 def test_dumps_validate_against_schema(tmp_path):
-    args = _ns(rollout_data_dir=str(tmp_path), hf_checkpoint="/models/x")
-    assert rollout_dump.dump_rollout(_ns(), 0, groups()) is None  # flag unset: no-op
+    args = _cfg(rollout_data_dir=str(tmp_path), hf_checkpoint="/models/x")
+    assert rollout_dump.dump_rollout(_cfg(), 0, groups()) is None  # flag unset: no-op
     path = rollout_dump.dump_rollout(args, 7, groups())
     assert path == tmp_path / "7.jsonl"
     lines = path.read_text().splitlines()
@@ -236,7 +240,7 @@ def test_dumps_validate_against_schema(tmp_path):
 
 
 def test_metrics_jsonl_and_report(tmp_path):
-    args = _ns(
+    args = _cfg(
         metrics_dir=str(tmp_path),
         n_samples_per_eval_prompt=4,
         log_passrate=True,
@@ -273,7 +277,7 @@ def test_metrics_jsonl_and_report(tmp_path):
 
 
 def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path, monkeypatch):
-    args = _ns(rollout_data_dir=str(tmp_path / "dumps"))
+    args = _cfg(rollout_data_dir=str(tmp_path / "dumps"))
     out = reporting.log_rollout(args, 0, groups(), {})
     recs = list(read_metrics(tmp_path / "dumps" / "metrics.jsonl"))
     assert [(r["kind"], r["step_key"], r["step"]) for r in recs] == [
@@ -285,7 +289,7 @@ def test_metrics_dir_defaults_to_rollout_data_dir(tmp_path, monkeypatch):
     # no --metrics-dir, --rollout-data-dir or wandb: the same metrics are returned, no file is written
     monkeypatch.chdir(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    assert reporting.log_rollout(_ns(), 0, groups(), {}) == pytest.approx(out)
+    assert reporting.log_rollout(_cfg(), 0, groups(), {}) == pytest.approx(out)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 

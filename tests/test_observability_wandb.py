@@ -14,6 +14,7 @@ import pytest
 
 from slime.cli.finalize import complete_namespace
 from slime.observability import reporting, wandb_reader
+from slime.observability.flags import ReportConfig
 from slime.observability.metrics_log import read_metrics
 from slime.observability.wandb_logger import WandbRun, end_wandb_session
 
@@ -68,10 +69,11 @@ def test_offline_run_holds_every_namespace_against_its_step(tmp_path):
     run = WandbRun.start(args)
     run_dir = Path(run.dir)
     try:
-        reporting.log_rollout(args, 0, groups(), {"rollout_time": 1.0}, run)
-        reporting.log_eval(args, 1, eval_data(), run)
-        reporting.log_rollout(args, 1, groups(), {"rollout_time": 2.0, "engine": {"retries": 1}}, run)
-        reporting.log_eval(args, 2, eval_data(), run)
+        config = ReportConfig.from_args(args)
+        reporting.log_rollout(config, 0, groups(), {"rollout_time": 1.0}, run)
+        reporting.log_eval(config, 1, eval_data(), run)
+        reporting.log_rollout(config, 1, groups(), {"rollout_time": 2.0, "engine": {"retries": 1}}, run)
+        reporting.log_eval(config, 2, eval_data(), run)
         run.log({"train/loss": 0.5}, "train/step", step=2)
     finally:
         run.finish()
@@ -159,8 +161,7 @@ def test_off_and_disabled_give_no_run(tmp_path):
     # without a run, reporting still writes metrics.jsonl where asked
     from tests.test_observability import groups
 
-    args = _ns(metrics_dir=str(tmp_path))
-    reporting.log_rollout(args, 0, groups(), {}, None)
+    reporting.log_rollout(ReportConfig.from_args(_ns(metrics_dir=str(tmp_path))), 0, groups(), {}, None)
     assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["rollout", "perf"]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from slime.observability import viewer_data as V
+from slime.observability.flags import ReportConfig
 from slime.observability.rollout_dump import dump_eval, dump_rollout
 from slime.observability.viewer import RolloutViewer
 from slime.utils.trajectory import ToolMessage, TrajectoryRecord, TurnSpan
@@ -77,7 +78,9 @@ def dump_dir(tmp_path) -> Path:
 
     tok_dir = qwen_tokenizer_dir()
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    args = complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path), hf_checkpoint=str(tok_dir)))
+    args = ReportConfig.from_args(
+        complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path), hf_checkpoint=str(tok_dir)))
+    )
     dump_rollout(
         args,
         0,
@@ -177,7 +180,8 @@ async def test_viewer_without_tokenizer_shows_spans_and_text(tmp_path):
     tok = Tokenizer.from_file(str(qwen_tokenizer_dir() / "tokenizer.json"))
     from slime.cli.finalize import complete_namespace
 
-    dump_rollout(complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path))), 0, [multi_turn_sample(tok)])
+    config = ReportConfig.from_args(complete_namespace(argparse.Namespace(rollout_data_dir=str(tmp_path))))
+    dump_rollout(config, 0, [multi_turn_sample(tok)])
     app = RolloutViewer(tmp_path)
     async with app.run_test() as pilot:
         await pilot.pause()

@@ -16,6 +16,7 @@ import torch
 
 from rollout_plugins.multi_turn import generate
 from slime.observability import viewer_data as V
+from slime.observability.flags import ReportConfig
 from slime.observability.metrics import compute_rollout_metrics
 from slime.observability.rollout_dump import dump_rollout, validate_line
 from slime.utils.trajectory import (
@@ -156,14 +157,15 @@ async def test_tool_loop_errors_reach_dashboard_dump_and_viewer(stack, tok, tmp_
         reward=0.0,
         status=Sample.Status.COMPLETED,
     )
-    m = compute_rollout_metrics(args, 0, [[s, clean]])
+    config = ReportConfig.from_args(args)
+    m = compute_rollout_metrics(config, 0, [[s, clean]])
     assert (m["rollout/tool_errors"], m["rollout/parse_errors"]) == (1, 1)
     assert (m["rollout/tool_errors_per_sample"], m["rollout/parse_errors_per_sample"]) == (0.5, 0.5)
     assert m["rollout/tool_calls/track"] == 1 and m["rollout/tool_calls/calculator"] == 1
     assert m["rollout/turns_mean"] == 1.5 and m["rollout/tool_calls_per_sample"] == 1.0
 
     # the dump holds the records themselves
-    path = dump_rollout(args, 0, [[s, clean]])
+    path = dump_rollout(config, 0, [[s, clean]])
     lines = path.read_text().splitlines()
     line = json.loads(lines[0])["trajectory"]
     assert line["tool_errors"] == [{"turn": 1, "tool": "track", "kind": "exception", "message": crash}]

@@ -8,6 +8,7 @@ import argparse
 import json
 
 from slime.observability import viewer_data as V
+from slime.observability.flags import ReportConfig
 from slime.observability.rollout_dump import dump_rollout
 from slime.utils.plugin_args import completed
 from slime.utils.types import Sample
@@ -42,8 +43,8 @@ def test_the_dump_keeps_each_picture_once_and_the_viewer_shows_it_beside_the_ans
         )
     ]
     samples.append(Sample(index=3, prompt="text only", response="ok", status=Sample.Status.COMPLETED))
-    args = completed(argparse.Namespace(rollout_data_dir=str(tmp_path / "dump"), hf_checkpoint=None))
-    path = dump_rollout(args, 0, samples)
+    config = ReportConfig.from_args(completed(argparse.Namespace(rollout_data_dir=str(tmp_path / "dump"))))
+    path = dump_rollout(config, 0, samples)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["images"] == lines[1]["images"] != lines[2]["images"]  # a PIL image and its data URI: one file
     assert lines[3]["images"] == []

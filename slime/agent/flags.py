@@ -1,9 +1,10 @@
 """Command-line flags of the agent gateway and its rollout function (`slime.agent.rollout`).
 
-The flags are `AgentConfig`'s fields; the core parser calls `add_agent_arguments(parser)`; `agent_defaults()` gives the same defaults
-for code that builds an `argparse.Namespace` by hand; `check_agent_args(args)` refuses bad values
-before anything starts. Read only in `GatewayConfig.from_args`, `AgentRun.from_args`,
-`CommandAgentConfig.from_args` and `sandbox_pool.pool_from_args`.
+The flags are `AgentConfig`'s fields; the core parser calls `add_agent_arguments(parser)`; `agent_defaults()` gives
+the same defaults for code that builds an `argparse.Namespace` by hand. The agent rollout reads the namespace once
+into `AgentRolloutConfig` (its flags and the core parser's three it uses) and hands that down: the gateway gets a
+`GatewayConfig`, the command agent a `CommandAgentConfig`, the sandbox pool the `AgentConfig`; nothing below reads
+`args`. `check_agent_args(args)` refuses bad values before anything starts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from slime.utils.flag_config import FlagConfig, flag
+from slime.utils.flag_config import FlagConfig, ParsedConfig, flag
 
 AGENT_GENERATE = "slime.agent.rollout.generate"
 
@@ -81,6 +82,17 @@ class AgentConfig(FlagConfig):
     agent_gateway_port: int = flag(0, type=int, help="Port of the gateway (127.0.0.1); 0 picks a free one.")
 
 
+@dataclass(frozen=True)
+class AgentRolloutConfig(ParsedConfig):
+    """What the agent rollout reads, once, from the namespace: its own flags, and the core parser's rollout
+    function (is it the agent's?), tool-call parser and context bound (the gateway's)."""
+
+    agent: AgentConfig
+    custom_generate_function_path: str | None
+    tool_call_parser: str | None
+    rollout_max_context_len: int | None
+
+
 def add_agent_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return AgentConfig.add_arguments(parser)
 
@@ -92,23 +104,24 @@ def agent_defaults() -> dict[str, Any]:
 def check_agent_args(args: Any) -> None:
     """ValueError naming the flag, when the agent rollout (`--custom-generate-function-path
     slime.agent.rollout.generate`) is asked for with flags it cannot run with."""
-    if args.custom_generate_function_path == AGENT_GENERATE:
-        check_agent_run(args)
+    config = AgentRolloutConfig.from_args(args)
+    if config.custom_generate_function_path == AGENT_GENERATE:
+        check_agent_run(config.agent)
 
 
-def check_agent_run(args: Any) -> None:
+def check_agent_run(config: AgentConfig) -> None:
     """What one agent run needs of the flags (ValueError naming the flag)."""
-    if bool(args.agent_entry) == bool(args.agent_command):
+    if bool(config.agent_entry) == bool(config.agent_command):
         raise ValueError(
             f"--custom-generate-function-path {AGENT_GENERATE} needs exactly one of --agent-entry "
             "package.module.function (an agent on the host) and --agent-command '...' (an agent "
             "command in a sandbox session)"
         )
     for dest in ("agent_timeout", "agent_grade_timeout"):
-        if getattr(args, dest) <= 0:
-            raise ValueError(f"--{dest.replace('_', '-')}: must be > 0 seconds, got {getattr(args, dest)}")
-    if args.agent_sandbox_concurrency < 1:
-        raise ValueError(f"--agent-sandbox-concurrency: must be >= 1, got {args.agent_sandbox_concurrency}")
-    for path in args.agent_sandbox_ro_path:
+        if getattr(config, dest) <= 0:
+            raise ValueError(f"--{dest.replace('_', '-')}: must be > 0 seconds, got {getattr(config, dest)}")
+    if config.agent_sandbox_concurrency < 1:
+        raise ValueError(f"--agent-sandbox-concurrency: must be >= 1, got {config.agent_sandbox_concurrency}")
+    for path in config.agent_sandbox_ro_path:
         if not os.path.exists(path):
             raise ValueError(f"--agent-sandbox-ro-path {path}: no such file or directory")

@@ -22,9 +22,9 @@ import os
 from typing import Any
 
 from slime.agent.sandboxes.command_agent import AgentOutcome, CommandAgent, CommandAgentConfig
-from slime.agent.flags import check_agent_run
+from slime.agent.flags import AgentConfig, AgentRolloutConfig, check_agent_run
 from slime.agent.gateway.server import Gateway, GatewayConfig
-from slime.agent.sandboxes.sandbox_pool import pool_from_args
+from slime.agent.sandboxes.sandbox_pool import pool_of
 from slime.rollout.multimodal_prompt import shared_processor
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sglang_rollout import mark_failed, prompt_ids
@@ -35,6 +35,7 @@ from slime.utils.types import Sample
 logger = logging.getLogger(__name__)
 GATEWAY_KEY = "slime.agent.Gateway"
 COMMAND_AGENT_KEY = "slime.agent.CommandAgent"
+CONFIG_KEY = "slime.agent.AgentRolloutConfig"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +46,19 @@ class AgentRun:
     timeout: float = 1800.0
 
     @classmethod
-    def from_args(cls, args: Any) -> AgentRun:
-        check_agent_run(args)
+    def of(cls, config: AgentConfig) -> AgentRun:
+        check_agent_run(config)
         return cls(
-            entry=args.agent_entry, command=args.agent_command, api=args.agent_api, timeout=float(args.agent_timeout)
+            entry=config.agent_entry,
+            command=config.agent_command,
+            api=config.agent_api,
+            timeout=float(config.agent_timeout),
         )
+
+
+def config_of(runtime: RolloutRuntime) -> AgentRolloutConfig:
+    """The agent rollout's flags, read once per runtime from its namespace."""
+    return runtime.shared(CONFIG_KEY, lambda: AgentRolloutConfig.from_args(runtime.args))
 
 
 def gateway_of(runtime: RolloutRuntime) -> Gateway:
@@ -59,7 +68,7 @@ def gateway_of(runtime: RolloutRuntime) -> Gateway:
         processor = shared_processor(runtime.args, runtime)  # a vision-language checkpoint's: images read
         images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
         gateway = Gateway(
-            runtime.client, tokenizer=runtime.tokenizer, config=GatewayConfig.from_args(runtime.args), images=images
+            runtime.client, tokenizer=runtime.tokenizer, config=GatewayConfig.of(config_of(runtime)), images=images
         ).start()
         runtime.on_close(gateway.stop)
         return gateway
@@ -72,8 +81,9 @@ def command_agent_of(runtime: RolloutRuntime) -> CommandAgent:
 
     def build() -> CommandAgent:
         gateway = gateway_of(runtime)
-        pool = pool_from_args(runtime.args, gateway_port=gateway.port, on_close=runtime.on_close)
-        return CommandAgent(CommandAgentConfig.from_args(runtime.args), pool)
+        config = config_of(runtime).agent
+        pool = pool_of(config, gateway_port=gateway.port, on_close=runtime.on_close)
+        return CommandAgent(CommandAgentConfig.of(config), pool)
 
     return runtime.shared(COMMAND_AGENT_KEY, build)
 
@@ -107,7 +117,7 @@ async def entry_outcome(run: AgentRun, gateway: Gateway, sid: str, sample: Sampl
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> list[Sample] | Sample:
-    run = AgentRun.from_args(args)
+    run = AgentRun.of(AgentConfig.from_args(args))  # (a plugin's args: read here, once per sample)
     runtime = current(args)
     gateway = gateway_of(runtime)
     sid = sample.session_id = session_id(sample)

@@ -1,7 +1,11 @@
 """Command-line flags for dashboards, metric logs and rollout dumps.
 
 The flags are `ObservabilityConfig`'s fields; the controller/manager parser calls
-`add_observability_arguments(parser)`, generated from them.
+`add_observability_arguments(parser)`, generated from them. The metric logs and rollout dumps receive
+`ReportConfig` (those flags and the core parser's few they also read), built once from the namespace by
+whoever owns them (the rollout controller, the rollout manager, the trainer's metrics sink); nothing in
+`slime.observability` reads a flag off `args` but slime's own helpers plugins call with it
+(`rollout_metrics.compute_perf_metrics_from_samples`, `rollout_data_utils`'s routing-replay check).
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from slime.utils.flag_config import FlagConfig, flag
+from slime.utils.flag_config import FlagConfig, ParsedConfig, flag
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,21 @@ class ObservabilityConfig(FlagConfig):
     metrics_dir: str | None = flag(
         None, type=str, help="Directory of metrics.jsonl (default: --rollout-data-dir, else the wandb run directory)."
     )
+
+
+@dataclass(frozen=True)
+class ReportConfig(ParsedConfig):
+    """What the metrics, the metric logs and the rollout dumps read: the observability flags, the batch sizes
+    slime's train step is computed from, the eval group size, the reward key and the checkpoint a dump names
+    as its tokenizer."""
+
+    observability: ObservabilityConfig
+    rollout_batch_size: int
+    n_samples_per_prompt: int
+    global_batch_size: int | None
+    n_samples_per_eval_prompt: int | None
+    reward_key: str | None  # (`Sample.get_reward_value` reads it off this config as off slime's args)
+    hf_checkpoint: str | None
 
 
 def add_observability_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -10,8 +10,11 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
+from slime.observability.flags import ReportConfig
 from slime.utils.trajectory import TrajectoryRecord
 from slime.utils.types import Sample
+
+PASS_AT_K_THRESHOLD = 1.0  # a sample solves its prompt when its reward reaches this (slime's `reward == 1`)
 
 # --------------------------------------------------------------------------- helpers
 
@@ -38,12 +41,12 @@ def group_samples(samples: Iterable[Any]) -> list[list[Sample]]:
     return list(groups.values())
 
 
-def reward_value(args: Any, sample: Sample) -> float:
-    """Scalar reward for metrics and dumps: `get_reward_value` (slime's), a raw dict reward's "score"
-    entry when no --reward-key picks one (verl's convention); anything else that is not a number counts
-    as NaN instead of killing the logger."""
+def reward_value(keyed: Any, sample: Sample) -> float:
+    """Scalar reward for metrics and dumps: `get_reward_value` (slime's; `keyed` holds --reward-key: a
+    `ReportConfig`, slime's args, or None), a raw dict reward's "score" entry when no --reward-key picks one
+    (verl's convention); anything else that is not a number counts as NaN instead of killing the logger."""
     try:
-        return scalar(sample.get_reward_value(args))
+        return scalar(sample.get_reward_value(keyed))
     except (KeyError, TypeError):
         return float("nan")
 
@@ -83,27 +86,29 @@ def trajectories(flat: list[Sample]) -> list[TrajectoryRecord | None]:
     return [TrajectoryRecord.of(s) for s in flat]
 
 
-def train_step(args: Any, rollout_id: int) -> int:
+def train_step(config: ReportConfig, rollout_id: int) -> int:
     """slime's train step for a rollout: rollout_id * rollout_batch_size * n_samples_per_prompt // global_batch_size."""
-    rbs = args.rollout_batch_size
-    n = args.n_samples_per_prompt
-    gbs = args.global_batch_size
+    rbs = config.rollout_batch_size
+    n = config.n_samples_per_prompt
+    gbs = config.global_batch_size
     if not rbs or not gbs:
         return int(rollout_id)
     return int(rollout_id) * int(rbs) * int(n) // int(gbs)
 
 
-def log_step(args: Any, rollout_id: int) -> int:
+def log_step(config: ReportConfig, rollout_id: int) -> int:
     """The x value for rollout/perf/eval: the rollout id, or the train step with --wandb-always-use-train-step."""
-    if args.wandb_always_use_train_step:
-        return train_step(args, rollout_id)
+    if config.observability.wandb_always_use_train_step:
+        return train_step(config, rollout_id)
     return int(rollout_id)
 
 
 # --------------------------------------------------------------------------- rollout / perf
 
 
-def compute_rollout_metrics(args: Any, rollout_id: int, samples: list, perf: dict | None = None) -> dict[str, float]:
+def compute_rollout_metrics(
+    config: ReportConfig | None, rollout_id: int, samples: list, perf: dict | None = None
+) -> dict[str, float]:
     """`rollout/*` quality metrics and `perf/*` speed metrics for one training rollout.
 
     `perf` is what the rollout loop measured: numbers pass through as `perf/<key>`, one-level
@@ -114,7 +119,7 @@ def compute_rollout_metrics(args: Any, rollout_id: int, samples: list, perf: dic
     m: dict[str, float] = {"rollout/num_samples": len(flat)}
     records = trajectories(flat)  # validated once, read by the multi-turn and the perf metrics
     if flat:
-        rewards = [reward_value(args, s) for s in flat]
+        rewards = [reward_value(config, s) for s in flat]
         lengths = [s.response_length for s in flat]
         m.update(stats("rollout/reward", rewards, ("mean", "std", "min", "max")))
         m.update(stats("rollout/response_len", lengths, ("mean", "std", "min", "max", "median", "p90")))
@@ -123,7 +128,7 @@ def compute_rollout_metrics(args: Any, rollout_id: int, samples: list, perf: dic
         groups = [g for g in group_samples(samples) if len(g) > 1]
         m["rollout/num_groups"] = len(group_samples(samples))
         if groups:
-            zero = sum(1 for g in groups if _spread(reward_value(args, s) for s in g) == 0.0)
+            zero = sum(1 for g in groups if _spread(reward_value(config, s) for s in g) == 0.0)
             m["rollout/zero_std_groups"] = zero
             m["rollout/zero_std_group_ratio"] = zero / len(groups)
         masks = [s.loss_mask for s in flat if s.loss_mask]
@@ -131,7 +136,7 @@ def compute_rollout_metrics(args: Any, rollout_id: int, samples: list, perf: dic
             m["rollout/trained_token_ratio"] = sum(sum(mk) for mk in masks) / max(1, sum(len(mk) for mk in masks))
         m.update(_multi_turn_metrics(flat, records))
         m.update(_reward_detail_metrics(flat))
-    m.update(compute_perf_metrics(args, flat, perf or {}, records))
+    m.update(compute_perf_metrics(flat, perf or {}, records))
     return m
 
 
@@ -180,7 +185,7 @@ def _reward_detail_metrics(flat: list[Sample]) -> dict[str, float]:
 
 
 def compute_perf_metrics(
-    args: Any, flat: list[Sample], perf: dict, records: list[TrajectoryRecord | None] | None = None
+    flat: list[Sample], perf: dict, records: list[TrajectoryRecord | None] | None = None
 ) -> dict[str, float]:
     """`perf/*`: what the loop measured, plus tokens/s and tool time (`records`: `trajectories(flat)`)."""
     m: dict[str, float] = {}
@@ -233,22 +238,21 @@ def _eval_groups(samples: list[Sample], rewards: list[float], group_size: int) -
     return [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
 
 
-def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[str, float]:
+def compute_eval_metrics(config: ReportConfig, rollout_id: int, eval_data: dict) -> dict[str, float]:
     """`eval/<name>`, `eval/<name>-truncated_ratio`, `eval/<name>-pass@k`, response-length stats.
 
     `eval_data` is slime's `{name: {"rewards": [...], "truncated": [...], "samples": [...]}}`;
-    a sample counts as solved for pass@k when its reward >= `args.pass_at_k_threshold` (default 1.0,
-    slime's `reward == 1`).
+    a sample counts as solved for pass@k when its reward >= `PASS_AT_K_THRESHOLD` (slime's `reward == 1`).
     """
     m: dict[str, float] = {}
-    group_size = int(args.n_samples_per_eval_prompt or 1)
-    threshold = float(getattr(args, "pass_at_k_threshold", 1.0))
+    group_size = int(config.n_samples_per_eval_prompt or 1)
+    threshold = PASS_AT_K_THRESHOLD
     for name, data in (eval_data or {}).items():
         data = getattr(data, "data", data)  # tolerate RolloutFnEvalOutput-like wrappers
         samples = flatten_samples(data.get("samples") or [])
         rewards = data.get("rewards")
         if rewards is None:
-            rewards = [reward_value(args, s) for s in samples]
+            rewards = [reward_value(config, s) for s in samples]
         rewards = [scalar(r) for r in rewards]
         truncated = data.get("truncated")
         if truncated is None:
@@ -267,7 +271,7 @@ def compute_eval_metrics(args: Any, rollout_id: int, eval_data: dict) -> dict[st
             turns = [r.turns if r else 0 for r in trajectories(samples)]
             if any(turns):
                 m[f"eval/{name}-turns_mean"] = sum(turns) / len(turns)
-        if args.log_passrate and rewards:
+        if config.observability.log_passrate and rewards:
             groups = _eval_groups(samples, rewards, group_size)
             n = min(len(g) for g in groups)
             k = 1

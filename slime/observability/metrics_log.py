@@ -14,15 +14,16 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from slime.observability.flags import ObservabilityConfig
+
 FILENAME = "metrics.jsonl"
 
 
-def metrics_dir(args: Any, wandb_run: Any = None) -> Path | None:
+def metrics_dir(config: ObservabilityConfig, wandb_run: Any = None) -> Path | None:
     """--metrics-dir, else --rollout-data-dir, else the wandb run's directory, else None (off)."""
-    for name in ("metrics_dir", "rollout_data_dir"):
-        value = getattr(args, name, None)
-        if value:
-            return Path(value)
+    value = config.metrics_dir or config.rollout_data_dir
+    if value:
+        return Path(value)
     return Path(wandb_run.dir) if wandb_run is not None else None
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slime.observability.flags import ReportConfig
 from slime.observability.metrics import flatten_samples, reward_value
 from slime.utils.trajectory import TrajectoryRecord
 from slime.utils.types import Sample
@@ -116,7 +117,7 @@ def render_prompt(prompt: Any) -> str:
 
 
 def sample_to_record(
-    args: Any,
+    config: ReportConfig | None,
     step: int,
     sample: Sample,
     *,
@@ -124,11 +125,11 @@ def sample_to_record(
     dataset: str | None = None,
     images_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The dump line for one sample, as a plain dict validated against `DumpRecord` (`args` None: a sample
+    """The dump line for one sample, as a plain dict validated against `DumpRecord` (`config` None: a sample
     read back from a `.pt` dump, whose run's flags are not known); with `images_dir` (beside the dump file)
     the sample's pictures are written there and named in `images`."""
     meta = dict(sample.metadata or {})
-    score = reward_value(args, sample) if sample.reward is not None else None
+    score = reward_value(config, sample) if sample.reward is not None else None
     trajectory = TrajectoryRecord.of(sample)
     if trajectory is not None:
         meta = {k: v for k, v in meta.items() if k not in TrajectoryRecord.keys()}
@@ -153,7 +154,7 @@ def sample_to_record(
         "trajectory": trajectory,
         "weight_versions": [str(v) for v in sample.weight_versions or []],
         "metadata": json_safe(meta),
-        "tokenizer": None if args is None else args.hf_checkpoint,
+        "tokenizer": None if config is None else config.hf_checkpoint,
         "images": save_images(sample, images_dir) if images_dir is not None else [],
     }
     return DumpRecord.model_validate(rec).model_dump(mode="json")
@@ -197,8 +198,10 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "_"
 
 
-def dump_path(args: Any, rollout_id: int, evaluation: bool = False, dataset: str | None = None) -> Path | None:
-    root = args.rollout_data_dir
+def dump_path(
+    config: ReportConfig, rollout_id: int, evaluation: bool = False, dataset: str | None = None
+) -> Path | None:
+    root = config.observability.rollout_data_dir
     if not root:
         return None
     if evaluation:
@@ -207,10 +210,10 @@ def dump_path(args: Any, rollout_id: int, evaluation: bool = False, dataset: str
 
 
 def dump_rollout(
-    args: Any, rollout_id: int, samples: list, evaluation: bool = False, dataset: str | None = None
+    config: ReportConfig, rollout_id: int, samples: list, evaluation: bool = False, dataset: str | None = None
 ) -> Path | None:
     """Write the dump for one rollout (or one eval dataset); a no-op without --rollout-data-dir."""
-    path = dump_path(args, rollout_id, evaluation, dataset)
+    path = dump_path(config, rollout_id, evaluation, dataset)
     if path is None:
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,18 +221,18 @@ def dump_rollout(
     with open(tmp, "w", encoding="utf-8") as f:
         for s in flatten_samples(samples):
             rec = sample_to_record(
-                args, rollout_id, s, evaluation=evaluation, dataset=dataset, images_dir=path.parent / IMAGES_DIR
+                config, rollout_id, s, evaluation=evaluation, dataset=dataset, images_dir=path.parent / IMAGES_DIR
             )
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
 
 
-def dump_eval(args: Any, rollout_id: int, eval_data: dict) -> list[Path]:
+def dump_eval(config: ReportConfig, rollout_id: int, eval_data: dict) -> list[Path]:
     """Dump every dataset of slime's eval dict to its own file."""
     out = []
     for name, data in (eval_data or {}).items():
-        p = dump_rollout(args, rollout_id, (data or {}).get("samples") or [], evaluation=True, dataset=name)
+        p = dump_rollout(config, rollout_id, (data or {}).get("samples") or [], evaluation=True, dataset=name)
         if p:
             out.append(p)
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slime.observability.flags import ReportConfig
 from slime.observability.metrics import flatten_samples, stats
 from slime.utils.types import Sample
 
@@ -55,10 +56,10 @@ def log_rollout_data(
     from slime.observability.reporting import log_rollout
 
     perf = {"rollout_time": rollout_time, **(rollout_extra_metrics or {})}
-    return log_rollout(args, rollout_id, samples, perf)
+    return log_rollout(ReportConfig.from_args(args), rollout_id, samples, perf)
 
 
 def log_eval_rollout_data(rollout_id: int, args: Any, data: dict, extra_metrics: dict | None = None) -> dict:
     from slime.observability.reporting import log_eval
 
-    return {**log_eval(args, rollout_id, data), **(extra_metrics or {})}
+    return {**log_eval(ReportConfig.from_args(args), rollout_id, data), **(extra_metrics or {})}

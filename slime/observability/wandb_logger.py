@@ -15,28 +15,26 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from slime.observability.flags import ObservabilityConfig
+
 logger = logging.getLogger(__name__)
 
 STANDARD_STEP_KEYS = ("rollout/step", "perf/step", "eval/step")
 
 
-def wandb_dir(args: Any) -> Path:
+def wandb_dir(config: ObservabilityConfig) -> Path:
     """--wandb-dir, else $WANDB_DIR, else ./outputs/wandb (inside the work tree, never $HOME)."""
-    d = args.wandb_dir or os.environ.get("WANDB_DIR") or os.path.join(os.getcwd(), "outputs", "wandb")
+    d = config.wandb_dir or os.environ.get("WANDB_DIR") or os.path.join(os.getcwd(), "outputs", "wandb")
     return Path(d).resolve()
 
 
-def _prepare_env(args: Any) -> Path:
+def _prepare_env(config: ObservabilityConfig) -> Path:
     """Keep wandb's cache/staging/config dirs next to the runs unless the user set them."""
-    d = wandb_dir(args)
+    d = wandb_dir(config)
     d.mkdir(parents=True, exist_ok=True)
     for var, sub in (("WANDB_CACHE_DIR", ".cache"), ("WANDB_DATA_DIR", ".data"), ("WANDB_CONFIG_DIR", ".config")):
         os.environ.setdefault(var, str(d / sub))
     return d
-
-
-def _mode(args: Any) -> str:
-    return args.wandb_mode
 
 
 def _config(args: Any) -> dict:
@@ -60,7 +58,8 @@ class WandbRun:
 
     @classmethod
     def start(cls, args: Any, label: str = "rollout") -> "WandbRun | None":
-        """A new run from `--use-wandb` and friends; None when wandb is off."""
+        """A new run from `--use-wandb` and friends; None when wandb is off. (`args`: the whole namespace, which
+        the run records as its config; the run's own flags are read from it once, as `ObservabilityConfig`.)"""
         return cls._init(args, label=label)
 
     @classmethod
@@ -70,17 +69,18 @@ class WandbRun:
 
     @classmethod
     def _init(cls, args: Any, *, label: str, **kw: Any) -> "WandbRun | None":
-        if not args.use_wandb or _mode(args) == "disabled":
+        config = ObservabilityConfig.from_args(args)
+        if not config.use_wandb or config.wandb_mode == "disabled":
             return None
         import wandb
 
-        d = _prepare_env(args)
+        d = _prepare_env(config)
         run = wandb.init(
-            project=args.wandb_project,
-            group=args.wandb_group,
-            name=args.wandb_run_name,
+            project=config.wandb_project,
+            group=config.wandb_group,
+            name=config.wandb_run_name,
             dir=str(d),
-            mode=_mode(args),
+            mode=config.wandb_mode,
             config=_config(args),
             settings=wandb.Settings(x_label=label, console="off"),
             **kw,

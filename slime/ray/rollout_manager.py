@@ -22,6 +22,7 @@ import ray
 
 from slime.fleet.fleet import NODE_COUNTERS, Fleet
 from slime.observability import reporting
+from slime.observability.flags import ReportConfig
 from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 from slime.observability.wandb_logger import WandbRun
 from slime.weights import manager as weight_sync
@@ -59,6 +60,7 @@ class RolloutManager:
         args = completed(args)  # slime's train.py builds its namespace with slime's parser, not ours
         resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
         self.args = args
+        self.report = ReportConfig.from_args(args)  # what the fleet's metric log reads
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
         self.fleet: Fleet | None = None
         self.controller: RolloutController | None = None
@@ -165,7 +167,7 @@ class RolloutManager:
         self._reported_lost.update(e["node_id"] for e in new)
         self.controller.last_summary["lost_nodes"] = [describe_lost_node(e) for e in new]
         if new:
-            reporting.log_fleet(self.args, rollout_id, node_loss_metrics(new), self.wandb_run)
+            reporting.log_fleet(self.report, rollout_id, node_loss_metrics(new), self.wandb_run)
 
     def get_num_rollout_per_epoch(self) -> int:
         source = self.controller.data_source
@@ -289,7 +291,7 @@ class RolloutManager:
     def metrics_dir(self) -> str | None:
         from slime.observability.metrics_log import metrics_dir
 
-        d = metrics_dir(self.args, self.wandb_run)
+        d = metrics_dir(self.report.observability, self.wandb_run)
         return str(d) if d is not None else None
 
     def dispose(self) -> None:

@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from slime.observability import reporting, rollout_dump
+from slime.observability.flags import ReportConfig
 from slime.observability.metrics import reward_value
 from slime.observability.wandb_logger import WandbRun
 from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
@@ -140,6 +141,7 @@ class RolloutController:
         self.args = args
         # the rollout's flags, read once: a namespace lacking one is refused here, naming it (plugins get `args`)
         self.config = config = RolloutConfig.from_args(args)
+        self.report = ReportConfig.from_args(args)  # what the metric logs and dumps read
         self.wandb_run = wandb_run
         # the fleet's cumulative counters (engine deaths, restarts); each rollout reports its own share
         self.fleet_counters = fleet_counters or (lambda: {})
@@ -230,8 +232,8 @@ class RolloutController:
         if not _custom_log(
             self.args, "custom_rollout_log_function_path", rollout_id, self.args, samples, metrics, seconds
         ):
-            reporting.log_rollout(self.args, rollout_id, samples, perf, self.wandb_run)
-        rollout_dump.dump_rollout(self.args, rollout_id, samples)
+            reporting.log_rollout(self.report, rollout_id, samples, perf, self.wandb_run)
+        rollout_dump.dump_rollout(self.report, rollout_id, samples)
         self.save(rollout_id)
         return out
 
@@ -253,8 +255,8 @@ class RolloutController:
         if not _custom_log(
             self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data, out.metrics
         ):
-            reporting.log_eval(self.args, rollout_id, data, self.wandb_run)
-        rollout_dump.dump_eval(self.args, rollout_id, data)
+            reporting.log_eval(self.report, rollout_id, data, self.wandb_run)
+        rollout_dump.dump_eval(self.report, rollout_id, data)
         summary = {}
         for name, d in data.items():
             rewards, truncated = d.get("rewards", []), d.get("truncated", [])

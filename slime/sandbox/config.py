@@ -1,4 +1,5 @@
-"""The sandbox server's limits and defaults (`SandboxConfig`), set once from the flags at start."""
+"""The sandbox server's limits and defaults (`SandboxConfig`: runs; `SessionSettings`: sessions), set once at
+start from the server's flags (`slime.sandbox.flags.SandboxFlags`, whose defaults are these)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ class SandboxConfig:
     # [host, inside] read-only binds (`ro_binds.py`): --ro-bind's and --ro-path's, one mechanism
     ro_binds: list[list[str]] = field(default_factory=list)
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """The server's side of sessions: egress targets by name, where they appear inside, and the caps."""
+
+    egress_targets: dict[str, tuple[str, int]] = field(default_factory=dict)
+    egress_port: int = 80  # inside the slot; any port: bound before any command of the session (slot_session.py)
+    max_sessions: int = 4
+    max_exec_timeout: float = 3600.0
+    max_egress_connections: int = 64
+    egress_budget: int | None = None  # egress connections of all sessions together (`open_files.py`); None: no bound
+    max_disk_mb: int = 4096  # a session's tmpfs, at most (its memory limit counts the files too)
+    idle_timeout: float = 600.0  # default; a request may ask less or more, up to max_lifetime
+    max_lifetime: float = 24 * 3600.0

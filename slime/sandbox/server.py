@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import os
 import selectors
@@ -302,110 +301,41 @@ class SandboxServer:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from slime.sandbox.runner import SandboxConfig
-    from slime.sandbox.sessions import add_session_arguments
+    from slime.sandbox.flags import SandboxFlags
 
-    d = SandboxConfig()
     ap = argparse.ArgumentParser("slime-sandbox", description="SandboxFusion-compatible local code sandbox")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--fd", type=int, default=None, help="serve on this already-bound listening socket")
-    ap.add_argument(
-        "--lifeline-fd", type=int, default=None, help="read end of a pipe held by the parent: exit when it closes"
-    )
-    ap.add_argument("--max-concurrency", type=int, default=min(8, os.cpu_count() or 2))
-    ap.add_argument("--max-queue", type=int, default=None, help="waiting runs before 429 (default 16x concurrency)")
-    ap.add_argument(
-        "--allow-no-isolation",
-        action="store_true",
-        help="run even when namespaces/uid switching are unavailable (rlimits only): UNSAFE",
-    )
-    ap.add_argument("--python", default=None, help="interpreter for `python` runs (default /usr/bin/python3)")
-    ap.add_argument(
-        "--uid-base",
-        type=int,
-        default=d.uid_base,
-        help="run i uses uid uid_base+slot (default: the first range no other server holds)",
-    )
-    ap.add_argument("--default-memory-mb", type=int, default=d.default_memory_mb)
-    ap.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
-    ap.add_argument("--max-run-timeout", type=float, default=d.max_run_timeout)
-    ap.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes)
-    ap.add_argument("--max-processes", type=int, default=d.max_processes)
-    ap.add_argument("--max-file-mb", type=int, default=d.max_file_mb)
-    ap.add_argument("--disk-mb", type=int, default=d.disk_mb, help="size of a run's tmpfs (/tmp and /dev/shm)")
-    ap.add_argument("--cpus-per-run", type=float, default=d.cpus_per_run, help="cgroup CPU bandwidth of one run")
-    ap.add_argument("--max-body-mb", type=int, default=d.max_body_mb, help="larger request bodies get 413")
-    ap.add_argument("--max-fetch-mb", type=int, default=d.max_fetch_mb, help="total of fetch_files per request")
-    ap.add_argument(
-        "--body-timeout", type=float, default=30.0, help="seconds to receive a request body; a slower one gets 408"
-    )
-    ap.add_argument(
-        "--max-bodies",
-        type=int,
-        default=None,
-        help="request bodies in memory at once (default: --max-concurrency, at least 4)",
-    )
-    ap.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
-    ap.add_argument(
-        "--ro-path",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="show a host path read-only at its own path in every slot: --ro-bind PATH, the same checks",
-    )
-    ap.add_argument(
-        "--ro-bind",
-        action="append",
-        default=[],
-        metavar="HOST[:INSIDE]",
-        help="bind a host directory read-only into every slot (at INSIDE, default the same path), "
-        "e.g. agent CLIs; refused at start if missing",
-    )
-    add_session_arguments(ap)
-    ap.add_argument("--log-level", default="warning")
-    return ap
+    return SandboxFlags.add_arguments(ap)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from slime.sandbox.runner import IsolationUnavailable, SandboxConfig, probe_isolation
+    from slime.sandbox.flags import SandboxFlags
+
+    serve(SandboxFlags.from_args(_parser().parse_args(argv)))
+
+
+def serve(flags) -> None:
+    """Run the server of `flags` (a `SandboxFlags`) until a signal or the parent's death; exit 2 on a flag or
+    a host that cannot run it, naming why."""
+    from slime.sandbox.runner import IsolationUnavailable, probe_isolation
 
     from slime.sandbox.open_files import egress_connection_budget, raise_soft_limit
     from slime.sandbox.ro_binds import parse_ro_binds, with_interpreter
-    from slime.sandbox.sessions import SessionSettings
 
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     open_files = raise_soft_limit()
     try:
-        ro_binds = with_interpreter(parse_ro_binds(args.ro_bind, args.ro_path), args.python)
-        sessions = dataclasses.replace(
-            SessionSettings.from_args(args),
-            egress_budget=egress_connection_budget(open_files, args.max_connections, args.max_concurrency),
+        ro_binds = with_interpreter(parse_ro_binds(flags.ro_bind, flags.ro_path), flags.python)
+        sessions = flags.session_settings(
+            egress_budget=egress_connection_budget(open_files, flags.max_connections, flags.max_concurrency)
         )
     except ValueError as e:
         print(f"slime-sandbox: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)
-    cfg = SandboxConfig(
-        max_concurrency=args.max_concurrency,
-        python=args.python,
-        uid_base=args.uid_base,
-        default_memory_mb=args.default_memory_mb,
-        max_memory_mb=args.max_memory_mb,
-        max_run_timeout=args.max_run_timeout,
-        max_output_bytes=args.max_output_bytes,
-        max_processes=args.max_processes,
-        max_file_mb=args.max_file_mb,
-        disk_mb=args.disk_mb,
-        cpus_per_run=args.cpus_per_run,
-        max_body_mb=args.max_body_mb,
-        max_fetch_mb=args.max_fetch_mb,
-        ro_binds=ro_binds,
-    )
+    cfg = flags.run_config(ro_binds)
     try:
         probe_isolation(cfg)
     except IsolationUnavailable as e:
-        if not args.allow_no_isolation:
+        if not flags.allow_no_isolation:
             print(
                 f"slime-sandbox: refusing to start: sandbox isolation is unavailable: {e}.\n"
                 "Run it as root on Linux with util-linux (unshare, setpriv), or pass --allow-no-isolation "
@@ -423,10 +353,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app = build_app(
             cfg,
-            args.max_queue if args.max_queue is not None else 16 * cfg.max_concurrency,
-            lifeline_fd=args.lifeline_fd,
-            body_timeout=args.body_timeout,
-            max_bodies=args.max_bodies or max(4, cfg.max_concurrency),
+            flags.queue,
+            lifeline_fd=flags.lifeline_fd,
+            body_timeout=flags.body_timeout,
+            max_bodies=flags.bodies,
             sessions=sessions,
         )
     except UidRangeBusy as e:
@@ -434,19 +364,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
+        host=flags.host,
+        port=flags.port,
+        log_level=flags.log_level,
         timeout_keep_alive=30,
         access_log=False,
-        limit_concurrency=args.max_connections,
+        limit_concurrency=flags.max_connections,
     )
     runner = app.app.state.runner
     server = SandboxServer.make(config, runner)
     try:
         # An inherited listening socket: not uvicorn's `fd=` (it wraps the fd as AF_UNIX, so asyncio
         # never sets TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK).
-        server.run(sockets=None if args.fd is None else [socket.socket(fileno=args.fd)])
+        server.run(sockets=None if flags.fd is None else [socket.socket(fileno=flags.fd)])
     finally:
         runner.close()  # (also after a forced exit, which skips the app's shutdown)
 

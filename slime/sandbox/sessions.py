@@ -13,7 +13,6 @@ go. A session left idle past its ``idle_timeout``, or alive past its ``max_lifet
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -26,7 +25,8 @@ import time
 import uuid
 from typing import Any
 
-from slime.sandbox.egress import EgressForwarder, parse_egress_targets
+from slime.sandbox.config import SessionSettings  # noqa: F401 - its import path before it moved to config.py
+from slime.sandbox.egress import EgressForwarder
 from slime.sandbox.languages import run_env
 from slime.sandbox.run_plan import normalize_path
 from slime.sandbox.runner import Runner
@@ -57,81 +57,6 @@ class SessionSpec:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     files: dict[str, bytes] = dataclasses.field(default_factory=dict)  # seed files (path -> content)
     tar: bytes | None = None  # seed tar, unpacked into the workspace
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionSettings:
-    """The server's side: egress targets by name, where they appear inside, and the caps."""
-
-    egress_targets: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
-    egress_port: int = 80  # inside the slot; any port: bound before any command of the session (slot_session.py)
-    max_sessions: int = 4
-    max_exec_timeout: float = 3600.0
-    max_egress_connections: int = 64
-    egress_budget: int | None = None  # egress connections of all sessions together (`open_files.py`); None: no bound
-    max_disk_mb: int = 4096  # a session's tmpfs, at most (its memory limit counts the files too)
-    idle_timeout: float = 600.0  # default; a request may ask less or more, up to max_lifetime
-    max_lifetime: float = 24 * 3600.0
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SessionSettings:
-        """The server's flags (`add_session_arguments`); ValueError names the flag."""
-        if not 0 < args.egress_port < 65536:
-            raise ValueError(f"--egress-port {args.egress_port}: must be a TCP port (1-65535)")
-        for flag in (
-            "max_sessions",
-            "max_session_exec_timeout",
-            "session_idle_timeout",
-            "max_session_lifetime",
-            "max_session_disk_mb",
-            "max_egress_connections",
-        ):
-            value = getattr(args, flag)
-            if value is not None and value <= 0:
-                raise ValueError(f"--{flag.replace('_', '-')} {value}: must be positive")
-        return cls(
-            egress_targets=parse_egress_targets(args.egress),
-            egress_port=args.egress_port,
-            max_sessions=args.max_sessions or args.max_concurrency,
-            max_exec_timeout=args.max_session_exec_timeout,
-            idle_timeout=args.session_idle_timeout,
-            max_lifetime=args.max_session_lifetime,
-            max_disk_mb=args.max_session_disk_mb,
-            max_egress_connections=args.max_egress_connections,
-        )
-
-
-def add_session_arguments(ap: argparse.ArgumentParser) -> None:
-    d = SessionSettings()
-    ap.add_argument(
-        "--egress",
-        action="append",
-        default=[],
-        metavar="NAME=HOST:PORT",
-        help="a target sessions may ask for by NAME as their one way out (default: none)",
-    )
-    ap.add_argument(
-        "--egress-port",
-        type=int,
-        default=d.egress_port,
-        help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)",
-    )
-    ap.add_argument("--max-sessions", type=int, default=None, help="open sessions at most (default --max-concurrency)")
-    ap.add_argument("--max-session-exec-timeout", type=float, default=d.max_exec_timeout)
-    ap.add_argument(
-        "--session-idle-timeout",
-        type=float,
-        default=d.idle_timeout,
-        help="default seconds a session may stay idle before it is closed",
-    )
-    ap.add_argument("--max-session-lifetime", type=float, default=d.max_lifetime)
-    ap.add_argument("--max-session-disk-mb", type=int, default=d.max_disk_mb)
-    ap.add_argument(
-        "--max-egress-connections",
-        type=int,
-        default=d.max_egress_connections,
-        help="open egress connections per session",
-    )
 
 
 @dataclasses.dataclass

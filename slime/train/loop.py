@@ -32,6 +32,7 @@ from typing import Any, Callable
 import ray
 
 from slime.observability import metrics_log
+from slime.observability.flags import ReportConfig
 from slime.train.actor_group import TrainGroup
 from slime.train.checkpoint import data_state_dir
 from slime.train.fleet_events import describe_fleet_events, fleet_events
@@ -117,7 +118,7 @@ class MetricsSink:
     """train/* and perf/* to metrics.jsonl (the manager's file) and the manager's wandb run."""
 
     def __init__(self, args: Any, path: Path | None = None, wandb: Any = None):
-        self.args, self.path, self.wandb = args, path, wandb
+        self.report, self.path, self.wandb = ReportConfig.from_args(args), path, wandb
 
     @classmethod
     def for_manager(cls, args: Any, manager: Any) -> "MetricsSink":
@@ -156,10 +157,10 @@ class MetricsSink:
         perf = {"perf/train_time": record.train_time, "perf/rollout_time": record.rollout_time}
         if record.pushed_version is not None:  # no push, no push time (a 0 would pull its mean down)
             perf["perf/update_weights_time"] = record.update_weights_time
-        self.emit(perf, "perf/step", log_step(self.args, rid), rid, "perf")
+        self.emit(perf, "perf/step", log_step(self.report, rid), rid, "perf")
         if record.raw_reward is not None:
             self.emit(
-                {"rollout/raw_reward": record.raw_reward}, "rollout/step", log_step(self.args, rid), rid, "rollout"
+                {"rollout/raw_reward": record.raw_reward}, "rollout/step", log_step(self.report, rid), rid, "rollout"
             )
 
     def close(self) -> None:

@@ -67,15 +67,15 @@ class GatewayConfig:
     max_context_tokens: int = 0  # per session, prompt + answer; 0: the engines' own limit
 
     @classmethod
-    def from_args(cls, args: Any) -> GatewayConfig:
-        """The one place the gateway's flags are read (`slime.agent.flags`, --tool-call-parser,
-        --rollout-max-context-len)."""
+    def of(cls, config: Any) -> GatewayConfig:
+        """The gateway's part of the agent rollout's config (`slime.agent.flags.AgentRolloutConfig`: the
+        agent flags, --tool-call-parser, --rollout-max-context-len)."""
         return cls(
-            port=args.agent_gateway_port,
-            tool_parser=args.tool_call_parser,
-            max_turns=args.agent_max_turns,
-            fork_threshold_tokens=args.agent_fork_threshold,
-            max_context_tokens=int(args.rollout_max_context_len or 0),
+            port=config.agent.agent_gateway_port,
+            tool_parser=config.tool_call_parser,
+            max_turns=config.agent.agent_max_turns,
+            fork_threshold_tokens=config.agent.agent_fork_threshold,
+            max_context_tokens=int(config.rollout_max_context_len or 0),
         )
 
 

@@ -39,12 +39,13 @@ class CommandAgentConfig:
     grade_timeout: float = 600.0
 
     @classmethod
-    def from_args(cls, args: Any) -> CommandAgentConfig:
+    def of(cls, config: Any) -> CommandAgentConfig:
+        """From the agent flags (`slime.agent.flags.AgentConfig`)."""
         return cls(
-            command=args.agent_command.replace("{python}", sys.executable),
-            timeout=float(args.agent_timeout),
-            grade_command=args.agent_grade_command,
-            grade_timeout=float(args.agent_grade_timeout),
+            command=config.agent_command.replace("{python}", sys.executable),
+            timeout=float(config.agent_timeout),
+            grade_command=config.agent_grade_command,
+            grade_timeout=float(config.agent_grade_timeout),
         )
 
 

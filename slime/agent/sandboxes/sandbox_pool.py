@@ -80,28 +80,29 @@ class SandboxPool:
             limiter.release()
 
 
-def pool_from_args(args: Any, *, gateway_port: int, on_close: Callable[[Callable[[], Any]], None]) -> SandboxPool:
-    """The pool of `--agent-sandbox-url` ('local': a sandbox server started here, whose sessions' one
-    egress is the gateway on 127.0.0.1:`gateway_port`, stopped through `on_close`)."""
+def pool_of(config: Any, *, gateway_port: int, on_close: Callable[[Callable[[], Any]], None]) -> SandboxPool:
+    """The pool of `--agent-sandbox-url` (`config`: the agent flags, `slime.agent.flags.AgentConfig`; 'local': a
+    sandbox server started here, whose sessions' one egress is the gateway on 127.0.0.1:`gateway_port`, stopped
+    through `on_close`)."""
     from slime.agent.sandboxes.sandbox_slime import SlimeSandbox
 
-    url = args.agent_sandbox_url
+    url = config.agent_sandbox_url
     if url == "local":
-        url = start_local_server(args, gateway_port=gateway_port, on_close=on_close)
-    return SandboxPool(lambda egress: SlimeSandbox(url, egress=egress), concurrency=args.agent_sandbox_concurrency)
+        url = start_local_server(config, gateway_port=gateway_port, on_close=on_close)
+    return SandboxPool(lambda egress: SlimeSandbox(url, egress=egress), concurrency=config.agent_sandbox_concurrency)
 
 
-def start_local_server(args: Any, *, gateway_port: int, on_close: Callable[[Callable[[], Any]], None]) -> str:
+def start_local_server(config: Any, *, gateway_port: int, on_close: Callable[[Callable[[], Any]], None]) -> str:
     """A sandbox server for this run: `--agent-sandbox-ro-path`s visible read-only, and this Python's
     environment too when `--agent-command` uses {python}."""
     from slime.sandbox.server import start_local_sandbox
 
-    ro = list(args.agent_sandbox_ro_path)
-    if "{python}" in (args.agent_command or ""):
+    ro = list(config.agent_sandbox_ro_path)
+    if "{python}" in (config.agent_command or ""):
         ro += sorted({sys.prefix, sys.base_prefix})
     extra = ["--egress", f"{EGRESS}=127.0.0.1:{gateway_port}"]
     for path in ro:
         extra += ["--ro-bind", path]
-    url, handle = start_local_sandbox(max_concurrency=args.agent_sandbox_concurrency, extra_args=extra)
+    url, handle = start_local_sandbox(max_concurrency=config.agent_sandbox_concurrency, extra_args=extra)
     on_close(handle.stop)
     return url

@@ -24,10 +24,8 @@ def fork_server(engine_fork_server):
 
 
 @pytest.fixture(scope="package")
-def model_b_dir(tmp_path_factory):
-    from slime.testing.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-b"), seed=1)
+def model_b_dir(tiny_model_b_dir):
+    return tiny_model_b_dir
 
 
 class SharedEngines:

@@ -98,6 +98,24 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer (Qwen3's, 151k entries: a second of CPU per load), loaded once for the tests
+    that only encode and decode with it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_b_dir(tmp_path_factory) -> Path:
+    """The tiny model's architecture with other weights (seed 1): what a weight update to another model
+    loads. Built once for the session (5 s of CPU each time) and only read by the tests that use it."""
+    from slime.testing.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model-b"), seed=1)
+
+
+@pytest.fixture(scope="session")
 def tiny_vlm_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2-VL with the Qwen3 tokenizer and a small image processor (slime/testing/tiny_model.py)."""
     from slime.testing.tiny_model import build_tiny_vlm

@@ -25,10 +25,8 @@ from slime.utils.types import Sample
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def tok(tiny_tokenizer):
+    return tiny_tokenizer  # the session's (tests/conftest.py): loaded once
 
 
 class Engine:

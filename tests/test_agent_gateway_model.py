@@ -18,14 +18,14 @@ from tests.hf_engine_fixtures import run_engine
 pytestmark = pytest.mark.slow
 
 
-def test_openai_sdk_session_on_the_default_model_is_token_exact():
+def test_openai_sdk_session_on_the_default_model_is_token_exact(engine_fork_server):
     from transformers import AutoTokenizer
 
     from slime.engine.default_model import ensure_default_model
 
     model = ensure_default_model()
     tok = AutoTokenizer.from_pretrained(str(model))
-    with run_engine(model) as url:
+    with run_engine(model, fork_server=engine_fork_server) as url:  # warm: the fork server has torch imported
         client = RecordingClient(Endpoints(url, [url]), tokenizer=tok, request_timeout=120.0)
         gw = Gateway(client, tokenizer=tok, config=GatewayConfig(max_context_tokens=2048)).start()
         try:

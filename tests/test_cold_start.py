@@ -312,9 +312,10 @@ def _generate(url: str) -> dict:
     return r.json()
 
 
-def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_dir, tmp_path, monkeypatch):
+def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(
+    tiny_model_dir, tiny_model_b_dir, tmp_path, monkeypatch
+):
     from slime.ray.session import _await_socket, start_engine_fork_server
-    from slime.testing.tiny_model import build_tiny_model
 
     monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
     args = SimpleNamespace(
@@ -359,7 +360,7 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(tiny_model_
                 assert got["output_ids"] == expected["output_ids"]
                 assert got["meta_info"]["output_token_logprobs"] == expected["meta_info"]["output_token_logprobs"]
             # a weight update changes the engine that got it, and only that one (copy-on-write)
-            other = build_tiny_model(tmp_path / "other-model", seed=1)
+            other = tiny_model_b_dir
             e0, e1 = warm
             answer = e0.call("POST", "/update_weights_from_disk", {"model_path": str(other), "weight_version": "v2"})
             assert answer["success"] is True

@@ -10,7 +10,6 @@ from collections import Counter
 import math
 
 import pytest
-from transformers import AutoTokenizer
 
 from slime.cli.args import parse_args
 from slime.fleet.router import unregister_worker
@@ -97,8 +96,8 @@ def fleet(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def tok(tiny_tokenizer):
+    return tiny_tokenizer  # the session's (tests/conftest.py): loaded once
 
 
 def rollout(tmp_path, router, engines, tok, *extra, n_prompts=3):

@@ -68,10 +68,8 @@ class Script:
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def tok(tiny_tokenizer):
+    return tiny_tokenizer  # the session's (tests/conftest.py): loaded once
 
 
 def make_args(tmp_path, router, tiny_model_dir, *extra, n_prompts=40):

@@ -393,10 +393,8 @@ def test_release_and_resume_memory(engine):
     assert gen(engine, PROMPTS[0], max_new_tokens=5)["output_ids"] == before
 
 
-def test_update_weights_from_disk(engine, tiny_model_dir, tmp_path):
-    from slime.testing.tiny_model import build_tiny_model
-
-    other = build_tiny_model(tmp_path / "other", seed=1)
+def test_update_weights_from_disk(engine, tiny_model_dir, tiny_model_b_dir, tmp_path):
+    other = tiny_model_b_dir
     before = gen(engine, PROMPTS[1], max_new_tokens=8)
     r = engine.post("/update_weights_from_disk", json={"model_path": str(other)})
     assert r.status_code == 200 and r.json()["success"], r.text

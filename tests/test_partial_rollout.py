@@ -111,10 +111,8 @@ def cluster(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def tok(tiny_tokenizer):
+    return tiny_tokenizer  # the session's (tests/conftest.py): loaded once
 
 
 def set_version(engine: ScriptedEngine, version: str) -> None:

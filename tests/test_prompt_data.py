@@ -202,10 +202,11 @@ def test_sigterm_while_preflight_checks_a_large_file_stops_the_command(tmp_path,
     )
     lines: list[str] = []
     cli_runs.read_until(proc, f"prompt data {data}: checked", lines)
-    sent = time.monotonic()
     out = cli_runs.stop(proc, signal.SIGTERM, 30)
     assert proc.returncode == 143, "".join(lines) + out
-    assert time.monotonic() - sent < 10
+    # honoured in the middle of the check, not after it: the check's closing line (`..., done`) never came
+    # (no bound on the clock: a loaded box may take any time to deliver and exit, the stop waits at most 30 s)
+    assert ", done" not in "".join(lines) + out, "".join(lines) + out
     assert "slime-rollout: terminated; everything started was stopped" in out
 
 

@@ -101,10 +101,7 @@ def manager(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_pat
     ray.get(m.shutdown.remote())
 
 
-def teacher_forced_logprobs(model_dir, tokens, prompt_len):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+def teacher_forced_logprobs(model, tokens, prompt_len):
     with torch.no_grad():
         logits = model(torch.tensor([tokens])).logits[0].float()
     lp = torch.log_softmax(logits, dim=-1)
@@ -113,7 +110,7 @@ def teacher_forced_logprobs(model_dir, tokens, prompt_len):
 
 def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
     import ray
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     m, info, tmp, args = manager
     assert len(info["engine_urls"]) == 2
@@ -134,6 +131,7 @@ def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
     first = min(batch["sample_indices"])
     assert sorted(batch["sample_indices"]) == list(range(first, first + n))
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)  # once, not per sample
     samples = load_debug_rollout(args.save_debug_rollout_data, 0)
     by_index = {s.index: s for s in samples}
     for i in range(n):
@@ -144,7 +142,7 @@ def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
         assert tokens[: len(prompt_ids)] == prompt_ids and len(tokens) == len(prompt_ids) + rl
         assert batch["loss_masks"][i] == [1] * rl and len(batch["rollout_log_probs"][i]) == rl
         # the log-probs are the engine's own for exactly these tokens (temperature 1)
-        expect = teacher_forced_logprobs(tiny_model_dir, tokens, len(prompt_ids))
+        expect = teacher_forced_logprobs(model, tokens, len(prompt_ids))
         assert batch["rollout_log_probs"][i] == pytest.approx(expect, abs=2e-3)
         # status from finish reason: hitting the length limit is TRUNCATED
         assert batch["truncated"][i] == (1 if rl == MAX_LEN and s.metadata["finish_reason"] == "length" else 0)
@@ -180,8 +178,11 @@ def test_batch_is_exactly_what_the_engines_sampled(manager, tiny_model_dir):
 
 
 def test_debug_round_trip_without_engines(manager, ray_cluster, tiny_model_dir, data_files):
+    """The saved rollout replays without engines into the identical batch; the replaying manager's one wandb
+    run holds the rollout's metrics once it is shut down."""
     import ray
 
+    from slime.observability import wandb_reader
     from slime.ray.rollout_manager import RolloutManager
 
     m, info, tmp, args = manager
@@ -196,6 +197,9 @@ def test_debug_round_trip_without_engines(manager, ray_cluster, tiny_model_dir, 
             "tests.plugins.rewards.token_parity_rm",
             "--load-debug-rollout-data",
             args.save_debug_rollout_data,
+            "--use-wandb",
+            "--wandb-dir",
+            str(tmp / "replay-wandb"),
         )
     )
     r = ray.remote(RolloutManager).options(num_cpus=0).remote(replay_args)
@@ -206,6 +210,21 @@ def test_debug_round_trip_without_engines(manager, ray_cluster, tiny_model_dir, 
         assert batch == saved
     finally:
         ray.get(r.shutdown.remote())
+    [run_dir] = wandb_reader.find_run_dirs(tmp / "replay-wandb")
+    assert wandb_reader.wait_closed(run_dir)
+    rows = wandb_reader.read_history(run_dir)
+    keys = set().union(*rows)
+    assert {
+        "rollout/reward_mean",
+        "rollout/truncated_ratio",
+        "perf/rollout_time",
+        "perf/tokens_per_s",
+        "perf/engine_retries",
+    } <= keys
+    raw = saved["raw_reward"]
+    assert [row["rollout/reward_mean"] for row in rows if "rollout/reward_mean" in row] == [
+        pytest.approx(sum(raw) / len(raw))
+    ]
 
 
 def test_status_answers_while_rollout_runs_and_eval(manager):
@@ -331,69 +350,18 @@ def test_engine_killed_mid_rollout_loses_nothing(own_manager):
     assert summary["failed"] == 0 and summary["engine_deaths"] == 0
 
 
-def test_rollout_and_eval_metrics_reach_the_wandb_run(ray_cluster, tiny_model_dir, data_files, tmp_path):
-    """The manager's one wandb run holds the rollout's metrics once it is shut down (replayed
-    samples: no engines needed)."""
-    import ray
-
-    from slime.observability import wandb_reader
-    from slime.rollout.debug_data import save_debug_rollout
-    from slime.ray.rollout_manager import RolloutManager
-    from slime.utils.types import Sample
-
-    samples = [
-        Sample(
-            group_index=i // 2,
-            index=i,
-            prompt="p",
-            tokens=[1, 2, 3, 4],
-            response_length=2,
-            reward=float(i % 2),
-            loss_mask=[1, 1],
-            rollout_log_probs=[-0.5, -0.25],
-            status=Sample.Status.COMPLETED,
-        )
-        for i in range(4)
-    ]
-    save_debug_rollout(str(tmp_path / "r_{rollout_id}.pt"), 0, samples)
-    args = parse_args(
-        base_argv(
-            tiny_model_dir,
-            data_files,
-            tmp_path,
-            "--load-debug-rollout-data",
-            str(tmp_path / "r_{rollout_id}.pt"),
-            "--use-wandb",
-            "--wandb-dir",
-            str(tmp_path / "wandb"),
-        )
-    )
-    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args)
-    try:
-        ray.get(m.start.remote())
-        batch = ray.get(ray.get(m.generate.remote(0)).inner)
-        assert batch["raw_reward"] == [0.0, 1.0, 0.0, 1.0]
-    finally:
-        ray.get(m.shutdown.remote())
-    [run_dir] = wandb_reader.find_run_dirs(tmp_path / "wandb")
-    assert wandb_reader.wait_closed(run_dir)
-    rows = wandb_reader.read_history(run_dir)
-    keys = set().union(*rows)
-    assert {
-        "rollout/reward_mean",
-        "rollout/truncated_ratio",
-        "perf/rollout_time",
-        "perf/tokens_per_s",
-        "perf/engine_retries",
-    } <= keys
-    assert [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r] == [0.5]
-
-
-def test_external_router_mode(ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path):
+def test_external_router_mode_and_the_managers_own_sandbox_and_limiter_for_tools(
+    ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path
+):
+    """An external router (`--sglang-router-ip/port`): the manager registers its engine with it and never stops
+    it. `sandbox_fusion_url: local`: the manager starts one sandbox and the tool's global limiter; tool calls
+    made inside the controller actor run in that sandbox, stopped with the manager. (One manager for both:
+    they are independent.)"""
     import ray
 
     from slime.fleet.router import Router
     from slime.ray.rollout_manager import RolloutManager
+    from slime.tools.rate_limiter import get_rate_limiter
 
     router = Router().start()
     try:
@@ -410,66 +378,39 @@ def test_external_router_mode(ray_cluster, engine_fork_server, tiny_model_dir, d
                 router.host,
                 "--sglang-router-port",
                 str(router.port),
+                "--tool-config-path",
+                os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
+                "--custom-generate-function-path",
+                "tests.plugins.sandbox_probe.generate",
+                "--chat-template-check",
+                "warn",
+                "--max-turns",
+                "1",
+                "--save-debug-rollout-data",
+                str(tmp_path / "r_{rollout_id}.pt"),
             )
         )
         m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
-        info = ray.get(m.start.remote())
-        assert info["router_url"] == router.url and info["router_pid"] is None
-        assert [w.url for w in router.list_workers()] == info["engine_urls"]
-        batch = ray.get(ray.get(m.generate.remote(0)).inner)
-        assert len(batch["tokens"]) == N_PROMPTS * N_SAMPLES
-        ray.get(m.shutdown.remote())
+        try:
+            info = ray.get(m.start.remote())
+            assert info["router_url"] == router.url and info["router_pid"] is None
+            assert [w.url for w in router.list_workers()] == info["engine_urls"]
+            url = info["sandbox_url"]
+            assert url and requests.get(f"{url}/v1/ping", timeout=5).ok
+            assert info["rate_limiters"] == ["tool:code_interpreter"]
+            batch = ray.get(ray.get(m.generate.remote(0)).inner)
+            assert len(batch["tokens"]) == N_PROMPTS * N_SAMPLES
+            samples = load_debug_rollout(args.save_debug_rollout_data, 0)
+            assert len(samples) == N_PROMPTS * N_SAMPLES
+            assert all(s.metadata["probe"] == f"{s.index * 7}\n" for s in samples)
+            assert get_rate_limiter("tool:code_interpreter") is not None
+        finally:
+            ray.get(m.shutdown.remote())
         assert router.alive()  # we never stop a router we did not start
+        with pytest.raises(requests.ConnectionError):  # but the sandbox we started is gone
+            requests.get(f"{url}/v1/ping", timeout=5)
     finally:
         router.stop()
-
-
-def test_manager_owns_sandbox_and_limiter_for_tools(
-    ray_cluster, engine_fork_server, tiny_model_dir, data_files, tmp_path
-):
-    """`sandbox_fusion_url: local`: the manager starts one sandbox and the tool's global limiter;
-    tool calls made inside the controller actor run in that sandbox."""
-    import ray
-
-    from slime.ray.rollout_manager import RolloutManager
-    from slime.tools.rate_limiter import get_rate_limiter
-
-    args = parse_args(
-        base_argv(
-            tiny_model_dir,
-            data_files,
-            tmp_path,
-            "--rm-type",
-            "exact",
-            "--rollout-num-engines",
-            "1",
-            "--tool-config-path",
-            os.path.join(ROOT, "configs", "sandbox_fusion_tool.yaml"),
-            "--custom-generate-function-path",
-            "tests.plugins.sandbox_probe.generate",
-            "--chat-template-check",
-            "warn",
-            "--max-turns",
-            "1",
-            "--save-debug-rollout-data",
-            str(tmp_path / "r_{rollout_id}.pt"),
-        )
-    )
-    m = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engine_fork_server)
-    try:
-        info = ray.get(m.start.remote())
-        url = info["sandbox_url"]
-        assert url and requests.get(f"{url}/v1/ping", timeout=5).ok
-        assert info["rate_limiters"] == ["tool:code_interpreter"]
-        ray.get(ray.get(m.generate.remote(0)).inner)
-        samples = load_debug_rollout(args.save_debug_rollout_data, 0)
-        assert len(samples) == N_PROMPTS * N_SAMPLES
-        assert all(s.metadata["probe"] == f"{s.index * 7}\n" for s in samples)
-        assert get_rate_limiter("tool:code_interpreter") is not None
-    finally:
-        ray.get(m.shutdown.remote())
-    with pytest.raises(requests.ConnectionError):
-        requests.get(f"{url}/v1/ping", timeout=5)
 
 
 @pytest.mark.slow

@@ -92,17 +92,14 @@ def make_args(tmp_path, router, tiny_model_dir, *extra):
     return args
 
 
-def data_source(args, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def data_source(args, tok):
     return DataSource.from_args(args, tok), tok
 
 
-def test_exact_tokens_masks_logprobs_and_statuses(tmp_path, cluster, tiny_model_dir):
+def test_exact_tokens_masks_logprobs_and_statuses(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, engines, script = cluster
     args = make_args(tmp_path, router, tiny_model_dir)
-    src, tok = data_source(args, tiny_model_dir)
+    src, tok = data_source(args, tiny_tokenizer)
     out = generate_rollout(args, 0, src)
     groups = out.samples
     assert [len(g) for g in groups] == [3, 3, 3, 3]
@@ -122,19 +119,19 @@ def test_exact_tokens_masks_logprobs_and_statuses(tmp_path, cluster, tiny_model_
     assert out.metrics["perf/engine_retries"] == 0
 
 
-def test_concurrency_bound_holds(tmp_path, cluster, tiny_model_dir):
+def test_concurrency_bound_holds(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, _, script = cluster
     args = make_args(tmp_path, router, tiny_model_dir, "--sglang-server-concurrency", "2", "--rollout-batch-size", "6")
-    src, _ = data_source(args, tiny_model_dir)
+    src, _ = data_source(args, tiny_tokenizer)
     script.max_in_flight = 0
     generate_rollout(args, 0, src)
     assert script.max_in_flight == 2
 
 
-def test_5xx_retried_and_counted_4xx_not(tmp_path, cluster, tiny_model_dir):
+def test_5xx_retried_and_counted_4xx_not(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, _, script = cluster
     args = make_args(tmp_path, router, tiny_model_dir, "--rollout-batch-size", "1", "--n-samples-per-prompt", "1")
-    src, _ = data_source(args, tiny_model_dir)
+    src, _ = data_source(args, tiny_tokenizer)
     script.fail_next = 2
     out = generate_rollout(args, 0, src)
     assert out.metrics["perf/engine_retries"] == 2
@@ -160,7 +157,7 @@ async def test_4xx_is_not_retried(cluster):
     assert 400 <= e.value.status < 500 and stats.total_retries == 0
 
 
-def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir):
+def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, engines, _ = cluster
     args = make_args(
         tmp_path,
@@ -173,7 +170,7 @@ def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir):
         "--n-samples-per-prompt",
         "1",
     )
-    src, tok = data_source(args, tiny_model_dir)
+    src, tok = data_source(args, tiny_tokenizer)
     for e in engines:
         e.requests.clear()
     s = generate_rollout(args, 0, src).samples[0][0]
@@ -184,13 +181,15 @@ def test_max_context_len_caps_new_tokens(tmp_path, cluster, tiny_model_dir):
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_deterministic_inference_seeds_each_sample_of_a_group(tmp_path, cluster, tiny_model_dir, deterministic):
+def test_deterministic_inference_seeds_each_sample_of_a_group(
+    tmp_path, cluster, tiny_model_dir, deterministic, tiny_tokenizer
+):
     """slime's `--sglang-enable-deterministic-inference`: the i-th sample of every group is sent with
     `sampling_seed = --rollout-seed + i`; without it no request names a seed."""
     router, engines, _ = cluster
     flags = ["--sglang-enable-deterministic-inference"] if deterministic else []
     args = make_args(tmp_path, router, tiny_model_dir, "--rollout-seed", "7", *flags)
-    src, _ = data_source(args, tiny_model_dir)
+    src, _ = data_source(args, tiny_tokenizer)
     for e in engines:
         e.requests.clear()
     generate_rollout(args, 0, src)
@@ -201,7 +200,7 @@ def test_deterministic_inference_seeds_each_sample_of_a_group(tmp_path, cluster,
     assert all(sorted(v, key=str) == ([7, 8, 9] if deterministic else [None] * 3) for v in seeds.values()), seeds
 
 
-def test_dynamic_filter_keeps_target_and_returns_leftovers(tmp_path, cluster, tiny_model_dir):
+def test_dynamic_filter_keeps_target_and_returns_leftovers(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, _, _ = cluster
     args = make_args(
         tmp_path,
@@ -216,7 +215,7 @@ def test_dynamic_filter_keeps_target_and_returns_leftovers(tmp_path, cluster, ti
         "--dynamic-sampling-filter-path",
         "tests.test_rollout_scripted.keep_even_groups",
     )
-    src, _ = data_source(args, tiny_model_dir)
+    src, _ = data_source(args, tiny_tokenizer)
     out = generate_rollout(args, 0, src)
     assert len(out.samples) == 2
     assert all(g[0].group_index % 2 == 0 for g in out.samples)
@@ -237,7 +236,7 @@ def keep_even_groups(args, group):
     return DynamicFilterOutput(keep=keep, reason=None if keep else "odd")
 
 
-def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
+def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     from slime.rollout.controller import flatten_groups
     from slime.utils.misc import load_function
 
@@ -249,7 +248,7 @@ def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
         "--rollout-function-path",
         "tests.plugins.slime_style_rollout.generate_rollout",
     )
-    src, tok = data_source(args, tiny_model_dir)
+    src, tok = data_source(args, tiny_tokenizer)
     fn = load_function(args.rollout_function_path, "--rollout-function-path")
     samples, _ = flatten_groups(fn(args, 0, src))
     assert len(samples) == 12 and all(s.metadata["custom"] for s in samples)
@@ -258,7 +257,7 @@ def test_slime_style_module_runs_unchanged(tmp_path, cluster, tiny_model_dir):
     assert s.tokens == prompt + Script.expected(prompt, 5)[0]
 
 
-def test_failed_rollout_returns_its_prompts_to_the_buffer(tmp_path, cluster, tiny_model_dir):
+def test_failed_rollout_returns_its_prompts_to_the_buffer(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, _, _ = cluster
     args = make_args(
         tmp_path,
@@ -271,7 +270,7 @@ def test_failed_rollout_returns_its_prompts_to_the_buffer(tmp_path, cluster, tin
         "--n-samples-per-prompt",
         "2",
     )
-    src, _ = data_source(args, tiny_model_dir)
+    src, _ = data_source(args, tiny_tokenizer)
     with pytest.raises(ZeroDivisionError):
         generate_rollout(args, 0, src)
     assert src.group_counter == 3 and src.get_buffer_length() == 3
@@ -395,7 +394,7 @@ def test_slime_hooks_are_called_where_slime_calls_them(tmp_path, cluster, tiny_m
     assert batch["loss_masks"] == [[1] * n for n in batch["response_lengths"]]  # even groups: kept trainable
 
 
-def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, tiny_model_dir):
+def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     """Two rollouts generated at the same time on one runtime (as two rollout functions may be, or a rollout and
     an eval): every segment and every sample hook of each records its own id, never the other's."""
     import asyncio
@@ -414,8 +413,8 @@ def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, t
         "--rollout-batch-size",
         "3",
     )
-    first, _ = data_source(args, tiny_model_dir)
-    second, _ = data_source(args, tiny_model_dir)
+    first, _ = data_source(args, tiny_tokenizer)
+    second, _ = data_source(args, tiny_tokenizer)
 
     async def both():
         return await asyncio.gather(
@@ -433,10 +432,10 @@ def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, t
     assert sorted(rid for _, rid in CALLS["hook"]) == [7] * 9 + [8] * 9
 
 
-def test_buffer_filter_path_chooses_from_the_buffer(tmp_path, cluster, tiny_model_dir):
+def test_buffer_filter_path_chooses_from_the_buffer(tmp_path, cluster, tiny_model_dir, tiny_tokenizer):
     router, _, _ = cluster
     args = make_args(tmp_path, router, tiny_model_dir, "--buffer-filter-path", "tests.test_rollout_scripted.take_last")
-    src, _ = data_source(args, tiny_model_dir)
+    src, _ = data_source(args, tiny_tokenizer)
     groups = src.get_samples(3)
     src.add_samples(groups)
     assert [g[0].group_index for g in src.get_samples(1)] == [2]

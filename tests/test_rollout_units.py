@@ -204,10 +204,8 @@ def test_missing_key_names_file_key_and_line(tmp_path):
         build_prompt_samples(_args(), tmp_path / "missing.jsonl", "input", None)
 
 
-def test_over_long_prompts_filtered_or_error(tmp_path, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def test_over_long_prompts_filtered_or_error(tmp_path, tiny_tokenizer):
+    tok = tiny_tokenizer
     data = write_jsonl(tmp_path / "d.jsonl", [{"input": "short"}, {"input": "word " * 50}, {"input": "ok then"}])
     prompts, filtered = build_prompt_samples(_args(rollout_max_context_len=20), data, "input", None, tok)
     assert filtered == 1 and [p.prompt for p in prompts] == ["short", "ok then"]
@@ -216,10 +214,8 @@ def test_over_long_prompts_filtered_or_error(tmp_path, tiny_model_dir):
         build_prompt_samples(_args(rollout_max_context_len=20, over_long_prompt="error"), data, "input", None, tok)
 
 
-def test_apply_chat_template(tmp_path, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def test_apply_chat_template(tmp_path, tiny_tokenizer):
+    tok = tiny_tokenizer
     msgs = [{"role": "user", "content": "2+2?"}]
     data = write_jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
     prompts, _ = build_prompt_samples(_args(apply_chat_template=True), data, "messages", None, tok)

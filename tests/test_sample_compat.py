@@ -349,10 +349,8 @@ async def search_generate(args, sample: Sample, sampling_params, tokenizer) -> S
     return sample
 
 
-def test_search_r1_style_plugin_builds_exact_sample(tiny_model_dir, monkeypatch):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+def test_search_r1_style_plugin_builds_exact_sample(tiny_tokenizer, monkeypatch):
+    tok = tiny_tokenizer
     ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     turns = ["<search>capital of France</search>", "<answer>Paris</answer>"]
     seen = []

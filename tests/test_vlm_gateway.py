@@ -44,11 +44,12 @@ def b64_png(img) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_vlm_dir):
+def stack(tiny_vlm_dir, engine_fork_server):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_vlm_dir))
-    with run_engine(tiny_vlm_dir, startup_timeout=300) as url:  # a loaded shared box starts engines slowly
+    # warm (the session's fork server has torch imported); the bound is for a loaded shared box
+    with run_engine(tiny_vlm_dir, startup_timeout=300, fork_server=engine_fork_server) as url:
         yield tok, url, PromptImages.of_checkpoint(tiny_vlm_dir)
 
 

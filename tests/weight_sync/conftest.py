@@ -5,8 +5,6 @@ model B answers, the trainer's tensors of both models and their checksums."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import warnings
 
 import pytest
@@ -18,48 +16,16 @@ from tests.weight_sync.helpers import PROMPTS, actor, all_of, gen, hf_model, kin
 
 
 @pytest.fixture(scope="package")
-def fork_server(tiny_model_dir, tmp_path_factory):
-    """The package's engine fork server (slime.engine.warm_start, model A preloaded): engines start warm,
-    so a test that needs a fresh engine (one it kills) does not pay torch's import and the model load."""
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from slime.utils.child_process import ChildProcess
-
-    where = Path(tempfile.mkdtemp(prefix="slime-ws-fork-"))  # short: a Unix socket path has ~107 bytes
-    sock = where / "engines.sock"
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    server = ChildProcess(
-        [
-            sys.executable,
-            "-m",
-            "slime.utils.fork_server",
-            "--socket",
-            str(sock),
-            "--main",
-            "slime.engine.warm_start:serve",
-            "--preload",
-            "slime.engine.warm_start:preload",
-            "--preload-json",
-            json.dumps([str(tiny_model_dir)]),
-        ],
-        name="test engine fork server",
-        log_path=tmp_path_factory.mktemp("fork") / "server.log",
-        env=env,
-        ready=sock.exists,
-        startup_timeout=120,
-    ).start()
-    yield str(sock)
-    server.kill()
+def fork_server(engine_fork_server):
+    """The session's engine fork server (tests/conftest.py, model A preloaded): engines start warm, so a test
+    that needs a fresh engine (one it kills) does not pay torch's import and the model load, and the package
+    starts no fork server of its own (the one the other files use serves here too)."""
+    return engine_fork_server
 
 
 @pytest.fixture(scope="package")
-def model_b_dir(tmp_path_factory):
-    from slime.testing.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-b"), seed=1)
+def model_b_dir(tiny_model_b_dir):
+    return tiny_model_b_dir
 
 
 class SharedEngines:

@@ -297,7 +297,8 @@ async def _generate_one(
         for s in samples:
             if s.status in partial.FINISHED:
                 partial.mask_offpolicy(s)
-    samples = await apply_rollout_sample_hooks(args, samples, evaluation=evaluation)  # this rollout's id
+    if args.rollout_sample_hook_path:  # (checked here too: no coroutine per sample when there is none)
+        samples = await apply_rollout_sample_hooks(args, samples, evaluation=evaluation)  # this rollout's id
     if runtime is not None:
         runtime.progress.on_samples(len(samples))
     return samples

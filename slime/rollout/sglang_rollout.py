@@ -264,9 +264,7 @@ async def _generate_one(
         if runtime is not None:
             runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
         return [sample]
-    bound = state.semaphore  # `async with`, without its two coroutine frames
-    await bound.acquire()
-    try:
+    async with state.semaphore:  # (a plugin's stand-in state may give any async context manager)
         if state.aborted:
             sample.status = Sample.Status.ABORTED
             return [sample]
@@ -290,8 +288,6 @@ async def _generate_one(
                     [],
                 )
                 out = sample
-    finally:
-        bound.release()
     samples = out if isinstance(out, list) else [out]
     if partial_on and args.mask_offpolicy_in_partial_rollout:
         for s in samples:

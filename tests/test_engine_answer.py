@@ -263,3 +263,16 @@ def test_the_whole_answer_check_agrees_with_the_per_item_check(pairs):
     whole = outcome(lambda: _pairs({"output_token_logprobs": pairs}, VOCAB))
     each = outcome(lambda: _each_pair(pairs, VOCAB, VOCAB))
     assert whole == each
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"])
+def test_an_answer_as_bytes_reads_as_json_reads_them_in_any_json_encoding(encoding):
+    # UTF-8 bytes are decoded before json.loads (the fast path); what does not parse so (a BOM, UTF-16/32)
+    # still reads as json.loads reads bytes
+    text = json.dumps(good(), ensure_ascii=False).replace('"abc"', '"abc é"')
+    out = parse(text.encode(encoding))
+    assert (out.token_ids, out.log_probs, out.text) == ([3, 4, 5], [-0.5, -1.0, -0.25], "abc é")
+
+
+def test_bytes_that_are_not_utf8_are_a_bad_body():
+    assert field_of(json.dumps(good()).encode()[:-1] + b"\xff}") == "body"

@@ -31,11 +31,15 @@ def test_the_first_binding_freezes_the_startup_heap_once() -> None:
         from slime.utils.endpoints import Endpoints
         from slime.utils.gc_freeze import freeze_startup_heap
 
-        assert gc.get_freeze_count() == 0
+        from slime.utils.gc_freeze import YOUNG_THRESHOLD
+
+        assert gc.get_freeze_count() == 0 and gc.get_threshold() == (700, 10, 10)
         runtime = RolloutRuntime(argparse.Namespace(), EngineClient(Endpoints(None, [])))
         runtime.bind()
         frozen = gc.get_freeze_count()
         assert frozen > 1000, frozen  # the modules imported above, at least
+        # young collections every YOUNG_THRESHOLD allocations, not CPython's 700 (the other two kept)
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10) and YOUNG_THRESHOLD > 700
         runtime.bind()
         assert gc.get_freeze_count() == frozen and not freeze_startup_heap()
         unbind(runtime)
@@ -67,3 +71,24 @@ def test_a_gateway_started_outside_a_runtime_freezes_the_startup_heap_once() -> 
         print("ok")
     """)
     _runs_ok(code, HF_HUB_OFFLINE="1")
+
+
+def test_a_process_that_set_its_own_collection_thresholds_keeps_them() -> None:
+    code = textwrap.dedent("""
+        import gc
+        from slime.utils.gc_freeze import YOUNG_THRESHOLD, freeze_startup_heap
+
+        gc.set_threshold(YOUNG_THRESHOLD * 2, 5, 5)  # larger than ours: kept
+        assert freeze_startup_heap() and gc.get_threshold() == (YOUNG_THRESHOLD * 2, 5, 5)
+        print("ok")
+    """)
+    _runs_ok(code)
+    code = textwrap.dedent("""
+        import gc
+        from slime.utils.gc_freeze import freeze_startup_heap
+
+        gc.set_threshold(0)  # collection turned off by the process's owner: left off
+        assert freeze_startup_heap() and gc.get_threshold()[0] == 0
+        print("ok")
+    """)
+    _runs_ok(code)

@@ -47,14 +47,18 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     runtime = current(args)
     continued = bool(args.partial_rollout) and sample.is_partial
     image_data = None
+    # `params` is the caller's dict until a value changes (then a copy): the engine client's body copies it
     if continued:  # --partial-rollout: prompt + partial response, the remaining budget
         ids, params = partial.continuation_input(sample, sampling_params)
-        if sample_images(sample):
-            image_data = [encode_png_data_uri(img) for img in sample_images(sample)]
-    elif sample_images(sample):  # --multimodal-keys: the processor's expanded ids, the images as image_data
-        (ids, image_data), params = multimodal_prompt(args, sample, runtime), dict(sampling_params)
+        images = sample_images(sample) if sample.multimodal_inputs else None
+        if images:
+            image_data = [encode_png_data_uri(img) for img in images]
+    elif sample.multimodal_inputs and sample_images(sample):  # --multimodal-keys: the processor's expanded ids
+        (ids, image_data), params = multimodal_prompt(args, sample, runtime), sampling_params
+    elif sample.tokens and sample.response_length == 0:  # pre-tokenised (`prompt_ids`, without its copy:
+        ids, params = sample.tokens, sampling_params  # the body and `start_response` copy the ids)
     else:
-        ids, params = prompt_ids(args, sample, runtime), dict(sampling_params)
+        ids, params = prompt_ids(args, sample, runtime), sampling_params
     if args.rollout_max_context_len is not None:
         room = args.rollout_max_context_len - len(ids)
         if room <= 0 and not continued:
@@ -62,7 +66,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
             sample.status = Sample.Status.TRUNCATED
             sample.metadata["finish_reason"] = "prompt_fills_context"
             return sample
-        params["max_new_tokens"] = min(params["max_new_tokens"], room)
+        params = {**params, "max_new_tokens": min(params["max_new_tokens"], room)}
     if params["max_new_tokens"] <= 0:  # a continued sample whose budget is spent
         sample.status = Sample.Status.TRUNCATED
         sample.metadata["finish_reason"] = "length"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -70,11 +71,23 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _loads(body: str | bytes) -> Any:
+    """`json.loads(body)`, with UTF-8 bytes (what engines send) decoded first: json.loads would guess their
+    encoding in Python on every answer. Bytes that do not parse so (a BOM, UTF-16/32) go to json.loads as
+    they are, which reads those too, or raises."""
+    if type(body) is bytes:
+        try:
+            return json.loads(body.decode())
+        except (ValueError, RecursionError):
+            pass
+    return json.loads(body)
+
+
 def decode_body(body: Any) -> dict[str, Any]:
     """The answer as a JSON object: text is decoded here, so a cut body or an HTML page is a bad answer."""
     if isinstance(body, (str, bytes)):
         try:
-            body = json.loads(body)
+            body = _loads(body)
         except (ValueError, RecursionError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors
             raise BadAnswer("body", f"not JSON ({type(e).__name__}: {str(e)[:80]})", body) from None
     if not isinstance(body, dict):
@@ -92,6 +105,9 @@ def _finish(meta: dict[str, Any]) -> tuple[FinishType, Any]:
     return kind, finish.get("matched")
 
 
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
 def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], list[float]]:
     pairs = meta.get("output_token_logprobs")
     if not isinstance(pairs, list):
@@ -99,12 +115,13 @@ def _pairs(meta: dict[str, Any], vocab_size: int | None) -> tuple[list[int], lis
     top = vocab_size if vocab_size is not None else math.inf
     # The answer as JSON gives it (lists of a float and an int) is checked whole, in C-speed passes: the same
     # checks as the loop below, which finds and names the first bad item when any fails.
-    if pairs and {type(item) for item in pairs} == {list} and min(map(len, pairs)) >= 2:
-        lps = [item[0] for item in pairs]
-        ids = [item[1] for item in pairs]
+    # (map and itemgetter rather than comprehensions: no Python frame per pass)
+    if pairs and set(map(type, pairs)) == {list} and min(map(len, pairs)) >= 2:
+        lps = list(map(_FIRST, pairs))
+        ids = list(map(_SECOND, pairs))
         if (
-            {type(lp) for lp in lps} == {float}
-            and {type(tid) for tid in ids} == {int}
+            set(map(type, lps)) == {float}
+            and set(map(type, ids)) == {int}
             and not any(map(math.isnan, lps))
             and -math.inf < min(lps)
             and max(lps) <= LOGPROB_TOLERANCE

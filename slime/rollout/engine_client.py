@@ -22,6 +22,7 @@ request was and nowhere else (`_renew_rid`), so a retry costs at most one reques
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -303,18 +304,24 @@ class EngineClient:
             top_logprobs_num=top_logprobs_num,
             image_data=image_data,
         )
-        vocab, limit = self.vocab_size, sampling_params.get("max_new_tokens")
-
-        def answer(raw: bytes) -> EngineOutput:
-            return parse_generate_answer(raw, vocab_size=vocab, max_new_tokens=limit, top_logprobs_num=top_logprobs_num)
-
-        async with self.semaphore:
+        # the answer's check, as a partial (called from C: one Python frame less per request than a closure)
+        answer = functools.partial(
+            parse_generate_answer,
+            vocab_size=self.vocab_size,
+            max_new_tokens=sampling_params.get("max_new_tokens"),
+            top_logprobs_num=top_logprobs_num,
+        )
+        bound = self._bounds.get()  # `async with self.semaphore`, without its two coroutine frames
+        await bound.acquire()
+        try:
             if self.gate.closed:  # aborted while waiting for a slot: never sent, nothing sampled
                 return EngineOutput([], [], "", "abort")
             self.in_flight += 1
-            target = url or f"{self.router_url}/generate"  # `url`: a whole /generate URL, as before
-            base = target.removesuffix("/generate")
-            engine = base if url or base in self.endpoints.engine_urls else None
+            if url:  # a whole /generate URL, as before
+                where, engine = url, url.removesuffix("/generate")
+            else:  # the router's address is read again for each retry: it may have been restarted elsewhere
+                where, base = self._router_generate_url, self.router_url
+                engine = base if base in self.endpoints.engine_urls else None
 
             sent = [payload["rid"]]  # the rid on the wire now (a retry renews it)
 
@@ -324,8 +331,6 @@ class EngineClient:
                 return body
 
             try:
-                # the router's address is read again for each retry: it may have been restarted elsewhere
-                where = url or (lambda: f"{self.router_url}/generate")
                 out = await request_json(  # what `post` sends, one coroutine less per request
                     "POST",
                     where,
@@ -348,8 +353,15 @@ class EngineClient:
                 raise
             finally:
                 self.in_flight -= 1
+        finally:
+            bound.release()
         self.progress.on_response(len(out.token_ids))
         return out
+
+    def _router_generate_url(self) -> str:
+        """The router's /generate, asked before every attempt (a restarted router may serve elsewhere)."""
+        router = self.endpoints.router_url
+        return f"{router if router else self.router_url}/generate"  # (`router_url` raises: no router)
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine (the router does not proxy abort)."""

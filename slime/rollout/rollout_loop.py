@@ -63,6 +63,9 @@ async def _collect(
     before: dict[asyncio.Task, list[Sample] | None] = {}  # ... and its snapshot (None: fresh prompts)
     settled: set[asyncio.Task] = set()  # dropped by the filter, or already back in the buffer
     leftovers = Leftovers(args, rollout_id, data_source)
+    # groups as they finish, each put by its own done-callback: waiting on every pending task at each finish
+    # (asyncio.wait) costs a callback added and removed per pending group, hundreds per finished group
+    finishing: asyncio.Queue[asyncio.Task] = asyncio.Queue()
     abort_time = 0.0
     try:
         while len(kept) < target:
@@ -71,9 +74,14 @@ async def _collect(
                 n = over if filter_fn else over - len(kept) - len(pending)
                 for g in data_source.get_samples(n):
                     task = asyncio.ensure_future(generate_group(args, g, params))
+                    task.add_done_callback(finishing.put_nowait)
                     pending[task] = handed_groups[task] = g
                     before[task] = leftovers.taken(g)
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if not pending:  # (as asyncio.wait said: nothing was handed out, nothing would ever finish)
+                raise ValueError("the data source handed out no group and none is generating")
+            done = [await finishing.get()]  # every group finished by now (each is in `pending` until taken here)
+            while not finishing.empty():
+                done.append(finishing.get_nowait())
             for task in done:
                 handed = pending.pop(task)
                 group = task.result()

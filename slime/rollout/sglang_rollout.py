@@ -205,10 +205,10 @@ def _accepts(fn: Any, name: str) -> bool:
 def generate_function(args: Any, sample: Sample) -> Any:
     """The sample's generate function: `Sample.generate_function_path` (an eval dataset's
     `custom_generate_function_path` sets it), else `--custom-generate-function-path`, else `generate`."""
-    for where, path in (
-        ("Sample.generate_function_path", getattr(sample, "generate_function_path", None)),
-        ("--custom-generate-function-path", args.custom_generate_function_path),
-    ):
+    own, flag = getattr(sample, "generate_function_path", None), args.custom_generate_function_path
+    if not own and not flag:  # the default rollout's case, on every sample
+        return generate
+    for where, path in (("Sample.generate_function_path", own), ("--custom-generate-function-path", flag)):
         if path:
             try:
                 return load_function(path)
@@ -222,9 +222,11 @@ class GenerateTimeout(TimeoutError):
 
 
 async def _call_generate(
-    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool
+    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool, fn: Any = None
 ) -> Sample | list[Sample]:
-    fn = generate_function(args, sample)
+    """`fn` (the sample's generate function, `generate_function`): ours is awaited as it is; a custom
+    one gets a copy of the params (and `evaluation` when it takes it) within --custom-generate-timeout."""
+    fn = generate_function(args, sample) if fn is None else fn
     if fn is generate:  # ours: every engine request has its deadline and retry budget; it copies the params
         return await fn(args, sample, sampling_params)
     call = (
@@ -244,25 +246,38 @@ async def _call_generate(
 
 
 async def _generate_one(
-    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
+    args: Any,
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    evaluation: bool = False,
+    state: GenerateState | None = None,
 ) -> list[Sample]:
     """Generate one sample through slime's `GenerateState` (its plugin bound, abort flag and dp-rank
     balancing), then apply the sample hooks. A plugin's own GenerateState stand-in has no runtime:
-    then nothing is counted in the progress."""
-    state = GenerateState(args)
+    then nothing is counted in the progress. `state`: `GenerateState(args)`, looked up once by a caller
+    generating a whole group."""
+    if state is None:
+        state = GenerateState(args)
     runtime = getattr(state, "runtime", None)
     partial_on = bool(args.partial_rollout)
     if partial_on and not evaluation and partial.is_finished(args, sample):
         if runtime is not None:
             runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
         return [sample]
-    async with state.semaphore:
+    async with state.semaphore:  # (a plugin's stand-in state may give any async context manager)
         if state.aborted:
             sample.status = Sample.Status.ABORTED
             return [sample]
         with state.dp_rank_context():
             try:
-                out = await _call_generate(args, sample, sampling_params, evaluation)
+                fn = generate_function(args, sample)
+                # ours is awaited here, not through `_call_generate`: one coroutine frame less on every resume
+                # (every engine request has its deadline and retry budget; it copies the params)
+                out = await (
+                    fn(args, sample, sampling_params)
+                    if fn is generate
+                    else _call_generate(args, sample, sampling_params, evaluation, fn)
+                )
             except (HttpError, GenerateTimeout) as e:
                 # The retry budget is spent, or the plugin's bound: the sample FAILED, the rollout goes on.
                 mark_failed(sample, e.reason if isinstance(e, HttpError) else "generate_timeout", str(e))
@@ -278,7 +293,8 @@ async def _generate_one(
         for s in samples:
             if s.status in partial.FINISHED:
                 partial.mask_offpolicy(s)
-    samples = await apply_rollout_sample_hooks(args, samples, evaluation=evaluation)  # this rollout's id
+    if args.rollout_sample_hook_path:  # (checked here too: no coroutine per sample when there is none)
+        samples = await apply_rollout_sample_hooks(args, samples, evaluation=evaluation)  # this rollout's id
     if runtime is not None:
         runtime.progress.on_samples(len(samples))
     return samples
@@ -291,10 +307,11 @@ async def generate_and_rm_group(
     group at once with `--group-rm`). A reward function that raises marks its sample FAILED (flag and
     sample named); what it returns is kept as it is."""
     args = completed(args)
-    if GenerateState(args).aborted:
+    state = GenerateState(args)
+    if state.aborted:
         return group
     params = group_sampling_params(args, sampling_params, len(group))
-    results = await asyncio.gather(*(_generate_one(args, s, p, evaluation) for s, p in zip(group, params)))
+    results = await asyncio.gather(*(_generate_one(args, s, p, evaluation, state) for s, p in zip(group, params)))
     samples = [s for r in results for s in r]
     await reward_group(args, samples, evaluation)
     return samples

@@ -223,14 +223,15 @@ async def request_json(
             )
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
-    where = url if callable(url) else (lambda fixed=url: fixed)
+    where = url if callable(url) else None  # a fixed URL is not asked for (one call less per attempt)
     attempt = counted = 0  # attempts made; those that count against max_retries (not while no engine exists)
     started = time.monotonic()
     first: Failure | None = None
     while True:
         stats.requests += 1
         retry_after, status = None, None
-        url = where()
+        if where is not None:
+            url = where()
         try:
             async with (
                 watch(url) if watch is not None else contextlib.nullcontext(),

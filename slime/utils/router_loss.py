@@ -26,22 +26,39 @@ def _base(url: str) -> str:
 
 
 class RouterLosses:
-    """Router addresses known gone, and the request attempts waiting on each address."""
+    """Router addresses known gone, and the request attempts waiting on each address.
+
+    Written from any thread (`lost`, `serving`: under `_lock`), read on the request's loop without the
+    lock (`_Watch`: every engine request passes through one, so its cost is on every sample). Why that is
+    safe in CPython: each read or write below is one dict/set operation, atomic under the GIL (str keys,
+    identity-hashed watches: no Python code runs inside them). A watch adds itself to its address's set
+    and then reads `_gone`; `lost` writes `_gone` and then pops the set. So either the watch reads the
+    loss (and raises) or its add came before the write, hence before the pop, into the set popped (a set
+    leaves `_waiting` only by that pop; one fetched before an earlier pop means that earlier loss was
+    written first, and the watch reads it, unless `serving` already declared the address live again, when
+    nothing is left to cut). `lost` iterates a copy of the popped set, so a watch leaving at that moment
+    (`discard`) does not change the set under its iteration.
+    """
+
+    # request URLs whose address is kept (`_bases`): the router's /generate and a fleet's engines, a few;
+    # past this many (a plugin sending to ever-new URLs) the cache starts over
+    MAX_BASES = 1024
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # between writers (`lost`, `serving`); readers take none (see above)
         self._gone: dict[str, str] = {}  # address -> why it is gone
         self._waiting: dict[str, set[_Watch]] = {}
+        self._bases: dict[str, str] = {}  # request URL -> its address (`_base`), computed once per URL
 
     def lost(self, url: str, why: str) -> None:
         """The router at `url` is gone: every attempt on it fails now with `why` (and any later one at once)."""
         base = _base(url)
         with self._lock:
             self._gone[base] = why
-            waiting = self._waiting.pop(base, set())
-        for watch in waiting:
+            waiting = self._waiting.pop(base, None)
+        for watch in waiting.copy() if waiting else ():
             with contextlib.suppress(RuntimeError):  # that loop is closed: nothing waits there any more
-                watch.loop.call_soon_threadsafe(watch.cut, why)
+                watch.task.get_loop().call_soon_threadsafe(watch.cut, why)
 
     def serving(self, url: str) -> None:
         """A router serves at `url` (again: a new one may get a lost one's address)."""
@@ -51,29 +68,36 @@ class RouterLosses:
     def watch(self, url: str) -> "_Watch":
         """`async with watch(url):` runs the block (one request attempt to `url`) and raises RouterLost as
         soon as that address is gone."""
-        return _Watch(self, _base(url))
+        base = self._bases.get(url)
+        if base is None:
+            if len(self._bases) >= self.MAX_BASES:
+                self._bases.clear()
+            base = self._bases[url] = _base(url)
+        return _Watch(self, base)
 
 
 class _Watch:
     """One watched attempt. A plain class, not a generator-based context manager with a future of its own:
     every engine request passes through one, so its cost is on every sample (bench_rollout_overhead)."""
 
-    __slots__ = ("losses", "base", "loop", "task", "why", "inside")
+    __slots__ = ("losses", "base", "task", "why", "inside", "waiting")
 
     def __init__(self, losses: RouterLosses, base: str) -> None:
         self.losses, self.base, self.why, self.inside = losses, base, None, False
 
     async def __aenter__(self) -> None:
-        self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
-        losses = self.losses
-        with losses._lock:
-            why = losses._gone.get(self.base)
-            if why is None:
-                self.inside = True
-                losses._waiting.setdefault(self.base, set()).add(self)
+        losses, base = self.losses, self.base
+        waiting = losses._waiting.get(base)
+        if waiting is None:
+            waiting = losses._waiting.setdefault(base, set())
+        self.waiting, self.inside = waiting, True
+        waiting.add(self)
+        why = losses._gone.get(base)  # read after the add: see `RouterLosses`
         if why is not None:
-            raise RouterLost(f"router at {self.base} is gone: {why}")
+            self.inside = False
+            waiting.discard(self)
+            raise RouterLost(f"router at {base} is gone: {why}")
 
     def cut(self, why: str) -> None:
         """On the attempt's loop: the task is suspended inside the block, where it is cancelled."""
@@ -83,11 +107,7 @@ class _Watch:
 
     async def __aexit__(self, kind: Any, error: Any, tb: Any) -> bool:
         self.inside = False
-        losses = self.losses
-        with losses._lock:
-            waiting = losses._waiting.get(self.base)
-            if waiting is not None:
-                waiting.discard(self)
+        self.waiting.discard(self)  # the set it joined: the address's, or one `lost` popped (then dropped)
         if kind is asyncio.CancelledError and self.why is not None and self.task.uncancel() == 0:
             raise RouterLost(f"router at {self.base} is gone: {self.why}") from None  # cancelled by `cut` only
         return False

@@ -221,14 +221,11 @@ class GenerateTimeout(TimeoutError):
     """A custom generate function that did not return within --custom-generate-timeout."""
 
 
-async def _call_generate(
-    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool, fn: Any = None
+async def _call_custom_generate(
+    args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool, fn: Any
 ) -> Sample | list[Sample]:
-    """`fn` (the sample's generate function, `generate_function`): ours is awaited as it is; a custom
-    one gets a copy of the params (and `evaluation` when it takes it) within --custom-generate-timeout."""
-    fn = generate_function(args, sample) if fn is None else fn
-    if fn is generate:  # ours: every engine request has its deadline and retry budget; it copies the params
-        return await fn(args, sample, sampling_params)
+    """A custom generate function `fn` (`generate_function`'s answer when it is not ours): it gets a copy of
+    the params (and `evaluation` when it takes it) and runs within --custom-generate-timeout."""
     call = (
         fn(args, sample, dict(sampling_params), evaluation=evaluation)
         if _accepts(fn, "evaluation")
@@ -271,12 +268,12 @@ async def _generate_one(
         with state.dp_rank_context():
             try:
                 fn = generate_function(args, sample)
-                # ours is awaited here, not through `_call_generate`: one coroutine frame less on every resume
-                # (every engine request has its deadline and retry budget; it copies the params)
+                # ours is awaited directly (every engine request has its deadline and retry budget; it copies
+                # the params): one coroutine frame less on every resume
                 out = await (
                     fn(args, sample, sampling_params)
                     if fn is generate
-                    else _call_generate(args, sample, sampling_params, evaluation, fn)
+                    else _call_custom_generate(args, sample, sampling_params, evaluation, fn)
                 )
             except (HttpError, GenerateTimeout) as e:
                 # The retry budget is spent, or the plugin's bound: the sample FAILED, the rollout goes on.

@@ -178,14 +178,19 @@ def test_indexing_prints_a_progress_line_while_it_runs(tmp_path, capsys):
 
 
 def test_sigterm_while_preflight_checks_a_large_file_stops_the_command(tmp_path, tiny_model_dir, cli_runs):
-    """Checking every row of a large file takes a while (progress lines); SIGTERM is honoured at once."""
+    """Checking every row of a large file takes a while (progress lines); SIGTERM is honoured at once.
+    The command prints a progress line every PROGRESS_ROWS rows here (interval 0 s, set in its own process),
+    so the signal comes after the first of ten chunks whatever the box's speed (at 5 s a line, a box that
+    checks the file in under 5 s would print none)."""
     data = tmp_path / "big.jsonl"
     row = {"messages": [{"role": "user", "content": "lorem ipsum " * 60}]}
     data.write_text((json.dumps(row) + "\n") * 40000)
+    every_chunk = "import runpy, slime.rollout.prompt_index as p; p.PROGRESS_EVERY_S = 0.0; "
+    every_chunk += "runpy.run_module('slime', run_name='__main__', alter_sys=True)"
     proc = cli_runs.start(
         [
-            "-m",
-            "slime",
+            "-c",
+            every_chunk,
             "--rollout-backend",
             "hf",
             "--hf-checkpoint",
@@ -206,7 +211,8 @@ def test_sigterm_while_preflight_checks_a_large_file_stops_the_command(tmp_path,
     assert proc.returncode == 143, "".join(lines) + out
     # honoured in the middle of the check, not after it: the check's closing line (`..., done`) never came
     # (no bound on the clock: a loaded box may take any time to deliver and exit, the stop waits at most 30 s)
-    assert ", done" not in "".join(lines) + out, "".join(lines) + out
+    checked = [line for line in ("".join(lines) + out).splitlines() if f"{data}: checked" in line]
+    assert checked and not any(line.endswith(", done") for line in checked), "".join(lines) + out
     assert "slime-rollout: terminated; everything started was stopped" in out
 
 

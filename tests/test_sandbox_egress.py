@@ -256,9 +256,9 @@ def test_ro_bind_shows_tools_read_only_in_runs_and_sessions(env):
         ),
         (["--egress", "gateway"], "--egress 'gateway': expected NAME=HOST:PORT (e.g. gateway=127.0.0.1:8000)"),
         (["--egress", "a=h:1", "--egress", "a=h:2"], "--egress 'a=h:2': the name 'a' is given twice"),
-        (["--egress-port", "0"], "--egress-port 0: must be a TCP port (1-65535)"),
-        (["--egress-port", "65536"], "--egress-port 65536: must be a TCP port (1-65535)"),
-        (["--max-egress-connections", "0"], "--max-egress-connections 0: must be positive"),
+        (["--egress-port", "0"], "--egress-port: must be a TCP port (1-65535), got 0"),
+        (["--egress-port", "65536"], "--egress-port: must be a TCP port (1-65535), got 65536"),
+        (["--max-egress-connections", "0"], "--max-egress-connections: must be >= 1, got 0"),
     ],
 )
 def test_bad_egress_and_ro_bind_flags_refuse_the_start(flags, message, capsys):

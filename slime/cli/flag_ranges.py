@@ -14,7 +14,7 @@ import argparse
 import math
 from typing import Any
 
-from slime.utils.flag_config import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range  # noqa: F401 (re-exports)
+from slime.utils.flag_config import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range, numbers, value_problem  # noqa: F401 (re-exports)
 
 
 def _config_ranges() -> dict[str, Range]:
@@ -54,12 +54,6 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _numbers(value: Any) -> list[float]:
-    """The numbers a flag holds (a list flag holds several); bools are switches, not numbers."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
-
-
 def float_dests(parser: argparse.ArgumentParser) -> list[str]:
     """Every flag parsed as a float (upstream's included): each must be finite unless its default is not."""
     return [
@@ -72,15 +66,7 @@ def float_dests(parser: argparse.ArgumentParser) -> list[str]:
 
 def range_problem(dest: str, value: Any, *, finite: bool = False) -> str | None:
     """Why `value` cannot be `dest`'s (None: it can): "--flag: must be ..., got v"."""
-    if value is None:
-        return None
-    rng = RANGES.get(dest)
-    for v in _numbers(value):
-        if (finite or rng is not None) and isinstance(v, float) and not math.isfinite(v):
-            return f"{flag_name(dest)}: must be a finite number, got {v}"
-        if rng is not None and not rng.holds(v):
-            return f"{flag_name(dest)}: must be {rng.describe()}, got {v}"
-    return None
+    return value_problem(flag_name(dest), value, RANGES.get(dest), finite=finite)
 
 
 def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> str | None:
@@ -97,7 +83,7 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser | Non
 def vocab_problem(args: argparse.Namespace, vocab_size: int) -> str | None:
     """A token-id flag naming an id the model has no embedding row for."""
     for dest in TOKEN_ID_FLAGS:
-        for v in _numbers(vars(args).get(dest)):
+        for v in numbers(vars(args).get(dest)):
             if not 0 <= v < vocab_size:
                 return f"{flag_name(dest)}: token id {v} is outside the model's vocabulary (0..{vocab_size - 1})"
     return None

@@ -10,20 +10,23 @@ import os
 from dataclasses import dataclass
 
 from slime.sandbox.config import SandboxConfig, SessionSettings
-from slime.utils.flag_config import FlagConfig, flag
+from slime.utils.flag_config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FlagConfig, Range, flag
 
 _RUN = SandboxConfig()
 _SESSION = SessionSettings()
+TCP_PORT = Range(1, 65535, text="a TCP port (1-65535)")
 
 
 @dataclass(frozen=True)
 class SandboxFlags(FlagConfig):
     host: str = flag("127.0.0.1")
-    port: int = flag(8080, type=int)
+    port: int = flag(8080, type=int, range=Range(0, 65535, text="a TCP port, or 0 for any free one"))
     fd: int | None = flag(None, type=int, help="serve on this already-bound listening socket")
     lifeline_fd: int | None = flag(None, type=int, help="read end of a pipe held by the parent: exit when it closes")
-    max_concurrency: int = flag(min(8, os.cpu_count() or 2), type=int)
-    max_queue: int | None = flag(None, type=int, help="waiting runs before 429 (default 16x concurrency)")
+    max_concurrency: int = flag(min(8, os.cpu_count() or 2), type=int, range=AT_LEAST_ONE)
+    max_queue: int | None = flag(
+        None, type=int, help="waiting runs before 429 (default 16x concurrency)", range=NON_NEGATIVE
+    )
     allow_no_isolation: bool = flag(
         False,
         action="store_true",
@@ -34,22 +37,28 @@ class SandboxFlags(FlagConfig):
         _RUN.uid_base,
         type=int,
         help="run i uses uid uid_base+slot (default: the first range no other server holds)",
+        range=Range(1, text=">= 1 (uid 0 is root)"),
     )
-    default_memory_mb: int = flag(_RUN.default_memory_mb, type=int)
-    max_memory_mb: int = flag(_RUN.max_memory_mb, type=int)
-    max_run_timeout: float = flag(_RUN.max_run_timeout, type=float)
-    max_output_bytes: int = flag(_RUN.max_output_bytes, type=int)
-    max_processes: int = flag(_RUN.max_processes, type=int)
-    max_file_mb: int = flag(_RUN.max_file_mb, type=int)
-    disk_mb: int = flag(_RUN.disk_mb, type=int, help="size of a run's tmpfs (/tmp and /dev/shm)")
-    cpus_per_run: float = flag(_RUN.cpus_per_run, type=float, help="cgroup CPU bandwidth of one run")
-    max_body_mb: int = flag(_RUN.max_body_mb, type=int, help="larger request bodies get 413")
-    max_fetch_mb: int = flag(_RUN.max_fetch_mb, type=int, help="total of fetch_files per request")
-    body_timeout: float = flag(30.0, type=float, help="seconds to receive a request body; a slower one gets 408")
+    default_memory_mb: int = flag(_RUN.default_memory_mb, type=int, range=AT_LEAST_ONE)
+    max_memory_mb: int = flag(_RUN.max_memory_mb, type=int, range=AT_LEAST_ONE)
+    max_run_timeout: float = flag(_RUN.max_run_timeout, type=float, range=POSITIVE)
+    max_output_bytes: int = flag(_RUN.max_output_bytes, type=int, range=AT_LEAST_ONE)
+    max_processes: int = flag(_RUN.max_processes, type=int, range=AT_LEAST_ONE)
+    max_file_mb: int = flag(_RUN.max_file_mb, type=int, range=AT_LEAST_ONE)
+    disk_mb: int = flag(_RUN.disk_mb, type=int, help="size of a run's tmpfs (/tmp and /dev/shm)", range=AT_LEAST_ONE)
+    cpus_per_run: float = flag(_RUN.cpus_per_run, type=float, help="cgroup CPU bandwidth of one run", range=POSITIVE)
+    max_body_mb: int = flag(_RUN.max_body_mb, type=int, help="larger request bodies get 413", range=AT_LEAST_ONE)
+    max_fetch_mb: int = flag(_RUN.max_fetch_mb, type=int, help="total of fetch_files per request", range=AT_LEAST_ONE)
+    body_timeout: float = flag(
+        30.0, type=float, help="seconds to receive a request body; a slower one gets 408", range=POSITIVE
+    )
     max_bodies: int | None = flag(
-        None, type=int, help="request bodies in memory at once (default: --max-concurrency, at least 4)"
+        None,
+        type=int,
+        help="request bodies in memory at once (default: --max-concurrency, at least 4)",
+        range=AT_LEAST_ONE,
     )
-    max_connections: int = flag(1024, type=int, help="open connections before 503")
+    max_connections: int = flag(1024, type=int, help="open connections before 503", range=AT_LEAST_ONE)
     ro_path: list[str] = flag(
         [],
         action="append",
@@ -70,17 +79,25 @@ class SandboxFlags(FlagConfig):
         help="a target sessions may ask for by NAME as their one way out (default: none)",
     )
     egress_port: int = flag(
-        _SESSION.egress_port, type=int, help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)"
+        _SESSION.egress_port,
+        type=int,
+        help="where a session's egress listens inside its sandbox (127.0.0.1:PORT)",
+        range=TCP_PORT,
     )
-    max_sessions: int | None = flag(None, type=int, help="open sessions at most (default --max-concurrency)")
-    max_session_exec_timeout: float = flag(_SESSION.max_exec_timeout, type=float)
+    max_sessions: int | None = flag(
+        None, type=int, help="open sessions at most (default --max-concurrency)", range=AT_LEAST_ONE
+    )
+    max_session_exec_timeout: float = flag(_SESSION.max_exec_timeout, type=float, range=POSITIVE)
     session_idle_timeout: float = flag(
-        _SESSION.idle_timeout, type=float, help="default seconds a session may stay idle before it is closed"
+        _SESSION.idle_timeout,
+        type=float,
+        help="default seconds a session may stay idle before it is closed",
+        range=POSITIVE,
     )
-    max_session_lifetime: float = flag(_SESSION.max_lifetime, type=float)
-    max_session_disk_mb: int = flag(_SESSION.max_disk_mb, type=int)
+    max_session_lifetime: float = flag(_SESSION.max_lifetime, type=float, range=POSITIVE)
+    max_session_disk_mb: int = flag(_SESSION.max_disk_mb, type=int, range=AT_LEAST_ONE)
     max_egress_connections: int = flag(
-        _SESSION.max_egress_connections, type=int, help="open egress connections per session"
+        _SESSION.max_egress_connections, type=int, help="open egress connections per session", range=AT_LEAST_ONE
     )
     log_level: str = flag("warning")
 
@@ -114,22 +131,10 @@ class SandboxFlags(FlagConfig):
         )
 
     def session_settings(self, egress_budget: int | None = None) -> SessionSettings:
-        """The sessions' settings; ValueError names the flag."""
+        """The sessions' settings (the values' ranges are the fields', checked by `serve` first); ValueError
+        names a bad --egress."""
         from slime.sandbox.egress import parse_egress_targets
 
-        if not 0 < self.egress_port < 65536:
-            raise ValueError(f"--egress-port {self.egress_port}: must be a TCP port (1-65535)")
-        for name in (
-            "max_sessions",
-            "max_session_exec_timeout",
-            "session_idle_timeout",
-            "max_session_lifetime",
-            "max_session_disk_mb",
-            "max_egress_connections",
-        ):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} {value}: must be positive")
         return SessionSettings(
             egress_targets=parse_egress_targets(self.egress),
             egress_port=self.egress_port,

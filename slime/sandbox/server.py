@@ -324,6 +324,8 @@ def serve(flags) -> None:
     logging.basicConfig(level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     open_files = raise_soft_limit()
     try:
+        if problem := flags.range_problem():
+            raise ValueError(problem)
         ro_binds = with_interpreter(parse_ro_binds(flags.ro_bind, flags.ro_path), flags.python)
         sessions = flags.session_settings(
             egress_budget=egress_connection_budget(open_files, flags.max_connections, flags.max_concurrency)

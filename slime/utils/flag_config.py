@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+import math
 import typing
 from typing import Any, Callable, ClassVar
 
@@ -46,6 +47,25 @@ class Range:
                 ],
             )
         )
+
+
+def numbers(value: Any) -> list[float]:
+    """The numbers a flag holds (a list flag holds several); bools are switches, not numbers."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def value_problem(option: str, value: Any, rng: Range | None, *, finite: bool = False) -> str | None:
+    """Why `value` cannot be flag `option`'s (None: it can, or it is unset): a float outside `rng` or, with
+    `finite` or a range, not finite ("--flag: must be ..., got v")."""
+    if value is None:
+        return None
+    for v in numbers(value):
+        if (finite or rng is not None) and isinstance(v, float) and not math.isfinite(v):
+            return f"{option}: must be a finite number, got {v}"
+        if rng is not None and not rng.holds(v):
+            return f"{option}: must be {rng.describe()}, got {v}"
+    return None
 
 
 POSITIVE = Range(0, open_low=True, text="> 0")
@@ -122,6 +142,19 @@ class FlagConfig:
     @classmethod
     def ranges(cls) -> dict[str, Range]:
         return {f.name: f.metadata["flag"].range for f in cls.flag_fields() if f.metadata["flag"].range}
+
+    def range_problem(self) -> str | None:
+        """The first field outside its declared range, or a float flag that is not finite, named as its flag
+        (None: all hold). For a command whose parser is this config alone (`slime-sandbox`); slime's own
+        parser checks every config's ranges in preflight (`slime.cli.flag_ranges`)."""
+        for f in self.flag_fields():
+            spec: FlagSpec = f.metadata["flag"]
+            option = (spec.options or ("--" + f.name.replace("_", "-"),))[0]
+            finite = spec.kwargs.get("type") is float
+            problem = value_problem(option, getattr(self, f.name), spec.range, finite=finite)
+            if problem:
+                return problem
+        return None
 
 
 def _default(f: dataclasses.Field) -> Any:

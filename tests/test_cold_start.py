@@ -18,7 +18,9 @@ import pytest
 import requests
 
 from slime.engine.warm_start import FORK_SERVER_ENV
+from slime.cli.finalize import complete_namespace
 from slime.fleet.engine_actor import EngineActor
+from slime.fleet.flags import EngineConfig
 from slime.fleet.engine_server import EngineServer, engine_env, fork_server_launcher
 from slime.utils import fork_server
 from slime.utils.child_process import ChildProcess, ReadinessError, wait_until
@@ -339,8 +341,9 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(
             engine_threads=1,
             engine_startup_timeout=120.0,
         )
-        warm = [EngineActor(engine_args, rank, fork_server=fs.socket_path).server for rank in range(2)]
-        assert EngineActor(engine_args, 2).server.process.launcher is None  # no fork server: a cold start
+        engine = EngineConfig.from_args(complete_namespace(engine_args))
+        warm = [EngineActor(engine, rank, fork_server=fs.socket_path).server for rank in range(2)]
+        assert EngineActor(engine, 2).server.process.launcher is None  # no fork server: a cold start
         cold = _engine(tiny_model_dir, None, tmp_path)
         for e in (*warm, cold):
             e.start()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from slime.fleet.fleet import NODE_COUNTERS, Fleet
+from slime.fleet.flags import FleetConfig
 from slime.observability import reporting
 from slime.observability.flags import ReportConfig
 from slime.observability.node_losses import describe_lost_node, node_loss_metrics
@@ -82,14 +83,16 @@ class RolloutManager:
             self.wandb_run = WandbRun.start(self.args)
             self._start_tool_services()
             fleet = self.fleet = (
-                None if self.args.load_debug_rollout_data else Fleet(self.args, fork_server=self.fork_server)
+                None
+                if self.args.load_debug_rollout_data
+                else Fleet(FleetConfig.from_args(self.args), self.fork_server, on_router_url=self._router_url)
             )
             # the controller (tokenizer, data, plugins) is built while the engines boot: it only needs
             # the fleet's Endpoints object, which the fleet fills in as engines register
             with ThreadPoolExecutor(1, thread_name_prefix="controller-init") as pool:
                 controller = pool.submit(self._build_controller, fleet.endpoints if fleet else Endpoints(), t0)
                 if fleet is not None:
-                    fleet.start()  # also sets args.sglang_router_ip/port (slime's contract for plugins)
+                    fleet.start()  # also sets args.sglang_router_ip/port (`_router_url`)
                     self.startup_timings.update(fleet.startup_timings)
                 self.controller = controller.result()
             self.startup_timings["ready"] = time.monotonic() - t0
@@ -97,6 +100,12 @@ class RolloutManager:
             self.shutdown()
             raise
         return self.info()
+
+    def _router_url(self, url: str) -> None:
+        """Where the fleet's router serves (at start, and after it moved), onto the namespace: slime's
+        contract for plugins that build URLs themselves (`args.sglang_router_ip/port`)."""
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
 
     def _build_controller(self, endpoints: Endpoints, t0: float) -> RolloutController:
         from slime.rollout.controller import RolloutController

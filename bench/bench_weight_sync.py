@@ -56,7 +56,9 @@ def main() -> None:
         push_tensors,
         trainer_named_tensors,
     )
+    from slime.cli.finalize import complete_namespace
     from slime.fleet.engine_actor import EngineActor
+    from slime.fleet.flags import EngineConfig
 
     if a.model == "default":
         from slime.engine.default_model import ensure_default_model
@@ -79,7 +81,7 @@ def main() -> None:
         engine_startup_timeout=300,
         log_dir=str(work),
     )
-    engines = [EngineActor(args, rank=i) for i in range(2)]
+    engines = [EngineActor(EngineConfig.from_args(complete_namespace(args)), rank=i) for i in range(2)]
     ring = {
         "ring_slots": a.ring_slots or DEFAULT_SLOTS,
         "ring_slot_bytes": (a.ring_slot_mb << 20) if a.ring_slot_mb else DEFAULT_SLOT_BYTES,

@@ -130,12 +130,11 @@ def engine_fork_server(tiny_model_dir, work_dir):
     start warm in under a second instead of importing torch and loading a model each (5 s idle, 50 s
     on a loaded box). None (cold starts) when `SLIME_ENGINE_FORK_SERVER=0`. Tests of the cold path
     itself do not use it."""
-    from types import SimpleNamespace
-
+    from slime.ray.flags import SessionConfig
     from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
 
     server = start_engine_fork_server(
-        SimpleNamespace(
+        SessionConfig(
             rollout_backend="hf",
             hf_checkpoint=str(tiny_model_dir),
             ray_address=None,

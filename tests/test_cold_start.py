@@ -18,7 +18,10 @@ import pytest
 import requests
 
 from slime.engine.warm_start import FORK_SERVER_ENV
+from slime.cli.finalize import complete_namespace
 from slime.fleet.engine_actor import EngineActor
+from slime.fleet.flags import EngineConfig
+from slime.ray.flags import SessionConfig
 from slime.fleet.engine_server import EngineServer, engine_env, fork_server_launcher
 from slime.utils import fork_server
 from slime.utils.child_process import ChildProcess, ReadinessError, wait_until
@@ -239,7 +242,7 @@ def test_no_fork_server_without_embedded_engines_or_when_disabled(monkeypatch):
     )
     for off in ("0", "off", "false", "no", " OFF "):
         monkeypatch.setenv(FORK_SERVER_ENV, off)
-        assert start_engine_fork_server(SimpleNamespace(**base)) is None
+        assert start_engine_fork_server(SessionConfig(**base)) is None
     monkeypatch.delenv(FORK_SERVER_ENV)
     for change in (
         {"rollout_backend": "sglang"},
@@ -248,7 +251,7 @@ def test_no_fork_server_without_embedded_engines_or_when_disabled(monkeypatch):
         {"load_debug_rollout_data": "x.pt"},
         {"hf_checkpoint": None},
     ):
-        assert start_engine_fork_server(SimpleNamespace(**{**base, **change})) is None
+        assert start_engine_fork_server(SessionConfig(**{**base, **change})) is None
     assert FORK_SERVER_ENV not in os.environ
 
 
@@ -258,7 +261,7 @@ def test_session_stops_the_fork_server_and_removes_its_directory(tmp_path, monke
     from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
 
     monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
-    args = SimpleNamespace(
+    config = SessionConfig(
         rollout_backend="hf",
         hf_checkpoint=str(tmp_path / "no-model"),
         ray_address=None,
@@ -266,7 +269,7 @@ def test_session_stops_the_fork_server_and_removes_its_directory(tmp_path, monke
         rollout_num_engines=1,
         log_dir=str(tmp_path),
     )
-    fs = start_engine_fork_server(args)
+    fs = start_engine_fork_server(config)
     session = RaySession(False, fs)
     try:
         assert _await_socket(fs) is True  # bound (it may still be preloading: stopped in the middle of it)
@@ -318,7 +321,7 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(
     from slime.ray.session import _await_socket, start_engine_fork_server
 
     monkeypatch.delenv(FORK_SERVER_ENV, raising=False)
-    args = SimpleNamespace(
+    config = SessionConfig(
         rollout_backend="hf",
         hf_checkpoint=str(tiny_model_dir),
         ray_address=None,
@@ -326,7 +329,7 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(
         rollout_num_engines=2,
         log_dir=str(tmp_path),
     )
-    fs = start_engine_fork_server(args)
+    fs = start_engine_fork_server(config)
     try:
         assert _await_socket(fs) is True
         # the socket reaches an engine as an argument: EngineActor(..., fork_server=) -> hf_server -> launcher
@@ -339,8 +342,9 @@ def test_warm_engines_answer_like_a_cold_one_and_take_weight_updates(
             engine_threads=1,
             engine_startup_timeout=120.0,
         )
-        warm = [EngineActor(engine_args, rank, fork_server=fs.socket_path).server for rank in range(2)]
-        assert EngineActor(engine_args, 2).server.process.launcher is None  # no fork server: a cold start
+        engine = EngineConfig.from_args(complete_namespace(engine_args))
+        warm = [EngineActor(engine, rank, fork_server=fs.socket_path).server for rank in range(2)]
+        assert EngineActor(engine, 2).server.process.launcher is None  # no fork server: a cold start
         cold = _engine(tiny_model_dir, None, tmp_path)
         for e in (*warm, cold):
             e.start()

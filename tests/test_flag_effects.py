@@ -375,12 +375,13 @@ def test_offload_rollout_makes_engines_release_memory_and_refuses_what_it_cannot
     (slime's --enable-memory-saver), the loop offloads them around training (tests/test_train_loop.py runs it
     colocated), so --async, which overlaps the two, is refused by name."""
     from slime.fleet.engine_server import sglang_server_args
+    from slime.fleet.flags import EngineConfig
 
     def server_argv(extra: list[str]) -> list[str]:
         args = parse_train_args(
             ["--rollout-backend", "sglang", "--hf-checkpoint", str(tmp_path), "--rollout-num-gpus", "1", *extra]
         )
-        return sglang_server_args(args, host="127.0.0.1", port=1, base_gpu_id=0, tp_size=1)
+        return sglang_server_args(EngineConfig.from_args(args), host="127.0.0.1", port=1, base_gpu_id=0, tp_size=1)
 
     assert "--enable-memory-saver" not in server_argv([])
     assert "--enable-memory-saver" in server_argv(["--offload-rollout"])
@@ -396,6 +397,7 @@ def test_flags_not_acted_on_are_named_at_start_up(tmp_path):
     from slime.cli.honest_flags import unused_flags_line
     from slime.cli.parser import build_parser
     from slime.fleet.engine_server import sglang_server_args
+    from slime.fleet.flags import EngineConfig
 
     argv = [
         "--rollout-backend",
@@ -411,7 +413,8 @@ def test_flags_not_acted_on_are_named_at_start_up(tmp_path):
         "4",
     ]
     args = parse_train_args(argv)
-    assert "--config" not in sglang_server_args(args, host="127.0.0.1", port=1, base_gpu_id=0, tp_size=1)
+    config = EngineConfig.from_args(args)
+    assert "--config" not in sglang_server_args(config, host="127.0.0.1", port=1, base_gpu_id=0, tp_size=1)
     parser = build_parser()
     line = unused_flags_line(parser, parser.parse_args(argv))
     assert all(flag in line for flag in ("--sglang-config", "--trust-remote-code", "--num-workers")), line

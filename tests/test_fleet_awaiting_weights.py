@@ -7,10 +7,10 @@ death (a late answer on a loaded host). Stand-in engine actors; the real engines
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tests.fleet_configs import fleet_config
 
 URL = "http://127.0.0.1:9"
 
@@ -94,7 +94,7 @@ def fleet_with_a_replacement(ray_cluster, serving_engine):
     made: list[Any] = []
 
     def make(slot_class: type = EngineSlot, failing_waits: int = 0) -> tuple[Any, Any]:
-        fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
+        fleet = Fleet(fleet_config("--engine-startup-timeout", "30"))
         fleet.router = RecordingRouter()
         replacement = _engine(ray, "default", failing_waits)
         fleet.slots = [

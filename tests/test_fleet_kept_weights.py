@@ -9,11 +9,11 @@ actors on the suite's Ray; the real engines on a multi-raylet cluster: tests/tes
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from tests.fleet_configs import fleet_config
 
 URL = "http://127.0.0.1:9"
 
@@ -83,9 +83,7 @@ def fleet_without_engines(ray_cluster):
     made: list[Any] = []
 
     def make(reports: str | None = None) -> tuple[Any, Any]:
-        fleet = Fleet(
-            SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=300.0)
-        )  # the default: a deadline for a hang
+        fleet = Fleet(fleet_config())  # --engine-startup-timeout's default: a deadline for a hang
         fleet.router = RecordingRouter()
         replacement = _engine(ray, reports)
         fleet.slots = [EngineSlot(0, [replacement], [0], state="restarting", restarts=1)]

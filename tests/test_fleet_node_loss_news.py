@@ -8,9 +8,9 @@ multi-raylet cluster: tests/test_multinode_preemption.py."""
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
+from tests.fleet_configs import fleet_config
 
 GONE = "f" * 56  # a node id Ray does not know: not alive
 
@@ -29,7 +29,7 @@ def fleet(ray_cluster, monkeypatch):
     ray = ray_cluster
     from slime.fleet.fleet import EngineSlot, Fleet
 
-    fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
+    fleet = Fleet(fleet_config("--engine-startup-timeout", "30"))
     here = ray.get_runtime_context().get_node_id()
     actors = [ray.remote(Placeholder).options(num_cpus=0).remote() for _ in range(3)]
     fleet.slots = [

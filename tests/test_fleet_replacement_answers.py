@@ -19,6 +19,7 @@ import requests
 
 from slime.weights.version_answer import BadWeightVersion
 from slime.fleet.engine_server import EngineServer, engine_env
+from slime.fleet.flags import FleetConfig
 from slime.fleet.fleet import Fleet, SupervisedEngineActor
 from slime.fleet.placement import bundle_strategy
 from slime.fleet.supervised_engine import ENGINE_CONCURRENCY_GROUPS
@@ -97,7 +98,7 @@ def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_th
         ]
     )
     remote = ray.remote(concurrency_groups=ENGINE_CONCURRENCY_GROUPS)(ScriptedFleetEngine)
-    fleet = Fleet(args)
+    fleet = Fleet(FleetConfig.from_args(args))
     created = []
 
     def new_actor(rank, bundle, *rest):  # the first two boot well; the replacement answers badly

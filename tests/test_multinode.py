@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -300,10 +299,11 @@ def warm_engines(model_dir: str, work: Path) -> Iterator[str | None]:
     """The socket of an engine fork server preloaded with `model_dir`, for every node's engines and their
     replacements (each cold start imports torch and loads the model again: seconds per engine), or None
     when `SLIME_ENGINE_FORK_SERVER=0` (cold starts). Stopped, with its engines, at the end."""
+    from slime.ray.flags import SessionConfig
     from slime.ray.session import RaySession, _await_socket, start_engine_fork_server
 
     server = start_engine_fork_server(
-        SimpleNamespace(
+        SessionConfig(
             rollout_backend="hf",
             hf_checkpoint=model_dir,
             ray_address=None,

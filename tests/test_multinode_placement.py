@@ -6,9 +6,9 @@ later takes the waiting ones: tests/test_multinode.py, on a real multi-raylet cl
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
+from tests.fleet_configs import fleet_config
 
 
 class Placeholder:
@@ -33,7 +33,7 @@ def test_engines_of_a_lost_node_with_no_room_left_wait_unplaced_and_the_pool_shr
     from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 
     monkeypatch.setattr(room, "_PLACEMENT_WAIT_S", 1.0)
-    fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
+    fleet = Fleet(fleet_config("--engine-startup-timeout", "30"))
     old = ray.remote(Placeholder).options(num_cpus=0).remote()
     survivor = ray.remote(Placeholder).options(num_cpus=0).remote()
     assert ray.get(old.ping.remote())

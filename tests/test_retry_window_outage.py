@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -27,6 +26,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.utils import endpoints as endpoints_module
 from slime.utils import http_retry
 from slime.utils.http_retry import HttpError, RetryPolicy
+from tests.fleet_configs import fleet_config
 
 N = 8  # requests in flight when the engine's node is lost
 WINDOW = 60.0
@@ -93,7 +93,7 @@ async def _scenario(monkeypatch, replacement_comes: bool) -> tuple[list, Router]
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001 - the port picked
-    fleet = Fleet(SimpleNamespace(engine_max_restarts=3, engine_startup_timeout=30.0))
+    fleet = Fleet(fleet_config("--engine-startup-timeout", "30"))
     slot = EngineSlot(0, [None], [0], url="http://127.0.0.1:9", state="healthy")
     fleet.slots = [slot]
     fleet.endpoints.router_url = url

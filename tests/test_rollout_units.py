@@ -3,6 +3,7 @@ SGLang launch arguments."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from slime.fleet.engine_server import base_gpu_id, sglang_server_args
+from slime.fleet.flags import EngineConfig
 from slime.rollout import rm_hub as rm
 from slime.rollout.data_source import DataError, DataSource, build_prompt_samples
 from slime.rollout.debug_data import DebugDataError, load_debug_rollout, save_debug_rollout
@@ -78,15 +80,17 @@ def test_load_function_errors_name_flag_and_cause():
 def test_sglang_server_args():
     from slime.cli.finalize import complete_namespace
 
-    args = complete_namespace(
-        SimpleNamespace(
-            hf_checkpoint="/models/qwen",
-            sglang_mem_fraction_static=0.7,
-            offload=True,
-            rollout_seed=3,
-            sglang_extra_args={"attention_backend": "fa3", "enable_metrics": True},
-            num_gpus_per_node=8,
-            rollout_num_gpus_per_engine=2,
+    args = EngineConfig.from_args(
+        complete_namespace(
+            SimpleNamespace(
+                hf_checkpoint="/models/qwen",
+                sglang_mem_fraction_static=0.7,
+                offload=True,
+                rollout_seed=3,
+                sglang_extra_args={"attention_backend": "fa3", "enable_metrics": True},
+                num_gpus_per_node=8,
+                rollout_num_gpus_per_engine=2,
+            )
         )
     )
     cmd = sglang_server_args(args, host="10.0.0.2", port=30001, base_gpu_id=base_gpu_id(args, 3), tp_size=2)
@@ -108,7 +112,7 @@ def test_sglang_server_args():
     assert "--enable-memory-saver" in cmd and ["--random-seed", "3"] == cmd[cmd.index("--random-seed") :][:2]
     assert cmd[-3:] == ["--attention-backend", "fa3", "--enable-metrics"]
     # an engine spanning two 8-GPU nodes
-    args.rollout_num_gpus_per_engine = 16
+    args = dataclasses.replace(args, rollout_num_gpus_per_engine=16)
     assert base_gpu_id(args, 1) == 0
     multi = sglang_server_args(
         args, host="h", port=1, base_gpu_id=0, tp_size=16, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -16,6 +15,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.utils.endpoints import Endpoints
 from slime.utils.http_retry import HttpError
 from slime.utils.router_loss import RouterLost, RouterLosses
+from tests.fleet_configs import fleet_config
 
 BOUND_S = 60.0  # every wait of these tests; a request's own deadline is far beyond it
 
@@ -104,7 +104,7 @@ def test_the_fleet_cuts_the_old_routers_requests_when_it_publishes_the_new_addre
     from slime.fleet import lost_nodes
 
     monkeypatch.setattr(lost_nodes, "node_alive", lambda node: False)  # Ray says: node n1 is gone
-    fleet = fleet_module.Fleet(SimpleNamespace(engine_max_restarts=3))
+    fleet = fleet_module.Fleet(fleet_config())
     fleet._publish_router("http://10.0.0.5:30000")
     fleet._router_moved("n1", "n2", "http://127.0.0.1:30001")
     assert fleet.endpoints.router_url == "http://127.0.0.1:30001" and fleet.counters["router_moves"] == 1

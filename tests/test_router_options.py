@@ -8,6 +8,7 @@ import requests
 from slime.cli.args import parse_args
 from slime.cli.honest_flags import unused_flags_line
 from slime.cli.parser import build_parser
+from slime.fleet.flags import FleetConfig
 from slime.fleet.fleet import Fleet
 from slime.fleet.router_options import SLIME_SETS, router_passthrough
 
@@ -73,7 +74,7 @@ def test_options_slime_keeps_are_named_at_start_up():
 
 def test_the_router_the_fleet_starts_runs_with_the_users_flags(tmp_path):
     args = parse_args([*USER_FLAGS, "--log-dir", str(tmp_path)])
-    fleet = Fleet(args)
+    fleet = Fleet(FleetConfig.from_args(args))
     fleet._start_router()  # noqa: SLF001 - the fleet's own router start, without engines
     try:
         # it answers, so launch_router accepted every option (it renames its process: argv is the command run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Set, Tuple, Union
@@ -21,6 +22,7 @@ import pytest
 from slime.cli.args import parse_args
 from slime.fleet import sglang_payloads as P
 from slime.fleet.engine_server import base_gpu_id, sglang_server_args
+from slime.fleet.flags import EngineConfig
 from slime.rollout.sglang_rollout import sampling_params_from_args
 
 SGLANG_VERSION = "0.5.15.post1"  # upstream slime's image (docker/Dockerfile), = tools/gen_sglang_contract.py
@@ -88,8 +90,13 @@ def slime_args(tmp_path: Path, *extra: str, gpus: int = 8, per_engine: int = 2) 
     )
 
 
+def engine_config(tmp_path: Path, *extra: str, gpus: int = 8, per_engine: int = 2) -> EngineConfig:
+    """What an engine actor receives of that command line (`EngineConfig.from_args`)."""
+    return EngineConfig.from_args(slime_args(tmp_path, *extra, gpus=gpus, per_engine=per_engine))
+
+
 def test_single_node_engine_command_parses(contract, tmp_path):
-    args = slime_args(tmp_path, "--sglang-mem-fraction-static", "0.65", "--rollout-seed", "7")
+    args = engine_config(tmp_path, "--sglang-mem-fraction-static", "0.65", "--rollout-seed", "7")
     cmd = sglang_server_args(args, host="127.0.0.1", port=30001, base_gpu_id=base_gpu_id(args, 3), tp_size=2)
     ns = sglang_parser(contract).parse_args(cmd)
     assert (ns.model_path, ns.host, ns.port, ns.tp_size, ns.base_gpu_id) == (
@@ -109,7 +116,7 @@ def test_single_node_engine_command_parses(contract, tmp_path):
 
 
 def test_multi_node_offload_and_passthrough_command_parses(contract, tmp_path):
-    args = slime_args(
+    args = engine_config(
         tmp_path,
         "--offload",
         "--sglang-cuda-graph-bs",
@@ -148,29 +155,30 @@ def test_multi_node_offload_and_passthrough_command_parses(contract, tmp_path):
 
 
 def test_pipeline_parallel_splits_the_engine_gpus(contract, tmp_path):
-    args = slime_args(tmp_path, "--sglang-pp-size", "2", per_engine=4)
+    args = engine_config(tmp_path, "--sglang-pp-size", "2", per_engine=4)
     ns = sglang_parser(contract).parse_args(sglang_server_args(args, host="h", port=1, base_gpu_id=0, tp_size=4))
     assert (ns.tp_size, ns.pp_size) == (2, 2)
     with pytest.raises(ValueError, match=r"--sglang-pp-size 3 must divide the engine's 4 GPUs"):
-        args.sglang_pp_size = 3
-        sglang_server_args(args, host="h", port=1, base_gpu_id=0, tp_size=4)
+        sglang_server_args(dataclasses.replace(args, sglang_pp_size=3), host="h", port=1, base_gpu_id=0, tp_size=4)
 
 
 def test_command_line_errors_name_the_flag(contract, tmp_path):
-    args = slime_args(tmp_path, "--sglang-tp-size", "4")
+    args = engine_config(tmp_path, "--sglang-tp-size", "4")
     with pytest.raises(ValueError, match=r"--sglang-tp-size is set by slime; use --rollout-num-gpus-per-engine"):
         sglang_server_args(args, host="h", port=1, base_gpu_id=0, tp_size=2)
-    args = slime_args(tmp_path, gpus=16, per_engine=16)
+    args = engine_config(tmp_path, gpus=16, per_engine=16)
     with pytest.raises(ValueError, match=r"over 2 nodes needs dist_init_addr"):
         sglang_server_args(args, host="h", port=1, base_gpu_id=0, tp_size=16, nnodes=2, node_rank=1)
     # what SGLang's own parser would refuse at start-up is caught here, before any GPU is asked for
     parser = sglang_parser(contract)
     bad = sglang_server_args(
-        slime_args(tmp_path, "--sglang-no-such-option", "1"), host="h", port=1, base_gpu_id=0, tp_size=2
+        engine_config(tmp_path, "--sglang-no-such-option", "1"), host="h", port=1, base_gpu_id=0, tp_size=2
     )
     with pytest.raises(ParseError, match=r"unrecognized arguments: --no-such-option 1"):
         parser.parse_args(bad)
-    bad = sglang_server_args(slime_args(tmp_path, "--sglang-dtype", "fp7"), host="h", port=1, base_gpu_id=0, tp_size=2)
+    bad = sglang_server_args(
+        engine_config(tmp_path, "--sglang-dtype", "fp7"), host="h", port=1, base_gpu_id=0, tp_size=2
+    )
     with pytest.raises(ParseError, match=r"--dtype: invalid choice: 'fp7'"):
         parser.parse_args(bad)
 

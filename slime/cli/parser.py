@@ -94,12 +94,12 @@ def build_parser(prog: str = "slime-rollout") -> SlimeArgumentParser:
 def flag_configs() -> tuple[type, ...]:
     """The packages' typed flag configs (`slime.utils.flag_config`), in the order their groups are added."""
     from slime.agent.flags import AgentConfig
-    from slime.fleet.flags import FleetConfig
+    from slime.fleet.flags import FleetFlags
     from slime.observability.flags import ObservabilityConfig
     from slime.tools.flags import ToolConfig
     from slime.train.flags import TrainConfig
 
-    return RolloutConfig, ToolConfig, AgentConfig, ObservabilityConfig, FleetConfig, TrainConfig
+    return RolloutConfig, ToolConfig, AgentConfig, ObservabilityConfig, FleetFlags, TrainConfig
 
 
 def _optional_groups(p: argparse.ArgumentParser) -> None:

@@ -412,7 +412,7 @@ def check_external_engines(args: Any) -> None:
     if args.load_debug_rollout_data:
         return  # a replay starts no engine and reaches none
     try:
-        check_reachable(external_urls(args))
+        check_reachable(external_urls(args.rollout_external_engine_addrs))
     except ExternalEngineError as e:
         raise PreflightError(str(e)) from e
 

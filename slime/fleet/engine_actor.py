@@ -12,6 +12,7 @@ import requests
 from slime.weights.version_answer import parse_weight_version_answer
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.engine_server import EngineServer, hf_server, sglang_server
+from slime.fleet.flags import EngineConfig
 
 WEIGHT_PUSH_TIMEOUT_S = 600.0  # one bucket of a large model, or a rendezvous, may take minutes on a busy box
 
@@ -19,7 +20,7 @@ WEIGHT_PUSH_TIMEOUT_S = 600.0  # one bucket of a large model, or a rendezvous, m
 class EngineActor:
     def __init__(
         self,
-        args: Any,
+        config: EngineConfig,
         rank: int,
         node_rank: int = 0,
         nnodes: int = 1,
@@ -28,17 +29,17 @@ class EngineActor:
     ):
         """`fork_server`: the socket of this node's engine fork server, for an embedded engine to start
         warm (slime.engine.warm_start); None starts it cold."""
-        host = args.engine_host
+        host = config.engine_host
         if host == "auto":
             host = ray.util.get_node_ip_address()
         self.rank = rank
-        self.backend = args.rollout_backend
-        if args.rollout_backend == "sglang":
+        self.backend = config.rollout_backend
+        if config.rollout_backend == "sglang":
             self.server: EngineServer = sglang_server(
-                args, rank, host, args.log_dir, node_rank=node_rank, nnodes=nnodes, dist_init_addr=dist_init_addr
+                config, rank, host, node_rank=node_rank, nnodes=nnodes, dist_init_addr=dist_init_addr
             )
         else:
-            self.server = hf_server(args, rank, host, args.log_dir, fork_server=fork_server)
+            self.server = hf_server(config, rank, host, fork_server=fork_server)
         # completed weight pushes, for the fleet to admit a restarted engine once it has the current weights
         self._pushes = threading.Condition()
         self._push_count = 0

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import requests
 
+from slime.fleet.flags import EngineConfig
 from slime.utils import fork_server
 from slime.utils.child_process import ChildProcess, ReadinessError, http_ok
 from slime.utils.misc import find_free_port
@@ -50,7 +51,7 @@ MANAGED_SGLANG_FLAGS = {
 
 
 def sglang_server_args(
-    args: Any,
+    config: EngineConfig,
     *,
     host: str,
     port: int,
@@ -63,14 +64,14 @@ def sglang_server_args(
     """Arguments for `python -m sglang.launch_server` (checked against SGLang's own parser in
     tests/test_sglang_contract.py). `tp_size` is the engine's GPU count; with `--sglang-pp-size P` the
     engine runs tensor parallel `tp_size // P` times pipeline parallel `P`, as slime does."""
-    pp = int(args.sglang_pp_size or 1)
+    pp = int(config.sglang_pp_size or 1)
     if pp < 1 or tp_size % pp:
         raise ValueError(
             f"--sglang-pp-size {pp} must divide the engine's {tp_size} GPUs (--rollout-num-gpus-per-engine)"
         )
     cmd = [
         "--model-path",
-        str(args.hf_checkpoint),
+        str(config.hf_checkpoint),
         "--host",
         host,
         "--port",
@@ -88,13 +89,13 @@ def sglang_server_args(
         if not dist_init_addr:
             raise ValueError(f"an SGLang engine over {nnodes} nodes needs dist_init_addr (host:port of node 0)")
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--dist-init-addr", str(dist_init_addr)]
-    if args.sglang_mem_fraction_static is not None:
-        cmd += ["--mem-fraction-static", str(args.sglang_mem_fraction_static)]
-    if args.offload:
+    if config.sglang_mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(config.sglang_mem_fraction_static)]
+    if config.offload:
         cmd += ["--enable-memory-saver"]
-    if args.rollout_seed is not None:
-        cmd += ["--random-seed", str(args.rollout_seed)]
-    for name, value in sorted((getattr(args, "sglang_extra_args", None) or {}).items()):
+    if config.rollout_seed is not None:
+        cmd += ["--random-seed", str(config.rollout_seed)]
+    for name, value in sorted(config.sglang_extra_args.items()):
         if name in MANAGED_SGLANG_FLAGS:
             raise ValueError(
                 f"--sglang-{name.replace('_', '-')} is set by slime; use {MANAGED_SGLANG_FLAGS[name]} instead"
@@ -109,10 +110,10 @@ def sglang_server_args(
     return cmd
 
 
-def base_gpu_id(args: Any, rank: int) -> int:
+def base_gpu_id(config: EngineConfig, rank: int) -> int:
     """First GPU of engine `rank` on its node (engines are packed node by node)."""
-    per_engine_on_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
-    return (rank * per_engine_on_node) % args.num_gpus_per_node
+    per_engine_on_node = min(config.num_gpus_per_node, config.rollout_num_gpus_per_engine)
+    return (rank * per_engine_on_node) % config.num_gpus_per_node
 
 
 def fork_server_launcher(socket_path: str | None) -> Callable[[ChildProcess], Any] | None:
@@ -232,7 +233,7 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def hf_server(args: Any, rank: int, host: str, log_dir: str | None, fork_server: str | None = None) -> EngineServer:
+def hf_server(config: EngineConfig, rank: int, host: str, fork_server: str | None = None) -> EngineServer:
     """The embedded engine; `fork_server`: the socket of this node's engine fork server (a warm start)."""
     port = find_free_port(host)
     cmd = [
@@ -240,49 +241,48 @@ def hf_server(args: Any, rank: int, host: str, log_dir: str | None, fork_server:
         "-m",
         "slime.engine.hf_server",
         "--model-path",
-        str(args.hf_checkpoint),
+        str(config.hf_checkpoint),
         "--host",
         host,
         "--port",
         str(port),
         "--max-batch-size",
-        str(args.engine_max_batch_size),
+        str(config.engine_max_batch_size),
     ]
-    if args.engine_threads:
-        cmd += ["--num-threads", str(args.engine_threads)]
+    if config.engine_threads:
+        cmd += ["--num-threads", str(config.engine_threads)]
     return EngineServer(
         cmd,
         host,
         port,
         f"engine-hf-{rank}",
-        log_dir,
+        config.log_dir,
         engine_env(),
-        args.engine_startup_timeout,
+        config.engine_startup_timeout,
         launcher=fork_server_launcher(fork_server),
     )
 
 
 def sglang_server(
-    args: Any,
+    config: EngineConfig,
     rank: int,
     host: str,
-    log_dir: str | None,
     *,
     node_rank: int = 0,
     nnodes: int = 1,
     dist_init_addr: str | None = None,
 ) -> EngineServer:
     port = find_free_port(host)
-    tp = args.rollout_num_gpus_per_engine
+    tp = config.rollout_num_gpus_per_engine
     cmd = [
         sys.executable,
         "-m",
         "sglang.launch_server",
         *sglang_server_args(
-            args,
+            config,
             host=host,
             port=port,
-            base_gpu_id=base_gpu_id(args, rank),
+            base_gpu_id=base_gpu_id(config, rank),
             tp_size=tp,
             nnodes=nnodes,
             node_rank=node_rank,
@@ -290,5 +290,11 @@ def sglang_server(
         ),
     ]
     return EngineServer(
-        cmd, host, port, f"engine-sglang-{rank}-n{node_rank}", log_dir, engine_env(), args.engine_startup_timeout
+        cmd,
+        host,
+        port,
+        f"engine-sglang-{rank}-n{node_rank}",
+        config.log_dir,
+        engine_env(),
+        config.engine_startup_timeout,
     )

@@ -7,8 +7,6 @@ or pushes weights to them: their owner does (`slime-train` refuses the flag for 
 
 from __future__ import annotations
 
-from typing import Any
-
 import requests
 
 FLAG = "--rollout-external-engine-addrs"
@@ -19,9 +17,9 @@ class ExternalEngineError(ValueError):
     """An external engine address that cannot be used; the message names the flag and the address."""
 
 
-def external_urls(args: Any) -> list[str]:
-    """The engines' base URLs ([] when the flag is not given)."""
-    addrs = args.rollout_external_engine_addrs or []
+def external_urls(addrs: list[str] | None) -> list[str]:
+    """The engines' base URLs of the flag's addresses ([] when the flag is not given)."""
+    addrs = addrs or []
     return [a.rstrip("/") if "://" in a else f"http://{a.rstrip('/')}" for a in addrs]
 
 

@@ -15,6 +15,10 @@ The fleet's parts, each owned by it and handed its lock, stop event and counters
   router went;
 - `WeightGate` (slime.fleet.awaiting_weights): a replacement with other weights than the fleet serves
   loads the trainer's last push (kept in Ray's object store), or waits, out of the router, for the next push.
+
+It receives its flags as one `FleetConfig` (slime.fleet.flags), read from the namespace by its owner, and never
+sees `args`: where the router serves is handed back through `on_router_url` (the manager writes it onto
+`args.sglang_router_ip/port`, slime's contract for plugins).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -33,7 +37,7 @@ from slime.fleet.engine_slot import UPDATABLE_STATES, EngineSlot
 from slime.fleet.lost_nodes import NODE_COUNTERS, LostNodes
 from slime.fleet.placement import bundle_strategy, create_engine_placement_group
 from slime.fleet.external_engines import check_reachable, external_urls
-from slime.fleet.router_options import SLIME_SETS, router_passthrough
+from slime.fleet.flags import FleetConfig
 from slime.fleet.router import Router, register_worker, unregister_worker
 from slime.fleet.router_host import RelocatingRouter
 from slime.fleet.supervised_engine import RemoteSupervisedEngine, SupervisedEngineActor, exit_notice
@@ -53,8 +57,15 @@ class Fleet:
     """Starts the router and the engines, hands control calls to the serving engines, reports their status
     and stops them; its parts (above) keep the pool whole in between."""
 
-    def __init__(self, args: Any, fork_server: str | None = None):
-        self.args = args
+    def __init__(
+        self,
+        config: FleetConfig,
+        fork_server: str | None = None,
+        on_router_url: Callable[[str], None] | None = None,
+    ):
+        """`on_router_url(url)`: called wherever the router serves from then on (at start, and when it moved)."""
+        self.config = config
+        self.on_router_url = on_router_url
         self.router: Router | None = None
         self.pg = None
         self.slots: list[EngineSlot] = []
@@ -102,7 +113,7 @@ class Fleet:
     # ---- start-up ----
     def start(self) -> Endpoints:
         """Engines boot while the router starts; returns when every engine is registered."""
-        if external_urls(self.args):
+        if external_urls(self.config.rollout_external_engine_addrs):
             return self._start_external()
         t0 = time.monotonic()
         refs = self._launch_engines()
@@ -127,7 +138,7 @@ class Fleet:
     def _start_external(self) -> Endpoints:
         """--rollout-external-engine-addrs: the given engines behind our router, none of ours (external_engines)."""
         t0 = time.monotonic()
-        urls = external_urls(self.args)
+        urls = external_urls(self.config.rollout_external_engine_addrs)
         check_reachable(urls)
         self._start_router()
         for url in urls:
@@ -141,28 +152,29 @@ class Fleet:
 
     def _engine_layout(self) -> tuple[int, int, int]:
         """(engines, nodes per engine, bundles per node of an engine)."""
-        args = self.args
-        if args.rollout_backend != "sglang":
-            return args.rollout_num_engines, 1, 1
-        per_node = min(args.num_gpus_per_node, args.rollout_num_gpus_per_engine)
-        nodes = max(1, args.rollout_num_gpus_per_engine // args.num_gpus_per_node)
-        return args.rollout_num_gpus // per_node // nodes, nodes, per_node
+        config, engine = self.config, self.config.engine
+        if engine.rollout_backend != "sglang":
+            return config.rollout_num_engines, 1, 1
+        per_node = min(engine.num_gpus_per_node, engine.rollout_num_gpus_per_engine)
+        nodes = max(1, engine.rollout_num_gpus_per_engine // engine.num_gpus_per_node)
+        return config.rollout_num_gpus // per_node // nodes, nodes, per_node
 
     def new_actor(
         self, rank: int, bundle: int, node_rank: int = 0, nnodes: int = 1, dist_init_addr: str | None = None
     ) -> Any:
-        args = self.args
-        if args.rollout_backend == "sglang":
+        engine = self.config.engine
+        if engine.rollout_backend == "sglang":
             return RemoteSupervisedEngine.options(
                 num_cpus=0.2, num_gpus=0.2, scheduling_strategy=bundle_strategy(self.pg, bundle)
-            ).remote(args, rank, node_rank, nnodes, dist_init_addr)
+            ).remote(engine, rank, node_rank, nnodes, dist_init_addr)
         return RemoteSupervisedEngine.options(
-            num_cpus=float(args.rollout_num_cpus_per_engine), scheduling_strategy=bundle_strategy(self.pg, bundle)
-        ).remote(args, rank, fork_server=self.fork_server)
+            num_cpus=float(self.config.rollout_num_cpus_per_engine),
+            scheduling_strategy=bundle_strategy(self.pg, bundle),
+        ).remote(engine, rank, fork_server=self.fork_server)
 
     def _launch_engines(self) -> list[Any]:
         """Create the engine actors on their bundles and start their servers (not awaited)."""
-        self.pg = create_engine_placement_group(self.args)
+        self.pg = create_engine_placement_group(self.config)
         num_engines, nodes, per_node = self._engine_layout()
         for rank in range(num_engines):
             actors, bundles, dist_init_addr = [], [], None
@@ -178,18 +190,12 @@ class Fleet:
         return [a.start.remote() for a in self.all_engines]
 
     def _start_router(self) -> None:
-        args = self.args
-        if args.sglang_router_ip is not None:
-            self.endpoints.router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+        router = self.config.router
+        if router.sglang_router_ip is not None:
+            self.endpoints.router_url = f"http://{router.sglang_router_ip}:{router.sglang_router_port}"
             return
-        router_kw = {
-            "policy": args.router_policy,
-            "prometheus_port": args.router_prometheus_port,
-            "health_check_interval": args.router_health_check_interval,
-            "log_dir": args.log_dir,
-            "extra_args": router_passthrough(args, taken=SLIME_SETS),
-        }
-        resource = args.router_resource
+        router_kw = router.router_kw()
+        resource = self.config.flags.router_resource
         if resource:  # on a node of its own, moved when that node is lost
             here = ray.get_runtime_context().get_node_id()
             self.router = RelocatingRouter(resource, here, router_kw, self._router_moved).start()
@@ -198,12 +204,12 @@ class Fleet:
         self._publish_router(self.router.url)
 
     def _publish_router(self, url: str) -> None:
-        """Where requests go from now on: the shared `Endpoints`, and slime's contract for plugins that
-        build URLs themselves (`args.sglang_router_ip/port`)."""
+        """Where requests go from now on: the shared `Endpoints`, and the owner's `on_router_url` (the manager
+        keeps slime's contract for plugins that build URLs themselves: `args.sglang_router_ip/port`)."""
         self.endpoints.router_url = url
         self.endpoints.router_losses.serving(url)
-        host, _, port = url.removeprefix("http://").rpartition(":")
-        self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
+        if self.on_router_url is not None:
+            self.on_router_url(url)
 
     def _router_moved(self, old_node: str | None, new_node: str, url: str) -> None:
         """The router's node was lost and the router runs on `new_node` now (RelocatingRouter): requests in

@@ -24,10 +24,11 @@ class PlacementError(RuntimeError):
     pass
 
 
-def engine_bundles(args: Any) -> list[dict[str, float]]:
-    if args.rollout_backend == "sglang":
-        return [{"GPU": 1, "CPU": 1} for _ in range(args.rollout_num_gpus)]
-    return [{"CPU": float(args.rollout_num_cpus_per_engine)} for _ in range(args.rollout_num_engines)]
+def engine_bundles(config: Any) -> list[dict[str, float]]:
+    """The engines' bundles (`config`: the fleet's `slime.fleet.flags.FleetConfig`)."""
+    if config.engine.rollout_backend == "sglang":
+        return [{"GPU": 1, "CPU": 1} for _ in range(config.rollout_num_gpus)]
+    return [{"CPU": float(config.rollout_num_cpus_per_engine)} for _ in range(config.rollout_num_engines)]
 
 
 def _num(x: float) -> str:
@@ -93,8 +94,10 @@ def reserve(bundles: list[dict[str, float]], *, name: str, what: str, flags: str
     return pg
 
 
-def create_engine_placement_group(args: Any, timeout: float = PLACEMENT_TIMEOUT_S):
-    return reserve(engine_bundles(args), name="slime-engines", what="the engines", flags=ENGINE_FLAGS, timeout=timeout)
+def create_engine_placement_group(config: Any, timeout: float = PLACEMENT_TIMEOUT_S):
+    return reserve(
+        engine_bundles(config), name="slime-engines", what="the engines", flags=ENGINE_FLAGS, timeout=timeout
+    )
 
 
 def bundle_strategy(pg, index: int) -> PlacementGroupSchedulingStrategy:

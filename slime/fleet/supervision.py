@@ -33,7 +33,7 @@ class EngineSupervisor:
 
     def __init__(self, fleet: Any):
         self.fleet = fleet
-        self.max_restarts = int(fleet.args.engine_max_restarts)
+        self.max_restarts = int(fleet.config.flags.engine_max_restarts)
         self.room = RoomWait(fleet.counters, fleet.stopping, fleet.lost_nodes, resume=self._resume, died=self.on_death)
         self.watchers: list[threading.Thread] = []
 
@@ -199,7 +199,7 @@ class EngineSupervisor:
     def bring_up(self, slot: EngineSlot, actor: Any) -> None:
         """Start the placed replacement, give it what the others got, and admit it (or let it await weights)."""
         fleet = self.fleet
-        timeout = float(fleet.args.engine_startup_timeout) + 60.0
+        timeout = float(fleet.config.engine.engine_startup_timeout) + 60.0
         url = ray.get(actor.start.remote(), timeout=timeout)
         if fleet.stopping.is_set():
             return

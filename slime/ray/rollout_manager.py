@@ -22,11 +22,11 @@ import ray
 
 from slime.fleet.fleet import NODE_COUNTERS, Fleet
 from slime.observability import reporting
-from slime.observability.flags import ReportConfig
 from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 from slime.observability.wandb_logger import WandbRun
 from slime.weights import manager as weight_sync
 from slime.ray.box import Box
+from slime.ray.flags import ManagerConfig
 from slime.tools.services import ToolServices
 from slime.utils.endpoints import Endpoints
 from slime.utils.startup_trace import mark
@@ -59,8 +59,9 @@ class RolloutManager:
         log_warnings_to_stderr()
         args = completed(args)  # slime's train.py builds its namespace with slime's parser, not ours
         resolve_hf_checkpoint(args)  # as our commands do, also for callers that skip them (slime's train.py)
-        self.args = args
-        self.report = ReportConfig.from_args(args)  # what the fleet's metric log reads
+        self.args = args  # for slime's plugins (the controller), wandb, and the router's address (`_router_url`)
+        self.config = ManagerConfig.from_args(args)  # every flag the manager and its fleet read, once
+        self.report = self.config.report  # what the fleet's metric log reads
         self.fork_server = fork_server  # the node's engine fork server socket (warm engine starts), or None
         self.fleet: Fleet | None = None
         self.controller: RolloutController | None = None
@@ -82,14 +83,16 @@ class RolloutManager:
             self.wandb_run = WandbRun.start(self.args)
             self._start_tool_services()
             fleet = self.fleet = (
-                None if self.args.load_debug_rollout_data else Fleet(self.args, fork_server=self.fork_server)
+                None
+                if self.config.load_debug_rollout_data
+                else Fleet(self.config.fleet, self.fork_server, on_router_url=self._router_url)
             )
             # the controller (tokenizer, data, plugins) is built while the engines boot: it only needs
             # the fleet's Endpoints object, which the fleet fills in as engines register
             with ThreadPoolExecutor(1, thread_name_prefix="controller-init") as pool:
                 controller = pool.submit(self._build_controller, fleet.endpoints if fleet else Endpoints(), t0)
                 if fleet is not None:
-                    fleet.start()  # also sets args.sglang_router_ip/port (slime's contract for plugins)
+                    fleet.start()  # also sets args.sglang_router_ip/port (`_router_url`)
                     self.startup_timings.update(fleet.startup_timings)
                 self.controller = controller.result()
             self.startup_timings["ready"] = time.monotonic() - t0
@@ -97,6 +100,12 @@ class RolloutManager:
             self.shutdown()
             raise
         return self.info()
+
+    def _router_url(self, url: str) -> None:
+        """Where the fleet's router serves (at start, and after it moved), onto the namespace: slime's
+        contract for plugins that build URLs themselves (`args.sglang_router_ip/port`)."""
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        self.args.sglang_router_ip, self.args.sglang_router_port = host, int(port)
 
     def _build_controller(self, endpoints: Endpoints, t0: float) -> RolloutController:
         from slime.rollout.controller import RolloutController
@@ -116,7 +125,7 @@ class RolloutManager:
     def _start_tool_services(self) -> None:
         """Services the tools share, owned here so they outlive any rollout: each tool class of
         `--tool-config-path` starts its own (the local sandbox, its global rate limiter)."""
-        path = self.args.tool_config_path
+        path = self.config.tool_config_path
         if path:
             from slime.tools.registry import start_shared_services
 
@@ -173,7 +182,7 @@ class RolloutManager:
         source = self.controller.data_source
         if source is None:
             raise ValueError("get_num_rollout_per_epoch: no --prompt-data")
-        return len(source) // self.args.rollout_batch_size
+        return len(source) // self.config.rollout_batch_size
 
     def eval(self, rollout_id: int) -> dict[str, Any]:
         return self.controller.eval(rollout_id)
@@ -219,9 +228,9 @@ class RolloutManager:
         from its checkpoint of that rollout, whose copy is in `directory`), else the newest; returns
         that rollout id."""
         source = self.controller.data_source if self.controller else None
-        if source is None or not self.args.load:
+        if source is None or not self.config.load:
             return None
-        return source.load(directory or self.args.load, rollout_id)
+        return source.load(directory or self.config.load, rollout_id)
 
     # ---- weights (slime's names; the engines' side is slime/weights/receive.py) ----
     def begin_weight_update(self) -> None:
@@ -261,12 +270,12 @@ class RolloutManager:
         """Return once no engine is dead or restarting (the fleet restarts them by itself; a
         restart has no event here, so this probes with a deadline); the count of new engines."""
         if self.fleet is not None:
-            deadline = time.monotonic() + float(self.args.engine_startup_timeout)
+            timeout = self.config.fleet.engine.engine_startup_timeout
+            deadline = time.monotonic() + float(timeout)
             while any(s["state"] in ("dead", "restarting", "starting") for s in self.fleet.engine_status()):
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"recover_updatable_engines: engines not back after "
-                        f"{self.args.engine_startup_timeout:.0f}s (--engine-startup-timeout)"
+                        f"recover_updatable_engines: engines not back after {timeout:.0f}s (--engine-startup-timeout)"
                     )
                 time.sleep(0.2)
         return self._new_engines()

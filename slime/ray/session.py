@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
+from slime.ray.flags import SessionConfig
 from slime.ray.keep_sigterm import keep_sigterm_handler
 from slime.ray.lean_head import lean_head
 from slime.ray.process_keeper import RayProcessKeeper
@@ -122,7 +123,7 @@ def fork_server_disabled() -> bool:
     return os.environ.get(FORK_SERVER_ENV, "").strip().lower() in ("0", "off", "false", "no")
 
 
-def start_engine_fork_server(args: Any) -> Any:
+def start_engine_fork_server(config: SessionConfig) -> Any:
     """Cold start: with embedded engines on this node (a private Ray), start the node's engine fork
     server now, so torch, transformers and the checkpoint load while Ray and the manager come up,
     once for all engines (slime.engine.warm_start). Not awaited: it binds its socket at once, then
@@ -134,16 +135,16 @@ def start_engine_fork_server(args: Any) -> Any:
     if fork_server_disabled():
         return None
     if (
-        args.rollout_backend != "hf"
-        or not args.hf_checkpoint
-        or args.ray_address
-        or args.load_debug_rollout_data
-        or int(args.rollout_num_engines or 0) < 1
+        config.rollout_backend != "hf"
+        or not config.hf_checkpoint
+        or config.ray_address
+        or config.load_debug_rollout_data
+        or int(config.rollout_num_engines or 0) < 1
     ):
         return None
     where = Path(tempfile.mkdtemp(prefix=f"slime-fork-{os.getpid()}-"))  # 0700: only this user may ask for a child
     sock = where / "engines.sock"
-    log_dir = Path(args.log_dir or where)
+    log_dir = Path(config.log_dir or where)
     cmd = [
         sys.executable,
         "-m",
@@ -155,7 +156,7 @@ def start_engine_fork_server(args: Any) -> Any:
         "--preload",
         "slime.engine.warm_start:preload",
         "--preload-json",
-        json.dumps([str(args.hf_checkpoint)]),
+        json.dumps([str(config.hf_checkpoint)]),
     ]
     root = str(Path(__file__).resolve().parents[2])
     env = {
@@ -194,7 +195,11 @@ def ray_init(args: Any, *, import_meanwhile: str | None = None) -> RaySession:
 
     `import_meanwhile` (cold start): a module imported on a thread while Ray starts, handed out by
     `session.imported()`. The thread starts only after this function has asked whether Ray already
-    runs and has started the fork server: nothing imports Ray concurrently with that question."""
+    runs and has started the fork server: nothing imports Ray concurrently with that question.
+    The namespace is read once here (`SessionConfig`; one built by hand is completed with the parser's
+    defaults first)."""
+    from slime.utils.plugin_args import completed
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray_running():
@@ -203,12 +208,13 @@ def ray_init(args: Any, *, import_meanwhile: str | None = None) -> RaySession:
         return session
     mark("ray_init: begin")
     remove_stale_run_dirs()  # of runs SIGKILLed before their stop could remove them
+    config = SessionConfig.from_args(completed(args))
     # first, before importing Ray (~0.5 s): the fork server's preload is the longest part of a start
-    fork_server = start_engine_fork_server(args)
+    fork_server = start_engine_fork_server(config)
     session = RaySession(False, fork_server)
     try:
         session._imported = _import_in_thread(import_meanwhile)
-        _start_ray(args, session)
+        _start_ray(config.ray_address, session)
         if fork_server is not None:
             if _await_socket(fork_server):
                 session.fork_server_socket = fork_server.socket_path
@@ -239,16 +245,16 @@ def _import_in_thread(name: str | None, *, wait: bool = False) -> Future | None:
     return fut
 
 
-def _start_ray(args: Any, session: RaySession) -> None:
+def _start_ray(ray_address: str | None, session: RaySession) -> None:
     import ray
 
     from slime.ray.worker_path import worker_pythonpath
 
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     env["PYTHONPATH"] = worker_pythonpath()  # the user's code first, our checkout last (worker_path)
-    if args.ray_address:
+    if ray_address:
         with keep_sigterm_handler():  # a SIGTERM during the start is held, then takes the orderly stop
-            ray.init(address=args.ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
+            ray.init(address=ray_address, runtime_env={"env_vars": env}, log_to_driver=True)
         return
     tmp = Path(tempfile.gettempdir()) / f"slime-ray-{os.getpid()}"
     tmp.mkdir(exist_ok=True)

@@ -32,6 +32,7 @@ def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool
     as `slime-train` starts it on its own Ray (slime.engine.warm_start); else they start cold."""
     import ray
 
+    from slime.ray.flags import SessionConfig
     from slime.ray.session import start_engine_fork_server, start_manager, stop_manager
     from slime.testing.fault_manager import FaultInjectingManager
     from slime.train.actor_group import TrainGroup
@@ -39,7 +40,7 @@ def manager_and_trainer(args: Any, fork_server: str | None = None, *, warm: bool
 
     manager = group = server = None
     try:
-        server = start_engine_fork_server(args) if warm and fork_server is None else None
+        server = start_engine_fork_server(SessionConfig.from_args(args)) if warm and fork_server is None else None
         manager, _ = start_manager(
             args, FaultInjectingManager, fork_server=server.socket_path if server is not None else fork_server
         )

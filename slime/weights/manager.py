@@ -67,10 +67,9 @@ def get_updatable_engines_and_lock(fleet: Any, lock: Any, num_new_engines: int =
     """slime's tuple: `(engines, lock, num_new_engines, engine_gpu_counts, engine_gpu_offsets,
     engine_parallel_configs)`. On CPU an engine holds no GPU: counts 0, offsets 0, tp 1."""
     engines = updatable_engines(fleet)
+    engine = fleet.config.engine if fleet is not None else None
     gpus = (
-        int(fleet.args.rollout_num_gpus_per_engine or 1)
-        if fleet is not None and fleet.args.rollout_backend == "sglang"
-        else 0
+        int(engine.rollout_num_gpus_per_engine or 1) if engine is not None and engine.rollout_backend == "sglang" else 0
     )
     counts = [gpus] * len(engines)
     offsets = [i * gpus for i in range(len(engines))]

@@ -12,7 +12,9 @@ import requests
 import torch
 
 from slime.weights.transfer import SHM_PREFIX, shm_dir
+from slime.cli.finalize import complete_namespace
 from slime.fleet.engine_actor import EngineActor
+from slime.fleet.flags import EngineConfig
 
 PROMPTS = [[100 + 7 * i + j for j in range(n)] for i, n in enumerate((3, 11, 5, 17, 8, 2))]
 LONG = 128  # tokens per request: long enough to still be running when an update arrives
@@ -50,7 +52,7 @@ def actor(model_dir, tmp_path, rank: int = 0, fork_server: str | None = None) ->
         engine_startup_timeout=120,
         log_dir=str(tmp_path),
     )
-    return EngineActor(args, rank=rank, fork_server=fork_server)
+    return EngineActor(EngineConfig.from_args(complete_namespace(args)), rank=rank, fork_server=fork_server)
 
 
 def hf_model(path):

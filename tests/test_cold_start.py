@@ -4,6 +4,7 @@ warm must answer exactly like engines started cold, and take weight updates."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---- entry points the test fork servers run (resolved by dotted path in the server) ----
 def preload_state(tag: str) -> dict:
-    return {"tag": tag, "preloaded_in": os.getpid()}
+    return {"tag": tag, "preloaded_in": os.getpid(), "collecting_during_preload": gc.isenabled()}
 
 
 def child_main(argv: list[str], state: dict) -> None:
@@ -48,6 +49,12 @@ def child_main(argv: list[str], state: dict) -> None:
         raise ValueError("boom in child")
     if argv[0] == "sleep":
         signal.pause()
+    if argv[0] == "gc":
+        print(
+            f"collecting_during_preload={state['collecting_during_preload']} frozen={gc.get_freeze_count()} "
+            f"collecting={gc.isenabled()}",
+            flush=True,
+        )
     if argv[0] == "signals":
         print(f"handlers={signal_handlers()}", flush=True)
     if argv[0] == "write-to-dead-peer":  # what gloo does when a member of its group died
@@ -125,6 +132,18 @@ def test_child_gets_argv_env_state_and_exit_code(server):
     assert child.poll() == 3
     text = log.read_text()
     assert f"argv=['exit', '3'] tag=warm preloaded_in={server.proc.pid} pid={child.pid} env=yes" in text
+
+
+def test_the_preload_runs_without_collection_and_children_start_with_its_heap_frozen(server):
+    """The preload's objects all live on: no collection walks them while it runs, nor later in a child
+    (frozen before any fork), and each child collects its own garbage as a fresh interpreter does."""
+    child, log = _spawn(server, "gc")
+    assert child.wait(timeout=60) == 0
+    line = next(x for x in log.read_text().splitlines() if x.startswith("collecting_during_preload="))
+    fields = dict(kv.split("=") for kv in line.split())
+    assert fields["collecting_during_preload"] == "False"
+    assert int(fields["frozen"]) > 10_000  # the server's modules (json, selectors, socket, ...) at least
+    assert fields["collecting"] == "True"
 
 
 def test_child_exception_is_logged_and_exit_code_is_1(server):

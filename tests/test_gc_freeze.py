@@ -92,3 +92,36 @@ def test_a_process_that_set_its_own_collection_thresholds_keeps_them() -> None:
         print("ok")
     """)
     _runs_ok(code)
+
+
+def test_a_start_up_with_collection_paused_runs_without_collections_then_freezes_what_it_built() -> None:
+    """`collection_paused` (the engine fork server's preload, a cold engine's load): no collection inside the
+    block, even past many thresholds' worth of container allocations; afterwards what it built is frozen and
+    collection is back as it was, also when the block raised or collection was already off."""
+    code = textwrap.dedent("""
+        import gc
+        from slime.utils.gc_freeze import collection_paused
+
+        collections = []
+        gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        with collection_paused():
+            assert not gc.isenabled()
+            kept = [[i] for i in range(200_000)]  # ~285 young collections' worth at CPython's 700
+        assert collections == [], collections
+        assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
+        frozen = gc.get_freeze_count()
+        try:
+            with collection_paused():
+                more = [[] for _ in range(1000)]
+                raise RuntimeError("a failed preload")
+        except RuntimeError:
+            pass
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(more)
+        gc.disable()
+        with collection_paused():
+            pass
+        assert not gc.isenabled()  # the owner's choice stands
+        print("ok")
+    """)
+    _runs_ok(code)

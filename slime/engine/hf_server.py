@@ -33,6 +33,7 @@ from slime.engine.request_parsing import BadRequest, parse_logprob_start_len, pa
 from slime.engine.status_routes import BACKEND
 from slime.engine.weight_routes import WeightSync
 from slime.utils.http1_server import Http1Only
+from slime.utils.gc_freeze import collection_paused
 from slime.utils.startup_trace import mark
 
 # the names this module served before the server was split by idea
@@ -82,15 +83,18 @@ def main(argv: list[str] | None = None, preloaded: PreloadedModel | None = None)
 
     dtype = getattr(torch, args.dtype)
     warm = preloaded if preloaded is not None and preloaded.matches(args.model_path, dtype) else None
-    batcher = HFBatcher(
-        args.model_path,
-        max_batch_size=args.max_batch_size,
-        num_threads=args.num_threads,
-        weight_version=args.weight_version,
-        dtype=dtype,
-        preloaded=warm,
-    )
-    app = create_app(batcher, warm.server_tokenizer if warm else None)
+    # a cold load (transformers' model modules, the checkpoint) builds what the engine keeps: no collection
+    # walks it while it loads nor after (slime.utils.gc_freeze); a warm one got the fork server's frozen
+    with collection_paused():
+        batcher = HFBatcher(
+            args.model_path,
+            max_batch_size=args.max_batch_size,
+            num_threads=args.num_threads,
+            weight_version=args.weight_version,
+            dtype=dtype,
+            preloaded=warm,
+        )
+        app = create_app(batcher, warm.server_tokenizer if warm else None)
     if warm is not None:
         logger.info("warm start: model and tokenizers preloaded by the fork server")
     mark("engine: model loaded")

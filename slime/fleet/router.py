@@ -36,6 +36,9 @@ def _router_env() -> dict[str, str]:
     # The router fetches a tokenizer from the hub for non-local model paths; never let it.
     env.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
     env.setdefault("HF_HUB_OFFLINE", "1")
+    # its launcher is ours (slime.fleet.router_launch): this checkout importable, after whatever the user's path has
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), root]))
     return env
 
 
@@ -128,7 +131,7 @@ class Router:
         return [
             sys.executable,
             "-m",
-            "sglang_router.launch_router",
+            "slime.fleet.router_launch",  # sglang-router's launcher without its debugging balancer's imports
             "--host",
             self.host,
             "--port",

@@ -110,9 +110,12 @@ agent-demo: setup
 	  --num-rollout 2 --lr 1e-5 --global-batch-size 4 --micro-batch-size 2 --rollout-data-dir outputs/agent-demo
 
 # TESTS narrows the run: `make test TESTS="tests/test_agent_strands.py tests/test_agent_gateway.py"`.
-# WORKERS=N runs the files on N processes (pytest-xdist, --dist loadfile: each file on one worker).
+# WORKERS=N runs the files on N processes (pytest-xdist, --dist loadfile: each file on one worker); two by default,
+# one per core of CI's machine (the tests start processes of their own, so more workers than cores only queue);
+# WORKERS=0 runs them in this one process, in one random order.
+WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q $(if $(WORKERS),-n $(WORKERS) --dist loadfile) $(TESTS)
+	$(PY) -m pytest -q $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile) $(TESTS)
 
 # Not a gate: hypothesis draws fresh examples (`make test` draws the same ones every run, tests/conftest.py).
 # A failure found here is pinned with `@example(...)` on its test and fixed.

@@ -6,11 +6,21 @@ walk raises (same field, same message), or pass where it passes."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime.agent.gateway.errors import FieldError
-from slime.agent.gateway.protocols.body_checks import MAX_DEPTH, _named_walk, no_lone_surrogates, strings_past
+from slime.agent.gateway.protocols import openai_chat
+from slime.agent.gateway.protocols.body_checks import (
+    MAX_DEPTH,
+    _named_walk,
+    no_lone_surrogates,
+    plain_text,
+    strings_past,
+)
+from slime.agent.gateway.protocols.body_prefix import BodyPrefixes
 
 TEXT = st.text(max_size=6) | st.text(max_size=4).map(lambda s: s + "\ud800") | st.just("\udfff tail")
 KEYS = st.sampled_from(["role", "content", "messages", "a\udc00", "x"])
@@ -72,3 +82,45 @@ def test_each_refusal_names_its_field():
         deep = [deep]
     assert outcome(no_lone_surrogates, deep) is None  # the string sits exactly MAX_DEPTH levels down
     assert outcome(no_lone_surrogates, {"a": deep})[1].endswith(f"nested deeper than {MAX_DEPTH} levels")
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested(), st.booleans(), st.integers(0, 2))
+def test_a_text_that_looks_plain_passes_the_walk(value, ascii_only, depth):
+    """`plain_text` never vouches for a value the walk refuses: whatever JSON text writes it
+    (escaped or raw non-ASCII), a text read from UTF-8 that it calls plain parses to a value that
+    passes. (A raw surrogate cannot be read from UTF-8: such bytes are `json.loads`' and walked.)"""
+    raw = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        assert not BodyPrefixes().parse(raw, "messages", "openai_chat").strings_checked
+        return
+    if plain_text(text, depth):
+        assert outcome(no_lone_surrogates, json.loads(text), "body", depth) is None
+
+
+def test_a_plain_body_is_not_walked_and_a_surrogate_still_named(monkeypatch):
+    """A body whose text holds no surrogate escape and few brackets is checked by its text alone (the
+    walk is never run, first body or continued one); one with a lone surrogate is walked and refused
+    naming its field, as before."""
+    import slime.agent.gateway.protocols.body_checks as checks
+
+    walked = []
+    monkeypatch.setattr(checks, "_plain", lambda value, depth: walked.append(value) or True)
+    sessions = BodyPrefixes()
+    first = {"model": "m", "messages": [{"role": "user", "content": "héllo"}], "max_tokens": 8}
+    for body in (first, {**first, "messages": [*first["messages"], {"role": "assistant", "content": "a"}]}):
+        parsed = sessions.parse(json.dumps(body).encode(), "messages", "openai_chat")
+        assert parsed.strings_checked
+        req = openai_chat.parse_request(parsed.body, {}, "s", parsed.known, strings_checked=parsed.strings_checked)
+        sessions.keep(parsed, req.known)
+    assert walked == []
+    bad = {**first, "messages": [*first["messages"], {"role": "user", "content": "x\ud83d"}]}
+    parsed = sessions.parse(json.dumps(bad).encode(), "messages", "openai_chat")
+    assert not parsed.strings_checked
+    monkeypatch.undo()
+    assert outcome(lambda: openai_chat.parse_request(parsed.body, {}, "s", parsed.known, strings_checked=False)) == (
+        "messages[1].content",
+        "messages[1].content: contains a lone UTF-16 surrogate, which is not valid UTF-8 text",
+    )

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from slime.testing.tiny_model import qwen_tokenizer_dir
 from slime.tools.chat_format import ChatDelta, decode_text, plain_decoder
-from slime.tools.chat_render import TemplateRender, _plain_template_data, memoized_safety, plain_data
+from slime.tools.chat_render import TemplateRender, _plain_template_data, memoized_safety, plain_data, plain_lookups
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # a second template: namespace, loop variables, filters, tojson of the tools, a system default
@@ -223,3 +223,49 @@ def test_safety_answers_kept_only_where_jinja_gives_them():
             for name in names:
                 value = getattr(obj, name, None)
                 assert env.is_safe_attribute(obj, name, value) == reference.is_safe_attribute(obj, name, value)
+
+
+def _rendered(env, source: str, data: dict) -> tuple:
+    try:
+        return "text", env.from_string(source).render(**data)
+    except Exception as e:  # noqa: BLE001 - the refusal itself is compared
+        return "refused", type(e).__name__, str(e)
+
+
+def test_plain_lookups_answer_as_the_sandbox():
+    """Dict keys and plain str method calls taken directly give the sandbox's own values and
+    refusals: a name dict has is its attribute (`items`, `update`: refused by the immutable sandbox),
+    a missing key is undefined, `format`/`format_map` stay the sandbox's (`__class__` refused), other
+    types and callables take the sandbox's way; an environment class of its own is left alone."""
+    env, reference = ImmutableSandboxedEnvironment(), ImmutableSandboxedEnvironment()
+    plain_lookups(env)
+    assert {"getattr", "call"} <= set(vars(env))  # the direct ways are in place
+    data = {
+        "m": {"role": "user", "items": "a key", "content": "hi", "get": 3},
+        "s": "a,b",
+        "l": [{"content": "xyz"}, {"content": "z"}],
+        "n": 5,
+    }
+    templates = [
+        "{{ m.role }}|{{ m.missing is defined }}|{{ m.items is defined }}|{{ m['items'] }}|{{ m.get('role') }}",
+        "{{ m.keys() | list }}|{{ m.content.upper() }}|{{ s.startswith('a') }}|{{ s.split(',') }}",
+        "{{ s.rsplit(',', maxsplit=1) }}|{{ s.strip(None) }}|{{ n.bit_length() }}",
+        "{% for x in l %}{{ loop.index0 }}{{ x.content.endswith('z') }}{% endfor %}",
+        "{% set ns = namespace(k=0) %}{% for x in l %}{% set ns.k = ns.k + 1 %}{% endfor %}{{ ns.k }}",
+        "{{ '{0}-{1}'.format(s, n) }}|{{ '{role}'.format_map(m) }}",
+        "{{ '{0.__class__}'.format(s) }}",
+        "{{ m.update({'x': 1}) }}",
+        "{{ s.__class__ }}|{{ m.__class__.__mro__ }}",
+        "{{ s.__class__.__mro__[1].__subclasses__() }}",
+        "{{ m.missing.deeper }}",
+    ]
+    for source in templates:
+        assert _rendered(env, source, data) == _rendered(reference, source, data), source
+
+    class Own(ImmutableSandboxedEnvironment):
+        def getattr(self, obj, attribute):
+            return "own"
+
+    own = Own()
+    plain_lookups(own)
+    assert "getattr" not in vars(own) and own.from_string("{{ m.role }}").render(m={"role": "user"}) == "own"

@@ -19,6 +19,7 @@ callables, or a probe conversation rendering differently at start-up (`agrees`).
 
 from __future__ import annotations
 
+from types import BuiltinMethodType as _BuiltinMethod
 from typing import Any
 
 import jinja2.runtime
@@ -35,6 +36,8 @@ _JINJA_SAFETY = (
     jinja2.sandbox.SandboxedEnvironment.is_safe_attribute,
     jinja2.sandbox.ImmutableSandboxedEnvironment.is_safe_attribute,
 )
+_DICT_NAMES = frozenset(dir(dict))  # what `getattr` finds on a plain dict: any other name is a key lookup
+_STR_FORMATS = frozenset({"format", "format_map"})  # the str methods jinja's sandbox wraps (`wrap_str_format`)
 
 try:  # transformers' own pieces of apply_chat_template (private: checked at start-up, else not used)
     from transformers.utils.chat_template_utils import (
@@ -67,6 +70,51 @@ def memoized_safety(env: Any) -> None:
         return safe
 
     env.is_safe_attribute = is_safe_attribute
+
+
+def plain_lookups(env: Any) -> None:
+    """`env.getattr` and `env.call` taking the sandbox's own answer the short way for what a chat
+    template spends its lookups on, where the long way ends in the same value: a plain dict's key
+    (`message.role`: jinja tries the attribute first, which raises AttributeError for any name dict
+    lacks, then the key), a plain str's attribute (`is_safe_attribute` asked as there) and a call of
+    a plain str's method (`content.startswith`: the sandbox finds no unsafe marker on a builtin
+    method, and jinja's context just calls it, without its `_loop_vars`/`_block_vars` arguments).
+    `format`/`format_map`, which the sandbox wraps, names a dict has (`items`), other types and other
+    callables take the sandbox's way; nothing changes when the environment's class has its own."""
+    sandbox = jinja2.sandbox.SandboxedEnvironment
+    cls = type(env)
+    if (
+        cls.getattr is not sandbox.getattr
+        or cls.call is not sandbox.call
+        or cls.is_safe_callable is not sandbox.is_safe_callable
+        or env.context_class is not jinja2.runtime.Context
+    ):
+        return
+    slow_getattr, slow_call, undefined = env.getattr, env.call, env.undefined
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        cls = type(obj)
+        if cls is dict and attribute not in _DICT_NAMES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return undefined(obj=obj, name=attribute)
+        if cls is str and attribute not in _STR_FORMATS:  # the sandbox's way, less its format check
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return slow_getattr(obj, attribute)
+            return value if env.is_safe_attribute(obj, attribute, value) else env.unsafe_undefined(obj, attribute)
+        return slow_getattr(obj, attribute)
+
+    def call(context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(obj) is _BuiltinMethod and type(obj.__self__) is str and obj.__name__ not in _STR_FORMATS:
+            kwargs.pop("_block_vars", None)  # jinja's own (its context's `call` drops them)
+            kwargs.pop("_loop_vars", None)
+            return obj(*args, **kwargs)
+        return slow_call(context, obj, *args, **kwargs)
+
+    env.getattr, env.call = getattr_, call
 
 
 def plain_data(value: Any) -> Any:
@@ -130,6 +178,7 @@ class TemplateRender:
         if template is None:
             env = _compile_jinja_template(source).environment.overlay()  # HF's sandbox, filters and globals
             memoized_safety(env)
+            plain_lookups(env)
             template = self._compiled[source] = env.from_string(source)
             # its globals as one plain dict, not jinja's ChainMap over the environment's: every render
             # copies them into its context twice (the environment's globals are set before compiling)

@@ -20,6 +20,7 @@ from slime.tools.chat_format import ChatDelta, HermesParser, TemplateDriftError
 from slime.utils.encoded_ids import EncodedIds
 
 KEPT_PROMPTS = 256  # whole renders kept per gateway (a rollout batch's distinct first prompts)
+_KEY_JSON = json.JSONEncoder(ensure_ascii=False)  # (`json.dumps` with an argument builds an encoder per call)
 
 
 class PromptRenderer(Protocol):
@@ -51,7 +52,7 @@ class RenderedPrompts:
     def key(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str | None:
         """None: nothing kept (size 0, or something JSON cannot write, which is then never shared)."""
         try:
-            return json.dumps([messages, tools], ensure_ascii=False) if self.size else None
+            return _KEY_JSON.encode([messages, tools]) if self.size else None
         except (TypeError, ValueError):
             return None
 

@@ -29,6 +29,7 @@ from urllib.parse import quote
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from slime.agent.gateway.engine_call import EngineTurns, sampling_params
 from slime.agent.gateway.errors import BadRequestError, SessionClosedError, TurnRefused, UnknownRouteError, error_answer
@@ -49,6 +50,7 @@ from slime.utils.types import Sample
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # seconds `Gateway.start` waits for the socket to listen
 KEY_BYTES = 32  # a session key's entropy (secrets.token_urlsafe: 43 URL-safe characters)
+REPLY_JSON = json.JSONEncoder(ensure_ascii=False)  # (`json.dumps` with an argument builds an encoder per call)
 ROUTES: dict[str, ModuleType] = {
     "/v1/chat/completions": openai_chat,
     "/v1/responses": openai_responses,
@@ -160,7 +162,7 @@ class Gateway:
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache"},
                 )
-            body = json.dumps(protocol.render_reply(turn.reply, req), ensure_ascii=False).encode()
+            body = REPLY_JSON.encode(protocol.render_reply(turn.reply, req)).encode()
             return TurnResponse(body, turn, gone, self.pipeline)
 
         endpoint.route_path = path
@@ -170,11 +172,16 @@ class Gateway:
         """The request of the session its key opens, its body parsed once and checked and translated
         only past the history an earlier body of the session already held (`BodyPrefixes`)."""
         session = self.sessions.by_key(request_key(request))
-        parsed = session.bodies.parse(await request.body(), protocol.HISTORY, protocol.__name__)
+        parsed = session.bodies.parse(await read_body(request), protocol.HISTORY, protocol.__name__)
         if not isinstance(parsed.body, dict):
             raise BadRequestError("the request body must be a JSON object")
         req = protocol.parse_request(
-            parsed.body, request.headers, session.sid, parsed.known, vision=self.pipeline.images is not None
+            parsed.body,
+            request.headers,
+            session.sid,
+            parsed.known,
+            vision=self.pipeline.images is not None,
+            strings_checked=parsed.strings_checked,
         )
         if req.known is not None:
             session.bodies.keep(parsed, req.known)
@@ -266,8 +273,10 @@ class Gateway:
             access_log=False,
             lifespan="on",
             proxy_headers=False,
-        )  # (nothing reads the
-        # client's address: uvicorn's X-Forwarded-* middleware would be one more layer per request)
+            server_header=False,
+        )  # (nothing reads the client's address: uvicorn's X-Forwarded-* middleware would be one more
+        # layer per request; no `server: uvicorn` header tells a client what serves it, and each header
+        # is two regex checks per response)
         self._server = server = uvicorn.Server(config)
         started = threading.Event()
         startup = server.startup
@@ -427,6 +436,19 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
         ),
         status_code=404,
     )
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body, read from its ASGI `receive` (starlette's `Request.body` wraps the same
+    messages in a stream and its context managers); a client gone first is `ClientDisconnect`, as there."""
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def request_key(request: Request) -> str | None:

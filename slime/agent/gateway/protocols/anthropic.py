@@ -47,10 +47,12 @@ def session_key(headers: Mapping[str, str]) -> str | None:
     return bearer(headers) or (headers.get("X-Api-Key") or headers.get("x-api-key") or "").strip() or None
 
 
-def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
+def check_body(
+    body: Mapping[str, Any], checked: int = 0, *, vision: bool = False, strings_checked: bool = False
+) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
     passed in an earlier body of the session (`Known`). `vision`: image blocks are read (`media`)."""
-    check.common(body, "messages", checked)
+    check.common(body, "messages", checked, strings_checked=strings_checked)
     check.integer(body, "max_tokens", 1, check.MAX_TOKENS_CAP)
     check.number(body, "temperature", 0, 1)
     check.number(body, "top_p", 0, 1, open_low=True)
@@ -99,12 +101,13 @@ def parse_request(
     known: Known | None = None,
     *,
     vision: bool = False,
+    strings_checked: bool = False,
 ) -> ChatRequest:
     """`known`: what an earlier body made of this one's first messages (the same objects): only the
     messages after them are checked and translated. A system message mid-list folds into an
     earlier user message, so such a body is translated whole (and nothing of it is kept).
-    `vision`: the model reads `image` blocks."""
-    check_body(body, known.count if known else 0, vision=vision)
+    `vision`: the model reads `image` blocks. `strings_checked`: as in `openai_chat.parse_request`."""
+    check_body(body, known.count if known else 0, vision=vision, strings_checked=strings_checked)
     raw = body["messages"]
     start = known.count if known else 0
     folds = any(isinstance(m, dict) and m.get("role") == "system" for m in raw[max(start, 1) :])

@@ -19,7 +19,27 @@ from slime.agent.gateway.errors import FieldError
 
 MAX_TOKENS_CAP = 2**31 - 1  # the engines' int32 bound on max_new_tokens
 MAX_DEPTH = 256  # nesting of a body (tool schemas nest; nothing sane nests deeper)
+# exact types (bool cannot be subclassed; a subclass of another is named by its class, as before)
+_KINDS = {
+    type(None): "null",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON's only way to write one (\uD800-\uDFFF)
+
+
+def plain_text(text: str, depth: int = 0) -> bool:
+    """Whether the values of a JSON text read from UTF-8 (its strings and keys, `depth` levels down)
+    are sure to pass `no_lone_surrogates`: strict UTF-8 decoding refuses surrogates, so a lone one
+    can only come from a `\\uD800`-`\\uDFFF` escape, and nothing nests deeper than the text has
+    opening brackets. One scan in C for a body's whole walk in Python; False proves nothing (the
+    walk decides, naming the path). An escaped backslash before `ud8..` is a false alarm, not a miss."""
+    return _SURROGATE_ESCAPE.search(text) is None and depth + text.count("[") + text.count("{") <= MAX_DEPTH
 
 
 def no_lone_surrogates(value: Any, path: str = "body", depth: int = 0) -> None:
@@ -84,13 +104,7 @@ def strings_past(body: Mapping[str, Any], history: str, checked: int) -> None:
 
 def kind(value: Any) -> str:
     """The JSON name of a value's type, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
+    return _KINDS.get(type(value)) or type(value).__name__
 
 
 def is_int(value: Any) -> bool:
@@ -108,7 +122,8 @@ def expect(value: Any, path: str, *types: str) -> None:
 
 
 def optional(body: Mapping[str, Any], key: str, *types: str, path: str = "") -> None:
-    if key in body:
+    """`body[key]`, when there, is null or one of `types` (`expect`'s refusal; the path built only for it)."""
+    if key in body and body[key] is not None and kind(body[key]) not in types:
         expect(body[key], f"{path}{key}", "null", *types)
 
 
@@ -176,12 +191,13 @@ def json_schema(value: Any, path: str) -> None:
     expect(value, path, "null", "object")
 
 
-def common(body: Mapping[str, Any], history: str = "", checked: int = 0) -> None:
+def common(body: Mapping[str, Any], history: str = "", checked: int = 0, *, strings_checked: bool = False) -> None:
     """Checks every protocol shares: the body's strings, `model`, `stream`, `metadata`. The first
-    `checked` elements of `body[history]` passed these checks in an earlier body (`Known`)."""
-    if checked:
+    `checked` elements of `body[history]` passed these checks in an earlier body (`Known`);
+    `strings_checked`: the text of the rest showed its strings and nesting sound (`plain_text`)."""
+    if checked and not strings_checked:
         strings_past(body, history, checked)
-    else:
+    elif not strings_checked:
         no_lone_surrogates(body)
     optional(body, "model", "string")
     optional(body, "stream", "boolean")

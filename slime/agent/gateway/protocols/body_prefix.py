@@ -24,10 +24,12 @@ from json.decoder import scanstring
 from typing import Any
 
 from slime.agent.gateway.errors import BadRequestError
+from slime.agent.gateway.protocols.body_checks import plain_text
 from slime.agent.gateway.records import Known
 
 KEPT_BODIES = 4  # per session and protocol: a main agent and a few sub-agents each continue their own
 _WS = re.compile(r"[ \t\n\r]*")
+_WS_CHARS = frozenset(" \t\n\r")
 _scan = json.JSONDecoder().scan_once
 
 
@@ -47,6 +49,7 @@ class ParsedBody:
     head: str | None = None  # the text up to the end of the last history element (None: not kept)
     before: dict[str, Any] | None = None  # the keys read before the history array
     protocol: str = ""
+    strings_checked: bool = False  # the new part's text showed its strings and nesting sound (`plain_text`)
 
     @property
     def new_elements(self) -> int:
@@ -79,8 +82,13 @@ class BodyPrefixes:
                 best = parsed, known
         try:
             if best is not None:
-                return _resume(text, best[0], best[1])
-            return _read(text, key, protocol)
+                parsed = _resume(text, best[0], best[1])
+                # what is new: the elements past the earlier body's (two levels down) and the keys after them
+                parsed.strings_checked = plain_text(text[len(best[0].head) :], 2)
+            else:
+                parsed = _read(text, key, protocol)
+                parsed.strings_checked = plain_text(text)
+            return parsed
         except (_Irregular, IndexError, StopIteration, ValueError, RecursionError):
             return ParsedBody(_loads(raw), key, protocol=protocol)
 
@@ -108,7 +116,14 @@ def _loads(raw: bytes | str) -> Any:
 
 
 def _ws(text: str, i: int) -> int:
-    return _WS.match(text, i).end()
+    """The offset of the first non-whitespace character from `i`: one space (`json.dumps`' separators)
+    or none is the common case, read without the regex (the readers below call this only at a
+    whitespace character: most offsets have none, in compact JSON all of them)."""
+    c = text[i : i + 1]
+    if c == " ":
+        i += 1
+        c = text[i : i + 1]
+    return _WS.match(text, i).end() if c in _WS_CHARS else i
 
 
 def _read(text: str, key: str, protocol: str) -> ParsedBody:
@@ -136,14 +151,19 @@ def _members(text: str, i: int, body: dict[str, Any], key: str, protocol: str) -
         if text[i] != '"':
             raise _Irregular
         name, i = scanstring(text, i + 1)
-        i = _ws(text, i)
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
         if text[i] != ":":
             raise _Irregular
-        i = _ws(text, i + 1)
+        i += 1
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
         if name == key and text[i] == "[" and key not in body:
             before = dict(body)
             items: list[Any] = []
-            i = _ws(text, i + 1)
+            i += 1
+            if text[i] in _WS_CHARS:
+                i = _ws(text, i)
             if text[i] == "]":
                 body[name] = items
                 return _after_value(text, i + 1, body, key, protocol, None, None, None)
@@ -155,12 +175,15 @@ def _members(text: str, i: int, body: dict[str, Any], key: str, protocol: str) -
         if name == key:  # the history twice, or not an array: nothing to keep
             raise _Irregular
         body[name], i = _scan(text, i)
-        i = _ws(text, i)
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
         if text[i] == "}":
             return _finish(text, i + 1, body, key, protocol, None, None, None)
         if text[i] != ",":
             raise _Irregular
-        i = _ws(text, i + 1)
+        i += 1
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
 
 
 def _array_rest(text: str, i: int, items: list[Any]) -> tuple[int, int]:
@@ -168,7 +191,8 @@ def _array_rest(text: str, i: int, items: list[Any]) -> tuple[int, int]:
     offset after the bracket and the end offset of the last element."""
     end = i
     while True:
-        i = _ws(text, i)
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
         if text[i] == "]":
             return i + 1, end
         if text[i] != ",":
@@ -189,19 +213,24 @@ def _after_value(
     known: Known | None,
 ) -> ParsedBody:
     """The members after the history array (which must not come again)."""
-    i = _ws(text, i)
+    if text[i] in _WS_CHARS:
+        i = _ws(text, i)
     while text[i] == ",":
-        i = _ws(text, i + 1)
+        i += 1
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
         if text[i] != '"':
             raise _Irregular
         name, i = scanstring(text, i + 1)
         if name == key:
             raise _Irregular
-        i = _ws(text, i)
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
         if text[i] != ":":
             raise _Irregular
         body[name], i = _scan(text, _ws(text, i + 1))
-        i = _ws(text, i)
+        if text[i] in _WS_CHARS:
+            i = _ws(text, i)
     if text[i] != "}":
         raise _Irregular
     return _finish(text, i + 1, body, key, protocol, before, ends_at, known)

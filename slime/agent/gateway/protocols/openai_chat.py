@@ -63,10 +63,12 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
+def check_body(
+    body: Mapping[str, Any], checked: int = 0, *, vision: bool = False, strings_checked: bool = False
+) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
     passed in an earlier body of the session (`Known`). `vision`: image parts are read (`media`)."""
-    check.common(body, "messages", checked)
+    check.common(body, "messages", checked, strings_checked=strings_checked)
     check.optional(body, "stream_options", "object")
     check.optional(body, "user", "string")
     sampling_ranges(body)
@@ -140,10 +142,12 @@ def parse_request(
     known: Known | None = None,
     *,
     vision: bool = False,
+    strings_checked: bool = False,
 ) -> ChatRequest:
     """`known`: what an earlier body made of this one's first messages (the same objects): only the
-    messages after them are checked and translated. `vision`: the model reads `image_url` parts."""
-    check_body(body, known.count if known else 0, vision=vision)
+    messages after them are checked and translated. `vision`: the model reads `image_url` parts.
+    `strings_checked`: the body's own text showed its strings and nesting sound (`body_checks.plain_text`)."""
+    check_body(body, known.count if known else 0, vision=vision, strings_checked=strings_checked)
     tools = chat_tools(body.get("tools"))
     choice = openai_choice(body, names(tools))
     raw = body["messages"]

@@ -47,14 +47,15 @@ def parse_request(
     known: Known | None = None,
     *,
     vision: bool = False,
+    strings_checked: bool = False,
 ) -> ChatRequest:
     """`known`: what an earlier body made of this one's first input items (the same objects): only
-    the items after them are checked and translated."""
+    the items after them are checked and translated. `strings_checked`: as in `openai_chat.parse_request`."""
     if body.get("previous_response_id"):
         raise BadRequestError(
             "previous_response_id: this gateway keeps no responses; send the whole input (store=false)"
         )
-    check_body(body, known.count if known else 0, vision=vision)
+    check_body(body, known.count if known else 0, vision=vision, strings_checked=strings_checked)
     items = body["input"]
     if isinstance(items, str):
         history, known = translate_items([{"role": "user", "content": items}]), None
@@ -81,10 +82,12 @@ def parse_request(
     )
 
 
-def check_body(body: Mapping[str, Any], checked: int = 0, *, vision: bool = False) -> None:
+def check_body(
+    body: Mapping[str, Any], checked: int = 0, *, vision: bool = False, strings_checked: bool = False
+) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` input
     items passed in an earlier body of the session (`Known`)."""
-    check.common(body, "input", checked)
+    check.common(body, "input", checked, strings_checked=strings_checked)
     check.optional(body, "instructions", "string")
     check.integer(body, "max_output_tokens", 1, check.MAX_TOKENS_CAP)
     check.number(body, "temperature", 0, 2)

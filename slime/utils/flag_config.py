@@ -56,8 +56,8 @@ def numbers(value: Any) -> list[float]:
 
 
 def value_problem(option: str, value: Any, rng: Range | None, *, finite: bool = False) -> str | None:
-    """Why `value` cannot be flag `option`'s (None: it can, or it is unset): a float outside `rng` or, with
-    `finite` or a range, not finite ("--flag: must be ..., got v")."""
+    """Why `value` cannot be flag `option`'s (None: it can, or it is unset): a number outside `rng`, or a float
+    that is not finite where `finite` or a range asks for one ("--flag: must be ..., got v")."""
     if value is None:
         return None
     for v in numbers(value):

@@ -214,6 +214,11 @@ def trained(ray_cluster, engine_fork_server, tiny_vlm_dir, tmp_path_factory):
             "--num-rollout",
             "1",
             "--check-weight-update-equal",
+            # seeded sampling (slime's switch): unseeded, both samples of each group can draw equal rewards (it
+            # happened once, on a fresh clone at load ~4): every advantage is then 0, and so is the step's gradient
+            "--sglang-enable-deterministic-inference",
+            "--rollout-seed",
+            "42",
             "--save-debug-rollout-data",
             str(out / "debug" / "rollout_{rollout_id}.pt"),
             "--log-dir",

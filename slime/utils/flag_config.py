@@ -83,6 +83,10 @@ class FlagSpec:
     group: str | None = None
     options: tuple[str, ...] = ()
 
+    def option_strings(self, name: str) -> tuple[str, ...]:
+        """The field `name`'s options: the declared ones, else `--<name>` with dashes."""
+        return self.options or ("--" + name.replace("_", "-"),)
+
 
 def flag(
     default: Any = None,
@@ -123,7 +127,7 @@ class FlagConfig:
             title = spec.group or cls.GROUP
             if title not in groups:
                 groups[title] = parser.add_argument_group(title) if title else parser
-            options = spec.options or ("--" + f.name.replace("_", "-"),)
+            options = spec.option_strings(f.name)
             dest = {} if options[0].lstrip("-").replace("-", "_") == f.name else {"dest": f.name}
             groups[title].add_argument(*options, **dest, default=_default(f), **spec.kwargs)
         return parser
@@ -149,9 +153,8 @@ class FlagConfig:
         parser checks every config's ranges in preflight (`slime.cli.flag_ranges`)."""
         for f in self.flag_fields():
             spec: FlagSpec = f.metadata["flag"]
-            option = (spec.options or ("--" + f.name.replace("_", "-"),))[0]
             finite = spec.kwargs.get("type") is float
-            problem = value_problem(option, getattr(self, f.name), spec.range, finite=finite)
+            problem = value_problem(spec.option_strings(f.name)[0], getattr(self, f.name), spec.range, finite=finite)
             if problem:
                 return problem
         return None

@@ -506,7 +506,8 @@ def main() -> None:
         return worker(a)
     if a.before_tree and "1b" in a.sections:
         trees_side_by_side(a)
-    if not a.sections - {"1b"}:
+        a.sections = a.sections - {"1b"}  # done side by side; the stack below runs the other sections
+    if not a.sections:
         return
     stack = start_stack()
     delta, full = timed_gateway(stack), timed_gateway(stack, renderer=FullRender(stack.tok))

@@ -26,7 +26,7 @@ from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
-from slime.rollout.flags import RolloutConfig
+from slime.rollout.flags import RolloutRunConfig
 from slime.rollout.failures import RolloutFailedError, describe_failures, failure_reasons
 from slime.rollout.reward_check import fail_invalid_rewards, number_problem
 from slime.rollout.runtime import RolloutRuntime, unbind
@@ -48,7 +48,7 @@ from slime.rollout.train_data import (  # noqa: F401 - tests and plugins import 
 )
 from slime.tools.services import ToolServices
 from slime.utils.async_utils import run
-from slime.utils.endpoints import Endpoints
+from slime.utils.endpoints import Endpoints, rollout_num_engines
 from slime.utils.misc import load_function
 from slime.utils.processing_utils import load_tokenizer
 from slime.utils.types import Sample
@@ -112,9 +112,8 @@ def _call_rollout_function(
         return call_rollout_fn(fn, args, rollout_id, data_source, evaluation=evaluation)
 
 
-def make_data_source(args: Any, tokenizer: Any) -> Any:
-    """`--data-source-path` (slime's: a class built as `cls(args)`); ours by default."""
-    path = args.data_source_path
+def make_data_source(args: Any, path: str | None, tokenizer: Any) -> Any:
+    """`--data-source-path` `path` (slime's: a class built as `cls(args)`); ours by default."""
     cls = load_function(path, "--data-source-path") if path else DataSource
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
 
@@ -140,21 +139,22 @@ class RolloutController:
     ):
         self.args = args
         # the rollout's flags, read once: a namespace lacking one is refused here, naming it (plugins get `args`)
-        self.config = config = RolloutConfig.from_args(args)
+        self.run_config = run = RolloutRunConfig.from_args(args)  # with the few flags declared elsewhere
+        self.config = config = run.rollout
         self.report = ReportConfig.from_args(args)  # what the metric logs and dumps read
         self.wandb_run = wandb_run
         # the fleet's cumulative counters (engine deaths, restarts); each rollout reports its own share
         self.fleet_counters = fleet_counters or (lambda: {})
         self._retries_base = 0
-        tokenizer = load_tokenizer(args.hf_checkpoint) if args.hf_checkpoint else None
-        client = EngineClient.from_args(args, endpoints, tokenizer=tokenizer)
-        self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).bind()
+        tokenizer = load_tokenizer(run.hf_checkpoint) if run.hf_checkpoint else None
+        client = EngineClient.of(run, endpoints, engines=rollout_num_engines(args), tokenizer=tokenizer)
+        self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).reading(run).bind()
         self.data_source = None
         self.loaded_rollout_id: int | None = None  # the rollout whose saved state `--load` restored
-        if config.prompt_data and not args.load_debug_rollout_data:
-            self.data_source = make_data_source(args, tokenizer)
-            if args.load:
-                self.loaded_rollout_id = self.data_source.load(args.load)
+        if config.prompt_data and not run.load_debug_rollout_data:
+            self.data_source = make_data_source(args, run.data_source_path, tokenizer)
+            if run.load:
+                self.loaded_rollout_id = self.data_source.load(run.load)
         self.generate_rollout = load_function(config.rollout_function_path, "--rollout-function-path")
         self.eval_generate_rollout = load_function(config.eval_function_path, "--eval-function-path")
         for flag in ("custom_generate_function_path", "custom_rm_path", "dynamic_sampling_filter_path"):
@@ -177,8 +177,8 @@ class RolloutController:
         }
 
     def _samples(self, rollout_id: int) -> tuple[list[Sample], dict[str, Any]]:
-        if self.args.load_debug_rollout_data:
-            return load_debug_rollout(self.args.load_debug_rollout_data, rollout_id), {}
+        if self.run_config.load_debug_rollout_data:
+            return load_debug_rollout(self.run_config.load_debug_rollout_data, rollout_id), {}
         if self.data_source is None:
             raise ValueError("--prompt-data is required to generate rollouts")
         with rollout_scope(rollout_id):  # what the function starts knows its rollout (current_rollout.py)
@@ -198,14 +198,15 @@ class RolloutController:
             samples, metrics = self._samples(rollout_id)
         finally:
             self.progress.finish()
-        if not (self.args.custom_reward_post_process_path or self.args.custom_convert_samples_to_train_data_path):
-            fail_invalid_rewards(self.args, samples)  # the default post-processing needs numbers
+        run = self.run_config
+        if not (run.custom_reward_post_process_path or run.custom_convert_samples_to_train_data_path):
+            fail_invalid_rewards(self.config, samples)  # the default post-processing needs numbers
         metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
         for key, value in self.fleet_counters().items():
             metrics.setdefault(f"perf/{key}", value - fleet_before.get(key, 0))
         seconds = time.monotonic() - start
-        if self.args.save_debug_rollout_data:
-            save_debug_rollout(self.args.save_debug_rollout_data, rollout_id, samples)
+        if run.save_debug_rollout_data:
+            save_debug_rollout(run.save_debug_rollout_data, rollout_id, samples)
         if samples and all(s.status == Sample.Status.FAILED for s in samples):
             self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
             raise RolloutFailedError(describe_failures(rollout_id, samples), self.last_summary["failure_reasons"])
@@ -218,8 +219,8 @@ class RolloutController:
                 if s.status == Sample.Status.FAILED:
                     s.remove_sample = True
         batch = convert_samples_to_train_data(self.args, train)
-        if self.args.save_debug_train_data:
-            save_debug_train_data(self.args.save_debug_train_data, rollout_id, batch)
+        if run.save_debug_train_data:
+            save_debug_train_data(run.save_debug_train_data, rollout_id, batch)
         out: Any = batch
         if parallel_config is not None:
             # imported here: it needs torch, which a rollout without a trainer never loads (cold start)
@@ -272,12 +273,13 @@ class RolloutController:
         """The data source's state; groups a fully-async worker holds are saved as buffered prompts."""
         from slime.rollout.fully_async_rollout import worker_hub
 
-        if self.args.save and self.data_source is not None:
+        save = self.run_config.save
+        if save and self.data_source is not None:
             held = worker_hub(self.runtime).held_groups()
             if held:
-                self.data_source.save(self.args.save, rollout_id, held=held)
+                self.data_source.save(save, rollout_id, held=held)
             else:  # a custom --data-source-path keeps slime's two-argument save
-                self.data_source.save(self.args.save, rollout_id)
+                self.data_source.save(save, rollout_id)
 
     # ---- weight updates: the fully-async workers stop starting groups while weights change ----
     def begin_weight_update(self) -> None:

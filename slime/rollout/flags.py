@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime.rollout.defaults import REQUEST_MAX_RETRIES, ROLLOUT_BATCH_SIZE
-from slime.utils.flag_config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FlagConfig, Range, flag
+from slime.utils.flag_config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FlagConfig, ParsedConfig, Range, flag
 
 DATA, REWARD, EVAL = "data", "reward", "eval"
 
@@ -155,3 +155,30 @@ class RolloutConfig(FlagConfig):
     eval_input_key: str | None = flag(None, group=EVAL)
     eval_label_key: str | None = flag(None, group=EVAL)
     skip_eval_before_train: bool = flag(False, action="store_true", group=EVAL)
+
+
+@dataclass(frozen=True)
+class RolloutRunConfig(ParsedConfig):
+    """What `slime.rollout`'s own code reads (issue #33): the rollout's flags, and the few it reads that are
+    declared elsewhere (the checkpoint, where state is saved and loaded, slime's hook paths, the fleet's retry
+    window, the router given). Read once from the namespace: by the controller, or by the runtime a plugin's
+    `args` bound (`RolloutRuntime.config`); slime's plugins keep getting `args`. No defaults: the parser's."""
+
+    rollout: RolloutConfig
+    hf_checkpoint: str | None  # the tokenizer, processor and chat template
+    load: str | None  # where the data source's state is restored from
+    save: str | None  # where it is saved
+    load_debug_rollout_data: str | None  # a replay: samples from the file, no engine
+    save_debug_rollout_data: str | None
+    save_debug_train_data: str | None
+    data_source_path: str | None  # slime's: a class built as `cls(args)`
+    custom_reward_post_process_path: str | None
+    custom_convert_samples_to_train_data_path: str | None
+    rollout_sample_filter_path: str | None  # slime's hook: `fn(args, groups)`
+    rollout_all_samples_process_path: str | None  # slime's hook: `fn(args, groups, data_source)`
+    eval_reward_key: str | None
+    request_retry_window: float | None  # (the fleet's flag) the retry budget of one engine request
+    interaction_config_path: str | None  # (the tools' flags) verl's simulated user
+    interaction_key: str
+    sglang_router_ip: str | None  # a router given on the command line (a plugin run outside a controller)
+    sglang_router_port: int | None

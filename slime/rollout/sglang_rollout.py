@@ -112,7 +112,7 @@ class GenerateState:
         """slime's `load_processor(--hf-checkpoint)`: None for text-only models; loaded once."""
         from slime.rollout.multimodal_prompt import shared_processor
 
-        return shared_processor(self.args, self.runtime)
+        return shared_processor(self.runtime)
 
     @property
     def semaphore(self) -> asyncio.Semaphore:

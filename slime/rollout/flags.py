@@ -158,6 +158,27 @@ class RolloutConfig(FlagConfig):
 
 
 @dataclass(frozen=True)
+class PromptConfig(ParsedConfig):
+    """How a prompt row becomes a template `Sample` (`prompt_rows`, `prompt_index`): its keys, template, images,
+    length limit, and whether the default generate reads it. Read off a namespace by the data source or
+    preflight; an eval set's own keys replace fields (`dataclasses.replace`). No defaults: the parser's."""
+
+    metadata_key: str
+    tool_key: str | None
+    apply_chat_template: bool
+    apply_chat_template_kwargs: dict[str, Any] | None
+    multimodal_keys: Any | None
+    rollout_max_prompt_len: int | None
+    rollout_max_context_len: int | None
+    over_long_prompt: str
+    rollout_function_path: str  # (with the next) the default generate reads text or messages only
+    custom_generate_function_path: str | None
+    interaction_config_path: str | None  # (the tools' flags) verl's interaction_kwargs of each row
+    interaction_key: str
+    hf_checkpoint: str | None  # the processor that counts a prompt's image tokens
+
+
+@dataclass(frozen=True)
 class RolloutRunConfig(ParsedConfig):
     """What `slime.rollout`'s own code reads (issue #33): the rollout's flags, and the few it reads that are
     declared elsewhere (the checkpoint, where state is saved and loaded, slime's hook paths, the fleet's retry
@@ -165,6 +186,7 @@ class RolloutRunConfig(ParsedConfig):
     `args` bound (`RolloutRuntime.config`); slime's plugins keep getting `args`. No defaults: the parser's."""
 
     rollout: RolloutConfig
+    prompt: PromptConfig  # how prompt rows are read (eval sets' too)
     hf_checkpoint: str | None  # the tokenizer, processor and chat template
     load: str | None  # where the data source's state is restored from
     save: str | None  # where it is saved

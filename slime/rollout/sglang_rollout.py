@@ -347,7 +347,9 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
 async def eval_rollout_single_dataset(args: Any, rollout_id: int, dataset: Any) -> dict[str, dict[str, Any]]:
     """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}` (`evaluation.evaluate_dataset`),
     each group through `generate_and_rm_group`."""
-    return await evaluate_dataset(args, rollout_id, dataset, generate_and_rm_group)
+    args = completed(args)
+    config = RolloutRunConfig.from_args(args)  # the eval set's flags, read once
+    return await evaluate_dataset(config, args, rollout_id, dataset, generate_and_rm_group)
 
 
 async def eval_rollout(args: Any, rollout_id: int) -> RolloutFnEvalOutput:

@@ -14,7 +14,7 @@ import pytest
 
 from slime.cli.parser import build_parser
 from slime.rollout.flags import PromptConfig, RolloutConfig, RolloutRunConfig
-from slime.rollout.runtime import RolloutRuntime, config_for
+from slime.rollout.runtime import RolloutRuntime, config_for, reread_config, unbind
 from slime.utils.plugin_args import completed
 from tests.args_reads import flag_reads
 
@@ -90,6 +90,13 @@ def test_the_runtime_reads_its_args_once_and_a_plugins_own_namespace_is_read_as_
     own = completed(SimpleNamespace(rollout_batch_size=2))  # a plugin calling with a namespace of its own
     assert config_for(own, runtime).rollout.rollout_batch_size == 2
     assert config_for(own, None).rollout.rollout_batch_size == 2  # a stand-in GenerateState has no runtime
+    # a rollout's start reads the namespace again (its caller may change it between rollouts), for its groups too
+    args.rollout_batch_size = 7
+    runtime.bind()
+    try:
+        assert reread_config(args).rollout.rollout_batch_size == runtime.config.rollout.rollout_batch_size == 7
+    finally:
+        unbind(runtime)
 
 
 def test_only_slimes_plugin_contract_reads_flags_off_args():

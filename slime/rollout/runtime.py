@@ -162,6 +162,16 @@ def config_for(args: Any, runtime: RolloutRuntime | None) -> RolloutRunConfig:
     return RolloutRunConfig.from_args(completed(args))
 
 
+def reread_config(args: Any) -> RolloutRunConfig:
+    """`args`' config read now, where a rollout or an eval set starts (its caller may have changed the namespace
+    since the last one); the bound runtime that holds `args` keeps it, so the rollout's groups read the same."""
+    config = RolloutRunConfig.from_args(completed(args))
+    runtime = bound()
+    if runtime is not None and runtime.args is args:
+        runtime.reading(config)
+    return config
+
+
 def unbind(runtime: RolloutRuntime | None = None) -> None:
     """Drop the binding (only if it is `runtime`, when given). A runtime the binding owned is closed
     with it; any other stays its creator's to close."""

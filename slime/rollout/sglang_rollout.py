@@ -26,8 +26,7 @@ from slime.rollout.evaluation import eval_prompts, eval_reward, eval_sampling_pa
 from slime.rollout.failures import mark_failed
 from slime.rollout.reward_step import group_rm_applies, reward_each, reward_group
 from slime.rollout.rollout_loop import MAX_DROPPED_PER_KEPT, collect_rollout
-from slime.rollout.flags import RolloutRunConfig
-from slime.rollout.runtime import RolloutRuntime, config_for, current
+from slime.rollout.runtime import RolloutRuntime, config_for, current, reread_config
 from slime.rollout.sample_hooks import apply_rollout_sample_hooks
 from slime.rollout.sampling_params import group_sampling_params, sampling_params_from_args
 from slime.utils.async_utils import run
@@ -339,8 +338,7 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     """slime's name for the train rollout (`rollout_loop.collect_rollout`), each group through
     `generate_and_rm_group`."""
     args = completed(args)
-    # the rollout's flags, read once a rollout (a caller may change its namespace between rollouts)
-    config = RolloutRunConfig.from_args(args)
+    config = reread_config(args)  # the rollout's flags, read once a rollout
     return await collect_rollout(config, args, rollout_id, data_source, generate_and_rm_group)
 
 
@@ -348,7 +346,7 @@ async def eval_rollout_single_dataset(args: Any, rollout_id: int, dataset: Any) 
     """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}` (`evaluation.evaluate_dataset`),
     each group through `generate_and_rm_group`."""
     args = completed(args)
-    config = RolloutRunConfig.from_args(args)  # the eval set's flags, read once
+    config = reread_config(args)  # the eval set's flags, read once
     return await evaluate_dataset(config, args, rollout_id, dataset, generate_and_rm_group)
 
 

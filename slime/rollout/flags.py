@@ -3,9 +3,11 @@
 Why: these flags are read across `slime.rollout` (the controller, the data source, the default rollout,
 the reward step) and by slime's plugins, which get `args`; their defaults are written once, here. The
 parser's "data", "rollout", "reward" and "eval" groups are generated from the fields
-(`RolloutConfig.add_arguments`), the controller reads `RolloutConfig.from_args(args)` once where it is
-built (a namespace that lacks a flag is refused there, naming it), and a namespace built by hand is
-completed from the same defaults (`slime.utils.plugin_args.completed`).
+(`RolloutConfig.add_arguments`), and a namespace built by hand is completed from the same defaults
+(`slime.utils.plugin_args.completed`). Our own rollout code reads no flag off `args` (issue #33): it gets
+a `RolloutRunConfig` (these fields and the few flags it reads that are declared elsewhere), read once by the
+controller or, for code a plugin's `args` reaches, by the runtime (`RolloutRuntime.config`), or the smaller
+`PromptConfig` for reading prompt rows. Only slime's plugin contract keeps `args`.
 """
 
 from __future__ import annotations

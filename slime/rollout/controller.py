@@ -72,9 +72,12 @@ def flatten_groups(out: Any) -> tuple[list[Sample], dict[str, Any]]:
     return flat, metrics
 
 
-def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: dict[str, Any]) -> dict[str, Any]:
+def rollout_summary(
+    keyed: ReportConfig, samples: list[Sample], seconds: float, metrics: dict[str, Any]
+) -> dict[str, Any]:
+    """The rollout's counts; `keyed` holds --reward-key (`reward_value`)."""
     n = len(samples)
-    rewards = [r for r in (reward_value(args, s) for s in samples) if r == r]  # NaN: not a number (yet)
+    rewards = [r for r in (reward_value(keyed, s) for s in samples) if r == r]  # NaN: not a number (yet)
     tokens = sum(s.response_length for s in samples)
     return {
         "samples": n,
@@ -121,10 +124,9 @@ def make_data_source(args: Any, path: str | None, tokenizer: Any) -> Any:
     return DataSource.from_args(args, tokenizer) if default else cls(args)
 
 
-def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
-    """slime's `--custom-(eval-)rollout-log-function-path`: True means it logged, skip ours."""
-    path = getattr(args, flag)
-    return bool(path and load_function(path, "--" + flag.replace("_", "-"))(*call_args))
+def _custom_log(path: str | None, option: str, *call_args: Any) -> bool:
+    """slime's `--custom-(eval-)rollout-log-function-path` `path`: True means it logged, skip ours."""
+    return bool(path and load_function(path, option)(*call_args))
 
 
 class RolloutController:
@@ -208,7 +210,7 @@ class RolloutController:
         if run.save_debug_rollout_data:
             save_debug_rollout(run.save_debug_rollout_data, rollout_id, samples)
         if samples and all(s.status == Sample.Status.FAILED for s in samples):
-            self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
+            self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.report, samples, seconds, metrics)}
             raise RolloutFailedError(describe_failures(rollout_id, samples), self.last_summary["failure_reasons"])
         if parallel_config is None:
             train = [s for s in samples if s.status != Sample.Status.FAILED]
@@ -228,10 +230,11 @@ class RolloutController:
 
             out, split_metrics = split_for_data_parallel(self.args, batch, parallel_config)
             metrics.update(split_metrics)
-        self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
+        self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.report, samples, seconds, metrics)}
         perf = {**metrics, "perf/rollout_time": metrics.get("perf/rollout_time", seconds)}
+        log_path = self.run_config.custom_rollout_log_function_path
         if not _custom_log(
-            self.args, "custom_rollout_log_function_path", rollout_id, self.args, samples, metrics, seconds
+            log_path, "--custom-rollout-log-function-path", rollout_id, self.args, samples, metrics, seconds
         ):
             reporting.log_rollout(self.report, rollout_id, samples, perf, self.wandb_run)
         rollout_dump.dump_rollout(self.report, rollout_id, samples)
@@ -253,8 +256,9 @@ class RolloutController:
                 f"--eval-function-path returned {type(data).__name__}; expected "
                 "{dataset: {'rewards', 'truncated', 'samples'}}"
             )
+        log_path = self.run_config.custom_eval_rollout_log_function_path
         if not _custom_log(
-            self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data, out.metrics
+            log_path, "--custom-eval-rollout-log-function-path", rollout_id, self.args, data, out.metrics
         ):
             reporting.log_eval(self.report, rollout_id, data, self.wandb_run)
         rollout_dump.dump_eval(self.report, rollout_id, data)

@@ -201,6 +201,8 @@ class RolloutRunConfig(ParsedConfig):
     rollout_sample_filter_path: str | None  # slime's hook: `fn(args, groups)`
     rollout_all_samples_process_path: str | None  # slime's hook: `fn(args, groups, data_source)`
     eval_reward_key: str | None
+    custom_rollout_log_function_path: str | None  # slime's: `fn(rollout_id, args, samples, metrics, seconds)`
+    custom_eval_rollout_log_function_path: str | None  # slime's: `fn(rollout_id, args, data, metrics)`
     request_retry_window: float | None  # (the fleet's flag) the retry budget of one engine request
     interaction_config_path: str | None  # (the tools' flags) verl's simulated user
     interaction_key: str

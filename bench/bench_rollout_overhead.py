@@ -193,6 +193,7 @@ def correctness_work(args, model_dir: str, n: int = 2000, repeat: int = 5) -> di
     import json
 
     from slime.rollout.data_source import DataSource
+    from slime.rollout.flags import RolloutConfig
     from slime.rollout.engine_answer import parse_generate_answer
     from slime.rollout.reward_step import reward_each
     from slime.rollout.train_data import convert_samples_to_train_data
@@ -230,7 +231,8 @@ def correctness_work(args, model_dir: str, n: int = 2000, repeat: int = 5) -> di
         return got
 
     done = samples()
-    asyncio.run(reward_each(args, done))
+    config = RolloutConfig.from_args(args)
+    asyncio.run(reward_each(config, args, done))
     work = {
         "answer checks beyond json.loads": best(
             lambda: [parse_generate_answer(answer, vocab_size=50_000, max_new_tokens=8) for _ in range(n)]
@@ -238,7 +240,7 @@ def correctness_work(args, model_dir: str, n: int = 2000, repeat: int = 5) -> di
         - best(lambda: [json.loads(answer) for _ in range(n)]),
         "sample (clone, segment)": best(samples),
         "reward (exact rule)": best(
-            lambda: ([setattr(s, "reward", None) for s in done], asyncio.run(reward_each(args, done)))
+            lambda: ([setattr(s, "reward", None) for s in done], asyncio.run(reward_each(config, args, done)))
         ),
         "training batch": best(lambda: convert_samples_to_train_data(args, done)),
     }

@@ -105,7 +105,6 @@ def per_sample(model: Path, samples: int) -> dict[str, float]:
 
     tok, processor = load_tokenizer(model), load_processor(model)
     runtime = SimpleNamespace(tokenizer=tok, shared=lambda key, build: processor)
-    args = SimpleNamespace(hf_checkpoint=str(model))
     text = tok.apply_chat_template(
         [
             {
@@ -121,7 +120,7 @@ def per_sample(model: Path, samples: int) -> dict[str, float]:
     t0 = cpu()
     for i in range(samples):
         s = Sample(index=i, prompt=text, multimodal_inputs={"images": [picture(i)], "videos": None})
-        ids, image_data = multimodal_prompt(args, s, runtime)
+        ids, image_data = multimodal_prompt(s, runtime)
         json.dumps({"input_ids": ids, "image_data": image_data, "sampling_params": params})
     with_images = (cpu() - t0) / samples
     t0 = cpu()

@@ -106,7 +106,7 @@ def refused_or_served(tmp_path, tok, bad: dict, templated: bool) -> str:
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in (GOOD, bad, GOOD)) + "\n")  # surrogates as \\ud800 escapes
     args = _args(path, templated)
-    index = PromptIndex(args, path, "messages", "label", tok if templated else None)
+    index = PromptIndex.from_args(args, path, "messages", "label", tok if templated else None)
     try:
         index.check_all()
     except DataError as e:
@@ -161,7 +161,7 @@ def test_rows_the_default_generate_cannot_read_are_refused_without_a_template_to
 ):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in (GOOD, {**bad, "label": "1"})) + "\n")
-    index = PromptIndex(_args(path, templated), path, "messages", "label", tok if templated else None)
+    index = PromptIndex.from_args(_args(path, templated), path, "messages", "label", tok if templated else None)
     with pytest.raises(DataError) as e:
         index.check_all()
     assert str(e.value) == f"{path}:2: {message}"
@@ -171,5 +171,5 @@ def test_a_custom_generate_still_gets_any_prompt(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"messages": {"index": 3}, "label": 1}) + "\n")
     args = dict(vars(_args(path, False)), custom_generate_function_path="my.generate")
-    [sample] = PromptIndex(SimpleNamespace(**args), path, "messages", "label")
+    [sample] = PromptIndex.from_args(SimpleNamespace(**args), path, "messages", "label")
     assert (sample.prompt, sample.label) == ({"index": 3}, 1)

@@ -216,6 +216,7 @@ def test_normalize_advantages_whitens_over_the_masked_tokens_of_every_rank():
 
 def test_eval_flags_reach_the_eval_requests_and_rewards():
     from slime.rollout.evaluation import eval_reward, eval_sampling_params
+    from slime.rollout.flags import RolloutRunConfig
 
     data = ["--eval-prompt-data", "demo_eval", "configs/demo/eval.jsonl"]
     plain = parse_train_args(data)
@@ -232,8 +233,9 @@ def test_eval_flags_reach_the_eval_requests_and_rewards():
     ) != (5, 3)
     assert (plain.eval_datasets[0].tool_key, tuned.eval_datasets[0].tool_key) == ("tools", "eval_tools")
     sample = Sample(index=0, reward={"acc": 1.0, "format": 0.5})
-    assert eval_reward(parse_train_args([*data, "--eval-reward-key", "format"]), sample) == 0.5
-    assert eval_reward(parse_train_args([*data, "--eval-reward-key", "acc"]), sample) == 1.0
+    for key, reward in (("format", 0.5), ("acc", 1.0)):
+        config = RolloutRunConfig.from_args(parse_train_args([*data, "--eval-reward-key", key]))
+        assert eval_reward(config, sample) == reward
 
 
 MODEL_SHAPE = [

@@ -125,9 +125,9 @@ def test_the_index_serves_every_non_blank_line_with_its_line_number(tmp_path_fac
     spec = f"{data}@[{start}:{'' if stop is None else stop}]"
     if not rows:
         with pytest.raises(ValueError):
-            PromptIndex(_args(), spec, "input", None)
+            PromptIndex.from_args(_args(), spec, "input", None)
         return
-    index = PromptIndex(_args(), spec, "input", None)
+    index = PromptIndex.from_args(_args(), spec, "input", None)
     assert [s.prompt for s in index] == [text for _, text in rows]
     assert [index.where(i) for i in range(len(index))] == [f"{data}:{n}" for n, _ in rows]
     assert count_rows(spec) == len(rows)

@@ -7,6 +7,7 @@ import asyncio
 
 from slime.cli.args import parse_args
 from slime.rollout.failures import failure_reasons
+from slime.rollout.flags import RolloutConfig
 from slime.rollout.reward_step import reward_group
 from slime.utils.types import Sample
 
@@ -20,7 +21,7 @@ def group(n: int) -> list[Sample]:
 async def test_a_hung_reward_fails_its_sample_and_the_others_are_scored():
     args = parse_args(["--custom-rm-path", "tests.plugins.hung_rewards.hangs_on_odd", "--reward-timeout", "0.3"])
     samples = group(4)
-    await asyncio.wait_for(reward_group(args, samples, evaluation=False), OUTER_BOUND_S)
+    await asyncio.wait_for(reward_group(RolloutConfig.from_args(args), args, samples, evaluation=False), OUTER_BOUND_S)
     assert [s.reward for s in samples] == [1.0, 0.0, 1.0, 0.0]
     assert [s.status for s in samples] == [Sample.Status.COMPLETED, Sample.Status.FAILED] * 2
     counts, examples = failure_reasons(samples)
@@ -36,7 +37,7 @@ async def test_a_hung_group_reward_fails_the_group():
         ["--custom-rm-path", "tests.plugins.hung_rewards.group_hangs", "--group-rm", "--reward-timeout", "0.3"]
     )
     samples = group(2)
-    await asyncio.wait_for(reward_group(args, samples, evaluation=False), OUTER_BOUND_S)
+    await asyncio.wait_for(reward_group(RolloutConfig.from_args(args), args, samples, evaluation=False), OUTER_BOUND_S)
     assert failure_reasons(samples)[0] == {"reward_timeout": 2}
 
 

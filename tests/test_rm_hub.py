@@ -494,7 +494,10 @@ async def test_a_built_in_rule_that_raises_fails_its_sample_alone_whether_called
         def __str__(self):
             raise RuntimeError("label cannot be read")
 
+    from slime.rollout.flags import RolloutConfig
+
     args = SimpleNamespace(rm_type="exact", custom_rm_path=None, reward_timeout=5.0, reward_key=None)
+    config = RolloutConfig(rm_type="exact", reward_timeout=5.0)
     good = Sample(index=0, response=" x ", label="x", status=Sample.Status.COMPLETED)
     bad = Sample(index=1, response="x", label=BadLabel(), status=Sample.Status.COMPLETED)
     unknown = Sample(index=2, response="x", label="x", status=Sample.Status.COMPLETED, metadata={"rm_type": "nope"})
@@ -502,7 +505,7 @@ async def test_a_built_in_rule_that_raises_fails_its_sample_alone_whether_called
     no_text = Sample(
         index=3, response=None, label="x", status=Sample.Status.COMPLETED, metadata={"rm_type": "boxed_exact"}
     )
-    await reward_each(args, [good, bad, unknown, no_text])
+    await reward_each(config, args, [good, bad, unknown, no_text])
     assert good.reward == 1.0 and good.status == Sample.Status.COMPLETED
     for s in (bad, unknown, no_text):
         assert s.status == Sample.Status.FAILED and s.metadata["failure_reason"] == "reward_error"

@@ -399,6 +399,7 @@ def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, t
     an eval): every segment and every sample hook of each records its own id, never the other's."""
     import asyncio
 
+    from slime.rollout.flags import RolloutRunConfig
     from slime.rollout.rollout_loop import collect_rollout
     from slime.rollout.sglang_rollout import generate_and_rm_group
     from slime.utils.async_utils import run
@@ -418,8 +419,8 @@ def test_two_rollouts_at_once_each_see_their_own_rollout_id(tmp_path, cluster, t
 
     async def both():
         return await asyncio.gather(
-            collect_rollout(args, 7, first, generate_and_rm_group),
-            collect_rollout(args, 8, second, generate_and_rm_group),
+            collect_rollout(RolloutRunConfig.from_args(args), args, 7, first, generate_and_rm_group),
+            collect_rollout(RolloutRunConfig.from_args(args), args, 8, second, generate_and_rm_group),
         )
 
     CALLS.clear()

@@ -23,6 +23,7 @@ from slime.cli.preflight import PreflightError, check_prompt_file
 from slime.rollout import sglang_rollout
 from slime.rollout.controller import BatchError, convert_samples_to_train_data, normalization_groups
 from slime.rollout.data_source import DataError, build_prompt_samples, pop_first
+from slime.rollout.flags import RolloutConfig
 from slime.rollout.reward_check import fail_invalid_rewards
 from slime.rollout.runtime import unbind
 from slime.utils.async_utils import run
@@ -193,7 +194,7 @@ def test_raw_rewards_are_kept_until_the_batch_and_then_must_be_numbers(stand_in_
     assert [s.reward for s in group] == [{"score": 1.0, "teacher": [0.5, 0.25]}] * 2
     assert group[0].get_reward_value(args) == {"score": 1.0, "teacher": [0.5, 0.25]}  # slime's: as returned
     assert group[0].get_reward_value(SimpleNamespace(reward_key="score")) == 1.0
-    assert fail_invalid_rewards(args, group) == 2
+    assert fail_invalid_rewards(RolloutConfig.from_args(args), group) == 2
     assert group[0].metadata["error"] == (
         f"--custom-rm-path '{__name__}.dict_reward' returned a dict with keys ['score', 'teacher']; pick one with "
         "--reward-key or turn it into numbers with --custom-reward-post-process-path for sample 0 (group 0)"

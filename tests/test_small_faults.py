@@ -30,7 +30,7 @@ def test_a_prompt_file_rewritten_after_indexing_says_the_file_changed(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"input": f"question {i}"}) + "\n" for i in range(4)))
     args = parse_args(["--prompt-data", str(path)])
-    index = PromptIndex(args, str(path), "input", None)
+    index = PromptIndex.from_args(args, str(path), "input", None)
     try:
         assert index.row(1) == {"input": "question 1"}
         path.write_text(
@@ -62,7 +62,7 @@ def test_a_parquet_map_column_is_read_by_its_dotted_key(tmp_path):
         path,
     )
     args = parse_args(["--prompt-data", str(path), "--input-key", "extra_info.question"])
-    index = PromptIndex(args, str(path), "extra_info.question", None)
+    index = PromptIndex.from_args(args, str(path), "extra_info.question", None)
     assert index.sample(0, tokenize=False).prompt == "what is 2+2?"
 
 
@@ -115,4 +115,4 @@ def test_a_line_longer_than_the_bound_is_refused_before_it_is_read_whole(tmp_pat
         "object per line (is this JSONL, or a whole dataset on one line?)"
     )
     with pytest.raises(DataError, match=r":2: the line is longer than 1024 bytes"):
-        PromptIndex(args, str(path), "input", None)
+        PromptIndex.from_args(args, str(path), "input", None)

@@ -14,6 +14,7 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from slime.rollout.flags import PromptConfig
 from slime.interactions.adapter import InteractionAdapter, InteractionError, UserReply
 from slime.interactions.gsm8k_interaction import CORRECT, INCORRECT, Gsm8kInteraction, strict_gsm8k_score
 from slime.interactions.verl_gsm8k_interaction import Gsm8kInteraction as VerlGsm8kInteraction
@@ -334,16 +335,18 @@ def test_a_row_without_verls_interaction_kwargs_is_refused_naming_the_row(extra_
 
     row = {"prompt": [{"role": "user", "content": "q"}], "extra_info": extra_info}
     with pytest.raises(DataError) as e:
-        sample_from_row(row_args(), row, "data.jsonl:3", "prompt", None)
+        sample_from_row(PromptConfig.from_args(row_args()), row, "data.jsonl:3", "prompt", None)
     assert str(e.value) == f"data.jsonl:3: {problem}"
     ok = {**row, "extra_info": {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "72"}}}
-    assert sample_from_row(row_args(), ok, "w", "prompt", None).metadata == {
+    assert sample_from_row(PromptConfig.from_args(row_args()), ok, "w", "prompt", None).metadata == {
         "messages": row["prompt"],
         "interaction_kwargs": {"name": "gsm8k", "ground_truth": "72"},
     }
     assert (
         "interaction_kwargs"
-        not in sample_from_row(row_args(interaction_config_path=None), ok, "w", "prompt", None).metadata
+        not in sample_from_row(
+            PromptConfig.from_args(row_args(interaction_config_path=None)), ok, "w", "prompt", None
+        ).metadata
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from slime.cli.args import parse_args
 from slime.rollout.evaluation import dataset_multimodal_keys, eval_prompts
+from slime.rollout.flags import RolloutRunConfig
 from slime.rollout.prompt_index import PromptIndex
 from slime.utils.eval_config import EvalDatasetConfig
 
@@ -60,14 +61,14 @@ def test_the_prompt_length_filter_counts_each_image_at_its_token_count(tiny_vlm_
 
     tok = load_tokenizer(tiny_vlm_dir)
     keys = ("--multimodal-keys", '{"image": "pics"}')
-    whole = PromptIndex(args_for(tiny_vlm_dir, data, *keys), data, "prompt", "label", tok)
+    whole = PromptIndex.from_args(args_for(tiny_vlm_dir, data, *keys), data, "prompt", "label", tok)
     written = len(tok(whole[0].prompt, add_special_tokens=False)["input_ids"])  # one placeholder for the picture
     text_len = len(whole[1].tokens)
     assert text_len < written + 5
     limit = ("--rollout-max-prompt-len", str(written + 5))  # fits as written, not as the engine runs it (+15)
-    index = PromptIndex(args_for(tiny_vlm_dir, data, *keys, *limit), data, "prompt", "label", tok)
+    index = PromptIndex.from_args(args_for(tiny_vlm_dir, data, *keys, *limit), data, "prompt", "label", tok)
     assert index.filtered == 1 and len(index) == 1 and index[0].multimodal_inputs is None
-    roomy = PromptIndex(
+    roomy = PromptIndex.from_args(
         args_for(tiny_vlm_dir, data, *keys, "--rollout-max-prompt-len", str(written + 15)), data, "prompt", "label", tok
     )
     assert roomy.filtered == 0
@@ -92,10 +93,11 @@ def test_an_eval_dataset_reads_images_under_its_own_multimodal_keys(tiny_vlm_dir
     runtime = Runtime(load_tokenizer(tiny_vlm_dir))
     pictures = EvalDatasetConfig("shapes", str(data), multimodal_keys={"image": "pics"})
     plain = EvalDatasetConfig("shapes-text", str(data))
-    with_images = eval_prompts(args, pictures, runtime)
+    config = RolloutRunConfig.from_args(args)
+    with_images = eval_prompts(config, pictures, runtime)
     assert with_images[0].multimodal_inputs["images"][0].size == (112, 112)
     assert "<|image_pad|>" in with_images[0].prompt and with_images[1].multimodal_inputs is None
-    without = eval_prompts(args, plain, runtime)
+    without = eval_prompts(config, plain, runtime)
     assert without[0].multimodal_inputs is None and "<|image_pad|>" not in without[0].prompt
     assert dataset_multimodal_keys(EvalDatasetConfig("j", "x", multimodal_keys='{"image": "p"}'), None) == {
         "image": "p"

@@ -87,7 +87,7 @@ def test_rows_with_images_are_read_into_the_prompt_and_the_samples(tiny_vlm_dir,
     data = geometry_set(tmp_path)
     args = data_args(tiny_vlm_dir, data)
     assert check_prompt_file(args, "--prompt-data", str(data), "prompt", "label", load_tokenizer(tiny_vlm_dir)) == 4
-    index = PromptIndex(args, data, "prompt", "label", load_tokenizer(tiny_vlm_dir))
+    index = PromptIndex.from_args(args, data, "prompt", "label", load_tokenizer(tiny_vlm_dir))
     samples = [index[i] for i in range(4)]
     assert [len(s.multimodal_inputs["images"]) for s in samples] == [1, 1, 1, 2]
     assert [s.prompt.count("<|image_pad|>") for s in samples] == [1, 1, 1, 2]  # one placeholder each, unexpanded

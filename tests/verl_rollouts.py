@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from slime.rollout.flags import PromptConfig
+from slime.utils.plugin_args import completed
+
 DATA = Path(__file__).resolve().parent / "data" / "verl"
 IM_END = 151645
 PARAMS = {
@@ -109,7 +112,14 @@ def recipe_sample(stack, tok, recipe: str, tmp_path: Path, tool_config: Path | N
     )
     bind_runtime(args, tokenizer=tok)
     row = read_rows(tmp_path / "train.parquet")[0]
-    sample = sample_from_row(args, row, f"{recipe}:1", "prompt", "reward_model.ground_truth", tokenize=False)
+    sample = sample_from_row(
+        PromptConfig.from_args(completed(args)),
+        row,
+        f"{recipe}:1",
+        "prompt",
+        "reward_model.ground_truth",
+        tokenize=False,
+    )
     return args, sample, row
 
 

@@ -47,7 +47,7 @@ class MultiTurnContext:
                 "(Hermes format) instead"
             )
         # a vision-language checkpoint's image side: prompt and tool images are expanded and sent as image_data
-        processor = shared_processor(args, self.runtime) if self.runtime is not None else None
+        processor = shared_processor(self.runtime) if self.runtime is not None else None
         self.images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
         self.check_mode = args.chat_template_check
         self.template_report = None

@@ -65,7 +65,7 @@ def gateway_of(runtime: RolloutRuntime) -> Gateway:
     """The runtime's gateway, started on first use and stopped when the runtime closes."""
 
     def start() -> Gateway:
-        processor = shared_processor(runtime.args, runtime)  # a vision-language checkpoint's: images read
+        processor = shared_processor(runtime)  # a vision-language checkpoint's: images read
         images = PromptImages(processor) if getattr(processor, "image_processor", None) is not None else None
         gateway = Gateway(
             runtime.client, tokenizer=runtime.tokenizer, config=GatewayConfig.of(config_of(runtime)), images=images

@@ -12,12 +12,13 @@ checkpoint, whose data state comes with it).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from slime.fleet.external_engines import ExternalEngineError, check_reachable, external_urls
+from slime.rollout.flags import PromptConfig
 from slime.rollout.data_source import (
     DEFAULT_ROLLOUT,
     DataError,
@@ -110,7 +111,7 @@ def check_prompt_file(
     """Every row read as the manager will (`PromptIndex`, one row at a time): encoding, keys, types,
     tools and, with --apply-chat-template, the rendered template and its tokens (and the length
     filter); returns the rows used. The first bad row raises, naming the flag, file and line."""
-    from slime.rollout.prompt_index import PromptIndex
+    from slime.rollout.prompt_index import PromptIndex, carried_filter
 
     file_path, _ = parse_path_slice(path)
     p = Path(file_path)
@@ -118,18 +119,18 @@ def check_prompt_file(
         raise PreflightError(f"{flag}: file not found: {p}")
     if p.suffix != ".parquet":
         check_utf8(p, flag)
-    checked = args
+    config = PromptConfig.from_args(args)
     if tokenizer is None:  # without a template the manager's tokens cannot fail: the rows' structure is checked
-        checked = copy.copy(args)
-        checked.apply_chat_template = False
-        checked.rollout_max_prompt_len = checked.rollout_max_context_len = None
+        config = dataclasses.replace(
+            config, apply_chat_template=False, rollout_max_prompt_len=None, rollout_max_context_len=None
+        )
     try:
-        index = PromptIndex(checked, path, input_key, label_key, tokenizer)
+        index = PromptIndex(config, path, input_key, label_key, tokenizer, carried=carried_filter(args))
         try:
             index.check_all()
         finally:
             index.close()
-        if checked is args:
+        if tokenizer is not None:
             index.carry_filter(args)  # the manager's index drops the same rows without tokenising them again
     except DataError as e:
         raise PreflightError(f"{flag}: {e}") from None
@@ -210,11 +211,14 @@ def check_rows_name_interactions(args: Any, names: list[str]) -> None:
     from slime.interactions.registry import check_sample_kwargs
     from slime.rollout.prompt_index import PromptIndex
 
-    checked = copy.copy(args)
-    checked.apply_chat_template = False
-    checked.rollout_max_prompt_len = checked.rollout_max_context_len = None
+    config = dataclasses.replace(
+        PromptConfig.from_args(args),
+        apply_chat_template=False,
+        rollout_max_prompt_len=None,
+        rollout_max_context_len=None,
+    )
     try:
-        index = PromptIndex(checked, args.prompt_data, args.input_key, args.label_key)
+        index = PromptIndex(config, args.prompt_data, args.input_key, args.label_key)
         try:
             for i in range(len(index)):
                 kwargs = index.sample(i, tokenize=False).metadata.get("interaction_kwargs")

@@ -210,10 +210,11 @@ def _check_partial_rollout(args: argparse.Namespace) -> None:
     """--partial-rollout with a custom generate function that cannot continue a sample: refused at start."""
     if not (args.partial_rollout and args.custom_generate_function_path):
         return
+    from slime.rollout.flags import RolloutConfig
     from slime.rollout.partial_rollout import check_generate_function
 
     try:
-        check_generate_function(args)
+        check_generate_function(RolloutConfig.from_args(args))
     except (ValueError, ImportError, AttributeError) as e:
         msg = str(e)
         raise ArgError(msg if msg.startswith("--") else f"--custom-generate-function-path: {msg}") from None

@@ -26,7 +26,7 @@ from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource
 from slime.rollout.debug_data import load_debug_rollout, save_debug_rollout, save_debug_train_data
 from slime.rollout.engine_client import EngineClient
-from slime.rollout.flags import RolloutConfig
+from slime.rollout.flags import RolloutRunConfig
 from slime.rollout.failures import RolloutFailedError, describe_failures, failure_reasons
 from slime.rollout.reward_check import fail_invalid_rewards, number_problem
 from slime.rollout.runtime import RolloutRuntime, unbind
@@ -48,7 +48,7 @@ from slime.rollout.train_data import (  # noqa: F401 - tests and plugins import 
 )
 from slime.tools.services import ToolServices
 from slime.utils.async_utils import run
-from slime.utils.endpoints import Endpoints
+from slime.utils.endpoints import Endpoints, rollout_num_engines
 from slime.utils.misc import load_function
 from slime.utils.processing_utils import load_tokenizer
 from slime.utils.types import Sample
@@ -72,9 +72,12 @@ def flatten_groups(out: Any) -> tuple[list[Sample], dict[str, Any]]:
     return flat, metrics
 
 
-def rollout_summary(args: Any, samples: list[Sample], seconds: float, metrics: dict[str, Any]) -> dict[str, Any]:
+def rollout_summary(
+    keyed: ReportConfig, samples: list[Sample], seconds: float, metrics: dict[str, Any]
+) -> dict[str, Any]:
+    """The rollout's counts; `keyed` holds --reward-key (`reward_value`)."""
     n = len(samples)
-    rewards = [r for r in (reward_value(args, s) for s in samples) if r == r]  # NaN: not a number (yet)
+    rewards = [r for r in (reward_value(keyed, s) for s in samples) if r == r]  # NaN: not a number (yet)
     tokens = sum(s.response_length for s in samples)
     return {
         "samples": n,
@@ -112,9 +115,8 @@ def _call_rollout_function(
         return call_rollout_fn(fn, args, rollout_id, data_source, evaluation=evaluation)
 
 
-def make_data_source(args: Any, tokenizer: Any) -> Any:
-    """`--data-source-path` (slime's: a class built as `cls(args)`); ours by default."""
-    path = args.data_source_path
+def make_data_source(args: Any, path: str | None, tokenizer: Any) -> Any:
+    """`--data-source-path` `path` (slime's: a class built as `cls(args)`); ours by default."""
     cls = load_function(path, "--data-source-path") if path else DataSource
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
 
@@ -122,10 +124,9 @@ def make_data_source(args: Any, tokenizer: Any) -> Any:
     return DataSource.from_args(args, tokenizer) if default else cls(args)
 
 
-def _custom_log(args: Any, flag: str, *call_args: Any) -> bool:
-    """slime's `--custom-(eval-)rollout-log-function-path`: True means it logged, skip ours."""
-    path = getattr(args, flag)
-    return bool(path and load_function(path, "--" + flag.replace("_", "-"))(*call_args))
+def _custom_log(path: str | None, option: str, *call_args: Any) -> bool:
+    """slime's `--custom-(eval-)rollout-log-function-path` `path`: True means it logged, skip ours."""
+    return bool(path and load_function(path, option)(*call_args))
 
 
 class RolloutController:
@@ -140,21 +141,22 @@ class RolloutController:
     ):
         self.args = args
         # the rollout's flags, read once: a namespace lacking one is refused here, naming it (plugins get `args`)
-        self.config = config = RolloutConfig.from_args(args)
+        self.run_config = run = RolloutRunConfig.from_args(args)  # with the few flags declared elsewhere
+        self.config = config = run.rollout
         self.report = ReportConfig.from_args(args)  # what the metric logs and dumps read
         self.wandb_run = wandb_run
         # the fleet's cumulative counters (engine deaths, restarts); each rollout reports its own share
         self.fleet_counters = fleet_counters or (lambda: {})
         self._retries_base = 0
-        tokenizer = load_tokenizer(args.hf_checkpoint) if args.hf_checkpoint else None
-        client = EngineClient.from_args(args, endpoints, tokenizer=tokenizer)
-        self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).bind()
+        tokenizer = load_tokenizer(run.hf_checkpoint) if run.hf_checkpoint else None
+        client = EngineClient.of(run, endpoints, engines=rollout_num_engines(args), tokenizer=tokenizer)
+        self.runtime = RolloutRuntime(args, client, tool_services or ToolServices()).reading(run).bind()
         self.data_source = None
         self.loaded_rollout_id: int | None = None  # the rollout whose saved state `--load` restored
-        if config.prompt_data and not args.load_debug_rollout_data:
-            self.data_source = make_data_source(args, tokenizer)
-            if args.load:
-                self.loaded_rollout_id = self.data_source.load(args.load)
+        if config.prompt_data and not run.load_debug_rollout_data:
+            self.data_source = make_data_source(args, run.data_source_path, tokenizer)
+            if run.load:
+                self.loaded_rollout_id = self.data_source.load(run.load)
         self.generate_rollout = load_function(config.rollout_function_path, "--rollout-function-path")
         self.eval_generate_rollout = load_function(config.eval_function_path, "--eval-function-path")
         for flag in ("custom_generate_function_path", "custom_rm_path", "dynamic_sampling_filter_path"):
@@ -177,8 +179,8 @@ class RolloutController:
         }
 
     def _samples(self, rollout_id: int) -> tuple[list[Sample], dict[str, Any]]:
-        if self.args.load_debug_rollout_data:
-            return load_debug_rollout(self.args.load_debug_rollout_data, rollout_id), {}
+        if self.run_config.load_debug_rollout_data:
+            return load_debug_rollout(self.run_config.load_debug_rollout_data, rollout_id), {}
         if self.data_source is None:
             raise ValueError("--prompt-data is required to generate rollouts")
         with rollout_scope(rollout_id):  # what the function starts knows its rollout (current_rollout.py)
@@ -198,16 +200,17 @@ class RolloutController:
             samples, metrics = self._samples(rollout_id)
         finally:
             self.progress.finish()
-        if not (self.args.custom_reward_post_process_path or self.args.custom_convert_samples_to_train_data_path):
-            fail_invalid_rewards(self.args, samples)  # the default post-processing needs numbers
+        run = self.run_config
+        if not (run.custom_reward_post_process_path or run.custom_convert_samples_to_train_data_path):
+            fail_invalid_rewards(self.config, samples)  # the default post-processing needs numbers
         metrics.setdefault("perf/engine_retries", self.runtime.client.stats.total_retries - retries_before)
         for key, value in self.fleet_counters().items():
             metrics.setdefault(f"perf/{key}", value - fleet_before.get(key, 0))
         seconds = time.monotonic() - start
-        if self.args.save_debug_rollout_data:
-            save_debug_rollout(self.args.save_debug_rollout_data, rollout_id, samples)
+        if run.save_debug_rollout_data:
+            save_debug_rollout(run.save_debug_rollout_data, rollout_id, samples)
         if samples and all(s.status == Sample.Status.FAILED for s in samples):
-            self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
+            self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.report, samples, seconds, metrics)}
             raise RolloutFailedError(describe_failures(rollout_id, samples), self.last_summary["failure_reasons"])
         if parallel_config is None:
             train = [s for s in samples if s.status != Sample.Status.FAILED]
@@ -218,8 +221,8 @@ class RolloutController:
                 if s.status == Sample.Status.FAILED:
                     s.remove_sample = True
         batch = convert_samples_to_train_data(self.args, train)
-        if self.args.save_debug_train_data:
-            save_debug_train_data(self.args.save_debug_train_data, rollout_id, batch)
+        if run.save_debug_train_data:
+            save_debug_train_data(run.save_debug_train_data, rollout_id, batch)
         out: Any = batch
         if parallel_config is not None:
             # imported here: it needs torch, which a rollout without a trainer never loads (cold start)
@@ -227,10 +230,11 @@ class RolloutController:
 
             out, split_metrics = split_for_data_parallel(self.args, batch, parallel_config)
             metrics.update(split_metrics)
-        self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.args, samples, seconds, metrics)}
+        self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.report, samples, seconds, metrics)}
         perf = {**metrics, "perf/rollout_time": metrics.get("perf/rollout_time", seconds)}
+        log_path = self.run_config.custom_rollout_log_function_path
         if not _custom_log(
-            self.args, "custom_rollout_log_function_path", rollout_id, self.args, samples, metrics, seconds
+            log_path, "--custom-rollout-log-function-path", rollout_id, self.args, samples, metrics, seconds
         ):
             reporting.log_rollout(self.report, rollout_id, samples, perf, self.wandb_run)
         rollout_dump.dump_rollout(self.report, rollout_id, samples)
@@ -252,8 +256,9 @@ class RolloutController:
                 f"--eval-function-path returned {type(data).__name__}; expected "
                 "{dataset: {'rewards', 'truncated', 'samples'}}"
             )
+        log_path = self.run_config.custom_eval_rollout_log_function_path
         if not _custom_log(
-            self.args, "custom_eval_rollout_log_function_path", rollout_id, self.args, data, out.metrics
+            log_path, "--custom-eval-rollout-log-function-path", rollout_id, self.args, data, out.metrics
         ):
             reporting.log_eval(self.report, rollout_id, data, self.wandb_run)
         rollout_dump.dump_eval(self.report, rollout_id, data)
@@ -272,12 +277,13 @@ class RolloutController:
         """The data source's state; groups a fully-async worker holds are saved as buffered prompts."""
         from slime.rollout.fully_async_rollout import worker_hub
 
-        if self.args.save and self.data_source is not None:
+        save = self.run_config.save
+        if save and self.data_source is not None:
             held = worker_hub(self.runtime).held_groups()
             if held:
-                self.data_source.save(self.args.save, rollout_id, held=held)
+                self.data_source.save(save, rollout_id, held=held)
             else:  # a custom --data-source-path keeps slime's two-argument save
-                self.data_source.save(self.args.save, rollout_id)
+                self.data_source.save(save, rollout_id)
 
     # ---- weight updates: the fully-async workers stop starting groups while weights change ----
     def begin_weight_update(self) -> None:

@@ -38,7 +38,7 @@ def build_prompt_samples(
     `path` may end in slime's `@[start:end]` row slice."""
     from slime.rollout.prompt_index import PromptIndex
 
-    index = PromptIndex(args, path, input_key, label_key, tokenizer)
+    index = PromptIndex.from_args(args, path, input_key, label_key, tokenizer)
     return list(index), index.filtered
 
 
@@ -89,7 +89,7 @@ class DataSource:
 
         if not args.prompt_data:
             raise DataError("--prompt-data is required (a JSONL or parquet file)")
-        prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, tokenizer)
+        prompts = PromptIndex.from_args(args, args.prompt_data, args.input_key, args.label_key, tokenizer)
         return cls(args, prompts, args.n_samples_per_prompt, args.rollout_shuffle, prompts.filtered)
 
     def _epoch_order(self) -> Sequence[int]:
@@ -218,7 +218,7 @@ class RolloutDataSourceWithBuffer(DataSource):
             if args.rollout_global_dataset and args.prompt_data:
                 from slime.rollout.prompt_index import PromptIndex
 
-                prompts = PromptIndex(args, args.prompt_data, args.input_key, args.label_key, None)
+                prompts = PromptIndex.from_args(args, args.prompt_data, args.input_key, args.label_key, None)
                 filtered = prompts.filtered
         super().__init__(
             args,

@@ -54,7 +54,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
         if images:
             image_data = [encode_png_data_uri(img) for img in images]
     elif sample.multimodal_inputs and sample_images(sample):  # --multimodal-keys: the processor's expanded ids
-        (ids, image_data), params = multimodal_prompt(args, sample, runtime), sampling_params
+        (ids, image_data), params = multimodal_prompt(sample, runtime), sampling_params
     elif sample.tokens and sample.response_length == 0:  # pre-tokenised (`prompt_ids`, without its copy:
         ids, params = sample.tokens, sampling_params  # the body and `start_response` copy the ids)
     else:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from slime.rollout.defaults import REQUEST_MAX_RETRIES
 from slime.fleet import sglang_payloads as payloads
 from slime.fleet.router_answer import parse_workers
+from slime.rollout.flags import RolloutRunConfig
 from slime.rollout.engine_answer import EngineOutput, parse_generate_answer, router_fault
 from slime.rollout.progress import Progress
 from slime.utils.endpoints import Endpoints, rollout_num_engines
@@ -125,14 +126,19 @@ class EngineClient:
 
     @classmethod
     def from_args(cls, args: Any, endpoints: Endpoints, **kw: Any) -> "EngineClient":
-        # slime's bound: --sglang-server-concurrency per engine
+        """The client of a parsed (or completed) namespace: its config, `engines` behind the router."""
+        return cls.of(RolloutRunConfig.from_args(args), endpoints, engines=rollout_num_engines(args), **kw)
+
+    @classmethod
+    def of(cls, config: RolloutRunConfig, endpoints: Endpoints, *, engines: int, **kw: Any) -> "EngineClient":
+        rollout = config.rollout
         return cls(
             endpoints,
-            concurrency=args.sglang_server_concurrency * max(1, rollout_num_engines(args)),
-            request_timeout=args.request_timeout,
-            max_retries=args.request_max_retries,
-            retry_window=args.request_retry_window,
-            tokenizer_path=args.hf_checkpoint,
+            concurrency=rollout.sglang_server_concurrency * max(1, engines),  # slime's bound: this many per engine
+            request_timeout=rollout.request_timeout,
+            max_retries=rollout.request_max_retries,
+            retry_window=config.request_retry_window,
+            tokenizer_path=config.hf_checkpoint,
             **kw,
         )
 

@@ -2,19 +2,22 @@
 
 An `EvalDatasetConfig` may set its sampling parameters, keys, samples per prompt, generate and reward
 functions; what it leaves unset comes from the flags. Its prompts are read once per runtime. The group
-step is handed in (slime's `generate_and_rm_group`, at `slime.rollout.sglang_rollout`).
+step is handed in (slime's `generate_and_rm_group`, at `slime.rollout.sglang_rollout`). The flags come as the
+rollout's config, read once per eval set by the caller; `args` only goes on to slime's data source and group step.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
 from slime.rollout.base_types import GroupStep
 from slime.rollout.current_rollout import rollout_scope
-from slime.rollout.data_source import DataSource, build_prompt_samples
+from slime.rollout.data_source import DataSource
+from slime.rollout.flags import RolloutRunConfig
+from slime.rollout.prompt_index import PromptIndex, carried_filter
 from slime.rollout.runtime import RolloutRuntime, current
 from slime.rollout.sampling_params import sampling_params_from_args
 from slime.utils.types import Sample
@@ -26,23 +29,30 @@ def _dataset_setting(dataset: Any, field: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def eval_prompts(args: Any, dataset: Any, runtime: RolloutRuntime) -> list[Sample]:
+def eval_prompts(
+    config: RolloutRunConfig, dataset: Any, runtime: RolloutRuntime, carried: dict | None = None
+) -> list[Sample]:
     """An eval set's prompts, read once per runtime; keyed by everything that shapes them (name, path
-    with its row slice, keys), so two files or two key choices never share an entry."""
+    with its row slice, keys), so two files or two key choices never share an entry. `carried`: the rows
+    preflight's length filter dropped (`prompt_index.carried_filter`)."""
     name, path = dataset[0], dataset[1]
-    input_key = _dataset_setting(dataset, "input_key", args.eval_input_key or args.input_key)
-    label_key = _dataset_setting(dataset, "label_key", args.eval_label_key or args.label_key)
+    rollout = config.rollout
+    input_key = _dataset_setting(dataset, "input_key", rollout.eval_input_key or rollout.input_key)
+    label_key = _dataset_setting(dataset, "label_key", rollout.eval_label_key or rollout.label_key)
 
-    keys = dataset_multimodal_keys(dataset, args.multimodal_keys)
+    keys = dataset_multimodal_keys(dataset, rollout.multimodal_keys)
 
     def read() -> list[Sample]:
-        tok = runtime.tokenizer if args.hf_checkpoint else None
-        overrides: dict[str, Any] = {"multimodal_keys": keys} if keys != args.multimodal_keys else {}
+        tok = runtime.tokenizer if config.hf_checkpoint else None
+        reader = dataclasses.replace(config.prompt, multimodal_keys=keys)
         generate = getattr(dataset, "custom_generate_function_path", None)  # (its prompts are read by its generate)
         if generate is not None:
-            overrides["custom_generate_function_path"] = generate
-        reader = argparse.Namespace(**{**vars(args), **overrides}) if overrides else args
-        prompts, _ = build_prompt_samples(reader, path, input_key, label_key, tok)
+            reader = dataclasses.replace(reader, custom_generate_function_path=generate)
+        index = PromptIndex(reader, path, input_key, label_key, tok, carried=carried)
+        try:
+            prompts = list(index)
+        finally:
+            index.close()
         inject = getattr(dataset, "inject_metadata", None)
         if inject is not None:  # per-dataset rm_type / metadata_overrides
             for p in prompts:
@@ -86,27 +96,29 @@ def eval_sampling_params(args: Any, dataset: Any) -> dict[str, Any]:
     return params
 
 
-def eval_reward(args: Any, sample: Sample) -> Any:
+def eval_reward(config: RolloutRunConfig, sample: Sample) -> Any:
     """slime's eval reward: the reward, or its `--eval-reward-key` entry when it is a dict."""
-    key = args.eval_reward_key
+    key = config.eval_reward_key
     return sample.reward[key] if key and isinstance(sample.reward, dict) else sample.reward
 
 
 async def evaluate_dataset(
-    args: Any, rollout_id: int, dataset: Any, generate_group: GroupStep
+    config: RolloutRunConfig, args: Any, rollout_id: int, dataset: Any, generate_group: GroupStep
 ) -> dict[str, dict[str, Any]]:
     """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}`. Its settings come
     from the `EvalDatasetConfig` (else the flags); its `custom_generate_function_path` and
     `custom_rm_path` are set on every sample, so they replace the flags' for this dataset only."""
     with rollout_scope(rollout_id):  # the groups' tasks know the eval's rollout id (current_rollout.py)
-        return await _evaluate(args, dataset, generate_group)
+        return await _evaluate(config, args, dataset, generate_group)
 
 
-async def _evaluate(args: Any, dataset: Any, generate_group: GroupStep) -> dict[str, dict[str, Any]]:
+async def _evaluate(
+    config: RolloutRunConfig, args: Any, dataset: Any, generate_group: GroupStep
+) -> dict[str, dict[str, Any]]:
     runtime = current(args)
     name = dataset[0]
-    prompts = eval_prompts(args, dataset, runtime)
-    n = int(_dataset_setting(dataset, "n_samples_per_eval_prompt", args.n_samples_per_eval_prompt))
+    prompts = eval_prompts(config, dataset, runtime, carried_filter(args))
+    n = int(_dataset_setting(dataset, "n_samples_per_eval_prompt", config.rollout.n_samples_per_eval_prompt))
     groups = DataSource(args, prompts, n).get_samples(len(prompts))
     for s in (s for g in groups for s in g):
         s.generate_function_path = getattr(dataset, "custom_generate_function_path", None) or s.generate_function_path
@@ -117,7 +129,7 @@ async def _evaluate(args: Any, dataset: Any, generate_group: GroupStep) -> dict[
     samples = [s for g in results for s in g]
     return {
         name: {
-            "rewards": [eval_reward(args, s) for s in samples],
+            "rewards": [eval_reward(config, s) for s in samples],
             "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
             "samples": samples,
         }

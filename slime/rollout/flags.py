@@ -3,9 +3,11 @@
 Why: these flags are read across `slime.rollout` (the controller, the data source, the default rollout,
 the reward step) and by slime's plugins, which get `args`; their defaults are written once, here. The
 parser's "data", "rollout", "reward" and "eval" groups are generated from the fields
-(`RolloutConfig.add_arguments`), the controller reads `RolloutConfig.from_args(args)` once where it is
-built (a namespace that lacks a flag is refused there, naming it), and a namespace built by hand is
-completed from the same defaults (`slime.utils.plugin_args.completed`).
+(`RolloutConfig.add_arguments`), and a namespace built by hand is completed from the same defaults
+(`slime.utils.plugin_args.completed`). Our own rollout code reads no flag off `args` (issue #33): it gets
+a `RolloutRunConfig` (these fields and the few flags it reads that are declared elsewhere), read once by the
+controller or, for code a plugin's `args` reaches, by the runtime (`RolloutRuntime.config`), or the smaller
+`PromptConfig` for reading prompt rows. Only slime's plugin contract keeps `args`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime.rollout.defaults import REQUEST_MAX_RETRIES, ROLLOUT_BATCH_SIZE
-from slime.utils.flag_config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FlagConfig, Range, flag
+from slime.utils.flag_config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FlagConfig, ParsedConfig, Range, flag
 
 DATA, REWARD, EVAL = "data", "reward", "eval"
 
@@ -155,3 +157,54 @@ class RolloutConfig(FlagConfig):
     eval_input_key: str | None = flag(None, group=EVAL)
     eval_label_key: str | None = flag(None, group=EVAL)
     skip_eval_before_train: bool = flag(False, action="store_true", group=EVAL)
+
+
+@dataclass(frozen=True)
+class PromptConfig(ParsedConfig):
+    """How a prompt row becomes a template `Sample` (`prompt_rows`, `prompt_index`): its keys, template, images,
+    length limit, and whether the default generate reads it. Read off a namespace by the data source or
+    preflight; an eval set's own keys replace fields (`dataclasses.replace`). No defaults: the parser's."""
+
+    metadata_key: str
+    tool_key: str | None
+    apply_chat_template: bool
+    apply_chat_template_kwargs: dict[str, Any] | None
+    multimodal_keys: Any | None
+    rollout_max_prompt_len: int | None
+    rollout_max_context_len: int | None
+    over_long_prompt: str
+    rollout_function_path: str  # (with the next) the default generate reads text or messages only
+    custom_generate_function_path: str | None
+    interaction_config_path: str | None  # (the tools' flags) verl's interaction_kwargs of each row
+    interaction_key: str
+    hf_checkpoint: str | None  # the processor that counts a prompt's image tokens
+
+
+@dataclass(frozen=True)
+class RolloutRunConfig(ParsedConfig):
+    """What `slime.rollout`'s own code reads (issue #33): the rollout's flags, and the few it reads that are
+    declared elsewhere (the checkpoint, where state is saved and loaded, slime's hook paths, the fleet's retry
+    window, the router given). Read once from the namespace: by the controller, or by the runtime a plugin's
+    `args` bound (`RolloutRuntime.config`); slime's plugins keep getting `args`. No defaults: the parser's."""
+
+    rollout: RolloutConfig
+    prompt: PromptConfig  # how prompt rows are read (eval sets' too)
+    hf_checkpoint: str | None  # the tokenizer, processor and chat template
+    load: str | None  # where the data source's state is restored from
+    save: str | None  # where it is saved
+    load_debug_rollout_data: str | None  # a replay: samples from the file, no engine
+    save_debug_rollout_data: str | None
+    save_debug_train_data: str | None
+    data_source_path: str | None  # slime's: a class built as `cls(args)`
+    custom_reward_post_process_path: str | None
+    custom_convert_samples_to_train_data_path: str | None
+    rollout_sample_filter_path: str | None  # slime's hook: `fn(args, groups)`
+    rollout_all_samples_process_path: str | None  # slime's hook: `fn(args, groups, data_source)`
+    eval_reward_key: str | None
+    custom_rollout_log_function_path: str | None  # slime's: `fn(rollout_id, args, samples, metrics, seconds)`
+    custom_eval_rollout_log_function_path: str | None  # slime's: `fn(rollout_id, args, data, metrics)`
+    request_retry_window: float | None  # (the fleet's flag) the retry budget of one engine request
+    interaction_config_path: str | None  # (the tools' flags) verl's simulated user
+    interaction_key: str
+    sglang_router_ip: str | None  # a router given on the command line (a plugin run outside a controller)
+    sglang_router_port: int | None

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from slime.rollout import partial_rollout as partial
+from slime.rollout.flags import RolloutConfig
 from slime.rollout.runtime import RolloutRuntime
 from slime.utils.types import Sample
 
@@ -35,16 +36,16 @@ class Leftovers:
     took it (its snapshot, taken by `taken`); what it generated meanwhile is wasted.
     """
 
-    def __init__(self, args: Any, rollout_id: int, data_source: Any):
-        self.args, self.rollout_id, self.data_source = args, rollout_id, data_source
-        self.partial = bool(args.partial_rollout)
+    def __init__(self, config: RolloutConfig, rollout_id: int, data_source: Any):
+        self.rollout_id, self.data_source = rollout_id, data_source
+        self.partial = config.partial_rollout
         self.aborted_samples = self.wasted_tokens = self.requeued = self.continued = 0
 
     def taken(self, group: list[Sample]) -> list[Sample] | None:
         """A group handed out to generate: its snapshot, to put back as it was if its generation is
         cancelled or fails (None for fresh prompts); with --partial-rollout, its continuations counted."""
         if self.partial:
-            self.continued += sum(partial.is_continuation(self.args, s) for s in group)
+            self.continued += sum(partial.is_continuation(s) for s in group)
         return partial.snapshot(group)
 
     def finished(self, group: list[Sample], handed: list[Sample]) -> None:
@@ -60,7 +61,7 @@ class Leftovers:
     def restore(self, group: list[Sample], before: list[Sample] | None, *, interrupted: bool) -> None:
         """A group whose generation was cancelled or failed: back as it was handed out."""
         if interrupted:
-            self.aborted_samples += len(group) - sum(partial.is_finished(self.args, b) for b in before or [])
+            self.aborted_samples += len(group) - sum(self.partial and partial.is_finished(b) for b in before or [])
         back, wasted = partial.restore(group, before)
         self.wasted_tokens += wasted
         self.data_source.add_samples([back if self.partial else [_reset(s) for s in back]])
@@ -75,7 +76,7 @@ class Leftovers:
 
 
 async def abort_leftovers(
-    args: Any,
+    abort_timeout: float,
     runtime: RolloutRuntime,
     pending: dict[asyncio.Task, list[Sample]],
     before: dict[asyncio.Task, list[Sample] | None],
@@ -89,7 +90,7 @@ async def abort_leftovers(
     done: set[asyncio.Task] = set()
     late: set[asyncio.Task] = set(pending)
     try:
-        done, late = await runtime.client.abort_until_settled(set(pending), args.abort_timeout)
+        done, late = await runtime.client.abort_until_settled(set(pending), abort_timeout)
     finally:
         # even when the abort itself failed or was cancelled: nothing keeps running, every group goes back
         for task in late:
@@ -108,6 +109,6 @@ async def abort_leftovers(
             "rollout: %d group(s) did not answer the abort within --abort-timeout %ss; cancelled and "
             "returned to the buffer as they were handed out",
             len(late),
-            args.abort_timeout,
+            abort_timeout,
         )
     return time.monotonic() - start

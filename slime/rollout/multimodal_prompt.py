@@ -24,24 +24,27 @@ def sample_images(sample: Sample) -> list[Any]:
     return list((sample.multimodal_inputs or {}).get("images") or [])
 
 
-def shared_processor(args: Any, runtime: Any) -> Any:
-    """`load_processor(--hf-checkpoint)` once per runtime; None for a text-only checkpoint."""
-    path = args.hf_checkpoint
-    return runtime.shared(PROCESSOR_KEY, lambda: load_processor(path, trust_remote_code=True) if path else None)
+def _load(path: str | None) -> Any:
+    return load_processor(path, trust_remote_code=True) if path else None
 
 
-def multimodal_prompt(args: Any, sample: Sample, runtime: Any) -> tuple[list[int], list[str]]:
+def shared_processor(runtime: Any) -> Any:
+    """`load_processor(--hf-checkpoint)` once per runtime (its config's checkpoint); None for a text-only one."""
+    return runtime.shared(PROCESSOR_KEY, lambda: _load(runtime.config.hf_checkpoint))
+
+
+def multimodal_prompt(sample: Sample, runtime: Any) -> tuple[list[int], list[str]]:
     """(the prompt's ids with every image expanded, the images as `image_data`) of a sample with images;
     fills `sample.multimodal_train_inputs` the first time."""
     images = [open_image(img) for img in sample_images(sample)]  # PIL, or data URIs after a dict round trip
     image_data = [encode_png_data_uri(img) for img in images]
     if sample.tokens and sample.multimodal_train_inputs is not None:
         return list(sample.tokens[: len(sample.tokens) - sample.response_length]), image_data
-    processor = shared_processor(args, runtime)
+    processor = shared_processor(runtime)
     if processor is None:
         raise ValueError(
             f"sample {sample.index} has {len(images)} image(s) (--multimodal-keys) but "
-            f"--hf-checkpoint {args.hf_checkpoint} has no image processor "
+            f"--hf-checkpoint {runtime.config.hf_checkpoint} has no image processor "
             "(a vision-language checkpoint ships preprocessor_config.json)"
         )
     text = sample.prompt

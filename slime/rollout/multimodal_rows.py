@@ -21,11 +21,10 @@ PLACEHOLDER = MultimodalTypes.IMAGE.placeholder  # "<image>"
 
 
 def row_images(
-    args: Any, row: dict[str, Any], where: str, base_dir: Path | None, error: type
+    keys: dict[str, str] | None, row: dict[str, Any], where: str, base_dir: Path | None, error: type
 ) -> tuple[list[Any], list[Any]] | None:
-    """(the row's image values as written, the images as PIL RGB) by `--multimodal-keys`, in order;
+    """(the row's image values as written, the images as PIL RGB) by `keys` (`--multimodal-keys`), in order;
     None when the flag is unset."""
-    keys = args.multimodal_keys
     if not keys:
         return None
     raw: list[Any] = []

@@ -6,7 +6,7 @@ kept, the group goes back to the buffer, and a later rollout continues it instea
 
 The contract the rollout functions share (`sglang_rollout`, `fully_async_rollout`):
 - `generate_and_rm_group(args, group, params, runtime=...)` continues every sample whose status is
-  ABORTED with `response_length > 0` when `args.partial_rollout`: input = its `tokens` (prompt +
+  ABORTED with `response_length > 0` with `--partial-rollout`: input = its `tokens` (prompt +
   partial response), `max_new_tokens` = the budget minus what it generated. A sample that already
   finished (COMPLETED/TRUNCATED with a response) is returned as it is, reward kept (with --group-rm
   the group is rewarded again as a whole, as a group RM needs).
@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from slime.rollout.flags import RolloutConfig
 from slime.utils.types import Sample
 
 FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
@@ -44,10 +45,10 @@ def supports_partial_rollout(fn: Any) -> bool:
     return bool(getattr(fn, SUPPORTS_ATTR, False))
 
 
-def check_generate_function(args: Any) -> None:
+def check_generate_function(config: RolloutConfig) -> None:
     """`--partial-rollout` needs a generate function that can continue a sample; ValueError otherwise."""
-    path = args.custom_generate_function_path
-    if not args.partial_rollout or not path:
+    path = config.custom_generate_function_path
+    if not config.partial_rollout or not path:
         return
     from slime.utils.misc import load_function
 
@@ -61,13 +62,15 @@ def check_generate_function(args: Any) -> None:
 
 
 # ---- one sample --------------------------------------------------------------------------------
-def is_continuation(args: Any, sample: Sample) -> bool:
-    return bool(args.partial_rollout) and sample.is_partial
+def is_continuation(sample: Sample) -> bool:
+    """(With --partial-rollout) a sample that continues the partial response of an earlier rollout."""
+    return sample.is_partial
 
 
-def is_finished(args: Any, sample: Sample) -> bool:
-    """A sample returned to the buffer already finished (its group was interrupted): not regenerated."""
-    return bool(args.partial_rollout) and sample.status in FINISHED and sample.response_length > 0
+def is_finished(sample: Sample) -> bool:
+    """(With --partial-rollout) a sample returned to the buffer already finished (its group was interrupted):
+    not regenerated."""
+    return sample.status in FINISHED and sample.response_length > 0
 
 
 def continuation_input(sample: Sample, params: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:

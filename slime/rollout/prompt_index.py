@@ -21,13 +21,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
+from slime.rollout.flags import PromptConfig
 from slime.rollout.prompt_rows import DataError, parse_path_slice, prompt_limit, sample_from_row, too_long
+from slime.utils.plugin_args import completed
 from slime.utils.types import Sample
 
 PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while indexing
 PROGRESS_ROWS = 4096  # rows between two looks at the clock
 TOKENIZE_BATCH = 256  # rendered prompts tokenised in one call while checking or filtering
 CARRIED = "prompt_length_filter"  # args attribute: {PromptIndex.filter_key: rows dropped}, set by preflight
+
+
+def carried_filter(args: Any) -> dict[tuple, array] | None:
+    """The rows preflight's length filter dropped (`PromptIndex.carry_filter`), recorded in `args`."""
+    return getattr(args, CARRIED, None)
 
 
 class IndexProgress:
@@ -107,13 +114,23 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
 class PromptIndex(Sequence):
     """`index[i]` is the i-th usable prompt as a template `Sample` (a fresh object each time)."""
 
-    def __init__(self, args: Any, path: str | Path, input_key: str, label_key: str | None, tokenizer: Any = None):
+    def __init__(
+        self,
+        config: PromptConfig,
+        path: str | Path,
+        input_key: str,
+        label_key: str | None,
+        tokenizer: Any = None,
+        *,
+        carried: dict[tuple, array] | None = None,
+    ):
+        """`carried`: the rows preflight's length filter dropped, by `filter_key` (`carry_filter`)."""
         file_path, row_slice = parse_path_slice(path)
         self.path, self._slice = Path(file_path), row_slice
         if not self.path.is_file():
             raise DataError(f"prompt data file not found: {self.path}")
-        self.args, self.input_key, self.label_key, self.tokenizer = args, input_key, label_key, tokenizer
-        self.template_kwargs = args.apply_chat_template_kwargs or {}
+        self.config, self.input_key, self.label_key, self.tokenizer = config, input_key, label_key, tokenizer
+        self.template_kwargs = config.apply_chat_template_kwargs or {}
         if not isinstance(self.template_kwargs, dict):
             raise DataError(f"--apply-chat-template-kwargs must be a JSON object, got {self.template_kwargs!r}")
         self._table = None
@@ -139,10 +156,19 @@ class PromptIndex(Sequence):
         self._images: Any = None  # the checkpoint's image side, loaded for the first prompt with images
         self.dropped: array | None = None  # rows the length filter dropped (positions before dropping)
         self.read_through = False  # every row converted once (while filtering, or by check_all)
-        max_len, _ = prompt_limit(args)
+        max_len, _ = prompt_limit(config)
         if max_len is not None and tokenizer is not None:
-            carried = (getattr(args, CARRIED, None) or {}).get(self.filter_key())
-            self._drop(carried if carried is not None else self._too_long_rows())
+            dropped = (carried or {}).get(self.filter_key())
+            self._drop(dropped if dropped is not None else self._too_long_rows())
+
+    @classmethod
+    def from_args(
+        cls, args: Any, path: str | Path, input_key: str, label_key: str | None, tokenizer: Any = None
+    ) -> "PromptIndex":
+        """The index of a namespace (completed here, where it enters): its `PromptConfig`, and the rows
+        preflight dropped (recorded in it)."""
+        args = completed(args)
+        return cls(PromptConfig.from_args(args), path, input_key, label_key, tokenizer, carried=carried_filter(args))
 
     def _read_parquet(self) -> Any:
         import pyarrow.parquet as pq
@@ -170,30 +196,34 @@ class PromptIndex(Sequence):
             repr(self._slice),
             self.input_key,
             self.label_key,
-            bool(self.args.apply_chat_template),
+            bool(self.config.apply_chat_template),
             json.dumps(self.template_kwargs, sort_keys=True, default=repr),
-            self.args.tool_key,
+            self.config.tool_key,
             getattr(self.tokenizer, "name_or_path", None),
-            prompt_limit(self.args)[0],
+            prompt_limit(self.config)[0],
         )
 
     def carry_filter(self, args: Any) -> None:
         """Record the rows this index dropped in `args`, for the manager's index of the same file
         (nothing when no length filter ran here)."""
         if self.dropped is not None:
-            setattr(args, CARRIED, {**(getattr(args, CARRIED, None) or {}), self.filter_key(): self.dropped})
+            setattr(args, CARRIED, {**(carried_filter(args) or {}), self.filter_key(): self.dropped})
 
     def _too_long_rows(self) -> array:
         """slime's filter_long_prompt: tokenise every row once; the positions of the too long ones."""
         dropped = array(
             "q",
-            (i for i, n in self._token_counts("tokenised") if n is not None and too_long(self.args, n, self.where(i))),
+            (
+                i
+                for i, n in self._token_counts("tokenised")
+                if n is not None and too_long(self.config, n, self.where(i))
+            ),
         )
         self.read_through = True
         return array("q", sorted(dropped))
 
     def _drop(self, dropped: array) -> None:
-        max_len = prompt_limit(self.args)[0]
+        max_len = prompt_limit(self.config)[0]
         self.dropped, self.filtered = dropped, len(dropped)
         if self.filtered >= len(self._starts):
             raise DataError(f"{self.path}: every prompt was filtered as too long ({self.filtered} rows)")
@@ -247,7 +277,7 @@ class PromptIndex(Sequence):
         if self._images is None:
             from slime.utils.prompt_images import PromptImages
 
-            self._images = PromptImages.of_checkpoint(self.args.hf_checkpoint) or False
+            self._images = PromptImages.of_checkpoint(self.config.hf_checkpoint) or False
         return sum(self._images.count(image) - 1 for image in images) if self._images else 0
 
     def where(self, i: int) -> str:
@@ -283,7 +313,7 @@ class PromptIndex(Sequence):
 
     def sample(self, i: int, tokenize: bool = True) -> Sample:
         return sample_from_row(
-            self.args,
+            self.config,
             self.row(i),
             self.where(i),
             self.input_key,

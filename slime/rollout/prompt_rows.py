@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from slime.rollout.flags import PromptConfig
 from slime.rollout.multimodal_rows import row_images, with_image_parts
 from slime.utils.misc import get_by_path
 from slime.utils.types import Sample
@@ -63,12 +64,12 @@ def parse_path_slice(path: str | Path) -> tuple[str, slice | None]:
     return m.group("path"), slice(int(start) if start else None, int(stop) if stop else None)
 
 
-def prompt_limit(args: Any) -> tuple[int | None, str]:
+def prompt_limit(config: PromptConfig) -> tuple[int | None, str]:
     """Longest prompt kept (tokens) and the flag that sets it; slime keeps len <= max_prompt_len."""
-    if args.rollout_max_prompt_len is not None:
-        return args.rollout_max_prompt_len, "--rollout-max-prompt-len"
-    if args.rollout_max_context_len is not None:
-        return args.rollout_max_context_len - 1, "--rollout-max-context-len"
+    if config.rollout_max_prompt_len is not None:
+        return config.rollout_max_prompt_len, "--rollout-max-prompt-len"
+    if config.rollout_max_context_len is not None:
+        return config.rollout_max_context_len - 1, "--rollout-max-context-len"
     return None, ""
 
 
@@ -137,11 +138,10 @@ def _check_strings(value: Any, where: str, what: str) -> None:
             _check_strings(v, where, f"{what}[{j}]")
 
 
-def _default_generate(args: Any) -> bool:
+def _default_generate(config: PromptConfig) -> bool:
     """The rollout reads prompts with the default generate (text or messages only); a rollout or generate
-    function of the user's own reads what it reads. The flags say so, however the namespace was built (one
-    built by hand has the parser's defaults, `slime.utils.plugin_args.completed`)."""
-    return args.custom_generate_function_path is None and args.rollout_function_path == DEFAULT_ROLLOUT
+    function of the user's own reads what it reads."""
+    return config.custom_generate_function_path is None and config.rollout_function_path == DEFAULT_ROLLOUT
 
 
 def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) -> Any:
@@ -151,17 +151,17 @@ def _row_value(row: dict[str, Any], key: str, where: str, what: str, flag: str) 
         raise DataError(f"{where}: missing {what} key {key!r} (no field {e.args[0]!r}); set {flag}") from None
 
 
-def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str, Any], Any]:
+def _row_metadata(config: PromptConfig, row: dict[str, Any], where: str) -> tuple[dict[str, Any], Any]:
     """--metadata-key's dict and --tool-key's tools (a schema list, else verl's tools_kwargs)."""
     metadata: dict[str, Any] = {}
-    mkey = args.metadata_key
+    mkey = config.metadata_key
     if mkey:
         try:
             meta = get_by_path(row, mkey)
             metadata.update(meta if isinstance(meta, dict) else {"metadata": meta})
         except KeyError:
             pass
-    tkey = args.tool_key
+    tkey = config.tool_key
     tools = None
     if tkey:
         try:
@@ -172,15 +172,14 @@ def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str,
             tools = metadata["tools"] = value
         elif value is not None:
             metadata["tools_kwargs"] = value
-    if args.interaction_config_path:
-        metadata["interaction_kwargs"] = _row_interaction(args, row, where)
+    if config.interaction_config_path:
+        metadata["interaction_kwargs"] = _row_interaction(config.interaction_key, row, where)
     return metadata, tools
 
 
-def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, Any]:
-    """verl's interaction_kwargs of a row (--interaction-key): a mapping whose 'name' picks the
+def _row_interaction(key: str, row: dict[str, Any], where: str) -> dict[str, Any]:
+    """verl's interaction_kwargs of a row (at `key`, --interaction-key): a mapping whose 'name' picks the
     interaction; verl requires it on every row when an interaction config is given."""
-    key = args.interaction_key
     value = _row_value(row, key, where, "interaction", "--interaction-key")
     if hasattr(value, "tolist"):  # a Parquet struct read back as numpy
         value = value.tolist()
@@ -198,7 +197,7 @@ def _row_interaction(args: Any, row: dict[str, Any], where: str) -> dict[str, An
 
 
 def sample_from_row(
-    args: Any,
+    config: PromptConfig,
     row: dict[str, Any],
     where: str,
     input_key: str,
@@ -217,8 +216,8 @@ def sample_from_row(
     `where` (file and line)."""
     prompt = _row_value(row, input_key, where, "input", "--input-key")
     label = _row_value(row, label_key, where, "label", "--label-key") if label_key else None
-    metadata, tools = _row_metadata(args, row, where)
-    images = row_images(args, row, where, base_dir, DataError)
+    metadata, tools = _row_metadata(config, row, where)
+    images = row_images(config.multimodal_keys, row, where, base_dir, DataError)
     if images is not None and isinstance(prompt, (str, list)):  # slime: --multimodal-keys rows are conversations
         if isinstance(prompt, list) and not all(isinstance(m, dict) and "role" in m for m in prompt):
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
@@ -232,8 +231,8 @@ def sample_from_row(
         if not all(isinstance(m, dict) and "role" in m for m in prompt):
             raise DataError(f"{where}: key {input_key!r} is a list but not of chat messages")
         metadata["messages"] = prompt
-        templated = bool(args.apply_chat_template)
-        if templated or _default_generate(args):
+        templated = config.apply_chat_template
+        if templated or _default_generate(config):
             _check_messages(prompt, where, input_key, templated)
         if templated:
             if tokenizer is None:
@@ -247,12 +246,12 @@ def sample_from_row(
                     f"{where}: --apply-chat-template cannot render key {input_key!r}: "
                     f"{type(e).__name__}: {str(e).strip()[:200]}"
                 ) from None
-    elif not isinstance(prompt, str) and args.apply_chat_template:
+    elif not isinstance(prompt, str) and config.apply_chat_template:
         raise DataError(
             f"{where}: key {input_key!r} is {type(prompt).__name__}; --apply-chat-template needs a "
             "string or a message list"
         )
-    elif not isinstance(prompt, str) and _default_generate(args):
+    elif not isinstance(prompt, str) and _default_generate(config):
         raise DataError(
             f"{where}: key {input_key!r} is {type(prompt).__name__}; the default generate reads text "
             "or a message list (set --custom-generate-function-path to read other prompts)"
@@ -262,7 +261,7 @@ def sample_from_row(
     if images and images[1]:
         sample.multimodal_inputs = {"images": images[1], "videos": None}  # as slime's process_vision_info
     if isinstance(prompt, str):
-        if not prompt and _default_generate(args):
+        if not prompt and _default_generate(config):
             raise DataError(f"{where}: key {input_key!r} is an empty string (no prompt to generate from)")
         _check_text(prompt, where, f"key {input_key!r}")
         if tokenizer is not None and tokenize and sample.multimodal_inputs is None:
@@ -270,12 +269,12 @@ def sample_from_row(
     return sample
 
 
-def too_long(args: Any, num_tokens: int, where: str) -> bool:
+def too_long(config: PromptConfig, num_tokens: int, where: str) -> bool:
     """A prompt of `num_tokens` over the limit: filtered (True), or refused with --over-long-prompt error."""
-    max_len, limit_flag = prompt_limit(args)
+    max_len, limit_flag = prompt_limit(config)
     if max_len is None or num_tokens <= max_len:
         return False
-    if args.over_long_prompt == "error":
+    if config.over_long_prompt == "error":
         raise DataError(
             f"{where}: prompt has {num_tokens} tokens, over the limit "
             f"{max_len} ({limit_flag}); use --over-long-prompt filter"

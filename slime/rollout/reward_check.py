@@ -2,7 +2,7 @@
 
 Rewards are kept exactly as the reward function returned them (a dict, a teacher's whole answer,
 ...) until the batch is built: `--custom-reward-post-process-path` may turn anything into scalars.
-Without that hook the default post-processing reads `Sample.get_reward_value(args)`, so that value
+Without that hook the default post-processing reads `Sample.get_reward_value(args)` (`--reward-key`), so that value
 must be a finite number; a sample whose value is not fails alone (FAILED, `reward_invalid`, the
 message naming the flag that chose its reward function and the sample). With the hook, what the
 hook returns must be numbers, else the batch fails naming the hook and the sample.
@@ -14,21 +14,22 @@ import logging
 import math
 from typing import Any
 
+from slime.rollout.flags import RolloutConfig
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
 
-def reward_source(args: Any, sample: Sample) -> str:
+def reward_source(config: RolloutConfig, sample: Sample) -> str:
     """The flag (or per-sample setting) that chose this sample's reward function."""
     if getattr(sample, "custom_rm_path", None):
         return f"Sample.custom_rm_path {sample.custom_rm_path!r}"
-    if args.custom_rm_path:
-        return f"--custom-rm-path {args.custom_rm_path!r}"
+    if config.custom_rm_path:
+        return f"--custom-rm-path {config.custom_rm_path!r}"
     meta = sample.metadata if isinstance(sample.metadata, dict) else {}
     if meta.get("rm_type"):
         return f"metadata['rm_type'] {meta['rm_type']!r}"
-    return f"--rm-type {args.rm_type!r}"
+    return f"--rm-type {config.rm_type!r}"
 
 
 def sample_name(sample: Sample) -> str:
@@ -43,9 +44,9 @@ def number_problem(value: Any) -> str | None:
     return None if math.isfinite(number) else f"returned {number}, not a finite number"
 
 
-def reward_problem(args: Any, sample: Sample) -> str | None:
+def reward_problem(config: RolloutConfig, sample: Sample) -> str | None:
     """Why the default post-processing cannot read a number from this sample's reward, or None."""
-    reward, key = sample.reward, args.reward_key
+    reward, key = sample.reward, config.reward_key
     if key:
         if not isinstance(reward, dict) or key not in reward:
             return f"returned {reward!r}, which has no key {key!r} (--reward-key)"
@@ -58,17 +59,17 @@ def reward_problem(args: Any, sample: Sample) -> str | None:
     return number_problem(reward)
 
 
-def fail_invalid_rewards(args: Any, samples: list[Sample]) -> int:
+def fail_invalid_rewards(config: RolloutConfig, samples: list[Sample]) -> int:
     """Mark FAILED every generated sample whose reward is not a usable number (returns how many).
     Its reward becomes 0.0: a FAILED sample trains nothing (dropped, or `remove_sample`)."""
     failed = 0
     for s in samples:
         if s.status in (Sample.Status.FAILED, Sample.Status.ABORTED):
             continue
-        problem = reward_problem(args, s)
+        problem = reward_problem(config, s)
         if problem is None:
             continue
-        error = f"{reward_source(args, s)} {problem} for {sample_name(s)}"
+        error = f"{reward_source(config, s)} {problem} for {sample_name(s)}"
         s.status = Sample.Status.FAILED
         s.metadata["failure_reason"] = "reward_invalid"
         s.metadata["error"] = error

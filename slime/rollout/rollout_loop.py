@@ -17,6 +17,7 @@ from slime.rollout.base_types import GroupStep, RolloutFnTrainOutput
 from slime.rollout.current_rollout import rollout_scope
 from slime.rollout.data_source import DataSource
 from slime.rollout.filter_hub.base_types import apply_filter, should_drop_dynamic_filter_output
+from slime.rollout.flags import RolloutRunConfig
 from slime.rollout.leftovers import Leftovers, abort_leftovers
 from slime.rollout.runtime import current
 from slime.rollout.sampling_params import sampling_params_from_args
@@ -29,29 +30,31 @@ MAX_DROPPED_PER_KEPT = 50  # a filter that drops more than this many groups per 
 
 
 async def collect_rollout(
-    args: Any, rollout_id: int, data_source: DataSource, generate_group: GroupStep
+    config: RolloutRunConfig, args: Any, rollout_id: int, data_source: DataSource, generate_group: GroupStep
 ) -> RolloutFnTrainOutput:
     """Generate groups until `--rollout-batch-size` are kept, `--over-sampling-batch-size` in flight
     (extra groups over-provision: the rollout stops as soon as its target is met); then abort the rest
     (bounded by `--abort-timeout`) and return it to the buffer, partial with `--partial-rollout`.
-    The groups' tasks know `rollout_id` (segments and sample hooks record it: `current_rollout.py`)."""
+    The groups' tasks know `rollout_id` (segments and sample hooks record it: `current_rollout.py`).
+    `config`: `args`' flags, read once for this rollout; `args` goes on to slime's group step, filter and hooks."""
     with rollout_scope(rollout_id):
-        return await _collect(args, rollout_id, data_source, generate_group)
+        return await _collect(config, args, rollout_id, data_source, generate_group)
 
 
 async def _collect(
-    args: Any, rollout_id: int, data_source: DataSource, generate_group: GroupStep
+    config: RolloutRunConfig, args: Any, rollout_id: int, data_source: DataSource, generate_group: GroupStep
 ) -> RolloutFnTrainOutput:
     runtime = current(args)
     runtime.client.gate.open()
-    target = args.rollout_batch_size
-    over = max(target, int(args.over_sampling_batch_size or target))
+    rollout = config.rollout
+    target = rollout.rollout_batch_size
+    over = max(target, int(rollout.over_sampling_batch_size or target))
     stats = runtime.client.stats
     retries_before, failures_before = stats.total_retries, stats.failures
     params = sampling_params_from_args(args)
     filter_fn = (
-        load_function(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
-        if args.dynamic_sampling_filter_path
+        load_function(rollout.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+        if rollout.dynamic_sampling_filter_path
         else None
     )
     start = time.monotonic()
@@ -62,7 +65,7 @@ async def _collect(
     handed_groups: dict[asyncio.Task, list[Sample]] = {}  # every group this rollout took from the data source
     before: dict[asyncio.Task, list[Sample] | None] = {}  # ... and its snapshot (None: fresh prompts)
     settled: set[asyncio.Task] = set()  # dropped by the filter, or already back in the buffer
-    leftovers = Leftovers(args, rollout_id, data_source)
+    leftovers = Leftovers(rollout, rollout_id, data_source)
     # groups as they finish, each put by its own done-callback: waiting on every pending task at each finish
     # (asyncio.wait) costs a callback added and removed per pending group, hundreds per finished group
     finishing: asyncio.Queue[asyncio.Task] = asyncio.Queue()
@@ -125,10 +128,10 @@ async def _collect(
         raise
     finally:
         if pending:
-            abort_time = await abort_leftovers(args, runtime, pending, before, leftovers)
+            abort_time = await abort_leftovers(rollout.abort_timeout, runtime, pending, before, leftovers)
             logger.info("rollout %d: %d leftover group(s) aborted and returned to the buffer", rollout_id, len(pending))
     kept.sort(key=lambda g: g[0].index if g and g[0].index is not None else 0)
-    _run_sample_hooks(args, kept, finished, data_source)
+    _run_sample_hooks(config, args, kept, finished, data_source)
     elapsed = time.monotonic() - start
     samples = [s for g in kept for s in g]
     tokens = sum(s.response_length for s in samples)
@@ -143,12 +146,14 @@ async def _collect(
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
 
-def _run_sample_hooks(args: Any, kept: list[list[Sample]], finished: list[list[Sample]], data_source: Any) -> None:
-    """slime's end-of-rollout hooks: the sample filter sees the kept groups, the all-samples hook every
-    group generated this rollout (filtered ones too)."""
-    if args.rollout_sample_filter_path:  # slime's hook: marks samples remove_sample
-        load_function(args.rollout_sample_filter_path, "--rollout-sample-filter-path")(args, kept)
-    if args.rollout_all_samples_process_path:  # slime's hook: sees filtered groups too
-        load_function(args.rollout_all_samples_process_path, "--rollout-all-samples-process-path")(
+def _run_sample_hooks(
+    config: RolloutRunConfig, args: Any, kept: list[list[Sample]], finished: list[list[Sample]], data_source: Any
+) -> None:
+    """slime's end-of-rollout hooks (given `args`): the sample filter sees the kept groups, the all-samples
+    hook every group generated this rollout (filtered ones too)."""
+    if config.rollout_sample_filter_path:  # slime's hook: marks samples remove_sample
+        load_function(config.rollout_sample_filter_path, "--rollout-sample-filter-path")(args, kept)
+    if config.rollout_all_samples_process_path:  # slime's hook: sees filtered groups too
+        load_function(config.rollout_all_samples_process_path, "--rollout-all-samples-process-path")(
             args, finished, data_source
         )

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from slime.rollout.engine_client import EngineClient
+from slime.rollout.flags import RolloutRunConfig
 from slime.rollout.slime_http_client import SlimeHttpClient
 from slime.utils.async_utils import run
-from slime.utils.endpoints import Endpoints
+from slime.utils.endpoints import Endpoints, rollout_num_engines
 from slime.utils.gc_freeze import freeze_startup_heap
 from slime.utils.plugin_args import completed
 from slime.tools.services import ToolServices
@@ -43,6 +44,20 @@ class RolloutRuntime:
     # slime's `http_utils._http_client` for slime-style plugins (made here as slime's RolloutManager calls
     # `init_http_client`; see slime_http_client), closed with the engine client
     slime_http: SlimeHttpClient = field(init=False)
+    _config: RolloutRunConfig | None = field(default=None, init=False, repr=False)
+
+    @property
+    def config(self) -> RolloutRunConfig:
+        """The flags our rollout code reads, read off `args` once, on first use (the namespace a
+        plugin's `args` or the controller bound; code below gets this, not `args`)."""
+        if self._config is None:
+            self._config = RolloutRunConfig.from_args(completed(self.args))
+        return self._config
+
+    def reading(self, config: RolloutRunConfig) -> "RolloutRuntime":
+        """Use `config`, already read off `args` by whoever made this runtime, as its `config`."""
+        self._config = config
+        return self
 
     def __post_init__(self) -> None:
         self.slime_http = SlimeHttpClient(self.client)
@@ -132,8 +147,29 @@ def current(args: Any = None) -> RolloutRuntime:
             "(or bind one with RolloutRuntime(...).bind())"
         )
     args = completed(args)
-    router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}" if args.sglang_router_ip else None
-    return RolloutRuntime(args, EngineClient.from_args(args, Endpoints(router)), owned_by_binding=True).bind()
+    config = RolloutRunConfig.from_args(args)
+    router = f"http://{config.sglang_router_ip}:{config.sglang_router_port}" if config.sglang_router_ip else None
+    client = EngineClient.of(config, Endpoints(router), engines=rollout_num_engines(args))
+    return RolloutRuntime(args, client, owned_by_binding=True).reading(config).bind()
+
+
+def config_for(args: Any, runtime: RolloutRuntime | None) -> RolloutRunConfig:
+    """The config of `args` for code a plugin reached with it: the runtime's (read once) when `args` is the
+    namespace the runtime holds (every group of the controller's rollouts), else read off `args` now (a
+    plugin's own namespace, or a stand-in GenerateState without a runtime)."""
+    if runtime is not None and runtime.args is args:
+        return runtime.config
+    return RolloutRunConfig.from_args(completed(args))
+
+
+def reread_config(args: Any) -> RolloutRunConfig:
+    """`args`' config read now, where a rollout or an eval set starts (its caller may have changed the namespace
+    since the last one); the bound runtime that holds `args` keeps it, so the rollout's groups read the same."""
+    config = RolloutRunConfig.from_args(completed(args))
+    runtime = bound()
+    if runtime is not None and runtime.args is args:
+        runtime.reading(config)
+    return config
 
 
 def unbind(runtime: RolloutRuntime | None = None) -> None:

@@ -26,7 +26,7 @@ from slime.rollout.evaluation import eval_prompts, eval_reward, eval_sampling_pa
 from slime.rollout.failures import mark_failed
 from slime.rollout.reward_step import group_rm_applies, reward_each, reward_group
 from slime.rollout.rollout_loop import MAX_DROPPED_PER_KEPT, collect_rollout
-from slime.rollout.runtime import RolloutRuntime, current
+from slime.rollout.runtime import RolloutRuntime, config_for, current, reread_config
 from slime.rollout.sample_hooks import apply_rollout_sample_hooks
 from slime.rollout.sampling_params import group_sampling_params, sampling_params_from_args
 from slime.utils.async_utils import run
@@ -111,7 +111,7 @@ class GenerateState:
         """slime's `load_processor(--hf-checkpoint)`: None for text-only models; loaded once."""
         from slime.rollout.multimodal_prompt import shared_processor
 
-        return shared_processor(self.args, self.runtime)
+        return shared_processor(self.runtime)
 
     @property
     def semaphore(self) -> asyncio.Semaphore:
@@ -257,7 +257,7 @@ async def _generate_one(
         state = GenerateState(args)
     runtime = getattr(state, "runtime", None)
     partial_on = bool(args.partial_rollout)
-    if partial_on and not evaluation and partial.is_finished(args, sample):
+    if partial_on and not evaluation and partial.is_finished(sample):
         if runtime is not None:
             runtime.progress.on_samples(1)  # finished in an earlier rollout (its group was interrupted): kept
         return [sample]
@@ -310,7 +310,7 @@ async def generate_and_rm_group(
     params = group_sampling_params(args, sampling_params, len(group))
     results = await asyncio.gather(*(_generate_one(args, s, p, evaluation, state) for s, p in zip(group, params)))
     samples = [s for r in results for s in r]
-    await reward_group(args, samples, evaluation)
+    await reward_group(config_for(args, getattr(state, "runtime", None)).rollout, args, samples, evaluation)
     return samples
 
 
@@ -320,9 +320,11 @@ async def generate_and_rm(
     """slime's per-sample step: generate (the sample's or the flag's custom function, else `generate`)
     through `GenerateState`, then reward unless aborted, failed or `--group-rm` (the group does it)."""
     args = completed(args)
-    samples = await _generate_one(args, sample, sampling_params, evaluation)
-    if not group_rm_applies(args, evaluation):
-        await reward_each(args, samples)
+    state = GenerateState(args)
+    samples = await _generate_one(args, sample, sampling_params, evaluation, state)
+    config = config_for(args, getattr(state, "runtime", None)).rollout
+    if not group_rm_applies(config, evaluation):
+        await reward_each(config, args, samples)
     return samples if len(samples) != 1 else samples[0]
 
 
@@ -336,13 +338,16 @@ async def generate_rollout_async(args: Any, rollout_id: int, data_source: DataSo
     """slime's name for the train rollout (`rollout_loop.collect_rollout`), each group through
     `generate_and_rm_group`."""
     args = completed(args)
-    return await collect_rollout(args, rollout_id, data_source, generate_and_rm_group)
+    config = reread_config(args)  # the rollout's flags, read once a rollout
+    return await collect_rollout(config, args, rollout_id, data_source, generate_and_rm_group)
 
 
 async def eval_rollout_single_dataset(args: Any, rollout_id: int, dataset: Any) -> dict[str, dict[str, Any]]:
     """slime's: one eval dataset, `{name: {"rewards", "truncated", "samples"}}` (`evaluation.evaluate_dataset`),
     each group through `generate_and_rm_group`."""
-    return await evaluate_dataset(args, rollout_id, dataset, generate_and_rm_group)
+    args = completed(args)
+    config = reread_config(args)  # the eval set's flags, read once
+    return await evaluate_dataset(config, args, rollout_id, dataset, generate_and_rm_group)
 
 
 async def eval_rollout(args: Any, rollout_id: int) -> RolloutFnEvalOutput:

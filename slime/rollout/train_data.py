@@ -15,6 +15,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from slime.rollout.flags import RolloutConfig
 from slime.rollout.reward_check import number_problem, reward_problem, reward_source
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
@@ -126,10 +127,11 @@ def post_process_rewards(args: Any, samples: list[Sample]) -> tuple[list[float],
     args = completed(args)
     hook = _hook(args, "custom_reward_post_process_path", REWARD_FLAG)
     if hook is None:
+        config = RolloutConfig.from_args(args)  # what reward_check reads: once a batch
         for s in samples:
-            problem = reward_problem(args, s)
+            problem = reward_problem(config, s)
             if problem is not None:
-                raise BatchError(f"{reward_source(args, s)} {problem} for {_who(s)}")
+                raise BatchError(f"{reward_source(config, s)} {problem} for {_who(s)}")
         raw = [float(s.get_reward_value(args)) for s in samples]
         return raw, normalize_group_rewards(args, samples, raw)
     out = hook(args, samples)

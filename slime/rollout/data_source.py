@@ -39,7 +39,7 @@ def build_prompt_samples(
     from slime.rollout.prompt_index import PromptIndex
 
     index = PromptIndex.from_args(args, path, input_key, label_key, tokenizer)
-    return list(index), index.filtered
+    return index.read_all(), index.filtered
 
 
 def _write_atomic(path: Path, text: str) -> None:

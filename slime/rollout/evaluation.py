@@ -48,11 +48,7 @@ def eval_prompts(
         generate = getattr(dataset, "custom_generate_function_path", None)  # (its prompts are read by its generate)
         if generate is not None:
             reader = dataclasses.replace(reader, custom_generate_function_path=generate)
-        index = PromptIndex(reader, path, input_key, label_key, tok, carried=carried)
-        try:
-            prompts = list(index)
-        finally:
-            index.close()
+        prompts = PromptIndex(reader, path, input_key, label_key, tok, carried=carried).read_all()
         inject = getattr(dataset, "inject_metadata", None)
         if inject is not None:  # per-dataset rm_type / metadata_overrides
             for p in prompts:

@@ -183,13 +183,12 @@ class PromptConfig(ParsedConfig):
 @dataclass(frozen=True)
 class RolloutRunConfig(ParsedConfig):
     """What `slime.rollout`'s own code reads (issue #33): the rollout's flags, and the few it reads that are
-    declared elsewhere (the checkpoint, where state is saved and loaded, slime's hook paths, the fleet's retry
-    window, the router given). Read once from the namespace: by the controller, or by the runtime a plugin's
+    declared elsewhere (where state is saved and loaded, slime's hook paths, the fleet's retry window, the router
+    given; the checkpoint is the prompt reader's). Read once from the namespace: by the controller, or by the runtime a plugin's
     `args` bound (`RolloutRuntime.config`); slime's plugins keep getting `args`. No defaults: the parser's."""
 
     rollout: RolloutConfig
-    prompt: PromptConfig  # how prompt rows are read (eval sets' too)
-    hf_checkpoint: str | None  # the tokenizer, processor and chat template
+    prompt: PromptConfig  # how prompt rows are read (eval sets' too), with --hf-checkpoint
     load: str | None  # where the data source's state is restored from
     save: str | None  # where it is saved
     load_debug_rollout_data: str | None  # a replay: samples from the file, no engine
@@ -204,7 +203,10 @@ class RolloutRunConfig(ParsedConfig):
     custom_rollout_log_function_path: str | None  # slime's: `fn(rollout_id, args, samples, metrics, seconds)`
     custom_eval_rollout_log_function_path: str | None  # slime's: `fn(rollout_id, args, data, metrics)`
     request_retry_window: float | None  # (the fleet's flag) the retry budget of one engine request
-    interaction_config_path: str | None  # (the tools' flags) verl's simulated user
-    interaction_key: str
     sglang_router_ip: str | None  # a router given on the command line (a plugin run outside a controller)
     sglang_router_port: int | None
+
+    @property
+    def hf_checkpoint(self) -> str | None:
+        """The tokenizer, processor and chat template: the prompt reader's (one flag, read once)."""
+        return self.prompt.hf_checkpoint

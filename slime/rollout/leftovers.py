@@ -45,7 +45,7 @@ class Leftovers:
         """A group handed out to generate: its snapshot, to put back as it was if its generation is
         cancelled or fails (None for fresh prompts); with --partial-rollout, its continuations counted."""
         if self.partial:
-            self.continued += sum(partial.is_continuation(s) for s in group)
+            self.continued += sum(s.is_partial for s in group)  # continues an earlier rollout's answer
         return partial.snapshot(group)
 
     def finished(self, group: list[Sample], handed: list[Sample]) -> None:

@@ -62,11 +62,6 @@ def check_generate_function(config: RolloutConfig) -> None:
 
 
 # ---- one sample --------------------------------------------------------------------------------
-def is_continuation(sample: Sample) -> bool:
-    """(With --partial-rollout) a sample that continues the partial response of an earlier rollout."""
-    return sample.is_partial
-
-
 def is_finished(sample: Sample) -> bool:
     """(With --partial-rollout) a sample returned to the buffer already finished (its group was interrupted):
     not regenerated."""

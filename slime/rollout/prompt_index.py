@@ -332,6 +332,14 @@ class PromptIndex(Sequence):
             raise IndexError(i)
         return self.sample(i % len(self))
 
+    def read_all(self) -> list[Sample]:
+        """Every usable prompt, then the file closed: for callers that want the whole list (eval sets,
+        `build_prompt_samples`); the data source reads the index on demand instead."""
+        try:
+            return list(self)
+        finally:
+            self.close()
+
     def close(self) -> None:
         if getattr(self, "_fd", None) is not None:  # also when __init__ failed before opening
             os.close(self._fd)

@@ -44,6 +44,7 @@ def component(proc: psutil.Process, root_pid: int, fork_server_pids: set[int]) -
     for needle, label in (
         ("gcs_server", "ray: gcs_server"),
         ("raylet/raylet", "ray: raylet"),
+        ("idle_dashboard_agent.py", "ray: dashboard agent's stand-in"),
         ("dashboard/agent.py", "ray: dashboard agent"),
         ("runtime_env/agent", "ray: runtime env agent"),
         ("log_monitor", "ray: log monitor"),

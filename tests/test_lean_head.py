@@ -1,5 +1,6 @@
 """Issue 31, item 6: the private Ray a command starts (`slime.ray.session.ray_init`) runs without the
-autoscaler monitor, the dashboard's API server and prestarted idle workers (slime.ray.lean_head), and what a
+autoscaler monitor, the dashboard's API server and prestarted idle workers, with a stand-in for a dashboard
+agent that would serve nothing (slime.ray.lean_head, slime.ray.idle_dashboard_agent), and what a
 run uses of Ray still works: an actor's log reaches the command (the log monitor is kept), placement groups,
 the GCS's records of nodes and actors (slime.fleet.lost_nodes), and the stop leaves nothing running.
 
@@ -71,6 +72,8 @@ try:
         "alive_nodes": sum(1 for n in ray.nodes() if n["Alive"]),
         "actor_state": ray._private.state.actors(speaker._actor_id.hex())["State"],
         "node_class_restored": ray_node.Node is node_class,
+        "agent_would_be_minimal": ray._private.utils.get_dashboard_dependency_error() is not None,
+        "port_files": {p.name.rsplit("_", 1)[0]: p.read_text() for p in session.ray_tmp.glob("session_*/*_port_*")},
         "actor_log_reached_the_command": heard.wait(120),  # through the log monitor, asynchronously
     }
 finally:
@@ -105,8 +108,18 @@ def test_a_commands_private_ray_starts_lean_and_still_serves_a_run(tmp_path):
     assert running("autoscaler/_private/monitor.py") == []
     assert running("dashboard/dashboard.py") == []
     # kept: the GCS, the raylet, its two agents, the log monitor
-    for kept in ("gcs_server", "raylet/raylet", "dashboard/agent.py", "runtime_env/agent/main.py", "log_monitor.py"):
+    for kept in ("gcs_server", "raylet/raylet", "runtime_env/agent/main.py", "log_monitor.py"):
         assert running(kept), f"{kept} is not running: {procs}"
+    # the dashboard agent: the stand-in where Ray's would run `--minimal` (serving nothing), else Ray's own
+    rays_agent = [c for c in running("dashboard/agent.py") if "idle_dashboard_agent.py" not in c]
+    if facts["agent_would_be_minimal"]:
+        assert running("slime/ray/idle_dashboard_agent.py") and not rays_agent, procs
+        ports = facts["port_files"]  # what the raylet waited for before registering its node: "not in use"
+        for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port"):
+            assert ports[name] == "-1", ports
+        assert int(ports["runtime_env_agent_port"]) > 0  # the real agent's, beside them
+    else:
+        assert rays_agent and not running("idle_dashboard_agent.py"), procs
     # one worker, the actor's: none prestarted and left idle
     workers = [c for c in procs if _is_worker(c)]
     assert len(workers) == 1 and workers[0].startswith("ray::Speaker"), workers

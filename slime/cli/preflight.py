@@ -482,9 +482,21 @@ def check_multimodal(args: Any) -> None:
         )
 
 
+def plugins_to_load(args: Any) -> list[str]:
+    """The plugin flags whose function preflight imports: each one set, except where it names slime's own default
+    (the parser's: `--rollout-function-path`'s `generate_rollout`, `--eval-function-path` after it, the data
+    source). Those are loaded by a test (tests/test_preflight_plugins.py); importing them here cost the command
+    ~0.7 s of CPU before the engines' preload and Ray could start, and the manager imports them again anyway."""
+    from slime.cli.parser import build_parser
+
+    parser = build_parser()
+    ours = {parser.get_default(dest) for dest in PLUGIN_FLAGS} - {None}
+    return [dest for dest in PLUGIN_FLAGS if getattr(args, dest, None) and getattr(args, dest) not in ours]
+
+
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
-    for dest in PLUGIN_FLAGS:
+    for dest in plugins_to_load(args):
         if getattr(args, dest, None):
             try:
                 load_function(getattr(args, dest), _flag(dest))

@@ -11,14 +11,19 @@ node `ray.init` builds is a subclass that skips them, for the duration of the ca
 the workers Ray prestarts for the first driver (`LEAN_SYSTEM_CONFIG`).
 
 Kept: the GCS, the raylet and its two agents (the raylet exits without them), the log monitor (actors'
-logs reach the command: `log_to_driver`). Only a head `ray.init` starts itself is touched: joining a
-cluster (`--ray-address`) builds a connect-only node, which starts nothing.
+logs reach the command: `log_to_driver`). The dashboard agent, when Ray would start it `--minimal` (its
+dependencies are not installed) and no dashboard was asked for, serves nothing: a stand-in that writes its
+"not in use" ports takes its place (slime.ray.idle_dashboard_agent; ~1 CPU s and ~0.4-0.7 s of the raylet's
+wait before `ray.init` returns). Only a head `ray.init` starts itself is touched: joining a cluster
+(`--ray-address`) builds a connect-only node, which starts nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+from pathlib import Path
 from typing import Any, Iterator
 
 _LOCK = threading.Lock()  # one patched `ray.init` at a time in a process
@@ -44,7 +49,53 @@ def _lean_node_class(base: type) -> type:
             if include_dashboard:  # asked for by name: Ray's own start, dashboard and all
                 super().start_api_server(include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
 
+        def start_raylet(self, *args: Any, **kwargs: Any) -> None:
+            idle = self.head and not self._ray_params.include_dashboard
+            with idle_dashboard_agent() if idle else contextlib.nullcontext():
+                super().start_raylet(*args, **kwargs)
+
     return LeanHeadNode
+
+
+@contextlib.contextmanager
+def idle_dashboard_agent() -> Iterator[None]:
+    """Inside the block, the raylet Ray starts runs slime.ray.idle_dashboard_agent as its dashboard agent, when
+    Ray's own would run `--minimal` (its dependencies missing) and the Ray internals this relies on are there."""
+    import ray._private.services as services
+    import ray._private.utils as ray_utils
+    from ray._private import ray_constants
+
+    try:
+        import ray._raylet as raylet
+
+        ports = (
+            raylet.METRICS_AGENT_PORT_NAME,
+            raylet.METRICS_EXPORT_PORT_NAME,
+            raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME,
+        )
+        build = services._build_python_executable_command_memory_profileable  # noqa: SLF001
+        agent = ray_constants.PROCESS_TYPE_DASHBOARD_AGENT
+    except AttributeError:  # another Ray: its own agent
+        yield
+        return
+    if ray_utils.get_dashboard_dependency_error() is None:  # a full agent: it serves metrics and logs
+        yield
+        return
+    from slime.ray import idle_dashboard_agent as stand_in
+    from slime.ray.idle_dashboard_agent import PORT_NAMES_FLAG
+
+    script = str(Path(stand_in.__file__).resolve())
+
+    def command(component: str, *args: Any, **kwargs: Any) -> list[str]:
+        if component != agent:
+            return build(component, *args, **kwargs)
+        return [sys.executable, "-S", "-u", script, PORT_NAMES_FLAG + ",".join(ports)]
+
+    services._build_python_executable_command_memory_profileable = command  # noqa: SLF001
+    try:
+        yield
+    finally:
+        services._build_python_executable_command_memory_profileable = build  # noqa: SLF001
 
 
 @contextlib.contextmanager

@@ -30,7 +30,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import ray  # noqa: E402
 
 from slime.rollout.controller import convert_samples_to_train_data  # noqa: E402
+from slime.train_batch.flags import TrainBatchConfig  # noqa: E402
 from slime.train_batch.rank_batches import schedule_for, split_for_data_parallel  # noqa: E402
+from slime.utils.plugin_args import completed  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 
@@ -68,21 +70,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     n = a.samples
-    args = SimpleNamespace(
-        advantage_estimator="grpo",
-        disable_rewards_normalization=False,
-        disable_grpo_std_normalization=False,
-        reward_key=None,
-        global_batch_size=256,
-        use_dynamic_batch_size=True,
-        max_tokens_per_gpu=16384,
-        micro_batch_size=1,
+    args = completed(
+        SimpleNamespace(
+            advantage_estimator="grpo",
+            disable_rewards_normalization=False,
+            disable_grpo_std_normalization=False,
+            reward_key=None,
+            global_batch_size=256,
+            use_dynamic_batch_size=True,
+            max_tokens_per_gpu=16384,
+            micro_batch_size=1,
+        )
     )
+    config = TrainBatchConfig.from_args(args)  # as the controller reads it, once
     samples = make_samples(n, a.tokens)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         # the plain put: the same per-sample tensors, already made, in one dict
-        ranks, _ = split_for_data_parallel(args, convert_samples_to_train_data(args, samples), {"dp_size": 1})
+        ranks, _ = split_for_data_parallel(config, convert_samples_to_train_data(args, samples), {"dp_size": 1})
         plain = {k: ranks[0][k] for k in ("tokens", "loss_masks", "rollout_log_probs", "rollout_mask_sums")}
         ray.get(ray.put(plain))  # warm-up
         print(
@@ -102,8 +107,8 @@ def main() -> None:
                 phases["plain"].append(t)
                 del ref
                 batch, t_convert = timed(lambda: convert_samples_to_train_data(args, samples))
-                _, t_sched = timed(lambda b=batch: schedule_for(args, b, {"dp_size": dp}))
-                (per_rank, _), t_split = timed(lambda b=batch: split_for_data_parallel(args, b, {"dp_size": dp}))
+                _, t_sched = timed(lambda b=batch: schedule_for(config, b, {"dp_size": dp}))
+                (per_rank, _), t_split = timed(lambda b=batch: split_for_data_parallel(config, b, {"dp_size": dp}))
                 refs, t_put = timed(lambda ranks=per_rank: [ray.put(r) for r in ranks])
                 phases["convert"].append(t_convert)
                 phases["schedule"].append(t_sched)

@@ -15,6 +15,7 @@ import pytest
 from slime.cli.honest_flags import ACTED_ON
 from slime.cli.train import parse_train_args
 from slime.ray.box import Box
+from slime.train_batch.flags import TrainBatchConfig
 from slime.train_batch.rank_batches import split_for_data_parallel
 
 HOOK_FLAGS = ("custom_loss_function_path", "custom_pg_loss_reducer_function_path", "rollout_data_postprocess_path")
@@ -91,7 +92,7 @@ def _train(host, tiny_model_dir, data_file, *flags: str) -> tuple[dict, object]:
         "1e-3",
         *flags,
     ]
-    ranks, _ = split_for_data_parallel(parse_train_args(argv), _batch(), {"dp_size": 1})
+    ranks, _ = split_for_data_parallel(TrainBatchConfig.from_args(parse_train_args(argv)), _batch(), {"dp_size": 1})
 
     # in an actor process, as slime-train runs it: freeing a gloo group in the test process joins gloo's threads
     # while holding the GIL one of them may wait for (a deadlock seen in a whole-suite run)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from slime.train_batch.packing import PackedSeqParams, PackingError, pack_micro_batch, unpack_micro_batch
+from slime.train_batch.flags import TrainBatchConfig
 from slime.train_batch.rank_batches import split_for_data_parallel
 from slime.utils.plugin_args import completed
 
@@ -70,7 +71,7 @@ def test_round_trip_every_micro_batch_of_a_rank_batch():
         batch["rollout_log_probs"].append([-rng.random() for _ in range(resp)])
         batch["rollout_ids"].append(i)
     args = completed(SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=200))
-    ranks, _ = split_for_data_parallel(args, batch, {"dp_size": 2})
+    ranks, _ = split_for_data_parallel(TrainBatchConfig.from_args(args), batch, {"dp_size": 2})
     for r in ranks:
         for mb in r["micro_batch_indices"]:
             pick = {k: [r[k][i] for i in mb] for k in ("tokens", "response_lengths", "loss_masks", "rollout_log_probs")}

@@ -325,15 +325,18 @@ def test_flops_need_the_model_shape_and_say_which_flags(tmp_path):
 
 
 def test_balance_data_weights_ranks_by_flops_not_tokens():
+    from slime.train_batch.flags import TrainBatchConfig
     from slime.train_batch.rank_batches import schedule_for
 
     lengths = [1, 2, 3, 4, 5, 7, 9, 10]
     batch = {"tokens": [[0] * n for n in lengths], "rollout_ids": list(range(8))}
     config = {"dp_size": 2}
-    by_flops = schedule_for(completed(SimpleNamespace(balance_data=True, global_batch_size=8, **MODEL)), batch, config)
-    by_tokens = schedule_for(
-        completed(SimpleNamespace(balance_data=False, global_batch_size=8, **MODEL)), batch, config
-    )
+
+    def split(balance_data: bool):
+        args = completed(SimpleNamespace(balance_data=balance_data, global_batch_size=8, **MODEL))
+        return schedule_for(TrainBatchConfig.from_args(args), batch, config)
+
+    by_flops, by_tokens = split(True), split(False)
     assert by_flops.partitions == [[1, 2, 5, 6], [0, 3, 4, 7]]  # slime's own test expects this split
     assert by_tokens.partitions == [[1, 3, 4, 7], [0, 2, 5, 6]]
 

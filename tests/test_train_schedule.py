@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slime.train_batch.flags import TrainBatchConfig
 from slime.train_batch.rank_batches import split_for_data_parallel
 from slime.train_batch.schedule import (
     DPSchedule,
@@ -23,6 +24,11 @@ from slime.train_batch.schedule import (
     karmarkar_karp,
 )
 from slime.utils.plugin_args import completed
+
+
+def batch_config(**flags) -> TrainBatchConfig:
+    """The split's config of a namespace with these flags and the parser's defaults."""
+    return TrainBatchConfig.from_args(completed(SimpleNamespace(**flags)))
 
 
 def check_invariants(s: DPSchedule, lengths, rollout_ids, *, dp, gbs, mbs=None, cap=None, mb_group=1):
@@ -359,8 +365,8 @@ def _batch(n=16, seed=0):
 
 def test_split_for_data_parallel_layout_and_dtypes():
     batch = _batch(16)
-    args = completed(SimpleNamespace(global_batch_size=4, micro_batch_size=1))  # 4 rollouts (8 samples) per step
-    ranks, metrics = split_for_data_parallel(args, batch, {"dp_size": 2})
+    config = batch_config(global_batch_size=4, micro_batch_size=1)  # 4 rollouts (8 samples) per step
+    ranks, metrics = split_for_data_parallel(config, batch, {"dp_size": 2})
     assert len(ranks) == 2
     assert sorted(i for r in ranks for i in r["partition"]) == list(range(16))
     for r in ranks:
@@ -387,8 +393,7 @@ def test_split_for_data_parallel_layout_and_dtypes():
 def test_split_drops_trailing_rollouts_with_a_warning(caplog):
     batch = _batch(14)  # 7 rollouts, 3 per step -> 2 steps, rollout 6 (samples 12, 13) dropped
     with caplog.at_level(logging.WARNING):
-        args = completed(SimpleNamespace(global_batch_size=3, micro_batch_size=1))
-        ranks, metrics = split_for_data_parallel(args, batch, {"dp_size": 2})
+        ranks, metrics = split_for_data_parallel(batch_config(global_batch_size=3), batch, {"dp_size": 2})
     assert metrics["rollout/train_dropped_rollouts"] == 1 and metrics["rollout/train_dropped_samples"] == 2
     assert "dropping the trailing 1 rollouts (2 samples)" in caplog.text
     assert sorted(i for r in ranks for i in r["partition"]) == list(range(12))
@@ -397,13 +402,13 @@ def test_split_drops_trailing_rollouts_with_a_warning(caplog):
 
 def test_split_errors_name_the_numbers():
     batch = _batch(6)
-    args = completed(SimpleNamespace(global_batch_size=3, micro_batch_size=1))
+    config = batch_config(global_batch_size=3, micro_batch_size=1)
     with pytest.raises(ScheduleError, match="needs a dict with 'dp_size'"):
-        split_for_data_parallel(args, batch, {"tp_size": 2})
+        split_for_data_parallel(config, batch, {"tp_size": 2})
     with pytest.raises(ScheduleError, match="dp_size must be a positive integer, got 0"):
-        split_for_data_parallel(args, batch, {"dp_size": 0})
+        split_for_data_parallel(config, batch, {"dp_size": 0})
     with pytest.raises(ScheduleError, match="step 0 has 6 samples but dp_size=8 needs at least 8"):
-        split_for_data_parallel(args, batch, {"dp_size": 8})
+        split_for_data_parallel(config, batch, {"dp_size": 8})
 
 
 def test_split_dynamic_and_defaults():
@@ -412,7 +417,7 @@ def test_split_dynamic_and_defaults():
     batch["loss_masks"][0] = [1] * len(batch["loss_masks"][0])  # the all-ones / all-zeros fast path
     batch["loss_masks"][1] = [0] * len(batch["loss_masks"][1])
     ranks, metrics = split_for_data_parallel(
-        completed(SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=60)),
+        batch_config(use_dynamic_batch_size=True, max_tokens_per_gpu=60),
         batch,
         {"dp_size": 4, "cp_size": 1},
     )

@@ -101,21 +101,30 @@ def ensure_default_model(cache_dir: str | Path | None = None) -> Path:
     return final
 
 
-def resolve_hf_checkpoint(args: Any) -> None:
-    """Fill in a missing `--hf-checkpoint` the one way every entry point does: the default model for the
-    embedded engine (`--rollout-backend hf`). SGLang engines have no default: refused, naming the flag.
-    Called by the commands and by `RolloutManager` itself (slime's train.py builds one without our CLI)."""
-    if args.hf_checkpoint is not None:
-        return
-    backend = args.rollout_backend  # the parser's default; finalize resolves it
-    if backend == "auto":
+def default_hf_checkpoint(rollout_backend: str) -> str:
+    """The checkpoint of a run that names none: the default model, for the embedded engine (`--rollout-backend
+    hf`, or `auto` without CUDA). SGLang engines have no default: refused, naming the flag."""
+    backend = rollout_backend
+    if backend == "auto":  # the parser's default; finalize resolves it, a hand-built namespace may not have
         backend = "sglang" if cuda_available() else "hf"
     if backend != "hf":
         raise ValueError(
             f"--hf-checkpoint is required with --rollout-backend {backend} (only the embedded "
             "engine, --rollout-backend hf, has a default model)"
         )
-    args.hf_checkpoint = str(ensure_default_model())
+    return str(ensure_default_model())
+
+
+def resolve_hf_checkpoint(args: Any) -> None:
+    """Fill in a missing `--hf-checkpoint` (`default_hf_checkpoint`) where a namespace enters: the commands,
+    after preflight, and `RolloutManager` (slime's train.py builds one without our CLI).
+
+    This is a step of the namespace's finalizing, as `slime.utils.plugin_args.completed` is, so it reads and
+    writes `args`: slime's plugins read the model as `args.hf_checkpoint`, and every config read afterwards
+    (the manager's, the controller's) sees it. It is not in `slime.cli.finalize`: it may convert a model, which
+    finalize (quick, before preflight) does not, and `RolloutManager`, below the CLI, runs it too."""
+    if args.hf_checkpoint is None:
+        args.hf_checkpoint = default_hf_checkpoint(args.rollout_backend)
 
 
 if __name__ == "__main__":

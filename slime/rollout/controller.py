@@ -47,6 +47,7 @@ from slime.rollout.train_data import (  # noqa: F401 - tests and plugins import 
     untrained_log_probs_filled,
 )
 from slime.tools.services import ToolServices
+from slime.train_batch.flags import TrainBatchConfig
 from slime.utils.async_utils import run
 from slime.utils.endpoints import Endpoints, rollout_num_engines
 from slime.utils.misc import load_function
@@ -144,6 +145,7 @@ class RolloutController:
         self.run_config = run = RolloutRunConfig.from_args(args)  # with the few flags declared elsewhere
         self.config = config = run.rollout
         self.report = ReportConfig.from_args(args)  # what the metric logs and dumps read
+        self.batch_config = TrainBatchConfig.from_args(args)  # how a trainer's batch is split over its ranks
         self.wandb_run = wandb_run
         # the fleet's cumulative counters (engine deaths, restarts); each rollout reports its own share
         self.fleet_counters = fleet_counters or (lambda: {})
@@ -228,7 +230,7 @@ class RolloutController:
             # imported here: it needs torch, which a rollout without a trainer never loads (cold start)
             from slime.train_batch.rank_batches import split_for_data_parallel
 
-            out, split_metrics = split_for_data_parallel(self.args, batch, parallel_config)
+            out, split_metrics = split_for_data_parallel(self.batch_config, batch, parallel_config)
             metrics.update(split_metrics)
         self.last_summary = {"rollout_id": rollout_id, **rollout_summary(self.report, samples, seconds, metrics)}
         perf = {**metrics, "perf/rollout_time": metrics.get("perf/rollout_time", seconds)}

@@ -130,12 +130,12 @@ class MetricsSink:
             run_id = ray.get(manager.wandb_run_id.remote())
         except AttributeError:  # a manager without these methods: metrics are printed only
             pass
-        wandb = None
-        if run_id and args.use_wandb:
+        sink = cls(args, path)
+        if run_id and sink.report.observability.use_wandb:
             from slime.observability.wandb_logger import WandbRun
 
-            wandb = WandbRun.join(args, run_id)
-        return cls(args, path, wandb)
+            sink.wandb = WandbRun.join(args, run_id)  # the run records the namespace (slime's config)
+        return sink
 
     def emit(self, metrics: dict, step_key: str, step: int, rollout_id: int, kind: str) -> None:
         payload = {**metrics, step_key: step}

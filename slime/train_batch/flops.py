@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime.train_batch.flags import ModelShape
+
 # flag (Megatron name) -> key of a HF config.json, used when the flag is unset
 HF_KEYS = {
     "hidden_size": "hidden_size",
@@ -40,12 +42,13 @@ class FlopsModel:
         return self.linear * seqlen + self.quadratic * seqlen * seqlen
 
     @classmethod
-    def from_args(cls, args: Any) -> "FlopsModel":
-        dims = _model_dims(args)
+    def of(cls, shape: ModelShape) -> "FlopsModel":
+        """The cost model of `shape` (its unset dimensions read from its checkpoint's config.json)."""
+        dims = _model_dims(shape)
         h, n, layers = dims["hidden_size"], dims["num_attention_heads"], dims["num_layers"]
         g = dims.get("num_query_groups") or n
         d = dims.get("kv_channels") or h // n
-        dense_layers, moe_layers, moe_ffn = _layer_split(args, layers)
+        dense_layers, moe_layers, moe_ffn = _layer_split(shape, layers)
         attention_linear = 2 * h * n * d + 4 * h * g * d + 2 * h * h
 
         def mlp(ffn: float) -> float:
@@ -58,10 +61,15 @@ class FlopsModel:
         )
         return cls(linear=float(linear), quadratic=float(2 * n * d * layers))
 
+    @classmethod
+    def from_args(cls, args: Any) -> "FlopsModel":
+        """The model of a namespace our parser made (or completed): its `ModelShape`, read once."""
+        return cls.of(ModelShape.from_args(args))
 
-def _model_dims(args: Any) -> dict[str, Any]:
-    dims = {key: getattr(args, key, None) for key in HF_KEYS}
-    if not args.group_query_attention:  # Megatron reads --num-query-groups only with --group-query-attention
+
+def _model_dims(shape: ModelShape) -> dict[str, Any]:
+    dims = {key: getattr(shape, key) for key in HF_KEYS}
+    if not shape.group_query_attention:  # Megatron reads --num-query-groups only with --group-query-attention
         dims["num_query_groups"] = None
     missing = [
         k
@@ -69,15 +77,14 @@ def _model_dims(args: Any) -> dict[str, Any]:
         if dims[k] is None
     ]
     if missing:
-        config = _hf_config(args, missing)
+        config = _hf_config(shape.hf_checkpoint, missing)
         for key in HF_KEYS:
             if dims[key] is None:
                 dims[key] = config.get(HF_KEYS[key])
     return dims
 
 
-def _hf_config(args: Any, missing: list[str]) -> dict[str, Any]:
-    path = args.hf_checkpoint
+def _hf_config(path: str | None, missing: list[str]) -> dict[str, Any]:
     config = Path(path) / "config.json" if path else None
     if config is None or not config.is_file():
         raise FlopsModelError(
@@ -88,16 +95,16 @@ def _hf_config(args: Any, missing: list[str]) -> dict[str, Any]:
     return json.loads(config.read_text())
 
 
-def _layer_split(args: Any, layers: int) -> tuple[int, int, float]:
+def _layer_split(shape: ModelShape, layers: int) -> tuple[int, int, float]:
     """(dense layers, MoE layers, MoE FFN width per token)."""
-    if args.num_experts is None:
+    if shape.num_experts is None:
         return layers, 0, 0.0
-    freq = args.moe_layer_freq
+    freq = shape.moe_layer_freq
     if isinstance(freq, (list, tuple)):
         moe = sum(1 for f in freq if f > 0)
     elif freq:
         moe = sum(1 for i in range(layers) if i % freq == 0)
     else:
         moe = layers
-    width = args.moe_ffn_hidden_size * args.moe_router_topk + (args.moe_shared_expert_intermediate_size or 0)
+    width = shape.moe_ffn_hidden_size * shape.moe_router_topk + (shape.moe_shared_expert_intermediate_size or 0)
     return layers - moe, moe, float(width)

@@ -1,8 +1,9 @@
 """One training batch per data-parallel rank, in the layout slime's trainer reads from its `Box`.
 
-`RolloutManager.generate` calls `split_for_data_parallel(args, batch, parallel_config)` on the output
+`RolloutManager.generate` calls `split_for_data_parallel(config, batch, parallel_config)` on the output
 of `convert_samples_to_train_data` once `set_train_parallel_config` was called, and `ray.put`s each
-rank's dict. A slime trainer (`process_rollout_data`, `DataIterator`, `get_batch`) consumes it as is.
+rank's dict; `config` is the `TrainBatchConfig` its controller read once from the namespace. A slime trainer
+(`process_rollout_data`, `DataIterator`, `get_batch`) consumes it as is.
 
 Per-rank dict:
 
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from slime.train_batch.flags import TrainBatchConfig
 from slime.train_batch.schedule import DPSchedule, ScheduleError, build_dp_schedule
 
 logger = logging.getLogger(__name__)
@@ -65,10 +67,10 @@ def to_cpu_tensor(value: Any, dtype: torch.dtype | None) -> torch.Tensor:
     return tensor.detach().cpu().contiguous()
 
 
-def schedule_for(args: Any, batch: dict, parallel_config: dict) -> DPSchedule:
+def schedule_for(config: TrainBatchConfig, batch: dict, parallel_config: dict) -> DPSchedule:
     """The DP schedule of `batch` under `parallel_config` (slime's `{"dp_size", "cp_size", "vpp_size",
     "microbatch_group_size_per_vp_stage"}`) and the flags `--global-batch-size` (rollouts per step;
-    unset = the whole rollout is one step), `--micro-batch-size` (default 1) or
+    unset = the whole rollout is one step), `--micro-batch-size` or
     `--use-dynamic-batch-size --max-tokens-per-gpu N`."""
     if not isinstance(parallel_config, dict) or "dp_size" not in parallel_config:
         raise ScheduleError(f"set_train_parallel_config needs a dict with 'dp_size', got {parallel_config!r}")
@@ -80,21 +82,21 @@ def schedule_for(args: Any, batch: dict, parallel_config: dict) -> DPSchedule:
     n = len(batch["tokens"])
     total_lengths = batch.get("total_lengths") or [len(t) for t in batch["tokens"]]
     rollout_ids = batch.get("rollout_ids") or list(range(n))  # no ids: every sample is its own rollout
-    gbs = args.global_batch_size or len(set(rollout_ids))
+    gbs = config.global_batch_size or len(set(rollout_ids))
     weights = None
-    if args.balance_data:  # slime: ranks balanced by forward FLOPs, not tokens
+    if config.balance_data:  # slime: ranks balanced by forward FLOPs, not tokens
         from slime.train_batch.flops import FlopsModel
 
-        flops = FlopsModel.from_args(args)
+        flops = FlopsModel.of(config.model)
         weights = [round(flops(length)) for length in total_lengths]
     return build_dp_schedule(
         total_lengths,
         rollout_ids,
         dp_size=dp_size,
         global_batch_size=gbs,
-        micro_batch_size=args.micro_batch_size or 1,
-        use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
-        max_tokens_per_gpu=args.max_tokens_per_gpu,
+        micro_batch_size=config.micro_batch_size,
+        use_dynamic_batch_size=bool(config.use_dynamic_batch_size),
+        max_tokens_per_gpu=config.max_tokens_per_gpu,
         cp_size=parallel_config.get("cp_size") or 1,
         vpp_size=parallel_config.get("vpp_size") or 1,
         microbatch_group_size_per_vp_stage=parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
@@ -131,14 +133,14 @@ def _restrict(key: str, values: list, partition: list[int]) -> Any:
     return picked
 
 
-def split_for_data_parallel(args: Any, batch: dict, parallel_config: dict) -> tuple[list[dict], dict]:
+def split_for_data_parallel(config: TrainBatchConfig, batch: dict, parallel_config: dict) -> tuple[list[dict], dict]:
     """`batch` (from `convert_samples_to_train_data`) -> (one dict per DP rank, rollout metrics).
 
     Metrics: `rollout/train_steps`, `rollout/train_microbatches_per_rank`, `rollout/train_dp_token_spread`
     (worst step's (max - min) / max of the ranks' tokens), `rollout/train_dropped_rollouts` and
     `rollout/train_dropped_samples` (trailing rollouts that do not fill a `--global-batch-size` step;
     also logged as a warning)."""
-    sched = schedule_for(args, batch, parallel_config)
+    sched = schedule_for(config, batch, parallel_config)
     n = len(batch["tokens"])
     whole = {"total_lengths": batch.get("total_lengths") or [len(t) for t in batch["tokens"]]}
     if "raw_reward" in batch:

@@ -6,6 +6,9 @@ With `balance_data` ranks are balanced by forward FLOPs (`slime.train_batch.flop
 does; without it by tokens (slime deals micro-batches round-robin there). Ours always balances the
 ranks first (see the schedule's docstring), so partitions may differ from slime's while every
 invariant holds.
+
+slime's signature takes `args`; it reads the flags once as our `TrainBatchConfig` (completing a namespace slime's
+callers built by hand with the parser's defaults) and reads nothing else off it.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ def build_dp_schedule(
 ) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
     """`(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)` of one rollout;
     `global_batch_size` counts rollouts (samples sharing `rollout_indices[i]` stay in one step)."""
-    from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
+    from slime.train_batch.flags import TrainBatchConfig
     from slime.train_batch.flops import FlopsModel
+    from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
     from slime.utils.plugin_args import completed
 
-    args = completed(args)  # slime's callers and tests build it by hand
+    config = TrainBatchConfig.from_args(completed(args))  # slime's callers and tests build it by hand
     weights = None
-    if args.balance_data:
-        flops = FlopsModel.from_args(args)
+    if config.balance_data:
+        flops = FlopsModel.of(config.model)
         weights = [round(flops(length)) for length in total_lengths]
     try:
         sched = schedule(
@@ -38,9 +42,9 @@ def build_dp_schedule(
             rollout_indices,
             dp_size=train_parallel_config["dp_size"],
             global_batch_size=global_batch_size,
-            micro_batch_size=args.micro_batch_size,
-            use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
-            max_tokens_per_gpu=args.max_tokens_per_gpu,
+            micro_batch_size=config.micro_batch_size,
+            use_dynamic_batch_size=bool(config.use_dynamic_batch_size),
+            max_tokens_per_gpu=config.max_tokens_per_gpu,
             cp_size=train_parallel_config.get("cp_size") or 1,
             vpp_size=train_parallel_config.get("vpp_size") or 1,
             microbatch_group_size_per_vp_stage=train_parallel_config.get("microbatch_group_size_per_vp_stage") or 1,

@@ -36,6 +36,18 @@ def test_the_session_listing_names_no_session(url):
         requests.delete(f"{url}/sessions/{sid}", timeout=60)
 
 
+def _sleeping(uid: int) -> bool:
+    """A process of `uid` is running `sleep`."""
+    for pid in _processes_of_uids([uid]):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "sleep":
+                    return True
+        except OSError:  # gone meanwhile
+            pass
+    return False
+
+
 @needs_isolation
 def test_a_command_whose_client_went_is_stopped_and_the_next_one_runs(url):
     info = requests.post(f"{url}/sessions", json={}, timeout=60).json()
@@ -51,7 +63,9 @@ def test_a_command_whose_client_went_is_stopped_and_the_next_one_runs(url):
             ).encode()
             + body
         )
-        assert until(lambda: _processes_of_uids([info["uid"]]), timeout=60), "the command never started"
+        # `sleep` runs only once the `echo` before it has written the file (a process of the session's uid alone
+        # could be the shell not yet past it: then the client's leaving stopped the command before the echo)
+        assert until(lambda: _sleeping(info["uid"]), timeout=60), "the command never reached its sleep"
         client.close()  # the client goes while `sleep 300` runs
         r = requests.post(f"{url}/sessions/{sid}/exec", json={"command": "cat kept.txt", "timeout": 30}, timeout=120)
         assert r.status_code == 200 and r.json()["stdout"] == "kept\n", r.text  # (not 409 after 30 s)

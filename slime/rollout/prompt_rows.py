@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.flags import PromptConfig
+from slime.rollout.flags import PromptConfig, RolloutConfig
 from slime.rollout.multimodal_rows import row_images, with_image_parts
 from slime.utils.misc import get_by_path
 from slime.utils.types import Sample
@@ -73,7 +73,7 @@ def prompt_limit(config: PromptConfig) -> tuple[int | None, str]:
     return None, ""
 
 
-DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
+DEFAULT_ROLLOUT = RolloutConfig.defaults()["rollout_function_path"]  # the flag's default, written once there
 
 
 def _row_tools(value: Any, where: str) -> Any:

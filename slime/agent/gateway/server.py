@@ -199,12 +199,11 @@ class Gateway:
         task = asyncio.current_task()
         running = [True]
 
-        def left(watch: asyncio.Future) -> None:
-            if running[0] and not watch.cancelled():  # (runs on this loop, the task suspended in the turn)
+        def left() -> None:
+            if running[0]:  # (runs on this loop, the task suspended in the turn)
                 task.cancel()
 
-        gone = client_gone_future(request)
-        gone.add_done_callback(left)
+        gone = client_gone_future(request, left)
         try:
             turn = await self.pipeline.run(req)
         except asyncio.CancelledError:

@@ -107,15 +107,23 @@ def _plain_message(m: dict[str, Any]) -> bool:
 
 
 def sampling_ranges(body: Mapping[str, Any]) -> None:
+    """In this order; each check only where its key is (an absent key passes every one of them)."""
     for key in ("max_completion_tokens", "max_tokens"):
-        check.integer(body, key, 1, check.MAX_TOKENS_CAP)
-    check.number(body, "temperature", 0, 2)
-    check.number(body, "top_p", 0, 1, open_low=True)
-    check.top_k(body)
-    check.stop_strings(body, "stop")
-    one_choice(body)
-    check.optional(body, "logprobs", "boolean")
-    if top_logprobs(body) and body.get("logprobs") is not True:
+        if key in body:
+            check.integer(body, key, 1, check.MAX_TOKENS_CAP)
+    if "temperature" in body:
+        check.number(body, "temperature", 0, 2)
+    if "top_p" in body:
+        check.number(body, "top_p", 0, 1, open_low=True)
+    if "top_k" in body:
+        check.top_k(body)
+    if "stop" in body:
+        check.stop_strings(body, "stop")
+    if "n" in body:
+        one_choice(body)
+    if "logprobs" in body:
+        check.optional(body, "logprobs", "boolean")
+    if "top_logprobs" in body and top_logprobs(body) and body.get("logprobs") is not True:
         raise FieldError("top_logprobs", "needs logprobs: true")
 
 

@@ -194,7 +194,7 @@ def parse_request(
         model=str(body.get("model") or "slime-actor"),
         tool_choice=choice,
         logprobs=body.get("logprobs") is True,
-        top_logprobs=top_logprobs(body),
+        top_logprobs=top_logprobs(body) if "top_logprobs" in body else 0,
         raw=body,
         known=Known(len(raw), messages),
     )

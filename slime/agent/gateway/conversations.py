@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from slime.agent.gateway.records import one_step_init
 from slime.agent.gateway.tree import same_message
 from slime.utils.encoded_ids import EncodedIds
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class PromptPrefix:
     """One answer we sent: the tools of its request, the prompt's ids with their JSON text, then

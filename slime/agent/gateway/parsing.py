@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from slime.agent.gateway.records import ToolChoice
+from slime.agent.gateway.records import ToolChoice, one_step_init
 from slime.tools.chat_format import HermesParser, get_parser
 
 _XML_CALL = re.compile(r"<tool_call>\s*<function=([^>]+)>(.*?)</function>\s*</tool_call>", re.DOTALL)
@@ -22,6 +22,7 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_CLOSE = HermesParser.CLOSE  # where a call ends, in the Hermes form and the XML fallback alike
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class ParsedModelOutput:
     reasoning: str

@@ -30,7 +30,7 @@ from slime.agent.gateway.errors import (
 from slime.agent.gateway.images import ConversationImages
 from slime.agent.gateway.parsing import forced_call_prefix, parse_model_output
 from slime.agent.gateway.protocols.common import tool_call_dict
-from slime.agent.gateway.records import ChatRequest, Reply, TokenLogprob, ToolUse, TurnRecord, Usage
+from slime.agent.gateway.records import ChatRequest, Reply, TokenLogprob, ToolUse, TurnRecord, Usage, one_step_init
 from slime.agent.gateway.rendering import PromptRenderer
 from slime.agent.gateway.session import Session, SessionTable
 from slime.agent.gateway.trajectory import TrajectoryManager
@@ -42,6 +42,7 @@ from slime.utils.types import Sample
 Generate = Callable[[list[int], Session, ChatRequest], Awaitable[TurnRecord]]
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class Turn:
     """An answered turn; `pending` stays open in the session until it is committed or abandoned."""
@@ -101,7 +102,8 @@ class TurnPipeline:
 
     async def _generate(self, session: Session, request: ChatRequest) -> TurnRecord:
         prompt_ids = self.prompt_ids(session, request)
-        sampling_params(session, request, len(prompt_ids))  # ContextFullError before any engine call
+        if session.max_context_tokens > 0:  # ContextFullError before any engine call (its one refusal)
+            sampling_params(session, request, len(prompt_ids))
         try:
             record = await self.generate(prompt_ids, session, request)
         except HttpError as e:

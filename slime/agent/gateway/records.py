@@ -13,6 +13,45 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
+class _Factory:
+    def __repr__(self) -> str:  # (how the generated signature shows a default factory)
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+
+
+def one_step_init(cls: type) -> type:
+    """A frozen dataclass whose `__init__` fills the instance's dict in one call: the generated one
+    sets each field through `object.__setattr__` (the frozen class refuses its own), a call per
+    field, and a turn builds a few of these records with about ten fields each. Same signature,
+    defaults and default factories; the class stays frozen (assignments after `__init__` refuse)."""
+    params, lines, env = [], [], {"_UNSET": _FACTORY}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.kw_only:
+            raise TypeError(f"{cls.__name__}.{f.name}: one_step_init takes positional init fields only")
+        if f.default is not dataclasses.MISSING:
+            env[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            env[f"_factory_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_UNSET")
+            lines.append(f"    if {f.name} is _UNSET: {f.name} = _factory_{f.name}()")
+        else:
+            params.append(f.name)
+    if hasattr(cls, "__post_init__") or "__slots__" in cls.__dict__:
+        raise TypeError(f"{cls.__name__}: one_step_init takes no __post_init__ and no slots")
+    names = [f.name for f in dataclasses.fields(cls)]
+    lines.append(f"    self.__dict__.update({', '.join(f'{n}={n}' for n in names)})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(lines), env)  # noqa: S102 - field names only
+    init = env["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init
+    return cls
+
+
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class TurnRecord:
     """One `/generate` answer: the prompt ids sent, exactly the ids the engine sampled, their
@@ -43,6 +82,7 @@ def check_turn(turn: TurnRecord) -> None:
         )
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class ToolUse:
     """One tool call the model made, arguments already decoded from JSON."""
@@ -61,6 +101,7 @@ class ToolChoice:
     parallel: bool = True
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class Known:
     """What a protocol made of the first `count` elements of a body's history array (`messages`, or
@@ -71,6 +112,7 @@ class Known:
     messages: list[dict[str, Any]]
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class ChatRequest:
     """A wire request in chat-template terms: messages as the template takes them, tools in the
@@ -90,6 +132,7 @@ class ChatRequest:
     known: Known | None = dataclasses.field(default=None, compare=False, repr=False)  # for the next body
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class Usage:
     input_tokens: int
@@ -106,6 +149,7 @@ class TokenLogprob:
     top: tuple[tuple[str, float], ...] = ()
 
 
+@one_step_init
 @dataclasses.dataclass(frozen=True)
 class Reply:
     """The model's turn, parsed: visible text, reasoning, tool calls, why it ended, token counts.

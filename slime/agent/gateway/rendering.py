@@ -10,7 +10,6 @@ and the trajectory branches there. `FullRender` is slime's way, for any `apply_c
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -18,9 +17,10 @@ from typing import Any, Protocol
 from slime.agent.gateway.session import Session
 from slime.tools.chat_format import ChatDelta, HermesParser, TemplateDriftError
 from slime.utils.encoded_ids import EncodedIds
+from slime.utils.json_text import acyclic_dumps
 
 KEPT_PROMPTS = 256  # whole renders kept per gateway (a rollout batch's distinct first prompts)
-_KEY_JSON = json.JSONEncoder(ensure_ascii=False)  # (`json.dumps` with an argument builds an encoder per call)
+_KEY_JSON = acyclic_dumps()  # (messages and tools read from JSON: no cycle to check for)
 
 
 class PromptRenderer(Protocol):
@@ -52,8 +52,8 @@ class RenderedPrompts:
     def key(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str | None:
         """None: nothing kept (size 0, or something JSON cannot write, which is then never shared)."""
         try:
-            return _KEY_JSON.encode([messages, tools]) if self.size else None
-        except (TypeError, ValueError):
+            return _KEY_JSON([messages, tools]) if self.size else None
+        except (TypeError, ValueError, RecursionError):
             return None
 
     def get(self, key: str | None) -> EncodedIds | None:

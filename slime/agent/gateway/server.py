@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import secrets
 import threading
@@ -42,15 +41,16 @@ from slime.agent.gateway.rendering import DeltaRender, PromptRenderer
 from slime.agent.gateway.session import Session, SessionTable
 from slime.agent.gateway.trajectory import TrajectoryManager
 from slime.rollout.engine_client import EngineClient
-from slime.utils.client_gone import client_gone
+from slime.utils.client_gone import client_gone_future
 from slime.utils.gc_freeze import freeze_startup_heap
+from slime.utils.json_text import acyclic_dumps
 from slime.utils.prompt_images import PromptImages
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # seconds `Gateway.start` waits for the socket to listen
 KEY_BYTES = 32  # a session key's entropy (secrets.token_urlsafe: 43 URL-safe characters)
-REPLY_JSON = json.JSONEncoder(ensure_ascii=False)  # (`json.dumps` with an argument builds an encoder per call)
+REPLY_JSON = acyclic_dumps()  # (replies are dicts this code builds: no cycle to check for)
 ROUTES: dict[str, ModuleType] = {
     "/v1/chat/completions": openai_chat,
     "/v1/responses": openai_responses,
@@ -162,7 +162,7 @@ class Gateway:
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache"},
                 )
-            body = REPLY_JSON.encode(protocol.render_reply(turn.reply, req)).encode()
+            body = REPLY_JSON(protocol.render_reply(turn.reply, req)).encode()
             return TurnResponse(body, turn, gone, self.pipeline)
 
         endpoint.route_path = path
@@ -194,17 +194,16 @@ class Gateway:
         engine that has it (`EngineTurns`), and nothing is recorded or counted. A turn cancelled
         because its session was finished is refused in the API's format.
 
-        The turn runs in the request's own task; the watch is the one task a request adds, and
-        cancels this one if the client leaves while the turn runs (as `router_loss.watch` does)."""
+        The turn runs in the request's own task; the watch (`client_gone_future`: a future, no task of
+        its own) cancels this one if the client leaves while the turn runs (as `router_loss.watch` does)."""
         task = asyncio.current_task()
         running = [True]
 
-        def left(watch: asyncio.Future) -> None:
-            if running[0] and not watch.cancelled():  # (runs on this loop, the task suspended in the turn)
+        def left() -> None:
+            if running[0]:  # (runs on this loop, the task suspended in the turn)
                 task.cancel()
 
-        gone = asyncio.ensure_future(client_gone(request))
-        gone.add_done_callback(left)
+        gone = client_gone_future(request, left)
         try:
             turn = await self.pipeline.run(req)
         except asyncio.CancelledError:

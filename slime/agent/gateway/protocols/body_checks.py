@@ -199,7 +199,11 @@ def common(body: Mapping[str, Any], history: str = "", checked: int = 0, *, stri
         strings_past(body, history, checked)
     elif not strings_checked:
         no_lone_surrogates(body)
-    optional(body, "model", "string")
-    optional(body, "stream", "boolean")
-    optional(body, "metadata", "object")
-    optional(body, "tools", "array")
+    if "model" in body:  # (each check only where its key is: an absent key passes it)
+        optional(body, "model", "string")
+    if "stream" in body:
+        optional(body, "stream", "boolean")
+    if "metadata" in body:
+        optional(body, "metadata", "object")
+    if "tools" in body:
+        optional(body, "tools", "array")

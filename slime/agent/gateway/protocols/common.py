@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import secrets
+import os
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,8 +49,14 @@ def sse(data: Any, event: str | None = None) -> str:
     return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
 
 
+_IDS = random.Random()  # seeded from the OS; its own, so a `random.seed` elsewhere never repeats these ids
+os.register_at_fork(after_in_child=_IDS.seed)  # (a forked child draws ids of its own, as `random`'s does)
+
+
 def new_id(prefix: str) -> str:
-    return f"{prefix}{secrets.token_hex(12)}"
+    """A response or tool-call id: `prefix` and 24 random hex digits. Unique, not secret (it names an
+    answer to the client that got it), so drawn without a system call per id (`secrets` makes one)."""
+    return f"{prefix}{_IDS.getrandbits(96):024x}"
 
 
 def parse_arguments(arguments: Any) -> Any:

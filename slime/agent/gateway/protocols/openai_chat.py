@@ -67,13 +67,18 @@ def check_body(
     body: Mapping[str, Any], checked: int = 0, *, vision: bool = False, strings_checked: bool = False
 ) -> None:
     """A `FieldError` naming the first malformed field (`body_checks`); the first `checked` messages
-    passed in an earlier body of the session (`Known`). `vision`: image parts are read (`media`)."""
+    passed in an earlier body of the session (`Known`). `vision`: image parts are read (`media`).
+    (Each check of an optional key runs only when the key is there: an absent key passes them all.)"""
     check.common(body, "messages", checked, strings_checked=strings_checked)
-    check.optional(body, "stream_options", "object")
-    check.optional(body, "user", "string")
-    sampling_ranges(body)
+    if "stream_options" in body:
+        check.optional(body, "stream_options", "object")
+    if "user" in body:
+        check.optional(body, "user", "string")
+    if not _RANGED.isdisjoint(body.keys()):
+        sampling_ranges(body)
     messages = body.get("messages")
-    check.expect(messages, "messages", "array")
+    if type(messages) is not list:
+        check.expect(messages, "messages", "array")
     if not messages:
         raise FieldError("messages", "at least one message is required")
     for i in range(checked, len(messages)):
@@ -83,16 +88,42 @@ def check_body(
         check_tool(t, f"tools[{i}]")
 
 
+_RANGED = frozenset(
+    {"max_completion_tokens", "max_tokens", "temperature", "top_p", "top_k", "stop", "n", "logprobs", "top_logprobs"}
+)
+_PLAIN_KEYS = frozenset({"role", "content", "name"})
+
+
+def _plain_message(m: dict[str, Any]) -> bool:
+    """A message of a known role, string (or null) content and no other key `check_message` reads:
+    what it passes (anything else takes the checks' way, and their refusal)."""
+    role, content = m.get("role"), m.get("content")
+    return (
+        type(role) is str
+        and role in ROLES
+        and (content is None or type(content) is str)
+        and _PLAIN_KEYS.issuperset(m.keys())
+    )
+
+
 def sampling_ranges(body: Mapping[str, Any]) -> None:
+    """In this order; each check only where its key is (an absent key passes every one of them)."""
     for key in ("max_completion_tokens", "max_tokens"):
-        check.integer(body, key, 1, check.MAX_TOKENS_CAP)
-    check.number(body, "temperature", 0, 2)
-    check.number(body, "top_p", 0, 1, open_low=True)
-    check.top_k(body)
-    check.stop_strings(body, "stop")
-    one_choice(body)
-    check.optional(body, "logprobs", "boolean")
-    if top_logprobs(body) and body.get("logprobs") is not True:
+        if key in body:
+            check.integer(body, key, 1, check.MAX_TOKENS_CAP)
+    if "temperature" in body:
+        check.number(body, "temperature", 0, 2)
+    if "top_p" in body:
+        check.number(body, "top_p", 0, 1, open_low=True)
+    if "top_k" in body:
+        check.top_k(body)
+    if "stop" in body:
+        check.stop_strings(body, "stop")
+    if "n" in body:
+        one_choice(body)
+    if "logprobs" in body:
+        check.optional(body, "logprobs", "boolean")
+    if "top_logprobs" in body and top_logprobs(body) and body.get("logprobs") is not True:
         raise FieldError("top_logprobs", "needs logprobs: true")
 
 
@@ -111,6 +142,8 @@ def one_choice(body: Mapping[str, Any]) -> None:
 
 def check_message(m: Any, path: str) -> None:
     """The message's shape; its media blocks are `refuse_media`'s (read or refused by the model's kind)."""
+    if type(m) is dict and _plain_message(m):  # (what the checks below pass, at a glance)
+        return
     check.expect(m, path, "object")
     check.role(m.get("role"), f"{path}.role", ROLES)
     check.text_parts(m.get("content"), f"{path}.content", TEXT_PARTS)
@@ -161,7 +194,7 @@ def parse_request(
         model=str(body.get("model") or "slime-actor"),
         tool_choice=choice,
         logprobs=body.get("logprobs") is True,
-        top_logprobs=top_logprobs(body),
+        top_logprobs=top_logprobs(body) if "top_logprobs" in body else 0,
         raw=body,
         known=Known(len(raw), messages),
     )

@@ -16,6 +16,7 @@ from slime.agent.gateway.errors import FieldError
 from slime.agent.gateway.protocols import body_checks as check
 from slime.agent.gateway.records import ToolChoice
 
+AUTO = ToolChoice("auto", None, True)  # the default: the model decides, any number of calls
 OPENAI_MODES = {"auto": "auto", "none": "none", "required": "required"}
 ANTHROPIC_MODES = {"auto": "auto", "none": "none", "any": "required"}
 
@@ -23,6 +24,8 @@ ANTHROPIC_MODES = {"auto": "auto", "none": "none", "any": "required"}
 def openai_choice(body: Mapping[str, Any], tool_names: list[str], *, responses: bool = False) -> ToolChoice:
     """Chat Completions (`{"type": "function", "function": {"name": ..}}`) or Responses
     (`{"type": "function", "name": ..}`) `tool_choice`, and `parallel_tool_calls`."""
+    if "tool_choice" not in body and "parallel_tool_calls" not in body:
+        return AUTO  # (what the rest makes of neither key, as one frozen object)
     check.optional(body, "parallel_tool_calls", "boolean")
     parallel = body.get("parallel_tool_calls") is not False
     value = body.get("tool_choice")

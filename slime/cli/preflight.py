@@ -497,11 +497,10 @@ def plugins_to_load(args: Any) -> list[str]:
 def preflight(args: Any) -> dict[str, Any]:
     """Check every input; raise `PreflightError` at the first bad one. Returns what was resolved."""
     for dest in plugins_to_load(args):
-        if getattr(args, dest, None):
-            try:
-                load_function(getattr(args, dest), _flag(dest))
-            except Exception as e:  # noqa: BLE001 - PluginLoadError names the flag and the import failure
-                raise PreflightError(str(e)) from e
+        try:
+            load_function(getattr(args, dest), _flag(dest))
+        except Exception as e:  # noqa: BLE001 - PluginLoadError names the flag and the import failure
+            raise PreflightError(str(e)) from e
     resolved = resolve_resume(args)
     check_save(args)
     check_multimodal(args)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from slime.train_batch.flags import TrainBatchConfig
-from slime.train_batch.schedule import DPSchedule, ScheduleError, build_dp_schedule
+from slime.train_batch.schedule import DPSchedule, ScheduleError, schedule_from_flags
 
 logger = logging.getLogger(__name__)
 
@@ -83,24 +83,8 @@ def schedule_for(config: TrainBatchConfig, batch: dict, parallel_config: dict) -
     total_lengths = batch.get("total_lengths") or [len(t) for t in batch["tokens"]]
     rollout_ids = batch.get("rollout_ids") or list(range(n))  # no ids: every sample is its own rollout
     gbs = config.global_batch_size or len(set(rollout_ids))
-    weights = None
-    if config.balance_data:  # slime: ranks balanced by forward FLOPs, not tokens
-        from slime.train_batch.flops import FlopsModel
-
-        flops = FlopsModel.of(config.model)
-        weights = [round(flops(length)) for length in total_lengths]
-    return build_dp_schedule(
-        total_lengths,
-        rollout_ids,
-        dp_size=dp_size,
-        global_batch_size=gbs,
-        micro_batch_size=config.micro_batch_size,
-        use_dynamic_batch_size=bool(config.use_dynamic_batch_size),
-        max_tokens_per_gpu=config.max_tokens_per_gpu,
-        cp_size=parallel_config.get("cp_size") or 1,
-        vpp_size=parallel_config.get("vpp_size") or 1,
-        microbatch_group_size_per_vp_stage=parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
-        balance_weights=weights,
+    return schedule_from_flags(
+        config, total_lengths, rollout_ids, global_batch_size=gbs, parallel_config=parallel_config
     )
 
 

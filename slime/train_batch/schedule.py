@@ -37,7 +37,10 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from slime.train_batch.flags import TrainBatchConfig
 
 
 class ScheduleError(ValueError):
@@ -408,3 +411,35 @@ def build_dp_schedule(
         sched.global_batch_sizes.append(global_batch_size)
         sched.step_rank_tokens.append(step_tokens)
     return sched
+
+
+def schedule_from_flags(
+    config: TrainBatchConfig,
+    total_lengths: Sequence[int],
+    rollout_ids: Sequence[int],
+    *,
+    global_batch_size: int,
+    parallel_config: dict,
+) -> DPSchedule:
+    """`build_dp_schedule` under the flags of `config` (micro-batching, `--balance-data`'s FLOPs weights) and
+    slime's `parallel_config` (`dp_size`, `cp_size`, `vpp_size`, `microbatch_group_size_per_vp_stage`): the one
+    call behind our split (`rank_batches.schedule_for`) and slime's `build_dp_schedule(args, ...)`."""
+    weights = None
+    if config.balance_data:  # slime: ranks balanced by forward FLOPs, not tokens
+        from slime.train_batch.flops import FlopsModel
+
+        flops = FlopsModel.of(config.model)
+        weights = [round(flops(length)) for length in total_lengths]
+    return build_dp_schedule(
+        total_lengths,
+        rollout_ids,
+        dp_size=parallel_config["dp_size"],
+        global_batch_size=global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        use_dynamic_batch_size=bool(config.use_dynamic_batch_size),
+        max_tokens_per_gpu=config.max_tokens_per_gpu,
+        cp_size=parallel_config.get("cp_size") or 1,
+        vpp_size=parallel_config.get("vpp_size") or 1,
+        microbatch_group_size_per_vp_stage=parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
+        balance_weights=weights,
+    )

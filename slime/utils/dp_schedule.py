@@ -27,28 +27,17 @@ def build_dp_schedule(
     """`(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)` of one rollout;
     `global_batch_size` counts rollouts (samples sharing `rollout_indices[i]` stay in one step)."""
     from slime.train_batch.flags import TrainBatchConfig
-    from slime.train_batch.flops import FlopsModel
-    from slime.train_batch.schedule import ScheduleError, build_dp_schedule as schedule
+    from slime.train_batch.schedule import ScheduleError, schedule_from_flags
     from slime.utils.plugin_args import completed
 
     config = TrainBatchConfig.from_args(completed(args))  # slime's callers and tests build it by hand
-    weights = None
-    if config.balance_data:
-        flops = FlopsModel.of(config.model)
-        weights = [round(flops(length)) for length in total_lengths]
     try:
-        sched = schedule(
+        sched = schedule_from_flags(
+            config,
             total_lengths,
             rollout_indices,
-            dp_size=train_parallel_config["dp_size"],
             global_batch_size=global_batch_size,
-            micro_batch_size=config.micro_batch_size,
-            use_dynamic_batch_size=bool(config.use_dynamic_batch_size),
-            max_tokens_per_gpu=config.max_tokens_per_gpu,
-            cp_size=train_parallel_config.get("cp_size") or 1,
-            vpp_size=train_parallel_config.get("vpp_size") or 1,
-            microbatch_group_size_per_vp_stage=train_parallel_config.get("microbatch_group_size_per_vp_stage") or 1,
-            balance_weights=weights,
+            parallel_config=train_parallel_config,
         )
     except ScheduleError as e:  # slime's contract: an assertion
         raise AssertionError(str(e)) from e

@@ -13,6 +13,7 @@ import pytest
 
 from slime.ray import idle_dashboard_agent
 from slime.ray.idle_dashboard_agent import PORT_NAMES_FLAG
+from slime.testing.until import until
 
 SCRIPT = Path(idle_dashboard_agent.__file__).resolve()
 NAMES = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
@@ -22,23 +23,14 @@ def _start(argv: list[str], stdin=subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-S", "-u", str(SCRIPT), *argv], stdin=stdin, stdout=subprocess.PIPE)
 
 
-def _wait_for_files(paths: list[Path], proc: subprocess.Popen) -> None:
-    import time
-
-    deadline = time.monotonic() + 60
-    while not all(p.exists() for p in paths):
-        assert proc.poll() is None, "the stand-in ended before writing its ports"
-        assert time.monotonic() < deadline, "ports never written"
-        time.sleep(0.01)
-
-
 def test_it_writes_the_ports_as_not_in_use_and_ends_with_the_raylets_pipe(tmp_path):
     node = "ab" * 28
     argv = [PORT_NAMES_FLAG + ",".join(NAMES), "/ray/dashboard/agent.py", f"--node-id={node}"]
     proc = _start([*argv, f"--session-dir={tmp_path}", "--node-manager-port=RAY_NODE_MANAGER_PORT_PLACEHOLDER"])
     try:
         files = [tmp_path / f"{name}_{node}" for name in NAMES]
-        _wait_for_files(files, proc)
+        assert until(lambda: all(f.exists() for f in files) or proc.poll() is not None, timeout=60), "no ports"
+        assert proc.poll() is None, "the stand-in ended before writing its ports"
         assert [f.read_text() for f in files] == ["-1"] * 3
         assert not list(tmp_path.glob("*.slime-tmp"))  # each written whole, then renamed
         proc.stdin.write(b"anything the raylet sends is read and ignored\n")

@@ -82,14 +82,13 @@ def idle_dashboard_agent() -> Iterator[None]:
         yield
         return
     from slime.ray import idle_dashboard_agent as stand_in
-    from slime.ray.idle_dashboard_agent import PORT_NAMES_FLAG
 
     script = str(Path(stand_in.__file__).resolve())
 
     def command(component: str, *args: Any, **kwargs: Any) -> list[str]:
         if component != agent:
             return build(component, *args, **kwargs)
-        return [sys.executable, "-S", "-u", script, PORT_NAMES_FLAG + ",".join(ports)]
+        return [sys.executable, "-S", "-u", script, stand_in.PORT_NAMES_FLAG + ",".join(ports)]
 
     services._build_python_executable_command_memory_profileable = command  # noqa: SLF001
     try:

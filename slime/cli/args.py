@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
-import os
-from pathlib import Path
 from typing import Any, Sequence
 
 # every name is importable from here as before the split (noqa: F401 - re-exports)
@@ -102,7 +100,3 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "slime-rollout") -
     if line:
         logger.warning("%s: %s", prog, line)
     return args
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SLIME_CACHE") or Path.home() / ".cache" / "slime")

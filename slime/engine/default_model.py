@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from slime.utils.cache_dir import slime_cache_dir
 from slime.utils.devices import cuda_available
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -29,9 +30,7 @@ _DONE_MARKER = "slime_converted.ok"
 
 
 def _cache_root(cache_dir: str | Path | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
-    return Path(os.environ.get("SLIME_CACHE") or Path.home() / ".cache" / "slime")
+    return Path(cache_dir) if cache_dir is not None else slime_cache_dir()
 
 
 def gguf_dir() -> Path:

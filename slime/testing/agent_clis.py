@@ -4,13 +4,14 @@ fetch one the caller fails with npm's own error (never a skip)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
+from slime.utils.cache_dir import slime_cache_dir
+
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.328"
 CODEX = "@openai/codex@0.169.0"
-CLI_CACHE = Path(os.environ.get("SLIME_CACHE", Path.home() / ".cache" / "slime")) / "agent-clis"
+CLI_CACHE = slime_cache_dir() / "agent-clis"
 
 
 def npm_installed(package: str, entry: str) -> Path:

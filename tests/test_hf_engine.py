@@ -382,6 +382,29 @@ def test_info_endpoints(engine, tiny_model_dir):
     assert engine.get("/flush_cache").status_code == 200 and engine.post("/flush_cache").status_code == 200
 
 
+def test_plain_data_is_json_and_routing_errors_have_fastapis_body(engine):
+    """SGLang's server is FastAPI: a client (and the router) sees the same answers from ours, a Starlette app."""
+    r = engine.get("/get_load")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert isinstance(r.json(), dict)
+    missing = engine.get("/no_such_path")
+    assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
+    wrong = engine.get("/generate")
+    assert wrong.status_code == 405 and wrong.json() == {"detail": "Method Not Allowed"}
+    assert "POST" in wrong.headers["allow"]
+
+
+def test_the_engine_server_does_not_import_fastapi():
+    """~0.5 CPU s of every engine start (the fork server's preload), for routing the handlers do not need."""
+    import subprocess
+    import sys
+
+    code = "import sys, slime.engine.hf_server, slime.engine.warm_start; print('fastapi' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
 def test_release_and_resume_memory(engine):
     before = gen(engine, PROMPTS[0], max_new_tokens=5)["output_ids"]
     assert engine.post("/release_memory_occupation", json={}).json()["success"]

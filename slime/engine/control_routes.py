@@ -5,7 +5,7 @@ and `kv_cache`, so slime's colocated order works: resume the weights, push, then
 
 from __future__ import annotations
 
-from fastapi import Request
+from starlette.requests import Request
 
 from slime.engine.batcher import HFBatcher
 from slime.engine.http_errors import error_response, refusal

@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from slime.engine.batcher import EngineReleasedError, HFBatcher, SamplingParams
 from slime.engine.http_errors import error_response, released_response

@@ -1,4 +1,4 @@
-"""SGLang-protocol HTTP server for the embedded CPU engine (FastAPI + uvicorn over `HFBatcher`).
+"""SGLang-protocol HTTP server for the embedded CPU engine (Starlette + uvicorn over `HFBatcher`).
 
 It speaks the subset of SGLang's HTTP API that slime, the sglang-router and our rollout code use,
 with the same paths, bodies and response shapes, so the rest of the system cannot tell it from a

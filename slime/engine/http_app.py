@@ -1,11 +1,21 @@
-"""The embedded engine's FastAPI app: SGLang's paths, each served by one handler object around the
-same HFBatcher (generation, OpenAI-compatible generation, status, control, weight sync)."""
+"""The embedded engine's ASGI app: SGLang's paths, each served by one handler object around the
+same HFBatcher (generation, OpenAI-compatible generation, status, control, weight sync).
+
+A Starlette app, not FastAPI (which SGLang's own server is): the handlers read their requests themselves,
+so FastAPI added only its import (~0.5 CPU s of every engine start, pydantic's schemas included) and its
+per-request dependency solving. What a client sees is FastAPI's: plain data answered as JSON, and errors
+Starlette raises (404, 405) with FastAPI's `{"detail": ...}` body."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from slime.engine.batcher import HFBatcher
 from slime.engine.control_routes import ControlRoutes
@@ -67,11 +77,32 @@ class Server:
         ]
 
 
-def create_app(batcher: HFBatcher, tokenizer: Any = None) -> FastAPI:
+def create_app(batcher: HFBatcher, tokenizer: Any = None) -> Starlette:
     """`tokenizer`: the handlers' own instance if one is already loaded (else loaded here)."""
     srv = Server(batcher, tokenizer)
-    app = FastAPI(title="slime embedded CPU engine (SGLang protocol)")
+    routes = [Route(path, endpoint(handler), methods=list(methods)) for path, methods, handler in srv.routes()]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.server = srv
-    for path, methods, handler in srv.routes():
-        app.add_api_route(path, handler, methods=methods)
     return app
+
+
+def endpoint(handler: Callable) -> Callable:
+    """`handler` as a Starlette endpoint: called with the request if it takes one, its plain data (a dict,
+    a list) answered as JSON; every handler here is a coroutine."""
+    if not inspect.iscoroutinefunction(handler):
+        raise TypeError(f"{handler.__qualname__}: engine handlers are coroutines")
+    takes_request = bool(inspect.signature(handler).parameters)
+
+    async def serve(request: Request) -> Response:
+        out = await (handler(request) if takes_request else handler())
+        return out if isinstance(out, Response) else JSONResponse(out)
+
+    serve.__name__ = serve.__qualname__ = handler.__name__
+    return serve
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """FastAPI's body for the errors routing raises (404 unknown path, 405 method): `{"detail": ...}`."""
+    if exc.status_code in (204, 304):
+        return Response(status_code=exc.status_code, headers=exc.headers)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)

@@ -3,7 +3,7 @@ requests, `{"success": false, "message"}` for weight sync and memory occupation.
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+from starlette.responses import JSONResponse
 
 
 def error_response(status: int, message: str) -> JSONResponse:

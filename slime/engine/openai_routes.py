@@ -12,8 +12,8 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from slime.engine.batcher import EngineReleasedError
 from slime.engine.generate_routes import GenerateRoutes

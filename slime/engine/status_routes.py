@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 
 from slime.engine.batcher import HFBatcher
 

@@ -1,7 +1,7 @@
 """Warm engine starts: what the per-node fork server (slime.utils.fork_server) loads once, and how a
 forked child becomes an embedded engine.
 
-`preload` imports everything an engine needs (torch, transformers, FastAPI, uvicorn and its
+`preload` imports everything an engine needs (torch, transformers, Starlette, uvicorn and its
 event-loop and HTTP modules) and loads the checkpoint and both tokenizers; `serve` runs
 `slime.engine.hf_server.main` in the forked child with that state. An engine asked for another
 checkpoint or dtype loads its own, exactly as a cold start would.
@@ -21,7 +21,8 @@ from typing import Any
 FORK_SERVER_ENV = "SLIME_ENGINE_FORK_SERVER"
 # imported here so each engine does not: uvicorn picks these at run time
 _SERVING_MODULES = (
-    "fastapi",
+    "starlette.applications",
+    "starlette.routing",
     "uvicorn",
     "uvicorn.loops.auto",
     "uvicorn.loops.uvloop",

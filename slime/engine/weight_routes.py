@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from slime.engine.batcher import HFBatcher
 from slime.engine.http_errors import error_response, refusal, weights_released_refusal

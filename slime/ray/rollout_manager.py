@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from slime.fleet.fleet import NODE_COUNTERS, Fleet
-from slime.observability import reporting
+from slime.fleet.lost_nodes import NODE_COUNTERS
 from slime.observability.node_losses import describe_lost_node, node_loss_metrics
 from slime.observability.wandb_logger import WandbRun
 from slime.weights import manager as weight_sync
@@ -31,7 +30,8 @@ from slime.tools.services import ToolServices
 from slime.utils.endpoints import Endpoints
 from slime.utils.startup_trace import mark
 
-if TYPE_CHECKING:  # imported where it is built: torch and transformers load while the engines boot
+if TYPE_CHECKING:  # each imported where it is first used, in the actor (see `start`)
+    from slime.fleet.fleet import Fleet
     from slime.rollout.controller import RolloutController
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,10 @@ class RolloutManager:
     def start(self) -> dict[str, Any]:
         t0 = time.monotonic()
         mark("manager: start")
+        # The command imports this module only to name the actor class (`ray.remote`), during `ray.init`:
+        # the fleet's HTTP client (aiohttp) and the controller's modules load here, in the actor, instead.
+        from slime.fleet.fleet import Fleet
+
         try:
             self.wandb_run = WandbRun.start(self.args)
             self._start_tool_services()
@@ -176,6 +180,8 @@ class RolloutManager:
         self._reported_lost.update(e["node_id"] for e in new)
         self.controller.last_summary["lost_nodes"] = [describe_lost_node(e) for e in new]
         if new:
+            from slime.observability import reporting
+
             reporting.log_fleet(self.report, rollout_id, node_loss_metrics(new), self.wandb_run)
 
     def get_num_rollout_per_epoch(self) -> int:

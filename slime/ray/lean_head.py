@@ -11,7 +11,7 @@ node `ray.init` builds is a subclass that skips them, for the duration of the ca
 the workers Ray prestarts for the first driver (`LEAN_SYSTEM_CONFIG`).
 
 Kept: the GCS, the raylet and its two agents (the raylet exits without them), the log monitor (actors'
-logs reach the command: `log_to_driver`), at a lower priority (`LOG_MONITOR_NICENESS`). The dashboard agent, when Ray would start it `--minimal` (its
+logs reach the command: `log_to_driver`). The dashboard agent, when Ray would start it `--minimal` (its
 dependencies are not installed) and no dashboard was asked for, serves nothing: a stand-in that writes its
 "not in use" ports takes its place (slime.ray.idle_dashboard_agent; ~1 CPU s and ~0.4-0.7 s of the raylet's
 wait before `ray.init` returns). Only a head `ray.init` starts itself is touched: joining a cluster
@@ -21,7 +21,6 @@ wait before `ray.init` returns). Only a head `ray.init` starts itself is touched
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from pathlib import Path
@@ -34,10 +33,6 @@ _LOCK = threading.Lock()  # one patched `ray.init` at a time in a process
 # stayed idle in every measured run (~0.9 CPU s while the fork server preloads). A caller's own
 # `_system_config` wins.
 LEAN_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
-# The log monitor only forwards actors' log lines to the command; its start-up (~0.6 CPU s of imports) ran
-# beside the runtime-env agent `ray.init` waits for and the engines' preload. At this niceness it takes the
-# cores' idle time instead; a line still reaches the command, a little later while the start is busy.
-LOG_MONITOR_NICENESS = 10
 
 
 def _lean_node_class(base: type) -> type:
@@ -53,15 +48,6 @@ def _lean_node_class(base: type) -> type:
         def start_api_server(self, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
             if include_dashboard:  # asked for by name: Ray's own start, dashboard and all
                 super().start_api_server(include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
-
-        def start_log_monitor(self) -> None:
-            super().start_log_monitor()
-            if self.head:
-                from ray._private import ray_constants
-
-                for info in self.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR, []):
-                    with contextlib.suppress(OSError, AttributeError):
-                        os.setpriority(os.PRIO_PROCESS, info.process.pid, LOG_MONITOR_NICENESS)
 
         def start_raylet(self, *args: Any, **kwargs: Any) -> None:
             idle = self.head and not self._ray_params.include_dashboard

@@ -221,3 +221,64 @@ async def test_a_url_given_as_a_function_is_asked_again_before_each_retry():
         )
     assert body == {"ok": 1} and asked == [gone, srv.url] and srv.seen == [{"n": 1}]
     assert stats.as_dict() == {"requests": 2, "retries": 1, "failures": 0, "retries_connection": 1}
+
+
+async def test_every_kind_of_answer_gives_its_connection_back_to_the_pool():
+    """The response is awaited, not entered with `async with`: its release is request_json's own `finally`.
+    With a pool of one connection, a connection kept by any answer (2xx read or refused by `answer`, 5xx
+    retried, 4xx raised, a request cancelled while its body is read) would hold every later request; one
+    left to the garbage collector instead says so in debug mode (aiohttp's "Unclosed response")."""
+    import warnings
+
+    import aiohttp
+
+    asyncio.get_running_loop().set_debug(True)
+
+    hold = asyncio.Event()
+
+    async def slow(request):  # the status and the first bytes of the body, then nothing until `hold`
+        reply = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "20"})
+        await reply.prepare(request)
+        await reply.write(b'{"ok": ')
+        await hold.wait()
+        return reply
+
+    def refuse(raw: bytes):
+        raise AnswerError("no", reason="refused")
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        await _every_answer_kind(session, slow, hold, refuse)
+    assert not [w for w in warned if "Unclosed response" in str(w.message)]
+
+
+async def _every_answer_kind(session, slow, hold, refuse) -> None:
+    try:
+        async with Server(
+            [(200, {"ok": 1}), (200, {"ok": 2}), (503, "busy"), (200, {"ok": 3}), (404, "no"), (200, {"ok": 4})]
+        ) as srv:
+            serving = serve_app({"/slow": slow})
+            slow_url = await serving.__aenter__() + "/slow"
+
+            def ask(policy=RetryPolicy(max_retries=0), **kw):
+                return request_json("POST", srv.url, {}, timeout=5, session=session, policy=policy, **kw)
+
+            assert await ask() == {"ok": 1}
+            with pytest.raises(HttpError) as refused:
+                await ask(answer=refuse)
+            assert refused.value.reason == "refused"
+            assert await ask(policy=RetryPolicy(max_retries=1, **FAST)) == {"ok": 3}  # the 503, then a retry
+            with pytest.raises(HttpError) as missing:
+                await ask()
+            assert missing.value.status == 404
+            cancelled = asyncio.ensure_future(request_json("POST", slow_url, {}, timeout=5, session=session))
+            await asyncio.sleep(0.2)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            hold.set()
+            assert await asyncio.wait_for(ask(), 5) == {"ok": 4}
+            await serving.__aexit__(None, None, None)
+    finally:
+        await session.close()

@@ -197,9 +197,9 @@ async def request_json(
     a one-off session is opened and closed around the call. `on_retry(payload, failure)` gives the
     payload of the next attempt (e.g. a fresh request id: the server may still be working on the
     abandoned one, which `failure.may_still_run` says). `url` may be a function, asked again before
-    every attempt (a router restarted elsewhere is at a new address). `watch(url)`: an async context
-    around each attempt that raises RouterLost when that address is known gone (slime.utils.router_loss):
-    the attempt fails at once (`router_lost`) instead of at its deadline, and is retried. `outage`
+    every attempt (a router restarted elsewhere is at a new address). `watch(url)`: a context (`with`, on the
+    attempt's task) around each attempt that raises RouterLost when that address is known gone
+    (slime.utils.router_loss): the attempt fails at once (`router_lost`) instead of at its deadline, and is retried. `outage`
     (slime.utils.endpoints.EngineOutage: `since`, `empty`): the retry window counts from the later of the
     first attempt and the moment the pool of engines last emptied or came back, and a failure while it is
     empty does not count against `policy.max_retries`.
@@ -233,23 +233,27 @@ async def request_json(
         if where is not None:
             url = where()
         try:
-            async with (
-                watch(url) if watch is not None else contextlib.nullcontext(),
-                session.request(method, url, **_body(payload, headers), timeout=_attempt_timeout(timeout)) as resp,
-            ):
-                status = resp.status
-                if status < 400:
-                    if answer is not None:
-                        return answer(await resp.read())
-                    if resp.content_type == "application/json":
-                        return await resp.json()
-                    return await resp.text()
-                last = (await resp.text(errors="replace"))[:2000]
-                if status != 429 and status < 500:
-                    stats.failed(f"http_{status}")
-                    raise HttpError(f"{method} {url} -> HTTP {status}: {last}", status, last)
-                reason = (classify(status, last) if classify else None) or f"http_{status}"
-                failure, retry_after = Failure(reason, last, False), _retry_after(resp.headers)
+            with watch(url) if watch is not None else contextlib.nullcontext():
+                # awaited, not `async with`: what its exit does (release, then wait for the body's writer) is
+                # the `finally` below, without the four coroutines of aiohttp's two context managers
+                resp = await session.request(method, url, **_body(payload, headers), timeout=_attempt_timeout(timeout))
+                try:
+                    status = resp.status
+                    if status < 400:
+                        if answer is not None:
+                            return answer(await resp.read())
+                        if resp.content_type == "application/json":
+                            return await resp.json()
+                        return await resp.text()
+                    last = (await resp.text(errors="replace"))[:2000]
+                    if status != 429 and status < 500:
+                        stats.failed(f"http_{status}")
+                        raise HttpError(f"{method} {url} -> HTTP {status}: {last}", status, last)
+                    reason = (classify(status, last) if classify else None) or f"http_{status}"
+                    failure, retry_after = Failure(reason, last, False), _retry_after(resp.headers)
+                finally:
+                    resp.release()
+                    await resp.wait_for_close()
         except RouterLost as e:  # no answer will come: the request may still run on an engine
             failure = Failure("router_lost", str(e), True)
         except AnswerError as e:

@@ -66,8 +66,8 @@ class RouterLosses:
             self._gone.pop(_base(url), None)
 
     def watch(self, url: str) -> "_Watch":
-        """`async with watch(url):` runs the block (one request attempt to `url`) and raises RouterLost as
-        soon as that address is gone."""
+        """`with watch(url):` (or `async with`), inside a task, runs the block (one request attempt to `url`)
+        and raises RouterLost as soon as that address is gone."""
         base = self._bases.get(url)
         if base is None:
             if len(self._bases) >= self.MAX_BASES:
@@ -77,15 +77,16 @@ class RouterLosses:
 
 
 class _Watch:
-    """One watched attempt. A plain class, not a generator-based context manager with a future of its own:
-    every engine request passes through one, so its cost is on every sample (bench_rollout_overhead)."""
+    """One watched attempt. A plain class, not a generator-based context manager with a future of its own,
+    and entered with `with` (`async with` too): nothing in it awaits, and every engine request passes through
+    one, so two coroutines per attempt would be on every sample (bench_rollout_overhead)."""
 
     __slots__ = ("losses", "base", "task", "why", "inside", "waiting")
 
     def __init__(self, losses: RouterLosses, base: str) -> None:
         self.losses, self.base, self.why, self.inside = losses, base, None, False
 
-    async def __aenter__(self) -> None:
+    def __enter__(self) -> None:
         self.task = asyncio.current_task()
         losses, base = self.losses, self.base
         waiting = losses._waiting.get(base)
@@ -105,9 +106,15 @@ class _Watch:
             self.why = why
             self.task.cancel()
 
-    async def __aexit__(self, kind: Any, error: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
         self.inside = False
         self.waiting.discard(self)  # the set it joined: the address's, or one `lost` popped (then dropped)
         if kind is asyncio.CancelledError and self.why is not None and self.task.uncancel() == 0:
             raise RouterLost(f"router at {self.base} is gone: {self.why}") from None  # cancelled by `cut` only
         return False
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, kind: Any, error: Any, tb: Any) -> bool:
+        return self.__exit__(kind, error, tb)

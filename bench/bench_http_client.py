@@ -28,16 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("SLIME_BENCH_TREE", str(ROOT)))
 
-PROMPT = list(range(1000, 1032))
-SAMPLING_PARAMS = {
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "max_new_tokens": 8,
-    "skip_special_tokens": False,
-    "no_stop_trim": True,
-    "spaces_between_special_tokens": False,
-}
+from bench.bench_rollout_overhead import PROMPT, SAMPLING_PARAMS  # noqa: E402 - the same requests as that bench
+
+
 SHIM = """#include <valgrind/callgrind.h>
 void on(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void off(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT("measured"); }

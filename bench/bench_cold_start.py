@@ -203,9 +203,8 @@ def main() -> None:
     trees = {"after": ROOT}
     if a.before != "none":
         trees = {"before": export_tree(a.before), **trees}
-    for tree in (
-        trees.values()
-    ):  # both as installed (`make setup` compiles ours): bytecode, whatever PYTHONDONTWRITEBYTECODE says
+    # both trees as installed (`make setup` compiles ours): bytecode, whatever PYTHONDONTWRITEBYTECODE says
+    for tree in trees.values():
         subprocess.run(
             [sys.executable, "-m", "compileall", "-q", "-j", "0", "slime"], cwd=tree, check=True, capture_output=True
         )

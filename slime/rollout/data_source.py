@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from array import array
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from typing import Any
 from slime.rollout.prompt_rows import DEFAULT_ROLLOUT, DataError, parse_path_slice  # noqa: F401
 from slime.rollout.prompt_rows import prompt_limit, read_rows, sample_from_row, too_long  # noqa: F401
 from slime.rollout.sample_clone import clone_group
+from slime.utils.atomic_file import write_atomic
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime.utils.plugin_args import completed
@@ -40,13 +40,6 @@ def build_prompt_samples(
 
     index = PromptIndex.from_args(args, path, input_key, label_key, tokenizer)
     return index.read_all(), index.filtered
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Through a temporary sibling and a rename: a crash leaves the old file or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
@@ -174,8 +167,8 @@ class DataSource:
     def save(self, directory: str | Path, rollout_id: int, held: list[list[Sample]] | None = None) -> Path:
         path = Path(directory) / f"rollout_state_{rollout_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, json.dumps(self.state_dict(held)))
-        _write_atomic(Path(directory) / "latest_rollout_id.txt", str(rollout_id))
+        write_atomic(path, json.dumps(self.state_dict(held)))
+        write_atomic(Path(directory) / "latest_rollout_id.txt", str(rollout_id))
         return path
 
     def load(self, directory: str | Path, rollout_id: int | None = None) -> int | None:

@@ -22,6 +22,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from slime.utils.atomic_file import write_atomic
+
 CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name for the newest checkpoint
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -74,16 +76,6 @@ def data_state_dir(root: str | Path, rollout_id: int) -> str | None:
     a checkpoint without one, whose data state is `{root}/rollout_state_{id}.json`)."""
     ckpt = checkpoint_dir(root, rollout_id)
     return str(ckpt) if (ckpt / data_state_name(rollout_id)).is_file() else None
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary sibling and a rename: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 def sha256_of(path: Path) -> str:
@@ -247,12 +239,12 @@ class CheckpointWriter:
             **meta,
             "files": files,
         }
-        write_atomic(self.staging / MANIFEST, json.dumps(manifest, indent=1))
+        write_atomic(self.staging / MANIFEST, json.dumps(manifest, indent=1), durable=True)
         old = self.final.with_name(f"{self.final.name}.replaced-{os.getpid()}")
         if self.final.exists():  # the same id saved again (a resumed run): keep it until the new one is in
             self.final.replace(old)
         self.staging.replace(self.final)
-        write_atomic(self.root / CHECKPOINT_TRACKER, str(self.rollout_id))
+        write_atomic(self.root / CHECKPOINT_TRACKER, str(self.rollout_id), durable=True)
         shutil.rmtree(old, ignore_errors=True)
         return self.final
 

@@ -22,7 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-# hashlib, json and tempfile are imported when transformers is: `install()` runs on every `import slime`
+from slime.utils.cache_dir import slime_cache_dir
+
+# hashlib and json are imported when transformers is: `install()` runs on every `import slime`
 
 SCANNER = "transformers.utils.import_utils"
 SCAN_FUNCTION = "create_import_structure_from_path"
@@ -80,8 +82,6 @@ def cached_scan(scan: Callable[[Any], Any], models_dir: Path, scanner_file: Path
     read from the cache file when the fingerprint matches, else scanned and written there (once a process)."""
     import functools
 
-    from slime.utils.cache_dir import slime_cache_dir
-
     own = {os.fspath(models_dir), os.fspath(models_dir / "__init__.py")}
     kept: list[Any] = []  # the table's encoded form: each call decodes a fresh copy, as a rescan would give
 
@@ -132,7 +132,8 @@ def _load_or_scan(scan: Callable, module_path: Any, models_dir: Path, scanner_fi
     holds something `encode` does not know."""
     import hashlib
     import json
-    import tempfile
+
+    from slime.utils.atomic_file import write_atomic
 
     try:
         mark = fingerprint(models_dir, scanner_file)
@@ -154,10 +155,8 @@ def _load_or_scan(scan: Callable, module_path: Any, models_dir: Path, scanner_fi
     if mark is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"format": FORMAT, "fingerprint": mark, "table": table}, f)
-            os.replace(tmp, path)  # processes starting together each write a whole file
+            # processes starting together each write a whole file
+            write_atomic(path, json.dumps({"format": FORMAT, "fingerprint": mark, "table": table}))
         except OSError:
             pass
     return table

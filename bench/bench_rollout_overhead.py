@@ -6,7 +6,9 @@ concurrency, and (b) slime's full rollout path: data source -> default rollout f
 (the engine client: concurrency bound, deadlines, retries; statuses, rewards) -> training batch.
 Rounds alternate (raw, slime, raw, slime, ...) and the median of each is reported. The headline is CPU
 per sample against the raw client's (target <= 1.2x, issue 31): CPU time is the cost itself, while the wall-clock ratio
-(kept beside it, target >= 0.75x) also measures how the other processes on the box shared the cores.
+(kept beside it, target >= 0.75x) also measures how the other processes on the box shared the cores. A second raw
+client sends the same requests through slime's own transport (`Http1Pool`, cheaper than aiohttp's client), so the
+ratio against it is orchestration alone.
 
 slime's path runs in a worker process per source tree, so `--before-tree DIR` measures another
 tree (e.g. `git archive 7390f02 | tar -x -C /tmp/before`, or a copy of this one with a change
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -100,9 +103,39 @@ async def raw_client(url: str, n: int, concurrency: int) -> None:
         await asyncio.gather(*(one(i) for i in range(n)))
 
 
+async def raw_pool_client(url: str, n: int, concurrency: int) -> None:
+    """The same requests on slime's own transport (`Http1Pool`, what `EngineClient` sends through): the baseline
+    that leaves only orchestration between it and slime's path."""
+    from slime.utils.http1_pool import Http1Pool
+
+    sem = asyncio.Semaphore(concurrency)
+    pool = Http1Pool()
+    target = pool.target(url)
+
+    async def one(i: int):
+        payload = {"input_ids": PROMPT, "sampling_params": SAMPLING_PARAMS, "return_logprob": True, "rid": f"raw-{i}"}
+        async with sem:
+            for _ in range(10):  # as the aiohttp client: an error answer is sent again
+                body = json.loads((await pool.request("POST", target, json.dumps(payload).encode(), timeout=60)).body)
+                if isinstance(body, dict) and "meta_info" in body:
+                    assert body["meta_info"]["output_token_logprobs"]
+                    return
+            raise RuntimeError(f"raw pool client: no answer after 10 attempts, last: {str(body)[:200]}")
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await pool.close()
+
+
 @timed
 def raw_round(url: str, concurrency: int, *, n: int) -> None:
     asyncio.run(raw_client(url, n, concurrency))
+
+
+@timed
+def raw_pool_round(url: str, concurrency: int, *, n: int) -> None:
+    asyncio.run(raw_pool_client(url, n, concurrency))
 
 
 @timed
@@ -397,13 +430,17 @@ def main() -> None:
         workers["slime rollout path"] = Worker(ROOT, a, model_dir, router)
         for tree in a.before_tree:
             workers[f"before ({tree})"] = Worker(tree.resolve(), a, model_dir, router)
+        raw_pool_round(url, a.concurrency, n=200)
         raw: list[tuple[float, float]] = []
+        raw_pool: list[tuple[float, float]] = []
         rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in workers}
         for _ in range(a.rounds):
             raw.append(raw_round(url, a.concurrency, n=n))
+            raw_pool.append(raw_pool_round(url, a.concurrency, n=n))
             for name, w in workers.items():
                 rounds[name].append(w.run())
         r, r_cpu = (statistics.median(x) for x in zip(*raw))
+        p_cpu = statistics.median(c for _, c in raw_pool)
         print(
             f"samples={n} concurrency={a.concurrency} rounds={a.rounds}; headline: CPU per sample against the raw "
             f"client's (wall clock swings with the other load on the box, CPU time does not)"
@@ -411,6 +448,10 @@ def main() -> None:
         print(
             f"raw aiohttp -> router -> stub : CPU {r_cpu:.3f} ms/sample  (rounds: {', '.join(f'{c:.3f}' for _, c in raw)}); "
             f"{r:.0f} samples/s  (rounds: {', '.join(f'{x:.0f}' for x, _ in raw)})"
+        )
+        print(
+            f"raw Http1Pool -> router -> stub: CPU {p_cpu:.3f} ms/sample  (rounds: "
+            f"{', '.join(f'{c:.3f}' for _, c in raw_pool)}); slime's own transport, this tree"
         )
         for name, xs in rounds.items():
             o, o_cpu = (statistics.median(x) for x in zip(*xs))
@@ -421,6 +462,9 @@ def main() -> None:
             print(
                 f"  CPU per sample vs raw      : {o_cpu / r_cpu:8.2f}x   (target <= {CPU_TARGET:g}x; round by round: "
                 f"{', '.join(f'{x:.2f}' for x in paired)}, median {statistics.median(paired):.2f}x)"
+            )
+            print(
+                f"  CPU per sample vs raw Http1Pool: {o_cpu / p_cpu:8.2f}x   (the same transport: orchestration alone)"
             )
             print(
                 f"  wall clock                 : {o:8.0f} samples/s = {o / r:.2f}x raw (target >= {WALL_TARGET:g}x; "

@@ -1,8 +1,9 @@
-"""HTTP sessions are closed by their owner: the runtime a binding owns closes its client's sessions
-when it is unbound or replaced, an `HttpClient` closes its sessions on every loop they were opened
-on, and a server sharing a client closes only its own loop's session. Each test drives the real
-code path (slime's `http_utils.post` through the bound runtime, a real aiohttp server) and checks
-the sessions' state and that no ResourceWarning ("Unclosed client session") is left for gc."""
+"""HTTP connections are closed by their owner: the runtime a binding owns closes its client's pools and
+sessions when it is unbound or replaced, an `HttpClient` closes them on every loop they were opened
+on, and a server sharing a client closes only its own loop's. Each test drives the real code path
+(slime's `http_utils.post` through the bound runtime, a real aiohttp server) and checks the state of
+the pool it went through (`HttpClient.pool()`, per loop) and that no ResourceWarning ("Unclosed client
+session", "unclosed transport") is left for gc."""
 
 from __future__ import annotations
 
@@ -70,6 +71,11 @@ def args_for(url: str) -> SimpleNamespace:
 
 
 async def _session_of(client: HttpClient):
+    """The running loop's pool: what `post`, `get` and the engine client's requests go through."""
+    return client.pool()
+
+
+async def _aiohttp_session_of(client: HttpClient):
     return client.session()
 
 
@@ -131,13 +137,15 @@ async def test_http_client_close_closes_its_sessions_on_every_running_loop():
     client = HttpClient()
     with loop_thread() as other_loop, echo_server(other_loop) as url:
         there = asyncio.run_coroutine_threadsafe(_session_of(client), other_loop).result(30)
+        there_aiohttp = asyncio.run_coroutine_threadsafe(_aiohttp_session_of(client), other_loop).result(30)
         answer = asyncio.run_coroutine_threadsafe(
             client.post(f"{url}/generate", {"x": 1}, timeout=10), other_loop
         ).result(30)
-        here = client.session()
+        here, here_aiohttp = client.pool(), client.session()
         assert answer == {"got": {"x": 1}} and there is not here
+        assert await client.post(f"{url}/generate", {"x": 2}, timeout=10) == {"got": {"x": 2}}
         await client.close()
-        assert here.closed and there.closed
+        assert here.closed and there.closed and here_aiohttp.closed and there_aiohttp.closed
 
 
 async def test_close_loop_closes_only_the_running_loops_session():
@@ -145,9 +153,9 @@ async def test_close_loop_closes_only_the_running_loops_session():
     client = HttpClient()
     with loop_thread() as other_loop:
         there = asyncio.run_coroutine_threadsafe(_session_of(client), other_loop).result(30)
-        here = client.session()
+        here, here_aiohttp = client.pool(), client.session()
         await client.close_loop()
-        assert here.closed and not there.closed
+        assert here.closed and here_aiohttp.closed and not there.closed
         await client.close()
         assert there.closed
 
@@ -193,7 +201,7 @@ async def test_binding_another_runtime_inside_a_coroutine_closes_the_old_one_on_
     with loop_thread() as server_loop, echo_server(server_loop) as url:
         first = bind_runtime(args_for(url))
         assert await first.client.post(f"{url}/generate", {"i": 7}, timeout=10) == {"got": {"i": 7}}
-        session = first.client.http.session()
+        session = first.client.http.pool()
         second = bind_runtime(args_for(url))  # returns at once: waiting here would block this loop
         assert bound() is second and first.closing is not None
         await first.closing

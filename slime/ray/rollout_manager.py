@@ -80,7 +80,7 @@ class RolloutManager:
         t0 = time.monotonic()
         mark("manager: start")
         # The command imports this module only to name the actor class (`ray.remote`), during `ray.init`:
-        # the fleet's HTTP client (aiohttp) and the controller's modules load here, in the actor, instead.
+        # the fleet's HTTP client and the controller's modules load here, in the actor, instead.
         from slime.fleet.fleet import Fleet
 
         try:

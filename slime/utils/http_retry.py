@@ -16,19 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Callable
 
 from slime.utils.answer_error import AnswerError  # noqa: F401 - its public path stays here too
-from slime.utils.encoded_ids import EncodedIds, dumps
+from slime.utils.encoded_ids import dumps
+from slime.utils.http1_pool import Answer, AnswerCut, ConnectionDropped, Http1Pool, NotConnected
 from slime.utils.per_loop import PerLoop, close_on_their_loops
 from slime.utils.router_loss import RouterLost
+
+if TYPE_CHECKING:  # aiohttp is imported where a session is made: JSON requests go through `Http1Pool`
+    import aiohttp
 
 logger = logging.getLogger(__name__)
 
@@ -108,67 +111,114 @@ class RetryPolicy:
 CLOSE_TIMEOUT = 10.0  # seconds `HttpClient.close` waits for a session on another loop to close
 
 
-def _new_session() -> aiohttp.ClientSession:
+def _new_session() -> "aiohttp.ClientSession":
+    import aiohttp
+
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 class HttpClient:
-    """Pooled aiohttp sessions, one per event loop (sessions are loop-bound; see `PerLoop`). The
-    client owns them: `close()` closes every one, each on its own loop. A loop that has ended
-    (`asyncio.run` returned) can run nothing any more, so code that uses a client inside
-    `asyncio.run` calls `close_loop()` before it returns."""
+    """Pooled connections, one set per event loop (they are loop-bound; see `PerLoop`): an `Http1Pool`
+    for `request`/`post`/`get` (the JSON requests of `request_json`), and an aiohttp session for callers
+    that need aiohttp's own API (`session()`: streamed bodies, multipart). The client owns both:
+    `close()` closes every one, each on its own loop. A loop that has ended (`asyncio.run` returned)
+    can run nothing any more, so code that uses a client inside `asyncio.run` calls `close_loop()`
+    before it returns."""
 
     def __init__(self) -> None:
-        self._sessions: PerLoop[aiohttp.ClientSession] = PerLoop(_new_session, usable=lambda s: not s.closed)
+        self._sessions: PerLoop["aiohttp.ClientSession"] = PerLoop(_new_session, usable=lambda s: not s.closed)
+        self._pools: PerLoop[Http1Pool] = PerLoop(Http1Pool, usable=lambda p: not p.closed)
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> "aiohttp.ClientSession":
         return self._sessions.get()
 
+    def pool(self) -> Http1Pool:
+        return self._pools.get()
+
     async def close_loop(self) -> None:
-        """Close the running loop's session only (a server whose loop ends; the client's other loops go on)."""
-        s = self._sessions.pop()
-        if s is not None:
-            await s.close()
+        """Close the running loop's connections only (a server whose loop ends; the client's other loops go on)."""
+        for owned in (self._sessions.pop(), self._pools.pop()):
+            if owned is not None:
+                await owned.close()
 
     async def close(self) -> None:
-        """Close every session: the running loop's here, another running loop's on that loop (within
-        `CLOSE_TIMEOUT` seconds). A session of a loop that no longer runs cannot be closed: it is
+        """Close every session and pool: the running loop's here, another running loop's on that loop
+        (within `CLOSE_TIMEOUT` seconds). One of a loop that no longer runs cannot be closed: it is
         counted in a log line (its user should have called `close_loop()` before its loop ended)."""
-        open_sessions = [(loop, s) for loop, s in self._sessions.drain() if not s.closed]
-        ended = await close_on_their_loops(open_sessions, lambda s: s.close(), CLOSE_TIMEOUT)
+        owned = [(loop, s) for loop, s in self._sessions.drain() + self._pools.drain() if not s.closed]
+        ended = await close_on_their_loops(owned, lambda s: s.close(), CLOSE_TIMEOUT)
         if ended:
             logger.info("%d HTTP session(s) of event loops that no longer run could not be closed", ended)
 
     async def request(self, method: str, url: str, payload: Any = None, **kw: Any) -> Any:
-        return await request_json(method, url, payload, session=self.session(), **kw)
+        return await request_json(method, url, payload, session=self.pool(), **kw)
 
     async def post(self, url: str, payload: Any, **kw: Any) -> Any:
-        return await request_json("POST", url, payload, session=self.session(), **kw)
+        return await request_json("POST", url, payload, session=self.pool(), **kw)
 
     async def get(self, url: str, **kw: Any) -> Any:
-        return await request_json("GET", url, None, session=self.session(), **kw)
+        return await request_json("GET", url, None, session=self.pool(), **kw)
 
 
 @functools.lru_cache(maxsize=64)
-def _attempt_timeout(seconds: float) -> aiohttp.ClientTimeout:
+def _attempt_timeout(seconds: float) -> "aiohttp.ClientTimeout":
     """Cache keyed by the deadline in seconds: ClientTimeout is immutable, and building one per
     request costs more than the rest of the retry wrapper's fast path."""
+    import aiohttp
+
     return aiohttp.ClientTimeout(total=seconds)
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: dict[str, str]) -> float | None:
     try:
-        return float(headers.get("Retry-After")) if headers.get("Retry-After") else None
+        return float(headers.get("retry-after")) if headers.get("retry-after") else None
     except (TypeError, ValueError):
         return None
 
 
-def _body(payload: Any, headers: dict[str, str] | None) -> dict[str, Any]:
-    """aiohttp's `json=`, except a body whose `input_ids` carry their JSON text is written from it."""
-    if isinstance(payload, dict) and isinstance(payload.get("input_ids"), EncodedIds):
-        return {"data": dumps(payload).encode(), "headers": {"Content-Type": "application/json", **(headers or {})}}
-    return {"json": payload, "headers": headers}
+def _encode(payload: Any) -> bytes | None:
+    """The JSON body (`json.dumps`; a body whose `input_ids` carry their JSON text is written from it)."""
+    return None if payload is None else dumps(payload).encode()
+
+
+async def _exchange(
+    session: "Http1Pool | aiohttp.ClientSession",
+    method: str,
+    url: str,
+    payload: Any,
+    headers: dict[str, str] | None,
+    timeout: float,
+) -> Answer:
+    """One attempt's whole answer, through the pool (or aiohttp: a session given, or a URL that is not
+    `http://`), its failures as the pool's (`NotConnected`, `ConnectionDropped`, `AnswerCut`)."""
+    if isinstance(session, Http1Pool):
+        target = session.target(url)
+        if target is not None:
+            return await session.request(method, target, _encode(payload), timeout=timeout, headers=headers)
+    import aiohttp
+
+    if isinstance(session, Http1Pool):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
+            return await _exchange(own, method, url, payload, headers, timeout)
+    body = _encode(payload)
+    if body is not None:
+        headers = {"Content-Type": "application/json", **(headers or {})}
+    try:
+        # awaited, not `async with`: what its exit does (release, then wait for the body's writer) is the
+        # `finally` below
+        resp = await session.request(method, url, data=body, headers=headers, timeout=_attempt_timeout(timeout))
+        try:
+            return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, await resp.read())
+        finally:
+            resp.release()
+            await resp.wait_for_close()
+    except aiohttp.ClientPayloadError as e:
+        raise AnswerCut(f"{type(e).__name__}: {e}") from e
+    except aiohttp.ClientConnectorError as e:
+        raise NotConnected(f"{type(e).__name__}: {e}") from e
+    except aiohttp.ClientConnectionError as e:
+        raise ConnectionDropped(f"{type(e).__name__}: {e}") from e
 
 
 async def request_json(
@@ -179,7 +229,7 @@ async def request_json(
     timeout: float,
     policy: RetryPolicy | None = None,
     stats: HttpStats | None = None,
-    session: aiohttp.ClientSession | None = None,
+    session: "Http1Pool | aiohttp.ClientSession | None" = None,
     headers: dict[str, str] | None = None,
     on_retry: Callable[[Any, Failure], Any] | None = None,
     answer: Callable[[bytes], Any] | None = None,
@@ -193,8 +243,9 @@ async def request_json(
     `timeout` is the deadline of each attempt. Retried: connection errors, attempt timeouts,
     429, 5xx and `AnswerError`s. Not retried: other 4xx (raised at once as HttpError with the
     body). `classify(status, body)` may name the reason of an error status more exactly than
-    `http_<status>` (e.g. a proxy's code for an upstream answer cut mid-way). Without a `session`
-    a one-off session is opened and closed around the call. `on_retry(payload, failure)` gives the
+    `http_<status>` (e.g. a proxy's code for an upstream answer cut mid-way). `session`: an
+    `Http1Pool` (`HttpClient.pool()`) or an aiohttp session; without one a one-off pool is opened and
+    closed around the call. `on_retry(payload, failure)` gives the
     payload of the next attempt (e.g. a fresh request id: the server may still be working on the
     abandoned one, which `failure.may_still_run` says). `url` may be a function, asked again before
     every attempt (a router restarted elsewhere is at a new address). `watch(url)`: a context (`with`, on the
@@ -205,7 +256,8 @@ async def request_json(
     empty does not count against `policy.max_retries`.
     """
     if session is None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
+        own = Http1Pool()
+        try:
             return await request_json(
                 method,
                 url,
@@ -221,6 +273,8 @@ async def request_json(
                 watch=watch,
                 outage=outage,
             )
+        finally:
+            await own.close()
     policy = policy or RetryPolicy()
     stats = stats if stats is not None else HttpStats()
     where = url if callable(url) else None  # a fixed URL is not asked for (one call less per attempt)
@@ -234,35 +288,29 @@ async def request_json(
             url = where()
         try:
             with watch(url) if watch is not None else contextlib.nullcontext():
-                # awaited, not `async with`: what its exit does (release, then wait for the body's writer) is
-                # the `finally` below, without the four coroutines of aiohttp's two context managers
-                resp = await session.request(method, url, **_body(payload, headers), timeout=_attempt_timeout(timeout))
-                try:
-                    status = resp.status
-                    if status < 400:
-                        if answer is not None:
-                            return answer(await resp.read())
-                        if resp.content_type == "application/json":
-                            return await resp.json()
-                        return await resp.text()
-                    last = (await resp.text(errors="replace"))[:2000]
-                    if status != 429 and status < 500:
-                        stats.failed(f"http_{status}")
-                        raise HttpError(f"{method} {url} -> HTTP {status}: {last}", status, last)
-                    reason = (classify(status, last) if classify else None) or f"http_{status}"
-                    failure, retry_after = Failure(reason, last, False), _retry_after(resp.headers)
-                finally:
-                    resp.release()
-                    await resp.wait_for_close()
+                got = await _exchange(session, method, url, payload, headers, timeout)
+            status = got.status
+            if status < 400:
+                if answer is not None:
+                    return answer(got.body)
+                if got.content_type == "application/json":
+                    return json.loads(got.body)
+                return got.body.decode("utf-8", "replace")
+            last = got.body.decode("utf-8", "replace")[:2000]
+            if status != 429 and status < 500:
+                stats.failed(f"http_{status}")
+                raise HttpError(f"{method} {url} -> HTTP {status}: {last}", status, last)
+            reason = (classify(status, last) if classify else None) or f"http_{status}"
+            failure, retry_after = Failure(reason, last, False), _retry_after(got.headers)
         except RouterLost as e:  # no answer will come: the request may still run on an engine
             failure = Failure("router_lost", str(e), True)
         except AnswerError as e:
             failure = Failure(e.reason, str(e), False)
-        except aiohttp.ClientPayloadError as e:  # the answer began and was cut: the server is done with it
+        except AnswerCut as e:  # the answer began and was cut: the server is done with it
             failure = Failure("answer_cut", f"{type(e).__name__}: {e}", False)
-        except aiohttp.ClientConnectorError as e:  # never connected: nothing was sent
+        except NotConnected as e:  # never connected: nothing was sent
             failure = Failure("connection", f"{type(e).__name__}: {e}", False)
-        except (aiohttp.ClientConnectionError, ConnectionError) as e:
+        except ConnectionError as e:
             failure = Failure("connection", f"{type(e).__name__}: {e}", True)
         except asyncio.TimeoutError:
             failure = Failure("timeout", f"no answer within {timeout:.1f}s", True)

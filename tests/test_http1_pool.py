@@ -208,6 +208,16 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again():
     assert server.connections == 2
 
 
+async def test_a_connection_idle_longer_than_keep_idle_is_closed_not_reused():
+    async with raw_server(keep_answering) as (url, server):
+        pool = Http1Pool(keep_idle=0.0)  # every idle connection is too old by the next request
+        for _ in range(3):
+            assert (await ask(pool, url)).status == 200
+        await asyncio.wait_for(server.client_left.wait(), 10)  # the pool closed the old ones itself
+        await pool.close()
+    assert server.connections == 3 and Http1Pool().keep_idle < 5.0  # uvicorn's keep-alive timeout
+
+
 # ---- failures say how far the request got, and the connection is closed --------------------------------
 async def test_a_port_nobody_listens_on_is_not_connected():
     pool = Http1Pool()
@@ -314,6 +324,24 @@ async def test_the_request_carries_its_host_headers_and_body_and_a_get_has_no_bo
     assert f"Host: 127.0.0.1:{target.port}".encode() in post and b"X-SMG-Routing-Key: s-1" in post
     assert b"Content-Type: application/json" in post and post.endswith(b'\r\n\r\n{"a": 1}')
     assert get.startswith(b"GET /workers HTTP/1.1\r\n") and b"Content-Length" not in get
+
+
+async def test_no_header_or_url_can_split_the_request_and_the_callers_content_type_is_the_only_one():
+    async with raw_server(keep_answering) as (url, server):
+        pool = Http1Pool()
+        for bad in ({"X-SMG-Routing-Key": "s\r\nX-Evil: 1"}, {"X-A\nB": "v"}, {"X": "a\x00b"}):
+            with pytest.raises(ValueError, match="not allowed in a header"):
+                await pool.request("POST", pool.target(url), b"{}", timeout=10, headers=bad)
+        assert server.requests == []  # nothing was sent
+        target = pool.target(f"{url}/a b/\r\nX-Evil: 1?q=x y")
+        await pool.request("POST", target, b"x", timeout=10, headers={"content-type": "text/plain"})
+        await pool.close()
+    (request,) = server.requests
+    head = request.split(b"\r\n\r\n")[0].split(b"\r\n")
+    # CR and LF dropped by urlsplit (as WHATWG URL parsing does), a space percent-encoded: one request line
+    assert head[0] == b"POST /a%20b/X-Evil:%201?q=x%20y HTTP/1.1"
+    assert [h for h in head if h.lower().startswith(b"content-type")] == [b"content-type: text/plain"]
+    assert not any(h.startswith(b"X-Evil") for h in head)
 
 
 def test_only_plain_http_urls_are_taken():

@@ -17,8 +17,9 @@ Failures say how far the request got, which decides whether it may still run on 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httptools
 
@@ -45,6 +46,13 @@ class Target:
     path: bytes
 
 
+# what a request target may hold as it is (RFC 3986's unreserved, reserved and '%'); anything else (a space, a
+# control character, non-ASCII) is percent-encoded, as aiohttp's URL type does, so no URL can split the request
+_TARGET_SAFE = "/?#[]@!$&'()*+,;=:-._~%"
+# a header name or value that could end the header early (request splitting): refused, as aiohttp refuses it
+_HEADER_BREAK = re.compile(r"[\r\n\x00]")
+
+
 def parse_target(url: str) -> Target | None:
     """`url`'s target, or None when this pool cannot send it (not `http://`)."""
     parts = urlsplit(url)
@@ -53,7 +61,19 @@ def parse_target(url: str) -> Target | None:
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
-    return Target(parts.hostname, parts.port or 80, parts.netloc.encode("idna"), path.encode())
+    return Target(
+        parts.hostname, parts.port or 80, parts.netloc.encode("idna"), quote(path, safe=_TARGET_SAFE).encode()
+    )
+
+
+def header_lines(headers: dict[str, str]) -> list[bytes]:
+    """`Name: value` lines; a name or value holding CR, LF or NUL is refused (`ValueError`)."""
+    lines = []
+    for name, value in headers.items():
+        if _HEADER_BREAK.search(name) or _HEADER_BREAK.search(value):
+            raise ValueError(f"HTTP header {name!r}: CR, LF and NUL are not allowed in a header")
+        lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+    return lines
 
 
 @dataclass
@@ -81,6 +101,7 @@ class _Connection(asyncio.Protocol):
         self.began = False  # some bytes of the answer arrived
         self.closed = False
         self.reusable = False
+        self.idle_since = 0.0  # loop time when it last went back to the pool
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -145,11 +166,17 @@ def _expire(connection: _Connection, timeout: float) -> None:
 
 
 class Http1Pool:
-    """Idle keep-alive connections per (host, port), made on and used from one event loop."""
+    """Idle keep-alive connections per (host, port), made on and used from one event loop.
+
+    A connection idle for `keep_idle` seconds is closed instead of reused: a server closes idle connections
+    on its own clock (uvicorn, which SGLang and our engines serve with, after 5 s), and a request written
+    as its close is on the way would fail for nothing."""
 
     MAX_TARGETS = 256  # parsed URLs kept (a rollout asks a handful: the router's and each engine's)
+    KEEP_IDLE = 4.0  # seconds; under uvicorn's default keep-alive timeout (5 s)
 
-    def __init__(self) -> None:
+    def __init__(self, keep_idle: float = KEEP_IDLE) -> None:
+        self.keep_idle = keep_idle
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._targets: dict[str, Target | None] = {}
         self._busy: set[_Connection] = set()
@@ -184,22 +211,26 @@ class Http1Pool:
         deadline = loop.time() + timeout
         key = (target.host, target.port)
         idle = self._idle.get(key)
-        connection = None
-        while idle:
-            candidate = idle.pop()
-            if not candidate.closed:
-                connection = candidate
-                break
-        if connection is None:
-            connection = await self._connect(loop, target, timeout)
         head = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (method.encode(), target.path, target.authority)]
         if headers:
-            head.extend(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
+            head.extend(header_lines(headers))
         if body is not None:
-            head.append(b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type.encode(), len(body)))
+            if not headers or not any(k.lower() == "content-type" for k in headers):
+                head.append(b"Content-Type: %s\r\n" % content_type.encode())
+            head.append(b"Content-Length: %d\r\n" % len(body))
         head.append(b"\r\n")
         if body:
             head.append(body)
+        connection = None
+        stale = loop.time() - self.keep_idle
+        while idle:  # the most recently used first; a closed one, or one idle too long, is dropped
+            candidate = idle.pop()
+            if not candidate.closed and candidate.idle_since > stale:
+                connection = candidate
+                break
+            candidate.fail(ConnectionDropped("idle too long"))
+        if connection is None:
+            connection = await self._connect(loop, target, timeout)
         self._busy.add(connection)
         timer = loop.call_at(deadline, _expire, connection, timeout)
         try:
@@ -212,6 +243,7 @@ class Http1Pool:
             self._busy.discard(connection)
             connection.waiter = None
         if connection.reusable and not self.closed:
+            connection.idle_since = loop.time()
             self._idle.setdefault(key, []).append(connection)
         else:
             connection.fail(ConnectionDropped("closed after its answer"))

@@ -208,6 +208,30 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again():
     assert server.connections == 2
 
 
+@pytest.mark.parametrize("when", ["with-the-answer", "while-idle"])
+async def test_a_connection_the_server_writes_more_to_is_closed_not_reused(when):
+    answered = asyncio.Event()
+
+    async def handler(reader, writer, server):  # an answer, then unasked bytes (a 408 some servers send), open
+        while await server.read_request(reader) is not None:
+            writer.write(json_answer({}))
+            if server.connections == 1:
+                if when == "while-idle":
+                    await writer.drain()
+                    await answered.wait()  # the client has its answer and the connection is idle
+                writer.write(answer(b"", "Content-Length: 0", status="408 Request Timeout"))
+
+    async with raw_server(handler) as (url, server):
+        pool = Http1Pool()
+        await ask(pool, url)
+        answered.set()
+        # the unasked bytes came with the answer (never back in the pool) or after it (closed once they came)
+        idle = pool._idle.get(("127.0.0.1", pool.target(url).port), [])
+        await until(lambda: all(c.closed for c in idle))
+        assert json.loads((await ask(pool, url)).body) == {} and server.connections == 2
+        await pool.close()
+
+
 async def test_a_connection_idle_longer_than_keep_idle_is_closed_not_reused():
     async with raw_server(keep_answering) as (url, server):
         pool = Http1Pool(keep_idle=0.0)  # every idle connection is too old by the next request
@@ -243,9 +267,10 @@ async def test_a_connection_closed_before_any_answer_is_dropped():
         answer(b'{"ok": tr', "Content-Length: 20"),  # a length not reached
         answer(b"5\r\nhello\r\n", "Transfer-Encoding: chunked"),  # chunks without their end
         b"HTTP/1.1 200 OK\r\nContent-Le",  # the head itself cut
+        b"HTTP/1.1 200 OK\r\nX-A: 1\r\n",  # whole headers, not the blank line that ends them
         b"SSH-2.0-OpenSSH_9.6\r\n\r\n",  # not HTTP at all
     ],
-    ids=["length", "chunked", "head", "not-http"],
+    ids=["length", "chunked", "head", "headers", "not-http"],
 )
 async def test_an_answer_cut_or_broken_is_cut_and_its_connection_closed(raw):
     async def handler(reader, writer, server):

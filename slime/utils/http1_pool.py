@@ -99,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.began = False  # some bytes of the answer arrived
+        self.head_done = False  # the answer's status line and headers arrived whole
         self.closed = False
         self.reusable = False
         self.idle_since = 0.0  # loop time when it last went back to the pool
@@ -108,6 +109,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None:  # bytes nobody asked for (an idle connection): its framing can no longer be trusted
+            self.fail(ConnectionDropped("the server wrote to an idle connection"))
+            return
         self.began = True
         try:
             self.parser.feed_data(data)
@@ -126,8 +130,15 @@ class _Connection(asyncio.Protocol):
         )
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.waiter is None or self.waiter.done():  # a second answer to one request (in the same bytes)
+            self.fail(ConnectionDropped("the server wrote more than one answer"))
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -143,7 +154,7 @@ class _Connection(asyncio.Protocol):
 
     def _ends_at_close(self) -> bool:
         names = {k.lower() for k, _ in self.headers}
-        return bool(self.headers) and b"content-length" not in names and b"transfer-encoding" not in names
+        return self.head_done and b"content-length" not in names and b"transfer-encoding" not in names
 
     def fail(self, error: BaseException) -> None:
         """Close the connection; the request on it (if any) fails with `error`."""
@@ -156,7 +167,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
         self.waiter = loop.create_future()
-        self.headers, self.body, self.began, self.reusable = [], [], False, False
+        self.headers, self.body, self.began, self.head_done, self.reusable = [], [], False, False, False
         self.transport.write(data)
         return self.waiter
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slime.testing.local_http import serve_app
+from slime.testing.until import until_async
 from slime.utils.http1_pool import AnswerCut, ConnectionDropped, Http1Pool, NotConnected, parse_target
 from slime.utils.http_retry import HttpError, RetryPolicy, request_json
 from slime.utils.misc import find_free_port
@@ -88,16 +89,6 @@ async def keep_answering(reader, writer, server: RawServer) -> None:
     while (request := await server.read_request(reader)) is not None:
         writer.write(json_answer({"line": request.split(b"\r\n")[0].decode(), "n": len(server.requests)}))
         await writer.drain()
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10) -> None:
-    """Wait (bounded) for what another task or the peer does: a request read, a FIN processed."""
-
-    async def wait() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(wait(), timeout)
 
 
 async def ask(pool: Http1Pool, url: str, body: bytes | None = b"{}", *, timeout: float = 10, method: str = "POST"):
@@ -202,7 +193,7 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again():
         pool = Http1Pool()
         await ask(pool, url)
         (idle,) = pool._idle[("127.0.0.1", pool.target(url).port)]
-        await until(lambda: idle.closed)  # the server's FIN reaches this loop
+        await asyncio.wait_for(until_async(lambda: idle.closed), 10)  # the server's FIN reaches this loop
         assert (await ask(pool, url)).status == 200
         await pool.close()
     assert server.connections == 2
@@ -227,7 +218,7 @@ async def test_a_connection_the_server_writes_more_to_is_closed_not_reused(when)
         answered.set()
         # the unasked bytes came with the answer (never back in the pool) or after it (closed once they came)
         idle = pool._idle.get(("127.0.0.1", pool.target(url).port), [])
-        await until(lambda: all(c.closed for c in idle))
+        await asyncio.wait_for(until_async(lambda: all(c.closed for c in idle)), 10)
         assert json.loads((await ask(pool, url)).body) == {} and server.connections == 2
         await pool.close()
 
@@ -306,7 +297,7 @@ async def test_a_deadline_or_a_cancellation_closes_the_connection_so_the_server_
         hold.clear()
         server.client_left.clear()
         pending = asyncio.ensure_future(ask(pool, url))
-        await until(lambda: len(server.requests) == 2)
+        await asyncio.wait_for(until_async(lambda: len(server.requests) == 2), 10)
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
@@ -327,7 +318,7 @@ async def test_closing_the_pool_fails_a_request_in_flight_and_closes_idle_connec
         pool = Http1Pool()
         await ask(pool, url)  # one idle connection
         busy = asyncio.ensure_future(ask(pool, url))
-        await until(lambda: len(server.requests) == 2)
+        await asyncio.wait_for(until_async(lambda: len(server.requests) == 2), 10)
         await pool.close()
         with pytest.raises(ConnectionDropped, match="closed"):
             await busy
@@ -422,3 +413,21 @@ async def test_request_json_through_the_pool_against_aiohttp_and_uvicorn():
         await pool.close()
         server.should_exit = True
         await serving
+
+
+async def test_a_url_the_pool_cannot_send_goes_through_aiohttp_and_its_failure_is_classified_like_the_pools():
+    """`https://` to a server that closes every connection at once: the pool refuses the URL, a one-off aiohttp
+    session tries it, the TLS handshake is cut, and `request_json` counts a connection failure (aiohttp's
+    error translated to the pool's), not an unknown error."""
+
+    async def close_at_once(reader, writer, server):
+        return
+
+    async with raw_server(close_at_once) as (url, server):
+        pool = Http1Pool()
+        with pytest.raises(HttpError) as failed:
+            https = url.replace("http://", "https://")
+            await request_json("POST", https, {}, timeout=5, policy=RetryPolicy(max_retries=0), session=pool)
+        await pool.close()
+    assert failed.value.reason == "connection" and server.connections == 1
+    assert "cause: connection: NotConnected: ClientConnectorError: Cannot connect to host" in str(failed.value)

@@ -192,15 +192,25 @@ async def _exchange(
 ) -> Answer:
     """One attempt's whole answer, through the pool (or aiohttp: a session given, or a URL that is not
     `http://`), its failures as the pool's (`NotConnected`, `ConnectionDropped`, `AnswerCut`)."""
-    if isinstance(session, Http1Pool):
-        target = session.target(url)
-        if target is not None:
-            return await session.request(method, target, _encode(payload), timeout=timeout, headers=headers)
+    if not isinstance(session, Http1Pool):
+        return await _aiohttp_exchange(session, method, url, payload, headers, timeout)
+    target = session.target(url)
+    if target is not None:
+        return await session.request(method, target, _encode(payload), timeout=timeout, headers=headers)
+    async with _new_session() as own:  # a URL the pool cannot send (not `http://`)
+        return await _aiohttp_exchange(own, method, url, payload, headers, timeout)
+
+
+async def _aiohttp_exchange(
+    session: "aiohttp.ClientSession",
+    method: str,
+    url: str,
+    payload: Any,
+    headers: dict[str, str] | None,
+    timeout: float,
+) -> Answer:
     import aiohttp
 
-    if isinstance(session, Http1Pool):
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as own:
-            return await _exchange(own, method, url, payload, headers, timeout)
     body = _encode(payload)
     if body is not None:
         headers = {"Content-Type": "application/json", **(headers or {})}

@@ -62,6 +62,49 @@ READ_FILE = {
     },
 }
 
+# A coding agent's first prompt: a system message and six tool schemas every task of the run shares
+# (~1,000 tokens rendered), then the task's own few lines (~150 tokens).
+AGENT_SYSTEM = (
+    "You are an autonomous software engineer working in a repository checked out at /workspace. "
+    "Read the code before changing it, run the tests after every change, keep changes minimal, and explain "
+    "what you changed and why when you are done. Never modify the tests to make them pass. "
+) * 6
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{what} Returns the output as text; long outputs are cut to their first 16 kB.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "a path relative to /workspace"},
+                    "content": {"type": "string", "description": "the text to write or the command to run"},
+                    "timeout": {"type": "integer", "description": "seconds before the call is stopped"},
+                },
+                "required": ["path"],
+            },
+        },
+    }
+    for name, what in (
+        ("read_file", "Read a file of the repository."),
+        ("write_file", "Write a file of the repository, replacing its content."),
+        ("run", "Run a shell command in the repository's sandbox."),
+        ("search", "Search the repository's files for a regular expression."),
+        ("list_dir", "List a directory of the repository."),
+        ("run_tests", "Run the repository's test suite, or one test file."),
+    )
+]
+
+
+def agent_task(tag: str, i: int) -> list[dict]:
+    """A first prompt of its own (a task) after the run's shared system message."""
+    task = (
+        f"case=ovc {tag} task {i}: the CSV parser in src/parser_{i}.py drops the last field of a line that ends "
+        "with a comma, and tests/test_parser.py::test_trailing_comma fails. Find the cause and fix it. "
+    ) * 3
+    return [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": task}]
+
 
 def replies(case: str, turn: int) -> str:
     if case.startswith("tool"):
@@ -223,15 +266,20 @@ async def concurrent_overhead(
             lambda i: chat(http, gw, f"ovc{tag}-own-{i}", [{"role": "user", "content": f"case=ovc {tag} {i}"}])
         )
         own_cpu = time.clock_gettime(server_clock) - c0
-    for sid in [f"ovc{tag}{kind}{i}" for kind in ("-w", "-", "-own-") for i in range(n)]:
+        c0 = time.clock_gettime(server_clock)  # an agent's task each: the run's system message and tools, its own task
+        task_wall = await pool(lambda i: chat(http, gw, f"ovc{tag}-task-{i}", agent_task(tag, i), tools=AGENT_TOOLS))
+        task_cpu = time.clock_gettime(server_clock) - c0
+    for sid in [f"ovc{tag}{kind}{i}" for kind in ("-w", "-", "-own-", "-task-") for i in range(n)]:
         await gw.drop_session(sid)
     return {
         "direct": direct_cpu / n * 1e3,
         "shared": gw_cpu / n * 1e3,
         "own": own_cpu / n * 1e3,
+        "task": task_cpu / n * 1e3,
         "direct_rate": n / direct_wall,
         "shared_rate": n / gw_wall,
         "own_rate": n / own_wall,
+        "task_rate": n / task_wall,
     }
 
 
@@ -248,6 +296,10 @@ def print_concurrent(r: dict[str, float], n: int, concurrency: int) -> None:
         f"{r['shared_rate']:.0f} |"
     )
     print(f"| gateway, each session its own first prompt (rendered each time) | {r['own']:.3f} | {r['own_rate']:.0f} |")
+    print(
+        f"| gateway, an agent's task each (shared ~1,000-token system message and tools, its own task) "
+        f"| {r['task']:.3f} | {r['task_rate']:.0f} |"
+    )
     print(
         f"gateway CPU per request beyond the direct call: {r['shared'] - r['direct']:.3f} ms (target <= 1 ms; "
         f"sessions opening with one prompt, as a GRPO group's do: rendered once), "
@@ -338,16 +390,17 @@ def trees_side_by_side(a: argparse.Namespace) -> None:
     )
     print(
         "| tree | direct /generate | gateway, shared first prompt | beyond direct | gateway, own prompt each "
-        "| beyond direct | rounds (own prompt, beyond direct) |"
+        "| beyond direct | rounds (own prompt, beyond direct) | an agent's task each (system message and tools "
+        "shared) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     for name, rs in rounds.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in ("direct", "shared", "own")}
+        med = {k: statistics.median(r.get(k, float("nan")) for r in rs) for k in ("direct", "shared", "own", "task")}
         beyond = [r["own"] - r["direct"] for r in rs]
         print(
             f"| {name} | {med['direct']:.3f} | {med['shared']:.3f} | "
             f"{statistics.median(r['shared'] - r['direct'] for r in rs):.3f} | {med['own']:.3f} | "
-            f"{statistics.median(beyond):.3f} | {', '.join(f'{b:.3f}' for b in beyond)} |"
+            f"{statistics.median(beyond):.3f} | {', '.join(f'{b:.3f}' for b in beyond)} | {med['task']:.3f} |"
         )
 
 

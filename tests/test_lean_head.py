@@ -52,6 +52,7 @@ class Listening:  # the command's stderr, noting when the actor's line relayed b
 
 sys.stderr = Listening(sys.stderr)
 session = ray_init(SimpleNamespace(ray_address=None, rollout_backend="sglang"))
+dashboard_modules_imported = "aiohttp.web" in sys.modules  # (before this script's own check below imports them)
 try:
     pg = placement_group([{"CPU": 1}])
     ray.get(pg.ready(), timeout=120)
@@ -73,6 +74,7 @@ try:
         "actor_state": ray._private.state.actors(speaker._actor_id.hex())["State"],
         "node_class_restored": ray_node.Node is node_class,
         "agent_would_be_minimal": ray._private.utils.get_dashboard_dependency_error() is not None,
+        "dashboard_modules_imported": dashboard_modules_imported,
         "port_files": {p.name.rsplit("_", 1)[0]: p.read_text() for p in session.ray_tmp.glob("session_*/*_port_*")},
         "actor_log_reached_the_command": heard.wait(120),  # through the log monitor, asynchronously
     }
@@ -118,6 +120,7 @@ def test_a_commands_private_ray_starts_lean_and_still_serves_a_run(tmp_path):
         for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port"):
             assert ports[name] == "-1", ports
         assert int(ports["runtime_env_agent_port"]) > 0  # the real agent's, beside them
+        assert not facts["dashboard_modules_imported"]  # found missing without importing the others
     else:
         assert rays_agent and not running("idle_dashboard_agent.py"), procs
     # one worker, the actor's: none prestarted and left idle
@@ -129,3 +132,16 @@ def test_a_commands_private_ray_starts_lean_and_still_serves_a_run(tmp_path):
     assert facts["node_class_restored"]  # only the start was patched: a later `Cluster` node is Ray's own
     # and the stop took everything down
     assert processes_naming(facts["ray_tmp"]) == []
+
+
+def test_a_missing_dependency_is_found_without_importing_any(tmp_path, monkeypatch):
+    from slime.ray.lean_head import first_missing_module
+
+    (tmp_path / "present_here_only.py").write_text("raise AssertionError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert first_missing_module("import json\nimport present_here_only\nfrom no_such_module_x import y\n") == (
+        "no_such_module_x"
+    )
+    assert first_missing_module("import os.path\nfrom present_here_only import z\nx = 1\n") is None
+    assert "present_here_only" not in sys.modules
+    assert first_missing_module("from . import sibling\nimport no_such_module_y.sub\n") == "no_such_module_y"

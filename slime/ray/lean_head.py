@@ -97,13 +97,65 @@ def idle_dashboard_agent() -> Iterator[None]:
         services._build_python_executable_command_memory_profileable = build  # noqa: SLF001
 
 
+def first_missing_module(source: str) -> str | None:
+    """The first top-level module `source`'s own import statements name that is not installed, found
+    without importing any (None: all are there, or nothing is imported)."""
+    import ast
+    import importlib.util
+
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if importlib.util.find_spec(top) is None:
+                return top
+    return None
+
+
+@contextlib.contextmanager
+def quick_dashboard_dependency_check() -> Iterator[None]:
+    """Inside the block, Ray's test for its dashboard's dependencies (`get_dashboard_dependency_error`,
+    which decides whether its agent runs `--minimal`) first looks for a top-level module of
+    `ray.dashboard.optional_deps` that is not installed, and answers at once if one is missing. Ray's
+    own test imports them all until one fails: aiohttp's web server and more, ~0.3 CPU s of the command's
+    start for modules it never uses, beside the engines' preload on a small box. The answer is Ray's
+    (a missing top-level module fails its import too); with all of them present, Ray's own test runs."""
+    import importlib.util
+
+    import ray._private.utils as ray_utils
+
+    spec = importlib.util.find_spec("ray.dashboard.optional_deps")
+    original = getattr(ray_utils, "get_dashboard_dependency_error", None)
+    if original is None or spec is None or not spec.origin:  # another Ray: its own test
+        yield
+        return
+    missing = first_missing_module(Path(spec.origin).read_text(encoding="utf-8"))
+
+    def check() -> ImportError | None:
+        if missing is not None:
+            return ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+        return original()
+
+    ray_utils.get_dashboard_dependency_error = check
+    try:
+        yield
+    finally:
+        ray_utils.get_dashboard_dependency_error = original
+
+
 @contextlib.contextmanager
 def lean_head() -> Iterator[None]:
     """Inside the block, a `ray.init()` that starts a local Ray starts it without the autoscaler monitor,
-    (with `include_dashboard` not True) without the dashboard's API server, and without prestarted workers."""
+    (with `include_dashboard` not True) without the dashboard's API server, and without prestarted workers;
+    whether Ray's dashboard dependencies are installed is found without importing them."""
     import ray._private.node as ray_node
 
-    with _LOCK:
+    with _LOCK, quick_dashboard_dependency_check():
         original = ray_node.Node
         ray_node.Node = _lean_node_class(original)
         try:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from slime.tools.chat_render import TemplateRender
+from slime.tools.segment_encoder import SegmentEncoder
+from slime.utils.encoded_ids import EncodedIds
 
 # ================================================================ the model's tool calls (reading)
 
@@ -289,6 +291,7 @@ class ChatDelta:
         self.tok = tokenizer
         self.kwargs = dict(template_kwargs or {})
         self._backend = plain_backend(tokenizer)
+        self._segments = SegmentEncoder.of(self._backend) if self._backend is not None else None
         self._template = TemplateRender(tokenizer, self.kwargs)
         self._template.agrees()  # HF's own render wherever the faster one would differ
         full = self.render([_STUB_USER, {"role": "assistant", "content": SENTINEL}])
@@ -348,18 +351,34 @@ class ChatDelta:
         """`tok.encode(text, add_special_tokens=False)`; straight from the Rust tokenizer when the HF
         class adds nothing to it and nothing set truncation or padding on it (half the cost of a
         short text, which a gateway turn tokenises for every request)."""
+        if self._plain_encode():
+            if self._segments is not None:  # a long piece met before (a system message) is not encoded again
+                return self._segments.encode(text)
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def _plain_encode(self) -> bool:
+        """Whether the Rust tokenizer's own encode is the HF tokenizer's, as it stands now."""
         b = self._backend
-        if (
+        return (
             b is not None
             and b.truncation is None
             and b.padding is None
             and b.encode_special_tokens == bool(getattr(self.tok, "split_special_tokens", False))
-        ):
-            return b.encode(text, add_special_tokens=False).ids
-        return list(self.tok.encode(text, add_special_tokens=False))
+        )
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(self.render(self.with_tools(messages, tools), tools, add_generation_prompt=True))
+
+    def prompt_encoded_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> EncodedIds:
+        """`prompt_ids` as `EncodedIds` (read-only), their JSON text for the engine built from the JSON
+        text kept with each long piece met before (a system message's) where the segment encoder applies."""
+        text = self.render(self.with_tools(messages, tools), tools, add_generation_prompt=True)
+        if self._segments is not None and self._plain_encode():
+            return self._segments.encode_json(text)
+        return EncodedIds(self.encode(text))
 
     def turn_end_ids(self, model_ids: list[int]) -> list[int]:
         """Template tokens that close an assistant turn after what the model emitted (mask 0)."""

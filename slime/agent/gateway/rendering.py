@@ -62,8 +62,7 @@ class RenderedPrompts:
             self._ids.move_to_end(key)
         return ids
 
-    def put(self, key: str | None, ids: list[int]) -> EncodedIds:
-        encoded = EncodedIds(ids)
+    def put(self, key: str | None, encoded: EncodedIds) -> EncodedIds:
         if key is None:
             return encoded
         self._ids[key] = encoded
@@ -119,7 +118,7 @@ class DeltaRender:
         ids = self.prompts.get(key)
         if ids is None:
             self.full_renders += 1
-            ids = self.prompts.put(key, self.delta.prompt_ids(self.for_template(messages), tools))
+            ids = self.prompts.put(key, self.delta.prompt_encoded_ids(self.for_template(messages), tools))
         return ids
 
     def remember(

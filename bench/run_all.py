@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("Prompt data loading", ["-m", "bench.bench_data_loading"]),
     ("Aborts at 1% engine errors", ["-m", "bench.bench_abort"]),
     ("Agent gateway", ["-m", "bench.bench_agent_gateway"]),
+    ("Prompt encoding: shared pieces kept", ["-m", "bench.bench_prompt_encode"]),
     ("Sandbox API under a 26 MB body", ["-m", "bench.bench_sandbox_bodies"]),
 ]
 

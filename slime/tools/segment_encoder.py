@@ -26,10 +26,11 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from slime.tools.word_encoder import WordEncoder
 from slime.utils.encoded_ids import EncodedIds, ids_text
 
 MIN_KEPT_CHARS = 256  # a shorter piece costs about as much to encode again as to look up
-KEPT_CHARS = 4_000_000  # the kept pieces' text, at most (least recently used dropped first)
+KEPT_CHARS = 1_000_000  # the kept pieces' text, at most (least recently used dropped first): ~12 MB with their ids
 # pre-tokenizers that treat every piece alike, wherever it sits in the text
 _PIECEWISE = {
     "BertPreTokenizer",
@@ -64,6 +65,7 @@ class SegmentEncoder:
         self, backend: Any, added: dict[str, int], *, kept_chars: int = KEPT_CHARS, min_chars: int = MIN_KEPT_CHARS
     ) -> None:
         self.backend = backend
+        self.words = WordEncoder.of(backend)  # a piece met first: plain ASCII (a tool result) word by word
         self.added = added
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)  # changes when tokens are added
         self.cut = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
@@ -122,16 +124,15 @@ class SegmentEncoder:
     def _encode(self, text: str, texts: list[str] | None) -> list[int]:
         """The ids of `text`; with `texts`, each part's JSON array items appended to it, in order."""
         b = self.backend
-        if (
-            len(text) < self.min_chars
-            or b.encode_special_tokens
-            or b.get_vocab_size(with_added_tokens=True) != self.vocab_size
-        ):
+        if b.encode_special_tokens or b.get_vocab_size(with_added_tokens=True) != self.vocab_size:
             ids = b.encode(text, add_special_tokens=False).ids
             if texts is not None:
                 texts.append(ids_text(ids))
             return ids
         ids: list[int] = []
+        if len(text) < self.min_chars:  # nothing to keep in it
+            self._run(text, 0, len(text), ids, texts)
+            return ids
         run = 0  # where the text not encoded yet begins (0, or an added token's start)
         piece = 0  # where the current piece begins (0, or an added token's end)
         for m in self.cut.finditer(text):
@@ -151,8 +152,21 @@ class SegmentEncoder:
         """The ids of `text[start:end]`, which begins and ends where the library cuts."""
         if start >= end:
             return
-        one = self.added.get(text[start:end])
-        part = [one] if one is not None else self.backend.encode(text[start:end], add_special_tokens=False).ids
+        run = text[start:end]
+        one = self.added.get(run)
+        if one is not None:
+            part = [one]
+        elif self.words is not None and self.words.takes(run):  # its pieces word by word, the added tokens as they are
+            part, at = [], 0
+            for m in self.cut.finditer(run):
+                if m.start() > at:
+                    part += self.words.encode(run[at : m.start()])
+                part.append(self.added[m.group()])
+                at = m.end()
+            if at < len(run):
+                part += self.words.encode(run[at:])
+        else:
+            part = self.backend.encode(run, add_special_tokens=False).ids
         ids += part
         if texts is not None:
             texts.append(ids_text(part))
@@ -163,7 +177,9 @@ class SegmentEncoder:
             if kept is not None:
                 self._kept.move_to_end(piece)
         if kept is None:
-            part = self.backend.encode(piece, add_special_tokens=False).ids
+            part = self.words.encode(piece) if self.words is not None else None
+            if part is None:
+                part = self.backend.encode(piece, add_special_tokens=False).ids
             kept = (part, ids_text(part))
             with self._lock:
                 if piece not in self._kept:

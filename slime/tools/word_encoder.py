@@ -1,11 +1,11 @@
 """`WordEncoder`: a byte-level BPE tokenizer's ids for plain ASCII text, split into words by the tokenizer's own
-pattern and each word's ids kept, so a 4 kB tool result is encoded in about half the library's CPU.
+pattern and each word's ids kept, so a 4 kB tool result is encoded in under half the library's CPU.
 
 Why: the Rust tokenizer spends ~2 us a token on a tool result, most of it in its pre-tokenizer's regex
-(Oniguruma, backtracking on `\\s+(?!\\S)`); a turn's gateway CPU with a 4 kB tool result is mostly that. Code,
-logs and test output are plain ASCII and their words repeat: the same pattern run by Python's `re` (its
-Unicode classes written out for ASCII) or the `regex` module, and each distinct word's BPE ids asked of the
-library's own model once, give the library's ids.
+(Oniguruma); a turn's gateway CPU with a 4 kB tool result was mostly that. Code, logs and test output are plain
+ASCII and their words repeat: the same pattern run by Python's `re` (its Unicode classes written out for ASCII,
+in half the `regex` module's time), and each distinct word's BPE ids asked of the library's own model once,
+give the library's ids.
 
 Exact only where that is the whole pipeline, so only for: a normalizer that leaves ASCII alone (NFC, NFD, NFKC,
 NFKD or none), a pre-tokenizer that is the library's byte-level one (`ByteLevel` with its GPT-2 pattern, or a
@@ -22,7 +22,6 @@ import json
 import re
 from typing import Any
 
-import regex
 
 KEPT_WORDS = 200_000  # distinct words whose ids are kept (all dropped at once past it)
 # the pattern `ByteLevel(use_regex=True)` splits with (the tokenizers library's, GPT-2's)
@@ -81,8 +80,8 @@ def _word_pattern(config: Any) -> str | None:
 def ascii_pattern(pattern: str) -> re.Pattern | None:
     """`pattern` for the standard library's `re` on the text this path takes (printable ASCII, tabs, line
     ends), where `\\p{L}` is `A-Za-z` and `\\p{N}` is `0-9` and `\\s` means what it means for the
-    tokenizer's engine: twice as fast as the `regex` module. None for any other Unicode property, a POSIX
-    class (`[:alpha:]`, which `re` reads otherwise), or a pattern `re` does not compile."""
+    tokenizer's engine. None for any other Unicode property, a POSIX class (`[:alpha:]`, which `re` reads
+    otherwise), or a pattern `re` does not compile: such a tokenizer keeps the library's own way."""
     if "[:" in pattern:
         return None
     out, i, in_class, class_start = [], 0, False, 0
@@ -94,7 +93,7 @@ def ascii_pattern(pattern: str) -> re.Pattern | None:
             continue
         c = pattern[i]
         if c == "\\":
-            if pattern[i + 1 : i + 2] in ("p", "P"):  # another property: only `regex` knows it
+            if pattern[i + 1 : i + 2] in ("p", "P"):  # another property: not this path's
                 return None
             out.append(pattern[i : i + 2])
             i += 2
@@ -112,9 +111,9 @@ def ascii_pattern(pattern: str) -> re.Pattern | None:
 
 
 class WordEncoder:
-    def __init__(self, backend: Any, pattern: str, kept_words: int = KEPT_WORDS) -> None:
+    def __init__(self, backend: Any, words: re.Pattern, kept_words: int = KEPT_WORDS) -> None:
         self.model = backend.model
-        self.words = ascii_pattern(pattern) or regex.compile(pattern)
+        self.words = words
         self.kept_words = kept_words
         self._ids: dict[str, list[int]] = {}
 
@@ -134,12 +133,10 @@ class WordEncoder:
             )
         except Exception:  # noqa: BLE001 - another library version or a tokenizer without these: the library's way
             return None
-        if pattern is None or not plain_bpe or not _normalizer_keeps_ascii(normalizer):
+        words = ascii_pattern(pattern) if pattern is not None else None
+        if words is None or not plain_bpe or not _normalizer_keeps_ascii(normalizer):
             return None
-        try:
-            encoder = cls(backend, pattern, **kwargs)
-        except (regex.error, re.error):
-            return None
+        encoder = cls(backend, words, **kwargs)
         return encoder if encoder.agrees(backend) else None
 
     def agrees(self, backend: Any) -> bool:

@@ -145,3 +145,31 @@ def test_a_missing_dependency_is_found_without_importing_any(tmp_path, monkeypat
     assert first_missing_module("import os.path\nfrom present_here_only import z\nx = 1\n") is None
     assert "present_here_only" not in sys.modules
     assert first_missing_module("from . import sibling\nimport no_such_module_y.sub\n") == "no_such_module_y"
+
+
+def test_stop_manager_returns_after_its_import_thread_is_done(tmp_path, monkeypatch):
+    """The import `stop_manager` overlaps with the manager's stop (Ray's compiled-graph modules) is over when
+    it returns: a thread still importing beside whatever runs next creates loggers while, for one, pytest's
+    logging plugin walks `loggerDict` ("dictionary changed size during iteration")."""
+    import time
+    from types import SimpleNamespace
+
+    import ray
+
+    import slime.ray.session as session
+
+    (tmp_path / "slow_shutdown_import.py").write_text(
+        "import logging, time\ntime.sleep(0.5)\nlogger = logging.getLogger('slow_shutdown_import')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(session, "_RAY_SHUTDOWN_IMPORTS", "slow_shutdown_import")
+    stopped = []
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: stopped.append(ref))  # the manager stops at once
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    manager = SimpleNamespace(shutdown=SimpleNamespace(remote=lambda: "shutdown-ref"))
+    t = time.monotonic()
+    session.stop_manager(manager)
+    assert stopped == ["shutdown-ref"]
+    module = sys.modules["slow_shutdown_import"]  # (there from the import's start)
+    assert hasattr(module, "logger") and time.monotonic() - t >= 0.5  # its last line ran: the import is over
+    sys.modules.pop("slow_shutdown_import", None)

@@ -112,8 +112,11 @@ class RaySession:
 
 
 # `ray.shutdown()` imports Ray's compiled-graph modules to find compiled graphs to tear down (none here):
-# 0.25 s of the driver's exit. Imported on a thread while the driver waits for the manager's stop instead.
+# 0.25 s of the driver's exit. Imported on a thread while the driver waits for the manager's stop instead,
+# and that import is over when `stop_manager` returns: a thread still importing (creating loggers) beside
+# whatever the process runs next is a race (pytest's logging plugin walks `loggerDict` without its lock).
 _RAY_SHUTDOWN_IMPORTS = "ray.dag.compiled_dag_node"
+_IMPORT_WAIT = 30.0  # seconds `stop_manager` waits at most for that import (normally done long before)
 
 
 def fork_server_disabled() -> bool:
@@ -320,13 +323,15 @@ def stop_manager(manager: Any, timeout: float = 120.0) -> None:
 
     if manager is None:
         return
-    _import_in_thread(_RAY_SHUTDOWN_IMPORTS)
+    imported = _import_in_thread(_RAY_SHUTDOWN_IMPORTS)
     try:
         ray.get(manager.shutdown.remote(), timeout=timeout)
     except Exception as e:  # noqa: BLE001 - shutting down after another error
         logger.warning("manager shutdown: %s", e)
     with contextlib.suppress(Exception):
         ray.kill(manager)
+    with contextlib.suppress(Exception):  # (another Ray without the module: nothing to wait for)
+        imported.result(timeout=_IMPORT_WAIT)
 
 
 @contextlib.contextmanager

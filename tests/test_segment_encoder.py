@@ -19,12 +19,9 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def qwen_backend():
-    from transformers import AutoTokenizer
-
-    from slime.testing.tiny_model import qwen_tokenizer_dir
-
-    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))._tokenizer
+def qwen_backend(tiny_tokenizer):
+    """The Rust tokenizer under the tests' Qwen3 tokenizer (conftest's, loaded once per session)."""
+    return tiny_tokenizer._tokenizer
 
 
 def trained(pre_tokenizer, *, added: list[AddedToken], normalizer=None) -> Tokenizer:
@@ -173,13 +170,10 @@ def test_metaspace_first_would_differ():
     assert whole[1:] != backend.encode("quick brown", add_special_tokens=False).ids
 
 
-def test_chat_delta_prompt_ids_with_a_kept_system_message():
-    from transformers import AutoTokenizer
-
-    from slime.testing.tiny_model import qwen_tokenizer_dir
+def test_chat_delta_prompt_ids_with_a_kept_system_message(tiny_tokenizer):
     from slime.tools.chat_format import ChatDelta
 
-    tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    tok = tiny_tokenizer
     delta = ChatDelta(tok)
     assert delta._segments is not None
     tools = [

@@ -18,12 +18,9 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def qwen_backend():
-    from transformers import AutoTokenizer
-
-    from slime.testing.tiny_model import qwen_tokenizer_dir
-
-    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))._tokenizer
+def qwen_backend(tiny_tokenizer):
+    """The Rust tokenizer under the tests' Qwen3 tokenizer (conftest's, loaded once per session)."""
+    return tiny_tokenizer._tokenizer
 
 
 def trained(pre_tokenizer, *, normalizer=None, dropout=None) -> Tokenizer:

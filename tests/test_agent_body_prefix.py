@@ -270,3 +270,36 @@ def test_sessions_opening_with_one_prompt_render_it_once_and_any_other_prompt_an
     other = [task[0], {"role": "user", "content": "fix add!"}]
     assert render.prompt_ids(Session("c"), other, None) == fresh(other) and render.full_renders == 2
     assert render.prompt_ids(Session("d"), task, tools) == fresh(task, tools) and render.full_renders == 3
+
+
+def test_an_answer_echoed_back_is_compared_once_not_on_every_later_turn(monkeypatch):
+    """Our answer comes back as the client's copy, the same object in every later body (above): the walks of
+    a session's conversations and of its turn tree compare it with the recorded answer once, then know it by
+    identity; an edited copy is compared again and found different. Counted through `same_message`."""
+    from slime.agent.gateway import tree
+    from slime.agent.gateway.conversations import Conversations
+
+    compared = []
+    same = tree.same_message
+    monkeypatch.setattr(tree, "same_message", lambda ours, theirs: compared.append(1) or same(ours, theirs))
+    conversations, root = Conversations(), tree.MessageNode()
+    history, per_turn = [{"role": "user", "content": "go"}], []
+    for k in range(12):
+        del compared[:]
+        found = conversations.continued(history, None)
+        assert (found is None) if k == 0 else found[1] == len(history) - 1
+        node, depth = tree.find_mount_point(root, history)
+        assert depth == (0 if k == 0 else len(history) - 1)
+        answer = {"role": "assistant", "content": f"answer {k}", "reasoning_content": "hm"}
+        tree.mount(node, [*history[depth:], answer])
+        conversations.add(history, answer, None, [1, 2], [3])
+        per_turn.append(len(compared))
+        echo = {"role": "assistant", "content": f"answer {k}"}  # the client's copy, without the reasoning
+        history = [*history, echo, {"role": "user", "content": f"next {k}"}]
+    assert per_turn[0] == 0 and max(per_turn[1:]) <= 2, per_turn  # not 1, 2, ... 11 per walk
+    prefix, covered = conversations.continued(history, None)
+    assert covered == len(history) - 1 and prefix.output_ids == [3]
+
+    edited = [*history[:1], {"role": "assistant", "content": "answer 0 edited"}, *history[2:]]
+    del compared[:]
+    assert conversations.continued(edited, None) is None and compared  # compared, and not the answer: no prefix

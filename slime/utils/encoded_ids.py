@@ -1,60 +1,131 @@
-"""`EncodedIds`: a list of token ids that carries its own JSON text, so a request body holding a
-long prompt is written without encoding every id again.
+"""`EncodedIds`: token ids that carry their own JSON text and share the prompt they extend, so a turn
+of a long session neither copies nor encodes its history again.
 
-An agent session's prompt grows by a delta each turn; encoding its ~70k ids to JSON per turn was
-most of a turn's CPU by turn 64. The text is built the way the ids are: the previous prompt's text,
-then the new ids' (`extended`). `dumps` writes a body with an `EncodedIds` under `input_ids` by
-splicing that text in; any other body is `json.dumps`.
+An agent session's prompt grows by a delta each turn: the previous prompt, the ids sampled, the
+chat template's ids for the new messages. Encoding its ~70k ids to JSON per turn was most of a turn's
+CPU by turn 64; once the text was kept, copying the ~70k ids themselves was (each id an object to
+touch). So a prompt is its parts -- the previous prompt's parts, then the new ones -- each a list
+never changed again, with each part's JSON array items as ASCII bytes: `extended` costs the delta
+only, and `body_pieces` hands the parts' text to the connection, which copies it once into the
+request it writes. It is read as a sequence (`len`, index, slice, iteration, `==` with a list);
+`list(ids)` makes a plain list where one is needed.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
-def ids_text(ids: list[int]) -> str:
+def ids_text(ids: Sequence[int]) -> str:
     """The ids as JSON array items, no brackets."""
-    return json.dumps(ids)[1:-1]
+    return json.dumps(ids if isinstance(ids, list) else list(ids))[1:-1]
 
 
-def _frozen(self: EncodedIds, *args: Any, **kwargs: Any) -> None:
-    raise TypeError(
-        "EncodedIds cannot change in place: its JSON text would no longer be its ids (the engine "
-        "would get other tokens than the sample records); build another with .extended() or list()"
-    )
+class EncodedIds(Sequence):
+    """Plain ints (already checked by whoever built them) in `parts` (lists, none empty, never changed: each
+    a copy made here), `ends` (each part's end), and `runs` (each part's JSON array items). Immutable: what
+    reaches the engine is always what the sequence holds."""
 
+    __slots__ = ("parts", "ends", "runs")
 
-class EncodedIds(list):
-    """Plain ints (already checked by whoever built them) and `text`, their JSON array items. Read-only: a change
-    in place would leave `text`, which is what reaches the engine, saying other ids than the list holds."""
+    def __init__(self, ids: Sequence[int], text: str | None = None) -> None:
+        part = list(ids)
+        self.parts: tuple[list[int], ...] = (part,) if part else ()
+        self.ends: tuple[int, ...] = (len(part),) if part else ()
+        text = ids_text(part) if text is None else text
+        self.runs: tuple[bytes, ...] = (text.encode(),) if part else ()
 
-    __slots__ = ("text",)
-
-    def __init__(self, ids: list[int], text: str | None = None) -> None:
-        list.__init__(self, ids)
-        self.text = ids_text(self) if text is None else text
-
-    append = extend = insert = pop = remove = clear = sort = reverse = _frozen
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _frozen
-
-    def extended(self, *parts: list[int]) -> EncodedIds:
-        """These ids followed by `parts`, encoding only the parts."""
+    def extended(self, *parts: Sequence[int]) -> EncodedIds:
+        """These ids followed by `parts`: shares this one's parts, copies and encodes only the new ones."""
         out = EncodedIds.__new__(EncodedIds)
-        list.__init__(out, self)
-        texts = [self.text] if self.text else []
-        for p in parts:
-            if p:
-                list.extend(out, p)
-                texts.append(ids_text(p))
-        out.text = ", ".join(texts)
+        new = [list(p) for p in parts if len(p)]
+        end = len(self)
+        ends = []
+        for p in new:
+            end += len(p)
+            ends.append(end)
+        out.parts, out.ends = self.parts + tuple(new), self.ends + tuple(ends)
+        out.runs = self.runs + tuple(ids_text(p).encode() for p in new)
         return out
 
+    @property
+    def text(self) -> str:
+        """The JSON array items, no brackets."""
+        return b", ".join(self.runs).decode()
 
-def dumps(body: Any) -> str:
-    """`json.dumps(body)`, with an `EncodedIds` under `input_ids` spliced in as its own text."""
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(self.parts)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        n = len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                return list(self)[index]
+            return self._range(start, stop)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("EncodedIds index out of range")
+        k = bisect.bisect_right(self.ends, i)
+        return self.parts[k][i - (self.ends[k - 1] if k else 0)]
+
+    def _range(self, start: int, stop: int) -> list[int]:
+        """The ids [start, stop) as a plain list, from the parts they lie in only."""
+        out: list[int] = []
+        k = bisect.bisect_right(self.ends, start)
+        while start < stop and k < len(self.parts):
+            begin = self.ends[k - 1] if k else 0
+            out += self.parts[k][start - begin : min(stop, self.ends[k]) - begin]
+            start, k = self.ends[k], k + 1
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EncodedIds):
+            return other.parts == self.parts or (len(other) == len(self) and list(other) == list(self))
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and list(other) == list(self)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (a list's equality, a list's hashability)
+
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"EncodedIds({list(self)!r})"
+
+    def __reduce__(self) -> tuple:
+        return (_rebuilt, (self.parts, self.runs))
+
+
+def _rebuilt(parts: tuple[list[int], ...], runs: tuple[bytes, ...]) -> EncodedIds:
+    out = EncodedIds.__new__(EncodedIds)
+    out.parts, out.runs = parts, runs
+    out.ends = tuple(itertools.accumulate(len(p) for p in parts))
+    return out
+
+
+def body_pieces(body: Any) -> list[bytes]:
+    """`json.dumps(body)` as bytes, in pieces to be written one after another: an `EncodedIds` under
+    `input_ids` as its parts' own text, uncopied."""
     ids = body.get("input_ids") if isinstance(body, dict) else None
     if not isinstance(ids, EncodedIds):
-        return json.dumps(body)
+        return [json.dumps(body).encode()]
     rest = json.dumps({k: v for k, v in body.items() if k != "input_ids"})
-    return f'{{"input_ids": [{ids.text}]' + (", " + rest[1:] if rest != "{}" else "}")
+    pieces = [b'{"input_ids": [']
+    for run in ids.runs:
+        pieces += (run, b", ")
+    if ids.runs:
+        pieces.pop()
+    pieces.append(b"]" + (b", " + rest[1:].encode() if rest != "{}" else b"}"))
+    return pieces

@@ -207,15 +207,16 @@ class Http1Pool:
         self,
         method: str,
         target: Target,
-        body: bytes | None,
+        body: bytes | list[bytes] | None,
         *,
         timeout: float,
         headers: dict[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Answer:
-        """Send one request on an idle connection (or a new one) and read its whole answer, within
-        `timeout` seconds from the call (`TimeoutError` after it); `NotConnected`, `ConnectionDropped`
-        or `AnswerCut` when the connection fails, which is then closed, as on a timeout or cancellation."""
+        """Send one request (its `body` one bytes object, or pieces written one after another) on an idle
+        connection (or a new one) and read its whole answer, within `timeout` seconds from the call
+        (`TimeoutError` after it); `NotConnected`, `ConnectionDropped` or `AnswerCut` when the connection
+        fails, which is then closed, as on a timeout or cancellation."""
         if self.closed:
             raise RuntimeError("this Http1Pool is closed")
         loop = asyncio.get_running_loop()
@@ -228,10 +229,11 @@ class Http1Pool:
         if body is not None:
             if not headers or not any(k.lower() == "content-type" for k in headers):
                 head.append(b"Content-Type: %s\r\n" % content_type.encode())
-            head.append(b"Content-Length: %d\r\n" % len(body))
+            pieces = [body] if isinstance(body, bytes) else body
+            head.append(b"Content-Length: %d\r\n" % sum(map(len, pieces)))
         head.append(b"\r\n")
         if body:
-            head.append(body)
+            head += pieces
         connection = None
         stale = loop.time() - self.keep_idle
         while idle:  # the most recently used first; a closed one, or one idle too long, is dropped

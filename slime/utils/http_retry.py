@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from slime.utils.answer_error import AnswerError  # noqa: F401 - its public path stays here too
-from slime.utils.encoded_ids import dumps
+from slime.utils.encoded_ids import body_pieces
 from slime.utils.http1_pool import Answer, AnswerCut, ConnectionDropped, Http1Pool, NotConnected
 from slime.utils.per_loop import PerLoop, close_on_their_loops
 from slime.utils.router_loss import RouterLost
@@ -177,9 +177,9 @@ def _retry_after(headers: dict[str, str]) -> float | None:
         return None
 
 
-def _encode(payload: Any) -> bytes | None:
-    """The JSON body (`json.dumps`; a body whose `input_ids` carry their JSON text is written from it)."""
-    return None if payload is None else dumps(payload).encode()
+def _encode(payload: Any) -> list[bytes] | None:
+    """The JSON body in pieces (`body_pieces`: a body whose `input_ids` carry their JSON text is written from it)."""
+    return None if payload is None else body_pieces(payload)
 
 
 async def _exchange(
@@ -211,7 +211,8 @@ async def _aiohttp_exchange(
 ) -> Answer:
     import aiohttp
 
-    body = _encode(payload)
+    pieces = _encode(payload)
+    body = None if pieces is None else b"".join(pieces)
     if body is not None:
         headers = {"Content-Type": "application/json", **(headers or {})}
     try:

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from slime.agent.gateway.records import one_step_init
-from slime.agent.gateway.tree import same_message
+from slime.agent.gateway.tree import child_for
 from slime.utils.encoded_ids import EncodedIds
 
 
@@ -30,21 +30,16 @@ class PromptPrefix:
 
 
 class _Node:
-    __slots__ = ("message", "children", "answers")
+    __slots__ = ("message", "echo", "children", "answers")
 
     def __init__(self, message: dict[str, Any] | None = None) -> None:
         self.message = message
+        self.echo: dict[str, Any] | None = None  # the client's object last found equal to `message`
         self.children: list[_Node] = []
         self.answers: list[PromptPrefix] = []  # set on the node of an answer we sent
 
     def child(self, message: dict[str, Any]) -> _Node | None:
-        for c in self.children:  # the very message this node holds (a known history's): no comparison
-            if c.message is message:
-                return c
-        role = message.get("role")
-        return next(
-            (c for c in self.children if c.message.get("role") == role and same_message(c.message, message)), None
-        )
+        return child_for(self.children, message)
 
 
 class Conversations:

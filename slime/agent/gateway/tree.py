@@ -33,6 +33,7 @@ class MessageNode:
         self.message = message
         self.metadata = dict(metadata or {})
         self.parent = parent
+        self.echo: dict[str, Any] | None = None  # the client's object last found equal to `message` (`child_for`)
         self.children: list[MessageNode] = []
         self.turn: TurnRecord | None = None
         self.turn_index: int | None = None
@@ -80,17 +81,27 @@ def same_message(ours: dict[str, Any] | None, theirs: dict[str, Any]) -> bool:
     return all(k == REASONING or (k in theirs and theirs[k] == v) for k, v in ours.items())
 
 
+def child_for(children: list, msg: dict[str, Any]) -> Any:
+    """The child (any node with `message` and `echo`) holding `msg`, or None. First by identity: the very
+    object (a known history's, see `protocols.body_prefix`) or the client's object that matched it before --
+    our own answer comes back as the client's copy of it, the same object in every later body, and would
+    otherwise be compared again on each turn of the session. Then by `same_message`, remembered in `echo`."""
+    for c in children:
+        if c.message is msg or c.echo is msg:
+            return c
+    role = msg.get("role")
+    for c in children:
+        if c.message is not None and c.message.get("role") == role and same_message(c.message, msg):
+            c.echo = msg
+            return c
+    return None
+
+
 def find_mount_point(root: MessageNode, messages: list[dict[str, Any]]) -> tuple[MessageNode, int]:
     """The deepest node whose path equals a prefix of `messages`, and that prefix's length."""
     node, depth = root, 0
     while depth < len(messages):
-        msg = messages[depth]
-        for match in node.children:  # a known history's very message (`protocols.body_prefix`): no comparison
-            if match.message is msg:
-                break
-        else:
-            role = msg.get("role")
-            match = next((c for c in node.children if c.role == role and same_message(c.message, msg)), None)
+        match = child_for(node.children, messages[depth])
         if match is None:
             break
         node, depth = match, depth + 1
@@ -120,7 +131,7 @@ def merge_assistant_rewrite(
         "abandoned_turn_index": old.turn_index,
         "abandoned_response_tokens": len(old.turn.output_ids),
     }
-    old.turn, old.turn_index, old.message = None, None, messages[depth]
+    old.turn, old.turn_index, old.message, old.echo = None, None, messages[depth], None
     return old, depth + 1
 
 

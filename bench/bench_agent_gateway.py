@@ -16,6 +16,9 @@ All against zero-latency scripted engines behind the real sglang-router, in one 
      prompts) and the same gateway re-rendering every prompt (slime's FullRender) side by side;
   2b. the same with realistic tool results: each turn the model calls a tool and the client sends a
      4 kB tool result back (64 turns: ~270 kB of JSON and ~70k prompt tokens by the last turn);
+  2c. memory: what the gateway holds for one session of those 64 turns before it is finished
+     (tracemalloc: live allocations made in slime's modules, the scripted engines of slime/testing
+     left out: they keep every request for the tests);
   3. load: 256 concurrent sessions of 4 turns each against 2 engines; every session's sample is
      checked token by token (each sampled span must be what the engines answer to the prompt
      before it, and carry the session's own tag).
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -449,6 +453,32 @@ async def per_turn(
         )
 
 
+async def held_memory(gw: Gateway, cpu: list[float], turns: int) -> None:
+    """Bytes the gateway holds for one session of `turns` tool-result turns, before it is finished."""
+    async with aiohttp.ClientSession() as http:
+        await session(http, gw, cpu, "tool-mem-warm", 2, tools=True)  # the process's one-off caches
+        tracemalloc.start()  # one frame: deeper stacks slow the in-process engines past the router's health checks
+        try:
+            sid, msgs = "tool-mem", [{"role": "user", "content": "case=tool-mem let us start"}]
+            for k in range(turns):
+                message = (await chat(http, gw, sid, msgs, tools=[READ_FILE]))["choices"][0]["message"]
+                msgs += [
+                    message,
+                    {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": tool_result(k)},
+                ]
+            ours = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(True, "*/slime/*"), tracemalloc.Filter(False, "*/slime/testing/*")]
+            )
+        finally:
+            tracemalloc.stop()
+        await gw.drop_session(sid)
+    held = sum(s.size for s in ours.statistics("filename"))
+    print(
+        f"2c. memory: one session of {turns} turns with 4 kB tool results, before it is finished: the gateway "
+        f"holds {held / 1e6:.1f} MB (live allocations made in slime's modules; the messages json parses, not counted)"
+    )
+
+
 def check_session(stack: AgentStack, sid: str, sample: Sample, turns: int) -> None:
     """Each sampled span is exactly the engines' answer to the prompt before it; the session's tag is its own."""
     start = len(sample.tokens) - sample.response_length
@@ -516,6 +546,7 @@ async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, ful
         )
     if "2" in a.sections:
         await per_turn(delta, full, a.turns, a.per_turn_sessions)
+        await held_memory(*delta, a.turns)
     if "3" in a.sections:
         await load(stack, a.sessions, a.load_turns)
 

@@ -76,10 +76,11 @@ def test_an_extended_prompt_shares_the_prompt_it_extends_instead_of_copying_it()
 
 
 @settings(max_examples=150, deadline=None)
-@given(first=ids, parts=st.lists(ids, max_size=6), data=st.data())
+@given(first=ids, parts=st.lists(st.tuples(ids, st.booleans()), max_size=6), data=st.data())
 def test_encoded_ids_read_as_the_plain_list_of_their_ids(first, parts, data):
-    encoded = EncodedIds(first).extended(*parts)
-    plain = first + [i for p in parts for i in p]
+    """Parts given as lists, or as `EncodedIds` (their parts and text taken as they are)."""
+    encoded = EncodedIds(first).extended(*(EncodedIds(p) if whole else p for p, whole in parts))
+    plain = first + [i for p, _ in parts for i in p]
     n = len(plain)
     assert len(encoded) == n and list(encoded) == plain and encoded == plain and plain == encoded
     assert encoded == tuple(plain) and encoded == EncodedIds(plain) and encoded != plain + [0]

@@ -196,3 +196,19 @@ def test_chat_delta_prompt_ids_with_a_kept_system_message(tiny_tokenizer):
         ids = delta.prompt_encoded_ids(messages, tools)
         assert ids == list(want) and ids.text == ids_text(list(want))
     assert any(piece.startswith("system\n") for piece in delta._segments._kept)
+
+
+def test_chat_delta_tool_results_with_their_text(tiny_tokenizer):
+    """A gateway turn's delta (turn end, tool results, the next generation prompt) as `EncodedIds`: the ids
+    `tool_delta_ids` gives, and a JSON text joined from its words' and pieces' own that is those ids'."""
+    from slime.tools.chat_format import ChatDelta
+
+    delta = ChatDelta(tiny_tokenizer)
+    model_ids = tiny_tokenizer.encode("I will read it.<|im_end|>", add_special_tokens=False)
+    for k in range(3):
+        result = "".join(f"{k}.{i}: def function_{i}(value):  return value * {i}\n" for i in range(60))
+        tools = [{"role": "tool", "content": result}, {"role": "tool", "content": f"exit code {k} (caf\u00e9)"}]
+        want = delta.tool_delta_ids(tools, model_ids)
+        for _ in range(2):  # words and pieces met first, then kept
+            ids = delta.tool_delta_encoded_ids(tools, model_ids)
+            assert ids == want and ids.text == ids_text(want)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from slime.tools.word_encoder import WordEncoder
+from slime.utils.encoded_ids import ids_text
 
 CORPUS = [
     "def main(argv):\n    return {'a': [1, 2, 3]}  # it's done\n\n",
@@ -78,6 +79,16 @@ ascii_texts = st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=60).map(
 printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.sampled_from("\t\n\r"), min_size=1)
 
 
+def assert_texts(encoder: WordEncoder, text: str, want: list[int]) -> None:
+    """The words' JSON texts, joined, are the ids' JSON text: for words met before (kept) and new ones."""
+    for fresh in (False, True):
+        if fresh:
+            encoder._ids, encoder._texts = {}, {}
+        texts: list[str] = []
+        assert encoder.encode(text, texts) == want
+        assert ", ".join(t for t in texts if t) == ids_text(want)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=ascii_texts | printable)
 def test_qwen_ids_are_the_librarys(qwen_backend, text):
@@ -86,6 +97,7 @@ def test_qwen_ids_are_the_librarys(qwen_backend, text):
     want = qwen_backend.encode(text, add_special_tokens=False).ids
     assert encoder.encode(text) == want
     assert encoder.encode(text) == want  # the words' kept ids
+    assert_texts(encoder, text, want)
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,6 +108,7 @@ def test_gpt2_byte_level_ids_are_the_librarys(text):
     want = GPT2_STYLE.encode(text, add_special_tokens=False).ids
     assert encoder.encode(text) == want
     assert encoder.encode(text) == want
+    assert_texts(encoder, text, want)
 
 
 @pytest.mark.parametrize("text", ["caf\u00e9 au lait", "tab\x0bvertical", "bell\x07", "nul\x00", "\x1c sep", "del\x7f"])

@@ -375,7 +375,10 @@ class ChatDelta:
     ) -> EncodedIds:
         """`prompt_ids` as `EncodedIds` (read-only), their JSON text for the engine built from the JSON
         text kept with each long piece met before (a system message's) where the segment encoder applies."""
-        text = self.render(self.with_tools(messages, tools), tools, add_generation_prompt=True)
+        return self.encode_json(self.render(self.with_tools(messages, tools), tools, add_generation_prompt=True))
+
+    def encode_json(self, text: str) -> EncodedIds:
+        """`encode` as `EncodedIds`, their JSON text from the segment encoder's pieces and words where it applies."""
         if self._segments is not None and self._plain_encode():
             return self._segments.encode_json(text)
         return EncodedIds(self.encode(text))
@@ -396,9 +399,20 @@ class ChatDelta:
         """Turn end + a user turn (an interaction's reply) + the next generation prompt."""
         return self.delta_ids([user_message], model_ids, "a user turn")
 
+    def tool_delta_encoded_ids(self, tool_messages: list[dict[str, Any]], model_ids: list[int]) -> EncodedIds:
+        """`tool_delta_ids` as `EncodedIds`, their JSON text for the engine joined from the words' and kept
+        pieces' own where the segment encoder applies (a gateway turn's delta, appended to the prompt it extends)."""
+        end, text = self._delta(tool_messages, model_ids, "tool results")
+        return EncodedIds(end).extended(self.encode_json(text))
+
     def delta_ids(self, messages: list[dict[str, Any]], model_ids: list[int], what: str) -> list[int]:
         """The template's tokens for `messages` following an assistant turn that emitted `model_ids`,
         rendered after a fixed two-message stub (the cost does not grow with the conversation)."""
+        end, text = self._delta(messages, model_ids, what)
+        return end + self.encode(text)
+
+    def _delta(self, messages: list[dict[str, Any]], model_ids: list[int], what: str) -> tuple[list[int], str]:
+        """The ids that close the model's turn, then the text the template renders after them."""
         full = self.render(
             [_STUB_USER, {"role": "assistant", "content": SENTINEL}, *messages], add_generation_prompt=True
         )
@@ -408,7 +422,7 @@ class ChatDelta:
                 f"the chat template ends an assistant turn differently when {what} "
                 f"follow: expected {self.eot_text!r}, got {full[at : at + 40]!r}"
             )
-        return self.turn_end_ids(model_ids) + self.encode(full[at + len(self.eot_text) :])
+        return self.turn_end_ids(model_ids), full[at + len(self.eot_text) :]
 
     def thinks(self) -> bool:
         """Whether samples from this template open with a reasoning block (Qwen3-style thinking models)."""

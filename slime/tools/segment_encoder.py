@@ -154,22 +154,27 @@ class SegmentEncoder:
             return
         run = text[start:end]
         one = self.added.get(run)
-        if one is not None:
-            part = [one]
-        elif self.words is not None and self.words.takes(run):  # its pieces word by word, the added tokens as they are
-            part, at = [], 0
-            for m in self.cut.finditer(run):
-                if m.start() > at:
-                    part += self.words.encode(run[at : m.start()])
-                part.append(self.added[m.group()])
-                at = m.end()
-            if at < len(run):
-                part += self.words.encode(run[at:])
-        else:
-            part = self.backend.encode(run, add_special_tokens=False).ids
+        if one is None and self.words is not None and self.words.takes(run):
+            self._words_run(run, ids, texts)
+            return
+        part = [one] if one is not None else self.backend.encode(run, add_special_tokens=False).ids
         ids += part
         if texts is not None:
             texts.append(ids_text(part))
+
+    def _words_run(self, run: str, ids: list[int], texts: list[str] | None) -> None:
+        """Plain ASCII: its pieces word by word (each word's text kept with its ids), the added tokens as they are."""
+        at = 0
+        for m in self.cut.finditer(run):
+            if m.start() > at:
+                ids += self.words.encode(run[at : m.start()], texts)
+            one = self.added[m.group()]
+            ids.append(one)
+            if texts is not None:
+                texts.append(str(one))
+            at = m.end()
+        if at < len(run):
+            ids += self.words.encode(run[at:], texts)
 
     def _piece(self, piece: str, ids: list[int], texts: list[str] | None) -> None:
         with self._lock:
@@ -177,10 +182,13 @@ class SegmentEncoder:
             if kept is not None:
                 self._kept.move_to_end(piece)
         if kept is None:
-            part = self.words.encode(piece) if self.words is not None else None
-            if part is None:
+            words: list[str] = []
+            part = self.words.encode(piece, words) if self.words is not None else None
+            if part is not None:
+                kept = (part, ", ".join(t for t in words if t))
+            else:
                 part = self.backend.encode(piece, add_special_tokens=False).ids
-            kept = (part, ids_text(part))
+                kept = (part, ids_text(part))
             with self._lock:
                 if piece not in self._kept:
                     self._kept[piece] = kept

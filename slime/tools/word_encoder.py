@@ -22,6 +22,8 @@ import json
 import re
 from typing import Any
 
+from slime.utils.encoded_ids import ids_text
+
 
 KEPT_WORDS = 200_000  # distinct words whose ids are kept (all dropped at once past it)
 # the pattern `ByteLevel(use_regex=True)` splits with (the tokenizers library's, GPT-2's)
@@ -116,6 +118,7 @@ class WordEncoder:
         self.words = words
         self.kept_words = kept_words
         self._ids: dict[str, list[int]] = {}
+        self._texts: dict[str, str] = {}  # each kept word's ids as JSON array items (`EncodedIds` text)
 
     @classmethod
     def of(cls, backend: Any, **kwargs: Any) -> WordEncoder | None:
@@ -153,8 +156,10 @@ class WordEncoder:
         """Whether `text` is what this path encodes: printable ASCII, tabs and line ends."""
         return text.isascii() and _NOT_PLAIN.search(text) is None
 
-    def encode(self, text: str) -> list[int] | None:
-        """The library's ids of `text` (which holds no added token), or None when it is not plain ASCII."""
+    def encode(self, text: str, texts: list[str] | None = None) -> list[int] | None:
+        """The library's ids of `text` (which holds no added token), or None when it is not plain ASCII. With
+        `texts`, each word's ids as JSON array items appended to it, in order (kept with the word's ids: a delta's
+        JSON text for the engine is a join of them, not an encoding of every id)."""
         if not self.takes(text):
             return None
         words = self.words.findall(text) if not self.words.groups else None
@@ -162,9 +167,19 @@ class WordEncoder:
             words = self._all_words(text)  # (a pattern that leaves text uncovered, or one with groups)
         ids: list[int] = []
         kept = self._ids
+        if texts is None:
+            for word in words:
+                found = kept.get(word)
+                ids += found if found is not None else self._word(word)
+            return ids
+        kept_texts = self._texts
         for word in words:
             found = kept.get(word)
-            ids += found if found is not None else self._word(word)
+            if found is None:
+                found = self._word(word)
+            text = kept_texts.get(word)  # (None for a word `_word` has just put in new dicts, or another thread)
+            texts.append(text if text is not None else ids_text(found))
+            ids += found
         return ids
 
     def _all_words(self, text: str) -> list[str]:
@@ -183,6 +198,6 @@ class WordEncoder:
     def _word(self, word: str) -> list[int]:
         ids = [t.id for t in self.model.tokenize(word.translate(_ASCII_TO_BYTE_LEVEL))]
         if len(self._ids) >= self.kept_words:
-            self._ids = {}
-        self._ids[word] = ids
+            self._ids, self._texts = {}, {}
+        self._ids[word], self._texts[word] = ids, ids_text(ids)
         return ids

@@ -40,16 +40,23 @@ class EncodedIds(Sequence):
         self.runs: tuple[bytes, ...] = (text.encode(),) if part else ()
 
     def extended(self, *parts: Sequence[int]) -> EncodedIds:
-        """These ids followed by `parts`: shares this one's parts, copies and encodes only the new ones."""
+        """These ids followed by `parts`: shares this one's parts, and an `EncodedIds` part's own, with their
+        text; copies and encodes only the other new ones."""
+        new_parts, runs, ends, end = list(self.parts), list(self.runs), list(self.ends), len(self)
+        for p in parts:
+            if isinstance(p, EncodedIds):
+                new_parts += p.parts
+                runs += p.runs
+                ends += (end + e for e in p.ends)
+                end += len(p)
+            elif len(p):
+                part = list(p)
+                new_parts.append(part)
+                runs.append(ids_text(part).encode())
+                end += len(part)
+                ends.append(end)
         out = EncodedIds.__new__(EncodedIds)
-        new = [list(p) for p in parts if len(p)]
-        end = len(self)
-        ends = []
-        for p in new:
-            end += len(p)
-            ends.append(end)
-        out.parts, out.ends = self.parts + tuple(new), self.ends + tuple(ends)
-        out.runs = self.runs + tuple(ids_text(p).encode() for p in new)
+        out.parts, out.runs, out.ends = tuple(new_parts), tuple(runs), tuple(ends)
         return out
 
     @property

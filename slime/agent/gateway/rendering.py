@@ -110,7 +110,7 @@ class DeltaRender:
         if found is not None:
             answer, n = found
             try:
-                delta = self.delta.tool_delta_ids(messages[n:], answer.output_ids)
+                delta = self.delta.tool_delta_encoded_ids(messages[n:], answer.output_ids)
                 return answer.prompt.extended(answer.output_ids, delta)
             except TemplateDriftError:  # this template closes a turn differently here: render it whole
                 pass

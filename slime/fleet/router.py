@@ -1,7 +1,7 @@
 """The real sglang-router, as a supervised child process.
 
-Start-up is probed (`/health` until it answers, with a deadline) rather than slept through;
-workers are registered with `POST /workers` and only counted once the router reports them
+Start-up is probed (`/health` until it answers from the router's own process, with a deadline)
+rather than slept through; ports it picked itself and found taken when it binds are picked again. Workers are registered with `POST /workers` and only counted once the router reports them
 healthy. A watcher thread blocks on the process and restarts it (same port, same workers) if it
 dies, so a router crash costs in-flight requests one retry, not the run.
 """
@@ -22,9 +22,10 @@ import requests
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.fleet.router_answer import BadRouterAnswer, Worker, parse_workers
 from slime.utils.misc import find_free_port
-from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, wait_until
+from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, listens_on, wait_until
 
 logger = logging.getLogger(__name__)
+PORT_ATTEMPTS = 3  # ports picked free and found taken by the time the router binds them, before start gives up
 
 
 class RouterError(RuntimeError):
@@ -107,10 +108,12 @@ class Router:
         self.port = port or find_free_port(host)
         self.policy = policy
         self.prometheus_port = prometheus_port or find_free_port("127.0.0.1")
+        self._ports_chosen = port is None and prometheus_port is None  # ours to pick again if taken (`start`)
         self.health_check_interval = health_check_interval
         self.extra_args = list(extra_args or [])
         self.startup_timeout = startup_timeout
-        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-router-")) / f"router-{self.port}.log"
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="slime-router-"))
+        self.log_path = self.log_dir / f"router-{self.port}.log"
         self.workers: list[str] = []
         self.restarts = 0
         self.bad_answers: Counter = Counter()  # `/workers` answers refused, by reason (router_answer)
@@ -154,21 +157,35 @@ class Router:
 
     def start(self) -> "Router":
         self._stopping.clear()
-        self._spawn()
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._spawn()
+                break
+            except ReadinessError as e:  # a port picked free was taken before the router bound it: pick others
+                if not self._ports_chosen or attempt + 1 == PORT_ATTEMPTS or "Address already in use" not in str(e):
+                    raise
+                logger.warning(
+                    "sglang-router: port %d or %d was taken meanwhile; picking others", self.port, self.prometheus_port
+                )
+                self.port, self.prometheus_port = find_free_port(self.host), find_free_port("127.0.0.1")
+                self.log_path = self.log_dir / f"router-{self.port}.log"
         self._watcher = threading.Thread(target=self._watch, name=f"router-watch-{self.port}", daemon=True)
         self._watcher.start()
         return self
 
     def _spawn(self) -> None:
         with self._lock:
-            self._process = ChildProcess(
+            process = ChildProcess(
                 self.command(),
                 name=f"sglang-router at {self.url}",
                 log_path=self.log_path,
                 env=_router_env(),
-                ready=http_ok(f"{self.url}/health"),
                 startup_timeout=self.startup_timeout,
-            ).start()
+            )
+            health, port = http_ok(f"{self.url}/health"), self.port
+            # ready when /health answers from our router: another process may hold the port (`listens_on`)
+            process.ready = lambda: health() and listens_on(process.pid, port) is not False
+            self._process = process.start()
             for w in self.workers:
                 self._register(w)
 

@@ -75,6 +75,35 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
     return f"\n--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
 
 
+def listens_on(pid: int | None, port: int) -> bool | None:
+    """Whether process `pid` holds the listening TCP socket on `port` (Linux's `/proc`), None where that cannot be
+    told. A port picked free can be taken by another process before our child binds it; that process may answer
+    the readiness probe (another test's engine answers `/health` too) while our child fails to bind and exits."""
+    if pid is None:
+        return None
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def http_ok(url: str) -> Callable[[], bool]:
     """A readiness check: `GET url` answers 200."""
     return lambda: requests.get(url, timeout=2).status_code == 200

@@ -96,11 +96,11 @@ class EncodedIds(Sequence):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, EncodedIds):
             return other.parts == self.parts or (len(other) == len(self) and list(other) == list(self))
-        if isinstance(other, (list, tuple)):
-            return len(other) == len(self) and list(other) == list(self)
+        if isinstance(other, list):
+            return len(other) == len(self) and other == list(self)
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  (a list's equality, a list's hashability)
+    __hash__ = None  # type: ignore[assignment]  (a list's equality -- a tuple is not equal -- and hashability)
 
     def __add__(self, other: Sequence[int]) -> list[int]:
         return [*self, *other]

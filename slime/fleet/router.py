@@ -1,7 +1,8 @@
 """The real sglang-router, as a supervised child process.
 
 Start-up is probed (`/health` until it answers from the router's own process, with a deadline)
-rather than slept through; ports it picked itself and found taken when it binds are picked again. Workers are registered with `POST /workers` and only counted once the router reports them
+rather than slept through; ports it picked itself and found taken when it binds are picked again.
+Workers are registered with `POST /workers` and only counted once the router reports them
 healthy. A watcher thread blocks on the process and restarts it (same port, same workers) if it
 dies, so a router crash costs in-flight requests one retry, not the run.
 """
@@ -22,7 +23,7 @@ import requests
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.fleet.router_answer import BadRouterAnswer, Worker, parse_workers
 from slime.utils.misc import find_free_port
-from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, listens_on, wait_until
+from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, wait_until
 
 logger = logging.getLogger(__name__)
 PORT_ATTEMPTS = 3  # ports picked free and found taken by the time the router binds them, before start gives up
@@ -175,17 +176,15 @@ class Router:
 
     def _spawn(self) -> None:
         with self._lock:
-            process = ChildProcess(
+            self._process = ChildProcess(
                 self.command(),
                 name=f"sglang-router at {self.url}",
                 log_path=self.log_path,
                 env=_router_env(),
+                ready=http_ok(f"{self.url}/health"),
                 startup_timeout=self.startup_timeout,
-            )
-            health, port = http_ok(f"{self.url}/health"), self.port
-            # ready when /health answers from our router: another process may hold the port (`listens_on`)
-            process.ready = lambda: health() and listens_on(process.pid, port) is not False
-            self._process = process.start()
+                port=self.port,  # /health counts from our router only: another process may hold the port
+            ).start()
             for w in self.workers:
                 self._register(w)
 

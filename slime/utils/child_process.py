@@ -123,10 +123,12 @@ class ChildProcess:
         startup_timeout: float = 60.0,
         pass_fds: Sequence[int] = (),
         launcher: Callable[["ChildProcess"], Any] | None = None,
+        port: int | None = None,
     ):
+        """`port`: the one the child listens on; `ready` counts only once the child itself holds it (`listens_on`)."""
         self.command, self.name, self.log_path = list(command), name, Path(log_path)
         self.env, self.ready, self.startup_timeout, self.pass_fds = env, ready, startup_timeout, tuple(pass_fds)
-        self.launcher = launcher
+        self.launcher, self.port = launcher, port
         self.proc: Any = None  # subprocess.Popen, or what the launcher returned
 
     @property
@@ -155,11 +157,15 @@ class ChildProcess:
         self.spawn()
         if self.ready is not None:
             try:
-                wait_until(self.ready, self.startup_timeout, f"{self.name}", self.proc, self.log_path)
+                wait_until(self._ready, self.startup_timeout, f"{self.name}", self.proc, self.log_path)
             except ReadinessError:
                 self.kill()
                 raise
         return self
+
+    def _ready(self) -> Any:
+        """`ready()`, counted only once the child itself holds `port` (when one is given)."""
+        return self.ready() and (self.port is None or listens_on(self.pid, self.port) is not False)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

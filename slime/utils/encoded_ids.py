@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 
-def ids_text(ids: Sequence[int]) -> str:
+def ids_text(ids: list[int]) -> str:
     """The ids as JSON array items, no brackets."""
-    return json.dumps(ids if isinstance(ids, list) else list(ids))[1:-1]
+    return json.dumps(ids)[1:-1]
 
 
 class EncodedIds(Sequence):
@@ -94,10 +94,8 @@ class EncodedIds(Sequence):
         return out
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, EncodedIds):
-            return other.parts == self.parts or (len(other) == len(self) and list(other) == list(self))
-        if isinstance(other, list):
-            return len(other) == len(self) and other == list(self)
+        if isinstance(other, (EncodedIds, list)):
+            return len(other) == len(self) and list(other) == list(self)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  (a list's equality -- a tuple is not equal -- and hashability)

@@ -5,6 +5,7 @@ out-of-vocabulary id reaches a sample."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 import math
@@ -191,10 +192,19 @@ def test_with_the_budget_spent_samples_fail_with_the_field_and_an_excerpt(tmp_pa
 def test_an_engine_that_cuts_its_answer_and_dies_is_reported_by_the_cut(tmp_path, fleet_of, tok):
     """Item 6: the fleet takes the dead engine out of the router, which then refuses with
     `503 no_available_workers`; the failure is still reported as the cut, naming the engine."""
-    holder = {}
+    holder = {"arrived": 0}
+    both_arrived = asyncio.Event()
 
-    def cut_and_die(body):
-        unregister_worker(holder["router"].url, holder["engine"].url)
+    async def cut_and_die(body):
+        # Both samples' first requests must reach the engine before it leaves the router: a request
+        # sent after would see only the 503, and its sample would rightly fail as http_503.
+        holder["arrived"] += 1
+        if holder["arrived"] == 2:
+            both_arrived.set()
+        await asyncio.wait_for(both_arrived.wait(), 30)
+        if not holder.get("gone"):
+            holder["gone"] = True
+            unregister_worker(holder["router"].url, holder["engine"].url)
         return CUT
 
     router, engines = fleet_of(cut_and_die, 1)

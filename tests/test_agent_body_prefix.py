@@ -288,10 +288,12 @@ def test_an_answer_echoed_back_is_compared_once_not_on_every_later_turn(monkeypa
         del compared[:]
         found = conversations.continued(history, None)
         assert (found is None) if k == 0 else found[1] == len(history) - 1
-        node, depth = tree.find_mount_point(root, history)
-        assert depth == (0 if k == 0 else len(history) - 1)
+        path = tree.walk(root, history)  # from the root each time: `echo` alone keeps the comparisons down
+        assert len(path) == (0 if k == 0 else len(history) - 1)
+        node = path[-1] if path else root
         answer = {"role": "assistant", "content": f"answer {k}", "reasoning_content": "hm"}
-        tree.mount(node, [*history[depth:], answer])
+        for m in [*history[len(path) :], answer]:
+            node = node.add_child(tree.MessageNode(role=m["role"], message=m))
         conversations.add(history, answer, None, [1, 2], [3])
         per_turn.append(len(compared))
         echo = {"role": "assistant", "content": f"answer {k}"}  # the client's copy, without the reasoning

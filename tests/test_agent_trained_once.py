@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slime.agent.gateway.conversations import Conversations
 from slime.agent.gateway.records import TurnRecord
 from slime.agent.gateway.trajectory import TrajectoryManager
+from slime.agent.gateway.tree import LastWalk
 from slime.utils.types import Sample
 
 SAMPLED = 100_000  # ids at or above this were sampled by the engine; below, template/context text
@@ -110,7 +113,7 @@ class SessionScript:
         c.ids, c.prompt = prompt_ids + out, prompt_ids
 
     def step(self) -> None:
-        op = self.draw(st.sampled_from(["new", "continue", "continue", "continue", "retry", "compact"]))
+        op = self.draw(st.sampled_from(["new", "continue", "continue", "continue", "retry", "compact", "edit"]))
         if op == "new" or not self.conversations:
             c = self.new_conversation()
             self.answer(c, self.prompt_ids(c, []))
@@ -124,6 +127,10 @@ class SessionScript:
         if op == "compact" and len(c.messages) > 3:
             keep = self.draw(st.integers(2, len(c.messages) - 1))
             c.messages = c.messages[:2] + c.messages[keep:]
+            c.ids = c.ids[:3] + self.context(2)
+        if op == "edit" and len(c.messages) > 3:  # an earlier message replaced in place (an old tool output cleared)
+            at = self.draw(st.integers(2, len(c.messages) - 2))
+            c.messages = [*c.messages[:at], {**c.messages[at], "content": "(cleared)"}, *c.messages[at + 1 :]]
             c.ids = c.ids[:3] + self.context(2)
         role = self.draw(st.sampled_from(["tool", "user"]))
         c.messages.append({"role": role, "content": f"{role}{self.turns}"})
@@ -170,3 +177,69 @@ def test_slimes_absorbing_default_trains_nothing_twice_and_names_what_it_left_un
     untrained_turns = {script.sampled[i][0] for i in script.sampled if (i, script.sampled[i][1]) not in seen}
     named = [{u["turn_index"] for u in s.metadata.get("untrained_turns", [])} for s in samples]
     assert all(untrained_turns <= n for n in named)  # each Sample of the session says so
+
+
+class Forgetful(LastWalk):
+    """A walk that never resumes: every walk from the root, as before `LastWalk`."""
+
+    def resumed(self, messages):
+        return []
+
+
+class Forgetting(dict):
+    def setdefault(self, key, default=None):
+        return super().setdefault(key, Forgetful())
+
+
+class Twins:
+    """Sends the script's turns to a manager and a session's conversations that resume their walks, and to
+    twins that walk from the root each time; the twins' answers are the reference."""
+
+    def __init__(self, threshold: int) -> None:
+        self.managers = [TrajectoryManager(fork_threshold_tokens=threshold) for _ in range(2)]
+        self.managers[1]._walks = Forgetting()
+        self.conversations = [Conversations(), Conversations()]
+        self.conversations[1].last = Forgetful()
+        self.resumed = 0
+
+    def record_turn(self, sid, *, turn, prompt_messages, response_message):
+        self.resumed += bool(self.conversations[0].last.resumed(prompt_messages[:-1]))
+        found = [c.continued(prompt_messages, None) for c in self.conversations]
+        assert [None if f is None else (f[0].prompt, f[0].output_ids, f[1]) for f in found] == [
+            None if f is None else (f[0].prompt, f[0].output_ids, f[1]) for f in found[::-1]
+        ]
+        for c in self.conversations:
+            c.add(prompt_messages, response_message, None, turn.prompt_ids, turn.output_ids)
+        for m in self.managers:
+            m.record_turn(sid, turn=turn, prompt_messages=prompt_messages, response_message=response_message)
+
+    def get_trajectory(self, sid, **kw):
+        rows = [m.get_trajectory(sid, **kw) for m in self.managers]
+        seen = [[(s.tokens, s.loss_mask, s.rollout_log_probs, s.metadata) for s in r] for r in rows]
+        assert seen[0] == seen[1]
+        return rows[0]
+
+
+@PROPERTY
+@given(data=st.data(), threshold=st.sampled_from([0, 3, 1024]))
+def test_a_walk_resumed_from_the_last_one_finds_what_a_walk_from_the_root_finds(data, threshold):
+    """`tree.LastWalk`: a conversation's next request starts where its last walk ended. Over interleaved
+    conversations, retries, compaction and rewritten echoes, the trees' answers are those of walks from the root:
+    the same prompt prefix found for each request, the same Samples at the end."""
+    run_session(Twins(threshold), data)
+
+
+def test_the_walk_resumes_when_the_next_request_sends_the_last_ones_objects():
+    """The check above can fail: a conversation of 12 turns sending back its own objects resumes every walk
+    after the first, and a copy of its history (fresh objects, as from a JSON parse) does not."""
+    conversations = Conversations()
+    history = [{"role": "user", "content": "go"}]
+    for k in range(12):
+        assert bool(conversations.last.resumed(history)) == (k > 0)
+        found = conversations.continued(history, None)
+        assert (found is None) if k == 0 else found[1] == len(history) - 1
+        answer = {"role": "assistant", "content": f"answer {k}"}
+        conversations.add(history, answer, None, [1, 2], [3])
+        history = [*history, dict(answer), {"role": "tool", "content": f"result {k}"}]
+    copy = json.loads(json.dumps(history))
+    assert not conversations.last.resumed(copy) and conversations.continued(copy, None)[1] == len(history) - 1

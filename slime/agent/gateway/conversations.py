@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from slime.agent.gateway.records import one_step_init
-from slime.agent.gateway.tree import child_for
+from slime.agent.gateway.tree import LastWalk, child_for, walk
 from slime.utils.encoded_ids import EncodedIds
 
 
@@ -41,11 +41,16 @@ class _Node:
     def child(self, message: dict[str, Any]) -> _Node | None:
         return child_for(self.children, message)
 
+    def add(self, message: dict[str, Any]) -> _Node:
+        self.children.append(node := _Node(message))
+        return node
+
 
 class Conversations:
     def __init__(self) -> None:
         self.root = _Node()
         self.sent = 0  # answers added
+        self.last = LastWalk()  # the last walk, where the conversation's next request starts
 
     def __len__(self) -> int:
         return self.sent
@@ -58,13 +63,13 @@ class Conversations:
         prompt_ids: list[int],
         output_ids: list[int],
     ) -> None:
-        node = self.root
-        for m in [*messages, answer]:
-            nxt = node.child(m)
-            if nxt is None:
-                nxt = _Node(m)
-                node.children.append(nxt)
-            node = nxt
+        path = walk(self.root, messages, self.last)
+        node = path[-1] if path else self.root
+        for m in messages[len(path) :]:
+            node = node.add(m)
+            path.append(node)
+        self.last.keep(messages, path)  # not the answer: the client sends back its own copy of it
+        node = node.child(answer) or node.add(answer)
         prompt = prompt_ids if isinstance(prompt_ids, EncodedIds) else EncodedIds(prompt_ids)
         node.answers.append(PromptPrefix(tools, prompt, list(output_ids)))
         self.sent += 1
@@ -74,13 +79,7 @@ class Conversations:
     ) -> tuple[PromptPrefix, int] | None:
         """The answer deepest in `messages` (asked with these tools) that new messages follow, and
         how many messages it covers; the first answer sent when a retry left several."""
-        path: list[_Node] = []
-        node: _Node | None = self.root
-        for m in messages[:-1]:
-            node = node.child(m)
-            if node is None:
-                break
-            path.append(node)
+        path = walk(self.root, messages[:-1], self.last)
         for depth in range(len(path), 0, -1):
             for answer in path[depth - 1].answers:
                 if answer.tools == tools:

@@ -20,7 +20,7 @@ from typing import Any
 
 from slime.agent.gateway.builder import DriftKind, SampleBuilder, common_prefix_len
 from slime.agent.gateway.records import TurnRecord, check_turn
-from slime.agent.gateway.tree import MessageNode, find_mount_point, merge_assistant_rewrite, mount
+from slime.agent.gateway.tree import LastWalk, MessageNode, merge_assistant_rewrite, walk
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class TrajectoryManager:
         self.absorb_sampled = absorb_sampled
         self._trees: dict[str, MessageNode] = {}
         self._turn_count: dict[str, int] = {}
+        self._walks: dict[str, LastWalk] = {}  # each tree's last walk (`tree.LastWalk`)
 
     def has_session(self, sid: str) -> bool:
         return sid in self._trees
@@ -58,10 +59,17 @@ class TrajectoryManager:
             logger.warning("record_turn(sid=%s): no prompt messages; turn not recorded", sid)
             return
         root = self._trees.setdefault(sid, MessageNode())
-        node, depth = find_mount_point(root, prompt_messages)
+        last = self._walks.setdefault(sid, LastWalk())
+        path = walk(root, prompt_messages, last)
+        node, depth = (path[-1] if path else root), len(path)
         if self.absorb_sampled:
-            node, depth = merge_assistant_rewrite(node, prompt_messages, depth, self.fork_threshold)
-        node = mount(node, prompt_messages[depth:])
+            node, merged = merge_assistant_rewrite(node, prompt_messages, depth, self.fork_threshold)
+            if merged > depth:  # the answer it replaced now holds prompt_messages[depth]
+                path.append(node)
+                depth = merged
+        for m in prompt_messages[depth:]:
+            path.append(node := node.add_child(MessageNode(role=m.get("role"), message=m)))
+        last.keep(prompt_messages, path)
         answer = MessageNode(role="assistant", message=response_message, metadata=metadata)
         answer.turn = turn
         answer.turn_index = self._turn_count[sid] = self.turn_count(sid) + 1
@@ -80,6 +88,7 @@ class TrajectoryManager:
         (a second call returns [])."""
         root = self._trees.pop(sid, None)
         self._turn_count.pop(sid, None)
+        self._walks.pop(sid, None)
         if root is None:
             return []
         untrained: set[tuple[int, str]] = set()
@@ -105,6 +114,7 @@ class TrajectoryManager:
     def drop_session(self, sid: str) -> None:
         self._trees.pop(sid, None)
         self._turn_count.pop(sid, None)
+        self._walks.pop(sid, None)
 
     def _chain_to_samples(
         self,

@@ -8,7 +8,9 @@ the tree; token ids only matter when a chain is turned into Samples (`builder.py
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,15 +99,46 @@ def child_for(children: list, msg: dict[str, Any]) -> Any:
     return None
 
 
-def find_mount_point(root: MessageNode, messages: list[dict[str, Any]]) -> tuple[MessageNode, int]:
-    """The deepest node whose path equals a prefix of `messages`, and that prefix's length."""
-    node, depth = root, 0
-    while depth < len(messages):
-        match = child_for(node.children, messages[depth])
-        if match is None:
+class LastWalk:
+    """A tree's last walk: the client's message objects and the nodes they led to, one each. The
+    conversation's next request sends those very objects first (`protocols.body_prefix` keeps a known
+    history's), so the next walk starts where this one ended after one identity check per message, in
+    C, instead of a Python step per message: at turn 64 of a tool agent, three walks of ~130 messages
+    per turn. Nodes only ever gain children; the one change to a node's message
+    (`merge_assistant_rewrite`) happens below a walk's end, and the walk that follows keeps the node."""
+
+    __slots__ = ("messages", "nodes")
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.nodes: list[Any] = []
+
+    def resumed(self, messages: list[dict[str, Any]]) -> list[Any]:
+        """The nodes of the remembered walk when `messages` starts with its very objects, else []."""
+        n = len(self.nodes)
+        if n and len(messages) >= n and all(map(operator.is_, self.messages, messages)):
+            return self.nodes[:]
+        return []
+
+    def keep(self, messages: list[dict[str, Any]], nodes: list[Any]) -> None:
+        """Remember `nodes[i]` as the node of `messages[i]` (copies: the caller may extend its lists)."""
+        self.messages, self.nodes = messages[: len(nodes)], nodes[:]
+
+
+def walk(root: Any, messages: list[dict[str, Any]], last: LastWalk | None = None) -> list[Any]:
+    """The nodes below `root` spelling the longest prefix of `messages` (`child_for` at each step),
+    starting from `last`'s walk when `messages` continues it; `last` then remembers this one (a caller
+    that hangs more nodes below calls `last.keep` again)."""
+    path = last.resumed(messages) if last is not None else []
+    node = path[-1] if path else root
+    for m in itertools.islice(messages, len(path), None):
+        node = child_for(node.children, m)
+        if node is None:
             break
-        node, depth = match, depth + 1
-    return node, depth
+        path.append(node)
+    if last is not None:
+        last.keep(messages, path)
+    return path
 
 
 def merge_assistant_rewrite(
@@ -133,10 +166,3 @@ def merge_assistant_rewrite(
     }
     old.turn, old.turn_index, old.message, old.echo = None, None, messages[depth], None
     return old, depth + 1
-
-
-def mount(node: MessageNode, messages: list[dict[str, Any]]) -> MessageNode:
-    """Hang `messages` below `node` as a chain of routing nodes; returns the last."""
-    for m in messages:
-        node = node.add_child(MessageNode(role=m.get("role"), message=m))
-    return node

@@ -78,7 +78,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from slime.fleet.router import Router  # noqa: E402
 from slime.testing.paced_engine import LongTail, PacedScript  # noqa: E402
 from slime.testing.scripted_engine import ScriptedEngine  # noqa: E402
-from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 ASYNC_FN = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
@@ -195,7 +194,7 @@ class PacedCluster:
             )
             for i in range(workload.engines)
         ]
-        self.engines = [ScriptedEngine(s, model_dir, find_free_port()) for s in self.scripts]
+        self.engines = [ScriptedEngine(s, model_dir) for s in self.scripts]
 
     def __enter__(self) -> "PacedCluster":
         try:

@@ -35,7 +35,6 @@ from slime.fleet.router import Router  # noqa: E402
 from slime.testing.scripted_engine import ScriptedEngine  # noqa: E402
 from slime.testing.runtime import bind_runtime  # noqa: E402
 from slime.tools.flags import tool_defaults  # noqa: E402
-from slime.utils.misc import find_free_port  # noqa: E402
 from slime.testing.tiny_model import qwen_tokenizer_dir  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
@@ -108,7 +107,7 @@ def main() -> int:
     def script(body):  # turn = assistant prompts so far: system, user, assistant + (tool, assistant) per turn
         return {"output_ids": outs[(body["input_ids"].count(im_start) - 3) // 2], "finish_type": "stop"}
 
-    engine = ScriptedEngine(script, model, find_free_port()).start()
+    engine = ScriptedEngine(script, model).start()
     router = Router(log_dir=tempfile.mkdtemp(prefix="bench-mt-")).start()
     try:
         router.add_worker(engine.url)

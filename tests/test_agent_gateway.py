@@ -371,7 +371,6 @@ def held_engine(stack):
     from slime.rollout.engine_client import EngineClient
     from slime.testing.scripted_engine import ScriptedEngine
     from slime.utils.endpoints import Endpoints
-    from slime.utils.misc import find_free_port
 
     arrived, release = threading.Event(), threading.Event()
 
@@ -380,7 +379,7 @@ def held_engine(stack):
         await asyncio.to_thread(release.wait, 60)
         return stack.answer(body)
 
-    engine = ScriptedEngine(script, stack.model_dir, find_free_port()).start()
+    engine = ScriptedEngine(script, stack.model_dir).start()
     client = EngineClient(Endpoints(engine.url, [engine.url]), tokenizer=stack.tok, request_timeout=60.0)
     gw = Gateway(client, tokenizer=stack.tok).start()
     yield gw, engine, arrived, release

@@ -44,12 +44,9 @@ def tok():
 def engine(tok):
     from slime.testing.scripted_engine import ScriptedEngine
     from slime.testing.tiny_model import qwen_tokenizer_dir
-    from slime.utils.misc import find_free_port
 
     answer = tok.encode("ok", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-    e = ScriptedEngine(
-        lambda b: {"output_ids": answer, "finish_type": "stop"}, str(qwen_tokenizer_dir()), find_free_port()
-    ).start()
+    e = ScriptedEngine(lambda b: {"output_ids": answer, "finish_type": "stop"}, str(qwen_tokenizer_dir())).start()
     yield e
     e.stop()
 

@@ -21,7 +21,6 @@ from slime.rollout.engine_client import EngineClient
 from slime.testing.json_paths import paths_of, replaced
 from slime.testing.scripted_engine import ScriptedEngine
 from slime.utils.endpoints import Endpoints
-from slime.utils.misc import find_free_port
 
 SID = "victim"
 TOOL_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -90,9 +89,7 @@ def gateway():
     model_dir = str(qwen_tokenizer_dir())
     tok = AutoTokenizer.from_pretrained(model_dir)
     answer = tok.encode("ok", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-    engine = ScriptedEngine(
-        lambda body: {"output_ids": answer, "finish_type": "stop"}, model_dir, find_free_port()
-    ).start()
+    engine = ScriptedEngine(lambda body: {"output_ids": answer, "finish_type": "stop"}, model_dir).start()
     client = EngineClient(Endpoints(engine.url, [engine.url]), tokenizer=tok, request_timeout=30.0, max_retries=0)
     gw = Gateway(client, tokenizer=tok).start()
     gw.scripted_engine = engine

@@ -66,7 +66,7 @@ def test_the_external_engine_serves_every_request_and_none_of_ours_starts(tiny_m
     def script(body):
         return {"output_ids": [11, 12, 13], "finish_type": "stop", "text": ""}
 
-    engine = ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start()
+    engine = ScriptedEngine(script, str(tiny_model_dir)).start()
     try:
         proc = run(
             rollout_argv(

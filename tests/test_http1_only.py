@@ -12,7 +12,6 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from slime.testing.threaded_server import ThreadedServer
-from slime.utils.misc import find_free_port
 
 # what sglang-router's gRPC probe sends first: HTTP/2's connection preface, then a SETTINGS frame
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00"
@@ -38,9 +37,9 @@ def send_raw(port: int, data: bytes) -> bytes:
 
 
 def test_http2_preface_closed_quietly_http1_served_garbage_reported():
-    port = find_free_port("127.0.0.1")
     app = Starlette(routes=[Route("/health", lambda request: PlainTextResponse("ok"))])
-    server = ThreadedServer(app, "127.0.0.1", port, what="test server")
+    server = ThreadedServer(app, "127.0.0.1", what="test server")
+    port = server.port
     server.start(timeout=20)
     records = Records()
     log = logging.getLogger("uvicorn.error")

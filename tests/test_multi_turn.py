@@ -115,7 +115,7 @@ def stack(tok, tmp_path_factory):
         return out
 
     model_dir = str(qwen_tokenizer_dir())
-    engine = ScriptedEngine(script, model_dir, find_free_port()).start()
+    engine = ScriptedEngine(script, model_dir).start()
     router = Router(log_dir=str(tmp_path_factory.mktemp("router"))).start()
     router.add_worker(engine.url)
     cfg = tmp_path_factory.mktemp("cfg") / "tools.yaml"

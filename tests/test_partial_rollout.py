@@ -27,7 +27,6 @@ from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.testing.runtime import bind_runtime
 from slime.testing.scripted_engine import ScriptedEngine
 from slime.tools.example_tools import CalculatorTool
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 from tests.conftest import native_tools_yaml
 
@@ -100,7 +99,7 @@ class Engine:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
     script = Engine()
-    engine = ScriptedEngine(script, str(tiny_model_dir), find_free_port()).start()
+    engine = ScriptedEngine(script, str(tiny_model_dir)).start()
     router = Router().start()
     router.add_worker(engine.url)
     yield router, engine, script

@@ -23,7 +23,6 @@ from slime.testing.runtime import bind_runtime  # noqa: E402
 from slime.tools.services import ToolServices  # noqa: E402
 from slime.tools.flags import tool_defaults  # noqa: E402
 from slime.rollout.runtime import close_tool_sets  # noqa: E402
-from slime.utils.misc import find_free_port  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 IM_END = 151645
@@ -89,7 +88,7 @@ def stack(tok, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SLIME_MT_SECRET", "should-not-leak")
     model_dir = str(qwen_tokenizer_dir())
-    engine = ScriptedEngine(script, model_dir, find_free_port()).start()
+    engine = ScriptedEngine(script, model_dir).start()
     router = Router(log_dir=str(tmp_path_factory.mktemp("router"))).start()
     router.add_worker(engine.url)
     cfg = tmp_path_factory.mktemp("cfg") / "tools.yaml"

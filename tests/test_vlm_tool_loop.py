@@ -23,7 +23,6 @@ from slime.tools.base_tool import BaseTool
 from slime.tools.flags import tool_defaults
 from slime.tools.schemas import ToolResponse
 from slime.utils.images import open_image
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 from tests.conftest import native_tools_yaml
 
@@ -68,7 +67,7 @@ def stack(tiny_vlm_dir, tmp_path):
         ids = replies[turn]
         return {"output_ids": ids, "finish_type": "stop", "log_probs": [-0.1 * (turn + 1)] * len(ids)}
 
-    engine = ScriptedEngine(script, str(tiny_vlm_dir), find_free_port()).start()
+    engine = ScriptedEngine(script, str(tiny_vlm_dir)).start()
     router = Router(log_dir=str(tmp_path / "router")).start()
     router.add_worker(engine.url)
     config = tmp_path / "tools.yaml"

@@ -42,7 +42,6 @@ def stack(tok, tmp_path_factory):
     from slime.fleet.router import Router
     from slime.testing.scripted_engine import ScriptedEngine
     from slime.testing.tiny_model import qwen_tokenizer_dir
-    from slime.utils.misc import find_free_port
 
     scripts: dict[str, list[dict[str, Any]]] = {}
 
@@ -51,7 +50,7 @@ def stack(tok, tmp_path_factory):
         key = next(k for k in reversed(scripts) if k in text)  # the latest test's (rows may share text)
         return scripts[key][text.count("<|im_start|>assistant") - 1]
 
-    engine = ScriptedEngine(script, str(qwen_tokenizer_dir()), find_free_port()).start()
+    engine = ScriptedEngine(script, str(qwen_tokenizer_dir())).start()
     router = Router(log_dir=str(tmp_path_factory.mktemp("router"))).start()
     router.add_worker(engine.url)
     yield {"router": router, "engine": engine, "scripts": scripts, "model": str(qwen_tokenizer_dir())}

@@ -166,6 +166,7 @@ class EngineServer:
             ready=http_ok(f"{self.url}/health"),
             startup_timeout=startup_timeout,
             launcher=launcher,
+            port=port,  # another process on the port (it was picked free, then taken) is not this engine
         )
 
     @property

@@ -18,7 +18,6 @@ from slime.fleet.router import Router
 from slime.rollout.engine_client import EngineClient
 from slime.testing.scripted_engine import ScriptedEngine
 from slime.utils.endpoints import Endpoints
-from slime.utils.misc import find_free_port
 from slime.utils.types import Sample
 
 CASE = re.compile(r"case=([\w.-]+)")
@@ -93,8 +92,7 @@ class AgentStack:
 
     def start(self) -> AgentStack:
         self.engines = [
-            ScriptedEngine(self.answer, self.model_dir, find_free_port(), decode=self.text).start()
-            for _ in range(self.n_engines)
+            ScriptedEngine(self.answer, self.model_dir, decode=self.text).start() for _ in range(self.n_engines)
         ]
         self.router = Router(log_dir=self.log_dir).start()
         for e in self.engines:

@@ -10,7 +10,6 @@ from typing import Any
 from slime.fleet.router import Router
 from slime.testing.retriever import Retriever
 from slime.testing.scripted_engine import ScriptedEngine
-from slime.utils.misc import find_free_port
 
 PASSAGES = ["Paris\nParis is the capital of France.", "Berlin\nBerlin is in Germany."]
 
@@ -35,7 +34,7 @@ def replying_stack(
             "text": tok.decode(out[:cap]),
         }
 
-    engine = ScriptedEngine(script, model_dir, find_free_port()).start()
+    engine = ScriptedEngine(script, model_dir).start()
     router = Router().start()
     router.add_worker(engine.url)
     retriever = Retriever(PASSAGES).start()

@@ -17,7 +17,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from slime.testing.threaded_server import ThreadedServer
-from slime.utils.misc import find_free_port
 
 _WORD = re.compile(r"\w+")
 
@@ -37,8 +36,6 @@ class Retriever:
         self.requests: list[dict[str, Any]] = []
         self._failures: list[int] = []
         self._lock = threading.Lock()
-        self.port = port or find_free_port()
-        self.url = f"http://127.0.0.1:{self.port}/retrieve"
         app = FastAPI()
 
         @app.post("/retrieve")
@@ -61,9 +58,10 @@ class Retriever:
                 )
             return {"result": results}
 
-        self._server = ThreadedServer(
-            app, "127.0.0.1", self.port, what=f"retriever at {self.url}", thread_name="test-retriever"
-        )
+        self._server = ThreadedServer(app, "127.0.0.1", port or 0, what="retriever", thread_name="test-retriever")
+        self.port = self._server.port
+        self.url = f"http://127.0.0.1:{self.port}/retrieve"
+        self._server.what = f"retriever at {self.url}"
 
     def fail_next(self, n: int, status: int = 503) -> None:
         with self._lock:

@@ -210,13 +210,15 @@ class ScriptedEngine:
         self,
         script: Script,
         model_path: str,
-        port: int,
+        port: int = 0,
         host: str = "127.0.0.1",
         decode: Callable[[list[int]], str] | None = None,
     ):
+        """`port` 0: one the OS picks, bound at once (`ThreadedServer`); `url` names it."""
         self.app = build_app(script, model_path, decode)
-        self.url = f"http://{host}:{port}"
-        self._server = ThreadedServer(self.app, host, port, what=f"scripted engine at {self.url}")
+        self._server = ThreadedServer(self.app, host, port, what=f"scripted engine on {host}")
+        self.url = f"http://{host}:{self._server.port}"
+        self._server.what = f"scripted engine at {self.url}"
 
     @property
     def requests(self) -> list[dict[str, Any]]:

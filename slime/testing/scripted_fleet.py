@@ -8,14 +8,13 @@ from typing import Iterator, Sequence
 
 from slime.fleet.router import Router
 from slime.testing.scripted_engine import Script, ScriptedEngine
-from slime.utils.misc import find_free_port
 
 
 @contextlib.contextmanager
 def scripted_fleet(scripts: Sequence[Script], model_dir: str | Path) -> Iterator[tuple[Router, list[ScriptedEngine]]]:
     """One engine per script (the same script twice: two engines answering alike), each a worker of
     the router; yields ``(router, engines)`` and stops the router, then the engines."""
-    engines = [ScriptedEngine(s, str(model_dir), find_free_port()).start() for s in scripts]
+    engines = [ScriptedEngine(s, str(model_dir)).start() for s in scripts]
     router = Router().start()
     try:
         for e in engines:

@@ -11,7 +11,6 @@ import textwrap
 import threading
 
 import pytest
-import requests
 
 from slime.fleet.engine_server import EngineServer, EngineStartError
 from slime.testing.threaded_server import ThreadedServer

@@ -65,3 +65,23 @@ def test_a_test_server_holds_its_port_from_the_moment_it_is_made():
     server.stop()  # never started: its socket is released
     with socket.socket() as s:
         s.bind(("127.0.0.1", server.port))
+
+
+def test_the_trainers_rendezvous_port_is_served_from_the_moment_rank_0_names_it(tmp_path):
+    """`TrainWorker.master_address` binds the gloo group's store on a port the OS picks, then names it (a port
+    found free and bound only when the ranks init could be taken in between); rank 1 joins through it."""
+    import torch.distributed as dist
+
+    from slime.cli.train import parse_train_args
+    from slime.train.flags import WorkerConfig
+    from slime.train.worker import TrainWorker
+
+    (tmp_path / "prompts.jsonl").write_text('{"input": "1+1?", "label": "2"}\n')
+    args = parse_train_args(["--hf-checkpoint", str(tmp_path), "--prompt-data", str(tmp_path / "prompts.jsonl")])
+    worker = TrainWorker(WorkerConfig.from_args(args), args, 2, 0)
+    host, port = worker.master_address()
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind((host, port))
+    joined = dist.TCPStore(host, port, 2, False)  # what rank 1's init does
+    joined.set("rank1", "here")
+    assert worker._store.get("rank1") == b"here"

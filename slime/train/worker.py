@@ -76,6 +76,7 @@ class TrainWorker:
         self._groups_formed = 0  # each group gets its own name (see _connect)
         self._engine_notices: dict[str, tuple[Any, str]] = {}  # actor id -> (exit notice, label), per engine
         self._kept: Any = None  # the last push's tensors in Ray's object store, for replacement engines
+        self._store: Any = None  # rank 0's gloo rendezvous store (`master_address`), kept as long as the group
         self.global_step = 0
         threads = config.train.train_threads or max(
             1, (os.cpu_count() or 1) // max(1, int(config.train.actor_num_workers))
@@ -83,11 +84,15 @@ class TrainWorker:
         torch.set_num_threads(int(threads))
 
     # ---- set-up ----
-    def master_address(self) -> tuple[str, int]:
-        from slime.utils.misc import find_free_port
+    def master_host(self) -> str:
+        return "127.0.0.1" if self.config.engine_host == "127.0.0.1" else ray.util.get_node_ip_address()
 
-        host = "127.0.0.1" if self.config.engine_host == "127.0.0.1" else ray.util.get_node_ip_address()
-        return host, find_free_port(host)
+    def master_address(self) -> tuple[str, int]:
+        """Rank 0's rendezvous for the gloo group: its store, serving from now on a port the OS picks (a port
+        found free and bound only later, by `init`, could be taken in between: another run, another test)."""
+        host = self.master_host()
+        self._store = dist.TCPStore(host, 0, self.world_size, True, wait_for_workers=False)
+        return host, self._store.port
 
     def init(self, master_addr: str, master_port: int, timeout: float = 300.0) -> dict[str, Any]:
         """Join the gloo group, build model / reference / optimizer, resume from `--load`. Returns
@@ -98,13 +103,14 @@ class TrainWorker:
         self.hooks = LossHooks.of(config.loss, self._plugin_args)
         torch.manual_seed(int(config.seed))
         if not dist.is_initialized():
-            dist.init_process_group(
-                "gloo",
-                init_method=f"tcp://{master_addr}:{master_port}",
-                rank=self.rank,
-                world_size=self.world_size,
-                timeout=datetime.timedelta(seconds=timeout),
-            )
+            deadline = datetime.timedelta(seconds=timeout)
+            store = self._store  # rank 0's, made by `master_address`; else rank 0 serves the address it was given
+            if store is None:
+                store = dist.TCPStore(
+                    master_addr, master_port, self.world_size, self.rank == 0, timeout=deadline, wait_for_workers=False
+                )
+            store.set_timeout(deadline)
+            dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size, timeout=deadline)
         loaded = latest_checkpoint(config.load, config.ckpt_step) if config.load else None
         source = str(checkpoint_dir(config.load, loaded) / "model") if loaded is not None else config.hf_checkpoint
         try:
@@ -498,7 +504,7 @@ class TrainWorker:
             self.weight_group.close()
             self.weight_group = None
         if self.weight_group is None:
-            host, _ = self.master_address()
+            host = self.master_host()
             # "auto": the shared-memory ring when every engine is on this host, else gloo broadcasts
             transport = self.config.train.weight_sync_transport
             # a fresh name per group: a survivor may still hold a broken rendezvous of an earlier one

@@ -167,17 +167,15 @@ class WeightUpdateGroup(GroupTransport):
             raise WeightSyncError(f"every engine of the weight-update group died during {during}")
 
     def _connect_once(self) -> None:
-        from slime.utils.misc import find_free_port
-
-        port = self.master_port or find_free_port(self.master_address)
         world = len(self.engines) + 1
-        try:
-            store = new_store(self.master_address, port, world, self.timeout, is_master=True)
+        try:  # port 0: the store binds one the OS picks (a port found free first could be taken before it binds)
+            store = new_store(self.master_address, self.master_port or 0, world, self.timeout, is_master=True)
         except Exception as exc:  # noqa: BLE001
             raise WeightSyncError(
                 f"trainer rank 0 could not serve group {self.group_name!r} on "
-                f"{self.master_address}:{port}: {first_line(exc)}"
+                f"{self.master_address}:{self.master_port or '(a free port)'}: {first_line(exc)}"
             ) from None
+        port = store.port
         ring, self.transport_reason = None, "broadcast requested" if self.requested_transport == BROADCAST else ""
         if self.requested_transport == "auto":
             try:

@@ -14,6 +14,7 @@ import pytest
 
 from slime.fleet.engine_server import EngineServer, EngineStartError
 from slime.testing.threaded_server import ThreadedServer
+from slime.utils.child_process import listens_on
 from slime.utils.misc import find_free_port
 
 
@@ -28,34 +29,55 @@ class Healthy(http.server.BaseHTTPRequestHandler):
 
 
 def serving_health(port: int) -> list[str]:
-    """A command that serves `GET /health` on `port` (and exits with an error where it cannot bind it)."""
-    code = textwrap.dedent(f"""
-        import http.server
+    """A command that serves `GET /health` on its `--port` (and exits with an error where it cannot bind it)."""
+    code = textwrap.dedent("""
+        import http.server, sys
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
-        http.server.ThreadingHTTPServer(("127.0.0.1", {port}), H).serve_forever()
+        port = int(sys.argv[sys.argv.index("--port") + 1])
+        http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
     """)
-    return [sys.executable, "-c", code]
+    return [sys.executable, "-c", code, "--port", str(port)]
 
 
-def test_an_engine_whose_port_another_server_took_is_not_ready_on_that_servers_answer(tmp_path):
+@pytest.fixture
+def squatted_port():
+    """A port another server holds, answering `GET /health` with 200 (as another test's engine would)."""
     port = find_free_port()
     squatter = http.server.ThreadingHTTPServer(("127.0.0.1", port), Healthy)
     threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    yield port
+    squatter.shutdown()
+    squatter.server_close()
+
+
+def test_an_engine_on_a_port_another_server_took_is_not_ready_on_that_servers_answer(squatted_port, tmp_path):
+    """A port the user gave: the engine fails with its own error (the squatter's 200 came at once, before the
+    engine had even tried to bind), and is ready as before where the port is its own."""
+    engine = EngineServer(serving_health(squatted_port), "127.0.0.1", squatted_port, "given", str(tmp_path))
+    with pytest.raises(EngineStartError, match="exited with code 1"):
+        engine.start()
+    assert "Address already in use" in (tmp_path / "given.log").read_text()
+    port = find_free_port()
+    engine = EngineServer(serving_health(port), "127.0.0.1", port, "own", str(tmp_path))
     try:
-        engine = EngineServer(serving_health(port), "127.0.0.1", port, "squatted", str(tmp_path), startup_timeout=30)
-        with pytest.raises(EngineStartError, match="exited with code 1"):
-            engine.start()  # the squatter's 200 answered at once; the engine itself never bound the port
-        assert "Address already in use" in (tmp_path / "squatted.log").read_text()
+        assert engine.start() == f"http://127.0.0.1:{port}"
     finally:
-        squatter.shutdown()
-        squatter.server_close()
-    engine = EngineServer(serving_health(port), "127.0.0.1", port, "own", str(tmp_path), startup_timeout=30)
+        engine.stop()
+
+
+def test_an_engine_whose_picked_port_was_taken_starts_on_another(squatted_port, tmp_path):
+    engine = EngineServer(
+        serving_health(squatted_port), "127.0.0.1", squatted_port, "picked", str(tmp_path), port_chosen=True
+    )
     try:
-        assert engine.start() == f"http://127.0.0.1:{port}"  # its own port: ready as before
+        url = engine.start()
+        assert engine.port != squatted_port and url == f"http://127.0.0.1:{engine.port}"
+        assert engine.command[-1] == str(engine.port) and listens_on(engine.pid, engine.port) is True
+        assert "Address already in use" in (tmp_path / "picked.log").read_text()
     finally:
-        engine.process.stop()
+        engine.stop()
 
 
 def test_a_test_server_holds_its_port_from_the_moment_it_is_made():

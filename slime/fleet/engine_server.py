@@ -19,7 +19,7 @@ import requests
 
 from slime.fleet.flags import EngineConfig
 from slime.utils import fork_server
-from slime.utils.child_process import ChildProcess, ReadinessError, http_ok
+from slime.utils.child_process import PORT_ATTEMPTS, ChildProcess, ReadinessError, http_ok
 from slime.utils.misc import find_free_port
 
 
@@ -155,18 +155,25 @@ class EngineServer:
         env: dict[str, str] | None = None,
         startup_timeout: float = 300.0,
         launcher: Callable[[ChildProcess], Any] | None = None,
+        port_chosen: bool = False,
     ):
-        self.host, self.port, self.name = host, port, name
-        log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-engine-")) / f"{name}.log"
-        self.process = ChildProcess(
+        """`port_chosen`: slime picked `port` free (the command's `--port`); if it is taken by the time the
+        engine binds it, `start` picks another, as the router's does (a port the user gave is never changed)."""
+        self.host, self.port, self.name, self.port_chosen = host, port, name, port_chosen
+        self._log_path = Path(log_dir or tempfile.mkdtemp(prefix="slime-engine-")) / f"{name}.log"
+        self._env, self._startup_timeout, self._launcher = env, startup_timeout, launcher
+        self.process = self._child(command)
+
+    def _child(self, command: list[str]) -> ChildProcess:
+        return ChildProcess(
             command,
-            name=f"engine {name} at {self.url}",
-            log_path=log_path,
-            env=env,
+            name=f"engine {self.name} at {self.url}",
+            log_path=self._log_path,
+            env=self._env,
             ready=http_ok(f"{self.url}/health"),
-            startup_timeout=startup_timeout,
-            launcher=launcher,
-            port=port,  # another process on the port (it was picked free, then taken) is not this engine
+            startup_timeout=self._startup_timeout,
+            launcher=self._launcher,
+            port=self.port,  # another process on the port (it was picked free, then taken) is not this engine
         )
 
     @property
@@ -182,11 +189,26 @@ class EngineServer:
         return self.process.pid
 
     def start(self) -> str:
-        try:
-            self.process.start()
-        except ReadinessError as e:
-            raise EngineStartError(str(e)) from None
-        return self.url
+        attempts = 1
+        while True:
+            try:
+                self.process.start()
+                return self.url
+            except ReadinessError as e:
+                if attempts == PORT_ATTEMPTS or not self._picked_another_port(e):
+                    raise EngineStartError(str(e)) from None
+                attempts += 1
+
+    def _picked_another_port(self, error: ReadinessError) -> bool:
+        """The engine could not bind the port slime picked for it (taken meanwhile): a new one, in its command."""
+        if not (self.port_chosen and "--port" in self.command and "address already in use" in str(error).lower()):
+            return False
+        logger.warning("engine %s: port %d was taken meanwhile; picking another", self.name, self.port)
+        self.port = find_free_port(self.host)
+        command = list(self.command)
+        command[command.index("--port") + 1] = str(self.port)
+        self.process = self._child(command)
+        return True
 
     def alive(self) -> bool:
         return self.process.alive()
@@ -261,6 +283,7 @@ def hf_server(config: EngineConfig, rank: int, host: str, fork_server: str | Non
         engine_env(),
         config.engine_startup_timeout,
         launcher=fork_server_launcher(fork_server),
+        port_chosen=True,
     )
 
 
@@ -298,4 +321,5 @@ def sglang_server(
         config.log_dir,
         engine_env(),
         config.engine_startup_timeout,
+        port_chosen=True,
     )

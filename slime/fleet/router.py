@@ -23,10 +23,9 @@ import requests
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.fleet.router_answer import BadRouterAnswer, Worker, parse_workers
 from slime.utils.misc import find_free_port
-from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, wait_until
+from slime.utils.child_process import PORT_ATTEMPTS, ChildProcess, ReadinessError, http_ok, wait_until
 
 logger = logging.getLogger(__name__)
-PORT_ATTEMPTS = 3  # ports picked free and found taken by the time the router binds them, before start gives up
 
 
 class RouterError(RuntimeError):

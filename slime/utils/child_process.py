@@ -75,6 +75,10 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
     return f"\n--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
 
 
+# ports picked free and found taken by the time the server binds them (`listens_on`), before a start gives up
+PORT_ATTEMPTS = 3
+
+
 def listens_on(pid: int | None, port: int) -> bool | None:
     """Whether process `pid` holds the listening TCP socket on `port` (Linux's `/proc`), None where that cannot be
     told. A port picked free can be taken by another process before our child binds it; that process may answer

@@ -50,28 +50,16 @@ def test_a_port_taken_before_the_router_binds_it_is_not_mistaken_for_the_router(
     """The port `Router()` picked free is taken by another server answering `/health` (another test's engine
     does) before the router binds it: the router fails to bind and exits, the other server's 200 must not make
     it "ready", and the router starts on ports picked again (as it picked them itself)."""
-    import http.server
     import socket
-    import threading
 
     import requests
 
+    from slime.testing.port_squatter import squatting
     from slime.utils.child_process import listens_on
-
-    class Healthy(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
 
     router = Router(log_dir=str(tmp_path))
     taken = router.port
-    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", taken), Healthy)
-    threading.Thread(target=squatter.serve_forever, daemon=True).start()
-    try:
+    with squatting(taken):
         assert listens_on(os.getpid(), taken) is True and requests.get(f"http://127.0.0.1:{taken}/health").ok
         router.start()
         try:
@@ -81,9 +69,6 @@ def test_a_port_taken_before_the_router_binds_it_is_not_mistaken_for_the_router(
             assert "Address already in use" in (tmp_path / f"router-{taken}.log").read_text()
         finally:
             router.stop()
-    finally:
-        squatter.shutdown()
-        squatter.server_close()
     with socket.socket() as s:  # a process that is gone: nothing to tell
         s.bind(("127.0.0.1", 0))
         assert listens_on(2**22 + 7, s.getsockname()[1]) is None

@@ -4,28 +4,17 @@ test servers bind theirs when they are made."""
 
 from __future__ import annotations
 
-import http.server
 import socket
 import sys
 import textwrap
-import threading
 
 import pytest
 
 from slime.fleet.engine_server import EngineServer, EngineStartError
+from slime.testing.port_squatter import squatting
 from slime.testing.threaded_server import ThreadedServer
 from slime.utils.child_process import listens_on
 from slime.utils.misc import find_free_port
-
-
-class Healthy(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def serving_health(port: int) -> list[str]:
@@ -44,12 +33,8 @@ def serving_health(port: int) -> list[str]:
 @pytest.fixture
 def squatted_port():
     """A port another server holds, answering `GET /health` with 200 (as another test's engine would)."""
-    port = find_free_port()
-    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", port), Healthy)
-    threading.Thread(target=squatter.serve_forever, daemon=True).start()
-    yield port
-    squatter.shutdown()
-    squatter.server_close()
+    with squatting(find_free_port()) as port:
+        yield port
 
 
 def test_an_engine_on_a_port_another_server_took_is_not_ready_on_that_servers_answer(squatted_port, tmp_path):

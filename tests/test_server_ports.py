@@ -1,6 +1,6 @@
 """A port picked free can be taken by another process before the server meant for it binds it (two test
-workers, two runs on one node). An engine is ready only once its own process holds its port; the in-process
-test servers bind theirs when they are made."""
+workers, two runs on one node). An engine is ready only once its own process holds its port, and picks another
+where slime picked it; the in-process test servers and the trainer's rendezvous store bind theirs when they are made."""
 
 from __future__ import annotations
 

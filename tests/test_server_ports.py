@@ -92,3 +92,17 @@ def test_the_trainers_rendezvous_port_is_served_from_the_moment_rank_0_names_it(
     joined = dist.TCPStore(host, port, 2, False)  # what rank 1's init does
     joined.set("rank1", "here")
     assert worker._store.get("rank1") == b"here"
+
+
+def test_an_engine_whose_listener_runs_in_a_child_of_its_command_is_ready(tmp_path):
+    """The port check looks at the command's descendants too: a wrapper that runs the server as its child."""
+    port = find_free_port()
+    wrapper = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
+    engine = EngineServer(
+        [*wrapper, *serving_health(port)], "127.0.0.1", port, "wrapped", str(tmp_path), startup_timeout=20
+    )
+    try:
+        assert engine.start() == f"http://127.0.0.1:{port}"
+        assert listens_on(engine.pid, port) is True
+    finally:
+        engine.stop()

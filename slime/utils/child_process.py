@@ -80,9 +80,10 @@ PORT_ATTEMPTS = 3
 
 
 def listens_on(pid: int | None, port: int) -> bool | None:
-    """Whether process `pid` holds the listening TCP socket on `port` (Linux's `/proc`), None where that cannot be
-    told. A port picked free can be taken by another process before our child binds it; that process may answer
-    the readiness probe (another test's engine answers `/health` too) while our child fails to bind and exits."""
+    """Whether process `pid`, or one of its descendants (a server whose listener runs in a child of the command),
+    holds the listening TCP socket on `port` (Linux's `/proc`), None where that cannot be told. A port picked free
+    can be taken by another process before our child binds it; that process may answer the readiness probe
+    (another test's engine answers `/health` too) while our child fails to bind and exits."""
     if pid is None:
         return None
     inodes = set()
@@ -95,10 +96,34 @@ def listens_on(pid: int | None, port: int) -> bool | None:
             f = row.split()
             if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                 inodes.add(f"socket:[{f[9]}]")
+    if not os.path.isdir(f"/proc/{pid}/fd"):
+        return None
+    return any(_holds(p, inodes) for p in _with_descendants(pid))
+
+
+def _with_descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (`/proc/<pid>/task/<tid>/children`)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _holds(pid: int, inodes: set[str]) -> bool:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return None
+        return False
     for fd in fds:
         try:
             if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:

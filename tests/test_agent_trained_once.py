@@ -200,14 +200,11 @@ class Twins:
         self.managers[1]._walks = Forgetting()
         self.conversations = [Conversations(), Conversations()]
         self.conversations[1].last = Forgetful()
-        self.resumed = 0
 
     def record_turn(self, sid, *, turn, prompt_messages, response_message):
-        self.resumed += bool(self.conversations[0].last.resumed(prompt_messages[:-1]))
         found = [c.continued(prompt_messages, None) for c in self.conversations]
-        assert [None if f is None else (f[0].prompt, f[0].output_ids, f[1]) for f in found] == [
-            None if f is None else (f[0].prompt, f[0].output_ids, f[1]) for f in found[::-1]
-        ]
+        ours, reference = (None if f is None else (f[0].prompt, f[0].output_ids, f[1]) for f in found)
+        assert ours == reference
         for c in self.conversations:
             c.add(prompt_messages, response_message, None, turn.prompt_ids, turn.output_ids)
         for m in self.managers:

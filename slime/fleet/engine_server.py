@@ -19,7 +19,7 @@ import requests
 
 from slime.fleet.flags import EngineConfig
 from slime.utils import fork_server
-from slime.utils.child_process import PORT_ATTEMPTS, ChildProcess, ReadinessError, http_ok
+from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, start_picking_ports
 from slime.utils.misc import find_free_port
 
 
@@ -189,19 +189,15 @@ class EngineServer:
         return self.process.pid
 
     def start(self) -> str:
-        attempts = 1
-        while True:
-            try:
-                self.process.start()
-                return self.url
-            except ReadinessError as e:
-                if attempts == PORT_ATTEMPTS or not self._picked_another_port(e):
-                    raise EngineStartError(str(e)) from None
-                attempts += 1
+        try:
+            start_picking_ports(lambda: self.process.start(), self._pick_port_again)  # (the process picked again)
+        except ReadinessError as e:
+            raise EngineStartError(str(e)) from None
+        return self.url
 
-    def _picked_another_port(self, error: ReadinessError) -> bool:
-        """The engine could not bind the port slime picked for it (taken meanwhile): a new one, in its command."""
-        if not (self.port_chosen and "--port" in self.command and "address already in use" in str(error).lower()):
+    def _pick_port_again(self) -> bool:
+        """The port slime picked for the engine was taken before it bound it: another, in its command."""
+        if not (self.port_chosen and "--port" in self.command):
             return False
         logger.warning("engine %s: port %d was taken meanwhile; picking another", self.name, self.port)
         self.port = find_free_port(self.host)

@@ -23,7 +23,7 @@ import requests
 from slime.fleet.flags import DEFAULT_ROUTER_HEALTH_CHECK_INTERVAL
 from slime.fleet.router_answer import BadRouterAnswer, Worker, parse_workers
 from slime.utils.misc import find_free_port
-from slime.utils.child_process import PORT_ATTEMPTS, ChildProcess, ReadinessError, http_ok, wait_until
+from slime.utils.child_process import ChildProcess, ReadinessError, http_ok, start_picking_ports, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -157,21 +157,21 @@ class Router:
 
     def start(self) -> "Router":
         self._stopping.clear()
-        for attempt in range(PORT_ATTEMPTS):
-            try:
-                self._spawn()
-                break
-            except ReadinessError as e:  # a port picked free was taken before the router bound it: pick others
-                if not self._ports_chosen or attempt + 1 == PORT_ATTEMPTS or "Address already in use" not in str(e):
-                    raise
-                logger.warning(
-                    "sglang-router: port %d or %d was taken meanwhile; picking others", self.port, self.prometheus_port
-                )
-                self.port, self.prometheus_port = find_free_port(self.host), find_free_port("127.0.0.1")
-                self.log_path = self.log_dir / f"router-{self.port}.log"
+        start_picking_ports(self._spawn, self._pick_ports_again)
         self._watcher = threading.Thread(target=self._watch, name=f"router-watch-{self.port}", daemon=True)
         self._watcher.start()
         return self
+
+    def _pick_ports_again(self) -> bool:
+        """Ports picked free here and taken before the router bound them: others (never the user's)."""
+        if not self._ports_chosen:
+            return False
+        logger.warning(
+            "sglang-router: port %d or %d was taken meanwhile; picking others", self.port, self.prometheus_port
+        )
+        self.port, self.prometheus_port = find_free_port(self.host), find_free_port("127.0.0.1")
+        self.log_path = self.log_dir / f"router-{self.port}.log"
+        return True
 
     def _spawn(self) -> None:
         with self._lock:

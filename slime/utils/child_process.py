@@ -79,6 +79,18 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
 PORT_ATTEMPTS = 3
 
 
+def start_picking_ports(start: Callable[[], Any], pick_again: Callable[[], bool]) -> Any:
+    """`start()`; where it fails because its port was taken ("address already in use"), `pick_again()` and
+    start again, up to PORT_ATTEMPTS starts. `pick_again` returns False when the ports are not the caller's
+    to change (the user gave them): the error stands."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return start()
+        except ReadinessError as e:
+            if attempt == PORT_ATTEMPTS or "address already in use" not in str(e).lower() or not pick_again():
+                raise
+
+
 def listens_on(pid: int | None, port: int) -> bool | None:
     """Whether process `pid`, or one of its descendants (a server whose listener runs in a child of the command),
     holds the listening TCP socket on `port` (Linux's `/proc`), None where that cannot be told. A port picked free

@@ -60,8 +60,7 @@ class Retriever:
 
         self._server = ThreadedServer(app, "127.0.0.1", port or 0, what="retriever", thread_name="test-retriever")
         self.port = self._server.port
-        self.url = f"http://127.0.0.1:{self.port}/retrieve"
-        self._server.what = f"retriever at {self.url}"
+        self.url = f"{self._server.url}/retrieve"
 
     def fail_next(self, n: int, status: int = 503) -> None:
         with self._lock:

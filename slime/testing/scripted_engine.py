@@ -216,9 +216,8 @@ class ScriptedEngine:
     ):
         """`port` 0: one the OS picks, bound at once (`ThreadedServer`); `url` names it."""
         self.app = build_app(script, model_path, decode)
-        self._server = ThreadedServer(self.app, host, port, what=f"scripted engine on {host}")
-        self.url = f"http://{host}:{self._server.port}"
-        self._server.what = f"scripted engine at {self.url}"
+        self._server = ThreadedServer(self.app, host, port, what="scripted engine")
+        self.url = self._server.url
 
     @property
     def requests(self) -> list[dict[str, Any]]:

@@ -20,10 +20,11 @@ _STOP_JOIN_SECONDS = 10
 
 class ThreadedServer:
     def __init__(self, app: Any, host: str, port: int = 0, *, what: str, thread_name: str | None = None):
-        """`what` names the server in the start-up error, e.g. "retriever at http://127.0.0.1:8000"."""
+        """`what` names the server in the start-up error, e.g. "retriever" (its `url` follows)."""
         self.what = what
         self.socket = socket.create_server((host, port))
         self.port = self.socket.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
         self._server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="off", http=Http1Only)
         )
@@ -42,7 +43,7 @@ class ThreadedServer:
         self._server.startup = startup
         self._thread.start()
         if not started.wait(timeout):
-            raise RuntimeError(f"{self.what} did not start within {timeout}s")
+            raise RuntimeError(f"{self.what} at {self.url} did not start within {timeout}s")
 
     def stop(self) -> None:
         self._server.should_exit = True

@@ -109,7 +109,8 @@ class TrainWorker:
                 store = dist.TCPStore(
                     master_addr, master_port, self.world_size, self.rank == 0, timeout=deadline, wait_for_workers=False
                 )
-            store.set_timeout(deadline)
+            else:
+                store.set_timeout(deadline)
             dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size, timeout=deadline)
         loaded = latest_checkpoint(config.load, config.ckpt_step) if config.load else None
         source = str(checkpoint_dir(config.load, loaded) / "model") if loaded is not None else config.hf_checkpoint

@@ -25,7 +25,7 @@ from slime.engine.image_inputs import ImageInputs
 from slime.engine.model_loading import PreloadedModel, eos_token_ids, load_model
 from slime.engine.request import EngineReleasedError, Request
 from slime.engine.sampling import SamplingParams
-from slime.utils.processing_utils import load_processor
+from slime.utils.processing_utils import load_processor, load_tokenizer
 from slime.utils.vision_model import image_token_id, is_vision_model
 
 __all__ = ["EngineReleasedError", "HFBatcher", "PreloadedModel", "SamplingParams", "load_model"]
@@ -51,8 +51,6 @@ class HFBatcher:
     ):
         """`preloaded`: model and tokenizer already in memory (a warm start), used when it is the
         same checkpoint and dtype; otherwise both are loaded from `model_path`."""
-        from transformers import AutoTokenizer
-
         # Process-wide; the decode thread is the only heavy user. Default 1: engines share the machine with
         # trainers and other engines, and once cores are oversubscribed OpenMP's busy-waiting workers made
         # 2 threads 3-7x SLOWER than 1 on our 2-core boxes (while 2 threads on an idle box gain little:
@@ -64,7 +62,7 @@ class HFBatcher:
         if preloaded is not None and preloaded.matches(str(model_path), dtype):
             self.tokenizer, model = preloaded.tokenizer, preloaded.model
         else:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)  # used only by the decode thread
+            self.tokenizer = load_tokenizer(self.tokenizer_path)  # used only by the decode thread
             model = self._load_model(str(model_path))
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 4096)

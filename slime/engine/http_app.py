@@ -33,11 +33,11 @@ class Server:
     lifecycle closes `groups` and shuts the batcher down."""
 
     def __init__(self, batcher: HFBatcher, tokenizer: Any = None):
-        from transformers import AutoTokenizer
+        from slime.utils.processing_utils import load_tokenizer
 
         self.batcher = batcher
         # Own tokenizer instance: the batcher's one is used concurrently by the decode thread.
-        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(batcher.tokenizer_path)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(batcher.tokenizer_path)
         self.groups = UpdateGroups()
         self.checker = WeightChecker()
         self.generation = GenerateRoutes(batcher, self.tokenizer)

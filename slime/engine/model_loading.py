@@ -3,18 +3,27 @@ start preloads before the engine processes are forked."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 
 def load_model(path: str, dtype: torch.dtype):
-    """The checkpoint as an inference-only module (eval mode, no grads); a vision-language checkpoint with
-    its vision tower (`slime.utils.vision_model.load_hf_model`)."""
+    """The checkpoint as an inference-only module (eval mode, no grads): a dense decoder family by the
+    engine's own forward (`slime.engine.decoder_lm`), anything else by transformers, a vision-language
+    checkpoint with its vision tower (`slime.utils.vision_model.load_hf_model`)."""
+    from slime.engine.decoder_lm import load_decoder_lm
     from slime.utils.vision_model import load_hf_model
 
+    model, why = load_decoder_lm(path, dtype)
+    if model is not None:
+        return model
+    logger.info("%s: loaded by transformers (%s)", path, why)
     model = load_hf_model(path, dtype)
     model.eval()
     model.requires_grad_(False)

@@ -45,7 +45,6 @@ def preload(model_path: str, dtype: str = "float32") -> Any:
     import torch
 
     torch.set_num_threads(1)
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -55,14 +54,15 @@ def preload(model_path: str, dtype: str = "float32") -> Any:
         except ImportError:  # optional speedups (uvloop, httptools) may be missing
             pass
     from slime.engine.model_loading import PreloadedModel, load_model
+    from slime.utils.processing_utils import load_tokenizer
 
     torch_dtype = getattr(torch, dtype)
     return PreloadedModel(
         model_path=str(model_path),
         dtype=torch_dtype,
         model=load_model(str(model_path), torch_dtype),
-        tokenizer=AutoTokenizer.from_pretrained(str(model_path)),
-        server_tokenizer=AutoTokenizer.from_pretrained(str(model_path)),
+        tokenizer=load_tokenizer(str(model_path)),
+        server_tokenizer=load_tokenizer(str(model_path)),
     )
 
 

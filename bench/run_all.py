@@ -30,6 +30,7 @@ BENCHMARKS = [
     ("Agent gateway", ["-m", "bench.bench_agent_gateway"]),
     ("Prompt encoding: shared pieces kept", ["-m", "bench.bench_prompt_encode"]),
     ("Sandbox API under a 26 MB body", ["-m", "bench.bench_sandbox_bodies"]),
+    ("Engine forward: its own against transformers'", ["-m", "bench.bench_engine_forward"]),
 ]
 
 

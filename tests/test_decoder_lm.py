@@ -217,6 +217,15 @@ def test_an_unsupported_checkpoint_loads_through_transformers(tmp_path):
     assert type(served).__name__ == "Qwen3ForCausalLM"
 
 
+def test_a_config_without_a_shape_field_is_left_to_transformers(tmp_path):
+    _tiny("llama").save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["intermediate_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ours, why = load_decoder_lm(tmp_path, torch.float32)
+    assert ours is None and "intermediate_size" in why
+
+
 def test_weights_named_otherwise_are_left_to_transformers(tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -296,6 +296,8 @@ def load_decoder_lm(path: str | Path, dtype: torch.dtype) -> tuple[DecoderLM | N
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return None, f"config.json: {exc}"
+    if not isinstance(config, dict):
+        return None, "config.json is not a JSON object"
     why = unsupported(config)
     if why:
         return None, why
@@ -306,7 +308,10 @@ def load_decoder_lm(path: str | Path, dtype: torch.dtype) -> tuple[DecoderLM | N
         generation = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         generation = {}
-    cfg = model_config(config)
+    try:
+        cfg = model_config(config)
+    except (KeyError, TypeError, ValueError) as exc:  # a field missing or mistyped: transformers has its defaults
+        return None, f"config.json: {type(exc).__name__}: {exc}"
     with torch.device("meta"):
         model = DecoderLM(cfg, config, generation)
     state: dict[str, torch.Tensor] = {}

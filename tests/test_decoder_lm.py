@@ -226,6 +226,58 @@ def test_a_config_without_a_shape_field_is_left_to_transformers(tmp_path):
     assert ours is None and "intermediate_size" in why
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_field_left_out_means_what_transformers_makes_of_it(family):
+    """Every combination of optional fields left out: either the shapes and switches are transformers' own
+    defaults, or the checkpoint is left to transformers."""
+    import itertools
+
+    import transformers
+
+    from slime.engine.decoder_lm import model_config
+
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+    required = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6)
+    optional = dict(
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_theta=5e5,
+    )
+    served = 0
+    for n in range(len(optional) + 1):
+        for keys in itertools.combinations(optional, n):
+            fields = {**required, **{k: optional[k] for k in keys}}
+            config = {"model_type": family, **fields}
+            if unsupported(config):
+                continue
+            try:
+                ours = model_config(config)
+            except KeyError:
+                continue
+            served += 1
+            hf = cls[family](**fields)
+            hd = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+            attention_bias = getattr(hf, "attention_bias", None)
+            assert (ours.num_key_value_heads, ours.head_dim, ours.rms_norm_eps) == (
+                hf.num_key_value_heads,
+                hd,
+                hf.rms_norm_eps,
+            ), keys
+            assert ours.tie_word_embeddings == hf.tie_word_embeddings, keys
+            assert ours.rope_theta == hf.rope_parameters["rope_theta"], keys
+            if family == "qwen2":  # its modeling code biases q, k and v, never o, whatever `attention_bias` says
+                assert (ours.qkv_bias, ours.o_bias) == (True, False), keys
+            else:
+                assert ours.qkv_bias == ours.o_bias == attention_bias, keys
+            # (a config keeps any field it is given; only Llama's modeling code reads `mlp_bias`)
+            assert ours.mlp_bias == (family == "llama" and bool(hf.mlp_bias)), keys
+    assert served > 0
+
+
 def test_weights_named_otherwise_are_left_to_transformers(tmp_path):
     from safetensors.torch import load_file, save_file
 

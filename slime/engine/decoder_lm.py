@@ -267,6 +267,12 @@ def model_config(config: dict[str, Any]) -> SimpleNamespace:
     """The shapes and switches of a supported `config.json` (transformers' defaults where a key is absent)."""
     family = config["model_type"]
     heads = int(config["num_attention_heads"])
+    # where a family's default is not the obvious one (Qwen2 and Qwen3: 32 key/value heads; Qwen3: head_dim 128),
+    # a field left out is transformers' to fill in
+    if family != "llama" and config.get("num_key_value_heads") is None:
+        raise KeyError("num_key_value_heads")
+    if family == "qwen3" and config.get("head_dim") is None:
+        raise KeyError("head_dim")
     head_dim = config.get("head_dim") or int(config["hidden_size"]) // heads
     return SimpleNamespace(
         vocab_size=int(config["vocab_size"]),

@@ -323,17 +323,17 @@ def load_decoder_lm(path: str | Path, dtype: torch.dtype) -> tuple[DecoderLM | N
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    if cfg.tie_word_embeddings:
+    tied = cfg.tie_word_embeddings
+    if tied:
         state.pop("lm_head.weight", None)  # the embeddings serve as the head (transformers ties them too)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    expected = {k for k, _ in model.named_parameters()} - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    expected = {k for k, _ in model.named_parameters() if not (tied and k == "lm_head.weight")}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
         return None, f"weights do not match the family's names (missing {missing[:3]}, unexpected {extra[:3]})"
-    if cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state, assign=True, strict=True)
-    if cfg.tie_word_embeddings:
+    # the names are checked above; a tied head is the embeddings' own tensor, set after the load
+    converted = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model.load_state_dict(converted, assign=True, strict=not tied)
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.eval()
     model.requires_grad_(False)

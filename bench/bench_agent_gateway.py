@@ -1,6 +1,8 @@
 """The agent gateway: its cost per request, per turn as a conversation grows, and under load.
 
-All against zero-latency scripted engines behind the real sglang-router, in one process:
+All against zero-latency scripted engines behind the real sglang-router, the engines in a process of
+their own as real engines are (`--engines-here`: threads of the bench's process), the gateway and its
+clients in the bench's process:
   1. overhead: single-turn requests sent directly as `/generate` (EngineClient) and the same turns
      sent to the gateway's /v1/chat/completions, alternating request by request; per request, the
      CPU time of the thread doing the work (`time.thread_time` in the bench's thread around the
@@ -24,12 +26,14 @@ All against zero-latency scripted engines behind the real sglang-router, in one 
      before it, and carry the session's own tag).
 
     python -m bench.bench_agent_gateway [--requests 300] [--turns 64] [--sessions 256] [--concurrency 8]
+                                        [--engines-here]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,6 +334,7 @@ class TreeWorker:
                 str(a.requests),
                 "--concurrency",
                 str(a.concurrency),
+                *(["--engines-here"] if a.engines_here else []),
             ],
             cwd=tree,
             env=env,
@@ -359,19 +365,18 @@ class TreeWorker:
 
 def worker(a: argparse.Namespace) -> None:
     """`TreeWorker`'s side: a stack and a gateway of this process's tree, a warm-up round, then rounds."""
-    stack = start_stack()
-    gw = Gateway(stack.client, tokenizer=stack.tok).start()
-    try:
-        asyncio.run(concurrent_overhead(stack, gw, a.requests, a.concurrency, tag="warm"))
-        print("ready", flush=True)
-        for k, line in enumerate(sys.stdin):
-            if line.strip() != "run":
-                break
-            r = asyncio.run(concurrent_overhead(stack, gw, a.requests, a.concurrency, tag=f"r{k}"))
-            print(json.dumps(r), flush=True)
-    finally:
-        gw.stop()
-        stack.stop()
+    with started_stack(a.engines_here) as stack:
+        gw = Gateway(stack.client, tokenizer=stack.tok).start()
+        try:
+            asyncio.run(concurrent_overhead(stack, gw, a.requests, a.concurrency, tag="warm"))
+            print("ready", flush=True)
+            for k, line in enumerate(sys.stdin):
+                if line.strip() != "run":
+                    break
+                r = asyncio.run(concurrent_overhead(stack, gw, a.requests, a.concurrency, tag=f"r{k}"))
+                print(json.dumps(r), flush=True)
+        finally:
+            gw.stop()
 
 
 def trees_side_by_side(a: argparse.Namespace) -> None:
@@ -551,14 +556,72 @@ async def main_async(a: argparse.Namespace, stack: AgentStack, delta: tuple, ful
         await load(stack, a.sessions, a.load_turns)
 
 
-def start_stack() -> AgentStack:
-    """Two zero-latency scripted engines behind the router (Qwen3 chat template)."""
+def stack_of(engine_urls: list[str] | None = None) -> AgentStack:
+    """Two zero-latency scripted engines (Qwen3 chat template): those at `engine_urls`, else new ones."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     return AgentStack(
-        tok, qwen_tokenizer_dir(), replies, engines=2, log_dir=tempfile.mkdtemp(prefix="bench-agent-")
-    ).start()
+        tok,
+        qwen_tokenizer_dir(),
+        replies,
+        engines=2,
+        log_dir=tempfile.mkdtemp(prefix="bench-agent-"),
+        engine_urls=engine_urls,
+    )
+
+
+class EngineProcess:
+    """The scripted engines in a process of their own, as every real engine is (SGLang's servers, the
+    embedded engine's actors). Run as threads of the bench's process, each engine's request handling
+    (a decode and an encode of the ids per request) took the gateway thread's GIL and caches and was
+    counted in its CPU: 0.1-0.25 ms a request at concurrency 8. `--engines-here` measures that way."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve-engines"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the bench's engine process did not start (exit code {self.proc.poll()})")
+        self.urls = json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.stdin.close()  # its cue to end
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve_engines() -> None:
+    """`--serve-engines`: the engines of `stack_of()`, their URLs as one JSON line, until stdin closes."""
+    stack = stack_of()
+    print(json.dumps(stack.start_engines()), flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        for e in stack.engines:
+            e.stop()
+
+
+@contextlib.contextmanager
+def started_stack(engines_here: bool) -> Iterator[AgentStack]:
+    """A started stack: its engines in a process of their own (`EngineProcess`), or in this one."""
+    engines = None if engines_here else EngineProcess()
+    try:
+        stack = stack_of(engines.urls if engines else None).start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
+    finally:
+        if engines is not None:
+            engines.stop()
 
 
 def main() -> None:
@@ -584,8 +647,17 @@ def main() -> None:
         "interleaved (e.g. `git worktree add /tmp/before main`); repeatable",
     )
     ap.add_argument("--rounds", type=int, default=5, help="rounds of section 1b per tree with --before-tree")
+    ap.add_argument(
+        "--engines-here",
+        action="store_true",
+        help="run the scripted engines as threads of the bench's process (as before: they then take the "
+        "gateway thread's GIL and caches); by default they run in a process of their own",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-engines", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.serve_engines:
+        return serve_engines()
     if a.worker:
         return worker(a)
     if a.before_tree and "1b" in a.sections:
@@ -593,15 +665,17 @@ def main() -> None:
         a.sections = a.sections - {"1b"}  # done side by side; the stack below runs the other sections
     if not a.sections:
         return
-    stack = start_stack()
-    delta, full = timed_gateway(stack), timed_gateway(stack, renderer=FullRender(stack.tok))
-    print("zero-latency scripted engines behind sglang-router; Qwen3 chat template; gateways on 127.0.0.1")
-    try:
-        asyncio.run(main_async(a, stack, delta, full))
-    finally:
-        for g, _ in (delta, full):
-            g.stop()
-        stack.stop()
+    with started_stack(a.engines_here) as stack:
+        delta, full = timed_gateway(stack), timed_gateway(stack, renderer=FullRender(stack.tok))
+        where = "in this process" if a.engines_here else "in a process of their own"
+        print(
+            f"zero-latency scripted engines ({where}) behind sglang-router; Qwen3 chat template; gateways on 127.0.0.1"
+        )
+        try:
+            asyncio.run(main_async(a, stack, delta, full))
+        finally:
+            for g, _ in (delta, full):
+                g.stop()
 
 
 if __name__ == "__main__":

@@ -54,10 +54,14 @@ class AgentStack:
         engines: int = 1,
         config: GatewayConfig | None = None,
         log_dir: str | None = None,
+        engine_urls: list[str] | None = None,
     ) -> None:
+        """`engine_urls`: engines already serving this stack's `answer` elsewhere (another process's
+        `start_engines`, as real engines are processes of their own); None starts `engines` here."""
         self.tok, self.model_dir, self.replies = tokenizer, str(model_dir), replies
         self.end_id = tokenizer.convert_tokens_to_ids(IM_END)
-        self.n_engines, self.config, self.log_dir = engines, config, log_dir
+        self.config, self.log_dir, self.engine_urls = config, log_dir, engine_urls
+        self.n_engines = len(engine_urls) if engine_urls is not None else engines
         self.engines: list[ScriptedEngine] = []
         self.router: Router | None = None
         self.client: EngineClient | None = None
@@ -90,15 +94,20 @@ class AgentStack:
         """The `text` of an answer, as SGLang sends it: the sampled ids decoded, the stop token trimmed."""
         return self.tok.decode(ids[:-1] if ids[-1:] == [self.end_id] else ids, skip_special_tokens=False)
 
-    def start(self) -> AgentStack:
+    def start_engines(self) -> list[str]:
+        """Start this stack's scripted engines in this process; their URLs."""
         self.engines = [
             ScriptedEngine(self.answer, self.model_dir, decode=self.text).start() for _ in range(self.n_engines)
         ]
+        return [e.url for e in self.engines]
+
+    def start(self) -> AgentStack:
+        urls = self.engine_urls if self.engine_urls is not None else self.start_engines()
         self.router = Router(log_dir=self.log_dir).start()
-        for e in self.engines:
-            self.router.add_worker(e.url)
+        for url in urls:
+            self.router.add_worker(url)
         self.client = EngineClient(
-            Endpoints(self.router.url, [e.url for e in self.engines]),
+            Endpoints(self.router.url, list(urls)),
             tokenizer=self.tok,
             request_timeout=30.0,
             max_retries=2,

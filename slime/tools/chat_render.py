@@ -15,6 +15,10 @@ every session's key); that would save a further ~20% of a render, not worth it.
 
 Any doubt falls back to `apply_chat_template`: a transformers without these helpers, tools given as
 callables, or a probe conversation rendering differently at start-up (`agrees`).
+
+On top, a conversation of a shape met before (the same roles and tools, other texts) is served by
+the skeleton of that shape's render when its texts take the same path through the template
+(`chat_skeleton`): a gateway's first prompts, one task per session, cost one Jinja run per shape.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any
 import jinja2.runtime
 import jinja2.sandbox
 import jinja2.utils
+
+from slime.tools.chat_skeleton import Skeleton, Skeletons, Trace, Untraceable, symbolic_chat, tracing_environment
 
 _PLAIN_TYPES = (str, dict, list, tuple, int, float, bool, type(None))
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -132,10 +138,15 @@ def plain_data(value: Any) -> Any:
 
 
 class TemplateRender:
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None, skeletons: bool = True) -> None:
+        """`skeletons`: reuse a render for conversations that differ only in their texts and take the
+        same path through the template (`chat_skeleton`)."""
         self.tok = tokenizer
         self.kwargs = dict(template_kwargs or {})
         self._compiled: dict[str, Any] = {}  # template source -> our overlay's compiled template
+        self._tracing: dict[str, Any] = {}  # template source -> the same, compiled for tracing
+        self._skeletons: dict[str, Skeletons] = {}  # template source -> its skeletons
+        self.skeletons = skeletons
         self.fast = _compile_jinja_template is not None
 
     def render(
@@ -145,8 +156,67 @@ class TemplateRender:
         add_generation_prompt: bool = False,
     ) -> str:
         if self.fast and all(isinstance(t, dict) for t in tools or ()):
+            if self.skeletons:
+                return self.render_by_skeleton(messages, tools, add_generation_prompt)
             return self.render_fast(messages, tools, add_generation_prompt)
         return self.reference(messages, tools, add_generation_prompt)
+
+    def render_by_skeleton(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
+        """`render_fast`'s text: a skeleton's, filled with the messages' texts, when one of this
+        conversation's shape fits them; else rendered, and the render traced for the next ones."""
+        source = self.tok.get_chat_template(None, tools or None)
+        skeletons = self._skeletons.get(source)
+        if skeletons is None:
+            skeletons = self._skeletons[source] = Skeletons()
+        rest, texts, where = skeletons.texts_of(messages)
+        key = skeletons.key(rest, where, tools or None, add_generation_prompt) if rest is not None else None
+        if key is None:
+            return self.render_fast(messages, tools, add_generation_prompt)
+        text = skeletons.find(key, texts)
+        if text is not None:
+            return text
+        text = self.render_fast(messages, tools, add_generation_prompt)
+        if skeletons.wants_trace(key):
+            skeletons.add(key, self.trace(source, messages, tools, add_generation_prompt, where, texts, text))
+        return text
+
+    def trace(
+        self,
+        source: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        where: list[int],
+        texts: tuple[str, ...],
+        rendered: str,
+    ) -> Skeleton | None:
+        """The skeleton of this conversation's path through the template; None where the template
+        does something with a text the trace does not follow, or the skeleton, filled with these
+        texts, is not `rendered` (the real render's text)."""
+        trace = Trace(texts)
+        chat = _alias_reasoning_fields(plain_data([{k: v for k, v in m.items() if v is not None} for m in messages]))
+        try:
+            out = self._tracing_template(source).render(
+                messages=symbolic_chat(chat, where, trace),
+                tools=plain_data(tools or None),
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **plain_data({**self.tok.special_tokens_map, **self.kwargs}),
+            )
+        except (Untraceable, Exception):  # noqa: BLE001 - any doubt: this path is rendered whole
+            return None
+        skeleton = Skeleton.of(out, trace.guards)
+        return skeleton if skeleton is not None and skeleton.fill(texts) == rendered else None
+
+    def _tracing_template(self, source: str) -> Any:
+        template = self._tracing.get(source)
+        if template is None:
+            env = tracing_environment(self._template(source).environment)
+            template = self._tracing[source] = env.from_string(source)
+            template.globals = dict(template.globals)
+        return template
 
     def reference(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool

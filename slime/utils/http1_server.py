@@ -12,12 +12,12 @@ cannot parse is still reported.
 
 from __future__ import annotations
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from slime.utils.one_send_responses import OneSendResponses
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n"
 
 
-class Http1Only(HttpToolsProtocol):
+class Http1Only(OneSendResponses):  # (a response's head and body in one send)
     def data_received(self, data: bytes) -> None:
         if data.startswith(HTTP2_PREFACE):  # a gRPC/HTTP/2 client, never an HTTP/1.1 request line
             self.transport.close()

@@ -44,6 +44,7 @@ from slime.rollout.engine_client import EngineClient
 from slime.utils.client_gone import client_gone_future
 from slime.utils.gc_freeze import freeze_startup_heap
 from slime.utils.json_text import acyclic_dumps
+from slime.utils.one_send_responses import OneSendResponses
 from slime.utils.prompt_images import PromptImages
 from slime.utils.types import Sample
 
@@ -273,6 +274,7 @@ class Gateway:
             lifespan="on",
             proxy_headers=False,
             server_header=False,
+            http=OneSendResponses,  # each answer's head and body in one send, not two
         )  # (nothing reads the client's address: uvicorn's X-Forwarded-* middleware would be one more
         # layer per request; no `server: uvicorn` header tells a client what serves it, and each header
         # is two regex checks per response)

@@ -94,7 +94,10 @@ TEMPLATES = {
     "percent": ("{% for m in messages %}{{ '%s!' % m.content }}{% endfor %}", False),
     "times": ("{% for m in messages %}{{ m.content * 2 }}{% endfor %}", False),
     "dict-key": ("{% for m in messages %}{{ {'a': 'A'}.get(m.content, '-') }}{% endfor %}", False),
-    "literal-method": ("{% for m in messages %}{{ 'abc'.startswith(m.content) }}{% endfor %}", False),
+    "literal-method": (  # (the answer is wrong for some texts only: the trace must stop, not guess)
+        "{% for m in messages %}{% if m.role == 'assistant' %}{{ 'abc'.startswith(m.content) }}{% endif %}{% endfor %}",
+        False,
+    ),
     "test-in": ("{% for m in messages %}{% if m.content is in 'abc' %}I{% endif %}{{ m.content }}{% endfor %}", False),
     "two-texts": (
         "{% for m in messages %}{% if m.content == messages[0].content %}={% endif %}{{ m.content }}{% endfor %}",
@@ -183,7 +186,9 @@ def test_qwen3_first_prompts_are_served_by_a_skeleton_and_tool_responses_take_th
             messages = [{"role": "system", "content": f"You are agent {i}."}, {"role": "user", "content": content}]
             assert render.render(messages, tools, True) == render.reference(messages, tools, True)
     (skeletons,) = render._skeletons.values()
-    assert skeletons.traces == 2 and skeletons.hits == 38  # one path each, traced once
+    # one shape, two paths, each traced once: the shape's first render is not traced (a shape met once costs
+    # no trace), the second (a tool response) is, and the third (a task again) takes the other path
+    assert skeletons.traces == 2 and skeletons.hits == 37
 
 
 def test_templates_that_read_the_clock_or_random_numbers_are_never_kept(qwen):

@@ -427,8 +427,16 @@ class Skeletons:
         return None
 
     def wants_trace(self, key: str) -> bool:
+        """Whether to trace a render of this shape: not at its first sighting (a shape met once, as
+        a fork's conversation with its own tool calls is, never costs a second run), then while
+        its paths are few and the trace has not failed on it twice."""
         shape = self._shapes.get(key)
-        return shape is None or (
+        if shape is None:
+            shape = self._shapes[key] = _Shape()
+            if len(self._shapes) > self.size:
+                self._shapes.popitem(last=False)
+            return False
+        return (
             shape.traces < TRACES_PER_SHAPE
             and shape.failed < FAILED_TRACES_PER_SHAPE
             and len(shape.paths) < PATHS_PER_SHAPE
@@ -436,10 +444,8 @@ class Skeletons:
 
     def add(self, key: str, skeleton: Skeleton | None) -> None:
         shape = self._shapes.get(key)
-        if shape is None:
-            shape = self._shapes[key] = _Shape()
-            if len(self._shapes) > self.size:
-                self._shapes.popitem(last=False)
+        if shape is None:  # (dropped from the kept shapes meanwhile)
+            return
         shape.traces += 1
         self.traces += 1
         if skeleton is not None:

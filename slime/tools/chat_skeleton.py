@@ -301,15 +301,21 @@ def tracing_environment(env: Any) -> Any:
     for name in _NONDETERMINISTIC_FILTERS:
         if name in tracing.filters:
             tracing.filters[name] = _stop(name)
-    call = env.call
+    call, binop = env.call, env.call_binop
 
     def traced_call(context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
         if type(obj) is not _Method and not isinstance(obj, jinja2.runtime.Macro):
-            if _has_symbolic(args) or _has_symbolic(kwargs):
-                raise Untraceable("a text passed to a call")
+            if _has_symbolic(args) or _has_symbolic(kwargs) or _has_symbolic(getattr(obj, "__self__", None)):
+                raise Untraceable("a text passed to a call, or a copy of one called")
         return call(context, obj, *args, **kwargs)
 
-    tracing.call = traced_call
+    def traced_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
+        if _has_symbolic(left) or _has_symbolic(right):  # `"%(content)s" % message` copies the text in C
+            raise Untraceable(f"a text in `{operator}`")
+        return binop(context, operator, left, right)
+
+    tracing.call, tracing.call_binop = traced_call, traced_binop
+    tracing.intercepted_binops = frozenset({"%"})  # (the only operator that formats a text held in a container)
     return tracing
 
 

@@ -112,7 +112,10 @@ def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_th
     awaiting = threading.Event()
     await_weights = fleet.weight_gate.await_push
 
+    waiters = []  # the thread that waits for the replacement's weights (it may end as soon as they come)
+
     def noted_await_weights(*a):
+        waiters.append(threading.current_thread())
         awaiting.set()
         await_weights(*a)
 
@@ -148,7 +151,8 @@ def test_a_replacement_answering_a_bad_weight_version_is_counted_kept_out_and_th
 
         # a push reaches it (an engine awaiting weights is updatable): then, and only then, it serves
         fleet.each("update_weights_from_disk", str(tiny_model_dir), "1")
-        [waiter] = [t for t in threading.enumerate() if t.name == "engine-weights-0"]
+        [waiter] = waiters  # (found by name after the push, it was sometimes already gone)
+        assert waiter.name == "engine-weights-0"
         waiter.join(120)
         assert replacement.state == "healthy" and not waiter.is_alive()
         assert sorted(fleet.endpoints.engine_urls) == sorted([survivor, replacement.url])

@@ -34,7 +34,7 @@ class HeadWithBody:
             self._head = None
             self._flush.cancel()
             self._transport.write(head + data)
-        elif data.startswith(_HEAD_START) and data.endswith(_HEAD_END):  # uvicorn's status line and headers
+        elif type(data) is bytes and data.startswith(_HEAD_START) and data.endswith(_HEAD_END):  # uvicorn's head
             self._head = data
             self._flush = self._loop.call_soon(self.flush)
         else:

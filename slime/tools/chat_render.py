@@ -196,15 +196,10 @@ class TemplateRender:
         does something with a text the trace does not follow, or the skeleton, filled with these
         texts, is not `rendered` (the real render's text)."""
         trace = Trace(texts)
-        chat = _alias_reasoning_fields(plain_data([{k: v for k, v in m.items() if v is not None} for m in messages]))
+        inputs = self.template_inputs(messages, tools, add_generation_prompt)
+        inputs["messages"] = symbolic_chat(inputs["messages"], where, trace)
         try:
-            out = self._tracing_template(source).render(
-                messages=symbolic_chat(chat, where, trace),
-                tools=plain_data(tools or None),
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **plain_data({**self.tok.special_tokens_map, **self.kwargs}),
-            )
+            out = self._tracing_template(source).render(**inputs)
         except (Untraceable, Exception):  # noqa: BLE001 - any doubt: this path is rendered whole
             return None
         skeleton = Skeleton.of(out, trace.guards)
@@ -213,9 +208,9 @@ class TemplateRender:
     def _tracing_template(self, source: str) -> Any:
         template = self._tracing.get(source)
         if template is None:
-            env = tracing_environment(self._template(source).environment)
-            template = self._tracing[source] = env.from_string(source)
-            template.globals = dict(template.globals)
+            template = self._tracing[source] = _compiled(
+                tracing_environment(self._template(source).environment), source
+            )
         return template
 
     def reference(
@@ -229,15 +224,20 @@ class TemplateRender:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
     ) -> str:
         """What `apply_chat_template` renders for one conversation, tokenize=False."""
-        tools = tools or None
-        template = self._template(self.tok.get_chat_template(None, tools))
+        template = self._template(self.tok.get_chat_template(None, tools or None))
+        return template.render(**self.template_inputs(messages, tools, add_generation_prompt))
+
+    def template_inputs(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> dict[str, Any]:
+        """What HF's `apply_chat_template` passes its template: plain copies of the inputs."""
         chat = plain_data([{k: v for k, v in m.items() if v is not None} for m in messages])
         for m in chat:
             if not isinstance(m, dict):
                 raise TypeError(f"Chat messages should be dicts, but got {m!r}.")
-        return template.render(
+        return dict(
             messages=_alias_reasoning_fields(chat),
-            tools=plain_data(tools),
+            tools=plain_data(tools or None),
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **plain_data({**self.tok.special_tokens_map, **self.kwargs}),
@@ -249,10 +249,7 @@ class TemplateRender:
             env = _compile_jinja_template(source).environment.overlay()  # HF's sandbox, filters and globals
             memoized_safety(env)
             plain_lookups(env)
-            template = self._compiled[source] = env.from_string(source)
-            # its globals as one plain dict, not jinja's ChainMap over the environment's: every render
-            # copies them into its context twice (the environment's globals are set before compiling)
-            template.globals = dict(template.globals)
+            template = self._compiled[source] = _compiled(env, source)
         return template
 
     def agrees(self, probes: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None, bool]] = None) -> bool:
@@ -274,6 +271,14 @@ class TemplateRender:
             compared += 1
         self.fast = self.fast and compared > 0
         return self.fast
+
+
+def _compiled(env: Any, source: str) -> Any:
+    template = env.from_string(source)
+    # its globals as one plain dict, not jinja's ChainMap over the environment's: every render copies
+    # them into its context twice (the environment's globals are set before compiling)
+    template.globals = dict(template.globals)
+    return template
 
 
 _TOOL = {

@@ -575,7 +575,7 @@ class EngineProcess:
     """The scripted engines in a process of their own, as every real engine is (SGLang's servers, the
     embedded engine's actors). Run as threads of the bench's process, each engine's request handling
     (a decode and an encode of the ids per request) took the gateway thread's GIL and caches and was
-    counted in its CPU: 0.1-0.25 ms a request at concurrency 8. `--engines-here` measures that way."""
+    counted in its CPU: 0.1-0.2 ms a request at concurrency 8. `--engines-here` measures that way."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(

@@ -26,7 +26,6 @@ read the clock or random numbers (`strftime_now`, `lipsum`, `random`) stop the t
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -35,12 +34,14 @@ import jinja2.compiler
 import jinja2.runtime
 import jinja2.utils
 
+from slime.utils.json_text import acyclic_dumps
+
 MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"  # private-use characters around a text's index
 SHAPES = 256  # conversation shapes kept per template
 PATHS_PER_SHAPE = 4  # skeletons per shape (texts whose answers differ take other paths)
 TRACES_PER_SHAPE = 8  # after these, a shape whose paths keep differing is rendered whole
 FAILED_TRACES_PER_SHAPE = 2  # after these, a shape the trace cannot follow is rendered whole (no more traces)
-_KEY_JSON = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
+_KEY_JSON = acyclic_dumps()  # (a cycle is a RecursionError: no key, rendered whole)
 
 # tests a text may meet: the answer is its type's, or a comparison (the text's own, traced `==`, `<`...)
 _TESTS = frozenset(
@@ -219,7 +220,7 @@ def _joined(items: Any) -> Any:
     trace = next((i._trace for i in items if type(i) is Symbolic), None)
     if trace is None:
         return "".join(items)
-    parts: list[str | int] = []
+    parts: list[Part] = []
     for item in items:
         if type(item) is Symbolic:
             parts.extend(item._parts)
